@@ -1,0 +1,23 @@
+//! Generates the C header `include/tokenrace.h` from the `extern "C"` items in `src/ffi/`.
+//!
+//! The header is committed; `ffi::tests::committed_header_is_current` fails when the committed
+//! copy differs from what this script generates, so a change to the C ABI always ships with
+//! its header.
+use std::path::PathBuf;
+
+fn main() {
+    let crate_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap());
+    println!("cargo:rerun-if-changed=cbindgen.toml");
+    println!("cargo:rerun-if-changed=src/ffi");
+    let config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("cbindgen.toml is readable");
+    let bindings = cbindgen::Builder::new()
+        .with_config(config)
+        .with_src(crate_dir.join("src/ffi/types.rs"))
+        .with_src(crate_dir.join("src/ffi/api.rs"))
+        .generate()
+        .expect("cbindgen generates the header");
+    bindings.write_to_file(out_dir.join("tokenrace.h"));
+    // Keep the checked-in header current for people who build and then commit.
+    bindings.write_to_file(crate_dir.join("include/tokenrace.h"));
+}

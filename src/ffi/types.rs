@@ -1,0 +1,217 @@
+//! The C types. Every input struct starts with `struct_size` so that callers built against an
+//! older or newer header keep working; enum-valued fields are plain `uint32_t` so that a bad
+//! value from C is an error, not undefined behaviour.
+
+use std::ffi::c_void;
+
+/// The result of every fallible call. On anything but `TOKENRACE_STATUS_OK`,
+/// `tokenrace_last_error()` says what was wrong, naming the argument, row or variable.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum tokenrace_status {
+    Ok = 0,
+    /// An argument is wrong: a NULL pointer, a bad size, a bad per-row value.
+    InvalidArgument = 1,
+    /// A configuration field or `TOKENRACE_*` variable is wrong.
+    InvalidConfig = 2,
+    /// An allocation failed.
+    OutOfMemory = 3,
+    /// A bug in tokenrace (a caught panic); please report it.
+    Internal = 4,
+    /// Valid, but not possible with this build or CPU (e.g. AVX-512 on a CPU without it).
+    Unsupported = 5,
+    /// A wait ran out of time (a noise pool under the BLOCK policy).
+    Timeout = 6,
+    /// The object is shut down or unusable in this process.
+    Closed = 7,
+}
+
+/// Element type of the logits.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum tokenrace_dtype {
+    F32 = 0,
+    Bf16 = 1,
+    F16 = 2,
+}
+
+/// What noise values hold.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum tokenrace_noise_kind {
+    /// E ~ Exp(1) (vLLM's `q`, aiter's `exponentials`).
+    Exp = 0,
+    /// ln E (the Spyre ring buffer), used as `logits - log_noise`.
+    LogExp = 1,
+}
+
+/// Instruction set of the kernels.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum tokenrace_simd {
+    Auto = 0,
+    Scalar = 1,
+    Portable = 2,
+    Avx2 = 3,
+    Avx512 = 4,
+}
+
+/// Where a sampler's unseeded sampling rows take their noise from.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum tokenrace_noise_source {
+    Auto = 0,
+    Inline = 1,
+    Pool = 2,
+}
+
+/// What a noise pool does when the rows asked for are not ready.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum tokenrace_pool_policy {
+    Inline = 0,
+    Block = 1,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum tokenrace_log_level {
+    Off = 0,
+    Error = 1,
+    Warn = 2,
+    Info = 3,
+    Debug = 4,
+    Trace = 5,
+}
+
+/// Which logprobs `tokenrace_output` receives.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum tokenrace_logprob_mode {
+    /// log_softmax of the logits as given (vLLM's default).
+    Raw = 0,
+    /// log_softmax after temperature and the filters.
+    Processed = 1,
+}
+
+/// Row flags written to `tokenrace_output.flags`.
+pub const TOKENRACE_FLAG_HAS_NAN: u32 = 1;
+pub const TOKENRACE_FLAG_HAS_POSINF: u32 = 2;
+pub const TOKENRACE_FLAG_EMPTY: u32 = 4;
+pub const TOKENRACE_FLAG_GREEDY: u32 = 8;
+
+/// The version of this ABI; bumped on any incompatible change (compatible growth of a struct
+/// keeps it: callers set `struct_size`).
+pub const TOKENRACE_ABI_VERSION: u32 = 1;
+
+/// Sampler settings. Get one from `tokenrace_config_default()` or `tokenrace_config_from_env()`,
+/// change fields, pass it to `tokenrace_sampler_new()`. `docs/configuration.md` documents each.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct tokenrace_config {
+    /// sizeof(tokenrace_config) as the caller knows it.
+    pub struct_size: u32,
+    /// Vocabulary size every batch must have; 0 accepts any.
+    pub vocab_size: u32,
+    /// Most rows in one call.
+    pub max_rows: u32,
+    /// Worker threads; 1 draws on the calling thread, 0 uses every core.
+    pub threads: u32,
+    /// Seed of the stream that keys unseeded rows, used when `has_seed` is nonzero.
+    pub seed: u64,
+    /// Nonzero: use `seed`; zero: seed from OS entropy.
+    pub has_seed: u32,
+    /// A `tokenrace_simd`.
+    pub simd: u32,
+    /// Rows with a temperature below this are greedy.
+    pub greedy_below: f32,
+    /// A `tokenrace_log_level`.
+    pub log_level: u32,
+    /// A `tokenrace_noise_source`.
+    pub noise: u32,
+    /// Capacity in rows of the sampler's own pool (noise = pool); 0 means 4 x max_rows.
+    pub pool_rows: u32,
+}
+
+/// One draw call's inputs. Zero-initialise, set `struct_size = sizeof(tokenrace_batch)`, then the
+/// fields you use; every per-row pointer may be NULL (its default then applies) or point to
+/// `rows` elements.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct tokenrace_batch {
+    pub struct_size: u32,
+    /// A `tokenrace_dtype`.
+    pub dtype: u32,
+    /// rows x row_stride elements of `dtype` (the last row needs only `vocab`).
+    pub logits: *const c_void,
+    pub rows: u32,
+    pub vocab: u32,
+    /// Elements between the starts of consecutive rows; 0 means `vocab` (contiguous rows).
+    pub row_stride: u64,
+    /// Per-row temperature (NULL: 1.0). Below the sampler's greedy threshold a row is greedy.
+    pub temperature: *const f32,
+    /// Per-row seed (NULL: no row is seeded). A seeded row's noise is a pure function of
+    /// (seed, offset, token index): it draws the same token whatever else is in the batch.
+    pub seeds: *const u64,
+    /// Per-row offset mixed into the seed, e.g. the token's position (NULL: 0).
+    pub offsets: *const u64,
+    /// Per-row flag, nonzero = the row uses its seed (NULL with `seeds`: every row).
+    pub seeded: *const u8,
+    /// Noise for the unseeded sampling rows: one f32 per token (NULL: the sampler's own noise).
+    pub noise: *const f32,
+    /// A `tokenrace_noise_kind`: what `noise` holds.
+    pub noise_kind: u32,
+    pub reserved0: u32,
+    /// Elements between noise rows; 0 broadcasts one noise row to every row.
+    pub noise_row_stride: u64,
+    /// Per-row top-k (NULL: off); k <= 0 or k >= vocab disables it for the row.
+    pub top_k: *const i32,
+    /// Per-row top-p in (0, 1] (NULL: off); 1 disables it for the row.
+    pub top_p: *const f32,
+    /// Per-row min-p in [0, 1] (NULL: off); 0 disables it for the row.
+    pub min_p: *const f32,
+}
+
+/// Where a draw writes. Only `tokens` is required. Nothing is written if the call fails.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct tokenrace_output {
+    pub struct_size: u32,
+    /// A `tokenrace_logprob_mode` for `logprobs` and `topn_logprobs`.
+    pub logprob_mode: u32,
+    /// `rows` token ids, each in [0, vocab).
+    pub tokens: *mut i32,
+    /// `rows` TOKENRACE_FLAG_* bit sets (NULL: not reported).
+    pub flags: *mut u32,
+    /// `rows` logprobs of the sampled tokens (NULL: not computed).
+    pub logprobs: *mut f32,
+    /// `rows` ranks of the sampled tokens: the count of tokens whose logprob is >= its own.
+    pub ranks: *mut i32,
+    /// Ids and logprobs of the `top_n` most probable tokens per row, `rows x top_n`, descending,
+    /// lowest id first on ties (NULL or top_n = 0: not computed).
+    pub top_n: u32,
+    pub reserved0: u32,
+    pub topn_ids: *mut i32,
+    pub topn_logprobs: *mut f32,
+}
+
+/// Counters of a sampler since it was made.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct tokenrace_sampler_stats {
+    pub struct_size: u32,
+    pub reserved0: u32,
+    pub calls: u64,
+    pub rejected_calls: u64,
+    pub greedy_rows: u64,
+    pub seeded_rows: u64,
+    pub inline_rows: u64,
+    pub external_noise_rows: u64,
+    pub pool_rows: u64,
+    pub nonfinite_rows: u64,
+}
+
+/// An opaque sampler. Safe to use from several threads at once.
+pub struct tokenrace_sampler {
+    pub(crate) inner: crate::sampler::Sampler,
+}

@@ -1,0 +1,407 @@
+//! The kernels, written once over [`Simd`]. Each instruction set instantiates these inside its
+//! own `#[target_feature]` functions; [`Scalar`] instantiates them as the reference.
+//!
+//! Rows are processed in blocks of [`BLOCK`] elements. A first pass records each block's maximum
+//! (NaN ignored) and whether any NaN was seen; greedy rows then look for the first index of the
+//! maximum in the first block that holds it, and sampling rows run the race.
+//!
+//! The race for a token i is `key_i = (x_i - m) * inv_t - ln E_i`; the token is the lowest index
+//! of the largest key. Inline noise is bounded (`-ln E <= NOISE_CAP`), so a block or vector whose
+//! keys cannot reach the best key so far is skipped without generating its noise. Pruning only
+//! skips tokens whose computed key is provably below the best, so it never changes the result.
+
+use super::simd::{Elem, Scalar, Simd};
+
+/// Elements per block of the first pass.
+pub(crate) const BLOCK: usize = 256;
+
+const LN2_HI: f32 = 0.693_359_4; // 355/512: e * LN2_HI is exact for |e| < 2^14
+const LN2_LO: f32 = -2.121_944_4e-4; // ln 2 - LN2_HI
+/// ln 2 rounded up with room to spare, for upper bounds.
+const LN2_UP: f32 = 0.693_158; // ln 2 * (1 + 2^-16)
+const SQRT2_BITS: u32 = 0x3fb5_04f3;
+const TWO_POW_M32: f32 = 2.328_306_4e-10; // 2^-32, exact
+
+/// An upper bound of `-ln E` for every inline noise value: `E >= 2^-33`.
+pub(crate) const NOISE_CAP: f32 = 33.0 * LN2_UP + 1e-5;
+
+// ---------------------------------------------------------------------------------------------
+// Math: ln, the counter hash, and the uniform-to-Exp(1) transform.
+// ---------------------------------------------------------------------------------------------
+
+/// Natural log of positive normal lanes, plus an exponent offset `e_off` (result = ln(x) - e_off*ln2).
+///
+/// ln x = e ln2 + ln m with m in (sqrt(1/2), sqrt(2)], and ln m = 2 atanh(s), s = (m-1)/(m+1),
+/// |s| <= 0.1716, from the series s + s^3/3 + s^5/5 + s^7/7 + s^9/9 (truncation below 1e-8
+/// relative). No FMA, so every instruction set rounds identically.
+#[inline(always)]
+fn ln_core<S: Simd>(x: S::F, e_off: S::U) -> S::F {
+    let bits = S::to_bits(x);
+    let mut e = S::sub_u(S::sub_u(S::shr_u::<23>(bits), S::splat_u(127)), e_off);
+    let mut mbits = S::or_u(S::and_u(bits, S::splat_u(0x007f_ffff)), S::splat_u(0x3f80_0000));
+    let big = S::gt_i32(mbits, S::splat_u(SQRT2_BITS));
+    mbits = S::select_u(big, S::sub_u(mbits, S::splat_u(0x0080_0000)), mbits);
+    e = S::select_u(big, S::add_u(e, S::splat_u(1)), e);
+    let m = S::from_bits(mbits);
+    let one = S::splat(1.0);
+    let s = S::div(S::sub(m, one), S::add(m, one));
+    let s2 = S::mul(s, s);
+    let mut p = S::splat(1.0 / 9.0);
+    p = S::add(S::mul(p, s2), S::splat(1.0 / 7.0));
+    p = S::add(S::mul(p, s2), S::splat(1.0 / 5.0));
+    p = S::add(S::mul(p, s2), S::splat(1.0 / 3.0));
+    let ts = S::add(s, s);
+    let ln_m = S::add(ts, S::mul(ts, S::mul(s2, p)));
+    let ef = S::cvt_i32(e);
+    S::add(S::mul(ef, S::splat(LN2_HI)), S::add(S::mul(ef, S::splat(LN2_LO)), ln_m))
+}
+
+/// ln of positive normal lanes.
+#[inline(always)]
+pub(crate) fn ln<S: Simd>(x: S::F) -> S::F {
+    ln_core::<S>(x, S::splat_u(0))
+}
+
+/// ln of any lanes: subnormals are scaled first; ln 0 = -inf, ln +inf = +inf, negative or NaN gives NaN.
+#[inline(always)]
+pub(crate) fn ln_any<S: Simd>(x: S::F) -> S::F {
+    let zero = S::splat(0.0);
+    let sub = S::and_m(S::lt(x, S::splat(f32::MIN_POSITIVE)), S::gt(x, zero));
+    let xs = S::select(sub, S::mul(x, S::splat(16_777_216.0)), x);
+    let off = S::select_u(sub, S::splat_u(24), S::splat_u(0));
+    let mut r = ln_core::<S>(xs, off);
+    r = S::select(S::eq(x, zero), S::splat(f32::NEG_INFINITY), r);
+    r = S::select(S::eq(x, S::splat(f32::INFINITY)), S::splat(f32::INFINITY), r);
+    S::select(S::or_m(S::lt(x, zero), S::is_nan(x)), S::splat(f32::NAN), r)
+}
+
+#[inline(always)]
+fn fmix<S: Simd>(mut h: S::U) -> S::U {
+    h = S::xor_u(h, S::shr_u::<16>(h));
+    h = S::mul_u(h, S::splat_u(0x85eb_ca6b));
+    h = S::xor_u(h, S::shr_u::<13>(h));
+    h = S::mul_u(h, S::splat_u(0xc2b2_ae35));
+    S::xor_u(h, S::shr_u::<16>(h))
+}
+
+/// 32 random bits for token `idx` of the row keyed by (`k0`, `k1`).
+///
+/// Two rounds of a 32-bit avalanche mix, each a bijection of its input, so the 32-bit values of
+/// one row are all distinct and each is a pure function of (key, token index).
+#[inline(always)]
+pub(crate) fn hash<S: Simd>(idx: S::U, k0: S::U, k1: S::U) -> S::U {
+    let h = S::xor_u(S::mul_u(idx, S::splat_u(0x9e37_79b9)), k0);
+    fmix::<S>(S::add_u(fmix::<S>(h), k1))
+}
+
+/// E = -ln U with U = (a + 0.5) 2^-32, strictly inside (0, 1), with relative precision for
+/// every E (a plain f32 U near 1 would keep only 24 bits of the small E that decide the race).
+///
+/// For U < 1/2, E = -ln U directly. For U >= 1/2, t = 1 - U = (!a + 0.5) 2^-32 is exact in
+/// relative terms; arg = fl(1 - t) and E = -ln(1 - t) = -ln(arg) + e/arg with e = (arg - 1) + t
+/// (computed exactly), and 1/arg ~ 2 - arg is close enough for a correction below 2^-25.
+#[inline(always)]
+pub(crate) fn exp_noise<S: Simd>(a: S::U) -> S::F {
+    let sign = S::sign_fill(a);
+    let hi = S::gt_i32(S::splat_u(0), a);
+    let c = S::xor_u(a, sign);
+    let t = S::mul(S::add(S::cvt_i32(c), S::splat(0.5)), S::splat(TWO_POW_M32));
+    let one = S::splat(1.0);
+    let arg = S::select(hi, S::sub(one, t), t);
+    let l = ln::<S>(arg);
+    let e = S::add(S::sub(arg, one), t);
+    let corr = S::select(hi, S::mul(e, S::sub(S::splat(2.0), arg)), S::splat(0.0));
+    S::sub(corr, l)
+}
+
+/// An upper bound of `-ln exp_noise(a)` that costs a few integer operations: E >= t >= 2^(eb-151).
+#[inline(always)]
+pub(crate) fn noise_bound<S: Simd>(a: S::U) -> S::F {
+    let c = S::xor_u(a, S::sign_fill(a));
+    let eb = S::shr_u::<23>(S::to_bits(S::cvt_i32(S::shr_u::<8>(c))));
+    let k = S::min_i32(S::sub_u(S::splat_u(151), eb), S::splat_u(33));
+    S::add(S::mul(S::cvt_i32(k), S::splat(LN2_UP)), S::splat(1e-5))
+}
+
+/// Splits a 64-bit row key into the two 32-bit words the hash takes.
+#[inline(always)]
+pub(crate) fn key_words(key: u64) -> (u32, u32) {
+    (key as u32, (key >> 32) as u32)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pass 1: block maxima.
+// ---------------------------------------------------------------------------------------------
+
+/// Writes the maximum (NaN ignored, -inf for an empty or all-NaN block) of each BLOCK of `row`
+/// into `bmax`, and returns whether any element is NaN.
+///
+/// # Safety
+/// `row` valid for `n` reads; `bmax` has `n.div_ceil(BLOCK)` elements; `S` usable here.
+#[inline(always)]
+pub(crate) unsafe fn scan<S: Simd, E: Elem>(row: *const E, n: usize, bmax: &mut [f32]) -> bool {
+    let l = S::LANES;
+    let mut nan = S::none();
+    let mut nan_tail = false;
+    for (b, out) in bmax.iter_mut().enumerate() {
+        let start = b * BLOCK;
+        let end = (start + BLOCK).min(n);
+        let mut i = start;
+        let ninf = S::splat(f32::NEG_INFINITY);
+        let (mut a0, mut a1, mut a2, mut a3) = (ninf, ninf, ninf, ninf);
+        while i + 4 * l <= end {
+            let x0 = E::load::<S>(row.add(i));
+            let x1 = E::load::<S>(row.add(i + l));
+            let x2 = E::load::<S>(row.add(i + 2 * l));
+            let x3 = E::load::<S>(row.add(i + 3 * l));
+            nan = S::or_m(nan, S::or_m(S::or_m(S::is_nan(x0), S::is_nan(x1)), S::or_m(S::is_nan(x2), S::is_nan(x3))));
+            a0 = S::max(x0, a0);
+            a1 = S::max(x1, a1);
+            a2 = S::max(x2, a2);
+            a3 = S::max(x3, a3);
+            i += 4 * l;
+        }
+        while i + l <= end {
+            let x = E::load::<S>(row.add(i));
+            nan = S::or_m(nan, S::is_nan(x));
+            a0 = S::max(x, a0);
+            i += l;
+        }
+        let mut m = S::reduce_max(S::max(S::max(a0, a1), S::max(a2, a3)));
+        while i < end {
+            let x = E::load::<Scalar>(row.add(i));
+            nan_tail |= x.is_nan();
+            m = Scalar::max(x, m);
+            i += 1;
+        }
+        *out = m;
+    }
+    S::any(nan) || nan_tail
+}
+
+/// The first index in `[start, end)` whose element equals `target` (compared as f32), if any.
+///
+/// # Safety
+/// `row` valid for `end` reads; `S` usable here.
+#[inline(always)]
+pub(crate) unsafe fn find_first<S: Simd, E: Elem>(
+    row: *const E,
+    start: usize,
+    end: usize,
+    target: f32,
+) -> Option<usize> {
+    let l = S::LANES;
+    let t = S::splat(target);
+    let mut i = start;
+    while i + l <= end {
+        let m = S::eq(E::load::<S>(row.add(i)), t);
+        if S::any(m) {
+            return Some(i + S::first(m));
+        }
+        i += l;
+    }
+    (i..end).find(|&j| E::load::<Scalar>(row.add(j)) == target)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The race with inline (counter-based) noise.
+// ---------------------------------------------------------------------------------------------
+
+/// The best key so far and its token; ties go to the lower token.
+#[derive(Clone, Copy)]
+pub(crate) struct Best {
+    pub key: f32,
+    pub token: usize,
+}
+
+impl Best {
+    pub(crate) const NONE: Best = Best { key: f32::NEG_INFINITY, token: usize::MAX };
+
+    #[inline(always)]
+    pub(crate) fn offer(&mut self, key: f32, token: usize) {
+        if key > self.key || (key == self.key && token < self.token) {
+            *self = Best { key, token };
+        }
+    }
+}
+
+/// Row constants of a race.
+#[derive(Clone, Copy)]
+pub(crate) struct RaceParams {
+    /// The row's finite maximum.
+    pub m: f32,
+    /// 1/T, at most f32::MAX.
+    pub inv_t: f32,
+}
+
+/// Races the `LANES` tokens starting at `i` against `best`, with inline noise from `key`.
+#[inline(always)]
+unsafe fn race_inline_vec<S: Simd, E: Elem>(row: *const E, i: usize, p: RaceParams, k: (u32, u32), best: &mut Best) {
+    let x = E::load::<S>(row.add(i));
+    let d = S::mul(S::sub(x, S::splat(p.m)), S::splat(p.inv_t));
+    let vbest = S::splat(best.key);
+    // Level 1: no noise value can lift these keys to the best.
+    if !S::any(S::ge(S::add(d, S::splat(NOISE_CAP)), vbest)) {
+        return;
+    }
+    // Level 2: this token's own noise cannot, by a bound from its bits.
+    let h = hash::<S>(S::iota_u(i as u32), S::splat_u(k.0), S::splat_u(k.1));
+    let live = S::and_m(S::ge(S::add(d, noise_bound::<S>(h)), vbest), S::gt(d, S::splat(f32::NEG_INFINITY)));
+    if !S::any(live) {
+        return;
+    }
+    let key = S::sub(d, ln::<S>(exp_noise::<S>(h)));
+    let kv = S::select(live, key, S::splat(f32::NEG_INFINITY));
+    let top = S::reduce_max(kv);
+    let lane = S::first(S::and_m(live, S::eq(kv, S::splat(top))));
+    best.offer(top, i + lane);
+}
+
+#[inline(always)]
+unsafe fn race_inline_range<S: Simd, E: Elem>(
+    row: *const E,
+    start: usize,
+    end: usize,
+    p: RaceParams,
+    k: (u32, u32),
+    best: &mut Best,
+) {
+    let mut i = start;
+    while i + S::LANES <= end {
+        race_inline_vec::<S, E>(row, i, p, k, best);
+        i += S::LANES;
+    }
+    while i < end {
+        race_inline_vec::<Scalar, E>(row, i, p, k, best);
+        i += 1;
+    }
+}
+
+/// The winning token of a row with finite maximum `p.m` whose block maxima are `bmax`.
+///
+/// The block holding the maximum goes first, so that the best key is high from the start and
+/// most blocks are skipped on their maximum alone.
+///
+/// # Safety
+/// `row` valid for `n` reads; `bmax` from [`scan`] of the same row; `S` usable here.
+#[inline(always)]
+pub(crate) unsafe fn race_inline<S: Simd, E: Elem>(
+    row: *const E,
+    n: usize,
+    bmax: &[f32],
+    p: RaceParams,
+    key: u64,
+) -> usize {
+    let k = key_words(key);
+    let mut best = Best::NONE;
+    let first = bmax.iter().position(|&b| b == p.m).unwrap_or(0);
+    let range = |b: usize| (b * BLOCK, ((b + 1) * BLOCK).min(n));
+    let (s, e) = range(first);
+    race_inline_range::<S, E>(row, s, e, p, k, &mut best);
+    for (b, &bm) in bmax.iter().enumerate() {
+        if b == first || (bm - p.m) * p.inv_t + NOISE_CAP < best.key {
+            continue;
+        }
+        let (s, e) = range(b);
+        race_inline_range::<S, E>(row, s, e, p, k, &mut best);
+    }
+    best.token
+}
+
+// ---------------------------------------------------------------------------------------------
+// The race with external noise (the caller's or a pool's).
+// ---------------------------------------------------------------------------------------------
+
+/// Whether external noise values are E or ln E.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum ExtKind {
+    Exp,
+    LogExp,
+}
+
+#[inline(always)]
+unsafe fn ext_key<S: Simd, E: Elem>(row: *const E, noise: *const f32, i: usize, p: RaceParams, kind: ExtKind) -> S::F {
+    let x = E::load::<S>(row.add(i));
+    let d = S::mul(S::sub(x, S::splat(p.m)), S::splat(p.inv_t));
+    let g = S::load_f32(noise.add(i));
+    let ln_e = match kind {
+        ExtKind::Exp => ln_any::<S>(g),
+        ExtKind::LogExp => g,
+    };
+    // Masked (-inf) and NaN logits never win: their key becomes NaN, which no comparison takes.
+    let key = S::sub(d, ln_e);
+    S::select(S::gt(d, S::splat(f32::NEG_INFINITY)), key, S::splat(f32::NAN))
+}
+
+/// The winning token of a row given one noise value per token, or `None` when no key is a
+/// number above -inf (external noise that is +inf or NaN everywhere that matters).
+///
+/// # Safety
+/// `row` and `noise` valid for `n` reads; `S` usable here.
+#[inline(always)]
+pub(crate) unsafe fn race_external<S: Simd, E: Elem>(
+    row: *const E,
+    noise: *const f32,
+    n: usize,
+    p: RaceParams,
+    kind: ExtKind,
+) -> Option<usize> {
+    let l = S::LANES;
+    let mut bkey = S::splat(f32::NEG_INFINITY);
+    let mut btok = S::splat_u(u32::MAX);
+    let mut i = 0;
+    while i + l <= n {
+        let key = ext_key::<S, E>(row, noise, i, p, kind);
+        let better = S::gt(key, bkey); // strict: the earlier token keeps a tie within its lane
+        bkey = S::select(better, key, bkey);
+        btok = S::select_u(better, S::iota_u(i as u32), btok);
+        i += l;
+    }
+    let mut best = Best::NONE;
+    let mut keys = [0f32; 64];
+    let mut toks = [0u32; 64];
+    S::store(keys.as_mut_ptr(), bkey);
+    S::store_u(toks.as_mut_ptr(), btok);
+    for j in 0..l {
+        if toks[j] != u32::MAX {
+            best.offer(keys[j], toks[j] as usize);
+        }
+    }
+    while i < n {
+        let key = ext_key::<Scalar, E>(row, noise, i, p, kind);
+        if key > f32::NEG_INFINITY {
+            best.offer(key, i);
+        }
+        i += 1;
+    }
+    (best.token != usize::MAX).then_some(best.token)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Noise generation (the pool and callers who want noise arrays).
+// ---------------------------------------------------------------------------------------------
+
+#[inline(always)]
+unsafe fn fill_vec<S: Simd>(out: *mut f32, j: usize, first: u32, k: (u32, u32), log: bool) {
+    let h = hash::<S>(S::iota_u(first.wrapping_add(j as u32)), S::splat_u(k.0), S::splat_u(k.1));
+    let e = exp_noise::<S>(h);
+    S::store(out.add(j), if log { ln::<S>(e) } else { e });
+}
+
+/// Writes the noise of tokens `first .. first + n` of the row keyed by `key`: E, or ln E if `log`.
+///
+/// # Safety
+/// `out` valid for `n` writes; `S` usable here.
+#[inline(always)]
+pub(crate) unsafe fn fill_noise<S: Simd>(out: *mut f32, n: usize, key: u64, first: u32, log: bool) {
+    let k = key_words(key);
+    let mut j = 0;
+    while j + S::LANES <= n {
+        fill_vec::<S>(out, j, first, k, log);
+        j += S::LANES;
+    }
+    while j < n {
+        fill_vec::<Scalar>(out, j, first, k, log);
+        j += 1;
+    }
+}

@@ -1,0 +1,195 @@
+//! SIMD kernels, chosen once at run time.
+//!
+//! The algorithms live in `generic.rs`, written once over the [`simd::Simd`] trait. Each
+//! instruction set provides the trait (`simd.rs` for one lane, `portable.rs`, `x86_64/`) and a
+//! table of `#[target_feature]` entry points built by [`kernel_table!`]. [`best_level`] detects
+//! the CPU once and caches the answer, as the `memchr` crate does.
+
+pub(crate) mod generic;
+pub(crate) mod portable;
+pub(crate) mod simd;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86_64 {
+    pub(crate) mod avx2;
+    pub(crate) mod avx512;
+}
+
+use crate::config::SimdChoice;
+use crate::error::{Error, ErrorKind, Result};
+pub(crate) use generic::{ExtKind, RaceParams, BLOCK};
+pub use simd::{Bf16, F16};
+use std::sync::OnceLock;
+
+/// An instruction-set level the kernels run at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SimdLevel {
+    Scalar,
+    Portable,
+    Avx2,
+    Avx512,
+}
+
+impl SimdLevel {
+    pub fn name(self) -> &'static str {
+        match self {
+            SimdLevel::Scalar => "scalar",
+            SimdLevel::Portable => "portable",
+            SimdLevel::Avx2 => "avx2",
+            SimdLevel::Avx512 => "avx512",
+        }
+    }
+
+    /// Every level, lowest first.
+    pub const ALL: [SimdLevel; 4] = [SimdLevel::Scalar, SimdLevel::Portable, SimdLevel::Avx2, SimdLevel::Avx512];
+
+    /// Whether this CPU can run the level.
+    pub fn is_supported(self) -> bool {
+        match self {
+            SimdLevel::Scalar | SimdLevel::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx2 => std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c"),
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx512 => std::is_x86_feature_detected!("avx512f"),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+}
+
+/// The best level this CPU supports, detected once.
+pub fn best_level() -> SimdLevel {
+    static BEST: OnceLock<SimdLevel> = OnceLock::new();
+    *BEST.get_or_init(|| SimdLevel::ALL.into_iter().rev().find(|l| l.is_supported()).unwrap_or(SimdLevel::Scalar))
+}
+
+/// The level a configuration asks for, or an UNSUPPORTED error naming it.
+pub fn resolve(choice: SimdChoice) -> Result<SimdLevel> {
+    let level = match choice {
+        SimdChoice::Auto => return Ok(best_level()),
+        SimdChoice::Scalar => SimdLevel::Scalar,
+        SimdChoice::Portable => SimdLevel::Portable,
+        SimdChoice::Avx2 => SimdLevel::Avx2,
+        SimdChoice::Avx512 => SimdLevel::Avx512,
+    };
+    if !level.is_supported() {
+        return Err(Error::new(
+            ErrorKind::Unsupported,
+            format!("simd: this CPU does not support {} (best available: {})", level.name(), best_level().name()),
+        ));
+    }
+    Ok(level)
+}
+
+/// The kernels of one logits dtype.
+pub(crate) struct DtypeKernels<E> {
+    pub scan: unsafe fn(*const E, usize, &mut [f32]) -> bool,
+    pub find_first: unsafe fn(*const E, usize, usize, f32) -> Option<usize>,
+    pub race_inline: unsafe fn(*const E, usize, &[f32], RaceParams, u64) -> usize,
+    pub race_external: unsafe fn(*const E, *const f32, usize, RaceParams, ExtKind) -> Option<usize>,
+}
+
+/// Every kernel of one level. Calling them is safe once the level is known to be supported,
+/// which [`kernels`] guarantees.
+#[allow(dead_code)] // fill_noise is used by the noise pool
+pub(crate) struct Kernels {
+    pub level: SimdLevel,
+    pub f32: DtypeKernels<f32>,
+    pub bf16: DtypeKernels<Bf16>,
+    pub f16: DtypeKernels<F16>,
+    pub fill_noise: unsafe fn(*mut f32, usize, u64, u32, bool),
+}
+
+/// Builds a module with `#[target_feature]` entry points for one `Simd` implementation.
+macro_rules! kernel_table {
+    ($module:ident, $level:expr, $simd:ty $(, $feature:literal)?) => {
+        mod $module {
+            use super::generic;
+            use super::simd::Elem;
+            use super::*;
+
+            $(#[target_feature(enable = $feature)])?
+            unsafe fn scan<E: Elem>(row: *const E, n: usize, bmax: &mut [f32]) -> bool {
+                generic::scan::<$simd, E>(row, n, bmax)
+            }
+            $(#[target_feature(enable = $feature)])?
+            unsafe fn find_first<E: Elem>(row: *const E, start: usize, end: usize, target: f32) -> Option<usize> {
+                generic::find_first::<$simd, E>(row, start, end, target)
+            }
+            $(#[target_feature(enable = $feature)])?
+            unsafe fn race_inline<E: Elem>(row: *const E, n: usize, bmax: &[f32], p: RaceParams, key: u64) -> usize {
+                generic::race_inline::<$simd, E>(row, n, bmax, p, key)
+            }
+            $(#[target_feature(enable = $feature)])?
+            unsafe fn race_external<E: Elem>(row: *const E, noise: *const f32, n: usize, p: RaceParams, kind: ExtKind) -> Option<usize> {
+                generic::race_external::<$simd, E>(row, noise, n, p, kind)
+            }
+            $(#[target_feature(enable = $feature)])?
+            unsafe fn fill_noise(out: *mut f32, n: usize, key: u64, first: u32, log: bool) {
+                generic::fill_noise::<$simd>(out, n, key, first, log)
+            }
+            fn dtype<E: Elem>() -> DtypeKernels<E> {
+                DtypeKernels { scan: scan::<E>, find_first: find_first::<E>, race_inline: race_inline::<E>, race_external: race_external::<E> }
+            }
+            pub(crate) fn table() -> Kernels {
+                Kernels { level: $level, f32: dtype(), bf16: dtype(), f16: dtype(), fill_noise }
+            }
+        }
+    };
+}
+
+kernel_table!(scalar_table, SimdLevel::Scalar, super::simd::Scalar);
+kernel_table!(portable_table, SimdLevel::Portable, super::portable::Portable);
+#[cfg(target_arch = "x86_64")]
+kernel_table!(avx2_table, SimdLevel::Avx2, super::x86_64::avx2::Avx2, "avx2,f16c");
+#[cfg(target_arch = "x86_64")]
+kernel_table!(avx512_table, SimdLevel::Avx512, super::x86_64::avx512::Avx512, "avx512f");
+
+/// The kernels of a supported level (built once per level).
+pub(crate) fn kernels(level: SimdLevel) -> &'static Kernels {
+    static TABLES: [OnceLock<Kernels>; 4] = [OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    assert!(level.is_supported(), "kernels({level:?}) on a CPU without it");
+    TABLES[level as usize].get_or_init(|| match level {
+        SimdLevel::Scalar => scalar_table::table(),
+        SimdLevel::Portable => portable_table::table(),
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 => avx2_table::table(),
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512 => avx512_table::table(),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!(),
+    })
+}
+
+/// The levels this machine can run, lowest first (for tests and benchmarks).
+pub fn supported_levels() -> Vec<SimdLevel> {
+    SimdLevel::ALL.into_iter().filter(|l| l.is_supported()).collect()
+}
+
+/// Scalar noise functions, the single definition that the SIMD paths reproduce bit for bit.
+pub mod scalar_noise {
+    use super::generic;
+    use super::simd::Scalar;
+
+    /// The 32 random bits of token `index` in the row keyed by `key`.
+    pub fn bits(key: u64, index: u32) -> u32 {
+        let (k0, k1) = generic::key_words(key);
+        generic::hash::<Scalar>(index, k0, k1)
+    }
+    /// E = -ln((bits + 0.5) 2^-32), in f32.
+    pub fn exp(bits: u32) -> f32 {
+        generic::exp_noise::<Scalar>(bits)
+    }
+    /// ln of a positive normal f32, as the kernels compute it.
+    pub fn ln(x: f32) -> f32 {
+        generic::ln::<Scalar>(x)
+    }
+    /// ln of any f32, as the kernels compute it for external EXP noise.
+    pub fn ln_any(x: f32) -> f32 {
+        generic::ln_any::<Scalar>(x)
+    }
+    /// The cheap upper bound of -ln E that the race prunes with.
+    pub fn bound(bits: u32) -> f32 {
+        generic::noise_bound::<Scalar>(bits)
+    }
+    pub const CAP: f32 = generic::NOISE_CAP;
+}

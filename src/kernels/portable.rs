@@ -1,0 +1,185 @@
+//! The portable path: fixed-width arrays whose element-wise loops the compiler vectorises for
+//! whatever the target has (SSE2 on baseline x86-64, NEON on aarch64, VX on s390x).
+
+use super::simd::{bf16_to_f32, f16_to_f32, Simd};
+
+const W: usize = 8;
+
+#[derive(Clone, Copy)]
+pub(crate) struct Portable;
+
+macro_rules! lanes {
+    (|$i:ident| $e:expr) => {{
+        let mut out = [Default::default(); W];
+        for $i in 0..W {
+            out[$i] = $e;
+        }
+        out
+    }};
+}
+
+impl Simd for Portable {
+    const LANES: usize = W;
+    type F = [f32; W];
+    type U = [u32; W];
+    type M = [bool; W];
+
+    #[inline(always)]
+    unsafe fn load_f32(p: *const f32) -> [f32; W] {
+        (p as *const [f32; W]).read_unaligned()
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(p: *const u16) -> [f32; W] {
+        let h = (p as *const [u16; W]).read_unaligned();
+        lanes!(|i| bf16_to_f32(h[i]))
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const u16) -> [f32; W] {
+        let h = (p as *const [u16; W]).read_unaligned();
+        lanes!(|i| f16_to_f32(h[i]))
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: [f32; W]) {
+        (p as *mut [f32; W]).write_unaligned(v)
+    }
+    #[inline(always)]
+    unsafe fn store_u(p: *mut u32, v: [u32; W]) {
+        (p as *mut [u32; W]).write_unaligned(v)
+    }
+    #[inline(always)]
+    fn splat(x: f32) -> [f32; W] {
+        [x; W]
+    }
+    #[inline(always)]
+    fn add(a: [f32; W], b: [f32; W]) -> [f32; W] {
+        lanes!(|i| a[i] + b[i])
+    }
+    #[inline(always)]
+    fn sub(a: [f32; W], b: [f32; W]) -> [f32; W] {
+        lanes!(|i| a[i] - b[i])
+    }
+    #[inline(always)]
+    fn mul(a: [f32; W], b: [f32; W]) -> [f32; W] {
+        lanes!(|i| a[i] * b[i])
+    }
+    #[inline(always)]
+    fn div(a: [f32; W], b: [f32; W]) -> [f32; W] {
+        lanes!(|i| a[i] / b[i])
+    }
+    #[inline(always)]
+    fn max(x: [f32; W], acc: [f32; W]) -> [f32; W] {
+        lanes!(|i| if x[i] > acc[i] { x[i] } else { acc[i] })
+    }
+    #[inline(always)]
+    fn ge(a: [f32; W], b: [f32; W]) -> [bool; W] {
+        lanes!(|i| a[i] >= b[i])
+    }
+    #[inline(always)]
+    fn gt(a: [f32; W], b: [f32; W]) -> [bool; W] {
+        lanes!(|i| a[i] > b[i])
+    }
+    #[inline(always)]
+    fn eq(a: [f32; W], b: [f32; W]) -> [bool; W] {
+        lanes!(|i| a[i] == b[i])
+    }
+    #[inline(always)]
+    fn lt(a: [f32; W], b: [f32; W]) -> [bool; W] {
+        lanes!(|i| a[i] < b[i])
+    }
+    #[inline(always)]
+    fn is_nan(a: [f32; W]) -> [bool; W] {
+        lanes!(|i| a[i].is_nan())
+    }
+    #[inline(always)]
+    fn and_m(a: [bool; W], b: [bool; W]) -> [bool; W] {
+        lanes!(|i| a[i] & b[i])
+    }
+    #[inline(always)]
+    fn or_m(a: [bool; W], b: [bool; W]) -> [bool; W] {
+        lanes!(|i| a[i] | b[i])
+    }
+    #[inline(always)]
+    fn none() -> [bool; W] {
+        [false; W]
+    }
+    #[inline(always)]
+    fn any(m: [bool; W]) -> bool {
+        m.iter().fold(false, |a, &b| a | b)
+    }
+    #[inline(always)]
+    fn first(m: [bool; W]) -> usize {
+        m.iter().position(|&b| b).unwrap_or(0)
+    }
+    #[inline(always)]
+    fn select(m: [bool; W], a: [f32; W], b: [f32; W]) -> [f32; W] {
+        lanes!(|i| if m[i] { a[i] } else { b[i] })
+    }
+    #[inline(always)]
+    fn reduce_max(v: [f32; W]) -> f32 {
+        v.iter().fold(f32::NEG_INFINITY, |acc, &x| if x > acc { x } else { acc })
+    }
+    #[inline(always)]
+    fn splat_u(x: u32) -> [u32; W] {
+        [x; W]
+    }
+    #[inline(always)]
+    fn iota_u(base: u32) -> [u32; W] {
+        lanes!(|i| base.wrapping_add(i as u32))
+    }
+    #[inline(always)]
+    fn add_u(a: [u32; W], b: [u32; W]) -> [u32; W] {
+        lanes!(|i| a[i].wrapping_add(b[i]))
+    }
+    #[inline(always)]
+    fn sub_u(a: [u32; W], b: [u32; W]) -> [u32; W] {
+        lanes!(|i| a[i].wrapping_sub(b[i]))
+    }
+    #[inline(always)]
+    fn xor_u(a: [u32; W], b: [u32; W]) -> [u32; W] {
+        lanes!(|i| a[i] ^ b[i])
+    }
+    #[inline(always)]
+    fn and_u(a: [u32; W], b: [u32; W]) -> [u32; W] {
+        lanes!(|i| a[i] & b[i])
+    }
+    #[inline(always)]
+    fn or_u(a: [u32; W], b: [u32; W]) -> [u32; W] {
+        lanes!(|i| a[i] | b[i])
+    }
+    #[inline(always)]
+    fn mul_u(a: [u32; W], b: [u32; W]) -> [u32; W] {
+        lanes!(|i| a[i].wrapping_mul(b[i]))
+    }
+    #[inline(always)]
+    fn shr_u<const N: i32>(a: [u32; W]) -> [u32; W] {
+        lanes!(|i| a[i] >> N)
+    }
+    #[inline(always)]
+    fn sign_fill(a: [u32; W]) -> [u32; W] {
+        lanes!(|i| ((a[i] as i32) >> 31) as u32)
+    }
+    #[inline(always)]
+    fn gt_i32(a: [u32; W], b: [u32; W]) -> [bool; W] {
+        lanes!(|i| (a[i] as i32) > (b[i] as i32))
+    }
+    #[inline(always)]
+    fn min_i32(a: [u32; W], b: [u32; W]) -> [u32; W] {
+        lanes!(|i| (a[i] as i32).min(b[i] as i32) as u32)
+    }
+    #[inline(always)]
+    fn select_u(m: [bool; W], a: [u32; W], b: [u32; W]) -> [u32; W] {
+        lanes!(|i| if m[i] { a[i] } else { b[i] })
+    }
+    #[inline(always)]
+    fn cvt_i32(a: [u32; W]) -> [f32; W] {
+        lanes!(|i| a[i] as i32 as f32)
+    }
+    #[inline(always)]
+    fn to_bits(a: [f32; W]) -> [u32; W] {
+        lanes!(|i| a[i].to_bits())
+    }
+    #[inline(always)]
+    fn from_bits(a: [u32; W]) -> [f32; W] {
+        lanes!(|i| f32::from_bits(a[i]))
+    }
+}

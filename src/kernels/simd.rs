@@ -1,0 +1,354 @@
+//! The vector abstraction that every kernel is written against, and its one-lane implementation.
+//!
+//! Each instruction set implements [`Simd`]; the algorithms in `generic.rs` are written once over
+//! it. Because every path runs the same sequence of IEEE-754 operations per element (no FMA, no
+//! reassociation of anything but `max`), every path computes bit-identical keys and therefore the
+//! same tokens. [`Scalar`] (one lane) is the reference and also handles the tails of rows.
+
+/// Operations on a vector of `LANES` f32 (`F`), a vector of `LANES` u32 (`U`), and a lane mask (`M`).
+///
+/// # Safety
+/// Implementations for an instruction set may only be used inside a function compiled with that
+/// instruction set enabled (see the `#[target_feature]` entry points of each ISA module).
+pub(crate) trait Simd: Copy {
+    const LANES: usize;
+    type F: Copy;
+    type U: Copy;
+    type M: Copy;
+
+    unsafe fn load_f32(p: *const f32) -> Self::F;
+    /// bfloat16 bits to f32 (exact).
+    unsafe fn load_bf16(p: *const u16) -> Self::F;
+    /// IEEE binary16 bits to f32 (exact).
+    unsafe fn load_f16(p: *const u16) -> Self::F;
+    unsafe fn store(p: *mut f32, v: Self::F);
+    unsafe fn store_u(p: *mut u32, v: Self::U);
+
+    fn splat(x: f32) -> Self::F;
+    fn add(a: Self::F, b: Self::F) -> Self::F;
+    fn sub(a: Self::F, b: Self::F) -> Self::F;
+    fn mul(a: Self::F, b: Self::F) -> Self::F;
+    fn div(a: Self::F, b: Self::F) -> Self::F;
+    /// Per lane `if x > acc { x } else { acc }`: a NaN in `x` is ignored (x86 `maxps(x, acc)`).
+    fn max(x: Self::F, acc: Self::F) -> Self::F;
+    fn ge(a: Self::F, b: Self::F) -> Self::M;
+    fn gt(a: Self::F, b: Self::F) -> Self::M;
+    fn eq(a: Self::F, b: Self::F) -> Self::M;
+    fn lt(a: Self::F, b: Self::F) -> Self::M;
+    fn is_nan(a: Self::F) -> Self::M;
+    fn and_m(a: Self::M, b: Self::M) -> Self::M;
+    fn or_m(a: Self::M, b: Self::M) -> Self::M;
+    fn none() -> Self::M;
+    fn any(m: Self::M) -> bool;
+    /// The lowest set lane of a non-empty mask.
+    fn first(m: Self::M) -> usize;
+    /// Per lane `if m { a } else { b }`.
+    fn select(m: Self::M, a: Self::F, b: Self::F) -> Self::F;
+    /// The largest lane; lanes are never NaN where this is used.
+    fn reduce_max(v: Self::F) -> f32;
+
+    fn splat_u(x: u32) -> Self::U;
+    /// `base + lane` in each lane.
+    fn iota_u(base: u32) -> Self::U;
+    fn add_u(a: Self::U, b: Self::U) -> Self::U;
+    fn sub_u(a: Self::U, b: Self::U) -> Self::U;
+    fn xor_u(a: Self::U, b: Self::U) -> Self::U;
+    fn and_u(a: Self::U, b: Self::U) -> Self::U;
+    fn or_u(a: Self::U, b: Self::U) -> Self::U;
+    /// Low 32 bits of the product.
+    fn mul_u(a: Self::U, b: Self::U) -> Self::U;
+    fn shr_u<const N: i32>(a: Self::U) -> Self::U;
+    /// Arithmetic shift right by 31: all ones where the top bit is set.
+    fn sign_fill(a: Self::U) -> Self::U;
+    /// Signed `a > b`.
+    fn gt_i32(a: Self::U, b: Self::U) -> Self::M;
+    /// Signed minimum.
+    fn min_i32(a: Self::U, b: Self::U) -> Self::U;
+    fn select_u(m: Self::M, a: Self::U, b: Self::U) -> Self::U;
+    /// Lanes read as i32, converted to f32 with round-to-nearest-even.
+    fn cvt_i32(a: Self::U) -> Self::F;
+    fn to_bits(a: Self::F) -> Self::U;
+    fn from_bits(a: Self::U) -> Self::F;
+}
+
+/// One lane: the reference implementation, also used for the tails of rows.
+#[derive(Clone, Copy)]
+pub(crate) struct Scalar;
+
+/// Exact IEEE binary16 to f32 conversion.
+#[inline(always)]
+pub(crate) fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h & 0x8000) as u32) << 16;
+    let exp = ((h >> 10) & 0x1f) as u32;
+    let man = (h & 0x3ff) as u32;
+    let bits = match exp {
+        0 => (man as f32 * (1.0 / 16_777_216.0)).to_bits(), // zero or subnormal: man * 2^-24, exact
+        31 => 0x7f80_0000 | (man << 13),                    // inf or NaN
+        _ => ((exp + 112) << 23) | (man << 13),
+    };
+    f32::from_bits(sign | bits)
+}
+
+#[inline(always)]
+pub(crate) fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}
+
+impl Simd for Scalar {
+    const LANES: usize = 1;
+    type F = f32;
+    type U = u32;
+    type M = bool;
+
+    #[inline(always)]
+    unsafe fn load_f32(p: *const f32) -> f32 {
+        p.read_unaligned()
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(p: *const u16) -> f32 {
+        bf16_to_f32(p.read_unaligned())
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const u16) -> f32 {
+        f16_to_f32(p.read_unaligned())
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: f32) {
+        p.write_unaligned(v)
+    }
+    #[inline(always)]
+    unsafe fn store_u(p: *mut u32, v: u32) {
+        p.write_unaligned(v)
+    }
+    #[inline(always)]
+    fn splat(x: f32) -> f32 {
+        x
+    }
+    #[inline(always)]
+    fn add(a: f32, b: f32) -> f32 {
+        a + b
+    }
+    #[inline(always)]
+    fn sub(a: f32, b: f32) -> f32 {
+        a - b
+    }
+    #[inline(always)]
+    fn mul(a: f32, b: f32) -> f32 {
+        a * b
+    }
+    #[inline(always)]
+    fn div(a: f32, b: f32) -> f32 {
+        a / b
+    }
+    #[inline(always)]
+    fn max(x: f32, acc: f32) -> f32 {
+        if x > acc {
+            x
+        } else {
+            acc
+        }
+    }
+    #[inline(always)]
+    fn ge(a: f32, b: f32) -> bool {
+        a >= b
+    }
+    #[inline(always)]
+    fn gt(a: f32, b: f32) -> bool {
+        a > b
+    }
+    #[inline(always)]
+    fn eq(a: f32, b: f32) -> bool {
+        a == b
+    }
+    #[inline(always)]
+    fn lt(a: f32, b: f32) -> bool {
+        a < b
+    }
+    #[inline(always)]
+    fn is_nan(a: f32) -> bool {
+        a.is_nan()
+    }
+    #[inline(always)]
+    fn and_m(a: bool, b: bool) -> bool {
+        a & b
+    }
+    #[inline(always)]
+    fn or_m(a: bool, b: bool) -> bool {
+        a | b
+    }
+    #[inline(always)]
+    fn none() -> bool {
+        false
+    }
+    #[inline(always)]
+    fn any(m: bool) -> bool {
+        m
+    }
+    #[inline(always)]
+    fn first(_m: bool) -> usize {
+        0
+    }
+    #[inline(always)]
+    fn select(m: bool, a: f32, b: f32) -> f32 {
+        if m {
+            a
+        } else {
+            b
+        }
+    }
+    #[inline(always)]
+    fn reduce_max(v: f32) -> f32 {
+        v
+    }
+    #[inline(always)]
+    fn splat_u(x: u32) -> u32 {
+        x
+    }
+    #[inline(always)]
+    fn iota_u(base: u32) -> u32 {
+        base
+    }
+    #[inline(always)]
+    fn add_u(a: u32, b: u32) -> u32 {
+        a.wrapping_add(b)
+    }
+    #[inline(always)]
+    fn sub_u(a: u32, b: u32) -> u32 {
+        a.wrapping_sub(b)
+    }
+    #[inline(always)]
+    fn xor_u(a: u32, b: u32) -> u32 {
+        a ^ b
+    }
+    #[inline(always)]
+    fn and_u(a: u32, b: u32) -> u32 {
+        a & b
+    }
+    #[inline(always)]
+    fn or_u(a: u32, b: u32) -> u32 {
+        a | b
+    }
+    #[inline(always)]
+    fn mul_u(a: u32, b: u32) -> u32 {
+        a.wrapping_mul(b)
+    }
+    #[inline(always)]
+    fn shr_u<const N: i32>(a: u32) -> u32 {
+        a >> N
+    }
+    #[inline(always)]
+    fn sign_fill(a: u32) -> u32 {
+        ((a as i32) >> 31) as u32
+    }
+    #[inline(always)]
+    fn gt_i32(a: u32, b: u32) -> bool {
+        (a as i32) > (b as i32)
+    }
+    #[inline(always)]
+    fn min_i32(a: u32, b: u32) -> u32 {
+        (a as i32).min(b as i32) as u32
+    }
+    #[inline(always)]
+    fn select_u(m: bool, a: u32, b: u32) -> u32 {
+        if m {
+            a
+        } else {
+            b
+        }
+    }
+    #[inline(always)]
+    fn cvt_i32(a: u32) -> f32 {
+        a as i32 as f32
+    }
+    #[inline(always)]
+    fn to_bits(a: f32) -> u32 {
+        a.to_bits()
+    }
+    #[inline(always)]
+    fn from_bits(a: u32) -> f32 {
+        f32::from_bits(a)
+    }
+}
+
+/// A logits element type: f32, bfloat16 or float16 bits.
+pub(crate) trait Elem: Copy + Send + Sync + 'static {
+    /// Loads `S::LANES` elements as f32.
+    ///
+    /// # Safety
+    /// `p` must be valid for `S::LANES` reads, and `S` usable in the calling context.
+    unsafe fn load<S: Simd>(p: *const Self) -> S::F;
+}
+
+/// A bfloat16 value, as its bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(transparent)]
+pub struct Bf16(pub u16);
+
+/// An IEEE binary16 value, as its bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(transparent)]
+pub struct F16(pub u16);
+
+impl Elem for f32 {
+    #[inline(always)]
+    unsafe fn load<S: Simd>(p: *const f32) -> S::F {
+        S::load_f32(p)
+    }
+}
+impl Elem for Bf16 {
+    #[inline(always)]
+    unsafe fn load<S: Simd>(p: *const Bf16) -> S::F {
+        S::load_bf16(p as *const u16)
+    }
+}
+impl Elem for F16 {
+    #[inline(always)]
+    unsafe fn load<S: Simd>(p: *const F16) -> S::F {
+        S::load_f16(p as *const u16)
+    }
+}
+
+impl Bf16 {
+    pub fn to_f32(self) -> f32 {
+        bf16_to_f32(self.0)
+    }
+    /// Round-to-nearest-even conversion (NaN stays NaN).
+    pub fn from_f32(x: f32) -> Bf16 {
+        if x.is_nan() {
+            return Bf16(0x7fc0);
+        }
+        let b = x.to_bits();
+        Bf16(((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16)
+    }
+}
+
+impl F16 {
+    pub fn to_f32(self) -> f32 {
+        f16_to_f32(self.0)
+    }
+    /// Round-to-nearest-even conversion, for tests and tools.
+    pub fn from_f32(x: f32) -> F16 {
+        let b = x.to_bits();
+        let sign = ((b >> 16) & 0x8000) as u16;
+        if x.is_nan() {
+            return F16(sign | 0x7e00);
+        }
+        let a = x.abs();
+        if a >= 65520.0 {
+            return F16(sign | 0x7c00);
+        }
+        if a < 6.103_515_6e-5 {
+            // subnormal range: multiples of 2^-24, rounded to nearest even by the f32 arithmetic
+            let m = (a * 16_777_216.0).round_ties_even() as u16;
+            return F16(sign | m);
+        }
+        let e = ((a.to_bits() >> 23) as i32) - 127;
+        let man = a.to_bits() & 0x7f_ffff;
+        let mut h = (((e + 15) as u32) << 10) | (man >> 13);
+        let rest = man & 0x1fff;
+        if rest > 0x1000 || (rest == 0x1000 && (h & 1) == 1) {
+            h += 1;
+        }
+        F16(sign | h as u16)
+    }
+}

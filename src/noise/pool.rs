@@ -1,0 +1,1 @@
+//! The noise pool (issue 3).

@@ -1,0 +1,134 @@
+//! Helpers shared by the integration tests: a seeded RNG, float64 references, chi-square.
+#![allow(dead_code)]
+
+use rand_xoshiro::rand_core::{Rng, SeedableRng};
+use rand_xoshiro::Xoshiro256PlusPlus;
+use tokenrace::*;
+
+pub struct TestRng(Xoshiro256PlusPlus);
+
+impl TestRng {
+    pub fn new(seed: u64) -> Self {
+        TestRng(Xoshiro256PlusPlus::seed_from_u64(seed))
+    }
+    pub fn u64(&mut self) -> u64 {
+        self.0.next_u64()
+    }
+    /// Uniform in [0, 1).
+    pub fn f64(&mut self) -> f64 {
+        (self.u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.f64() * n as f64) as usize
+    }
+    pub fn normal(&mut self) -> f64 {
+        let (u, v) = (1.0 - self.f64(), self.f64());
+        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+    }
+    /// Exp(1) with full precision, never 0.
+    pub fn exp(&mut self) -> f64 {
+        -(1.0 - self.f64()).ln().max(-745.0)
+    }
+}
+
+/// Logits shaped like a model's: N(0, sd) plus a few near `peak`.
+pub fn peaked_logits(rng: &mut TestRng, vocab: usize, sd: f64, peak: f64) -> Vec<f32> {
+    let mut x: Vec<f32> = (0..vocab).map(|_| (rng.normal() * sd) as f32).collect();
+    for _ in 0..4 {
+        let i = rng.below(vocab);
+        x[i] = (peak - rng.f64() * 2.0) as f32;
+    }
+    x
+}
+
+/// Exact probabilities of softmax(x / T) in float64 (masked and NaN entries get 0).
+pub fn softmax64(x: &[f32], t: f64) -> Vec<f64> {
+    let m = x.iter().filter(|v| v.is_finite()).fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));
+    let w: Vec<f64> = x.iter().map(|&v| if v.is_finite() { ((v as f64 - m) / t).exp() } else { 0.0 }).collect();
+    let s: f64 = w.iter().sum();
+    w.iter().map(|v| v / s).collect()
+}
+
+/// The float64 reference of the race: argmax_i softmax(x/T)_i / E_i (written in log space,
+/// which is the same argmax), with the relative gap between the two best keys.
+pub fn race_ref64(x: &[f32], t: f64, ln_e: impl Fn(usize) -> f64) -> (usize, f64) {
+    let m = x.iter().filter(|v| v.is_finite()).fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));
+    let mut best = (f64::NEG_INFINITY, usize::MAX);
+    let mut second = f64::NEG_INFINITY;
+    for (i, &v) in x.iter().enumerate() {
+        if !v.is_finite() {
+            continue;
+        }
+        let key = (v as f64 - m) / t - ln_e(i);
+        if key > best.0 {
+            second = best.0;
+            best = (key, i);
+        } else if key > second {
+            second = key;
+        }
+    }
+    let gap = (best.0 - second).abs() / best.0.abs().max(second.abs()).max(1.0);
+    (best.1, gap)
+}
+
+/// -ln((a + 0.5) 2^-32) in float64, computed without cancellation.
+pub fn exp_of_bits64(a: u32) -> f64 {
+    let u = (a as f64 + 0.5) / 4294967296.0;
+    if u < 0.5 {
+        -u.ln()
+    } else {
+        -(-((4294967295 - a) as f64 + 0.5) / 4294967296.0).ln_1p()
+    }
+}
+
+/// The critical value of chi-square with `dof` degrees of freedom at about z standard deviations
+/// (Wilson-Hilferty); z = 5 is a false-alarm rate near 3e-7.
+pub fn chi2_critical(dof: usize, z: f64) -> f64 {
+    let k = dof as f64;
+    let a = 2.0 / (9.0 * k);
+    k * (1.0 - a + z * a.sqrt()).powi(3)
+}
+
+/// Chi-square of observed counts against probabilities, pooling cells with expectation < 5.
+pub fn chi2(counts: &[u64], probs: &[f64]) -> (f64, usize) {
+    let n: u64 = counts.iter().sum();
+    let (mut stat, mut cells) = (0.0, 0usize);
+    let (mut pool_o, mut pool_e) = (0.0, 0.0);
+    for (&c, &p) in counts.iter().zip(probs) {
+        let e = p * n as f64;
+        if p == 0.0 {
+            assert_eq!(c, 0, "a token of probability 0 was drawn");
+            continue;
+        }
+        if e < 5.0 {
+            pool_o += c as f64;
+            pool_e += e;
+            continue;
+        }
+        stat += (c as f64 - e).powi(2) / e;
+        cells += 1;
+    }
+    if pool_e > 0.0 {
+        stat += (pool_o - pool_e).powi(2) / pool_e.max(1e-12);
+        cells += 1;
+    }
+    (stat, cells.saturating_sub(1).max(1))
+}
+
+pub fn sampler(level: SimdLevel, seed: u64) -> Sampler {
+    let choice = match level {
+        SimdLevel::Scalar => SimdChoice::Scalar,
+        SimdLevel::Portable => SimdChoice::Portable,
+        SimdLevel::Avx2 => SimdChoice::Avx2,
+        SimdLevel::Avx512 => SimdChoice::Avx512,
+    };
+    Sampler::new(Config { simd: choice, seed: Some(seed), max_rows: 4096, ..Config::default() }).unwrap()
+}
+
+/// Draws every row of a batch and returns (tokens, flags).
+pub fn draw(s: &Sampler, batch: &Batch) -> (Vec<i32>, Vec<u32>) {
+    let mut tokens = vec![-1; batch.rows];
+    let mut fl = vec![0; batch.rows];
+    s.draw(batch, &mut Output { tokens: &mut tokens, flags: Some(&mut fl) }).unwrap();
+    (tokens, fl)
+}
