@@ -124,6 +124,8 @@ pub struct Setting {
 }
 
 /// Every setting. `docs/configuration.md` lists exactly these (a test checks it).
+// Each `apply` is `Ok(field = parse(value)?)`: one line per setting reads better than a block.
+#[allow(clippy::unit_arg)]
 pub static SETTINGS: &[Setting] = &[
     Setting {
         var: "TOKENRACE_VOCAB_SIZE",

@@ -2,8 +2,9 @@
 
 use crate::config::{Config, LogLevel};
 use crate::draw::batch::{validate, Batch, Output};
-use crate::draw::{draw_row, ext_kind, inv_temperature, NoiseSrc, RowPlan};
-use crate::error::Result;
+use crate::draw::workers::WorkerPool;
+use crate::draw::{draw_batch, ext_kind, inv_temperature, NoiseSrc, RowPlan};
+use crate::error::{Error, ErrorKind, Result};
 use crate::kernels::{self, Kernels, SimdLevel};
 use crate::noise::{entropy_seed, seeded_row_key, KeyStream};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -43,6 +44,8 @@ pub struct Sampler {
     kernels: &'static Kernels,
     keys: KeyStream,
     counters: Counters,
+    /// Worker threads beyond the caller's, when `threads` > 1.
+    workers: Option<WorkerPool>,
 }
 
 /// Installs `env_logger` at the configured level, once per process, unless a logger exists.
@@ -68,7 +71,20 @@ impl Sampler {
         let level = kernels::resolve(cfg.simd)?;
         let seed = cfg.seed.unwrap_or_else(entropy_seed);
         log::debug!("sampler: simd {}, max_rows {}, vocab {}", level.name(), cfg.max_rows, cfg.vocab_size);
-        Ok(Sampler { kernels: kernels::kernels(level), keys: KeyStream::new(seed), counters: Counters::default(), cfg })
+        let threads = cfg.effective_threads();
+        let workers = match threads {
+            0 | 1 => None,
+            n => Some(
+                WorkerPool::new(n - 1).map_err(|e| Error::internal(format!("threads: cannot start workers: {e}")))?,
+            ),
+        };
+        Ok(Sampler {
+            kernels: kernels::kernels(level),
+            keys: KeyStream::new(seed),
+            counters: Counters::default(),
+            workers,
+            cfg,
+        })
     }
 
     pub fn config(&self) -> &Config {
@@ -102,10 +118,8 @@ impl Sampler {
         let plans = self.plan(batch);
         let mut tokens = vec![0i32; batch.rows];
         let mut row_flags = vec![0u32; batch.rows];
-        for (r, plan) in plans.iter().enumerate() {
-            let (t, f) = draw_row(self.kernels, batch, r, *plan);
-            tokens[r] = t;
-            row_flags[r] = f;
+        if !draw_batch(self.kernels, batch, &plans, self.workers.as_ref(), &mut tokens, &mut row_flags) {
+            return Err(Error::new(ErrorKind::Internal, "a worker thread panicked; nothing was written"));
         }
         let nonfinite = row_flags.iter().filter(|&&f| f & 0b111 != 0).count() as u64;
         self.counters.nonfinite_rows.fetch_add(nonfinite, Relaxed);

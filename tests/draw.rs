@@ -159,7 +159,7 @@ fn race_matches_float64_reference_on_the_same_noise() {
         let s = sampler(level, 5);
         for case in 0..300 {
             let vocab = [50, 1000, 4099, 32000][case % 4];
-            let t = [0.1f32, 0.5, 1.0, 1.7][case % 4 / 1 % 4];
+            let t = [0.1f32, 0.5, 1.0, 1.7][(case / 4) % 4];
             let x = if case % 3 == 0 {
                 (0..vocab).map(|_| (rng.normal() * 3.0) as f32).collect()
             } else {
@@ -497,4 +497,46 @@ fn strided_rows_read_only_their_own_elements() {
     let s = sampler(best_level(), 0);
     let b = Batch { row_stride: stride, ..batch_of(Logits::F32(&all[..2 * stride + vocab]), 3, vocab, &[0.0; 3]) };
     assert_eq!(draw(&s, &b).0, vec![10, 20, 30]);
+}
+
+#[test]
+fn thread_count_never_changes_a_token() {
+    let mut rng = TestRng::new(12);
+    for (rows, vocab) in [(1usize, 100_003usize), (2, 65_536), (3, 40_000), (33, 5_000)] {
+        let mut all: Vec<f32> = Vec::with_capacity(rows * vocab);
+        for r in 0..rows {
+            let mut x = peaked_logits(&mut rng, vocab, 3.0, 15.0);
+            match r % 4 {
+                1 => x[vocab - 1] = f32::INFINITY,
+                2 => x.iter_mut().step_by(7).for_each(|v| *v = f32::NAN),
+                _ => {}
+            }
+            all.extend(x);
+        }
+        let temps: Vec<f32> = (0..rows).map(|r| [1.0, 0.0, 0.7, 1.3][r % 4]).collect();
+        let seeds: Vec<u64> = (0..rows as u64).collect();
+        let seeded: Vec<u8> = (0..rows).map(|r| (r % 3 == 0) as u8).collect();
+        let noise: Vec<f32> = (0..vocab).map(|_| rng.exp() as f32).collect();
+        let mut expected = None;
+        for level in supported_levels() {
+            for threads in [1usize, 2, 3, 4, 7] {
+                let cfg = Config { threads, ..common::sampler(level, 9).config().clone() };
+                let s = Sampler::new(cfg).unwrap();
+                let plain = Batch {
+                    seeds: Some(&seeds),
+                    seeded: Some(&seeded),
+                    ..batch_of(Logits::F32(&all), rows, vocab, &temps)
+                };
+                let ext = Batch {
+                    noise: Some(ExternalNoise { values: &noise, kind: NoiseKind::Exp, row_stride: 0 }),
+                    ..plain
+                };
+                let got = (draw(&s, &plain), draw(&s, &plain), draw(&s, &ext));
+                match &expected {
+                    None => expected = Some(got),
+                    Some(e) => assert_eq!(&got, e, "{level:?}, {threads} threads, {rows} x {vocab}"),
+                }
+            }
+        }
+    }
 }

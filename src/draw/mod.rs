@@ -5,11 +5,13 @@
 //! independently, so the result of a row never depends on how rows are spread over threads.
 
 pub mod batch;
+pub(crate) mod workers;
 
 use crate::config::NoiseKind;
-use crate::kernels::{DtypeKernels, ExtKind, Kernels, RaceParams, BLOCK};
+use crate::kernels::{Best, DtypeKernels, ExtKind, Kernels, RaceParams, BLOCK};
 use batch::{flags, Batch, Logits};
 use std::cell::RefCell;
+use workers::WorkerPool;
 
 /// Where a sampling row's noise comes from.
 #[derive(Clone, Copy, Debug)]
@@ -49,60 +51,238 @@ pub(crate) fn inv_temperature(t: f32) -> f32 {
     }
 }
 
+/// Rows of fewer elements than this are never split across threads.
+const MIN_TILE: usize = 16 * BLOCK;
+/// Calls with fewer elements than this in all run on the calling thread.
+const MIN_PARALLEL: usize = 64 * 1024;
+
 thread_local! {
     /// Block maxima of the row being drawn on this thread.
     static BLOCK_MAX: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Draws row `r` of `batch`: returns (token, flags).
-pub(crate) fn draw_row(k: &Kernels, batch: &Batch, r: usize, plan: RowPlan) -> (i32, u32) {
-    let start = r * batch.row_stride;
-    // SAFETY (all three arms): `validate` checked that every row lies inside the slice, and the
-    // kernels come from `kernels()`, which only hands out levels this CPU supports.
-    match batch.logits {
-        Logits::F32(s) => unsafe { draw_row_typed(&k.f32, s[start..].as_ptr(), batch.vocab, plan) },
-        Logits::Bf16(s) => unsafe { draw_row_typed(&k.bf16, s[start..].as_ptr(), batch.vocab, plan) },
-        Logits::F16(s) => unsafe { draw_row_typed(&k.f16, s[start..].as_ptr(), batch.vocab, plan) },
+/// A row's values and its kernels, with the dtype erased behind closures of one shape.
+trait RowKernels {
+    /// Block maxima of elements `[start, start + n)` into `bmax`; whether any was NaN.
+    fn scan(&self, start: usize, n: usize, bmax: &mut [f32]) -> bool;
+    fn find_first(&self, start: usize, end: usize, target: f32) -> Option<usize>;
+    fn race(&self, start: usize, n: usize, bmax: &[f32], p: RaceParams, noise: NoiseSrc) -> Best;
+}
+
+struct Row<'k, E> {
+    k: &'k DtypeKernels<E>,
+    row: *const E,
+}
+
+impl<E> RowKernels for Row<'_, E> {
+    fn scan(&self, start: usize, n: usize, bmax: &mut [f32]) -> bool {
+        // SAFETY: the row was bounds-checked by `validate`; callers stay inside [0, vocab).
+        unsafe { (self.k.scan)(self.row.add(start), n, bmax) }
+    }
+    fn find_first(&self, start: usize, end: usize, target: f32) -> Option<usize> {
+        // SAFETY: as above.
+        unsafe { (self.k.find_first)(self.row, start, end, target) }
+    }
+    fn race(&self, start: usize, n: usize, bmax: &[f32], p: RaceParams, noise: NoiseSrc) -> Best {
+        // SAFETY: as above; external noise rows were bounds-checked the same way.
+        unsafe {
+            match noise {
+                NoiseSrc::Inline(key) => (self.k.race_inline)(self.row.add(start), n, bmax, p, key, start),
+                NoiseSrc::External(ptr, kind) => {
+                    (self.k.race_external)(self.row.add(start), ptr.add(start), n, p, kind, start)
+                }
+            }
+        }
     }
 }
 
-/// # Safety
-/// `row` valid for `n` reads; external noise pointers valid for `n` reads.
-unsafe fn draw_row_typed<E>(k: &DtypeKernels<E>, row: *const E, n: usize, plan: RowPlan) -> (i32, u32) {
-    BLOCK_MAX.with(|cell| {
-        let mut bmax = cell.borrow_mut();
-        bmax.resize(n.div_ceil(BLOCK), f32::NEG_INFINITY);
-        let has_nan = (k.scan)(row, n, &mut bmax);
-        let top = bmax.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
-        let mut fl = if has_nan { flags::HAS_NAN } else { 0 };
-        if matches!(plan, RowPlan::Greedy) {
-            fl |= flags::GREEDY;
+/// Calls `f` with row `r` of `batch` behind [`RowKernels`].
+fn with_row<T>(k: &Kernels, batch: &Batch, r: usize, f: impl FnOnce(&dyn RowKernels) -> T) -> T {
+    let start = r * batch.row_stride;
+    match batch.logits {
+        Logits::F32(s) => f(&Row { k: &k.f32, row: s[start..].as_ptr() }),
+        Logits::Bf16(s) => f(&Row { k: &k.bf16, row: s[start..].as_ptr() }),
+        Logits::F16(s) => f(&Row { k: &k.f16, row: s[start..].as_ptr() }),
+    }
+}
+
+/// What the first pass found in a row.
+struct Scanned {
+    top: f32,
+    flags: u32,
+}
+
+fn summarize(bmax: &[f32], has_nan: bool, plan: RowPlan) -> Scanned {
+    let top = bmax.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+    let mut fl = if has_nan { flags::HAS_NAN } else { 0 };
+    if matches!(plan, RowPlan::Greedy) {
+        fl |= flags::GREEDY;
+    }
+    if top == f32::INFINITY {
+        fl |= flags::HAS_POSINF;
+    } else if top == f32::NEG_INFINITY {
+        fl |= flags::EMPTY;
+    }
+    Scanned { top, flags: fl }
+}
+
+/// The first index of `top`, found in the first block whose maximum is `top`.
+fn first_of(row: &dyn RowKernels, bmax: &[f32], n: usize, top: f32) -> usize {
+    let b = bmax.iter().position(|&v| v == top).unwrap_or(0);
+    row.find_first(b * BLOCK, ((b + 1) * BLOCK).min(n), top).unwrap_or(0)
+}
+
+/// The race parameters of a row that needs a race, or `None` if its token is decided without
+/// one (greedy, +inf present, or empty).
+fn race_params(sc: &Scanned, plan: RowPlan) -> Option<(RaceParams, NoiseSrc)> {
+    match plan {
+        RowPlan::Sample { inv_t, noise } if sc.top.is_finite() => {
+            Some((RaceParams { m: sc.top, inv_t, floor: f32::NEG_INFINITY }, noise))
         }
-        // The first index holding `top`, searched in the first block whose maximum is `top`.
-        let first_of_top = || {
-            let b = bmax.iter().position(|&v| v == top).unwrap_or(0);
-            (k.find_first)(row, b * BLOCK, ((b + 1) * BLOCK).min(n), top).unwrap_or(0)
-        };
-        let token = if top == f32::INFINITY {
-            fl |= flags::HAS_POSINF;
-            first_of_top()
-        } else if top == f32::NEG_INFINITY {
-            fl |= flags::EMPTY;
-            0
-        } else {
-            match plan {
-                RowPlan::Greedy => first_of_top(),
-                RowPlan::Sample { inv_t, noise } => {
-                    let p = RaceParams { m: top, inv_t };
-                    match noise {
-                        NoiseSrc::Inline(key) => (k.race_inline)(row, n, &bmax, p, key),
-                        NoiseSrc::External(ptr, kind) => {
-                            (k.race_external)(row, ptr, n, p, kind).unwrap_or_else(first_of_top)
-                        }
-                    }
-                }
-            }
-        };
-        (token as i32, fl)
+        _ => None,
+    }
+}
+
+/// The token of a row once its race (if any) is done.
+fn finish(row: &dyn RowKernels, bmax: &[f32], n: usize, sc: &Scanned, won: Option<Best>) -> i32 {
+    if sc.flags & flags::EMPTY != 0 {
+        return 0;
+    }
+    match won {
+        Some(b) if b.token != usize::MAX => b.token as i32,
+        _ => first_of(row, bmax, n, sc.top) as i32,
+    }
+}
+
+/// Draws row `r` of `batch` on this thread: returns (token, flags).
+pub(crate) fn draw_row(k: &Kernels, batch: &Batch, r: usize, plan: RowPlan) -> (i32, u32) {
+    let n = batch.vocab;
+    with_row(k, batch, r, |row| {
+        BLOCK_MAX.with(|cell| {
+            let mut bmax = cell.borrow_mut();
+            bmax.resize(n.div_ceil(BLOCK), f32::NEG_INFINITY);
+            let has_nan = row.scan(0, n, &mut bmax);
+            let sc = summarize(&bmax, has_nan, plan);
+            let won = race_params(&sc, plan).map(|(p, noise)| row.race(0, n, &bmax, p, noise));
+            (finish(row, &bmax, n, &sc, won), sc.flags)
+        })
     })
+}
+
+/// Draws every row of `batch` into `tokens` and `row_flags`, on `workers` when the call is
+/// large enough. Rows are split across threads; when there are fewer rows than threads, each
+/// row's vocabulary is split into tiles (whole blocks) and reduced in two stages. Every split
+/// gives the same tokens as the single-threaded draw: each tile's best is exact, and merging
+/// bests (highest key, then lowest token) does not depend on the order.
+pub(crate) fn draw_batch(
+    k: &Kernels,
+    batch: &Batch,
+    plans: &[RowPlan],
+    workers: Option<&WorkerPool>,
+    tokens: &mut [i32],
+    row_flags: &mut [u32],
+) -> bool {
+    let rows = batch.rows;
+    let n = batch.vocab;
+    let width = workers.map_or(1, |w| w.width());
+    let pool = match workers {
+        Some(w) if rows * n >= MIN_PARALLEL && width > 1 => w,
+        _ => {
+            for r in 0..rows {
+                (tokens[r], row_flags[r]) = draw_row(k, batch, r, plans[r]);
+            }
+            return true;
+        }
+    };
+    if rows >= width || n < 2 * MIN_TILE {
+        let out: Vec<SyncCell<(i32, u32)>> = (0..rows).map(|_| SyncCell::default()).collect();
+        let ok = pool.run(rows, &|r| out[r].set(draw_row(k, batch, r, plans[r])));
+        for r in 0..rows {
+            (tokens[r], row_flags[r]) = out[r].get();
+        }
+        return ok;
+    }
+    draw_tiled(k, batch, plans, pool, tokens, row_flags)
+}
+
+/// Fewer rows than threads: split each row into tiles of whole blocks.
+fn draw_tiled(
+    k: &Kernels,
+    batch: &Batch,
+    plans: &[RowPlan],
+    pool: &WorkerPool,
+    tokens: &mut [i32],
+    row_flags: &mut [u32],
+) -> bool {
+    let (rows, n) = (batch.rows, batch.vocab);
+    let blocks = n.div_ceil(BLOCK);
+    let per_row = (pool.width() / rows).max(1).min(n / MIN_TILE).max(1);
+    let tile_blocks = blocks.div_ceil(per_row);
+    let tiles = blocks.div_ceil(tile_blocks);
+    let tile = |t: usize| {
+        let start = t * tile_blocks * BLOCK;
+        (start, ((t + 1) * tile_blocks * BLOCK).min(n) - start)
+    };
+    // Stage 1: block maxima of every tile.
+    let bmax: Vec<SyncCell<f32>> = (0..rows * blocks).map(|_| SyncCell::new(f32::NEG_INFINITY)).collect();
+    let nan: Vec<SyncCell<bool>> = (0..rows * tiles).map(|_| SyncCell::default()).collect();
+    let ok1 = pool.run(rows * tiles, &|task| {
+        let (r, t) = (task / tiles, task % tiles);
+        let (start, len) = tile(t);
+        let first = r * blocks + start / BLOCK;
+        let mut local = vec![f32::NEG_INFINITY; len.div_ceil(BLOCK)];
+        let found = with_row(k, batch, r, |row| row.scan(start, len, &mut local));
+        for (j, v) in local.into_iter().enumerate() {
+            bmax[first + j].set(v);
+        }
+        nan[task].set(found);
+    });
+    let bmax: Vec<f32> = bmax.into_iter().map(|c| c.get()).collect();
+    let scanned: Vec<Scanned> = (0..rows)
+        .map(|r| {
+            let has_nan = (0..tiles).any(|t| nan[r * tiles + t].get());
+            summarize(&bmax[r * blocks..(r + 1) * blocks], has_nan, plans[r])
+        })
+        .collect();
+    // Stage 2: each tile's best, merged per row.
+    let best: Vec<SyncCell<Best>> = (0..rows * tiles).map(|_| SyncCell::new(Best::NONE)).collect();
+    let ok2 = pool.run(rows * tiles, &|task| {
+        let (r, t) = (task / tiles, task % tiles);
+        if let Some((p, noise)) = race_params(&scanned[r], plans[r]) {
+            let (start, len) = tile(t);
+            let b0 = r * blocks + start / BLOCK;
+            let bm = &bmax[b0..b0 + len.div_ceil(BLOCK)];
+            best[task].set(with_row(k, batch, r, |row| row.race(start, len, bm, p, noise)));
+        }
+    });
+    for r in 0..rows {
+        let won = race_params(&scanned[r], plans[r])
+            .map(|_| (0..tiles).fold(Best::NONE, |acc, t| acc.merge(best[r * tiles + t].get())));
+        let rb = &bmax[r * blocks..(r + 1) * blocks];
+        tokens[r] = with_row(k, batch, r, |row| finish(row, rb, n, &scanned[r], won));
+        row_flags[r] = scanned[r].flags;
+    }
+    ok1 && ok2
+}
+
+/// A value written by exactly one task and read after the job ends.
+#[derive(Default)]
+struct SyncCell<T>(std::cell::UnsafeCell<T>);
+
+// SAFETY: each cell is written by one task at most, and read only after `WorkerPool::run`
+// returned, which orders every write before the reads.
+unsafe impl<T: Send> Sync for SyncCell<T> {}
+
+impl<T: Copy> SyncCell<T> {
+    fn new(v: T) -> Self {
+        SyncCell(std::cell::UnsafeCell::new(v))
+    }
+    fn set(&self, v: T) {
+        // SAFETY: see the Sync impl.
+        unsafe { *self.0.get() = v }
+    }
+    fn get(&self) -> T {
+        // SAFETY: see the Sync impl.
+        unsafe { *self.0.get() }
+    }
 }

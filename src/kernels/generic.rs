@@ -223,20 +223,39 @@ impl Best {
             *self = Best { key, token };
         }
     }
+
+    /// Combines the bests of two ranges (in any order).
+    pub(crate) fn merge(mut self, other: Best) -> Best {
+        if other.token != usize::MAX {
+            self.offer(other.key, other.token);
+        }
+        self
+    }
 }
 
 /// Row constants of a race.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct RaceParams {
     /// The row's finite maximum.
     pub m: f32,
     /// 1/T, at most f32::MAX.
     pub inv_t: f32,
+    /// Tokens whose logit is below this do not race (the filters keep `x >= floor`); -inf keeps
+    /// every finite logit.
+    pub floor: f32,
 }
 
-/// Races the `LANES` tokens starting at `i` against `best`, with inline noise from `key`.
+/// Races the `LANES` tokens at `row[i..]` against `best`, with inline noise from the key words
+/// `k`; `base` is the vocabulary index of `row[0]`.
 #[inline(always)]
-unsafe fn race_inline_vec<S: Simd, E: Elem>(row: *const E, i: usize, p: RaceParams, k: (u32, u32), best: &mut Best) {
+unsafe fn race_inline_vec<S: Simd, E: Elem>(
+    row: *const E,
+    i: usize,
+    base: usize,
+    p: RaceParams,
+    k: (u32, u32),
+    best: &mut Best,
+) {
     let x = E::load::<S>(row.add(i));
     let d = S::mul(S::sub(x, S::splat(p.m)), S::splat(p.inv_t));
     let vbest = S::splat(best.key);
@@ -245,8 +264,9 @@ unsafe fn race_inline_vec<S: Simd, E: Elem>(row: *const E, i: usize, p: RacePara
         return;
     }
     // Level 2: this token's own noise cannot, by a bound from its bits.
-    let h = hash::<S>(S::iota_u(i as u32), S::splat_u(k.0), S::splat_u(k.1));
-    let live = S::and_m(S::ge(S::add(d, noise_bound::<S>(h)), vbest), S::gt(d, S::splat(f32::NEG_INFINITY)));
+    let h = hash::<S>(S::iota_u((base + i) as u32), S::splat_u(k.0), S::splat_u(k.1));
+    let racing = S::and_m(S::gt(d, S::splat(f32::NEG_INFINITY)), S::ge(x, S::splat(p.floor)));
+    let live = S::and_m(S::ge(S::add(d, noise_bound::<S>(h)), vbest), racing);
     if !S::any(live) {
         return;
     }
@@ -254,36 +274,38 @@ unsafe fn race_inline_vec<S: Simd, E: Elem>(row: *const E, i: usize, p: RacePara
     let kv = S::select(live, key, S::splat(f32::NEG_INFINITY));
     let top = S::reduce_max(kv);
     let lane = S::first(S::and_m(live, S::eq(kv, S::splat(top))));
-    best.offer(top, i + lane);
+    best.offer(top, base + i + lane);
 }
 
 #[inline(always)]
 unsafe fn race_inline_range<S: Simd, E: Elem>(
     row: *const E,
-    start: usize,
-    end: usize,
+    (start, end): (usize, usize),
+    base: usize,
     p: RaceParams,
     k: (u32, u32),
     best: &mut Best,
 ) {
     let mut i = start;
     while i + S::LANES <= end {
-        race_inline_vec::<S, E>(row, i, p, k, best);
+        race_inline_vec::<S, E>(row, i, base, p, k, best);
         i += S::LANES;
     }
     while i < end {
-        race_inline_vec::<Scalar, E>(row, i, p, k, best);
+        race_inline_vec::<Scalar, E>(row, i, base, p, k, best);
         i += 1;
     }
 }
 
-/// The winning token of a row with finite maximum `p.m` whose block maxima are `bmax`.
+/// The best (key, token) among the `n` tokens at `row`, which start at vocabulary index `base`
+/// (a multiple of BLOCK) and have block maxima `bmax`, in a row with finite maximum `p.m`.
+/// `Best::NONE` if no token races. Tiles of one row combine with [`Best::merge`].
 ///
-/// The block holding the maximum goes first, so that the best key is high from the start and
-/// most blocks are skipped on their maximum alone.
+/// The block holding the range's maximum goes first, so that the best key is high from the
+/// start and most blocks are skipped on their maximum alone.
 ///
 /// # Safety
-/// `row` valid for `n` reads; `bmax` from [`scan`] of the same row; `S` usable here.
+/// `row` valid for `n` reads; `bmax` from [`scan`] of the same range; `S` usable here.
 #[inline(always)]
 pub(crate) unsafe fn race_inline<S: Simd, E: Elem>(
     row: *const E,
@@ -291,21 +313,20 @@ pub(crate) unsafe fn race_inline<S: Simd, E: Elem>(
     bmax: &[f32],
     p: RaceParams,
     key: u64,
-) -> usize {
+    base: usize,
+) -> Best {
     let k = key_words(key);
     let mut best = Best::NONE;
-    let first = bmax.iter().position(|&b| b == p.m).unwrap_or(0);
-    let range = |b: usize| (b * BLOCK, ((b + 1) * BLOCK).min(n));
-    let (s, e) = range(first);
-    race_inline_range::<S, E>(row, s, e, p, k, &mut best);
-    for (b, &bm) in bmax.iter().enumerate() {
-        if b == first || (bm - p.m) * p.inv_t + NOISE_CAP < best.key {
+    let top = bmax.iter().fold(f32::NEG_INFINITY, |a, &b| Scalar::max(b, a));
+    let first = bmax.iter().position(|&b| b == top).unwrap_or(0);
+    for b in std::iter::once(first).chain((0..bmax.len()).filter(|&b| b != first)) {
+        let bm = bmax[b];
+        if bm < p.floor || (bm - p.m) * p.inv_t + NOISE_CAP < best.key {
             continue;
         }
-        let (s, e) = range(b);
-        race_inline_range::<S, E>(row, s, e, p, k, &mut best);
+        race_inline_range::<S, E>(row, (b * BLOCK, ((b + 1) * BLOCK).min(n)), base, p, k, &mut best);
     }
-    best.token
+    best
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -328,13 +349,16 @@ unsafe fn ext_key<S: Simd, E: Elem>(row: *const E, noise: *const f32, i: usize, 
         ExtKind::Exp => ln_any::<S>(g),
         ExtKind::LogExp => g,
     };
-    // Masked (-inf) and NaN logits never win: their key becomes NaN, which no comparison takes.
+    // Masked (-inf), NaN and filtered-out logits never win: their key becomes NaN, which no
+    // comparison takes.
     let key = S::sub(d, ln_e);
-    S::select(S::gt(d, S::splat(f32::NEG_INFINITY)), key, S::splat(f32::NAN))
+    let racing = S::and_m(S::gt(d, S::splat(f32::NEG_INFINITY)), S::ge(x, S::splat(p.floor)));
+    S::select(racing, key, S::splat(f32::NAN))
 }
 
-/// The winning token of a row given one noise value per token, or `None` when no key is a
-/// number above -inf (external noise that is +inf or NaN everywhere that matters).
+/// The best (key, token) among the `n` tokens at `row` (vocabulary index `base` onwards), given
+/// one noise value per token at `noise`; `Best::NONE` when no key is a number above -inf
+/// (external noise that is +inf or NaN everywhere that matters).
 ///
 /// # Safety
 /// `row` and `noise` valid for `n` reads; `S` usable here.
@@ -345,7 +369,8 @@ pub(crate) unsafe fn race_external<S: Simd, E: Elem>(
     n: usize,
     p: RaceParams,
     kind: ExtKind,
-) -> Option<usize> {
+    base: usize,
+) -> Best {
     let l = S::LANES;
     let mut bkey = S::splat(f32::NEG_INFINITY);
     let mut btok = S::splat_u(u32::MAX);
@@ -364,17 +389,17 @@ pub(crate) unsafe fn race_external<S: Simd, E: Elem>(
     S::store_u(toks.as_mut_ptr(), btok);
     for j in 0..l {
         if toks[j] != u32::MAX {
-            best.offer(keys[j], toks[j] as usize);
+            best.offer(keys[j], base + toks[j] as usize);
         }
     }
     while i < n {
         let key = ext_key::<Scalar, E>(row, noise, i, p, kind);
         if key > f32::NEG_INFINITY {
-            best.offer(key, i);
+            best.offer(key, base + i);
         }
         i += 1;
     }
-    (best.token != usize::MAX).then_some(best.token)
+    best
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ pub(crate) mod x86_64 {
 
 use crate::config::SimdChoice;
 use crate::error::{Error, ErrorKind, Result};
-pub(crate) use generic::{ExtKind, RaceParams, BLOCK};
+pub(crate) use generic::{Best, ExtKind, RaceParams, BLOCK};
 pub use simd::{Bf16, F16};
 use std::sync::OnceLock;
 
@@ -84,8 +84,8 @@ pub fn resolve(choice: SimdChoice) -> Result<SimdLevel> {
 pub(crate) struct DtypeKernels<E> {
     pub scan: unsafe fn(*const E, usize, &mut [f32]) -> bool,
     pub find_first: unsafe fn(*const E, usize, usize, f32) -> Option<usize>,
-    pub race_inline: unsafe fn(*const E, usize, &[f32], RaceParams, u64) -> usize,
-    pub race_external: unsafe fn(*const E, *const f32, usize, RaceParams, ExtKind) -> Option<usize>,
+    pub race_inline: unsafe fn(*const E, usize, &[f32], RaceParams, u64, usize) -> Best,
+    pub race_external: unsafe fn(*const E, *const f32, usize, RaceParams, ExtKind, usize) -> Best,
 }
 
 /// Every kernel of one level. Calling them is safe once the level is known to be supported,
@@ -116,12 +116,12 @@ macro_rules! kernel_table {
                 generic::find_first::<$simd, E>(row, start, end, target)
             }
             $(#[target_feature(enable = $feature)])?
-            unsafe fn race_inline<E: Elem>(row: *const E, n: usize, bmax: &[f32], p: RaceParams, key: u64) -> usize {
-                generic::race_inline::<$simd, E>(row, n, bmax, p, key)
+            unsafe fn race_inline<E: Elem>(row: *const E, n: usize, bmax: &[f32], p: RaceParams, key: u64, base: usize) -> Best {
+                generic::race_inline::<$simd, E>(row, n, bmax, p, key, base)
             }
             $(#[target_feature(enable = $feature)])?
-            unsafe fn race_external<E: Elem>(row: *const E, noise: *const f32, n: usize, p: RaceParams, kind: ExtKind) -> Option<usize> {
-                generic::race_external::<$simd, E>(row, noise, n, p, kind)
+            unsafe fn race_external<E: Elem>(row: *const E, noise: *const f32, n: usize, p: RaceParams, kind: ExtKind, base: usize) -> Best {
+                generic::race_external::<$simd, E>(row, noise, n, p, kind, base)
             }
             $(#[target_feature(enable = $feature)])?
             unsafe fn fill_noise(out: *mut f32, n: usize, key: u64, first: u32, log: bool) {
