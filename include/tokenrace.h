@@ -252,8 +252,8 @@ const char *tokenrace_sampler_simd_level(const struct tokenrace_sampler *sampler
 // # Safety
 // `sampler` is a live sampler; `out` points to a writable `tokenrace_sampler_stats` of at least
 // `out->struct_size` bytes.
-enum tokenrace_status tokenrace_sampler_stats(const struct tokenrace_sampler *sampler,
-                                              struct tokenrace_sampler_stats *out);
+enum tokenrace_status tokenrace_sampler_get_stats(const struct tokenrace_sampler *sampler,
+                                                  struct tokenrace_sampler_stats *out);
 
 // Draws one token per row. See docs/semantics.md for the exact rules. On failure nothing is
 // written to `out`'s arrays.

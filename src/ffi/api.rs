@@ -181,11 +181,11 @@ pub unsafe extern "C" fn tokenrace_sampler_simd_level(sampler: *const tokenrace_
 /// `sampler` is a live sampler; `out` points to a writable `tokenrace_sampler_stats` of at least
 /// `out->struct_size` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn tokenrace_sampler_stats(
+pub unsafe extern "C" fn tokenrace_sampler_get_stats(
     sampler: *const tokenrace_sampler,
     out: *mut tokenrace_sampler_stats,
 ) -> tokenrace_status {
-    guard("tokenrace_sampler_stats", || {
+    guard("tokenrace_sampler_get_stats", || {
         let s = sampler.as_ref().ok_or_else(|| Error::invalid_argument("sampler: is NULL"))?;
         read_versioned(out as *const tokenrace_sampler_stats, tokenrace_sampler_stats::default(), "out", 8)?;
         let size = (out as *const u32).read_unaligned() as usize;

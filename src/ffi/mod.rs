@@ -100,3 +100,24 @@ pub(crate) unsafe fn read_versioned<T: Copy>(
     std::ptr::copy_nonoverlapping(ptr as *const u8, &mut value as *mut T as *mut u8, size.min(ours));
     Ok(value)
 }
+
+#[cfg(test)]
+mod tests {
+    /// The committed header must be what the build generates from the code.
+    #[test]
+    fn committed_header_is_current() {
+        let generated = std::fs::read_to_string(concat!(env!("OUT_DIR"), "/tokenrace.h")).unwrap();
+        let root = env!("CARGO_MANIFEST_DIR");
+        let committed = std::process::Command::new("git")
+            .args(["-C", root, "show", "HEAD:include/tokenrace.h"])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_else(|| std::fs::read_to_string(format!("{root}/include/tokenrace.h")).unwrap());
+        assert!(
+            generated == committed,
+            "include/tokenrace.h in the last commit differs from what build.rs generates: commit the regenerated header"
+        );
+    }
+}

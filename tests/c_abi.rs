@@ -1,0 +1,86 @@
+//! The C programs in `c_tests/`, compiled with the system C/C++ compiler (found by the `cc`
+//! crate) against `include/tokenrace.h` and the built `libtokenrace.so`, then run.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The directory of the cdylib (target/debug), built once: `cargo test` builds the library as
+/// an rlib only, so the shared object is built here with the same target directory.
+fn lib_dir() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().unwrap();
+            let dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
+            let target_dir = dir.parent().unwrap();
+            let release = dir.file_name().is_some_and(|n| n == "release");
+            let status = Command::new(env!("CARGO"))
+                .args(["build", "--lib", "--quiet"])
+                .args(release.then_some("--release"))
+                .arg("--manifest-path")
+                .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+                .env("CARGO_TARGET_DIR", target_dir)
+                .status()
+                .expect("cargo runs");
+            assert!(status.success(), "building libtokenrace.so failed");
+            assert!(dir.join("libtokenrace.so").exists(), "no libtokenrace.so in {}", dir.display());
+            dir
+        })
+        .clone()
+}
+
+fn compiler(cpp: bool) -> cc::Tool {
+    let target = format!("{}-unknown-linux-gnu", std::env::consts::ARCH);
+    cc::Build::new()
+        .cpp(cpp)
+        .target(&target)
+        .host(&target)
+        .opt_level(1)
+        .cargo_metadata(false)
+        .cargo_warnings(false)
+        .get_compiler()
+}
+
+fn build_and_run(source: &str, cpp: bool, link: bool, args: &[&str]) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lib = lib_dir();
+    let out = std::env::temp_dir().join(format!("tokenrace-{}-{}", std::process::id(), source.replace('.', "_")));
+    let mut cmd = compiler(cpp).to_command();
+    cmd.arg(root.join("c_tests").join(source)).arg("-I").arg(root.join("include")).arg("-o").arg(&out);
+    cmd.args(["-Wall", "-Wextra", "-Werror"]);
+    if cpp {
+        cmd.arg("-std=c++17");
+    } else {
+        cmd.arg("-std=c11");
+    }
+    if link {
+        cmd.arg("-L").arg(&lib).arg("-ltokenrace").arg(format!("-Wl,-rpath,{}", lib.display()));
+    }
+    cmd.args(["-lm", "-ldl"]);
+    let status = cmd.status().expect("the C compiler runs");
+    assert!(status.success(), "compiling {source} failed");
+    let run = Command::new(&out).args(args).output().unwrap();
+    let _ = std::fs::remove_file(&out);
+    assert!(
+        run.status.success(),
+        "{source} failed:\n{}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
+
+#[test]
+fn c_caller_sees_statuses_messages_and_results() {
+    build_and_run("test_basic.c", false, true, &[]);
+}
+
+#[test]
+fn the_library_works_through_dlopen() {
+    let lib = lib_dir().join("libtokenrace.so");
+    build_and_run("test_dlopen.c", false, false, &[lib.to_str().unwrap()]);
+}
+
+#[test]
+fn the_cpp_wrapper_works() {
+    build_and_run("test_cpp.cpp", true, true, &[]);
+}
