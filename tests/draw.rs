@@ -37,7 +37,8 @@ fn inline_noise_is_exp1_to_float64_precision() {
         assert!((ln_e as f64 - e64.ln()).abs() < 4e-6 + 1e-6 * e64.ln().abs(), "ln E({a})");
         let bound = scalar_noise::bound(a);
         assert!(-ln_e <= bound, "bound({a}) = {bound} < -ln E = {}", -ln_e);
-        assert!(bound <= scalar_noise::CAP, "bound({a}) = {bound} above the cap");
+        // E_min + E can only be larger, so the bound holds for the race's noise too.
+        assert!(-scalar_noise::ln(e + 1e-30) <= bound);
     }
 }
 
@@ -57,6 +58,58 @@ fn ln_matches_float64_everywhere() {
     assert_eq!(scalar_noise::ln_any(f32::INFINITY), f32::INFINITY);
     assert!(scalar_noise::ln_any(-1.0).is_nan());
     assert!(scalar_noise::ln_any(f32::NAN).is_nan());
+}
+
+/// The inline race's noise of token i, in float64, from the same bits: the block minimum
+/// E(h1)/256 at position h2 >> 24, every other token the minimum plus its own E.
+fn race_noise64(key: u64, i: usize) -> f64 {
+    let (h1, h2, _) = scalar_noise::block_bits(key, (i / 256) as u32);
+    let e_min = exp_of_bits64(h1) / 256.0;
+    if (i % 256) as u32 == h2 >> 24 {
+        e_min
+    } else {
+        e_min + exp_of_bits64(scalar_noise::bits(key, i as u32))
+    }
+}
+
+#[test]
+fn race_noise_matches_float64_and_its_block_bound() {
+    let mut rng = TestRng::new(21);
+    for _ in 0..40 {
+        let key = rng.u64();
+        let n = 256 * 6 + 17;
+        let noise = scalar_noise::race_noise(key, n);
+        for (i, &e) in noise.iter().enumerate() {
+            let e64 = race_noise64(key, i);
+            assert!(((e as f64 - e64) / e64).abs() < 6e-7, "token {i}: {e} vs {e64}");
+            let (_, _, g_max) = scalar_noise::block_bits(key, (i / 256) as u32);
+            assert!(-scalar_noise::ln(e) <= g_max, "token {i}: -ln E above the block bound");
+        }
+    }
+}
+
+#[test]
+fn race_noise_is_iid_exponential_by_chi_square() {
+    // 20 equiprobable bins of Exp(1), over many rows; and the position of each block's
+    // minimum must be uniform, which the construction relies on.
+    let mut counts = [0u64; 20];
+    let mut positions = [0u64; 16];
+    let mut rng = TestRng::new(22);
+    for _ in 0..200 {
+        let key = rng.u64();
+        let noise = scalar_noise::race_noise(key, 2048);
+        for block in noise.chunks(256) {
+            let j = block.iter().enumerate().fold(0, |b, (i, &v)| if v < block[b] { i } else { b });
+            positions[j / 16] += 1;
+        }
+        for &e in &noise {
+            counts[(((1.0 - (-(e as f64)).exp()) * 20.0).floor() as usize).min(19)] += 1;
+        }
+    }
+    let (stat, dof) = chi2(&counts, &[0.05; 20]);
+    assert!(stat < chi2_critical(dof, 5.0), "values: chi-square {stat} on {dof} dof");
+    let (stat, dof) = chi2(&positions, &[1.0 / 16.0; 16]);
+    assert!(stat < chi2_critical(dof, 5.0), "minimum positions: chi-square {stat}");
 }
 
 #[test]
@@ -209,7 +262,7 @@ fn inline_race_matches_float64_reference_of_its_noise() {
                 Batch { seeds: Some(&[seed]), offsets: Some(&[offset]), ..batch_of(Logits::F32(&x), 1, vocab, &temps) };
             let (tok, _) = draw(&s, &b);
             let key = seeded_row_key(seed, offset);
-            let (want, gap) = race_ref64(&x, t as f64, |i| exp_of_bits64(scalar_noise::bits(key, i as u32)).ln());
+            let (want, gap) = race_ref64(&x, t as f64, |i| race_noise64(key, i).ln());
             if gap >= 1e-6 {
                 assert_eq!(tok[0] as usize, want, "{level:?} vocab {vocab} T {t}");
             }

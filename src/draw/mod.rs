@@ -8,7 +8,7 @@ pub mod batch;
 pub(crate) mod workers;
 
 use crate::config::NoiseKind;
-use crate::kernels::{Best, DtypeKernels, ExtKind, Kernels, RaceParams, BLOCK};
+use crate::kernels::{Best, BlockNoise, DtypeKernels, ExtKind, Kernels, RaceParams, BLOCK};
 use batch::{flags, Batch, Logits};
 use std::cell::RefCell;
 use workers::WorkerPool;
@@ -59,6 +59,8 @@ const MIN_PARALLEL: usize = 64 * 1024;
 thread_local! {
     /// Block maxima of the row being drawn on this thread.
     static BLOCK_MAX: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Block noise of the race running on this thread.
+    static BLOCK_NOISE: RefCell<Vec<BlockNoise>> = const { RefCell::new(Vec::new()) };
 }
 
 /// A row's values and its kernels, with the dtype erased behind closures of one shape.
@@ -87,7 +89,8 @@ impl<E> RowKernels for Row<'_, E> {
         // SAFETY: as above; external noise rows were bounds-checked the same way.
         unsafe {
             match noise {
-                NoiseSrc::Inline(key) => (self.k.race_inline)(self.row.add(start), n, bmax, p, key, start),
+                NoiseSrc::Inline(key) => BLOCK_NOISE
+                    .with(|b| (self.k.race_inline)(self.row.add(start), n, bmax, p, key, start, &mut b.borrow_mut())),
                 NoiseSrc::External(ptr, kind) => {
                     (self.k.race_external)(self.row.add(start), ptr.add(start), n, p, kind, start)
                 }

@@ -6,9 +6,10 @@
 //! maximum in the first block that holds it, and sampling rows run the race.
 //!
 //! The race for a token i is `key_i = (x_i - m) * inv_t - ln E_i`; the token is the lowest index
-//! of the largest key. Inline noise is bounded (`-ln E <= NOISE_CAP`), so a block or vector whose
-//! keys cannot reach the best key so far is skipped without generating its noise. Pruning only
-//! skips tokens whose computed key is provably below the best, so it never changes the result.
+//! of the largest key. Inline noise is generated per block with a known bound on its largest
+//! `-ln E` (see [`BlockNoise`]), so a block or vector whose keys cannot reach the best key so far
+//! is skipped without generating its noise. Pruning only skips tokens whose computed key is
+//! provably below the best, so it never changes the result.
 
 use super::simd::{Elem, Scalar, Simd};
 
@@ -21,9 +22,6 @@ const LN2_LO: f32 = -2.121_944_4e-4; // ln 2 - LN2_HI
 const LN2_UP: f32 = 0.693_158; // ln 2 * (1 + 2^-16)
 const SQRT2_BITS: u32 = 0x3fb5_04f3;
 const TWO_POW_M32: f32 = 2.328_306_4e-10; // 2^-32, exact
-
-/// An upper bound of `-ln E` for every inline noise value: `E >= 2^-33`.
-pub(crate) const NOISE_CAP: f32 = 33.0 * LN2_UP + 1e-5;
 
 // ---------------------------------------------------------------------------------------------
 // Math: ln, the counter hash, and the uniform-to-Exp(1) transform.
@@ -154,7 +152,8 @@ pub(crate) unsafe fn scan<S: Simd, E: Elem>(row: *const E, n: usize, bmax: &mut 
             let x1 = E::load::<S>(row.add(i + l));
             let x2 = E::load::<S>(row.add(i + 2 * l));
             let x3 = E::load::<S>(row.add(i + 3 * l));
-            nan = S::or_m(nan, S::or_m(S::or_m(S::is_nan(x0), S::is_nan(x1)), S::or_m(S::is_nan(x2), S::is_nan(x3))));
+            // One unordered compare catches a NaN in either operand.
+            nan = S::or_m(nan, S::or_m(S::unord(x0, x1), S::unord(x2, x3)));
             a0 = S::max(x0, a0);
             a1 = S::max(x1, a1);
             a2 = S::max(x2, a2);
@@ -177,6 +176,32 @@ pub(crate) unsafe fn scan<S: Simd, E: Elem>(row: *const E, n: usize, bmax: &mut 
         *out = m;
     }
     S::any(nan) || nan_tail
+}
+
+/// The largest of `n` elements (NaN ignored): the read floor the benchmark compares against,
+/// one pass with four accumulators and nothing else.
+///
+/// # Safety
+/// `row` valid for `n` reads; `S` usable here.
+#[inline(always)]
+pub(crate) unsafe fn max_only<S: Simd, E: Elem>(row: *const E, n: usize) -> f32 {
+    let l = S::LANES;
+    let ninf = S::splat(f32::NEG_INFINITY);
+    let (mut a0, mut a1, mut a2, mut a3) = (ninf, ninf, ninf, ninf);
+    let mut i = 0;
+    while i + 4 * l <= n {
+        a0 = S::max(E::load::<S>(row.add(i)), a0);
+        a1 = S::max(E::load::<S>(row.add(i + l)), a1);
+        a2 = S::max(E::load::<S>(row.add(i + 2 * l)), a2);
+        a3 = S::max(E::load::<S>(row.add(i + 3 * l)), a3);
+        i += 4 * l;
+    }
+    let mut m = S::reduce_max(S::max(S::max(a0, a1), S::max(a2, a3)));
+    while i < n {
+        m = Scalar::max(E::load::<Scalar>(row.add(i)), m);
+        i += 1;
+    }
+    m
 }
 
 /// The first index in `[start, end)` whose element equals `target` (compared as f32), if any.
@@ -245,54 +270,111 @@ pub(crate) struct RaceParams {
     pub floor: f32,
 }
 
-/// Races the `LANES` tokens at `row[i..]` against `best`, with inline noise from the key words
-/// `k`; `base` is the vocabulary index of `row[0]`.
+/// The noise of the block of BLOCK tokens that starts at token `b * BLOCK`, built from the
+/// memorylessness of Exp(1): the minimum of BLOCK independent Exp(1) values is Exp(BLOCK)
+/// (`E_min = E(h1) / BLOCK`), its position `J` is uniform and independent of it (the top 8 bits
+/// of `h2`), and every other value is `E_min + F_j` with `F_j ~ Exp(1)` from the token's own
+/// hash, independent of the rest. So the values are exactly i.i.d. Exp(1), and `-ln E_min`
+/// bounds every key of the block, which lets the race skip a block on one hash.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BlockNoise {
+    pub e_min: f32,
+    /// The block-relative position holding `e_min`.
+    pub j_min: u32,
+    /// An upper bound of `-ln E` over the block (`-ln e_min`, with room for rounding).
+    pub g_max: f32,
+    /// An upper bound of every key of the block (-inf if the filters keep none of it).
+    pub bound: f32,
+}
+
+const SALT_MIN: u32 = 0x6d69_6e45; // separates the block streams from the token stream
+const SALT_POS: u32 = 0x706f_734a;
+
+/// `BlockNoise` of `S::LANES` consecutive blocks starting at block index `b`, whose largest
+/// logits are `bm`: (e_min, j_min, g_max, bound).
+#[inline(always)]
+fn block_noise<S: Simd>(b: u32, k: (u32, u32), bm: S::F, p: RaceParams) -> (S::F, S::U, S::F, S::F) {
+    let idx = S::iota_u(b);
+    let h1 = hash::<S>(idx, S::splat_u(k.0 ^ SALT_MIN), S::splat_u(k.1));
+    let h2 = hash::<S>(idx, S::splat_u(k.0 ^ SALT_POS), S::splat_u(k.1));
+    let e_min = S::mul(exp_noise::<S>(h1), S::splat(1.0 / BLOCK as f32));
+    let g_max = S::add(S::sub(S::splat(0.0), ln::<S>(e_min)), S::splat(1e-4));
+    let bound = S::add(S::mul(S::sub(bm, S::splat(p.m)), S::splat(p.inv_t)), g_max);
+    let bound = S::select(S::ge(bm, S::splat(p.floor)), bound, S::splat(f32::NEG_INFINITY));
+    (e_min, S::shr_u::<24>(h2), g_max, bound)
+}
+
+/// Fills `out` with the `BlockNoise` of blocks `first, first + 1, ...` of the row keyed by `key`,
+/// whose largest logits are `bmax`.
+///
+/// # Safety
+/// `bmax` has `out.len()` elements; `S` usable here.
+#[inline(always)]
+pub(crate) unsafe fn fill_block_noise<S: Simd>(
+    key: u64,
+    first: usize,
+    bmax: &[f32],
+    p: RaceParams,
+    out: &mut [BlockNoise],
+) {
+    let k = key_words(key);
+    let (mut e, mut j, mut g, mut u) = ([0f32; 64], [0u32; 64], [0f32; 64], [0f32; 64]);
+    let mut b = 0;
+    while b < out.len() {
+        let lanes = if b + S::LANES <= out.len() {
+            let (ve, vj, vg, vu) = block_noise::<S>((first + b) as u32, k, S::load_f32(bmax.as_ptr().add(b)), p);
+            S::store(e.as_mut_ptr(), ve);
+            S::store_u(j.as_mut_ptr(), vj);
+            S::store(g.as_mut_ptr(), vg);
+            S::store(u.as_mut_ptr(), vu);
+            S::LANES
+        } else {
+            (e[0], j[0], g[0], u[0]) = block_noise::<Scalar>((first + b) as u32, k, bmax[b], p);
+            1
+        };
+        for l in 0..lanes {
+            out[b + l] = BlockNoise { e_min: e[l], j_min: j[l], g_max: g[l], bound: u[l] };
+        }
+        b += lanes;
+    }
+}
+
+/// The exact keys of the `LANES` tokens at `row[i..]`, which lie in a block with noise `bn`;
+/// `i0` is the block-relative index of `row[i]` and `t` the vocabulary index of `row[i]`.
 #[inline(always)]
 unsafe fn race_inline_vec<S: Simd, E: Elem>(
     row: *const E,
     i: usize,
-    base: usize,
+    (i0, t): (u32, u32),
+    bn: BlockNoise,
     p: RaceParams,
     k: (u32, u32),
     best: &mut Best,
 ) {
     let x = E::load::<S>(row.add(i));
     let d = S::mul(S::sub(x, S::splat(p.m)), S::splat(p.inv_t));
-    let vbest = S::splat(best.key);
-    // Skip the tokens whose own noise cannot lift their key to the best, by a bound from the
-    // noise bits that costs a few integer operations (no branch before it: about half the
-    // vectors of a typical row would pass a test on the logits alone, unpredictably).
-    let h = hash::<S>(S::iota_u((base + i) as u32), S::splat_u(k.0), S::splat_u(k.1));
     let racing = S::and_m(S::gt(d, S::splat(f32::NEG_INFINITY)), S::ge(x, S::splat(p.floor)));
-    let live = S::and_m(S::ge(S::add(d, noise_bound::<S>(h)), vbest), racing);
+    // Most vectors of a live block stop here: even the block's smallest noise cannot lift them.
+    let live = S::and_m(S::ge(S::add(d, S::splat(bn.g_max)), S::splat(best.key)), racing);
     if !S::any(live) {
         return;
     }
-    let key = S::sub(d, ln::<S>(exp_noise::<S>(h)));
+    // A tighter bound per token from its own noise bits: E_j = E_min + F_j >= F_j, except at
+    // the block minimum's position, where E = E_min.
+    let h = hash::<S>(S::iota_u(t), S::splat_u(k.0), S::splat_u(k.1));
+    let is_min = S::eq(S::cvt_i32(S::iota_u(i0)), S::cvt_i32(S::splat_u(bn.j_min)));
+    let g = S::select(is_min, S::splat(bn.g_max), noise_bound::<S>(h));
+    let live = S::and_m(live, S::ge(S::add(d, g), S::splat(best.key)));
+    if !S::any(live) {
+        return;
+    }
+    let e_min = S::splat(bn.e_min);
+    let e = S::select(is_min, e_min, S::add(e_min, exp_noise::<S>(h)));
+    let key = S::sub(d, ln::<S>(e));
     let kv = S::select(live, key, S::splat(f32::NEG_INFINITY));
     let top = S::reduce_max(kv);
     let lane = S::first(S::and_m(live, S::eq(kv, S::splat(top))));
-    best.offer(top, base + i + lane);
-}
-
-#[inline(always)]
-unsafe fn race_inline_range<S: Simd, E: Elem>(
-    row: *const E,
-    (start, end): (usize, usize),
-    base: usize,
-    p: RaceParams,
-    k: (u32, u32),
-    best: &mut Best,
-) {
-    let mut i = start;
-    while i + S::LANES <= end {
-        race_inline_vec::<S, E>(row, i, base, p, k, best);
-        i += S::LANES;
-    }
-    while i < end {
-        race_inline_vec::<Scalar, E>(row, i, base, p, k, best);
-        i += 1;
-    }
+    best.offer(top, t as usize + lane);
 }
 
 /// The best (key, token) among the `n` tokens at `row`, which start at vocabulary index `base`
@@ -300,7 +382,8 @@ unsafe fn race_inline_range<S: Simd, E: Elem>(
 /// `Best::NONE` if no token races. Tiles of one row combine with [`Best::merge`].
 ///
 /// The block holding the range's maximum goes first, so that the best key is high from the
-/// start and most blocks are skipped on their maximum alone.
+/// start; a block whose maximum logit plus its noise bound cannot reach the best is skipped
+/// without reading it.
 ///
 /// # Safety
 /// `row` valid for `n` reads; `bmax` from [`scan`] of the same range; `S` usable here.
@@ -312,17 +395,31 @@ pub(crate) unsafe fn race_inline<S: Simd, E: Elem>(
     p: RaceParams,
     key: u64,
     base: usize,
+    blocks: &mut Vec<BlockNoise>,
 ) -> Best {
     let k = key_words(key);
+    blocks.clear();
+    blocks.resize(bmax.len(), BlockNoise { e_min: 0.0, j_min: 0, g_max: 0.0, bound: 0.0 });
+    fill_block_noise::<S>(key, base / BLOCK, bmax, p, blocks);
     let mut best = Best::NONE;
-    let top = bmax.iter().fold(f32::NEG_INFINITY, |a, &b| Scalar::max(b, a));
-    let first = bmax.iter().position(|&b| b == top).unwrap_or(0);
-    for b in std::iter::once(first).chain((0..bmax.len()).filter(|&b| b != first)) {
-        let bm = bmax[b];
-        if bm < p.floor || (bm - p.m) * p.inv_t + NOISE_CAP < best.key {
+    // The block with the highest bound first: it most often holds the winner, and a high best
+    // key early lets the bounds of most other blocks fall short of it.
+    let first = (0..blocks.len()).fold(0, |f, b| if blocks[b].bound > blocks[f].bound { b } else { f });
+    for b in std::iter::once(first).chain((0..blocks.len()).filter(|&b| b != first)) {
+        let bn = blocks[b];
+        if bn.bound < best.key {
             continue;
         }
-        race_inline_range::<S, E>(row, (b * BLOCK, ((b + 1) * BLOCK).min(n)), base, p, k, &mut best);
+        let (start, end) = (b * BLOCK, ((b + 1) * BLOCK).min(n));
+        let mut i = start;
+        while i + S::LANES <= end {
+            race_inline_vec::<S, E>(row, i, ((i - start) as u32, (base + i) as u32), bn, p, k, &mut best);
+            i += S::LANES;
+        }
+        while i < end {
+            race_inline_vec::<Scalar, E>(row, i, ((i - start) as u32, (base + i) as u32), bn, p, k, &mut best);
+            i += 1;
+        }
     }
     best
 }

@@ -16,7 +16,7 @@ pub(crate) mod x86_64 {
 
 use crate::config::SimdChoice;
 use crate::error::{Error, ErrorKind, Result};
-pub(crate) use generic::{Best, ExtKind, RaceParams, BLOCK};
+pub(crate) use generic::{Best, BlockNoise, ExtKind, RaceParams, BLOCK};
 pub use simd::{Bf16, F16};
 use std::sync::OnceLock;
 
@@ -84,8 +84,9 @@ pub fn resolve(choice: SimdChoice) -> Result<SimdLevel> {
 pub(crate) struct DtypeKernels<E> {
     pub scan: unsafe fn(*const E, usize, &mut [f32]) -> bool,
     pub find_first: unsafe fn(*const E, usize, usize, f32) -> Option<usize>,
-    pub race_inline: unsafe fn(*const E, usize, &[f32], RaceParams, u64, usize) -> Best,
+    pub race_inline: unsafe fn(*const E, usize, &[f32], RaceParams, u64, usize, &mut Vec<BlockNoise>) -> Best,
     pub race_external: unsafe fn(*const E, *const f32, usize, RaceParams, ExtKind, usize) -> Best,
+    pub max_only: unsafe fn(*const E, usize) -> f32,
 }
 
 /// Every kernel of one level. Calling them is safe once the level is known to be supported,
@@ -116,19 +117,23 @@ macro_rules! kernel_table {
                 generic::find_first::<$simd, E>(row, start, end, target)
             }
             $(#[target_feature(enable = $feature)])?
-            unsafe fn race_inline<E: Elem>(row: *const E, n: usize, bmax: &[f32], p: RaceParams, key: u64, base: usize) -> Best {
-                generic::race_inline::<$simd, E>(row, n, bmax, p, key, base)
+            unsafe fn race_inline<E: Elem>(row: *const E, n: usize, bmax: &[f32], p: RaceParams, key: u64, base: usize, blocks: &mut Vec<BlockNoise>) -> Best {
+                generic::race_inline::<$simd, E>(row, n, bmax, p, key, base, blocks)
             }
             $(#[target_feature(enable = $feature)])?
             unsafe fn race_external<E: Elem>(row: *const E, noise: *const f32, n: usize, p: RaceParams, kind: ExtKind, base: usize) -> Best {
                 generic::race_external::<$simd, E>(row, noise, n, p, kind, base)
             }
             $(#[target_feature(enable = $feature)])?
+            unsafe fn max_only<E: Elem>(row: *const E, n: usize) -> f32 {
+                generic::max_only::<$simd, E>(row, n)
+            }
+            $(#[target_feature(enable = $feature)])?
             unsafe fn fill_noise(out: *mut f32, n: usize, key: u64, first: u32, log: bool) {
                 generic::fill_noise::<$simd>(out, n, key, first, log)
             }
             fn dtype<E: Elem>() -> DtypeKernels<E> {
-                DtypeKernels { scan: scan::<E>, find_first: find_first::<E>, race_inline: race_inline::<E>, race_external: race_external::<E> }
+                DtypeKernels { scan: scan::<E>, find_first: find_first::<E>, race_inline: race_inline::<E>, race_external: race_external::<E>, max_only: max_only::<E> }
             }
             pub(crate) fn table() -> Kernels {
                 Kernels { level: $level, f32: dtype(), bf16: dtype(), f16: dtype(), fill_noise }
@@ -160,6 +165,26 @@ pub(crate) fn kernels(level: SimdLevel) -> &'static Kernels {
     })
 }
 
+/// The read floor of the benchmark: the largest value of each row, one SIMD pass, at `level`.
+#[doc(hidden)]
+pub fn read_floor(level: SimdLevel, logits: crate::Logits, rows: usize, stride: usize, vocab: usize) -> f32 {
+    let k = kernels(level);
+    let mut m = f32::NEG_INFINITY;
+    for r in 0..rows {
+        let start = r * stride;
+        // SAFETY: the slices are indexed in bounds below; the level is supported.
+        let v = unsafe {
+            match logits {
+                crate::Logits::F32(s) => (k.f32.max_only)(s[start..start + vocab].as_ptr(), vocab),
+                crate::Logits::Bf16(s) => (k.bf16.max_only)(s[start..start + vocab].as_ptr(), vocab),
+                crate::Logits::F16(s) => (k.f16.max_only)(s[start..start + vocab].as_ptr(), vocab),
+            }
+        };
+        m = m.max(v);
+    }
+    m
+}
+
 /// The levels this machine can run, lowest first (for tests and benchmarks).
 pub fn supported_levels() -> Vec<SimdLevel> {
     SimdLevel::ALL.into_iter().filter(|l| l.is_supported()).collect()
@@ -187,9 +212,39 @@ pub mod scalar_noise {
     pub fn ln_any(x: f32) -> f32 {
         generic::ln_any::<Scalar>(x)
     }
-    /// The cheap upper bound of -ln E that the race prunes with.
+    /// The noise of every token of a row, as the inline race computes it: `E_i` for
+    /// `i in 0..n` of the row keyed by `key` (see `BlockNoise`).
+    pub fn race_noise(key: u64, n: usize) -> Vec<f32> {
+        let nb = n.div_ceil(super::BLOCK);
+        let mut blocks = vec![generic::BlockNoise { e_min: 0.0, j_min: 0, g_max: 0.0, bound: 0.0 }; nb];
+        let p = generic::RaceParams { m: 0.0, inv_t: 1.0, floor: f32::NEG_INFINITY };
+        // SAFETY: Scalar runs everywhere.
+        unsafe { generic::fill_block_noise::<Scalar>(key, 0, &vec![0.0; nb], p, &mut blocks) };
+        (0..n)
+            .map(|i| {
+                let b = blocks[i / super::BLOCK];
+                if (i % super::BLOCK) as u32 == b.j_min {
+                    b.e_min
+                } else {
+                    b.e_min + exp(bits(key, i as u32))
+                }
+            })
+            .collect()
+    }
+    /// The cheap upper bound of `-ln E` (E from `bits`) that the race prunes with.
     pub fn bound(bits: u32) -> f32 {
         generic::noise_bound::<Scalar>(bits)
     }
-    pub const CAP: f32 = generic::NOISE_CAP;
+    /// The bits behind the noise of block `block`: (minimum's bits, position's bits) and the
+    /// bound of `-ln E` over the block.
+    pub fn block_bits(key: u64, block: u32) -> (u32, u32, f32) {
+        let (k0, k1) = generic::key_words(key);
+        let h1 = generic::hash::<Scalar>(block, k0 ^ 0x6d69_6e45, k1);
+        let h2 = generic::hash::<Scalar>(block, k0 ^ 0x706f_734a, k1);
+        let mut b = [generic::BlockNoise { e_min: 0.0, j_min: 0, g_max: 0.0, bound: 0.0 }];
+        let p = generic::RaceParams { m: 0.0, inv_t: 1.0, floor: f32::NEG_INFINITY };
+        // SAFETY: Scalar runs everywhere.
+        unsafe { generic::fill_block_noise::<Scalar>(key, block as usize, &[0.0], p, &mut b) };
+        (h1, h2, b[0].g_max)
+    }
 }

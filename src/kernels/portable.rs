@@ -91,6 +91,10 @@ impl Simd for Portable {
         lanes!(|i| a[i].is_nan())
     }
     #[inline(always)]
+    fn unord(a: [f32; W], b: [f32; W]) -> [bool; W] {
+        lanes!(|i| a[i].is_nan() | b[i].is_nan())
+    }
+    #[inline(always)]
     fn and_m(a: [bool; W], b: [bool; W]) -> [bool; W] {
         lanes!(|i| a[i] & b[i])
     }

@@ -36,6 +36,8 @@ pub(crate) trait Simd: Copy {
     fn eq(a: Self::F, b: Self::F) -> Self::M;
     fn lt(a: Self::F, b: Self::F) -> Self::M;
     fn is_nan(a: Self::F) -> Self::M;
+    /// Lanes where `a` or `b` is NaN.
+    fn unord(a: Self::F, b: Self::F) -> Self::M;
     fn and_m(a: Self::M, b: Self::M) -> Self::M;
     fn or_m(a: Self::M, b: Self::M) -> Self::M;
     fn none() -> Self::M;
@@ -167,6 +169,10 @@ impl Simd for Scalar {
     #[inline(always)]
     fn is_nan(a: f32) -> bool {
         a.is_nan()
+    }
+    #[inline(always)]
+    fn unord(a: f32, b: f32) -> bool {
+        a.is_nan() | b.is_nan()
     }
     #[inline(always)]
     fn and_m(a: bool, b: bool) -> bool {

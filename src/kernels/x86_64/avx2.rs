@@ -79,6 +79,10 @@ impl Simd for Avx2 {
         unsafe { _mm256_cmp_ps::<_CMP_UNORD_Q>(a, a) }
     }
     #[inline(always)]
+    fn unord(a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_cmp_ps::<_CMP_UNORD_Q>(a, b) }
+    }
+    #[inline(always)]
     fn and_m(a: __m256, b: __m256) -> __m256 {
         unsafe { _mm256_and_ps(a, b) }
     }

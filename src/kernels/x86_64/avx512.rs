@@ -79,6 +79,10 @@ impl Simd for Avx512 {
         unsafe { _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(a, a) }
     }
     #[inline(always)]
+    fn unord(a: __m512, b: __m512) -> __mmask16 {
+        unsafe { _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(a, b) }
+    }
+    #[inline(always)]
     fn and_m(a: __mmask16, b: __mmask16) -> __mmask16 {
         a & b
     }

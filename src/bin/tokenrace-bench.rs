@@ -1,0 +1,260 @@
+//! The benchmark: microseconds per call and per row for each path, each against the read floor
+//! of the same logits measured in the same run (these machines are shared and noisy, so only
+//! ratios measured together mean anything).
+//!
+//! cargo run --release --bin tokenrace-bench -- [--quick] [--json FILE] [--threads 1,2]
+//!     [--rows 1,8,32] [--vocab 163840] [--dtype f32,bf16] [--profile peaked,flat]
+//!     [--path greedy,race-inline,...] [--placement hot,cold] [--reps N]
+//!
+//! `--quick` (what CI runs) uses tiny sizes and two repetitions: it checks that every case runs,
+//! nothing about time.
+
+use std::io::Write;
+use std::time::Instant;
+use tokenrace::kernels::read_floor;
+use tokenrace::*;
+
+struct Args {
+    quick: bool,
+    json: Option<String>,
+    threads: Vec<usize>,
+    rows: Vec<usize>,
+    vocab: Vec<usize>,
+    dtypes: Vec<String>,
+    profiles: Vec<String>,
+    paths: Vec<String>,
+    placements: Vec<String>,
+    reps: usize,
+}
+
+fn list<T: std::str::FromStr>(v: &str) -> Vec<T> {
+    v.split(',').filter_map(|x| x.trim().parse().ok()).collect()
+}
+
+fn parse_args() -> Args {
+    let mut a = Args {
+        quick: false,
+        json: None,
+        threads: vec![1],
+        rows: vec![1, 8, 32, 128, 256],
+        vocab: vec![32000, 128256, 163840, 262144],
+        dtypes: list("f32,bf16,f16"),
+        profiles: list("peaked,flat"),
+        paths: list("greedy,race-inline,race-external-logexp,race-external-exp"),
+        placements: list("hot,cold"),
+        reps: 30,
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < argv.len() {
+        let val = argv.get(i + 1).cloned().unwrap_or_default();
+        match argv[i].as_str() {
+            "--quick" => {
+                a.quick = true;
+                i += 1;
+                continue;
+            }
+            "--json" => a.json = Some(val),
+            "--threads" => a.threads = list(&val),
+            "--rows" => a.rows = list(&val),
+            "--vocab" => a.vocab = list(&val),
+            "--dtype" => a.dtypes = list(&val),
+            "--profile" => a.profiles = list(&val),
+            "--path" => a.paths = list(&val),
+            "--placement" => a.placements = list(&val),
+            "--reps" => a.reps = val.parse().unwrap_or(30),
+            other => {
+                eprintln!("unknown argument {other}; see the comment at the top of src/bin/tokenrace-bench.rs");
+                std::process::exit(2);
+            }
+        }
+        i += 2;
+    }
+    if a.quick {
+        a.rows = vec![1, 3];
+        a.vocab = vec![1000, 5003];
+        a.reps = 2;
+    }
+    a
+}
+
+/// xorshift64*, enough for benchmark data.
+struct Gen(u64);
+impl Gen {
+    fn uniform(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn normal(&mut self) -> f64 {
+        (-2.0 * (1.0 - self.uniform()).ln()).sqrt() * (std::f64::consts::TAU * self.uniform()).cos()
+    }
+}
+
+/// N(0, 3), plus (peaked) a few logits near 20, like real next-token logits.
+fn make_row(g: &mut Gen, vocab: usize, peaked: bool) -> Vec<f32> {
+    let mut x: Vec<f32> = (0..vocab).map(|_| (g.normal() * 3.0) as f32).collect();
+    if peaked {
+        for k in 0..4 {
+            let i = (g.uniform() * vocab as f64) as usize;
+            x[i] = 20.0 - k as f32 * 0.7;
+        }
+    }
+    x
+}
+
+enum Data {
+    F32(Vec<f32>),
+    Bf16(Vec<Bf16>),
+    F16(Vec<F16>),
+}
+
+impl Data {
+    fn logits(&self, start: usize, len: usize) -> Logits<'_> {
+        match self {
+            Data::F32(v) => Logits::F32(&v[start..start + len]),
+            Data::Bf16(v) => Logits::Bf16(&v[start..start + len]),
+            Data::F16(v) => Logits::F16(&v[start..start + len]),
+        }
+    }
+}
+
+fn median_and_spread(mut t: Vec<f64>) -> (f64, f64, f64) {
+    t.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let q = |p: f64| t[((t.len() - 1) as f64 * p).round() as usize];
+    (q(0.5), q(0.1), q(0.9))
+}
+
+/// Times `f(batch_index)` `reps` times, cycling over `batches`; returns per-call microseconds.
+fn time(reps: usize, batches: usize, mut f: impl FnMut(usize)) -> Vec<f64> {
+    f(0); // warm up
+    (0..reps)
+        .map(|r| {
+            let t = Instant::now();
+            f(r % batches);
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect()
+}
+
+fn main() {
+    let a = parse_args();
+    let mut json = a.json.as_ref().map(|p| std::fs::File::create(p).expect("--json file"));
+    let level = best_level();
+    println!(
+        "tokenrace-bench {} | SIMD {} | {} cores",
+        VERSION,
+        level.name(),
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    println!(
+        "{:<22} {:>5} {:>7} {:>5} {:>7} {:>3} {:>5} {:>10} {:>9} {:>9} {:>7} {:>8}",
+        "path",
+        "dtype",
+        "profile",
+        "rows",
+        "vocab",
+        "thr",
+        "place",
+        "us/call",
+        "us/row",
+        "floor/row",
+        "ratio",
+        "spread"
+    );
+    let mut g = Gen(0x9e37_79b9_7f4a_7c15);
+    for &vocab in &a.vocab {
+        for profile in &a.profiles {
+            let row = make_row(&mut g, vocab, profile == "peaked");
+            for &rows in &a.rows {
+                for placement in &a.placements {
+                    // Cold: enough batches to exceed the caches (>= 192 MiB in all).
+                    let batch_bytes = rows * vocab * 4;
+                    let batches =
+                        if placement == "cold" && !a.quick { (192usize << 20).div_ceil(batch_bytes).max(2) } else { 1 };
+                    let total = batches * rows * vocab;
+                    if total > 1 << 30 {
+                        continue;
+                    }
+                    let f32s: Vec<f32> = (0..batches * rows).flat_map(|_| row.iter().copied()).collect();
+                    let noise_ln: Vec<f32> =
+                        (0..rows * vocab).map(|_| -((1.0 - g.uniform()).ln()).ln() as f32 * -1.0).collect();
+                    let noise_e: Vec<f32> = noise_ln.iter().map(|l| l.exp()).collect();
+                    for dtype in &a.dtypes {
+                        let data = match dtype.as_str() {
+                            "bf16" => Data::Bf16(f32s.iter().map(|&x| Bf16::from_f32(x)).collect()),
+                            "f16" => Data::F16(f32s.iter().map(|&x| F16::from_f32(x)).collect()),
+                            _ => Data::F32(f32s.clone()),
+                        };
+                        let span = rows * vocab;
+                        let floor = median_and_spread(time(a.reps, batches, |b| {
+                            std::hint::black_box(read_floor(level, data.logits(b * span, span), rows, vocab, vocab));
+                        }))
+                        .0;
+                        let noise_floor = median_and_spread(time(a.reps, batches, |_| {
+                            std::hint::black_box(read_floor(level, Logits::F32(&noise_ln), rows, vocab, vocab));
+                        }))
+                        .0;
+                        for &threads in &a.threads {
+                            let s = Sampler::new(Config {
+                                max_rows: rows.max(1),
+                                threads,
+                                seed: Some(1),
+                                ..Config::default()
+                            })
+                            .unwrap();
+                            let mut tokens = vec![0i32; rows];
+                            for path in &a.paths {
+                                let temps = vec![if path == "greedy" { 0.0f32 } else { 1.0 }; rows];
+                                let (noise, two_streams) = match path.as_str() {
+                                    "race-external-logexp" => (
+                                        Some(ExternalNoise {
+                                            values: &noise_ln,
+                                            kind: NoiseKind::LogExp,
+                                            row_stride: vocab,
+                                        }),
+                                        true,
+                                    ),
+                                    "race-external-exp" => (
+                                        Some(ExternalNoise {
+                                            values: &noise_e,
+                                            kind: NoiseKind::Exp,
+                                            row_stride: vocab,
+                                        }),
+                                        true,
+                                    ),
+                                    _ => (None, false),
+                                };
+                                let t = time(a.reps, batches, |b| {
+                                    let batch = Batch {
+                                        temperature: Some(&temps),
+                                        noise,
+                                        ..Batch::new(data.logits(b * span, span), rows, vocab)
+                                    };
+                                    s.draw(&batch, &mut Output { tokens: &mut tokens, flags: None }).unwrap();
+                                });
+                                let (med, lo, hi) = median_and_spread(t);
+                                let fl = if two_streams { floor + noise_floor } else { floor };
+                                let ratio = med / fl;
+                                println!(
+                                    "{:<22} {:>5} {:>7} {:>5} {:>7} {:>3} {:>5} {:>10.1} {:>9.2} {:>9.2} {:>7.2} {:>8.2}",
+                                    path, dtype, profile, rows, vocab, threads, placement, med, med / rows as f64, fl / rows as f64, ratio, (hi - lo) / med
+                                );
+                                if let Some(f) = json.as_mut() {
+                                    writeln!(
+                                        f,
+                                        "{{\"path\":\"{path}\",\"dtype\":\"{dtype}\",\"profile\":\"{profile}\",\"rows\":{rows},\"vocab\":{vocab},\"threads\":{threads},\"placement\":\"{placement}\",\"simd\":\"{}\",\"us_per_call_median\":{med:.3},\"us_per_call_p10\":{lo:.3},\"us_per_call_p90\":{hi:.3},\"us_per_row\":{:.4},\"floor_us_per_call\":{fl:.3},\"ratio_to_floor\":{ratio:.3}}}",
+                                        level.name(),
+                                        med / rows as f64
+                                    )
+                                    .unwrap();
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

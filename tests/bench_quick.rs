@@ -1,0 +1,16 @@
+//! CI runs the benchmark in its quick mode: every case must run; nothing about time is checked.
+#[test]
+fn benchmark_runs_every_case_in_quick_mode() {
+    let json = std::env::temp_dir().join(format!("tokenrace-bench-{}.json", std::process::id()));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenrace-bench"))
+        .args(["--quick", "--threads", "1,2", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let records = std::fs::read_to_string(&json).unwrap();
+    let _ = std::fs::remove_file(&json);
+    // 2 vocab x 2 profiles x 2 rows x 2 placements x 3 dtypes x 2 thread counts x 4 paths
+    assert_eq!(records.lines().count(), 2 * 2 * 2 * 2 * 3 * 2 * 4);
+    assert!(records.lines().all(|l| l.contains("\"ratio_to_floor\":")));
+}
