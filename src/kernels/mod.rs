@@ -80,11 +80,14 @@ pub fn resolve(choice: SimdChoice) -> Result<SimdLevel> {
     Ok(level)
 }
 
+/// The inline race: (row, n, block maxima, params, row key, base index, block-noise scratch).
+pub(crate) type RaceInlineFn<E> = unsafe fn(*const E, usize, &[f32], RaceParams, u64, usize, &mut Vec<BlockNoise>) -> Best;
+
 /// The kernels of one logits dtype.
 pub(crate) struct DtypeKernels<E> {
     pub scan: unsafe fn(*const E, usize, &mut [f32]) -> bool,
     pub find_first: unsafe fn(*const E, usize, usize, f32) -> Option<usize>,
-    pub race_inline: unsafe fn(*const E, usize, &[f32], RaceParams, u64, usize, &mut Vec<BlockNoise>) -> Best,
+    pub race_inline: RaceInlineFn<E>,
     pub race_external: unsafe fn(*const E, *const f32, usize, RaceParams, ExtKind, usize) -> Best,
     pub max_only: unsafe fn(*const E, usize) -> f32,
 }
