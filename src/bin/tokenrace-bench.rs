@@ -179,7 +179,7 @@ fn main() {
                     }
                     let f32s: Vec<f32> = (0..batches * rows).flat_map(|_| row.iter().copied()).collect();
                     let noise_ln: Vec<f32> =
-                        (0..rows * vocab).map(|_| -((1.0 - g.uniform()).ln()).ln() as f32 * -1.0).collect();
+                        (0..rows * vocab).map(|_| (-(1.0 - g.uniform()).ln()).ln() as f32).collect();
                     let noise_e: Vec<f32> = noise_ln.iter().map(|l| l.exp()).collect();
                     for dtype in &a.dtypes {
                         let data = match dtype.as_str() {

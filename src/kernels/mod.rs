@@ -81,7 +81,8 @@ pub fn resolve(choice: SimdChoice) -> Result<SimdLevel> {
 }
 
 /// The inline race: (row, n, block maxima, params, row key, base index, block-noise scratch).
-pub(crate) type RaceInlineFn<E> = unsafe fn(*const E, usize, &[f32], RaceParams, u64, usize, &mut Vec<BlockNoise>) -> Best;
+pub(crate) type RaceInlineFn<E> =
+    unsafe fn(*const E, usize, &[f32], RaceParams, u64, usize, &mut Vec<BlockNoise>) -> Best;
 
 /// The kernels of one logits dtype.
 pub(crate) struct DtypeKernels<E> {
