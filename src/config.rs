@@ -124,6 +124,7 @@ pub struct Setting {
 }
 
 /// Every setting. `docs/configuration.md` lists exactly these (a test checks it).
+#[allow(clippy::unit_arg)] // each `apply` assigns a field and returns `Ok(())` in one expression
 pub static SETTINGS: &[Setting] = &[
     Setting {
         var: "TOKENRACE_VOCAB_SIZE",

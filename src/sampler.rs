@@ -8,8 +8,8 @@ use crate::kernels::{self, Kernels, SimdLevel};
 use crate::noise::pool::{Lease, Pool, PoolOptions};
 use crate::noise::{entropy_seed, seeded_row_key, splitmix64, KeyStream};
 use parking_lot::Mutex;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 /// Counters of a sampler since it was made.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -103,7 +103,7 @@ impl Sampler {
             vocab: cfg.vocab_size,
             kind: NoiseKind::LogExp,
             threads: 1,
-            seed: cfg.seed.map(|s| splitmix64(s ^ 0x73616d706c65_7270)),
+            seed: cfg.seed.map(|s| splitmix64(s ^ 0x7361_6d70_6c65_7270)),
             policy: DrainPolicy::Inline,
             ..PoolConfig::default()
         };

@@ -77,8 +77,7 @@ fn borrows_are_zero_copy_views_of_the_buffer() {
 }
 
 fn run_sizes(cfg: PoolConfig, producers: usize, sizes: &[usize]) -> Vec<u32> {
-    let pool =
-        Pool::with_options(cfg, PoolOptions { producers: Some(producers), ..PoolOptions::default() }).unwrap();
+    let pool = Pool::with_options(cfg, PoolOptions { producers: Some(producers), ..PoolOptions::default() }).unwrap();
     let mut out = Vec::new();
     for (i, &n) in sizes.iter().enumerate() {
         let lease = pool.borrow(n).unwrap();
@@ -95,7 +94,9 @@ fn a_seeded_pool_is_a_function_of_seed_and_borrow_sizes() {
     let mut rng = TestRng::new(5);
     let sizes: Vec<usize> = (0..200).map(|_| 1 + rng.below(7)).collect();
     let reference = run_sizes(pcfg(10, 300, DrainPolicy::Block, 10_000), 1, &sizes);
-    for (policy, producers) in [(DrainPolicy::Block, 4), (DrainPolicy::Inline, 1), (DrainPolicy::Inline, 4), (DrainPolicy::Inline, 0)] {
+    for (policy, producers) in
+        [(DrainPolicy::Block, 4), (DrainPolicy::Inline, 1), (DrainPolicy::Inline, 4), (DrainPolicy::Inline, 0)]
+    {
         let got = run_sizes(pcfg(10, 300, policy, 10_000), producers, &sizes);
         assert!(got == reference, "{policy:?} with {producers} producers differs");
     }
@@ -153,7 +154,9 @@ fn draws_with_pool_noise_match_softmax_by_chi_square() {
     .unwrap();
     // An attached pool of E (the sampler's own holds ln E).
     let auto = Sampler::new(Config { vocab_size: vocab, max_rows: 1000, seed: Some(9), ..Config::default() }).unwrap();
-    let exp_pool = Arc::new(Pool::new(PoolConfig { kind: NoiseKind::Exp, ..pcfg(2000, vocab, DrainPolicy::Inline, 1000) }).unwrap());
+    let exp_pool = Arc::new(
+        Pool::new(PoolConfig { kind: NoiseKind::Exp, ..pcfg(2000, vocab, DrainPolicy::Inline, 1000) }).unwrap(),
+    );
     auto.attach_pool(exp_pool.clone()).unwrap();
     let n = 100_000;
     for (name, s) in [("own ln E pool", &own), ("attached E pool", &auto)] {
@@ -174,7 +177,8 @@ fn draws_with_pool_noise_match_softmax_by_chi_square() {
 #[test]
 fn only_unseeded_sampling_rows_take_pool_noise() {
     let vocab = 50;
-    let s = Sampler::new(Config { noise: NoiseSource::Pool, vocab_size: vocab, max_rows: 8, ..Config::default() }).unwrap();
+    let s =
+        Sampler::new(Config { noise: NoiseSource::Pool, vocab_size: vocab, max_rows: 8, ..Config::default() }).unwrap();
     let pool = s.pool().unwrap();
     let mut rng = TestRng::new(3);
     let x: Vec<f32> = (0..8 * vocab).map(|_| rng.normal() as f32).collect();
@@ -206,9 +210,15 @@ fn pool_settings_are_checked() {
     let err = Sampler::new(Config { noise: NoiseSource::Pool, ..Config::default() }).err().unwrap();
     assert_eq!(err.kind, ErrorKind::InvalidConfig);
     assert!(err.message.contains("vocab_size"), "{}", err.message);
-    let err = Sampler::new(Config { noise: NoiseSource::Pool, vocab_size: 10, max_rows: 8, pool_rows: 4, ..Config::default() })
-        .err()
-        .unwrap();
+    let err = Sampler::new(Config {
+        noise: NoiseSource::Pool,
+        vocab_size: 10,
+        max_rows: 8,
+        pool_rows: 4,
+        ..Config::default()
+    })
+    .err()
+    .unwrap();
     assert!(err.message.contains("pool_rows"), "{}", err.message);
     let pool = Arc::new(Pool::new(pcfg(4, 10, DrainPolicy::Inline, 0)).unwrap());
     let err = pool.borrow(5).err().unwrap();
@@ -340,7 +350,10 @@ fn the_c_functions_work_and_free_with_a_lease_out_is_defined() {
         assert_eq!(tokenrace_pool_release(pool, &b), tokenrace_status::Ok);
         assert_eq!(tokenrace_pool_release(pool, &b), tokenrace_status::InvalidArgument);
 
-        let mut st = tokenrace_pool_stats { struct_size: std::mem::size_of::<tokenrace_pool_stats>() as u32, ..Default::default() };
+        let mut st = tokenrace_pool_stats {
+            struct_size: std::mem::size_of::<tokenrace_pool_stats>() as u32,
+            ..Default::default()
+        };
         assert_eq!(tokenrace_pool_stats(pool, &mut st), tokenrace_status::Ok);
         assert_eq!(st.rows_borrowed, 3);
 

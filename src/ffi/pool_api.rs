@@ -115,7 +115,8 @@ pub unsafe extern "C" fn tokenrace_pool_new(
         let cfg = if config.is_null() {
             config::from_env()?.1
         } else {
-            let c = read_versioned(config, tokenrace_pool_config_default(), "config", size_of::<tokenrace_pool_config>())?;
+            let c =
+                read_versioned(config, tokenrace_pool_config_default(), "config", size_of::<tokenrace_pool_config>())?;
             pool_config_from_c(&c)?
         };
         let pool = Arc::new(Pool::new(cfg)?);
