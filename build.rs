@@ -15,6 +15,7 @@ fn main() {
         .with_config(config)
         .with_src(crate_dir.join("src/ffi/types.rs"))
         .with_src(crate_dir.join("src/ffi/api.rs"))
+        .with_src(crate_dir.join("src/ffi/pool_api.rs"))
         .generate()
         .expect("cbindgen generates the header");
     bindings.write_to_file(out_dir.join("tokenrace.h"));

@@ -1,13 +1,16 @@
 //! The sampler: a configuration, the chosen kernels, the key stream of unseeded rows, counters.
 
-use crate::config::{Config, LogLevel};
+use crate::config::{Config, DrainPolicy, LogLevel, NoiseKind, NoiseSource, PoolConfig};
 use crate::draw::batch::{validate, Batch, Output};
 use crate::draw::workers::WorkerPool;
 use crate::draw::{draw_batch, ext_kind, inv_temperature, NoiseSrc, RowPlan};
 use crate::error::{Error, ErrorKind, Result};
 use crate::kernels::{self, Kernels, SimdLevel};
-use crate::noise::{entropy_seed, seeded_row_key, KeyStream};
+use crate::noise::pool::{Lease, Pool, PoolOptions};
+use crate::noise::{entropy_seed, seeded_row_key, splitmix64, KeyStream};
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 /// Counters of a sampler since it was made.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -46,6 +49,8 @@ pub struct Sampler {
     counters: Counters,
     /// Worker threads beyond the caller's, when `threads` > 1.
     workers: Option<WorkerPool>,
+    /// The pool unseeded sampling rows take their noise from (noise = pool, or attached).
+    pool: Mutex<Option<Arc<Pool>>>,
 }
 
 /// Installs `env_logger` at the configured level, once per process, unless a logger exists.
@@ -78,13 +83,66 @@ impl Sampler {
                 WorkerPool::new(n - 1).map_err(|e| Error::internal(format!("threads: cannot start workers: {e}")))?,
             ),
         };
+        let pool = if cfg.noise == NoiseSource::Pool { Some(Arc::new(Self::own_pool(&cfg, level)?)) } else { None };
         Ok(Sampler {
             kernels: kernels::kernels(level),
             keys: KeyStream::new(seed),
             counters: Counters::default(),
             workers,
+            pool: Mutex::new(pool),
             cfg,
         })
+    }
+
+    /// The pool of a sampler made with noise = pool: ln E, one producer, INLINE when drained,
+    /// seeded from the sampler's seed when it has one.
+    fn own_pool(cfg: &Config, level: SimdLevel) -> Result<Pool> {
+        if cfg.vocab_size == 0 {
+            return Err(Error::invalid_config(
+                "vocab_size: must be set (nonzero) when noise = pool, since the pool's rows have vocab_size values",
+            ));
+        }
+        let rows = if cfg.pool_rows == 0 { (4 * cfg.max_rows).min(1 << 20) } else { cfg.pool_rows };
+        if rows < cfg.max_rows {
+            return Err(Error::invalid_config(format!(
+                "pool_rows: {rows} is smaller than max_rows {} (a draw borrows up to max_rows rows)",
+                cfg.max_rows
+            )));
+        }
+        let pc = PoolConfig {
+            rows,
+            vocab: cfg.vocab_size,
+            kind: NoiseKind::LogExp,
+            threads: 1,
+            seed: cfg.seed.map(|s| splitmix64(s ^ 0x7361_6d70_6c65_7270)),
+            policy: DrainPolicy::Inline,
+            ..PoolConfig::default()
+        };
+        Pool::with_options(pc, PoolOptions { level: Some(level), ..PoolOptions::default() })
+    }
+
+    /// Makes the unseeded sampling rows take their noise from `pool` (replacing any pool the
+    /// sampler had). The pool's vocab must equal `vocab_size`; noise must be auto or pool.
+    pub fn attach_pool(&self, pool: Arc<Pool>) -> Result<()> {
+        if self.cfg.noise == NoiseSource::Inline {
+            return Err(Error::invalid_argument(
+                "sampler: its noise is inline; make it with noise = auto or pool to attach a pool",
+            ));
+        }
+        if pool.config().vocab != self.cfg.vocab_size {
+            return Err(Error::invalid_argument(format!(
+                "pool: its vocab {} differs from the sampler's vocab_size {}",
+                pool.config().vocab,
+                self.cfg.vocab_size
+            )));
+        }
+        *self.pool.lock() = Some(pool);
+        Ok(())
+    }
+
+    /// The pool the sampler takes noise from, if any.
+    pub fn pool(&self) -> Option<Arc<Pool>> {
+        self.pool.lock().clone()
     }
 
     pub fn config(&self) -> &Config {
@@ -115,7 +173,8 @@ impl Sampler {
             self.counters.rejected_calls.fetch_add(1, Relaxed);
             return Err(e);
         }
-        let plans = self.plan(batch);
+        let pool = self.pool();
+        let (plans, _lease) = self.plan(batch, pool.as_deref())?;
         let mut tokens = vec![0i32; batch.rows];
         let mut row_flags = vec![0u32; batch.rows];
         if !draw_batch(self.kernels, batch, &plans, self.workers.as_ref(), &mut tokens, &mut row_flags) {
@@ -133,7 +192,9 @@ impl Sampler {
 
     /// Decides each row's mode and noise. Unseeded rows take their keys from the stream in row
     /// order, one per row, so a row's token does not depend on threads or SIMD level.
-    fn plan(&self, batch: &Batch) -> Vec<RowPlan> {
+    /// With a pool, the unseeded rows take one row each of a single lease, in row order; the
+    /// lease must outlive the draw.
+    fn plan(&self, batch: &Batch, pool: Option<&Pool>) -> Result<(Vec<RowPlan>, Option<Lease>)> {
         let c = &self.counters;
         let mut plans = Vec::with_capacity(batch.rows);
         let mut unseeded = Vec::new();
@@ -154,12 +215,22 @@ impl Sampler {
                 let ptr = unsafe { n.values.as_ptr().add(r * n.row_stride) };
                 NoiseSrc::External(ptr, ext_kind(n.kind))
             } else {
-                c.inline_rows.fetch_add(1, Relaxed);
                 unseeded.push(r);
                 NoiseSrc::Inline(0) // keyed below, in row order
             };
             plans.push(RowPlan::Sample { inv_t, noise });
         }
+        if let (Some(pool), false) = (pool, unseeded.is_empty()) {
+            let lease = pool.borrow(unseeded.len())?;
+            c.pool_rows.fetch_add(unseeded.len() as u64, Relaxed);
+            for (i, &r) in unseeded.iter().enumerate() {
+                if let RowPlan::Sample { noise, .. } = &mut plans[r] {
+                    *noise = NoiseSrc::External(lease.row(i).as_ptr(), ext_kind(lease.kind()));
+                }
+            }
+            return Ok((plans, Some(lease)));
+        }
+        c.inline_rows.fetch_add(unseeded.len() as u64, Relaxed);
         let mut keys = vec![0u64; unseeded.len()];
         self.keys.next_keys(&mut keys);
         for (&r, &key) in unseeded.iter().zip(&keys) {
@@ -167,6 +238,6 @@ impl Sampler {
                 *noise = NoiseSrc::Inline(key);
             }
         }
-        plans
+        Ok((plans, None))
     }
 }

@@ -6,6 +6,7 @@
 #![allow(non_camel_case_types)]
 
 pub mod api;
+pub mod pool_api;
 pub mod types;
 
 use crate::error::{Error, ErrorKind};

@@ -1,0 +1,308 @@
+//! The C functions of the noise pool. See `src/noise/pool.rs` for the design.
+//!
+//! A `tokenrace_pool*` is reference counted: the handle holds one reference, every lease that is
+//! out holds one, and a call in progress holds one for its duration. `tokenrace_pool_free()`
+//! drops the handle's reference and the handle's ownership of the pool: if no sampler has the
+//! pool attached, its producers are stopped and joined right away (even mid-fill) and borrows
+//! waiting on it return CLOSED. The memory of leases still out stays valid, and
+//! `tokenrace_pool_release()` may still be called for them; the last release frees the handle.
+
+use super::types::*;
+use super::{guard, read_versioned};
+use crate::config::{self, DrainPolicy, NoiseKind, PoolConfig};
+use crate::error::{Error, Result};
+use crate::noise::pool::{Lease, Pool, Shared};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::mem::size_of;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+/// What a `tokenrace_pool*` points to (inside an `Arc`).
+pub(crate) struct CPool {
+    /// The handle's ownership of the pool; taken by `tokenrace_pool_free()`.
+    owner: Mutex<Option<Arc<Pool>>>,
+    shared: Arc<Shared>,
+    leases: Mutex<HashMap<u64, Lease>>,
+    next_id: AtomicU64,
+}
+
+fn pool_config_to_c(c: &PoolConfig) -> tokenrace_pool_config {
+    tokenrace_pool_config {
+        struct_size: size_of::<tokenrace_pool_config>() as u32,
+        rows: c.rows as u32,
+        vocab: c.vocab as u32,
+        kind: match c.kind {
+            NoiseKind::Exp => tokenrace_noise_kind::Exp,
+            NoiseKind::LogExp => tokenrace_noise_kind::LogExp,
+        } as u32,
+        threads: c.threads as u32,
+        has_seed: c.seed.is_some() as u32,
+        seed: c.seed.unwrap_or(0),
+        policy: match c.policy {
+            DrainPolicy::Inline => tokenrace_pool_policy::Inline,
+            DrainPolicy::Block => tokenrace_pool_policy::Block,
+        } as u32,
+        reserved0: 0,
+        timeout_ms: c.timeout_ms,
+    }
+}
+
+fn choice<T: Copy>(name: &str, value: u32, choices: &[T]) -> Result<T> {
+    choices.get(value as usize).copied().ok_or_else(|| {
+        Error::invalid_config(format!("{name}: {value} is not a valid value (0..={})", choices.len() - 1))
+    })
+}
+
+fn pool_config_from_c(c: &tokenrace_pool_config) -> Result<PoolConfig> {
+    Ok(PoolConfig {
+        rows: c.rows as usize,
+        vocab: c.vocab as usize,
+        kind: choice("kind", c.kind, &[NoiseKind::Exp, NoiseKind::LogExp])?,
+        threads: c.threads as usize,
+        seed: (c.has_seed != 0).then_some(c.seed),
+        policy: choice("policy", c.policy, &[DrainPolicy::Inline, DrainPolicy::Block])?,
+        timeout_ms: c.timeout_ms,
+    })
+}
+
+/// The default pool settings (the `TOKENRACE_POOL_*` defaults of docs/configuration.md), with
+/// `struct_size` set. `vocab` is 0 and must be set before `tokenrace_pool_new()`.
+#[no_mangle]
+pub extern "C" fn tokenrace_pool_config_default() -> tokenrace_pool_config {
+    pool_config_to_c(&PoolConfig::default())
+}
+
+/// Writes the default pool settings overridden by the `TOKENRACE_POOL_*` environment variables
+/// (read once per process) into `*out`. A bad variable fails with INVALID_CONFIG naming it;
+/// `*out` is then left unchanged.
+///
+/// # Safety
+/// `out` is NULL or points to a writable `tokenrace_pool_config`.
+#[no_mangle]
+pub unsafe extern "C" fn tokenrace_pool_config_from_env(out: *mut tokenrace_pool_config) -> tokenrace_status {
+    guard("tokenrace_pool_config_from_env", || {
+        if out.is_null() {
+            return Err(Error::invalid_argument("out: is NULL"));
+        }
+        let (_, pool) = config::from_env()?;
+        out.write_unaligned(pool_config_to_c(&pool));
+        Ok(())
+    })
+}
+
+/// Makes a noise pool: a ring buffer of `rows x vocab` noise values (E or ln E, as `kind`
+/// says) that `threads` background threads keep filled. `config` NULL means
+/// `tokenrace_pool_config_from_env()` (then `TOKENRACE_POOL_VOCAB` must be set). On success
+/// `*out` holds a pool to release with `tokenrace_pool_free()`; on failure `*out` is untouched.
+///
+/// Every value is handed out at most once over the life of the pool. Row number s of the pool's
+/// output sequence (see `tokenrace_pool_lease.first_seq`) holds the counter-based noise of the
+/// row key `splitmix64(splitmix64(seed ^ 0x706f6f6c6e6f6973) ^ s)`, so a seeded pool hands out
+/// the same values for the same sequence of borrow sizes, whatever its threads do.
+///
+/// # Safety
+/// `config` is NULL or a valid `tokenrace_pool_config`; `out` points to writable storage.
+#[no_mangle]
+pub unsafe extern "C" fn tokenrace_pool_new(
+    config: *const tokenrace_pool_config,
+    out: *mut *mut tokenrace_pool,
+) -> tokenrace_status {
+    guard("tokenrace_pool_new", || {
+        if out.is_null() {
+            return Err(Error::invalid_argument("out: is NULL"));
+        }
+        let cfg = if config.is_null() {
+            config::from_env()?.1
+        } else {
+            let c =
+                read_versioned(config, tokenrace_pool_config_default(), "config", size_of::<tokenrace_pool_config>())?;
+            pool_config_from_c(&c)?
+        };
+        let pool = Arc::new(Pool::new(cfg)?);
+        let handle = Arc::new(tokenrace_pool {
+            inner: CPool {
+                shared: pool.shared().clone(),
+                owner: Mutex::new(Some(pool)),
+                leases: Mutex::new(HashMap::new()),
+                next_id: AtomicU64::new(1),
+            },
+        });
+        out.write(Arc::into_raw(handle) as *mut tokenrace_pool);
+        Ok(())
+    })
+}
+
+/// Releases the caller's handle (NULL is ignored). Unless a sampler has the pool attached (see
+/// `tokenrace_sampler_attach_pool()`), the pool shuts down now: its producers are stopped and
+/// joined (they stop mid-row), and any `tokenrace_pool_borrow()` waiting on it returns
+/// `TOKENRACE_STATUS_CLOSED`. Leases still out stay readable and must still be given back with
+/// `tokenrace_pool_release()` (the handle's memory lives until the last one is); no other call may
+/// use the handle afterwards. A call must not start on the handle while it is being freed.
+///
+/// # Safety
+/// `pool` is NULL or came from `tokenrace_pool_new()` and was not freed.
+#[no_mangle]
+pub unsafe extern "C" fn tokenrace_pool_free(pool: *mut tokenrace_pool) {
+    if pool.is_null() {
+        return;
+    }
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let owner = (*pool).inner.owner.lock().take();
+        drop(owner);
+        Arc::decrement_strong_count(pool as *const tokenrace_pool);
+    }));
+}
+
+/// A counted reference to the handle for the duration of a call.
+unsafe fn hold(pool: *const tokenrace_pool) -> Result<Arc<tokenrace_pool>> {
+    if pool.is_null() {
+        return Err(Error::invalid_argument("pool: is NULL"));
+    }
+    Arc::increment_strong_count(pool);
+    Ok(Arc::from_raw(pool))
+}
+
+/// Borrows the next `n_rows` rows of noise as one contiguous, read-only span of
+/// `n_rows x vocab` floats (`out->values`, inside the pool's own buffer except under the INLINE
+/// fallback described below). Several threads may borrow at once; each value is handed out at
+/// most once. The caller sets `out->struct_size = sizeof(tokenrace_pool_lease)`; on success the
+/// other fields are written, and the lease must be given back with `tokenrace_pool_release()`
+/// (until then its rows are not refilled).
+///
+/// When the rows are not ready: policy INLINE generates them on the calling thread (the same
+/// values the producers would have made; counted in `inline_rows`); policy BLOCK waits up to
+/// `timeout_ms` and then fails with `TOKENRACE_STATUS_TIMEOUT`. Fails with INVALID_ARGUMENT when
+/// `n_rows` is 0 or above the capacity, and with `TOKENRACE_STATUS_CLOSED` when the pool was shut
+/// down (also while waiting) or in a `fork()` child of the process that made it (make a new pool
+/// there). On failure `*out` is untouched.
+///
+/// # Safety
+/// `pool` is a live pool; `out` points to a writable `tokenrace_pool_lease`.
+#[no_mangle]
+pub unsafe extern "C" fn tokenrace_pool_borrow(
+    pool: *mut tokenrace_pool,
+    n_rows: u32,
+    out: *mut tokenrace_pool_lease,
+) -> tokenrace_status {
+    guard("tokenrace_pool_borrow", || {
+        let handle = hold(pool)?;
+        if out.is_null() {
+            return Err(Error::invalid_argument("out: is NULL"));
+        }
+        let size = (out as *const u32).read_unaligned() as usize;
+        if size < size_of::<tokenrace_pool_lease>() {
+            return Err(Error::invalid_argument(format!(
+                "out.struct_size: {size} is smaller than sizeof(tokenrace_pool_lease) = {}",
+                size_of::<tokenrace_pool_lease>()
+            )));
+        }
+        let p = &handle.inner;
+        let lease = p.shared.borrow(n_rows as usize)?;
+        let id = p.next_id.fetch_add(1, Relaxed);
+        let c = tokenrace_pool_lease {
+            struct_size: size_of::<tokenrace_pool_lease>() as u32,
+            kind: match lease.kind() {
+                NoiseKind::Exp => tokenrace_noise_kind::Exp,
+                NoiseKind::LogExp => tokenrace_noise_kind::LogExp,
+            } as u32,
+            values: lease.values().as_ptr(),
+            rows: lease.rows() as u32,
+            vocab: lease.vocab() as u32,
+            id,
+            first_seq: lease.first_seq(),
+        };
+        p.leases.lock().insert(id, lease);
+        Arc::increment_strong_count(pool as *const tokenrace_pool); // the lease's reference
+        out.write_unaligned(c);
+        Ok(())
+    })
+}
+
+/// Gives a lease back: its rows become free for refilling and `lease->values` must not be read
+/// any more. Fails with INVALID_ARGUMENT if `lease` is not a lease of this pool that is still
+/// out (e.g. released twice). May be called after `tokenrace_pool_free()`.
+///
+/// # Safety
+/// `pool` is a pool handle with this lease out; `lease` points to a lease it wrote.
+#[no_mangle]
+pub unsafe extern "C" fn tokenrace_pool_release(
+    pool: *mut tokenrace_pool,
+    lease: *const tokenrace_pool_lease,
+) -> tokenrace_status {
+    guard("tokenrace_pool_release", || {
+        let handle = hold(pool)?;
+        if lease.is_null() {
+            return Err(Error::invalid_argument("lease: is NULL"));
+        }
+        let id = std::ptr::addr_of!((*lease).id).read_unaligned();
+        let taken = handle.inner.leases.lock().remove(&id);
+        match taken {
+            None => Err(Error::invalid_argument(format!(
+                "lease.id: {id} is not a lease of this pool that is still out (released twice?)"
+            ))),
+            Some(l) => {
+                drop(l);
+                drop(handle);
+                Arc::decrement_strong_count(pool as *const tokenrace_pool);
+                Ok(())
+            }
+        }
+    })
+}
+
+/// Copies the pool's counters into `*out` (whose `struct_size` the caller sets).
+///
+/// # Safety
+/// `pool` is a live pool; `out` points to a writable `tokenrace_pool_stats` of at least
+/// `out->struct_size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn tokenrace_pool_get_stats(
+    pool: *const tokenrace_pool,
+    out: *mut tokenrace_pool_stats,
+) -> tokenrace_status {
+    guard("tokenrace_pool_get_stats", || {
+        let handle = hold(pool)?;
+        read_versioned(out as *const tokenrace_pool_stats, tokenrace_pool_stats::default(), "out", 8)?;
+        let size = (out as *const u32).read_unaligned() as usize;
+        let st = handle.inner.shared.stats();
+        let full = tokenrace_pool_stats {
+            struct_size: size_of::<tokenrace_pool_stats>() as u32,
+            reserved0: 0,
+            rows_produced: st.rows_produced,
+            rows_borrowed: st.rows_borrowed,
+            borrows_waited: st.borrows_waited,
+            wait_ns: st.wait_ns,
+            inline_rows: st.inline_rows,
+            rows_skipped: st.rows_skipped,
+        };
+        let n = size.min(size_of::<tokenrace_pool_stats>());
+        std::ptr::copy_nonoverlapping(&full as *const _ as *const u8, out as *mut u8, n);
+        (out as *mut u32).write_unaligned(n as u32);
+        Ok(())
+    })
+}
+
+/// Makes `sampler` take the noise of its unseeded sampling rows from `pool` (one borrow per
+/// draw call, of exactly that many rows, released before the call returns), replacing the
+/// sampler's own pool if it had one. The sampler keeps the pool running until the sampler is
+/// freed, even after `tokenrace_pool_free()`. The pool's `vocab` must equal the sampler's
+/// `vocab_size`, and the sampler's `noise` must be AUTO or POOL (INVALID_ARGUMENT otherwise). A
+/// draw with more such rows than the pool's capacity fails with INVALID_ARGUMENT.
+///
+/// # Safety
+/// `sampler` and `pool` are live. A draw running concurrently on `sampler` finishes with the
+/// noise source it started with.
+#[no_mangle]
+pub unsafe extern "C" fn tokenrace_sampler_attach_pool(
+    sampler: *mut tokenrace_sampler,
+    pool: *mut tokenrace_pool,
+) -> tokenrace_status {
+    guard("tokenrace_sampler_attach_pool", || {
+        let s = sampler.as_ref().ok_or_else(|| Error::invalid_argument("sampler: is NULL"))?;
+        let handle = hold(pool)?;
+        let owner = handle.inner.owner.lock().clone();
+        let owner = owner.ok_or_else(|| Error::invalid_argument("pool: was freed"))?;
+        s.inner.attach_pool(owner)
+    })
+}
