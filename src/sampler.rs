@@ -2,8 +2,8 @@
 
 use crate::config::{Config, LogLevel};
 use crate::draw::batch::{validate, Batch, Output};
-use crate::draw::workers::WorkerPool;
 use crate::draw::logprob::Logprobs;
+use crate::draw::workers::WorkerPool;
 use crate::draw::{draw_batch, ext_kind, inv_temperature, NoiseSrc, RowInfo, RowPlan};
 use crate::error::{Error, ErrorKind, Result};
 use crate::kernels::{self, Kernels, SimdLevel};

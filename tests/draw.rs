@@ -479,8 +479,7 @@ fn bad_arguments_name_what_is_wrong_and_write_nothing() {
     );
     let small = Sampler::new(Config { max_rows: 2, ..Config::default() }).unwrap();
     let mut tokens = vec![0; 3];
-    let err =
-        small.draw(&Batch::new(Logits::F32(&x), 3, 10), &mut Output::new(&mut tokens)).unwrap_err();
+    let err = small.draw(&Batch::new(Logits::F32(&x), 3, 10), &mut Output::new(&mut tokens)).unwrap_err();
     assert!(err.message.contains("max_rows"));
 }
 

@@ -1,9 +1,9 @@
 //! What a draw call takes and gives back, and the checks that run before anything is written.
 
+pub use super::logprob::LogprobMode;
 use crate::config::NoiseKind;
 use crate::error::{bail_arg, Result};
 use crate::kernels::{Bf16, F16};
-pub use super::logprob::LogprobMode;
 
 /// The logits of a batch: `rows` rows of `vocab` values, `row_stride` elements apart.
 #[derive(Clone, Copy, Debug)]
@@ -208,7 +208,7 @@ pub(crate) fn validate(batch: &Batch, out: &Output, max_rows: usize, vocab_size:
         if out.top_n > batch.vocab {
             bail_arg!("top_n: {} exceeds vocab {}", out.top_n, batch.vocab);
         }
-        let need = rows.checked_mul(out.top_n).unwrap_or(usize::MAX);
+        let need = rows.saturating_mul(out.top_n);
         for (name, len) in [
             ("topn_ids", out.topn_ids.as_ref().map(|l| l.len())),
             ("topn_logprobs", out.topn_logprobs.as_ref().map(|l| l.len())),

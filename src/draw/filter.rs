@@ -174,11 +174,7 @@ fn gather<V: Vals + ?Sized>(v: &V, bmax: &[f32], lo: f32, out: &mut Vec<f32>) {
 /// receives a superset of the values `>=` it (all of them finite).
 fn kth_largest<V: Vals + ?Sized>(v: &V, bmax: &[f32], k: usize, cand: &mut Vec<f32>) -> Option<f32> {
     let mut bm: Vec<f32> = bmax.iter().copied().filter(|&b| b > f32::NEG_INFINITY).collect();
-    let lo = if bm.len() >= k {
-        *bm.select_nth_unstable_by(k - 1, desc).1
-    } else {
-        f32::NEG_INFINITY
-    };
+    let lo = if bm.len() >= k { *bm.select_nth_unstable_by(k - 1, desc).1 } else { f32::NEG_INFINITY };
     gather(v, bmax, lo, cand);
     if cand.len() < k {
         return None;

@@ -12,8 +12,8 @@
 //! of tokens whose reported logprob is >= its own; the top-n are ordered by logprob descending,
 //! then id ascending.
 
-use super::filter::Vals;
 use super::batch::Logits;
+use super::filter::Vals;
 use super::{RowInfo, RowPlan};
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -185,7 +185,15 @@ impl Logprobs {
                 want_rank,
             };
             let RowInfo { top, floor } = info[r];
-            super::filter::with_vals!(batch, r, |v| row_logprobs(v, plans[r], out.logprob_mode, top, floor, tokens[r], o));
+            super::filter::with_vals!(batch, r, |v| row_logprobs(
+                v,
+                plans[r],
+                out.logprob_mode,
+                top,
+                floor,
+                tokens[r],
+                o
+            ));
         }
         l
     }

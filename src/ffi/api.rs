@@ -4,7 +4,7 @@
 use super::types::*;
 use super::{guard, last_error_ptr, read_versioned};
 use crate::config::{self, Config, LogLevel, NoiseSource, SimdChoice};
-use crate::draw::batch::{Batch, ExternalNoise, LogprobMode, Logits, Output};
+use crate::draw::batch::{Batch, ExternalNoise, Logits, LogprobMode, Output};
 use crate::error::{Error, Result};
 use crate::kernels::{self, Bf16, F16};
 use crate::sampler::Sampler;
@@ -348,9 +348,8 @@ pub unsafe extern "C" fn tokenrace_draw(
             }
         };
         let top_n = o.top_n as usize;
-        let topn_len = rows
-            .checked_mul(top_n)
-            .ok_or_else(|| Error::invalid_argument("out.top_n: rows x top_n overflows"))?;
+        let topn_len =
+            rows.checked_mul(top_n).ok_or_else(|| Error::invalid_argument("out.top_n: rows x top_n overflows"))?;
         let mut output = Output {
             tokens: slice_mut("out.tokens", o.tokens, rows)?,
             flags: opt_slice_mut("out.flags", o.flags, rows)?,
@@ -367,11 +366,8 @@ pub unsafe extern "C" fn tokenrace_draw(
         };
         s.inner.draw(&batch, &mut output).map_err(|e| {
             let m = &e.message;
-            let owner = if ["logprobs", "ranks", "top_n", "topn_"].iter().any(|p| m.starts_with(p)) {
-                "out"
-            } else {
-                "batch"
-            };
+            let owner =
+                if ["logprobs", "ranks", "top_n", "topn_"].iter().any(|p| m.starts_with(p)) { "out" } else { "batch" };
             Error::new(e.kind, format!("{owner}.{m}"))
         })
     })
