@@ -34,7 +34,7 @@ fn main() {
     let mut counts = std::collections::HashMap::<i32, u64>::new();
     let start = Instant::now();
     for _ in 0..draws {
-        sampler.draw(&batch, &mut Output { tokens: &mut tokens, flags: None }).expect("draw");
+        sampler.draw(&batch, &mut Output::new(&mut tokens)).expect("draw");
         for &t in &tokens {
             *counts.entry(t).or_default() += 1;
         }

@@ -17,7 +17,7 @@ pub mod noise;
 pub mod sampler;
 
 pub use config::{Config, DrainPolicy, LogLevel, NoiseKind, NoiseSource, PoolConfig, SimdChoice};
-pub use draw::batch::{flags, Batch, ExternalNoise, Logits, Output};
+pub use draw::batch::{flags, Batch, ExternalNoise, Logits, LogprobMode, Output};
 pub use error::{Error, ErrorKind, Result};
 pub use kernels::{best_level, supported_levels, Bf16, SimdLevel, F16};
 pub use sampler::{Sampler, SamplerStats};

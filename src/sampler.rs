@@ -2,8 +2,9 @@
 
 use crate::config::{Config, DrainPolicy, LogLevel, NoiseKind, NoiseSource, PoolConfig};
 use crate::draw::batch::{validate, Batch, Output};
+use crate::draw::logprob::Logprobs;
 use crate::draw::workers::WorkerPool;
-use crate::draw::{draw_batch, ext_kind, inv_temperature, NoiseSrc, RowPlan};
+use crate::draw::{draw_batch, ext_kind, inv_temperature, NoiseSrc, RowInfo, RowPlan};
 use crate::error::{Error, ErrorKind, Result};
 use crate::kernels::{self, Kernels, SimdLevel};
 use crate::noise::pool::{Lease, Pool, PoolOptions};
@@ -177,15 +178,20 @@ impl Sampler {
         let (plans, _lease) = self.plan(batch, pool.as_deref())?;
         let mut tokens = vec![0i32; batch.rows];
         let mut row_flags = vec![0u32; batch.rows];
-        if !draw_batch(self.kernels, batch, &plans, self.workers.as_ref(), &mut tokens, &mut row_flags) {
+        let mut info = vec![RowInfo::default(); batch.rows];
+        if !draw_batch(self.kernels, batch, &plans, self.workers.as_ref(), &mut tokens, &mut row_flags, &mut info) {
             return Err(Error::new(ErrorKind::Internal, "a worker thread panicked; nothing was written"));
         }
+        let lps = out.wants_logprobs().then(|| Logprobs::compute(batch, &plans, &info, &tokens, out));
         let nonfinite = row_flags.iter().filter(|&&f| f & 0b111 != 0).count() as u64;
         self.counters.nonfinite_rows.fetch_add(nonfinite, Relaxed);
         self.counters.calls.fetch_add(1, Relaxed);
         out.tokens[..batch.rows].copy_from_slice(&tokens);
         if let Some(f) = out.flags.as_deref_mut() {
             f[..batch.rows].copy_from_slice(&row_flags);
+        }
+        if let Some(l) = lps {
+            l.write(out, batch.rows);
         }
         Ok(())
     }

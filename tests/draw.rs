@@ -509,7 +509,7 @@ fn bad_arguments_name_what_is_wrong_and_write_nothing() {
     let check = |b: Batch, rows: usize, needle: &str| {
         let mut tokens = vec![-7; rows];
         let mut fl = vec![99; rows];
-        let err = s.draw(&b, &mut Output { tokens: &mut tokens, flags: Some(&mut fl) }).unwrap_err();
+        let err = s.draw(&b, &mut Output { flags: Some(&mut fl), ..Output::new(&mut tokens) }).unwrap_err();
         assert_eq!(err.kind, ErrorKind::InvalidArgument);
         assert!(err.message.contains(needle), "{:?} does not name {needle}", err.message);
         assert!(tokens.iter().all(|&t| t == -7) && fl.iter().all(|&f| f == 99), "a failed call wrote");
@@ -532,8 +532,7 @@ fn bad_arguments_name_what_is_wrong_and_write_nothing() {
     );
     let small = Sampler::new(Config { max_rows: 2, ..Config::default() }).unwrap();
     let mut tokens = vec![0; 3];
-    let err =
-        small.draw(&Batch::new(Logits::F32(&x), 3, 10), &mut Output { tokens: &mut tokens, flags: None }).unwrap_err();
+    let err = small.draw(&Batch::new(Logits::F32(&x), 3, 10), &mut Output::new(&mut tokens)).unwrap_err();
     assert!(err.message.contains("max_rows"));
 }
 

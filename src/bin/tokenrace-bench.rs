@@ -232,7 +232,7 @@ fn main() {
                                         noise,
                                         ..Batch::new(data.logits(b * span, span), rows, vocab)
                                     };
-                                    s.draw(&batch, &mut Output { tokens: &mut tokens, flags: None }).unwrap();
+                                    s.draw(&batch, &mut Output::new(&mut tokens)).unwrap();
                                 });
                                 let (med, lo, hi) = median_and_spread(t);
                                 let fl = if two_streams { floor + noise_floor } else { floor };

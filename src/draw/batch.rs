@@ -1,5 +1,6 @@
 //! What a draw call takes and gives back, and the checks that run before anything is written.
 
+pub use super::logprob::LogprobMode;
 use crate::config::NoiseKind;
 use crate::error::{bail_arg, Result};
 use crate::kernels::{Bf16, F16};
@@ -61,6 +62,12 @@ pub struct Batch<'a> {
     pub seeded: Option<&'a [u8]>,
     /// Noise for the unseeded sampling rows.
     pub noise: Option<ExternalNoise<'a>>,
+    /// Per-row top-k; k <= 0 or k >= vocab is off. Sampling rows only.
+    pub top_k: Option<&'a [i32]>,
+    /// Per-row top-p in (0, 1]; 1 is off. Sampling rows only.
+    pub top_p: Option<&'a [f32]>,
+    /// Per-row min-p in [0, 1]; 0 is off. Sampling rows only.
+    pub min_p: Option<&'a [f32]>,
 }
 
 impl<'a> Batch<'a> {
@@ -76,6 +83,9 @@ impl<'a> Batch<'a> {
             offsets: None,
             seeded: None,
             noise: None,
+            top_k: None,
+            top_p: None,
+            min_p: None,
         }
     }
 
@@ -107,11 +117,46 @@ pub mod flags {
     pub const GREEDY: u32 = 8;
 }
 
-/// Where a draw writes. Nothing is written unless the call succeeds.
+/// Where a draw writes. Nothing is written unless the call succeeds. Every output but `tokens`
+/// is optional; make one with [`Output::new`] and set the fields you want.
 #[derive(Debug)]
 pub struct Output<'a> {
     pub tokens: &'a mut [i32],
     pub flags: Option<&'a mut [u32]>,
+    /// `rows` logprobs of the sampled tokens, in `logprob_mode`.
+    pub logprobs: Option<&'a mut [f32]>,
+    /// `rows` ranks of the sampled tokens: the count of tokens whose logprob is >= its own.
+    pub ranks: Option<&'a mut [i32]>,
+    /// Entries per row of `topn_ids` / `topn_logprobs` (at most vocab); 0: none.
+    pub top_n: usize,
+    /// `rows x top_n` ids of the most probable tokens, descending, lowest id first on ties.
+    pub topn_ids: Option<&'a mut [i32]>,
+    /// `rows x top_n` logprobs of those tokens, in `logprob_mode`.
+    pub topn_logprobs: Option<&'a mut [f32]>,
+    pub logprob_mode: LogprobMode,
+}
+
+impl<'a> Output<'a> {
+    /// Tokens only.
+    pub fn new(tokens: &'a mut [i32]) -> Self {
+        Output {
+            tokens,
+            flags: None,
+            logprobs: None,
+            ranks: None,
+            top_n: 0,
+            topn_ids: None,
+            topn_logprobs: None,
+            logprob_mode: LogprobMode::Raw,
+        }
+    }
+
+    /// Whether any logprob output is asked for.
+    pub(crate) fn wants_logprobs(&self) -> bool {
+        self.logprobs.is_some()
+            || self.ranks.is_some()
+            || (self.top_n > 0 && (self.topn_ids.is_some() || self.topn_logprobs.is_some()))
+    }
 }
 
 fn check_len(name: &str, len: usize, rows: usize) -> Result<()> {
@@ -152,6 +197,47 @@ pub(crate) fn validate(batch: &Batch, out: &Output, max_rows: usize, vocab_size:
     check_len("tokens", out.tokens.len(), rows)?;
     if let Some(f) = &out.flags {
         check_len("flags", f.len(), rows)?;
+    }
+    if let Some(l) = &out.logprobs {
+        check_len("logprobs", l.len(), rows)?;
+    }
+    if let Some(l) = &out.ranks {
+        check_len("ranks", l.len(), rows)?;
+    }
+    if out.top_n > 0 {
+        if out.top_n > batch.vocab {
+            bail_arg!("top_n: {} exceeds vocab {}", out.top_n, batch.vocab);
+        }
+        let need = rows.saturating_mul(out.top_n);
+        for (name, len) in [
+            ("topn_ids", out.topn_ids.as_ref().map(|l| l.len())),
+            ("topn_logprobs", out.topn_logprobs.as_ref().map(|l| l.len())),
+        ] {
+            if let Some(len) = len {
+                if len < need {
+                    bail_arg!("{name}: has {len} elements, rows x top_n is {need}");
+                }
+            }
+        }
+    }
+    if let Some(k) = batch.top_k {
+        check_len("top_k", k.len(), rows)?;
+    }
+    if let Some(p) = batch.top_p {
+        check_len("top_p", p.len(), rows)?;
+        for (r, &p) in p[..rows].iter().enumerate() {
+            if !(p > 0.0 && p <= 1.0) {
+                bail_arg!("top_p[{r}]: {p} is not in (0, 1]");
+            }
+        }
+    }
+    if let Some(p) = batch.min_p {
+        check_len("min_p", p.len(), rows)?;
+        for (r, &p) in p[..rows].iter().enumerate() {
+            if !(0.0..=1.0).contains(&p) {
+                bail_arg!("min_p[{r}]: {p} is not in [0, 1]");
+            }
+        }
     }
     if let Some(t) = batch.temperature {
         check_len("temperature", t.len(), rows)?;

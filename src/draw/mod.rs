@@ -5,6 +5,8 @@
 //! independently, so the result of a row never depends on how rows are spread over threads.
 
 pub mod batch;
+pub mod filter;
+pub mod logprob;
 pub(crate) mod workers;
 
 use crate::config::NoiseKind;
@@ -33,6 +35,8 @@ pub(crate) enum RowPlan {
 // only read.
 unsafe impl Send for RowPlan {}
 unsafe impl Sync for RowPlan {}
+unsafe impl Send for NoiseSrc {}
+unsafe impl Sync for NoiseSrc {}
 
 pub(crate) fn ext_kind(kind: NoiseKind) -> ExtKind {
     match kind {
@@ -109,6 +113,33 @@ fn with_row<T>(k: &Kernels, batch: &Batch, r: usize, f: impl FnOnce(&dyn RowKern
     }
 }
 
+/// What a drawn row leaves for the logprobs: its maximum (NaN ignored) and the filters' floor.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RowInfo {
+    pub top: f32,
+    pub floor: f32,
+}
+
+impl Default for RowInfo {
+    fn default() -> Self {
+        RowInfo { top: f32::NEG_INFINITY, floor: f32::NEG_INFINITY }
+    }
+}
+
+/// The race parameters of row `r` with its filters' floor, computed on this thread.
+fn filtered_params(
+    batch: &Batch,
+    r: usize,
+    bmax: &[f32],
+    sc: &Scanned,
+    plan: RowPlan,
+) -> Option<(RaceParams, NoiseSrc)> {
+    race_params(sc, plan).map(|(mut p, noise)| {
+        p.floor = filter::batch_row_floor(batch, r, bmax, p.m, p.inv_t);
+        (p, noise)
+    })
+}
+
 /// What the first pass found in a row.
 struct Scanned {
     top: f32,
@@ -157,8 +188,8 @@ fn finish(row: &dyn RowKernels, bmax: &[f32], n: usize, sc: &Scanned, won: Optio
     }
 }
 
-/// Draws row `r` of `batch` on this thread: returns (token, flags).
-pub(crate) fn draw_row(k: &Kernels, batch: &Batch, r: usize, plan: RowPlan) -> (i32, u32) {
+/// Draws row `r` of `batch` on this thread: returns (token, flags, info).
+pub(crate) fn draw_row(k: &Kernels, batch: &Batch, r: usize, plan: RowPlan) -> (i32, u32, RowInfo) {
     let n = batch.vocab;
     with_row(k, batch, r, |row| {
         BLOCK_MAX.with(|cell| {
@@ -166,8 +197,10 @@ pub(crate) fn draw_row(k: &Kernels, batch: &Batch, r: usize, plan: RowPlan) -> (
             bmax.resize(n.div_ceil(BLOCK), f32::NEG_INFINITY);
             let has_nan = row.scan(0, n, &mut bmax);
             let sc = summarize(&bmax, has_nan, plan);
-            let won = race_params(&sc, plan).map(|(p, noise)| row.race(0, n, &bmax, p, noise));
-            (finish(row, &bmax, n, &sc, won), sc.flags)
+            let params = filtered_params(batch, r, &bmax, &sc, plan);
+            let won = params.map(|(p, noise)| row.race(0, n, &bmax, p, noise));
+            let floor = params.map_or(f32::NEG_INFINITY, |(p, _)| p.floor);
+            (finish(row, &bmax, n, &sc, won), sc.flags, RowInfo { top: sc.top, floor })
         })
     })
 }
@@ -184,6 +217,7 @@ pub(crate) fn draw_batch(
     workers: Option<&WorkerPool>,
     tokens: &mut [i32],
     row_flags: &mut [u32],
+    info: &mut [RowInfo],
 ) -> bool {
     let rows = batch.rows;
     let n = batch.vocab;
@@ -192,20 +226,20 @@ pub(crate) fn draw_batch(
         Some(w) if rows * n >= MIN_PARALLEL && width > 1 => w,
         _ => {
             for r in 0..rows {
-                (tokens[r], row_flags[r]) = draw_row(k, batch, r, plans[r]);
+                (tokens[r], row_flags[r], info[r]) = draw_row(k, batch, r, plans[r]);
             }
             return true;
         }
     };
     if rows >= width || n < 2 * MIN_TILE {
-        let out: Vec<SyncCell<(i32, u32)>> = (0..rows).map(|_| SyncCell::default()).collect();
+        let out: Vec<SyncCell<(i32, u32, RowInfo)>> = (0..rows).map(|_| SyncCell::default()).collect();
         let ok = pool.run(rows, &|r| out[r].set(draw_row(k, batch, r, plans[r])));
         for r in 0..rows {
-            (tokens[r], row_flags[r]) = out[r].get();
+            (tokens[r], row_flags[r], info[r]) = out[r].get();
         }
         return ok;
     }
-    draw_tiled(k, batch, plans, pool, tokens, row_flags)
+    draw_tiled(k, batch, plans, pool, tokens, row_flags, info)
 }
 
 /// Fewer rows than threads: split each row into tiles of whole blocks.
@@ -216,6 +250,7 @@ fn draw_tiled(
     pool: &WorkerPool,
     tokens: &mut [i32],
     row_flags: &mut [u32],
+    info: &mut [RowInfo],
 ) -> bool {
     let (rows, n) = (batch.rows, batch.vocab);
     let blocks = n.div_ceil(BLOCK);
@@ -247,11 +282,15 @@ fn draw_tiled(
             summarize(&bmax[r * blocks..(r + 1) * blocks], has_nan, plans[r])
         })
         .collect();
+    // The filters' floors, on this thread.
+    let params: Vec<Option<(RaceParams, NoiseSrc)>> = (0..rows)
+        .map(|r| filtered_params(batch, r, &bmax[r * blocks..(r + 1) * blocks], &scanned[r], plans[r]))
+        .collect();
     // Stage 2: each tile's best, merged per row.
     let best: Vec<SyncCell<Best>> = (0..rows * tiles).map(|_| SyncCell::new(Best::NONE)).collect();
     let ok2 = pool.run(rows * tiles, &|task| {
         let (r, t) = (task / tiles, task % tiles);
-        if let Some((p, noise)) = race_params(&scanned[r], plans[r]) {
+        if let Some((p, noise)) = params[r] {
             let (start, len) = tile(t);
             let b0 = r * blocks + start / BLOCK;
             let bm = &bmax[b0..b0 + len.div_ceil(BLOCK)];
@@ -259,11 +298,11 @@ fn draw_tiled(
         }
     });
     for r in 0..rows {
-        let won = race_params(&scanned[r], plans[r])
-            .map(|_| (0..tiles).fold(Best::NONE, |acc, t| acc.merge(best[r * tiles + t].get())));
+        let won = params[r].map(|_| (0..tiles).fold(Best::NONE, |acc, t| acc.merge(best[r * tiles + t].get())));
         let rb = &bmax[r * blocks..(r + 1) * blocks];
         tokens[r] = with_row(k, batch, r, |row| finish(row, rb, n, &scanned[r], won));
         row_flags[r] = scanned[r].flags;
+        info[r] = RowInfo { top: scanned[r].top, floor: params[r].map_or(f32::NEG_INFINITY, |(p, _)| p.floor) };
     }
     ok1 && ok2
 }

@@ -4,7 +4,7 @@
 use super::types::*;
 use super::{guard, last_error_ptr, read_versioned};
 use crate::config::{self, Config, LogLevel, NoiseSource, SimdChoice};
-use crate::draw::batch::{Batch, ExternalNoise, Logits, Output};
+use crate::draw::batch::{Batch, ExternalNoise, Logits, LogprobMode, Output};
 use crate::error::{Error, Result};
 use crate::kernels::{self, Bf16, F16};
 use crate::sampler::Sampler;
@@ -246,6 +246,14 @@ unsafe fn slice_mut<'a, T>(name: &str, ptr: *mut T, len: usize) -> Result<&'a mu
     Ok(std::slice::from_raw_parts_mut(ptr, len))
 }
 
+unsafe fn opt_slice_mut<'a, T>(name: &str, ptr: *mut T, len: usize) -> Result<Option<&'a mut [T]>> {
+    if ptr.is_null() {
+        Ok(None)
+    } else {
+        slice_mut(name, ptr, len).map(Some)
+    }
+}
+
 /// Elements spanned by `rows` rows of `vocab` values, `stride` apart.
 fn span(rows: usize, vocab: usize, stride: usize, what: &str) -> Result<usize> {
     (rows - 1)
@@ -284,12 +292,6 @@ pub unsafe extern "C" fn tokenrace_draw(
                 "batch.rows: {rows} exceeds the sampler's max_rows {}",
                 s.inner.config().max_rows
             )));
-        }
-        if !b.top_k.is_null() || !b.top_p.is_null() || !b.min_p.is_null() {
-            return Err(Error::new(
-                crate::ErrorKind::Unsupported,
-                "batch.top_k/top_p/min_p: filters are not implemented yet",
-            ));
         }
         if rows == 0 {
             return Ok(());
@@ -332,10 +334,41 @@ pub unsafe extern "C" fn tokenrace_draw(
             offsets: opt_slice("batch.offsets", b.offsets, rows)?,
             seeded: opt_slice("batch.seeded", b.seeded, rows)?,
             noise,
+            top_k: opt_slice("batch.top_k", b.top_k, rows)?,
+            top_p: opt_slice("batch.top_p", b.top_p, rows)?,
+            min_p: opt_slice("batch.min_p", b.min_p, rows)?,
         };
-        let tokens = slice_mut("out.tokens", o.tokens, rows)?;
-        let flags = if o.flags.is_null() { None } else { Some(slice_mut("out.flags", o.flags, rows)?) };
-        let mut output = Output { tokens, flags };
-        s.inner.draw(&batch, &mut output).map_err(|e| Error::new(e.kind, format!("batch.{}", e.message)))
+        let logprob_mode = match o.logprob_mode {
+            0 => LogprobMode::Raw,
+            1 => LogprobMode::Processed,
+            m => {
+                return Err(Error::invalid_argument(format!(
+                    "out.logprob_mode: {m} is not a tokenrace_logprob_mode (0..=1)"
+                )))
+            }
+        };
+        let top_n = o.top_n as usize;
+        let topn_len =
+            rows.checked_mul(top_n).ok_or_else(|| Error::invalid_argument("out.top_n: rows x top_n overflows"))?;
+        let mut output = Output {
+            tokens: slice_mut("out.tokens", o.tokens, rows)?,
+            flags: opt_slice_mut("out.flags", o.flags, rows)?,
+            logprobs: opt_slice_mut("out.logprobs", o.logprobs, rows)?,
+            ranks: opt_slice_mut("out.ranks", o.ranks, rows)?,
+            top_n,
+            topn_ids: if top_n == 0 { None } else { opt_slice_mut("out.topn_ids", o.topn_ids, topn_len)? },
+            topn_logprobs: if top_n == 0 {
+                None
+            } else {
+                opt_slice_mut("out.topn_logprobs", o.topn_logprobs, topn_len)?
+            },
+            logprob_mode,
+        };
+        s.inner.draw(&batch, &mut output).map_err(|e| {
+            let m = &e.message;
+            let owner =
+                if ["logprobs", "ranks", "top_n", "topn_"].iter().any(|p| m.starts_with(p)) { "out" } else { "batch" };
+            Error::new(e.kind, format!("{owner}.{m}"))
+        })
     })
 }

@@ -129,6 +129,6 @@ pub fn sampler(level: SimdLevel, seed: u64) -> Sampler {
 pub fn draw(s: &Sampler, batch: &Batch) -> (Vec<i32>, Vec<u32>) {
     let mut tokens = vec![-1; batch.rows];
     let mut fl = vec![0; batch.rows];
-    s.draw(batch, &mut Output { tokens: &mut tokens, flags: Some(&mut fl) }).unwrap();
+    s.draw(batch, &mut Output { flags: Some(&mut fl), ..Output::new(&mut tokens) }).unwrap();
     (tokens, fl)
 }

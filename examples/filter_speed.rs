@@ -1,0 +1,84 @@
+//! Per-row cost of the filters at vocab 163840 (f32), against a plain max pass over the same row.
+//! `cargo run --release --example filter_speed`
+use std::time::Instant;
+use tokenrace::*;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn rng_normal(state: &mut u64) -> f64 {
+    let mut next = || {
+        *state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((*state >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    let (u, v) = (next(), next());
+    (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+}
+
+fn main() {
+    let vocab = 163_840;
+    let reps = 50;
+    let s = Sampler::new(Config { threads: 1, seed: Some(1), ..Config::default() }).unwrap();
+    println!("simd {}, vocab {vocab}, median of {reps} reps, one row, one thread", s.simd_level().name());
+    let mut st = 7u64;
+    for shape in ["peaked", "flat"] {
+        let mut x: Vec<f32> = (0..vocab).map(|_| (rng_normal(&mut st) * 3.0) as f32).collect();
+        if shape == "peaked" {
+            for j in 0..4 {
+                x[(j * 40_009 + 123) % vocab] = 20.0 - j as f32 * 0.4;
+            }
+        }
+        let time = |f: &mut dyn FnMut()| {
+            f();
+            median(
+                (0..reps)
+                    .map(|_| {
+                        let t = Instant::now();
+                        f();
+                        t.elapsed().as_secs_f64() * 1e6
+                    })
+                    .collect(),
+            )
+        };
+        let floor = time(&mut || {
+            let mut acc = [f32::NEG_INFINITY; 16];
+            for c in x.chunks_exact(16) {
+                for (a, &b) in acc.iter_mut().zip(c) {
+                    *a = if b > *a { b } else { *a };
+                }
+            }
+            std::hint::black_box(acc);
+        });
+        let cases: [(&str, i32, f32, f32, bool); 6] = [
+            ("unfiltered race", 0, 1.0, 0.0, false),
+            ("top-k 50", 50, 1.0, 0.0, false),
+            ("top-k 50 + top-p 0.9", 50, 0.9, 0.0, false),
+            ("top-p 0.9", 0, 0.9, 0.0, false),
+            ("min-p 0.05", 0, 1.0, 0.05, false),
+            ("unfiltered + logprob", 0, 1.0, 0.0, true),
+        ];
+        println!("{shape}: read floor (max pass) {floor:.1} us");
+        for (name, k, p, mp, lp) in cases {
+            let (kk, pp, mm, tt) = ([k], [p], [mp], [1.0f32]);
+            let b = Batch {
+                temperature: Some(&tt),
+                top_k: Some(&kk),
+                top_p: Some(&pp),
+                min_p: Some(&mm),
+                ..Batch::new(Logits::F32(&x), 1, vocab)
+            };
+            let mut tok = [0i32];
+            let mut l = [0f32];
+            let us = time(&mut || {
+                let mut out = Output::new(&mut tok);
+                if lp {
+                    out.logprobs = Some(&mut l);
+                }
+                s.draw(&b, &mut out).unwrap();
+            });
+            println!("  {name:<24} {us:8.1} us  {:5.2}x floor", us / floor);
+        }
+    }
+}

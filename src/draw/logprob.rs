@@ -1,0 +1,216 @@
+//! Logprobs of the sampled token, its rank, and each row's top-n.
+//!
+//! A row's logprob function `f` is monotone in the logit:
+//! - finite maximum `m`: `f(x) = (x - m) * s - ln Z` for `x` in the set, -inf outside it, where
+//!   RAW uses `s = 1` and every finite logit, PROCESSED (sampling rows) uses `s = inv_t` and the
+//!   tokens the filters keep (`x >= floor`), and `Z = Σ exp((x - m) * s)` over the set, all in f64
+//!   and rounded to f32 at the end; greedy rows use RAW in both modes;
+//! - a row with +inf logits: each +inf token has `-ln(count of +inf)`, every other -inf;
+//! - an empty row (no finite or +inf logit): -inf everywhere.
+//!
+//! NaN logits are outside every set (logprob -inf). The rank of the sampled token is the count
+//! of tokens whose reported logprob is >= its own; the top-n are ordered by logprob descending,
+//! then id ascending.
+
+use super::batch::Logits;
+use super::filter::Vals;
+use super::{RowInfo, RowPlan};
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+/// Which logprobs a draw reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogprobMode {
+    /// log_softmax of the logits as given (vLLM's default).
+    #[default]
+    Raw,
+    /// log_softmax of `(x - m) / T` over the tokens the filters keep (-inf elsewhere); greedy
+    /// rows report RAW.
+    Processed,
+}
+
+/// What a row's logprobs go into.
+pub(crate) struct RowOut<'a> {
+    pub logprob: &'a mut f32,
+    pub rank: &'a mut i32,
+    /// `top_n` slots each (empty when top-n is not asked for).
+    pub ids: &'a mut [i32],
+    pub lps: &'a mut [f32],
+    pub want_rank: bool,
+}
+
+/// The monotone map from a logit to its logprob.
+enum Lp {
+    Finite { m: f64, s: f64, floor: f32, ln_z: f64 },
+    PosInf { lp: f32 },
+    Empty,
+}
+
+impl Lp {
+    #[inline(always)]
+    fn of(&self, x: f32) -> f32 {
+        match *self {
+            Lp::Finite { m, s, floor, ln_z } => {
+                if x >= floor && x.is_finite() {
+                    ((x as f64 - m) * s - ln_z) as f32
+                } else {
+                    f32::NEG_INFINITY
+                }
+            }
+            Lp::PosInf { lp } => {
+                if x == f32::INFINITY {
+                    lp
+                } else {
+                    f32::NEG_INFINITY
+                }
+            }
+            Lp::Empty => f32::NEG_INFINITY,
+        }
+    }
+}
+
+/// A top-n entry: larger is better (logprob, then lower id).
+#[derive(Clone, Copy, PartialEq)]
+struct Entry(f32, i32);
+impl Eq for Entry {}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Entry {
+    fn cmp(&self, o: &Self) -> Ordering {
+        self.0.total_cmp(&o.0).then(o.1.cmp(&self.1))
+    }
+}
+
+/// Computes row logprobs. `top` is the row's maximum (NaN ignored), `floor` the filters' floor.
+pub(crate) fn row_logprobs<V: Vals + ?Sized>(
+    v: &V,
+    plan: RowPlan,
+    mode: LogprobMode,
+    top: f32,
+    floor: f32,
+    token: i32,
+    out: RowOut,
+) {
+    let n = v.n();
+    let lp = if top == f32::INFINITY {
+        let c = (0..n).filter(|&i| v.at(i) == f32::INFINITY).count();
+        Lp::PosInf { lp: -(c as f32).ln() }
+    } else if top == f32::NEG_INFINITY {
+        Lp::Empty
+    } else {
+        let (s, floor) = match (mode, plan) {
+            (LogprobMode::Processed, RowPlan::Sample { inv_t, .. }) => (inv_t as f64, floor),
+            _ => (1.0, f32::NEG_INFINITY),
+        };
+        let m = top as f64;
+        let mut z = 0f64;
+        for i in 0..n {
+            let x = v.at(i);
+            if x >= floor && x.is_finite() {
+                z += ((x as f64 - m) * s).exp();
+            }
+        }
+        Lp::Finite { m, s, floor, ln_z: z.ln() }
+    };
+    let own = lp.of(v.at(token as usize));
+    *out.logprob = own;
+    let top_n = out.ids.len().max(out.lps.len());
+    if !out.want_rank && top_n == 0 {
+        return;
+    }
+    let mut rank = 0i32;
+    let mut heap: BinaryHeap<std::cmp::Reverse<Entry>> = BinaryHeap::with_capacity(top_n + 1);
+    for i in 0..n {
+        let l = lp.of(v.at(i));
+        rank += (l >= own) as i32;
+        if top_n > 0 {
+            let e = Entry(l, i as i32);
+            if heap.len() < top_n {
+                heap.push(std::cmp::Reverse(e));
+            } else if e > heap.peek().unwrap().0 {
+                heap.pop();
+                heap.push(std::cmp::Reverse(e));
+            }
+        }
+    }
+    *out.rank = rank;
+    let sorted = heap.into_sorted_vec(); // ascending Reverse = descending Entry
+    for (j, std::cmp::Reverse(e)) in sorted.into_iter().enumerate() {
+        if let Some(id) = out.ids.get_mut(j) {
+            *id = e.1;
+        }
+        if let Some(l) = out.lps.get_mut(j) {
+            *l = e.0;
+        }
+    }
+}
+
+/// Every row's logprob outputs, computed into scratch so that nothing is written on failure.
+pub(crate) struct Logprobs {
+    top_n: usize,
+    logprobs: Vec<f32>,
+    ranks: Vec<i32>,
+    ids: Vec<i32>,
+    lps: Vec<f32>,
+}
+
+impl Logprobs {
+    /// Computes what `out` asks for, row by row on this thread.
+    pub(crate) fn compute(
+        batch: &super::batch::Batch,
+        plans: &[RowPlan],
+        info: &[super::RowInfo],
+        tokens: &[i32],
+        out: &super::batch::Output,
+    ) -> Logprobs {
+        let rows = batch.rows;
+        let top_n = if out.topn_ids.is_some() || out.topn_logprobs.is_some() { out.top_n } else { 0 };
+        let mut l = Logprobs {
+            top_n,
+            logprobs: vec![0.0; rows],
+            ranks: vec![0; rows],
+            ids: vec![0; rows * top_n],
+            lps: vec![0.0; rows * top_n],
+        };
+        let want_rank = out.ranks.is_some();
+        for r in 0..rows {
+            let o = RowOut {
+                logprob: &mut l.logprobs[r],
+                rank: &mut l.ranks[r],
+                ids: &mut l.ids[r * top_n..(r + 1) * top_n],
+                lps: &mut l.lps[r * top_n..(r + 1) * top_n],
+                want_rank,
+            };
+            let RowInfo { top, floor } = info[r];
+            super::filter::with_vals!(batch, r, |v| row_logprobs(
+                v,
+                plans[r],
+                out.logprob_mode,
+                top,
+                floor,
+                tokens[r],
+                o
+            ));
+        }
+        l
+    }
+
+    pub(crate) fn write(&self, out: &mut super::batch::Output, rows: usize) {
+        if let Some(d) = out.logprobs.as_deref_mut() {
+            d[..rows].copy_from_slice(&self.logprobs);
+        }
+        if let Some(d) = out.ranks.as_deref_mut() {
+            d[..rows].copy_from_slice(&self.ranks);
+        }
+        let n = rows * self.top_n;
+        if let Some(d) = out.topn_ids.as_deref_mut() {
+            d[..n].copy_from_slice(&self.ids);
+        }
+        if let Some(d) = out.topn_logprobs.as_deref_mut() {
+            d[..n].copy_from_slice(&self.lps);
+        }
+    }
+}

@@ -1,0 +1,442 @@
+//! min-p / top-k / top-p and logprobs against float64 references written as literally as the
+//! rules read, across every SIMD level and thread count.
+mod common;
+
+use common::*;
+use std::collections::BTreeMap;
+use tokenrace::draw::filter::kept_floor;
+use tokenrace::*;
+
+fn inv_t(t: f32) -> f64 {
+    let i = 1.0f32 / t;
+    (if i.is_finite() { i } else { f32::MAX }) as f64
+}
+
+/// The float64 reference's kept set: temperature, min-p, top-k, top-p, each applied literally.
+fn reference_kept(x: &[f32], t: f32, top_k: i32, top_p: f32, min_p: f32) -> Vec<bool> {
+    let n = x.len();
+    let w = weights(x, t);
+    let mut kept: Vec<bool> = x.iter().map(|v| v.is_finite()).collect();
+    // min-p on the probabilities: drop p_i < min_p * p_max.
+    if min_p > 0.0 {
+        let z: f64 = (0..n).filter(|&i| kept[i]).map(|i| w[i]).sum();
+        let pmax = (0..n).filter(|&i| kept[i]).map(|i| w[i] / z).fold(0.0, f64::max);
+        for i in 0..n {
+            if kept[i] && w[i] / z < min_p as f64 * pmax {
+                kept[i] = false;
+            }
+        }
+    }
+    // top-k: keep logits >= the k-th largest kept one.
+    if top_k > 0 && (top_k as usize) < n {
+        let mut v: Vec<f32> = (0..n).filter(|&i| kept[i]).map(|i| x[i]).collect();
+        v.sort_by(|a, b| b.total_cmp(a));
+        if v.len() > top_k as usize {
+            let kth = v[top_k as usize - 1];
+            for i in 0..n {
+                kept[i] &= x[i] >= kth;
+            }
+        }
+    }
+    // top-p: sort descending, cumulate renormalised probabilities until they reach p.
+    if top_p < 1.0 {
+        let mut idx: Vec<usize> = (0..n).filter(|&i| kept[i]).collect();
+        idx.sort_by(|&a, &b| x[b].total_cmp(&x[a]));
+        let z: f64 = idx.iter().map(|&i| w[i]).sum();
+        let mut cum = 0.0;
+        let mut thr = x[*idx.last().unwrap()];
+        for &i in &idx {
+            cum += w[i] / z;
+            if cum >= top_p as f64 {
+                thr = x[i];
+                break;
+            }
+        }
+        for i in 0..n {
+            kept[i] &= x[i] >= thr;
+        }
+    }
+    kept
+}
+
+/// Unnormalised weights exp((x - m) * inv_t) in f64 (0 for non-finite logits).
+fn weights(x: &[f32], t: f32) -> Vec<f64> {
+    let m = x.iter().filter(|v| v.is_finite()).fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));
+    let it = inv_t(t);
+    x.iter().map(|&v| if v.is_finite() { ((v as f64 - m) * it).exp() } else { 0.0 }).collect()
+}
+
+/// The renormalised probabilities over a kept set.
+fn probs_of(x: &[f32], t: f32, kept: &[bool]) -> Vec<f64> {
+    let w = weights(x, t);
+    let z: f64 = (0..x.len()).filter(|&i| kept[i]).map(|i| w[i]).sum();
+    (0..x.len()).map(|i| if kept[i] { w[i] / z } else { 0.0 }).collect()
+}
+
+fn kept_of(x: &[f32], t: f32, k: i32, p: f32, mp: f32) -> Vec<bool> {
+    let floor = kept_floor(x, t, k, p, mp);
+    x.iter().map(|&v| v.is_finite() && v >= floor).collect()
+}
+
+fn check_kept(x: &[f32], t: f32, k: i32, p: f32, mp: f32) {
+    let want = reference_kept(x, t, k, p, mp);
+    let got = kept_of(x, t, k, p, mp);
+    assert_eq!(got, want, "x={x:?} t={t} k={k} p={p} min_p={mp}");
+}
+
+const NINF: f32 = f32::NEG_INFINITY;
+
+fn hand_rows() -> Vec<Vec<f32>> {
+    vec![
+        vec![1.0, 2.0, 3.0, 4.0],
+        vec![2.0, 2.0, 2.0, 2.0, 1.0],
+        vec![0.5, 3.0, 3.0, NINF, 1.0, f32::NAN, 3.0, -2.0, 0.0],
+        vec![NINF, 5.0, NINF, 4.0, 4.0, 4.0, f32::NAN, 1.0],
+        vec![10.0, 9.5, 9.5, 9.0, -1e30, 0.0, 0.0, -5.0, 10.0],
+        vec![7.0],
+        vec![1.0, f32::NAN, NINF],
+        vec![3.0, 1.0, -1.0, 0.5, 0.5, 2.0, 2.0, 3.0, -3.0, 1.5],
+    ]
+}
+
+#[test]
+fn kept_sets_match_the_float64_reference_on_hand_made_rows() {
+    let mut rows = hand_rows();
+    let mut rng = TestRng::new(5);
+    for &n in &[50usize, 300, 1000, 3000] {
+        // Few distinct values (many ties), in blocks that are partly masked.
+        let mut x: Vec<f32> = (0..n).map(|_| (rng.below(12) as f32) * 0.5).collect();
+        for i in (0..n).step_by(7) {
+            x[i] = NINF;
+        }
+        rows.push(x);
+        rows.push(peaked_logits(&mut rng, n, 3.0, 15.0));
+    }
+    for x in &rows {
+        for &t in &[1.0f32, 0.5, 2.0, 1e-6, 1e6, 1e-30, 1e30] {
+            for &k in &[0, 1, 2, 3, 5, 50, 1000, -1] {
+                for &p in &[1.0f32, 0.9, 0.5, 0.3, 1e-9, 0.999] {
+                    for &mp in &[0.0f32, 0.05, 0.3, 0.9, 1.0] {
+                        check_kept(x, t, k, p, mp);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn as_map(x: &[f32], probs: &[f64]) -> BTreeMap<usize, f64> {
+    let _ = x;
+    probs.iter().enumerate().filter(|(_, &p)| p > 0.0).map(|(i, &p)| (i, p)).collect()
+}
+
+fn check_map(got: &BTreeMap<usize, f64>, want: &[(usize, f64)], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: {got:?} vs {want:?}");
+    for &(i, p) in want {
+        let g = got.get(&i).copied().unwrap_or_else(|| panic!("{what}: id {i} missing from {got:?}"));
+        assert!((g - p).abs() < 1e-5, "{what}: id {i} has {g}, expected {p}");
+    }
+}
+
+#[test]
+fn llama_cpp_test_sampling_cases() {
+    let x: Vec<f32> = [0.1f32, 0.2, 0.3, 0.4].iter().map(|p| p.ln()).collect();
+    let run = |k: i32, p: f32, mp: f32| {
+        let kept = kept_of(&x, 1.0, k, p, mp);
+        assert_eq!(kept, reference_kept(&x, 1.0, k, p, mp));
+        as_map(&x, &probs_of(&x, 1.0, &kept))
+    };
+    let all = [(0, 0.1), (1, 0.2), (2, 0.3), (3, 0.4)];
+    check_map(&run(1, 1.0, 0.0), &[(3, 1.0)], "top_k 1");
+    check_map(&run(3, 1.0, 0.0), &[(3, 4.0 / 9.0), (2, 3.0 / 9.0), (1, 2.0 / 9.0)], "top_k 3");
+    check_map(&run(4, 1.0, 0.0), &all, "top_k 4");
+    check_map(&run(0, 1.0, 0.0), &all, "top_k 0");
+    check_map(&run(0, 1e-9, 0.0), &[(3, 1.0)], "top_p tiny");
+    check_map(&run(0, 0.7, 0.0), &[(3, 0.571429), (2, 0.428571)], "top_p 0.7");
+    check_map(&run(0, 0.8, 0.0), &[(3, 4.0 / 9.0), (2, 3.0 / 9.0), (1, 2.0 / 9.0)], "top_p 0.8");
+    check_map(&run(0, 1.0, 0.0), &all, "top_p 1");
+    for mp in [0.0f32, 0.24] {
+        check_map(&run(0, 1.0, mp), &all, "min_p low");
+    }
+    for mp in [0.26f32, 0.49] {
+        check_map(&run(0, 1.0, mp), &[(1, 2.0 / 9.0), (2, 3.0 / 9.0), (3, 4.0 / 9.0)], "min_p 0.26/0.49");
+    }
+    for mp in [0.51f32, 0.74] {
+        check_map(&run(0, 1.0, mp), &[(2, 3.0 / 7.0), (3, 4.0 / 7.0)], "min_p 0.51/0.74");
+    }
+    for mp in [0.76f32, 1.0] {
+        check_map(&run(0, 1.0, mp), &[(3, 1.0)], "min_p 0.76/1");
+    }
+}
+
+fn filtered_batch<'a>(
+    x: &'a [f32],
+    rows: usize,
+    vocab: usize,
+    temps: &'a [f32],
+    k: &'a [i32],
+    p: &'a [f32],
+    mp: &'a [f32],
+) -> Batch<'a> {
+    Batch {
+        temperature: Some(temps),
+        top_k: Some(k),
+        top_p: Some(p),
+        min_p: Some(mp),
+        ..Batch::new(Logits::F32(x), rows, vocab)
+    }
+}
+
+#[test]
+fn sampled_frequencies_match_the_filtered_distribution() {
+    let mut rng = TestRng::new(11);
+    let vocab = 40;
+    let x: Vec<f32> = (0..vocab).map(|_| (rng.normal() * 1.5) as f32).collect();
+    let per_call = 4000;
+    let all: Vec<f32> = (0..per_call).flat_map(|_| x.iter().copied()).collect();
+    let cases = [(0.8f32, 10i32, 1.0f32, 0.0f32), (1.0, 0, 0.8, 0.0), (1.3, 0, 1.0, 0.1), (1.0, 20, 0.9, 0.02)];
+    for level in supported_levels() {
+        let s = sampler(level, 77);
+        for &(t, k, p, mp) in &cases {
+            let want = probs_of(&x, t, &reference_kept(&x, t, k, p, mp));
+            let (temps, ks, ps, mps) = (vec![t; per_call], vec![k; per_call], vec![p; per_call], vec![mp; per_call]);
+            let b = filtered_batch(&all, per_call, vocab, &temps, &ks, &ps, &mps);
+            let mut counts = vec![0u64; vocab];
+            for _ in 0..40 {
+                for tok in draw(&s, &b).0 {
+                    counts[tok as usize] += 1;
+                }
+            }
+            let (stat, dof) = chi2(&counts, &want);
+            assert!(stat < chi2_critical(dof, 5.0), "{level:?} {t} {k} {p} {mp}: chi2 {stat} dof {dof}");
+            // The same counts reject the unfiltered distribution (pooling its zero cells).
+            let unf = softmax64(&x, t as f64);
+            let mut stat_u = 0.0;
+            let n: u64 = counts.iter().sum();
+            for (c, q) in counts.iter().zip(&unf) {
+                let e = q * n as f64;
+                stat_u += (*c as f64 - e).powi(2) / e;
+            }
+            assert!(stat_u > chi2_critical(vocab - 1, 5.0), "{level:?}: unfiltered not rejected ({stat_u})");
+        }
+    }
+}
+
+#[test]
+fn tokens_do_not_depend_on_simd_level_or_threads() {
+    let mut rng = TestRng::new(21);
+    for &(rows, vocab) in &[(2usize, 70_000usize), (8, 20_000), (5, 3001)] {
+        let mut x = Vec::new();
+        for _ in 0..rows {
+            x.extend(peaked_logits(&mut rng, vocab, 3.0, 14.0));
+        }
+        let temps: Vec<f32> = (0..rows).map(|r| [1.0, 0.7, 1.5, 0.0][r % 4]).collect();
+        let ks: Vec<i32> = (0..rows).map(|r| [50, 0, 1000, 3][r % 4]).collect();
+        let ps: Vec<f32> = (0..rows).map(|r| [0.9, 0.95, 1.0, 0.5][r % 4]).collect();
+        let mps: Vec<f32> = (0..rows).map(|r| [0.0, 0.01, 0.001, 0.0][r % 4]).collect();
+        let b = filtered_batch(&x, rows, vocab, &temps, &ks, &ps, &mps);
+        let mut first: Option<Vec<i32>> = None;
+        for level in supported_levels() {
+            for threads in [1usize, 3] {
+                let cfg = Config { threads, ..sampler(level, 9).config().clone() };
+                let s = Sampler::new(cfg).unwrap();
+                let got: Vec<i32> = (0..4).flat_map(|_| draw(&s, &b).0).collect();
+                // Every token lies in its row's kept set.
+                for (j, &tok) in got.iter().enumerate() {
+                    let r = j % rows;
+                    let row = &x[r * vocab..(r + 1) * vocab];
+                    if temps[r] > 0.0 {
+                        assert!(kept_of(row, temps[r], ks[r], ps[r], mps[r])[tok as usize], "row {r} token {tok}");
+                    }
+                }
+                match &first {
+                    None => first = Some(got),
+                    Some(f) => assert_eq!(&got, f, "{level:?} threads {threads} {rows}x{vocab}"),
+                }
+            }
+        }
+    }
+}
+
+/// log_softmax in f64 over a kept set (and scale), -inf outside.
+fn log_softmax64(x: &[f32], scale: f64, kept: &[bool]) -> Vec<f64> {
+    let m = x.iter().filter(|v| v.is_finite()).fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));
+    let z: f64 = (0..x.len()).filter(|&i| kept[i]).map(|i| ((x[i] as f64 - m) * scale).exp()).sum();
+    (0..x.len()).map(|i| if kept[i] { (x[i] as f64 - m) * scale - z.ln() } else { f64::NEG_INFINITY }).collect()
+}
+
+fn close(a: f32, b: f64) -> bool {
+    (a as f64 == b) || (a as f64 - b).abs() < 1e-5
+}
+
+#[test]
+fn logprobs_ranks_and_top_n_match_float64() {
+    let mut rng = TestRng::new(31);
+    let vocab = 3000;
+    let rows = 4;
+    let mut x = Vec::new();
+    for _ in 0..rows {
+        x.extend(peaked_logits(&mut rng, vocab, 2.0, 9.0));
+    }
+    x[vocab + 5] = f32::NAN;
+    x[2 * vocab + 7] = NINF;
+    let temps = [1.0f32, 0.7, 0.0, 1.6];
+    let ks = [0i32, 40, 5, 0];
+    let ps = [0.9f32, 1.0, 0.5, 0.95];
+    let mps = [0.0f32, 0.0, 0.0, 0.01];
+    let b = filtered_batch(&x, rows, vocab, &temps, &ks, &ps, &mps);
+    let top_n = 25;
+    for level in supported_levels() {
+        for mode in [LogprobMode::Raw, LogprobMode::Processed] {
+            let s = sampler(level, 3);
+            let (mut tokens, mut lps, mut ranks) = (vec![0; rows], vec![0f32; rows], vec![0; rows]);
+            let (mut ids, mut tlps) = (vec![0; rows * top_n], vec![0f32; rows * top_n]);
+            let mut out = Output {
+                logprobs: Some(&mut lps),
+                ranks: Some(&mut ranks),
+                top_n,
+                topn_ids: Some(&mut ids),
+                topn_logprobs: Some(&mut tlps),
+                logprob_mode: mode,
+                ..Output::new(&mut tokens)
+            };
+            s.draw(&b, &mut out).unwrap();
+            for r in 0..rows {
+                let row = &x[r * vocab..(r + 1) * vocab];
+                let greedy = temps[r] == 0.0;
+                let (scale, kept) = if mode == LogprobMode::Processed && !greedy {
+                    (inv_t(temps[r]), reference_kept(row, temps[r], ks[r], ps[r], mps[r]))
+                } else {
+                    (1.0, row.iter().map(|v| v.is_finite()).collect())
+                };
+                let want = log_softmax64(row, scale, &kept);
+                let tok = tokens[r] as usize;
+                assert!(close(lps[r], want[tok]), "{level:?} {mode:?} row {r}: {} vs {}", lps[r], want[tok]);
+                let rank = want.iter().filter(|&&l| l >= want[tok]).count();
+                assert_eq!(ranks[r] as usize, rank, "{level:?} {mode:?} row {r} rank");
+                let mut order: Vec<usize> = (0..vocab).collect();
+                order.sort_by(|&a, &b| want[b].total_cmp(&want[a]).then(a.cmp(&b)));
+                for j in 0..top_n {
+                    assert_eq!(ids[r * top_n + j] as usize, order[j], "{level:?} {mode:?} row {r} top {j}");
+                    assert!(close(tlps[r * top_n + j], want[order[j]]), "row {r} top {j} logprob");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn logprobs_of_special_rows() {
+    let s = sampler(best_level(), 1);
+    let vocab = 6;
+    let x = [
+        0.0,
+        f32::INFINITY,
+        1.0,
+        f32::INFINITY,
+        f32::NAN,
+        2.0, // two +inf
+        NINF,
+        NINF,
+        f32::NAN,
+        NINF,
+        NINF,
+        NINF, // empty
+    ];
+    let (mut tokens, mut lps, mut ranks) = (vec![0; 2], vec![0f32; 2], vec![0; 2]);
+    let mut out = Output { logprobs: Some(&mut lps), ranks: Some(&mut ranks), ..Output::new(&mut tokens) };
+    s.draw(&Batch::new(Logits::F32(&x), 2, vocab), &mut out).unwrap();
+    assert_eq!(tokens, [1, 0]);
+    assert!((lps[0] - (-(2f32).ln())).abs() < 1e-7);
+    assert_eq!(ranks[0], 2);
+    assert_eq!(lps[1], NINF);
+    assert_eq!(ranks[1], vocab as i32);
+}
+
+#[test]
+fn bad_filter_values_name_the_row_and_write_nothing() {
+    let s = sampler(best_level(), 0);
+    let x = vec![0f32; 40];
+    let t = [1.0f32; 4];
+    let check = |k: [i32; 4], p: [f32; 4], mp: [f32; 4], needle: &str| {
+        let b = filtered_batch(&x, 4, 10, &t, &k, &p, &mp);
+        let (mut tokens, mut lps) = (vec![-7; 4], vec![5f32; 4]);
+        let mut out = Output { logprobs: Some(&mut lps), ..Output::new(&mut tokens) };
+        let err = s.draw(&b, &mut out).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::InvalidArgument);
+        assert!(err.message.contains(needle), "{:?} does not name {needle}", err.message);
+        assert!(tokens.iter().all(|&v| v == -7) && lps.iter().all(|&v| v == 5.0), "a failed call wrote");
+    };
+    let (k, p, mp) = ([0; 4], [1.0f32; 4], [0.0f32; 4]);
+    check(k, [1.0, 1.0, 1.0, 0.0], mp, "top_p[3]");
+    check(k, [1.0, f32::NAN, 1.0, 1.0], mp, "top_p[1]");
+    check(k, [1.0, 1.0, 1.5, 1.0], mp, "top_p[2]");
+    check(k, [-0.5, 1.0, 1.0, 1.0], mp, "top_p[0]");
+    check(k, p, [0.0, 0.0, -0.1, 0.0], "min_p[2]");
+    check(k, p, [0.0, 1.01, 0.0, 0.0], "min_p[1]");
+    check(k, p, [f32::NAN, 0.0, 0.0, 0.0], "min_p[0]");
+    // Output lengths.
+    let b = Batch::new(Logits::F32(&x), 4, 10);
+    let (mut tokens, mut ids) = (vec![-7; 4], vec![0; 7]);
+    let mut out = Output { top_n: 2, topn_ids: Some(&mut ids), ..Output::new(&mut tokens) };
+    assert!(s.draw(&b, &mut out).unwrap_err().message.contains("topn_ids"));
+    let mut out = Output { top_n: 11, ..Output::new(&mut tokens) };
+    assert!(s.draw(&b, &mut out).unwrap_err().message.contains("top_n"));
+    assert!(tokens.iter().all(|&v| v == -7));
+}
+
+#[test]
+fn c_abi_draw_with_filters_and_logprobs() {
+    use tokenrace::ffi::api::*;
+    use tokenrace::ffi::types::*;
+    let vocab = 4u32;
+    let x: Vec<f32> = [0.1f32, 0.2, 0.3, 0.4, 0.1, 0.2, 0.3, 0.4].iter().map(|p| p.ln()).collect();
+    let temps = [1.0f32, 1.0];
+    let top_k = [3i32, 0];
+    let top_p = [1.0f32, 0.7];
+    let min_p = [0.0f32, 0.0];
+    unsafe {
+        let mut cfg = tokenrace_config_default();
+        cfg.has_seed = 1;
+        cfg.seed = 5;
+        let mut s = std::ptr::null_mut();
+        assert_eq!(tokenrace_sampler_new(&cfg, &mut s), tokenrace_status::Ok);
+        let mut b: tokenrace_batch = std::mem::zeroed();
+        b.struct_size = std::mem::size_of::<tokenrace_batch>() as u32;
+        b.logits = x.as_ptr() as *const _;
+        b.rows = 2;
+        b.vocab = vocab;
+        b.temperature = temps.as_ptr();
+        b.top_k = top_k.as_ptr();
+        b.top_p = top_p.as_ptr();
+        b.min_p = min_p.as_ptr();
+        let (mut tokens, mut lps, mut ranks) = ([0i32; 2], [0f32; 2], [0i32; 2]);
+        let (mut ids, mut tlps) = ([0i32; 4], [0f32; 4]);
+        let mut o: tokenrace_output = std::mem::zeroed();
+        o.struct_size = std::mem::size_of::<tokenrace_output>() as u32;
+        o.logprob_mode = tokenrace_logprob_mode::Processed as u32;
+        o.tokens = tokens.as_mut_ptr();
+        o.logprobs = lps.as_mut_ptr();
+        o.ranks = ranks.as_mut_ptr();
+        o.top_n = 2;
+        o.topn_ids = ids.as_mut_ptr();
+        o.topn_logprobs = tlps.as_mut_ptr();
+        for _ in 0..50 {
+            assert_eq!(tokenrace_draw(s, &b, &mut o), tokenrace_status::Ok);
+            assert!(tokens[0] >= 1 && tokens[1] >= 2, "{tokens:?}");
+            assert_eq!(ids, [3, 2, 3, 2]);
+            assert!((tlps[0] - (4f32 / 9.0).ln()).abs() < 1e-5 && (tlps[2] - (4f32 / 7.0).ln()).abs() < 1e-5);
+            assert!((lps[1] - if tokens[1] == 3 { (4f32 / 7.0).ln() } else { (3f32 / 7.0).ln() }).abs() < 1e-5);
+            assert_eq!(ranks[1], 4 - tokens[1]);
+        }
+        // A bad value fails naming the row; nothing is written.
+        let bad = [1.0f32, 0.0];
+        b.top_p = bad.as_ptr();
+        tokens = [-9; 2];
+        assert_eq!(tokenrace_draw(s, &b, &mut o), tokenrace_status::InvalidArgument);
+        let msg = std::ffi::CStr::from_ptr(tokenrace_last_error()).to_string_lossy().into_owned();
+        assert!(msg.contains("top_p[1]"), "{msg}");
+        assert_eq!(tokens, [-9; 2]);
+        tokenrace_sampler_free(s);
+    }
+}
