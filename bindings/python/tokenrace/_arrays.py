@@ -108,6 +108,8 @@ def rows_view(obj, name="logits", allowed=LOGITS_DTYPES, broadcast_ok=False) -> 
         raise ValueError(f"{name}: is not aligned to its {arr.itemsize}-byte elements; pass a copy")
     item = arr.itemsize
     inner = arr.strides[-1]
+    if rows == 0 or vocab == 0:  # nothing is read; numpy gives empty arrays arbitrary strides
+        return RowsView(arr.__array_interface__["data"][0], code, rows, vocab, vocab, arr.ndim, arr)
     if vocab > 1 and inner != item:
         raise ValueError(f"{name}: values inside a row must be contiguous (inner stride {inner} bytes, "
                          f"element size {item}); pass np.ascontiguousarray({name})")
@@ -140,6 +142,8 @@ def _torch_view(t, name, allowed, broadcast_ok) -> RowsView:
         raise ValueError(f"{name}: is a lazily negated/conjugated view; call .resolve_neg() first")
     rows, vocab = _check_shape(name, t.dim(), tuple(t.shape))
     strides = t.stride()
+    if rows == 0 or vocab == 0:
+        return RowsView(t.data_ptr(), code, rows, vocab, vocab, t.dim(), t)
     if vocab > 1 and strides[-1] != 1:
         raise ValueError(f"{name}: values inside a row must be contiguous (inner stride {strides[-1]} "
                          f"elements); pass {name}.contiguous()")

@@ -157,7 +157,7 @@ class Sampler:
         return {
             "vocab_size": c.vocab_size, "max_rows": c.max_rows, "threads": c.threads,
             "seed": self.seed, "simd": _name_of(c.simd, _ffi.SIMD_NAMES),
-            "greedy_below": float(repr(np.float32(c.greedy_below))), "log_level": _name_of(c.log_level, _ffi.LOG_LEVEL_NAMES),
+            "greedy_below": float(str(np.float32(c.greedy_below))), "log_level": _name_of(c.log_level, _ffi.LOG_LEVEL_NAMES),
             "noise": _name_of(c.noise, _ffi.NOISE_SOURCE_NAMES), "pool_rows": c.pool_rows,
         }
 
