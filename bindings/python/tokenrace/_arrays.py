@@ -44,6 +44,9 @@ def is_torch_tensor(obj) -> bool:
 
 
 def _numpy_code(dtype):
+    """The tokenrace_dtype of a numpy dtype, whatever its byte order (checked apart), or None."""
+    if dtype.kind == "f" and not dtype.isnative:
+        dtype = dtype.newbyteorder("=")
     if dtype in _NUMPY_DTYPES:
         return _NUMPY_DTYPES[dtype]
     if dtype.name == "bfloat16" and dtype.itemsize == 2:  # ml_dtypes.bfloat16
@@ -164,6 +167,20 @@ def _torch_to_numpy(t, name):
     return t.float().numpy()  # float16/bfloat16: numpy may lack the type
 
 
+def _python_ints(value, name):
+    """Python ints (scalar or sequence) as uint64 without a detour through float64, which numpy
+    takes for lists holding values above 2**63; anything else is returned as it is."""
+    seq = value if isinstance(value, (list, tuple)) else [value]
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in seq):
+        return value
+    for i, v in enumerate(seq):
+        if not 0 <= int(v) < 2**64:
+            where = f"{name}[{i}]" if isinstance(value, (list, tuple)) else name
+            raise ValueError(f"{where}: {int(v)} is not in [0, 2**64); {name} are unsigned 64-bit integers")
+    arr = np.array([int(v) for v in seq], dtype=np.uint64)
+    return arr if isinstance(value, (list, tuple)) else arr[0]
+
+
 def per_row(value, rows, dtype, name):
     """One value per row as a contiguous numpy array of ``dtype`` (None stays None).
 
@@ -174,6 +191,8 @@ def per_row(value, rows, dtype, name):
         return None
     if is_torch_tensor(value):
         value = _torch_to_numpy(value, name)
+    if np.dtype(dtype) == np.uint64 and not isinstance(value, np.ndarray):
+        value = _python_ints(value, name)
     arr = np.asarray(value)
     if arr.ndim == 0:
         arr = arr.reshape(1).repeat(rows)
@@ -196,7 +215,7 @@ def per_row(value, rows, dtype, name):
             i = int(np.argmax(arr < 0))
             raise ValueError(f"{name}[{i}]: {arr[i]} is negative; {name} are unsigned 64-bit integers")
         if kind == "f":
-            if not np.all(np.isfinite(arr) & (arr == np.floor(arr)) & (arr >= 0)):
+            if not np.all(np.isfinite(arr) & (arr == np.floor(arr)) & (arr >= 0) & (arr < 2.0**64)):
                 raise ValueError(f"{name}: must be non-negative integers, got {arr.dtype} values")
         elif kind == "O":
             try:
