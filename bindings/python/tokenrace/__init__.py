@@ -1,0 +1,47 @@
+"""tokenrace: exact next-token sampling on the CPU, through ctypes.
+
+    >>> import numpy as np, tokenrace
+    >>> s = tokenrace.Sampler(vocab_size=8)
+    >>> s.draw(np.zeros((2, 8), np.float32), temperature=0.0)
+    array([0, 0], dtype=int32)
+
+The native library is found through ``TOKENRACE_LIBRARY``, then beside this package, then in
+the crate's ``target/{release,debug}`` (``CARGO_TARGET_DIR`` first, if set).
+"""
+
+from . import _ffi
+from ._errors import (
+    ClosedError,
+    InternalError,
+    InvalidArgumentError,
+    InvalidConfigError,
+    OutOfMemoryError,
+    TokenraceError,
+    TokenraceTimeoutError,
+    UnsupportedError,
+)
+from ._ffi import ABI_VERSION, FLAG_EMPTY, FLAG_GREEDY, FLAG_HAS_NAN, FLAG_HAS_POSINF, library_path
+from ._sampler import Sampler
+
+__all__ = [
+    "ABI_VERSION", "FLAG_EMPTY", "FLAG_GREEDY", "FLAG_HAS_NAN", "FLAG_HAS_POSINF",
+    "ClosedError", "InternalError", "InvalidArgumentError", "InvalidConfigError", "OutOfMemoryError",
+    "Sampler", "TokenraceError", "TokenraceTimeoutError", "UnsupportedError",
+    "abi_version", "library_path", "simd_level", "version",
+]
+
+
+def version() -> str:
+    """The native library's version, e.g. "0.1.0"."""
+    return _ffi.lib().tokenrace_version().decode()
+
+
+def abi_version() -> int:
+    """The ABI version of the loaded library (this binding checks it equals ``ABI_VERSION``)."""
+    return int(_ffi.lib().tokenrace_abi_version())
+
+
+def simd_level() -> str:
+    """The SIMD level a sampler made from the environment would use ("avx512", "avx2",
+    "portable" or "scalar")."""
+    return _ffi.lib().tokenrace_simd_level().decode()

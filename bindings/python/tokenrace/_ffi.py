@@ -1,0 +1,282 @@
+"""The C ABI of ``libtokenrace``: constants, ``ctypes`` structs, library loading, signatures.
+
+This module mirrors ``include/tokenrace.h`` exactly (``tests/python/test_abi.py`` checks every
+size, offset and constant against the C compiler and the header). It is the only place that
+loads the library and declares function signatures; the rest of the package calls ``lib()``.
+
+To add a C function: append it to ``_SIGNATURES``. To grow a struct: append its fields at the
+end, as the header does (``struct_size`` tells the library which fields the caller knows).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+from ctypes import POINTER, Structure, c_char_p, c_float, c_int32, c_uint8, c_uint32, c_uint64, c_void_p
+
+# ----------------------------------------------------------------------------------------------
+# Constants (#define and enums of the header)
+
+ABI_VERSION = 1
+
+FLAG_HAS_NAN = 1
+FLAG_HAS_POSINF = 2
+FLAG_EMPTY = 4
+FLAG_GREEDY = 8
+
+# enum tokenrace_status
+STATUS_OK = 0
+STATUS_INVALID_ARGUMENT = 1
+STATUS_INVALID_CONFIG = 2
+STATUS_OUT_OF_MEMORY = 3
+STATUS_INTERNAL = 4
+STATUS_UNSUPPORTED = 5
+STATUS_TIMEOUT = 6
+STATUS_CLOSED = 7
+
+# enum tokenrace_dtype
+DTYPE_F32 = 0
+DTYPE_BF16 = 1
+DTYPE_F16 = 2
+
+# enum tokenrace_noise_kind
+NOISE_KIND_EXP = 0
+NOISE_KIND_LOG_EXP = 1
+
+# enum tokenrace_simd
+SIMD_AUTO = 0
+SIMD_SCALAR = 1
+SIMD_PORTABLE = 2
+SIMD_AVX2 = 3
+SIMD_AVX512 = 4
+
+# enum tokenrace_noise_source
+NOISE_SOURCE_AUTO = 0
+NOISE_SOURCE_INLINE = 1
+NOISE_SOURCE_POOL = 2
+
+# enum tokenrace_pool_policy
+POOL_POLICY_INLINE = 0
+POOL_POLICY_BLOCK = 1
+
+# enum tokenrace_log_level
+LOG_LEVEL_OFF = 0
+LOG_LEVEL_ERROR = 1
+LOG_LEVEL_WARN = 2
+LOG_LEVEL_INFO = 3
+LOG_LEVEL_DEBUG = 4
+LOG_LEVEL_TRACE = 5
+
+# enum tokenrace_logprob_mode
+LOGPROB_MODE_RAW = 0
+LOGPROB_MODE_PROCESSED = 1
+
+# Python spellings of the enums that the binding accepts as strings.
+SIMD_NAMES = {"auto": SIMD_AUTO, "scalar": SIMD_SCALAR, "portable": SIMD_PORTABLE,
+              "avx2": SIMD_AVX2, "avx512": SIMD_AVX512}
+NOISE_SOURCE_NAMES = {"auto": NOISE_SOURCE_AUTO, "inline": NOISE_SOURCE_INLINE, "pool": NOISE_SOURCE_POOL}
+NOISE_KIND_NAMES = {"exp": NOISE_KIND_EXP, "log_exp": NOISE_KIND_LOG_EXP}
+LOG_LEVEL_NAMES = {"off": LOG_LEVEL_OFF, "error": LOG_LEVEL_ERROR, "warn": LOG_LEVEL_WARN,
+                   "info": LOG_LEVEL_INFO, "debug": LOG_LEVEL_DEBUG, "trace": LOG_LEVEL_TRACE}
+LOGPROB_MODE_NAMES = {"raw": LOGPROB_MODE_RAW, "processed": LOGPROB_MODE_PROCESSED}
+
+# ----------------------------------------------------------------------------------------------
+# Structs
+
+
+class _Versioned(Structure):
+    """A struct whose first field is ``struct_size``; a new instance is zeroed with it set."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.struct_size = ctypes.sizeof(type(self))
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name, _ in self._fields_}
+
+
+class tokenrace_config(_Versioned):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("vocab_size", c_uint32),
+        ("max_rows", c_uint32),
+        ("threads", c_uint32),
+        ("seed", c_uint64),
+        ("has_seed", c_uint32),
+        ("simd", c_uint32),
+        ("greedy_below", c_float),
+        ("log_level", c_uint32),
+        ("noise", c_uint32),
+        ("pool_rows", c_uint32),
+    ]
+
+
+class tokenrace_sampler_stats(_Versioned):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("reserved0", c_uint32),
+        ("calls", c_uint64),
+        ("rejected_calls", c_uint64),
+        ("greedy_rows", c_uint64),
+        ("seeded_rows", c_uint64),
+        ("inline_rows", c_uint64),
+        ("external_noise_rows", c_uint64),
+        ("pool_rows", c_uint64),
+        ("nonfinite_rows", c_uint64),
+    ]
+
+
+class tokenrace_batch(_Versioned):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("dtype", c_uint32),
+        ("logits", c_void_p),
+        ("rows", c_uint32),
+        ("vocab", c_uint32),
+        ("row_stride", c_uint64),
+        ("temperature", POINTER(c_float)),
+        ("seeds", POINTER(c_uint64)),
+        ("offsets", POINTER(c_uint64)),
+        ("seeded", POINTER(c_uint8)),
+        ("noise", POINTER(c_float)),
+        ("noise_kind", c_uint32),
+        ("reserved0", c_uint32),
+        ("noise_row_stride", c_uint64),
+        ("top_k", POINTER(c_int32)),
+        ("top_p", POINTER(c_float)),
+        ("min_p", POINTER(c_float)),
+    ]
+
+
+class tokenrace_output(_Versioned):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("logprob_mode", c_uint32),
+        ("tokens", POINTER(c_int32)),
+        ("flags", POINTER(c_uint32)),
+        ("logprobs", POINTER(c_float)),
+        ("ranks", POINTER(c_int32)),
+        ("top_n", c_uint32),
+        ("reserved0", c_uint32),
+        ("topn_ids", POINTER(c_int32)),
+        ("topn_logprobs", POINTER(c_float)),
+    ]
+
+
+class tokenrace_sampler(Structure):
+    """Opaque; only ever handled through a pointer."""
+
+
+sampler_p = POINTER(tokenrace_sampler)
+
+# Every struct of the header, by its C name (the ABI test walks this).
+STRUCTS = {cls.__name__: cls for cls in (tokenrace_config, tokenrace_sampler_stats,
+                                         tokenrace_batch, tokenrace_output)}
+
+# ----------------------------------------------------------------------------------------------
+# Functions: name -> (restype, argtypes). ``status`` marks functions returning tokenrace_status.
+
+status = ctypes.c_int  # a C enum is an int
+
+_SIGNATURES = {
+    "tokenrace_abi_version": (c_uint32, []),
+    "tokenrace_version": (c_char_p, []),
+    "tokenrace_last_error": (c_char_p, []),
+    "tokenrace_simd_level": (c_char_p, []),
+    "tokenrace_config_default": (tokenrace_config, []),
+    "tokenrace_config_from_env": (status, [POINTER(tokenrace_config)]),
+    "tokenrace_sampler_new": (status, [POINTER(tokenrace_config), POINTER(sampler_p)]),
+    "tokenrace_sampler_free": (None, [sampler_p]),
+    "tokenrace_sampler_simd_level": (c_char_p, [sampler_p]),
+    "tokenrace_sampler_stats": (status, [sampler_p, POINTER(tokenrace_sampler_stats)]),
+    "tokenrace_draw": (status, [sampler_p, POINTER(tokenrace_batch), POINTER(tokenrace_output)]),
+}
+
+# ----------------------------------------------------------------------------------------------
+# Loading
+
+
+def library_filename() -> str:
+    if sys.platform == "darwin":
+        return "libtokenrace.dylib"
+    if sys.platform == "win32":
+        return "tokenrace.dll"
+    return "libtokenrace.so"
+
+
+def candidate_paths() -> list:
+    """Where the library is looked for, in order (``TOKENRACE_LIBRARY`` is handled apart)."""
+    name = library_filename()
+    here = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.normpath(os.path.join(here, "..", "..", ".."))
+    target_dirs = []
+    env_target = os.environ.get("CARGO_TARGET_DIR")
+    if env_target:
+        target_dirs.append(os.path.abspath(env_target))
+    target_dirs.append(os.path.join(repo, "target"))
+    paths = [os.path.join(here, name)]
+    for profile in ("release", "debug"):
+        for t in target_dirs:
+            p = os.path.join(t, profile, name)
+            if p not in paths:
+                paths.append(p)
+    return paths
+
+
+def _declare(handle):
+    for fname, (restype, argtypes) in _SIGNATURES.items():
+        f = getattr(handle, fname)
+        f.restype = restype
+        f.argtypes = argtypes
+
+
+def _open(path):
+    handle = ctypes.CDLL(path)
+    try:
+        _declare(handle)
+    except AttributeError as e:
+        raise OSError(f"{path} is not a compatible tokenrace library: {e}") from None
+    abi = handle.tokenrace_abi_version()
+    if abi != ABI_VERSION:
+        raise OSError(f"{path} has tokenrace ABI version {abi}; this binding needs {ABI_VERSION}")
+    return handle
+
+
+_lib = None
+_lib_path = None
+_lock = threading.Lock()
+
+
+def lib():
+    """The loaded library, with every signature declared (loaded on first use)."""
+    global _lib, _lib_path
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        explicit = os.environ.get("TOKENRACE_LIBRARY")
+        if explicit:
+            if not os.path.isfile(explicit):
+                raise OSError(f"TOKENRACE_LIBRARY={explicit!r}: no such file")
+            handle, path = _open(explicit), explicit
+        else:
+            tried = candidate_paths()
+            found = next((p for p in tried if os.path.isfile(p)), None)
+            if found is None:
+                raise OSError(
+                    "tokenrace: cannot find the native library "
+                    f"{library_filename()}; looked in (in order):\n  " + "\n  ".join(tried)
+                    + "\nBuild it with `cargo build --release` or set TOKENRACE_LIBRARY to its path."
+                )
+            handle, path = _open(found), found
+        _lib, _lib_path = handle, path
+        return _lib
+
+
+def library_path():
+    """The path of the loaded library (loading it if needed)."""
+    lib()
+    return _lib_path

@@ -1,0 +1,262 @@
+"""``Sampler``: one ``tokenrace_sampler`` and its draw calls."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import operator
+import weakref
+from ctypes import POINTER, byref, c_float, c_int32, c_uint8, c_uint32, c_uint64
+
+import numpy as np
+
+from . import _ffi
+from ._arrays import LOGITS_DTYPES, NOISE_DTYPES, per_row, rows_view
+from ._errors import check
+
+
+class _Default:
+    """The default of a keyword the caller did not pass: the environment then decides.
+
+    Its repr is the library's default, so that ``help(Sampler)`` shows the effective default.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __repr__(self):
+        return repr(self.value)
+
+
+def _unsigned(name, value, bits):
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: must be an integer, got {type(value).__name__}") from None
+    if not 0 <= v < 2**bits:
+        raise ValueError(f"{name}: {v} is not in [0, {2**bits - 1}]")
+    return v
+
+
+def _choice(name, value, names):
+    if not isinstance(value, str) or value.lower() not in names:
+        raise ValueError(f"{name}: {value!r} is not one of {', '.join(names)}")
+    return names[value.lower()]
+
+
+def _name_of(code, names):
+    return next((k for k, v in names.items() if v == code), code)
+
+
+def _ptr(arr, ctype):
+    return None if arr is None else arr.ctypes.data_as(POINTER(ctype))
+
+
+def _free(handle):
+    _ffi.lib().tokenrace_sampler_free(handle)
+
+
+class Sampler:
+    """Samples one next token per row of logits; safe to share between threads.
+
+    ``Sampler(vocab_size, max_rows=256, *, seed=None, threads=1, simd="auto",
+    greedy_below=1e-5, noise="auto")``
+
+    Settings the caller does not pass come from the ``TOKENRACE_*`` environment variables
+    (``docs/configuration.md``), else from the library's defaults; a value passed explicitly
+    always wins, even when it equals the default. ``seed=None`` means "not passed": OS entropy
+    unless ``TOKENRACE_SEED`` is set. ``vocab_size=0`` accepts any vocabulary size.
+    """
+
+    def __init__(self, vocab_size, max_rows=_Default(256), *, seed=None, threads=_Default(1),
+                 simd=_Default("auto"), greedy_below=_Default(1e-5), noise=_Default("auto")):
+        lib = _ffi.lib()
+        cfg = _config_from_env()
+        cfg.vocab_size = _unsigned("vocab_size", vocab_size, 32)
+        if not isinstance(max_rows, _Default):
+            cfg.max_rows = _unsigned("max_rows", max_rows, 32)
+        if not isinstance(threads, _Default):
+            cfg.threads = _unsigned("threads", threads, 32)
+        if seed is not None:
+            cfg.seed = _unsigned("seed", seed, 64)
+            cfg.has_seed = 1
+        if not isinstance(simd, _Default):
+            cfg.simd = _choice("simd", simd, _ffi.SIMD_NAMES)
+        if not isinstance(greedy_below, _Default):
+            if not isinstance(greedy_below, (int, float, np.floating, np.integer)):
+                raise TypeError(f"greedy_below: must be a number, got {type(greedy_below).__name__}")
+            g = float(greedy_below)
+            if not (math.isfinite(g) and g >= 0):
+                raise ValueError(f"greedy_below: {g} is not a finite number >= 0")
+            cfg.greedy_below = g
+        if not isinstance(noise, _Default):
+            cfg.noise = _choice("noise", noise, _ffi.NOISE_SOURCE_NAMES)
+        handle = _ffi.sampler_p()
+        check(lib.tokenrace_sampler_new(byref(cfg), byref(handle)))
+        self._handle = handle
+        self._config = cfg
+        self._finalizer = weakref.finalize(self, _free, handle)
+
+    # -- lifetime ------------------------------------------------------------------------------
+
+    def close(self):
+        """Frees the native sampler now (idempotent). No other thread may be drawing with it."""
+        self._finalizer()
+        self._handle = None
+
+    @property
+    def closed(self):
+        return self._handle is None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _live_handle(self):
+        h = self._handle
+        if h is None:
+            raise RuntimeError("Sampler: is closed")
+        return h
+
+    # -- settings and counters -----------------------------------------------------------------
+
+    @property
+    def vocab_size(self):
+        return self._config.vocab_size
+
+    @property
+    def max_rows(self):
+        return self._config.max_rows
+
+    @property
+    def threads(self):
+        return self._config.threads
+
+    @property
+    def greedy_below(self):
+        return self._config.greedy_below
+
+    @property
+    def seed(self):
+        """The seed of unseeded rows, or None for OS entropy."""
+        return self._config.seed if self._config.has_seed else None
+
+    @property
+    def simd_level(self):
+        """The instruction set this sampler runs: "avx512", "avx2", "portable" or "scalar"."""
+        return _ffi.lib().tokenrace_sampler_simd_level(self._live_handle()).decode()
+
+    @property
+    def config(self):
+        """The settings the sampler was made with, as a dict (enums as their names)."""
+        c = self._config
+        return {
+            "vocab_size": c.vocab_size, "max_rows": c.max_rows, "threads": c.threads,
+            "seed": self.seed, "simd": _name_of(c.simd, _ffi.SIMD_NAMES),
+            "greedy_below": float(str(np.float32(c.greedy_below))), "log_level": _name_of(c.log_level, _ffi.LOG_LEVEL_NAMES),
+            "noise": _name_of(c.noise, _ffi.NOISE_SOURCE_NAMES), "pool_rows": c.pool_rows,
+        }
+
+    def stats(self):
+        """The sampler's counters since it was made, as a dict."""
+        st = _ffi.tokenrace_sampler_stats()
+        check(_ffi.lib().tokenrace_sampler_stats(self._live_handle(), byref(st)))
+        return {k: v for k, v in st.as_dict().items() if k not in ("struct_size", "reserved0")}
+
+    def __repr__(self):
+        if self.closed:
+            return "<tokenrace.Sampler closed>"
+        return (f"<tokenrace.Sampler vocab_size={self.vocab_size} max_rows={self.max_rows} "
+                f"simd={self.simd_level}>")
+
+    # -- drawing -------------------------------------------------------------------------------
+
+    def _batch(self, logits, temperature, seeds, offsets, seeded, noise, noise_kind):
+        """Fills a ``tokenrace_batch`` (the v1 fields). Returns it and the objects to keep alive.
+
+        Later extensions (filters, logprobs) set more fields on the returned struct.
+        """
+        view = rows_view(logits, "logits", LOGITS_DTYPES)
+        rows, vocab = view.rows, view.vocab
+        keep = [view.owner]
+        b = _ffi.tokenrace_batch()
+        b.dtype = view.dtype
+        b.logits = view.ptr
+        b.rows = rows
+        b.vocab = vocab
+        b.row_stride = view.row_stride
+        t = per_row(temperature, rows, np.float32, "temperature")
+        s = per_row(seeds, rows, np.uint64, "seeds")
+        o = per_row(offsets, rows, np.uint64, "offsets")
+        m = per_row(seeded, rows, np.uint8, "seeded")
+        keep += [t, s, o, m]
+        b.temperature = _ptr(t, c_float)
+        b.seeds = _ptr(s, c_uint64)
+        b.offsets = _ptr(o, c_uint64)
+        b.seeded = _ptr(m, c_uint8)
+        b.noise_kind = _choice("noise_kind", noise_kind, _ffi.NOISE_KIND_NAMES)
+        if noise is not None:
+            nv = rows_view(noise, "noise", NOISE_DTYPES, broadcast_ok=True)
+            if nv.vocab != vocab:
+                raise ValueError(f"noise: has {nv.vocab} values per row, the logits have {vocab}")
+            if nv.ndim == 2 and nv.rows not in (1, rows):
+                raise ValueError(f"noise: has {nv.rows} rows, the batch has {rows} (or pass 1 row, or "
+                                 f"a 1-D array, to use the same noise for every row)")
+            keep.append(nv.owner)
+            b.noise = ctypes.cast(nv.ptr, POINTER(c_float))
+            b.noise_row_stride = 0 if nv.rows == 1 or nv.ndim == 1 else nv.row_stride
+        return b, keep
+
+    def _run(self, batch, out, keep):
+        """Calls ``tokenrace_draw``; ``keep`` holds every buffer the structs point into."""
+        status = _ffi.lib().tokenrace_draw(self._live_handle(), byref(batch), byref(out))
+        check(status)
+        del keep
+
+    def draw(self, logits, *, temperature=None, seeds=None, offsets=None, seeded=None, noise=None,
+             noise_kind="exp", return_flags=False):
+        """Draws one token per row of ``logits``; returns an int32 array of ``rows`` tokens.
+
+        logits: 2-D (rows x vocab) or 1-D (one row) float32/float16 numpy array, or a CPU torch
+            tensor (float32/float16/bfloat16). Read in place: rows may be any stride apart, the
+            values inside a row must be contiguous.
+        temperature: scalar or one per row (default 1.0); below the sampler's ``greedy_below`` a
+            row takes the argmax (lowest index on ties).
+        seeds, offsets: scalar or one unsigned 64-bit integer per row. A seeded row draws the same
+            token whatever else is in the batch (and whichever sampler draws it).
+        seeded: boolean mask of the rows that use their seed (default: every row, when ``seeds``
+            is given).
+        noise: float32 noise for the unseeded sampling rows, rows x vocab, or one row (1-D or
+            1 x vocab) used for every row; ``noise_kind`` says what it holds: "exp" (E ~ Exp(1))
+            or "log_exp" (ln E).
+        return_flags: also return the uint32 row flags (``FLAG_*`` bits).
+        """
+        batch, keep = self._batch(logits, temperature, seeds, offsets, seeded, noise, noise_kind)
+        rows = batch.rows
+        tokens = np.empty(rows, dtype=np.int32)
+        out = _ffi.tokenrace_output()
+        out.tokens = _ptr(tokens, c_int32)
+        flags = None
+        if return_flags:
+            flags = np.zeros(rows, dtype=np.uint32)
+            out.flags = _ptr(flags, c_uint32)
+        self._run(batch, out, keep + [tokens, flags])
+        return (tokens, flags) if return_flags else tokens
+
+
+def _config_from_env():
+    """``tokenrace_config_from_env()``, with room for a newer library's larger struct.
+
+    The library writes its own ``sizeof(tokenrace_config)`` whatever ``struct_size`` says, so the
+    buffer is padded; the fields this binding knows are then copied out.
+    """
+    size = ctypes.sizeof(_ffi.tokenrace_config)
+    buf = (ctypes.c_uint8 * (4 * size))()
+    check(_ffi.lib().tokenrace_config_from_env(ctypes.cast(buf, POINTER(_ffi.tokenrace_config))))
+    cfg = _ffi.tokenrace_config.from_buffer_copy(bytes(buf)[:size])
+    cfg.struct_size = size
+    return cfg

@@ -1,0 +1,81 @@
+"""TOKENRACE_* variables fill in what the caller did not pass. The library reads the
+environment once per process, so each case runs in a fresh interpreter."""
+
+from conftest import run_python
+
+PROLOGUE = """
+import json, numpy as np, tokenrace
+def rows_ok(s, n):
+    try:
+        s.draw(np.zeros((n, 100), np.float32))
+        return True
+    except ValueError as e:
+        assert "max_rows" in str(e), e
+        return False
+"""
+
+
+def test_max_rows_from_env_unless_passed():
+    res = run_python(PROLOGUE + """
+a, b, c = tokenrace.Sampler(100), tokenrace.Sampler(100, max_rows=5), tokenrace.Sampler(100, max_rows=256)
+print(json.dumps({
+    "a": [a.max_rows, rows_ok(a, 3), rows_ok(a, 4)],
+    "b": [b.max_rows, rows_ok(b, 5), rows_ok(b, 6)],
+    "c": [c.max_rows, rows_ok(c, 256)],
+}))
+""", env={"TOKENRACE_MAX_ROWS": "3"})
+    assert res["a"] == [3, True, False]
+    assert res["b"] == [5, True, False]
+    assert res["c"] == [256, True], "passing the default value explicitly must win over the env"
+
+
+def test_bad_variable_names_it():
+    res = run_python("""
+import json, tokenrace
+out = {"level": tokenrace.simd_level()}
+try:
+    tokenrace.Sampler(100)
+except ValueError as e:
+    out["error"] = str(e)
+    out["type"] = type(e).__name__
+print(json.dumps(out))
+""", env={"TOKENRACE_SIMD": "foo"})
+    assert "TOKENRACE_SIMD" in res["error"] and "foo" in res["error"]
+    assert res["type"] == "InvalidConfigError"
+    assert res["level"] in ("scalar", "portable", "avx2", "avx512")
+
+
+def test_simd_seed_threads_greedy_and_noise_from_env():
+    code = PROLOGUE + """
+x = np.random.default_rng(0).standard_normal((50, 100)).astype(np.float32)
+a = tokenrace.Sampler(100)
+b = tokenrace.Sampler(100, simd="scalar", seed=5, threads=1, greedy_below=0.0, noise="auto")
+_, fa = a.draw(x, temperature=0.3, return_flags=True)
+_, fb = b.draw(x, temperature=0.3, return_flags=True)
+print(json.dumps({
+    "a": [a.config["simd"], a.seed, a.threads, a.config["noise"], int(fa[0])],
+    "b": [b.config["simd"], b.seed, b.threads, b.config["noise"], int(fb[0])],
+    "tokens": tokenrace.Sampler(100).draw(x).tolist(),
+    "level": tokenrace.simd_level(),
+}))
+"""
+    env = {"TOKENRACE_SIMD": "portable", "TOKENRACE_SEED": "1234", "TOKENRACE_THREADS": "2",
+           "TOKENRACE_GREEDY_BELOW": "0.5", "TOKENRACE_NOISE": "inline"}
+    r1 = run_python(code, env=env)
+    r2 = run_python(code, env=env)
+    assert r1["a"] == ["portable", 1234, 2, "inline", 8]
+    assert r1["b"] == ["scalar", 5, 1, "auto", 0]
+    assert r1["level"] == "portable"
+    assert r1["tokens"] == r2["tokens"], "TOKENRACE_SEED must make unseeded rows reproducible"
+    r3 = run_python(code, env=dict(env, TOKENRACE_SEED="1235"))
+    assert r3["tokens"] != r1["tokens"]
+
+
+def test_no_seed_means_os_entropy():
+    code = PROLOGUE + """
+x = np.zeros((64, 100), np.float32)
+print(json.dumps({"seed": tokenrace.Sampler(100).seed, "tokens": tokenrace.Sampler(100).draw(x).tolist()}))
+"""
+    r1, r2 = run_python(code), run_python(code)
+    assert r1["seed"] is None
+    assert r1["tokens"] != r2["tokens"]

@@ -1,0 +1,185 @@
+"""Sampled tokens against exact float64 references: the distribution (chi-square), external
+noise, seeded rows, SIMD levels."""
+
+import math
+
+import numpy as np
+import pytest
+
+from conftest import supported_simd_levels
+
+LOGITS = np.array([1.0, -np.inf, 0.3, 2.0, -1.0, 0.5, -np.inf, 1.5, -0.5, 0.0])
+
+
+def softmax64(x, t):
+    z = np.where(np.isneginf(x), -np.inf, np.asarray(x, np.float64) / t)
+    z = z - z.max()
+    e = np.exp(z)
+    return e / e.sum()
+
+
+def chi_square(counts, probs):
+    expected = probs * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def wilson_hilferty(dof, z):
+    """Upper critical value of chi-square(dof) at a standard-normal quantile z."""
+    a = 2.0 / (9.0 * dof)
+    return dof * (1.0 - a + z * math.sqrt(a)) ** 3
+
+
+@pytest.mark.parametrize("t", [0.5, 1.0, 2.0])
+def test_frequencies_match_the_exact_softmax(tokenrace, t):
+    rows, calls = 8192, 100
+    s = tokenrace.Sampler(LOGITS.size, max_rows=rows)
+    x = np.tile(LOGITS.astype(np.float32), (rows, 1))
+    counts = np.zeros(LOGITS.size, np.int64)
+    for _ in range(calls):
+        counts += np.bincount(s.draw(x, temperature=t), minlength=LOGITS.size)
+    masked = np.isneginf(LOGITS)
+    assert counts[masked].sum() == 0, "a masked (-inf) token was drawn"
+    live = ~masked
+    dof = int(live.sum()) - 1
+    critical = wilson_hilferty(dof, 5.0)
+    stat = chi_square(counts[live], softmax64(LOGITS, t)[live])
+    assert stat < critical, f"T={t}: chi-square {stat:.1f} >= {critical:.1f} on {dof} dof"
+    # Power: the same counts must reject a 5% different temperature.
+    wrong = chi_square(counts[live], softmax64(LOGITS, 1.05 * t)[live])
+    assert wrong > critical, f"T={t}: the test cannot tell T from 1.05 T ({wrong:.1f})"
+
+
+def test_float16_frequencies(tokenrace):
+    rows, calls, t = 8192, 40, 1.0
+    s = tokenrace.Sampler(LOGITS.size, max_rows=rows)
+    x16 = np.tile(LOGITS.astype(np.float16), (rows, 1))
+    counts = np.zeros(LOGITS.size, np.int64)
+    for _ in range(calls):
+        counts += np.bincount(s.draw(x16, temperature=t), minlength=LOGITS.size)
+    live = ~np.isneginf(LOGITS)
+    p = softmax64(x16[0].astype(np.float64), t)[live]
+    assert chi_square(counts[live], p) < wilson_hilferty(int(live.sum()) - 1, 5.0)
+
+
+def reference_race(x, t, log_e):
+    """argmax(log_softmax(x / T) - ln E) in float64, and whether the top two are near a tie."""
+    z = np.asarray(x, np.float64) / t
+    ls = z - z.max(axis=-1, keepdims=True)
+    ls = ls - np.log(np.exp(ls).sum(axis=-1, keepdims=True))
+    score = ls - log_e
+    order = np.argsort(-score, axis=-1, kind="stable")
+    best = np.take_along_axis(score, order[..., :1], -1)[..., 0]
+    second = np.take_along_axis(score, order[..., 1:2], -1)[..., 0]
+    near_tie = (best - second) < 1e-6 * np.maximum(1.0, np.abs(best))
+    return order[..., 0], near_tie
+
+
+@pytest.mark.parametrize("kind", ["exp", "log_exp"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_external_noise_matches_float64_reference(tokenrace, rng, kind, dtype):
+    rows, vocab = 64, 1000
+    x = (rng.standard_normal((rows, vocab)) * 3).astype(dtype)
+    x[:, rng.integers(0, vocab, 50)] = -np.inf
+    t = rng.uniform(0.2, 3.0, rows).astype(np.float32)
+    e = rng.exponential(size=(rows, vocab)).astype(np.float32)
+    e[e == 0] = np.float32(1e-30)
+    noise = e if kind == "exp" else np.log(e.astype(np.float64)).astype(np.float32)
+    log_e = np.log(e.astype(np.float64)) if kind == "exp" else noise.astype(np.float64)
+    s = tokenrace.Sampler(vocab)
+    tokens = s.draw(x, temperature=t, noise=noise, noise_kind=kind)
+    ref, near = reference_race(x, t[:, None].astype(np.float64), log_e)
+    assert near.sum() < 3
+    np.testing.assert_array_equal(tokens[~near], ref[~near])
+    assert s.stats()["external_noise_rows"] == rows
+
+
+@pytest.mark.parametrize("kind", ["exp", "log_exp"])
+def test_broadcast_noise(tokenrace, rng, kind):
+    rows, vocab = 16, 257
+    x = (rng.standard_normal((rows, vocab)) * 2).astype(np.float32)
+    e = rng.exponential(size=vocab).astype(np.float32)
+    noise = e if kind == "exp" else np.log(e).astype(np.float32)
+    log_e = np.log(e.astype(np.float64)) if kind == "exp" else noise.astype(np.float64)
+    ref, near = reference_race(x, 0.8, log_e[None, :])
+    s = tokenrace.Sampler(vocab)
+    for n in (noise, noise[None, :], np.broadcast_to(noise, (rows, vocab))):
+        tokens = s.draw(x, temperature=0.8, noise=n, noise_kind=kind)
+        np.testing.assert_array_equal(tokens[~near], ref[~near])
+
+
+def test_strided_noise_view(tokenrace, rng):
+    rows, vocab = 8, 100
+    x = rng.standard_normal((rows, vocab)).astype(np.float32)
+    big = np.full((2 * rows, vocab + 30), np.float32(1e-38))  # near-zero E: would win if misread
+    e = rng.exponential(size=(rows, vocab)).astype(np.float32)
+    big[::2, 7:7 + vocab] = e
+    tokens = tokenrace.Sampler(vocab).draw(x, noise=big[::2, 7:7 + vocab])
+    ref, near = reference_race(x, 1.0, np.log(e.astype(np.float64)))
+    np.testing.assert_array_equal(tokens[~near], ref[~near])
+
+
+def test_seeded_rows_ignore_the_rest_of_the_batch(tokenrace, rng):
+    vocab = 500
+    row = (rng.standard_normal(vocab) * 2).astype(np.float32)
+    s1 = tokenrace.Sampler(vocab, seed=1)
+    s2 = tokenrace.Sampler(vocab, seed=2)
+    alone = s1.draw(row[None, :], seeds=42, offsets=7)[0]
+    for n, pos, sampler in [(5, 0, s1), (9, 4, s2), (33, 32, s1), (2, 1, s2)]:
+        x = (rng.standard_normal((n, vocab)) * 2).astype(np.float32)
+        x[pos] = row
+        seeds = rng.integers(0, 2**63, n, dtype=np.uint64)
+        seeds[pos] = 42
+        offsets = rng.integers(0, 1000, n).astype(np.uint64)
+        offsets[pos] = 7
+        seeded = rng.random(n) < 0.5
+        seeded[pos] = True
+        temps = rng.uniform(0, 2, n)
+        temps[pos] = 1.0
+        tokens = sampler.draw(x, temperature=temps, seeds=seeds, offsets=offsets, seeded=seeded)
+        assert tokens[pos] == alone
+    # A different offset or seed changes the stream: not every draw is the same token.
+    flat = np.zeros(vocab, np.float32)
+    tokens = [s1.draw(flat, seeds=42, offsets=o)[0] for o in range(40)]
+    assert len(set(tokens)) > 20
+    assert len({s1.draw(flat, seeds=k)[0] for k in range(40)}) > 20
+
+
+def test_sampler_seed_makes_unseeded_rows_reproducible(tokenrace, rng):
+    x = rng.standard_normal((20, 300)).astype(np.float32)
+    a = [tokenrace.Sampler(300, seed=9).draw(x) for _ in range(2)]
+    np.testing.assert_array_equal(a[0], a[1])
+    b = tokenrace.Sampler(300, seed=10).draw(x)
+    assert not np.array_equal(a[0], b)
+    s = tokenrace.Sampler(300, seed=9)
+    s.draw(x)
+    assert not np.array_equal(s.draw(x), a[0]), "the unseeded stream must advance"
+
+
+def test_every_simd_level_draws_the_same_tokens(tokenrace, rng):
+    levels = supported_simd_levels()
+    assert "scalar" in levels
+    for dtype in (np.float32, np.float16):
+        x = (rng.standard_normal((48, 1031)) * 3).astype(dtype)
+        x[3, 17] = np.nan
+        x[5, :] = -np.inf
+        x[6, 100] = np.inf
+        x[7, ::3] = -np.inf
+        temps = np.tile(np.array([0.0, 0.3, 1.0, 2.5], np.float32), 12)
+        seeds = np.arange(48, dtype=np.uint64) * 1000003
+        seeded = np.arange(48) % 3 != 0
+        e = rng.exponential(size=(48, 1031)).astype(np.float32)
+        results = {}
+        for level in levels:
+            s = tokenrace.Sampler(1031, seed=77, simd=level)
+            assert s.simd_level == level
+            results[level] = (
+                s.draw(x, temperature=temps, seeds=seeds, seeded=seeded, return_flags=True),
+                s.draw(x, temperature=temps, noise=e),
+                s.draw(x, temperature=temps, noise=np.log(e), noise_kind="log_exp"),
+            )
+        ref = results["scalar"]
+        for level, got in results.items():
+            np.testing.assert_array_equal(got[0][0], ref[0][0], err_msg=f"{level} seeded/inline")
+            np.testing.assert_array_equal(got[0][1], ref[0][1], err_msg=f"{level} flags")
+            np.testing.assert_array_equal(got[1], ref[1], err_msg=f"{level} exp noise")
+            np.testing.assert_array_equal(got[2], ref[2], err_msg=f"{level} log_exp noise")
