@@ -11,7 +11,7 @@
 
 use std::io::Write;
 use std::time::Instant;
-use tokenrace::kernels::read_floor;
+use tokenrace::kernels::{read_floor, read_floor_two};
 use tokenrace::*;
 
 struct Args {
@@ -40,7 +40,9 @@ fn parse_args() -> Args {
         vocab: vec![32000, 128256, 163840, 262144],
         dtypes: list("f32,bf16,f16"),
         profiles: list("peaked,flat"),
-        paths: list("greedy,race-inline,race-external-logexp,race-external-exp"),
+        paths: list(
+            "greedy,race-inline,race-pool,race-external-logexp,race-external-exp,race-logprob,top-k50,top-k50-top-p0.9,top-p0.9,min-p0.05",
+        ),
         placements: list("hot,cold"),
         reps: 30,
     };
@@ -192,8 +194,14 @@ fn main() {
                             std::hint::black_box(read_floor(level, data.logits(b * span, span), rows, vocab, vocab));
                         }))
                         .0;
-                        let noise_floor = median_and_spread(time(a.reps, batches, |_| {
-                            std::hint::black_box(read_floor(level, Logits::F32(&noise_ln), rows, vocab, vocab));
+                        let floor_two = median_and_spread(time(a.reps, batches, |b| {
+                            std::hint::black_box(read_floor_two(
+                                level,
+                                data.logits(b * span, span),
+                                &noise_ln,
+                                rows,
+                                vocab,
+                            ));
                         }))
                         .0;
                         for &threads in &a.threads {
@@ -204,7 +212,19 @@ fn main() {
                                 ..Config::default()
                             })
                             .unwrap();
+                            // The same sampler with a noise pool (its own background producer).
+                            let pooled = Sampler::new(Config {
+                                max_rows: rows.max(1),
+                                threads,
+                                seed: Some(1),
+                                vocab_size: vocab,
+                                noise: NoiseSource::Pool,
+                                ..Config::default()
+                            })
+                            .unwrap();
                             let mut tokens = vec![0i32; rows];
+                            let mut logprobs = vec![0f32; rows];
+                            let (k50, p09, mp) = (vec![50i32; rows], vec![0.9f32; rows], vec![0.05f32; rows]);
                             for path in &a.paths {
                                 let temps = vec![if path == "greedy" { 0.0f32 } else { 1.0 }; rows];
                                 let (noise, two_streams) = match path.as_str() {
@@ -226,16 +246,31 @@ fn main() {
                                     ),
                                     _ => (None, false),
                                 };
+                                let (top_k, top_p, min_p) = match path.as_str() {
+                                    "top-k50" => (Some(&k50[..]), None, None),
+                                    "top-k50-top-p0.9" => (Some(&k50[..]), Some(&p09[..]), None),
+                                    "top-p0.9" => (None, Some(&p09[..]), None),
+                                    "min-p0.05" => (None, None, Some(&mp[..])),
+                                    _ => (None, None, None),
+                                };
+                                let sampler = if path == "race-pool" { &pooled } else { &s };
                                 let t = time(a.reps, batches, |b| {
                                     let batch = Batch {
                                         temperature: Some(&temps),
                                         noise,
+                                        top_k,
+                                        top_p,
+                                        min_p,
                                         ..Batch::new(data.logits(b * span, span), rows, vocab)
                                     };
-                                    s.draw(&batch, &mut Output::new(&mut tokens)).unwrap();
+                                    let mut out = Output::new(&mut tokens);
+                                    if path == "race-logprob" {
+                                        out.logprobs = Some(&mut logprobs);
+                                    }
+                                    sampler.draw(&batch, &mut out).unwrap();
                                 });
                                 let (med, lo, hi) = median_and_spread(t);
-                                let fl = if two_streams { floor + noise_floor } else { floor };
+                                let fl = if two_streams || path == "race-pool" { floor_two } else { floor };
                                 let ratio = med / fl;
                                 println!(
                                     "{:<22} {:>5} {:>7} {:>5} {:>7} {:>3} {:>5} {:>10.1} {:>9.2} {:>9.2} {:>7.2} {:>8.2}",

@@ -204,6 +204,32 @@ pub(crate) unsafe fn max_only<S: Simd, E: Elem>(row: *const E, n: usize) -> f32 
     m
 }
 
+/// The read floor of two streams: the largest of `n` elements of `row` and of `other`, in one
+/// pass (what a race on external noise must read at least).
+///
+/// # Safety
+/// `row` and `other` valid for `n` reads; `S` usable here.
+#[inline(always)]
+pub(crate) unsafe fn max_two<S: Simd, E: Elem>(row: *const E, other: *const f32, n: usize) -> f32 {
+    let l = S::LANES;
+    let ninf = S::splat(f32::NEG_INFINITY);
+    let (mut a0, mut a1, mut a2, mut a3) = (ninf, ninf, ninf, ninf);
+    let mut i = 0;
+    while i + 2 * l <= n {
+        a0 = S::max(E::load::<S>(row.add(i)), a0);
+        a1 = S::max(S::load_f32(other.add(i)), a1);
+        a2 = S::max(E::load::<S>(row.add(i + l)), a2);
+        a3 = S::max(S::load_f32(other.add(i + l)), a3);
+        i += 2 * l;
+    }
+    let mut m = S::reduce_max(S::max(S::max(a0, a1), S::max(a2, a3)));
+    while i < n {
+        m = Scalar::max(E::load::<Scalar>(row.add(i)), Scalar::max(*other.add(i), m));
+        i += 1;
+    }
+    m
+}
+
 /// The first index in `[start, end)` whose element equals `target` (compared as f32), if any.
 ///
 /// # Safety
@@ -435,20 +461,116 @@ pub(crate) enum ExtKind {
     LogExp,
 }
 
+/// The keys of the `LANES` tokens at `i` given `ln_e`: masked (-inf), NaN and filtered-out
+/// logits get NaN, which no comparison (and no `max`) takes.
 #[inline(always)]
-unsafe fn ext_key<S: Simd, E: Elem>(row: *const E, noise: *const f32, i: usize, p: RaceParams, kind: ExtKind) -> S::F {
+unsafe fn ext_key<S: Simd, E: Elem>(row: *const E, i: usize, p: RaceParams, ln_e: S::F) -> S::F {
     let x = E::load::<S>(row.add(i));
     let d = S::mul(S::sub(x, S::splat(p.m)), S::splat(p.inv_t));
-    let g = S::load_f32(noise.add(i));
-    let ln_e = match kind {
-        ExtKind::Exp => ln_any::<S>(g),
-        ExtKind::LogExp => g,
-    };
-    // Masked (-inf), NaN and filtered-out logits never win: their key becomes NaN, which no
-    // comparison takes.
     let key = S::sub(d, ln_e);
     let racing = S::and_m(S::gt(d, S::splat(f32::NEG_INFINITY)), S::ge(x, S::splat(p.floor)));
     S::select(racing, key, S::splat(f32::NAN))
+}
+
+/// The keys of ln-E noise, for `LANES` tokens at `i`. Unfiltered, no mask is needed: a masked
+/// logit's key is -inf or NaN, a NaN logit's is NaN, and `max` takes neither over a real key.
+#[inline(always)]
+unsafe fn log_exp_key<S: Simd, E: Elem, const FILTERED: bool>(
+    row: *const E,
+    noise: *const f32,
+    i: usize,
+    p: RaceParams,
+) -> S::F {
+    if FILTERED {
+        ext_key::<S, E>(row, i, p, S::load_f32(noise.add(i)))
+    } else {
+        let x = E::load::<S>(row.add(i));
+        S::sub(S::mul(S::sub(x, S::splat(p.m)), S::splat(p.inv_t)), S::load_f32(noise.add(i)))
+    }
+}
+
+/// The best (key, token) of `[0, n)` with ln-E noise, as a plain max pass: each block's largest
+/// key, the first block holding the overall largest, then a rescan of that block for the first
+/// index holding it. Two streams read once, plus one block.
+#[inline(always)]
+unsafe fn race_log_exp<S: Simd, E: Elem, const FILTERED: bool>(
+    row: *const E,
+    noise: *const f32,
+    n: usize,
+    p: RaceParams,
+    base: usize,
+) -> Best {
+    let l = S::LANES;
+    let key = |i: usize| log_exp_key::<S, E, FILTERED>(row, noise, i, p);
+    let (mut top, mut top_block) = (f32::NEG_INFINITY, usize::MAX);
+    for b in 0..n.div_ceil(BLOCK) {
+        let (start, end) = (b * BLOCK, ((b + 1) * BLOCK).min(n));
+        let ninf = S::splat(f32::NEG_INFINITY);
+        let (mut a0, mut a1, mut a2, mut a3) = (ninf, ninf, ninf, ninf);
+        let mut i = start;
+        while i + 4 * l <= end {
+            a0 = S::max(key(i), a0);
+            a1 = S::max(key(i + l), a1);
+            a2 = S::max(key(i + 2 * l), a2);
+            a3 = S::max(key(i + 3 * l), a3);
+            i += 4 * l;
+        }
+        while i + l <= end {
+            a0 = S::max(key(i), a0);
+            i += l;
+        }
+        let mut m = S::reduce_max(S::max(S::max(a0, a1), S::max(a2, a3)));
+        while i < end {
+            m = Scalar::max(log_exp_key::<Scalar, E, FILTERED>(row, noise, i, p), m);
+            i += 1;
+        }
+        if m > top {
+            (top, top_block) = (m, b);
+        }
+    }
+    if top_block == usize::MAX {
+        return Best::NONE;
+    }
+    let start = top_block * BLOCK;
+    let end = (start + BLOCK).min(n);
+    let i = (start..end).find(|&i| log_exp_key::<Scalar, E, FILTERED>(row, noise, i, p) == top).unwrap_or(start);
+    Best { key: top, token: base + i }
+}
+
+/// An upper bound of `-ln E` from the bits of E: E >= 2^(e - 127) for a normal E with biased
+/// exponent e; +inf for 0 and subnormals (their ln is below -87); negative, infinite or NaN E,
+/// whose key never wins, get a finite bound.
+#[inline(always)]
+fn exp_bits_bound<S: Simd>(e: S::F) -> S::F {
+    let eb = S::shr_u::<23>(S::to_bits(e));
+    let k = S::cvt_i32(S::sub_u(S::splat_u(127), eb));
+    let bound = S::add(S::mul(k, S::splat(LN2_UP)), S::splat(1e-5));
+    S::select(S::lt(e, S::splat(f32::MIN_POSITIVE)), S::splat(f32::INFINITY), bound)
+}
+
+/// Races the `LANES` tokens at `i` with E noise: only vectors that a bound from the bits of E
+/// lets reach the best get their exact `ln E`.
+#[inline(always)]
+unsafe fn race_exp_vec<S: Simd, E: Elem>(
+    row: *const E,
+    noise: *const f32,
+    i: usize,
+    p: RaceParams,
+    base: usize,
+    best: &mut Best,
+) {
+    let x = E::load::<S>(row.add(i));
+    let d = S::mul(S::sub(x, S::splat(p.m)), S::splat(p.inv_t));
+    let g = S::load_f32(noise.add(i));
+    if !S::any(S::ge(S::add(d, exp_bits_bound::<S>(g)), S::splat(best.key))) {
+        return;
+    }
+    let key = ext_key::<S, E>(row, i, p, ln_any::<S>(g));
+    let kv = S::select(S::gt(key, S::splat(f32::NEG_INFINITY)), key, S::splat(f32::NEG_INFINITY));
+    let top = S::reduce_max(kv);
+    if top > f32::NEG_INFINITY {
+        best.offer(top, base + i + S::first(S::eq(kv, S::splat(top))));
+    }
 }
 
 /// The best (key, token) among the `n` tokens at `row` (vocabulary index `base` onwards), given
@@ -466,32 +588,21 @@ pub(crate) unsafe fn race_external<S: Simd, E: Elem>(
     kind: ExtKind,
     base: usize,
 ) -> Best {
-    let l = S::LANES;
-    let mut bkey = S::splat(f32::NEG_INFINITY);
-    let mut btok = S::splat_u(u32::MAX);
-    let mut i = 0;
-    while i + l <= n {
-        let key = ext_key::<S, E>(row, noise, i, p, kind);
-        let better = S::gt(key, bkey); // strict: the earlier token keeps a tie within its lane
-        bkey = S::select(better, key, bkey);
-        btok = S::select_u(better, S::iota_u(i as u32), btok);
-        i += l;
+    if kind == ExtKind::LogExp {
+        return if p.floor == f32::NEG_INFINITY {
+            race_log_exp::<S, E, false>(row, noise, n, p, base)
+        } else {
+            race_log_exp::<S, E, true>(row, noise, n, p, base)
+        };
     }
     let mut best = Best::NONE;
-    let mut keys = [0f32; 64];
-    let mut toks = [0u32; 64];
-    S::store(keys.as_mut_ptr(), bkey);
-    S::store_u(toks.as_mut_ptr(), btok);
-    for j in 0..l {
-        if toks[j] != u32::MAX {
-            best.offer(keys[j], base + toks[j] as usize);
-        }
+    let mut i = 0;
+    while i + S::LANES <= n {
+        race_exp_vec::<S, E>(row, noise, i, p, base, &mut best);
+        i += S::LANES;
     }
     while i < n {
-        let key = ext_key::<Scalar, E>(row, noise, i, p, kind);
-        if key > f32::NEG_INFINITY {
-            best.offer(key, base + i);
-        }
+        race_exp_vec::<Scalar, E>(row, noise, i, p, base, &mut best);
         i += 1;
     }
     best

@@ -91,6 +91,7 @@ pub(crate) struct DtypeKernels<E> {
     pub race_inline: RaceInlineFn<E>,
     pub race_external: unsafe fn(*const E, *const f32, usize, RaceParams, ExtKind, usize) -> Best,
     pub max_only: unsafe fn(*const E, usize) -> f32,
+    pub max_two: unsafe fn(*const E, *const f32, usize) -> f32,
 }
 
 /// Every kernel of one level. Calling them is safe once the level is known to be supported,
@@ -133,11 +134,15 @@ macro_rules! kernel_table {
                 generic::max_only::<$simd, E>(row, n)
             }
             $(#[target_feature(enable = $feature)])?
+            unsafe fn max_two<E: Elem>(row: *const E, other: *const f32, n: usize) -> f32 {
+                generic::max_two::<$simd, E>(row, other, n)
+            }
+            $(#[target_feature(enable = $feature)])?
             unsafe fn fill_noise(out: *mut f32, n: usize, key: u64, first: u32, log: bool) {
                 generic::fill_noise::<$simd>(out, n, key, first, log)
             }
             fn dtype<E: Elem>() -> DtypeKernels<E> {
-                DtypeKernels { scan: scan::<E>, find_first: find_first::<E>, race_inline: race_inline::<E>, race_external: race_external::<E>, max_only: max_only::<E> }
+                DtypeKernels { scan: scan::<E>, find_first: find_first::<E>, race_inline: race_inline::<E>, race_external: race_external::<E>, max_only: max_only::<E>, max_two: max_two::<E> }
             }
             pub(crate) fn table() -> Kernels {
                 Kernels { level: $level, f32: dtype(), bf16: dtype(), f16: dtype(), fill_noise }
@@ -182,6 +187,26 @@ pub fn read_floor(level: SimdLevel, logits: crate::Logits, rows: usize, stride: 
                 crate::Logits::F32(s) => (k.f32.max_only)(s[start..start + vocab].as_ptr(), vocab),
                 crate::Logits::Bf16(s) => (k.bf16.max_only)(s[start..start + vocab].as_ptr(), vocab),
                 crate::Logits::F16(s) => (k.f16.max_only)(s[start..start + vocab].as_ptr(), vocab),
+            }
+        };
+        m = m.max(v);
+    }
+    m
+}
+
+/// The read floor of a race on external noise: logits and noise read in one pass, at `level`.
+#[doc(hidden)]
+pub fn read_floor_two(level: SimdLevel, logits: crate::Logits, noise: &[f32], rows: usize, vocab: usize) -> f32 {
+    let k = kernels(level);
+    let mut m = f32::NEG_INFINITY;
+    for r in 0..rows {
+        let (s0, nz) = (r * vocab, noise[r * vocab..(r + 1) * vocab].as_ptr());
+        // SAFETY: the slices are indexed in bounds; the level is supported.
+        let v = unsafe {
+            match logits {
+                crate::Logits::F32(s) => (k.f32.max_two)(s[s0..s0 + vocab].as_ptr(), nz, vocab),
+                crate::Logits::Bf16(s) => (k.bf16.max_two)(s[s0..s0 + vocab].as_ptr(), nz, vocab),
+                crate::Logits::F16(s) => (k.f16.max_two)(s[s0..s0 + vocab].as_ptr(), nz, vocab),
             }
         };
         m = m.max(v);
