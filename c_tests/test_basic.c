@@ -161,6 +161,23 @@ int main(void) {
   CHECK(tokenrace_sampler_new(&bad_cfg, &s2) == TOKENRACE_STATUS_INVALID_CONFIG);
   CHECK(strstr(tokenrace_last_error(), "simd") != NULL && s2 == NULL);
 
+  /* from_env writes no more than the caller's struct_size, and refuses a missing one. */
+  tokenrace_config env_cfg;
+  memset(&env_cfg, 0xab, sizeof env_cfg);
+  env_cfg.struct_size = 0;
+  CHECK(tokenrace_config_from_env(&env_cfg) == TOKENRACE_STATUS_INVALID_ARGUMENT);
+  CHECK(strstr(tokenrace_last_error(), "struct_size") != NULL);
+  env_cfg.struct_size = sizeof env_cfg;
+  CHECK(tokenrace_config_from_env(&env_cfg) == TOKENRACE_STATUS_OK);
+  CHECK(env_cfg.struct_size == sizeof env_cfg && env_cfg.max_rows == 256);
+
+  /* An output error names the output. */
+  o.tokens = NULL;
+  b.temperature = t1;
+  b.seeds = NULL;
+  CHECK(tokenrace_draw(s, &b, &o) == TOKENRACE_STATUS_INVALID_ARGUMENT);
+  CHECK(strstr(tokenrace_last_error(), "out.tokens") != NULL);
+
   tokenrace_sampler_free(s);
   tokenrace_sampler_free(NULL);
   if (failures == 0) printf("test_basic: ok\n");

@@ -282,11 +282,12 @@ const char *tokenrace_simd_level(void);
 struct tokenrace_config tokenrace_config_default(void);
 
 // Writes the default settings overridden by the `TOKENRACE_*` environment variables (read once
-// per process) into `*out`. A bad variable fails with INVALID_CONFIG naming it; `*out` is then
-// left unchanged.
+// per process) into `*out`, whose `struct_size` the caller sets to `sizeof(tokenrace_config)`:
+// only that many bytes are written, so a caller built against an older header is safe. A bad
+// variable fails with INVALID_CONFIG naming it; `*out` is then left unchanged.
 //
 // # Safety
-// `out` is NULL or points to a writable `tokenrace_config`.
+// `out` is NULL or points to a writable `tokenrace_config` of `out->struct_size` bytes.
 enum tokenrace_status tokenrace_config_from_env(struct tokenrace_config *out);
 
 // Makes a sampler. `config` NULL means `tokenrace_config_from_env()`. On success `*out` holds

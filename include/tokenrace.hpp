@@ -32,7 +32,10 @@ inline void check(tokenrace_status status) {
 // Sampler settings, starting from the defaults overridden by TOKENRACE_* variables.
 class Config {
  public:
-  Config() { check(tokenrace_config_from_env(&c_)); }
+  Config() {
+    c_.struct_size = sizeof c_;
+    check(tokenrace_config_from_env(&c_));
+  }
   Config& vocab(uint32_t v) { c_.vocab_size = v; return *this; }
   Config& max_rows(uint32_t v) { c_.max_rows = v; return *this; }
   Config& threads(uint32_t v) { c_.threads = v; return *this; }

@@ -2,7 +2,7 @@
 //! runs inside `guard`, which turns errors into a status and a thread-local message.
 
 use super::types::*;
-use super::{guard, last_error_ptr, read_versioned};
+use super::{guard, last_error_ptr, read_versioned, write_versioned};
 use crate::config::{self, Config, LogLevel, NoiseSource, SimdChoice};
 use crate::draw::batch::{Batch, ExternalNoise, Logits, LogprobMode, Output};
 use crate::error::{Error, Result};
@@ -103,20 +103,17 @@ pub extern "C" fn tokenrace_config_default() -> tokenrace_config {
 }
 
 /// Writes the default settings overridden by the `TOKENRACE_*` environment variables (read once
-/// per process) into `*out`. A bad variable fails with INVALID_CONFIG naming it; `*out` is then
-/// left unchanged.
+/// per process) into `*out`, whose `struct_size` the caller sets to `sizeof(tokenrace_config)`:
+/// only that many bytes are written, so a caller built against an older header is safe. A bad
+/// variable fails with INVALID_CONFIG naming it; `*out` is then left unchanged.
 ///
 /// # Safety
-/// `out` is NULL or points to a writable `tokenrace_config`.
+/// `out` is NULL or points to a writable `tokenrace_config` of `out->struct_size` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn tokenrace_config_from_env(out: *mut tokenrace_config) -> tokenrace_status {
     guard("tokenrace_config_from_env", || {
-        if out.is_null() {
-            return Err(Error::invalid_argument("out: is NULL"));
-        }
         let (cfg, _) = config::from_env()?;
-        out.write_unaligned(config_to_c(&cfg));
-        Ok(())
+        write_versioned(out, config_to_c(&cfg), "out", CONFIG_V1_SIZE)
     })
 }
 
@@ -366,8 +363,11 @@ pub unsafe extern "C" fn tokenrace_draw(
         };
         s.inner.draw(&batch, &mut output).map_err(|e| {
             let m = &e.message;
-            let owner =
-                if ["logprobs", "ranks", "top_n", "topn_"].iter().any(|p| m.starts_with(p)) { "out" } else { "batch" };
+            let owner = if ["tokens", "flags", "logprobs", "ranks", "top_n", "topn_"].iter().any(|p| m.starts_with(p)) {
+                "out"
+            } else {
+                "batch"
+            };
             Error::new(e.kind, format!("{owner}.{m}"))
         })
     })

@@ -102,6 +102,28 @@ pub(crate) unsafe fn read_versioned<T: Copy>(
     Ok(value)
 }
 
+/// Writes `value` into a caller's versioned struct: at most `out->struct_size` bytes (which must
+/// be at least `min_size`), so a caller built against an older header is never overrun; the
+/// written size is stored back in `struct_size`.
+///
+/// # Safety
+/// `out` is NULL or points to `out->struct_size` writable bytes.
+pub(crate) unsafe fn write_versioned<T: Copy>(out: *mut T, value: T, name: &str, min_size: usize) -> Result<(), Error> {
+    if out.is_null() {
+        return Err(Error::invalid_argument(format!("{name}: is NULL")));
+    }
+    let size = (out as *const u32).read_unaligned() as usize;
+    if size < min_size {
+        return Err(Error::invalid_argument(format!(
+            "{name}.struct_size: {size} is smaller than the oldest known layout ({min_size} bytes); set it to sizeof(*{name})"
+        )));
+    }
+    let n = size.min(std::mem::size_of::<T>());
+    std::ptr::copy_nonoverlapping(&value as *const T as *const u8, out as *mut u8, n);
+    (out as *mut u32).write_unaligned(n as u32);
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     /// The committed header must be what the build generates from the code.

@@ -8,7 +8,7 @@
 //! `tokenrace_pool_release()` may still be called for them; the last release frees the handle.
 
 use super::types::*;
-use super::{guard, read_versioned};
+use super::{guard, read_versioned, write_versioned};
 use crate::config::{self, DrainPolicy, NoiseKind, PoolConfig};
 use crate::error::{Error, Result};
 use crate::noise::pool::{Lease, Pool, Shared};
@@ -82,12 +82,8 @@ pub extern "C" fn tokenrace_pool_config_default() -> tokenrace_pool_config {
 #[no_mangle]
 pub unsafe extern "C" fn tokenrace_pool_config_from_env(out: *mut tokenrace_pool_config) -> tokenrace_status {
     guard("tokenrace_pool_config_from_env", || {
-        if out.is_null() {
-            return Err(Error::invalid_argument("out: is NULL"));
-        }
         let (_, pool) = config::from_env()?;
-        out.write_unaligned(pool_config_to_c(&pool));
-        Ok(())
+        write_versioned(out, pool_config_to_c(&pool), "out", std::mem::size_of::<tokenrace_pool_config>())
     })
 }
 
