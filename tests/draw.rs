@@ -592,3 +592,28 @@ fn thread_count_never_changes_a_token() {
         }
     }
 }
+
+#[test]
+fn half_precision_rows_draw_as_their_f32_values() {
+    // bf16 and f16 logits are converted exactly, so they must draw what the same values in f32
+    // draw, on every level, with inline and seeded noise.
+    let mut rng = TestRng::new(31);
+    let (rows, vocab) = (6, 3001);
+    let x: Vec<f32> = (0..rows).flat_map(|_| peaked_logits(&mut rng, vocab, 3.0, 12.0)).collect();
+    let temps: Vec<f32> = (0..rows).map(|r| [0.0, 0.5, 1.0][r % 3]).collect();
+    let seeds: Vec<u64> = (0..rows as u64).collect();
+    let seeded: Vec<u8> = (0..rows).map(|r| (r % 2) as u8).collect();
+    let b16 = to_bf16(&x);
+    let h16 = to_f16(&x);
+    let via_b16: Vec<f32> = b16.iter().map(|v| v.to_f32()).collect();
+    let via_h16: Vec<f32> = h16.iter().map(|v| v.to_f32()).collect();
+    for level in supported_levels() {
+        let run = |l: Logits| {
+            let s = sampler(level, 4);
+            let b = Batch { seeds: Some(&seeds), seeded: Some(&seeded), ..batch_of(l, rows, vocab, &temps) };
+            (draw(&s, &b), draw(&s, &b))
+        };
+        assert_eq!(run(Logits::Bf16(&b16)), run(Logits::F32(&via_b16)), "{level:?} bf16");
+        assert_eq!(run(Logits::F16(&h16)), run(Logits::F32(&via_h16)), "{level:?} f16");
+    }
+}
