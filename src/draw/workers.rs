@@ -1,17 +1,24 @@
 //! A persistent pool of worker threads for large draw calls.
 //!
-//! Threads are started once, with the sampler, and sleep on a condition variable between calls:
-//! no thread is created or joined per call (vLLM measured OpenMP's fork/join at about 1 ms per
-//! call on s390x, 20x the scan itself). A call publishes one job, a function of a task index;
-//! the workers and the calling thread take task indices from a shared counter until none is
-//! left, and the caller returns once every task has finished, so the job may borrow the caller's
-//! stack.
+//! Threads are started once, with the sampler: no thread is created or joined per call (vLLM
+//! measured OpenMP's fork/join at about 1 ms per call on s390x, 20x the scan itself). A call
+//! publishes one job, a function of a task index, by bumping a generation counter; the workers
+//! and the calling thread take task indices from a shared counter until none is left, and the
+//! caller returns once every worker has left the job, so the job may borrow the caller's stack.
+//!
+//! Waking a parked thread costs microseconds, as much as a whole row, so after a job a worker
+//! spins for a short while (`SPIN`) watching the generation before it parks on a condition
+//! variable: back-to-back calls, the usual pattern of a decoding loop, start at once.
 
 use parking_lot::{Condvar, Mutex};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long an idle worker watches for the next job before it parks.
+const SPIN: Duration = Duration::from_micros(200);
 
 /// A job: `run(task)` for every task in `0..tasks`.
 #[derive(Clone, Copy)]
@@ -25,14 +32,16 @@ struct Job {
 unsafe impl Send for Job {}
 
 struct Shared {
-    /// The current job and its generation (a new generation wakes the workers).
-    slot: Mutex<(u64, Option<Job>)>,
+    /// Bumped once per job; a worker runs each generation once.
+    generation: AtomicU64,
+    job: Mutex<Option<Job>>,
+    /// Parked workers wait here; `sleepers` counts them so a call only notifies when needed.
     wake: Condvar,
+    wake_lock: Mutex<()>,
+    sleepers: AtomicUsize,
     next_task: AtomicUsize,
     /// Workers still inside the current job.
     active: AtomicUsize,
-    done: Condvar,
-    done_lock: Mutex<()>,
     panicked: AtomicBool,
     stop: AtomicBool,
 }
@@ -48,12 +57,13 @@ impl WorkerPool {
     /// Starts `workers` threads (the calling thread of each job is one more).
     pub(crate) fn new(workers: usize) -> std::io::Result<WorkerPool> {
         let shared = Arc::new(Shared {
-            slot: Mutex::new((0, None)),
+            generation: AtomicU64::new(0),
+            job: Mutex::new(None),
             wake: Condvar::new(),
+            wake_lock: Mutex::new(()),
+            sleepers: AtomicUsize::new(0),
             next_task: AtomicUsize::new(0),
             active: AtomicUsize::new(0),
-            done: Condvar::new(),
-            done_lock: Mutex::new(()),
             panicked: AtomicBool::new(false),
             stop: AtomicBool::new(false),
         });
@@ -80,22 +90,28 @@ impl WorkerPool {
         let s = &self.shared;
         s.panicked.store(false, Ordering::Relaxed);
         s.next_task.store(0, Ordering::Relaxed);
-        s.active.store(self.threads.len(), Ordering::Release);
+        s.active.store(self.threads.len(), Ordering::Relaxed);
         // SAFETY: erase the closure's lifetime; this function does not return before every
         // worker has left the job (active == 0), so the closure outlives all its uses.
         let run: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(f) };
-        {
-            let mut slot = s.slot.lock();
-            slot.0 += 1;
-            slot.1 = Some(Job { run, tasks });
+        *s.job.lock() = Some(Job { run, tasks });
+        s.generation.fetch_add(1, Ordering::Release);
+        if s.sleepers.load(Ordering::SeqCst) > 0 {
+            let _l = s.wake_lock.lock();
+            s.wake.notify_all();
         }
-        s.wake.notify_all();
         take_tasks(s, f, tasks);
-        let mut lock = s.done_lock.lock();
+        // The workers are running or about to run the last tasks: wait for them to leave.
+        let mut spins = 0u32;
         while s.active.load(Ordering::Acquire) != 0 {
-            s.done.wait(&mut lock);
+            spins += 1;
+            if spins % 1024 == 0 {
+                std::thread::yield_now(); // an oversubscribed host may need this core for them
+            } else {
+                std::hint::spin_loop();
+            }
         }
-        s.slot.lock().1 = None;
+        *s.job.lock() = None;
         !s.panicked.load(Ordering::Relaxed)
     }
 }
@@ -112,29 +128,41 @@ fn take_tasks(s: &Shared, f: &(dyn Fn(usize) + Sync), tasks: usize) {
     }
 }
 
+/// Waits for a generation other than `seen`: spins for `SPIN`, then parks. None means stop.
+fn next_generation(s: &Shared, seen: u64) -> Option<u64> {
+    let start = Instant::now();
+    loop {
+        if s.stop.load(Ordering::Relaxed) {
+            return None;
+        }
+        let g = s.generation.load(Ordering::Acquire);
+        if g != seen {
+            return Some(g);
+        }
+        if start.elapsed() < SPIN {
+            std::hint::spin_loop();
+            continue;
+        }
+        let mut lock = s.wake_lock.lock();
+        s.sleepers.fetch_add(1, Ordering::SeqCst);
+        // Re-check under the lock: a job published before `sleepers` rose is not missed.
+        while s.generation.load(Ordering::Acquire) == seen && !s.stop.load(Ordering::Relaxed) {
+            s.wake.wait(&mut lock);
+        }
+        s.sleepers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 fn worker(s: &Shared) {
     let mut seen = 0u64;
-    loop {
-        let job = {
-            let mut slot = s.slot.lock();
-            while slot.0 == seen && !s.stop.load(Ordering::Relaxed) {
-                s.wake.wait(&mut slot);
-            }
-            if s.stop.load(Ordering::Relaxed) {
-                return;
-            }
-            seen = slot.0;
-            slot.1
-        };
-        if let Some(job) = job {
+    while let Some(g) = next_generation(s, seen) {
+        seen = g;
+        if let Some(job) = *s.job.lock() {
             // SAFETY: the publishing call keeps the closure alive until `active` reaches 0.
             let f = unsafe { &*job.run };
             take_tasks(s, f, job.tasks);
         }
-        if s.active.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let _lock = s.done_lock.lock();
-            s.done.notify_all();
-        }
+        s.active.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -142,7 +170,7 @@ impl Drop for WorkerPool {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
         {
-            let _slot = self.shared.slot.lock();
+            let _l = self.shared.wake_lock.lock();
             self.shared.wake.notify_all();
         }
         for t in self.threads.drain(..) {
@@ -164,6 +192,19 @@ mod tests {
                 hits[t].fetch_add(1, Ordering::Relaxed);
             }));
             assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+        }
+    }
+
+    #[test]
+    fn jobs_after_the_workers_parked_still_run() {
+        let pool = WorkerPool::new(2).unwrap();
+        for _ in 0..3 {
+            std::thread::sleep(SPIN * 3);
+            let hits = AtomicUsize::new(0);
+            assert!(pool.run(50, &|_| {
+                hits.fetch_add(1, Ordering::Relaxed);
+            }));
+            assert_eq!(hits.load(Ordering::Relaxed), 50);
         }
     }
 
