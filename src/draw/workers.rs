@@ -105,7 +105,7 @@ impl WorkerPool {
         let mut spins = 0u32;
         while s.active.load(Ordering::Acquire) != 0 {
             spins += 1;
-            if spins % 1024 == 0 {
+            if spins.is_multiple_of(1024) {
                 std::thread::yield_now(); // an oversubscribed host may need this core for them
             } else {
                 std::hint::spin_loop();
