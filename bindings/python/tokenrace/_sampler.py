@@ -164,7 +164,7 @@ class Sampler:
     def stats(self):
         """The sampler's counters since it was made, as a dict."""
         st = _ffi.tokenrace_sampler_stats()
-        check(_ffi.lib().tokenrace_sampler_stats(self._live_handle(), byref(st)))
+        check(_ffi.lib().tokenrace_sampler_get_stats(self._live_handle(), byref(st)))
         return {k: v for k, v in st.as_dict().items() if k not in ("struct_size", "reserved0")}
 
     def __repr__(self):
