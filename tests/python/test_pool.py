@@ -458,3 +458,32 @@ def test_sampler_pool_settings(tokenrace):
     assert s.draw(x[:4]).shape == (4,)
     with pytest.raises(tokenrace.ClosedError):
         tokenrace.Sampler(50).attach_pool(pool)
+
+
+def test_a_fork_child_gets_closed_error():
+    res = run_python("""
+import json, os, tokenrace
+pool = tokenrace.NoisePool(16, 4, seed=1)
+with pool.borrow(1):
+    pass
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    try:
+        pool.borrow(1)
+        msg = "no error"
+    except tokenrace.ClosedError as e:
+        msg = "ClosedError: " + str(e)
+    except BaseException as e:
+        msg = type(e).__name__ + ": " + str(e)
+    os.write(w, msg.encode())
+    os._exit(0)
+os.close(w)
+msg = os.read(r, 4096).decode()
+os.waitpid(pid, 0)
+with pool.borrow(2) as noise:  # the parent's pool still works
+    ok = noise.shape == (2, 16)
+print(json.dumps({"child": msg, "parent_ok": ok}))
+""")
+    assert res["child"].startswith("ClosedError") and "fork" in res["child"], res["child"]
+    assert res["parent_ok"]
