@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import ctypes
 import math
-from dataclasses import dataclass
-from typing import Optional
 import weakref
 from ctypes import POINTER, byref, c_float, c_int32, c_uint8, c_uint32, c_uint64
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
