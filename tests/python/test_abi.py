@@ -76,23 +76,20 @@ def _compile(tmp_path, source, name):
 
 
 @needs_cc
-@pytest.mark.xfail(reason="include/tokenrace.h declares both a typedef and a function named "
-                          "tokenrace_sampler_stats, which C rejects (reported; fix in src/ffi)")
 def test_header_compiles_as_c(tmp_path):
     _, done = _compile(tmp_path, f'#include "{HEADER}"\nint main(void) {{ return 0; }}\n', "plain")
     assert done.returncode == 0, done.stdout
 
 
-def _compilable_header(tmp_path):
-    """The header, minus the function declarations whose names collide with a typedef (see the
-    xfail above): the structs are what the layout test needs."""
-    text = _header()
-    typedefs = set(re.findall(r"\} (\w+);", text))
-    for name in typedefs:
-        text = re.sub(r"\n[^\n;{}]*\b" + name + r"\([^;]*\);", "\n", text)
-    path = tmp_path / "tokenrace_structs.h"
-    path.write_text(text)
-    return path
+@needs_cc
+def test_header_compiles_as_cpp(tmp_path):
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler (c++)")
+    src = tmp_path / "plain.cpp"
+    src.write_text(f'#include "{HEADER}"\nint main() {{ return 0; }}\n')
+    done = subprocess.run(["c++", "-std=c++11", "-Wall", "-Werror", "-o", str(tmp_path / "plainpp"), str(src)],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert done.returncode == 0, done.stdout
 
 
 @needs_cc
@@ -100,8 +97,7 @@ def test_struct_layout_matches_the_c_compiler(tokenrace, tmp_path):
     import ctypes
 
     structs = tokenrace._ffi.STRUCTS
-    header = _compilable_header(tmp_path)
-    lines = ["#include <stdio.h>", f'#include "{header}"', "int main(void) {"]
+    lines = ["#include <stdio.h>", f'#include "{HEADER}"', "int main(void) {"]
     for name, cls in structs.items():
         lines.append(f'  printf("{name} %zu %zu\\n", sizeof(struct {name}), _Alignof(struct {name}));')
         for field, _ in cls._fields_:
@@ -122,6 +118,48 @@ def test_struct_layout_matches_the_c_compiler(tokenrace, tmp_path):
             off, size = c[f"{name}.{field}"]
             assert getattr(cls, field).offset == off, f"offsetof({name}, {field})"
             assert ctypes.sizeof(ctype) == size, f"sizeof({name}.{field})"
+
+
+def test_declared_signatures_match_the_header(tokenrace):
+    """Every C prototype's return type and parameter types, against the ctypes declaration."""
+    import ctypes
+
+    ffi = tokenrace._ffi
+    text = _strip_comments(_header())
+    scalar = {"uint32_t": ctypes.c_uint32, "uint64_t": ctypes.c_uint64, "int32_t": ctypes.c_int32,
+              "uint8_t": ctypes.c_uint8, "float": ctypes.c_float, "void": None,
+              "enum tokenrace_status": ffi.status}
+
+    def ctype_of(decl):
+        decl = re.sub(r"\bconst\b", "", decl).strip()
+        stars = decl.count("*")
+        base = re.sub(r"\s+", " ", decl.replace("*", "")).strip()
+        if stars == 0:
+            if base.startswith("struct "):
+                return ffi.STRUCTS[base[len("struct "):]]
+            return scalar[base]
+        if base == "char" and stars == 1:
+            return ctypes.c_char_p
+        if base == "struct tokenrace_sampler":
+            inner = ffi.sampler_p
+        elif base == "struct tokenrace_pool":
+            inner = ffi.pool_p
+        elif base.startswith("struct "):
+            inner = ctypes.POINTER(ffi.STRUCTS[base[len("struct "):]])
+        else:
+            raise AssertionError(f"unexpected C type {decl!r}")
+        for _ in range(stars - 1):
+            inner = ctypes.POINTER(inner)
+        return inner
+
+    protos = re.findall(r"\n([\w ]+?[\s*]+)(tokenrace_\w+)\(([^)]*)\);", text)
+    assert len(protos) == len(ffi._SIGNATURES)
+    for ret, name, params in protos:
+        restype, argtypes = ffi._SIGNATURES[name]
+        assert restype == ctype_of(ret), f"{name}: return type"
+        params = [p.strip() for p in params.split(",")] if params.strip() != "void" else []
+        want = [ctype_of(re.sub(r"\w+$", "", p)) for p in params]
+        assert argtypes == want, f"{name}: parameters"
 
 
 def test_struct_size_is_set_to_the_ctypes_size(tokenrace):

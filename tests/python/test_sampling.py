@@ -1,32 +1,13 @@
 """Sampled tokens against exact float64 references: the distribution (chi-square), external
 noise, seeded rows, SIMD levels."""
 
-import math
-
 import numpy as np
 import pytest
 
 from conftest import supported_simd_levels
+from reference import chi_square, softmax64, wilson_hilferty
 
 LOGITS = np.array([1.0, -np.inf, 0.3, 2.0, -1.0, 0.5, -np.inf, 1.5, -0.5, 0.0])
-
-
-def softmax64(x, t):
-    z = np.where(np.isneginf(x), -np.inf, np.asarray(x, np.float64) / t)
-    z = z - z.max()
-    e = np.exp(z)
-    return e / e.sum()
-
-
-def chi_square(counts, probs):
-    expected = probs * counts.sum()
-    return float(((counts - expected) ** 2 / expected).sum())
-
-
-def wilson_hilferty(dof, z):
-    """Upper critical value of chi-square(dof) at a standard-normal quantile z."""
-    a = 2.0 / (9.0 * dof)
-    return dof * (1.0 - a + z * math.sqrt(a)) ** 3
 
 
 @pytest.mark.parametrize("t", [0.5, 1.0, 2.0])

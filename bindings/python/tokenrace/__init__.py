@@ -21,12 +21,13 @@ from ._errors import (
     UnsupportedError,
 )
 from ._ffi import ABI_VERSION, FLAG_EMPTY, FLAG_GREEDY, FLAG_HAS_NAN, FLAG_HAS_POSINF, library_path
-from ._sampler import Sampler
+from ._pool import NoiseLease, NoisePool
+from ._sampler import DrawResult, Sampler
 
 __all__ = [
     "ABI_VERSION", "FLAG_EMPTY", "FLAG_GREEDY", "FLAG_HAS_NAN", "FLAG_HAS_POSINF",
-    "ClosedError", "InternalError", "InvalidArgumentError", "InvalidConfigError", "OutOfMemoryError",
-    "Sampler", "TokenraceError", "TokenraceTimeoutError", "UnsupportedError",
+    "ClosedError", "DrawResult", "InternalError", "InvalidArgumentError", "InvalidConfigError",
+    "NoiseLease", "NoisePool", "OutOfMemoryError", "Sampler", "TokenraceError", "TokenraceTimeoutError", "UnsupportedError",
     "abi_version", "library_path", "simd_level", "version",
 ]
 

@@ -181,11 +181,30 @@ def _python_ints(value, name):
     return arr if isinstance(value, (list, tuple)) else arr[0]
 
 
+def _python_int32s(value, name):
+    """Python ints (scalar or sequence) as int32, range-checked exactly; bools are refused (a
+    ``True`` top-k is a bug, not a 1); anything else is returned as it is."""
+    seq = value if isinstance(value, (list, tuple)) else [value]
+    for i, v in enumerate(seq):
+        where = f"{name}[{i}]" if isinstance(value, (list, tuple)) else name
+        if isinstance(v, (bool, np.bool_)):
+            raise ValueError(f"{where}: must be an integer, got a bool")
+    if not all(isinstance(v, (int, np.integer)) for v in seq):
+        return value
+    for i, v in enumerate(seq):
+        if not -2**31 <= int(v) < 2**31:
+            where = f"{name}[{i}]" if isinstance(value, (list, tuple)) else name
+            raise ValueError(f"{where}: {int(v)} does not fit in an int32")
+    arr = np.array([int(v) for v in seq], dtype=np.int32)
+    return arr if isinstance(value, (list, tuple)) else arr[0]
+
+
 def per_row(value, rows, dtype, name):
     """One value per row as a contiguous numpy array of ``dtype`` (None stays None).
 
     A scalar is broadcast to every row; a 1-D array-like must have ``rows`` elements.
-    ``dtype`` is np.float32, np.uint64 (non-negative integers) or np.uint8 (a boolean mask).
+    ``dtype`` is np.float32, np.uint64 (non-negative integers), np.int32 (integers) or np.uint8
+    (a boolean mask).
     """
     if value is None:
         return None
@@ -193,6 +212,8 @@ def per_row(value, rows, dtype, name):
         value = _torch_to_numpy(value, name)
     if np.dtype(dtype) == np.uint64 and not isinstance(value, np.ndarray):
         value = _python_ints(value, name)
+    elif np.dtype(dtype) == np.int32 and not isinstance(value, np.ndarray):
+        value = _python_int32s(value, name)
     arr = np.asarray(value)
     if arr.ndim == 0:
         arr = arr.reshape(1).repeat(rows)
@@ -210,6 +231,16 @@ def per_row(value, rows, dtype, name):
         if kind not in "biuf":
             raise ValueError(f"{name}: must be numbers, got dtype {arr.dtype}")
         return np.ascontiguousarray(arr, dtype=np.float32)
+    if target == np.int32:
+        if kind not in "iu":
+            raise ValueError(f"{name}: must be integers, got dtype {arr.dtype}")
+        if arr.size:
+            info = np.iinfo(np.int32)
+            bad = (arr < info.min) | (arr > info.max)
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise ValueError(f"{name}[{i}]: {arr[i]} does not fit in an int32")
+        return np.ascontiguousarray(arr, dtype=np.int32)
     if target == np.uint64:
         if kind == "i" and arr.size and arr.min() < 0:
             i = int(np.argmax(arr < 0))

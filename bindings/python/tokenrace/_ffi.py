@@ -81,6 +81,7 @@ NOISE_KIND_NAMES = {"exp": NOISE_KIND_EXP, "log_exp": NOISE_KIND_LOG_EXP}
 LOG_LEVEL_NAMES = {"off": LOG_LEVEL_OFF, "error": LOG_LEVEL_ERROR, "warn": LOG_LEVEL_WARN,
                    "info": LOG_LEVEL_INFO, "debug": LOG_LEVEL_DEBUG, "trace": LOG_LEVEL_TRACE}
 LOGPROB_MODE_NAMES = {"raw": LOGPROB_MODE_RAW, "processed": LOGPROB_MODE_PROCESSED}
+POOL_POLICY_NAMES = {"inline": POOL_POLICY_INLINE, "block": POOL_POLICY_BLOCK}
 
 # ----------------------------------------------------------------------------------------------
 # Structs
@@ -165,15 +166,61 @@ class tokenrace_output(_Versioned):
     ]
 
 
+class tokenrace_pool_config(_Versioned):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("rows", c_uint32),
+        ("vocab", c_uint32),
+        ("kind", c_uint32),
+        ("threads", c_uint32),
+        ("has_seed", c_uint32),
+        ("seed", c_uint64),
+        ("policy", c_uint32),
+        ("reserved0", c_uint32),
+        ("timeout_ms", c_uint64),
+    ]
+
+
+class tokenrace_pool_lease(_Versioned):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("kind", c_uint32),
+        ("values", POINTER(c_float)),
+        ("rows", c_uint32),
+        ("vocab", c_uint32),
+        ("id", c_uint64),
+        ("first_seq", c_uint64),
+    ]
+
+
+class tokenrace_pool_stats(_Versioned):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("reserved0", c_uint32),
+        ("rows_produced", c_uint64),
+        ("rows_borrowed", c_uint64),
+        ("borrows_waited", c_uint64),
+        ("wait_ns", c_uint64),
+        ("inline_rows", c_uint64),
+        ("rows_skipped", c_uint64),
+    ]
+
+
 class tokenrace_sampler(Structure):
     """Opaque; only ever handled through a pointer."""
 
 
+class tokenrace_pool(Structure):
+    """Opaque; only ever handled through a pointer."""
+
+
 sampler_p = POINTER(tokenrace_sampler)
+pool_p = POINTER(tokenrace_pool)
 
 # Every struct of the header, by its C name (the ABI test walks this).
 STRUCTS = {cls.__name__: cls for cls in (tokenrace_config, tokenrace_sampler_stats,
-                                         tokenrace_batch, tokenrace_output)}
+                                         tokenrace_batch, tokenrace_output, tokenrace_pool_config,
+                                         tokenrace_pool_lease, tokenrace_pool_stats)}
 
 # ----------------------------------------------------------------------------------------------
 # Functions: name -> (restype, argtypes). ``status`` marks functions returning tokenrace_status.
@@ -190,8 +237,16 @@ _SIGNATURES = {
     "tokenrace_sampler_new": (status, [POINTER(tokenrace_config), POINTER(sampler_p)]),
     "tokenrace_sampler_free": (None, [sampler_p]),
     "tokenrace_sampler_simd_level": (c_char_p, [sampler_p]),
-    "tokenrace_sampler_stats": (status, [sampler_p, POINTER(tokenrace_sampler_stats)]),
+    "tokenrace_sampler_get_stats": (status, [sampler_p, POINTER(tokenrace_sampler_stats)]),
     "tokenrace_draw": (status, [sampler_p, POINTER(tokenrace_batch), POINTER(tokenrace_output)]),
+    "tokenrace_pool_config_default": (tokenrace_pool_config, []),
+    "tokenrace_pool_config_from_env": (status, [POINTER(tokenrace_pool_config)]),
+    "tokenrace_pool_new": (status, [POINTER(tokenrace_pool_config), POINTER(pool_p)]),
+    "tokenrace_pool_free": (None, [pool_p]),
+    "tokenrace_pool_borrow": (status, [pool_p, c_uint32, POINTER(tokenrace_pool_lease)]),
+    "tokenrace_pool_release": (status, [pool_p, POINTER(tokenrace_pool_lease)]),
+    "tokenrace_pool_get_stats": (status, [pool_p, POINTER(tokenrace_pool_stats)]),
+    "tokenrace_sampler_attach_pool": (status, [sampler_p, pool_p]),
 }
 
 # ----------------------------------------------------------------------------------------------

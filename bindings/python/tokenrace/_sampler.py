@@ -4,50 +4,17 @@ from __future__ import annotations
 
 import ctypes
 import math
-import operator
 import weakref
 from ctypes import POINTER, byref, c_float, c_int32, c_uint8, c_uint32, c_uint64
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
 from . import _ffi
 from ._arrays import LOGITS_DTYPES, NOISE_DTYPES, per_row, rows_view
+from ._common import _choice, _Default, _from_env, _name_of, _unsigned
 from ._errors import check
-
-
-class _Default:
-    """The default of a keyword the caller did not pass: the environment then decides.
-
-    Its repr is the library's default, so that ``help(Sampler)`` shows the effective default.
-    """
-
-    __slots__ = ("value",)
-
-    def __init__(self, value):
-        self.value = value
-
-    def __repr__(self):
-        return repr(self.value)
-
-
-def _unsigned(name, value, bits):
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name}: must be an integer, got {type(value).__name__}") from None
-    if not 0 <= v < 2**bits:
-        raise ValueError(f"{name}: {v} is not in [0, {2**bits - 1}]")
-    return v
-
-
-def _choice(name, value, names):
-    if not isinstance(value, str) or value.lower() not in names:
-        raise ValueError(f"{name}: {value!r} is not one of {', '.join(names)}")
-    return names[value.lower()]
-
-
-def _name_of(code, names):
-    return next((k for k, v in names.items() if v == code), code)
 
 
 def _ptr(arr, ctype):
@@ -164,7 +131,7 @@ class Sampler:
     def stats(self):
         """The sampler's counters since it was made, as a dict."""
         st = _ffi.tokenrace_sampler_stats()
-        check(_ffi.lib().tokenrace_sampler_stats(self._live_handle(), byref(st)))
+        check(_ffi.lib().tokenrace_sampler_get_stats(self._live_handle(), byref(st)))
         return {k: v for k, v in st.as_dict().items() if k not in ("struct_size", "reserved0")}
 
     def __repr__(self):
@@ -173,13 +140,29 @@ class Sampler:
         return (f"<tokenrace.Sampler vocab_size={self.vocab_size} max_rows={self.max_rows} "
                 f"simd={self.simd_level}>")
 
+    # -- noise pool ----------------------------------------------------------------------------
+
+    def attach_pool(self, pool):
+        """Makes the unseeded sampling rows take their noise from ``pool`` (a ``NoisePool``), one
+        borrow per draw call, replacing the sampler's own pool if it had one. The sampler keeps
+        the pool running until the sampler is freed, even after ``pool.close()``.
+
+        The pool's ``vocab_size`` must equal the sampler's, the sampler's ``noise`` must be
+        "auto" or "pool", and a draw with more unseeded sampling rows than the pool's capacity
+        fails (all ``ValueError``).
+        """
+        from ._pool import NoisePool
+
+        if not isinstance(pool, NoisePool):
+            raise TypeError(f"pool: must be a tokenrace.NoisePool, got {type(pool).__name__}")
+        h = pool._live_handle()  # held for the call: the native pool cannot be freed under it
+        check(_ffi.lib().tokenrace_sampler_attach_pool(self._live_handle(), h.ptr))
+
     # -- drawing -------------------------------------------------------------------------------
 
-    def _batch(self, logits, temperature, seeds, offsets, seeded, noise, noise_kind):
-        """Fills a ``tokenrace_batch`` (the v1 fields). Returns it and the objects to keep alive.
-
-        Later extensions (filters, logprobs) set more fields on the returned struct.
-        """
+    def _batch(self, logits, temperature, seeds, offsets, seeded, noise, noise_kind,
+               top_k=None, top_p=None, min_p=None):
+        """Fills a ``tokenrace_batch``. Returns it and the objects to keep alive."""
         view = rows_view(logits, "logits", LOGITS_DTYPES)
         rows, vocab = view.rows, view.vocab
         keep = [view.owner]
@@ -193,11 +176,17 @@ class Sampler:
         s = per_row(seeds, rows, np.uint64, "seeds")
         o = per_row(offsets, rows, np.uint64, "offsets")
         m = per_row(seeded, rows, np.uint8, "seeded")
-        keep += [t, s, o, m]
+        k = per_row(top_k, rows, np.int32, "top_k")
+        p = per_row(top_p, rows, np.float32, "top_p")
+        mp = per_row(min_p, rows, np.float32, "min_p")
+        keep += [t, s, o, m, k, p, mp]
         b.temperature = _ptr(t, c_float)
         b.seeds = _ptr(s, c_uint64)
         b.offsets = _ptr(o, c_uint64)
         b.seeded = _ptr(m, c_uint8)
+        b.top_k = _ptr(k, c_int32)
+        b.top_p = _ptr(p, c_float)
+        b.min_p = _ptr(mp, c_float)
         b.noise_kind = _choice("noise_kind", noise_kind, _ffi.NOISE_KIND_NAMES)
         if noise is not None:
             nv = rows_view(noise, "noise", NOISE_DTYPES, broadcast_ok=True)
@@ -218,7 +207,7 @@ class Sampler:
         del keep
 
     def draw(self, logits, *, temperature=None, seeds=None, offsets=None, seeded=None, noise=None,
-             noise_kind="exp", return_flags=False):
+             noise_kind="exp", top_k=None, top_p=None, min_p=None, return_flags=False):
         """Draws one token per row of ``logits``; returns an int32 array of ``rows`` tokens.
 
         logits: 2-D (rows x vocab) or 1-D (one row) float32/float16 numpy array, or a CPU torch
@@ -233,9 +222,16 @@ class Sampler:
         noise: float32 noise for the unseeded sampling rows, rows x vocab, or one row (1-D or
             1 x vocab) used for every row; ``noise_kind`` says what it holds: "exp" (E ~ Exp(1))
             or "log_exp" (ln E).
+        top_k: scalar or one int32 per row; k <= 0 or k >= vocab is off for the row.
+        top_p: scalar or one float per row, in (0, 1]; 1 is off for the row.
+        min_p: scalar or one float per row, in [0, 1]; 0 is off for the row.
+            The filters (``docs/semantics.md``, Filters) apply to sampling rows only, min-p, then
+            top-k, then top-p; None (the default) is off for every row. A value out of range
+            raises ValueError naming the row (``top_p[3]: 0 is not in (0, 1]``).
         return_flags: also return the uint32 row flags (``FLAG_*`` bits).
         """
-        batch, keep = self._batch(logits, temperature, seeds, offsets, seeded, noise, noise_kind)
+        batch, keep = self._batch(logits, temperature, seeds, offsets, seeded, noise, noise_kind,
+                                  top_k, top_p, min_p)
         rows = batch.rows
         tokens = np.empty(rows, dtype=np.int32)
         out = _ffi.tokenrace_output()
@@ -247,16 +243,61 @@ class Sampler:
         self._run(batch, out, keep + [tokens, flags])
         return (tokens, flags) if return_flags else tokens
 
+    def draw_full(self, logits, *, temperature=None, seeds=None, offsets=None, seeded=None,
+                  noise=None, noise_kind="exp", top_k=None, top_p=None, min_p=None, logprobs=0,
+                  logprob_mode="raw"):
+        """Draws like ``draw`` and also returns logprobs: a ``DrawResult`` with
+
+        tokens (int32), flags (uint32), logprobs (float32: the sampled token's logprob), ranks
+        (int32: the count of tokens whose logprob is >= the sampled one's), and, when
+        ``logprobs = n > 0``, topn_ids (int32) and topn_logprobs (float32), rows x n, the n most
+        probable tokens of each row by logprob descending, lowest id first on ties (None when
+        n = 0). n is at most the vocabulary size.
+
+        logprob_mode: "raw" (log_softmax of the logits as given) or "processed" (log_softmax
+        after temperature and the filters, -inf outside the kept tokens; greedy rows report the
+        raw values). See ``docs/semantics.md``, Logprobs.
+        """
+        mode = _choice("logprob_mode", logprob_mode, _ffi.LOGPROB_MODE_NAMES)
+        if isinstance(logprobs, (bool, np.bool_)):
+            raise TypeError("logprobs: must be an integer (the number of top logprobs per row), got a bool")
+        n = _unsigned("logprobs", logprobs, 32)
+        batch, keep = self._batch(logits, temperature, seeds, offsets, seeded, noise, noise_kind,
+                                  top_k, top_p, min_p)
+        rows = batch.rows
+        res = DrawResult(
+            tokens=np.empty(rows, dtype=np.int32),
+            flags=np.zeros(rows, dtype=np.uint32),
+            logprobs=np.empty(rows, dtype=np.float32),
+            ranks=np.empty(rows, dtype=np.int32),
+            topn_ids=np.empty((rows, n), dtype=np.int32) if n else None,
+            topn_logprobs=np.empty((rows, n), dtype=np.float32) if n else None,
+        )
+        out = _ffi.tokenrace_output()
+        out.logprob_mode = mode
+        out.tokens = _ptr(res.tokens, c_int32)
+        out.flags = _ptr(res.flags, c_uint32)
+        out.logprobs = _ptr(res.logprobs, c_float)
+        out.ranks = _ptr(res.ranks, c_int32)
+        out.top_n = n
+        out.topn_ids = _ptr(res.topn_ids, c_int32)
+        out.topn_logprobs = _ptr(res.topn_logprobs, c_float)
+        self._run(batch, out, keep + [res])
+        return res
+
+
+@dataclass
+class DrawResult:
+    """What ``Sampler.draw_full`` returns (one entry per row; topn_* are rows x n, or None)."""
+
+    tokens: np.ndarray
+    flags: np.ndarray
+    logprobs: np.ndarray
+    ranks: np.ndarray
+    topn_ids: Optional[np.ndarray] = None
+    topn_logprobs: Optional[np.ndarray] = None
+
 
 def _config_from_env():
-    """``tokenrace_config_from_env()``, with room for a newer library's larger struct.
-
-    The library writes its own ``sizeof(tokenrace_config)`` whatever ``struct_size`` says, so the
-    buffer is padded; the fields this binding knows are then copied out.
-    """
-    size = ctypes.sizeof(_ffi.tokenrace_config)
-    buf = (ctypes.c_uint8 * (4 * size))()
-    check(_ffi.lib().tokenrace_config_from_env(ctypes.cast(buf, POINTER(_ffi.tokenrace_config))))
-    cfg = _ffi.tokenrace_config.from_buffer_copy(bytes(buf)[:size])
-    cfg.struct_size = size
-    return cfg
+    """``tokenrace_config_from_env()`` (see ``_from_env``)."""
+    return _from_env(_ffi.tokenrace_config, _ffi.lib().tokenrace_config_from_env)

@@ -1,0 +1,63 @@
+"""Helpers shared by ``Sampler`` and ``NoisePool``: keyword defaults that defer to the
+environment, integer and enum checks, and reading a settings struct from the environment."""
+
+from __future__ import annotations
+
+import ctypes
+import operator
+from ctypes import POINTER
+
+from . import _ffi
+from ._errors import check
+
+
+class _Default:
+    """The default of a keyword the caller did not pass: the environment then decides.
+
+    Its repr is the library's default, so that ``help(Sampler)`` shows the effective default.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __repr__(self):
+        return repr(self.value)
+
+
+def _unsigned(name, value, bits, low=0, high=None):
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: must be an integer, got {type(value).__name__}") from None
+    if high is None:
+        high = 2**bits - 1
+    if not low <= v <= high:
+        raise ValueError(f"{name}: {v} is not in [{low}, {high}]")
+    return v
+
+
+def _choice(name, value, names):
+    if not isinstance(value, str) or value.lower() not in names:
+        raise ValueError(f"{name}: {value!r} is not one of {', '.join(names)}")
+    return names[value.lower()]
+
+
+def _name_of(code, names):
+    return next((k for k, v in names.items() if v == code), code)
+
+
+def _from_env(cls, function):
+    """``function(cls *out)`` (a ``tokenrace_*_from_env``), with room for a newer library's larger
+    struct.
+
+    The library writes its own ``sizeof`` of the struct whatever ``struct_size`` says, so the
+    buffer is padded; the fields this binding knows are then copied out.
+    """
+    size = ctypes.sizeof(cls)
+    buf = (ctypes.c_uint8 * (4 * size))()
+    check(function(ctypes.cast(buf, POINTER(cls))))
+    cfg = cls.from_buffer_copy(bytes(buf)[:size])
+    cfg.struct_size = size
+    return cfg

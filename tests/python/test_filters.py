@@ -1,0 +1,227 @@
+"""top_k / top_p / min_p against a float64 reference of docs/semantics.md (Filters): the kept sets
+(exactly, through the processed logprobs, and by sampling), the frequencies, bad values."""
+
+import numpy as np
+import pytest
+
+from reference import chi_square, kept_set, log_softmax64, wilson_hilferty
+
+P4 = np.array([0.1, 0.2, 0.3, 0.4])
+X4 = np.log(P4).astype(np.float32)
+
+
+def kept_by_logprobs(s, x, **kw):
+    """The exact kept sets: the tokens whose processed logprob is finite."""
+    r = s.draw_full(x, logprobs=x.shape[-1], logprob_mode="processed", **kw)
+    rows = r.topn_ids.shape[0]
+    kept = np.zeros((rows, x.shape[-1]), bool)
+    for i in range(rows):
+        kept[i, r.topn_ids[i][np.isfinite(r.topn_logprobs[i])]] = True
+    return kept
+
+
+# The cases of llama.cpp's test-sampling.cpp on probabilities {0.1, 0.2, 0.3, 0.4}.
+LLAMA_CASES = [
+    ({"top_k": 1}, [3]),
+    ({"top_k": 3}, [1, 2, 3]),
+    ({"top_k": 4}, [0, 1, 2, 3]),
+    ({"top_k": 0}, [0, 1, 2, 3]),
+    ({"top_p": 0.0001}, [3]),
+    ({"top_p": 0.7}, [2, 3]),
+    ({"top_p": 0.8}, [1, 2, 3]),
+    ({"top_p": 1.0}, [0, 1, 2, 3]),
+    ({"min_p": 0.26}, [1, 2, 3]),
+    ({"min_p": 0.51}, [2, 3]),
+    ({"min_p": 0.76}, [3]),
+    ({"min_p": 1.0}, [3]),
+    ({"min_p": 0.0}, [0, 1, 2, 3]),
+    ({"top_k": 3, "top_p": 0.6}, [2, 3]),
+    ({"min_p": 0.26, "top_p": 0.5}, [2, 3]),
+]
+
+
+@pytest.mark.parametrize("kw,ids", LLAMA_CASES, ids=[str(c[0]) for c in LLAMA_CASES])
+def test_llama_cpp_cases(tokenrace, kw, ids):
+    want = np.zeros(4, bool)
+    want[ids] = True
+    ref, _ = kept_set(X4, 1.0, kw.get("top_k", 0), kw.get("top_p", 1.0), kw.get("min_p", 0.0))
+    np.testing.assert_array_equal(ref, want, err_msg="the float64 reference disagrees with llama.cpp")
+
+    rows, calls = 8192, (150 if len(ids) == 2 else 50)  # two kept tokens: less power per draw
+    s = tokenrace.Sampler(4, max_rows=rows)
+    np.testing.assert_array_equal(kept_by_logprobs(s, X4[None, :], **kw)[0], want)
+    x = np.tile(X4, (rows, 1))
+    counts = np.zeros(4, np.int64)
+    for _ in range(calls):
+        counts += np.bincount(s.draw(x, **kw), minlength=4)
+    assert counts[~want].sum() == 0, f"drew a filtered-out token: {counts}"
+    if len(ids) > 1:
+        p = P4[want] / P4[want].sum()
+        critical = wilson_hilferty(len(ids) - 1, 5.0)
+        stat = chi_square(counts[want], p)
+        assert stat < critical, f"chi-square {stat:.1f} >= {critical:.1f}: {counts} vs {p}"
+        # Power: the same counts reject the unfiltered probabilities of the kept tokens raised
+        # to 1/1.1 (a 10% hotter temperature).
+        q = P4[want] ** (1 / 1.1)
+        wrong = chi_square(counts[want], q / q.sum())
+        assert wrong > critical, f"the test cannot tell T from 1.1 T ({wrong:.1f})"
+
+
+def random_rows(rng, rows, vocab):
+    """Logits with many ties, masked tokens and NaN, and per-row filter settings."""
+    x = (rng.integers(0, 25, (rows, vocab)) * 0.25).astype(np.float32)
+    x[rng.random((rows, vocab)) < 0.1] = -np.inf
+    x[rng.random((rows, vocab)) < 0.02] = np.nan
+    x[:, 0] = 3.0  # at least one finite logit per row
+    t = rng.uniform(0.3, 2.0, rows).astype(np.float32)
+    k = rng.choice([0, -1, 1, 2, 3, 5, 10, vocab, vocab + 7], rows).astype(np.int32)
+    p = np.where(rng.random(rows) < 0.3, 1.0, rng.uniform(0.05, 0.99, rows)).astype(np.float32)
+    mp = np.where(rng.random(rows) < 0.3, 0.0, rng.uniform(0.001, 0.6, rows)).astype(np.float32)
+    return x, t, k, p, mp
+
+
+def test_kept_sets_match_the_float64_reference(tokenrace, rng):
+    rows, vocab = 200, 40
+    x, t, k, p, mp = random_rows(rng, rows, vocab)
+    s = tokenrace.Sampler(vocab, max_rows=rows)
+    got = kept_by_logprobs(s, x, temperature=t, top_k=k, top_p=p, min_p=mp)
+    checked = 0
+    for i in range(rows):
+        want, gap = kept_set(x[i], t[i], k[i], p[i], mp[i])
+        if gap < 1e-9:
+            continue  # top-p's cumulative mass equals top_p within rounding (documented)
+        np.testing.assert_array_equal(got[i], want, err_msg=f"row {i}: t={t[i]} k={k[i]} p={p[i]} "
+                                                            f"min_p={mp[i]}")
+        checked += 1
+    assert checked > rows * 0.95
+
+
+def test_sampled_tokens_never_leave_the_kept_set(tokenrace, rng):
+    distinct, copies, calls, vocab = 32, 256, 4, 40
+    x, t, k, p, mp = random_rows(rng, distinct, vocab)
+    kept = np.array([kept_set(x[i], t[i], k[i], p[i], mp[i])[0] for i in range(distinct)])
+    rows = distinct * copies
+    s = tokenrace.Sampler(vocab, max_rows=rows)
+    rep = lambda a: np.repeat(a, copies, axis=0)  # noqa: E731
+    seen = np.zeros((distinct, vocab), bool)
+    for _ in range(calls):
+        tokens = s.draw(rep(x), temperature=rep(t), top_k=rep(k), top_p=rep(p), min_p=rep(mp))
+        seen[np.repeat(np.arange(distinct), copies), tokens] = True
+    outside = seen & ~kept
+    assert not outside.any(), f"rows {np.flatnonzero(outside.any(1))} drew filtered-out tokens"
+    assert seen.sum() > 0.8 * kept.sum()
+
+
+def test_a_filtered_seeded_row_runs_the_same_race(tokenrace, rng):
+    """The filters keep {x >= θ} and the race is the same (the same noise per token): a seeded
+    row's token is unchanged when the unfiltered token is kept, and kept otherwise."""
+    rows, vocab = 300, 64
+    x, t, k, p, mp = random_rows(rng, rows, vocab)
+    s = tokenrace.Sampler(vocab, max_rows=rows)
+    seeds = np.arange(rows, dtype=np.uint64) * 1_000_003 + 17
+    free = s.draw(x, temperature=t, seeds=seeds)
+    filt = s.draw(x, temperature=t, seeds=seeds, top_k=k, top_p=p, min_p=mp)
+    kept = kept_by_logprobs(s, x, temperature=t, top_k=k, top_p=p, min_p=mp)
+    idx = np.arange(rows)
+    assert kept[idx, filt].all()
+    same = kept[idx, free]
+    np.testing.assert_array_equal(filt[same], free[same])
+    assert (~same).sum() > 10 and same.sum() > 10  # both cases occur
+
+
+@pytest.mark.parametrize("kw", [{"top_k": 0}, {"top_k": -3}, {"top_k": 50}, {"top_k": 1000},
+                                {"top_p": 1.0}, {"min_p": 0.0},
+                                {"top_k": 0, "top_p": 1.0, "min_p": 0.0}])
+def test_off_values_change_nothing(tokenrace, rng, kw):
+    rows, vocab = 64, 50
+    x = (rng.standard_normal((rows, vocab)) * 2).astype(np.float32)
+    s = tokenrace.Sampler(vocab, max_rows=rows)
+    seeds = np.arange(rows, dtype=np.uint64)
+    temps = np.where(np.arange(rows) % 4 == 0, 0.0, 1.3)
+    np.testing.assert_array_equal(s.draw(x, temperature=temps, seeds=seeds, **kw),
+                                  s.draw(x, temperature=temps, seeds=seeds))
+
+
+def test_per_row_and_scalar_settings_agree(tokenrace, rng):
+    rows, vocab = 20, 30
+    x = (rng.standard_normal((rows, vocab)) * 2).astype(np.float32)
+    s = tokenrace.Sampler(vocab, max_rows=rows)
+    seeds = np.arange(rows, dtype=np.uint64) + 5
+    a = s.draw(x, seeds=seeds, top_k=4, top_p=0.8, min_p=0.05)
+    b = s.draw(x, seeds=seeds, top_k=np.full(rows, 4, np.int64), top_p=[0.8] * rows,
+               min_p=np.full(rows, 0.05, np.float64))
+    np.testing.assert_array_equal(a, b)
+    assert (s.draw(x, temperature=1.0, top_k=1) == x.argmax(1)).all()
+
+
+X = np.zeros((4, 10), np.float32)
+
+
+@pytest.mark.parametrize("kw,where", [
+    ({"top_p": 0}, r"top_p\[0\]: 0 is not in \(0, 1\]"),
+    ({"top_p": 1.5}, r"top_p\[0\]"),
+    ({"top_p": -0.5}, r"top_p\[0\]"),
+    ({"top_p": np.nan}, r"top_p\[0\]: NaN"),
+    ({"top_p": [1.0, 0.5, 0.9, 0.0]}, r"top_p\[3\]"),
+    ({"top_p": [1.0, np.nan, 0.9, 1.0]}, r"top_p\[1\]"),
+    ({"min_p": -0.1}, r"min_p\[0\]: -0.1 is not in \[0, 1\]"),
+    ({"min_p": 1.5}, r"min_p\[0\]"),
+    ({"min_p": np.nan}, r"min_p\[0\]"),
+    ({"min_p": [0.0, 0.0, -1e-9, 0.0]}, r"min_p\[2\]"),
+])
+def test_bad_values_name_the_row(tokenrace, kw, where):
+    s = tokenrace.Sampler(10)
+    for temps in (1.0, 0.0):  # every row is checked, greedy or not
+        with pytest.raises(ValueError, match=where) as e:
+            s.draw(X, temperature=temps, **kw)
+        assert isinstance(e.value, tokenrace.InvalidArgumentError)
+        with pytest.raises(ValueError, match=where):
+            s.draw_full(X, temperature=temps, logprobs=2, **kw)
+    st = s.stats()
+    assert st["calls"] == 0 and st["rejected_calls"] == 4
+
+
+def test_bad_types_and_shapes(tokenrace):
+    s = tokenrace.Sampler(10)
+    with pytest.raises(ValueError, match="top_k"):
+        s.draw(X, top_k=2.5)
+    with pytest.raises(ValueError, match="top_k"):
+        s.draw(X, top_k=[1.0, 2.0, 3.0, 4.0])
+    with pytest.raises(ValueError, match="top_k"):
+        s.draw(X, top_k=True)
+    with pytest.raises(ValueError, match=r"top_k\[1\].*int32"):
+        s.draw(X, top_k=[1, 2**31, 1, 1])
+    with pytest.raises(ValueError, match=r"top_k\[0\].*int32"):
+        s.draw(X, top_k=np.array([2**40, 1, 1, 1], np.int64))
+    with pytest.raises(ValueError, match="top_k.*3 elements"):
+        s.draw(X, top_k=[1, 2, 3])
+    with pytest.raises(ValueError, match="top_p.*5 elements"):
+        s.draw(X, top_p=[0.5] * 5)
+    with pytest.raises(ValueError, match="min_p"):
+        s.draw(X, min_p=np.ones((4, 1)))
+    with pytest.raises(ValueError, match="min_p"):
+        s.draw(X, min_p=["a"] * 4)
+    assert s.draw(X, top_k=np.array([1, 2, 3, 4], np.uint8)).shape == (4,)
+    assert s.draw(X, top_k=-(2**31)).shape == (4,)
+
+
+def test_processed_logprobs_after_temperature_and_filters(tokenrace, rng):
+    rows, vocab = 100, 40
+    x, t, k, p, mp = random_rows(rng, rows, vocab)
+    t[::10] = 0.0  # greedy rows report the raw values
+    s = tokenrace.Sampler(vocab, max_rows=rows)
+    r = s.draw_full(x, temperature=t, top_k=k, top_p=p, min_p=mp, logprobs=vocab,
+                    logprob_mode="processed")
+    for i in range(rows):
+        if t[i] == 0.0:
+            ref = log_softmax64(x[i])
+        else:
+            kept, gap = kept_set(x[i], t[i], k[i], p[i], mp[i])
+            if gap < 1e-9:
+                continue
+            ref = log_softmax64(x[i], t[i], kept)
+        full = np.full(vocab, -np.inf, np.float32)
+        full[r.topn_ids[i]] = r.topn_logprobs[i]
+        np.testing.assert_allclose(full, ref, rtol=1e-6, atol=1e-5, err_msg=f"row {i}")
+        np.testing.assert_allclose(r.logprobs[i], ref[r.tokens[i]], rtol=1e-6, atol=1e-5)
+        assert r.ranks[i] == (full >= r.logprobs[i]).sum()
