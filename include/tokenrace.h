@@ -239,6 +239,11 @@ typedef struct tokenrace_pool_lease {
   uint64_t id;
   // The sequence number of row 0; row r has `first_seq + r` (its noise is keyed by it).
   uint64_t first_seq;
+  // 1 if `values` points into the pool's ring (its memory stays mapped, and is refilled,
+  // after the release); 0 if it is a private copy that the release frees (the INLINE policy
+  // makes one when a slot it needs is still held by an older lease).
+  uint32_t in_ring;
+  uint32_t reserved0;
 } tokenrace_pool_lease;
 
 // Counters of a noise pool since it was made. The caller sets `struct_size`.

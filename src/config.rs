@@ -445,6 +445,9 @@ impl PoolConfig {
         if self.threads == 0 || self.threads > 64 {
             return Err(Error::invalid_config(format!("threads: {} is not in [1, 64]", self.threads)));
         }
+        if self.timeout_ms > 3_600_000 {
+            return Err(Error::invalid_config(format!("timeout_ms: {} is not in [0, 3600000]", self.timeout_ms)));
+        }
         if self.rows.checked_mul(self.vocab).and_then(|n| n.checked_mul(4)).is_none() {
             return Err(Error::invalid_config("rows x vocab: the pool's size overflows"));
         }

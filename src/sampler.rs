@@ -175,7 +175,9 @@ impl Sampler {
             return Err(e);
         }
         let pool = self.pool();
-        let (plans, _lease) = self.plan(batch, pool.as_deref())?;
+        let (plans, _lease) = self.plan(batch, pool.as_deref()).inspect_err(|_| {
+            self.counters.rejected_calls.fetch_add(1, Relaxed);
+        })?;
         let mut tokens = vec![0i32; batch.rows];
         let mut row_flags = vec![0u32; batch.rows];
         let mut info = vec![RowInfo::default(); batch.rows];
@@ -201,22 +203,22 @@ impl Sampler {
     /// With a pool, the unseeded rows take one row each of a single lease, in row order; the
     /// lease must outlive the draw.
     fn plan(&self, batch: &Batch, pool: Option<&Pool>) -> Result<(Vec<RowPlan>, Option<Lease>)> {
-        let c = &self.counters;
         let mut plans = Vec::with_capacity(batch.rows);
         let mut unseeded = Vec::new();
+        let (mut greedy, mut seeded, mut external) = (0u64, 0u64, 0u64);
         for r in 0..batch.rows {
             let t = batch.temperature(r);
             if t < self.cfg.greedy_below {
-                c.greedy_rows.fetch_add(1, Relaxed);
+                greedy += 1;
                 plans.push(RowPlan::Greedy);
                 continue;
             }
             let inv_t = inv_temperature(t);
             let noise = if let Some((seed, offset)) = batch.seed_of(r) {
-                c.seeded_rows.fetch_add(1, Relaxed);
+                seeded += 1;
                 NoiseSrc::Inline(seeded_row_key(seed, offset))
             } else if let Some(n) = &batch.noise {
-                c.external_noise_rows.fetch_add(1, Relaxed);
+                external += 1;
                 // SAFETY: validate() checked that this row's noise lies inside the slice.
                 let ptr = unsafe { n.values.as_ptr().add(r * n.row_stride) };
                 NoiseSrc::External(ptr, ext_kind(n.kind))
@@ -226,24 +228,32 @@ impl Sampler {
             };
             plans.push(RowPlan::Sample { inv_t, noise });
         }
+        let mut lease = None;
         if let (Some(pool), false) = (pool, unseeded.is_empty()) {
-            let lease = pool.borrow(unseeded.len())?;
-            c.pool_rows.fetch_add(unseeded.len() as u64, Relaxed);
+            let l =
+                pool.borrow(unseeded.len()).map_err(|e| Error::new(e.kind, format!("noise pool: {}", e.message)))?;
             for (i, &r) in unseeded.iter().enumerate() {
                 if let RowPlan::Sample { noise, .. } = &mut plans[r] {
-                    *noise = NoiseSrc::External(lease.row(i).as_ptr(), ext_kind(lease.kind()));
+                    *noise = NoiseSrc::External(l.row(i).as_ptr(), ext_kind(l.kind()));
                 }
             }
-            return Ok((plans, Some(lease)));
-        }
-        c.inline_rows.fetch_add(unseeded.len() as u64, Relaxed);
-        let mut keys = vec![0u64; unseeded.len()];
-        self.keys.next_keys(&mut keys);
-        for (&r, &key) in unseeded.iter().zip(&keys) {
-            if let RowPlan::Sample { noise, .. } = &mut plans[r] {
-                *noise = NoiseSrc::Inline(key);
+            lease = Some(l);
+        } else {
+            let mut keys = vec![0u64; unseeded.len()];
+            self.keys.next_keys(&mut keys);
+            for (&r, &key) in unseeded.iter().zip(&keys) {
+                if let RowPlan::Sample { noise, .. } = &mut plans[r] {
+                    *noise = NoiseSrc::Inline(key);
+                }
             }
         }
-        Ok((plans, None))
+        // Counted only once nothing can fail any more.
+        let c = &self.counters;
+        c.greedy_rows.fetch_add(greedy, Relaxed);
+        c.seeded_rows.fetch_add(seeded, Relaxed);
+        c.external_noise_rows.fetch_add(external, Relaxed);
+        let counter = if lease.is_some() { &c.pool_rows } else { &c.inline_rows };
+        counter.fetch_add(unseeded.len() as u64, Relaxed);
+        Ok((plans, lease))
     }
 }

@@ -315,6 +315,8 @@ fn lease_slot() -> tokenrace_pool_lease {
         vocab: 0,
         id: 0,
         first_seq: 0,
+        in_ring: 0,
+        reserved0: 0,
     }
 }
 

@@ -368,6 +368,9 @@ pub unsafe extern "C" fn tokenrace_draw(
             } else {
                 "batch"
             };
+            if m.starts_with("noise pool") {
+                return Error::new(e.kind, m.clone());
+            }
             Error::new(e.kind, format!("{owner}.{m}"))
         })
     })

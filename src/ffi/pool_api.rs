@@ -187,10 +187,9 @@ pub unsafe extern "C" fn tokenrace_pool_borrow(
             return Err(Error::invalid_argument("out: is NULL"));
         }
         let size = (out as *const u32).read_unaligned() as usize;
-        if size < size_of::<tokenrace_pool_lease>() {
+        if size < LEASE_V1_SIZE {
             return Err(Error::invalid_argument(format!(
-                "out.struct_size: {size} is smaller than sizeof(tokenrace_pool_lease) = {}",
-                size_of::<tokenrace_pool_lease>()
+                "out.struct_size: {size} is smaller than the oldest tokenrace_pool_lease ({LEASE_V1_SIZE} bytes)"
             )));
         }
         let p = &handle.inner;
@@ -207,10 +206,12 @@ pub unsafe extern "C" fn tokenrace_pool_borrow(
             vocab: lease.vocab() as u32,
             id,
             first_seq: lease.first_seq(),
+            in_ring: lease.in_ring() as u32,
+            reserved0: 0,
         };
         p.leases.lock().insert(id, lease);
         Arc::increment_strong_count(pool as *const tokenrace_pool); // the lease's reference
-        out.write_unaligned(c);
+        write_versioned(out, c, "out", LEASE_V1_SIZE).expect("struct_size was checked above");
         Ok(())
     })
 }
@@ -302,3 +303,6 @@ pub unsafe extern "C" fn tokenrace_sampler_attach_pool(
         s.inner.attach_pool(owner)
     })
 }
+
+/// The size of `tokenrace_pool_lease` before `in_ring` was added.
+const LEASE_V1_SIZE: usize = std::mem::offset_of!(tokenrace_pool_lease, in_ring);

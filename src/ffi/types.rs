@@ -260,6 +260,11 @@ pub struct tokenrace_pool_lease {
     pub id: u64,
     /// The sequence number of row 0; row r has `first_seq + r` (its noise is keyed by it).
     pub first_seq: u64,
+    /// 1 if `values` points into the pool's ring (its memory stays mapped, and is refilled,
+    /// after the release); 0 if it is a private copy that the release frees (the INLINE policy
+    /// makes one when a slot it needs is still held by an older lease).
+    pub in_ring: u32,
+    pub reserved0: u32,
 }
 
 /// Counters of a noise pool since it was made. The caller sets `struct_size`.

@@ -517,6 +517,11 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// Whether the values live in the pool's ring (rather than a private copy freed on release).
+    pub fn in_ring(&self) -> bool {
+        self.private.is_none()
+    }
+
     /// The values, row after row.
     pub fn values(&self) -> &[f32] {
         match &self.private {

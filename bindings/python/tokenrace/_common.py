@@ -49,15 +49,9 @@ def _name_of(code, names):
 
 
 def _from_env(cls, function):
-    """``function(cls *out)`` (a ``tokenrace_*_from_env``), with room for a newer library's larger
-    struct.
-
-    The library writes its own ``sizeof`` of the struct whatever ``struct_size`` says, so the
-    buffer is padded; the fields this binding knows are then copied out.
-    """
-    size = ctypes.sizeof(cls)
-    buf = (ctypes.c_uint8 * (4 * size))()
-    check(function(ctypes.cast(buf, POINTER(cls))))
-    cfg = cls.from_buffer_copy(bytes(buf)[:size])
-    cfg.struct_size = size
+    """``function(cls *out)`` (a ``tokenrace_*_from_env``): the library writes at most
+    ``out->struct_size`` bytes, so a library newer than this binding never overruns it."""
+    cfg = cls()
+    cfg.struct_size = ctypes.sizeof(cls)
+    check(function(ctypes.byref(cfg)))
     return cfg

@@ -190,6 +190,8 @@ class tokenrace_pool_lease(_Versioned):
         ("vocab", c_uint32),
         ("id", c_uint64),
         ("first_seq", c_uint64),
+        ("in_ring", c_uint32),
+        ("reserved0", c_uint32),
     ]
 
 
