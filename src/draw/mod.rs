@@ -262,20 +262,17 @@ fn draw_tiled(
         (start, ((t + 1) * tile_blocks * BLOCK).min(n) - start)
     };
     // Stage 1: block maxima of every tile.
-    let bmax: Vec<SyncCell<f32>> = (0..rows * blocks).map(|_| SyncCell::new(f32::NEG_INFINITY)).collect();
+    let mut bmax = vec![f32::NEG_INFINITY; rows * blocks];
+    let bmax_out = SyncPtr(bmax.as_mut_ptr());
     let nan: Vec<SyncCell<bool>> = (0..rows * tiles).map(|_| SyncCell::default()).collect();
     let ok1 = pool.run(rows * tiles, &|task| {
         let (r, t) = (task / tiles, task % tiles);
         let (start, len) = tile(t);
-        let first = r * blocks + start / BLOCK;
-        let mut local = vec![f32::NEG_INFINITY; len.div_ceil(BLOCK)];
-        let found = with_row(k, batch, r, |row| row.scan(start, len, &mut local));
-        for (j, v) in local.into_iter().enumerate() {
-            bmax[first + j].set(v);
-        }
-        nan[task].set(found);
+        // SAFETY: the tiles of all rows cover disjoint ranges of `bmax`, which outlives the job.
+        let out =
+            unsafe { std::slice::from_raw_parts_mut(bmax_out.at(r * blocks + start / BLOCK), len.div_ceil(BLOCK)) };
+        nan[task].set(with_row(k, batch, r, |row| row.scan(start, len, out)));
     });
-    let bmax: Vec<f32> = bmax.into_iter().map(|c| c.get()).collect();
     let scanned: Vec<Scanned> = (0..rows)
         .map(|r| {
             let has_nan = (0..tiles).any(|t| nan[r * tiles + t].get());
@@ -305,6 +302,20 @@ fn draw_tiled(
         info[r] = RowInfo { top: scanned[r].top, floor: params[r].map_or(f32::NEG_INFINITY, |(p, _)| p.floor) };
     }
     ok1 && ok2
+}
+
+/// A pointer that tasks write disjoint ranges through.
+#[derive(Clone, Copy)]
+struct SyncPtr(*mut f32);
+
+// SAFETY: every task writes its own disjoint range, and the owner reads only after the job ends.
+unsafe impl Sync for SyncPtr {}
+
+impl SyncPtr {
+    fn at(self, i: usize) -> *mut f32 {
+        // SAFETY: callers stay inside the allocation.
+        unsafe { self.0.add(i) }
+    }
 }
 
 /// A value written by exactly one task and read after the job ends.

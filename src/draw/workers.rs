@@ -31,10 +31,16 @@ struct Job {
 // SAFETY: the closure behind `run` is Sync and outlives the job (see `WorkerPool::run`).
 unsafe impl Send for Job {}
 
+// SAFETY: every field is Sync except `job`, whose accesses the generation protocol orders (see
+// its comment).
+unsafe impl Sync for Shared {}
+
 struct Shared {
     /// Bumped once per job; a worker runs each generation once.
     generation: AtomicU64,
-    job: Mutex<Option<Job>>,
+    /// Written only while every worker is outside a job (before the generation is bumped),
+    /// read only after a worker saw the new generation: the generation orders the two.
+    job: std::cell::UnsafeCell<Option<Job>>,
     /// Parked workers wait here; `sleepers` counts them so a call only notifies when needed.
     wake: Condvar,
     wake_lock: Mutex<()>,
@@ -58,7 +64,7 @@ impl WorkerPool {
     pub(crate) fn new(workers: usize) -> std::io::Result<WorkerPool> {
         let shared = Arc::new(Shared {
             generation: AtomicU64::new(0),
-            job: Mutex::new(None),
+            job: std::cell::UnsafeCell::new(None),
             wake: Condvar::new(),
             wake_lock: Mutex::new(()),
             sleepers: AtomicUsize::new(0),
@@ -94,7 +100,9 @@ impl WorkerPool {
         // SAFETY: erase the closure's lifetime; this function does not return before every
         // worker has left the job (active == 0), so the closure outlives all its uses.
         let run: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(f) };
-        *s.job.lock() = Some(Job { run, tasks });
+        // SAFETY: no worker reads `job` now: each one left the previous job (active reached 0)
+        // and reads again only after it sees the generation bumped below (Release/Acquire).
+        unsafe { *s.job.get() = Some(Job { run, tasks }) };
         s.generation.fetch_add(1, Ordering::Release);
         if s.sleepers.load(Ordering::SeqCst) > 0 {
             let _l = s.wake_lock.lock();
@@ -111,7 +119,6 @@ impl WorkerPool {
                 std::hint::spin_loop();
             }
         }
-        *s.job.lock() = None;
         !s.panicked.load(Ordering::Relaxed)
     }
 }
@@ -157,7 +164,9 @@ fn worker(s: &Shared) {
     let mut seen = 0u64;
     while let Some(g) = next_generation(s, seen) {
         seen = g;
-        if let Some(job) = *s.job.lock() {
+        // SAFETY: the generation (Acquire) orders this read after the job was written, and the
+        // caller does not write it again before this worker decrements `active`.
+        if let Some(job) = unsafe { *s.job.get() } {
             // SAFETY: the publishing call keeps the closure alive until `active` reaches 0.
             let f = unsafe { &*job.run };
             take_tasks(s, f, job.tasks);
