@@ -3,8 +3,9 @@
 //! Threads are started once, with the sampler: no thread is created or joined per call (vLLM
 //! measured OpenMP's fork/join at about 1 ms per call on s390x, 20x the scan itself). A call
 //! publishes one job, a function of a task index, by bumping a generation counter; the workers
-//! and the calling thread take task indices from a shared counter until none is left, and the
-//! caller returns once every worker has left the job, so the job may borrow the caller's stack.
+//! and the calling thread take task indices from a shared counter until none is left. Then the
+//! caller closes the job and returns once every worker that entered it has left, so the job may
+//! borrow the caller's stack, and a worker the scheduler kept away never delays a call.
 //!
 //! Waking a parked thread costs microseconds, as much as a whole row, so after a job a worker
 //! spins for a short while (`SPIN`) watching the generation before it parks on a condition
@@ -16,6 +17,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// The bit of `Shared::inside` that says the current job takes no more workers.
+const CLOSED: usize = 1 << (usize::BITS - 1);
 
 /// How long an idle worker watches for the next job before it parks.
 const SPIN: Duration = Duration::from_micros(200);
@@ -31,23 +35,24 @@ struct Job {
 // SAFETY: the closure behind `run` is Sync and outlives the job (see `WorkerPool::run`).
 unsafe impl Send for Job {}
 
-// SAFETY: every field is Sync except `job`, whose accesses the generation protocol orders (see
-// its comment).
+// SAFETY: every field is Sync except `job`, whose accesses the `inside` protocol orders (see
+// `WorkerPool::run` and `worker`).
 unsafe impl Sync for Shared {}
 
 struct Shared {
     /// Bumped once per job; a worker runs each generation once.
     generation: AtomicU64,
-    /// Written only while every worker is outside a job (before the generation is bumped),
-    /// read only after a worker saw the new generation: the generation orders the two.
+    /// Written only while no worker is inside a job, read only by a worker that entered it.
     job: std::cell::UnsafeCell<Option<Job>>,
     /// Parked workers wait here; `sleepers` counts them so a call only notifies when needed.
     wake: Condvar,
     wake_lock: Mutex<()>,
     sleepers: AtomicUsize,
     next_task: AtomicUsize,
-    /// Workers still inside the current job.
-    active: AtomicUsize,
+    /// Workers inside the current job, plus `CLOSED` once the caller closed it: a worker enters
+    /// only while the job is open, so the caller waits for the workers that did enter, never for
+    /// one that the scheduler kept away until all tasks were taken.
+    inside: AtomicUsize,
     panicked: AtomicBool,
     stop: AtomicBool,
 }
@@ -69,7 +74,7 @@ impl WorkerPool {
             wake_lock: Mutex::new(()),
             sleepers: AtomicUsize::new(0),
             next_task: AtomicUsize::new(0),
-            active: AtomicUsize::new(0),
+            inside: AtomicUsize::new(CLOSED),
             panicked: AtomicBool::new(false),
             stop: AtomicBool::new(false),
         });
@@ -96,22 +101,25 @@ impl WorkerPool {
         let s = &self.shared;
         s.panicked.store(false, Ordering::Relaxed);
         s.next_task.store(0, Ordering::Relaxed);
-        s.active.store(self.threads.len(), Ordering::Relaxed);
         // SAFETY: erase the closure's lifetime; this function does not return before every
-        // worker has left the job (active == 0), so the closure outlives all its uses.
+        // worker that entered the job has left it, and no worker enters a closed job, so the
+        // closure outlives all its uses.
         let run: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(f) };
-        // SAFETY: no worker reads `job` now: each one left the previous job (active reached 0)
-        // and reads again only after it sees the generation bumped below (Release/Acquire).
+        // SAFETY: no worker is inside a job (the last one closed with nobody inside), and a
+        // worker reads `job` only after entering, which the open `inside` below allows only
+        // after the write (Release/Acquire).
         unsafe { *s.job.get() = Some(Job { run, tasks }) };
+        s.inside.store(0, Ordering::Release);
         s.generation.fetch_add(1, Ordering::Release);
         if s.sleepers.load(Ordering::SeqCst) > 0 {
             let _l = s.wake_lock.lock();
             s.wake.notify_all();
         }
         take_tasks(s, f, tasks);
-        // The workers are running or about to run the last tasks: wait for them to leave.
+        // Every task is taken: close the job, then wait for the workers inside to finish theirs.
+        s.inside.fetch_or(CLOSED, Ordering::AcqRel);
         let mut spins = 0u32;
-        while s.active.load(Ordering::Acquire) != 0 {
+        while s.inside.load(Ordering::Acquire) != CLOSED {
             spins += 1;
             if spins.is_multiple_of(1024) {
                 std::thread::yield_now(); // an oversubscribed host may need this core for them
@@ -160,18 +168,35 @@ fn next_generation(s: &Shared, seen: u64) -> Option<u64> {
     }
 }
 
+/// Enters the current job unless it is closed.
+fn enter(s: &Shared) -> bool {
+    let mut v = s.inside.load(Ordering::Acquire);
+    loop {
+        if v & CLOSED != 0 {
+            return false;
+        }
+        match s.inside.compare_exchange_weak(v, v + 1, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return true,
+            Err(now) => v = now,
+        }
+    }
+}
+
 fn worker(s: &Shared) {
     let mut seen = 0u64;
     while let Some(g) = next_generation(s, seen) {
         seen = g;
-        // SAFETY: the generation (Acquire) orders this read after the job was written, and the
-        // caller does not write it again before this worker decrements `active`.
+        if !enter(s) {
+            continue; // the caller already took every task
+        }
+        // SAFETY: entering an open job orders this read after the job was written, and the
+        // caller does not write it again before this worker leaves.
         if let Some(job) = unsafe { *s.job.get() } {
-            // SAFETY: the publishing call keeps the closure alive until `active` reaches 0.
+            // SAFETY: the publishing call keeps the closure alive until every worker inside left.
             let f = unsafe { &*job.run };
             take_tasks(s, f, job.tasks);
         }
-        s.active.fetch_sub(1, Ordering::AcqRel);
+        s.inside.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -201,6 +226,19 @@ mod tests {
                 hits[t].fetch_add(1, Ordering::Relaxed);
             }));
             assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+        }
+    }
+
+    #[test]
+    fn many_quick_jobs_each_run_every_task_once() {
+        let pool = WorkerPool::new(3).unwrap();
+        for job in 0..3000usize {
+            let tasks = job % 7;
+            let hits: Vec<AtomicUsize> = (0..tasks).map(|_| AtomicUsize::new(0)).collect();
+            assert!(pool.run(tasks, &|t| {
+                hits[t].fetch_add(1, Ordering::Relaxed);
+            }));
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "job {job}");
         }
     }
 
