@@ -122,6 +122,32 @@ impl Data {
     }
 }
 
+/// A sampler with an attached ln-E pool that holds enough ready rows for the whole timing.
+fn filled_pool_sampler(rows: usize, vocab: usize, threads: usize, reps: usize) -> Option<Sampler> {
+    let cap = rows * (reps + 2);
+    if cap * vocab * 4 > 1 << 30 {
+        return None;
+    }
+    let pool = tokenrace::noise::pool::Pool::new(PoolConfig {
+        rows: cap,
+        vocab,
+        kind: NoiseKind::LogExp,
+        threads: 1,
+        seed: Some(7),
+        policy: DrainPolicy::Inline,
+        ..PoolConfig::default()
+    })
+    .ok()?;
+    let start = Instant::now();
+    while pool.stats().rows_produced < cap as u64 && start.elapsed().as_secs() < 60 {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let s = Sampler::new(Config { max_rows: rows.max(1), threads, seed: Some(1), vocab_size: vocab, ..Config::default() })
+        .ok()?;
+    s.attach_pool(std::sync::Arc::new(pool)).ok()?;
+    Some(s)
+}
+
 fn median_and_spread(mut t: Vec<f64>) -> (f64, f64, f64) {
     t.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let q = |p: f64| t[((t.len() - 1) as f64 * p).round() as usize];
@@ -212,16 +238,15 @@ fn main() {
                                 ..Config::default()
                             })
                             .unwrap();
-                            // The same sampler with a noise pool (its own background producer).
-                            let pooled = Sampler::new(Config {
-                                max_rows: rows.max(1),
-                                threads,
-                                seed: Some(1),
-                                vocab_size: vocab,
-                                noise: NoiseSource::Pool,
-                                ..Config::default()
-                            })
-                            .unwrap();
+                            // The same sampler with a pool attached, filled before timing so
+                            // that every borrow finds its rows ready: this measures the draw on
+                            // pool noise, not the pool's generation rate (examples/pool_rate.rs).
+                            let pooled = a
+                                .paths
+                                .iter()
+                                .any(|p| p == "race-pool")
+                                .then(|| filled_pool_sampler(rows, vocab, threads, a.reps))
+                                .flatten();
                             let mut tokens = vec![0i32; rows];
                             let mut logprobs = vec![0f32; rows];
                             let (k50, p09, mp) = (vec![50i32; rows], vec![0.9f32; rows], vec![0.05f32; rows]);
@@ -253,7 +278,11 @@ fn main() {
                                     "min-p0.05" => (None, None, Some(&mp[..])),
                                     _ => (None, None, None),
                                 };
-                                let sampler = if path == "race-pool" { &pooled } else { &s };
+                                let sampler = match (path.as_str(), &pooled) {
+                                    ("race-pool", Some(p)) => p,
+                                    ("race-pool", None) => continue, // too large to pre-fill
+                                    _ => &s,
+                                };
                                 let t = time(a.reps, batches, |b| {
                                     let batch = Batch {
                                         temperature: Some(&temps),
