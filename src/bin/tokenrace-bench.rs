@@ -142,8 +142,9 @@ fn filled_pool_sampler(rows: usize, vocab: usize, threads: usize, reps: usize) -
     while pool.stats().rows_produced < cap as u64 && start.elapsed().as_secs() < 60 {
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
-    let s = Sampler::new(Config { max_rows: rows.max(1), threads, seed: Some(1), vocab_size: vocab, ..Config::default() })
-        .ok()?;
+    let s =
+        Sampler::new(Config { max_rows: rows.max(1), threads, seed: Some(1), vocab_size: vocab, ..Config::default() })
+            .ok()?;
     s.attach_pool(std::sync::Arc::new(pool)).ok()?;
     Some(s)
 }
