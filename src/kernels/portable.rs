@@ -186,4 +186,12 @@ impl Simd for Portable {
     fn from_bits(a: [u32; W]) -> [f32; W] {
         lanes!(|i| f32::from_bits(a[i]))
     }
+    #[inline(always)]
+    fn shl_u<const N: i32>(a: [u32; W]) -> [u32; W] {
+        lanes!(|i| a[i] << N)
+    }
+    #[inline(always)]
+    fn bitmask(m: [bool; W]) -> u64 {
+        m.iter().enumerate().fold(0, |acc, (i, &b)| acc | ((b as u64) << i))
+    }
 }

@@ -71,6 +71,11 @@ pub(crate) trait Simd: Copy {
     fn cvt_i32(a: Self::U) -> Self::F;
     fn to_bits(a: Self::F) -> Self::U;
     fn from_bits(a: Self::U) -> Self::F;
+
+    // Added for the probability-mass kernels.
+    fn shl_u<const N: i32>(a: Self::U) -> Self::U;
+    /// Bit `j` set where lane `j` of the mask is set.
+    fn bitmask(m: Self::M) -> u64;
 }
 
 /// One lane: the reference implementation, also used for the tails of rows.
@@ -273,6 +278,14 @@ impl Simd for Scalar {
     #[inline(always)]
     fn from_bits(a: u32) -> f32 {
         f32::from_bits(a)
+    }
+    #[inline(always)]
+    fn shl_u<const N: i32>(a: u32) -> u32 {
+        a << N
+    }
+    #[inline(always)]
+    fn bitmask(m: bool) -> u64 {
+        m as u64
     }
 }
 

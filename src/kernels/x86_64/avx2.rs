@@ -179,4 +179,12 @@ impl Simd for Avx2 {
     fn from_bits(a: __m256i) -> __m256 {
         unsafe { _mm256_castsi256_ps(a) }
     }
+    #[inline(always)]
+    fn shl_u<const N: i32>(a: __m256i) -> __m256i {
+        unsafe { _mm256_slli_epi32::<N>(a) }
+    }
+    #[inline(always)]
+    fn bitmask(m: __m256) -> u64 {
+        unsafe { _mm256_movemask_ps(m) as u32 as u64 }
+    }
 }

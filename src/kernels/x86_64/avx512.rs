@@ -177,4 +177,12 @@ impl Simd for Avx512 {
     fn from_bits(a: __m512i) -> __m512 {
         unsafe { _mm512_castsi512_ps(a) }
     }
+    #[inline(always)]
+    fn shl_u<const N: i32>(a: __m512i) -> __m512i {
+        unsafe { _mm512_sllv_epi32(a, _mm512_set1_epi32(N)) }
+    }
+    #[inline(always)]
+    fn bitmask(m: __mmask16) -> u64 {
+        m as u64
+    }
 }

@@ -1,0 +1,524 @@
+//! Probability mass of a row, fast and with proven bounds: the normaliser of the logprobs and
+//! the top-p threshold.
+//!
+//! The weight of a token is `w = exp(a)`, `a = (x - m) * inv_t` (exact in f64), as in
+//! `filter.rs`. Three SIMD kernels sum weights over the tokens `lo <= x < cut` of a row, per block
+//! of 256, in an order that does not depend on the SIMD level (`kernels/generic.rs`):
+//!
+//! - **cheap**: a weight within [-8%, +2.2%] of w from the exponent bits alone (a few
+//!   operations per token);
+//! - **exp**: an f32 `exp2` (relative error below 2^-22) of the f32 exponent `t = (x - m) * c`,
+//!   whose three roundings move w by at most `|a| * 3 * 2^-24`, summed in f32 trees of depth 4;
+//! - **exact**: an f64 exp (relative error below 1e-15) of the exact `a`, summed in f64.
+//!
+//! The first two come with rigorous bounds on the true mass (`cheap_bounds`, `exp_bounds`).
+//!
+//! **top-p** needs the logit θ of the first token (by logit, descending) whose cumulative mass
+//! reaches `top_p * Z`. A cut `vc <= θ` is guessed (from the largest block maxima, or from a
+//! sample of blocks), every token `x >= vc` is gathered with its exact f64 weight (few in peaked
+//! rows), and the mass `R` of the kept tokens below `vc` is bounded by the cheapest tier that
+//! decides: with `Z` in `[M + R_lo, M + R_hi]`, θ is known when the walk down the gathered tokens
+//! reaches `top_p * Z_lo` and `top_p * Z_hi` at the same logit. Otherwise the next tier runs, up
+//! to the exact one, whose value decides. If the gathered tokens do not reach the target, θ is
+//! below `vc`, and every kept token is gathered. So the threshold is what exact arithmetic gives
+//! (the exact tier: float64, with its rounding), on every SIMD level and thread count.
+
+use super::filter::{bucket, from_ord_key, ord_key, Vals, BUCKETS};
+use crate::kernels::generic::{A_MIN64, T_MIN};
+use crate::kernels::{DtypeKernels, Kernels, Mass64Params, MassKind, MassParams, BLOCK};
+
+const U: f64 = 5.960_464_477_539_063e-8; // 2^-24
+/// Bound of `|ln(w_f32 / exp2(t))|` per unit of `|a|` from the roundings of `t`: three f32
+/// roundings (x - m, c, the product) and the f64 one of `c`.
+const BETA: f64 = 3.000_001 * U;
+/// Relative error bound of the kernels' `exp2` (1.93e-7 measured).
+const EPS_EXP2: f64 = 2.384_185_791_015_625e-7; // 2^-22
+/// Relative error bound of a kernel's block sums of non-negative weights: four f32 levels and
+/// four f64 levels.
+const SIGMA: f64 = 4.01 * U;
+/// Bound of the weight of a token below `lo` (t < -125).
+const TINY: f64 = 2.350_988_701_644_575e-38; // 2^-125
+/// The cheap weight S of a token with true weight w: `S / CHEAP_HI <= w <= S / CHEAP_LO`.
+const CHEAP_LO: f64 = 0.9785;
+const CHEAP_HI: f64 = 1.0848;
+/// Top blocks considered for a peaked row.
+const TOP_BLOCKS: usize = 16;
+/// Candidates sorted directly; more go through a histogram first.
+const SMALL: usize = 256;
+
+/// `c = fl32(inv_t * log2 e)`, or `None` if it overflows.
+pub(crate) fn exp2_scale(inv_t: f32) -> Option<f32> {
+    let c = (inv_t as f64 * std::f64::consts::LOG2_E) as f32;
+    (c.is_finite() && c > 0.0).then_some(c)
+}
+
+/// The smallest finite f32 `v >= floor` whose f32 exponent `(v - m) * c` is at least `T_MIN`
+/// (the kernels' `lo`); `floor <= m`.
+pub(crate) fn mass_lo(m: f32, c: f32, floor: f32) -> f32 {
+    let t = |v: f32| (v - m) * c;
+    first_passing(floor, m, |v| t(v) >= T_MIN)
+}
+
+/// The smallest finite f32 `v >= floor` with `(v - m) * inv_t >= A_MIN64` in f64.
+pub(crate) fn mass_lo64(m: f32, inv_t: f32, floor: f32) -> f32 {
+    first_passing(floor, m, |v| (v as f64 - m as f64) * inv_t as f64 >= A_MIN64)
+}
+
+/// The smallest finite `v` in `[floor, m]` passing a monotone test that `m` passes.
+fn first_passing(floor: f32, m: f32, pass: impl Fn(f32) -> bool) -> f32 {
+    let start = if floor > -f32::MAX { floor } else { -f32::MAX };
+    if pass(start) {
+        return start;
+    }
+    let (mut lo, mut hi) = (ord_key(start), ord_key(m));
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if pass(from_ord_key(mid)) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    from_ord_key(hi)
+}
+
+/// Bounds of the true mass of at most `count` tokens (all with `x >= floor`, below `cut`) whose
+/// exp-kernel mass is `s`. Tokens with `|a| <= A` are off by at most `e^(BETA A)` and the
+/// exp2 error; the rest weigh at most `e^-A` each; A is chosen to give the tightest bounds.
+pub(crate) fn exp_bounds(s: f64, count: usize) -> (f64, f64) {
+    let n = count as f64;
+    let mut best = (0.0, f64::INFINITY);
+    for a in [0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 20.0, 24.0, 32.0, 48.0, 64.0, 87.0] {
+        let hi = s * (1.0 + SIGMA) * (BETA * a).exp() / (1.0 - EPS_EXP2) + n * (-a).exp() + n * TINY;
+        let tail = n * (-a * (1.0 - BETA)).exp() * (1.0 + EPS_EXP2);
+        let lo = (s * (1.0 - SIGMA) - tail).max(0.0) * (-BETA * a).exp() / (1.0 + EPS_EXP2);
+        if hi - lo < best.1 - best.0 {
+            best = (lo, hi);
+        }
+    }
+    (best.0 * (1.0 - 1e-12), best.1 * (1.0 + 1e-12))
+}
+
+/// Bounds of the true mass of at most `count` tokens whose cheap-kernel mass is `s`.
+pub(crate) fn cheap_bounds(s: f64, count: usize) -> (f64, f64) {
+    (s * (1.0 - SIGMA) / CHEAP_HI * (1.0 - 1e-12), (s * (1.0 + SIGMA) / CHEAP_LO + count as f64 * TINY) * (1.0 + 1e-12))
+}
+
+/// One row and its kernels, with the constants of its mass.
+pub(crate) struct RowMass<'a, V: Vals + ?Sized> {
+    k: &'a Kernels,
+    dk: &'a DtypeKernels<V::E>,
+    v: &'a V,
+    n: usize,
+    pub m: f32,
+    pub inv_t: f32,
+    /// The filters' floor before this one (-inf: none).
+    pub floor: f32,
+    /// f32 mass constants (`cut` is set per call).
+    mp: MassParams,
+    lo64: f32,
+}
+
+impl<'a, V: Vals + ?Sized> RowMass<'a, V> {
+    /// `None` when `inv_t * log2 e` overflows f32 (then only the f64 paths apply).
+    pub(crate) fn new(k: &'a Kernels, v: &'a V, m: f32, inv_t: f32, floor: f32) -> Option<Self> {
+        let c = exp2_scale(inv_t)?;
+        let lo = mass_lo(m, c, floor);
+        let mp = MassParams { m, c, lo, cut: f32::INFINITY };
+        let lo64 = mass_lo64(m, inv_t, floor);
+        Some(RowMass { k, dk: V::kernels(k), v, n: v.n(), m, inv_t, floor, mp, lo64 })
+    }
+
+    /// Per-block f32 masses of the tokens `x < cut` into `out` (blocks whose maximum in `bmax`
+    /// is below `lo` are skipped); their sum.
+    fn blocks(&self, bmax: &[f32], kind: MassKind, cut: f32, out: &mut Vec<f64>) -> f64 {
+        out.clear();
+        out.resize(self.n.div_ceil(BLOCK), 0.0);
+        let mp = MassParams { cut, ..self.mp };
+        // SAFETY: the row has n values; out has one slot per block, bmax as many or none.
+        unsafe { (self.dk.mass)(self.v.ptr(), self.n, bmax, mp, kind, out) };
+        out.iter().sum()
+    }
+
+    /// Exact (f64) mass of the tokens `floor <= x < cut`, block by block as in `blocks`.
+    fn exact(&self, bmax: &[f32], cut: f32) -> f64 {
+        let mut out = vec![0.0; self.n.div_ceil(BLOCK)];
+        let p = Mass64Params { m: self.m as f64, s: self.inv_t as f64, lo: self.lo64, cut };
+        // SAFETY: as in `blocks`.
+        unsafe { (self.dk.mass64)(self.v.ptr(), self.n, bmax, p, &mut out) };
+        out.iter().sum()
+    }
+
+    /// The f32-exp mass of every kept token, with its error bounds: the logprob normaliser.
+    pub(crate) fn z_exp(&self) -> (f64, (f64, f64)) {
+        let mut out = Vec::new();
+        let s = self.blocks(&[], MassKind::Exp, f32::INFINITY, &mut out);
+        (s, exp_bounds(s, self.n))
+    }
+
+    /// Exact f64 weights of `xs`.
+    fn weights(&self, xs: &[f32]) -> Vec<f64> {
+        let mut ws = vec![0.0; xs.len()];
+        // SAFETY: the level is supported.
+        unsafe { (self.k.weights64)(xs, self.m as f64, self.inv_t as f64, &mut ws) };
+        ws
+    }
+
+    /// Every kept token `x >= vc`, with its exact weight.
+    fn gather(&self, bmax: &[f32], vc: f32) -> Cands {
+        let lo = vc.max(self.floor).max(-f32::MAX);
+        let mut xs = Vec::new();
+        // SAFETY: the row has n values; bmax one per block.
+        unsafe { (self.dk.gather_ge)(self.v.ptr(), self.n, bmax, lo, &mut xs) };
+        let ws = self.weights(&xs);
+        let total = ws.iter().sum();
+        Cands { lo, xs, ws, total, m: self.m as f64, inv_t: self.inv_t as f64, sorted: None }
+    }
+}
+
+/// Gathered tokens (`x >= lo`, row order) and their exact weights.
+struct Cands {
+    lo: f32,
+    xs: Vec<f32>,
+    ws: Vec<f64>,
+    total: f64,
+    m: f64,
+    inv_t: f64,
+    /// (x, w) by x descending, for few candidates.
+    sorted: Option<Vec<(f32, f64)>>,
+}
+
+/// What a walk down the candidates found.
+#[derive(Debug, PartialEq)]
+enum Walk {
+    /// The threshold.
+    Theta(f32),
+    /// The bounds of the target straddle two logits.
+    Uncertain,
+    /// The candidates' mass is surely below the target: the threshold is below `lo`.
+    Below,
+}
+
+fn desc(a: &(f32, f64), b: &(f32, f64)) -> std::cmp::Ordering {
+    b.0.total_cmp(&a.0)
+}
+
+/// The logits at which `cum` (from `start`, down `sorted`) first reaches `t_lo` and `t_hi`
+/// (the last logit when it does not).
+fn crossings(sorted: &[(f32, f64)], start: f64, t_lo: f64, t_hi: f64) -> (f32, f32) {
+    let last = sorted.last().map_or(f32::NEG_INFINITY, |s| s.0);
+    let (mut x_lo, mut cum) = (None, start);
+    for &(x, w) in sorted {
+        cum += w;
+        if x_lo.is_none() && cum >= t_lo {
+            x_lo = Some(x);
+        }
+        if cum >= t_hi {
+            return (x_lo.unwrap_or(x), x);
+        }
+    }
+    (x_lo.unwrap_or(last), last)
+}
+
+impl Cands {
+    /// The threshold if the target `top_p * Z` lies in `[t_lo, t_hi]`.
+    fn walk(&mut self, t_lo: f64, t_hi: f64) -> Walk {
+        if self.total < t_lo {
+            return Walk::Below;
+        }
+        if self.total < t_hi {
+            return Walk::Uncertain;
+        }
+        let (x_lo, x_hi) = if self.xs.len() <= SMALL {
+            let sorted = self.sorted.get_or_insert_with(|| {
+                let mut s: Vec<(f32, f64)> = self.xs.iter().copied().zip(self.ws.iter().copied()).collect();
+                s.sort_unstable_by(desc);
+                s
+            });
+            crossings(sorted, 0.0, t_lo, t_hi)
+        } else {
+            let a = |x: f32| (x as f64 - self.m) * self.inv_t;
+            let mut mass = vec![0f64; BUCKETS];
+            for (&x, &w) in self.xs.iter().zip(&self.ws) {
+                mass[bucket(a(x))] += w;
+            }
+            let (mut cum, mut b_lo, mut b_hi, mut start) = (0f64, BUCKETS, BUCKETS - 1, 0f64);
+            for (b, &w) in mass.iter().enumerate() {
+                if b_lo == BUCKETS && cum + w >= t_lo {
+                    (b_lo, start) = (b, cum);
+                }
+                if cum + w >= t_hi {
+                    b_hi = b;
+                    break;
+                }
+                cum += w;
+            }
+            if b_lo == BUCKETS {
+                b_lo = b_hi;
+                start = cum;
+            }
+            let mut inside: Vec<(f32, f64)> = Vec::new();
+            for (&x, &w) in self.xs.iter().zip(&self.ws) {
+                let b = bucket(a(x));
+                if b >= b_lo && b <= b_hi {
+                    inside.push((x, w));
+                }
+            }
+            if inside.len() > 4096 && b_hi > b_lo {
+                return Walk::Uncertain;
+            }
+            inside.sort_unstable_by(desc);
+            crossings(&inside, start, t_lo, t_hi)
+        };
+        if x_lo == x_hi {
+            Walk::Theta(x_lo)
+        } else {
+            Walk::Uncertain
+        }
+    }
+}
+
+/// The top-p threshold of a row with finite maximum `m` among the tokens `x >= floor`.
+pub(crate) fn top_p_floor<V: Vals + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    bmax: &[f32],
+    m: f32,
+    inv_t: f32,
+    floor: f32,
+    top_p: f64,
+) -> f32 {
+    match RowMass::new(k, v, m, inv_t, floor) {
+        Some(r) => {
+            let top = top_blocks(bmax);
+            peaked(&r, bmax, &top, top_p).unwrap_or_else(|| general(&r, bmax, &top, top_p))
+        }
+        None => {
+            let r = RowF64 { k, dk: V::kernels(k), v, m, inv_t, floor };
+            full(r.gather_all(bmax), top_p)
+        }
+    }
+}
+
+/// The f64 paths only (when the f32 exponent scale overflows).
+struct RowF64<'a, V: Vals + ?Sized> {
+    k: &'a Kernels,
+    dk: &'a DtypeKernels<V::E>,
+    v: &'a V,
+    m: f32,
+    inv_t: f32,
+    floor: f32,
+}
+
+impl<V: Vals + ?Sized> RowF64<'_, V> {
+    fn gather_all(&self, bmax: &[f32]) -> Cands {
+        let lo = self.floor.max(-f32::MAX);
+        let mut xs = Vec::new();
+        // SAFETY: the row has n values; bmax one per block.
+        unsafe { (self.dk.gather_ge)(self.v.ptr(), self.v.n(), bmax, lo, &mut xs) };
+        let mut ws = vec![0.0; xs.len()];
+        // SAFETY: the level is supported.
+        unsafe { (self.k.weights64)(&xs, self.m as f64, self.inv_t as f64, &mut ws) };
+        let total = ws.iter().sum();
+        Cands { lo, xs, ws, total, m: self.m as f64, inv_t: self.inv_t as f64, sorted: None }
+    }
+}
+
+/// Every kept token gathered: the threshold from exact weights alone.
+fn full(mut c: Cands, top_p: f64) -> f32 {
+    let t = top_p * c.total;
+    match c.walk(t, t) {
+        Walk::Theta(x) => x,
+        // Only when rounding left the target above the whole mass: keep everything.
+        _ => c.lo,
+    }
+}
+
+/// Up to TOP_BLOCKS blocks with the largest finite maxima, largest first (ties: lower index).
+fn top_blocks(bmax: &[f32]) -> Vec<usize> {
+    let mut top: Vec<usize> = Vec::with_capacity(TOP_BLOCKS + 1);
+    for (b, &x) in bmax.iter().enumerate() {
+        if x == f32::NEG_INFINITY {
+            continue;
+        }
+        if top.len() == TOP_BLOCKS && x <= bmax[top[TOP_BLOCKS - 1]] {
+            continue;
+        }
+        let at = top.iter().position(|&o| x > bmax[o]).unwrap_or(top.len());
+        top.insert(at, b);
+        top.truncate(TOP_BLOCKS);
+    }
+    top
+}
+
+/// Decides with R (the kept mass below the candidates) bounded by each tier in turn, the
+/// cheapest first; `known` is an exact part of R, and the tiers bound the rest, over the blocks
+/// whose maximum in `bm` reaches `lo`. `None`: the threshold is below the candidates.
+fn decide<V: Vals + ?Sized>(
+    r: &RowMass<V>,
+    c: &mut Cands,
+    bm: &[f32],
+    known: f64,
+    cheap_first: bool,
+    top_p: f64,
+) -> Option<f32> {
+    let cut = c.lo;
+    let base = c.total + known;
+    let target = |(lo, hi): (f64, f64)| (top_p * (base + lo), top_p * (base + hi));
+    if cut <= r.mp.lo {
+        // Nothing kept below the candidates but weights below 2^-125 (or none at all).
+        let below = if cut <= r.floor.max(-f32::MAX) { 0.0 } else { r.n as f64 * TINY };
+        let (t_lo, t_hi) = target((0.0, below));
+        match c.walk(t_lo, t_hi) {
+            Walk::Theta(x) => return Some(x),
+            Walk::Below => return None,
+            Walk::Uncertain => {}
+        }
+    } else {
+        let mut blocks = Vec::new();
+        if cheap_first {
+            let s = r.blocks(bm, MassKind::CheapCut, cut, &mut blocks);
+            let (t_lo, t_hi) = target(cheap_bounds(s, r.n));
+            match c.walk(t_lo, t_hi) {
+                Walk::Theta(x) => return Some(x),
+                Walk::Below => return None,
+                Walk::Uncertain => {}
+            }
+        }
+        let s = r.blocks(bm, MassKind::ExpCut, cut, &mut blocks);
+        let (t_lo, t_hi) = target(exp_bounds(s, r.n));
+        match c.walk(t_lo, t_hi) {
+            Walk::Theta(x) => return Some(x),
+            Walk::Below => return None,
+            Walk::Uncertain => {}
+        }
+    }
+    let rest = if cut <= r.lo64 { 0.0 } else { r.exact(bm, cut) };
+    let t = top_p * (base + rest);
+    match c.walk(t, t) {
+        Walk::Theta(x) => Some(x),
+        _ => None,
+    }
+}
+
+/// Rows whose mass sits in a few top blocks: the cut from the block maxima alone.
+fn peaked<V: Vals + ?Sized>(r: &RowMass<V>, bmax: &[f32], top: &[usize], top_p: f64) -> Option<f32> {
+    if top.is_empty() {
+        return None;
+    }
+    // f32 weights of every block maximum: the top blocks must carry top_p of their sum.
+    let mut wb = vec![0f32; bmax.len()];
+    // SAFETY: bmax is an f32 row of bmax.len() values; wb as long.
+    unsafe { (r.k.f32.mass_weights)(bmax.as_ptr(), bmax.len(), r.mp, wb.as_mut_ptr()) };
+    let all: f64 = wb.iter().map(|&w| w as f64).sum();
+    let in_top: f64 = top.iter().map(|&b| wb[b] as f64).sum();
+    if in_top < top_p * all * (1.0 - 1e-3) {
+        return None;
+    }
+    // Z: exact over the top blocks, cheap bounds over the rest.
+    let mut rest = bmax.to_vec();
+    let mut only_top = vec![f32::NEG_INFINITY; bmax.len()];
+    for &b in top {
+        rest[b] = f32::NEG_INFINITY;
+        only_top[b] = bmax[b];
+    }
+    let z_top = r.exact(&only_top, f32::INFINITY);
+    let mut blocks = Vec::new();
+    let s = r.blocks(&rest, MassKind::CheapCut, f32::INFINITY, &mut blocks);
+    let z_hi = z_top + cheap_bounds(s, r.n).1;
+    // The block maxima alone reach top_p * z_hi at vc: the threshold is at least vc.
+    let mut cum = 0.0;
+    let wmax = r.weights(&top.iter().map(|&b| bmax[b]).collect::<Vec<_>>());
+    let mut vc = None;
+    for (i, &b) in top.iter().enumerate() {
+        cum += wmax[i];
+        if cum >= top_p * z_hi {
+            vc = Some(bmax[b]);
+            break;
+        }
+    }
+    let vc = vc?;
+    // Blocks outside the top must lie wholly below vc for their cheap sums to count as R.
+    if rest.iter().any(|&x| x >= vc) {
+        return None;
+    }
+    let mut c = r.gather(bmax, vc);
+    // R = the top blocks' mass below vc (exact) + the rest (bounded).
+    let known = (z_top - c.total).max(0.0);
+    let (t_lo, t_hi) = {
+        let (lo, hi) = cheap_bounds(s, r.n);
+        (top_p * (z_top + lo), top_p * (z_top + hi))
+    };
+    match c.walk(t_lo, t_hi) {
+        Walk::Theta(x) => Some(x),
+        Walk::Below => None,
+        Walk::Uncertain => decide(r, &mut c, &rest, known, false, top_p),
+    }
+}
+
+/// Any row: the cut from a sample of blocks (the top blocks, and evenly spaced others).
+fn general<V: Vals + ?Sized>(r: &RowMass<V>, bmax: &[f32], top: &[usize], top_p: f64) -> f32 {
+    let vc = sample_cut(r, bmax, top, top_p);
+    let mut c = r.gather(bmax, vc);
+    if let Some(x) = decide(r, &mut c, bmax, 0.0, false, top_p) {
+        return x;
+    }
+    // The threshold is below the cut: gather every kept token.
+    full(r.gather(bmax, f32::NEG_INFINITY), top_p)
+}
+
+/// A cut below the threshold with high probability, from the f32 weights of a sample: the top
+/// blocks (counted once) and about 16 evenly spaced blocks (scaled up to the others).
+fn sample_cut<V: Vals + ?Sized>(r: &RowMass<V>, bmax: &[f32], top: &[usize], top_p: f64) -> f32 {
+    let nb = bmax.len();
+    let mut in_top = vec![false; nb];
+    for &b in top {
+        in_top[b] = true;
+    }
+    let stride = (nb / 16).max(1);
+    let strided: Vec<usize> = (stride / 2..nb).step_by(stride).filter(|&b| !in_top[b]).collect();
+    let others = nb - top.len();
+    let scale = if strided.is_empty() { 0.0 } else { others as f64 / strided.len() as f64 };
+    // Mass by bucket of the f32 weight's bits (16 per octave): exact part, sampled part and its
+    // squares.
+    const NB: usize = 2048;
+    let (mut hm, mut hq) = (vec![0f64; NB], vec![0f64; NB]);
+    let mut w = [0f32; BLOCK];
+    let mut add = |b: usize, sc: f64, hm: &mut [f64], hq: &mut [f64]| {
+        let start = b * BLOCK;
+        let len = BLOCK.min(r.n - start);
+        // SAFETY: the block lies inside the row; w holds BLOCK values.
+        unsafe { (r.dk.mass_weights)(r.v.ptr().add(start), len, r.mp, w.as_mut_ptr()) };
+        for &x in &w[..len] {
+            if x > 0.0 {
+                let j = (x.to_bits() >> 19) as usize;
+                let x = x as f64 * sc;
+                hm[j] += x;
+                hq[j] += if sc == 1.0 { 0.0 } else { x * x };
+            }
+        }
+    };
+    for &b in top {
+        add(b, 1.0, &mut hm, &mut hq);
+    }
+    for &b in &strided {
+        add(b, scale, &mut hm, &mut hq);
+    }
+    let z: f64 = hm.iter().sum();
+    let q: f64 = hq.iter().sum();
+    let (mut above, mut q_above) = (0f64, 0f64);
+    for j in (0..NB).rev() {
+        above += hm[j];
+        q_above += hq[j];
+        let d = above - top_p * z;
+        let var = (1.0 - top_p).powi(2) * q_above + top_p * top_p * (q - q_above);
+        if hm[j] > 0.0 && d >= 3.0 * var.sqrt() + 1e-9 * z {
+            // Weights of at least 2^(t_j): logits of at least m + t_j / c, lowered a little.
+            let t_j = (f32::from_bits((j as u32) << 19) as f64).log2();
+            let x = r.m as f64 + t_j / r.mp.c as f64;
+            let x = x - x.abs() * 1e-6 - 1e-30;
+            return if x > f32::MAX as f64 { r.m } else { (x as f32).max(-f32::MAX) };
+        }
+    }
+    f32::NEG_INFINITY
+}
