@@ -26,6 +26,21 @@
 use super::filter::{bucket, from_ord_key, ord_key, Vals, BUCKETS};
 use crate::kernels::generic::{A_MIN64, T_MIN};
 use crate::kernels::{DtypeKernels, Kernels, Mass64Params, MassKind, MassParams, BLOCK};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// How top-p thresholds were decided, for benchmarks and tests: [peaked path with cheap bounds,
+/// f32-exp bounds, exact f64 mass, every token gathered].
+static TIERS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+
+fn count(tier: usize) {
+    TIERS[tier].fetch_add(1, Relaxed);
+}
+
+/// How many top-p thresholds (without top-k) each tier decided since the start: cheap bounds,
+/// f32-exp bounds, the exact f64 mass, every token gathered.
+pub fn tier_counts() -> [u64; 4] {
+    std::array::from_fn(|i| TIERS[i].load(Relaxed))
+}
 
 const U: f64 = 5.960_464_477_539_063e-8; // 2^-24
 /// Bound of `|ln(w_f32 / exp2(t))|` per unit of `|a|` from the roundings of `t`: three f32
@@ -326,6 +341,7 @@ impl<V: Vals + ?Sized> RowF64<'_, V> {
 
 /// Every kept token gathered: the threshold from exact weights alone.
 fn full(mut c: Cands, top_p: f64) -> f32 {
+    count(3);
     let t = top_p * c.total;
     match c.walk(t, t) {
         Walk::Theta(x) => x,
@@ -351,52 +367,35 @@ fn top_blocks(bmax: &[f32]) -> Vec<usize> {
     top
 }
 
-/// Decides with R (the kept mass below the candidates) bounded by each tier in turn, the
-/// cheapest first; `known` is an exact part of R, and the tiers bound the rest, over the blocks
-/// whose maximum in `bm` reaches `lo`. `None`: the threshold is below the candidates.
-fn decide<V: Vals + ?Sized>(
-    r: &RowMass<V>,
-    c: &mut Cands,
-    bm: &[f32],
-    known: f64,
-    cheap_first: bool,
-    top_p: f64,
-) -> Option<f32> {
+/// Decides with R (the kept mass below the candidates) bounded by the f32-exp kernel, then, if
+/// that does not decide, computed by the f64 one; `known` is an exact part of R, and the kernels
+/// sum the rest over the blocks whose maximum in `bm` reaches `lo`. `None`: the threshold is
+/// below the candidates.
+fn decide<V: Vals + ?Sized>(r: &RowMass<V>, c: &mut Cands, bm: &[f32], known: f64, top_p: f64) -> Option<f32> {
     let cut = c.lo;
     let base = c.total + known;
-    let target = |(lo, hi): (f64, f64)| (top_p * (base + lo), top_p * (base + hi));
-    if cut <= r.mp.lo {
+    let bounds = if cut <= r.mp.lo {
         // Nothing kept below the candidates but weights below 2^-125 (or none at all).
-        let below = if cut <= r.floor.max(-f32::MAX) { 0.0 } else { r.n as f64 * TINY };
-        let (t_lo, t_hi) = target((0.0, below));
-        match c.walk(t_lo, t_hi) {
-            Walk::Theta(x) => return Some(x),
-            Walk::Below => return None,
-            Walk::Uncertain => {}
-        }
+        (0.0, if cut <= r.floor.max(-f32::MAX) { 0.0 } else { r.n as f64 * TINY })
     } else {
         let mut blocks = Vec::new();
-        if cheap_first {
-            let s = r.blocks(bm, MassKind::CheapCut, cut, &mut blocks);
-            let (t_lo, t_hi) = target(cheap_bounds(s, r.n));
-            match c.walk(t_lo, t_hi) {
-                Walk::Theta(x) => return Some(x),
-                Walk::Below => return None,
-                Walk::Uncertain => {}
-            }
+        exp_bounds(r.blocks(bm, MassKind::ExpCut, cut, &mut blocks), r.n)
+    };
+    match c.walk(top_p * (base + bounds.0), top_p * (base + bounds.1)) {
+        Walk::Theta(x) => {
+            count(1);
+            return Some(x);
         }
-        let s = r.blocks(bm, MassKind::ExpCut, cut, &mut blocks);
-        let (t_lo, t_hi) = target(exp_bounds(s, r.n));
-        match c.walk(t_lo, t_hi) {
-            Walk::Theta(x) => return Some(x),
-            Walk::Below => return None,
-            Walk::Uncertain => {}
-        }
+        Walk::Below => return None,
+        Walk::Uncertain => {}
     }
     let rest = if cut <= r.lo64 { 0.0 } else { r.exact(bm, cut) };
     let t = top_p * (base + rest);
     match c.walk(t, t) {
-        Walk::Theta(x) => Some(x),
+        Walk::Theta(x) => {
+            count(2);
+            Some(x)
+        }
         _ => None,
     }
 }
@@ -450,9 +449,12 @@ fn peaked<V: Vals + ?Sized>(r: &RowMass<V>, bmax: &[f32], top: &[usize], top_p: 
         (top_p * (z_top + lo), top_p * (z_top + hi))
     };
     match c.walk(t_lo, t_hi) {
-        Walk::Theta(x) => Some(x),
+        Walk::Theta(x) => {
+            count(0);
+            Some(x)
+        }
         Walk::Below => None,
-        Walk::Uncertain => decide(r, &mut c, &rest, known, false, top_p),
+        Walk::Uncertain => decide(r, &mut c, &rest, known, top_p),
     }
 }
 
@@ -460,7 +462,7 @@ fn peaked<V: Vals + ?Sized>(r: &RowMass<V>, bmax: &[f32], top: &[usize], top_p: 
 fn general<V: Vals + ?Sized>(r: &RowMass<V>, bmax: &[f32], top: &[usize], top_p: f64) -> f32 {
     let vc = sample_cut(r, bmax, top, top_p);
     let mut c = r.gather(bmax, vc);
-    if let Some(x) = decide(r, &mut c, bmax, 0.0, false, top_p) {
+    if let Some(x) = decide(r, &mut c, bmax, 0.0, top_p) {
         return x;
     }
     // The threshold is below the cut: gather every kept token.
@@ -521,4 +523,73 @@ fn sample_cut<V: Vals + ?Sized>(r: &RowMass<V>, bmax: &[f32], top: &[usize], top
         }
     }
     f32::NEG_INFINITY
+}
+
+/// Test hooks: the mass kernels of a level on one row.
+#[doc(hidden)]
+pub mod hooks {
+    use super::*;
+    use crate::kernels::{kernels, SimdLevel};
+    use crate::Logits;
+
+    /// The kernels' constants for a row: (c, lo, lo64), or None if `c` overflows.
+    pub fn consts(m: f32, inv_t: f32, floor: f32) -> Option<(f32, f32, f32)> {
+        let c = exp2_scale(inv_t)?;
+        Some((c, mass_lo(m, c, floor), mass_lo64(m, inv_t, floor)))
+    }
+
+    /// 2^t for `-125 <= t <= 0`, as every kernel computes it (one lane).
+    pub fn exp2(t: f32) -> f32 {
+        crate::kernels::generic::exp2_neg::<crate::kernels::simd::Scalar>(t)
+    }
+
+    /// exp(a) for `-700 <= a <= 0`, as the f64 kernels compute it.
+    pub fn exp64(a: f64) -> f64 {
+        crate::kernels::generic::exp64(a)
+    }
+
+    pub fn exp_bounds(s: f64, count: usize) -> (f64, f64) {
+        super::exp_bounds(s, count)
+    }
+
+    pub fn cheap_bounds(s: f64, count: usize) -> (f64, f64) {
+        super::cheap_bounds(s, count)
+    }
+
+    /// Per-token f32 weights of an f32 row (`exp2((x - m) * c)` for `lo <= x < cut`, else 0).
+    pub fn weights(level: SimdLevel, x: &[f32], m: f32, c: f32, lo: f32, cut: f32) -> Vec<f32> {
+        let mut out = vec![0f32; x.len()];
+        let mp = MassParams { m, c, lo, cut };
+        // SAFETY: x and out have x.len() values; the level is supported (kernels() checks).
+        unsafe { (kernels(level).f32.mass_weights)(x.as_ptr(), x.len(), mp, out.as_mut_ptr()) };
+        out
+    }
+
+    /// Per-block masses of a row: kind 0 exp, 1 exp below `cut`, 2 cheap below `cut`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn blocks(level: SimdLevel, x: Logits, m: f32, c: f32, lo: f32, cut: f32, kind: u8) -> Vec<f64> {
+        let kind = [MassKind::Exp, MassKind::ExpCut, MassKind::CheapCut][kind as usize];
+        let mp = MassParams { m, c, lo, cut };
+        let k = kernels(level);
+        let n = x.len();
+        let mut out = vec![0f64; n.div_ceil(BLOCK)];
+        // SAFETY: as above.
+        unsafe {
+            match x {
+                Logits::F32(s) => (k.f32.mass)(s.as_ptr(), n, &[], mp, kind, &mut out),
+                Logits::Bf16(s) => (k.bf16.mass)(s.as_ptr(), n, &[], mp, kind, &mut out),
+                Logits::F16(s) => (k.f16.mass)(s.as_ptr(), n, &[], mp, kind, &mut out),
+            }
+        };
+        out
+    }
+
+    /// Per-block f64 masses of an f32 row (tokens `lo <= x < cut`).
+    pub fn blocks64(level: SimdLevel, x: &[f32], m: f32, inv_t: f32, lo: f32, cut: f32) -> Vec<f64> {
+        let p = Mass64Params { m: m as f64, s: inv_t as f64, lo, cut };
+        let mut out = vec![0f64; x.len().div_ceil(BLOCK)];
+        // SAFETY: as above.
+        unsafe { (kernels(level).f32.mass64)(x.as_ptr(), x.len(), &[], p, &mut out) };
+        out
+    }
 }

@@ -7,7 +7,8 @@
 pub mod batch;
 pub mod filter;
 pub mod logprob;
-pub(crate) mod mass;
+#[doc(hidden)]
+pub mod mass;
 pub(crate) mod workers;
 
 use crate::config::NoiseKind;
