@@ -1,4 +1,6 @@
-//! Per-row cost of the filters at vocab 163840 (f32), against a plain max pass over the same row.
+//! Per-row cost of the filters at vocab 163840 (f32), against two read floors of the same row
+//! measured in the same run: a max pass in plain Rust (as the issue measured it) and the
+//! library's SIMD max pass at the sampler's level (`kernels::read_floor`, usually faster).
 //! `cargo run --release --example filter_speed`
 use std::time::Instant;
 use tokenrace::*;
@@ -59,7 +61,10 @@ fn main() {
             ("min-p 0.05", 0, 1.0, 0.05, false),
             ("unfiltered + logprob", 0, 1.0, 0.0, true),
         ];
-        println!("{shape}: read floor (max pass) {floor:.1} us");
+        let simd_floor = time(&mut || {
+            std::hint::black_box(tokenrace::kernels::read_floor(s.simd_level(), Logits::F32(&x), 1, vocab, vocab));
+        });
+        println!("{shape}: read floor (max pass) {floor:.1} us, SIMD read floor {simd_floor:.1} us");
         for (name, k, p, mp, lp) in cases {
             let (kk, pp, mm, tt) = ([k], [p], [mp], [1.0f32]);
             let b = Batch {
@@ -71,6 +76,7 @@ fn main() {
             };
             let mut tok = [0i32];
             let mut l = [0f32];
+            let tiers = tokenrace::draw::mass::tier_counts();
             let us = time(&mut || {
                 let mut out = Output::new(&mut tok);
                 if lp {
@@ -78,7 +84,14 @@ fn main() {
                 }
                 s.draw(&b, &mut out).unwrap();
             });
-            println!("  {name:<24} {us:8.1} us  {:5.2}x floor", us / floor);
+            let after = tokenrace::draw::mass::tier_counts();
+            let decided: Vec<u64> = (0..4).map(|i| after[i] - tiers[i]).collect();
+            let how = if decided.iter().sum::<u64>() > 0 {
+                format!("  top-p by cheap/f32/f64/all: {decided:?}")
+            } else {
+                String::new()
+            };
+            println!("  {name:<24} {us:8.1} us  {:5.2}x floor  {:5.2}x SIMD floor{how}", us / floor, us / simd_floor);
         }
     }
 }
