@@ -122,7 +122,7 @@ fn block_masses_are_bit_identical_across_levels() {
             let cut = m - 1.5 * rng.f64() as f32 * t;
             for floor in [NINF, m - 4.0 * t] {
                 let (c, lo, lo64) = hooks::consts(m, inv_t, floor).unwrap();
-                for kind in 0..3u8 {
+                for kind in 0..5u8 {
                     for logits in [Logits::F32(&x), Logits::Bf16(&bf), Logits::F16(&hf)] {
                         let want = hooks::blocks(SimdLevel::Scalar, logits, m, c, lo, cut, kind);
                         for level in supported_levels() {
@@ -170,6 +170,15 @@ fn mass_bounds_hold_and_f64_mass_is_exact() {
                     let s: f64 = hooks::blocks(level, Logits::F32(&x), m, c, lo, cut, 2).iter().sum();
                     let (a, b) = hooks::cheap_bounds(s, n);
                     assert!(a <= want && want <= b, "cheap bounds {a} {b} miss {want}");
+                    if floor == NINF && cut == f32::INFINITY {
+                        // The kinds without a mask count every token read, padding included.
+                        let s: f64 = hooks::blocks(level, Logits::F32(&x), m, c, lo, cut, 3).iter().sum();
+                        let (a, b) = hooks::exp_bounds(s, n + 256);
+                        assert!(a <= want && want <= b, "exp (all) bounds {a} {b} miss {want}");
+                        let s: f64 = hooks::blocks(level, Logits::F32(&x), m, c, lo, cut, 4).iter().sum();
+                        let (a, b) = hooks::cheap_bounds(s, n + 256);
+                        assert!(a <= want && want <= b, "cheap (all) bounds {a} {b} miss {want}");
+                    }
                     let e: f64 = hooks::blocks64(level, &x, m, inv_t, lo64, cut).iter().sum();
                     assert!((e - want).abs() <= 1e-14 * want + 1e-290, "f64 mass {e} vs {want}");
                 }

@@ -206,19 +206,6 @@ fn kth_largest<V: Vals + ?Sized>(v: &V, bmax: &[f32], k: usize, cand: &mut Vec<f
     Some(*sel.select_nth_unstable_by(k - 1, desc).1)
 }
 
-pub(crate) const BUCKETS: usize = 2048;
-const PER_UNIT: f64 = 32.0;
-
-#[inline(always)]
-pub(crate) fn bucket(a: f64) -> usize {
-    let b = -a * PER_UNIT;
-    if b >= (BUCKETS - 1) as f64 {
-        BUCKETS - 1
-    } else {
-        b as usize // a <= 0, so b >= 0 (and -0.0 -> 0)
-    }
-}
-
 /// Walks `(x, w)` pairs sorted by `x` descending from cumulative mass `cum`; the first `x` at
 /// which the mass reaches `target` (or the last `x` if it never does).
 fn walk(sorted: &[(f32, f64)], mut cum: f64, target: f64) -> f32 {

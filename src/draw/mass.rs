@@ -23,7 +23,7 @@
 //! below `vc`, and every kept token is gathered. So the threshold is what exact arithmetic gives
 //! (the exact tier: float64, with its rounding), on every SIMD level and thread count.
 
-use super::filter::{bucket, from_ord_key, ord_key, Vals, BUCKETS};
+use super::filter::{from_ord_key, ord_key, Vals};
 use crate::kernels::generic::{A_MIN64, T_MIN};
 use crate::kernels::{DtypeKernels, Kernels, Mass64Params, MassKind, MassParams, BLOCK};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -60,6 +60,23 @@ const CHEAP_HI: f64 = 1.0848;
 const TOP_BLOCKS: usize = 16;
 /// Candidates sorted directly; more go through a histogram first.
 const SMALL: usize = 256;
+/// Buckets of that histogram.
+const BUCKETS: usize = 2048;
+
+/// A sum in a fixed order that the compiler can vectorise: eight interleaved partial sums.
+pub(crate) fn sum(xs: &[f64]) -> f64 {
+    let mut acc = [0f64; 8];
+    let mut chunks = xs.chunks_exact(8);
+    for c in &mut chunks {
+        for j in 0..8 {
+            acc[j] += c[j];
+        }
+    }
+    for (j, &x) in chunks.remainder().iter().enumerate() {
+        acc[j] += x;
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
 
 /// `c = fl32(inv_t * log2 e)`, or `None` if it overflows.
 pub(crate) fn exp2_scale(inv_t: f32) -> Option<f32> {
@@ -98,7 +115,7 @@ fn first_passing(floor: f32, m: f32, pass: impl Fn(f32) -> bool) -> f32 {
 }
 
 /// Bounds of the true mass of at most `count` tokens (all with `x >= floor`, below `cut`) whose
-/// exp-kernel mass is `s`. Tokens with `|a| <= A` are off by at most `e^(BETA A)` and the
+/// exp-kernel mass is `s` (the kinds without a mask add at most 2^-125 per token read). Tokens with `|a| <= A` are off by at most `e^(BETA A)` and the
 /// exp2 error; the rest weigh at most `e^-A` each; A is chosen to give the tightest bounds.
 pub(crate) fn exp_bounds(s: f64, count: usize) -> (f64, f64) {
     let n = count as f64;
@@ -106,7 +123,7 @@ pub(crate) fn exp_bounds(s: f64, count: usize) -> (f64, f64) {
     for a in [0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 20.0, 24.0, 32.0, 48.0, 64.0, 87.0] {
         let hi = s * (1.0 + SIGMA) * (BETA * a).exp() / (1.0 - EPS_EXP2) + n * (-a).exp() + n * TINY;
         let tail = n * (-a * (1.0 - BETA)).exp() * (1.0 + EPS_EXP2);
-        let lo = (s * (1.0 - SIGMA) - tail).max(0.0) * (-BETA * a).exp() / (1.0 + EPS_EXP2);
+        let lo = (s * (1.0 - SIGMA) - tail - n * TINY).max(0.0) * (-BETA * a).exp() / (1.0 + EPS_EXP2);
         if hi - lo < best.1 - best.0 {
             best = (lo, hi);
         }
@@ -116,7 +133,9 @@ pub(crate) fn exp_bounds(s: f64, count: usize) -> (f64, f64) {
 
 /// Bounds of the true mass of at most `count` tokens whose cheap-kernel mass is `s`.
 pub(crate) fn cheap_bounds(s: f64, count: usize) -> (f64, f64) {
-    (s * (1.0 - SIGMA) / CHEAP_HI * (1.0 - 1e-12), (s * (1.0 + SIGMA) / CHEAP_LO + count as f64 * TINY) * (1.0 + 1e-12))
+    let n = count as f64;
+    let lo = (s * (1.0 - SIGMA) - n * TINY).max(0.0) / CHEAP_HI;
+    (lo * (1.0 - 1e-12), (s * (1.0 + SIGMA) / CHEAP_LO + n * TINY) * (1.0 + 1e-12))
 }
 
 /// One row and its kernels, with the constants of its mass.
@@ -132,6 +151,8 @@ pub(crate) struct RowMass<'a, V: Vals + ?Sized> {
     /// f32 mass constants (`cut` is set per call).
     mp: MassParams,
     lo64: f32,
+    /// The floor keeps every token with `t >= T_MIN`.
+    unmasked: bool,
 }
 
 impl<'a, V: Vals + ?Sized> RowMass<'a, V> {
@@ -141,7 +162,8 @@ impl<'a, V: Vals + ?Sized> RowMass<'a, V> {
         let lo = mass_lo(m, c, floor);
         let mp = MassParams { m, c, lo, cut: f32::INFINITY };
         let lo64 = mass_lo64(m, inv_t, floor);
-        Some(RowMass { k, dk: V::kernels(k), v, n: v.n(), m, inv_t, floor, mp, lo64 })
+        let unmasked = floor == f32::NEG_INFINITY || floor <= mass_lo(m, c, f32::NEG_INFINITY);
+        Some(RowMass { k, dk: V::kernels(k), v, n: v.n(), m, inv_t, floor, mp, lo64, unmasked })
     }
 
     /// Per-block f32 masses of the tokens `x < cut` into `out` (blocks whose maximum in `bmax`
@@ -152,7 +174,7 @@ impl<'a, V: Vals + ?Sized> RowMass<'a, V> {
         let mp = MassParams { cut, ..self.mp };
         // SAFETY: the row has n values; out has one slot per block, bmax as many or none.
         unsafe { (self.dk.mass)(self.v.ptr(), self.n, bmax, mp, kind, out) };
-        out.iter().sum()
+        sum(out)
     }
 
     /// Exact (f64) mass of the tokens `floor <= x < cut`, block by block as in `blocks`.
@@ -161,14 +183,37 @@ impl<'a, V: Vals + ?Sized> RowMass<'a, V> {
         let p = Mass64Params { m: self.m as f64, s: self.inv_t as f64, lo: self.lo64, cut };
         // SAFETY: as in `blocks`.
         unsafe { (self.dk.mass64)(self.v.ptr(), self.n, bmax, p, &mut out) };
-        out.iter().sum()
+        sum(&out)
+    }
+
+    /// Whether the kept tokens are exactly those with `t >= T_MIN` (no floor above it), so that
+    /// the kernels without a mask apply.
+    fn unmasked(&self) -> bool {
+        self.unmasked
+    }
+
+    /// Tokens the bounds must allow for: the row, and the padding of its last block.
+    fn count(&self) -> usize {
+        self.n + BLOCK
+    }
+
+    /// Exact (f64) mass of the kept tokens of block `b`.
+    fn exact_block(&self, b: usize) -> f64 {
+        let start = b * BLOCK;
+        let len = BLOCK.min(self.n - start);
+        let mut out = [0.0];
+        let p = Mass64Params { m: self.m as f64, s: self.inv_t as f64, lo: self.lo64, cut: f32::INFINITY };
+        // SAFETY: the block lies inside the row.
+        unsafe { (self.dk.mass64)(self.v.ptr().add(start), len, &[], p, &mut out) };
+        out[0]
     }
 
     /// The f32-exp mass of every kept token, with its error bounds: the logprob normaliser.
     pub(crate) fn z_exp(&self) -> (f64, (f64, f64)) {
         let mut out = Vec::new();
-        let s = self.blocks(&[], MassKind::Exp, f32::INFINITY, &mut out);
-        (s, exp_bounds(s, self.n))
+        let kind = if self.unmasked() { MassKind::ExpAll } else { MassKind::Exp };
+        let s = self.blocks(&[], kind, f32::INFINITY, &mut out);
+        (s, exp_bounds(s, self.count()))
     }
 
     /// Exact f64 weights of `xs`.
@@ -186,8 +231,8 @@ impl<'a, V: Vals + ?Sized> RowMass<'a, V> {
         // SAFETY: the row has n values; bmax one per block.
         unsafe { (self.dk.gather_ge)(self.v.ptr(), self.n, bmax, lo, &mut xs) };
         let ws = self.weights(&xs);
-        let total = ws.iter().sum();
-        Cands { lo, xs, ws, total, m: self.m as f64, inv_t: self.inv_t as f64, sorted: None }
+        let total = sum(&ws);
+        Cands { lo, xs, ws, total, sorted: None, hist: None }
     }
 }
 
@@ -197,10 +242,37 @@ struct Cands {
     xs: Vec<f32>,
     ws: Vec<f64>,
     total: f64,
-    m: f64,
-    inv_t: f64,
     /// (x, w) by x descending, for few candidates.
     sorted: Option<Vec<(f32, f64)>>,
+    /// For many: each one's bucket (by logit, descending), the mass of each bucket, and of each
+    /// group of 16 buckets.
+    hist: Option<Hist>,
+}
+
+type Hist = (Vec<u16>, Vec<f64>, Vec<f64>);
+
+/// Buckets uniform in logit over the candidates' range, the largest logits in bucket 0 (the
+/// bucket is monotone in x, which is all the walk needs), and the mass of each bucket.
+fn histogram(xs: &[f32], ws: &[f64]) -> Hist {
+    let (mut top, mut low) = ([f32::NEG_INFINITY; 8], [f32::INFINITY; 8]);
+    for c in xs.chunks(8) {
+        for (j, &x) in c.iter().enumerate() {
+            top[j] = if x > top[j] { x } else { top[j] };
+            low[j] = if x < low[j] { x } else { low[j] };
+        }
+    }
+    let top = top.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let low = low.iter().fold(f32::INFINITY, |a, &b| a.min(b));
+    let span = top as f64 - low as f64;
+    let k = if span > 0.0 { (((BUCKETS - 1) as f64 / span) as f32).min(f32::MAX) } else { 0.0 };
+    let last = (BUCKETS - 1) as f32;
+    let idx: Vec<u16> = xs.iter().map(|&x| ((top - x) * k).min(last) as i32 as u16).collect();
+    let mut mass = vec![0f64; BUCKETS];
+    for (&b, &w) in idx.iter().zip(ws) {
+        mass[b as usize] += w;
+    }
+    let group = mass.chunks(16).map(sum).collect();
+    (idx, mass, group)
 }
 
 /// What a walk down the candidates found.
@@ -252,13 +324,16 @@ impl Cands {
             });
             crossings(sorted, 0.0, t_lo, t_hi)
         } else {
-            let a = |x: f32| (x as f64 - self.m) * self.inv_t;
-            let mut mass = vec![0f64; BUCKETS];
-            for (&x, &w) in self.xs.iter().zip(&self.ws) {
-                mass[bucket(a(x))] += w;
+            let (idx, mass, group) = self.hist.get_or_insert_with(|| histogram(&self.xs, &self.ws));
+            // Skip whole groups of 16 buckets while the target is beyond them.
+            let (mut cum, mut b) = (0f64, 0);
+            while b + 16 < BUCKETS && cum + group[b / 16] < t_lo {
+                cum += group[b / 16];
+                b += 16;
             }
-            let (mut cum, mut b_lo, mut b_hi, mut start) = (0f64, BUCKETS, BUCKETS - 1, 0f64);
-            for (b, &w) in mass.iter().enumerate() {
+            let (mut b_lo, mut b_hi, mut start) = (BUCKETS, BUCKETS - 1, 0f64);
+            while b < BUCKETS {
+                let w = mass[b];
                 if b_lo == BUCKETS && cum + w >= t_lo {
                     (b_lo, start) = (b, cum);
                 }
@@ -267,19 +342,22 @@ impl Cands {
                     break;
                 }
                 cum += w;
+                b += 1;
             }
             if b_lo == BUCKETS {
                 b_lo = b_hi;
                 start = cum;
             }
-            let mut inside: Vec<(f32, f64)> = Vec::new();
-            for (&x, &w) in self.xs.iter().zip(&self.ws) {
-                let b = bucket(a(x));
-                if b >= b_lo && b <= b_hi {
-                    inside.push((x, w));
-                }
+            let (b_lo, span) = (b_lo as u16, (b_hi - b_lo) as u16);
+            let mut at = vec![0u32; idx.len() + 1];
+            let mut k = 0;
+            for (i, &b) in idx.iter().enumerate() {
+                at[k] = i as u32;
+                k += (b.wrapping_sub(b_lo) <= span) as usize;
             }
-            if inside.len() > 4096 && b_hi > b_lo {
+            let mut inside: Vec<(f32, f64)> =
+                at[..k].iter().map(|&i| (self.xs[i as usize], self.ws[i as usize])).collect();
+            if inside.len() > 4096 && span > 0 {
                 return Walk::Uncertain;
             }
             inside.sort_unstable_by(desc);
@@ -334,8 +412,8 @@ impl<V: Vals + ?Sized> RowF64<'_, V> {
         let mut ws = vec![0.0; xs.len()];
         // SAFETY: the level is supported.
         unsafe { (self.k.weights64)(&xs, self.m as f64, self.inv_t as f64, &mut ws) };
-        let total = ws.iter().sum();
-        Cands { lo, xs, ws, total, m: self.m as f64, inv_t: self.inv_t as f64, sorted: None }
+        let total = sum(&ws);
+        Cands { lo, xs, ws, total, sorted: None, hist: None }
     }
 }
 
@@ -376,10 +454,10 @@ fn decide<V: Vals + ?Sized>(r: &RowMass<V>, c: &mut Cands, bm: &[f32], known: f6
     let base = c.total + known;
     let bounds = if cut <= r.mp.lo {
         // Nothing kept below the candidates but weights below 2^-125 (or none at all).
-        (0.0, if cut <= r.floor.max(-f32::MAX) { 0.0 } else { r.n as f64 * TINY })
+        (0.0, if cut <= r.floor.max(-f32::MAX) { 0.0 } else { r.count() as f64 * TINY })
     } else {
         let mut blocks = Vec::new();
-        exp_bounds(r.blocks(bm, MassKind::ExpCut, cut, &mut blocks), r.n)
+        exp_bounds(r.blocks(bm, MassKind::ExpCut, cut, &mut blocks), r.count())
     };
     match c.walk(top_p * (base + bounds.0), top_p * (base + bounds.1)) {
         Walk::Theta(x) => {
@@ -401,6 +479,11 @@ fn decide<V: Vals + ?Sized>(r: &RowMass<V>, c: &mut Cands, bm: &[f32], known: f6
 }
 
 /// Rows whose mass sits in a few top blocks: the cut from the block maxima alone.
+///
+/// Cheap bounds of every block's mass first; then the top blocks, largest maximum first, get
+/// their exact mass until their maxima alone reach `top_p` of the upper bound of Z (the exact
+/// mass of the visited blocks plus the cheap bound of the others): the threshold is at least
+/// the last maximum visited, `vc`, and every token `>= vc` lies in a visited block.
 fn peaked<V: Vals + ?Sized>(r: &RowMass<V>, bmax: &[f32], top: &[usize], top_p: f64) -> Option<f32> {
     if top.is_empty() {
         return None;
@@ -409,52 +492,46 @@ fn peaked<V: Vals + ?Sized>(r: &RowMass<V>, bmax: &[f32], top: &[usize], top_p: 
     let mut wb = vec![0f32; bmax.len()];
     // SAFETY: bmax is an f32 row of bmax.len() values; wb as long.
     unsafe { (r.k.f32.mass_weights)(bmax.as_ptr(), bmax.len(), r.mp, wb.as_mut_ptr()) };
-    let all: f64 = wb.iter().map(|&w| w as f64).sum();
+    let all = sum(&wb.iter().map(|&w| w as f64).collect::<Vec<_>>());
     let in_top: f64 = top.iter().map(|&b| wb[b] as f64).sum();
     if in_top < top_p * all * (1.0 - 1e-3) {
         return None;
     }
-    // Z: exact over the top blocks, cheap bounds over the rest.
-    let mut rest = bmax.to_vec();
-    let mut only_top = vec![f32::NEG_INFINITY; bmax.len()];
-    for &b in top {
-        rest[b] = f32::NEG_INFINITY;
-        only_top[b] = bmax[b];
-    }
-    let z_top = r.exact(&only_top, f32::INFINITY);
-    let mut blocks = Vec::new();
-    let s = r.blocks(&rest, MassKind::CheapCut, f32::INFINITY, &mut blocks);
-    let z_hi = z_top + cheap_bounds(s, r.n).1;
-    // The block maxima alone reach top_p * z_hi at vc: the threshold is at least vc.
-    let mut cum = 0.0;
+    let mut cheap = Vec::new();
+    let kind = if r.unmasked() { MassKind::CheapAll } else { MassKind::CheapCut };
+    r.blocks(&[], kind, f32::INFINITY, &mut cheap);
     let wmax = r.weights(&top.iter().map(|&b| bmax[b]).collect::<Vec<_>>());
-    let mut vc = None;
+    let mut rest = bmax.to_vec();
+    let (mut exact, mut cum, mut vc) = (0f64, 0f64, None);
     for (i, &b) in top.iter().enumerate() {
+        exact += r.exact_block(b);
+        rest[b] = f32::NEG_INFINITY;
+        cheap[b] = 0.0;
         cum += wmax[i];
+        let z_hi = exact + cheap_bounds(sum(&cheap), r.count()).1;
         if cum >= top_p * z_hi {
             vc = Some(bmax[b]);
             break;
         }
     }
     let vc = vc?;
-    // Blocks outside the top must lie wholly below vc for their cheap sums to count as R.
+    // The blocks not visited must lie wholly below vc for their cheap sums to count in R.
     if rest.iter().any(|&x| x >= vc) {
         return None;
     }
     let mut c = r.gather(bmax, vc);
-    // R = the top blocks' mass below vc (exact) + the rest (bounded).
-    let known = (z_top - c.total).max(0.0);
-    let (t_lo, t_hi) = {
-        let (lo, hi) = cheap_bounds(s, r.n);
-        (top_p * (z_top + lo), top_p * (z_top + hi))
-    };
-    match c.walk(t_lo, t_hi) {
+    // Z = the visited blocks' exact mass + the others' (bounded).
+    let (lo, hi) = cheap_bounds(sum(&cheap), r.count());
+    match c.walk(top_p * (exact + lo), top_p * (exact + hi)) {
         Walk::Theta(x) => {
             count(0);
             Some(x)
         }
         Walk::Below => None,
-        Walk::Uncertain => decide(r, &mut c, &rest, known, top_p),
+        Walk::Uncertain => {
+            let known = (exact - c.total).max(0.0);
+            decide(r, &mut c, &rest, known, top_p)
+        }
     }
 }
 
@@ -506,8 +583,8 @@ fn sample_cut<V: Vals + ?Sized>(r: &RowMass<V>, bmax: &[f32], top: &[usize], top
     for &b in &strided {
         add(b, scale, &mut hm, &mut hq);
     }
-    let z: f64 = hm.iter().sum();
-    let q: f64 = hq.iter().sum();
+    let z = sum(&hm);
+    let q = sum(&hq);
     let (mut above, mut q_above) = (0f64, 0f64);
     for j in (0..NB).rev() {
         above += hm[j];
@@ -565,10 +642,12 @@ pub mod hooks {
         out
     }
 
-    /// Per-block masses of a row: kind 0 exp, 1 exp below `cut`, 2 cheap below `cut`.
+    /// Per-block masses of a row: kind 0 exp, 1 exp below `cut`, 2 cheap below `cut`, 3 exp
+    /// and 4 cheap of every token (no mask: `lo` and `cut` unused).
     #[allow(clippy::too_many_arguments)]
     pub fn blocks(level: SimdLevel, x: Logits, m: f32, c: f32, lo: f32, cut: f32, kind: u8) -> Vec<f64> {
-        let kind = [MassKind::Exp, MassKind::ExpCut, MassKind::CheapCut][kind as usize];
+        let kind =
+            [MassKind::Exp, MassKind::ExpCut, MassKind::CheapCut, MassKind::ExpAll, MassKind::CheapAll][kind as usize];
         let mp = MassParams { m, c, lo, cut };
         let k = kernels(level);
         let n = x.len();

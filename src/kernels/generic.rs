@@ -575,6 +575,11 @@ pub(crate) enum MassKind {
     /// A cheap weight `S` with `S / 1.0847 <= 2^t <= S / 0.97855` (Schraudolph's exponent trick
     /// at 1/16), tokens `lo <= x < cut`.
     CheapCut,
+    /// `exp2(max(t, T_MIN))` of every token, NaN and -inf included (2^-125 each): fewer
+    /// operations, for rows without a floor.
+    ExpAll,
+    /// The cheap weight of `max(t, T_MIN)` of every token.
+    CheapAll,
 }
 
 /// `t = (x - m) * c` in f32, the exponent of 2 of the weight of x.
@@ -613,6 +618,11 @@ fn cheap_exp2<S: Simd>(t: S::F) -> S::F {
 #[inline(always)]
 unsafe fn mass_vec<S: Simd, E: Elem, const KIND: u8>(p: *const E, mp: MassParams) -> S::F {
     let x = E::load::<S>(p);
+    if KIND >= 3 {
+        // No mask: t clamped to T_MIN (NaN and -inf included, as `max` takes the clamp).
+        let t = S::max(mass_t::<S>(x, mp.m, mp.c), S::splat(T_MIN));
+        return if KIND == 4 { cheap_exp2::<S>(t) } else { exp2_neg::<S>(t) };
+    }
     let mut keep = S::ge(x, S::splat(mp.lo));
     if KIND != 0 {
         keep = S::and_m(keep, S::lt(x, S::splat(mp.cut)));
@@ -685,6 +695,8 @@ pub(crate) unsafe fn mass<S: Simd, E: Elem>(
         MassKind::Exp => mass_kind::<S, E, 0>(row, n, bmax, mp, out),
         MassKind::ExpCut => mass_kind::<S, E, 1>(row, n, bmax, mp, out),
         MassKind::CheapCut => mass_kind::<S, E, 2>(row, n, bmax, mp, out),
+        MassKind::ExpAll => mass_kind::<S, E, 3>(row, n, bmax, mp, out),
+        MassKind::CheapAll => mass_kind::<S, E, 4>(row, n, bmax, mp, out),
     }
 }
 
@@ -705,8 +717,9 @@ unsafe fn mass_kind<S: Simd, E: Elem, const KIND: u8>(
         *o = if start + BLOCK <= n {
             mass_block::<S, E, KIND>(row.add(start), mp)
         } else {
-            // The last, partial block: padded with NaN, which never counts.
-            let mut tmp = [f32::NAN; BLOCK];
+            // The last, partial block: padded with -inf, which counts as nothing (or as 2^-125
+            // in the kinds without a mask).
+            let mut tmp = [f32::NEG_INFINITY; BLOCK];
             for (i, t) in tmp.iter_mut().enumerate().take(n - start) {
                 *t = E::load::<Scalar>(row.add(start + i));
             }
@@ -747,27 +760,22 @@ pub(crate) unsafe fn gather_ge<S: Simd, E: Elem>(row: *const E, n: usize, bmax: 
             continue;
         }
         let (start, end) = (b * BLOCK, ((b + 1) * BLOCK).min(n));
+        // Room for the block and one vector written past its last value.
+        out.reserve(BLOCK + 64);
+        let base = out.as_mut_ptr();
+        let mut len = out.len();
         let mut i = start;
         while i + l <= end {
             let x = E::load::<S>(row.add(i));
-            let mut bits = S::bitmask(S::ge(x, vlo));
-            if bits != 0 {
-                let mut xs = [0f32; 64];
-                S::store(xs.as_mut_ptr(), x);
-                while bits != 0 {
-                    out.push(xs[bits.trailing_zeros() as usize]);
-                    bits &= bits - 1;
-                }
-            }
+            len += S::compress_store(base.add(len), S::ge(x, vlo), x);
             i += l;
         }
         while i < end {
             let x = E::load::<Scalar>(row.add(i));
-            if x >= lo {
-                out.push(x);
-            }
+            len += Scalar::compress_store(base.add(len), x >= lo, x);
             i += 1;
         }
+        out.set_len(len);
     }
 }
 

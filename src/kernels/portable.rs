@@ -191,7 +191,12 @@ impl Simd for Portable {
         lanes!(|i| a[i] << N)
     }
     #[inline(always)]
-    fn bitmask(m: [bool; W]) -> u64 {
-        m.iter().enumerate().fold(0, |acc, (i, &b)| acc | ((b as u64) << i))
+    unsafe fn compress_store(p: *mut f32, m: [bool; W], v: [f32; W]) -> usize {
+        let mut j = 0;
+        for i in 0..W {
+            p.add(j).write_unaligned(v[i]);
+            j += m[i] as usize;
+        }
+        j
     }
 }

@@ -74,8 +74,9 @@ pub(crate) trait Simd: Copy {
 
     // Added for the probability-mass kernels.
     fn shl_u<const N: i32>(a: Self::U) -> Self::U;
-    /// Bit `j` set where lane `j` of the mask is set.
-    fn bitmask(m: Self::M) -> u64;
+    /// Writes the lanes of `v` that `m` selects, in lane order, at `p` (writing up to `LANES`
+    /// values there); returns how many `m` selects.
+    unsafe fn compress_store(p: *mut f32, m: Self::M, v: Self::F) -> usize;
 }
 
 /// One lane: the reference implementation, also used for the tails of rows.
@@ -284,8 +285,9 @@ impl Simd for Scalar {
         a << N
     }
     #[inline(always)]
-    fn bitmask(m: bool) -> u64 {
-        m as u64
+    unsafe fn compress_store(p: *mut f32, m: bool, v: f32) -> usize {
+        p.write_unaligned(v);
+        m as usize
     }
 }
 
