@@ -232,13 +232,15 @@ impl<'a, V: Vals + ?Sized> RowMass<'a, V> {
         unsafe { (self.dk.gather_ge)(self.v.ptr(), self.n, bmax, lo, &mut xs) };
         let ws = self.weights(&xs);
         let total = sum(&ws);
-        Cands { lo, xs, ws, total, sorted: None, hist: None }
+        Cands { lo, top: self.m, xs, ws, total, sorted: None, hist: None }
     }
 }
 
 /// Gathered tokens (`x >= lo`, row order) and their exact weights.
 struct Cands {
     lo: f32,
+    /// The row's maximum (the largest candidate).
+    top: f32,
     xs: Vec<f32>,
     ws: Vec<f64>,
     total: f64,
@@ -251,22 +253,20 @@ struct Cands {
 
 type Hist = (Vec<u16>, Vec<f64>, Vec<f64>);
 
-/// Buckets uniform in logit over the candidates' range, the largest logits in bucket 0 (the
-/// bucket is monotone in x, which is all the walk needs), and the mass of each bucket.
-fn histogram(xs: &[f32], ws: &[f64]) -> Hist {
-    let (mut top, mut low) = ([f32::NEG_INFINITY; 8], [f32::INFINITY; 8]);
-    for c in xs.chunks(8) {
-        for (j, &x) in c.iter().enumerate() {
-            top[j] = if x > top[j] { x } else { top[j] };
-            low[j] = if x < low[j] { x } else { low[j] };
-        }
-    }
-    let top = top.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    let low = low.iter().fold(f32::INFINITY, |a, &b| a.min(b));
+/// Buckets uniform in logit over `[low, top]` (which holds every candidate), the largest logits
+/// in bucket 0 (the bucket is monotone in x, which is all the walk needs), and the mass of each
+/// bucket.
+fn histogram(xs: &[f32], ws: &[f64], low: f32, top: f32) -> Hist {
     let span = top as f64 - low as f64;
     let k = if span > 0.0 { (((BUCKETS - 1) as f64 / span) as f32).min(f32::MAX) } else { 0.0 };
     let last = (BUCKETS - 1) as f32;
-    let idx: Vec<u16> = xs.iter().map(|&x| ((top - x) * k).min(last) as i32 as u16).collect();
+    let idx: Vec<u16> = xs
+        .iter()
+        .map(|&x| {
+            let b = (top - x) * k;
+            (if b < last { b } else { last }) as i32 as u16
+        })
+        .collect();
     let mut mass = vec![0f64; BUCKETS];
     for (&b, &w) in idx.iter().zip(ws) {
         mass[b as usize] += w;
@@ -324,7 +324,8 @@ impl Cands {
             });
             crossings(sorted, 0.0, t_lo, t_hi)
         } else {
-            let (idx, mass, group) = self.hist.get_or_insert_with(|| histogram(&self.xs, &self.ws));
+            let (low, top) = (self.lo, self.top);
+            let (idx, mass, group) = self.hist.get_or_insert_with(|| histogram(&self.xs, &self.ws, low, top));
             // Skip whole groups of 16 buckets while the target is beyond them.
             let (mut cum, mut b) = (0f64, 0);
             while b + 16 < BUCKETS && cum + group[b / 16] < t_lo {
@@ -413,7 +414,7 @@ impl<V: Vals + ?Sized> RowF64<'_, V> {
         // SAFETY: the level is supported.
         unsafe { (self.k.weights64)(&xs, self.m as f64, self.inv_t as f64, &mut ws) };
         let total = sum(&ws);
-        Cands { lo, xs, ws, total, sorted: None, hist: None }
+        Cands { lo, top: self.m, xs, ws, total, sorted: None, hist: None }
     }
 }
 
@@ -568,12 +569,16 @@ fn sample_cut<V: Vals + ?Sized>(r: &RowMass<V>, bmax: &[f32], top: &[usize], top
         let len = BLOCK.min(r.n - start);
         // SAFETY: the block lies inside the row; w holds BLOCK values.
         unsafe { (r.dk.mass_weights)(r.v.ptr().add(start), len, r.mp, w.as_mut_ptr()) };
-        for &x in &w[..len] {
-            if x > 0.0 {
+        if sc == 1.0 {
+            for &x in &w[..len] {
+                hm[(x.to_bits() >> 19) as usize] += x as f64;
+            }
+        } else {
+            for &x in &w[..len] {
                 let j = (x.to_bits() >> 19) as usize;
                 let x = x as f64 * sc;
                 hm[j] += x;
-                hq[j] += if sc == 1.0 { 0.0 } else { x * x };
+                hq[j] += x * x;
             }
         }
     };
@@ -586,7 +591,8 @@ fn sample_cut<V: Vals + ?Sized>(r: &RowMass<V>, bmax: &[f32], top: &[usize], top
     let z = sum(&hm);
     let q = sum(&hq);
     let (mut above, mut q_above) = (0f64, 0f64);
-    for j in (0..NB).rev() {
+    // (Bucket 0 holds the zero weights.)
+    for j in (1..NB).rev() {
         above += hm[j];
         q_above += hq[j];
         let d = above - top_p * z;
