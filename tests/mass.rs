@@ -365,3 +365,100 @@ fn top_p_tokens_and_logprobs_are_identical_across_levels_and_threads() {
         }
     }
 }
+
+#[test]
+fn top_p_with_extreme_temperatures_nan_and_min_p() {
+    let mut rng = TestRng::new(9);
+    for n in [5000usize, 70_000] {
+        let mut x: Vec<f32> = (0..n).map(|_| (rng.normal() * 3.0) as f32).collect();
+        for i in (3..n).step_by(101) {
+            x[i] = f32::NAN;
+        }
+        for i in (7..n).step_by(53) {
+            x[i] = NINF;
+        }
+        let peaked = {
+            let mut y = x.clone();
+            y[n / 3] = 30.0;
+            y[n / 2] = 29.5;
+            y
+        };
+        for row in [&x, &peaked] {
+            for &t in &[1e-30f32, 1e-6, 0.01, 1.0, 100.0, 1e6, 1e30] {
+                for &p in &[0.9f32, 0.5, 0.999] {
+                    check_top_p(row, t, p, 0.0);
+                    check_top_p(row, t, p, 0.05);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn top_p_when_the_sample_misses_the_mass() {
+    // Blocks full of one value hold most of the mass, away from the evenly spaced sample and
+    // from the blocks with the largest maxima: the cut guessed from the sample is too high,
+    // and every kept token must be gathered.
+    let n = 163_840;
+    let nb = n / 256;
+    let stride = nb / 16;
+    let mut x = vec![-20f32; n];
+    let mut heavy = 0;
+    for b in 0..nb {
+        if b % stride != stride / 2 && b % 3 == 1 && heavy < 200 {
+            for v in &mut x[b * 256..(b + 1) * 256] {
+                *v = 5.0;
+            }
+            heavy += 1;
+        }
+    }
+    for b in (0..nb).filter(|b| b % 3 == 0 && b % stride != stride / 2).take(16) {
+        x[b * 256 + 7] = 9.0;
+    }
+    let before = tokenrace::draw::mass::tier_counts();
+    for &p in &[0.9f32, 0.5, 0.99] {
+        check_top_p(&x, 1.0, p, 0.0);
+    }
+    let after = tokenrace::draw::mass::tier_counts();
+    assert!(after[3] > before[3], "every token was never gathered: {before:?} -> {after:?}");
+}
+
+#[test]
+fn top_p_tokens_for_half_precision_rows_are_identical_across_levels_and_threads() {
+    let mut rng = TestRng::new(10);
+    let (rows, vocab) = (2usize, 100_000usize);
+    let x: Vec<f32> = (0..rows * vocab)
+        .map(|i| if i % vocab == 17 { 14.0 } else { (rng.normal() * 2.5) as f32 })
+        .collect();
+    let bf: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v)).collect();
+    let hf: Vec<F16> = x.iter().map(|&v| F16::from_f32(v)).collect();
+    let temps = [1.0f32, 0.8];
+    let ps = [0.9f32, 0.97];
+    for logits in [Logits::Bf16(&bf), Logits::F16(&hf)] {
+        let mut first: Option<(Vec<i32>, Vec<u32>)> = None;
+        for level in supported_levels() {
+            for threads in [1usize, 4] {
+                let cfg = Config { threads, ..sampler(level, 23).config().clone() };
+                let s = Sampler::new(cfg).unwrap();
+                let b = Batch { temperature: Some(&temps), top_p: Some(&ps), ..Batch::new(logits, rows, vocab) };
+                let (mut tokens, mut lps) = (vec![0; rows], vec![0f32; rows]);
+                let mut out = Output {
+                    logprobs: Some(&mut lps),
+                    logprob_mode: LogprobMode::Processed,
+                    ..Output::new(&mut tokens)
+                };
+                let mut got_tokens = Vec::new();
+                let mut got_lps = Vec::new();
+                for _ in 0..5 {
+                    s.draw(&b, &mut out).unwrap();
+                    got_tokens.extend_from_slice(out.tokens);
+                    got_lps.extend(out.logprobs.as_deref().unwrap().iter().map(|v| v.to_bits()));
+                }
+                match &first {
+                    None => first = Some((got_tokens, got_lps)),
+                    Some(f) => assert_eq!(&(got_tokens, got_lps), f, "{level:?} threads {threads}"),
+                }
+            }
+        }
+    }
+}
