@@ -52,6 +52,16 @@ fn exp64_is_within_1e15() {
     assert!(worst < 1e-15, "exp64 relative error {worst:e}");
 }
 
+/// N(0, 3) logits with `k` tokens around 14, spread over the row (one per block or so).
+fn medium_logits(rng: &mut TestRng, n: usize, k: usize) -> Vec<f32> {
+    let mut x: Vec<f32> = (0..n).map(|_| (rng.normal() * 3.0) as f32).collect();
+    for _ in 0..k {
+        let i = rng.below(n);
+        x[i] = (14.0 + rng.normal() * 1.5) as f32;
+    }
+    x
+}
+
 /// Random rows of every shape the kernels must handle.
 fn rows(rng: &mut TestRng) -> Vec<Vec<f32>> {
     let mut out = Vec::new();
@@ -247,9 +257,10 @@ fn check_top_p(x: &[f32], t: f32, p: f32, mp: f32) {
 fn top_p_matches_float64_and_is_identical_across_levels() {
     let mut rng = TestRng::new(6);
     for n in [3usize, 100, 257, 3000, 20_000, 163_840] {
-        for shape in 0..5 {
+        for shape in 0..6 {
             let x: Vec<f32> = match shape {
                 0 => peaked_logits(&mut rng, n, 3.0, 20.0),
+                5 => medium_logits(&mut rng, n, 64),
                 1 => (0..n).map(|_| (rng.normal() * 3.0) as f32).collect(),
                 2 => (0..n).map(|_| (rng.normal() * 1.0) as f32).collect(),
                 3 => (0..n).map(|_| rng.below(40) as f32 * 0.125).collect(),
@@ -278,9 +289,10 @@ fn top_p_on_the_boundary_is_identical_across_levels() {
     let mut rng = TestRng::new(7);
     let before = tokenrace::draw::mass::tier_counts();
     for n in [500usize, 5000, 163_840] {
-        for shape in 0..3 {
+        for shape in 0..4 {
             let x: Vec<f32> = match shape {
                 0 => peaked_logits(&mut rng, n, 3.0, 16.0),
+                3 => medium_logits(&mut rng, n, 40),
                 1 => (0..n).map(|_| (rng.normal() * 3.0) as f32).collect(),
                 _ => (0..n).map(|_| (rng.normal() * 0.5) as f32).collect(),
             };
@@ -307,6 +319,7 @@ fn top_p_on_the_boundary_is_identical_across_levels() {
     }
     let after = tokenrace::draw::mass::tier_counts();
     assert!(after[2] > before[2], "no threshold needed the f64 mass: {before:?} -> {after:?}");
+    assert!(after[0] > before[0] && after[1] > before[1], "{before:?} -> {after:?}");
 }
 
 #[test]
@@ -427,9 +440,8 @@ fn top_p_when_the_sample_misses_the_mass() {
 fn top_p_tokens_for_half_precision_rows_are_identical_across_levels_and_threads() {
     let mut rng = TestRng::new(10);
     let (rows, vocab) = (2usize, 100_000usize);
-    let x: Vec<f32> = (0..rows * vocab)
-        .map(|i| if i % vocab == 17 { 14.0 } else { (rng.normal() * 2.5) as f32 })
-        .collect();
+    let x: Vec<f32> =
+        (0..rows * vocab).map(|i| if i % vocab == 17 { 14.0 } else { (rng.normal() * 2.5) as f32 }).collect();
     let bf: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v)).collect();
     let hf: Vec<F16> = x.iter().map(|&v| F16::from_f32(v)).collect();
     let temps = [1.0f32, 0.8];
@@ -459,6 +471,46 @@ fn top_p_tokens_for_half_precision_rows_are_identical_across_levels_and_threads(
                     Some(f) => assert_eq!(&(got_tokens, got_lps), f, "{level:?} threads {threads}"),
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn top_p_on_many_random_rows() {
+    let mut rng = TestRng::new(11);
+    for i in 0..2000 {
+        let n = 1 + rng.below(if i % 10 == 0 { 200_000 } else { 20_000 });
+        let sd = [0.3, 1.0, 3.0, 8.0][rng.below(4)];
+        let mut x: Vec<f32> = (0..n).map(|_| (rng.normal() * sd) as f32).collect();
+        for _ in 0..rng.below(100) {
+            let i = rng.below(n);
+            x[i] = (rng.normal() * 2.0 + 4.0 * sd) as f32;
+        }
+        if rng.below(4) == 0 {
+            // Coarse values: many ties.
+            for v in &mut x {
+                *v = (*v * 4.0).round() / 4.0;
+            }
+        }
+        if rng.below(5) == 0 {
+            for _ in 0..1 + n / 50 {
+                let i = rng.below(n);
+                x[i] = if rng.below(2) == 0 { NINF } else { f32::NAN };
+            }
+        }
+        if !x.iter().any(|v| v.is_finite()) {
+            continue;
+        }
+        let t = [0.2f32, 0.7, 1.0, 1.0, 1.6, 5.0][rng.below(6)];
+        let p = match rng.below(4) {
+            0 => 0.9,
+            1 => 0.95,
+            2 => rng.f64() as f32,
+            _ => 1.0 - (rng.f64() * 0.01) as f32,
+        };
+        let mp = if rng.below(4) == 0 { 0.01 } else { 0.0 };
+        if p > 0.0 && p < 1.0 {
+            check_top_p(&x, t, p, mp);
         }
     }
 }

@@ -56,8 +56,10 @@ const TINY: f64 = 2.350_988_701_644_575e-38; // 2^-125
 /// The cheap weight S of a token with true weight w: `S / CHEAP_HI <= w <= S / CHEAP_LO`.
 const CHEAP_LO: f64 = 0.9785;
 const CHEAP_HI: f64 = 1.0848;
-/// Top blocks considered for a peaked row.
+/// Top blocks sampled exactly for the cut of a row that is not peaked.
 const TOP_BLOCKS: usize = 16;
+/// Most blocks visited for a peaked row.
+const PEAKED_BLOCKS: usize = 256;
 /// Candidates sorted directly; more go through a histogram first.
 const SMALL: usize = 256;
 /// Buckets of that histogram.
@@ -118,12 +120,20 @@ fn first_passing(floor: f32, m: f32, pass: impl Fn(f32) -> bool) -> f32 {
 /// exp-kernel mass is `s` (the kinds without a mask add at most 2^-125 per token read). Tokens with `|a| <= A` are off by at most `e^(BETA A)` and the
 /// exp2 error; the rest weigh at most `e^-A` each; A is chosen to give the tightest bounds.
 pub(crate) fn exp_bounds(s: f64, count: usize) -> (f64, f64) {
+    /// For each cap A: (e^(BETA A), e^(-BETA A), e^-A, e^(-A (1 - BETA))).
+    static CAPS: std::sync::OnceLock<Vec<[f64; 4]>> = std::sync::OnceLock::new();
+    let caps = CAPS.get_or_init(|| {
+        [0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 20.0, 24.0, 32.0, 48.0, 64.0, 87.0]
+            .iter()
+            .map(|&a: &f64| [(BETA * a).exp(), (-BETA * a).exp(), (-a).exp(), (-a * (1.0 - BETA)).exp()])
+            .collect()
+    });
     let n = count as f64;
     let mut best = (0.0, f64::INFINITY);
-    for a in [0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 20.0, 24.0, 32.0, 48.0, 64.0, 87.0] {
-        let hi = s * (1.0 + SIGMA) * (BETA * a).exp() / (1.0 - EPS_EXP2) + n * (-a).exp() + n * TINY;
-        let tail = n * (-a * (1.0 - BETA)).exp() * (1.0 + EPS_EXP2);
-        let lo = (s * (1.0 - SIGMA) - tail - n * TINY).max(0.0) * (-BETA * a).exp() / (1.0 + EPS_EXP2);
+    for &[up, down, tail_hi, tail_lo] in caps {
+        let hi = s * (1.0 + SIGMA) * up / (1.0 - EPS_EXP2) + n * tail_hi + n * TINY;
+        let tail = n * tail_lo * (1.0 + EPS_EXP2);
+        let lo = (s * (1.0 - SIGMA) - tail - n * TINY).max(0.0) * down / (1.0 + EPS_EXP2);
         if hi - lo < best.1 - best.0 {
             best = (lo, hi);
         }
@@ -197,14 +207,14 @@ impl<'a, V: Vals + ?Sized> RowMass<'a, V> {
         self.n + BLOCK
     }
 
-    /// Exact (f64) mass of the kept tokens of block `b`.
-    fn exact_block(&self, b: usize) -> f64 {
+    /// The f32-exp mass of the kept tokens of block `b` (bounds: `exp_bounds` of `BLOCK` tokens).
+    fn exp_block(&self, b: usize) -> f64 {
         let start = b * BLOCK;
         let len = BLOCK.min(self.n - start);
         let mut out = [0.0];
-        let p = Mass64Params { m: self.m as f64, s: self.inv_t as f64, lo: self.lo64, cut: f32::INFINITY };
+        let kind = if self.unmasked() { MassKind::ExpAll } else { MassKind::Exp };
         // SAFETY: the block lies inside the row.
-        unsafe { (self.dk.mass64)(self.v.ptr().add(start), len, &[], p, &mut out) };
+        unsafe { (self.dk.mass)(self.v.ptr().add(start), len, &[], self.mp, kind, &mut out) };
         out[0]
     }
 
@@ -383,10 +393,7 @@ pub(crate) fn top_p_floor<V: Vals + ?Sized>(
     top_p: f64,
 ) -> f32 {
     match RowMass::new(k, v, m, inv_t, floor) {
-        Some(r) => {
-            let top = top_blocks(bmax);
-            peaked(&r, bmax, &top, top_p).unwrap_or_else(|| general(&r, bmax, &top, top_p))
-        }
+        Some(r) => peaked(&r, bmax, top_p).unwrap_or_else(|| general(&r, bmax, &top_blocks(bmax), top_p)),
         None => {
             let r = RowF64 { k, dk: V::kernels(k), v, m, inv_t, floor };
             full(r.gather_all(bmax), top_p)
@@ -479,60 +486,100 @@ fn decide<V: Vals + ?Sized>(r: &RowMass<V>, c: &mut Cands, bm: &[f32], known: f6
     }
 }
 
-/// Rows whose mass sits in a few top blocks: the cut from the block maxima alone.
+/// Rows whose mass sits in the maxima of their blocks: the cut from the block maxima alone.
 ///
-/// Cheap bounds of every block's mass first; then the top blocks, largest maximum first, get
-/// their exact mass until their maxima alone reach `top_p` of the upper bound of Z (the exact
-/// mass of the visited blocks plus the cheap bound of the others): the threshold is at least
+/// Cheap bounds of every block's mass first; then the blocks by maximum, descending, get their
+/// f32-exp mass (with its bounds) until their maxima alone reach `top_p` of the upper bound of
+/// Z (the visited blocks' bound plus the cheap bound of the others): the threshold is at least
 /// the last maximum visited, `vc`, and every token `>= vc` lies in a visited block.
-fn peaked<V: Vals + ?Sized>(r: &RowMass<V>, bmax: &[f32], top: &[usize], top_p: f64) -> Option<f32> {
-    if top.is_empty() {
-        return None;
+fn peaked<V: Vals + ?Sized>(r: &RowMass<V>, bmax: &[f32], top_p: f64) -> Option<f32> {
+    let nb = bmax.len();
+    // f32 weights of every block maximum; the blocks within a factor 1000 of the heaviest, in
+    // order, must carry top_p of their sum.
+    let mut wb = vec![0f32; nb];
+    // SAFETY: bmax is an f32 row of nb values; wb as long.
+    unsafe { (r.k.f32.mass_weights)(bmax.as_ptr(), nb, r.mp, wb.as_mut_ptr()) };
+    let heaviest = wb.iter().fold(0f32, |a, &b| if b > a { b } else { a });
+    let mut order: Vec<usize> = Vec::new();
+    for (b, &w) in wb.iter().enumerate() {
+        if w >= heaviest * 1e-3 {
+            if order.len() == PEAKED_BLOCKS {
+                return None;
+            }
+            order.push(b);
+        }
     }
-    // f32 weights of every block maximum: the top blocks must carry top_p of their sum.
-    let mut wb = vec![0f32; bmax.len()];
-    // SAFETY: bmax is an f32 row of bmax.len() values; wb as long.
-    unsafe { (r.k.f32.mass_weights)(bmax.as_ptr(), bmax.len(), r.mp, wb.as_mut_ptr()) };
     let all = sum(&wb.iter().map(|&w| w as f64).collect::<Vec<_>>());
-    let in_top: f64 = top.iter().map(|&b| wb[b] as f64).sum();
-    if in_top < top_p * all * (1.0 - 1e-3) {
+    let in_order: f64 = order.iter().map(|&b| wb[b] as f64).sum();
+    if in_order < top_p * all * (1.0 - 1e-3) {
         return None;
     }
+    order.sort_unstable_by(|&a, &b| bmax[b].total_cmp(&bmax[a]).then(a.cmp(&b)));
     let mut cheap = Vec::new();
     let kind = if r.unmasked() { MassKind::CheapAll } else { MassKind::CheapCut };
-    r.blocks(&[], kind, f32::INFINITY, &mut cheap);
-    let wmax = r.weights(&top.iter().map(|&b| bmax[b]).collect::<Vec<_>>());
-    let mut rest = bmax.to_vec();
-    let (mut exact, mut cum, mut vc) = (0f64, 0f64, None);
-    for (i, &b) in top.iter().enumerate() {
-        exact += r.exact_block(b);
-        rest[b] = f32::NEG_INFINITY;
-        cheap[b] = 0.0;
+    let cheap_all = r.blocks(&[], kind, f32::INFINITY, &mut cheap);
+    let wmax = r.weights(&order.iter().map(|&b| bmax[b]).collect::<Vec<_>>());
+    let (mut s_exp, mut s_cheap, mut cum, mut vc) = (0f64, 0f64, 0f64, None);
+    let z_bounds = |s_exp: f64, s_cheap: f64, visited: usize| {
+        let (a, b) = exp_bounds(s_exp, visited * BLOCK);
+        let rest = (cheap_all - s_cheap).max(0.0);
+        let (c, d) = cheap_bounds(rest, r.count());
+        (a + c * (1.0 - 1e-14), b + d * (1.0 + 1e-14))
+    };
+    for (i, &b) in order.iter().enumerate() {
+        s_exp += r.exp_block(b);
+        s_cheap += cheap[b];
         cum += wmax[i];
-        let z_hi = exact + cheap_bounds(sum(&cheap), r.count()).1;
-        if cum >= top_p * z_hi {
-            vc = Some(bmax[b]);
+        // Stop only after every block tied with this maximum.
+        if order.get(i + 1).is_some_and(|&o| bmax[o] == bmax[b]) {
+            continue;
+        }
+        if cum >= top_p * z_bounds(s_exp, s_cheap, i + 1).1 {
+            vc = Some((bmax[b], i + 1));
             break;
         }
     }
-    let vc = vc?;
+    let (vc, mut visited) = vc?;
     // The blocks not visited must lie wholly below vc for their cheap sums to count in R.
-    if rest.iter().any(|&x| x >= vc) {
+    let mut seen = vec![false; nb];
+    for &b in &order[..visited] {
+        seen[b] = true;
+    }
+    // The rest of the heavy blocks get their f32-exp mass too: most of R is in them.
+    for &b in &order[visited..] {
+        s_exp += r.exp_block(b);
+        s_cheap += cheap[b];
+        seen[b] = true;
+    }
+    let vis_blocks = visited;
+    visited = order.len();
+    if bmax.iter().zip(&seen).any(|(&x, &s)| !s && x >= vc) || order[vis_blocks..].iter().any(|&b| bmax[b] >= vc) {
         return None;
     }
     let mut c = r.gather(bmax, vc);
-    // Z = the visited blocks' exact mass + the others' (bounded).
-    let (lo, hi) = cheap_bounds(sum(&cheap), r.count());
-    match c.walk(top_p * (exact + lo), top_p * (exact + hi)) {
+    let (lo, hi) = z_bounds(s_exp, s_cheap, visited);
+    if let Walk::Theta(x) = c.walk(top_p * lo, top_p * hi) {
+        count(0);
+        return Some(x);
+    }
+    // The blocks not visited by f32 exps as well.
+    let rest: Vec<f32> = bmax.iter().zip(&seen).map(|(&x, &s)| if s { f32::NEG_INFINITY } else { x }).collect();
+    let mut blocks = Vec::new();
+    let kind = if r.unmasked() { MassKind::ExpAll } else { MassKind::Exp };
+    let s_rest = r.blocks(&rest, kind, f32::INFINITY, &mut blocks);
+    let (a, b) = exp_bounds(s_exp + s_rest, r.count());
+    if let Walk::Theta(x) = c.walk(top_p * a, top_p * b) {
+        count(1);
+        return Some(x);
+    }
+    // Z in float64.
+    let t = top_p * r.exact(&[], f32::INFINITY);
+    match c.walk(t, t) {
         Walk::Theta(x) => {
-            count(0);
+            count(2);
             Some(x)
         }
-        Walk::Below => None,
-        Walk::Uncertain => {
-            let known = (exact - c.total).max(0.0);
-            decide(r, &mut c, &rest, known, top_p)
-        }
+        _ => None,
     }
 }
 
