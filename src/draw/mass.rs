@@ -274,7 +274,9 @@ fn histogram(xs: &[f32], ws: &[f64], low: f32, top: f32) -> Hist {
         .iter()
         .map(|&x| {
             let b = (top - x) * k;
-            (if b < last { b } else { last }) as i32 as u16
+            let b = if b < last { b } else { last };
+            // SAFETY: low <= x <= top, so b is in [0, last].
+            unsafe { b.to_int_unchecked::<i32>() as u16 }
         })
         .collect();
     let mut mass = vec![0f64; BUCKETS];
@@ -360,14 +362,18 @@ impl Cands {
                 start = cum;
             }
             let (b_lo, span) = (b_lo as u16, (b_hi - b_lo) as u16);
-            let mut at = vec![0u32; idx.len() + 1];
-            let mut k = 0;
-            for (i, &b) in idx.iter().enumerate() {
-                at[k] = i as u32;
-                k += (b.wrapping_sub(b_lo) <= span) as usize;
+            let hit = |b: u16| b.wrapping_sub(b_lo) <= span;
+            let mut inside: Vec<(f32, f64)> = Vec::new();
+            for (c, chunk) in idx.chunks(32).enumerate() {
+                // Few candidates are in the buckets sought: most chunks have none.
+                if chunk.iter().fold(false, |a, &b| a | hit(b)) {
+                    for (j, &b) in chunk.iter().enumerate() {
+                        if hit(b) {
+                            inside.push((self.xs[c * 32 + j], self.ws[c * 32 + j]));
+                        }
+                    }
+                }
             }
-            let mut inside: Vec<(f32, f64)> =
-                at[..k].iter().map(|&i| (self.xs[i as usize], self.ws[i as usize])).collect();
             if inside.len() > 4096 && span > 0 {
                 return Walk::Uncertain;
             }
