@@ -246,6 +246,28 @@ impl<'a, V: Vals + ?Sized> RowMass<'a, V> {
     }
 }
 
+impl<V: Vals + ?Sized> RowMass<'_, V> {
+    /// Every kept token `x >= vc` with its exact weight, and bounds of the mass of the kept
+    /// tokens below (one pass: the f32-exp kernel that gathers).
+    fn gather_below(&self, bmax: &[f32], vc: f32) -> (Cands, (f64, f64)) {
+        let lo = vc.max(self.floor).max(-f32::MAX);
+        if lo <= self.mp.lo {
+            // Nothing kept below but weights under 2^-125 (or nothing at all).
+            let below = if lo <= self.floor.max(-f32::MAX) { 0.0 } else { self.count() as f64 * TINY };
+            return (self.gather(bmax, vc), (0.0, below));
+        }
+        let mut xs = Vec::new();
+        let mut out = vec![0.0; self.n.div_ceil(BLOCK)];
+        let mp = MassParams { cut: lo, ..self.mp };
+        // SAFETY: the row has n values; out and bmax one per block.
+        unsafe { (self.dk.mass_gather)(self.v.ptr(), self.n, bmax, mp, &mut out, &mut xs) };
+        let ws = self.weights(&xs);
+        let total = sum(&ws);
+        let c = Cands { lo, top: self.m, xs, ws, total, sorted: None, hist: None };
+        (c, exp_bounds(sum(&out), self.count()))
+    }
+}
+
 /// Gathered tokens (`x >= lo`, row order) and their exact weights.
 struct Cands {
     lo: f32,
@@ -463,16 +485,9 @@ fn top_blocks(bmax: &[f32]) -> Vec<usize> {
 /// that does not decide, computed by the f64 one; `known` is an exact part of R, and the kernels
 /// sum the rest over the blocks whose maximum in `bm` reaches `lo`. `None`: the threshold is
 /// below the candidates.
-fn decide<V: Vals + ?Sized>(r: &RowMass<V>, c: &mut Cands, bm: &[f32], known: f64, top_p: f64) -> Option<f32> {
+fn decide<V: Vals + ?Sized>(r: &RowMass<V>, c: &mut Cands, bm: &[f32], bounds: (f64, f64), top_p: f64) -> Option<f32> {
     let cut = c.lo;
-    let base = c.total + known;
-    let bounds = if cut <= r.mp.lo {
-        // Nothing kept below the candidates but weights below 2^-125 (or none at all).
-        (0.0, if cut <= r.floor.max(-f32::MAX) { 0.0 } else { r.count() as f64 * TINY })
-    } else {
-        let mut blocks = Vec::new();
-        exp_bounds(r.blocks(bm, MassKind::ExpCut, cut, &mut blocks), r.count())
-    };
+    let base = c.total;
     match c.walk(top_p * (base + bounds.0), top_p * (base + bounds.1)) {
         Walk::Theta(x) => {
             count(1);
@@ -592,8 +607,8 @@ fn peaked<V: Vals + ?Sized>(r: &RowMass<V>, bmax: &[f32], top_p: f64) -> Option<
 /// Any row: the cut from a sample of blocks (the top blocks, and evenly spaced others).
 fn general<V: Vals + ?Sized>(r: &RowMass<V>, bmax: &[f32], top: &[usize], top_p: f64) -> f32 {
     let vc = sample_cut(r, bmax, top, top_p);
-    let mut c = r.gather(bmax, vc);
-    if let Some(x) = decide(r, &mut c, bmax, 0.0, top_p) {
+    let (mut c, bounds) = r.gather_below(bmax, vc);
+    if let Some(x) = decide(r, &mut c, bmax, bounds, top_p) {
         return x;
     }
     // The threshold is below the cut: gather every kept token.

@@ -728,6 +728,59 @@ unsafe fn mass_kind<S: Simd, E: Elem, const KIND: u8>(
     }
 }
 
+/// [`mass`] of kind `ExpCut`, and also appends to `cands`, in row order, every value `x >= cut`
+/// (`cut` finite) of the blocks whose maximum in `bmax` reaches `cut`: one pass for the mass below
+/// a cut and the tokens above it.
+///
+/// # Safety
+/// As [`mass`], with `bmax` not empty.
+#[inline(always)]
+pub(crate) unsafe fn mass_gather<S: Simd, E: Elem>(
+    row: *const E,
+    n: usize,
+    bmax: &[f32],
+    mp: MassParams,
+    out: &mut [f64],
+    cands: &mut Vec<f32>,
+) {
+    let vcut = S::splat(mp.cut);
+    for (b, o) in out.iter_mut().enumerate() {
+        let bm = bmax[b];
+        if bm < mp.lo {
+            *o = 0.0;
+            continue;
+        }
+        let start = b * BLOCK;
+        let end = (start + BLOCK).min(n);
+        if bm >= mp.cut {
+            cands.reserve(BLOCK + 64);
+            let base = cands.as_mut_ptr();
+            let mut len = cands.len();
+            let mut i = start;
+            while i + S::LANES <= end {
+                let x = E::load::<S>(row.add(i));
+                len += S::compress_store(base.add(len), S::ge(x, vcut), x);
+                i += S::LANES;
+            }
+            while i < end {
+                let x = E::load::<Scalar>(row.add(i));
+                len += Scalar::compress_store(base.add(len), x >= mp.cut, x);
+                i += 1;
+            }
+            cands.set_len(len);
+        }
+        *o = if end - start == BLOCK {
+            mass_block::<S, E, 1>(row.add(start), mp)
+        } else {
+            let mut tmp = [f32::NEG_INFINITY; BLOCK];
+            for (i, t) in tmp.iter_mut().enumerate().take(end - start) {
+                *t = E::load::<Scalar>(row.add(start + i));
+            }
+            mass_block::<S, f32, 1>(tmp.as_ptr(), mp)
+        };
+    }
+}
+
 /// Writes the f32 weight `exp2(t)` of each of the `n` values at `row` into `out` (0 outside
 /// `lo <= x < cut`).
 ///

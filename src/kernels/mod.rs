@@ -97,6 +97,9 @@ pub(crate) struct DtypeKernels<E> {
     pub mass_weights: unsafe fn(*const E, usize, MassParams, *mut f32),
     /// The values `>= lo` in row order (row, n, block maxima, lo, out).
     pub gather_ge: unsafe fn(*const E, usize, &[f32], f32, &mut Vec<f32>),
+    /// Per-block exp mass below the cut and the values at or above it (row, n, block maxima,
+    /// params, out, values).
+    pub mass_gather: unsafe fn(*const E, usize, &[f32], MassParams, &mut [f64], &mut Vec<f32>),
     /// Per-block f64 mass (row, n, block maxima or empty, params, out).
     pub mass64: unsafe fn(*const E, usize, &[f32], Mass64Params, &mut [f64]),
 }
@@ -162,6 +165,10 @@ macro_rules! kernel_table {
                 generic::gather_ge::<$simd, E>(row, n, bmax, lo, out)
             }
             $(#[target_feature(enable = $feature)])?
+            unsafe fn mass_gather<E: Elem>(row: *const E, n: usize, bmax: &[f32], p: MassParams, out: &mut [f64], cands: &mut Vec<f32>) {
+                generic::mass_gather::<$simd, E>(row, n, bmax, p, out, cands)
+            }
+            $(#[target_feature(enable = $feature)])?
             unsafe fn mass64<E: Elem>(row: *const E, n: usize, bmax: &[f32], p: Mass64Params, out: &mut [f64]) {
                 generic::mass64::<$simd, E>(row, n, bmax, p, out)
             }
@@ -172,7 +179,7 @@ macro_rules! kernel_table {
             fn dtype<E: Elem>() -> DtypeKernels<E> {
                 DtypeKernels {
                     scan: scan::<E>, find_first: find_first::<E>, race_inline: race_inline::<E>, race_external: race_external::<E>, max_only: max_only::<E>,
-                    mass: mass::<E>, mass_weights: mass_weights::<E>, gather_ge: gather_ge::<E>, mass64: mass64::<E>,
+                    mass: mass::<E>, mass_weights: mass_weights::<E>, gather_ge: gather_ge::<E>, mass_gather: mass_gather::<E>, mass64: mass64::<E>,
                 }
             }
             pub(crate) fn table() -> Kernels {
