@@ -99,10 +99,13 @@ pub(crate) struct DtypeKernels<E> {
     pub gather_ge: unsafe fn(*const E, usize, &[f32], f32, &mut Vec<f32>),
     /// Per-block exp mass below the cut and the values at or above it (row, n, block maxima,
     /// params, out, values).
-    pub mass_gather: unsafe fn(*const E, usize, &[f32], MassParams, &mut [f64], &mut Vec<f32>),
+    pub mass_gather: MassGatherFn<E>,
     /// Per-block f64 mass (row, n, block maxima or empty, params, out).
     pub mass64: unsafe fn(*const E, usize, &[f32], Mass64Params, &mut [f64]),
 }
+
+/// The mass-and-gather kernel: (row, n, block maxima, params, out, values).
+pub(crate) type MassGatherFn<E> = unsafe fn(*const E, usize, &[f32], MassParams, &mut [f64], &mut Vec<f32>);
 
 /// The per-block f32 mass kernel: (row, n, block maxima or empty, params, kind, out).
 pub(crate) type MassFn<E> = unsafe fn(*const E, usize, &[f32], MassParams, MassKind, &mut [f64]);
