@@ -614,11 +614,22 @@ fn cheap_exp2<S: Simd>(t: S::F) -> S::F {
     S::from_bits(S::add_u(S::shl_u::<19>(S::to_bits(k)), S::splat_u(0x3f80_0000)))
 }
 
-/// The weights of the `LANES` values at `p` (0 outside the kept range).
+/// Where a gathering kernel appends the values at or above the cut.
+struct Sink {
+    base: *mut f32,
+    len: usize,
+}
+
+/// The weights of the `LANES` values at `p` (0 outside the kept range). Kind 5 is kind 1 that
+/// also appends the values `>= cut` to `sink`.
 #[inline(always)]
-unsafe fn mass_vec<S: Simd, E: Elem, const KIND: u8>(p: *const E, mp: MassParams) -> S::F {
+unsafe fn mass_vec<S: Simd, E: Elem, const KIND: u8>(p: *const E, mp: MassParams, sink: *mut Sink) -> S::F {
     let x = E::load::<S>(p);
-    if KIND >= 3 {
+    if KIND == 5 {
+        let s = &mut *sink;
+        s.len += S::compress_store(s.base.add(s.len), S::ge(x, S::splat(mp.cut)), x);
+    }
+    if KIND == 3 || KIND == 4 {
         // No mask: t clamped to T_MIN (NaN and -inf included, as `max` takes the clamp).
         let t = S::max(mass_t::<S>(x, mp.m, mp.c), S::splat(T_MIN));
         return if KIND == 4 { cheap_exp2::<S>(t) } else { exp2_neg::<S>(t) };
@@ -638,19 +649,19 @@ unsafe fn mass_vec<S: Simd, E: Elem, const KIND: u8>(p: *const E, mp: MassParams
 /// The sum of rows `r..r + 4` of the column group at `q` (rows 16 apart), in the fixed tree.
 /// (No closures in the kernels: they would not inherit the caller's target features.)
 #[inline(always)]
-unsafe fn mass_quad<S: Simd, E: Elem, const KIND: u8>(q: *const E, r: usize, mp: MassParams) -> S::F {
-    let w0 = mass_vec::<S, E, KIND>(q.add(r * 16), mp);
-    let w1 = mass_vec::<S, E, KIND>(q.add((r + 1) * 16), mp);
-    let w2 = mass_vec::<S, E, KIND>(q.add((r + 2) * 16), mp);
-    let w3 = mass_vec::<S, E, KIND>(q.add((r + 3) * 16), mp);
+unsafe fn mass_quad<S: Simd, E: Elem, const KIND: u8>(q: *const E, r: usize, mp: MassParams, sink: *mut Sink) -> S::F {
+    let w0 = mass_vec::<S, E, KIND>(q.add(r * 16), mp, sink);
+    let w1 = mass_vec::<S, E, KIND>(q.add((r + 1) * 16), mp, sink);
+    let w2 = mass_vec::<S, E, KIND>(q.add((r + 2) * 16), mp, sink);
+    let w3 = mass_vec::<S, E, KIND>(q.add((r + 3) * 16), mp, sink);
     S::add(S::add(w0, w1), S::add(w2, w3))
 }
 
 /// The sum of the 16 rows of the column group at `q`, in the fixed tree.
 #[inline(always)]
-unsafe fn mass_columns<S: Simd, E: Elem, const KIND: u8>(q: *const E, mp: MassParams) -> S::F {
-    let a = S::add(mass_quad::<S, E, KIND>(q, 0, mp), mass_quad::<S, E, KIND>(q, 4, mp));
-    let b = S::add(mass_quad::<S, E, KIND>(q, 8, mp), mass_quad::<S, E, KIND>(q, 12, mp));
+unsafe fn mass_columns<S: Simd, E: Elem, const KIND: u8>(q: *const E, mp: MassParams, sink: *mut Sink) -> S::F {
+    let a = S::add(mass_quad::<S, E, KIND>(q, 0, mp, sink), mass_quad::<S, E, KIND>(q, 4, mp, sink));
+    let b = S::add(mass_quad::<S, E, KIND>(q, 8, mp, sink), mass_quad::<S, E, KIND>(q, 12, mp, sink));
     S::add(a, b)
 }
 
@@ -666,11 +677,11 @@ fn sum16(c: &[f32; 16]) -> f64 {
 
 /// The mass of one full block at `q`.
 #[inline(always)]
-unsafe fn mass_block<S: Simd, E: Elem, const KIND: u8>(q: *const E, mp: MassParams) -> f64 {
+unsafe fn mass_block<S: Simd, E: Elem, const KIND: u8>(q: *const E, mp: MassParams, sink: *mut Sink) -> f64 {
     let mut cols = [0f32; 16];
     let mut g = 0;
     while g < 16 {
-        S::store(cols.as_mut_ptr().add(g), mass_columns::<S, E, KIND>(q.add(g), mp));
+        S::store(cols.as_mut_ptr().add(g), mass_columns::<S, E, KIND>(q.add(g), mp, sink));
         g += S::LANES;
     }
     sum16(&cols)
@@ -715,7 +726,7 @@ unsafe fn mass_kind<S: Simd, E: Elem, const KIND: u8>(
         }
         let start = b * BLOCK;
         *o = if start + BLOCK <= n {
-            mass_block::<S, E, KIND>(row.add(start), mp)
+            mass_block::<S, E, KIND>(row.add(start), mp, std::ptr::null_mut())
         } else {
             // The last, partial block: padded with -inf, which counts as nothing (or as 2^-125
             // in the kinds without a mask).
@@ -723,7 +734,7 @@ unsafe fn mass_kind<S: Simd, E: Elem, const KIND: u8>(
             for (i, t) in tmp.iter_mut().enumerate().take(n - start) {
                 *t = E::load::<Scalar>(row.add(start + i));
             }
-            mass_block::<S, f32, KIND>(tmp.as_ptr(), mp)
+            mass_block::<S, f32, KIND>(tmp.as_ptr(), mp, std::ptr::null_mut())
         };
     }
 }
@@ -752,6 +763,14 @@ pub(crate) unsafe fn mass_gather<S: Simd, E: Elem>(
         }
         let start = b * BLOCK;
         let end = (start + BLOCK).min(n);
+        if bm >= mp.cut && S::LANES == 16 && end - start == BLOCK {
+            // Sixteen lanes visit a block's rows in index order: gather on the way.
+            cands.reserve(BLOCK + 64);
+            let mut sink = Sink { base: cands.as_mut_ptr(), len: cands.len() };
+            *o = mass_block::<S, E, 5>(row.add(start), mp, &mut sink);
+            cands.set_len(sink.len);
+            continue;
+        }
         if bm >= mp.cut {
             cands.reserve(BLOCK + 64);
             let base = cands.as_mut_ptr();
@@ -770,13 +789,13 @@ pub(crate) unsafe fn mass_gather<S: Simd, E: Elem>(
             cands.set_len(len);
         }
         *o = if end - start == BLOCK {
-            mass_block::<S, E, 1>(row.add(start), mp)
+            mass_block::<S, E, 1>(row.add(start), mp, std::ptr::null_mut())
         } else {
             let mut tmp = [f32::NEG_INFINITY; BLOCK];
             for (i, t) in tmp.iter_mut().enumerate().take(end - start) {
                 *t = E::load::<Scalar>(row.add(start + i));
             }
-            mass_block::<S, f32, 1>(tmp.as_ptr(), mp)
+            mass_block::<S, f32, 1>(tmp.as_ptr(), mp, std::ptr::null_mut())
         };
     }
 }
@@ -790,11 +809,11 @@ pub(crate) unsafe fn mass_gather<S: Simd, E: Elem>(
 pub(crate) unsafe fn mass_weights<S: Simd, E: Elem>(row: *const E, n: usize, mp: MassParams, out: *mut f32) {
     let mut i = 0;
     while i + S::LANES <= n {
-        S::store(out.add(i), mass_vec::<S, E, 1>(row.add(i), mp));
+        S::store(out.add(i), mass_vec::<S, E, 1>(row.add(i), mp, std::ptr::null_mut()));
         i += S::LANES;
     }
     while i < n {
-        Scalar::store(out.add(i), mass_vec::<Scalar, E, 1>(row.add(i), mp));
+        Scalar::store(out.add(i), mass_vec::<Scalar, E, 1>(row.add(i), mp, std::ptr::null_mut()));
         i += 1;
     }
 }
