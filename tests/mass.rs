@@ -155,6 +155,27 @@ fn block_masses_are_bit_identical_across_levels() {
 }
 
 #[test]
+fn mass_and_gather_in_one_pass_match_the_separate_kernels_on_every_level() {
+    let mut rng = TestRng::new(12);
+    for x in rows(&mut rng) {
+        let m = max_finite(&x);
+        if !m.is_finite() {
+            continue;
+        }
+        let (c, lo, _) = hooks::consts(m, 1.0, NINF).unwrap();
+        for cut in [m, m - 0.5, m - 4.0] {
+            let (fused, separate) = hooks::mass_gather(SimdLevel::Scalar, &x, m, c, lo, cut);
+            assert_eq!(fused, separate);
+            for level in supported_levels() {
+                let (f, s) = hooks::mass_gather(level, &x, m, c, lo, cut);
+                assert_eq!(f, fused, "{level:?}");
+                assert_eq!(s, separate, "{level:?}");
+            }
+        }
+    }
+}
+
+#[test]
 fn mass_bounds_hold_and_f64_mass_is_exact() {
     let mut rng = TestRng::new(5);
     let level = best_level();

@@ -737,6 +737,33 @@ pub mod hooks {
         out
     }
 
+    /// The mass-and-gather kernel on an f32 row: per-block exp masses of `lo <= x < cut`, and the
+    /// values `>= cut`; then the same from the separate kernels (mass of kind 1, gather).
+    #[allow(clippy::type_complexity)]
+    pub fn mass_gather(
+        level: SimdLevel,
+        x: &[f32],
+        m: f32,
+        c: f32,
+        lo: f32,
+        cut: f32,
+    ) -> ((Vec<f64>, Vec<f32>), (Vec<f64>, Vec<f32>)) {
+        let k = kernels(level);
+        let mp = MassParams { m, c, lo, cut };
+        let bmax: Vec<f32> =
+            x.chunks(BLOCK).map(|b| b.iter().fold(f32::NEG_INFINITY, |a, &v| if v > a { v } else { a })).collect();
+        let (mut out, mut xs) = (vec![0f64; bmax.len()], Vec::new());
+        // SAFETY: as above.
+        unsafe { (k.f32.mass_gather)(x.as_ptr(), x.len(), &bmax, mp, &mut out, &mut xs) };
+        let (mut out2, mut xs2) = (vec![0f64; bmax.len()], Vec::new());
+        // SAFETY: as above.
+        unsafe {
+            (k.f32.mass)(x.as_ptr(), x.len(), &bmax, mp, MassKind::ExpCut, &mut out2);
+            (k.f32.gather_ge)(x.as_ptr(), x.len(), &bmax, cut, &mut xs2);
+        }
+        ((out, xs), (out2, xs2))
+    }
+
     /// Per-block f64 masses of an f32 row (tokens `lo <= x < cut`).
     pub fn blocks64(level: SimdLevel, x: &[f32], m: f32, inv_t: f32, lo: f32, cut: f32) -> Vec<f64> {
         let p = Mass64Params { m: m as f64, s: inv_t as f64, lo, cut };
