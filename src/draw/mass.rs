@@ -14,14 +14,23 @@
 //! The first two come with rigorous bounds on the true mass (`cheap_bounds`, `exp_bounds`).
 //!
 //! **top-p** needs the logit θ of the first token (by logit, descending) whose cumulative mass
-//! reaches `top_p * Z`. A cut `vc <= θ` is guessed (from the largest block maxima, or from a
-//! sample of blocks), every token `x >= vc` is gathered with its exact f64 weight (few in peaked
-//! rows), and the mass `R` of the kept tokens below `vc` is bounded by the cheapest tier that
-//! decides: with `Z` in `[M + R_lo, M + R_hi]`, θ is known when the walk down the gathered tokens
-//! reaches `top_p * Z_lo` and `top_p * Z_hi` at the same logit. Otherwise the next tier runs, up
-//! to the exact one, whose value decides. If the gathered tokens do not reach the target, θ is
-//! below `vc`, and every kept token is gathered. So the threshold is what exact arithmetic gives
-//! (the exact tier: float64, with its rounding), on every SIMD level and thread count.
+//! reaches `top_p * Z`. A cut `vc <= θ` is found, every kept token `x >= vc` is gathered with
+//! its exact f64 weight, and Z is bounded by the cheapest tier that decides: θ is known when the
+//! walk down the gathered tokens reaches `top_p * Z_lo` and `top_p * Z_hi` at the same logit.
+//! Otherwise the next tier runs, up to the exact one, whose value decides. So the threshold is
+//! what exact arithmetic gives (the exact tier: float64, with its rounding), on every SIMD level
+//! and thread count.
+//!
+//! - `peaked`, rows whose mass sits in the maxima of at most 256 blocks: cheap bounds of every
+//!   block; the heavy blocks by maximum, descending, get their f32-exp mass until their maxima
+//!   alone reach `top_p` of the upper bound of Z, which proves `θ >= vc`, the last maximum
+//!   visited (every token `>= vc` lies in a visited block). Tiers: cheap bounds for the other
+//!   blocks, their f32-exp mass, the f64 Z.
+//! - `general`: `vc` from a sample of blocks (high enough that the gathered tokens are few, low
+//!   enough that they reach the target with high probability); one pass gathers the tokens
+//!   `>= vc` and sums the f32-exp mass R of those below. Tiers: the f32-exp bounds of R, the f64
+//!   R. When the gathered tokens do not reach the target after all, θ is below `vc`, and every
+//!   kept token is gathered.
 
 use super::filter::{from_ord_key, ord_key, Vals};
 use crate::kernels::generic::{A_MIN64, T_MIN};
@@ -244,9 +253,7 @@ impl<'a, V: Vals + ?Sized> RowMass<'a, V> {
         let total = sum(&ws);
         Cands { lo, top: self.m, xs, ws, total, sorted: None, hist: None }
     }
-}
 
-impl<V: Vals + ?Sized> RowMass<'_, V> {
     /// Every kept token `x >= vc` with its exact weight, and bounds of the mass of the kept
     /// tokens below (one pass: the f32-exp kernel that gathers).
     fn gather_below(&self, bmax: &[f32], vc: f32) -> (Cands, (f64, f64)) {
@@ -481,10 +488,9 @@ fn top_blocks(bmax: &[f32]) -> Vec<usize> {
     top
 }
 
-/// Decides with R (the kept mass below the candidates) bounded by the f32-exp kernel, then, if
-/// that does not decide, computed by the f64 one; `known` is an exact part of R, and the kernels
-/// sum the rest over the blocks whose maximum in `bm` reaches `lo`. `None`: the threshold is
-/// below the candidates.
+/// Decides with `bounds` of R (the kept mass below the candidates), then, if they do not decide,
+/// with R computed by the f64 kernel over the blocks whose maximum in `bm` reaches `lo`.
+/// `None`: the threshold is below the candidates.
 fn decide<V: Vals + ?Sized>(r: &RowMass<V>, c: &mut Cands, bm: &[f32], bounds: (f64, f64), top_p: f64) -> Option<f32> {
     let cut = c.lo;
     let base = c.total;
@@ -543,9 +549,12 @@ fn peaked<V: Vals + ?Sized>(r: &RowMass<V>, bmax: &[f32], top_p: f64) -> Option<
     let (mut s_exp, mut s_cheap, mut cum, mut vc) = (0f64, 0f64, 0f64, None);
     let z_bounds = |s_exp: f64, s_cheap: f64, visited: usize| {
         let (a, b) = exp_bounds(s_exp, visited * BLOCK);
-        let rest = (cheap_all - s_cheap).max(0.0);
-        let (c, d) = cheap_bounds(rest, r.count());
-        (a + c * (1.0 - 1e-14), b + d * (1.0 + 1e-14))
+        // The cheap mass of the blocks not visited, up to the rounding of the two f64 sums of
+        // at most 2^32 non-negative terms and of the difference (far below 1e-6 of the total).
+        let (rest, slop) = (cheap_all - s_cheap, 1e-6 * cheap_all);
+        let (c, _) = cheap_bounds((rest - slop).max(0.0), r.count());
+        let (_, d) = cheap_bounds(rest + slop, r.count());
+        (a + c, b + d)
     };
     for (i, &b) in order.iter().enumerate() {
         s_exp += r.exp_block(b);
@@ -560,25 +569,24 @@ fn peaked<V: Vals + ?Sized>(r: &RowMass<V>, bmax: &[f32], top_p: f64) -> Option<
             break;
         }
     }
-    let (vc, mut visited) = vc?;
-    // The blocks not visited must lie wholly below vc for their cheap sums to count in R.
-    let mut seen = vec![false; nb];
-    for &b in &order[..visited] {
-        seen[b] = true;
-    }
-    // The rest of the heavy blocks get their f32-exp mass too: most of R is in them.
+    let (vc, visited) = vc?;
+    // The rest of the heavy blocks (all below vc) get their f32-exp mass too: most of R is in
+    // them.
     for &b in &order[visited..] {
         s_exp += r.exp_block(b);
         s_cheap += cheap[b];
+    }
+    // Every other block must lie wholly below vc (the f32 weights that chose the heavy blocks
+    // need not be monotone to the last bit).
+    let mut seen = vec![false; nb];
+    for &b in &order {
         seen[b] = true;
     }
-    let vis_blocks = visited;
-    visited = order.len();
-    if bmax.iter().zip(&seen).any(|(&x, &s)| !s && x >= vc) || order[vis_blocks..].iter().any(|&b| bmax[b] >= vc) {
+    if bmax.iter().zip(&seen).any(|(&x, &s)| !s && x >= vc) {
         return None;
     }
     let mut c = r.gather(bmax, vc);
-    let (lo, hi) = z_bounds(s_exp, s_cheap, visited);
+    let (lo, hi) = z_bounds(s_exp, s_cheap, order.len());
     if let Walk::Theta(x) = c.walk(top_p * lo, top_p * hi) {
         count(0);
         return Some(x);
