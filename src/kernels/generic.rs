@@ -531,9 +531,11 @@ pub(crate) unsafe fn fill_noise<S: Simd>(out: *mut f32, n: usize, key: u64, firs
 // `w = exp((x - m) * inv_t)` in f32 (with a proven error bound), as cheap bounds, and in f64;
 // and the gathering of a row's values above a threshold.
 //
-// The weight of x is `2^t` with `t = fl32(fl32(x - m) * c)`, `c = fl32(inv_t * log2 e)`; every
-// mass kernel sums the tokens with `lo <= x < cut`, where `lo` is finite and high enough that
-// `t >= -125` (see `mass_lo`), so that every weight is a normal f32.
+// The weight of x is `2^t` with `t = fl32(fl32(x - m) * c)`, `c = fl32(inv_t * log2 e)`; the mass
+// kernels sum the tokens with `lo <= x < cut`, where `lo` is finite and high enough that
+// `t >= -125` (see `mass_lo`), so that every weight is a normal f32 (the kinds without a mask
+// clamp t at -125 instead, for rows where that is the only bound). The tokens at or above a cut
+// are gathered in index order (`gather_ge`, `mass_gather`), with a compress-store.
 //
 // The summation order does not depend on the SIMD level: a block of BLOCK = 256 values is read
 // as 16 rows of 16 columns (`x[b*256 + r*16 + j]`), each column is summed in f32 over its 16 rows
