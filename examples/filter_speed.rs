@@ -25,11 +25,18 @@ fn main() {
     let s = Sampler::new(Config { threads: 1, seed: Some(1), ..Config::default() }).unwrap();
     println!("simd {}, vocab {vocab}, median of {reps} reps, one row, one thread", s.simd_level().name());
     let mut st = 7u64;
-    for shape in ["peaked", "flat"] {
+    // peaked: N(0, 3) and four tokens near 20; spread: N(0, 3) and 64 tokens around 14, one per
+    // block or so (the nucleus of top-p 0.9 is ~40 tokens); flat: N(0, 3) (~7000 tokens).
+    for shape in ["peaked", "spread", "flat"] {
         let mut x: Vec<f32> = (0..vocab).map(|_| (rng_normal(&mut st) * 3.0) as f32).collect();
         if shape == "peaked" {
             for j in 0..4 {
                 x[(j * 40_009 + 123) % vocab] = 20.0 - j as f32 * 0.4;
+            }
+        }
+        if shape == "spread" {
+            for j in 0..64 {
+                x[(j * 2_557 + 11) % vocab] = 14.0 + (rng_normal(&mut st) * 1.5) as f32;
             }
         }
         let time = |f: &mut dyn FnMut()| {
