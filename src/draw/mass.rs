@@ -5,7 +5,7 @@
 //! `filter.rs`. Three SIMD kernels sum weights over the tokens `lo <= x < cut` of a row, per block
 //! of 256, in an order that does not depend on the SIMD level (`kernels/generic.rs`):
 //!
-//! - **cheap**: a weight within [-8%, +2.2%] of w from the exponent bits alone (a few
+//! - **cheap**: a weight within [-2.2%, +8.5%] of w from the exponent bits alone (a few
 //!   operations per token);
 //! - **exp**: an f32 `exp2` (relative error below 2^-22) of the f32 exponent `t = (x - m) * c`,
 //!   whose three roundings move w by at most `|a| * 3 * 2^-24`, summed in f32 trees of depth 4;
