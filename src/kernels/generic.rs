@@ -632,8 +632,12 @@ unsafe fn mass_vec<S: Simd, E: Elem, const KIND: u8>(p: *const E, mp: MassParams
         s.len += S::compress_store(s.base.add(s.len), S::ge(x, S::splat(mp.cut)), x);
     }
     if KIND == 3 || KIND == 4 {
-        // No mask: t clamped to T_MIN (NaN and -inf included, as `max` takes the clamp).
-        let t = S::max(mass_t::<S>(x, mp.m, mp.c), S::splat(T_MIN));
+        // No mask: t clamped to T_MIN, NaN and -inf included. `(m - x) * -c` is `(x - m) * c`
+        // (the roundings are symmetric) with -0 for x = m, so that t is never above -0 and its
+        // bits as i32 grow with |t| (NaN of either sign included): an integer minimum clamps it,
+        // off the floating-point adders.
+        let t = S::mul(S::sub(S::splat(mp.m), x), S::splat(-mp.c));
+        let t = S::from_bits(S::min_i32(S::to_bits(t), S::splat_u(T_MIN.to_bits())));
         return if KIND == 4 { cheap_exp2::<S>(t) } else { exp2_neg::<S>(t) };
     }
     let mut keep = S::ge(x, S::splat(mp.lo));
