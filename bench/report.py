@@ -45,7 +45,7 @@ def plot(bench, compare, path):
     series = defaultdict(list)
     floors = defaultdict(list)
     for r in bench:
-        if r["dtype"] == "f32" and r["placement"] == "hot" and r["threads"] == 1 and r["profile"] == "peaked":
+        if (r["dtype"], r["placement"], r["threads"], r["profile"], r["vocab"]) == ("f32", "hot", 1, "peaked", 163840):
             series[r["path"]].append((r["rows"], r["us_per_row"]))
             floors["read floor" if not r["path"].startswith(("race-external", "race-pool")) else "two-stream floor"].append(
                 (r["rows"], r["floor_us_per_call"] / r["rows"]))

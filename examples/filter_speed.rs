@@ -1,4 +1,6 @@
-//! Per-row cost of the filters at vocab 163840 (f32), against a plain max pass over the same row.
+//! Per-row cost of the filters at vocab 163840 (f32), against two read floors of the same row
+//! measured in the same run: a max pass in plain Rust (as the issue measured it) and the
+//! library's SIMD max pass at the sampler's level (`kernels::read_floor`, usually faster).
 //! `cargo run --release --example filter_speed`
 use std::time::Instant;
 use tokenrace::*;
@@ -6,6 +8,19 @@ use tokenrace::*;
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// The read floor as the issue measured it: a max pass in plain Rust, 16 accumulators (kept out
+/// of line so that its code does not depend on what surrounds it).
+#[inline(never)]
+fn max_pass(x: &[f32]) -> [f32; 16] {
+    let mut acc = [f32::NEG_INFINITY; 16];
+    for c in x.chunks_exact(16) {
+        for (a, &b) in acc.iter_mut().zip(c) {
+            *a = if b > *a { b } else { *a };
+        }
+    }
+    acc
 }
 
 fn rng_normal(state: &mut u64) -> f64 {
@@ -23,11 +38,18 @@ fn main() {
     let s = Sampler::new(Config { threads: 1, seed: Some(1), ..Config::default() }).unwrap();
     println!("simd {}, vocab {vocab}, median of {reps} reps, one row, one thread", s.simd_level().name());
     let mut st = 7u64;
-    for shape in ["peaked", "flat"] {
+    // peaked: N(0, 3) and four tokens near 20; spread: N(0, 3) and 64 tokens around 14, one per
+    // block or so (the nucleus of top-p 0.9 is ~40 tokens); flat: N(0, 3) (~7000 tokens).
+    for shape in ["peaked", "spread", "flat"] {
         let mut x: Vec<f32> = (0..vocab).map(|_| (rng_normal(&mut st) * 3.0) as f32).collect();
         if shape == "peaked" {
             for j in 0..4 {
                 x[(j * 40_009 + 123) % vocab] = 20.0 - j as f32 * 0.4;
+            }
+        }
+        if shape == "spread" {
+            for j in 0..64 {
+                x[(j * 2_557 + 11) % vocab] = 14.0 + (rng_normal(&mut st) * 1.5) as f32;
             }
         }
         let time = |f: &mut dyn FnMut()| {
@@ -43,13 +65,7 @@ fn main() {
             )
         };
         let floor = time(&mut || {
-            let mut acc = [f32::NEG_INFINITY; 16];
-            for c in x.chunks_exact(16) {
-                for (a, &b) in acc.iter_mut().zip(c) {
-                    *a = if b > *a { b } else { *a };
-                }
-            }
-            std::hint::black_box(acc);
+            std::hint::black_box(max_pass(&x));
         });
         let cases: [(&str, i32, f32, f32, bool); 6] = [
             ("unfiltered race", 0, 1.0, 0.0, false),
@@ -59,7 +75,10 @@ fn main() {
             ("min-p 0.05", 0, 1.0, 0.05, false),
             ("unfiltered + logprob", 0, 1.0, 0.0, true),
         ];
-        println!("{shape}: read floor (max pass) {floor:.1} us");
+        let simd_floor = time(&mut || {
+            std::hint::black_box(tokenrace::kernels::read_floor(s.simd_level(), Logits::F32(&x), 1, vocab, vocab));
+        });
+        println!("{shape}: read floor (max pass) {floor:.1} us, SIMD read floor {simd_floor:.1} us");
         for (name, k, p, mp, lp) in cases {
             let (kk, pp, mm, tt) = ([k], [p], [mp], [1.0f32]);
             let b = Batch {
@@ -71,6 +90,7 @@ fn main() {
             };
             let mut tok = [0i32];
             let mut l = [0f32];
+            let tiers = tokenrace::draw::mass::tier_counts();
             let us = time(&mut || {
                 let mut out = Output::new(&mut tok);
                 if lp {
@@ -78,7 +98,14 @@ fn main() {
                 }
                 s.draw(&b, &mut out).unwrap();
             });
-            println!("  {name:<24} {us:8.1} us  {:5.2}x floor", us / floor);
+            let after = tokenrace::draw::mass::tier_counts();
+            let decided: Vec<u64> = (0..4).map(|i| after[i] - tiers[i]).collect();
+            let how = if decided.iter().sum::<u64>() > 0 {
+                format!("  top-p by cheap/f32/f64/all: {decided:?}")
+            } else {
+                String::new()
+            };
+            println!("  {name:<24} {us:8.1} us  {:5.2}x floor  {:5.2}x SIMD floor{how}", us / floor, us / simd_floor);
         }
     }
 }

@@ -184,7 +184,7 @@ impl Sampler {
         if !draw_batch(self.kernels, batch, &plans, self.workers.as_ref(), &mut tokens, &mut row_flags, &mut info) {
             return Err(Error::new(ErrorKind::Internal, "a worker thread panicked; nothing was written"));
         }
-        let lps = out.wants_logprobs().then(|| Logprobs::compute(batch, &plans, &info, &tokens, out));
+        let lps = out.wants_logprobs().then(|| Logprobs::compute(self.kernels, batch, &plans, &info, &tokens, out));
         let nonfinite = row_flags.iter().filter(|&&f| f & 0b111 != 0).count() as u64;
         self.counters.nonfinite_rows.fetch_add(nonfinite, Relaxed);
         self.counters.calls.fetch_add(1, Relaxed);

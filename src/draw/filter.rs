@@ -16,26 +16,29 @@
 //!   maximum reaches it, are gathered and selected (`select_nth_unstable`); when there are fewer
 //!   blocks than k, every finite value is gathered.
 //! - top-p: the smallest set of most probable tokens whose mass reaches `top_p` of the mass left.
-//!   After a top-k the candidates are few and are sorted. Otherwise one pass computes every
-//!   kept weight (f64), their sum, and a 2048-bucket histogram of mass over
-//!   `a = (x - m) * inv_t` (32 buckets per unit of `a`, `a < -64` in the last); the bucket where
-//!   the cumulative mass from the top reaches `top_p * Z` is found, and only its tokens are
-//!   gathered, sorted and accumulated one by one. The threshold is the logit of the token whose
-//!   cumulative mass reaches `top_p * Z`; tokens tied with it stay.
+//!   After a top-k the candidates are few and are sorted. Otherwise (`mass.rs`) the tokens above
+//!   a cut are gathered with exact weights and the mass below the cut is bounded by SIMD kernels
+//!   until the bounds decide (or computed in f64 when they do not). The threshold is the logit of
+//!   the token whose cumulative mass reaches `top_p * Z`; tokens tied with it stay.
 //!
-//! Everything here is scalar Rust over f32 values and does not depend on the SIMD level or on
-//! the number of threads.
+//! The thresholds do not depend on the SIMD level (every mass kernel gives bit-identical sums on
+//! every level) or on the number of threads.
 
 use super::batch::{Batch, Logits};
-use crate::kernels::{Bf16, BLOCK, F16};
+use crate::kernels::simd::Elem;
+use crate::kernels::{Bf16, DtypeKernels, Kernels, BLOCK, F16};
 
-/// A row's values as f32.
+/// A row's values as f32, and the kernels of its dtype.
 pub(crate) trait Vals {
+    type E: Elem;
     fn n(&self) -> usize;
     fn at(&self, i: usize) -> f32;
+    fn ptr(&self) -> *const Self::E;
+    fn kernels(k: &Kernels) -> &DtypeKernels<Self::E>;
 }
 
 impl Vals for [f32] {
+    type E = f32;
     #[inline(always)]
     fn n(&self) -> usize {
         self.len()
@@ -44,8 +47,15 @@ impl Vals for [f32] {
     fn at(&self, i: usize) -> f32 {
         self[i]
     }
+    fn ptr(&self) -> *const f32 {
+        self.as_ptr()
+    }
+    fn kernels(k: &Kernels) -> &DtypeKernels<f32> {
+        &k.f32
+    }
 }
 impl Vals for [Bf16] {
+    type E = Bf16;
     #[inline(always)]
     fn n(&self) -> usize {
         self.len()
@@ -53,9 +63,16 @@ impl Vals for [Bf16] {
     #[inline(always)]
     fn at(&self, i: usize) -> f32 {
         self[i].to_f32()
+    }
+    fn ptr(&self) -> *const Bf16 {
+        self.as_ptr()
+    }
+    fn kernels(k: &Kernels) -> &DtypeKernels<Bf16> {
+        &k.bf16
     }
 }
 impl Vals for [F16] {
+    type E = F16;
     #[inline(always)]
     fn n(&self) -> usize {
         self.len()
@@ -63,6 +80,12 @@ impl Vals for [F16] {
     #[inline(always)]
     fn at(&self, i: usize) -> f32 {
         self[i].to_f32()
+    }
+    fn ptr(&self) -> *const F16 {
+        self.as_ptr()
+    }
+    fn kernels(k: &Kernels) -> &DtypeKernels<F16> {
+        &k.f16
     }
 }
 
@@ -118,7 +141,7 @@ fn weight(x: f32, m: f32, inv_t: f32) -> f64 {
 }
 
 /// The order-preserving map of f32 (no NaN) to u32, and back.
-fn ord_key(x: f32) -> u32 {
+pub(crate) fn ord_key(x: f32) -> u32 {
     let b = x.to_bits();
     if b >> 31 == 1 {
         !b
@@ -126,7 +149,7 @@ fn ord_key(x: f32) -> u32 {
         b | 0x8000_0000
     }
 }
-fn from_ord_key(k: u32) -> f32 {
+pub(crate) fn from_ord_key(k: u32) -> f32 {
     f32::from_bits(if k >> 31 == 1 { k & 0x7fff_ffff } else { !k })
 }
 
@@ -183,19 +206,6 @@ fn kth_largest<V: Vals + ?Sized>(v: &V, bmax: &[f32], k: usize, cand: &mut Vec<f
     Some(*sel.select_nth_unstable_by(k - 1, desc).1)
 }
 
-const BUCKETS: usize = 2048;
-const PER_UNIT: f64 = 32.0;
-
-#[inline(always)]
-fn bucket(a: f64) -> usize {
-    let b = -a * PER_UNIT;
-    if b >= (BUCKETS - 1) as f64 {
-        BUCKETS - 1
-    } else {
-        b as usize // a <= 0, so b >= 0 (and -0.0 -> 0)
-    }
-}
-
 /// Walks `(x, w)` pairs sorted by `x` descending from cumulative mass `cum`; the first `x` at
 /// which the mass reaches `target` (or the last `x` if it never does).
 fn walk(sorted: &[(f32, f64)], mut cum: f64, target: f64) -> f32 {
@@ -216,51 +226,8 @@ fn top_p_of_candidates(cand: &[f32], floor: f32, m: f32, inv_t: f32, top_p: f64)
     walk(&kept, 0.0, top_p * z)
 }
 
-/// top-p over the whole row among the values `>= floor`, by the mass histogram.
-fn top_p_of_row<V: Vals + ?Sized>(v: &V, floor: f32, m: f32, inv_t: f32, top_p: f64) -> f32 {
-    let n = v.n();
-    let mut mass = vec![0f64; BUCKETS];
-    let mut z = 0f64;
-    let (mf, it) = (m as f64, inv_t as f64);
-    for i in 0..n {
-        let x = v.at(i);
-        if x >= floor && x > f32::NEG_INFINITY {
-            let a = (x as f64 - mf) * it;
-            let w = a.exp();
-            z += w;
-            mass[bucket(a)] += w;
-        }
-    }
-    let target = top_p * z;
-    let mut cum = 0f64;
-    let mut at = BUCKETS - 1;
-    for (b, &w) in mass.iter().enumerate() {
-        if cum + w >= target {
-            at = b;
-            break;
-        }
-        cum += w;
-    }
-    let mut inside: Vec<(f32, f64)> = Vec::new();
-    for i in 0..n {
-        let x = v.at(i);
-        if x >= floor && x > f32::NEG_INFINITY {
-            let a = (x as f64 - mf) * it;
-            if bucket(a) == at {
-                inside.push((x, a.exp()));
-            }
-        }
-    }
-    if inside.is_empty() {
-        // Only when rounding left the target above the whole mass: keep everything.
-        return floor;
-    }
-    inside.sort_unstable_by(|a, b| desc(&a.0, &b.0));
-    walk(&inside, cum, target)
-}
-
 /// The floor of a sampling row with finite maximum `m`: the race keeps `x >= floor`.
-pub(crate) fn row_floor<V: Vals + ?Sized>(v: &V, bmax: &[f32], m: f32, inv_t: f32, f: Filters) -> f32 {
+pub(crate) fn row_floor<V: Vals + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], m: f32, inv_t: f32, f: Filters) -> f32 {
     let mut floor = f32::NEG_INFINITY;
     if f.min_p > 0.0 {
         floor = min_p_floor(m, inv_t, f.min_p);
@@ -277,17 +244,17 @@ pub(crate) fn row_floor<V: Vals + ?Sized>(v: &V, bmax: &[f32], m: f32, inv_t: f3
         floor = if have_cand {
             top_p_of_candidates(&cand, floor, m, inv_t, f.top_p)
         } else {
-            top_p_of_row(v, floor, m, inv_t, f.top_p)
+            super::mass::top_p_floor(k, v, bmax, m, inv_t, floor, f.top_p)
         };
     }
     floor
 }
 
 /// The floor of row `r` of `batch` (block maxima `bmax`, finite maximum `m`), or -inf.
-pub(crate) fn batch_row_floor(batch: &Batch, r: usize, bmax: &[f32], m: f32, inv_t: f32) -> f32 {
+pub(crate) fn batch_row_floor(k: &Kernels, batch: &Batch, r: usize, bmax: &[f32], m: f32, inv_t: f32) -> f32 {
     match Filters::of(batch, r) {
         None => f32::NEG_INFINITY,
-        Some(f) => with_vals!(batch, r, |v| row_floor(v, bmax, m, inv_t, f)),
+        Some(f) => with_vals!(batch, r, |v| row_floor(k, v, bmax, m, inv_t, f)),
     }
 }
 
@@ -296,6 +263,12 @@ pub(crate) fn batch_row_floor(batch: &Batch, r: usize, bmax: &[f32], m: f32, inv
 /// no finite maximum.
 #[doc(hidden)]
 pub fn kept_floor(x: &[f32], t: f32, top_k: i32, top_p: f32, min_p: f32) -> f32 {
+    kept_floor_at(crate::kernels::best_level(), x, t, top_k, top_p, min_p)
+}
+
+/// [`kept_floor`] with the kernels of `level`.
+#[doc(hidden)]
+pub fn kept_floor_at(level: crate::SimdLevel, x: &[f32], t: f32, top_k: i32, top_p: f32, min_p: f32) -> f32 {
     let (k, p, mp) = ([top_k], [top_p], [min_p]);
     let batch = Batch { top_k: Some(&k), top_p: Some(&p), min_p: Some(&mp), ..Batch::new(Logits::F32(x), 1, x.len()) };
     let bmax: Vec<f32> =
@@ -304,5 +277,5 @@ pub fn kept_floor(x: &[f32], t: f32, top_k: i32, top_p: f32, min_p: f32) -> f32 
     if !m.is_finite() {
         return f32::NEG_INFINITY;
     }
-    batch_row_floor(&batch, 0, &bmax, m, super::inv_temperature(t))
+    batch_row_floor(crate::kernels::kernels(level), &batch, 0, &bmax, m, super::inv_temperature(t))
 }

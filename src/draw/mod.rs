@@ -7,6 +7,8 @@
 pub mod batch;
 pub mod filter;
 pub mod logprob;
+#[doc(hidden)]
+pub mod mass;
 pub(crate) mod workers;
 
 use crate::config::NoiseKind;
@@ -128,6 +130,7 @@ impl Default for RowInfo {
 
 /// The race parameters of row `r` with its filters' floor, computed on this thread.
 fn filtered_params(
+    k: &Kernels,
     batch: &Batch,
     r: usize,
     bmax: &[f32],
@@ -135,7 +138,7 @@ fn filtered_params(
     plan: RowPlan,
 ) -> Option<(RaceParams, NoiseSrc)> {
     race_params(sc, plan).map(|(mut p, noise)| {
-        p.floor = filter::batch_row_floor(batch, r, bmax, p.m, p.inv_t);
+        p.floor = filter::batch_row_floor(k, batch, r, bmax, p.m, p.inv_t);
         (p, noise)
     })
 }
@@ -197,7 +200,7 @@ pub(crate) fn draw_row(k: &Kernels, batch: &Batch, r: usize, plan: RowPlan) -> (
             bmax.resize(n.div_ceil(BLOCK), f32::NEG_INFINITY);
             let has_nan = row.scan(0, n, &mut bmax);
             let sc = summarize(&bmax, has_nan, plan);
-            let params = filtered_params(batch, r, &bmax, &sc, plan);
+            let params = filtered_params(k, batch, r, &bmax, &sc, plan);
             let won = params.map(|(p, noise)| row.race(0, n, &bmax, p, noise));
             let floor = params.map_or(f32::NEG_INFINITY, |(p, _)| p.floor);
             (finish(row, &bmax, n, &sc, won), sc.flags, RowInfo { top: sc.top, floor })
@@ -281,7 +284,7 @@ fn draw_tiled(
         .collect();
     // The filters' floors, on this thread.
     let params: Vec<Option<(RaceParams, NoiseSrc)>> = (0..rows)
-        .map(|r| filtered_params(batch, r, &bmax[r * blocks..(r + 1) * blocks], &scanned[r], plans[r]))
+        .map(|r| filtered_params(k, batch, r, &bmax[r * blocks..(r + 1) * blocks], &scanned[r], plans[r]))
         .collect();
     // Stage 2: each tile's best, merged per row.
     let best: Vec<SyncCell<Best>> = (0..rows * tiles).map(|_| SyncCell::new(Best::NONE)).collect();

@@ -660,3 +660,458 @@ pub(crate) unsafe fn fill_noise<S: Simd>(out: *mut f32, n: usize, key: u64, firs
         j += 1;
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Probability mass (top-p, logprobs): a SIMD exp2, per-block sums of the weights
+// `w = exp((x - m) * inv_t)` in f32 (with a proven error bound), as cheap bounds, and in f64;
+// and the gathering of a row's values above a threshold.
+//
+// The weight of x is `2^t` with `t = fl32(fl32(x - m) * c)`, `c = fl32(inv_t * log2 e)`; the mass
+// kernels sum the tokens with `lo <= x < cut`, where `lo` is finite and high enough that
+// `t >= -125` (see `mass_lo`), so that every weight is a normal f32 (the kinds without a mask
+// clamp t at -125 instead, for rows where that is the only bound). The tokens at or above a cut
+// are gathered in index order (`gather_ge`, `mass_gather`), with a compress-store.
+//
+// The summation order does not depend on the SIMD level: a block of BLOCK = 256 values is read
+// as 16 rows of 16 columns (`x[b*256 + r*16 + j]`), each column is summed in f32 over its 16 rows
+// in a fixed pairwise tree, and the 16 column sums are added in f64 in a fixed tree. A level of
+// `LANES` lanes handles `16 / LANES` column groups; the operations per element and per column
+// are the same on every level, so every level returns bit-identical block sums.
+// ---------------------------------------------------------------------------------------------
+
+/// 1.5 * 2^23: `t + ROUND_MAGIC` rounds `|t| < 2^22` to an integer held in the low bits.
+const ROUND_MAGIC: f32 = 12_582_912.0;
+/// 1.5 * 2^19: rounds `|t| < 2^18` to a multiple of 1/16.
+const ROUND_MAGIC_16: f32 = 786_432.0;
+/// 2^f on [-1/2, 1/2] = 1 + f (C1 + f (C2 + f (C3 + f (C4 + f C5)))), fitted for relative error.
+#[allow(clippy::approx_constant)] // a fitted coefficient, not ln 2
+const EXP2_C: [f32; 5] = [0.693_147, 0.240_222_42, 0.055_507_336, 0.009_671_513, 0.001_326_472_4];
+
+/// The smallest exponent `t` the mass kernels accept (a weight of 2^-125, a normal f32).
+pub(crate) const T_MIN: f32 = -125.0;
+
+/// Row constants of the f32 mass kernels.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MassParams {
+    /// The row's finite maximum.
+    pub m: f32,
+    /// `fl32(inv_t * log2 e)`.
+    pub c: f32,
+    /// Tokens with `lo <= x < cut` count; `lo` finite with `t(lo) >= T_MIN`.
+    pub lo: f32,
+    pub cut: f32,
+}
+
+/// Which weight the f32 mass kernels sum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MassKind {
+    /// `exp2(t)` (relative error below 2^-22), tokens `x >= lo`.
+    Exp,
+    /// `exp2(t)`, tokens `lo <= x < cut`.
+    ExpCut,
+    /// A cheap weight `S` with `S / 1.0847 <= 2^t <= S / 0.97855` (Schraudolph's exponent trick
+    /// at 1/16), tokens `lo <= x < cut`.
+    CheapCut,
+    /// `exp2(max(t, T_MIN))` of every token, NaN and -inf included (2^-125 each): fewer
+    /// operations, for rows without a floor.
+    ExpAll,
+    /// The cheap weight of `max(t, T_MIN)` of every token.
+    CheapAll,
+}
+
+/// `t = (x - m) * c` in f32, the exponent of 2 of the weight of x.
+#[inline(always)]
+pub(crate) fn mass_t<S: Simd>(x: S::F, m: f32, c: f32) -> S::F {
+    S::mul(S::sub(x, S::splat(m)), S::splat(c))
+}
+
+/// 2^t for `T_MIN <= t <= 0` (no check): relative error below 2^-22 (1.93e-7 measured over every
+/// f32 in [-1, 0], which covers every fractional part that can occur).
+///
+/// t = k + f with k = round(t) and f = t - k exact in [-1/2, 1/2]; 2^f from a degree-5
+/// polynomial (Horner, no FMA), 2^k added to the exponent field.
+#[inline(always)]
+pub(crate) fn exp2_neg<S: Simd>(t: S::F) -> S::F {
+    let k = S::add(t, S::splat(ROUND_MAGIC));
+    let f = S::sub(t, S::sub(k, S::splat(ROUND_MAGIC)));
+    let mut p = S::splat(EXP2_C[4]);
+    p = S::add(S::mul(p, f), S::splat(EXP2_C[3]));
+    p = S::add(S::mul(p, f), S::splat(EXP2_C[2]));
+    p = S::add(S::mul(p, f), S::splat(EXP2_C[1]));
+    p = S::add(S::mul(p, f), S::splat(EXP2_C[0]));
+    let y = S::add(S::mul(p, f), S::splat(1.0));
+    // The bits of k are those of ROUND_MAGIC plus round(t); shifted by 23, only round(t) is left.
+    S::from_bits(S::add_u(S::to_bits(y), S::shl_u::<23>(S::to_bits(k))))
+}
+
+/// The cheap weight of `T_MIN <= t <= 0`: `2^q (1 + r/16)` where `round(16 t) = 16 q + r`.
+#[inline(always)]
+fn cheap_exp2<S: Simd>(t: S::F) -> S::F {
+    let k = S::add(t, S::splat(ROUND_MAGIC_16));
+    S::from_bits(S::add_u(S::shl_u::<19>(S::to_bits(k)), S::splat_u(0x3f80_0000)))
+}
+
+/// Where a gathering kernel appends the values at or above the cut.
+struct Sink {
+    base: *mut f32,
+    len: usize,
+}
+
+/// The weights of the `LANES` values at `p` (0 outside the kept range). Kind 5 is kind 1 that
+/// also appends the values `>= cut` to `sink`.
+#[inline(always)]
+unsafe fn mass_vec<S: Simd, E: Elem, const KIND: u8>(p: *const E, mp: MassParams, sink: *mut Sink) -> S::F {
+    let x = E::load::<S>(p);
+    if KIND == 5 {
+        let s = &mut *sink;
+        s.len += S::compress_store(s.base.add(s.len), S::ge(x, S::splat(mp.cut)), x);
+    }
+    if KIND == 3 || KIND == 4 {
+        // No mask: t clamped to T_MIN, NaN and -inf included. `(m - x) * -c` is `(x - m) * c`
+        // (the roundings are symmetric) with -0 for x = m, so that t is never above -0 and its
+        // bits as i32 grow with |t| (NaN of either sign included): an integer minimum clamps it,
+        // off the floating-point adders.
+        let t = S::mul(S::sub(S::splat(mp.m), x), S::splat(-mp.c));
+        let t = S::from_bits(S::min_i32(S::to_bits(t), S::splat_u(T_MIN.to_bits())));
+        return if KIND == 4 { cheap_exp2::<S>(t) } else { exp2_neg::<S>(t) };
+    }
+    let mut keep = S::ge(x, S::splat(mp.lo));
+    if KIND != 0 {
+        keep = S::and_m(keep, S::lt(x, S::splat(mp.cut)));
+    }
+    if !S::any(keep) {
+        return S::splat(0.0);
+    }
+    let t = mass_t::<S>(x, mp.m, mp.c);
+    let w = if KIND == 2 { cheap_exp2::<S>(t) } else { exp2_neg::<S>(t) };
+    S::select(keep, w, S::splat(0.0))
+}
+
+/// The sum of rows `r..r + 4` of the column group at `q` (rows 16 apart), in the fixed tree.
+/// (No closures in the kernels: they would not inherit the caller's target features.)
+#[inline(always)]
+unsafe fn mass_quad<S: Simd, E: Elem, const KIND: u8>(q: *const E, r: usize, mp: MassParams, sink: *mut Sink) -> S::F {
+    let w0 = mass_vec::<S, E, KIND>(q.add(r * 16), mp, sink);
+    let w1 = mass_vec::<S, E, KIND>(q.add((r + 1) * 16), mp, sink);
+    let w2 = mass_vec::<S, E, KIND>(q.add((r + 2) * 16), mp, sink);
+    let w3 = mass_vec::<S, E, KIND>(q.add((r + 3) * 16), mp, sink);
+    S::add(S::add(w0, w1), S::add(w2, w3))
+}
+
+/// The sum of the 16 rows of the column group at `q`, in the fixed tree.
+#[inline(always)]
+unsafe fn mass_columns<S: Simd, E: Elem, const KIND: u8>(q: *const E, mp: MassParams, sink: *mut Sink) -> S::F {
+    let a = S::add(mass_quad::<S, E, KIND>(q, 0, mp, sink), mass_quad::<S, E, KIND>(q, 4, mp, sink));
+    let b = S::add(mass_quad::<S, E, KIND>(q, 8, mp, sink), mass_quad::<S, E, KIND>(q, 12, mp, sink));
+    S::add(a, b)
+}
+
+/// The f64 sum of 16 column sums, in a fixed tree.
+#[inline(always)]
+fn sum16(c: &[f32; 16]) -> f64 {
+    let mut h = [0f64; 8];
+    for j in 0..8 {
+        h[j] = c[j] as f64 + c[j + 8] as f64;
+    }
+    ((h[0] + h[4]) + (h[2] + h[6])) + ((h[1] + h[5]) + (h[3] + h[7]))
+}
+
+/// The mass of one full block at `q`.
+#[inline(always)]
+unsafe fn mass_block<S: Simd, E: Elem, const KIND: u8>(q: *const E, mp: MassParams, sink: *mut Sink) -> f64 {
+    let mut cols = [0f32; 16];
+    let mut g = 0;
+    while g < 16 {
+        S::store(cols.as_mut_ptr().add(g), mass_columns::<S, E, KIND>(q.add(g), mp, sink));
+        g += S::LANES;
+    }
+    sum16(&cols)
+}
+
+/// Writes the mass (see [`MassKind`]) of each BLOCK of `row` into `out`: a sum of f32 weights,
+/// the same on every SIMD level. Blocks whose maximum in `bmax` (if not empty) is below `lo`
+/// give 0 without being read.
+///
+/// # Safety
+/// `row` valid for `n` reads; `out` has `n.div_ceil(BLOCK)` elements, and `bmax` as many or none.
+#[inline(always)]
+pub(crate) unsafe fn mass<S: Simd, E: Elem>(
+    row: *const E,
+    n: usize,
+    bmax: &[f32],
+    mp: MassParams,
+    kind: MassKind,
+    out: &mut [f64],
+) {
+    match kind {
+        MassKind::Exp => mass_kind::<S, E, 0>(row, n, bmax, mp, out),
+        MassKind::ExpCut => mass_kind::<S, E, 1>(row, n, bmax, mp, out),
+        MassKind::CheapCut => mass_kind::<S, E, 2>(row, n, bmax, mp, out),
+        MassKind::ExpAll => mass_kind::<S, E, 3>(row, n, bmax, mp, out),
+        MassKind::CheapAll => mass_kind::<S, E, 4>(row, n, bmax, mp, out),
+    }
+}
+
+#[inline(always)]
+unsafe fn mass_kind<S: Simd, E: Elem, const KIND: u8>(
+    row: *const E,
+    n: usize,
+    bmax: &[f32],
+    mp: MassParams,
+    out: &mut [f64],
+) {
+    for (b, o) in out.iter_mut().enumerate() {
+        if !bmax.is_empty() && bmax[b] < mp.lo {
+            *o = 0.0;
+            continue;
+        }
+        let start = b * BLOCK;
+        *o = if start + BLOCK <= n {
+            mass_block::<S, E, KIND>(row.add(start), mp, std::ptr::null_mut())
+        } else {
+            // The last, partial block: padded with -inf, which counts as nothing (or as 2^-125
+            // in the kinds without a mask).
+            let mut tmp = [f32::NEG_INFINITY; BLOCK];
+            for (i, t) in tmp.iter_mut().enumerate().take(n - start) {
+                *t = E::load::<Scalar>(row.add(start + i));
+            }
+            mass_block::<S, f32, KIND>(tmp.as_ptr(), mp, std::ptr::null_mut())
+        };
+    }
+}
+
+/// [`mass`] of kind `ExpCut`, and also appends to `cands`, in row order, every value `x >= cut`
+/// (`cut` finite) of the blocks whose maximum in `bmax` reaches `cut`: one pass for the mass below
+/// a cut and the tokens above it.
+///
+/// # Safety
+/// As [`mass`], with `bmax` not empty.
+#[inline(always)]
+pub(crate) unsafe fn mass_gather<S: Simd, E: Elem>(
+    row: *const E,
+    n: usize,
+    bmax: &[f32],
+    mp: MassParams,
+    out: &mut [f64],
+    cands: &mut Vec<f32>,
+) {
+    let vcut = S::splat(mp.cut);
+    for (b, o) in out.iter_mut().enumerate() {
+        let bm = bmax[b];
+        if bm < mp.lo {
+            *o = 0.0;
+            continue;
+        }
+        let start = b * BLOCK;
+        let end = (start + BLOCK).min(n);
+        if bm >= mp.cut && S::LANES == 16 && end - start == BLOCK {
+            // Sixteen lanes visit a block's rows in index order: gather on the way.
+            cands.reserve(BLOCK + 64);
+            let mut sink = Sink { base: cands.as_mut_ptr(), len: cands.len() };
+            *o = mass_block::<S, E, 5>(row.add(start), mp, &mut sink);
+            cands.set_len(sink.len);
+            continue;
+        }
+        if bm >= mp.cut {
+            cands.reserve(BLOCK + 64);
+            let base = cands.as_mut_ptr();
+            let mut len = cands.len();
+            let mut i = start;
+            while i + S::LANES <= end {
+                let x = E::load::<S>(row.add(i));
+                len += S::compress_store(base.add(len), S::ge(x, vcut), x);
+                i += S::LANES;
+            }
+            while i < end {
+                let x = E::load::<Scalar>(row.add(i));
+                len += Scalar::compress_store(base.add(len), x >= mp.cut, x);
+                i += 1;
+            }
+            cands.set_len(len);
+        }
+        *o = if end - start == BLOCK {
+            mass_block::<S, E, 1>(row.add(start), mp, std::ptr::null_mut())
+        } else {
+            let mut tmp = [f32::NEG_INFINITY; BLOCK];
+            for (i, t) in tmp.iter_mut().enumerate().take(end - start) {
+                *t = E::load::<Scalar>(row.add(start + i));
+            }
+            mass_block::<S, f32, 1>(tmp.as_ptr(), mp, std::ptr::null_mut())
+        };
+    }
+}
+
+/// Writes the f32 weight `exp2(t)` of each of the `n` values at `row` into `out` (0 outside
+/// `lo <= x < cut`).
+///
+/// # Safety
+/// `row` valid for `n` reads, `out` for `n` writes; `S` usable here.
+#[inline(always)]
+pub(crate) unsafe fn mass_weights<S: Simd, E: Elem>(row: *const E, n: usize, mp: MassParams, out: *mut f32) {
+    let mut i = 0;
+    while i + S::LANES <= n {
+        S::store(out.add(i), mass_vec::<S, E, 1>(row.add(i), mp, std::ptr::null_mut()));
+        i += S::LANES;
+    }
+    while i < n {
+        Scalar::store(out.add(i), mass_vec::<Scalar, E, 1>(row.add(i), mp, std::ptr::null_mut()));
+        i += 1;
+    }
+}
+
+/// Appends to `out`, in row order, every value `x >= lo` (`lo` finite) of the blocks whose
+/// maximum in `bmax` reaches `lo`.
+///
+/// # Safety
+/// `row` valid for `n` reads; `bmax` has `n.div_ceil(BLOCK)` elements; `S` usable here.
+#[inline(always)]
+pub(crate) unsafe fn gather_ge<S: Simd, E: Elem>(row: *const E, n: usize, bmax: &[f32], lo: f32, out: &mut Vec<f32>) {
+    let l = S::LANES;
+    let vlo = S::splat(lo);
+    for (b, &bm) in bmax.iter().enumerate() {
+        if bm < lo {
+            continue;
+        }
+        let (start, end) = (b * BLOCK, ((b + 1) * BLOCK).min(n));
+        // Room for the block and one vector written past its last value.
+        out.reserve(BLOCK + 64);
+        let base = out.as_mut_ptr();
+        let mut len = out.len();
+        let mut i = start;
+        while i + l <= end {
+            let x = E::load::<S>(row.add(i));
+            len += S::compress_store(base.add(len), S::ge(x, vlo), x);
+            i += l;
+        }
+        while i < end {
+            let x = E::load::<Scalar>(row.add(i));
+            len += Scalar::compress_store(base.add(len), x >= lo, x);
+            i += 1;
+        }
+        out.set_len(len);
+    }
+}
+
+// The f64 weights: `exp(a)` for `a = (x - m) * inv_t` computed exactly in f64.
+
+const MAGIC52: f64 = 6_755_399_441_055_744.0; // 1.5 * 2^52
+const LN2_HI64: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000); // 32 bits: k * LN2_HI64 is exact
+const LN2_LO64: f64 = f64::from_bits(0x3dea_39ef_3579_3c76); // ln 2 - LN2_HI64
+/// The smallest `a` the f64 weights accept.
+pub(crate) const A_MIN64: f64 = -700.0;
+
+/// exp(a) for `A_MIN64 <= a <= 0` in f64, relative error below 1e-15: a = k ln2 + r, |r| <=
+/// ln2/2, exp(r) from its Taylor series to degree 12 (truncation below 2e-16), no FMA.
+#[inline(always)]
+pub(crate) fn exp64(a: f64) -> f64 {
+    let k = a * std::f64::consts::LOG2_E + MAGIC52;
+    let kf = k - MAGIC52;
+    let r = (a - kf * LN2_HI64) - kf * LN2_LO64;
+    let r2 = r * r;
+    let r4 = r2 * r2;
+    let r8 = r4 * r4;
+    const C: [f64; 13] = [
+        1.0,
+        1.0,
+        1.0 / 2.0,
+        1.0 / 6.0,
+        1.0 / 24.0,
+        1.0 / 120.0,
+        1.0 / 720.0,
+        1.0 / 5040.0,
+        1.0 / 40320.0,
+        1.0 / 362_880.0,
+        1.0 / 3_628_800.0,
+        1.0 / 39_916_800.0,
+        1.0 / 479_001_600.0,
+    ];
+    let q0 = (C[0] + C[1] * r) + (C[2] + C[3] * r) * r2;
+    let q1 = (C[4] + C[5] * r) + (C[6] + C[7] * r) * r2;
+    let q2 = (C[8] + C[9] * r) + ((C[10] + C[11] * r) + C[12] * r2) * r2;
+    let y = (q0 + q1 * r4) + q2 * r8;
+    // The bits of k are those of MAGIC52 plus round(a / ln2); shifted by 52, only the latter is left.
+    f64::from_bits(y.to_bits().wrapping_add(k.to_bits() << 52))
+}
+
+/// Row constants of the f64 mass kernel: `a = (x - m) * s` in f64; tokens `lo <= x < cut` with
+/// `lo` finite and `a(lo) >= A_MIN64`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Mass64Params {
+    pub m: f64,
+    pub s: f64,
+    pub lo: f32,
+    pub cut: f32,
+}
+
+#[inline(always)]
+fn weight64(x: f32, p: Mass64Params) -> f64 {
+    let keep = x >= p.lo && x < p.cut;
+    let a = if keep { (x as f64 - p.m) * p.s } else { 0.0 };
+    let w = exp64(a);
+    if keep {
+        w
+    } else {
+        0.0
+    }
+}
+
+/// Writes the f64 mass of each BLOCK of `row` into `out`: per column of 16 a pairwise tree,
+/// then the 16 columns in a fixed tree, so every level gives the same sums. Blocks whose
+/// maximum is below `lo` give 0 without being read.
+///
+/// # Safety
+/// As [`mass`].
+#[inline(always)]
+pub(crate) unsafe fn mass64<S: Simd, E: Elem>(row: *const E, n: usize, bmax: &[f32], p: Mass64Params, out: &mut [f64]) {
+    for (b, o) in out.iter_mut().enumerate() {
+        if !bmax.is_empty() && bmax[b] < p.lo {
+            *o = 0.0;
+            continue;
+        }
+        let start = b * BLOCK;
+        let mut xs = [f32::NAN; BLOCK];
+        if start + BLOCK <= n {
+            let mut i = 0;
+            while i < BLOCK {
+                S::store(xs.as_mut_ptr().add(i), E::load::<S>(row.add(start + i)));
+                i += S::LANES;
+            }
+        } else {
+            for (i, t) in xs.iter_mut().enumerate().take(n - start) {
+                *t = E::load::<Scalar>(row.add(start + i));
+            }
+        }
+        let mut w = [0f64; BLOCK];
+        for i in 0..BLOCK {
+            w[i] = weight64(xs[i], p);
+        }
+        let mut c = [0f64; 16];
+        for (j, cj) in c.iter_mut().enumerate() {
+            let mut q = [0f64; 4];
+            for (i, qi) in q.iter_mut().enumerate() {
+                let r = 4 * i * 16 + j;
+                *qi = (w[r] + w[r + 16]) + (w[r + 32] + w[r + 48]);
+            }
+            *cj = (q[0] + q[1]) + (q[2] + q[3]);
+        }
+        let mut h = [0f64; 8];
+        for j in 0..8 {
+            h[j] = c[j] + c[j + 8];
+        }
+        *o = ((h[0] + h[4]) + (h[2] + h[6])) + ((h[1] + h[5]) + (h[3] + h[7]));
+    }
+}
+
+/// `out[i] = exp((xs[i] - m) * s)` in f64 for values with `a >= A_MIN64` (0 below).
+///
+/// # Safety
+/// `S` usable here (only its instruction set is used, through the compiler).
+#[inline(always)]
+pub(crate) unsafe fn weights64<S: Simd>(xs: &[f32], m: f64, s: f64, out: &mut [f64]) {
+    for (o, &x) in out.iter_mut().zip(xs) {
+        let a = (x as f64 - m) * s;
+        let keep = a >= A_MIN64;
+        let w = exp64(if keep { a } else { 0.0 });
+        *o = if keep { w } else { 0.0 };
+    }
+}

@@ -16,7 +16,7 @@ pub(crate) mod x86_64 {
 
 use crate::config::SimdChoice;
 use crate::error::{Error, ErrorKind, Result};
-pub(crate) use generic::{Best, BlockNoise, ExtKind, RaceParams, BLOCK};
+pub(crate) use generic::{Best, BlockNoise, ExtKind, Mass64Params, MassKind, MassParams, RaceParams, BLOCK};
 pub use simd::{Bf16, F16};
 use std::sync::OnceLock;
 
@@ -92,7 +92,24 @@ pub(crate) struct DtypeKernels<E> {
     pub race_external: unsafe fn(*const E, *const f32, usize, RaceParams, ExtKind, usize) -> Best,
     pub max_only: unsafe fn(*const E, usize) -> f32,
     pub max_two: unsafe fn(*const E, *const f32, usize) -> f32,
+    /// Per-block mass (row, n, block maxima or empty, params, kind, out).
+    pub mass: MassFn<E>,
+    /// Per-token f32 weights (row, n, params, out).
+    pub mass_weights: unsafe fn(*const E, usize, MassParams, *mut f32),
+    /// The values `>= lo` in row order (row, n, block maxima, lo, out).
+    pub gather_ge: unsafe fn(*const E, usize, &[f32], f32, &mut Vec<f32>),
+    /// Per-block exp mass below the cut and the values at or above it (row, n, block maxima,
+    /// params, out, values).
+    pub mass_gather: MassGatherFn<E>,
+    /// Per-block f64 mass (row, n, block maxima or empty, params, out).
+    pub mass64: unsafe fn(*const E, usize, &[f32], Mass64Params, &mut [f64]),
 }
+
+/// The mass-and-gather kernel: (row, n, block maxima, params, out, values).
+pub(crate) type MassGatherFn<E> = unsafe fn(*const E, usize, &[f32], MassParams, &mut [f64], &mut Vec<f32>);
+
+/// The per-block f32 mass kernel: (row, n, block maxima or empty, params, kind, out).
+pub(crate) type MassFn<E> = unsafe fn(*const E, usize, &[f32], MassParams, MassKind, &mut [f64]);
 
 /// Every kernel of one level. Calling them is safe once the level is known to be supported,
 /// which [`kernels`] guarantees.
@@ -103,6 +120,8 @@ pub(crate) struct Kernels {
     pub bf16: DtypeKernels<Bf16>,
     pub f16: DtypeKernels<F16>,
     pub fill_noise: unsafe fn(*mut f32, usize, u64, u32, bool),
+    /// f64 weights of f32 values (values, m, inv_t, out).
+    pub weights64: unsafe fn(&[f32], f64, f64, &mut [f64]),
 }
 
 /// Builds a module with `#[target_feature]` entry points for one `Simd` implementation.
@@ -141,11 +160,38 @@ macro_rules! kernel_table {
             unsafe fn fill_noise(out: *mut f32, n: usize, key: u64, first: u32, log: bool) {
                 generic::fill_noise::<$simd>(out, n, key, first, log)
             }
+            $(#[target_feature(enable = $feature)])?
+            unsafe fn mass<E: Elem>(row: *const E, n: usize, bmax: &[f32], p: MassParams, kind: MassKind, out: &mut [f64]) {
+                generic::mass::<$simd, E>(row, n, bmax, p, kind, out)
+            }
+            $(#[target_feature(enable = $feature)])?
+            unsafe fn mass_weights<E: Elem>(row: *const E, n: usize, p: MassParams, out: *mut f32) {
+                generic::mass_weights::<$simd, E>(row, n, p, out)
+            }
+            $(#[target_feature(enable = $feature)])?
+            unsafe fn gather_ge<E: Elem>(row: *const E, n: usize, bmax: &[f32], lo: f32, out: &mut Vec<f32>) {
+                generic::gather_ge::<$simd, E>(row, n, bmax, lo, out)
+            }
+            $(#[target_feature(enable = $feature)])?
+            unsafe fn mass_gather<E: Elem>(row: *const E, n: usize, bmax: &[f32], p: MassParams, out: &mut [f64], cands: &mut Vec<f32>) {
+                generic::mass_gather::<$simd, E>(row, n, bmax, p, out, cands)
+            }
+            $(#[target_feature(enable = $feature)])?
+            unsafe fn mass64<E: Elem>(row: *const E, n: usize, bmax: &[f32], p: Mass64Params, out: &mut [f64]) {
+                generic::mass64::<$simd, E>(row, n, bmax, p, out)
+            }
+            $(#[target_feature(enable = $feature)])?
+            unsafe fn weights64(xs: &[f32], m: f64, s: f64, out: &mut [f64]) {
+                generic::weights64::<$simd>(xs, m, s, out)
+            }
             fn dtype<E: Elem>() -> DtypeKernels<E> {
-                DtypeKernels { scan: scan::<E>, find_first: find_first::<E>, race_inline: race_inline::<E>, race_external: race_external::<E>, max_only: max_only::<E>, max_two: max_two::<E> }
+                DtypeKernels {
+                    scan: scan::<E>, find_first: find_first::<E>, race_inline: race_inline::<E>, race_external: race_external::<E>, max_only: max_only::<E>, max_two: max_two::<E>,
+                    mass: mass::<E>, mass_weights: mass_weights::<E>, gather_ge: gather_ge::<E>, mass_gather: mass_gather::<E>, mass64: mass64::<E>,
+                }
             }
             pub(crate) fn table() -> Kernels {
-                Kernels { level: $level, f32: dtype(), bf16: dtype(), f16: dtype(), fill_noise }
+                Kernels { level: $level, f32: dtype(), bf16: dtype(), f16: dtype(), fill_noise, weights64 }
             }
         }
     };

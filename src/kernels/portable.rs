@@ -186,4 +186,17 @@ impl Simd for Portable {
     fn from_bits(a: [u32; W]) -> [f32; W] {
         lanes!(|i| f32::from_bits(a[i]))
     }
+    #[inline(always)]
+    fn shl_u<const N: i32>(a: [u32; W]) -> [u32; W] {
+        lanes!(|i| a[i] << N)
+    }
+    #[inline(always)]
+    unsafe fn compress_store(p: *mut f32, m: [bool; W], v: [f32; W]) -> usize {
+        let mut j = 0;
+        for i in 0..W {
+            p.add(j).write_unaligned(v[i]);
+            j += m[i] as usize;
+        }
+        j
+    }
 }

@@ -71,6 +71,12 @@ pub(crate) trait Simd: Copy {
     fn cvt_i32(a: Self::U) -> Self::F;
     fn to_bits(a: Self::F) -> Self::U;
     fn from_bits(a: Self::U) -> Self::F;
+
+    // Added for the probability-mass kernels.
+    fn shl_u<const N: i32>(a: Self::U) -> Self::U;
+    /// Writes the lanes of `v` that `m` selects, in lane order, at `p` (writing up to `LANES`
+    /// values there); returns how many `m` selects.
+    unsafe fn compress_store(p: *mut f32, m: Self::M, v: Self::F) -> usize;
 }
 
 /// One lane: the reference implementation, also used for the tails of rows.
@@ -273,6 +279,15 @@ impl Simd for Scalar {
     #[inline(always)]
     fn from_bits(a: u32) -> f32 {
         f32::from_bits(a)
+    }
+    #[inline(always)]
+    fn shl_u<const N: i32>(a: u32) -> u32 {
+        a << N
+    }
+    #[inline(always)]
+    unsafe fn compress_store(p: *mut f32, m: bool, v: f32) -> usize {
+        p.write_unaligned(v);
+        m as usize
     }
 }
 

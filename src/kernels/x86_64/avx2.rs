@@ -179,4 +179,50 @@ impl Simd for Avx2 {
     fn from_bits(a: __m256i) -> __m256 {
         unsafe { _mm256_castsi256_ps(a) }
     }
+    #[inline(always)]
+    fn shl_u<const N: i32>(a: __m256i) -> __m256i {
+        unsafe { _mm256_slli_epi32::<N>(a) }
+    }
+    #[inline(always)]
+    unsafe fn compress_store(p: *mut f32, m: __m256, v: __m256) -> usize {
+        let bits = _mm256_movemask_ps(m) as usize;
+        let packed = _mm256_set1_epi32(COMPRESS[bits] as i32);
+        let idx = _mm256_and_si256(
+            _mm256_srlv_epi32(packed, _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21)),
+            _mm256_set1_epi32(7),
+        );
+        _mm256_storeu_ps(p, _mm256_permutevar8x32_ps(v, idx));
+        // (popcnt is not among this level's features: a table.)
+        POPCOUNT8[bits] as usize
+    }
 }
+
+/// The number of bits set in each byte.
+pub(crate) static POPCOUNT8: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = (i as u32).count_ones() as u8;
+        i += 1;
+    }
+    t
+};
+
+/// For each 8-bit mask, the lanes it selects in order, as 3-bit fields (the rest 0).
+static COMPRESS: [u32; 256] = {
+    let mut t = [0u32; 256];
+    let mut m = 0;
+    while m < 256 {
+        let (mut packed, mut j, mut lane) = (0u32, 0, 0);
+        while lane < 8 {
+            if m & (1 << lane) != 0 {
+                packed |= (lane as u32) << (3 * j);
+                j += 1;
+            }
+            lane += 1;
+        }
+        t[m] = packed;
+        m += 1;
+    }
+    t
+};

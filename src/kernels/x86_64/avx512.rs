@@ -1,6 +1,7 @@
 //! x86-64 AVX-512 (F): 16 lanes, mask registers for comparisons.
 
 use crate::kernels::simd::Simd;
+use crate::kernels::x86_64::avx2::POPCOUNT8;
 use std::arch::x86_64::*;
 
 #[derive(Clone, Copy)]
@@ -176,5 +177,16 @@ impl Simd for Avx512 {
     #[inline(always)]
     fn from_bits(a: __m512i) -> __m512 {
         unsafe { _mm512_castsi512_ps(a) }
+    }
+    #[inline(always)]
+    fn shl_u<const N: i32>(a: __m512i) -> __m512i {
+        unsafe { _mm512_sllv_epi32(a, _mm512_set1_epi32(N)) }
+    }
+    #[inline(always)]
+    unsafe fn compress_store(p: *mut f32, m: __mmask16, v: __m512) -> usize {
+        // The register form: the memory form is slow on some cores.
+        _mm512_storeu_ps(p, _mm512_maskz_compress_ps(m, v));
+        // (popcnt is not among this level's features: a table.)
+        (POPCOUNT8[(m & 0xff) as usize] + POPCOUNT8[(m >> 8) as usize]) as usize
     }
 }
