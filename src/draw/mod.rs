@@ -57,8 +57,9 @@ pub(crate) fn inv_temperature(t: f32) -> f32 {
     }
 }
 
-/// Rows of fewer elements than this are never split across threads.
-const MIN_TILE: usize = 16 * BLOCK;
+/// Vocabulary tiles hold at least this many elements: a smaller tile saves less than waking a
+/// worker and merging its result cost.
+const MIN_TILE: usize = 128 * BLOCK;
 /// Calls with fewer elements than this in all run on the calling thread.
 const MIN_PARALLEL: usize = 64 * 1024;
 
