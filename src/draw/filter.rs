@@ -37,57 +37,32 @@ pub(crate) trait Vals {
     fn kernels(k: &Kernels) -> &DtypeKernels<Self::E>;
 }
 
-impl Vals for [f32] {
-    type E = f32;
-    #[inline(always)]
-    fn n(&self) -> usize {
-        self.len()
-    }
-    #[inline(always)]
-    fn at(&self, i: usize) -> f32 {
-        self[i]
-    }
-    fn ptr(&self) -> *const f32 {
-        self.as_ptr()
-    }
-    fn kernels(k: &Kernels) -> &DtypeKernels<f32> {
-        &k.f32
-    }
+/// `Vals` for a slice of one dtype: `$table` is its field in `Kernels`, `$to_f32` its conversion.
+macro_rules! impl_vals {
+    ($elem:ty, $table:ident, |$x:ident| $to_f32:expr) => {
+        impl Vals for [$elem] {
+            type E = $elem;
+            #[inline(always)]
+            fn n(&self) -> usize {
+                self.len()
+            }
+            #[inline(always)]
+            fn at(&self, i: usize) -> f32 {
+                let $x = self[i];
+                $to_f32
+            }
+            fn ptr(&self) -> *const $elem {
+                self.as_ptr()
+            }
+            fn kernels(k: &Kernels) -> &DtypeKernels<$elem> {
+                &k.$table
+            }
+        }
+    };
 }
-impl Vals for [Bf16] {
-    type E = Bf16;
-    #[inline(always)]
-    fn n(&self) -> usize {
-        self.len()
-    }
-    #[inline(always)]
-    fn at(&self, i: usize) -> f32 {
-        self[i].to_f32()
-    }
-    fn ptr(&self) -> *const Bf16 {
-        self.as_ptr()
-    }
-    fn kernels(k: &Kernels) -> &DtypeKernels<Bf16> {
-        &k.bf16
-    }
-}
-impl Vals for [F16] {
-    type E = F16;
-    #[inline(always)]
-    fn n(&self) -> usize {
-        self.len()
-    }
-    #[inline(always)]
-    fn at(&self, i: usize) -> f32 {
-        self[i].to_f32()
-    }
-    fn ptr(&self) -> *const F16 {
-        self.as_ptr()
-    }
-    fn kernels(k: &Kernels) -> &DtypeKernels<F16> {
-        &k.f16
-    }
-}
+impl_vals!(f32, f32, |x| x);
+impl_vals!(Bf16, bf16, |x| x.to_f32());
+impl_vals!(F16, f16, |x| x.to_f32());
 
 /// Calls `$body` with `$v` bound to row `$r` of `$batch` as a `&[E]` (monomorphised per dtype).
 macro_rules! with_vals {
