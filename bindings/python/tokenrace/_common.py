@@ -8,7 +8,7 @@ import operator
 from ctypes import POINTER
 
 from . import _ffi
-from ._errors import check
+from ._errors import ClosedError, check
 
 
 class _Default:
@@ -55,3 +55,25 @@ def _from_env(cls, function):
     cfg.struct_size = ctypes.sizeof(cls)
     check(function(ctypes.byref(cfg)))
     return cfg
+
+
+class _Closable:
+    """The life cycle shared by the native handles: ``close()`` (defined by the class),
+    ``closed``, use as a context manager, and ``_live_handle()`` that raises ``ClosedError``
+    (a ``RuntimeError``) naming the class once closed."""
+
+    @property
+    def closed(self):
+        return self._handle is None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _live_handle(self):
+        h = self._handle
+        if h is None:
+            raise ClosedError(f"{type(self).__name__}: is closed")
+        return h

@@ -29,7 +29,7 @@ from ctypes import byref
 import numpy as np
 
 from . import _ffi
-from ._common import _choice, _Default, _from_env, _name_of, _unsigned
+from ._common import _choice, _Closable, _Default, _from_env, _name_of, _unsigned
 from ._errors import ClosedError, check
 
 _STATS_FIELDS = ("rows_produced", "rows_borrowed", "borrows_waited", "wait_ns", "inline_rows",
@@ -155,7 +155,7 @@ class NoiseLease:
                 f"first_seq={self.first_seq}>")
 
 
-class NoisePool:
+class NoisePool(_Closable):
     """A ring buffer of Exp(1) noise (E or ln E) that background threads keep filled.
 
     ``NoisePool(vocab_size, rows=1024, *, kind="log_exp", seed=None, threads=1,
@@ -206,22 +206,6 @@ class NoisePool:
         alive or a borrow is running in another thread, as soon as they are gone. A sampler the
         pool is attached to keeps it running until the sampler is freed."""
         self._handle = None
-
-    @property
-    def closed(self):
-        return self._handle is None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def _live_handle(self):
-        h = self._handle
-        if h is None:
-            raise ClosedError("NoisePool: is closed")
-        return h
 
     # -- settings and counters -----------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _ffi
 from ._arrays import LOGITS_DTYPES, NOISE_DTYPES, per_row, rows_view
-from ._common import _choice, _Default, _from_env, _name_of, _unsigned
+from ._common import _choice, _Closable, _Default, _from_env, _name_of, _unsigned
 from ._errors import check
 
 
@@ -25,7 +25,7 @@ def _free(handle):
     _ffi.lib().tokenrace_sampler_free(handle)
 
 
-class Sampler:
+class Sampler(_Closable):
     """Samples one next token per row of logits; safe to share between threads.
 
     ``Sampler(vocab_size, max_rows=256, *, seed=None, threads=1, simd="auto",
@@ -72,22 +72,6 @@ class Sampler:
         """Frees the native sampler now (idempotent). No other thread may be drawing with it."""
         self._finalizer()
         self._handle = None
-
-    @property
-    def closed(self):
-        return self._handle is None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def _live_handle(self):
-        h = self._handle
-        if h is None:
-            raise RuntimeError("Sampler: is closed")
-        return h
 
     # -- settings and counters -----------------------------------------------------------------
 
