@@ -1,8 +1,9 @@
-//! Generates the C header `include/tokenrace.h` from the `extern "C"` items in `src/ffi/`.
+//! Generates the C header from the `extern "C"` items in `src/ffi/` into `OUT_DIR` (never into
+//! the source tree: packaging tools and `cargo publish` refuse a build that writes there).
 //!
-//! The header is committed; `ffi::tests::committed_header_is_current` fails when the committed
-//! copy differs from what this script generates, so a change to the C ABI always ships with
-//! its header.
+//! The header is committed as `include/tokenrace.h`; `ffi::tests::committed_header_is_current`
+//! fails when it differs from what this script generates, and `scripts/gen-header.sh` rewrites
+//! it, so a change to the C ABI always ships with its header.
 use std::path::PathBuf;
 
 fn main() {
@@ -15,10 +16,9 @@ fn main() {
         .with_config(config)
         .with_src(crate_dir.join("src/ffi/types.rs"))
         .with_src(crate_dir.join("src/ffi/api.rs"))
+        .with_src(crate_dir.join("src/ffi/draw.rs"))
         .with_src(crate_dir.join("src/ffi/pool_api.rs"))
         .generate()
         .expect("cbindgen generates the header");
     bindings.write_to_file(out_dir.join("tokenrace.h"));
-    // Keep the checked-in header current for people who build and then commit.
-    bindings.write_to_file(crate_dir.join("include/tokenrace.h"));
 }

@@ -76,7 +76,7 @@ fn main() {
             ("unfiltered + logprob", 0, 1.0, 0.0, true),
         ];
         let simd_floor = time(&mut || {
-            std::hint::black_box(tokenrace::kernels::read_floor(s.simd_level(), Logits::F32(&x), 1, vocab, vocab));
+            std::hint::black_box(tokenrace::internals::read_floor(s.simd_level(), Logits::F32(&x), 1, vocab, vocab));
         });
         println!("{shape}: read floor (max pass) {floor:.1} us, SIMD read floor {simd_floor:.1} us");
         for (name, k, p, mp, lp) in cases {
@@ -90,7 +90,7 @@ fn main() {
             };
             let mut tok = [0i32];
             let mut l = [0f32];
-            let tiers = tokenrace::draw::mass::tier_counts();
+            let tiers = tokenrace::internals::tier_counts();
             let us = time(&mut || {
                 let mut out = Output::new(&mut tok);
                 if lp {
@@ -98,7 +98,7 @@ fn main() {
                 }
                 s.draw(&b, &mut out).unwrap();
             });
-            let after = tokenrace::draw::mass::tier_counts();
+            let after = tokenrace::internals::tier_counts();
             let decided: Vec<u64> = (0..4).map(|i| after[i] - tiers[i]).collect();
             let how = if decided.iter().sum::<u64>() > 0 {
                 format!("  top-p by cheap/f32/f64/all: {decided:?}")

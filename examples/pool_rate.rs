@@ -7,7 +7,7 @@
 //! bookkeeping included. "inline": a pool without producers (INLINE policy), so the borrowing
 //! thread generates every row itself: the generator alone, on one core.
 use std::time::{Duration, Instant};
-use tokenrace::noise::pool::{Pool, PoolOptions};
+use tokenrace::internals::{Pool, PoolOptions};
 use tokenrace::{DrainPolicy, NoiseKind, PoolConfig};
 
 const VOCAB: usize = 163_840;

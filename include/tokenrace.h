@@ -57,17 +57,25 @@ typedef enum tokenrace_noise_kind {
 
 // Instruction set of the kernels.
 typedef enum tokenrace_simd {
+  // The best level this CPU supports.
   TOKENRACE_SIMD_AUTO = 0,
+  // One lane at a time (the generic kernels with a lane count of 1).
   TOKENRACE_SIMD_SCALAR = 1,
+  // Fixed-width arrays the compiler vectorises for the target (SSE2, NEON, z/Arch VX, ...).
   TOKENRACE_SIMD_PORTABLE = 2,
+  // x86-64 AVX2 and F16C (no FMA, by design: every level rounds alike).
   TOKENRACE_SIMD_AVX2 = 3,
+  // x86-64 AVX-512F.
   TOKENRACE_SIMD_AVX512 = 4,
 } tokenrace_simd;
 
 // Where a sampler's unseeded sampling rows take their noise from.
 typedef enum tokenrace_noise_source {
+  // The pool attached with `tokenrace_sampler_attach_pool()` when there is one, else inline.
   TOKENRACE_NOISE_SOURCE_AUTO = 0,
+  // Always inline noise; attaching a pool is refused.
   TOKENRACE_NOISE_SOURCE_INLINE = 1,
+  // The sampler's own pool (made with it), or the pool attached.
   TOKENRACE_NOISE_SOURCE_POOL = 2,
 } tokenrace_noise_source;
 
@@ -123,7 +131,8 @@ typedef struct tokenrace_config {
   uint32_t log_level;
   // A `tokenrace_noise_source`.
   uint32_t noise;
-  // Capacity in rows of the sampler's own pool (noise = pool); 0 means 4 x max_rows.
+  // Capacity in rows of the sampler's own pool (noise = pool); 0 means 4 x max_rows. (The
+  // counter `tokenrace_sampler_stats.pool_rows` is another thing: rows drawn on pool noise.)
   uint32_t pool_rows;
 } tokenrace_config;
 
@@ -131,13 +140,24 @@ typedef struct tokenrace_config {
 typedef struct tokenrace_sampler_stats {
   uint32_t struct_size;
   uint32_t reserved0;
+  // Successful draw calls.
   uint64_t calls;
+  // Calls that failed (bad arguments, the noise pool, a worker).
   uint64_t rejected_calls;
+  // Rows drawn greedily (temperature below the greedy threshold).
   uint64_t greedy_rows;
+  // Sampling rows with their own seed.
   uint64_t seeded_rows;
+  // Unseeded sampling rows drawn on inline noise keyed by the sampler's stream (not to be
+  // confused with `tokenrace_pool_stats.inline_rows`, rows a pool generated on a borrower's
+  // thread).
   uint64_t inline_rows;
+  // Unseeded sampling rows drawn on the caller's `noise`.
   uint64_t external_noise_rows;
+  // Unseeded sampling rows drawn on pool noise (a count of rows drawn, not
+  // `tokenrace_config.pool_rows`, the capacity of the sampler's own pool).
   uint64_t pool_rows;
+  // Rows whose flags reported NaN, +inf or an empty row.
   uint64_t nonfinite_rows;
 } tokenrace_sampler_stats;
 
@@ -325,7 +345,8 @@ enum tokenrace_status tokenrace_sampler_get_stats(const struct tokenrace_sampler
                                                   struct tokenrace_sampler_stats *out);
 
 // Draws one token per row. See docs/semantics.md for the exact rules. On failure nothing is
-// written to `out`'s arrays.
+// written to `out`'s arrays, and `tokenrace_last_error()` names the argument (and row) that was
+// wrong, e.g. `tokenrace_draw: batch.top_p[3]: 1.5 is not in (0, 1]`.
 //
 // # Safety
 // `sampler` is a live sampler; `batch` and `out` point to valid structs whose non-NULL

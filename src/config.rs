@@ -16,20 +16,21 @@ use std::sync::OnceLock;
 pub enum SimdChoice {
     /// The best level this CPU supports.
     Auto,
-    /// One lane at a time: the reference the others are tested against.
+    /// One lane at a time: the generic kernels with a lane count of 1 (the float64 reference
+    /// of the tests, `tests/reference/`, is separate from every level).
     Scalar,
     /// Fixed-width arrays that the compiler vectorises for the target (SSE2, NEON, VX, ...).
     Portable,
-    /// x86-64 AVX2 + FMA + F16C.
+    /// x86-64 AVX2 and F16C (FMA is not used, by design: every level rounds alike).
     Avx2,
-    /// x86-64 AVX-512 (F, BW, VL, DQ, CD).
+    /// x86-64 AVX-512F.
     Avx512,
 }
 
 /// Where a sampler takes the noise of its unseeded sampling rows from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NoiseSource {
-    /// Whichever is faster for the batch (see docs/performance.md).
+    /// The pool attached with `Sampler::attach_pool` when there is one, else inline noise.
     Auto,
     /// Counter-based noise generated inside the draw.
     Inline,
@@ -103,6 +104,19 @@ pub struct PoolConfig {
     pub timeout_ms: u64,
 }
 
+/// The ranges of the integer settings: the table parses `TOKENRACE_*` values with them and
+/// `validate()` checks the structs with them (a test checks that each row's `accepted` text
+/// states its range).
+mod range {
+    pub const VOCAB: (u64, u64) = (0, i32::MAX as u64);
+    pub const MAX_ROWS: (u64, u64) = (1, 1 << 20);
+    pub const THREADS: (u64, u64) = (0, 1024);
+    pub const POOL_ROWS: (u64, u64) = (0, 1 << 20);
+    pub const POOL_CAPACITY: (u64, u64) = (1, 1 << 20);
+    pub const POOL_THREADS: (u64, u64) = (1, 64);
+    pub const TIMEOUT_MS: (u64, u64) = (0, 3_600_000);
+}
+
 /// The object a setting applies to.
 pub enum Apply {
     Sampler(fn(&mut Config, &str) -> std::result::Result<(), String>),
@@ -133,7 +147,7 @@ pub static SETTINGS: &[Setting] = &[
         default: "0",
         accepted: "an integer in [0, 2147483647]; 0 accepts any vocabulary size",
         doc: "Vocabulary size that every batch must have.",
-        apply: Apply::Sampler(|c, v| Ok(c.vocab_size = parse_int(v, 0, i32::MAX as u64)? as usize)),
+        apply: Apply::Sampler(|c, v| Ok(c.vocab_size = parse_int(v, range::VOCAB)? as usize)),
     },
     Setting {
         var: "TOKENRACE_MAX_ROWS",
@@ -141,7 +155,7 @@ pub static SETTINGS: &[Setting] = &[
         default: "256",
         accepted: "an integer in [1, 1048576]",
         doc: "Most rows in one draw call; a larger batch fails with INVALID_ARGUMENT.",
-        apply: Apply::Sampler(|c, v| Ok(c.max_rows = parse_int(v, 1, 1 << 20)? as usize)),
+        apply: Apply::Sampler(|c, v| Ok(c.max_rows = parse_int(v, range::MAX_ROWS)? as usize)),
     },
     Setting {
         var: "TOKENRACE_THREADS",
@@ -149,7 +163,7 @@ pub static SETTINGS: &[Setting] = &[
         default: "1",
         accepted: "an integer in [0, 1024]; 0 uses every core the process may run on",
         doc: "Worker threads of the sampler. 1 draws on the calling thread only.",
-        apply: Apply::Sampler(|c, v| Ok(c.threads = parse_int(v, 0, 1024)? as usize)),
+        apply: Apply::Sampler(|c, v| Ok(c.threads = parse_int(v, range::THREADS)? as usize)),
     },
     Setting {
         var: "TOKENRACE_SEED",
@@ -225,7 +239,7 @@ pub static SETTINGS: &[Setting] = &[
         default: "0",
         accepted: "an integer in [0, 1048576]; 0 means 4 x max_rows",
         doc: "Capacity in rows of the sampler's own noise pool (noise = pool).",
-        apply: Apply::Sampler(|c, v| Ok(c.pool_rows = parse_int(v, 0, 1 << 20)? as usize)),
+        apply: Apply::Sampler(|c, v| Ok(c.pool_rows = parse_int(v, range::POOL_ROWS)? as usize)),
     },
     Setting {
         var: "TOKENRACE_POOL_ROWS",
@@ -233,7 +247,7 @@ pub static SETTINGS: &[Setting] = &[
         default: "1024",
         accepted: "an integer in [1, 1048576]",
         doc: "Capacity of a standalone noise pool, in rows.",
-        apply: Apply::Pool(|c, v| Ok(c.rows = parse_int(v, 1, 1 << 20)? as usize)),
+        apply: Apply::Pool(|c, v| Ok(c.rows = parse_int(v, range::POOL_CAPACITY)? as usize)),
     },
     Setting {
         var: "TOKENRACE_POOL_VOCAB",
@@ -241,7 +255,7 @@ pub static SETTINGS: &[Setting] = &[
         default: "0",
         accepted: "an integer in [0, 2147483647]; 0 must be replaced by the caller",
         doc: "Values per row of a standalone noise pool.",
-        apply: Apply::Pool(|c, v| Ok(c.vocab = parse_int(v, 0, i32::MAX as u64)? as usize)),
+        apply: Apply::Pool(|c, v| Ok(c.vocab = parse_int(v, range::VOCAB)? as usize)),
     },
     Setting {
         var: "TOKENRACE_POOL_KIND",
@@ -259,7 +273,7 @@ pub static SETTINGS: &[Setting] = &[
         default: "1",
         accepted: "an integer in [1, 64]",
         doc: "Background threads that refill the pool.",
-        apply: Apply::Pool(|c, v| Ok(c.threads = parse_int(v, 1, 64)? as usize)),
+        apply: Apply::Pool(|c, v| Ok(c.threads = parse_int(v, range::POOL_THREADS)? as usize)),
     },
     Setting {
         var: "TOKENRACE_POOL_SEED",
@@ -285,11 +299,11 @@ pub static SETTINGS: &[Setting] = &[
         default: "1000",
         accepted: "an integer in [0, 3600000]",
         doc: "How long a borrow under the block policy waits before it fails with TIMEOUT.",
-        apply: Apply::Pool(|c, v| Ok(c.timeout_ms = parse_int(v, 0, 3_600_000)?)),
+        apply: Apply::Pool(|c, v| Ok(c.timeout_ms = parse_int(v, range::TIMEOUT_MS)?)),
     },
 ];
 
-fn parse_int(v: &str, lo: u64, hi: u64) -> std::result::Result<u64, String> {
+fn parse_int(v: &str, (lo, hi): (u64, u64)) -> std::result::Result<u64, String> {
     match v.trim().parse::<u64>() {
         Ok(n) if (lo..=hi).contains(&n) => Ok(n),
         _ => Err(format!("{v:?} is not an integer in [{lo}, {hi}]")),
@@ -300,7 +314,7 @@ fn parse_seed(v: &str) -> std::result::Result<Option<u64>, String> {
     if v.trim().is_empty() {
         return Ok(None);
     }
-    parse_int(v, 0, u64::MAX).map(Some)
+    parse_int(v, (0, u64::MAX)).map(Some)
 }
 
 fn parse_nonneg_f32(v: &str) -> std::result::Result<f32, String> {
@@ -386,8 +400,10 @@ pub fn from_env() -> Result<(Config, PoolConfig)> {
         .clone()
 }
 
-/// Variables that start with `TOKENRACE_` but belong to the bindings, not to the library.
-const BINDING_VARS: &[&str] = &["TOKENRACE_LIBRARY"];
+/// Variables that start with `TOKENRACE_` but belong to the bindings or the test tools, not to
+/// the library: the Python binding's library path, the test suite's library directory, the
+/// header test's rewrite switch, CI's s390x switch.
+const BINDING_VARS: &[&str] = &["TOKENRACE_LIBRARY", "TOKENRACE_LIB_DIR", "TOKENRACE_BLESS", "TOKENRACE_CI_S390X"];
 
 fn warn_unknown_vars() {
     for (name, _) in std::env::vars_os() {
@@ -398,31 +414,28 @@ fn warn_unknown_vars() {
     }
 }
 
+/// `value` of struct field `field` within `(lo, hi)`, or INVALID_CONFIG naming the field.
+fn check_range(field: &str, value: u64, (lo, hi): (u64, u64)) -> Result<()> {
+    if (lo..=hi).contains(&value) {
+        Ok(())
+    } else {
+        Err(Error::invalid_config(format!("{field}: {value} is not in [{lo}, {hi}]")))
+    }
+}
+
 impl Config {
-    /// Checks the values that the type does not already restrict.
+    /// Checks the values that the type does not already restrict, with the ranges of the table.
     pub fn validate(&self) -> Result<()> {
-        if self.vocab_size > i32::MAX as usize {
-            return Err(Error::invalid_config(format!(
-                "vocab_size: {} exceeds 2147483647 (token ids are int32)",
-                self.vocab_size
-            )));
-        }
-        if self.max_rows == 0 || self.max_rows > 1 << 20 {
-            return Err(Error::invalid_config(format!("max_rows: {} is not in [1, 1048576]", self.max_rows)));
-        }
-        if self.threads > 1024 {
-            return Err(Error::invalid_config(format!("threads: {} is not in [0, 1024]", self.threads)));
-        }
+        check_range("vocab_size", self.vocab_size as u64, range::VOCAB)?;
+        check_range("max_rows", self.max_rows as u64, range::MAX_ROWS)?;
+        check_range("threads", self.threads as u64, range::THREADS)?;
         if !(self.greedy_below.is_finite() && self.greedy_below >= 0.0) {
             return Err(Error::invalid_config(format!(
                 "greedy_below: {} is not a finite number >= 0",
                 self.greedy_below
             )));
         }
-        if self.pool_rows > 1 << 20 {
-            return Err(Error::invalid_config(format!("pool_rows: {} is not in [0, 1048576]", self.pool_rows)));
-        }
-        Ok(())
+        check_range("pool_rows", self.pool_rows as u64, range::POOL_ROWS)
     }
 
     /// Worker threads after resolving 0 to the cores this process may use.
@@ -435,19 +448,12 @@ impl Config {
 }
 
 impl PoolConfig {
+    /// Checks the values, with the ranges of the table (`vocab` 0 is refused: it must be set).
     pub fn validate(&self) -> Result<()> {
-        if self.rows == 0 || self.rows > 1 << 20 {
-            return Err(Error::invalid_config(format!("rows: {} is not in [1, 1048576]", self.rows)));
-        }
-        if self.vocab == 0 || self.vocab > i32::MAX as usize {
-            return Err(Error::invalid_config(format!("vocab: {} is not in [1, 2147483647]", self.vocab)));
-        }
-        if self.threads == 0 || self.threads > 64 {
-            return Err(Error::invalid_config(format!("threads: {} is not in [1, 64]", self.threads)));
-        }
-        if self.timeout_ms > 3_600_000 {
-            return Err(Error::invalid_config(format!("timeout_ms: {} is not in [0, 3600000]", self.timeout_ms)));
-        }
+        check_range("rows", self.rows as u64, range::POOL_CAPACITY)?;
+        check_range("vocab", self.vocab as u64, (1, range::VOCAB.1))?;
+        check_range("threads", self.threads as u64, range::POOL_THREADS)?;
+        check_range("timeout_ms", self.timeout_ms, range::TIMEOUT_MS)?;
         if self.rows.checked_mul(self.vocab).and_then(|n| n.checked_mul(4)).is_none() {
             return Err(Error::invalid_config("rows x vocab: the pool's size overflows"));
         }
@@ -458,6 +464,25 @@ impl PoolConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each integer setting's `accepted` text states the range the code enforces.
+    #[test]
+    fn accepted_texts_state_the_ranges() {
+        let ranges = [
+            ("TOKENRACE_VOCAB_SIZE", range::VOCAB),
+            ("TOKENRACE_MAX_ROWS", range::MAX_ROWS),
+            ("TOKENRACE_THREADS", range::THREADS),
+            ("TOKENRACE_NOISE_POOL_ROWS", range::POOL_ROWS),
+            ("TOKENRACE_POOL_ROWS", range::POOL_CAPACITY),
+            ("TOKENRACE_POOL_VOCAB", range::VOCAB),
+            ("TOKENRACE_POOL_THREADS", range::POOL_THREADS),
+            ("TOKENRACE_POOL_TIMEOUT_MS", range::TIMEOUT_MS),
+        ];
+        for (var, (lo, hi)) in ranges {
+            let s = SETTINGS.iter().find(|s| s.var == var).unwrap();
+            assert!(s.accepted.contains(&format!("[{lo}, {hi}]")), "{var}: {}", s.accepted);
+        }
+    }
 
     #[test]
     fn defaults_come_from_the_table() {

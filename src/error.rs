@@ -1,4 +1,8 @@
 //! Errors: one status code per kind of failure, and a message that names what was wrong.
+//!
+//! An error about an argument carries *where* it is as data ([`Location`]: the struct, the
+//! field, the row), so that every layer reports it the same way (`batch.top_p[3]: ...`) and no
+//! layer has to guess it from the text.
 
 use std::fmt;
 
@@ -21,16 +25,55 @@ pub enum ErrorKind {
     Closed,
 }
 
+/// The argument struct an error is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Owner {
+    /// The draw's inputs (`Batch`, `tokenrace_batch`).
+    Batch,
+    /// Where a draw writes (`Output`, `tokenrace_output`).
+    Output,
+}
+
+impl Owner {
+    fn name(self) -> &'static str {
+        match self {
+            Owner::Batch => "batch",
+            Owner::Output => "out",
+        }
+    }
+}
+
+/// Where in the arguments an error is: a field of a struct, and the row when it is per row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Location {
+    pub owner: Owner,
+    pub field: &'static str,
+    pub row: Option<usize>,
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.owner.name(), self.field)?;
+        if let Some(r) = self.row {
+            write!(f, "[{r}]")?;
+        }
+        Ok(())
+    }
+}
+
 /// An error with a message meant for a person: it names the argument, row or variable.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Error {
     pub kind: ErrorKind,
+    /// The argument the error is about, when it is about one; the message then starts with it
+    /// (`batch.top_p[3]: 1.5 is not in (0, 1]`).
+    pub location: Option<Location>,
     pub message: String,
 }
 
 impl Error {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Error { kind, message: message.into() }
+        Error { kind, location: None, message: message.into() }
     }
     pub fn invalid_argument(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::InvalidArgument, message)
@@ -40,6 +83,11 @@ impl Error {
     }
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Internal, message)
+    }
+    /// An INVALID_ARGUMENT error about field `field` of `owner` (of row `row`, if per row).
+    pub(crate) fn arg(owner: Owner, field: &'static str, row: Option<usize>, what: impl fmt::Display) -> Self {
+        let location = Location { owner, field, row };
+        Error { kind: ErrorKind::InvalidArgument, location: Some(location), message: format!("{location}: {what}") }
     }
 }
 
@@ -53,8 +101,17 @@ impl std::error::Error for Error {}
 
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// Shorthand for returning an `InvalidArgument` error built with `format!`.
-macro_rules! bail_arg {
-    ($($fmt:tt)*) => { return Err($crate::error::Error::invalid_argument(format!($($fmt)*))) };
+/// Returns an INVALID_ARGUMENT error about a field of the batch: `bail_batch!(field, row, fmt...)`
+/// (`row` is an `Option<usize>`).
+macro_rules! bail_batch {
+    ($field:expr, $row:expr, $($fmt:tt)*) => {
+        return Err($crate::error::Error::arg($crate::error::Owner::Batch, $field, $row, format!($($fmt)*)))
+    };
 }
-pub(crate) use bail_arg;
+/// As [`bail_batch!`], about a field of the output.
+macro_rules! bail_out {
+    ($field:expr, $row:expr, $($fmt:tt)*) => {
+        return Err($crate::error::Error::arg($crate::error::Owner::Output, $field, $row, format!($($fmt)*)))
+    };
+}
+pub(crate) use {bail_batch, bail_out};

@@ -2,25 +2,63 @@
 //!
 //! The draw is the exponential race in log space: for each row, the token is
 //! `argmax_i (x_i - m)/T - ln E_i` with E_i ~ Exp(1), which is a draw from softmax(x/T); rows
-//! with T below a threshold are greedy. See `docs/semantics.md` for the exact rules.
+//! with T below a threshold are greedy. See `docs/semantics.md` for the exact rules and
+//! `docs/architecture.md` for the layers:
 //!
-//! Layout: `config` (every setting, one table), `noise` (streams, the pool), `kernels` (SIMD,
-//! chosen at run time), `draw` (the row algorithms and batch types), `sampler` (the object that
-//! ties them together), `ffi` (the C ABI and nothing else).
+//! `ffi` → [`Sampler`] → `plan` → `draw` (driver, tiles, workers) → `filter`, `logprob` →
+//! `mass` → `row` → `kernels` (one module per instruction set) ; `noise` (keys, the pool) and
+//! `batch`, `config`, `error` (data) beside them.
+//!
+//! The Rust API is [`Sampler`] with [`Batch`] and [`Output`], [`Config`], [`NoisePool`] and
+//! [`Error`]. The `internals` feature exposes test and benchmark seams; it is not part of the
+//! supported API.
 
-pub mod config;
-pub mod draw;
-pub mod error;
-pub mod ffi;
-pub mod kernels;
-pub mod noise;
-pub mod sampler;
+mod batch;
+mod config;
+mod draw;
+mod error;
+mod ffi;
+mod filter;
+mod kernels;
+mod logprob;
+mod mass;
+mod noise;
+mod order;
+mod plan;
+mod row;
+mod sampler;
 
-pub use config::{Config, DrainPolicy, LogLevel, NoiseKind, NoiseSource, PoolConfig, SimdChoice};
-pub use draw::batch::{flags, Batch, ExternalNoise, Logits, LogprobMode, Output};
-pub use error::{Error, ErrorKind, Result};
+pub use batch::{flags, Batch, ExternalNoise, Logits, LogprobMode, Output};
+pub use config::{
+    from_env as config_from_env, Apply, Config, DrainPolicy, LogLevel, NoiseKind, NoiseSource, PoolConfig, Setting,
+    SimdChoice, SETTINGS,
+};
+pub use error::{Error, ErrorKind, Location, Owner, Result};
 pub use kernels::{best_level, supported_levels, Bf16, SimdLevel, F16};
+pub use noise::pool::{Lease, Pool as NoisePool, PoolStats};
 pub use sampler::{Sampler, SamplerStats};
 
 /// The library version, from Cargo.toml.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Test and benchmark seams: kernel tables and read floors, the scalar noise functions, the mass
+/// kernels of one level, the filters' floor of one row, pool internals, and the C entry points
+/// as Rust functions. Not a supported API: it changes with the implementation.
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod internals {
+    /// Every C entry point as a Rust function.
+    pub mod api {
+        pub use crate::ffi::api::*;
+        pub use crate::ffi::draw::*;
+        pub use crate::ffi::pool_api::*;
+    }
+    pub use crate::ffi::pool_api;
+    pub use crate::ffi::types;
+    pub use crate::filter::top_p::tier_counts;
+    pub use crate::filter::{kept_floor, kept_floor_at};
+    pub use crate::kernels::{read_floor, read_floor_two, scalar_noise};
+    pub use crate::mass::hooks;
+    pub use crate::noise::pool::{pool_row_key, Generator, Pool, PoolOptions};
+    pub use crate::noise::{seeded_row_key, splitmix64};
+}

@@ -1,45 +1,56 @@
 //! The sampler: a configuration, the chosen kernels, the key stream of unseeded rows, counters.
 
+use crate::batch::{validate, Batch, Output};
 use crate::config::{Config, DrainPolicy, LogLevel, NoiseKind, NoiseSource, PoolConfig};
-use crate::draw::batch::{validate, Batch, Output};
-use crate::draw::logprob::Logprobs;
 use crate::draw::workers::WorkerPool;
-use crate::draw::{draw_batch, ext_kind, inv_temperature, NoiseSrc, RowInfo, RowPlan};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::kernels::{self, Kernels, SimdLevel};
-use crate::noise::pool::{Lease, Pool, PoolOptions};
-use crate::noise::{entropy_seed, seeded_row_key, splitmix64, KeyStream};
+use crate::noise::pool::{Pool, PoolOptions};
+use crate::noise::{entropy_seed, splitmix64, KeyStream};
+use crate::plan::plan;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-/// Counters of a sampler since it was made.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SamplerStats {
-    /// Successful draw calls.
-    pub calls: u64,
-    /// Rows drawn, by kind.
-    pub greedy_rows: u64,
-    pub seeded_rows: u64,
-    pub inline_rows: u64,
-    pub external_noise_rows: u64,
-    pub pool_rows: u64,
-    /// Rows whose flags reported NaN, +inf or an empty row.
-    pub nonfinite_rows: u64,
-    /// Calls that failed validation.
-    pub rejected_calls: u64,
+/// Declares `SamplerStats` and the atomic counters behind it from one list of fields.
+macro_rules! sampler_stats {
+    ($($(#[$doc:meta])* $field:ident,)*) => {
+        /// Counters of a sampler since it was made.
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct SamplerStats {
+            $($(#[$doc])* pub $field: u64,)*
+        }
+
+        #[derive(Default)]
+        struct Counters {
+            $($field: AtomicU64,)*
+        }
+
+        impl Counters {
+            fn snapshot(&self) -> SamplerStats {
+                SamplerStats { $($field: self.$field.load(Relaxed),)* }
+            }
+        }
+    };
 }
 
-#[derive(Default)]
-struct Counters {
-    calls: AtomicU64,
-    greedy_rows: AtomicU64,
-    seeded_rows: AtomicU64,
-    inline_rows: AtomicU64,
-    external_noise_rows: AtomicU64,
-    pool_rows: AtomicU64,
-    nonfinite_rows: AtomicU64,
-    rejected_calls: AtomicU64,
+sampler_stats! {
+    /// Successful draw calls.
+    calls,
+    /// Calls that failed (validation, the noise pool, a worker).
+    rejected_calls,
+    /// Rows drawn greedily (temperature below the greedy threshold).
+    greedy_rows,
+    /// Sampling rows with their own seed.
+    seeded_rows,
+    /// Unseeded sampling rows on inline noise keyed by the sampler's stream.
+    inline_rows,
+    /// Unseeded sampling rows on the caller's noise.
+    external_noise_rows,
+    /// Unseeded sampling rows on noise of the sampler's pool (not the pool's capacity).
+    pool_rows,
+    /// Rows whose flags reported NaN, +inf or an empty row.
+    nonfinite_rows,
 }
 
 /// Samples next tokens. Usable from several threads at once (`Sync`).
@@ -155,105 +166,33 @@ impl Sampler {
     }
 
     pub fn stats(&self) -> SamplerStats {
-        let c = &self.counters;
-        SamplerStats {
-            calls: c.calls.load(Relaxed),
-            greedy_rows: c.greedy_rows.load(Relaxed),
-            seeded_rows: c.seeded_rows.load(Relaxed),
-            inline_rows: c.inline_rows.load(Relaxed),
-            external_noise_rows: c.external_noise_rows.load(Relaxed),
-            pool_rows: c.pool_rows.load(Relaxed),
-            nonfinite_rows: c.nonfinite_rows.load(Relaxed),
-            rejected_calls: c.rejected_calls.load(Relaxed),
-        }
+        self.counters.snapshot()
     }
 
     /// Draws one token per row of `batch` into `out`. On error nothing is written.
     pub fn draw(&self, batch: &Batch, out: &mut Output) -> Result<()> {
-        if let Err(e) = validate(batch, out, self.cfg.max_rows, self.cfg.vocab_size) {
+        let result = self.try_draw(batch, out);
+        if result.is_err() {
             self.counters.rejected_calls.fetch_add(1, Relaxed);
-            return Err(e);
         }
-        let pool = self.pool();
-        let (plans, _lease) = self.plan(batch, pool.as_deref()).inspect_err(|_| {
-            self.counters.rejected_calls.fetch_add(1, Relaxed);
-        })?;
-        let mut tokens = vec![0i32; batch.rows];
-        let mut row_flags = vec![0u32; batch.rows];
-        let mut info = vec![RowInfo::default(); batch.rows];
-        if !draw_batch(self.kernels, batch, &plans, self.workers.as_ref(), &mut tokens, &mut row_flags, &mut info) {
-            return Err(Error::new(ErrorKind::Internal, "a worker thread panicked; nothing was written"));
-        }
-        let lps = out.wants_logprobs().then(|| Logprobs::compute(self.kernels, batch, &plans, &info, &tokens, out));
-        let nonfinite = row_flags.iter().filter(|&&f| f & 0b111 != 0).count() as u64;
-        self.counters.nonfinite_rows.fetch_add(nonfinite, Relaxed);
-        self.counters.calls.fetch_add(1, Relaxed);
-        out.tokens[..batch.rows].copy_from_slice(&tokens);
-        if let Some(f) = out.flags.as_deref_mut() {
-            f[..batch.rows].copy_from_slice(&row_flags);
-        }
-        if let Some(l) = lps {
-            l.write(out, batch.rows);
-        }
-        Ok(())
+        result
     }
 
-    /// Decides each row's mode and noise. Unseeded rows take their keys from the stream in row
-    /// order, one per row, so a row's token does not depend on threads or SIMD level.
-    /// With a pool, the unseeded rows take one row each of a single lease, in row order; the
-    /// lease must outlive the draw.
-    fn plan(&self, batch: &Batch, pool: Option<&Pool>) -> Result<(Vec<RowPlan>, Option<Lease>)> {
-        let mut plans = Vec::with_capacity(batch.rows);
-        let mut unseeded = Vec::new();
-        let (mut greedy, mut seeded, mut external) = (0u64, 0u64, 0u64);
-        for r in 0..batch.rows {
-            let t = batch.temperature(r);
-            if t < self.cfg.greedy_below {
-                greedy += 1;
-                plans.push(RowPlan::Greedy);
-                continue;
-            }
-            let inv_t = inv_temperature(t);
-            let noise = if let Some((seed, offset)) = batch.seed_of(r) {
-                seeded += 1;
-                NoiseSrc::Inline(seeded_row_key(seed, offset))
-            } else if let Some(n) = &batch.noise {
-                external += 1;
-                // SAFETY: validate() checked that this row's noise lies inside the slice.
-                let ptr = unsafe { n.values.as_ptr().add(r * n.row_stride) };
-                NoiseSrc::External(ptr, ext_kind(n.kind))
-            } else {
-                unseeded.push(r);
-                NoiseSrc::Inline(0) // keyed below, in row order
-            };
-            plans.push(RowPlan::Sample { inv_t, noise });
-        }
-        let mut lease = None;
-        if let (Some(pool), false) = (pool, unseeded.is_empty()) {
-            let l =
-                pool.borrow(unseeded.len()).map_err(|e| Error::new(e.kind, format!("noise pool: {}", e.message)))?;
-            for (i, &r) in unseeded.iter().enumerate() {
-                if let RowPlan::Sample { noise, .. } = &mut plans[r] {
-                    *noise = NoiseSrc::External(l.row(i).as_ptr(), ext_kind(l.kind()));
-                }
-            }
-            lease = Some(l);
-        } else {
-            let mut keys = vec![0u64; unseeded.len()];
-            self.keys.next_keys(&mut keys);
-            for (&r, &key) in unseeded.iter().zip(&keys) {
-                if let RowPlan::Sample { noise, .. } = &mut plans[r] {
-                    *noise = NoiseSrc::Inline(key);
-                }
-            }
-        }
+    fn try_draw(&self, batch: &Batch, out: &mut Output) -> Result<()> {
+        validate(batch, out, self.cfg.max_rows, self.cfg.vocab_size)?;
+        let pool = self.pool();
+        let plan = plan(batch, self.cfg.greedy_below, &self.keys, pool.as_deref())?;
+        let drawn = crate::draw::run(self.kernels, batch, &plan.rows, self.workers.as_ref(), out)?;
         // Counted only once nothing can fail any more.
-        let c = &self.counters;
-        c.greedy_rows.fetch_add(greedy, Relaxed);
-        c.seeded_rows.fetch_add(seeded, Relaxed);
-        c.external_noise_rows.fetch_add(external, Relaxed);
-        let counter = if lease.is_some() { &c.pool_rows } else { &c.inline_rows };
-        counter.fetch_add(unseeded.len() as u64, Relaxed);
-        Ok((plans, lease))
+        let (c, n) = (&self.counters, plan.counts);
+        c.greedy_rows.fetch_add(n.greedy, Relaxed);
+        c.seeded_rows.fetch_add(n.seeded, Relaxed);
+        c.external_noise_rows.fetch_add(n.external, Relaxed);
+        c.inline_rows.fetch_add(n.inline, Relaxed);
+        c.pool_rows.fetch_add(n.pool, Relaxed);
+        let nonfinite = drawn.iter().filter(|d| d.flags & 0b111 != 0).count() as u64;
+        c.nonfinite_rows.fetch_add(nonfinite, Relaxed);
+        c.calls.fetch_add(1, Relaxed);
+        Ok(())
     }
 }

@@ -4,12 +4,23 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The directory of the cdylib (target/debug), built once: `cargo test` builds the library as
-/// an rlib only, so the shared object is built here with the same target directory.
+/// The directory of `libtokenrace.so`: `TOKENRACE_LIB_DIR` when set (scripts/test.sh builds
+/// the release library once, before the tests, and every consumer uses that one), else built
+/// here: `cargo test` builds the library as an rlib only, so the shared object is built with the
+/// same profile and target directory (a third compile of the crate, minutes on a small machine).
 fn lib_dir() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
         .get_or_init(|| {
+            if let Some(dir) = std::env::var_os("TOKENRACE_LIB_DIR") {
+                let dir = PathBuf::from(dir);
+                assert!(
+                    dir.join("libtokenrace.so").exists(),
+                    "TOKENRACE_LIB_DIR has no libtokenrace.so: {}",
+                    dir.display()
+                );
+                return dir;
+            }
             let exe = std::env::current_exe().unwrap();
             let dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
             let target_dir = dir.parent().unwrap();

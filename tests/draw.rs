@@ -2,8 +2,8 @@
 mod common;
 
 use common::*;
-use tokenrace::kernels::scalar_noise;
-use tokenrace::noise::seeded_row_key;
+use tokenrace::internals::scalar_noise;
+use tokenrace::internals::seeded_row_key;
 use tokenrace::*;
 
 fn to_bf16(x: &[f32]) -> Vec<Bf16> {
@@ -616,4 +616,19 @@ fn half_precision_rows_draw_as_their_f32_values() {
         assert_eq!(run(Logits::Bf16(&b16)), run(Logits::F32(&via_b16)), "{level:?} bf16");
         assert_eq!(run(Logits::F16(&h16)), run(Logits::F32(&via_h16)), "{level:?} f16");
     }
+}
+
+/// Which SIMD levels the suite exercises on this machine (scripts/test.sh prints this line):
+/// the tests loop over `supported_levels()`, so a level the CPU lacks is not tested here (the
+/// AVX-512 level runs on an AVX-512 host; see docs/performance.md).
+#[test]
+fn levels_exercised() {
+    let tested: Vec<&str> = supported_levels().iter().map(|l| l.name()).collect();
+    let missing: Vec<&str> = SimdLevel::ALL.iter().filter(|l| !l.is_supported()).map(|l| l.name()).collect();
+    println!(
+        "simd levels tested: {}; not supported by this CPU: {}",
+        tested.join(", "),
+        if missing.is_empty() { "none".to_string() } else { missing.join(", ") }
+    );
+    assert!(tested.contains(&"scalar") && tested.contains(&"portable"));
 }

@@ -4,7 +4,7 @@ mod common;
 
 use common::*;
 use std::collections::BTreeMap;
-use tokenrace::draw::filter::kept_floor;
+use tokenrace::internals::kept_floor;
 use tokenrace::*;
 
 fn inv_t(t: f32) -> f64 {
@@ -387,8 +387,8 @@ fn bad_filter_values_name_the_row_and_write_nothing() {
 
 #[test]
 fn c_abi_draw_with_filters_and_logprobs() {
-    use tokenrace::ffi::api::*;
-    use tokenrace::ffi::types::*;
+    use tokenrace::internals::api::*;
+    use tokenrace::internals::types::*;
     let vocab = 4u32;
     let x: Vec<f32> = [0.1f32, 0.2, 0.3, 0.4, 0.1, 0.2, 0.3, 0.4].iter().map(|p| p.ln()).collect();
     let temps = [1.0f32, 1.0];

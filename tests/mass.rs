@@ -4,8 +4,8 @@
 mod common;
 
 use common::*;
-use tokenrace::draw::filter::{kept_floor, kept_floor_at};
-use tokenrace::draw::mass::hooks;
+use tokenrace::internals::hooks;
+use tokenrace::internals::{kept_floor, kept_floor_at};
 use tokenrace::*;
 
 const NINF: f32 = f32::NEG_INFINITY;
@@ -308,7 +308,7 @@ fn top_p_on_the_boundary_is_identical_across_levels() {
     // top_p set (as f32) to the cumulative mass of some token: the target lands within f32
     // rounding of the boundary, where bounds cannot decide and the f64 mass must.
     let mut rng = TestRng::new(7);
-    let before = tokenrace::draw::mass::tier_counts();
+    let before = tokenrace::internals::tier_counts();
     for n in [500usize, 5000, 163_840] {
         for shape in 0..4 {
             let x: Vec<f32> = match shape {
@@ -338,7 +338,7 @@ fn top_p_on_the_boundary_is_identical_across_levels() {
             }
         }
     }
-    let after = tokenrace::draw::mass::tier_counts();
+    let after = tokenrace::internals::tier_counts();
     assert!(after[2] > before[2], "no threshold needed the f64 mass: {before:?} -> {after:?}");
     assert!(after[0] > before[0] && after[1] > before[1], "{before:?} -> {after:?}");
 }
@@ -449,11 +449,11 @@ fn top_p_when_the_sample_misses_the_mass() {
     for b in (0..nb).filter(|b| b % 3 == 0 && b % stride != stride / 2).take(16) {
         x[b * 256 + 7] = 9.0;
     }
-    let before = tokenrace::draw::mass::tier_counts();
+    let before = tokenrace::internals::tier_counts();
     for &p in &[0.9f32, 0.5, 0.99] {
         check_top_p(&x, 1.0, p, 0.0);
     }
-    let after = tokenrace::draw::mass::tier_counts();
+    let after = tokenrace::internals::tier_counts();
     assert!(after[3] > before[3], "every token was never gathered: {before:?} -> {after:?}");
 }
 

@@ -6,10 +6,10 @@ use common::*;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokenrace::ffi::pool_api::*;
-use tokenrace::ffi::types::*;
-use tokenrace::kernels::scalar_noise;
-use tokenrace::noise::pool::{pool_row_key, Generator, Pool, PoolOptions};
+use tokenrace::internals::pool_api::*;
+use tokenrace::internals::scalar_noise;
+use tokenrace::internals::types::*;
+use tokenrace::internals::{pool_row_key, Generator, Pool, PoolOptions};
 use tokenrace::*;
 
 fn pcfg(rows: usize, vocab: usize, policy: DrainPolicy, timeout_ms: u64) -> PoolConfig {
@@ -328,7 +328,8 @@ fn the_c_functions_work_and_free_with_a_lease_out_is_defined() {
         assert_eq!((cfg.rows, cfg.vocab, cfg.threads, cfg.timeout_ms), (1024, 0, 1, 1000));
         let mut pool: *mut tokenrace_pool = std::ptr::null_mut();
         assert_eq!(tokenrace_pool_new(&cfg, &mut pool), tokenrace_status::InvalidConfig);
-        let msg = std::ffi::CStr::from_ptr(tokenrace::ffi::api::tokenrace_last_error()).to_string_lossy().into_owned();
+        let msg =
+            std::ffi::CStr::from_ptr(tokenrace::internals::api::tokenrace_last_error()).to_string_lossy().into_owned();
         assert!(msg.contains("vocab"), "{msg}");
         let mut env_cfg = cfg;
         assert_eq!(tokenrace_pool_config_from_env(&mut env_cfg), tokenrace_status::Ok);
@@ -360,12 +361,12 @@ fn the_c_functions_work_and_free_with_a_lease_out_is_defined() {
         assert_eq!(st.rows_borrowed, 3);
 
         // A sampler keeps an attached pool running; vocab must match.
-        let mut scfg = tokenrace::ffi::api::tokenrace_config_default();
+        let mut scfg = tokenrace::internals::api::tokenrace_config_default();
         scfg.vocab_size = 32;
-        let mut sampler: *mut tokenrace_sampler = std::ptr::null_mut();
-        assert_eq!(tokenrace::ffi::api::tokenrace_sampler_new(&scfg, &mut sampler), tokenrace_status::Ok);
+        let mut sampler: *mut tokenrace::internals::api::tokenrace_sampler = std::ptr::null_mut();
+        assert_eq!(tokenrace::internals::api::tokenrace_sampler_new(&scfg, &mut sampler), tokenrace_status::Ok);
         assert_eq!(tokenrace_sampler_attach_pool(sampler, pool), tokenrace_status::Ok);
-        tokenrace::ffi::api::tokenrace_sampler_free(sampler);
+        tokenrace::internals::api::tokenrace_sampler_free(sampler);
 
         // A borrower blocked in BLOCK (slot 0 is still leased by `a`) is woken by free: CLOSED.
         let addr = pool as usize;

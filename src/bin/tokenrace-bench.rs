@@ -11,7 +11,7 @@
 
 use std::io::Write;
 use std::time::Instant;
-use tokenrace::kernels::{read_floor, read_floor_two};
+use tokenrace::internals::{read_floor, read_floor_two};
 use tokenrace::*;
 
 struct Args {
@@ -128,7 +128,7 @@ fn filled_pool_sampler(rows: usize, vocab: usize, threads: usize, reps: usize) -
     if cap * vocab * 4 > 1 << 30 {
         return None;
     }
-    let pool = tokenrace::noise::pool::Pool::new(PoolConfig {
+    let pool = tokenrace::NoisePool::new(PoolConfig {
         rows: cap,
         vocab,
         kind: NoiseKind::LogExp,

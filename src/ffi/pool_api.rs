@@ -7,9 +7,11 @@
 //! waiting on it return CLOSED. The memory of leases still out stays valid, and
 //! `tokenrace_pool_release()` may still be called for them; the last release frees the handle.
 
+use super::api::tokenrace_sampler;
+use super::convert::{check_struct_size, config_enum, read_versioned, write_versioned};
+use super::panic::{guard, guard_void};
 use super::types::*;
-use super::{guard, read_versioned, write_versioned};
-use crate::config::{self, DrainPolicy, NoiseKind, PoolConfig};
+use crate::config::{self, PoolConfig};
 use crate::error::{Error, Result};
 use crate::noise::pool::{Lease, Pool, Shared};
 use parking_lot::Mutex;
@@ -18,8 +20,13 @@ use std::mem::size_of;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-/// What a `tokenrace_pool*` points to (inside an `Arc`).
-pub(crate) struct CPool {
+/// An opaque noise pool. Safe to use from several threads at once.
+pub struct tokenrace_pool {
+    inner: PoolHandle,
+}
+
+/// What a `tokenrace_pool*` holds (inside an `Arc`).
+struct PoolHandle {
     /// The handle's ownership of the pool; taken by `tokenrace_pool_free()`.
     owner: Mutex<Option<Arc<Pool>>>,
     shared: Arc<Shared>,
@@ -32,36 +39,24 @@ fn pool_config_to_c(c: &PoolConfig) -> tokenrace_pool_config {
         struct_size: size_of::<tokenrace_pool_config>() as u32,
         rows: c.rows as u32,
         vocab: c.vocab as u32,
-        kind: match c.kind {
-            NoiseKind::Exp => tokenrace_noise_kind::Exp,
-            NoiseKind::LogExp => tokenrace_noise_kind::LogExp,
-        } as u32,
+        kind: tokenrace_noise_kind::from(c.kind) as u32,
         threads: c.threads as u32,
         has_seed: c.seed.is_some() as u32,
         seed: c.seed.unwrap_or(0),
-        policy: match c.policy {
-            DrainPolicy::Inline => tokenrace_pool_policy::Inline,
-            DrainPolicy::Block => tokenrace_pool_policy::Block,
-        } as u32,
+        policy: tokenrace_pool_policy::from(c.policy) as u32,
         reserved0: 0,
         timeout_ms: c.timeout_ms,
     }
-}
-
-fn choice<T: Copy>(name: &str, value: u32, choices: &[T]) -> Result<T> {
-    choices.get(value as usize).copied().ok_or_else(|| {
-        Error::invalid_config(format!("{name}: {value} is not a valid value (0..={})", choices.len() - 1))
-    })
 }
 
 fn pool_config_from_c(c: &tokenrace_pool_config) -> Result<PoolConfig> {
     Ok(PoolConfig {
         rows: c.rows as usize,
         vocab: c.vocab as usize,
-        kind: choice("kind", c.kind, &[NoiseKind::Exp, NoiseKind::LogExp])?,
+        kind: config_enum::<tokenrace_noise_kind>("kind", c.kind)?.into(),
         threads: c.threads as usize,
         seed: (c.has_seed != 0).then_some(c.seed),
-        policy: choice("policy", c.policy, &[DrainPolicy::Inline, DrainPolicy::Block])?,
+        policy: config_enum::<tokenrace_pool_policy>("policy", c.policy)?.into(),
         timeout_ms: c.timeout_ms,
     })
 }
@@ -83,7 +78,8 @@ pub extern "C" fn tokenrace_pool_config_default() -> tokenrace_pool_config {
 pub unsafe extern "C" fn tokenrace_pool_config_from_env(out: *mut tokenrace_pool_config) -> tokenrace_status {
     guard("tokenrace_pool_config_from_env", || {
         let (_, pool) = config::from_env()?;
-        write_versioned(out, pool_config_to_c(&pool), "out", std::mem::size_of::<tokenrace_pool_config>())
+        // SAFETY: the caller's contract for `out`.
+        unsafe { write_versioned(out, pool_config_to_c(&pool), "out") }
     })
 }
 
@@ -111,20 +107,20 @@ pub unsafe extern "C" fn tokenrace_pool_new(
         let cfg = if config.is_null() {
             config::from_env()?.1
         } else {
-            let c =
-                read_versioned(config, tokenrace_pool_config_default(), "config", size_of::<tokenrace_pool_config>())?;
-            pool_config_from_c(&c)?
+            // SAFETY: the caller's contract for `config`.
+            pool_config_from_c(&unsafe { read_versioned(config, "config") }?)?
         };
         let pool = Arc::new(Pool::new(cfg)?);
         let handle = Arc::new(tokenrace_pool {
-            inner: CPool {
+            inner: PoolHandle {
                 shared: pool.shared().clone(),
                 owner: Mutex::new(Some(pool)),
                 leases: Mutex::new(HashMap::new()),
                 next_id: AtomicU64::new(1),
             },
         });
-        out.write(Arc::into_raw(handle) as *mut tokenrace_pool);
+        // SAFETY: `out` is writable (the caller's contract) and not NULL (checked).
+        unsafe { out.write(Arc::into_raw(handle) as *mut tokenrace_pool) };
         Ok(())
     })
 }
@@ -143,11 +139,14 @@ pub unsafe extern "C" fn tokenrace_pool_free(pool: *mut tokenrace_pool) {
     if pool.is_null() {
         return;
     }
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let owner = (*pool).inner.owner.lock().take();
+    guard_void(|| {
+        // SAFETY: the handle is live until its reference is dropped here (the caller's contract:
+        // not freed before, no call starting on it meanwhile).
+        let owner = unsafe { (*pool).inner.owner.lock().take() };
         drop(owner);
-        Arc::decrement_strong_count(pool as *const tokenrace_pool);
-    }));
+        // SAFETY: the handle's own reference, taken once.
+        unsafe { Arc::decrement_strong_count(pool as *const tokenrace_pool) };
+    });
 }
 
 /// A counted reference to the handle for the duration of a call.
@@ -155,8 +154,12 @@ unsafe fn hold(pool: *const tokenrace_pool) -> Result<Arc<tokenrace_pool>> {
     if pool.is_null() {
         return Err(Error::invalid_argument("pool: is NULL"));
     }
-    Arc::increment_strong_count(pool);
-    Ok(Arc::from_raw(pool))
+    // SAFETY: a live handle holds at least one reference (the caller's contract); this call's
+    // own reference is taken before it is used and dropped with the returned Arc.
+    unsafe {
+        Arc::increment_strong_count(pool);
+        Ok(Arc::from_raw(pool))
+    }
 }
 
 /// Borrows the next `n_rows` rows of noise as one contiguous, read-only span of
@@ -182,25 +185,20 @@ pub unsafe extern "C" fn tokenrace_pool_borrow(
     out: *mut tokenrace_pool_lease,
 ) -> tokenrace_status {
     guard("tokenrace_pool_borrow", || {
-        let handle = hold(pool)?;
+        // SAFETY: the caller's contract for `pool`.
+        let handle = unsafe { hold(pool) }?;
         if out.is_null() {
             return Err(Error::invalid_argument("out: is NULL"));
         }
-        let size = (out as *const u32).read_unaligned() as usize;
-        if size < LEASE_V1_SIZE {
-            return Err(Error::invalid_argument(format!(
-                "out.struct_size: {size} is smaller than the oldest tokenrace_pool_lease ({LEASE_V1_SIZE} bytes)"
-            )));
-        }
+        // SAFETY: the caller's contract for `out`. Checked before borrowing, so that a bad size
+        // costs no noise.
+        unsafe { check_struct_size(out as *const tokenrace_pool_lease, "out") }?;
         let p = &handle.inner;
         let lease = p.shared.borrow(n_rows as usize)?;
         let id = p.next_id.fetch_add(1, Relaxed);
         let c = tokenrace_pool_lease {
             struct_size: size_of::<tokenrace_pool_lease>() as u32,
-            kind: match lease.kind() {
-                NoiseKind::Exp => tokenrace_noise_kind::Exp,
-                NoiseKind::LogExp => tokenrace_noise_kind::LogExp,
-            } as u32,
+            kind: tokenrace_noise_kind::from(lease.kind()) as u32,
             values: lease.values().as_ptr(),
             rows: lease.rows() as u32,
             vocab: lease.vocab() as u32,
@@ -209,9 +207,11 @@ pub unsafe extern "C" fn tokenrace_pool_borrow(
             in_ring: lease.in_ring() as u32,
             reserved0: 0,
         };
+        // SAFETY: the caller's contract for `out` (its size was checked above).
+        unsafe { write_versioned(out, c, "out") }?;
         p.leases.lock().insert(id, lease);
-        Arc::increment_strong_count(pool as *const tokenrace_pool); // the lease's reference
-        write_versioned(out, c, "out", LEASE_V1_SIZE).expect("struct_size was checked above");
+        // SAFETY: the lease's reference to the handle, dropped by its release.
+        unsafe { Arc::increment_strong_count(pool as *const tokenrace_pool) };
         Ok(())
     })
 }
@@ -228,11 +228,13 @@ pub unsafe extern "C" fn tokenrace_pool_release(
     lease: *const tokenrace_pool_lease,
 ) -> tokenrace_status {
     guard("tokenrace_pool_release", || {
-        let handle = hold(pool)?;
+        // SAFETY: the caller's contract for `pool`.
+        let handle = unsafe { hold(pool) }?;
         if lease.is_null() {
             return Err(Error::invalid_argument("lease: is NULL"));
         }
-        let id = std::ptr::addr_of!((*lease).id).read_unaligned();
+        // SAFETY: a non-NULL lease was written by `tokenrace_pool_borrow` (the caller's contract).
+        let id = unsafe { std::ptr::addr_of!((*lease).id).read_unaligned() };
         let taken = handle.inner.leases.lock().remove(&id);
         match taken {
             None => Err(Error::invalid_argument(format!(
@@ -241,7 +243,8 @@ pub unsafe extern "C" fn tokenrace_pool_release(
             Some(l) => {
                 drop(l);
                 drop(handle);
-                Arc::decrement_strong_count(pool as *const tokenrace_pool);
+                // SAFETY: the lease's reference, taken by its borrow and dropped once.
+                unsafe { Arc::decrement_strong_count(pool as *const tokenrace_pool) };
                 Ok(())
             }
         }
@@ -259,11 +262,10 @@ pub unsafe extern "C" fn tokenrace_pool_get_stats(
     out: *mut tokenrace_pool_stats,
 ) -> tokenrace_status {
     guard("tokenrace_pool_get_stats", || {
-        let handle = hold(pool)?;
-        read_versioned(out as *const tokenrace_pool_stats, tokenrace_pool_stats::default(), "out", 8)?;
-        let size = (out as *const u32).read_unaligned() as usize;
+        // SAFETY: the caller's contract for `pool`.
+        let handle = unsafe { hold(pool) }?;
         let st = handle.inner.shared.stats();
-        let full = tokenrace_pool_stats {
+        let stats = tokenrace_pool_stats {
             struct_size: size_of::<tokenrace_pool_stats>() as u32,
             reserved0: 0,
             rows_produced: st.rows_produced,
@@ -273,10 +275,8 @@ pub unsafe extern "C" fn tokenrace_pool_get_stats(
             inline_rows: st.inline_rows,
             rows_skipped: st.rows_skipped,
         };
-        let n = size.min(size_of::<tokenrace_pool_stats>());
-        std::ptr::copy_nonoverlapping(&full as *const _ as *const u8, out as *mut u8, n);
-        (out as *mut u32).write_unaligned(n as u32);
-        Ok(())
+        // SAFETY: the caller's contract for `out`.
+        unsafe { write_versioned(out, stats, "out") }
     })
 }
 
@@ -296,13 +296,12 @@ pub unsafe extern "C" fn tokenrace_sampler_attach_pool(
     pool: *mut tokenrace_pool,
 ) -> tokenrace_status {
     guard("tokenrace_sampler_attach_pool", || {
-        let s = sampler.as_ref().ok_or_else(|| Error::invalid_argument("sampler: is NULL"))?;
-        let handle = hold(pool)?;
+        // SAFETY: NULL or live (the caller's contract).
+        let s = unsafe { sampler.as_ref() }.ok_or_else(|| Error::invalid_argument("sampler: is NULL"))?;
+        // SAFETY: the caller's contract for `pool`.
+        let handle = unsafe { hold(pool) }?;
         let owner = handle.inner.owner.lock().clone();
         let owner = owner.ok_or_else(|| Error::invalid_argument("pool: was freed"))?;
         s.inner.attach_pool(owner)
     })
 }
-
-/// The size of `tokenrace_pool_lease` before `in_ring` was added.
-const LEASE_V1_SIZE: usize = std::mem::offset_of!(tokenrace_pool_lease, in_ring);

@@ -1,5 +1,7 @@
-//! The C types. Every input struct starts with `struct_size` so that callers built against an
-//! older or newer header keep working; enum-valued fields are plain `uint32_t` so that a bad
+//! The C types: status codes, enums, flags and the versioned structs (the opaque handles live
+//! with their functions, in `api.rs` and `pool_api.rs`). Every struct starts with
+//! `struct_size` so that callers built against an older or newer header keep working
+//! (`convert.rs` reads and writes them); enum-valued fields are plain `uint32_t` so that a bad
 //! value from C is an error, not undefined behaviour.
 
 use std::ffi::c_void;
@@ -49,10 +51,15 @@ pub enum tokenrace_noise_kind {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum tokenrace_simd {
+    /// The best level this CPU supports.
     Auto = 0,
+    /// One lane at a time (the generic kernels with a lane count of 1).
     Scalar = 1,
+    /// Fixed-width arrays the compiler vectorises for the target (SSE2, NEON, z/Arch VX, ...).
     Portable = 2,
+    /// x86-64 AVX2 and F16C (no FMA, by design: every level rounds alike).
     Avx2 = 3,
+    /// x86-64 AVX-512F.
     Avx512 = 4,
 }
 
@@ -60,8 +67,11 @@ pub enum tokenrace_simd {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum tokenrace_noise_source {
+    /// The pool attached with `tokenrace_sampler_attach_pool()` when there is one, else inline.
     Auto = 0,
+    /// Always inline noise; attaching a pool is refused.
     Inline = 1,
+    /// The sampler's own pool (made with it), or the pool attached.
     Pool = 2,
 }
 
@@ -94,10 +104,16 @@ pub enum tokenrace_logprob_mode {
     Processed = 1,
 }
 
+// Row flags written to `tokenrace_output.flags`: the values of `crate::batch::flags`, for the
+// header (a test checks that they agree).
 /// Row flags written to `tokenrace_output.flags`.
+#[allow(dead_code)]
 pub const TOKENRACE_FLAG_HAS_NAN: u32 = 1;
+#[allow(dead_code)]
 pub const TOKENRACE_FLAG_HAS_POSINF: u32 = 2;
+#[allow(dead_code)]
 pub const TOKENRACE_FLAG_EMPTY: u32 = 4;
+#[allow(dead_code)]
 pub const TOKENRACE_FLAG_GREEDY: u32 = 8;
 
 /// The version of this ABI; bumped on any incompatible change (compatible growth of a struct
@@ -129,7 +145,8 @@ pub struct tokenrace_config {
     pub log_level: u32,
     /// A `tokenrace_noise_source`.
     pub noise: u32,
-    /// Capacity in rows of the sampler's own pool (noise = pool); 0 means 4 x max_rows.
+    /// Capacity in rows of the sampler's own pool (noise = pool); 0 means 4 x max_rows. (The
+    /// counter `tokenrace_sampler_stats.pool_rows` is another thing: rows drawn on pool noise.)
     pub pool_rows: u32,
 }
 
@@ -201,19 +218,25 @@ pub struct tokenrace_output {
 pub struct tokenrace_sampler_stats {
     pub struct_size: u32,
     pub reserved0: u32,
+    /// Successful draw calls.
     pub calls: u64,
+    /// Calls that failed (bad arguments, the noise pool, a worker).
     pub rejected_calls: u64,
+    /// Rows drawn greedily (temperature below the greedy threshold).
     pub greedy_rows: u64,
+    /// Sampling rows with their own seed.
     pub seeded_rows: u64,
+    /// Unseeded sampling rows drawn on inline noise keyed by the sampler's stream (not to be
+    /// confused with `tokenrace_pool_stats.inline_rows`, rows a pool generated on a borrower's
+    /// thread).
     pub inline_rows: u64,
+    /// Unseeded sampling rows drawn on the caller's `noise`.
     pub external_noise_rows: u64,
+    /// Unseeded sampling rows drawn on pool noise (a count of rows drawn, not
+    /// `tokenrace_config.pool_rows`, the capacity of the sampler's own pool).
     pub pool_rows: u64,
+    /// Rows whose flags reported NaN, +inf or an empty row.
     pub nonfinite_rows: u64,
-}
-
-/// An opaque sampler. Safe to use from several threads at once.
-pub struct tokenrace_sampler {
-    pub(crate) inner: crate::sampler::Sampler,
 }
 
 /// Noise pool settings. Get one from `tokenrace_pool_config_default()` or
@@ -285,9 +308,4 @@ pub struct tokenrace_pool_stats {
     pub inline_rows: u64,
     /// Sequence numbers never handed out: skipped at the wrap, or by a borrow that failed.
     pub rows_skipped: u64,
-}
-
-/// An opaque noise pool. Safe to use from several threads at once.
-pub struct tokenrace_pool {
-    pub(crate) inner: super::pool_api::CPool,
 }

@@ -12,23 +12,24 @@
 //! of tokens whose reported logprob is >= its own; the top-n are ordered by logprob descending,
 //! then id ascending.
 
-use super::batch::Logits;
-use super::filter::Vals;
-use super::mass::RowMass;
-use super::{RowInfo, RowPlan};
+use crate::batch::{Batch, LogprobMode, Output};
 use crate::kernels::Kernels;
+use crate::mass::RowMass;
+use crate::row::{with_row, RowValues};
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-/// Which logprobs a draw reports.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum LogprobMode {
-    /// log_softmax of the logits as given (vLLM's default).
-    #[default]
-    Raw,
-    /// log_softmax of `(x - m) / T` over the tokens the filters keep (-inf elsewhere); greedy
-    /// rows report RAW.
-    Processed,
+/// What a drawn row leaves for the logprobs: its maximum (NaN ignored) and the filters' floor.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RowInfo {
+    pub top: f32,
+    pub floor: f32,
+}
+
+impl Default for RowInfo {
+    fn default() -> Self {
+        RowInfo { top: f32::NEG_INFINITY, floor: f32::NEG_INFINITY }
+    }
 }
 
 /// What a row's logprobs go into.
@@ -42,31 +43,31 @@ pub(crate) struct RowOut<'a> {
 }
 
 /// The monotone map from a logit to its logprob.
-enum Lp {
+enum LogprobFn {
     Finite { m: f64, s: f64, floor: f32, ln_z: f64 },
     PosInf { lp: f32 },
     Empty,
 }
 
-impl Lp {
+impl LogprobFn {
     #[inline(always)]
     fn of(&self, x: f32) -> f32 {
         match *self {
-            Lp::Finite { m, s, floor, ln_z } => {
+            LogprobFn::Finite { m, s, floor, ln_z } => {
                 if x >= floor && x.is_finite() {
                     ((x as f64 - m) * s - ln_z) as f32
                 } else {
                     f32::NEG_INFINITY
                 }
             }
-            Lp::PosInf { lp } => {
+            LogprobFn::PosInf { lp } => {
                 if x == f32::INFINITY {
                     lp
                 } else {
                     f32::NEG_INFINITY
                 }
             }
-            Lp::Empty => f32::NEG_INFINITY,
+            LogprobFn::Empty => f32::NEG_INFINITY,
         }
     }
 }
@@ -88,10 +89,10 @@ impl Ord for Entry {
 
 /// Computes row logprobs. `top` is the row's maximum (NaN ignored), `floor` the filters' floor.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn row_logprobs<V: Vals + ?Sized>(
+pub(crate) fn row_logprobs<V: RowValues + ?Sized>(
     k: &Kernels,
     v: &V,
-    plan: RowPlan,
+    inv_t: Option<f32>,
     mode: LogprobMode,
     top: f32,
     floor: f32,
@@ -101,12 +102,12 @@ pub(crate) fn row_logprobs<V: Vals + ?Sized>(
     let n = v.n();
     let lp = if top == f32::INFINITY {
         let c = (0..n).filter(|&i| v.at(i) == f32::INFINITY).count();
-        Lp::PosInf { lp: -(c as f32).ln() }
+        LogprobFn::PosInf { lp: -(c as f32).ln() }
     } else if top == f32::NEG_INFINITY {
-        Lp::Empty
+        LogprobFn::Empty
     } else {
-        let (s, floor) = match (mode, plan) {
-            (LogprobMode::Processed, RowPlan::Sample { inv_t, .. }) => (inv_t as f64, floor),
+        let (s, floor) = match (mode, inv_t) {
+            (LogprobMode::Processed, Some(inv_t)) => (inv_t as f64, floor),
             _ => (1.0, f32::NEG_INFINITY),
         };
         let m = top as f64;
@@ -124,7 +125,7 @@ pub(crate) fn row_logprobs<V: Vals + ?Sized>(
                 z
             }
         };
-        Lp::Finite { m, s, floor, ln_z: z.ln() }
+        LogprobFn::Finite { m, s, floor, ln_z: z.ln() }
     };
     let own = lp.of(v.at(token as usize));
     *out.logprob = own;
@@ -172,11 +173,11 @@ impl Logprobs {
     /// Computes what `out` asks for, row by row on this thread.
     pub(crate) fn compute(
         k: &Kernels,
-        batch: &super::batch::Batch,
-        plans: &[RowPlan],
-        info: &[super::RowInfo],
+        batch: &Batch,
+        inv_t: &[Option<f32>],
+        info: &[RowInfo],
         tokens: &[i32],
-        out: &super::batch::Output,
+        out: &Output,
     ) -> Logprobs {
         let rows = batch.rows;
         let top_n = if out.topn_ids.is_some() || out.topn_logprobs.is_some() { out.top_n } else { 0 };
@@ -197,21 +198,12 @@ impl Logprobs {
                 want_rank,
             };
             let RowInfo { top, floor } = info[r];
-            super::filter::with_vals!(batch, r, |v| row_logprobs(
-                k,
-                v,
-                plans[r],
-                out.logprob_mode,
-                top,
-                floor,
-                tokens[r],
-                o
-            ));
+            with_row!(batch, r, |v| row_logprobs(k, v, inv_t[r], out.logprob_mode, top, floor, tokens[r], o));
         }
         l
     }
 
-    pub(crate) fn write(&self, out: &mut super::batch::Output, rows: usize) {
+    pub(crate) fn write(&self, out: &mut Output, rows: usize) {
         if let Some(d) = out.logprobs.as_deref_mut() {
             d[..rows].copy_from_slice(&self.logprobs);
         }

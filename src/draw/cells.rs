@@ -1,0 +1,41 @@
+//! What tasks on the worker threads write their results through.
+
+/// A pointer that tasks write disjoint ranges through.
+#[derive(Clone, Copy)]
+pub(super) struct SyncPtr(pub *mut f32);
+
+// SAFETY: every task writes its own disjoint range, and the owner reads only after the job ends.
+unsafe impl Sync for SyncPtr {}
+
+impl SyncPtr {
+    /// The element `i` places past the start.
+    ///
+    /// # Safety
+    /// `i` stays inside the allocation.
+    pub(super) unsafe fn at(self, i: usize) -> *mut f32 {
+        // SAFETY: the caller keeps `i` inside the allocation.
+        unsafe { self.0.add(i) }
+    }
+}
+
+/// A value written by exactly one task and read after the job ends.
+#[derive(Default)]
+pub(super) struct SyncCell<T>(std::cell::UnsafeCell<T>);
+
+// SAFETY: each cell is written by one task at most, and read only after `WorkerPool::run`
+// returned, which orders every write before the reads.
+unsafe impl<T: Send> Sync for SyncCell<T> {}
+
+impl<T: Copy> SyncCell<T> {
+    pub(super) fn new(v: T) -> Self {
+        SyncCell(std::cell::UnsafeCell::new(v))
+    }
+    pub(super) fn set(&self, v: T) {
+        // SAFETY: see the Sync impl.
+        unsafe { *self.0.get() = v }
+    }
+    pub(super) fn get(&self) -> T {
+        // SAFETY: see the Sync impl.
+        unsafe { *self.0.get() }
+    }
+}

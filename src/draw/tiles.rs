@@ -1,0 +1,72 @@
+//! Fewer rows than threads: each row's vocabulary is split into tiles of whole blocks, drawn in
+//! two stages (block maxima of every tile; then, once each row's maximum and filters' floor are
+//! known, each tile's best), and the tiles' bests are merged per row.
+
+use super::cells::{SyncCell, SyncPtr};
+use super::workers::WorkerPool;
+use super::{finish, race_params, summarize, Drawn, RowPlan, Scanned, MIN_TILE};
+use crate::batch::Batch;
+use crate::kernels::{Best, Kernels, RaceParams, BLOCK};
+use crate::logprob::RowInfo;
+use crate::row::{with_row, RaceNoise, RowValues};
+
+/// Draws every row of `batch` split into tiles on `pool`; `None` if a worker panicked.
+pub(super) fn draw_tiled(k: &Kernels, batch: &Batch, plans: &[RowPlan], pool: &WorkerPool) -> Option<Vec<Drawn>> {
+    let (rows, n) = (batch.rows, batch.vocab);
+    let blocks = n.div_ceil(BLOCK);
+    let per_row = (pool.width() / rows).max(1).min(n / MIN_TILE).max(1);
+    let tile_blocks = blocks.div_ceil(per_row);
+    let tiles = blocks.div_ceil(tile_blocks);
+    let tile = |t: usize| {
+        let start = t * tile_blocks * BLOCK;
+        (start, ((t + 1) * tile_blocks * BLOCK).min(n) - start)
+    };
+    // Stage 1: block maxima of every tile.
+    let mut bmax = vec![f32::NEG_INFINITY; rows * blocks];
+    let bmax_out = SyncPtr(bmax.as_mut_ptr());
+    let nan: Vec<SyncCell<bool>> = (0..rows * tiles).map(|_| SyncCell::default()).collect();
+    let ok1 = pool.run(rows * tiles, &|task| {
+        let (r, t) = (task / tiles, task % tiles);
+        let (start, len) = tile(t);
+        // SAFETY: the tiles of all rows cover disjoint ranges of `bmax`, which outlives the job.
+        let out =
+            unsafe { std::slice::from_raw_parts_mut(bmax_out.at(r * blocks + start / BLOCK), len.div_ceil(BLOCK)) };
+        nan[task].set(with_row!(batch, r, |v| v.scan(k, start, len, out)));
+    });
+    if !ok1 {
+        return None;
+    }
+    let row_bmax = |r: usize| &bmax[r * blocks..(r + 1) * blocks];
+    let scanned: Vec<Scanned> =
+        (0..rows).map(|r| summarize(row_bmax(r), (0..tiles).any(|t| nan[r * tiles + t].get()), plans[r])).collect();
+    // The filters' floors, on this thread.
+    let params: Vec<Option<(RaceParams, RaceNoise)>> = (0..rows)
+        .map(|r| with_row!(batch, r, |v| race_params(k, batch, r, v, row_bmax(r), &scanned[r], plans[r])))
+        .collect();
+    // Stage 2: each tile's best, merged per row.
+    let best: Vec<SyncCell<Best>> = (0..rows * tiles).map(|_| SyncCell::new(Best::NONE)).collect();
+    let ok2 = pool.run(rows * tiles, &|task| {
+        let (r, t) = (task / tiles, task % tiles);
+        if let Some((p, noise)) = params[r] {
+            let (start, len) = tile(t);
+            let b0 = r * blocks + start / BLOCK;
+            let bm = &bmax[b0..b0 + len.div_ceil(BLOCK)];
+            best[task].set(with_row!(batch, r, |v| v.race(k, start, len, bm, p, noise)));
+        }
+    });
+    if !ok2 {
+        return None;
+    }
+    let drawn = (0..rows)
+        .map(|r| {
+            let won = params[r].map(|_| (0..tiles).fold(Best::NONE, |acc, t| acc.merge(best[r * tiles + t].get())));
+            let sc = &scanned[r];
+            Drawn {
+                token: with_row!(batch, r, |v| finish(k, v, row_bmax(r), sc, won)),
+                flags: sc.flags,
+                info: RowInfo { top: sc.top, floor: params[r].map_or(f32::NEG_INFINITY, |(p, _)| p.floor) },
+            }
+        })
+        .collect();
+    Some(drawn)
+}

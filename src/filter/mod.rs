@@ -1,0 +1,112 @@
+//! min-p, top-k and top-p without sorting the vocabulary.
+//!
+//! Every filter keeps a set `{i : x_i >= θ}` (ties kept), and renormalising does not change the
+//! order of the tokens, so the composition (min-p, then top-k, then top-p, each on what the
+//! previous one left) is one threshold: the race's `RaceParams::floor`.
+//!
+//! Probabilities are `p_i ∝ w_i = exp((x_i - m) * inv_t)` computed in f64 by the one f64 weight
+//! of the crate ([`crate::mass::weight64`]; `m` the row's finite maximum, `inv_t` the f32 `1/T`
+//! of the race), over the finite logits; NaN and -inf are never kept.
+//!
+//! - [`min_p`]: keep `w_i >= min_p` (that is `p_i >= min_p * p_max`; `w` is 1 at the maximum),
+//!   found by a bisection over the values, no pass over the row.
+//! - [`top_k`]: the k-th largest finite logit, selected among the values above a bound taken
+//!   from the block maxima.
+//! - [`top_p`]: the smallest set of most probable tokens whose mass reaches `top_p` of the mass
+//!   left; after a top-k the few candidates are sorted, otherwise the tokens above a cut are
+//!   gathered with exact weights and the mass below the cut is bounded by SIMD kernels until the
+//!   bounds decide (or computed in f64 when they do not). Tokens tied with the threshold stay.
+//!
+//! The thresholds do not depend on the SIMD level (every mass kernel gives bit-identical sums on
+//! every level) or on the number of threads.
+
+mod min_p;
+mod top_k;
+pub(crate) mod top_p;
+
+use crate::batch::Batch;
+use crate::kernels::Kernels;
+use crate::row::RowValues;
+
+/// One row's filter settings, already normalised: `None`/off values removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Filters {
+    /// 0: off.
+    pub top_k: usize,
+    /// 1: off.
+    pub top_p: f64,
+    /// 0: off.
+    pub min_p: f64,
+}
+
+impl Filters {
+    /// The filters of row `r`, or `None` if none is on.
+    pub(crate) fn of(batch: &Batch, r: usize) -> Option<Filters> {
+        let k = batch.top_k.map_or(0, |k| k[r]);
+        let top_k = if k <= 0 || k as usize >= batch.vocab { 0 } else { k as usize };
+        let top_p = batch.top_p.map_or(1.0, |p| p[r] as f64);
+        let min_p = batch.min_p.map_or(0.0, |p| p[r] as f64);
+        let f = Filters { top_k, top_p, min_p };
+        (top_k != 0 || top_p < 1.0 || min_p > 0.0).then_some(f)
+    }
+}
+
+/// The floor of a sampling row `v` with block maxima `bmax` and finite maximum `m` under
+/// filters `f`: the race keeps `x >= floor`.
+pub(crate) fn floor_of<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], m: f32, inv_t: f32, f: Filters) -> f32 {
+    let mut floor = f32::NEG_INFINITY;
+    if f.min_p > 0.0 {
+        floor = min_p::floor(m, inv_t, f.min_p);
+    }
+    let mut top_k_candidates = None;
+    if f.top_k > 0 {
+        if let Some((kth, cand)) = top_k::kth_largest(v, bmax, f.top_k) {
+            floor = floor.max(kth);
+            top_k_candidates = Some(cand);
+        }
+    }
+    if f.top_p < 1.0 {
+        floor = match top_k_candidates {
+            Some(cand) => top_p::floor_of_candidates(&cand, floor, m, inv_t, f.top_p),
+            None => top_p::floor(k, v, bmax, m, inv_t, floor, f.top_p),
+        };
+    }
+    floor
+}
+
+/// The floor of row `r` of `batch` (values `v`, block maxima `bmax`, finite maximum `m`), or
+/// -inf when it has no filter.
+pub(crate) fn row_floor<V: RowValues + ?Sized>(
+    k: &Kernels,
+    batch: &Batch,
+    r: usize,
+    v: &V,
+    bmax: &[f32],
+    m: f32,
+    inv_t: f32,
+) -> f32 {
+    Filters::of(batch, r).map_or(f32::NEG_INFINITY, |f| floor_of(k, v, bmax, m, inv_t, f))
+}
+
+/// Test seam: the floor the filters give one f32 row at temperature `t` (> 0) with the kernels
+/// of `level`: the kept set is `{i : x_i >= floor}` among the finite logits. -inf when nothing is
+/// filtered or the row has no finite maximum.
+#[cfg(feature = "internals")]
+pub fn kept_floor_at(level: crate::SimdLevel, x: &[f32], t: f32, top_k: i32, top_p: f32, min_p: f32) -> f32 {
+    use crate::kernels::BLOCK;
+    let bmax: Vec<f32> =
+        x.chunks(BLOCK).map(|c| c.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a })).collect();
+    let m = bmax.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+    if !m.is_finite() {
+        return f32::NEG_INFINITY;
+    }
+    let top_k = if top_k <= 0 || top_k as usize >= x.len() { 0 } else { top_k as usize };
+    let f = Filters { top_k, top_p: top_p as f64, min_p: min_p as f64 };
+    floor_of(crate::kernels::kernels(level), x, &bmax, m, crate::batch::inv_temperature(t), f)
+}
+
+/// [`kept_floor_at`] at the best level of this CPU.
+#[cfg(feature = "internals")]
+pub fn kept_floor(x: &[f32], t: f32, top_k: i32, top_p: f32, min_p: f32) -> f32 {
+    kept_floor_at(crate::kernels::best_level(), x, t, top_k, top_p, min_p)
+}

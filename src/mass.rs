@@ -1,0 +1,305 @@
+//! Probability mass of a row, fast and with proven bounds: the normaliser of the logprobs and
+//! the mass behind the top-p threshold (`filter/top_p.rs`).
+//!
+//! The weight of a token is `w = exp(a)`, `a = (x - m) * inv_t` (exact in f64: [`weight64`]).
+//! Three SIMD kernels sum weights over the tokens `lo <= x < cut` of a row, per block of 256, in
+//! an order that does not depend on the SIMD level (`kernels/generic/`):
+//!
+//! - **cheap**: a weight within [-2.2%, +8.5%] of w from the exponent bits alone (a few
+//!   operations per token);
+//! - **exp**: an f32 `exp2` (relative error below 2^-22) of the f32 exponent `t = (x - m) * c`,
+//!   whose three roundings move w by at most `|a| * 3 * 2^-24`, summed in f32 trees of depth 4;
+//! - **exact**: an f64 exp (relative error below 1e-15) of the exact `a`, summed in f64.
+//!
+//! The first two come with rigorous bounds on the true mass ([`cheap_bounds`], [`exp_bounds`]).
+
+use crate::kernels::generic::{exp64, A_MIN64, T_MIN};
+use crate::kernels::{DtypeKernels, Kernels, Mass64Params, MassKind, MassParams, BLOCK};
+use crate::order::bisect;
+use crate::row::RowValues;
+
+const U: f64 = 5.960_464_477_539_063e-8; // 2^-24
+/// Bound of `|ln(w_f32 / exp2(t))|` per unit of `|a|` from the roundings of `t`: three f32
+/// roundings (x - m, c, the product) and the f64 one of `c`.
+const BETA: f64 = 3.000_001 * U;
+/// Relative error bound of the kernels' `exp2` (1.93e-7 measured).
+const EPS_EXP2: f64 = 2.384_185_791_015_625e-7; // 2^-22
+/// Relative error bound of a kernel's block sums of non-negative weights: four f32 levels and
+/// four f64 levels.
+const SIGMA: f64 = 4.01 * U;
+/// Bound of the weight of a token below `lo` (t < -125).
+pub(crate) const TINY: f64 = 2.350_988_701_644_575e-38; // 2^-125
+/// The cheap weight S of a token with true weight w: `S / CHEAP_HI <= w <= S / CHEAP_LO`.
+const CHEAP_LO: f64 = 0.9785;
+const CHEAP_HI: f64 = 1.0848;
+
+/// A sum in a fixed order that the compiler can vectorise: eight interleaved partial sums.
+pub(crate) fn sum(xs: &[f64]) -> f64 {
+    let mut acc = [0f64; 8];
+    let mut chunks = xs.chunks_exact(8);
+    for c in &mut chunks {
+        for j in 0..8 {
+            acc[j] += c[j];
+        }
+    }
+    for (j, &x) in chunks.remainder().iter().enumerate() {
+        acc[j] += x;
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
+
+/// `c = fl32(inv_t * log2 e)`, or `None` if it overflows.
+pub(crate) fn exp2_scale(inv_t: f32) -> Option<f32> {
+    let c = (inv_t as f64 * std::f64::consts::LOG2_E) as f32;
+    (c.is_finite() && c > 0.0).then_some(c)
+}
+
+/// The smallest finite f32 `v >= floor` whose f32 exponent `(v - m) * c` is at least `T_MIN`
+/// (the kernels' `lo`); `floor <= m`.
+pub(crate) fn mass_lo(m: f32, c: f32, floor: f32) -> f32 {
+    let t = |v: f32| (v - m) * c;
+    first_passing(floor, m, |v| t(v) >= T_MIN)
+}
+
+/// The smallest finite f32 `v >= floor` with `(v - m) * inv_t >= A_MIN64` in f64.
+pub(crate) fn mass_lo64(m: f32, inv_t: f32, floor: f32) -> f32 {
+    first_passing(floor, m, |v| (v as f64 - m as f64) * inv_t as f64 >= A_MIN64)
+}
+
+/// The smallest finite `v` in `[floor, m]` passing a monotone test that `m` passes.
+fn first_passing(floor: f32, m: f32, pass: impl Fn(f32) -> bool) -> f32 {
+    let start = if floor > -f32::MAX { floor } else { -f32::MAX };
+    if pass(start) {
+        return start;
+    }
+    bisect(start, m, pass)
+}
+
+/// The exact weight `exp((x - m) * inv_t)` of one value, in f64: the one f64 weight of the crate
+/// (the filters' thresholds and the exact mass tier use it; the `weights64` kernel computes the
+/// same value per element). 0 when the exponent is below `A_MIN64` (a weight under e^-700).
+pub(crate) fn weight64(x: f32, m: f32, inv_t: f32) -> f64 {
+    let a = (x as f64 - m as f64) * inv_t as f64;
+    if a >= A_MIN64 {
+        exp64(a)
+    } else {
+        0.0
+    }
+}
+
+/// Bounds of the true mass of at most `count` tokens (all with `x >= floor`, below `cut`) whose
+/// exp-kernel mass is `s` (the kinds without a mask add at most 2^-125 per token read). Tokens with `|a| <= A` are off by at most `e^(BETA A)` and the
+/// exp2 error; the rest weigh at most `e^-A` each; A is chosen to give the tightest bounds.
+pub(crate) fn exp_bounds(s: f64, count: usize) -> (f64, f64) {
+    /// For each cap A: (e^(BETA A), e^(-BETA A), e^-A, e^(-A (1 - BETA))).
+    static CAPS: std::sync::OnceLock<Vec<[f64; 4]>> = std::sync::OnceLock::new();
+    let caps = CAPS.get_or_init(|| {
+        [0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 20.0, 24.0, 32.0, 48.0, 64.0, 87.0]
+            .iter()
+            .map(|&a: &f64| [(BETA * a).exp(), (-BETA * a).exp(), (-a).exp(), (-a * (1.0 - BETA)).exp()])
+            .collect()
+    });
+    let n = count as f64;
+    let mut best = (0.0, f64::INFINITY);
+    for &[up, down, tail_hi, tail_lo] in caps {
+        let hi = s * (1.0 + SIGMA) * up / (1.0 - EPS_EXP2) + n * tail_hi + n * TINY;
+        let tail = n * tail_lo * (1.0 + EPS_EXP2);
+        let lo = (s * (1.0 - SIGMA) - tail - n * TINY).max(0.0) * down / (1.0 + EPS_EXP2);
+        if hi - lo < best.1 - best.0 {
+            best = (lo, hi);
+        }
+    }
+    (best.0 * (1.0 - 1e-12), best.1 * (1.0 + 1e-12))
+}
+
+/// Bounds of the true mass of at most `count` tokens whose cheap-kernel mass is `s`.
+pub(crate) fn cheap_bounds(s: f64, count: usize) -> (f64, f64) {
+    let n = count as f64;
+    let lo = (s * (1.0 - SIGMA) - n * TINY).max(0.0) / CHEAP_HI;
+    (lo * (1.0 - 1e-12), (s * (1.0 + SIGMA) / CHEAP_LO + n * TINY) * (1.0 + 1e-12))
+}
+
+/// One row and its kernels, with the constants of its mass.
+pub(crate) struct RowMass<'a, V: RowValues + ?Sized> {
+    pub k: &'a Kernels,
+    pub dk: &'a DtypeKernels<V::E>,
+    pub v: &'a V,
+    pub n: usize,
+    pub m: f32,
+    pub inv_t: f32,
+    /// The filters' floor before this one (-inf: none).
+    pub floor: f32,
+    /// f32 mass constants (`cut` is set per call).
+    pub mp: MassParams,
+    pub lo64: f32,
+    /// The floor keeps every token with `t >= T_MIN`.
+    unmasked: bool,
+}
+
+impl<'a, V: RowValues + ?Sized> RowMass<'a, V> {
+    /// `None` when `inv_t * log2 e` overflows f32 (then only the f64 paths apply).
+    pub(crate) fn new(k: &'a Kernels, v: &'a V, m: f32, inv_t: f32, floor: f32) -> Option<Self> {
+        let c = exp2_scale(inv_t)?;
+        let lo = mass_lo(m, c, floor);
+        let mp = MassParams { m, c, lo, cut: f32::INFINITY };
+        let lo64 = mass_lo64(m, inv_t, floor);
+        let unmasked = floor == f32::NEG_INFINITY || floor <= mass_lo(m, c, f32::NEG_INFINITY);
+        Some(RowMass { k, dk: V::kernels(k), v, n: v.n(), m, inv_t, floor, mp, lo64, unmasked })
+    }
+
+    /// Per-block f32 masses of the tokens `x < cut` into `out` (blocks whose maximum in `bmax`
+    /// is below `lo` are skipped); their sum.
+    pub(crate) fn blocks(&self, bmax: &[f32], kind: MassKind, cut: f32, out: &mut Vec<f64>) -> f64 {
+        out.clear();
+        out.resize(self.n.div_ceil(BLOCK), 0.0);
+        let mp = MassParams { cut, ..self.mp };
+        // SAFETY: the row has n values; out has one slot per block, bmax as many or none.
+        unsafe { (self.dk.mass)(self.v.ptr(), self.n, bmax, mp, kind, out) };
+        sum(out)
+    }
+
+    /// Exact (f64) mass of the tokens `floor <= x < cut`, block by block as in `blocks`.
+    pub(crate) fn exact(&self, bmax: &[f32], cut: f32) -> f64 {
+        let mut out = vec![0.0; self.n.div_ceil(BLOCK)];
+        let p = Mass64Params { m: self.m as f64, s: self.inv_t as f64, lo: self.lo64, cut };
+        // SAFETY: as in `blocks`.
+        unsafe { (self.dk.mass64)(self.v.ptr(), self.n, bmax, p, &mut out) };
+        sum(&out)
+    }
+
+    /// Whether the kept tokens are exactly those with `t >= T_MIN` (no floor above it), so that
+    /// the kernels without a mask apply.
+    pub(crate) fn unmasked(&self) -> bool {
+        self.unmasked
+    }
+
+    /// Tokens the bounds must allow for: the row, and the padding of its last block.
+    pub(crate) fn count(&self) -> usize {
+        self.n + BLOCK
+    }
+
+    /// The f32-exp mass of the kept tokens of block `b` (bounds: `exp_bounds` of `BLOCK` tokens).
+    pub(crate) fn exp_block(&self, b: usize) -> f64 {
+        let start = b * BLOCK;
+        let len = BLOCK.min(self.n - start);
+        let mut out = [0.0];
+        let kind = if self.unmasked() { MassKind::ExpAll } else { MassKind::Exp };
+        // SAFETY: the block lies inside the row.
+        unsafe { (self.dk.mass)(self.v.ptr().add(start), len, &[], self.mp, kind, &mut out) };
+        out[0]
+    }
+
+    /// The f32-exp mass of every kept token, with its error bounds: the logprob normaliser.
+    pub(crate) fn z_exp(&self) -> (f64, (f64, f64)) {
+        let mut out = Vec::new();
+        let kind = if self.unmasked() { MassKind::ExpAll } else { MassKind::Exp };
+        let s = self.blocks(&[], kind, f32::INFINITY, &mut out);
+        (s, exp_bounds(s, self.count()))
+    }
+
+    /// Exact f64 weights of `xs`.
+    pub(crate) fn weights(&self, xs: &[f32]) -> Vec<f64> {
+        let mut ws = vec![0.0; xs.len()];
+        // SAFETY: the level is supported.
+        unsafe { (self.k.weights64)(xs, self.m as f64, self.inv_t as f64, &mut ws) };
+        ws
+    }
+}
+
+/// Test seams: the mass kernels of a level on one row.
+#[cfg(feature = "internals")]
+pub mod hooks {
+    use super::*;
+    use crate::kernels::{kernels, SimdLevel};
+    use crate::Logits;
+
+    /// The kernels' constants for a row: (c, lo, lo64), or None if `c` overflows.
+    pub fn consts(m: f32, inv_t: f32, floor: f32) -> Option<(f32, f32, f32)> {
+        let c = exp2_scale(inv_t)?;
+        Some((c, mass_lo(m, c, floor), mass_lo64(m, inv_t, floor)))
+    }
+
+    /// 2^t for `-125 <= t <= 0`, as every kernel computes it (one lane).
+    pub fn exp2(t: f32) -> f32 {
+        crate::kernels::generic::exp2_neg::<crate::kernels::simd::Scalar>(t)
+    }
+
+    /// exp(a) for `-700 <= a <= 0`, as the f64 kernels compute it.
+    pub fn exp64(a: f64) -> f64 {
+        crate::kernels::generic::exp64(a)
+    }
+
+    pub fn exp_bounds(s: f64, count: usize) -> (f64, f64) {
+        super::exp_bounds(s, count)
+    }
+
+    pub fn cheap_bounds(s: f64, count: usize) -> (f64, f64) {
+        super::cheap_bounds(s, count)
+    }
+
+    /// Per-token f32 weights of an f32 row (`exp2((x - m) * c)` for `lo <= x < cut`, else 0).
+    pub fn weights(level: SimdLevel, x: &[f32], m: f32, c: f32, lo: f32, cut: f32) -> Vec<f32> {
+        let mut out = vec![0f32; x.len()];
+        let mp = MassParams { m, c, lo, cut };
+        // SAFETY: x and out have x.len() values; the level is supported (kernels() checks).
+        unsafe { (kernels(level).f32.mass_weights)(x.as_ptr(), x.len(), mp, out.as_mut_ptr()) };
+        out
+    }
+
+    /// Per-block masses of a row: kind 0 exp, 1 exp below `cut`, 2 cheap below `cut`, 3 exp
+    /// and 4 cheap of every token (no mask: `lo` and `cut` unused).
+    #[allow(clippy::too_many_arguments)]
+    pub fn blocks(level: SimdLevel, x: Logits, m: f32, c: f32, lo: f32, cut: f32, kind: u8) -> Vec<f64> {
+        let kind =
+            [MassKind::Exp, MassKind::ExpCut, MassKind::CheapCut, MassKind::ExpAll, MassKind::CheapAll][kind as usize];
+        let mp = MassParams { m, c, lo, cut };
+        let k = kernels(level);
+        let n = x.len();
+        let mut out = vec![0f64; n.div_ceil(BLOCK)];
+        // SAFETY: as above.
+        unsafe {
+            match x {
+                Logits::F32(s) => (k.f32.mass)(s.as_ptr(), n, &[], mp, kind, &mut out),
+                Logits::Bf16(s) => (k.bf16.mass)(s.as_ptr(), n, &[], mp, kind, &mut out),
+                Logits::F16(s) => (k.f16.mass)(s.as_ptr(), n, &[], mp, kind, &mut out),
+            }
+        };
+        out
+    }
+
+    /// The mass-and-gather kernel on an f32 row: per-block exp masses of `lo <= x < cut`, and the
+    /// values `>= cut`; then the same from the separate kernels (mass of kind 1, gather).
+    #[allow(clippy::type_complexity)]
+    pub fn mass_gather(
+        level: SimdLevel,
+        x: &[f32],
+        m: f32,
+        c: f32,
+        lo: f32,
+        cut: f32,
+    ) -> ((Vec<f64>, Vec<f32>), (Vec<f64>, Vec<f32>)) {
+        let k = kernels(level);
+        let mp = MassParams { m, c, lo, cut };
+        let bmax: Vec<f32> =
+            x.chunks(BLOCK).map(|b| b.iter().fold(f32::NEG_INFINITY, |a, &v| if v > a { v } else { a })).collect();
+        let (mut out, mut xs) = (vec![0f64; bmax.len()], Vec::new());
+        // SAFETY: as above.
+        unsafe { (k.f32.mass_gather)(x.as_ptr(), x.len(), &bmax, mp, &mut out, &mut xs) };
+        let (mut out2, mut xs2) = (vec![0f64; bmax.len()], Vec::new());
+        // SAFETY: as above.
+        unsafe {
+            (k.f32.mass)(x.as_ptr(), x.len(), &bmax, mp, MassKind::ExpCut, &mut out2);
+            (k.f32.gather_ge)(x.as_ptr(), x.len(), &bmax, cut, &mut xs2);
+        }
+        ((out, xs), (out2, xs2))
+    }
+
+    /// Per-block f64 masses of an f32 row (tokens `lo <= x < cut`).
+    pub fn blocks64(level: SimdLevel, x: &[f32], m: f32, inv_t: f32, lo: f32, cut: f32) -> Vec<f64> {
+        let p = Mass64Params { m: m as f64, s: inv_t as f64, lo, cut };
+        let mut out = vec![0f64; x.len().div_ceil(BLOCK)];
+        // SAFETY: as above.
+        unsafe { (kernels(level).f32.mass64)(x.as_ptr(), x.len(), &[], p, &mut out) };
+        out
+    }
+}

@@ -1,0 +1,100 @@
+//! Planning a draw call: what each row does and where its noise comes from, decided on the
+//! calling thread before any row is drawn.
+//!
+//! Unseeded sampling rows take their keys from the sampler's stream (or their rows of one pool
+//! lease) in row order, one per row, so a row's token never depends on how the rows are later
+//! spread over threads or on the SIMD level.
+
+use crate::batch::{inv_temperature, Batch};
+use crate::config::NoiseKind;
+use crate::draw::RowPlan;
+use crate::error::Result;
+use crate::kernels::ExtKind;
+use crate::noise::pool::{Lease, Pool};
+use crate::noise::{seeded_row_key, KeyStream};
+use crate::row::RaceNoise;
+
+/// How many rows of a call took each path (for the sampler's counters).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RowCounts {
+    pub greedy: u64,
+    pub seeded: u64,
+    pub external: u64,
+    /// Unseeded sampling rows on inline noise of the key stream.
+    pub inline: u64,
+    /// Unseeded sampling rows on pool noise.
+    pub pool: u64,
+}
+
+/// A planned call: one plan per row, and the pool lease whose rows the plans point into (it
+/// must outlive the draw, and is released when the plan is dropped).
+pub(crate) struct Plan {
+    pub rows: Vec<RowPlan>,
+    pub counts: RowCounts,
+    _lease: Option<Lease>,
+}
+
+pub(crate) fn ext_kind(kind: NoiseKind) -> ExtKind {
+    match kind {
+        NoiseKind::Exp => ExtKind::Exp,
+        NoiseKind::LogExp => ExtKind::LogExp,
+    }
+}
+
+/// Plans every row of a validated `batch`: rows with `T < greedy_below` are greedy; seeded rows
+/// key their own noise; unseeded rows take the batch's external noise, else one row each of a
+/// single lease of `pool`, else one key each of `keys`. Fails only when the pool does.
+pub(crate) fn plan(batch: &Batch, greedy_below: f32, keys: &KeyStream, pool: Option<&Pool>) -> Result<Plan> {
+    let mut rows = Vec::with_capacity(batch.rows);
+    let mut unseeded = Vec::new();
+    let mut counts = RowCounts::default();
+    for r in 0..batch.rows {
+        let t = batch.temperature(r);
+        if t < greedy_below {
+            counts.greedy += 1;
+            rows.push(RowPlan::Greedy);
+            continue;
+        }
+        let noise = if let Some((seed, offset)) = batch.seed_of(r) {
+            counts.seeded += 1;
+            RaceNoise::Inline(seeded_row_key(seed, offset))
+        } else if let Some(n) = &batch.noise {
+            counts.external += 1;
+            // In bounds: `validate` checked the noise span of every row.
+            RaceNoise::External(n.values[r * n.row_stride..].as_ptr(), ext_kind(n.kind))
+        } else {
+            unseeded.push(r);
+            RaceNoise::Inline(0) // keyed below, in row order
+        };
+        rows.push(RowPlan::Sample { inv_t: inv_temperature(t), noise });
+    }
+    let mut lease = None;
+    match pool {
+        Some(pool) if !unseeded.is_empty() => {
+            let l = pool.borrow(unseeded.len()).map_err(|e| {
+                let message = format!("noise pool: {}", e.message);
+                crate::error::Error { message, ..e }
+            })?;
+            for (i, &r) in unseeded.iter().enumerate() {
+                set_noise(&mut rows[r], RaceNoise::External(l.row(i).as_ptr(), ext_kind(l.kind())));
+            }
+            counts.pool = unseeded.len() as u64;
+            lease = Some(l);
+        }
+        _ => {
+            let mut row_keys = vec![0u64; unseeded.len()];
+            keys.next_keys(&mut row_keys);
+            for (&r, &key) in unseeded.iter().zip(&row_keys) {
+                set_noise(&mut rows[r], RaceNoise::Inline(key));
+            }
+            counts.inline = unseeded.len() as u64;
+        }
+    }
+    Ok(Plan { rows, counts, _lease: lease })
+}
+
+fn set_noise(plan: &mut RowPlan, noise: RaceNoise) {
+    if let RowPlan::Sample { noise: n, .. } = plan {
+        *n = noise;
+    }
+}

@@ -1,0 +1,126 @@
+//! One row of logits, whatever its dtype: the single place the dtype is erased.
+//!
+//! [`with_row!`] matches the batch's [`Logits`](crate::batch::Logits) once and runs its body
+//! with the row as a `&[E]` for the concrete element type, so everything below it (the race,
+//! the filters, the logprobs) is monomorphised per dtype and reaches its kernels through
+//! [`RowValues`].
+
+use crate::kernels::simd::Elem;
+use crate::kernels::{Best, Bf16, BlockNoise, DtypeKernels, ExtKind, Kernels, RaceParams, F16};
+
+/// A row's values as f32, and the kernels of its dtype. Every kernel call goes through here, so
+/// the bounds that make the calls safe are checked in one place.
+pub(crate) trait RowValues {
+    type E: Elem;
+    fn n(&self) -> usize;
+    /// The value at `i`, as f32.
+    fn at(&self, i: usize) -> f32;
+    fn ptr(&self) -> *const Self::E;
+    /// The kernels of this dtype in `k`.
+    fn kernels(k: &Kernels) -> &DtypeKernels<Self::E>;
+
+    /// Block maxima of elements `[start, start + len)` into `bmax` (one per block); whether any
+    /// was NaN.
+    fn scan(&self, k: &Kernels, start: usize, len: usize, bmax: &mut [f32]) -> bool {
+        assert!(start + len <= self.n() && bmax.len() >= len.div_ceil(crate::kernels::BLOCK));
+        // SAFETY: the range lies inside the row and `bmax` has a slot per block of it (checked
+        // above); `k` is the table of a supported level.
+        unsafe { (Self::kernels(k).scan)(self.ptr().add(start), len, bmax) }
+    }
+
+    /// The first index in `[start, end)` whose value is `target`.
+    fn find_first(&self, k: &Kernels, start: usize, end: usize, target: f32) -> Option<usize> {
+        assert!(start <= end && end <= self.n());
+        // SAFETY: as in `scan`.
+        unsafe { (Self::kernels(k).find_first)(self.ptr(), start, end, target) }
+    }
+
+    /// The best key of the race over elements `[start, start + len)`, whose block maxima are
+    /// `bmax`, with the row's noise.
+    fn race(&self, k: &Kernels, start: usize, len: usize, bmax: &[f32], p: RaceParams, noise: RaceNoise) -> Best {
+        assert!(start + len <= self.n() && bmax.len() >= len.div_ceil(crate::kernels::BLOCK));
+        let row = self.ptr();
+        let dk = Self::kernels(k);
+        match noise {
+            RaceNoise::Inline(key) => BLOCK_NOISE.with(|b| {
+                // SAFETY: as in `scan`; the scratch is this thread's.
+                unsafe { (dk.race_inline)(row.add(start), len, bmax, p, key, start, &mut b.borrow_mut()) }
+            }),
+            // SAFETY: as in `scan`; the noise row holds `n` values (checked by `validate`, or a
+            // pool lease of the row's length).
+            RaceNoise::External(values, kind) => unsafe {
+                (dk.race_external)(row.add(start), values.add(start), len, p, kind, start)
+            },
+        }
+    }
+}
+
+/// The noise a race reads: the counter-based noise of a row key, or one value per token.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum RaceNoise {
+    Inline(u64),
+    /// `n` values of this kind, valid for the draw call (the caller's noise or a pool lease).
+    External(*const f32, ExtKind),
+}
+
+// SAFETY: the values behind an external pointer outlive the draw call that uses them (the
+// caller's noise, or the plan's own pool lease) and are only read, from any thread.
+unsafe impl Send for RaceNoise {}
+unsafe impl Sync for RaceNoise {}
+
+thread_local! {
+    /// Block noise of the race running on this thread.
+    static BLOCK_NOISE: std::cell::RefCell<Vec<BlockNoise>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `RowValues` for a slice of one dtype: `$table` is its field in `Kernels`, `$to_f32` its
+/// conversion.
+macro_rules! impl_row_values {
+    ($elem:ty, $table:ident, |$x:ident| $to_f32:expr) => {
+        impl RowValues for [$elem] {
+            type E = $elem;
+            #[inline(always)]
+            fn n(&self) -> usize {
+                self.len()
+            }
+            #[inline(always)]
+            fn at(&self, i: usize) -> f32 {
+                let $x = self[i];
+                $to_f32
+            }
+            fn ptr(&self) -> *const $elem {
+                self.as_ptr()
+            }
+            fn kernels(k: &Kernels) -> &DtypeKernels<$elem> {
+                &k.$table
+            }
+        }
+    };
+}
+impl_row_values!(f32, f32, |x| x);
+impl_row_values!(Bf16, bf16, |x| x.to_f32());
+impl_row_values!(F16, f16, |x| x.to_f32());
+
+/// Runs `$body` with `$v` bound to row `$r` of `$batch` as a `&[E]` of its dtype (monomorphised
+/// per dtype): `with_row!(batch, r, |v| ...)`.
+macro_rules! with_row {
+    ($batch:expr, $r:expr, |$v:ident| $body:expr) => {{
+        let start = $r * $batch.row_stride;
+        let end = start + $batch.vocab;
+        match $batch.logits {
+            $crate::batch::Logits::F32(s) => {
+                let $v = &s[start..end];
+                $body
+            }
+            $crate::batch::Logits::Bf16(s) => {
+                let $v = &s[start..end];
+                $body
+            }
+            $crate::batch::Logits::F16(s) => {
+                let $v = &s[start..end];
+                $body
+            }
+        }
+    }};
+}
+pub(crate) use with_row;
