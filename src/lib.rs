@@ -13,12 +13,17 @@
 //! [`Error`]. The `internals` feature exposes test and benchmark seams; it is not part of the
 //! supported API.
 
+// Every unsafe operation sits in its own `unsafe` block, with the contract it relies on next to
+// it (`// SAFETY:`), also inside `unsafe fn`s.
+#![deny(unsafe_op_in_unsafe_fn)]
+
 mod batch;
 mod config;
 mod draw;
 mod error;
 mod ffi;
 mod filter;
+#[allow(unsafe_op_in_unsafe_fn)] // until the kernels tree is converted
 mod kernels;
 mod logprob;
 mod mass;
