@@ -35,10 +35,6 @@ from ._errors import ClosedError, check
 _STATS_FIELDS = ("rows_produced", "rows_borrowed", "borrows_waited", "wait_ns", "inline_rows",
                  "rows_skipped")
 
-# The TOKENRACE_POOL_TIMEOUT_MS range of docs/configuration.md (the struct path of the library
-# does not check it; an out-of-range value would overflow the deadline of a BLOCK borrow).
-_TIMEOUT_MS_MAX = 3_600_000
-
 
 def _free_pool(ptr):
     _ffi.lib().tokenrace_pool_free(ptr)
@@ -192,7 +188,8 @@ class NoisePool(_Closable):
         if not isinstance(policy, _Default):
             cfg.policy = _choice("policy", policy, _ffi.POOL_POLICY_NAMES)
         if timeout_ms is not None:
-            cfg.timeout_ms = _unsigned("timeout_ms", timeout_ms, 64, high=_TIMEOUT_MS_MAX)
+            # The range is the library's (PoolConfig::validate), as for every other setting.
+            cfg.timeout_ms = _unsigned("timeout_ms", timeout_ms, 64)
         ptr = _ffi.pool_p()
         check(lib.tokenrace_pool_new(byref(cfg), byref(ptr)))
         self._handle = _PoolHandle(ptr)
