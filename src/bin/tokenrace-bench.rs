@@ -2,7 +2,7 @@
 //! of the same logits measured in the same run (these machines are shared and noisy, so only
 //! ratios measured together mean anything).
 //!
-//! cargo run --release --bin tokenrace-bench -- [--quick] [--json FILE] [--threads 1,2]
+//! TOKENRACE_SIMD=avx2 cargo run --release --features internals --bin tokenrace-bench -- [--quick] [--json FILE] [--threads 1,2]
 //!     [--rows 1,8,32] [--vocab 163840] [--dtype f32,bf16] [--profile peaked,flat]
 //!     [--path greedy,race-inline,...] [--placement hot,cold] [--reps N]
 //!
@@ -123,7 +123,7 @@ impl Data {
 }
 
 /// A sampler with an attached ln-E pool that holds enough ready rows for the whole timing.
-fn filled_pool_sampler(rows: usize, vocab: usize, threads: usize, reps: usize) -> Option<Sampler> {
+fn filled_pool_sampler(base: &Config, rows: usize, vocab: usize, threads: usize, reps: usize) -> Option<Sampler> {
     let cap = rows * (reps + 2);
     if cap * vocab * 4 > 1 << 30 {
         return None;
@@ -142,9 +142,8 @@ fn filled_pool_sampler(rows: usize, vocab: usize, threads: usize, reps: usize) -
     while pool.stats().rows_produced < cap as u64 && start.elapsed().as_secs() < 60 {
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
-    let s =
-        Sampler::new(Config { max_rows: rows.max(1), threads, seed: Some(1), vocab_size: vocab, ..Config::default() })
-            .ok()?;
+    let s = Sampler::new(Config { max_rows: rows.max(1), threads, seed: Some(1), vocab_size: vocab, ..base.clone() })
+        .ok()?;
     s.attach_pool(std::sync::Arc::new(pool)).ok()?;
     Some(s)
 }
@@ -170,7 +169,9 @@ fn time(reps: usize, batches: usize, mut f: impl FnMut(usize)) -> Vec<f64> {
 fn main() {
     let a = parse_args();
     let mut json = a.json.as_ref().map(|p| std::fs::File::create(p).expect("--json file"));
-    let level = best_level();
+    // TOKENRACE_SIMD picks the level (as for any sampler made from the environment).
+    let base = tokenrace::config_from_env().expect("TOKENRACE_* variables are valid").0;
+    let level = Sampler::new(Config { vocab_size: 0, ..base.clone() }).expect("the level is supported").simd_level();
     println!(
         "tokenrace-bench {} | SIMD {} | {} cores",
         VERSION,
@@ -232,13 +233,9 @@ fn main() {
                         }))
                         .0;
                         for &threads in &a.threads {
-                            let s = Sampler::new(Config {
-                                max_rows: rows.max(1),
-                                threads,
-                                seed: Some(1),
-                                ..Config::default()
-                            })
-                            .unwrap();
+                            let s =
+                                Sampler::new(Config { max_rows: rows.max(1), threads, seed: Some(1), ..base.clone() })
+                                    .unwrap();
                             // The same sampler with a pool attached, filled before timing so
                             // that every borrow finds its rows ready: this measures the draw on
                             // pool noise, not the pool's generation rate (examples/pool_rate.rs).
@@ -246,7 +243,7 @@ fn main() {
                                 .paths
                                 .iter()
                                 .any(|p| p == "race-pool")
-                                .then(|| filled_pool_sampler(rows, vocab, threads, a.reps))
+                                .then(|| filled_pool_sampler(&base, rows, vocab, threads, a.reps))
                                 .flatten();
                             let mut tokens = vec![0i32; rows];
                             let mut logprobs = vec![0f32; rows];
