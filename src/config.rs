@@ -389,12 +389,20 @@ pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<(Config, Poo
     Ok((cfg, pool))
 }
 
-/// The process environment, parsed once (on first use) and cached.
+/// The process environment, parsed once (on first use) and cached. A value that is not UTF-8 is
+/// an error naming the variable, like any other bad value.
 pub fn from_env() -> Result<(Config, PoolConfig)> {
     static PARSED: OnceLock<Result<(Config, PoolConfig)>> = OnceLock::new();
     PARSED
         .get_or_init(|| {
-            warn_unknown_vars();
+            for s in SETTINGS {
+                if std::env::var_os(s.var).is_some_and(|v| v.to_str().is_none()) {
+                    return Err(Error::invalid_config(format!(
+                        "{}: its value is not valid UTF-8; accepted values: {}",
+                        s.var, s.accepted
+                    )));
+                }
+            }
             from_vars(|name| std::env::var(name).ok())
         })
         .clone()
@@ -405,7 +413,9 @@ pub fn from_env() -> Result<(Config, PoolConfig)> {
 /// header test's rewrite switch, CI's s390x switch.
 const BINDING_VARS: &[&str] = &["TOKENRACE_LIBRARY", "TOKENRACE_LIB_DIR", "TOKENRACE_BLESS", "TOKENRACE_CI_S390X"];
 
-fn warn_unknown_vars() {
+/// Logs a warning for each `TOKENRACE_*` variable that is not a setting (a misspelt name would
+/// otherwise be ignored in silence). Called once the logger is installed, so the warning shows.
+pub(crate) fn warn_unknown_vars() {
     for (name, _) in std::env::vars_os() {
         let Some(name) = name.to_str() else { continue };
         if name.starts_with("TOKENRACE_") && !BINDING_VARS.contains(&name) && !SETTINGS.iter().any(|s| s.var == name) {

@@ -78,6 +78,7 @@ fn init_logging(level: LogLevel) {
             LogLevel::Trace => log::LevelFilter::Trace,
         };
         let _ = env_logger::Builder::new().filter_module("tokenrace", filter).try_init();
+        crate::config::warn_unknown_vars();
     });
 }
 

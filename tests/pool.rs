@@ -384,3 +384,29 @@ fn the_c_functions_work_and_free_with_a_lease_out_is_defined() {
         assert_eq!(tokenrace_pool_release(pool, &a), tokenrace_status::Ok);
     }
 }
+
+/// A lease given back to a pool it did not come from is refused (lease ids are unique across
+/// pools), and the lease stays out on its own pool until given back there.
+#[test]
+fn a_lease_of_another_pool_is_refused() {
+    unsafe {
+        let mut cfg = tokenrace_pool_config_default();
+        cfg.rows = 4;
+        cfg.vocab = 16;
+        let (mut a, mut b): (*mut tokenrace_pool, *mut tokenrace_pool) = (std::ptr::null_mut(), std::ptr::null_mut());
+        assert_eq!(tokenrace_pool_new(&cfg, &mut a), tokenrace_status::Ok);
+        assert_eq!(tokenrace_pool_new(&cfg, &mut b), tokenrace_status::Ok);
+        let (mut la, mut lb) = (lease_slot(), lease_slot());
+        assert_eq!(tokenrace_pool_borrow(a, 1, &mut la), tokenrace_status::Ok);
+        assert_eq!(tokenrace_pool_borrow(b, 1, &mut lb), tokenrace_status::Ok);
+        assert_ne!(la.id, lb.id, "lease ids are unique across pools");
+        assert_eq!(tokenrace_pool_release(b, &la), tokenrace_status::InvalidArgument);
+        let msg =
+            std::ffi::CStr::from_ptr(tokenrace::internals::api::tokenrace_last_error()).to_string_lossy().into_owned();
+        assert!(msg.contains("not a lease of this pool"), "{msg}");
+        assert_eq!(tokenrace_pool_release(a, &la), tokenrace_status::Ok);
+        assert_eq!(tokenrace_pool_release(b, &lb), tokenrace_status::Ok);
+        tokenrace_pool_free(a);
+        tokenrace_pool_free(b);
+    }
+}

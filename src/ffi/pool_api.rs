@@ -31,8 +31,11 @@ struct PoolHandle {
     owner: Mutex<Option<Arc<Pool>>>,
     shared: Arc<Shared>,
     leases: Mutex<HashMap<u64, Lease>>,
-    next_id: AtomicU64,
 }
+
+/// Lease ids, unique across every pool of the process: a lease given back to a pool it did not
+/// come from is not found there, and is refused.
+static NEXT_LEASE_ID: AtomicU64 = AtomicU64::new(1);
 
 fn pool_config_to_c(c: &PoolConfig) -> tokenrace_pool_config {
     tokenrace_pool_config {
@@ -116,7 +119,6 @@ pub unsafe extern "C" fn tokenrace_pool_new(
                 shared: pool.shared().clone(),
                 owner: Mutex::new(Some(pool)),
                 leases: Mutex::new(HashMap::new()),
-                next_id: AtomicU64::new(1),
             },
         });
         // SAFETY: `out` is writable (the caller's contract) and not NULL (checked).
@@ -195,7 +197,7 @@ pub unsafe extern "C" fn tokenrace_pool_borrow(
         unsafe { check_struct_size(out as *const tokenrace_pool_lease, "out") }?;
         let p = &handle.inner;
         let lease = p.shared.borrow(n_rows as usize)?;
-        let id = p.next_id.fetch_add(1, Relaxed);
+        let id = NEXT_LEASE_ID.fetch_add(1, Relaxed);
         let c = tokenrace_pool_lease {
             struct_size: size_of::<tokenrace_pool_lease>() as u32,
             kind: tokenrace_noise_kind::from(lease.kind()) as u32,

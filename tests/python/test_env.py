@@ -1,6 +1,8 @@
 """TOKENRACE_* variables fill in what the caller did not pass. The library reads the
 environment once per process, so each case runs in a fresh interpreter."""
 
+import json
+
 from conftest import run_python
 
 PROLOGUE = """
@@ -79,3 +81,42 @@ print(json.dumps({"seed": tokenrace.Sampler(100).seed, "tokens": tokenrace.Sampl
     r1, r2 = run_python(code), run_python(code)
     assert r1["seed"] is None
     assert r1["tokens"] != r2["tokens"]
+
+
+def _run_raw(code, env):
+    """Runs ``code`` in a fresh interpreter with ``env`` (bytes values allowed) added."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    full = dict(os.environb)
+    full.update({k.encode(): v if isinstance(v, bytes) else v.encode() for k, v in env.items()})
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+
+
+def test_a_value_that_is_not_utf8_is_an_error_naming_it():
+    done = _run_raw("""
+import json, tokenrace
+try:
+    tokenrace.Sampler(100)
+    print(json.dumps({"error": None}))
+except ValueError as e:
+    print(json.dumps({"error": str(e), "type": type(e).__name__}))
+""", {"TOKENRACE_MAX_ROWS": b"\xff3"})
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    res = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert res["error"] is not None, "a non-UTF-8 value must not be ignored"
+    assert "TOKENRACE_MAX_ROWS" in res["error"] and "UTF-8" in res["error"], res
+    assert res["type"] == "InvalidConfigError"
+
+
+def test_an_unknown_variable_is_warned_about():
+    done = _run_raw("""
+import tokenrace
+tokenrace.Sampler(100)
+print("{}")
+""", {"TOKENRACE_MAX_ROW": "3"})
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    err = done.stderr.decode(errors="replace")
+    assert "TOKENRACE_MAX_ROW is not a tokenrace setting" in err, err
