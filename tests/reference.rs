@@ -1,0 +1,800 @@
+//! The library against an independent float64 reference (`tests/reference/mod.rs`): plain loops
+//! over the rules of `docs/semantics.md`, noise construction included, with no call into the
+//! crate. Every SIMD level this machine has, 1 and 4 threads, f32/bf16/f16, vocabularies from 1
+//! to 200,000, temperatures 0 to 2, seeded, unseeded and external-noise rows, the filters, and
+//! every logprob output. Tokens must equal the reference except where its two best keys are
+//! within the documented relative gap of 1e-6 (counted, and only a handful may be); logprobs
+//! must be within the documented tolerance. The reference itself is checked against the
+//! distribution it must draw from.
+//!
+//! `cargo test --test reference -- --nocapture` prints the levels exercised and the counts.
+mod common;
+#[path = "reference/mod.rs"]
+mod reference;
+
+use common::{chi2, chi2_critical, softmax64, TestRng};
+use reference as rf;
+use tokenrace::*;
+
+/// The seed of every sampler's key stream (so the reference can follow the unseeded rows).
+const STREAM_SEED: u64 = 0x7eca_11ab_1e5e_ed00;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Dtype {
+    F32,
+    Bf16,
+    F16,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Dist {
+    Normal1,
+    Normal3,
+    /// N(0, 2) plus a few logits near 15.
+    Peaked,
+    /// A handful of values, many ties (the maximum included).
+    Ties,
+    /// N(0, 3) with about half the row masked to -inf.
+    Masked,
+    /// N(0, 3) with NaN sprinkled in.
+    WithNan,
+    /// N(0, 3) with one or two +inf.
+    PosInf,
+    AllNegInf,
+    /// NaN and -inf only (an empty row with NaN).
+    NanNegInf,
+    /// N(0, 300): keys far apart, logprobs in the thousands.
+    Huge,
+}
+
+const DISTS: [Dist; 10] = [
+    Dist::Normal1,
+    Dist::Normal3,
+    Dist::Peaked,
+    Dist::Ties,
+    Dist::Masked,
+    Dist::WithNan,
+    Dist::PosInf,
+    Dist::AllNegInf,
+    Dist::NanNegInf,
+    Dist::Huge,
+];
+
+/// Common distributions more often than the degenerate ones.
+fn pick_dist(rng: &mut TestRng) -> Dist {
+    let w = [4, 4, 6, 3, 3, 2, 1, 1, 1, 2];
+    let mut u = rng.below(w.iter().sum());
+    for (d, &wi) in DISTS.iter().zip(&w) {
+        if u < wi {
+            return *d;
+        }
+        u -= wi;
+    }
+    unreachable!()
+}
+
+fn gen_row(rng: &mut TestRng, dist: Dist, n: usize) -> Vec<f32> {
+    let normal = |rng: &mut TestRng, sd: f64| (0..n).map(|_| (rng.normal() * sd) as f32).collect::<Vec<f32>>();
+    match dist {
+        Dist::Normal1 => normal(rng, 1.0),
+        Dist::Normal3 => normal(rng, 3.0),
+        Dist::Peaked => {
+            let mut x = normal(rng, 2.0);
+            for _ in 0..1 + rng.below(5) {
+                let i = rng.below(n);
+                x[i] = (15.0 - rng.f64() * 3.0) as f32;
+            }
+            x
+        }
+        Dist::Ties => {
+            let levels = [0.0f32, 0.5, 1.0, 1.5, 2.0, 3.0];
+            let mut x: Vec<f32> = (0..n).map(|_| levels[rng.below(5)]).collect();
+            for _ in 0..1 + rng.below(3) {
+                let i = rng.below(n);
+                x[i] = 3.0; // ties at the maximum
+            }
+            x
+        }
+        Dist::Masked => {
+            let mut x = normal(rng, 3.0);
+            for v in x.iter_mut() {
+                if rng.below(2) == 0 {
+                    *v = f32::NEG_INFINITY;
+                }
+            }
+            x
+        }
+        Dist::WithNan => {
+            let mut x = normal(rng, 3.0);
+            for v in x.iter_mut() {
+                if rng.below(20) == 0 {
+                    *v = f32::NAN;
+                }
+            }
+            x
+        }
+        Dist::PosInf => {
+            let mut x = normal(rng, 3.0);
+            for _ in 0..1 + rng.below(2) {
+                let i = rng.below(n);
+                x[i] = f32::INFINITY;
+            }
+            x
+        }
+        Dist::AllNegInf => vec![f32::NEG_INFINITY; n],
+        Dist::NanNegInf => (0..n).map(|_| if rng.below(3) == 0 { f32::NAN } else { f32::NEG_INFINITY }).collect(),
+        Dist::Huge => normal(rng, 300.0),
+    }
+}
+
+/// One draw call and everything the reference needs to judge it.
+struct Case {
+    label: String,
+    vocab: usize,
+    rows: usize,
+    dists: Vec<Dist>,
+    /// The logits as the library reads them (after the dtype conversion), as f32.
+    x: Vec<f32>,
+    bf16: Vec<Bf16>,
+    f16: Vec<F16>,
+    dtype: Dtype,
+    temps: Vec<f32>,
+    seeds: Option<Vec<u64>>,
+    offsets: Vec<u64>,
+    seeded: Vec<u8>,
+    top_k: Option<Vec<i32>>,
+    top_p: Option<Vec<f32>>,
+    min_p: Option<Vec<f32>>,
+    /// External noise: values, kind, row stride (0: broadcast).
+    noise: Option<(Vec<f32>, NoiseKind, usize)>,
+    mode: LogprobMode,
+    top_n: usize,
+}
+
+impl Case {
+    fn logits(&self) -> Logits<'_> {
+        match self.dtype {
+            Dtype::F32 => Logits::F32(&self.x),
+            Dtype::Bf16 => Logits::Bf16(&self.bf16),
+            Dtype::F16 => Logits::F16(&self.f16),
+        }
+    }
+
+    fn batch(&self) -> Batch<'_> {
+        Batch {
+            temperature: Some(&self.temps),
+            seeds: self.seeds.as_deref(),
+            offsets: self.seeds.as_ref().map(|_| &self.offsets[..]),
+            seeded: self.seeds.as_ref().map(|_| &self.seeded[..]),
+            noise: self.noise.as_ref().map(|(v, kind, stride)| ExternalNoise {
+                values: v,
+                kind: *kind,
+                row_stride: *stride,
+            }),
+            top_k: self.top_k.as_deref(),
+            top_p: self.top_p.as_deref(),
+            min_p: self.min_p.as_deref(),
+            ..Batch::new(self.logits(), self.rows, self.vocab)
+        }
+    }
+
+    fn row(&self, r: usize) -> &[f32] {
+        &self.x[r * self.vocab..(r + 1) * self.vocab]
+    }
+
+    fn filters(&self, r: usize) -> rf::Filters {
+        rf::Filters {
+            top_k: self.top_k.as_ref().map_or(0, |v| v[r]),
+            top_p: self.top_p.as_ref().map_or(1.0, |v| v[r]),
+            min_p: self.min_p.as_ref().map_or(0.0, |v| v[r]),
+        }
+    }
+
+    fn is_seeded(&self, r: usize) -> bool {
+        self.seeds.is_some() && self.seeded[r] != 0
+    }
+
+    fn describe_row(&self, r: usize) -> String {
+        let seed = if self.is_seeded(r) {
+            let s = self.seeds.as_ref().unwrap()[r];
+            format!("seed {s:#x} offset {}", self.offsets[r])
+        } else {
+            "unseeded".to_string()
+        };
+        let noise = match &self.noise {
+            Some((_, kind, stride)) if !self.is_seeded(r) => format!("external {kind:?} stride {stride}"),
+            _ => "inline".to_string(),
+        };
+        format!(
+            "{}: row {r} of {} x {} ({:?}, {:?}), T {}, {seed}, {noise}, filters {:?}, {:?}, top_n {}",
+            self.label,
+            self.rows,
+            self.vocab,
+            self.dtype,
+            self.dists[r],
+            self.temps[r],
+            self.filters(r),
+            self.mode,
+            self.top_n
+        )
+    }
+}
+
+fn make_case(rng: &mut TestRng, dtype: Dtype, index: usize, vocab: usize, rows: usize) -> Case {
+    let dists: Vec<Dist> = (0..rows).map(|_| pick_dist(rng)).collect();
+    let mut x: Vec<f32> = Vec::with_capacity(rows * vocab);
+    for &d in &dists {
+        x.extend(gen_row(rng, d, vocab));
+    }
+    let bf16: Vec<Bf16> =
+        if dtype == Dtype::Bf16 { x.iter().map(|&v| Bf16::from_f32(v)).collect() } else { Vec::new() };
+    let f16: Vec<F16> = if dtype == Dtype::F16 { x.iter().map(|&v| F16::from_f32(v)).collect() } else { Vec::new() };
+    match dtype {
+        Dtype::F32 => {}
+        Dtype::Bf16 => x = bf16.iter().map(|v| v.to_f32()).collect(),
+        Dtype::F16 => x = f16.iter().map(|v| v.to_f32()).collect(),
+    }
+    // T = 0 (greedy) one row in six.
+    let temps: Vec<f32> = (0..rows).map(|_| [0.0f32, 0.3, 0.3, 1.0, 1.0, 2.0][rng.below(6)]).collect();
+    let with_seeds = rng.below(3) != 0;
+    let seeds = with_seeds.then(|| (0..rows).map(|_| rng.u64()).collect::<Vec<u64>>());
+    let offsets: Vec<u64> = (0..rows).map(|_| rng.u64() % 100_000).collect();
+    let seeded: Vec<u8> = (0..rows).map(|_| (rng.below(2) == 0) as u8).collect();
+    let filtered = rng.below(2) == 0;
+    let mut top_k = None;
+    let mut top_p = None;
+    let mut min_p = None;
+    if filtered {
+        let ks = [0i32, 0, 1, 2, 5, 40, 1000, vocab as i32, -3];
+        let ps = [1.0f32, 1.0, 0.3, 0.8, 0.95, 0.999];
+        let mps = [0.0f32, 0.0, 0.02, 0.1, 0.5, 1.0];
+        if rng.below(3) != 0 {
+            top_k = Some((0..rows).map(|_| ks[rng.below(ks.len())]).collect());
+        }
+        if rng.below(3) != 0 {
+            top_p = Some((0..rows).map(|_| ps[rng.below(ps.len())]).collect());
+        }
+        if rng.below(3) != 0 {
+            min_p = Some((0..rows).map(|_| mps[rng.below(mps.len())]).collect());
+        }
+    }
+    let noise = match rng.below(3) {
+        0 => None,
+        k => {
+            let kind = if k == 1 { NoiseKind::Exp } else { NoiseKind::LogExp };
+            let stride = if rng.below(4) == 0 { 0 } else { vocab };
+            let count = if stride == 0 { vocab } else { rows * vocab };
+            // One case in four also holds special values: 0, +inf, NaN, negative and subnormal E
+            // (-inf, +inf, NaN ln E).
+            let special = rng.below(4) == 0;
+            let values: Vec<f32> = (0..count)
+                .map(|_| {
+                    let e = rng.exp();
+                    if special && rng.below(500) == 0 {
+                        return match (kind, rng.below(5)) {
+                            (NoiseKind::Exp, 0) => 0.0,
+                            (NoiseKind::Exp, 1) => f32::INFINITY,
+                            (NoiseKind::Exp, 2) => f32::NAN,
+                            (NoiseKind::Exp, 3) => -1.0,
+                            (NoiseKind::Exp, _) => 1e-40,
+                            (NoiseKind::LogExp, 0) => f32::NEG_INFINITY,
+                            (NoiseKind::LogExp, 1) => f32::INFINITY,
+                            (NoiseKind::LogExp, _) => f32::NAN,
+                        };
+                    }
+                    if kind == NoiseKind::Exp {
+                        e as f32
+                    } else {
+                        e.ln() as f32
+                    }
+                })
+                .collect();
+            Some((values, kind, stride))
+        }
+    };
+    let mode = if index.is_multiple_of(2) { LogprobMode::Raw } else { LogprobMode::Processed };
+    let top_n = [0usize, 1, 3, 20][rng.below(4)].min(vocab);
+    Case {
+        label: format!("{dtype:?} case {index}"),
+        vocab,
+        rows,
+        dists,
+        x,
+        bf16,
+        f16,
+        dtype,
+        temps,
+        seeds,
+        offsets,
+        seeded,
+        top_k,
+        top_p,
+        min_p,
+        noise,
+        mode,
+        top_n,
+    }
+}
+
+/// The cases of one dtype: every vocabulary size, a few calls each, at most ~600K logits a call.
+fn cases(dtype: Dtype, seed: u64) -> Vec<Case> {
+    let mut rng = TestRng::new(seed);
+    let mut out = Vec::new();
+    let plan: &[(usize, usize, usize)] = &[
+        // (vocab, calls, rows)
+        (1, 8, 8),
+        (2, 8, 8),
+        (3, 8, 8),
+        (7, 12, 12),
+        (16, 12, 12),
+        (100, 16, 16),
+        (255, 16, 16),
+        (256, 16, 16),
+        (257, 16, 16),
+        (513, 16, 16),
+        (1000, 20, 16),
+        (2048, 6, 64),
+        (4099, 16, 12),
+        (32000, 10, 6),
+        (50257, 6, 4),
+        (131_072, 4, 2),
+        (151_936, 6, 2),
+        (200_000, 4, 1),
+    ];
+    for &(vocab, calls, rows) in plan {
+        for _ in 0..calls {
+            let r = 1 + rng.below(rows);
+            let index = out.len();
+            out.push(make_case(&mut rng, dtype, index, vocab, r));
+        }
+    }
+    out
+}
+
+/// What the library returned for one call.
+struct Got {
+    tokens: Vec<i32>,
+    flags: Vec<u32>,
+    lps: Vec<f32>,
+    ranks: Vec<i32>,
+    ids: Vec<i32>,
+    tlps: Vec<f32>,
+}
+
+fn run_library(s: &Sampler, case: &Case) -> Got {
+    let rows = case.rows;
+    let mut g = Got {
+        tokens: vec![-1; rows],
+        flags: vec![u32::MAX; rows],
+        lps: vec![f32::NAN; rows],
+        ranks: vec![-1; rows],
+        ids: vec![-1; rows * case.top_n],
+        tlps: vec![f32::NAN; rows * case.top_n],
+    };
+    let want_topn = case.top_n > 0;
+    let mut out = Output {
+        flags: Some(&mut g.flags),
+        logprobs: Some(&mut g.lps),
+        ranks: Some(&mut g.ranks),
+        top_n: case.top_n,
+        topn_ids: want_topn.then_some(&mut g.ids[..]),
+        topn_logprobs: want_topn.then_some(&mut g.tlps[..]),
+        logprob_mode: case.mode,
+        ..Output::new(&mut g.tokens)
+    };
+    s.draw(&case.batch(), &mut out).unwrap_or_else(|e| panic!("{}: the call failed: {e:?}", case.label));
+    g
+}
+
+#[derive(Default)]
+struct Counts {
+    calls: usize,
+    rows: usize,
+    raced: usize,
+    near_ties: usize,
+    ambiguous: usize,
+    lp_checked: usize,
+    rank_wide: usize,
+    /// Rows by noise: seeded, the sampler's key stream, external E, external ln E.
+    noise: [usize; 4],
+    /// Raced rows whose filters dropped tokens.
+    filtered: usize,
+    greedy: usize,
+    nonfinite: usize,
+    /// Calls that 4 threads split into vocabulary tiles, and calls they spread by rows.
+    tiled: usize,
+    spread: usize,
+}
+
+fn choice_of(level: SimdLevel) -> SimdChoice {
+    match level {
+        SimdLevel::Scalar => SimdChoice::Scalar,
+        SimdLevel::Portable => SimdChoice::Portable,
+        SimdLevel::Avx2 => SimdChoice::Avx2,
+        SimdLevel::Avx512 => SimdChoice::Avx512,
+    }
+}
+
+/// Every (level, threads) this machine runs, with a sampler each, all on the same key stream.
+fn samplers() -> Vec<(SimdLevel, usize, Sampler)> {
+    let mut out = Vec::new();
+    for level in supported_levels() {
+        for threads in [1usize, 4] {
+            let cfg = Config {
+                simd: choice_of(level),
+                seed: Some(STREAM_SEED),
+                max_rows: 4096,
+                threads,
+                ..Config::default()
+            };
+            let s = Sampler::new(cfg).unwrap();
+            assert_eq!(s.simd_level(), level);
+            out.push((level, threads, s));
+        }
+    }
+    out
+}
+
+/// The reference's view of one row: its draw and every token's logprob.
+struct RowRef {
+    d: rf::Drawn,
+    lp: Vec<f64>,
+}
+
+fn reference_rows(case: &Case, greedy_below: f32, stream: &mut rf::KeyStream) -> Vec<RowRef> {
+    let mut out = Vec::with_capacity(case.rows);
+    for r in 0..case.rows {
+        let x = case.row(r);
+        let t = case.temps[r];
+        let sampling = t >= greedy_below;
+        let noise = if case.is_seeded(r) {
+            let seed = case.seeds.as_ref().unwrap()[r];
+            rf::Noise::Inline(rf::row_key(seed, case.offsets[r]))
+        } else if let Some((values, kind, stride)) = &case.noise {
+            let row = &values[r * stride..r * stride + case.vocab];
+            match kind {
+                NoiseKind::Exp => rf::Noise::Exp(row),
+                NoiseKind::LogExp => rf::Noise::LogExp(row),
+            }
+        } else if sampling {
+            // Unseeded sampling rows take the stream's next key, in row order.
+            rf::Noise::Inline(stream.next())
+        } else {
+            rf::Noise::Inline(0) // greedy: no noise, no key
+        };
+        let d = rf::draw(x, t, greedy_below, noise, case.filters(r));
+        let mode = if case.mode == LogprobMode::Raw { rf::Mode::Raw } else { rf::Mode::Processed };
+        let lp = rf::logprobs(x, &d, mode);
+        out.push(RowRef { d, lp });
+    }
+    out
+}
+
+fn check_call(
+    case: &Case,
+    refs: &[RowRef],
+    got: &Got,
+    level: SimdLevel,
+    threads: usize,
+    counts: &mut Counts,
+    first: bool,
+) {
+    let at = |r: usize| format!("{} [{} level, {threads} threads]", case.describe_row(r), level.name());
+    for (r, rr) in refs.iter().enumerate() {
+        let d = &rr.d;
+        let tok = got.tokens[r];
+        assert!((0..case.vocab as i32).contains(&tok), "{}: token {tok} out of range", at(r));
+        let tok = tok as usize;
+        assert_eq!(got.flags[r], d.flags, "{}: flags", at(r));
+        let processed = case.mode == LogprobMode::Processed && !d.greedy;
+        if first {
+            counts.rows += 1;
+            if d.gap.is_finite() {
+                counts.raced += 1;
+            }
+            counts.greedy += d.greedy as usize;
+            counts.nonfinite += (d.flags & (rf::HAS_POSINF | rf::EMPTY) != 0) as usize;
+            if !d.kept.is_empty() {
+                let finite = case.row(r).iter().filter(|v| v.is_finite()).count();
+                counts.filtered += (d.kept.iter().filter(|&&k| k).count() < finite) as usize;
+                let source = if case.is_seeded(r) {
+                    0
+                } else {
+                    match &case.noise {
+                        None => 1,
+                        Some((_, NoiseKind::Exp, _)) => 2,
+                        Some((_, NoiseKind::LogExp, _)) => 3,
+                    }
+                };
+                counts.noise[source] += 1;
+            }
+        }
+        if d.ambiguous {
+            // The filters' cut is within float64 rounding of a threshold: the token and the
+            // PROCESSED logprobs depend on it.
+            if first {
+                counts.ambiguous += 1;
+                eprintln!("skipped, filter cut within rounding: {}", at(r));
+            }
+            if processed {
+                continue;
+            }
+        } else if d.gap < rf::NEAR_TIE {
+            if first {
+                counts.near_ties += 1;
+                eprintln!("skipped near tie (gap {:.2e}, {} vs {}): {}", d.gap, d.token, d.runner_up, at(r));
+            }
+            assert!(
+                tok == d.token || tok == d.runner_up,
+                "{}: token {tok} is neither of the near-tied best two {} and {}",
+                at(r),
+                d.token,
+                d.runner_up
+            );
+        } else {
+            assert_eq!(
+                tok,
+                d.token,
+                "{}: expected token {} (gap to the runner-up {} is {:.3e}), got {tok}",
+                at(r),
+                d.token,
+                d.runner_up,
+                d.gap
+            );
+        }
+        // Logprobs, judged at the library's token (the same as the reference's outside near ties).
+        let want = rr.lp[tok];
+        assert!(
+            rf::lp_close(got.lps[r], want),
+            "{}: logprob of token {tok}: got {:e}, want {want:e}",
+            at(r),
+            got.lps[r]
+        );
+        let (lo, hi) = rf::rank_range(&rr.lp, tok);
+        let rank = got.ranks[r] as usize;
+        assert!(lo <= rank && rank <= hi, "{}: rank of token {tok}: got {rank}, want {lo}..={hi}", at(r));
+        if first {
+            counts.lp_checked += 1;
+            counts.rank_wide += (lo != hi) as usize;
+        }
+        let n = case.top_n;
+        if n > 0 {
+            let want_ids = rf::top_n(&rr.lp, n);
+            let ids = &got.ids[r * n..(r + 1) * n];
+            let tl = &got.tlps[r * n..(r + 1) * n];
+            for j in 0..n {
+                let id = ids[j];
+                assert!((0..case.vocab as i32).contains(&id), "{}: top-n id {id} out of range", at(r));
+                let id = id as usize;
+                let (a, b) = (rr.lp[id], rr.lp[want_ids[j]]);
+                assert!(
+                    rf::lp_close(tl[j], a),
+                    "{}: top-n entry {j}: id {id} has logprob {:e}, want {a:e}",
+                    at(r),
+                    tl[j]
+                );
+                assert!(
+                    id == want_ids[j] || a == b || (a - b).abs() <= rf::lp_tolerance(b),
+                    "{}: top-n entry {j}: got id {id} ({a:e}), want id {} ({b:e}); got {ids:?}, want {want_ids:?}",
+                    at(r),
+                    want_ids[j]
+                );
+                if j > 0 {
+                    let ordered = tl[j - 1] > tl[j] || (tl[j - 1] == tl[j] && ids[j - 1] < ids[j]);
+                    assert!(ordered, "{}: top-n entries {} and {j} out of order: {ids:?} {tl:?}", at(r), j - 1);
+                }
+            }
+        }
+    }
+}
+
+/// Runs every case of a dtype at every level and thread count against the reference.
+fn compare_dtype(dtype: Dtype, seed: u64) {
+    let started = std::time::Instant::now();
+    let cases = cases(dtype, seed);
+    let configs = samplers();
+    let greedy_below = configs[0].2.config().greedy_below;
+    assert_eq!(greedy_below, 1e-5, "the documented default greedy threshold");
+    let mut stream = rf::KeyStream::new(STREAM_SEED);
+    let mut counts = Counts::default();
+    let mut logits = 0usize;
+    for case in &cases {
+        let refs = reference_rows(case, greedy_below, &mut stream);
+        counts.calls += 1;
+        logits += case.rows * case.vocab;
+        // How 4 threads run the call (src/draw: calls under 64K logits stay on the caller; fewer
+        // rows than threads with a vocabulary of at least two 32K-logit tiles are tiled).
+        if case.rows * case.vocab >= 65_536 {
+            if case.rows < 4 && case.vocab >= 65_536 {
+                counts.tiled += 1;
+            } else {
+                counts.spread += 1;
+            }
+        }
+        for (c, (level, threads, s)) in configs.iter().enumerate() {
+            let got = run_library(s, case);
+            check_call(case, &refs, &got, *level, *threads, &mut counts, c == 0);
+        }
+    }
+    let levels: Vec<&str> = supported_levels().iter().map(|l| l.name()).collect();
+    eprintln!(
+        "reference {dtype:?}: levels {levels:?} x threads [1, 4]; {} calls, {} rows ({} logits), {} raced, \
+         {} near ties skipped, {} filter cuts within rounding, {} logprob rows ({} ranks with a tolerance window); \
+         sampling rows with a finite maximum by noise [seeded, stream, E, ln E] {:?}, {} of them filtered; \
+         {} greedy, {} +inf/empty rows; at 4 threads {} calls tiled, {} spread by rows; {:.1?}",
+        counts.calls,
+        counts.rows,
+        logits,
+        counts.raced,
+        counts.near_ties,
+        counts.ambiguous,
+        counts.lp_checked,
+        counts.rank_wide,
+        counts.noise,
+        counts.filtered,
+        counts.greedy,
+        counts.nonfinite,
+        counts.tiled,
+        counts.spread,
+        started.elapsed()
+    );
+    assert!(counts.raced * 2 > counts.rows, "too few raced rows: {} of {}", counts.raced, counts.rows);
+    // A test that skips everything tests nothing: a handful of near ties at most.
+    let allowed = 5.max(counts.raced / 500);
+    assert!(counts.near_ties <= allowed, "{} near ties of {} races skipped", counts.near_ties, counts.raced);
+    assert!(counts.ambiguous <= 2, "{} rows with a filter cut within rounding", counts.ambiguous);
+}
+
+#[test]
+fn f32_draws_and_logprobs_match_the_reference() {
+    compare_dtype(Dtype::F32, 101);
+}
+
+#[test]
+fn bf16_draws_and_logprobs_match_the_reference() {
+    compare_dtype(Dtype::Bf16, 202);
+}
+
+#[test]
+fn f16_draws_and_logprobs_match_the_reference() {
+    compare_dtype(Dtype::F16, 303);
+}
+
+#[test]
+fn greedy_and_nonfinite_rows_match_the_reference_exactly() {
+    // Small hand-made rows where every rule decides without a race.
+    let rows: Vec<(Vec<f32>, usize, u32)> = vec![
+        (vec![f32::NAN, f32::NEG_INFINITY, 3.0, f32::NAN], 2, rf::HAS_NAN),
+        (vec![0.0, f32::INFINITY, 5.0, f32::INFINITY], 1, rf::HAS_POSINF),
+        (vec![f32::NEG_INFINITY; 9], 0, rf::EMPTY),
+        (vec![f32::NAN, f32::NEG_INFINITY, f32::NAN], 0, rf::EMPTY | rf::HAS_NAN),
+        (vec![f32::NEG_INFINITY, -1e30, f32::NEG_INFINITY], 1, 0),
+    ];
+    let configs = samplers();
+    for (x, want, fl) in rows {
+        for t in [0.0f32, 1.0] {
+            let (seed, offset) = (11u64, 5u64);
+            let d = rf::draw(&x, t, 1e-5, rf::Noise::Inline(rf::row_key(seed, offset)), rf::Filters::OFF);
+            let greedy = if t == 0.0 { rf::GREEDY } else { 0 };
+            assert_eq!((d.token, d.flags), (want, fl | greedy), "reference on {x:?} at T {t}");
+            for (level, threads, s) in &configs {
+                let mut tok = [0i32];
+                let mut f = [0u32];
+                let b = Batch {
+                    temperature: Some(&[t]),
+                    seeds: Some(&[seed]),
+                    offsets: Some(&[offset]),
+                    ..Batch::new(Logits::F32(&x), 1, x.len())
+                };
+                s.draw(&b, &mut Output { flags: Some(&mut f), ..Output::new(&mut tok) }).unwrap();
+                assert_eq!(
+                    (tok[0] as usize, f[0]),
+                    (d.token, d.flags),
+                    "{level:?} {threads} threads on {x:?} at T {t}"
+                );
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The reference itself: its noise is Exp(1), and its draws follow softmax(x / T).
+// ---------------------------------------------------------------------------------------------
+
+/// 20 equiprobable bins of Exp(1) (edges -ln(1 - k/20)) of `scale * E`.
+fn exp_bins(values: &[f64], scale: f64) -> Vec<u64> {
+    let mut counts = vec![0u64; 20];
+    for &e in values {
+        let bin = ((1.0 - (-(e * scale)).exp()) * 20.0).floor().min(19.0) as usize;
+        counts[bin] += 1;
+    }
+    counts
+}
+
+#[test]
+fn reference_inline_noise_is_iid_exp1() {
+    let mut rng = TestRng::new(7);
+    let (keys, per_key) = (64, 16 * rf::BLOCK);
+    let mut all = Vec::with_capacity(keys * per_key);
+    let mut positions = vec![0u64; 16];
+    let (mut sxy, mut sx, mut sy, mut sxx, mut syy, mut pairs) = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    for _ in 0..keys {
+        let key = rng.u64();
+        let row: Vec<f64> = (0..per_key).map(|i| rf::inline_noise(key, i)).collect();
+        for block in row.chunks(rf::BLOCK) {
+            // The block minimum is the smallest value of its block, and its position is uniform.
+            let j = (0..rf::BLOCK).fold(0, |b, i| if block[i] < block[b] { i } else { b });
+            assert!(block.iter().enumerate().all(|(i, &v)| i == j || v > block[j]));
+            positions[j / 16] += 1;
+            for w in block.windows(2) {
+                (sx, sy, sxx, syy, sxy, pairs) =
+                    (sx + w[0], sy + w[1], sxx + w[0] * w[0], syy + w[1] * w[1], sxy + w[0] * w[1], pairs + 1.0);
+            }
+        }
+        all.extend(row);
+    }
+    let n = all.len() as f64;
+    let mean = all.iter().sum::<f64>() / n;
+    let var = all.iter().map(|e| (e - mean).powi(2)).sum::<f64>() / n;
+    // Exp(1): mean 1, variance 1 (the mean's standard error is 1/sqrt(n)).
+    assert!((mean - 1.0).abs() < 5.0 / n.sqrt(), "mean of E {mean}");
+    assert!((var - 1.0).abs() < 5.0 * (8.0 / n).sqrt(), "variance of E {var}");
+    let corr = (sxy / pairs - sx / pairs * sy / pairs)
+        / ((sxx / pairs - (sx / pairs).powi(2)).sqrt() * (syy / pairs - (sy / pairs).powi(2)).sqrt());
+    assert!(corr.abs() < 5.0 / pairs.sqrt(), "neighbouring values correlate: {corr}");
+    let crit = chi2_critical(19, 5.0);
+    let (stat, dof) = chi2(&exp_bins(&all, 1.0), &[0.05; 20]);
+    assert!(stat < chi2_critical(dof, 5.0), "E bins: chi-square {stat} on {dof} dof");
+    // The same test rejects noise 2% off in scale.
+    let (wrong, _) = chi2(&exp_bins(&all, 1.02), &[0.05; 20]);
+    assert!(wrong > crit, "the bin test cannot tell E from 1.02 E ({wrong} < {crit})");
+    let (stat, dof) = chi2(&positions, &[1.0 / 16.0; 16]);
+    assert!(stat < chi2_critical(dof, 5.0), "block minimum positions: chi-square {stat}");
+    eprintln!("reference noise: {n} values, mean {mean:.5}, variance {var:.5}, neighbour correlation {corr:.2e}");
+}
+
+/// Counts of `n` reference draws of `x` at `t` (seeded rows, one offset each).
+fn reference_counts(x: &[f32], t: f32, filters: rf::Filters, n: usize, seed: u64) -> Vec<u64> {
+    let mut counts = vec![0u64; x.len()];
+    for j in 0..n {
+        let d = rf::draw(x, t, 1e-5, rf::Noise::Inline(rf::row_key(seed, j as u64)), filters);
+        counts[d.token] += 1;
+    }
+    counts
+}
+
+#[test]
+fn reference_draws_follow_softmax_by_chi_square() {
+    let ninf = f32::NEG_INFINITY;
+    let x: Vec<f32> = vec![1.0, ninf, 0.5, 2.0, -1.0, 2.0, ninf, 0.0, -3.0, 1.5, 3.0, -0.5];
+    let n = 100_000;
+    for (k, &t) in [0.5f32, 1.0, 2.0].iter().enumerate() {
+        let counts = reference_counts(&x, t, rf::Filters::OFF, n, 1000 + k as u64);
+        let (stat, dof) = chi2(&counts, &softmax64(&x, t as f64));
+        let crit = chi2_critical(dof, 5.0);
+        assert!(stat < crit, "T {t}: chi-square {stat} >= {crit} on {dof} dof");
+        let (wrong, _) = chi2(&counts, &softmax64(&x, t as f64 * 1.05));
+        assert!(wrong > crit, "T {t}: the test cannot tell T from 1.05 T ({wrong} < {crit})");
+    }
+    // Several blocks: the block construction must not bias any position.
+    let mut rng = TestRng::new(8);
+    let wide: Vec<f32> = (0..700).map(|_| (rng.normal() * 2.0) as f32).collect();
+    let counts = reference_counts(&wide, 1.0, rf::Filters::OFF, 50_000, 2000);
+    let (stat, dof) = chi2(&counts, &softmax64(&wide, 1.0));
+    let crit = chi2_critical(dof, 5.0);
+    assert!(stat < crit, "700 tokens: chi-square {stat} >= {crit} on {dof} dof");
+    let (wrong, _) = chi2(&counts, &softmax64(&wide, 1.05));
+    assert!(wrong > crit, "700 tokens: the test cannot tell T from 1.05 T ({wrong} < {crit})");
+    // Filters: the race among the kept tokens, renormalised. top-k 2 keeps 3.0 and both 2.0 (ties
+    // stay); min-p 0.2 keeps w >= 0.2, i.e. x >= 3 + ln 0.2 = 1.39: 3.0, 2.0, 2.0, 1.5.
+    let only =
+        |keep: &[usize]| -> Vec<f32> { (0..x.len()).map(|i| if keep.contains(&i) { x[i] } else { ninf }).collect() };
+    for (filters, keep) in [
+        (rf::Filters { top_k: 2, ..rf::Filters::OFF }, vec![3usize, 5, 10]),
+        (rf::Filters { min_p: 0.2, ..rf::Filters::OFF }, vec![3, 5, 9, 10]),
+    ] {
+        let counts = reference_counts(&x, 1.0, filters, n, 3000);
+        let (stat, dof) = chi2(&counts, &softmax64(&only(&keep), 1.0));
+        assert!(stat < chi2_critical(dof, 5.0), "{filters:?}: chi-square {stat} on {dof} dof");
+    }
+}

@@ -1,0 +1,454 @@
+//! An independent float64 reference of what a draw returns, written from `docs/semantics.md` in
+//! plain loops. It calls nothing in the crate: the only things taken from the library's source are
+//! its constants (the hash's mixing constants and the block salts of `src/kernels/generic.rs`, the
+//! SplitMix64 constants of `src/noise/mod.rs`, the xoshiro256++ stream of `rand_xoshiro`); every
+//! rule is re-derived from the document. Integer hashing is integer; everything else is float64.
+//!
+//! Include it with `#[path = "reference/mod.rs"] mod reference;` (from `tests/reference.rs`) or
+//! `mod reference;` (from any other test file).
+#![allow(dead_code)]
+
+/// Tokens per block of the inline noise construction.
+pub const BLOCK: usize = 256;
+/// Block-stream salts (xored into the key's low word): the block minimum's value, its position.
+pub const SALT_MIN: u32 = 0x6d69_6e45;
+pub const SALT_POS: u32 = 0x706f_734a;
+/// The documented near-tie relative gap under which the library may pick the runner-up.
+pub const NEAR_TIE: f64 = 1e-6;
+/// The row flags of the documentation.
+pub const HAS_NAN: u32 = 1;
+pub const HAS_POSINF: u32 = 2;
+pub const EMPTY: u32 = 4;
+pub const GREEDY: u32 = 8;
+
+// ---------------------------------------------------------------------------------------------
+// Keys: seeded rows, and the stream that keys unseeded rows.
+// ---------------------------------------------------------------------------------------------
+
+/// SplitMix64's output function of `x` (the state after one step is `x + golden`).
+pub fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The key of a seeded row: a pure function of (seed, offset).
+pub fn row_key(seed: u64, offset: u64) -> u64 {
+    splitmix64(splitmix64(seed) ^ offset)
+}
+
+/// The sampler's key stream: xoshiro256++, its state filled by a SplitMix64 generator started at
+/// the sampler's seed (what `rand_xoshiro`'s `seed_from_u64` does).
+pub struct KeyStream {
+    s: [u64; 4],
+}
+
+impl KeyStream {
+    pub fn new(seed: u64) -> KeyStream {
+        let mut s = [0u64; 4];
+        let mut state = seed;
+        for word in s.iter_mut() {
+            *word = splitmix64(state);
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        }
+        KeyStream { s }
+    }
+
+    pub fn next(&mut self) -> u64 {
+        let s = &mut self.s;
+        let out = s[0].wrapping_add(s[3]).rotate_left(23).wrapping_add(s[0]);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        out
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Inline noise.
+// ---------------------------------------------------------------------------------------------
+
+/// One round of the 32-bit avalanche mix (a bijection).
+fn mix32(mut h: u32) -> u32 {
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xc2b2_ae35);
+    h ^ (h >> 16)
+}
+
+/// The 32-bit hash of counter `i` under the key words (`lo`, `hi`): two rounds of the mix.
+pub fn hash32(i: u32, lo: u32, hi: u32) -> u32 {
+    let h = i.wrapping_mul(0x9e37_79b9) ^ lo;
+    mix32(mix32(h).wrapping_add(hi))
+}
+
+/// The low and high 32-bit words of a row key.
+pub fn key_words(key: u64) -> (u32, u32) {
+    (key as u32, (key >> 32) as u32)
+}
+
+/// The own bits of token `i` of the row keyed by `key`.
+pub fn token_bits(key: u64, i: usize) -> u32 {
+    let (lo, hi) = key_words(key);
+    hash32(i as u32, lo, hi)
+}
+
+/// E = -ln U with U = (b + 0.5) 2^-32, in float64 (U is exact in float64).
+pub fn exp_of_bits(b: u32) -> f64 {
+    let u = (b as f64 + 0.5) / 4_294_967_296.0;
+    -u.ln()
+}
+
+/// The inline noise E of token `i` of the row keyed by `key`: in block `i / 256`, the block
+/// minimum `E(h1) / 256` sits at position `h2 >> 24`; every other token has the minimum plus the
+/// E of its own hash.
+pub fn inline_noise(key: u64, i: usize) -> f64 {
+    let (lo, hi) = key_words(key);
+    let block = (i / BLOCK) as u32;
+    let h1 = hash32(block, lo ^ SALT_MIN, hi);
+    let h2 = hash32(block, lo ^ SALT_POS, hi);
+    let e_min = exp_of_bits(h1) / BLOCK as f64;
+    if (i % BLOCK) as u32 == h2 >> 24 {
+        e_min
+    } else {
+        e_min + exp_of_bits(token_bits(key, i))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One row.
+// ---------------------------------------------------------------------------------------------
+
+/// Where a sampling row's noise comes from.
+#[derive(Clone, Copy, Debug)]
+pub enum Noise<'a> {
+    /// Inline noise of this row key.
+    Inline(u64),
+    /// External E values, one per token.
+    Exp(&'a [f32]),
+    /// External ln E values, one per token.
+    LogExp(&'a [f32]),
+}
+
+/// A row's filter settings as the caller gives them (0 / 1 / 0: off).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Filters {
+    pub top_k: i32,
+    pub top_p: f32,
+    pub min_p: f32,
+}
+
+impl Filters {
+    pub const OFF: Filters = Filters { top_k: 0, top_p: 1.0, min_p: 0.0 };
+}
+
+/// What the reference says of one row.
+#[derive(Clone, Debug)]
+pub struct Drawn {
+    pub token: usize,
+    pub flags: u32,
+    /// The runner-up of the race (`usize::MAX` when there is none).
+    pub runner_up: usize,
+    /// The relative gap between the two best keys; infinite when the token is decided without a
+    /// race, by an infinite key, or with a single candidate.
+    pub gap: f64,
+    /// Sampling rows with a finite maximum: which tokens the filters keep (every finite logit
+    /// without filters). Empty otherwise.
+    pub kept: Vec<bool>,
+    /// The filters' cut lies within float64 rounding of a threshold: the kept set is not decided.
+    pub ambiguous: bool,
+    /// Whether the row is greedy.
+    pub greedy: bool,
+    /// fl32(1/T), capped at the largest f32 (what the filters and PROCESSED logprobs scale by).
+    pub inv_t: f64,
+}
+
+/// fl32(1/T), capped at the largest f32.
+pub fn inv_t32(t: f32) -> f64 {
+    let inv = 1.0f32 / t;
+    if inv.is_finite() {
+        inv as f64
+    } else {
+        f32::MAX as f64
+    }
+}
+
+/// The largest finite value of `x`, or -inf if there is none.
+pub fn finite_max(x: &[f32]) -> f64 {
+    let mut m = f64::NEG_INFINITY;
+    for &v in x {
+        if v.is_finite() && (v as f64) > m {
+            m = v as f64;
+        }
+    }
+    m
+}
+
+/// The lowest index of the largest non-NaN value (+inf included), or 0 if every value is NaN.
+pub fn argmax(x: &[f32]) -> usize {
+    let mut best = 0;
+    let mut best_v = f32::NAN;
+    for (i, &v) in x.iter().enumerate() {
+        if v.is_nan() {
+            continue;
+        }
+        if best_v.is_nan() || v > best_v {
+            best = i;
+            best_v = v;
+        }
+    }
+    best
+}
+
+/// The flags of a row.
+pub fn row_flags(x: &[f32], greedy: bool) -> u32 {
+    let mut f = 0;
+    if x.iter().any(|v| v.is_nan()) {
+        f |= HAS_NAN;
+    }
+    if x.contains(&f32::INFINITY) {
+        f |= HAS_POSINF;
+    } else if !x.iter().any(|v| v.is_finite()) {
+        f |= EMPTY;
+    }
+    if greedy {
+        f |= GREEDY;
+    }
+    f
+}
+
+/// Relative tolerance of the filters' float64 comparisons (the library's own exp and summation
+/// order differ from these by far less).
+const FILTER_EPS: f64 = 1e-9;
+
+/// The set the filters keep of a row with finite maximum `m`: min-p, then top-k, then top-p, each
+/// on what the previous one left, with probabilities `w_i = exp((x_i - m) * inv_t)` (unnormalised)
+/// over the finite logits. Returns the set and whether a cut lies within rounding of a threshold.
+pub fn filter_set(x: &[f32], m: f64, inv_t: f64, f: Filters) -> (Vec<bool>, bool) {
+    let n = x.len();
+    let mut kept: Vec<bool> = x.iter().map(|v| v.is_finite()).collect();
+    let w: Vec<f64> = x.iter().map(|&v| if v.is_finite() { ((v as f64 - m) * inv_t).exp() } else { 0.0 }).collect();
+    let mut ambiguous = false;
+
+    // min-p: drop p_i < min_p * p_max; p_max belongs to the maximum, whose w is 1.
+    if f.min_p > 0.0 {
+        let min_p = f.min_p as f64;
+        for i in 0..n {
+            if kept[i] {
+                // (The maximum's w is exactly 1 in any implementation.)
+                if x[i] as f64 != m && (w[i] - min_p).abs() <= FILTER_EPS * min_p {
+                    ambiguous = true;
+                }
+                if w[i] < min_p {
+                    kept[i] = false;
+                }
+            }
+        }
+    }
+
+    // top-k: keep every token whose logit is >= the k-th largest kept logit.
+    if f.top_k > 0 && (f.top_k as usize) < n {
+        let k = f.top_k as usize;
+        let mut vals: Vec<f32> = (0..n).filter(|&i| kept[i]).map(|i| x[i]).collect();
+        if vals.len() > k {
+            vals.sort_by(|a, b| b.partial_cmp(a).unwrap());
+            let kth = vals[k - 1];
+            for i in 0..n {
+                if kept[i] && x[i] < kth {
+                    kept[i] = false;
+                }
+            }
+        }
+    }
+
+    // top-p: the most probable kept tokens, in order, until their mass reaches top_p of the kept
+    // mass; every token tied with the last one kept stays. Tokens of one logit value form a
+    // group: the cut is at the first group whose cumulative mass reaches the target.
+    if f.top_p < 1.0 {
+        let mut order: Vec<usize> = (0..n).filter(|&i| kept[i]).collect();
+        order.sort_by(|&a, &b| x[b].partial_cmp(&x[a]).unwrap().then(a.cmp(&b)));
+        let z: f64 = order.iter().map(|&i| w[i]).sum();
+        let target = f.top_p as f64 * z;
+        let mut cum = 0.0;
+        let mut before = 0.0; // cumulative mass of the groups above the current one
+        let mut cut = x[*order.last().unwrap()];
+        let mut j = 0;
+        while j < order.len() {
+            let v = x[order[j]];
+            before = cum;
+            while j < order.len() && x[order[j]] == v {
+                cum += w[order[j]];
+                j += 1;
+            }
+            if cum >= target {
+                cut = v;
+                break;
+            }
+        }
+        if (cum - target).abs() <= FILTER_EPS * z || (before - target).abs() <= FILTER_EPS * z {
+            ambiguous = true;
+        }
+        for i in 0..n {
+            if kept[i] && x[i] < cut {
+                kept[i] = false;
+            }
+        }
+    }
+    (kept, ambiguous)
+}
+
+/// The race key's `ln E` of token `i`: NaN for a value that is not a number or negative E.
+fn ln_e(noise: Noise, i: usize) -> f64 {
+    match noise {
+        Noise::Inline(key) => inline_noise(key, i).ln(),
+        Noise::Exp(v) => {
+            let e = v[i] as f64;
+            if e.is_nan() || e < 0.0 {
+                f64::NAN
+            } else {
+                e.ln() // ln 0 = -inf: an infinite key, the limit of the race
+            }
+        }
+        Noise::LogExp(v) => v[i] as f64,
+    }
+}
+
+/// The reference draw of one row at temperature `t`; rows with `t < greedy_below` are greedy.
+pub fn draw(x: &[f32], t: f32, greedy_below: f32, noise: Noise, filters: Filters) -> Drawn {
+    let greedy = t < greedy_below;
+    let flags = row_flags(x, greedy);
+    let inv_t = inv_t32(t);
+    let decided = |token: usize| Drawn {
+        token,
+        flags,
+        runner_up: usize::MAX,
+        gap: f64::INFINITY,
+        kept: Vec::new(),
+        ambiguous: false,
+        greedy,
+        inv_t,
+    };
+    if flags & EMPTY != 0 {
+        return decided(0);
+    }
+    if greedy || flags & HAS_POSINF != 0 {
+        // The lowest index of the maximum (the first +inf when there is one).
+        return decided(argmax(x));
+    }
+    let m = finite_max(x);
+    let (kept, ambiguous) = filter_set(x, m, inv_t, filters);
+    let t64 = t as f64;
+    let (mut best, mut best_key) = (usize::MAX, f64::NEG_INFINITY);
+    let (mut second, mut second_key) = (usize::MAX, f64::NEG_INFINITY);
+    for i in 0..x.len() {
+        if !kept[i] {
+            continue;
+        }
+        let key = (x[i] as f64 - m) / t64 - ln_e(noise, i);
+        if key.is_nan() || key == f64::NEG_INFINITY {
+            continue;
+        }
+        if key > best_key {
+            (second, second_key) = (best, best_key);
+            (best, best_key) = (i, key);
+        } else if key > second_key {
+            (second, second_key) = (i, key);
+        }
+    }
+    if best == usize::MAX {
+        // No key above -inf: the greedy token.
+        return Drawn { kept, ambiguous, ..decided(argmax(x)) };
+    }
+    let gap = if best_key == f64::INFINITY || second_key == f64::NEG_INFINITY {
+        f64::INFINITY
+    } else {
+        (best_key - second_key) / best_key.abs().max(second_key.abs()).max(1.0)
+    };
+    Drawn { token: best, flags, runner_up: second, gap, kept, ambiguous, greedy, inv_t }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Logprobs.
+// ---------------------------------------------------------------------------------------------
+
+/// Which logprobs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Raw,
+    Processed,
+}
+
+/// Every token's logprob (float64) of a row drawn as `d`.
+pub fn logprobs(x: &[f32], d: &Drawn, mode: Mode) -> Vec<f64> {
+    let n = x.len();
+    let posinf = x.iter().filter(|&&v| v == f32::INFINITY).count();
+    if posinf > 0 {
+        let lp = -(posinf as f64).ln();
+        return x.iter().map(|&v| if v == f32::INFINITY { lp } else { f64::NEG_INFINITY }).collect();
+    }
+    let m = finite_max(x);
+    if m == f64::NEG_INFINITY {
+        return vec![f64::NEG_INFINITY; n];
+    }
+    let processed = mode == Mode::Processed && !d.greedy;
+    let (s, inside): (f64, Vec<bool>) =
+        if processed { (d.inv_t, d.kept.clone()) } else { (1.0, x.iter().map(|v| v.is_finite()).collect()) };
+    let mut z = 0.0;
+    for i in 0..n {
+        if inside[i] {
+            z += ((x[i] as f64 - m) * s).exp();
+        }
+    }
+    let ln_z = z.ln();
+    (0..n).map(|i| if inside[i] { (x[i] as f64 - m) * s - ln_z } else { f64::NEG_INFINITY }).collect()
+}
+
+/// The documented logprob tolerance: `ln Σ exp` within 1e-5 of float64, plus the final rounding
+/// to f32.
+pub fn lp_tolerance(v: f64) -> f64 {
+    1e-5 + v.abs() * 6e-8
+}
+
+/// Whether a reported logprob agrees with the reference value.
+pub fn lp_close(got: f32, want: f64) -> bool {
+    if want == f64::NEG_INFINITY || got == f32::NEG_INFINITY {
+        return got == f32::NEG_INFINITY && want == f64::NEG_INFINITY;
+    }
+    got.is_finite() && (got as f64 - want).abs() <= lp_tolerance(want)
+}
+
+/// The range the rank of `token` can take: exactly the count of tokens whose logprob is `>=` its
+/// own, widened by the tolerance for tokens whose reported value may round onto it.
+pub fn rank_range(lp: &[f64], token: usize) -> (usize, usize) {
+    let own = lp[token];
+    let tol = if own.is_finite() { lp_tolerance(own) } else { 0.0 };
+    let mut lo = 0;
+    let mut hi = 0;
+    for &v in lp {
+        if v == own || v > own + tol {
+            lo += 1;
+        }
+        if v >= own - tol {
+            hi += 1;
+        }
+    }
+    (lo, hi)
+}
+
+/// The `n` most probable tokens: logprob descending, lowest id first on ties.
+pub fn top_n(lp: &[f64], n: usize) -> Vec<usize> {
+    let mut ids: Vec<usize> = (0..lp.len()).collect();
+    let order = |a: &usize, b: &usize| lp[*b].partial_cmp(&lp[*a]).unwrap().then(a.cmp(b));
+    if n < ids.len() {
+        ids.select_nth_unstable_by(n, order);
+        ids.truncate(n);
+    }
+    ids.sort_by(order);
+    ids
+}
