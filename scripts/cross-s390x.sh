@@ -7,7 +7,8 @@
 # Usage: scripts/cross-s390x.sh [--if-available] [--quick] [--no-tests]
 #   --if-available  if the cross toolchain is not installed, print "skipped: <reason>" and exit 0
 #                   (for CI) instead of installing it
-#   --quick         under qemu, run the unit tests only (not the draw, filters and mass tests)
+#   --quick         under qemu, run the unit tests only (not the draw, filters, mass and reference
+#                   integration tests, which take about 35 minutes there)
 #   --no-tests      run no tests under qemu, only the seeded-draw comparison
 #
 # On a Debian 12 (bookworm) x86-64 host, as root or through sudo, it installs what is missing:
@@ -205,7 +206,7 @@ mkdir -p "$OUT"
 TEST_SUMMARY="no tests run under qemu"
 if [ "$TESTS" != none ]; then
   tests=(--lib)
-  [ "$TESTS" = full ] && tests+=(--test draw --test filters --test mass)
+  [ "$TESTS" = full ] && tests+=(--test draw --test filters --test mass --test reference)
   STEP="cargo test --target $TARGET ${tests[*]}"
   log "$STEP (build and run under qemu-user)"
   s390x_cargo test --target "$TARGET" "${tests[@]}" 2>&1 | tee "$OUT/test.log"
