@@ -14,7 +14,9 @@ import json, sys, shutil, os
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
-        name = m["target"]["name"] + ("-lib" if m["target"]["kind"] == ["lib"] else "")
+        if "bin" in m["target"]["kind"]:
+            continue
+        name = "lib" if "rlib" in m["target"]["kind"] else m["target"]["name"]
         shutil.copy(m["executable"], os.path.join(".device/bin", name))
 '
 cp target/release/libtokenrace.so .device/lib/
