@@ -1,6 +1,6 @@
 //! SIMD kernels, chosen once at run time.
 //!
-//! The algorithms live in `generic.rs`, written once over the [`simd::Simd`] trait. Each
+//! The algorithms live in `generic/`, written once over the [`simd::Simd`] trait. Each
 //! instruction set provides the trait (`simd.rs` for one lane, `portable.rs`, `x86_64/`) and a
 //! table of `#[target_feature]` entry points built by [`kernel_table!`]. [`best_level`] detects
 //! the CPU once and caches the answer, as the `memchr` crate does.
@@ -267,38 +267,39 @@ pub fn supported_levels() -> Vec<SimdLevel> {
 
 /// Scalar noise functions, the single definition that the SIMD paths reproduce bit for bit.
 pub mod scalar_noise {
-    use super::generic;
+    use super::generic::race::{fill_block_noise, BlockNoise, RaceParams, SALT_MIN, SALT_POS};
+    use super::generic::{noise, BLOCK};
     use super::simd::Scalar;
 
     /// The 32 random bits of token `index` in the row keyed by `key`.
     pub fn bits(key: u64, index: u32) -> u32 {
-        let (k0, k1) = generic::key_words(key);
-        generic::hash::<Scalar>(index, k0, k1)
+        let (k0, k1) = noise::key_words(key);
+        noise::hash::<Scalar>(index, k0, k1)
     }
     /// E = -ln((bits + 0.5) 2^-32), in f32.
     pub fn exp(bits: u32) -> f32 {
-        generic::exp_noise::<Scalar>(bits)
+        noise::exp_noise::<Scalar>(bits)
     }
     /// ln of a positive normal f32, as the kernels compute it.
     pub fn ln(x: f32) -> f32 {
-        generic::ln::<Scalar>(x)
+        noise::ln::<Scalar>(x)
     }
     /// ln of any f32, as the kernels compute it for external EXP noise.
     pub fn ln_any(x: f32) -> f32 {
-        generic::ln_any::<Scalar>(x)
+        noise::ln_any::<Scalar>(x)
     }
     /// The noise of every token of a row, as the inline race computes it: `E_i` for
     /// `i in 0..n` of the row keyed by `key` (see `BlockNoise`).
     pub fn race_noise(key: u64, n: usize) -> Vec<f32> {
-        let nb = n.div_ceil(super::BLOCK);
-        let mut blocks = vec![generic::BlockNoise { e_min: 0.0, j_min: 0, g_max: 0.0, bound: 0.0 }; nb];
-        let p = generic::RaceParams { m: 0.0, inv_t: 1.0, floor: f32::NEG_INFINITY };
-        // SAFETY: Scalar runs everywhere.
-        unsafe { generic::fill_block_noise::<Scalar>(key, 0, &vec![0.0; nb], p, &mut blocks) };
+        let nb = n.div_ceil(BLOCK);
+        let mut blocks = vec![BlockNoise { e_min: 0.0, j_min: 0, g_max: 0.0, bound: 0.0 }; nb];
+        let p = RaceParams { m: 0.0, inv_t: 1.0, floor: f32::NEG_INFINITY };
+        // SAFETY: `bmax` has as many elements as `blocks`; Scalar runs anywhere.
+        unsafe { fill_block_noise::<Scalar>(key, 0, &vec![0.0; nb], p, &mut blocks) };
         (0..n)
             .map(|i| {
-                let b = blocks[i / super::BLOCK];
-                if (i % super::BLOCK) as u32 == b.j_min {
+                let b = blocks[i / BLOCK];
+                if (i % BLOCK) as u32 == b.j_min {
                     b.e_min
                 } else {
                     b.e_min + exp(bits(key, i as u32))
@@ -308,18 +309,18 @@ pub mod scalar_noise {
     }
     /// The cheap upper bound of `-ln E` (E from `bits`) that the race prunes with.
     pub fn bound(bits: u32) -> f32 {
-        generic::noise_bound::<Scalar>(bits)
+        noise::noise_bound::<Scalar>(bits)
     }
     /// The bits behind the noise of block `block`: (minimum's bits, position's bits) and the
     /// bound of `-ln E` over the block.
     pub fn block_bits(key: u64, block: u32) -> (u32, u32, f32) {
-        let (k0, k1) = generic::key_words(key);
-        let h1 = generic::hash::<Scalar>(block, k0 ^ 0x6d69_6e45, k1);
-        let h2 = generic::hash::<Scalar>(block, k0 ^ 0x706f_734a, k1);
-        let mut b = [generic::BlockNoise { e_min: 0.0, j_min: 0, g_max: 0.0, bound: 0.0 }];
-        let p = generic::RaceParams { m: 0.0, inv_t: 1.0, floor: f32::NEG_INFINITY };
-        // SAFETY: Scalar runs everywhere.
-        unsafe { generic::fill_block_noise::<Scalar>(key, block as usize, &[0.0], p, &mut b) };
+        let (k0, k1) = noise::key_words(key);
+        let h1 = noise::hash::<Scalar>(block, k0 ^ SALT_MIN, k1);
+        let h2 = noise::hash::<Scalar>(block, k0 ^ SALT_POS, k1);
+        let mut b = [BlockNoise { e_min: 0.0, j_min: 0, g_max: 0.0, bound: 0.0 }];
+        let p = RaceParams { m: 0.0, inv_t: 1.0, floor: f32::NEG_INFINITY };
+        // SAFETY: one block, one maximum; Scalar runs anywhere.
+        unsafe { fill_block_noise::<Scalar>(key, block as usize, &[0.0], p, &mut b) };
         (h1, h2, b[0].g_max)
     }
 }

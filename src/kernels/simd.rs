@@ -18,10 +18,16 @@
 /// `Portable` need no feature and run anywhere.
 ///
 /// An implementation promises: its instructions are those of its level and no others; its
-/// `unsafe` methods touch only the memory their docs name; and `LANES` is its lane count (at most
-/// 64, a divisor of 16).
+/// `unsafe` methods touch only the memory their docs name; `LANES` is its lane count (at most
+/// 64, a divisor of 16); and it sets `GATHER_IN_MASS_PASS` only with 16 lanes.
 pub(crate) unsafe trait Simd: Copy {
     const LANES: usize;
+    /// Whether `mass_gather` gathers the values of a full block during its mass pass (one read
+    /// of the block) rather than in a pass of their own. Only right with `LANES == 16` (checked
+    /// at compile time): the mass pass reads a block as 16 rows of 16 values, and only a vector
+    /// as wide as a row visits the values in index order, as the gather must. Worth it where
+    /// `compress_store` is one instruction (AVX-512).
+    const GATHER_IN_MASS_PASS: bool = false;
     type F: Copy;
     type U: Copy;
     type M: Copy;

@@ -16,9 +16,11 @@ use std::arch::x86_64::*;
 pub(crate) struct Avx512;
 
 // SAFETY: see the module doc: only AVX-512F instructions, no others, and the pointer methods touch
-// the 16 elements at `p`.
+// the 16 elements at `p`; 16 lanes only where `GATHER_IN_MASS_PASS` is set.
 unsafe impl Simd for Avx512 {
     const LANES: usize = 16;
+    /// A vector per row of a block, and a one-instruction compress.
+    const GATHER_IN_MASS_PASS: bool = true;
     type F = __m512;
     type U = __m512i;
     type M = __mmask16;
