@@ -1,8 +1,8 @@
 //! SIMD kernels, chosen once at run time.
 //!
-//! The algorithms live in `generic/`, written once over the [`simd::Simd`] trait. Each
+//! The algorithms live in `generic/`, written once over the `simd::Simd` trait. Each
 //! instruction set provides the trait (`simd.rs` for one lane, `portable.rs`, `x86_64/`) and a
-//! table of `#[target_feature]` entry points built by [`kernel_table!`]. [`best_level`] detects
+//! table of `#[target_feature]` entry points built by `kernel_table!`. [`best_level`] detects
 //! the CPU once and caches the answer, as the `memchr` crate does.
 //!
 //! # Unsafe code
@@ -16,7 +16,7 @@
 //!   where their features are available. This module keeps it: the x86 types are private to it,
 //!   they are instantiated only in the entry points of `kernel_table!`, each compiled with
 //!   `#[target_feature]` for exactly its level's features ([`SimdLevel::target_features`]), and
-//!   those entry points are reachable only through the table that [`kernels`] returns after
+//!   those entry points are reachable only through the table that `kernels(level)` returns after
 //!   checking [`SimdLevel::is_supported`], which detects exactly those features.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -146,8 +146,10 @@ pub(crate) struct DtypeKernels<E> {
     pub race_inline: RaceInlineFn<E>,
     pub race_external: unsafe fn(*const E, *const f32, usize, RaceParams, ExtKind, usize) -> Best,
     /// The read floor of the benchmark (row, n): the largest value.
+    #[cfg(feature = "internals")]
     pub max_only: unsafe fn(*const E, usize) -> f32,
     /// The read floor of a race on external noise (row, noise, n): the largest value of both.
+    #[cfg(feature = "internals")]
     pub max_two: unsafe fn(*const E, *const f32, usize) -> f32,
     /// Per-block mass (row, n, block maxima or empty, params, kind, out).
     pub mass: MassFn<E>,
@@ -228,12 +230,14 @@ macro_rules! kernel_table {
                 // SAFETY: see kernel_table!.
                 unsafe { generic::race_external::<$simd, E>(row, noise, n, p, kind, base) }
             }
-                        $(#[target_feature(enable = $feature)])*
+            #[cfg(feature = "internals")]
+            $(#[target_feature(enable = $feature)])*
             unsafe fn max_only<E: Elem>(row: *const E, n: usize) -> f32 {
                 // SAFETY: see kernel_table!.
                 unsafe { generic::max_only::<$simd, E>(row, n) }
             }
-                        $(#[target_feature(enable = $feature)])*
+            #[cfg(feature = "internals")]
+            $(#[target_feature(enable = $feature)])*
             unsafe fn max_two<E: Elem>(row: *const E, other: *const f32, n: usize) -> f32 {
                 // SAFETY: see kernel_table!.
                 unsafe { generic::max_two::<$simd, E>(row, other, n) }
@@ -276,8 +280,10 @@ macro_rules! kernel_table {
             fn dtype<E: Elem>() -> DtypeKernels<E> {
                 DtypeKernels {
                     scan: scan::<E>, find_first: find_first::<E>, race_inline: race_inline::<E>, race_external: race_external::<E>,
-                                        max_only: max_only::<E>,
-                                        max_two: max_two::<E>,
+                    #[cfg(feature = "internals")]
+                    max_only: max_only::<E>,
+                    #[cfg(feature = "internals")]
+                    max_two: max_two::<E>,
                     mass: mass::<E>, mass_weights: mass_weights::<E>, gather_ge: gather_ge::<E>, mass_gather: mass_gather::<E>, mass64: mass64::<E>,
                 }
             }
@@ -313,6 +319,7 @@ pub(crate) fn kernels(level: SimdLevel) -> &'static Kernels {
 }
 
 /// The read floor of the benchmark: the largest value of each row, one SIMD pass, at `level`.
+#[cfg(feature = "internals")]
 #[doc(hidden)]
 pub fn read_floor(level: SimdLevel, logits: crate::Logits, rows: usize, stride: usize, vocab: usize) -> f32 {
     let k = kernels(level);
@@ -333,6 +340,7 @@ pub fn read_floor(level: SimdLevel, logits: crate::Logits, rows: usize, stride: 
 }
 
 /// The read floor of a race on external noise: logits and noise read in one pass, at `level`.
+#[cfg(feature = "internals")]
 #[doc(hidden)]
 pub fn read_floor_two(level: SimdLevel, logits: crate::Logits, noise: &[f32], rows: usize, vocab: usize) -> f32 {
     let k = kernels(level);
@@ -357,7 +365,9 @@ pub fn supported_levels() -> Vec<SimdLevel> {
     SimdLevel::ALL.into_iter().filter(|l| l.is_supported()).collect()
 }
 
-/// Scalar noise functions, the single definition that the SIMD paths reproduce bit for bit.
+/// Scalar noise functions, the single definition that the SIMD paths reproduce bit for bit
+/// (a test seam: feature `internals`).
+#[cfg(feature = "internals")]
 pub mod scalar_noise {
     use super::generic::race::{fill_block_noise, BlockNoise, RaceParams, SALT_MIN, SALT_POS};
     use super::generic::{noise, BLOCK};

@@ -110,7 +110,7 @@ unsafe fn load_block<S: Simd, E: Elem>(q: *const E, buf: &mut MaybeUninit<[f32; 
 /// sums. Blocks whose maximum is below `lo` give 0 without being read.
 ///
 /// # Safety
-/// As [`mass`](super::mass).
+/// As [`mass`](super::mass()).
 #[inline(always)]
 pub(crate) unsafe fn mass64<S: Simd, E: Elem>(row: *const E, n: usize, bmax: &[f32], p: Mass64Params, out: &mut [f64]) {
     for (b, o) in out.iter_mut().enumerate() {

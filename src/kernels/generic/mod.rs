@@ -37,7 +37,9 @@ pub(crate) use mass::{exp2_neg, gather_ge, mass, mass_gather, mass_weights, Mass
 pub(crate) use mass64::{exp64, mass64, weights64, Mass64Params, A_MIN64};
 pub(crate) use noise::fill_noise;
 pub(crate) use race::{race_external, race_inline, Best, BlockNoise, ExtKind, RaceParams};
-pub(crate) use scan::{find_first, max_only, max_two, scan};
+pub(crate) use scan::{find_first, scan};
+#[cfg(feature = "internals")]
+pub(crate) use scan::{max_only, max_two};
 
 #[cfg(doc)]
 use crate::kernels::simd::Simd;

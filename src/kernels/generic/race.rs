@@ -208,7 +208,7 @@ unsafe fn race_block<S: Simd, E: Elem>(
 /// maximum logit plus its noise bound cannot reach the best is skipped without reading it.
 ///
 /// # Safety
-/// `row` valid for `n` reads; `bmax` from [`scan`](super::scan) of the same range; `S` usable here.
+/// `row` valid for `n` reads; `bmax` from [`scan`](super::scan()) of the same range; `S` usable here.
 #[inline(always)]
 pub(crate) unsafe fn race_inline<S: Simd, E: Elem>(
     row: *const E,

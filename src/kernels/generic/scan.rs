@@ -1,6 +1,6 @@
 //! Pass 1 of every row: the maximum of each block and whether the row holds a NaN ([`scan`]);
 //! the first index of a value, for greedy rows ([`find_first`]); and, for the benchmark only,
-//! the read floors ([`max_only`], [`max_two`]).
+//! the read floors ([`max_only`], [`max_two`]: feature `internals`).
 
 use super::BLOCK;
 use crate::kernels::simd::{Elem, Scalar, Simd};
@@ -65,6 +65,7 @@ pub(crate) unsafe fn scan<S: Simd, E: Elem>(row: *const E, n: usize, bmax: &mut 
 ///
 /// # Safety
 /// `row` valid for `n` reads; `S` usable here.
+#[cfg(feature = "internals")]
 #[inline(always)]
 pub(crate) unsafe fn max_only<S: Simd, E: Elem>(row: *const E, n: usize) -> f32 {
     let l = S::LANES;
@@ -95,6 +96,7 @@ pub(crate) unsafe fn max_only<S: Simd, E: Elem>(row: *const E, n: usize) -> f32 
 ///
 /// # Safety
 /// `row` and `other` valid for `n` reads; `S` usable here.
+#[cfg(feature = "internals")]
 #[inline(always)]
 pub(crate) unsafe fn max_two<S: Simd, E: Elem>(row: *const E, other: *const f32, n: usize) -> f32 {
     let l = S::LANES;
