@@ -23,7 +23,6 @@ mod draw;
 mod error;
 mod ffi;
 mod filter;
-#[allow(unsafe_op_in_unsafe_fn)] // until the kernels tree is converted
 mod kernels;
 mod logprob;
 mod mass;

@@ -6,10 +6,8 @@
 //! spread over threads or on the SIMD level.
 
 use crate::batch::{inv_temperature, Batch};
-use crate::config::NoiseKind;
 use crate::draw::RowPlan;
 use crate::error::Result;
-use crate::kernels::ExtKind;
 use crate::noise::pool::{Lease, Pool};
 use crate::noise::{seeded_row_key, KeyStream};
 use crate::row::RaceNoise;
@@ -34,13 +32,6 @@ pub(crate) struct Plan {
     _lease: Option<Lease>,
 }
 
-pub(crate) fn ext_kind(kind: NoiseKind) -> ExtKind {
-    match kind {
-        NoiseKind::Exp => ExtKind::Exp,
-        NoiseKind::LogExp => ExtKind::LogExp,
-    }
-}
-
 /// Plans every row of a validated `batch`: rows with `T < greedy_below` are greedy; seeded rows
 /// key their own noise; unseeded rows take the batch's external noise, else one row each of a
 /// single lease of `pool`, else one key each of `keys`. Fails only when the pool does.
@@ -61,7 +52,7 @@ pub(crate) fn plan(batch: &Batch, greedy_below: f32, keys: &KeyStream, pool: Opt
         } else if let Some(n) = &batch.noise {
             counts.external += 1;
             // In bounds: `validate` checked the noise span of every row.
-            RaceNoise::External(n.values[r * n.row_stride..].as_ptr(), ext_kind(n.kind))
+            RaceNoise::External(n.values[r * n.row_stride..].as_ptr(), n.kind)
         } else {
             unseeded.push(r);
             RaceNoise::Inline(0) // keyed below, in row order
@@ -76,7 +67,7 @@ pub(crate) fn plan(batch: &Batch, greedy_below: f32, keys: &KeyStream, pool: Opt
                 crate::error::Error { message, ..e }
             })?;
             for (i, &r) in unseeded.iter().enumerate() {
-                set_noise(&mut rows[r], RaceNoise::External(l.row(i).as_ptr(), ext_kind(l.kind())));
+                set_noise(&mut rows[r], RaceNoise::External(l.row(i).as_ptr(), l.kind()));
             }
             counts.pool = unseeded.len() as u64;
             lease = Some(l);

@@ -5,8 +5,9 @@
 //! the filters, the logprobs) is monomorphised per dtype and reaches its kernels through
 //! [`RowValues`].
 
+use crate::config::NoiseKind;
 use crate::kernels::simd::Elem;
-use crate::kernels::{Best, Bf16, BlockNoise, DtypeKernels, ExtKind, Kernels, RaceParams, F16};
+use crate::kernels::{Best, Bf16, BlockNoise, DtypeKernels, Kernels, RaceParams, F16};
 
 /// A row's values as f32, and the kernels of its dtype. Every kernel call goes through here, so
 /// the bounds that make the calls safe are checked in one place.
@@ -60,7 +61,7 @@ pub(crate) trait RowValues {
 pub(crate) enum RaceNoise {
     Inline(u64),
     /// `n` values of this kind, valid for the draw call (the caller's noise or a pool lease).
-    External(*const f32, ExtKind),
+    External(*const f32, NoiseKind),
 }
 
 // SAFETY: the values behind an external pointer outlive the draw call that uses them (the

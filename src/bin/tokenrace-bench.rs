@@ -2,9 +2,11 @@
 //! of the same logits measured in the same run (these machines are shared and noisy, so only
 //! ratios measured together mean anything).
 //!
-//! TOKENRACE_SIMD=avx2 cargo run --release --features internals --bin tokenrace-bench -- [--quick] [--json FILE] [--threads 1,2]
-//!     [--rows 1,8,32] [--vocab 163840] [--dtype f32,bf16] [--profile peaked,flat]
+//! [TOKENRACE_SIMD=avx2] cargo run --release --features internals --bin tokenrace-bench -- [--quick] [--json FILE]
+//!     [--threads 1,2] [--rows 1,8,32] [--vocab 163840] [--dtype f32,bf16] [--profile peaked,flat]
 //!     [--path greedy,race-inline,...] [--placement hot,cold] [--reps N]
+//!
+//! (It needs the feature `internals`, for the read floors `kernels::read_floor*`.)
 //!
 //! `--quick` (what CI runs) uses tiny sizes and two repetitions: it checks that every case runs,
 //! nothing about time.

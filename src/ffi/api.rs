@@ -9,20 +9,17 @@ use crate::config::{self, Config, SimdChoice};
 use crate::error::{Error, Result};
 use crate::kernels::{self, SimdLevel};
 use crate::sampler::{Sampler, SamplerStats};
-use std::ffi::{c_char, CString};
+use std::ffi::c_char;
 use std::mem::size_of;
-use std::sync::OnceLock;
 
 /// An opaque sampler. Safe to use from several threads at once.
 pub struct tokenrace_sampler {
     pub(crate) inner: Sampler,
 }
 
-/// The name of a SIMD level as a C string with static storage (from `SimdLevel::name`).
+/// The name of a SIMD level as a C string with static storage.
 fn level_name(level: SimdLevel) -> *const c_char {
-    static NAMES: OnceLock<Vec<CString>> = OnceLock::new();
-    let names = NAMES.get_or_init(|| SimdLevel::ALL.iter().map(|l| CString::new(l.name()).unwrap()).collect());
-    names[SimdLevel::ALL.iter().position(|&l| l == level).unwrap()].as_ptr()
+    level.c_name().as_ptr()
 }
 
 /// The ABI version of the loaded library (`TOKENRACE_ABI_VERSION` of its header).

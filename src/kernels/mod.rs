@@ -1,55 +1,110 @@
 //! SIMD kernels, chosen once at run time.
 //!
-//! The algorithms live in `generic.rs`, written once over the [`simd::Simd`] trait. Each
+//! The algorithms live in `generic/`, written once over the `simd::Simd` trait. Each
 //! instruction set provides the trait (`simd.rs` for one lane, `portable.rs`, `x86_64/`) and a
-//! table of `#[target_feature]` entry points built by [`kernel_table!`]. [`best_level`] detects
+//! table of `#[target_feature]` entry points built by `kernel_table!`. [`best_level`] detects
 //! the CPU once and caches the answer, as the `memchr` crate does.
+//!
+//! # Unsafe code
+//!
+//! Two things are relied on, and each `unsafe` block says which (`// SAFETY:`):
+//! - Pointers: every kernel that reads or writes through a pointer is an `unsafe fn` whose
+//!   `# Safety` section says how many elements must be valid; its callers (in `draw/`, the noise
+//!   pool) pass slices of at least that length.
+//! - Instructions: the `Simd` implementations of `x86_64/` execute AVX2 or AVX-512 instructions
+//!   from safe methods. `Simd` is an `unsafe trait` whose contract is that its methods run only
+//!   where their features are available. This module keeps it: the x86 types are private to it,
+//!   they are instantiated only in the entry points of `kernel_table!`, each compiled with
+//!   `#[target_feature]` for exactly its level's features ([`SimdLevel::target_features`]), and
+//!   those entry points are reachable only through the table that `kernels(level)` returns after
+//!   checking [`SimdLevel::is_supported`], which detects exactly those features.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub(crate) mod generic;
 pub(crate) mod portable;
 pub(crate) mod simd;
+/// The x86-64 instruction sets: private to this module (see the module doc, "Unsafe code").
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod x86_64 {
+mod x86_64 {
     pub(crate) mod avx2;
     pub(crate) mod avx512;
 }
 
-use crate::config::SimdChoice;
+use crate::config::{NoiseKind, SimdChoice};
 use crate::error::{Error, ErrorKind, Result};
-pub(crate) use generic::{Best, BlockNoise, ExtKind, Mass64Params, MassKind, MassParams, RaceParams, BLOCK};
+pub(crate) use generic::{Best, BlockNoise, Mass64Params, MassKind, MassParams, RaceParams, BLOCK};
 pub use simd::{Bf16, F16};
+use std::ffi::CStr;
 use std::sync::OnceLock;
 
 /// An instruction-set level the kernels run at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum SimdLevel {
+    /// One lane at a time: the reference.
     Scalar,
+    /// Fixed-width arrays that the compiler vectorises for the target's baseline.
     Portable,
+    /// x86-64 with the features `avx2` and `f16c` (not `fma`: see [`SimdLevel::target_features`]).
     Avx2,
+    /// x86-64 with the feature `avx512f`.
     Avx512,
 }
 
 impl SimdLevel {
+    /// The level's name: "scalar", "portable", "avx2" or "avx512".
     pub fn name(self) -> &'static str {
+        match self.c_name().to_str() {
+            Ok(name) => name,
+            Err(_) => unreachable!("the names are ASCII"),
+        }
+    }
+
+    /// [`SimdLevel::name`] as a NUL-terminated C string in static storage, for the C ABI.
+    pub(crate) fn c_name(self) -> &'static CStr {
         match self {
-            SimdLevel::Scalar => "scalar",
-            SimdLevel::Portable => "portable",
-            SimdLevel::Avx2 => "avx2",
-            SimdLevel::Avx512 => "avx512",
+            SimdLevel::Scalar => c"scalar",
+            SimdLevel::Portable => c"portable",
+            SimdLevel::Avx2 => c"avx2",
+            SimdLevel::Avx512 => c"avx512",
         }
     }
 
     /// Every level, lowest first.
     pub const ALL: [SimdLevel; 4] = [SimdLevel::Scalar, SimdLevel::Portable, SimdLevel::Avx2, SimdLevel::Avx512];
 
-    /// Whether this CPU can run the level.
+    /// The CPU features the level's kernels are compiled with (`#[target_feature(enable = ...)]`
+    /// on each entry point), which are exactly those [`SimdLevel::is_supported`] detects:
+    /// none for `Scalar` and `Portable`; `avx2`, `f16c` for `Avx2`; `avx512f` for `Avx512`
+    /// (empty for the x86 levels on other architectures).
+    ///
+    /// FMA is not among them, by design: every level runs the same IEEE operations in the same
+    /// order, with separate roundings, so that all compute bit-identical keys and sums. (The
+    /// compiler takes `avx512f` to imply `fma`, but Rust never fuses a multiply and an add on its
+    /// own and the kernels call no FMA intrinsic.)
+    pub fn target_features(self) -> &'static [&'static str] {
+        match self {
+            SimdLevel::Scalar => scalar_table::FEATURES,
+            SimdLevel::Portable => portable_table::FEATURES,
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx2 => avx2_table::FEATURES,
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx512 => avx512_table::FEATURES,
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => &[],
+        }
+    }
+
+    /// Whether this CPU can run the level: it has every one of
+    /// [`SimdLevel::target_features`] (and the level is built for this architecture).
     pub fn is_supported(self) -> bool {
         match self {
-            SimdLevel::Scalar | SimdLevel::Portable => true,
+            SimdLevel::Scalar => scalar_table::detected(),
+            SimdLevel::Portable => portable_table::detected(),
             #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx2 => std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c"),
+            SimdLevel::Avx2 => avx2_table::detected(),
             #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx512 => std::is_x86_feature_detected!("avx512f"),
+            SimdLevel::Avx512 => avx512_table::detected(),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
@@ -89,8 +144,12 @@ pub(crate) struct DtypeKernels<E> {
     pub scan: unsafe fn(*const E, usize, &mut [f32]) -> bool,
     pub find_first: unsafe fn(*const E, usize, usize, f32) -> Option<usize>,
     pub race_inline: RaceInlineFn<E>,
-    pub race_external: unsafe fn(*const E, *const f32, usize, RaceParams, ExtKind, usize) -> Best,
+    pub race_external: unsafe fn(*const E, *const f32, usize, RaceParams, NoiseKind, usize) -> Best,
+    /// The read floor of the benchmark (row, n): the largest value.
+    #[cfg(feature = "internals")]
     pub max_only: unsafe fn(*const E, usize) -> f32,
+    /// The read floor of a race on external noise (row, noise, n): the largest value of both.
+    #[cfg(feature = "internals")]
     pub max_two: unsafe fn(*const E, *const f32, usize) -> f32,
     /// Per-block mass (row, n, block maxima or empty, params, kind, out).
     pub mass: MassFn<E>,
@@ -124,85 +183,124 @@ pub(crate) struct Kernels {
     pub weights64: unsafe fn(&[f32], f64, f64, &mut [f64]),
 }
 
-/// Builds a module with `#[target_feature]` entry points for one `Simd` implementation.
+/// Builds the module `$module` of one level: `#[target_feature]` entry points that instantiate
+/// the generic kernels for `$simd`, the table of them, and the level's feature list.
+///
+/// The list `[$feature, ...]` of each invocation (below) is the only place where a level's
+/// features are written, and it is used three times: every entry point
+/// enables exactly these features, `FEATURES` lists them ([`SimdLevel::target_features`]) and
+/// `detected` checks exactly these ([`SimdLevel::is_supported`]), so the table is only built
+/// for a CPU that can run it.
+///
+/// SAFETY (every `unsafe` block of the entry points): the caller keeps the kernel's pointer
+/// contract (its `# Safety` in `generic/`); `$simd` may run here because this function enables
+/// its level's features (see the `Simd` trait).
 macro_rules! kernel_table {
-    ($module:ident, $level:expr, $simd:ty $(, $feature:literal)?) => {
+    ($module:ident, $level:expr, $simd:ty, [$($feature:tt),*]) => {
         mod $module {
             use super::generic;
             use super::simd::Elem;
             use super::*;
 
-            $(#[target_feature(enable = $feature)])?
+            /// The features every entry point below enables.
+            pub(super) const FEATURES: &[&str] = &[$($feature),*];
+
+            /// Whether this CPU has every one of `FEATURES`.
+            pub(super) fn detected() -> bool {
+                true $(&& std::is_x86_feature_detected!($feature))*
+            }
+
+            $(#[target_feature(enable = $feature)])*
             unsafe fn scan<E: Elem>(row: *const E, n: usize, bmax: &mut [f32]) -> bool {
-                generic::scan::<$simd, E>(row, n, bmax)
+                // SAFETY: see kernel_table!.
+                unsafe { generic::scan::<$simd, E>(row, n, bmax) }
             }
-            $(#[target_feature(enable = $feature)])?
+            $(#[target_feature(enable = $feature)])*
             unsafe fn find_first<E: Elem>(row: *const E, start: usize, end: usize, target: f32) -> Option<usize> {
-                generic::find_first::<$simd, E>(row, start, end, target)
+                // SAFETY: see kernel_table!.
+                unsafe { generic::find_first::<$simd, E>(row, start, end, target) }
             }
-            $(#[target_feature(enable = $feature)])?
+            $(#[target_feature(enable = $feature)])*
             unsafe fn race_inline<E: Elem>(row: *const E, n: usize, bmax: &[f32], p: RaceParams, key: u64, base: usize, blocks: &mut Vec<BlockNoise>) -> Best {
-                generic::race_inline::<$simd, E>(row, n, bmax, p, key, base, blocks)
+                // SAFETY: see kernel_table!.
+                unsafe { generic::race_inline::<$simd, E>(row, n, bmax, p, key, base, blocks) }
             }
-            $(#[target_feature(enable = $feature)])?
-            unsafe fn race_external<E: Elem>(row: *const E, noise: *const f32, n: usize, p: RaceParams, kind: ExtKind, base: usize) -> Best {
-                generic::race_external::<$simd, E>(row, noise, n, p, kind, base)
+            $(#[target_feature(enable = $feature)])*
+            unsafe fn race_external<E: Elem>(row: *const E, noise: *const f32, n: usize, p: RaceParams, kind: NoiseKind, base: usize) -> Best {
+                // SAFETY: see kernel_table!.
+                unsafe { generic::race_external::<$simd, E>(row, noise, n, p, kind, base) }
             }
-            $(#[target_feature(enable = $feature)])?
+            #[cfg(feature = "internals")]
+            $(#[target_feature(enable = $feature)])*
             unsafe fn max_only<E: Elem>(row: *const E, n: usize) -> f32 {
-                generic::max_only::<$simd, E>(row, n)
+                // SAFETY: see kernel_table!.
+                unsafe { generic::max_only::<$simd, E>(row, n) }
             }
-            $(#[target_feature(enable = $feature)])?
+            #[cfg(feature = "internals")]
+            $(#[target_feature(enable = $feature)])*
             unsafe fn max_two<E: Elem>(row: *const E, other: *const f32, n: usize) -> f32 {
-                generic::max_two::<$simd, E>(row, other, n)
+                // SAFETY: see kernel_table!.
+                unsafe { generic::max_two::<$simd, E>(row, other, n) }
             }
-            $(#[target_feature(enable = $feature)])?
+            $(#[target_feature(enable = $feature)])*
             unsafe fn fill_noise(out: *mut f32, n: usize, key: u64, first: u32, log: bool) {
-                generic::fill_noise::<$simd>(out, n, key, first, log)
+                // SAFETY: see kernel_table!.
+                unsafe { generic::fill_noise::<$simd>(out, n, key, first, log) }
             }
-            $(#[target_feature(enable = $feature)])?
+            $(#[target_feature(enable = $feature)])*
             unsafe fn mass<E: Elem>(row: *const E, n: usize, bmax: &[f32], p: MassParams, kind: MassKind, out: &mut [f64]) {
-                generic::mass::<$simd, E>(row, n, bmax, p, kind, out)
+                // SAFETY: see kernel_table!.
+                unsafe { generic::mass::<$simd, E>(row, n, bmax, p, kind, out) }
             }
-            $(#[target_feature(enable = $feature)])?
+            $(#[target_feature(enable = $feature)])*
             unsafe fn mass_weights<E: Elem>(row: *const E, n: usize, p: MassParams, out: *mut f32) {
-                generic::mass_weights::<$simd, E>(row, n, p, out)
+                // SAFETY: see kernel_table!.
+                unsafe { generic::mass_weights::<$simd, E>(row, n, p, out) }
             }
-            $(#[target_feature(enable = $feature)])?
+            $(#[target_feature(enable = $feature)])*
             unsafe fn gather_ge<E: Elem>(row: *const E, n: usize, bmax: &[f32], lo: f32, out: &mut Vec<f32>) {
-                generic::gather_ge::<$simd, E>(row, n, bmax, lo, out)
+                // SAFETY: see kernel_table!.
+                unsafe { generic::gather_ge::<$simd, E>(row, n, bmax, lo, out) }
             }
-            $(#[target_feature(enable = $feature)])?
+            $(#[target_feature(enable = $feature)])*
             unsafe fn mass_gather<E: Elem>(row: *const E, n: usize, bmax: &[f32], p: MassParams, out: &mut [f64], cands: &mut Vec<f32>) {
-                generic::mass_gather::<$simd, E>(row, n, bmax, p, out, cands)
+                // SAFETY: see kernel_table!.
+                unsafe { generic::mass_gather::<$simd, E>(row, n, bmax, p, out, cands) }
             }
-            $(#[target_feature(enable = $feature)])?
+            $(#[target_feature(enable = $feature)])*
             unsafe fn mass64<E: Elem>(row: *const E, n: usize, bmax: &[f32], p: Mass64Params, out: &mut [f64]) {
-                generic::mass64::<$simd, E>(row, n, bmax, p, out)
+                // SAFETY: see kernel_table!.
+                unsafe { generic::mass64::<$simd, E>(row, n, bmax, p, out) }
             }
-            $(#[target_feature(enable = $feature)])?
+            $(#[target_feature(enable = $feature)])*
             unsafe fn weights64(xs: &[f32], m: f64, s: f64, out: &mut [f64]) {
-                generic::weights64::<$simd>(xs, m, s, out)
+                // SAFETY: see kernel_table!.
+                unsafe { generic::weights64::<$simd>(xs, m, s, out) }
             }
             fn dtype<E: Elem>() -> DtypeKernels<E> {
                 DtypeKernels {
-                    scan: scan::<E>, find_first: find_first::<E>, race_inline: race_inline::<E>, race_external: race_external::<E>, max_only: max_only::<E>, max_two: max_two::<E>,
+                    scan: scan::<E>, find_first: find_first::<E>, race_inline: race_inline::<E>, race_external: race_external::<E>,
+                    #[cfg(feature = "internals")]
+                    max_only: max_only::<E>,
+                    #[cfg(feature = "internals")]
+                    max_two: max_two::<E>,
                     mass: mass::<E>, mass_weights: mass_weights::<E>, gather_ge: gather_ge::<E>, mass_gather: mass_gather::<E>, mass64: mass64::<E>,
                 }
             }
-            pub(crate) fn table() -> Kernels {
+            /// The table. Only [`kernels`] calls it, once it has checked `detected()`.
+            pub(super) fn table() -> Kernels {
                 Kernels { level: $level, f32: dtype(), bf16: dtype(), f16: dtype(), fill_noise, weights64 }
             }
         }
     };
 }
 
-kernel_table!(scalar_table, SimdLevel::Scalar, super::simd::Scalar);
-kernel_table!(portable_table, SimdLevel::Portable, super::portable::Portable);
+kernel_table!(scalar_table, SimdLevel::Scalar, super::simd::Scalar, []);
+kernel_table!(portable_table, SimdLevel::Portable, super::portable::Portable, []);
 #[cfg(target_arch = "x86_64")]
-kernel_table!(avx2_table, SimdLevel::Avx2, super::x86_64::avx2::Avx2, "avx2,f16c");
+kernel_table!(avx2_table, SimdLevel::Avx2, super::x86_64::avx2::Avx2, ["avx2", "f16c"]);
 #[cfg(target_arch = "x86_64")]
-kernel_table!(avx512_table, SimdLevel::Avx512, super::x86_64::avx512::Avx512, "avx512f");
+kernel_table!(avx512_table, SimdLevel::Avx512, super::x86_64::avx512::Avx512, ["avx512f"]);
 
 /// The kernels of a supported level (built once per level).
 pub(crate) fn kernels(level: SimdLevel) -> &'static Kernels {
@@ -221,6 +319,7 @@ pub(crate) fn kernels(level: SimdLevel) -> &'static Kernels {
 }
 
 /// The read floor of the benchmark: the largest value of each row, one SIMD pass, at `level`.
+#[cfg(feature = "internals")]
 #[doc(hidden)]
 pub fn read_floor(level: SimdLevel, logits: crate::Logits, rows: usize, stride: usize, vocab: usize) -> f32 {
     let k = kernels(level);
@@ -241,6 +340,7 @@ pub fn read_floor(level: SimdLevel, logits: crate::Logits, rows: usize, stride: 
 }
 
 /// The read floor of a race on external noise: logits and noise read in one pass, at `level`.
+#[cfg(feature = "internals")]
 #[doc(hidden)]
 pub fn read_floor_two(level: SimdLevel, logits: crate::Logits, noise: &[f32], rows: usize, vocab: usize) -> f32 {
     let k = kernels(level);
@@ -265,40 +365,43 @@ pub fn supported_levels() -> Vec<SimdLevel> {
     SimdLevel::ALL.into_iter().filter(|l| l.is_supported()).collect()
 }
 
-/// Scalar noise functions, the single definition that the SIMD paths reproduce bit for bit.
+/// Scalar noise functions, the single definition that the SIMD paths reproduce bit for bit
+/// (a test seam: feature `internals`).
+#[cfg(feature = "internals")]
 pub mod scalar_noise {
-    use super::generic;
+    use super::generic::race::{fill_block_noise, BlockNoise, RaceParams, SALT_MIN, SALT_POS};
+    use super::generic::{noise, BLOCK};
     use super::simd::Scalar;
 
     /// The 32 random bits of token `index` in the row keyed by `key`.
     pub fn bits(key: u64, index: u32) -> u32 {
-        let (k0, k1) = generic::key_words(key);
-        generic::hash::<Scalar>(index, k0, k1)
+        let (k0, k1) = noise::key_words(key);
+        noise::hash::<Scalar>(index, k0, k1)
     }
     /// E = -ln((bits + 0.5) 2^-32), in f32.
     pub fn exp(bits: u32) -> f32 {
-        generic::exp_noise::<Scalar>(bits)
+        noise::exp_noise::<Scalar>(bits)
     }
     /// ln of a positive normal f32, as the kernels compute it.
     pub fn ln(x: f32) -> f32 {
-        generic::ln::<Scalar>(x)
+        noise::ln::<Scalar>(x)
     }
     /// ln of any f32, as the kernels compute it for external EXP noise.
     pub fn ln_any(x: f32) -> f32 {
-        generic::ln_any::<Scalar>(x)
+        noise::ln_any::<Scalar>(x)
     }
     /// The noise of every token of a row, as the inline race computes it: `E_i` for
     /// `i in 0..n` of the row keyed by `key` (see `BlockNoise`).
     pub fn race_noise(key: u64, n: usize) -> Vec<f32> {
-        let nb = n.div_ceil(super::BLOCK);
-        let mut blocks = vec![generic::BlockNoise { e_min: 0.0, j_min: 0, g_max: 0.0, bound: 0.0 }; nb];
-        let p = generic::RaceParams { m: 0.0, inv_t: 1.0, floor: f32::NEG_INFINITY };
-        // SAFETY: Scalar runs everywhere.
-        unsafe { generic::fill_block_noise::<Scalar>(key, 0, &vec![0.0; nb], p, &mut blocks) };
+        let nb = n.div_ceil(BLOCK);
+        let mut blocks = vec![BlockNoise { e_min: 0.0, j_min: 0, g_max: 0.0, bound: 0.0 }; nb];
+        let p = RaceParams { m: 0.0, inv_t: 1.0, floor: f32::NEG_INFINITY };
+        // SAFETY: `bmax` has as many elements as `blocks`; Scalar runs anywhere.
+        unsafe { fill_block_noise::<Scalar>(key, 0, &vec![0.0; nb], p, &mut blocks) };
         (0..n)
             .map(|i| {
-                let b = blocks[i / super::BLOCK];
-                if (i % super::BLOCK) as u32 == b.j_min {
+                let b = blocks[i / BLOCK];
+                if (i % BLOCK) as u32 == b.j_min {
                     b.e_min
                 } else {
                     b.e_min + exp(bits(key, i as u32))
@@ -308,18 +411,18 @@ pub mod scalar_noise {
     }
     /// The cheap upper bound of `-ln E` (E from `bits`) that the race prunes with.
     pub fn bound(bits: u32) -> f32 {
-        generic::noise_bound::<Scalar>(bits)
+        noise::noise_bound::<Scalar>(bits)
     }
     /// The bits behind the noise of block `block`: (minimum's bits, position's bits) and the
     /// bound of `-ln E` over the block.
     pub fn block_bits(key: u64, block: u32) -> (u32, u32, f32) {
-        let (k0, k1) = generic::key_words(key);
-        let h1 = generic::hash::<Scalar>(block, k0 ^ 0x6d69_6e45, k1);
-        let h2 = generic::hash::<Scalar>(block, k0 ^ 0x706f_734a, k1);
-        let mut b = [generic::BlockNoise { e_min: 0.0, j_min: 0, g_max: 0.0, bound: 0.0 }];
-        let p = generic::RaceParams { m: 0.0, inv_t: 1.0, floor: f32::NEG_INFINITY };
-        // SAFETY: Scalar runs everywhere.
-        unsafe { generic::fill_block_noise::<Scalar>(key, block as usize, &[0.0], p, &mut b) };
+        let (k0, k1) = noise::key_words(key);
+        let h1 = noise::hash::<Scalar>(block, k0 ^ SALT_MIN, k1);
+        let h2 = noise::hash::<Scalar>(block, k0 ^ SALT_POS, k1);
+        let mut b = [BlockNoise { e_min: 0.0, j_min: 0, g_max: 0.0, bound: 0.0 }];
+        let p = RaceParams { m: 0.0, inv_t: 1.0, floor: f32::NEG_INFINITY };
+        // SAFETY: one block, one maximum; Scalar runs anywhere.
+        unsafe { fill_block_noise::<Scalar>(key, block as usize, &[0.0], p, &mut b) };
         (h1, h2, b[0].g_max)
     }
 }

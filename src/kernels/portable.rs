@@ -18,7 +18,9 @@ macro_rules! lanes {
     }};
 }
 
-impl Simd for Portable {
+// SAFETY: plain Rust on arrays, no instruction-set feature beyond the target's baseline; the
+// unsafe methods touch the `W` elements at `p`.
+unsafe impl Simd for Portable {
     const LANES: usize = W;
     type F = [f32; W];
     type U = [u32; W];
@@ -26,25 +28,30 @@ impl Simd for Portable {
 
     #[inline(always)]
     unsafe fn load_f32(p: *const f32) -> [f32; W] {
-        (p as *const [f32; W]).read_unaligned()
+        // SAFETY: `p` valid for W reads (the caller's contract).
+        unsafe { (p as *const [f32; W]).read_unaligned() }
     }
     #[inline(always)]
     unsafe fn load_bf16(p: *const u16) -> [f32; W] {
-        let h = (p as *const [u16; W]).read_unaligned();
+        // SAFETY: `p` valid for W reads (the caller's contract).
+        let h = unsafe { (p as *const [u16; W]).read_unaligned() };
         lanes!(|i| bf16_to_f32(h[i]))
     }
     #[inline(always)]
     unsafe fn load_f16(p: *const u16) -> [f32; W] {
-        let h = (p as *const [u16; W]).read_unaligned();
+        // SAFETY: `p` valid for W reads (the caller's contract).
+        let h = unsafe { (p as *const [u16; W]).read_unaligned() };
         lanes!(|i| f16_to_f32(h[i]))
     }
     #[inline(always)]
     unsafe fn store(p: *mut f32, v: [f32; W]) {
-        (p as *mut [f32; W]).write_unaligned(v)
+        // SAFETY: `p` valid for W writes (the caller's contract).
+        unsafe { (p as *mut [f32; W]).write_unaligned(v) }
     }
     #[inline(always)]
     unsafe fn store_u(p: *mut u32, v: [u32; W]) {
-        (p as *mut [u32; W]).write_unaligned(v)
+        // SAFETY: `p` valid for W writes (the caller's contract).
+        unsafe { (p as *mut [u32; W]).write_unaligned(v) }
     }
     #[inline(always)]
     fn splat(x: f32) -> [f32; W] {
@@ -194,7 +201,8 @@ impl Simd for Portable {
     unsafe fn compress_store(p: *mut f32, m: [bool; W], v: [f32; W]) -> usize {
         let mut j = 0;
         for i in 0..W {
-            p.add(j).write_unaligned(v[i]);
+            // SAFETY: j <= i < W, and `p` is valid for W writes (the caller's contract).
+            unsafe { p.add(j).write_unaligned(v[i]) };
             j += m[i] as usize;
         }
         j

@@ -1,6 +1,6 @@
 //! The vector abstraction that every kernel is written against, and its one-lane implementation.
 //!
-//! Each instruction set implements [`Simd`]; the algorithms in `generic.rs` are written once over
+//! Each instruction set implements [`Simd`]; the algorithms in `generic/` are written once over
 //! it. Because every path runs the same sequence of IEEE-754 operations per element (no FMA, no
 //! reassociation of anything but `max`), every path computes bit-identical keys and therefore the
 //! same tokens. [`Scalar`] (one lane) is the reference and also handles the tails of rows.
@@ -8,10 +8,26 @@
 /// Operations on a vector of `LANES` f32 (`F`), a vector of `LANES` u32 (`U`), and a lane mask (`M`).
 ///
 /// # Safety
-/// Implementations for an instruction set may only be used inside a function compiled with that
-/// instruction set enabled (see the `#[target_feature]` entry points of each ISA module).
-pub(crate) trait Simd: Copy {
+/// The methods of an implementation for an instruction set execute its instructions, safe
+/// methods included: they may only run on a CPU with its level's features
+/// ([`SimdLevel::target_features`](super::SimdLevel::target_features)), inside a function
+/// compiled with them enabled. The crate does not check that per call; `kernels/mod.rs` keeps it
+/// by construction: those implementations are private to `kernels`, instantiated only in the
+/// `#[target_feature]` entry points of `kernel_table!`, and those are reachable only through the
+/// table that `kernels(level)` builds after checking `level.is_supported()`. [`Scalar`] and
+/// `Portable` need no feature and run anywhere.
+///
+/// An implementation promises: its instructions are those of its level and no others; its
+/// `unsafe` methods touch only the memory their docs name; `LANES` is its lane count (at most
+/// 64, a divisor of 16); and it sets `GATHER_IN_MASS_PASS` only with 16 lanes.
+pub(crate) unsafe trait Simd: Copy {
     const LANES: usize;
+    /// Whether `mass_gather` gathers the values of a full block during its mass pass (one read
+    /// of the block) rather than in a pass of their own. Only right with `LANES == 16` (checked
+    /// at compile time): the mass pass reads a block as 16 rows of 16 values, and only a vector
+    /// as wide as a row visits the values in index order, as the gather must. Worth it where
+    /// `compress_store` is one instruction (AVX-512).
+    const GATHER_IN_MASS_PASS: bool = false;
     type F: Copy;
     type U: Copy;
     type M: Copy;
@@ -102,7 +118,9 @@ pub(crate) fn bf16_to_f32(h: u16) -> f32 {
     f32::from_bits((h as u32) << 16)
 }
 
-impl Simd for Scalar {
+// SAFETY: plain Rust on one lane, no instruction-set feature needed; the unsafe methods touch
+// one element at `p`.
+unsafe impl Simd for Scalar {
     const LANES: usize = 1;
     type F = f32;
     type U = u32;
@@ -110,23 +128,28 @@ impl Simd for Scalar {
 
     #[inline(always)]
     unsafe fn load_f32(p: *const f32) -> f32 {
-        p.read_unaligned()
+        // SAFETY: `p` valid for one read (the caller's contract).
+        unsafe { p.read_unaligned() }
     }
     #[inline(always)]
     unsafe fn load_bf16(p: *const u16) -> f32 {
-        bf16_to_f32(p.read_unaligned())
+        // SAFETY: `p` valid for one read (the caller's contract).
+        unsafe { bf16_to_f32(p.read_unaligned()) }
     }
     #[inline(always)]
     unsafe fn load_f16(p: *const u16) -> f32 {
-        f16_to_f32(p.read_unaligned())
+        // SAFETY: `p` valid for one read (the caller's contract).
+        unsafe { f16_to_f32(p.read_unaligned()) }
     }
     #[inline(always)]
     unsafe fn store(p: *mut f32, v: f32) {
-        p.write_unaligned(v)
+        // SAFETY: `p` valid for one write (the caller's contract).
+        unsafe { p.write_unaligned(v) }
     }
     #[inline(always)]
     unsafe fn store_u(p: *mut u32, v: u32) {
-        p.write_unaligned(v)
+        // SAFETY: `p` valid for one write (the caller's contract).
+        unsafe { p.write_unaligned(v) }
     }
     #[inline(always)]
     fn splat(x: f32) -> f32 {
@@ -286,7 +309,8 @@ impl Simd for Scalar {
     }
     #[inline(always)]
     unsafe fn compress_store(p: *mut f32, m: bool, v: f32) -> usize {
-        p.write_unaligned(v);
+        // SAFETY: `p` valid for one write (the caller's contract).
+        unsafe { p.write_unaligned(v) };
         m as usize
     }
 }
@@ -313,19 +337,22 @@ pub struct F16(pub u16);
 impl Elem for f32 {
     #[inline(always)]
     unsafe fn load<S: Simd>(p: *const f32) -> S::F {
-        S::load_f32(p)
+        // SAFETY: forwarded (the caller's contract).
+        unsafe { S::load_f32(p) }
     }
 }
 impl Elem for Bf16 {
     #[inline(always)]
     unsafe fn load<S: Simd>(p: *const Bf16) -> S::F {
-        S::load_bf16(p as *const u16)
+        // SAFETY: forwarded (the caller's contract); the element types are `u16`-sized bits.
+        unsafe { S::load_bf16(p as *const u16) }
     }
 }
 impl Elem for F16 {
     #[inline(always)]
     unsafe fn load<S: Simd>(p: *const F16) -> S::F {
-        S::load_f16(p as *const u16)
+        // SAFETY: forwarded (the caller's contract); the element types are `u16`-sized bits.
+        unsafe { S::load_f16(p as *const u16) }
     }
 }
 

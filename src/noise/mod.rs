@@ -1,7 +1,7 @@
 //! Random streams and noise.
 //!
 //! Every noise value tokenrace generates is counter-based: the value of token i in a row is a
-//! pure function of the row's 64-bit key and i (see `kernels::generic::hash`). Seeded rows take
+//! pure function of the row's 64-bit key and i (see `kernels::generic::noise::hash`). Seeded rows take
 //! their key from (seed, offset); unseeded rows take one fresh key each from the sampler's
 //! xoshiro256++ stream, in row order, so no token depends on the thread count or SIMD level.
 

@@ -1,0 +1,470 @@
+//! Probability mass in f32 (top-p, logprobs): a SIMD exp2, per-block sums of the weights
+//! `w = exp((x - m) * inv_t)` in f32 (with a proven error bound) or as cheap bounds, and the
+//! gathering of a row's values at or above a threshold.
+//!
+//! The weight of x is `2^t` with `t = fl32(fl32(x - m) * c)`, `c = fl32(inv_t * log2 e)`; the mass
+//! kernels sum the tokens with `lo <= x < cut`, where `lo` is finite and high enough that
+//! `t >= -125` (see `mass_lo`), so that every weight is a normal f32 (the kinds without a mask
+//! clamp t at -125 instead, for rows where that is the only bound). Each [`MassKind`] is a type
+//! here (module [`kind`], trait [`Weigh`]), so that each is compiled on its own: the kind is
+//! matched once per call, outside the loops. The tokens at or above a cut are gathered in index
+//! order (`gather_ge`, `mass_gather`), with a compress-store.
+//!
+//! The summation order does not depend on the SIMD level: a block is read as 16 rows of 16
+//! columns and summed in the fixed trees of [`super::tree16`] and [`super::sum_columns`] (see
+//! the parent module), so every level returns bit-identical block sums.
+
+use super::{sum_columns, tail_block, tree16, Leaves, BLOCK, COLS};
+use crate::kernels::simd::{Elem, Scalar, Simd};
+use std::marker::PhantomData;
+use std::mem::MaybeUninit;
+
+/// 1.5 * 2^23: `t + ROUND_MAGIC` rounds `|t| < 2^22` to an integer held in the low bits.
+const ROUND_MAGIC: f32 = 12_582_912.0;
+/// 1.5 * 2^19: rounds `|t| < 2^18` to a multiple of 1/16.
+const ROUND_MAGIC_16: f32 = 786_432.0;
+/// 2^f on [-1/2, 1/2] = 1 + f (C1 + f (C2 + f (C3 + f (C4 + f C5)))), fitted for relative error.
+#[allow(clippy::approx_constant)] // a fitted coefficient, not ln 2
+const EXP2_C: [f32; 5] = [0.693_147, 0.240_222_42, 0.055_507_336, 0.009_671_513, 0.001_326_472_4];
+
+/// The smallest exponent `t` the mass kernels accept (a weight of 2^-125, a normal f32).
+pub(crate) const T_MIN: f32 = -125.0;
+
+/// Row constants of the f32 mass kernels.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MassParams {
+    /// The row's finite maximum.
+    pub m: f32,
+    /// `fl32(inv_t * log2 e)`.
+    pub c: f32,
+    /// Tokens with `lo <= x < cut` count; `lo` finite with `t(lo) >= T_MIN`.
+    pub lo: f32,
+    pub cut: f32,
+}
+
+/// Which weight the f32 mass kernels sum (chosen at run time; each is a type of [`kind`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MassKind {
+    /// `exp2(t)` (relative error below 2^-22), tokens `x >= lo`.
+    Exp,
+    /// `exp2(t)`, tokens `lo <= x < cut` (the draw sums this mass with `mass_gather`, which
+    /// also gathers the tokens at or above the cut; the tests compare the two).
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
+    ExpCut,
+    /// A cheap weight `S` with `S / 1.0847 <= 2^t <= S / 0.97855` (Schraudolph's exponent trick
+    /// at 1/16), tokens `lo <= x < cut`.
+    CheapCut,
+    /// `exp2(max(t, T_MIN))` of every token, NaN and -inf included (2^-125 each): fewer
+    /// operations, for rows without a floor.
+    ExpAll,
+    /// The cheap weight of `max(t, T_MIN)` of every token.
+    CheapAll,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The weights.
+// ---------------------------------------------------------------------------------------------
+
+/// `t = (x - m) * c` in f32, the exponent of 2 of the weight of x.
+#[inline(always)]
+pub(crate) fn mass_t<S: Simd>(x: S::F, m: f32, c: f32) -> S::F {
+    S::mul(S::sub(x, S::splat(m)), S::splat(c))
+}
+
+/// 2^t for `T_MIN <= t <= 0` (no check): relative error below 2^-22 (1.93e-7 measured over every
+/// f32 in [-1, 0], which covers every fractional part that can occur).
+///
+/// t = k + f with k = round(t) and f = t - k exact in [-1/2, 1/2]; 2^f from a degree-5
+/// polynomial (Horner, no FMA), 2^k added to the exponent field.
+#[inline(always)]
+pub(crate) fn exp2_neg<S: Simd>(t: S::F) -> S::F {
+    let k = S::add(t, S::splat(ROUND_MAGIC));
+    let f = S::sub(t, S::sub(k, S::splat(ROUND_MAGIC)));
+    let mut p = S::splat(EXP2_C[4]);
+    p = S::add(S::mul(p, f), S::splat(EXP2_C[3]));
+    p = S::add(S::mul(p, f), S::splat(EXP2_C[2]));
+    p = S::add(S::mul(p, f), S::splat(EXP2_C[1]));
+    p = S::add(S::mul(p, f), S::splat(EXP2_C[0]));
+    let y = S::add(S::mul(p, f), S::splat(1.0));
+    // The bits of k are those of ROUND_MAGIC plus round(t); shifted by 23, only round(t) is left.
+    S::from_bits(S::add_u(S::to_bits(y), S::shl_u::<23>(S::to_bits(k))))
+}
+
+/// The cheap weight of `T_MIN <= t <= 0`: `2^q (1 + r/16)` where `round(16 t) = 16 q + r`.
+#[inline(always)]
+fn cheap_exp2<S: Simd>(t: S::F) -> S::F {
+    let k = S::add(t, S::splat(ROUND_MAGIC_16));
+    S::from_bits(S::add_u(S::shl_u::<19>(S::to_bits(k)), S::splat_u(0x3f80_0000)))
+}
+
+/// How a kind computes `2^t` for `T_MIN <= t <= 0`.
+trait Pow2 {
+    fn pow2<S: Simd>(t: S::F) -> S::F;
+}
+
+/// [`exp2_neg`]: relative error below 2^-22.
+struct Exact;
+/// [`cheap_exp2`]: a bound within a few percent.
+struct Cheap;
+
+impl Pow2 for Exact {
+    #[inline(always)]
+    fn pow2<S: Simd>(t: S::F) -> S::F {
+        exp2_neg::<S>(t)
+    }
+}
+impl Pow2 for Cheap {
+    #[inline(always)]
+    fn pow2<S: Simd>(t: S::F) -> S::F {
+        cheap_exp2::<S>(t)
+    }
+}
+
+/// The weights of the lanes of `x` that `keep` selects, 0 in the others (nothing is computed
+/// when no lane is kept).
+#[inline(always)]
+fn masked<S: Simd, P: Pow2>(x: S::F, keep: S::M, mp: MassParams) -> S::F {
+    if !S::any(keep) {
+        return S::splat(0.0);
+    }
+    let t = mass_t::<S>(x, mp.m, mp.c);
+    S::select(keep, P::pow2::<S>(t), S::splat(0.0))
+}
+
+/// The weights of every lane of `x`, t clamped to T_MIN, NaN and -inf included. `(m - x) * -c`
+/// is `(x - m) * c` (the roundings are symmetric) with -0 for x = m, so that t is never above -0
+/// and its bits as i32 grow with |t| (NaN of either sign included): an integer minimum clamps
+/// it, off the floating-point adders.
+#[inline(always)]
+fn clamped<S: Simd, P: Pow2>(x: S::F, mp: MassParams) -> S::F {
+    let t = S::mul(S::sub(S::splat(mp.m), x), S::splat(-mp.c));
+    let t = S::from_bits(S::min_i32(S::to_bits(t), S::splat_u(T_MIN.to_bits())));
+    P::pow2::<S>(t)
+}
+
+/// A weight kind of the f32 mass kernels, as a type (see [`kind`]).
+trait Weigh {
+    /// The weights of the `LANES` values `x` (0 for those the kind does not count).
+    ///
+    /// # Safety
+    /// `S` usable here; a kind with a sink also needs room there (see [`kind::ExpCutGather`]).
+    unsafe fn weigh<S: Simd>(&mut self, x: S::F, mp: MassParams) -> S::F;
+}
+
+/// The weight kinds: one type per [`MassKind`], and the one kind that also gathers.
+mod kind {
+    use super::*;
+
+    /// [`MassKind::Exp`]: `exp2(t)`, tokens `x >= lo`.
+    pub(super) struct Exp;
+    /// [`MassKind::ExpCut`]: `exp2(t)`, tokens `lo <= x < cut`.
+    pub(super) struct ExpCut;
+    /// [`MassKind::CheapCut`]: the cheap weight, tokens `lo <= x < cut`.
+    pub(super) struct CheapCut;
+    /// [`MassKind::ExpAll`]: `exp2(max(t, T_MIN))` of every token.
+    pub(super) struct ExpAll;
+    /// [`MassKind::CheapAll`]: the cheap weight of `max(t, T_MIN)` of every token.
+    pub(super) struct CheapAll;
+
+    /// [`ExpCut`] that also appends the values `>= cut`, in the order it weighs them, at
+    /// `base + len` (only [`super::mass_gather`] uses it, when the visit is in index order).
+    ///
+    /// Its `weigh` writes `S::LANES` values at `base + len` (then advances `len` by the number
+    /// `>= cut`): the caller keeps room for them.
+    pub(super) struct ExpCutGather {
+        pub base: *mut f32,
+        pub len: usize,
+    }
+
+    impl Weigh for Exp {
+        #[inline(always)]
+        unsafe fn weigh<S: Simd>(&mut self, x: S::F, mp: MassParams) -> S::F {
+            masked::<S, Exact>(x, S::ge(x, S::splat(mp.lo)), mp)
+        }
+    }
+    impl Weigh for ExpCut {
+        #[inline(always)]
+        unsafe fn weigh<S: Simd>(&mut self, x: S::F, mp: MassParams) -> S::F {
+            masked::<S, Exact>(x, S::and_m(S::ge(x, S::splat(mp.lo)), S::lt(x, S::splat(mp.cut))), mp)
+        }
+    }
+    impl Weigh for CheapCut {
+        #[inline(always)]
+        unsafe fn weigh<S: Simd>(&mut self, x: S::F, mp: MassParams) -> S::F {
+            masked::<S, Cheap>(x, S::and_m(S::ge(x, S::splat(mp.lo)), S::lt(x, S::splat(mp.cut))), mp)
+        }
+    }
+    impl Weigh for ExpAll {
+        #[inline(always)]
+        unsafe fn weigh<S: Simd>(&mut self, x: S::F, mp: MassParams) -> S::F {
+            clamped::<S, Exact>(x, mp)
+        }
+    }
+    impl Weigh for CheapAll {
+        #[inline(always)]
+        unsafe fn weigh<S: Simd>(&mut self, x: S::F, mp: MassParams) -> S::F {
+            clamped::<S, Cheap>(x, mp)
+        }
+    }
+    impl Weigh for ExpCutGather {
+        #[inline(always)]
+        unsafe fn weigh<S: Simd>(&mut self, x: S::F, mp: MassParams) -> S::F {
+            // SAFETY: room for LANES values at base + len (the caller's contract); `S` usable.
+            self.len += unsafe { S::compress_store(self.base.add(self.len), S::ge(x, S::splat(mp.cut)), x) };
+            // SAFETY: `S` usable (the caller's contract).
+            unsafe { ExpCut.weigh::<S>(x, mp) }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-block mass.
+// ---------------------------------------------------------------------------------------------
+
+/// The weights of the 16 rows of one group of `LANES` columns of a block, as leaves of the
+/// summation tree: leaf `r` is the weight of the vector `q[r * COLS..]`.
+struct BlockRows<'a, S, E, W> {
+    q: *const E,
+    mp: MassParams,
+    w: &'a mut W,
+    simd: PhantomData<S>,
+}
+
+impl<S: Simd, E: Elem, W: Weigh> Leaves for BlockRows<'_, S, E, W> {
+    type T = S::F;
+    #[inline(always)]
+    fn add(a: S::F, b: S::F) -> S::F {
+        S::add(a, b)
+    }
+    /// # Safety
+    /// `q` valid for `r * COLS + S::LANES` reads; `S` usable here; what `W` needs.
+    #[inline(always)]
+    unsafe fn leaf(&mut self, r: usize) -> S::F {
+        // SAFETY: the caller's contract.
+        unsafe { self.w.weigh::<S>(E::load::<S>(self.q.add(r * COLS)), self.mp) }
+    }
+}
+
+/// The mass of the full block at `q`: each column summed over its 16 rows in f32 in the fixed
+/// tree, `LANES` columns at a time, then the 16 column sums in f64.
+///
+/// # Safety
+/// `q` valid for BLOCK reads; `S` usable here; what `W` needs.
+#[inline(always)]
+unsafe fn mass_block<S: Simd, E: Elem, W: Weigh>(q: *const E, mp: MassParams, w: &mut W) -> f64 {
+    let mut cols = [0f32; COLS];
+    let mut g = 0;
+    while g < COLS {
+        // SAFETY: the rows of columns g .. g + LANES lie in the block (LANES divides COLS);
+        // `cols` has room for LANES values at g; `S` usable (the caller's contract).
+        unsafe {
+            let sums = tree16(&mut BlockRows::<S, E, W> { q: q.add(g), mp, w: &mut *w, simd: PhantomData });
+            S::store(cols.as_mut_ptr().add(g), sums);
+        }
+        g += S::LANES;
+    }
+    sum_columns(&cols)
+}
+
+/// The mass of the block of `row` that starts at `start`; the last, partial block is read
+/// padded with -inf, which counts as nothing (or as 2^-125 in the kinds without a mask).
+///
+/// # Safety
+/// `row` valid for `n` reads, `start < n`; `S` usable here; what `W` needs.
+#[inline(always)]
+unsafe fn block_mass<S: Simd, E: Elem, W: Weigh>(
+    row: *const E,
+    n: usize,
+    start: usize,
+    mp: MassParams,
+    w: &mut W,
+) -> f64 {
+    // SAFETY: the block lies in the row, or its n - start < BLOCK values do; `S` usable (the
+    // caller's contract).
+    unsafe {
+        if start + BLOCK <= n {
+            mass_block::<S, E, W>(row.add(start), mp, w)
+        } else {
+            let mut buf = MaybeUninit::uninit();
+            let tail = tail_block(row.add(start), n - start, f32::NEG_INFINITY, &mut buf);
+            mass_block::<S, f32, W>(tail.as_ptr(), mp, w)
+        }
+    }
+}
+
+/// Writes the mass (see [`MassKind`]) of each BLOCK of `row` into `out`: a sum of f32 weights,
+/// the same on every SIMD level. Blocks whose maximum in `bmax` (if not empty) is below `lo`
+/// give 0 without being read.
+///
+/// # Safety
+/// `row` valid for `n` reads; `out` has `n.div_ceil(BLOCK)` elements, and `bmax` as many or none.
+#[inline(always)]
+pub(crate) unsafe fn mass<S: Simd, E: Elem>(
+    row: *const E,
+    n: usize,
+    bmax: &[f32],
+    mp: MassParams,
+    kind: MassKind,
+    out: &mut [f64],
+) {
+    // SAFETY: the caller's contract; the plain kinds need nothing more.
+    unsafe {
+        match kind {
+            MassKind::Exp => mass_of::<S, E, _>(row, n, bmax, mp, kind::Exp, out),
+            MassKind::ExpCut => mass_of::<S, E, _>(row, n, bmax, mp, kind::ExpCut, out),
+            MassKind::CheapCut => mass_of::<S, E, _>(row, n, bmax, mp, kind::CheapCut, out),
+            MassKind::ExpAll => mass_of::<S, E, _>(row, n, bmax, mp, kind::ExpAll, out),
+            MassKind::CheapAll => mass_of::<S, E, _>(row, n, bmax, mp, kind::CheapAll, out),
+        }
+    }
+}
+
+/// [`mass`] of the kind `W`.
+///
+/// # Safety
+/// As [`mass`]; what `W` needs.
+#[inline(always)]
+unsafe fn mass_of<S: Simd, E: Elem, W: Weigh>(
+    row: *const E,
+    n: usize,
+    bmax: &[f32],
+    mp: MassParams,
+    mut w: W,
+    out: &mut [f64],
+) {
+    for (b, o) in out.iter_mut().enumerate() {
+        if !bmax.is_empty() && bmax[b] < mp.lo {
+            *o = 0.0;
+            continue;
+        }
+        // SAFETY: b * BLOCK < n (out has n.div_ceil(BLOCK) elements); the caller's contract.
+        *o = unsafe { block_mass::<S, E, W>(row, n, b * BLOCK, mp, &mut w) };
+    }
+}
+
+/// Appends to `out`, in row order, the values `>= lo` of `row[start..end]` (`vlo` is `lo` in
+/// every lane, splat once by the caller).
+///
+/// # Safety
+/// `row` valid for `end` reads, `end - start <= BLOCK`; `S` usable here.
+#[inline(always)]
+unsafe fn gather_block<S: Simd, E: Elem>(
+    row: *const E,
+    (start, end): (usize, usize),
+    (lo, vlo): (f32, S::F),
+    out: &mut Vec<f32>,
+) {
+    let l = S::LANES;
+    // Room for the block and one vector written past its last value.
+    out.reserve(BLOCK + 64);
+    let base = out.as_mut_ptr();
+    let mut len = out.len();
+    let mut i = start;
+    while i + l <= end {
+        // SAFETY: i + LANES <= end; at most i - start values were appended before, so the LANES
+        // written at base + len stay below len0 + BLOCK + LANES, within the room reserved
+        // (LANES <= 64); `S` usable (the caller's contract).
+        unsafe {
+            let x = E::load::<S>(row.add(i));
+            len += S::compress_store(base.add(len), S::ge(x, vlo), x);
+        }
+        i += l;
+    }
+    while i < end {
+        // SAFETY: as above, one value; Scalar runs anywhere.
+        unsafe {
+            let x = E::load::<Scalar>(row.add(i));
+            len += Scalar::compress_store(base.add(len), x >= lo, x);
+        }
+        i += 1;
+    }
+    // SAFETY: the `len - out.len()` values after the old end were written above.
+    unsafe { out.set_len(len) };
+}
+
+/// [`mass`] of kind `ExpCut`, and also appends to `cands`, in row order, every value `x >= cut`
+/// (`cut` finite) of the blocks whose maximum in `bmax` reaches `cut`: one pass for the mass below
+/// a cut and the tokens above it.
+///
+/// Where the level says so ([`Simd::GATHER_IN_MASS_PASS`]: 16 lanes, a vector per row of a
+/// block, so that the mass pass visits the values in index order), a full block is gathered
+/// during its mass pass; otherwise its values are gathered first, in a pass of their own.
+///
+/// # Safety
+/// As [`mass`], with `bmax` not empty.
+#[inline(always)]
+pub(crate) unsafe fn mass_gather<S: Simd, E: Elem>(
+    row: *const E,
+    n: usize,
+    bmax: &[f32],
+    mp: MassParams,
+    out: &mut [f64],
+    cands: &mut Vec<f32>,
+) {
+    const { assert!(!S::GATHER_IN_MASS_PASS || S::LANES == COLS) };
+    let vcut = S::splat(mp.cut);
+    for (b, o) in out.iter_mut().enumerate() {
+        let bm = bmax[b];
+        if bm < mp.lo {
+            *o = 0.0;
+            continue;
+        }
+        let start = b * BLOCK;
+        let end = (start + BLOCK).min(n);
+        if bm >= mp.cut && S::GATHER_IN_MASS_PASS && end - start == BLOCK {
+            cands.reserve(BLOCK + 64);
+            let mut sink = kind::ExpCutGather { base: cands.as_mut_ptr(), len: cands.len() };
+            // SAFETY: the block lies in the row; the 16 vectors of 16 lanes write at most
+            // BLOCK + 16 values from the old end, within the room reserved; `S` usable (the
+            // caller's contract). Then the `sink.len - cands.len()` values were written.
+            unsafe {
+                *o = mass_block::<S, E, _>(row.add(start), mp, &mut sink);
+                cands.set_len(sink.len);
+            }
+            continue;
+        }
+        if bm >= mp.cut {
+            // SAFETY: end <= n, end - start <= BLOCK; `S` usable (the caller's contract).
+            unsafe { gather_block::<S, E>(row, (start, end), (mp.cut, vcut), cands) };
+        }
+        // SAFETY: start < n; the caller's contract.
+        *o = unsafe { block_mass::<S, E, _>(row, n, start, mp, &mut kind::ExpCut) };
+    }
+}
+
+/// Writes the f32 weight `exp2(t)` of each of the `n` values at `row` into `out` (0 outside
+/// `lo <= x < cut`).
+///
+/// # Safety
+/// `row` valid for `n` reads, `out` for `n` writes; `S` usable here.
+#[inline(always)]
+pub(crate) unsafe fn mass_weights<S: Simd, E: Elem>(row: *const E, n: usize, mp: MassParams, out: *mut f32) {
+    let mut i = 0;
+    while i + S::LANES <= n {
+        // SAFETY: i + LANES <= n values of `row` and `out`; `S` usable (the caller's contract).
+        unsafe { S::store(out.add(i), kind::ExpCut.weigh::<S>(E::load::<S>(row.add(i)), mp)) };
+        i += S::LANES;
+    }
+    while i < n {
+        // SAFETY: i < n; Scalar runs anywhere.
+        unsafe { Scalar::store(out.add(i), kind::ExpCut.weigh::<Scalar>(E::load::<Scalar>(row.add(i)), mp)) };
+        i += 1;
+    }
+}
+
+/// Appends to `out`, in row order, every value `x >= lo` (`lo` finite) of the blocks whose
+/// maximum in `bmax` reaches `lo`.
+///
+/// # Safety
+/// `row` valid for `n` reads; `bmax` has `n.div_ceil(BLOCK)` elements; `S` usable here.
+#[inline(always)]
+pub(crate) unsafe fn gather_ge<S: Simd, E: Elem>(row: *const E, n: usize, bmax: &[f32], lo: f32, out: &mut Vec<f32>) {
+    let vlo = S::splat(lo);
+    for (b, &bm) in bmax.iter().enumerate() {
+        if bm < lo {
+            continue;
+        }
+        // SAFETY: the block lies in the row; `S` usable (the caller's contract).
+        unsafe { gather_block::<S, E>(row, (b * BLOCK, ((b + 1) * BLOCK).min(n)), (lo, vlo), out) };
+    }
+}

@@ -1,0 +1,146 @@
+//! The noise: ln, the counter hash, the uniform-to-Exp(1) transform and its cheap bounds, and
+//! [`fill_noise`] (the pool and callers who want noise arrays).
+//!
+//! Every function here is a pure function of its lanes, so one lane ([`Scalar`]) is the
+//! definition and the vector levels reproduce it bit for bit (no FMA: see `simd.rs`).
+
+use crate::kernels::simd::{Scalar, Simd};
+
+const LN2_HI: f32 = 0.693_359_4; // 355/512: e * LN2_HI is exact for |e| < 2^14
+const LN2_LO: f32 = -2.121_944_4e-4; // ln 2 - LN2_HI
+/// ln 2 rounded up with room to spare, for upper bounds.
+pub(super) const LN2_UP: f32 = 0.693_158; // ln 2 * (1 + 2^-16)
+const SQRT2_BITS: u32 = 0x3fb5_04f3;
+const TWO_POW_M32: f32 = 2.328_306_4e-10; // 2^-32, exact
+
+/// Natural log of positive normal lanes, plus an exponent offset `e_off` (result = ln(x) - e_off*ln2).
+///
+/// ln x = e ln2 + ln m with m in (sqrt(1/2), sqrt(2)], and ln m = 2 atanh(s), s = (m-1)/(m+1),
+/// |s| <= 0.1716, from the series s + s^3/3 + s^5/5 + s^7/7 + s^9/9 (truncation below 1e-8
+/// relative). No FMA, so every instruction set rounds identically.
+#[inline(always)]
+fn ln_core<S: Simd>(x: S::F, e_off: S::U) -> S::F {
+    let bits = S::to_bits(x);
+    let mut e = S::sub_u(S::sub_u(S::shr_u::<23>(bits), S::splat_u(127)), e_off);
+    let mut mbits = S::or_u(S::and_u(bits, S::splat_u(0x007f_ffff)), S::splat_u(0x3f80_0000));
+    let big = S::gt_i32(mbits, S::splat_u(SQRT2_BITS));
+    mbits = S::select_u(big, S::sub_u(mbits, S::splat_u(0x0080_0000)), mbits);
+    e = S::select_u(big, S::add_u(e, S::splat_u(1)), e);
+    let m = S::from_bits(mbits);
+    let one = S::splat(1.0);
+    let s = S::div(S::sub(m, one), S::add(m, one));
+    let s2 = S::mul(s, s);
+    let mut p = S::splat(1.0 / 9.0);
+    p = S::add(S::mul(p, s2), S::splat(1.0 / 7.0));
+    p = S::add(S::mul(p, s2), S::splat(1.0 / 5.0));
+    p = S::add(S::mul(p, s2), S::splat(1.0 / 3.0));
+    let ts = S::add(s, s);
+    let ln_m = S::add(ts, S::mul(ts, S::mul(s2, p)));
+    let ef = S::cvt_i32(e);
+    S::add(S::mul(ef, S::splat(LN2_HI)), S::add(S::mul(ef, S::splat(LN2_LO)), ln_m))
+}
+
+/// ln of positive normal lanes.
+#[inline(always)]
+pub(crate) fn ln<S: Simd>(x: S::F) -> S::F {
+    ln_core::<S>(x, S::splat_u(0))
+}
+
+/// ln of any lanes: subnormals are scaled first; ln 0 = -inf, ln +inf = +inf, negative or NaN gives NaN.
+#[inline(always)]
+pub(crate) fn ln_any<S: Simd>(x: S::F) -> S::F {
+    let zero = S::splat(0.0);
+    let sub = S::and_m(S::lt(x, S::splat(f32::MIN_POSITIVE)), S::gt(x, zero));
+    let xs = S::select(sub, S::mul(x, S::splat(16_777_216.0)), x);
+    let off = S::select_u(sub, S::splat_u(24), S::splat_u(0));
+    let mut r = ln_core::<S>(xs, off);
+    r = S::select(S::eq(x, zero), S::splat(f32::NEG_INFINITY), r);
+    r = S::select(S::eq(x, S::splat(f32::INFINITY)), S::splat(f32::INFINITY), r);
+    S::select(S::or_m(S::lt(x, zero), S::is_nan(x)), S::splat(f32::NAN), r)
+}
+
+#[inline(always)]
+fn fmix<S: Simd>(mut h: S::U) -> S::U {
+    h = S::xor_u(h, S::shr_u::<16>(h));
+    h = S::mul_u(h, S::splat_u(0x85eb_ca6b));
+    h = S::xor_u(h, S::shr_u::<13>(h));
+    h = S::mul_u(h, S::splat_u(0xc2b2_ae35));
+    S::xor_u(h, S::shr_u::<16>(h))
+}
+
+/// 32 random bits for token `idx` of the row keyed by (`k0`, `k1`).
+///
+/// Two rounds of a 32-bit avalanche mix, each a bijection of its input, so the 32-bit values of
+/// one row are all distinct and each is a pure function of (key, token index).
+#[inline(always)]
+pub(crate) fn hash<S: Simd>(idx: S::U, k0: S::U, k1: S::U) -> S::U {
+    let h = S::xor_u(S::mul_u(idx, S::splat_u(0x9e37_79b9)), k0);
+    fmix::<S>(S::add_u(fmix::<S>(h), k1))
+}
+
+/// E = -ln U with U = (a + 0.5) 2^-32, strictly inside (0, 1), with relative precision for
+/// every E (a plain f32 U near 1 would keep only 24 bits of the small E that decide the race).
+///
+/// For U < 1/2, E = -ln U directly. For U >= 1/2, t = 1 - U = (!a + 0.5) 2^-32 is exact in
+/// relative terms; arg = fl(1 - t) and E = -ln(1 - t) = -ln(arg) + e/arg with e = (arg - 1) + t
+/// (computed exactly), and 1/arg ~ 2 - arg is close enough for a correction below 2^-25.
+#[inline(always)]
+pub(crate) fn exp_noise<S: Simd>(a: S::U) -> S::F {
+    let sign = S::sign_fill(a);
+    let hi = S::gt_i32(S::splat_u(0), a);
+    let c = S::xor_u(a, sign);
+    let t = S::mul(S::add(S::cvt_i32(c), S::splat(0.5)), S::splat(TWO_POW_M32));
+    let one = S::splat(1.0);
+    let arg = S::select(hi, S::sub(one, t), t);
+    let l = ln::<S>(arg);
+    let e = S::add(S::sub(arg, one), t);
+    let corr = S::select(hi, S::mul(e, S::sub(S::splat(2.0), arg)), S::splat(0.0));
+    S::sub(corr, l)
+}
+
+/// An upper bound of `-ln exp_noise(a)` that costs a few integer operations: E >= t >= 2^(eb-151).
+#[inline(always)]
+pub(crate) fn noise_bound<S: Simd>(a: S::U) -> S::F {
+    let c = S::xor_u(a, S::sign_fill(a));
+    let eb = S::shr_u::<23>(S::to_bits(S::cvt_i32(S::shr_u::<8>(c))));
+    let k = S::min_i32(S::sub_u(S::splat_u(151), eb), S::splat_u(33));
+    S::add(S::mul(S::cvt_i32(k), S::splat(LN2_UP)), S::splat(1e-5))
+}
+
+/// Splits a 64-bit row key into the two 32-bit words the hash takes.
+#[inline(always)]
+pub(crate) fn key_words(key: u64) -> (u32, u32) {
+    (key as u32, (key >> 32) as u32)
+}
+
+/// The noise of the `LANES` tokens `first + j ..` into `out[j..]`: E, or ln E if `log`.
+///
+/// # Safety
+/// `out` valid for `S::LANES` writes at `j`; `S` usable here.
+#[inline(always)]
+unsafe fn fill_vec<S: Simd>(out: *mut f32, j: usize, first: u32, k: (u32, u32), log: bool) {
+    let h = hash::<S>(S::iota_u(first.wrapping_add(j as u32)), S::splat_u(k.0), S::splat_u(k.1));
+    let e = exp_noise::<S>(h);
+    // SAFETY: the caller's contract.
+    unsafe { S::store(out.add(j), if log { ln::<S>(e) } else { e }) };
+}
+
+/// Writes the noise of tokens `first .. first + n` of the row keyed by `key`: E, or ln E if `log`.
+///
+/// # Safety
+/// `out` valid for `n` writes; `S` usable here.
+#[inline(always)]
+pub(crate) unsafe fn fill_noise<S: Simd>(out: *mut f32, n: usize, key: u64, first: u32, log: bool) {
+    let k = key_words(key);
+    let mut j = 0;
+    while j + S::LANES <= n {
+        // SAFETY: j + LANES <= n values of `out`; `S` usable (the caller's contract).
+        unsafe { fill_vec::<S>(out, j, first, k, log) };
+        j += S::LANES;
+    }
+    while j < n {
+        // SAFETY: j < n; Scalar runs anywhere.
+        unsafe { fill_vec::<Scalar>(out, j, first, k, log) };
+        j += 1;
+    }
+}

@@ -1,0 +1,437 @@
+//! The race: `key_i = (x_i - m) * inv_t - ln E_i`, the token the lowest index of the largest key.
+//!
+//! - Inline (counter-based) noise ([`race_inline`]): the noise of each block comes with a bound
+//!   of its largest `-ln E` ([`BlockNoise`], [`fill_block_noise`]), so that a block, then a
+//!   vector, whose keys cannot reach the best key so far is skipped without generating its noise.
+//! - External noise, the caller's or a pool's ([`race_external`]): E noise is pruned with a bound
+//!   from the bits of E; ln-E noise is a plain max pass over two streams.
+//!
+//! Pruning only skips tokens whose computed key is provably below the best, so it never changes
+//! the result.
+
+use super::noise::{exp_noise, hash, key_words, ln, ln_any, noise_bound, LN2_UP};
+use super::BLOCK;
+use crate::kernels::simd::{Elem, Scalar, Simd};
+
+/// The best key so far and its token; ties go to the lower token.
+#[derive(Clone, Copy)]
+pub(crate) struct Best {
+    pub key: f32,
+    pub token: usize,
+}
+
+impl Best {
+    pub(crate) const NONE: Best = Best { key: f32::NEG_INFINITY, token: usize::MAX };
+
+    #[inline(always)]
+    pub(crate) fn offer(&mut self, key: f32, token: usize) {
+        if key > self.key || (key == self.key && token < self.token) {
+            *self = Best { key, token };
+        }
+    }
+
+    /// Combines the bests of two ranges (in any order).
+    pub(crate) fn merge(mut self, other: Best) -> Best {
+        if other.token != usize::MAX {
+            self.offer(other.key, other.token);
+        }
+        self
+    }
+}
+
+/// Row constants of a race.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RaceParams {
+    /// The row's finite maximum.
+    pub m: f32,
+    /// 1/T, at most f32::MAX.
+    pub inv_t: f32,
+    /// Tokens whose logit is below this do not race (the filters keep `x >= floor`); -inf keeps
+    /// every finite logit.
+    pub floor: f32,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The race with inline (counter-based) noise.
+// ---------------------------------------------------------------------------------------------
+
+/// The noise of the block of BLOCK tokens that starts at token `b * BLOCK`, built from the
+/// memorylessness of Exp(1): the minimum of BLOCK independent Exp(1) values is Exp(BLOCK)
+/// (`E_min = E(h1) / BLOCK`), its position `J` is uniform and independent of it (the top 8 bits
+/// of `h2`), and every other value is `E_min + F_j` with `F_j ~ Exp(1)` from the token's own
+/// hash, independent of the rest. So the values are exactly i.i.d. Exp(1), and `-ln E_min`
+/// bounds every key of the block, which lets the race skip a block on one hash.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BlockNoise {
+    pub e_min: f32,
+    /// The block-relative position holding `e_min`.
+    pub j_min: u32,
+    /// An upper bound of `-ln E` over the block (`-ln e_min`, with room for rounding).
+    pub g_max: f32,
+    /// An upper bound of every key of the block (-inf if the filters keep none of it).
+    pub bound: f32,
+}
+
+/// Separates the stream of block minima (`h1`) from the token stream.
+pub(crate) const SALT_MIN: u32 = 0x6d69_6e45;
+/// Separates the stream of minimum positions (`h2`) from the token stream.
+pub(crate) const SALT_POS: u32 = 0x706f_734a;
+
+/// `BlockNoise` of `S::LANES` consecutive blocks starting at block index `b`, whose largest
+/// logits are `bm`: (e_min, j_min, g_max, bound).
+#[inline(always)]
+fn block_noise<S: Simd>(b: u32, k: (u32, u32), bm: S::F, p: RaceParams) -> (S::F, S::U, S::F, S::F) {
+    let idx = S::iota_u(b);
+    let h1 = hash::<S>(idx, S::splat_u(k.0 ^ SALT_MIN), S::splat_u(k.1));
+    let h2 = hash::<S>(idx, S::splat_u(k.0 ^ SALT_POS), S::splat_u(k.1));
+    let e_min = S::mul(exp_noise::<S>(h1), S::splat(1.0 / BLOCK as f32));
+    let g_max = S::add(S::sub(S::splat(0.0), ln::<S>(e_min)), S::splat(1e-4));
+    let bound = S::add(S::mul(S::sub(bm, S::splat(p.m)), S::splat(p.inv_t)), g_max);
+    let bound = S::select(S::ge(bm, S::splat(p.floor)), bound, S::splat(f32::NEG_INFINITY));
+    (e_min, S::shr_u::<24>(h2), g_max, bound)
+}
+
+/// Fills `out` with the `BlockNoise` of blocks `first, first + 1, ...` of the row keyed by `key`,
+/// whose largest logits are `bmax`.
+///
+/// # Safety
+/// `bmax` has `out.len()` elements; `S` usable here.
+#[inline(always)]
+pub(crate) unsafe fn fill_block_noise<S: Simd>(
+    key: u64,
+    first: usize,
+    bmax: &[f32],
+    p: RaceParams,
+    out: &mut [BlockNoise],
+) {
+    let k = key_words(key);
+    let (mut e, mut j, mut g, mut u) = ([0f32; 64], [0u32; 64], [0f32; 64], [0f32; 64]);
+    let mut b = 0;
+    while b < out.len() {
+        let lanes = if b + S::LANES <= out.len() {
+            // SAFETY: b + LANES <= out.len() = bmax.len(); LANES <= 64 (the scratch arrays);
+            // `S` usable (the caller's contract).
+            unsafe {
+                let (ve, vj, vg, vu) = block_noise::<S>((first + b) as u32, k, S::load_f32(bmax.as_ptr().add(b)), p);
+                S::store(e.as_mut_ptr(), ve);
+                S::store_u(j.as_mut_ptr(), vj);
+                S::store(g.as_mut_ptr(), vg);
+                S::store(u.as_mut_ptr(), vu);
+            }
+            S::LANES
+        } else {
+            (e[0], j[0], g[0], u[0]) = block_noise::<Scalar>((first + b) as u32, k, bmax[b], p);
+            1
+        };
+        for l in 0..lanes {
+            out[b + l] = BlockNoise { e_min: e[l], j_min: j[l], g_max: g[l], bound: u[l] };
+        }
+        b += lanes;
+    }
+}
+
+/// The exact keys of the `LANES` tokens at `row[i..]`, which lie in a block with noise `bn`;
+/// `i0` is the block-relative index of `row[i]` and `t` the vocabulary index of `row[i]`.
+///
+/// # Safety
+/// `row` valid for `i + S::LANES` reads; `S` usable here.
+#[inline(always)]
+unsafe fn race_inline_vec<S: Simd, E: Elem>(
+    row: *const E,
+    i: usize,
+    (i0, t): (u32, u32),
+    bn: BlockNoise,
+    p: RaceParams,
+    k: (u32, u32),
+    best: &mut Best,
+) {
+    // SAFETY: the caller's contract.
+    let x = unsafe { E::load::<S>(row.add(i)) };
+    let d = S::mul(S::sub(x, S::splat(p.m)), S::splat(p.inv_t));
+    let racing = S::and_m(S::gt(d, S::splat(f32::NEG_INFINITY)), S::ge(x, S::splat(p.floor)));
+    // Most vectors of a live block stop here: even the block's smallest noise cannot lift them.
+    let live = S::and_m(S::ge(S::add(d, S::splat(bn.g_max)), S::splat(best.key)), racing);
+    if !S::any(live) {
+        return;
+    }
+    // A tighter bound per token from its own noise bits: E_j = E_min + F_j >= F_j, except at
+    // the block minimum's position, where E = E_min.
+    let h = hash::<S>(S::iota_u(t), S::splat_u(k.0), S::splat_u(k.1));
+    let is_min = S::eq(S::cvt_i32(S::iota_u(i0)), S::cvt_i32(S::splat_u(bn.j_min)));
+    let g = S::select(is_min, S::splat(bn.g_max), noise_bound::<S>(h));
+    let live = S::and_m(live, S::ge(S::add(d, g), S::splat(best.key)));
+    if !S::any(live) {
+        return;
+    }
+    let e_min = S::splat(bn.e_min);
+    let e = S::select(is_min, e_min, S::add(e_min, exp_noise::<S>(h)));
+    let key = S::sub(d, ln::<S>(e));
+    let kv = S::select(live, key, S::splat(f32::NEG_INFINITY));
+    let top = S::reduce_max(kv);
+    let lane = S::first(S::and_m(live, S::eq(kv, S::splat(top))));
+    best.offer(top, t as usize + lane);
+}
+
+/// Races every token of block `b` (whose noise is `bn`) against `best`.
+///
+/// # Safety
+/// `row` valid for `n` reads; `S` usable here.
+#[inline(always)]
+unsafe fn race_block<S: Simd, E: Elem>(
+    row: *const E,
+    n: usize,
+    (b, bn): (usize, BlockNoise),
+    p: RaceParams,
+    k: (u32, u32),
+    base: usize,
+    best: &mut Best,
+) {
+    let (start, end) = (b * BLOCK, ((b + 1) * BLOCK).min(n));
+    let mut i = start;
+    while i + S::LANES <= end {
+        // SAFETY: i + LANES <= end <= n; `S` usable (the caller's contract).
+        unsafe { race_inline_vec::<S, E>(row, i, ((i - start) as u32, (base + i) as u32), bn, p, k, best) };
+        i += S::LANES;
+    }
+    while i < end {
+        // SAFETY: i < end <= n; Scalar runs anywhere.
+        unsafe { race_inline_vec::<Scalar, E>(row, i, ((i - start) as u32, (base + i) as u32), bn, p, k, best) };
+        i += 1;
+    }
+}
+
+/// The best (key, token) among the `n` tokens at `row`, which start at vocabulary index `base`
+/// (a multiple of BLOCK) and have block maxima `bmax`, in a row with finite maximum `p.m`.
+/// `Best::NONE` if no token races. Tiles of one row combine with [`Best::merge`].
+///
+/// Promising blocks go first, so that the best key is high from the start; a block whose
+/// maximum logit plus its noise bound cannot reach the best is skipped without reading it.
+///
+/// # Safety
+/// `row` valid for `n` reads; `bmax` from [`scan`](super::scan()) of the same range; `S` usable here.
+#[inline(always)]
+pub(crate) unsafe fn race_inline<S: Simd, E: Elem>(
+    row: *const E,
+    n: usize,
+    bmax: &[f32],
+    p: RaceParams,
+    key: u64,
+    base: usize,
+    blocks: &mut Vec<BlockNoise>,
+) -> Best {
+    let k = key_words(key);
+    blocks.clear();
+    blocks.resize(bmax.len(), BlockNoise { e_min: 0.0, j_min: 0, g_max: 0.0, bound: 0.0 });
+    // SAFETY: `blocks` has bmax.len() elements; `S` usable (the caller's contract).
+    unsafe { fill_block_noise::<S>(key, base / BLOCK, bmax, p, blocks) };
+    let mut best = Best::NONE;
+    // Promising blocks first, so that the best key is high early and most bounds fall short of
+    // it: the block of the highest bound (it most often holds the winner), then every block
+    // within PROMISING of it, then the rest. The order only changes how much work is skipped,
+    // never the result.
+    const PROMISING: f32 = 3.0;
+    let top = blocks.iter().fold(f32::NEG_INFINITY, |a, bn| Scalar::max(bn.bound, a));
+    let first = blocks.iter().position(|bn| bn.bound == top).unwrap_or(0);
+    let b_of = |b: usize| (b, blocks[b]);
+    // SAFETY: (here and in the two loops) every block index is below bmax.len() =
+    // n.div_ceil(BLOCK), and `row` is valid for `n` reads; `S` usable (the caller's contract).
+    unsafe { race_block::<S, E>(row, n, b_of(first), p, k, base, &mut best) };
+    let cut = top - PROMISING;
+    for (b, bn) in blocks.iter().enumerate() {
+        if b != first && bn.bound >= cut && bn.bound >= best.key {
+            // SAFETY: as above.
+            unsafe { race_block::<S, E>(row, n, (b, *bn), p, k, base, &mut best) };
+        }
+    }
+    for (b, bn) in blocks.iter().enumerate() {
+        if b != first && bn.bound < cut && bn.bound >= best.key {
+            // SAFETY: as above.
+            unsafe { race_block::<S, E>(row, n, (b, *bn), p, k, base, &mut best) };
+        }
+    }
+    best
+}
+
+// ---------------------------------------------------------------------------------------------
+// The race with external noise (the caller's or a pool's).
+// ---------------------------------------------------------------------------------------------
+
+// Whether external noise values are E or ln E is the library's `NoiseKind`.
+use crate::config::NoiseKind;
+
+/// The keys of the `LANES` tokens at `i` given `ln_e`: masked (-inf), NaN and filtered-out
+/// logits get NaN, which no comparison (and no `max`) takes.
+///
+/// # Safety
+/// `row` valid for `i + S::LANES` reads; `S` usable here.
+#[inline(always)]
+unsafe fn ext_key<S: Simd, E: Elem>(row: *const E, i: usize, p: RaceParams, ln_e: S::F) -> S::F {
+    // SAFETY: the caller's contract.
+    let x = unsafe { E::load::<S>(row.add(i)) };
+    let d = S::mul(S::sub(x, S::splat(p.m)), S::splat(p.inv_t));
+    let key = S::sub(d, ln_e);
+    let racing = S::and_m(S::gt(d, S::splat(f32::NEG_INFINITY)), S::ge(x, S::splat(p.floor)));
+    S::select(racing, key, S::splat(f32::NAN))
+}
+
+/// The keys of ln-E noise, for `LANES` tokens at `i`. Unfiltered, no mask is needed: a masked
+/// logit's key is -inf or NaN, a NaN logit's is NaN, and `max` takes neither over a real key.
+///
+/// # Safety
+/// `row` and `noise` valid for `i + S::LANES` reads; `S` usable here.
+#[inline(always)]
+unsafe fn log_exp_key<S: Simd, E: Elem, const FILTERED: bool>(
+    row: *const E,
+    noise: *const f32,
+    i: usize,
+    p: RaceParams,
+) -> S::F {
+    // SAFETY: (both branches) the caller's contract.
+    unsafe {
+        if FILTERED {
+            ext_key::<S, E>(row, i, p, S::load_f32(noise.add(i)))
+        } else {
+            let x = E::load::<S>(row.add(i));
+            S::sub(S::mul(S::sub(x, S::splat(p.m)), S::splat(p.inv_t)), S::load_f32(noise.add(i)))
+        }
+    }
+}
+
+/// The best (key, token) of `[0, n)` with ln-E noise, as a plain max pass: each block's largest
+/// key, the first block holding the overall largest, then a rescan of that block for the first
+/// index holding it. Two streams read once, plus one block.
+///
+/// # Safety
+/// `row` and `noise` valid for `n` reads; `S` usable here.
+#[inline(always)]
+unsafe fn race_log_exp<S: Simd, E: Elem, const FILTERED: bool>(
+    row: *const E,
+    noise: *const f32,
+    n: usize,
+    p: RaceParams,
+    base: usize,
+) -> Best {
+    let l = S::LANES;
+    let (mut top, mut top_block) = (f32::NEG_INFINITY, usize::MAX);
+    for b in 0..n.div_ceil(BLOCK) {
+        let (start, end) = (b * BLOCK, ((b + 1) * BLOCK).min(n));
+        let ninf = S::splat(f32::NEG_INFINITY);
+        let (mut a0, mut a1, mut a2, mut a3) = (ninf, ninf, ninf, ninf);
+        let mut i = start;
+        while i + 4 * l <= end {
+            // SAFETY: i + 4 LANES <= end <= n; `S` usable (the caller's contract).
+            unsafe {
+                a0 = S::max(log_exp_key::<S, E, FILTERED>(row, noise, i, p), a0);
+                a1 = S::max(log_exp_key::<S, E, FILTERED>(row, noise, i + l, p), a1);
+                a2 = S::max(log_exp_key::<S, E, FILTERED>(row, noise, i + 2 * l, p), a2);
+                a3 = S::max(log_exp_key::<S, E, FILTERED>(row, noise, i + 3 * l, p), a3);
+            }
+            i += 4 * l;
+        }
+        while i + l <= end {
+            // SAFETY: i + LANES <= end <= n; as above.
+            a0 = S::max(unsafe { log_exp_key::<S, E, FILTERED>(row, noise, i, p) }, a0);
+            i += l;
+        }
+        let mut m = S::reduce_max(S::max(S::max(a0, a1), S::max(a2, a3)));
+        while i < end {
+            // SAFETY: i < end <= n; Scalar runs anywhere.
+            m = Scalar::max(unsafe { log_exp_key::<Scalar, E, FILTERED>(row, noise, i, p) }, m);
+            i += 1;
+        }
+        if m > top {
+            (top, top_block) = (m, b);
+        }
+    }
+    if top_block == usize::MAX {
+        return Best::NONE;
+    }
+    let start = top_block * BLOCK;
+    let end = (start + BLOCK).min(n);
+    // SAFETY: i < end <= n; Scalar runs anywhere.
+    let i =
+        (start..end).find(|&i| unsafe { log_exp_key::<Scalar, E, FILTERED>(row, noise, i, p) } == top).unwrap_or(start);
+    Best { key: top, token: base + i }
+}
+
+/// An upper bound of `-ln E` from the bits of E: E >= 2^(e - 127) for a normal E with biased
+/// exponent e; +inf for 0 and subnormals (their ln is below -87); negative, infinite or NaN E,
+/// whose key never wins, get a finite bound.
+#[inline(always)]
+fn exp_bits_bound<S: Simd>(e: S::F) -> S::F {
+    let eb = S::shr_u::<23>(S::to_bits(e));
+    let k = S::cvt_i32(S::sub_u(S::splat_u(127), eb));
+    let bound = S::add(S::mul(k, S::splat(LN2_UP)), S::splat(1e-5));
+    S::select(S::lt(e, S::splat(f32::MIN_POSITIVE)), S::splat(f32::INFINITY), bound)
+}
+
+/// Races the `LANES` tokens at `i` with E noise: only vectors that a bound from the bits of E
+/// lets reach the best get their exact `ln E`.
+///
+/// # Safety
+/// `row` and `noise` valid for `i + S::LANES` reads; `S` usable here.
+#[inline(always)]
+unsafe fn race_exp_vec<S: Simd, E: Elem>(
+    row: *const E,
+    noise: *const f32,
+    i: usize,
+    p: RaceParams,
+    base: usize,
+    best: &mut Best,
+) {
+    // SAFETY: the caller's contract.
+    let x = unsafe { E::load::<S>(row.add(i)) };
+    let d = S::mul(S::sub(x, S::splat(p.m)), S::splat(p.inv_t));
+    // SAFETY: the caller's contract.
+    let g = unsafe { S::load_f32(noise.add(i)) };
+    if !S::any(S::ge(S::add(d, exp_bits_bound::<S>(g)), S::splat(best.key))) {
+        return;
+    }
+    // SAFETY: the caller's contract.
+    let key = unsafe { ext_key::<S, E>(row, i, p, ln_any::<S>(g)) };
+    let kv = S::select(S::gt(key, S::splat(f32::NEG_INFINITY)), key, S::splat(f32::NEG_INFINITY));
+    let top = S::reduce_max(kv);
+    if top > f32::NEG_INFINITY {
+        best.offer(top, base + i + S::first(S::eq(kv, S::splat(top))));
+    }
+}
+
+/// The best (key, token) among the `n` tokens at `row` (vocabulary index `base` onwards), given
+/// one noise value per token at `noise`; `Best::NONE` when no key is a number above -inf
+/// (external noise that is +inf or NaN everywhere that matters).
+///
+/// # Safety
+/// `row` and `noise` valid for `n` reads; `S` usable here.
+#[inline(always)]
+pub(crate) unsafe fn race_external<S: Simd, E: Elem>(
+    row: *const E,
+    noise: *const f32,
+    n: usize,
+    p: RaceParams,
+    kind: NoiseKind,
+    base: usize,
+) -> Best {
+    if kind == NoiseKind::LogExp {
+        // SAFETY: the caller's contract.
+        return unsafe {
+            if p.floor == f32::NEG_INFINITY {
+                race_log_exp::<S, E, false>(row, noise, n, p, base)
+            } else {
+                race_log_exp::<S, E, true>(row, noise, n, p, base)
+            }
+        };
+    }
+    let mut best = Best::NONE;
+    let mut i = 0;
+    while i + S::LANES <= n {
+        // SAFETY: i + LANES <= n; `S` usable (the caller's contract).
+        unsafe { race_exp_vec::<S, E>(row, noise, i, p, base, &mut best) };
+        i += S::LANES;
+    }
+    while i < n {
+        // SAFETY: i < n; Scalar runs anywhere.
+        unsafe { race_exp_vec::<Scalar, E>(row, noise, i, p, base, &mut best) };
+        i += 1;
+    }
+    best
+}
