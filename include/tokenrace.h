@@ -106,6 +106,13 @@ typedef enum tokenrace_logprob_mode {
 typedef struct tokenrace_pool tokenrace_pool;
 
 // An opaque sampler. Safe to use from several threads at once.
+//
+// After `fork()`, the child may keep using a sampler made before the fork: it draws on the
+// calling thread only (the worker threads stay in the parent), seeded rows give the same tokens
+// as in the parent, and unseeded rows use inline noise keyed by a new stream of the child's own
+// (seeded from OS entropy and the process id, so parent and child never share noise), also when
+// the sampler had a pool (a pool's producers do not exist in the child). Freeing it there always
+// returns. `tokenrace_sampler_attach_pool()` fails in the child: make a new sampler there.
 typedef struct tokenrace_sampler tokenrace_sampler;
 
 // Sampler settings. Get one from `tokenrace_config_default()` or `tokenrace_config_from_env()`,
@@ -323,7 +330,8 @@ enum tokenrace_status tokenrace_config_from_env(struct tokenrace_config *out);
 enum tokenrace_status tokenrace_sampler_new(const struct tokenrace_config *config,
                                             struct tokenrace_sampler **out);
 
-// Releases a sampler (NULL is ignored). No call may be using it.
+// Releases a sampler (NULL is ignored). No call may be using it. In a `fork()` child of the
+// process that made it, this frees what the child can and never waits for the parent's threads.
 //
 // # Safety
 // `sampler` is NULL or came from `tokenrace_sampler_new()` and is not used afterwards.

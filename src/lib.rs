@@ -17,6 +17,7 @@
 // it (`// SAFETY:`), also inside `unsafe fn`s.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod alloc;
 mod batch;
 mod config;
 mod draw;
@@ -29,6 +30,7 @@ mod mass;
 mod noise;
 mod order;
 mod plan;
+mod process;
 mod row;
 mod sampler;
 

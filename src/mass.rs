@@ -13,6 +13,7 @@
 //!
 //! The first two come with rigorous bounds on the true mass ([`cheap_bounds`], [`exp_bounds`]).
 
+use crate::error::Result;
 use crate::kernels::generic::{exp64, A_MIN64, T_MIN};
 use crate::kernels::{DtypeKernels, Kernels, Mass64Params, MassKind, MassParams, BLOCK};
 use crate::order::bisect;
@@ -198,11 +199,11 @@ impl<'a, V: RowValues + ?Sized> RowMass<'a, V> {
     }
 
     /// Exact f64 weights of `xs`.
-    pub(crate) fn weights(&self, xs: &[f32]) -> Vec<f64> {
-        let mut ws = vec![0.0; xs.len()];
+    pub(crate) fn weights(&self, xs: &[f32]) -> Result<Vec<f64>> {
+        let mut ws = crate::alloc::filled(xs.len(), 0.0, "top-p weights")?;
         // SAFETY: the level is supported.
         unsafe { (self.k.weights64)(xs, self.m as f64, self.inv_t as f64, &mut ws) };
-        ws
+        Ok(ws)
     }
 }
 

@@ -8,8 +8,9 @@ use crate::kernels::{self, Kernels, SimdLevel};
 use crate::noise::pool::{Pool, PoolOptions};
 use crate::noise::{entropy_seed, splitmix64, KeyStream};
 use crate::plan::plan;
+use crate::process::{current_pid, Birthplace};
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering, Ordering::Relaxed};
 use std::sync::Arc;
 
 /// Declares `SamplerStats` and the atomic counters behind it from one list of fields.
@@ -63,6 +64,16 @@ pub struct Sampler {
     workers: Option<WorkerPool>,
     /// The pool unseeded sampling rows take their noise from (noise = pool, or attached).
     pool: Mutex<Option<Arc<Pool>>>,
+    /// The process that made the sampler, and the key stream of unseeded rows in a `fork()`
+    /// child of it (see `Sampler::forked_keys`).
+    birthplace: Birthplace,
+    forked: AtomicPtr<ForkedKeys>,
+}
+
+/// The key stream of a sampler's unseeded rows in one `fork()` child process.
+struct ForkedKeys {
+    pid: u32,
+    keys: KeyStream,
 }
 
 /// Installs `env_logger` at the configured level, once per process, unless a logger exists.
@@ -103,6 +114,8 @@ impl Sampler {
             counters: Counters::default(),
             workers,
             pool: Mutex::new(pool),
+            birthplace: Birthplace::here(),
+            forked: AtomicPtr::new(std::ptr::null_mut()),
             cfg,
         })
     }
@@ -137,6 +150,11 @@ impl Sampler {
     /// Makes the unseeded sampling rows take their noise from `pool` (replacing any pool the
     /// sampler had). The pool's vocab must equal `vocab_size`; noise must be auto or pool.
     pub fn attach_pool(&self, pool: Arc<Pool>) -> Result<()> {
+        if self.birthplace.elsewhere() {
+            return Err(Error::invalid_argument(
+                "sampler: was made in the parent of this fork() child; make a new sampler here to attach a pool",
+            ));
+        }
         if self.cfg.noise == NoiseSource::Inline {
             return Err(Error::invalid_argument(
                 "sampler: its noise is inline; make it with noise = auto or pool to attach a pool",
@@ -153,9 +171,45 @@ impl Sampler {
         Ok(())
     }
 
-    /// The pool the sampler takes noise from, if any.
+    /// The pool the sampler takes noise from, if any (none in a `fork()` child).
     pub fn pool(&self) -> Option<Arc<Pool>> {
+        if self.birthplace.elsewhere() {
+            return None; // its lock may be held by a thread of the parent
+        }
         self.pool.lock().clone()
+    }
+
+    /// The key stream of unseeded rows in this `fork()` child: a new one per process, seeded
+    /// from OS entropy and the process id, so a child never repeats its parent's (or a
+    /// sibling's) noise, and never waits on the parent's stream, whose lock may be held by a
+    /// thread that does not exist here. Made once per process and never freed (another thread
+    /// of the child may be reading it); a grandchild makes its own.
+    fn forked_keys(&self) -> &KeyStream {
+        let pid = current_pid();
+        let current = self.forked.load(Ordering::Acquire);
+        // SAFETY: a non-null pointer came from `Box::into_raw` below and is never freed while
+        // the sampler lives.
+        if let Some(f) = unsafe { current.as_ref() } {
+            if f.pid == pid {
+                return &f.keys;
+            }
+        }
+        let seed = splitmix64(entropy_seed() ^ splitmix64(u64::from(pid)));
+        let mine = Box::into_raw(Box::new(ForkedKeys { pid, keys: KeyStream::new(seed) }));
+        match self.forked.compare_exchange(current, mine, Ordering::AcqRel, Ordering::Acquire) {
+            // SAFETY: `mine` was just published and is never freed while the sampler lives.
+            Ok(_) => unsafe { &(*mine).keys },
+            Err(theirs) => {
+                // Another thread of this process won: use its stream, free ours.
+                // SAFETY: `mine` was never published; `theirs` is as `current` above and was
+                // made by this process (only a thread of this process can have swapped it in
+                // after our load, as the child starts with one thread).
+                unsafe {
+                    drop(Box::from_raw(mine));
+                    &(*theirs).keys
+                }
+            }
+        }
     }
 
     pub fn config(&self) -> &Config {
@@ -181,8 +235,11 @@ impl Sampler {
 
     fn try_draw(&self, batch: &Batch, out: &mut Output) -> Result<()> {
         validate(batch, out, self.cfg.max_rows, self.cfg.vocab_size)?;
+        // In a fork() child, unseeded rows use inline noise from the child's own key stream:
+        // the pool's producers do not exist there (see `forked_keys`).
+        let keys = if self.birthplace.elsewhere() { self.forked_keys() } else { &self.keys };
         let pool = self.pool();
-        let plan = plan(batch, self.cfg.greedy_below, &self.keys, pool.as_deref())?;
+        let plan = plan(batch, self.cfg.greedy_below, keys, pool.as_deref())?;
         let drawn = crate::draw::run(self.kernels, batch, &plan.rows, self.workers.as_ref(), out)?;
         // Counted only once nothing can fail any more.
         let (c, n) = (&self.counters, plan.counts);
@@ -195,5 +252,16 @@ impl Sampler {
         c.nonfinite_rows.fetch_add(nonfinite, Relaxed);
         c.calls.fetch_add(1, Relaxed);
         Ok(())
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        let f = *self.forked.get_mut();
+        if !f.is_null() {
+            // SAFETY: made by `Box::into_raw` in `forked_keys`; nothing else can use it now.
+            // (Dropping a KeyStream does not lock it, so one copied locked from a parent is fine.)
+            drop(unsafe { Box::from_raw(f) });
+        }
     }
 }

@@ -13,6 +13,7 @@ mod cells;
 mod tiles;
 pub(crate) mod workers;
 
+use crate::alloc;
 use crate::batch::{flags, Batch, Output};
 use crate::error::{Error, ErrorKind, Result};
 use crate::filter;
@@ -89,14 +90,20 @@ fn race_params<V: RowValues + ?Sized>(
     bmax: &[f32],
     sc: &Scanned,
     plan: RowPlan,
-) -> Option<(RaceParams, RaceNoise)> {
+) -> Result<Option<(RaceParams, RaceNoise)>> {
     match plan {
         RowPlan::Sample { inv_t, noise } if sc.top.is_finite() => {
-            let floor = filter::row_floor(k, batch, r, v, bmax, sc.top, inv_t);
-            Some((RaceParams { m: sc.top, inv_t, floor }, noise))
+            let floor = filter::row_floor(k, batch, r, v, bmax, sc.top, inv_t).map_err(|e| in_row(r, e))?;
+            Ok(Some((RaceParams { m: sc.top, inv_t, floor }, noise)))
         }
-        _ => None,
+        _ => Ok(None),
     }
+}
+
+/// An error of row `r` (an allocation of its filters), named so; nothing is written.
+fn in_row(r: usize, e: Error) -> Error {
+    let message = format!("row {r}: {}; nothing was written", e.message);
+    Error { message, ..e }
 }
 
 /// The token of a row once its race (if any) is done: the winner, else the first index of the
@@ -115,34 +122,63 @@ fn finish<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], sc: &Scanned,
 }
 
 /// Draws row `r` of `batch` on this thread.
-fn draw_row(k: &Kernels, batch: &Batch, r: usize, plan: RowPlan) -> Drawn {
+fn draw_row(k: &Kernels, batch: &Batch, r: usize, plan: RowPlan) -> Result<Drawn> {
     with_row!(batch, r, |v| BLOCK_MAX.with(|cell| {
         let mut bmax = cell.borrow_mut();
-        bmax.resize(v.n().div_ceil(BLOCK), f32::NEG_INFINITY);
+        alloc::resize(&mut bmax, v.n().div_ceil(BLOCK), f32::NEG_INFINITY, "block maxima").map_err(|e| in_row(r, e))?;
         let has_nan = v.scan(k, 0, v.n(), &mut bmax);
         let sc = summarize(&bmax, has_nan, plan);
-        let params = race_params(k, batch, r, v, &bmax, &sc, plan);
+        let params = race_params(k, batch, r, v, &bmax, &sc, plan)?;
         let won = params.map(|(p, noise)| v.race(k, 0, v.n(), &bmax, p, noise));
         let floor = params.map_or(f32::NEG_INFINITY, |(p, _)| p.floor);
-        Drawn { token: finish(k, v, &bmax, &sc, won), flags: sc.flags, info: RowInfo { top: sc.top, floor } }
+        Ok(Drawn { token: finish(k, v, &bmax, &sc, won), flags: sc.flags, info: RowInfo { top: sc.top, floor } })
     }))
 }
 
 /// Draws every row of `batch` on `workers` when the call is large enough: rows are split across
-/// threads; with fewer rows than threads, each row's vocabulary is split into tiles. `None` if a
-/// worker panicked.
-fn draw_rows(k: &Kernels, batch: &Batch, plans: &[RowPlan], workers: Option<&WorkerPool>) -> Option<Vec<Drawn>> {
+/// threads; with fewer rows than threads, each row's vocabulary is split into tiles. Fails if a
+/// row's memory cannot be allocated (the first such row is named) or a worker panicked.
+fn draw_rows(k: &Kernels, batch: &Batch, plans: &[RowPlan], workers: Option<&WorkerPool>) -> Result<Vec<Drawn>> {
     let (rows, n) = (batch.rows, batch.vocab);
     let pool = match workers {
         Some(w) if rows * n >= MIN_PARALLEL && w.width() > 1 => w,
-        _ => return Some((0..rows).map(|r| draw_row(k, batch, r, plans[r])).collect()),
+        _ => return (0..rows).map(|r| draw_row(k, batch, r, plans[r])).collect(),
     };
     if rows >= pool.width() || n < 2 * MIN_TILE {
         let out: Vec<SyncCell<Drawn>> = (0..rows).map(|_| SyncCell::default()).collect();
-        let ok = pool.run(rows, &|r| out[r].set(draw_row(k, batch, r, plans[r])));
-        return ok.then(|| out.iter().map(SyncCell::get).collect());
+        let failed = FirstError::default();
+        let ok = pool.run(rows, &|r| match draw_row(k, batch, r, plans[r]) {
+            Ok(d) => out[r].set(d),
+            Err(e) => failed.record(r, e),
+        });
+        if !ok {
+            return Err(worker_panicked());
+        }
+        failed.into_result()?;
+        return Ok(out.iter().map(SyncCell::get).collect());
     }
     tiles::draw_tiled(k, batch, plans, pool)
+}
+
+fn worker_panicked() -> Error {
+    Error::new(ErrorKind::Internal, "a worker thread panicked; nothing was written")
+}
+
+/// The error of the lowest row that failed, when rows run on several threads.
+#[derive(Default)]
+struct FirstError(parking_lot::Mutex<Option<(usize, Error)>>);
+
+impl FirstError {
+    fn record(&self, row: usize, e: Error) {
+        let mut first = self.0.lock();
+        if first.as_ref().is_none_or(|(r, _)| row < *r) {
+            *first = Some((row, e));
+        }
+    }
+
+    fn into_result(self) -> Result<()> {
+        self.0.into_inner().map_or(Ok(()), |(_, e)| Err(e))
+    }
 }
 
 /// Draws a validated, planned call into `out`. On error nothing is written.
@@ -153,8 +189,7 @@ pub(crate) fn run(
     workers: Option<&WorkerPool>,
     out: &mut Output,
 ) -> Result<Vec<Drawn>> {
-    let drawn = draw_rows(k, batch, plans, workers)
-        .ok_or_else(|| Error::new(ErrorKind::Internal, "a worker thread panicked; nothing was written"))?;
+    let drawn = draw_rows(k, batch, plans, workers)?;
     let logprobs = out.wants_logprobs().then(|| {
         let info: Vec<RowInfo> = drawn.iter().map(|d| d.info).collect();
         let tokens: Vec<i32> = drawn.iter().map(|d| d.token).collect();

@@ -4,14 +4,17 @@
 
 use super::cells::{SyncCell, SyncPtr};
 use super::workers::WorkerPool;
-use super::{finish, race_params, summarize, Drawn, RowPlan, Scanned, MIN_TILE};
+use super::{finish, race_params, summarize, worker_panicked, Drawn, RowPlan, Scanned, MIN_TILE};
+use crate::alloc;
 use crate::batch::Batch;
+use crate::error::Result;
 use crate::kernels::{Best, Kernels, RaceParams, BLOCK};
 use crate::logprob::RowInfo;
 use crate::row::{with_row, RaceNoise, RowValues};
 
-/// Draws every row of `batch` split into tiles on `pool`; `None` if a worker panicked.
-pub(super) fn draw_tiled(k: &Kernels, batch: &Batch, plans: &[RowPlan], pool: &WorkerPool) -> Option<Vec<Drawn>> {
+/// Draws every row of `batch` split into tiles on `pool`. Fails if a worker panicked or memory
+/// ran out.
+pub(super) fn draw_tiled(k: &Kernels, batch: &Batch, plans: &[RowPlan], pool: &WorkerPool) -> Result<Vec<Drawn>> {
     let (rows, n) = (batch.rows, batch.vocab);
     let blocks = n.div_ceil(BLOCK);
     let per_row = (pool.width() / rows).max(1).min(n / MIN_TILE).max(1);
@@ -22,7 +25,7 @@ pub(super) fn draw_tiled(k: &Kernels, batch: &Batch, plans: &[RowPlan], pool: &W
         (start, ((t + 1) * tile_blocks * BLOCK).min(n) - start)
     };
     // Stage 1: block maxima of every tile.
-    let mut bmax = vec![f32::NEG_INFINITY; rows * blocks];
+    let mut bmax = alloc::filled(rows * blocks, f32::NEG_INFINITY, "block maxima")?;
     let bmax_out = SyncPtr(bmax.as_mut_ptr());
     let nan: Vec<SyncCell<bool>> = (0..rows * tiles).map(|_| SyncCell::default()).collect();
     let ok1 = pool.run(rows * tiles, &|task| {
@@ -34,7 +37,7 @@ pub(super) fn draw_tiled(k: &Kernels, batch: &Batch, plans: &[RowPlan], pool: &W
         nan[task].set(with_row!(batch, r, |v| v.scan(k, start, len, out)));
     });
     if !ok1 {
-        return None;
+        return Err(worker_panicked());
     }
     let row_bmax = |r: usize| &bmax[r * blocks..(r + 1) * blocks];
     let scanned: Vec<Scanned> =
@@ -42,7 +45,7 @@ pub(super) fn draw_tiled(k: &Kernels, batch: &Batch, plans: &[RowPlan], pool: &W
     // The filters' floors, on this thread.
     let params: Vec<Option<(RaceParams, RaceNoise)>> = (0..rows)
         .map(|r| with_row!(batch, r, |v| race_params(k, batch, r, v, row_bmax(r), &scanned[r], plans[r])))
-        .collect();
+        .collect::<Result<_>>()?;
     // Stage 2: each tile's best, merged per row.
     let best: Vec<SyncCell<Best>> = (0..rows * tiles).map(|_| SyncCell::new(Best::NONE)).collect();
     let ok2 = pool.run(rows * tiles, &|task| {
@@ -55,7 +58,7 @@ pub(super) fn draw_tiled(k: &Kernels, batch: &Batch, plans: &[RowPlan], pool: &W
         }
     });
     if !ok2 {
-        return None;
+        return Err(worker_panicked());
     }
     let drawn = (0..rows)
         .map(|r| {
@@ -68,5 +71,5 @@ pub(super) fn draw_tiled(k: &Kernels, batch: &Batch, plans: &[RowPlan], pool: &W
             }
         })
         .collect();
-    Some(drawn)
+    Ok(drawn)
 }

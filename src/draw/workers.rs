@@ -10,7 +10,12 @@
 //! Waking a parked thread costs microseconds, as much as a whole row, so after a job a worker
 //! spins for a short while (`SPIN`) watching the generation before it parks on a condition
 //! variable: back-to-back calls, the usual pattern of a decoding loop, start at once.
+//!
+//! In a `fork()` child the workers do not exist and the pool's locks may be held by threads
+//! that are gone: there every job runs on the calling thread, and dropping the pool neither
+//! locks nor joins (the threads' handles are leaked).
 
+use crate::process::Birthplace;
 use parking_lot::{Condvar, Mutex};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -62,6 +67,8 @@ pub(crate) struct WorkerPool {
     threads: Vec<JoinHandle<()>>,
     /// One call at a time uses the workers; a concurrent call runs on its own thread.
     busy: Mutex<()>,
+    /// The process the workers run in.
+    birthplace: Birthplace,
 }
 
 impl WorkerPool {
@@ -83,20 +90,27 @@ impl WorkerPool {
             let s = Arc::clone(&shared);
             threads.push(std::thread::Builder::new().name(format!("tokenrace-worker-{i}")).spawn(move || worker(&s))?);
         }
-        Ok(WorkerPool { shared, threads, busy: Mutex::new(()) })
+        Ok(WorkerPool { shared, threads, busy: Mutex::new(()), birthplace: Birthplace::here() })
     }
 
     /// Threads that can work on a job, the caller included.
     pub(crate) fn width(&self) -> usize {
+        if self.birthplace.elsewhere() {
+            return 1;
+        }
         self.threads.len() + 1
     }
 
     /// Runs `f(task)` for every task in `0..tasks` on the workers and the calling thread, and
     /// returns when all have finished. Returns false if a task panicked.
     pub(crate) fn run(&self, tasks: usize, f: &(dyn Fn(usize) + Sync)) -> bool {
+        let on_this_thread = || catch_unwind(AssertUnwindSafe(|| (0..tasks).for_each(f))).is_ok();
+        if self.birthplace.elsewhere() {
+            return on_this_thread(); // a fork() child: the workers are not here
+        }
         let Some(_guard) = self.busy.try_lock() else {
             // Another thread's call holds the workers: do this one here rather than wait.
-            return catch_unwind(AssertUnwindSafe(|| (0..tasks).for_each(f))).is_ok();
+            return on_this_thread();
         };
         let s = &self.shared;
         s.panicked.store(false, Ordering::Relaxed);
@@ -202,6 +216,12 @@ fn worker(s: &Shared) {
 
 impl Drop for WorkerPool {
     fn drop(&mut self) {
+        if self.birthplace.elsewhere() {
+            // A fork() child: joining a thread of the parent would wait for ever, and
+            // `wake_lock` may be held by one. The threads' memory stays with the parent.
+            std::mem::forget(std::mem::take(&mut self.threads));
+            return;
+        }
         self.shared.stop.store(true, Ordering::Relaxed);
         {
             let _l = self.shared.wake_lock.lock();

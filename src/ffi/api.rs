@@ -13,6 +13,13 @@ use std::ffi::c_char;
 use std::mem::size_of;
 
 /// An opaque sampler. Safe to use from several threads at once.
+///
+/// After `fork()`, the child may keep using a sampler made before the fork: it draws on the
+/// calling thread only (the worker threads stay in the parent), seeded rows give the same tokens
+/// as in the parent, and unseeded rows use inline noise keyed by a new stream of the child's own
+/// (seeded from OS entropy and the process id, so parent and child never share noise), also when
+/// the sampler had a pool (a pool's producers do not exist in the child). Freeing it there always
+/// returns. `tokenrace_sampler_attach_pool()` fails in the child: make a new sampler there.
 pub struct tokenrace_sampler {
     pub(crate) inner: Sampler,
 }
@@ -129,7 +136,8 @@ pub unsafe extern "C" fn tokenrace_sampler_new(
     })
 }
 
-/// Releases a sampler (NULL is ignored). No call may be using it.
+/// Releases a sampler (NULL is ignored). No call may be using it. In a `fork()` child of the
+/// process that made it, this frees what the child can and never waits for the parent's threads.
 ///
 /// # Safety
 /// `sampler` is NULL or came from `tokenrace_sampler_new()` and is not used afterwards.

@@ -25,8 +25,16 @@ mod top_k;
 pub(crate) mod top_p;
 
 use crate::batch::Batch;
-use crate::kernels::Kernels;
+use crate::error::Result;
+use crate::kernels::{Kernels, BLOCK};
 use crate::row::RowValues;
+
+/// Room for every value of the blocks whose maximum reaches `lo` (of a row of `n` values), and
+/// for the SIMD gathers' writes past the end (`gather_block` reserves `BLOCK + 64`).
+fn room(bmax: &[f32], lo: f32, n: usize) -> usize {
+    let blocks = bmax.iter().filter(|&&b| b >= lo).count();
+    (blocks * BLOCK).min(n) + BLOCK + 64
+}
 
 /// One row's filter settings, already normalised: `None`/off values removed.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -53,25 +61,32 @@ impl Filters {
 
 /// The floor of a sampling row `v` with block maxima `bmax` and finite maximum `m` under
 /// filters `f`: the race keeps `x >= floor`.
-pub(crate) fn floor_of<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], m: f32, inv_t: f32, f: Filters) -> f32 {
+pub(crate) fn floor_of<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    bmax: &[f32],
+    m: f32,
+    inv_t: f32,
+    f: Filters,
+) -> Result<f32> {
     let mut floor = f32::NEG_INFINITY;
     if f.min_p > 0.0 {
         floor = min_p::floor(m, inv_t, f.min_p);
     }
     let mut top_k_candidates = None;
     if f.top_k > 0 {
-        if let Some((kth, cand)) = top_k::kth_largest(v, bmax, f.top_k) {
+        if let Some((kth, cand)) = top_k::kth_largest(v, bmax, f.top_k)? {
             floor = floor.max(kth);
             top_k_candidates = Some(cand);
         }
     }
     if f.top_p < 1.0 {
         floor = match top_k_candidates {
-            Some(cand) => top_p::floor_of_candidates(&cand, floor, m, inv_t, f.top_p),
-            None => top_p::floor(k, v, bmax, m, inv_t, floor, f.top_p),
+            Some(cand) => top_p::floor_of_candidates(&cand, floor, m, inv_t, f.top_p)?,
+            None => top_p::floor(k, v, bmax, m, inv_t, floor, f.top_p)?,
         };
     }
-    floor
+    Ok(floor)
 }
 
 /// The floor of row `r` of `batch` (values `v`, block maxima `bmax`, finite maximum `m`), or
@@ -84,8 +99,8 @@ pub(crate) fn row_floor<V: RowValues + ?Sized>(
     bmax: &[f32],
     m: f32,
     inv_t: f32,
-) -> f32 {
-    Filters::of(batch, r).map_or(f32::NEG_INFINITY, |f| floor_of(k, v, bmax, m, inv_t, f))
+) -> Result<f32> {
+    Filters::of(batch, r).map_or(Ok(f32::NEG_INFINITY), |f| floor_of(k, v, bmax, m, inv_t, f))
 }
 
 /// Test seam: the floor the filters give one f32 row at temperature `t` (> 0) with the kernels
@@ -93,7 +108,6 @@ pub(crate) fn row_floor<V: RowValues + ?Sized>(
 /// filtered or the row has no finite maximum.
 #[cfg(feature = "internals")]
 pub fn kept_floor_at(level: crate::SimdLevel, x: &[f32], t: f32, top_k: i32, top_p: f32, min_p: f32) -> f32 {
-    use crate::kernels::BLOCK;
     let bmax: Vec<f32> =
         x.chunks(BLOCK).map(|c| c.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a })).collect();
     let m = bmax.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
@@ -103,6 +117,7 @@ pub fn kept_floor_at(level: crate::SimdLevel, x: &[f32], t: f32, top_k: i32, top
     let top_k = if top_k <= 0 || top_k as usize >= x.len() { 0 } else { top_k as usize };
     let f = Filters { top_k, top_p: top_p as f64, min_p: min_p as f64 };
     floor_of(crate::kernels::kernels(level), x, &bmax, m, crate::batch::inv_temperature(t), f)
+        .expect("the test rows fit in memory")
 }
 
 /// [`kept_floor_at`] at the best level of this CPU.

@@ -20,6 +20,8 @@
 //!   kept token is gathered.
 //! - after a top-k, the few candidates are sorted ([`floor_of_candidates`]).
 
+use crate::alloc;
+use crate::error::Result;
 use crate::kernels::{DtypeKernels, Kernels, MassKind, MassParams, BLOCK};
 use crate::mass::{cheap_bounds, exp_bounds, sum, weight64, RowMass, TINY};
 use crate::row::RowValues;
@@ -50,34 +52,34 @@ const SMALL: usize = 256;
 const BUCKETS: usize = 2048;
 
 /// Every kept token `x >= vc`, with its exact weight.
-fn gather<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], vc: f32) -> Candidates {
+fn gather<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], vc: f32) -> Result<Candidates> {
     let lo = vc.max(r.floor).max(-f32::MAX);
-    let mut xs = Vec::new();
+    let mut xs = alloc::with_capacity(super::room(bmax, lo, r.n), "top-p candidates")?;
     // SAFETY: the row has n values; bmax one per block.
     unsafe { (r.dk.gather_ge)(r.v.ptr(), r.n, bmax, lo, &mut xs) };
-    let ws = r.weights(&xs);
+    let ws = r.weights(&xs)?;
     let total = sum(&ws);
-    Candidates { lo, top: r.m, xs, ws, total, sorted: None, hist: None }
+    Ok(Candidates { lo, top: r.m, xs, ws, total, sorted: None, hist: None })
 }
 
 /// Every kept token `x >= vc` with its exact weight, and bounds of the mass of the kept
 /// tokens below (one pass: the f32-exp kernel that gathers).
-fn gather_below<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], vc: f32) -> (Candidates, (f64, f64)) {
+fn gather_below<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], vc: f32) -> Result<(Candidates, (f64, f64))> {
     let lo = vc.max(r.floor).max(-f32::MAX);
     if lo <= r.mp.lo {
         // Nothing kept below but weights under 2^-125 (or nothing at all).
         let below = if lo <= r.floor.max(-f32::MAX) { 0.0 } else { r.count() as f64 * TINY };
-        return (gather(r, bmax, vc), (0.0, below));
+        return Ok((gather(r, bmax, vc)?, (0.0, below)));
     }
-    let mut xs = Vec::new();
-    let mut out = vec![0.0; r.n.div_ceil(BLOCK)];
+    let mut xs = alloc::with_capacity(super::room(bmax, lo, r.n), "top-p candidates")?;
+    let mut out = alloc::filled(r.n.div_ceil(BLOCK), 0.0, "top-p block masses")?;
     let mp = MassParams { cut: lo, ..r.mp };
     // SAFETY: the row has n values; out and bmax one per block.
     unsafe { (r.dk.mass_gather)(r.v.ptr(), r.n, bmax, mp, &mut out, &mut xs) };
-    let ws = r.weights(&xs);
+    let ws = r.weights(&xs)?;
     let total = sum(&ws);
     let c = Candidates { lo, top: r.m, xs, ws, total, sorted: None, hist: None };
-    (c, exp_bounds(sum(&out), r.count()))
+    Ok((c, exp_bounds(sum(&out), r.count())))
 }
 
 /// Gathered tokens (`x >= lo`, row order) and their exact weights.
@@ -100,25 +102,25 @@ type Hist = (Vec<u16>, Vec<f64>, Vec<f64>);
 /// Buckets uniform in logit over `[low, top]` (which holds every candidate), the largest logits
 /// in bucket 0 (the bucket is monotone in x, which is all the walk needs), and the mass of each
 /// bucket.
-fn histogram(xs: &[f32], ws: &[f64], low: f32, top: f32) -> Hist {
+fn histogram(xs: &[f32], ws: &[f64], low: f32, top: f32) -> Result<Hist> {
     let span = top as f64 - low as f64;
     let k = if span > 0.0 { (((BUCKETS - 1) as f64 / span) as f32).min(f32::MAX) } else { 0.0 };
     let last = (BUCKETS - 1) as f32;
-    let idx: Vec<u16> = xs
-        .iter()
-        .map(|&x| {
+    let idx = alloc::collect(
+        xs.iter().map(|&x| {
             let b = (top - x) * k;
             let b = if b < last { b } else { last };
             // SAFETY: low <= x <= top, so b is in [0, last].
             unsafe { b.to_int_unchecked::<i32>() as u16 }
-        })
-        .collect();
+        }),
+        "top-p histogram",
+    )?;
     let mut mass = vec![0f64; BUCKETS];
     for (&b, &w) in idx.iter().zip(ws) {
         mass[b as usize] += w;
     }
     let group = mass.chunks(16).map(sum).collect();
-    (idx, mass, group)
+    Ok((idx, mass, group))
 }
 
 /// What a walk down the candidates found.
@@ -155,23 +157,26 @@ fn crossings(sorted: &[(f32, f64)], start: f64, t_lo: f64, t_hi: f64) -> (f32, f
 
 impl Candidates {
     /// The threshold if the target `top_p * Z` lies in `[t_lo, t_hi]`.
-    fn walk(&mut self, t_lo: f64, t_hi: f64) -> Walk {
+    fn walk(&mut self, t_lo: f64, t_hi: f64) -> Result<Walk> {
         if self.total < t_lo {
-            return Walk::Below;
+            return Ok(Walk::Below);
         }
         if self.total < t_hi {
-            return Walk::Uncertain;
+            return Ok(Walk::Uncertain);
         }
         let (x_lo, x_hi) = if self.xs.len() <= SMALL {
             let sorted = self.sorted.get_or_insert_with(|| {
+                // At most SMALL elements.
                 let mut s: Vec<(f32, f64)> = self.xs.iter().copied().zip(self.ws.iter().copied()).collect();
                 s.sort_unstable_by(desc);
                 s
             });
             crossings(sorted, 0.0, t_lo, t_hi)
         } else {
-            let (low, top) = (self.lo, self.top);
-            let (idx, mass, group) = self.hist.get_or_insert_with(|| histogram(&self.xs, &self.ws, low, top));
+            if self.hist.is_none() {
+                self.hist = Some(histogram(&self.xs, &self.ws, self.lo, self.top)?);
+            }
+            let Some((idx, mass, group)) = &self.hist else { unreachable!("made above") };
             // Skip whole groups of 16 buckets while the target is beyond them.
             let (mut cum, mut b) = (0f64, 0);
             while b + 16 < BUCKETS && cum + group[b / 16] < t_lo {
@@ -201,6 +206,7 @@ impl Candidates {
             for (c, chunk) in idx.chunks(32).enumerate() {
                 // Few candidates are in the buckets sought: most chunks have none.
                 if chunk.iter().fold(false, |a, &b| a | hit(b)) {
+                    alloc::reserve(&mut inside, chunk.len(), "top-p candidates near the threshold")?;
                     for (j, &b) in chunk.iter().enumerate() {
                         if hit(b) {
                             inside.push((self.xs[c * 32 + j], self.ws[c * 32 + j]));
@@ -209,16 +215,12 @@ impl Candidates {
                 }
             }
             if inside.len() > 4096 && span > 0 {
-                return Walk::Uncertain;
+                return Ok(Walk::Uncertain);
             }
             inside.sort_unstable_by(desc);
             crossings(&inside, start, t_lo, t_hi)
         };
-        if x_lo == x_hi {
-            Walk::Theta(x_lo)
-        } else {
-            Walk::Uncertain
-        }
+        Ok(if x_lo == x_hi { Walk::Theta(x_lo) } else { Walk::Uncertain })
     }
 }
 
@@ -231,12 +233,15 @@ pub(super) fn floor<V: RowValues + ?Sized>(
     inv_t: f32,
     floor: f32,
     top_p: f64,
-) -> f32 {
+) -> Result<f32> {
     match RowMass::new(k, v, m, inv_t, floor) {
-        Some(r) => peaked(&r, bmax, top_p).unwrap_or_else(|| general(&r, bmax, &top_blocks(bmax), top_p)),
+        Some(r) => match peaked(&r, bmax, top_p)? {
+            Some(x) => Ok(x),
+            None => general(&r, bmax, &top_blocks(bmax), top_p),
+        },
         None => {
             let r = RowF64 { k, dk: V::kernels(k), v, m, inv_t, floor };
-            full(r.gather_all(bmax), top_p)
+            full(r.gather_all(bmax)?, top_p)
         }
     }
 }
@@ -252,28 +257,28 @@ struct RowF64<'a, V: RowValues + ?Sized> {
 }
 
 impl<V: RowValues + ?Sized> RowF64<'_, V> {
-    fn gather_all(&self, bmax: &[f32]) -> Candidates {
+    fn gather_all(&self, bmax: &[f32]) -> Result<Candidates> {
         let lo = self.floor.max(-f32::MAX);
-        let mut xs = Vec::new();
+        let mut xs = alloc::with_capacity(super::room(bmax, lo, self.v.n()), "top-p candidates")?;
         // SAFETY: the row has n values; bmax one per block.
         unsafe { (self.dk.gather_ge)(self.v.ptr(), self.v.n(), bmax, lo, &mut xs) };
-        let mut ws = vec![0.0; xs.len()];
+        let mut ws = alloc::filled(xs.len(), 0.0, "top-p weights")?;
         // SAFETY: the level is supported.
         unsafe { (self.k.weights64)(&xs, self.m as f64, self.inv_t as f64, &mut ws) };
         let total = sum(&ws);
-        Candidates { lo, top: self.m, xs, ws, total, sorted: None, hist: None }
+        Ok(Candidates { lo, top: self.m, xs, ws, total, sorted: None, hist: None })
     }
 }
 
 /// Every kept token gathered: the threshold from exact weights alone.
-fn full(mut c: Candidates, top_p: f64) -> f32 {
+fn full(mut c: Candidates, top_p: f64) -> Result<f32> {
     count(3);
     let t = top_p * c.total;
-    match c.walk(t, t) {
+    Ok(match c.walk(t, t)? {
         Walk::Theta(x) => x,
         // Only when rounding left the target above the whole mass: keep everything.
         _ => c.lo,
-    }
+    })
 }
 
 /// Up to TOP_BLOCKS blocks with the largest finite maxima, largest first (ties: lower index).
@@ -302,26 +307,26 @@ fn decide<V: RowValues + ?Sized>(
     bm: &[f32],
     bounds: (f64, f64),
     top_p: f64,
-) -> Option<f32> {
+) -> Result<Option<f32>> {
     let cut = c.lo;
     let base = c.total;
-    match c.walk(top_p * (base + bounds.0), top_p * (base + bounds.1)) {
+    match c.walk(top_p * (base + bounds.0), top_p * (base + bounds.1))? {
         Walk::Theta(x) => {
             count(1);
-            return Some(x);
+            return Ok(Some(x));
         }
-        Walk::Below => return None,
+        Walk::Below => return Ok(None),
         Walk::Uncertain => {}
     }
     let rest = if cut <= r.lo64 { 0.0 } else { r.exact(bm, cut) };
     let t = top_p * (base + rest);
-    match c.walk(t, t) {
+    Ok(match c.walk(t, t)? {
         Walk::Theta(x) => {
             count(2);
             Some(x)
         }
         _ => None,
-    }
+    })
 }
 
 /// Rows whose mass sits in the maxima of their blocks: the cut from the block maxima alone.
@@ -330,7 +335,7 @@ fn decide<V: RowValues + ?Sized>(
 /// f32-exp mass (with its bounds) until their maxima alone reach `top_p` of the upper bound of
 /// Z (the visited blocks' bound plus the cheap bound of the others): the threshold is at least
 /// the last maximum visited, `vc`, and every token `>= vc` lies in a visited block.
-fn peaked<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], top_p: f64) -> Option<f32> {
+fn peaked<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], top_p: f64) -> Result<Option<f32>> {
     let nb = bmax.len();
     // f32 weights of every block maximum; the blocks within a factor 1000 of the heaviest, in
     // order, must carry top_p of their sum.
@@ -342,7 +347,7 @@ fn peaked<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], top_p: f64) -> Op
     for (b, &w) in block_w.iter().enumerate() {
         if w >= heaviest * 1e-3 {
             if order.len() == PEAKED_BLOCKS {
-                return None;
+                return Ok(None);
             }
             order.push(b);
         }
@@ -350,13 +355,13 @@ fn peaked<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], top_p: f64) -> Op
     let all = sum(&block_w.iter().map(|&w| w as f64).collect::<Vec<_>>());
     let in_order: f64 = order.iter().map(|&b| block_w[b] as f64).sum();
     if in_order < top_p * all * (1.0 - 1e-3) {
-        return None;
+        return Ok(None);
     }
     order.sort_unstable_by(|&a, &b| bmax[b].total_cmp(&bmax[a]).then(a.cmp(&b)));
     let mut cheap = Vec::new();
     let kind = if r.unmasked() { MassKind::CheapAll } else { MassKind::CheapCut };
     let cheap_all = r.blocks(&[], kind, f32::INFINITY, &mut cheap);
-    let wmax = r.weights(&order.iter().map(|&b| bmax[b]).collect::<Vec<_>>());
+    let wmax = r.weights(&order.iter().map(|&b| bmax[b]).collect::<Vec<_>>())?;
     let (mut s_exp, mut s_cheap, mut cum, mut vc) = (0f64, 0f64, 0f64, None);
     let z_bounds = |s_exp: f64, s_cheap: f64, visited: usize| {
         let (a, b) = exp_bounds(s_exp, visited * BLOCK);
@@ -380,7 +385,7 @@ fn peaked<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], top_p: f64) -> Op
             break;
         }
     }
-    let (vc, visited) = vc?;
+    let Some((vc, visited)) = vc else { return Ok(None) };
     // The rest of the heavy blocks (all below vc) get their f32-exp mass too: most of R is in
     // them.
     for &b in &order[visited..] {
@@ -394,13 +399,13 @@ fn peaked<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], top_p: f64) -> Op
         seen[b] = true;
     }
     if bmax.iter().zip(&seen).any(|(&x, &s)| !s && x >= vc) {
-        return None;
+        return Ok(None);
     }
-    let mut c = gather(r, bmax, vc);
+    let mut c = gather(r, bmax, vc)?;
     let (lo, hi) = z_bounds(s_exp, s_cheap, order.len());
-    if let Walk::Theta(x) = c.walk(top_p * lo, top_p * hi) {
+    if let Walk::Theta(x) = c.walk(top_p * lo, top_p * hi)? {
         count(0);
-        return Some(x);
+        return Ok(Some(x));
     }
     // The blocks not visited by f32 exps as well.
     let rest: Vec<f32> = bmax.iter().zip(&seen).map(|(&x, &s)| if s { f32::NEG_INFINITY } else { x }).collect();
@@ -408,30 +413,31 @@ fn peaked<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], top_p: f64) -> Op
     let kind = if r.unmasked() { MassKind::ExpAll } else { MassKind::Exp };
     let s_rest = r.blocks(&rest, kind, f32::INFINITY, &mut blocks);
     let (a, b) = exp_bounds(s_exp + s_rest, r.count());
-    if let Walk::Theta(x) = c.walk(top_p * a, top_p * b) {
+    if let Walk::Theta(x) = c.walk(top_p * a, top_p * b)? {
         count(1);
-        return Some(x);
+        return Ok(Some(x));
     }
     // Z in float64.
     let t = top_p * r.exact(&[], f32::INFINITY);
-    match c.walk(t, t) {
+    Ok(match c.walk(t, t)? {
         Walk::Theta(x) => {
             count(2);
             Some(x)
         }
         _ => None,
-    }
+    })
 }
 
 /// Any row: the cut from a sample of blocks (the top blocks, and evenly spaced others).
-fn general<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], top: &[usize], top_p: f64) -> f32 {
+fn general<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], top: &[usize], top_p: f64) -> Result<f32> {
     let vc = sample_cut(r, bmax, top, top_p);
-    let (mut c, bounds) = gather_below(r, bmax, vc);
-    if let Some(x) = decide(r, &mut c, bmax, bounds, top_p) {
-        return x;
+    let (mut c, bounds) = gather_below(r, bmax, vc)?;
+    if let Some(x) = decide(r, &mut c, bmax, bounds, top_p)? {
+        return Ok(x);
     }
     // The threshold is below the cut: gather every kept token.
-    full(gather(r, bmax, f32::NEG_INFINITY), top_p)
+    drop(c); // before the larger gather, not after it
+    full(gather(r, bmax, f32::NEG_INFINITY)?, top_p)
 }
 
 /// A cut below the threshold with high probability, from the f32 weights of a sample: the top
@@ -497,8 +503,9 @@ fn sample_cut<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], top: &[usize]
 
 /// top-p among the candidates `cand` that are `>= floor` (a set that holds every kept token,
 /// few: what a top-k left), sorted.
-pub(super) fn floor_of_candidates(cand: &[f32], floor: f32, m: f32, inv_t: f32, top_p: f64) -> f32 {
-    let mut kept: Vec<(f32, f64)> = cand.iter().filter(|&&x| x >= floor).map(|&x| (x, weight64(x, m, inv_t))).collect();
+pub(super) fn floor_of_candidates(cand: &[f32], floor: f32, m: f32, inv_t: f32, top_p: f64) -> Result<f32> {
+    let kept = cand.iter().filter(|&&x| x >= floor).map(|&x| (x, weight64(x, m, inv_t)));
+    let mut kept = alloc::collect(kept, "top-p candidates after top-k")?;
     let z: f64 = kept.iter().map(|e| e.1).sum();
     kept.sort_unstable_by(desc);
     let target = top_p * z;
@@ -506,8 +513,8 @@ pub(super) fn floor_of_candidates(cand: &[f32], floor: f32, m: f32, inv_t: f32, 
     for &(x, w) in &kept {
         cum += w;
         if cum >= target {
-            return x;
+            return Ok(x);
         }
     }
-    kept.last().map_or(f32::NEG_INFINITY, |s| s.0)
+    Ok(kept.last().map_or(f32::NEG_INFINITY, |s| s.0))
 }

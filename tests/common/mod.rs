@@ -132,3 +132,42 @@ pub fn draw(s: &Sampler, batch: &Batch) -> (Vec<i32>, Vec<u32>) {
     s.draw(batch, &mut Output { flags: Some(&mut fl), ..Output::new(&mut tokens) }).unwrap();
     (tokens, fl)
 }
+
+/// Waits for child `pid` for at most `limit`: its exit status (128 + the signal if one killed
+/// it), or None if it was still running (then it is killed).
+pub fn wait_for_child(pid: libc::pid_t, limit: std::time::Duration) -> Option<i32> {
+    let start = std::time::Instant::now();
+    let mut status = 0;
+    while start.elapsed() < limit {
+        // SAFETY: waitpid on our own child with a valid status pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            return Some(if libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else {
+                128 + libc::WTERMSIG(status)
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    // SAFETY: as above; the child hung, so it is killed and reaped.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, &mut status, 0);
+    }
+    None
+}
+
+/// Runs `f` in a fork() child and returns its result as the exit status (see
+/// [`wait_for_child`]); a panic in `f` exits with 101.
+pub fn in_child(limit: std::time::Duration, f: impl FnOnce() -> i32) -> Option<i32> {
+    // SAFETY: the child runs `f` and leaves with _exit, never returning into the test harness.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(101);
+        // SAFETY: ends the child without running the parent's atexit handlers.
+        unsafe { libc::_exit(code) };
+    }
+    assert!(pid > 0, "fork failed");
+    wait_for_child(pid, limit)
+}
