@@ -632,3 +632,45 @@ fn levels_exercised() {
     );
     assert!(tested.contains(&"scalar") && tested.contains(&"portable"));
 }
+
+/// T up to FLT_MAX with logits near the ends of the f32 range (issue 8, item 9): every finite
+/// logit within FLT_MAX of the row's maximum takes part at its float64 rate; one further below
+/// (its `x - m` is not an f32) is masked, as docs/semantics.md says.
+#[test]
+fn logits_at_the_ends_of_the_f32_range_at_the_largest_temperature() {
+    let t = f32::MAX;
+    let (rows, calls) = (4096usize, 5);
+    // (row, the float64 probability of token 1).
+    let d = (-0.3e38f64 - 3.0e38) / f32::MAX as f64; // about -0.97: a span just below FLT_MAX
+    let cases = [([3.0e38f32, -0.3e38], d.exp() / (1.0 + d.exp())), ([3.0e38f32, -3.0e38], 0.0)];
+    for level in supported_levels() {
+        for (x, p1) in cases {
+            let s = sampler(level, 5);
+            let logits: Vec<f32> = (0..rows).flat_map(|_| x).collect();
+            let temps = vec![t; rows];
+            let mut ones = 0u64;
+            for c in 0..calls as u64 {
+                let seeds: Vec<u64> = (0..rows as u64).map(|r| c * rows as u64 + r).collect();
+                let batch = Batch { seeds: Some(&seeds), ..batch_of(Logits::F32(&logits), rows, 2, &temps) };
+                ones += draw(&s, &batch).0.iter().filter(|&&tok| tok == 1).count() as u64;
+            }
+            let n = (rows * calls) as f64;
+            let sd = (n * p1 * (1.0 - p1)).sqrt();
+            let dev = (ones as f64 - n * p1).abs();
+            assert!(dev <= 5.0 * sd, "{level:?} {x:?}: token 1 drawn {ones} times of {n}, expected {:.0}", n * p1);
+            // The processed logprob agrees with the float64 log-softmax (or is -inf when masked).
+            let (seed, temp) = ([1u64], [t]);
+            let one = Batch { seeds: Some(&seed), ..batch_of(Logits::F32(&x), 1, 2, &temp) };
+            let (mut tok, mut lp) = ([-1], [0f32]);
+            let mut out =
+                Output { logprobs: Some(&mut lp), logprob_mode: LogprobMode::Processed, ..Output::new(&mut tok) };
+            s.draw(&one, &mut out).unwrap();
+            let want = if tok[0] == 1 { p1.ln() } else { (1.0 - p1).ln() };
+            assert!(
+                (lp[0] as f64 - want).abs() <= 1e-5 * want.abs().max(1.0),
+                "{level:?} {x:?}: logprob {} vs {want}",
+                lp[0]
+            );
+        }
+    }
+}

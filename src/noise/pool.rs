@@ -663,8 +663,11 @@ impl Pool {
     /// `Closed`. Leases already out stay readable. Idempotent.
     pub fn shutdown(&self) {
         if current_pid() != self.shared.pid {
-            // A fork() child: the producers do not exist here, and their lock may be held.
-            std::mem::forget(std::mem::take(&mut *self.threads.lock()));
+            // A fork() child: the producers do not exist here, and a lock of the pool may be
+            // held by a thread of the parent (then the handles are simply not taken).
+            if let Some(mut threads) = self.threads.try_lock() {
+                std::mem::forget(std::mem::take(&mut *threads));
+            }
             return;
         }
         self.shared.close();
