@@ -124,3 +124,8 @@ fn the_library_works_through_dlopen() {
 fn the_cpp_wrapper_works() {
     build_and_run("test_cpp.cpp", true, true, &[], QUICK);
 }
+
+#[test]
+fn pool_shutdown_wakes_blocked_borrowers_and_keeps_the_handle() {
+    build_and_run("test_pool_shutdown.c", false, true, &[], QUICK);
+}
