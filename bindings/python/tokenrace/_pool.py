@@ -4,12 +4,13 @@ Lifetime of the native pool
 ---------------------------
 ``tokenrace_pool_free()`` must not run while another call may start on the handle, and a
 lease's memory (or the pool's ring buffer that a lease points into) must outlive every numpy
-view of it. So the native handle lives in a ``_PoolHandle`` that everything able to touch it
-references: the ``NoisePool``, every ``NoiseLease``, every array made from a lease (through the
-array's ``base``), and every call in progress (a local variable). ``tokenrace_pool_free()`` runs
-when the last of them goes away. ``NoisePool.close()`` drops the pool's own reference and makes
-every later call on the pool fail; the native pool stops at once unless a lease or an array of
-it is still alive, or a borrow is running in another thread.
+view of it. So the native handle lives in a ``_Handle`` (``_common.py``, shared with
+``Sampler``) that everything able to touch it references: the ``NoisePool``, every
+``NoiseLease``, every array made from a lease (through the array's ``base``), and every call in
+progress (a local variable). ``tokenrace_pool_free()`` runs when the last of them goes away.
+``NoisePool.close()`` drops the pool's own reference and makes every later call on the pool
+fail; the native pool stops at once unless a lease or an array of it is still alive, or a borrow
+is running in another thread.
 
 Arrays after release
 --------------------
@@ -29,7 +30,7 @@ from ctypes import byref
 import numpy as np
 
 from . import _ffi
-from ._common import _choice, _Closable, _Default, _from_env, _name_of, _unsigned
+from ._common import _choice, _Closable, _Default, _from_env, _Handle, _name_of, _unsigned
 from ._errors import ClosedError, check
 
 _STATS_FIELDS = ("rows_produced", "rows_borrowed", "borrows_waited", "wait_ns", "inline_rows",
@@ -37,17 +38,8 @@ _STATS_FIELDS = ("rows_produced", "rows_borrowed", "borrows_waited", "wait_ns", 
 
 
 def _free_pool(ptr):
+    # Looked up at call time: the library is loaded once, and tests observe the call.
     _ffi.lib().tokenrace_pool_free(ptr)
-
-
-class _PoolHandle:
-    """The native ``tokenrace_pool*``; freed when this object is garbage (see the module doc)."""
-
-    __slots__ = ("ptr", "__weakref__")
-
-    def __init__(self, ptr):
-        self.ptr = ptr
-        weakref.finalize(self, _free_pool, ptr)
 
 
 def _release(handle, lease):
@@ -192,7 +184,7 @@ class NoisePool(_Closable):
             cfg.timeout_ms = _unsigned("timeout_ms", timeout_ms, 64)
         ptr = _ffi.pool_p()
         check(lib.tokenrace_pool_new(byref(cfg), byref(ptr)))
-        self._handle = _PoolHandle(ptr)
+        self._handle = _Handle(ptr, _free_pool)
         self._config = cfg
 
     # -- lifetime ------------------------------------------------------------------------------
