@@ -1,12 +1,14 @@
 """The native objects' lifetime across threads: ``close()`` while other threads are inside calls.
 
-``Sampler.close()`` must not free the native sampler under a draw in progress (a use-after-free).
+``Sampler.close()`` must not free the native sampler under a draw in progress (a use-after-free),
+and ``NoisePool.close()`` must wake a borrow blocked under the BLOCK policy at once.
 
 The free functions are observed by replacing them on the loaded library (the binding looks them up
 at call time); ``monkeypatch`` puts the originals back.
 """
 
 import ctypes
+import gc
 import threading
 import time
 
@@ -142,3 +144,64 @@ def test_close_while_threads_draw(tokenrace, lib, monkeypatch, rng, sampler_thre
     for k, e in enumerate(endings):
         assert isinstance(e, tokenrace.ClosedError), f"thread {k} ended with {e!r}, not ClosedError"
     assert frees == [0], f"the native sampler was freed {len(frees)} times, with {frees} draws in progress"
+
+
+def test_close_wakes_a_borrower_blocked_under_block(tokenrace):
+    """A BLOCK borrow waiting on an exhausted ring (timeout one minute) raises ClosedError as soon
+    as another thread closes the pool."""
+    pool = tokenrace.NoisePool(64, 2, seed=1, policy="block", timeout_ms=60000)
+    held = [pool.borrow(1), pool.borrow(1)]  # the whole ring is out: nothing can be refilled
+    outcome = {}
+
+    def borrower():
+        try:
+            pool.borrow(1).release()
+            outcome["result"] = "borrowed"
+        except BaseException as e:  # checked below
+            outcome["result"] = e
+        outcome["at"] = time.monotonic()
+
+    t = threading.Thread(target=borrower, daemon=True)
+    t.start()
+    time.sleep(0.3)
+    try:
+        assert t.is_alive(), f"the borrow did not block: {outcome}"
+        closed_at = time.monotonic()
+        pool.close()
+        t.join(timeout=5)
+        assert not t.is_alive(), "close() did not wake the blocked borrower"
+    finally:
+        # Without the fix this lets the borrower finish rather than wait out its minute.
+        for lease in held:
+            lease.release()
+        t.join(timeout=5)
+    e = outcome["result"]
+    assert isinstance(e, tokenrace.ClosedError), f"the borrower got {e!r}"
+    assert "shut down" in str(e)
+    assert outcome["at"] - closed_at < 2.0
+    with pytest.raises(tokenrace.ClosedError):
+        pool.borrow(1)
+    pool.close()  # idempotent
+
+
+def test_a_closed_pool_is_shut_down_while_a_lease_is_out(tokenrace, lib, monkeypatch):
+    """close() shuts the native pool down at once (no more borrows, even through a handle still
+    held), while a lease still out keeps its memory readable and is freed with the last of them."""
+    freed = []
+    spy_free(monkeypatch, lib, "tokenrace_pool_free", lambda ptr: freed.append(pointer_value(ptr)))
+    pool = tokenrace.NoisePool(32, 4, seed=2)
+    lease = pool.borrow(2)
+    handle = pool._handle
+    mine = pointer_value(handle.ptr)
+    noise = lease.array
+    pool.close()
+    # The handle is alive (the lease holds it), but the native pool refuses borrows: shut down.
+    lease2 = tokenrace._ffi.tokenrace_pool_lease()
+    status = lib.tokenrace_pool_borrow(handle.ptr, 1, ctypes.byref(lease2))
+    assert status == tokenrace._ffi.STATUS_CLOSED
+    assert np.isfinite(noise).all()
+    assert mine not in freed
+    lease.release()
+    del lease, noise, handle
+    gc.collect()  # (this may free pools that earlier tests left for the collector, too)
+    assert freed.count(mine) == 1

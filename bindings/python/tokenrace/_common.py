@@ -10,6 +10,7 @@ that frees it when the handle is garbage, and every call takes the handle into a
 for its whole duration (``h = self._live_handle()``, then ``h.ptr``). ``close()`` drops the
 object's own reference: later calls raise ``ClosedError``, and the native object is freed as soon
 as no call (nor, for a pool, any lease or array of it) still holds the handle.
+(``NoisePool.close()`` also shuts the native pool down at once, to wake its blocked borrowers.)
 
 In a ``fork()`` child, a thread that was inside a call at the fork has vanished but its frame's
 references stay (CPython does not release them), so such a handle is freed only by the

@@ -8,9 +8,11 @@ view of it. So the native handle lives in a ``_Handle`` (``_common.py``, shared 
 ``Sampler``) that everything able to touch it references: the ``NoisePool``, every
 ``NoiseLease``, every array made from a lease (through the array's ``base``), and every call in
 progress (a local variable). ``tokenrace_pool_free()`` runs when the last of them goes away.
-``NoisePool.close()`` drops the pool's own reference and makes every later call on the pool
-fail; the native pool stops at once unless a lease or an array of it is still alive, or a borrow
-is running in another thread.
+``NoisePool.close()`` first shuts the native pool down (``tokenrace_pool_shutdown()``: its
+producers stop, and a borrow blocked in another thread under the BLOCK policy wakes at once with
+``ClosedError``), then drops the pool's own reference, so every later call on the pool fails.
+Leases out stay readable and are still given back; the handle's memory is freed after the last
+of them. A sampler the pool is attached to keeps the pool running until the sampler is freed.
 
 Arrays after release
 --------------------
@@ -191,9 +193,17 @@ class NoisePool(_Closable):
 
     def close(self):
         """Closes the pool (idempotent): later calls on it raise ``ClosedError``. The native pool
-        (its producer threads and memory) stops now, or, if a lease or an array of it is still
-        alive or a borrow is running in another thread, as soon as they are gone. A sampler the
-        pool is attached to keeps it running until the sampler is freed."""
+        shuts down now: its producer threads stop, and a borrow waiting in another thread (policy
+        "block") raises ``ClosedError`` at once. Leases out stay readable and are still given
+        back; the pool's memory is freed once no lease or array of it is left. A sampler the pool
+        is attached to keeps it running (and a waiting borrow waiting) until the sampler is
+        freed."""
+        h = self._handle
+        if h is None:
+            return
+        # Explicitly: dropping the reference frees (and so shuts down) the native pool only once
+        # no lease, array or call in another thread holds the handle any more.
+        check(_ffi.lib().tokenrace_pool_shutdown(h.ptr))
         self._handle = None
 
     # -- settings and counters -----------------------------------------------------------------
