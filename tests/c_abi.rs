@@ -129,3 +129,11 @@ fn the_cpp_wrapper_works() {
 fn pool_shutdown_wakes_blocked_borrowers_and_keeps_the_handle() {
     build_and_run("test_pool_shutdown.c", false, true, &[], QUICK);
 }
+
+/// Children forked while threads draw must draw (seeded tokens equal to the parent's), and free
+/// their samplers and pools, without hanging. The program bounds each child (10 s) and itself
+/// (150 s); the limit here is only a backstop above those.
+#[test]
+fn fork_children_draw_and_free() {
+    build_and_run("test_fork.c", false, true, &[], Duration::from_secs(240));
+}
