@@ -401,6 +401,23 @@ enum tokenrace_status tokenrace_pool_new(const struct tokenrace_pool_config *con
 // `pool` is NULL or came from `tokenrace_pool_new()` and was not freed.
 void tokenrace_pool_free(struct tokenrace_pool *pool);
 
+// Shuts the pool down now, as `tokenrace_pool_free()` does, but keeps the handle: unless a
+// sampler has the pool attached (see `tokenrace_sampler_attach_pool()`), its producers are
+// stopped and joined (they stop mid-row), any `tokenrace_pool_borrow()` waiting on it returns
+// `TOKENRACE_STATUS_CLOSED` at once, and every later borrow fails with CLOSED. With a sampler
+// attached, the pool keeps running until that sampler is freed. Either way
+// `tokenrace_sampler_attach_pool()` fails with CLOSED from now on, while
+// `tokenrace_pool_release()` and `tokenrace_pool_get_stats()` still work and leases still out stay
+// readable. Idempotent; fails with INVALID_ARGUMENT only when `pool` is NULL. The handle must
+// still be freed with `tokenrace_pool_free()`.
+//
+// This lets a binding wake its blocked borrowers when the user closes the pool, while calls in
+// progress on other threads still hold the handle (so it cannot be freed yet).
+//
+// # Safety
+// `pool` is NULL or a live pool (not freed).
+enum tokenrace_status tokenrace_pool_shutdown(struct tokenrace_pool *pool);
+
 // Borrows the next `n_rows` rows of noise as one contiguous, read-only span of
 // `n_rows x vocab` floats (`out->values`, inside the pool's own buffer except under the INLINE
 // fallback described below). Several threads may borrow at once; each value is handed out at
@@ -443,7 +460,8 @@ enum tokenrace_status tokenrace_pool_get_stats(const struct tokenrace_pool *pool
 // sampler's own pool if it had one. The sampler keeps the pool running until the sampler is
 // freed, even after `tokenrace_pool_free()`. The pool's `vocab` must equal the sampler's
 // `vocab_size`, and the sampler's `noise` must be AUTO or POOL (INVALID_ARGUMENT otherwise). A
-// draw with more such rows than the pool's capacity fails with INVALID_ARGUMENT.
+// draw with more such rows than the pool's capacity fails with INVALID_ARGUMENT. A pool that was
+// shut down (`tokenrace_pool_shutdown()`) cannot be attached: CLOSED.
 //
 // # Safety
 // `sampler` and `pool` are live. A draw running concurrently on `sampler` finishes with the

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 /// The directory of `libtokenrace.so`: `TOKENRACE_LIB_DIR` when set (scripts/test.sh builds
 /// the release library once, before the tests, and every consumer uses that one), else built
@@ -52,13 +53,15 @@ fn compiler(cpp: bool) -> cc::Tool {
         .get_compiler()
 }
 
-fn build_and_run(source: &str, cpp: bool, link: bool, args: &[&str]) {
+/// Compiles `source` and runs it with `args`, failing the test when it fails or runs longer than
+/// `limit` (then it is killed: a hung program must fail the suite, not hang it).
+fn build_and_run(source: &str, cpp: bool, link: bool, args: &[&str], limit: Duration) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let lib = lib_dir();
     let out = std::env::temp_dir().join(format!("tokenrace-{}-{}", std::process::id(), source.replace('.', "_")));
     let mut cmd = compiler(cpp).to_command();
     cmd.arg(root.join("c_tests").join(source)).arg("-I").arg(root.join("include")).arg("-o").arg(&out);
-    cmd.args(["-Wall", "-Wextra", "-Werror"]);
+    cmd.args(["-Wall", "-Wextra", "-Werror", "-pthread"]);
     if cpp {
         cmd.arg("-std=c++17");
     } else {
@@ -70,28 +73,67 @@ fn build_and_run(source: &str, cpp: bool, link: bool, args: &[&str]) {
     cmd.args(["-lm", "-ldl"]);
     let status = cmd.status().expect("the C compiler runs");
     assert!(status.success(), "compiling {source} failed");
-    let run = Command::new(&out).args(args).output().unwrap();
-    let _ = std::fs::remove_file(&out);
-    assert!(
-        run.status.success(),
-        "{source} failed:\n{}{}",
-        String::from_utf8_lossy(&run.stdout),
-        String::from_utf8_lossy(&run.stderr)
+    // The output goes to files rather than pipes, so that waiting with a limit cannot block on a
+    // full pipe.
+    let (stdout_path, stderr_path) = (out.with_extension("stdout"), out.with_extension("stderr"));
+    let mut child = Command::new(&out)
+        .args(args)
+        .stdout(std::fs::File::create(&stdout_path).unwrap())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let output = format!(
+        "{}{}",
+        std::fs::read_to_string(&stdout_path).unwrap_or_default(),
+        std::fs::read_to_string(&stderr_path).unwrap_or_default()
     );
+    for p in [&out, &stdout_path, &stderr_path] {
+        let _ = std::fs::remove_file(p);
+    }
+    let status = status.unwrap_or_else(|| panic!("{source} ran longer than {limit:?} and was killed:\n{output}"));
+    assert!(status.success(), "{source} failed ({status}):\n{output}");
 }
+
+/// The limit of a program that should take a second or two.
+const QUICK: Duration = Duration::from_secs(120);
 
 #[test]
 fn c_caller_sees_statuses_messages_and_results() {
-    build_and_run("test_basic.c", false, true, &[]);
+    build_and_run("test_basic.c", false, true, &[], QUICK);
 }
 
 #[test]
 fn the_library_works_through_dlopen() {
     let lib = lib_dir().join("libtokenrace.so");
-    build_and_run("test_dlopen.c", false, false, &[lib.to_str().unwrap()]);
+    build_and_run("test_dlopen.c", false, false, &[lib.to_str().unwrap()], QUICK);
 }
 
 #[test]
 fn the_cpp_wrapper_works() {
-    build_and_run("test_cpp.cpp", true, true, &[]);
+    build_and_run("test_cpp.cpp", true, true, &[], QUICK);
+}
+
+#[test]
+fn pool_shutdown_wakes_blocked_borrowers_and_keeps_the_handle() {
+    build_and_run("test_pool_shutdown.c", false, true, &[], QUICK);
+}
+
+/// Children forked while threads draw must draw (seeded tokens equal to the parent's), and free
+/// their samplers and pools, without hanging. The program bounds each child (10 s) and itself
+/// (150 s); the limit here is only a backstop above those.
+#[test]
+fn fork_children_draw_and_free() {
+    build_and_run("test_fork.c", false, true, &[], Duration::from_secs(240));
 }

@@ -6,13 +6,15 @@
 //! pool attached, its producers are stopped and joined right away (even mid-fill) and borrows
 //! waiting on it return CLOSED. The memory of leases still out stays valid, and
 //! `tokenrace_pool_release()` may still be called for them; the last release frees the handle.
+//! `tokenrace_pool_shutdown()` does the first half of that (the ownership) and keeps the handle,
+//! for callers that must wake blocked borrowers while other calls may still hold it.
 
 use super::api::tokenrace_sampler;
 use super::convert::{check_struct_size, config_enum, read_versioned, write_versioned};
 use super::panic::{guard, guard_void};
 use super::types::*;
 use crate::config::{self, PoolConfig};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::noise::pool::{Lease, Pool, Shared};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -27,7 +29,8 @@ pub struct tokenrace_pool {
 
 /// What a `tokenrace_pool*` holds (inside an `Arc`).
 struct PoolHandle {
-    /// The handle's ownership of the pool; taken by `tokenrace_pool_free()`.
+    /// The handle's ownership of the pool; taken by `tokenrace_pool_shutdown()` or
+    /// `tokenrace_pool_free()`.
     owner: Mutex<Option<Arc<Pool>>>,
     shared: Arc<Shared>,
     leases: Mutex<HashMap<u64, Lease>>,
@@ -149,6 +152,34 @@ pub unsafe extern "C" fn tokenrace_pool_free(pool: *mut tokenrace_pool) {
         // SAFETY: the handle's own reference, taken once.
         unsafe { Arc::decrement_strong_count(pool as *const tokenrace_pool) };
     });
+}
+
+/// Shuts the pool down now, as `tokenrace_pool_free()` does, but keeps the handle: unless a
+/// sampler has the pool attached (see `tokenrace_sampler_attach_pool()`), its producers are
+/// stopped and joined (they stop mid-row), any `tokenrace_pool_borrow()` waiting on it returns
+/// `TOKENRACE_STATUS_CLOSED` at once, and every later borrow fails with CLOSED. With a sampler
+/// attached, the pool keeps running until that sampler is freed. Either way
+/// `tokenrace_sampler_attach_pool()` fails with CLOSED from now on, while
+/// `tokenrace_pool_release()` and `tokenrace_pool_get_stats()` still work and leases still out stay
+/// readable. Idempotent; fails with INVALID_ARGUMENT only when `pool` is NULL. The handle must
+/// still be freed with `tokenrace_pool_free()`.
+///
+/// This lets a binding wake its blocked borrowers when the user closes the pool, while calls in
+/// progress on other threads still hold the handle (so it cannot be freed yet).
+///
+/// # Safety
+/// `pool` is NULL or a live pool (not freed).
+#[no_mangle]
+pub unsafe extern "C" fn tokenrace_pool_shutdown(pool: *mut tokenrace_pool) -> tokenrace_status {
+    guard("tokenrace_pool_shutdown", || {
+        // SAFETY: the caller's contract for `pool`.
+        let handle = unsafe { hold(pool) }?;
+        // Taken under the lock and dropped after it, so that joining the producers does not hold
+        // up a concurrent `tokenrace_sampler_attach_pool()`, which takes the same lock.
+        let owner = handle.inner.owner.lock().take();
+        drop(owner);
+        Ok(())
+    })
 }
 
 /// A counted reference to the handle for the duration of a call.
@@ -287,7 +318,8 @@ pub unsafe extern "C" fn tokenrace_pool_get_stats(
 /// sampler's own pool if it had one. The sampler keeps the pool running until the sampler is
 /// freed, even after `tokenrace_pool_free()`. The pool's `vocab` must equal the sampler's
 /// `vocab_size`, and the sampler's `noise` must be AUTO or POOL (INVALID_ARGUMENT otherwise). A
-/// draw with more such rows than the pool's capacity fails with INVALID_ARGUMENT.
+/// draw with more such rows than the pool's capacity fails with INVALID_ARGUMENT. A pool that was
+/// shut down (`tokenrace_pool_shutdown()`) cannot be attached: CLOSED.
 ///
 /// # Safety
 /// `sampler` and `pool` are live. A draw running concurrently on `sampler` finishes with the
@@ -303,7 +335,9 @@ pub unsafe extern "C" fn tokenrace_sampler_attach_pool(
         // SAFETY: the caller's contract for `pool`.
         let handle = unsafe { hold(pool) }?;
         let owner = handle.inner.owner.lock().clone();
-        let owner = owner.ok_or_else(|| Error::invalid_argument("pool: was freed"))?;
+        let owner = owner.ok_or_else(|| {
+            Error::new(ErrorKind::Closed, "pool: is shut down (tokenrace_pool_shutdown() or tokenrace_pool_free())")
+        })?;
         s.inner.attach_pool(owner)
     })
 }

@@ -1,11 +1,27 @@
 """Helpers shared by ``Sampler`` and ``NoisePool``: keyword defaults that defer to the
-environment, integer and enum checks, and reading a settings struct from the environment."""
+environment, integer and enum checks, reading a settings struct from the environment, and the
+handle that owns a native pointer.
+
+Lifetime of a native object
+---------------------------
+A ``tokenrace_*_free()`` must not run while a call on the object is in progress in another
+thread (ctypes releases the GIL during the call). So the native pointer lives in a ``_Handle``
+that frees it when the handle is garbage, and every call takes the handle into a local variable
+for its whole duration (``h = self._live_handle()``, then ``h.ptr``). ``close()`` drops the
+object's own reference: later calls raise ``ClosedError``, and the native object is freed as soon
+as no call (nor, for a pool, any lease or array of it) still holds the handle.
+(``NoisePool.close()`` also shuts the native pool down at once, to wake its blocked borrowers.)
+
+In a ``fork()`` child, a thread that was inside a call at the fork has vanished but its frame's
+references stay (CPython does not release them), so such a handle is freed only by the
+finalizers at interpreter exit (not at all after ``os._exit``): a leak, never a free under a call.
+"""
 
 from __future__ import annotations
 
 import ctypes
 import operator
-from ctypes import POINTER
+import weakref
 
 from . import _ffi
 from ._errors import ClosedError, check
@@ -57,10 +73,24 @@ def _from_env(cls, function):
     return cfg
 
 
+class _Handle:
+    """A native pointer and the function that frees it, called once, when this object is garbage
+    (or at interpreter exit, by ``weakref.finalize``). See the module doc."""
+
+    __slots__ = ("ptr", "__weakref__")
+
+    def __init__(self, ptr, free):
+        self.ptr = ptr
+        # ``free`` must not refer to this object, or it would never become garbage. (The
+        # finalizer keeps itself registered until it has run.)
+        weakref.finalize(self, free, ptr)
+
+
 class _Closable:
     """The life cycle shared by the native handles: ``close()`` (defined by the class),
-    ``closed``, use as a context manager, and ``_live_handle()`` that raises ``ClosedError``
-    (a ``RuntimeError``) naming the class once closed."""
+    ``closed``, use as a context manager, and ``_live_handle()``, the ``_Handle`` that a call holds
+    while it runs, which raises ``ClosedError`` (a ``RuntimeError``) naming the class once
+    closed."""
 
     @property
     def closed(self):

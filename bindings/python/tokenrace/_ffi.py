@@ -245,6 +245,7 @@ _SIGNATURES = {
     "tokenrace_pool_config_from_env": (status, [POINTER(tokenrace_pool_config)]),
     "tokenrace_pool_new": (status, [POINTER(tokenrace_pool_config), POINTER(pool_p)]),
     "tokenrace_pool_free": (None, [pool_p]),
+    "tokenrace_pool_shutdown": (status, [pool_p]),
     "tokenrace_pool_borrow": (status, [pool_p, c_uint32, POINTER(tokenrace_pool_lease)]),
     "tokenrace_pool_release": (status, [pool_p, POINTER(tokenrace_pool_lease)]),
     "tokenrace_pool_get_stats": (status, [pool_p, POINTER(tokenrace_pool_stats)]),

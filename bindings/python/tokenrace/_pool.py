@@ -4,12 +4,15 @@ Lifetime of the native pool
 ---------------------------
 ``tokenrace_pool_free()`` must not run while another call may start on the handle, and a
 lease's memory (or the pool's ring buffer that a lease points into) must outlive every numpy
-view of it. So the native handle lives in a ``_PoolHandle`` that everything able to touch it
-references: the ``NoisePool``, every ``NoiseLease``, every array made from a lease (through the
-array's ``base``), and every call in progress (a local variable). ``tokenrace_pool_free()`` runs
-when the last of them goes away. ``NoisePool.close()`` drops the pool's own reference and makes
-every later call on the pool fail; the native pool stops at once unless a lease or an array of
-it is still alive, or a borrow is running in another thread.
+view of it. So the native handle lives in a ``_Handle`` (``_common.py``, shared with
+``Sampler``) that everything able to touch it references: the ``NoisePool``, every
+``NoiseLease``, every array made from a lease (through the array's ``base``), and every call in
+progress (a local variable). ``tokenrace_pool_free()`` runs when the last of them goes away.
+``NoisePool.close()`` first shuts the native pool down (``tokenrace_pool_shutdown()``: its
+producers stop, and a borrow blocked in another thread under the BLOCK policy wakes at once with
+``ClosedError``), then drops the pool's own reference, so every later call on the pool fails.
+Leases out stay readable and are still given back; the handle's memory is freed after the last
+of them. A sampler the pool is attached to keeps the pool running until the sampler is freed.
 
 Arrays after release
 --------------------
@@ -29,7 +32,7 @@ from ctypes import byref
 import numpy as np
 
 from . import _ffi
-from ._common import _choice, _Closable, _Default, _from_env, _name_of, _unsigned
+from ._common import _choice, _Closable, _Default, _from_env, _Handle, _name_of, _unsigned
 from ._errors import ClosedError, check
 
 _STATS_FIELDS = ("rows_produced", "rows_borrowed", "borrows_waited", "wait_ns", "inline_rows",
@@ -37,17 +40,8 @@ _STATS_FIELDS = ("rows_produced", "rows_borrowed", "borrows_waited", "wait_ns", 
 
 
 def _free_pool(ptr):
+    # Looked up at call time: the library is loaded once, and tests observe the call.
     _ffi.lib().tokenrace_pool_free(ptr)
-
-
-class _PoolHandle:
-    """The native ``tokenrace_pool*``; freed when this object is garbage (see the module doc)."""
-
-    __slots__ = ("ptr", "__weakref__")
-
-    def __init__(self, ptr):
-        self.ptr = ptr
-        weakref.finalize(self, _free_pool, ptr)
 
 
 def _release(handle, lease):
@@ -192,16 +186,24 @@ class NoisePool(_Closable):
             cfg.timeout_ms = _unsigned("timeout_ms", timeout_ms, 64)
         ptr = _ffi.pool_p()
         check(lib.tokenrace_pool_new(byref(cfg), byref(ptr)))
-        self._handle = _PoolHandle(ptr)
+        self._handle = _Handle(ptr, _free_pool)
         self._config = cfg
 
     # -- lifetime ------------------------------------------------------------------------------
 
     def close(self):
         """Closes the pool (idempotent): later calls on it raise ``ClosedError``. The native pool
-        (its producer threads and memory) stops now, or, if a lease or an array of it is still
-        alive or a borrow is running in another thread, as soon as they are gone. A sampler the
-        pool is attached to keeps it running until the sampler is freed."""
+        shuts down now: its producer threads stop, and a borrow waiting in another thread (policy
+        "block") raises ``ClosedError`` at once. Leases out stay readable and are still given
+        back; the pool's memory is freed once no lease or array of it is left. A sampler the pool
+        is attached to keeps it running (and a waiting borrow waiting) until the sampler is
+        freed."""
+        h = self._handle
+        if h is None:
+            return
+        # Explicitly: dropping the reference frees (and so shuts down) the native pool only once
+        # no lease, array or call in another thread holds the handle any more.
+        check(_ffi.lib().tokenrace_pool_shutdown(h.ptr))
         self._handle = None
 
     # -- settings and counters -----------------------------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import weakref
 from ctypes import POINTER, byref, c_float, c_int32, c_uint8, c_uint32, c_uint64
 from dataclasses import dataclass
 from typing import Optional
@@ -13,7 +12,7 @@ import numpy as np
 
 from . import _ffi
 from ._arrays import LOGITS_DTYPES, NOISE_DTYPES, per_row, rows_view
-from ._common import _choice, _Closable, _Default, _from_env, _name_of, _unsigned
+from ._common import _choice, _Closable, _Default, _from_env, _Handle, _name_of, _unsigned
 from ._errors import check
 
 
@@ -21,8 +20,9 @@ def _ptr(arr, ctype):
     return None if arr is None else arr.ctypes.data_as(POINTER(ctype))
 
 
-def _free(handle):
-    _ffi.lib().tokenrace_sampler_free(handle)
+def _free_sampler(ptr):
+    # Looked up at call time: the library is loaded once, and tests observe the call.
+    _ffi.lib().tokenrace_sampler_free(ptr)
 
 
 class Sampler(_Closable):
@@ -60,17 +60,17 @@ class Sampler(_Closable):
             cfg.greedy_below = g
         if not isinstance(noise, _Default):
             cfg.noise = _choice("noise", noise, _ffi.NOISE_SOURCE_NAMES)
-        handle = _ffi.sampler_p()
-        check(lib.tokenrace_sampler_new(byref(cfg), byref(handle)))
-        self._handle = handle
+        ptr = _ffi.sampler_p()
+        check(lib.tokenrace_sampler_new(byref(cfg), byref(ptr)))
+        self._handle = _Handle(ptr, _free_sampler)
         self._config = cfg
-        self._finalizer = weakref.finalize(self, _free, handle)
 
     # -- lifetime ------------------------------------------------------------------------------
 
     def close(self):
-        """Frees the native sampler now (idempotent). No other thread may be drawing with it."""
-        self._finalizer()
+        """Closes the sampler (idempotent): later calls on it raise ``ClosedError``. The native
+        sampler is freed now, or, if calls are still running in other threads, as soon as the
+        last of them returns (they finish normally)."""
         self._handle = None
 
     # -- settings and counters -----------------------------------------------------------------
@@ -99,7 +99,8 @@ class Sampler(_Closable):
     @property
     def simd_level(self):
         """The instruction set this sampler runs: "avx512", "avx2", "portable" or "scalar"."""
-        return _ffi.lib().tokenrace_sampler_simd_level(self._live_handle()).decode()
+        h = self._live_handle()
+        return _ffi.lib().tokenrace_sampler_simd_level(h.ptr).decode()
 
     @property
     def config(self):
@@ -114,8 +115,9 @@ class Sampler(_Closable):
 
     def stats(self):
         """The sampler's counters since it was made, as a dict."""
+        h = self._live_handle()
         st = _ffi.tokenrace_sampler_stats()
-        check(_ffi.lib().tokenrace_sampler_get_stats(self._live_handle(), byref(st)))
+        check(_ffi.lib().tokenrace_sampler_get_stats(h.ptr, byref(st)))
         return {k: v for k, v in st.as_dict().items() if k not in ("struct_size", "reserved0")}
 
     def __repr__(self):
@@ -139,8 +141,10 @@ class Sampler(_Closable):
 
         if not isinstance(pool, NoisePool):
             raise TypeError(f"pool: must be a tokenrace.NoisePool, got {type(pool).__name__}")
-        h = pool._live_handle()  # held for the call: the native pool cannot be freed under it
-        check(_ffi.lib().tokenrace_sampler_attach_pool(self._live_handle(), h.ptr))
+        # Both handles are held for the call: neither native object can be freed under it.
+        h = self._live_handle()
+        p = pool._live_handle()
+        check(_ffi.lib().tokenrace_sampler_attach_pool(h.ptr, p.ptr))
 
     # -- drawing -------------------------------------------------------------------------------
 
@@ -185,10 +189,12 @@ class Sampler(_Closable):
         return b, keep
 
     def _run(self, batch, out, keep):
-        """Calls ``tokenrace_draw``; ``keep`` holds every buffer the structs point into."""
-        status = _ffi.lib().tokenrace_draw(self._live_handle(), byref(batch), byref(out))
+        """Calls ``tokenrace_draw``; ``keep`` holds every buffer the structs point into, ``h`` the
+        native sampler (a ``close()`` in another thread meanwhile cannot free it)."""
+        h = self._live_handle()
+        status = _ffi.lib().tokenrace_draw(h.ptr, byref(batch), byref(out))
         check(status)
-        del keep
+        del keep, h
 
     def draw(self, logits, *, temperature=None, seeds=None, offsets=None, seeded=None, noise=None,
              noise_kind="exp", top_k=None, top_p=None, min_p=None, return_flags=False):
