@@ -8,6 +8,12 @@ cd "$(dirname "$0")/.."
 cargo build --release --lib --quiet
 export TOKENRACE_LIB_DIR="$PWD/target/release"
 cargo test --quiet
+# The C and C++ programs again under valgrind's memcheck: any invalid access or leak fails.
+if command -v valgrind >/dev/null 2>&1; then
+  TOKENRACE_VALGRIND=1 cargo test --quiet --test c_abi
+else
+  echo "memcheck: skipped (valgrind is not installed; .ci/run installs it)"
+fi
 # Which SIMD levels the Rust tests exercised on this machine (they test every supported one).
 cargo test --quiet --test draw levels_exercised -- --nocapture 2>&1 | grep '^simd levels' || true
 if [ -d tests/python ]; then
