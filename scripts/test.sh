@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Runs every test: the release library is built once (the C programs and the Python tests use
-# it), then the Rust unit and integration tests (C and C++ programs included), then the Python
-# binding's tests. Installs what the Python tests import. From a clean checkout on a 2-core
-# machine the builds take most of the time (about 5 minutes; the tests themselves about 1).
+# Runs every test: the Rust unit and integration tests (C and C++ programs included), the C
+# programs again under valgrind's memcheck, then the Python binding's tests. Installs what the
+# Python tests import. The crate is compiled once: `cargo test` builds the library with both of
+# its crate types, so the shared object it leaves in target/debug/deps (the test profile,
+# optimised) is the one the C programs and the Python tests load; no separate release build.
+# From a clean checkout on a 2-core machine the builds take most of the time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --lib --quiet
-export TOKENRACE_LIB_DIR="$PWD/target/release"
+export TOKENRACE_LIB_DIR="$PWD/target/debug/deps"
 cargo test --quiet
 # The C and C++ programs again under valgrind's memcheck: any invalid access or leak fails.
 if command -v valgrind >/dev/null 2>&1; then
