@@ -1,6 +1,8 @@
 //! The noise pool: no reuse, zero copy, reproducibility, its noise, the drain policies,
 //! shutdown, fork, the sampler hook and the C functions.
 mod common;
+#[path = "reference/mod.rs"]
+mod reference;
 
 use common::*;
 use std::collections::HashSet;
@@ -408,5 +410,84 @@ fn a_lease_of_another_pool_is_refused() {
         assert_eq!(tokenrace_pool_release(b, &lb), tokenrace_status::Ok);
         tokenrace_pool_free(a);
         tokenrace_pool_free(b);
+    }
+}
+
+/// Tokens drawn from pool rows `0..n` of a pool seeded with `pool_seed` (as external ln-E noise)
+/// and from requests seeded with `request_seed` at offsets `0..n`, on the row `x` at T = 1: how
+/// many rows agree, and how many would with the pool keys of the xored domain,
+/// `seeded_row_key(pool_seed ^ POOL_KEY_DOMAIN, q)` (their race computed here, in float64).
+fn agreement_with_requests(x: &[f32], pool_seed: u64, request_seed: u64, n: usize) -> (usize, usize) {
+    let (vocab, rows) = (x.len(), 1000);
+    let pool = Pool::new(PoolConfig {
+        kind: NoiseKind::LogExp,
+        seed: Some(pool_seed),
+        ..pcfg(rows, vocab, DrainPolicy::Inline, 10_000)
+    })
+    .unwrap();
+    let s = sampler(best_level(), 1);
+    let logits: Vec<f32> = (0..rows).flat_map(|_| x.iter().copied()).collect();
+    let temps = vec![1.0f32; rows];
+    let (mut agree, mut agree_xored) = (0, 0);
+    for _ in 0..n / rows {
+        let lease = pool.borrow(rows).unwrap();
+        let first = lease.first_seq();
+        for r in [0, rows - 1] {
+            let seq = first + r as u64;
+            assert_eq!(pool_row_key(pool_seed, seq), reference::pool_key(pool_seed, seq), "the documented pool key");
+        }
+        let b = Batch {
+            noise: Some(ExternalNoise { values: lease.values(), kind: NoiseKind::LogExp, row_stride: vocab }),
+            ..Batch { temperature: Some(&temps), ..Batch::new(Logits::F32(&logits), rows, vocab) }
+        };
+        let from_pool = draw(&s, &b).0;
+        let seeds = vec![request_seed; rows];
+        let offsets: Vec<u64> = (0..rows as u64).map(|r| first + r).collect();
+        let b = Batch {
+            seeds: Some(&seeds),
+            offsets: Some(&offsets),
+            ..Batch { temperature: Some(&temps), ..Batch::new(Logits::F32(&logits), rows, vocab) }
+        };
+        let requested = draw(&s, &b).0;
+        agree += from_pool.iter().zip(&requested).filter(|(a, b)| a == b).count();
+        for (r, &tok) in requested.iter().enumerate() {
+            let key = tokenrace::internals::seeded_row_key(pool_seed ^ 0x706f_6f6c_6e6f_6973, first + r as u64);
+            let keys =
+                (0..vocab).map(|i| x[i] as f64 - (scalar_noise::exp(scalar_noise::bits(key, i as u32)) as f64).ln());
+            let best = keys.enumerate().fold((0, f64::NEG_INFINITY), |b, (i, k)| if k > b.1 { (i, k) } else { b });
+            agree_xored += (best.0 == tok as usize) as usize;
+        }
+    }
+    (agree, agree_xored)
+}
+
+/// With the pool's domain an xor on the seed, the request seeded with `s ^ 0x706f6f6c6e6f6973`
+/// at offset q had the key of row q of the pool seeded with s: its tokens' own noise was the
+/// pool row's (plus the block minimum), and on 512 N(0, 1) logits it drew the same token in
+/// about 25% of rows (computed below) where independent draws agree in `sum p^2` = 0.54%. Neither it,
+/// nor the request of the pool's own seed, may agree more often than chance.
+#[test]
+fn pool_rows_share_no_noise_with_seeded_requests() {
+    let mut rng = TestRng::new(12);
+    let x: Vec<f32> = (0..512).map(|_| rng.normal() as f32).collect();
+    let chance: f64 = softmax64(&x, 1.0).iter().map(|p| p * p).sum();
+    let n = 40_000;
+    let (mean, sd) = (n as f64 * chance, (n as f64 * chance * (1.0 - chance)).sqrt());
+    for (pool_seed, request_seed) in [(5u64, 5 ^ 0x706f_6f6c_6e6f_6973), (5, 5), (0, 0x706f_6f6c_6e6f_6973)] {
+        let (agree, agree_xored) = agreement_with_requests(&x, pool_seed, request_seed, n);
+        let z = (agree as f64 - mean) / sd;
+        let z_xored = (agree_xored as f64 - mean) / sd;
+        eprintln!(
+            "pool seed {pool_seed:#x}, requests seeded {request_seed:#x}: the same token in {agree} of {n} rows \
+             ({:.3}%, chance {:.3}%, z {z:.2}); with the xored domain {agree_xored} ({:.2}%, z {z_xored:.1})",
+            100.0 * agree as f64 / n as f64,
+            100.0 * chance,
+            100.0 * agree_xored as f64 / n as f64
+        );
+        // 5 standard deviations: about 217 +- 73 of 40,000 rows, where the xored domain gave thousands.
+        assert!(
+            z.abs() < 5.0,
+            "pool seed {pool_seed:#x} and requests seeded {request_seed:#x} agree in {agree} of {n} rows"
+        );
     }
 }

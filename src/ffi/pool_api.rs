@@ -96,8 +96,10 @@ pub unsafe extern "C" fn tokenrace_pool_config_from_env(out: *mut tokenrace_pool
 ///
 /// Every value is handed out at most once over the life of the pool. Row number s of the pool's
 /// output sequence (see `tokenrace_pool_lease.first_seq`) holds the counter-based noise of the
-/// row key `splitmix64(splitmix64(seed ^ 0x706f6f6c6e6f6973) ^ s)`, so a seeded pool hands out
-/// the same values for the same sequence of borrow sizes, whatever its threads do.
+/// row key `splitmix64(splitmix64(splitmix64(seed) ^ s) ^ 0x706f6f6c6e6f6973)` (the key of the
+/// request seeded with `seed` at offset s, mixed into the pool's domain: no request shares a
+/// pool's noise), so a seeded pool hands out the same values for the same sequence of borrow
+/// sizes, whatever its threads do.
 ///
 /// # Safety
 /// `config` is NULL or a valid `tokenrace_pool_config`; `out` points to writable storage.

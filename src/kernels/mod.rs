@@ -369,7 +369,9 @@ pub fn supported_levels() -> Vec<SimdLevel> {
 /// (a test seam: feature `internals`).
 #[cfg(feature = "internals")]
 pub mod scalar_noise {
-    use super::generic::race::{fill_block_noise, BlockNoise, RaceParams, SALT_MIN, SALT_POS};
+    use super::generic::race::{
+        block_keys, block_noise_bound, exp_bits_bound, fill_block_noise, BlockNoise, RaceParams,
+    };
     use super::generic::{noise, BLOCK};
     use super::simd::Scalar;
 
@@ -413,12 +415,20 @@ pub mod scalar_noise {
     pub fn bound(bits: u32) -> f32 {
         noise::noise_bound::<Scalar>(bits)
     }
+    /// The bound of `-ln E` over a block whose minimum is `e_min`, as the inline race computes it.
+    pub fn block_bound(e_min: f32) -> f32 {
+        block_noise_bound::<Scalar>(e_min)
+    }
+    /// The bound of `-ln E` from the bits of an external E that the race on EXP noise prunes with.
+    pub fn exp_bound(e: f32) -> f32 {
+        exp_bits_bound::<Scalar>(e)
+    }
     /// The bits behind the noise of block `block`: (minimum's bits, position's bits) and the
     /// bound of `-ln E` over the block.
     pub fn block_bits(key: u64, block: u32) -> (u32, u32, f32) {
-        let (k0, k1) = noise::key_words(key);
-        let h1 = noise::hash::<Scalar>(block, k0 ^ SALT_MIN, k1);
-        let h2 = noise::hash::<Scalar>(block, k0 ^ SALT_POS, k1);
+        let (kmin, kpos) = block_keys(key);
+        let h1 = noise::hash::<Scalar>(block, kmin.0, kmin.1);
+        let h2 = noise::hash::<Scalar>(block, kpos.0, kpos.1);
         let mut b = [BlockNoise { e_min: 0.0, j_min: 0, g_max: 0.0, bound: 0.0 }];
         let p = RaceParams { m: 0.0, inv_t: 1.0, floor: f32::NEG_INFINITY };
         // SAFETY: one block, one maximum; Scalar runs anywhere.

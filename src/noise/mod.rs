@@ -11,13 +11,9 @@ use parking_lot::Mutex;
 use rand_xoshiro::rand_core::{Rng, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 
-/// SplitMix64's output function: a bijection of u64 with good avalanche.
-pub fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
+/// SplitMix64's output function (defined with the kernels, which derive the block streams' keys
+/// with it).
+pub use crate::kernels::generic::noise::splitmix64;
 
 /// The key of a seeded row: a pure function of (seed, offset).
 pub fn seeded_row_key(seed: u64, offset: u64) -> u64 {

@@ -49,28 +49,6 @@ pub fn softmax64(x: &[f32], t: f64) -> Vec<f64> {
     w.iter().map(|v| v / s).collect()
 }
 
-/// The float64 reference of the race: argmax_i softmax(x/T)_i / E_i (written in log space,
-/// which is the same argmax), with the relative gap between the two best keys.
-pub fn race_ref64(x: &[f32], t: f64, ln_e: impl Fn(usize) -> f64) -> (usize, f64) {
-    let m = x.iter().filter(|v| v.is_finite()).fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));
-    let mut best = (f64::NEG_INFINITY, usize::MAX);
-    let mut second = f64::NEG_INFINITY;
-    for (i, &v) in x.iter().enumerate() {
-        if !v.is_finite() {
-            continue;
-        }
-        let key = (v as f64 - m) / t - ln_e(i);
-        if key > best.0 {
-            second = best.0;
-            best = (key, i);
-        } else if key > second {
-            second = key;
-        }
-    }
-    let gap = (best.0 - second).abs() / best.0.abs().max(second.abs()).max(1.0);
-    (best.1, gap)
-}
-
 /// -ln((a + 0.5) 2^-32) in float64, computed without cancellation.
 pub fn exp_of_bits64(a: u32) -> f64 {
     let u = (a as f64 + 0.5) / 4294967296.0;

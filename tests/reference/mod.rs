@@ -1,8 +1,9 @@
 //! An independent float64 reference of what a draw returns, written from `docs/semantics.md` in
 //! plain loops. It calls nothing in the crate: the only things taken from the library's source are
-//! its constants (the hash's mixing constants and the block salts of `src/kernels/generic.rs`, the
-//! SplitMix64 constants of `src/noise/mod.rs`, the xoshiro256++ stream of `rand_xoshiro`); every
-//! rule is re-derived from the document. Integer hashing is integer; everything else is float64.
+//! its constants (the hash's mixing constants of `src/kernels/generic/noise.rs`, the block-stream
+//! key domains of `src/kernels/generic/race.rs`, the pool key domain of `src/noise/pool.rs`, the
+//! SplitMix64 constants, the xoshiro256++ stream of `rand_xoshiro`); every rule is re-derived
+//! from the document. Integer hashing is integer; everything else is float64.
 //!
 //! Include it with `#[path = "reference/mod.rs"] mod reference;` (from `tests/reference.rs`) or
 //! `mod reference;` (from any other test file).
@@ -10,11 +11,15 @@
 
 /// Tokens per block of the inline noise construction.
 pub const BLOCK: usize = 256;
-/// Block-stream salts (xored into the key's low word): the block minimum's value, its position.
-pub const SALT_MIN: u32 = 0x6d69_6e45;
-pub const SALT_POS: u32 = 0x706f_734a;
-/// The documented near-tie relative gap under which the library may pick the runner-up.
-pub const NEAR_TIE: f64 = 1e-6;
+/// The domains of the block streams' keys (`splitmix64(row key ^ domain)`): the block minimum's
+/// value, its position.
+pub const MIN_KEY_DOMAIN: u64 = 0x626c_6f63_6b6d_696e;
+pub const POS_KEY_DOMAIN: u64 = 0x626c_6f63_6b70_6f73;
+/// The domain of pool keys (`splitmix64(row_key(seed, s) ^ domain)` for pool row s).
+pub const POOL_KEY_DOMAIN: u64 = 0x706f_6f6c_6e6f_6973;
+/// The documented near-tie tolerance (docs/semantics.md, "Noise"): a token j is near-tied with
+/// the best token b when `k_b - k_j <= NEAR_TIE * (1 + max(|d_b|, |d_j|) + max(|ln E_b|, |ln E_j|))`.
+pub const NEAR_TIE: f64 = 2e-6;
 /// The row flags of the documentation.
 pub const HAS_NAN: u32 = 1;
 pub const HAS_POSINF: u32 = 2;
@@ -36,6 +41,11 @@ pub fn splitmix64(x: u64) -> u64 {
 /// The key of a seeded row: a pure function of (seed, offset).
 pub fn row_key(seed: u64, offset: u64) -> u64 {
     splitmix64(splitmix64(seed) ^ offset)
+}
+
+/// The key of row `s` of a pool seeded with `seed`.
+pub fn pool_key(seed: u64, s: u64) -> u64 {
+    splitmix64(row_key(seed, s) ^ POOL_KEY_DOMAIN)
 }
 
 /// The sampler's key stream: xoshiro256++, its state filled by a SplitMix64 generator started at
@@ -105,14 +115,19 @@ pub fn exp_of_bits(b: u32) -> f64 {
     -u.ln()
 }
 
+/// The bits of block `block`'s minimum (`h1`) and of its position (`h2`) in the row keyed by
+/// `key`: the hash of the block index under the keys `splitmix64(key ^ domain)`.
+pub fn block_bits(key: u64, block: u32) -> (u32, u32) {
+    let (lo1, hi1) = key_words(splitmix64(key ^ MIN_KEY_DOMAIN));
+    let (lo2, hi2) = key_words(splitmix64(key ^ POS_KEY_DOMAIN));
+    (hash32(block, lo1, hi1), hash32(block, lo2, hi2))
+}
+
 /// The inline noise E of token `i` of the row keyed by `key`: in block `i / 256`, the block
 /// minimum `E(h1) / 256` sits at position `h2 >> 24`; every other token has the minimum plus the
 /// E of its own hash.
 pub fn inline_noise(key: u64, i: usize) -> f64 {
-    let (lo, hi) = key_words(key);
-    let block = (i / BLOCK) as u32;
-    let h1 = hash32(block, lo ^ SALT_MIN, hi);
-    let h2 = hash32(block, lo ^ SALT_POS, hi);
+    let (h1, h2) = block_bits(key, (i / BLOCK) as u32);
     let e_min = exp_of_bits(h1) / BLOCK as f64;
     if (i % BLOCK) as u32 == h2 >> 24 {
         e_min
@@ -153,10 +168,14 @@ impl Filters {
 pub struct Drawn {
     pub token: usize,
     pub flags: u32,
-    /// The runner-up of the race (`usize::MAX` when there is none).
+    /// Whether the token was decided by a race between finite keys (not by a rule, an infinite
+    /// key or a single candidate).
+    pub raced: bool,
+    /// The tokens near-tied with `token` (see [`near_tie`]), which the library may return instead.
+    pub near: Vec<usize>,
+    /// The token closest to a near tie with `token`, and its gap in units of the tolerance (a
+    /// near tie is a gap of at most 1; `usize::MAX` and infinity when there is no other key).
     pub runner_up: usize,
-    /// The relative gap between the two best keys; infinite when the token is decided without a
-    /// race, by an infinite key, or with a single candidate.
     pub gap: f64,
     /// Sampling rows with a finite maximum: which tokens the filters keep (every finite logit
     /// without filters). Empty otherwise.
@@ -327,6 +346,8 @@ pub fn draw(x: &[f32], t: f32, greedy_below: f32, noise: Noise, filters: Filters
     let decided = |token: usize| Drawn {
         token,
         flags,
+        raced: false,
+        near: Vec::new(),
         runner_up: usize::MAX,
         gap: f64::INFINITY,
         kept: Vec::new(),
@@ -344,33 +365,82 @@ pub fn draw(x: &[f32], t: f32, greedy_below: f32, noise: Noise, filters: Filters
     let m = finite_max(x);
     let (kept, ambiguous) = filter_set(x, m, inv_t, filters);
     let t64 = t as f64;
+    let race = race64(x, |i| kept[i], |i| ((x[i] as f64 - m) / t64, ln_e(noise, i)));
+    if race.token == usize::MAX {
+        // No key above -inf: the greedy token.
+        return Drawn { kept, ambiguous, ..decided(argmax(x)) };
+    }
+    Drawn {
+        token: race.token,
+        flags,
+        raced: race.raced,
+        near: race.near,
+        runner_up: race.runner_up,
+        gap: race.gap,
+        kept,
+        ambiguous,
+        greedy,
+        inv_t,
+    }
+}
+
+/// The float64 race's result: the lowest index of the largest key, the tokens near-tied with it,
+/// and the closest of the others (see [`Drawn`]).
+#[derive(Clone, Debug)]
+pub struct Race {
+    pub token: usize,
+    pub raced: bool,
+    pub near: Vec<usize>,
+    pub runner_up: usize,
+    pub gap: f64,
+}
+
+/// The documented near-tie tolerance between tokens with parts `(d, ln E)` `a` and `b`, keys
+/// `d - ln E`.
+pub fn near_tie(a: (f64, f64), b: (f64, f64)) -> f64 {
+    NEAR_TIE * (1.0 + a.0.abs().max(b.0.abs()) + a.1.abs().max(b.1.abs()))
+}
+
+/// The race `argmax_i d_i - ln E_i` over the tokens `i < x.len()` that `racing` admits, with
+/// `parts(i) = (d_i, ln E_i)`; keys that are NaN or -inf never win. `token` is `usize::MAX` when
+/// no key is above -inf.
+pub fn race64(x: &[f32], racing: impl Fn(usize) -> bool, parts: impl Fn(usize) -> (f64, f64)) -> Race {
+    let mut keys: Vec<(usize, f64, (f64, f64))> = Vec::new();
     let (mut best, mut best_key) = (usize::MAX, f64::NEG_INFINITY);
-    let (mut second, mut second_key) = (usize::MAX, f64::NEG_INFINITY);
     for i in 0..x.len() {
-        if !kept[i] {
+        if !racing(i) {
             continue;
         }
-        let key = (x[i] as f64 - m) / t64 - ln_e(noise, i);
+        let (d, l) = parts(i);
+        let key = d - l;
         if key.is_nan() || key == f64::NEG_INFINITY {
             continue;
         }
         if key > best_key {
-            (second, second_key) = (best, best_key);
             (best, best_key) = (i, key);
-        } else if key > second_key {
-            (second, second_key) = (i, key);
+        }
+        keys.push((i, key, (d, l)));
+    }
+    let mut race = Race { token: best, raced: false, near: Vec::new(), runner_up: usize::MAX, gap: f64::INFINITY };
+    if best == usize::MAX || best_key == f64::INFINITY || keys.len() < 2 {
+        // An infinite key wins outright (the first of them), as does a single candidate.
+        return race;
+    }
+    race.raced = true;
+    let own = keys.iter().find(|k| k.0 == best).unwrap().2;
+    for &(j, key, p) in &keys {
+        if j == best {
+            continue;
+        }
+        let gap = (best_key - key) / near_tie(own, p);
+        if gap <= 1.0 {
+            race.near.push(j);
+        }
+        if gap < race.gap {
+            (race.runner_up, race.gap) = (j, gap);
         }
     }
-    if best == usize::MAX {
-        // No key above -inf: the greedy token.
-        return Drawn { kept, ambiguous, ..decided(argmax(x)) };
-    }
-    let gap = if best_key == f64::INFINITY || second_key == f64::NEG_INFINITY {
-        f64::INFINITY
-    } else {
-        (best_key - second_key) / best_key.abs().max(second_key.abs()).max(1.0)
-    };
-    Drawn { token: best, flags, runner_up: second, gap, kept, ambiguous, greedy, inv_t }
+    race
 }
 
 // ---------------------------------------------------------------------------------------------

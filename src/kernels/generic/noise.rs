@@ -8,8 +8,13 @@ use crate::kernels::simd::{Scalar, Simd};
 
 const LN2_HI: f32 = 0.693_359_4; // 355/512: e * LN2_HI is exact for |e| < 2^14
 const LN2_LO: f32 = -2.121_944_4e-4; // ln 2 - LN2_HI
-/// ln 2 rounded up with room to spare, for upper bounds.
+/// ln 2 rounded up with room to spare: `k * LN2_UP >= k ln 2` for `k >= 0`, by `k ln 2 * 2^-16`,
+/// far more than the relative error of `ln` (below 2.5e-7), so that a bound `k * LN2_UP` of
+/// `k ln 2` also bounds the computed logarithm.
 pub(super) const LN2_UP: f32 = 0.693_158; // ln 2 * (1 + 2^-16)
+/// ln 2 rounded down with the same room: `k * LN2_DOWN >= k ln 2` for `k <= 0` (an upper bound of
+/// a negative multiple of ln 2 needs ln 2 rounded toward zero, not up).
+pub(super) const LN2_DOWN: f32 = 0.693_136; // ln 2 * (1 - 2^-16)
 const SQRT2_BITS: u32 = 0x3fb5_04f3;
 const TWO_POW_M32: f32 = 2.328_306_4e-10; // 2^-32, exact
 
@@ -99,12 +104,26 @@ pub(crate) fn exp_noise<S: Simd>(a: S::U) -> S::F {
 }
 
 /// An upper bound of `-ln exp_noise(a)` that costs a few integer operations: E >= t >= 2^(eb-151).
+///
+/// `k = min(151 - eb, 33)` is in [2, 33] (`c >> 8 < 2^23`, so `eb <= 149`; `c >> 8 = 0` gives
+/// `eb = 0` and the cap 33, from `t >= 2^-33`), never negative, so ln 2 rounded up is the
+/// right direction here (see [`LN2_DOWN`] where it is not).
 #[inline(always)]
 pub(crate) fn noise_bound<S: Simd>(a: S::U) -> S::F {
     let c = S::xor_u(a, S::sign_fill(a));
     let eb = S::shr_u::<23>(S::to_bits(S::cvt_i32(S::shr_u::<8>(c))));
     let k = S::min_i32(S::sub_u(S::splat_u(151), eb), S::splat_u(33));
     S::add(S::mul(S::cvt_i32(k), S::splat(LN2_UP)), S::splat(1e-5))
+}
+
+/// SplitMix64's output function: a bijection of u64 with good avalanche. The row keys and the
+/// keys of the block streams (see `race.rs`) are derived with it.
+#[inline(always)]
+pub fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Splits a 64-bit row key into the two 32-bit words the hash takes.

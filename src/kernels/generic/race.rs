@@ -9,7 +9,7 @@
 //! Pruning only skips tokens whose computed key is provably below the best, so it never changes
 //! the result.
 
-use super::noise::{exp_noise, hash, key_words, ln, ln_any, noise_bound, LN2_UP};
+use super::noise::{exp_noise, hash, key_words, ln, ln_any, noise_bound, splitmix64, LN2_DOWN, LN2_UP};
 use super::BLOCK;
 use crate::kernels::simd::{Elem, Scalar, Simd};
 
@@ -61,6 +61,9 @@ pub(crate) struct RaceParams {
 /// of `h2`), and every other value is `E_min + F_j` with `F_j ~ Exp(1)` from the token's own
 /// hash, independent of the rest. So the values are exactly i.i.d. Exp(1), and `-ln E_min`
 /// bounds every key of the block, which lets the race skip a block on one hash.
+///
+/// `h1`, `h2` and the token hashes are three streams of the same hash under three 64-bit keys:
+/// the row key for the tokens, and [`block_keys`] (independent mixes of it) for `h1` and `h2`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct BlockNoise {
     pub e_min: f32,
@@ -72,20 +75,50 @@ pub(crate) struct BlockNoise {
     pub bound: f32,
 }
 
-/// Separates the stream of block minima (`h1`) from the token stream.
-pub(crate) const SALT_MIN: u32 = 0x6d69_6e45;
-/// Separates the stream of minimum positions (`h2`) from the token stream.
-pub(crate) const SALT_POS: u32 = 0x706f_734a;
+/// The domain of the key of the block minima (`h1`): "blockmin".
+pub(crate) const MIN_KEY_DOMAIN: u64 = 0x626c_6f63_6b6d_696e;
+/// The domain of the key of the minimum positions (`h2`): "blockpos".
+pub(crate) const POS_KEY_DOMAIN: u64 = 0x626c_6f63_6b70_6f73;
+
+/// The keys of the two block streams of the row keyed by `key`: `splitmix64(key ^ domain)` for
+/// the minima and for the positions, split into hash words. Computed once per race.
+///
+/// They must be mixes of the key, not the key with a salt: a salt `S` xored into the hash's
+/// first word ties the two streams to the token stream for every key, since the hash of token
+/// `t` and the salted hash of block `b` then share their whole input whenever
+/// `t * 0x9e3779b9 == (b * 0x9e3779b9) ^ S (mod 2^32)` (3 such pairs below vocab 2^20, 469 below
+/// 2^24: the token of each pair is drawn at a wrong rate, in every row). Under independent keys
+/// a coincidence of two streams is an event of probability 2^-32 per pair, different in every
+/// row, as for independent uniform values. (The row keys fed in are themselves SplitMix64
+/// outputs or xoshiro outputs, so the xor here relates no two keys a caller can choose.)
+#[inline(always)]
+pub(crate) fn block_keys(key: u64) -> ((u32, u32), (u32, u32)) {
+    (key_words(splitmix64(key ^ MIN_KEY_DOMAIN)), key_words(splitmix64(key ^ POS_KEY_DOMAIN)))
+}
+
+/// An upper bound of the computed `-ln E` of every token of a block whose minimum is `e_min`:
+/// `-ln e_min`, plus room for `ln`'s rounding (every other token's `E = fl(e_min + F) >= e_min`,
+/// and `ln` is monotone to within far less than 1e-4 over the range of E).
+#[inline(always)]
+pub(crate) fn block_noise_bound<S: Simd>(e_min: S::F) -> S::F {
+    S::add(S::sub(S::splat(0.0), ln::<S>(e_min)), S::splat(1e-4))
+}
 
 /// `BlockNoise` of `S::LANES` consecutive blocks starting at block index `b`, whose largest
-/// logits are `bm`: (e_min, j_min, g_max, bound).
+/// logits are `bm`, with the block keys `(kmin, kpos)` of [`block_keys`]: (e_min, j_min, g_max,
+/// bound).
 #[inline(always)]
-fn block_noise<S: Simd>(b: u32, k: (u32, u32), bm: S::F, p: RaceParams) -> (S::F, S::U, S::F, S::F) {
+fn block_noise<S: Simd>(
+    b: u32,
+    (kmin, kpos): ((u32, u32), (u32, u32)),
+    bm: S::F,
+    p: RaceParams,
+) -> (S::F, S::U, S::F, S::F) {
     let idx = S::iota_u(b);
-    let h1 = hash::<S>(idx, S::splat_u(k.0 ^ SALT_MIN), S::splat_u(k.1));
-    let h2 = hash::<S>(idx, S::splat_u(k.0 ^ SALT_POS), S::splat_u(k.1));
+    let h1 = hash::<S>(idx, S::splat_u(kmin.0), S::splat_u(kmin.1));
+    let h2 = hash::<S>(idx, S::splat_u(kpos.0), S::splat_u(kpos.1));
     let e_min = S::mul(exp_noise::<S>(h1), S::splat(1.0 / BLOCK as f32));
-    let g_max = S::add(S::sub(S::splat(0.0), ln::<S>(e_min)), S::splat(1e-4));
+    let g_max = block_noise_bound::<S>(e_min);
     let bound = S::add(S::mul(S::sub(bm, S::splat(p.m)), S::splat(p.inv_t)), g_max);
     let bound = S::select(S::ge(bm, S::splat(p.floor)), bound, S::splat(f32::NEG_INFINITY));
     (e_min, S::shr_u::<24>(h2), g_max, bound)
@@ -104,7 +137,7 @@ pub(crate) unsafe fn fill_block_noise<S: Simd>(
     p: RaceParams,
     out: &mut [BlockNoise],
 ) {
-    let k = key_words(key);
+    let k = block_keys(key);
     let (mut e, mut j, mut g, mut u) = ([0f32; 64], [0u32; 64], [0f32; 64], [0f32; 64]);
     let mut b = 0;
     while b < out.len() {
@@ -355,13 +388,20 @@ unsafe fn race_log_exp<S: Simd, E: Elem, const FILTERED: bool>(
 }
 
 /// An upper bound of `-ln E` from the bits of E: E >= 2^(e - 127) for a normal E with biased
-/// exponent e; +inf for 0 and subnormals (their ln is below -87); negative, infinite or NaN E,
-/// whose key never wins, get a finite bound.
+/// exponent e, so `-ln E <= k ln 2` with `k = 127 - e`; +inf for 0 and subnormals (their ln is
+/// below -87); negative, infinite or NaN E, whose key never wins, get a finite bound.
+///
+/// k is negative for every E >= 2, and an upper bound of `k ln 2` then needs ln 2 rounded
+/// *down*: with ln 2 rounded up, the bound fell below `-ln E` by up to `|k| ln 2 2^-16 - 1e-5`
+/// (1e-3 at E = 2^100), and a token whose key beat the best by less than that was skipped. The
+/// room `|k| ln 2 2^-16 + 1e-5` covers the error of the computed `ln` and of this bound's own
+/// f32 roundings (`tests/draw.rs` checks every exponent).
 #[inline(always)]
-fn exp_bits_bound<S: Simd>(e: S::F) -> S::F {
+pub(crate) fn exp_bits_bound<S: Simd>(e: S::F) -> S::F {
     let eb = S::shr_u::<23>(S::to_bits(e));
     let k = S::cvt_i32(S::sub_u(S::splat_u(127), eb));
-    let bound = S::add(S::mul(k, S::splat(LN2_UP)), S::splat(1e-5));
+    let ln2 = S::select(S::lt(k, S::splat(0.0)), S::splat(LN2_DOWN), S::splat(LN2_UP));
+    let bound = S::add(S::mul(k, ln2), S::splat(1e-5));
     S::select(S::lt(e, S::splat(f32::MIN_POSITIVE)), S::splat(f32::INFINITY), bound)
 }
 
