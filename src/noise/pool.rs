@@ -32,6 +32,7 @@ use crate::config::{DrainPolicy, NoiseKind, PoolConfig};
 use crate::error::{Error, ErrorKind, Result};
 use crate::kernels::{self, Kernels, SimdLevel};
 use crate::noise::{entropy_seed, seeded_row_key, splitmix64};
+use crate::process::current_pid;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::alloc::Layout;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -185,11 +186,6 @@ impl Drop for Shared {
 
 fn closed_error(what: &str) -> Error {
     Error::new(ErrorKind::Closed, what.to_string())
-}
-
-fn current_pid() -> u32 {
-    // SAFETY: getpid has no preconditions.
-    unsafe { libc::getpid() as u32 }
 }
 
 impl Shared {

@@ -43,16 +43,20 @@ def test_float16_frequencies(tokenrace):
 
 
 def reference_race(x, t, log_e):
-    """argmax(log_softmax(x / T) - ln E) in float64, and whether the top two are near a tie."""
-    z = np.asarray(x, np.float64) / t
-    ls = z - z.max(axis=-1, keepdims=True)
-    ls = ls - np.log(np.exp(ls).sum(axis=-1, keepdims=True))
-    score = ls - log_e
-    order = np.argsort(-score, axis=-1, kind="stable")
-    best = np.take_along_axis(score, order[..., :1], -1)[..., 0]
-    second = np.take_along_axis(score, order[..., 1:2], -1)[..., 0]
-    near_tie = (best - second) < 1e-6 * np.maximum(1.0, np.abs(best))
-    return order[..., 0], near_tie
+    """The float64 race of docs/semantics.md ("Near ties"): the token argmax k_i, with
+    k_i = d_i - ln E_i and d_i = (x_i - m) / T, and whether the row is a near tie: another token j
+    with a finite key and k_b - k_j <= 2e-6 (1 + max(|d_b|, |d_j|) + max(|ln E_b|, |ln E_j|))."""
+    x = np.asarray(x, np.float64)
+    m = np.max(np.where(np.isfinite(x), x, -np.inf), axis=-1, keepdims=True)
+    d = (x - m) / t
+    k = d - log_e
+    best = np.argmax(k, axis=-1)  # the first of equal maxima: ties to the lowest index
+    take = lambda a: np.take_along_axis(a, best[..., None], -1)
+    k_b, d_b, l_b = take(k), take(d), take(log_e)
+    tol = 2e-6 * (1 + np.maximum(np.abs(d_b), np.abs(d)) + np.maximum(np.abs(l_b), np.abs(log_e)))
+    others = np.isfinite(k) & (np.arange(k.shape[-1]) != best[..., None])
+    near_tie = np.any(others & (k_b - k <= tol), axis=-1)
+    return best, near_tie
 
 
 @pytest.mark.parametrize("kind", ["exp", "log_exp"])
