@@ -2,13 +2,11 @@
 //! overflows, and enum fields out of range are refused with a message naming them, and nothing
 //! is written.
 
+mod common;
+
+use common::last_error;
 use tokenrace::internals::api::*;
 use tokenrace::internals::types::*;
-
-fn last_error() -> String {
-    // SAFETY: the library's last error is a valid C string until the next call on this thread.
-    unsafe { std::ffi::CStr::from_ptr(tokenrace_last_error()) }.to_string_lossy().into_owned()
-}
 
 struct Fixture {
     sampler: *mut tokenrace_sampler,

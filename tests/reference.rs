@@ -13,7 +13,7 @@ mod common;
 #[path = "reference/mod.rs"]
 mod reference;
 
-use common::{chi2, chi2_critical, softmax64, TestRng};
+use common::{chi2, chi2_critical, gen_row, pick_dist, softmax64, Dist, TestRng};
 use reference as rf;
 use tokenrace::*;
 
@@ -25,107 +25,6 @@ enum Dtype {
     F32,
     Bf16,
     F16,
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Dist {
-    Normal1,
-    Normal3,
-    /// N(0, 2) plus a few logits near 15.
-    Peaked,
-    /// A handful of values, many ties (the maximum included).
-    Ties,
-    /// N(0, 3) with about half the row masked to -inf.
-    Masked,
-    /// N(0, 3) with NaN sprinkled in.
-    WithNan,
-    /// N(0, 3) with one or two +inf.
-    PosInf,
-    AllNegInf,
-    /// NaN and -inf only (an empty row with NaN).
-    NanNegInf,
-    /// N(0, 300): keys far apart, logprobs in the thousands.
-    Huge,
-}
-
-const DISTS: [Dist; 10] = [
-    Dist::Normal1,
-    Dist::Normal3,
-    Dist::Peaked,
-    Dist::Ties,
-    Dist::Masked,
-    Dist::WithNan,
-    Dist::PosInf,
-    Dist::AllNegInf,
-    Dist::NanNegInf,
-    Dist::Huge,
-];
-
-/// Common distributions more often than the degenerate ones.
-fn pick_dist(rng: &mut TestRng) -> Dist {
-    let w = [4, 4, 6, 3, 3, 2, 1, 1, 1, 2];
-    let mut u = rng.below(w.iter().sum());
-    for (d, &wi) in DISTS.iter().zip(&w) {
-        if u < wi {
-            return *d;
-        }
-        u -= wi;
-    }
-    unreachable!()
-}
-
-fn gen_row(rng: &mut TestRng, dist: Dist, n: usize) -> Vec<f32> {
-    let normal = |rng: &mut TestRng, sd: f64| (0..n).map(|_| (rng.normal() * sd) as f32).collect::<Vec<f32>>();
-    match dist {
-        Dist::Normal1 => normal(rng, 1.0),
-        Dist::Normal3 => normal(rng, 3.0),
-        Dist::Peaked => {
-            let mut x = normal(rng, 2.0);
-            for _ in 0..1 + rng.below(5) {
-                let i = rng.below(n);
-                x[i] = (15.0 - rng.f64() * 3.0) as f32;
-            }
-            x
-        }
-        Dist::Ties => {
-            let levels = [0.0f32, 0.5, 1.0, 1.5, 2.0, 3.0];
-            let mut x: Vec<f32> = (0..n).map(|_| levels[rng.below(5)]).collect();
-            for _ in 0..1 + rng.below(3) {
-                let i = rng.below(n);
-                x[i] = 3.0; // ties at the maximum
-            }
-            x
-        }
-        Dist::Masked => {
-            let mut x = normal(rng, 3.0);
-            for v in x.iter_mut() {
-                if rng.below(2) == 0 {
-                    *v = f32::NEG_INFINITY;
-                }
-            }
-            x
-        }
-        Dist::WithNan => {
-            let mut x = normal(rng, 3.0);
-            for v in x.iter_mut() {
-                if rng.below(20) == 0 {
-                    *v = f32::NAN;
-                }
-            }
-            x
-        }
-        Dist::PosInf => {
-            let mut x = normal(rng, 3.0);
-            for _ in 0..1 + rng.below(2) {
-                let i = rng.below(n);
-                x[i] = f32::INFINITY;
-            }
-            x
-        }
-        Dist::AllNegInf => vec![f32::NEG_INFINITY; n],
-        Dist::NanNegInf => (0..n).map(|_| if rng.below(3) == 0 { f32::NAN } else { f32::NEG_INFINITY }).collect(),
-        Dist::Huge => normal(rng, 300.0),
-    }
 }
 
 /// One draw call and everything the reference needs to judge it.

@@ -1,4 +1,5 @@
-//! Helpers shared by the integration tests: a seeded RNG, float64 references, chi-square.
+//! Helpers shared by the integration tests: a seeded RNG, logit rows, float64 references,
+//! chi-square, the C ABI's last error, fork() children.
 #![allow(dead_code)]
 
 use rand_xoshiro::rand_core::{Rng, SeedableRng};
@@ -39,6 +40,108 @@ pub fn peaked_logits(rng: &mut TestRng, vocab: usize, sd: f64, peak: f64) -> Vec
         x[i] = (peak - rng.f64() * 2.0) as f32;
     }
     x
+}
+
+/// Kinds of logit rows, the common ones and the degenerate ones (masks, NaN, +inf, empty rows).
+#[derive(Clone, Copy, Debug)]
+pub enum Dist {
+    Normal1,
+    Normal3,
+    /// N(0, 2) plus a few logits near 15.
+    Peaked,
+    /// A handful of values, many ties (the maximum included).
+    Ties,
+    /// N(0, 3) with about half the row masked to -inf.
+    Masked,
+    /// N(0, 3) with NaN sprinkled in.
+    WithNan,
+    /// N(0, 3) with one or two +inf.
+    PosInf,
+    AllNegInf,
+    /// NaN and -inf only (an empty row with NaN).
+    NanNegInf,
+    /// N(0, 300): keys far apart, logprobs in the thousands.
+    Huge,
+}
+
+pub const DISTS: [Dist; 10] = [
+    Dist::Normal1,
+    Dist::Normal3,
+    Dist::Peaked,
+    Dist::Ties,
+    Dist::Masked,
+    Dist::WithNan,
+    Dist::PosInf,
+    Dist::AllNegInf,
+    Dist::NanNegInf,
+    Dist::Huge,
+];
+
+/// Common distributions more often than the degenerate ones.
+pub fn pick_dist(rng: &mut TestRng) -> Dist {
+    let w = [4, 4, 6, 3, 3, 2, 1, 1, 1, 2];
+    let mut u = rng.below(w.iter().sum());
+    for (d, &wi) in DISTS.iter().zip(&w) {
+        if u < wi {
+            return *d;
+        }
+        u -= wi;
+    }
+    unreachable!()
+}
+
+pub fn gen_row(rng: &mut TestRng, dist: Dist, n: usize) -> Vec<f32> {
+    let normal = |rng: &mut TestRng, sd: f64| (0..n).map(|_| (rng.normal() * sd) as f32).collect::<Vec<f32>>();
+    match dist {
+        Dist::Normal1 => normal(rng, 1.0),
+        Dist::Normal3 => normal(rng, 3.0),
+        Dist::Peaked => {
+            let mut x = normal(rng, 2.0);
+            for _ in 0..1 + rng.below(5) {
+                let i = rng.below(n);
+                x[i] = (15.0 - rng.f64() * 3.0) as f32;
+            }
+            x
+        }
+        Dist::Ties => {
+            let levels = [0.0f32, 0.5, 1.0, 1.5, 2.0, 3.0];
+            let mut x: Vec<f32> = (0..n).map(|_| levels[rng.below(5)]).collect();
+            for _ in 0..1 + rng.below(3) {
+                let i = rng.below(n);
+                x[i] = 3.0; // ties at the maximum
+            }
+            x
+        }
+        Dist::Masked => {
+            let mut x = normal(rng, 3.0);
+            for v in x.iter_mut() {
+                if rng.below(2) == 0 {
+                    *v = f32::NEG_INFINITY;
+                }
+            }
+            x
+        }
+        Dist::WithNan => {
+            let mut x = normal(rng, 3.0);
+            for v in x.iter_mut() {
+                if rng.below(20) == 0 {
+                    *v = f32::NAN;
+                }
+            }
+            x
+        }
+        Dist::PosInf => {
+            let mut x = normal(rng, 3.0);
+            for _ in 0..1 + rng.below(2) {
+                let i = rng.below(n);
+                x[i] = f32::INFINITY;
+            }
+            x
+        }
+        Dist::AllNegInf => vec![f32::NEG_INFINITY; n],
+        Dist::NanNegInf => (0..n).map(|_| if rng.below(3) == 0 { f32::NAN } else { f32::NEG_INFINITY }).collect(),
+        Dist::Huge => normal(rng, 300.0),
+    }
 }
 
 /// Exact probabilities of softmax(x / T) in float64 (masked and NaN entries get 0).
@@ -109,6 +212,14 @@ pub fn draw(s: &Sampler, batch: &Batch) -> (Vec<i32>, Vec<u32>) {
     let mut fl = vec![0; batch.rows];
     s.draw(batch, &mut Output { flags: Some(&mut fl), ..Output::new(&mut tokens) }).unwrap();
     (tokens, fl)
+}
+
+/// The message of the last failed C call on this thread (`tokenrace_last_error()`).
+pub fn last_error() -> String {
+    // SAFETY: the library's last error is a valid C string until the next call on this thread.
+    unsafe { std::ffi::CStr::from_ptr(tokenrace::internals::api::tokenrace_last_error()) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// Waits for child `pid` for at most `limit`: its exit status (128 + the signal if one killed

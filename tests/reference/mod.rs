@@ -5,8 +5,8 @@
 //! SplitMix64 constants, the xoshiro256++ stream of `rand_xoshiro`); every rule is re-derived
 //! from the document. Integer hashing is integer; everything else is float64.
 //!
-//! Include it with `#[path = "reference/mod.rs"] mod reference;` (from `tests/reference.rs`) or
-//! `mod reference;` (from any other test file).
+//! Include it with `#[path = "reference/mod.rs"] mod reference;` from any test file (a plain
+//! `mod reference;` is ambiguous beside `tests/reference.rs`).
 #![allow(dead_code)]
 
 /// Tokens per block of the inline noise construction.
@@ -310,7 +310,9 @@ pub fn filter_set(x: &[f32], m: f64, inv_t: f64, f: Filters) -> (Vec<bool>, bool
                 break;
             }
         }
-        if (cum - target).abs() <= FILTER_EPS * z || (before - target).abs() <= FILTER_EPS * z {
+        // The mass above the cut group decides only below the first group: the first group is
+        // always kept, however small `top_p` is (its "mass before" of 0 is no boundary).
+        if (cum - target).abs() <= FILTER_EPS * z || (before > 0.0 && (before - target).abs() <= FILTER_EPS * z) {
             ambiguous = true;
         }
         for i in 0..n {
