@@ -913,16 +913,16 @@ fn check_valid(s: &mut Subject, case: &Case, out: &OutBufs, counts: &mut Counts,
             if mode == rf::Mode::Processed && !d.greedy {
                 continue;
             }
-        } else if d.gap < rf::NEAR_TIE {
+        } else if !d.near.is_empty() {
             counts.near_ties += 1;
             assert!(
-                tok == d.token || tok == d.runner_up,
-                "{at}: token {tok} is neither of the near-tied best two {} and {}",
+                tok == d.token || d.near.contains(&tok),
+                "{at}: token {tok} is neither the best {} nor one near-tied with it {:?}",
                 d.token,
-                d.runner_up
+                d.near
             );
         } else {
-            assert_eq!(tok, d.token, "{at}: token (the runner-up {} is {:.3e} behind)", d.runner_up, d.gap);
+            assert_eq!(tok, d.token, "{at}: token (the runner-up {} is {:.2} tolerances behind)", d.runner_up, d.gap);
         }
         if !(want_lps || want_ranks || (n > 0 && (want_ids || want_tlps))) {
             continue;
