@@ -226,11 +226,12 @@ impl Sampler {
 
     /// Draws one token per row of `batch` into `out`. On error nothing is written.
     pub fn draw(&self, batch: &Batch, out: &mut Output) -> Result<()> {
-        let result = self.try_draw(batch, out);
-        if result.is_err() {
-            self.counters.rejected_calls.fetch_add(1, Relaxed);
-        }
-        result
+        self.try_draw(batch, out).inspect_err(|_| self.count_rejected())
+    }
+
+    /// Counts a draw call refused before it reached [`Sampler::draw`] (by the C layer).
+    pub(crate) fn count_rejected(&self) {
+        self.counters.rejected_calls.fetch_add(1, Relaxed);
     }
 
     fn try_draw(&self, batch: &Batch, out: &mut Output) -> Result<()> {

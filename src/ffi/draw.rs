@@ -94,10 +94,14 @@ pub unsafe extern "C" fn tokenrace_draw(
         // SAFETY: the caller's contract for `sampler`, `batch` and `out`.
         unsafe {
             let s = sampler.as_ref().ok_or_else(|| Error::invalid_argument("sampler: is NULL"))?;
-            let b = read_versioned(batch, "batch")?;
-            let o = read_versioned(out as *const tokenrace_output, "out")?;
-            let batch = batch_from_c(&b)?;
-            let mut output = output_from_c(&o, batch.rows)?;
+            let read = || -> Result<_> {
+                let b = read_versioned(batch, "batch")?;
+                let o = read_versioned(out as *const tokenrace_output, "out")?;
+                Ok((b, o))
+            };
+            let (b, o) = read().inspect_err(|_| s.inner.count_rejected())?;
+            let batch = batch_from_c(&b).inspect_err(|_| s.inner.count_rejected())?;
+            let mut output = output_from_c(&o, batch.rows).inspect_err(|_| s.inner.count_rejected())?;
             s.inner.draw(&batch, &mut output)
         }
     })
