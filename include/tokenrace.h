@@ -17,7 +17,12 @@
 #define TOKENRACE_FLAG_GREEDY 8
 
 // The version of this ABI; bumped on any incompatible change (compatible growth of a struct
-// keeps it: callers set `struct_size`).
+// keeps it: callers set `struct_size`). A struct passed in is read up to its `struct_size`, which
+// must be the end of one of its fields in some version (else INVALID_ARGUMENT naming it);
+// fields it does not reach take their defaults. A `struct_size` larger than this library's
+// struct is accepted when the bytes beyond it are zero, and is UNSUPPORTED otherwise (the caller
+// set fields this library does not know). A struct written out is written up to the smaller of
+// the two sizes.
 #define TOKENRACE_ABI_VERSION 1
 
 // The result of every fallible call. On anything but `TOKENRACE_STATUS_OK`,
