@@ -1008,3 +1008,45 @@ fn the_documented_noise_range_holds() {
         (lo64 / hi64 - 5.1e-12).abs() < 5e-14 && (lo64 / 256.0 / (hi64 * (1.0 + 1.0 / 256.0)) - 2.0e-14).abs() < 5e-16
     );
 }
+
+/// A row of +0 and -0 only is uniform: every level gives every token the logprob -ln(n), raw
+/// and processed, whichever zero the SIMD maximum keeps (on AVX-512 the +0 values had weight 0
+/// when the maximum came out as -0; found by fuzz/draw_c_abi).
+#[test]
+fn a_row_of_signed_zeros_is_uniform_at_every_level() {
+    for vocab in [7usize, 256, 1000, 1569] {
+        for pattern in 0..4 {
+            let x: Vec<f32> = (0..vocab)
+                .map(|i| {
+                    let negative = match pattern {
+                        0 => i % 2 == 0,
+                        1 => i % 3 != 1,
+                        2 => (i / 256) % 2 == 0,
+                        _ => (i * 7919) % 5 < 3,
+                    };
+                    if negative {
+                        -0.0
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            let want = -(vocab as f64).ln();
+            for level in supported_levels() {
+                let s = sampler(level, 3);
+                for mode in [LogprobMode::Raw, LogprobMode::Processed] {
+                    let (seeds, temps) = ([7u64], [1.0f32]);
+                    let batch = Batch { seeds: Some(&seeds), ..batch_of(Logits::F32(&x), 1, vocab, &temps) };
+                    let (mut tok, mut lp) = ([-1], [0f32]);
+                    let mut out = Output { logprobs: Some(&mut lp), logprob_mode: mode, ..Output::new(&mut tok) };
+                    s.draw(&batch, &mut out).unwrap();
+                    assert!(
+                        (lp[0] as f64 - want).abs() < 1e-5,
+                        "{level:?} vocab {vocab} pattern {pattern} {mode:?}: logprob {} instead of {want}",
+                        lp[0]
+                    );
+                }
+            }
+        }
+    }
+}

@@ -110,7 +110,7 @@ pub(crate) fn row_floor<V: RowValues + ?Sized>(
 pub fn kept_floor_at(level: crate::SimdLevel, x: &[f32], t: f32, top_k: i32, top_p: f32, min_p: f32) -> f32 {
     let bmax: Vec<f32> =
         x.chunks(BLOCK).map(|c| c.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a })).collect();
-    let m = bmax.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+    let m = bmax.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a }) + 0.0; // as `draw::summarize`
     if !m.is_finite() {
         return f32::NEG_INFINITY;
     }
