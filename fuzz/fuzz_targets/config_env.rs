@@ -452,12 +452,13 @@ fn run_child(vars: &[(Vec<u8>, Vec<u8>)], sizes: [Option<u32>; 2], make: bool) {
 }
 
 fn struct_size(u: &mut Unstructured) -> Result<u32> {
-    Ok(match u.int_in_range(0..=7u8)? {
-        0 => u.int_in_range(0..=128u32)?,
-        1 => 47,
-        2 => 4,
-        3 => 56,
-        4 => 128,
+    // 48 (the struct's size) when the input is used up, so that short inputs reach the checks.
+    Ok(match u.int_in_range(0..=9u8)? {
+        5 => u.int_in_range(0..=128u32)?,
+        6 => 47,
+        7 => 4,
+        8 => 56,
+        9 => 128,
         _ => 48,
     })
 }
