@@ -1,0 +1,1067 @@
+//! `tokenrace_draw` through the C ABI, with every field of the batch and the output taken from
+//! the input: sampler config, dtype, rows, vocab, row stride, per-row temperature / seeds /
+//! offsets / seeded / top_k / top_p / min_p, external noise with its kind and stride, struct
+//! sizes (odd ones too, with or without bytes set past the known struct), misaligned and NULL
+//! pointers, logprob mode and top-n. Logits and noise come from the input bytes or a PRNG keyed by
+//! them, with NaN, infinities and values at the ends of the f32 range mixed in.
+//!
+//! Every buffer the batch and the output point at is allocated with the length the batch claims
+//! (a stride whose span overflows the address space is the one exception: the library must refuse
+//! it before it makes a slice). The target predicts from the documented rules whether the call
+//! must succeed, and checks:
+//! - the status is a documented code, never INTERNAL, and the one the rules predict (OK, or
+//!   INVALID_ARGUMENT / UNSUPPORTED for a struct tail), with a last error naming `tokenrace_draw`;
+//! - on failure nothing was written (every output array still holds its sentinels), and the
+//!   batch, the output struct and the inputs are never written at all;
+//! - on success every token is in [0, vocab) and obeys docs/semantics.md where that can be checked
+//!   exactly (the flags; greedy rows' argmax; the first +inf wins; an empty row gives 0; a
+//!   sampled token is a finite, unmasked logit inside its top-k and min-p cut), logprobs are never
+//!   NaN and never above 0, ranks lie in [1, vocab], top-n lists are distinct ids sorted by
+//!   logprob with lowest id first on ties;
+//! - the same draw on a second sampler with the same seed but another SIMD level and thread
+//!   count gives bit-identical outputs (every row, when the config has a seed), and the draw
+//!   repeated on the first sampler gives the same tokens for every greedy, seeded and
+//!   external-noise row, and the same flags and top-n for every row.
+
+#![no_main]
+
+#[path = "../common/mod.rs"]
+mod common;
+
+use arbitrary::{Result, Unstructured};
+use common::*;
+use libfuzzer_sys::fuzz_target;
+use std::ffi::c_void;
+use std::mem::size_of;
+use tokenrace::internals::api::*;
+use tokenrace::internals::types::*;
+use tokenrace::SimdLevel;
+
+const BATCH_SIZE: usize = size_of::<tokenrace_batch>(); // 112
+const OUTPUT_SIZE: usize = size_of::<tokenrace_output>(); // 64
+
+fuzz_target!(|data: &[u8]| {
+    let _ = run(data);
+});
+
+/// A buffer of `T` handed to the library: NULL, aligned (exactly `len` elements, so that ASan
+/// sees any access past them) or misaligned by one byte (`len + 1` elements, so that the
+/// claimed `len` elements after the odd address are still inside it).
+struct Buf<T> {
+    v: Vec<T>,
+    how: Ptr,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Ptr {
+    Null,
+    Aligned,
+    Misaligned,
+}
+
+impl<T: Copy> Buf<T> {
+    fn new(how: Ptr, len: usize, fill: T) -> Buf<T> {
+        let n = match how {
+            Ptr::Null => 0,
+            Ptr::Aligned => len,
+            Ptr::Misaligned => len + 1,
+        };
+        Buf { v: vec![fill; n], how }
+    }
+    fn from_vec(how: Ptr, mut v: Vec<T>) -> Buf<T> {
+        match how {
+            Ptr::Null => v.clear(),
+            Ptr::Aligned => {}
+            Ptr::Misaligned => {
+                if let Some(&x) = v.last() {
+                    v.push(x);
+                } else {
+                    // An empty misaligned buffer still needs a byte to point into.
+                    // SAFETY: T is one of the plain number types of this file.
+                    v.push(unsafe { std::mem::zeroed() });
+                }
+            }
+        }
+        Buf { v, how }
+    }
+    fn ptr(&self) -> *const T {
+        match self.how {
+            Ptr::Null => std::ptr::null(),
+            Ptr::Aligned => self.v.as_ptr(),
+            Ptr::Misaligned => (self.v.as_ptr() as *const u8).wrapping_add(1) as *const T,
+        }
+    }
+    fn ptr_mut(&mut self) -> *mut T {
+        self.ptr() as *mut T
+    }
+    fn given(&self) -> bool {
+        self.how != Ptr::Null
+    }
+    /// A misaligned non-NULL pointer, which the library must refuse (u8 has no alignment).
+    fn misaligned(&self) -> bool {
+        self.how == Ptr::Misaligned && std::mem::align_of::<T>() > 1
+    }
+    /// The element at `i` as the library sees it (aligned buffers only).
+    fn at(&self, i: usize) -> T {
+        debug_assert!(self.how == Ptr::Aligned);
+        self.v[i]
+    }
+    fn bytes(&self) -> Vec<u8> {
+        // SAFETY: plain numbers, read as bytes.
+        unsafe { std::slice::from_raw_parts(self.v.as_ptr() as *const u8, self.v.len() * size_of::<T>()) }.to_vec()
+    }
+}
+
+fn pick_ptr(u: &mut Unstructured, p_null: u32) -> Result<Ptr> {
+    Ok(if one_in(u, 150)? {
+        Ptr::Misaligned
+    } else if one_in(u, p_null)? {
+        Ptr::Null
+    } else {
+        Ptr::Aligned
+    })
+}
+
+/// An optional per-row array: NULL (off), or `rows` values from `gen` (valid ones), one of them
+/// sometimes replaced by a value from `bad` (most often invalid).
+fn per_row<T: Copy + Default>(
+    u: &mut Unstructured,
+    rows: usize,
+    mut gen: impl FnMut(&mut Unstructured) -> Result<T>,
+    bad: impl FnOnce(&mut Unstructured) -> Result<T>,
+) -> Result<Buf<T>> {
+    if !u.arbitrary::<bool>()? {
+        return Ok(Buf::new(Ptr::Null, 0, T::default()));
+    }
+    // (A u8 array cannot be misaligned: the library would read it from the odd address.)
+    let how = if std::mem::align_of::<T>() > 1 && one_in(u, 150)? { Ptr::Misaligned } else { Ptr::Aligned };
+    let mut v = Vec::with_capacity(rows);
+    // One generated value, repeated, or one per row.
+    let same = u.arbitrary::<bool>()?;
+    let first = gen(u)?;
+    for r in 0..rows {
+        v.push(if same || r == 0 { first } else { gen(u)? });
+    }
+    if rows > 0 && one_in(u, 12)? {
+        let at = u.int_in_range(0..=rows - 1)?;
+        v[at] = bad(u)?;
+    }
+    Ok(Buf::from_vec(how, v))
+}
+
+fn temperature(u: &mut Unstructured) -> Result<f32> {
+    Ok(match u.int_in_range(0..=15u8)? {
+        0 => 0.0,
+        1 => 1.0,
+        2 => 0.7,
+        3 => 1e-5,
+        4 => 9.9e-6,
+        5 => 1e-38,
+        6 => 2.0,
+        7 => 1e30,
+        8 => f32::MAX,
+        9 => f32::from_bits(1),
+        10 => -0.0,
+        11 => 0.5,
+        12 => f32::from_bits(u.int_in_range(0..=0x7f7f_ffffu32)?), // any finite non-negative
+        _ => u.int_in_range(1..=300u32)? as f32 / 100.0,
+    })
+}
+
+fn bad_temperature(u: &mut Unstructured) -> Result<f32> {
+    Ok(match u.int_in_range(0..=5u8)? {
+        0 => -1.0,
+        1 => f32::NAN,
+        2 => f32::INFINITY,
+        3 => -f32::from_bits(1),
+        4 => f32::NEG_INFINITY,
+        _ => special_f32(u)?,
+    })
+}
+
+fn bad_top_p(u: &mut Unstructured) -> Result<f32> {
+    Ok(match u.int_in_range(0..=5u8)? {
+        0 => 0.0,
+        1 => -0.0,
+        2 => f32::from_bits(0x3f80_0001), // just above 1
+        3 => f32::NAN,
+        4 => f32::from_bits(u.arbitrary()?),
+        _ => special_f32(u)?,
+    })
+}
+
+fn bad_min_p(u: &mut Unstructured) -> Result<f32> {
+    Ok(match u.int_in_range(0..=4u8)? {
+        0 => f32::from_bits(0x3f80_0001), // just above 1
+        1 => -0.1,
+        2 => f32::NAN,
+        3 => f32::from_bits(u.arbitrary()?),
+        _ => special_f32(u)?,
+    })
+}
+
+fn top_k(u: &mut Unstructured, vocab: usize) -> Result<i32> {
+    let v = vocab.min(i32::MAX as usize) as i32;
+    Ok(match u.int_in_range(0..=9u8)? {
+        0 => 0,
+        1 => 1,
+        2 => -1,
+        3 => v,
+        4 => v.saturating_sub(1),
+        5 => v.saturating_add(1),
+        6 => i32::MAX,
+        7 => i32::MIN,
+        8 => u.arbitrary()?,
+        _ => u.int_in_range(1..=50)?,
+    })
+}
+
+fn top_p(u: &mut Unstructured) -> Result<f32> {
+    Ok(match u.int_in_range(0..=12u8)? {
+        0 => 1.0,
+        1 => 0.9,
+        2 => 0.5,
+        3 => 1e-6,
+        4 => f32::MIN_POSITIVE,
+        5 => f32::from_bits(1),
+        6 => f32::from_bits(0x3f7f_ffff),                         // just below 1
+        7 => f32::from_bits(u.int_in_range(1..=0x3f80_0000u32)?), // any in (0, 1]
+        _ => u.int_in_range(1..=100u32)? as f32 / 100.0,
+    })
+}
+
+fn min_p(u: &mut Unstructured) -> Result<f32> {
+    Ok(match u.int_in_range(0..=10u8)? {
+        0 => 0.0,
+        1 => 0.1,
+        2 => 0.5,
+        3 => 1.0,
+        4 => -0.0,
+        5 => f32::from_bits(1),
+        6 => f32::from_bits(u.int_in_range(0..=0x3f80_0000u32)?), // any in [0, 1]
+        _ => u.int_in_range(0..=100u32)? as f32 / 100.0,
+    })
+}
+
+/// Elements spanned by `rows` rows `stride` apart, or None when that overflows the address
+/// space (as `batch::span` decides it).
+fn span(rows: usize, vocab: usize, stride: u64, elem: usize) -> Option<usize> {
+    if rows == 0 {
+        return Some(0);
+    }
+    let n = (rows as u128 - 1) * stride as u128 + vocab as u128;
+    (n <= usize::MAX as u128 && n * elem as u128 <= isize::MAX as u128).then_some(n as usize)
+}
+
+/// A stride that makes the span of `rows >= 2` rows overflow, if one of the candidates does.
+fn overflowing_stride(u: &mut Unstructured, rows: usize, vocab: usize, elem: usize) -> Result<Option<u64>> {
+    let s = match u.int_in_range(0..=5u8)? {
+        0 => u64::MAX,
+        1 => 1 << 63,
+        2 => 1 << 62,
+        3 => (1 << 61) + 1,
+        4 => i64::MAX as u64 / elem as u64 / (rows as u64).saturating_sub(1).max(1) + 1,
+        _ => u.arbitrary::<u64>()? | (1 << 40),
+    };
+    Ok((rows >= 2 && span(rows, vocab, s, elem).is_none()).then_some(s))
+}
+
+/// Logit values for `n` elements, as f32 (converted to the dtype by the caller).
+fn logit_values(u: &mut Unstructured, n: usize) -> Result<Vec<f32>> {
+    let mut rng = Rng(u.arbitrary()?);
+    let scale = match u.int_in_range(0..=6u8)? {
+        0 => 1e-3,
+        1 => 30.0,
+        2 => 1e4,
+        3 => 1e30,
+        4 => 3e38,
+        5 => 0.0,
+        _ => 1.0,
+    };
+    let mut v = match u.int_in_range(0..=3u8)? {
+        0 => {
+            // The input's own bytes, cycled.
+            let len = u.int_in_range(4..=512usize)? & !3;
+            let raw = u.bytes(len)?;
+            if raw.len() < 4 {
+                vec![0.0; n]
+            } else {
+                (0..n)
+                    .map(|i| {
+                        let j = (i * 4) % (raw.len() & !3);
+                        f32::from_le_bytes([raw[j], raw[j + 1], raw[j + 2], raw[j + 3]])
+                    })
+                    .collect()
+            }
+        }
+        1 => {
+            let c = special_f32(u)?;
+            vec![c; n]
+        }
+        2 => (0..n).map(|_| (rng.normal() * scale) as f32).collect(),
+        _ => (0..n).map(|_| ((rng.normal() * scale) as f32 * 8.0).round() / 8.0).collect(), // ties
+    };
+    // Sprinkle special values at chosen or random positions.
+    let k = u.int_in_range(0..=8usize)?;
+    for _ in 0..k {
+        if n == 0 {
+            break;
+        }
+        let at = if u.arbitrary::<bool>()? { u.int_in_range(0..=n - 1)? } else { rng.below(n) };
+        v[at] = special_f32(u)?;
+    }
+    if n > 0 && one_in(u, 4)? {
+        // Many specials: a sprinkle of NaN / inf over the whole buffer.
+        let every = u.int_in_range(2..=64usize)?;
+        let s = special_f32(u)?;
+        for x in v.iter_mut().step_by(every) {
+            *x = s;
+        }
+    }
+    Ok(v)
+}
+
+fn noise_values(u: &mut Unstructured, n: usize, kind: u32) -> Result<Vec<f32>> {
+    let mut rng = Rng(u.arbitrary()?);
+    let mut v: Vec<f32> = match u.int_in_range(0..=2u8)? {
+        0 => (0..n)
+            .map(|_| {
+                let e = -rng.unit().ln();
+                (if kind == 1 { e.ln() } else { e }) as f32
+            })
+            .collect(),
+        1 => {
+            let len = u.int_in_range(4..=256usize)? & !3;
+            let raw = u.bytes(len)?;
+            if raw.len() < 4 {
+                vec![1.0; n]
+            } else {
+                (0..n)
+                    .map(|i| {
+                        let j = (i * 4) % (raw.len() & !3);
+                        f32::from_le_bytes([raw[j], raw[j + 1], raw[j + 2], raw[j + 3]])
+                    })
+                    .collect()
+            }
+        }
+        _ => {
+            let c = special_f32(u)?;
+            vec![c; n]
+        }
+    };
+    for _ in 0..u.int_in_range(0..=6usize)? {
+        if n == 0 {
+            break;
+        }
+        let at = rng.below(n);
+        v[at] = special_f32(u)?;
+    }
+    Ok(v)
+}
+
+/// The batch struct in a 256-byte buffer, with `struct_size` and the bytes after the struct
+/// chosen by the input. Returns the buffer and the status the size must give (None: fine).
+fn place<T: Copy>(
+    u: &mut Unstructured,
+    value: T,
+    valid_sizes: &[usize],
+    v1: usize,
+) -> Result<(Box<Aligned256>, u32, Option<u32>)> {
+    let full = size_of::<T>();
+    let size: usize = match u.int_in_range(0..=23u8)? {
+        18 | 19 => valid_sizes[u.choose_index(valid_sizes.len())?],
+        20 => full + 8 * u.int_in_range(1..=8usize)?,
+        21 => u.int_in_range(0..=256usize)?,
+        22 => v1 - 1,
+        23 => full + 1,
+        _ => full,
+    };
+    let mut buf = Box::new(Aligned256([0u8; 256]));
+    // SAFETY: T is a C struct of at most 256 bytes; the buffer is 8-aligned.
+    unsafe { std::ptr::write(buf.0.as_mut_ptr() as *mut T, value) };
+    buf.0[..4].copy_from_slice(&(size as u32).to_ne_bytes());
+    let mut tail_set = false;
+    if size > full && one_in(u, 6)? {
+        let at = u.int_in_range(full..=size - 1)?;
+        buf.0[at] = u.int_in_range(1..=255u8)?;
+        tail_set = true;
+    }
+    let expect = if size < v1 || (size < full && !valid_sizes.contains(&size)) {
+        Some(INVALID_ARGUMENT)
+    } else if tail_set {
+        Some(UNSUPPORTED)
+    } else {
+        None
+    };
+    Ok((buf, size as u32, expect))
+}
+
+#[repr(C, align(8))]
+struct Aligned256([u8; 256]);
+
+/// One row's values as f32.
+fn row_values(dtype: u32, logits_f32: &[f32], logits_u16: &[u16], start: usize, vocab: usize) -> Vec<f32> {
+    match dtype {
+        0 => logits_f32[start..start + vocab].to_vec(),
+        1 => logits_u16[start..start + vocab].iter().map(|&b| bf16_to_f32(b)).collect(),
+        _ => logits_u16[start..start + vocab].iter().map(|&b| f16_to_f32(b)).collect(),
+    }
+}
+
+/// What a draw wrote.
+struct Outs {
+    tokens: Buf<i32>,
+    flags: Buf<u32>,
+    logprobs: Buf<f32>,
+    ranks: Buf<i32>,
+    topn_ids: Buf<i32>,
+    topn_lp: Buf<f32>,
+}
+
+const TOKEN_SENTINEL: i32 = -0x2152_4111;
+const FLAG_SENTINEL: u32 = 0xa5a5_a5a5;
+const LP_SENTINEL: f32 = f32::from_bits(0x7fc0_dead);
+const RANK_SENTINEL: i32 = -77;
+
+impl Outs {
+    fn new(h: [Ptr; 6], rows: usize, topn_len: usize) -> Outs {
+        Outs {
+            tokens: Buf::new(h[0], rows, TOKEN_SENTINEL),
+            flags: Buf::new(h[1], rows, FLAG_SENTINEL),
+            logprobs: Buf::new(h[2], rows, LP_SENTINEL),
+            ranks: Buf::new(h[3], rows, RANK_SENTINEL),
+            topn_ids: Buf::new(h[4], topn_len, TOKEN_SENTINEL),
+            topn_lp: Buf::new(h[5], topn_len, LP_SENTINEL),
+        }
+    }
+    fn all_bytes(&self) -> Vec<u8> {
+        let mut b = self.tokens.bytes();
+        b.extend(self.flags.bytes());
+        b.extend(self.logprobs.bytes());
+        b.extend(self.ranks.bytes());
+        b.extend(self.topn_ids.bytes());
+        b.extend(self.topn_lp.bytes());
+        b
+    }
+    fn untouched(&self) -> bool {
+        self.tokens.v.iter().all(|&x| x == TOKEN_SENTINEL)
+            && self.flags.v.iter().all(|&x| x == FLAG_SENTINEL)
+            && self.logprobs.v.iter().all(|&x| x.to_bits() == LP_SENTINEL.to_bits())
+            && self.ranks.v.iter().all(|&x| x == RANK_SENTINEL)
+            && self.topn_ids.v.iter().all(|&x| x == TOKEN_SENTINEL)
+            && self.topn_lp.v.iter().all(|&x| x.to_bits() == LP_SENTINEL.to_bits())
+    }
+    fn c(&mut self, mode: u32, top_n: u32) -> tokenrace_output {
+        tokenrace_output {
+            struct_size: OUTPUT_SIZE as u32,
+            logprob_mode: mode,
+            tokens: self.tokens.ptr_mut(),
+            flags: self.flags.ptr_mut(),
+            logprobs: self.logprobs.ptr_mut(),
+            ranks: self.ranks.ptr_mut(),
+            top_n,
+            reserved0: 0,
+            topn_ids: self.topn_ids.ptr_mut(),
+            topn_logprobs: self.topn_lp.ptr_mut(),
+        }
+    }
+}
+
+struct Sampler(*mut tokenrace_sampler);
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        // SAFETY: made by tokenrace_sampler_new, freed once.
+        unsafe { tokenrace_sampler_free(self.0) };
+    }
+}
+
+fn new_sampler(cfg: &tokenrace_config) -> (u32, Option<Sampler>) {
+    let mut s: *mut tokenrace_sampler = std::ptr::null_mut();
+    // SAFETY: a valid config, a writable out.
+    let st = code(unsafe { tokenrace_sampler_new(cfg, &mut s) }, "tokenrace_sampler_new");
+    check_last_error(st, "tokenrace_sampler_new");
+    if st == OK {
+        assert!(!s.is_null());
+        (st, Some(Sampler(s)))
+    } else {
+        assert!(s.is_null(), "tokenrace_sampler_new failed but wrote *out");
+        (st, None)
+    }
+}
+
+fn level_supported(simd: u32) -> bool {
+    match simd {
+        0 => true,
+        1 => SimdLevel::Scalar.is_supported(),
+        2 => SimdLevel::Portable.is_supported(),
+        3 => SimdLevel::Avx2.is_supported(),
+        _ => SimdLevel::Avx512.is_supported(),
+    }
+}
+
+/// Whether a row's output is a pure function of the batch (not of the sampler's noise stream).
+#[derive(Clone, Copy)]
+struct RowInfo {
+    greedy: bool,
+    deterministic: bool,
+    /// The row holds both +0.0 and -0.0: its logprobs hit a known library bug
+    /// (artifacts-found/draw_c_abi-signed-zero-logprob.md), so they are not compared unless
+    /// `FUZZ_KNOWN_BUGS` is set.
+    known_bug: bool,
+}
+
+/// With `FUZZ_KNOWN_BUGS` set, the checks that a known library bug fails are made too.
+fn check_known_bugs() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var_os("FUZZ_KNOWN_BUGS").is_some())
+}
+
+fn run(data: &[u8]) -> Result<()> {
+    let mut u = Unstructured::new(data);
+    let u = &mut u;
+
+    // --- The sampler.
+    let max_rows = u.int_in_range(1..=48u32)?;
+    let threads = [1u32, 1, 2, 3, 4, 0][u.choose_index(6)?];
+    let greedy_below = match u.int_in_range(0..=6u8)? {
+        0 => 0.0,
+        1 => 0.5,
+        2 => 1.0,
+        3 => 2.0,
+        4 => f32::from_bits(1),
+        5 => u.int_in_range(0..=1000u32)? as f32 / 100.0,
+        _ => 1e-5,
+    };
+    let mut cfg = tokenrace_config_default();
+    cfg.max_rows = max_rows;
+    cfg.threads = threads;
+    cfg.greedy_below = greedy_below;
+    cfg.has_seed = !one_in(u, 8)? as u32;
+    cfg.seed = u.arbitrary()?;
+    cfg.simd = [0u32, 0, 0, 0, 0, 1, 2, 3, 4][u.choose_index(9)?];
+    cfg.log_level = 0;
+    cfg.noise = [0u32, 0, 1, 2][u.choose_index(4)?];
+
+    // --- The batch's shape.
+    let dtype = if one_in(u, 40)? { u.int_in_range(3..=u32::MAX)? } else { u.int_in_range(0..=2u32)? };
+    let elem = if dtype == 0 { 4 } else { 2 };
+    let mut rows = if one_in(u, 30)? { max_rows as usize + 1 } else { u.int_in_range(0..=max_rows as usize)? };
+    let vocab: usize = match u.int_in_range(0..=19u8)? {
+        0 => 0,
+        1 => 1,
+        2..=5 => u.int_in_range(2..=16)?,
+        6 | 7 => [255, 256, 257, 511, 512, 513, 1023, 1024, 1025][u.choose_index(9)?],
+        8 => {
+            rows = rows.min(4);
+            u.int_in_range(16_384..=70_000)?
+        }
+        9 if rows == 0 => u.int_in_range(i32::MAX as usize..=u32::MAX as usize)?, // invalid, no buffers
+        10..=13 => u.int_in_range(17..=300)?,
+        _ => u.int_in_range(2..=2000)?,
+    };
+    let vocab_size = match u.int_in_range(0..=15u8)? {
+        1..=3 => vocab as u32,
+        4 => vocab as u32 ^ 1, // mismatch
+        _ => 0,
+    };
+    cfg.vocab_size = vocab_size;
+    if cfg.noise == 2 {
+        // A sampler's own pool needs vocab_size; keep its memory small.
+        cfg.vocab_size = vocab.clamp(1, i32::MAX as usize) as u32;
+        cfg.pool_rows = if u.arbitrary::<bool>()? { 0 } else { u.int_in_range(max_rows..=max_rows * 2)? };
+        let pool_rows = if cfg.pool_rows == 0 { 4 * max_rows } else { cfg.pool_rows } as usize;
+        if pool_rows * cfg.vocab_size as usize > 1 << 17 {
+            cfg.noise = 0;
+        }
+    }
+    let stride: u64 = match u.int_in_range(0..=19u8)? {
+        1..=3 => vocab as u64,
+        4..=6 => vocab as u64 + u.int_in_range(1..=40u64)?,
+        7 if vocab > 1 => vocab as u64 - 1, // invalid
+        8 => overflowing_stride(u, rows, vocab, elem)?.unwrap_or(0),
+        9 => vocab as u64 + 256,
+        _ => 0,
+    };
+    let eff_stride = if stride == 0 { vocab as u64 } else { stride };
+    let logits_span = span(rows, vocab, eff_stride, elem);
+
+    // --- Expected sampler status.
+    let expect_sampler = if cfg.vocab_size > i32::MAX as u32 {
+        INVALID_CONFIG
+    } else if !level_supported(cfg.simd) {
+        UNSUPPORTED
+    } else {
+        OK
+    };
+    let (st, a) = new_sampler(&cfg);
+    assert_eq!(st, expect_sampler, "tokenrace_sampler_new: {}", last_error());
+    let Some(a) = a else { return Ok(()) };
+
+    let mut invalid = false; // some rule says INVALID_ARGUMENT
+    if dtype > 2 || logits_span.is_none() {
+        invalid = true;
+    }
+    if rows > max_rows as usize || vocab == 0 || vocab > i32::MAX as usize {
+        invalid = true;
+    }
+    if cfg.vocab_size != 0 && cfg.vocab_size as usize != vocab {
+        invalid = true;
+    }
+    if eff_stride < vocab as u64 {
+        invalid = true;
+    }
+
+    // --- Logits.
+    let n_logits = logits_span.unwrap_or(0);
+    let values = if logits_span.is_some() { logit_values(u, n_logits)? } else { Vec::new() };
+    let logits_how = pick_ptr(u, 60)?;
+    let logits_f32: Buf<f32>;
+    let logits_u16: Buf<u16>;
+    let logits_ptr: *const c_void;
+    if elem == 4 {
+        logits_f32 = Buf::from_vec(logits_how, values);
+        logits_u16 = Buf::new(Ptr::Null, 0, 0);
+        logits_ptr = logits_f32.ptr() as *const c_void;
+        if logits_how == Ptr::Misaligned || (logits_how == Ptr::Null && n_logits > 0) {
+            invalid = true;
+        }
+    } else {
+        let conv: Vec<u16> = values.iter().map(|&x| if dtype == 1 { f32_to_bf16(x) } else { f32_to_f16(x) }).collect();
+        logits_u16 = Buf::from_vec(logits_how, conv);
+        logits_f32 = Buf::new(Ptr::Null, 0, 0.0);
+        logits_ptr = logits_u16.ptr() as *const c_void;
+        if logits_how == Ptr::Misaligned || (logits_how == Ptr::Null && n_logits > 0) {
+            invalid = true;
+        }
+    }
+
+    // --- Per-row arrays.
+    let temps = per_row(u, rows, temperature, bad_temperature)?;
+    let seeds = per_row(u, rows, |u| u.arbitrary::<u64>(), |u| u.arbitrary::<u64>())?;
+    let offsets = per_row(
+        u,
+        rows,
+        |u| if u.arbitrary()? { u.arbitrary::<u64>() } else { Ok(u.int_in_range(0..=8u64)?) },
+        |_| Ok(u64::MAX),
+    )?;
+    // A seeded mask needs seeds (without them it is an error, tried now and then).
+    let seeded = if seeds.given() || one_in(u, 40)? {
+        per_row(u, rows, |u| Ok(if u.arbitrary()? { 1u8 } else { u.arbitrary()? }), |_| Ok(0))?
+    } else {
+        Buf::new(Ptr::Null, 0, 0)
+    };
+    let ks = per_row(u, rows, |u| top_k(u, vocab), |u| u.arbitrary::<i32>())?;
+    let ps = per_row(u, rows, top_p, bad_top_p)?;
+    let mps = per_row(u, rows, min_p, bad_min_p)?;
+
+    // --- External noise.
+    let mut noise_kind = 0u32;
+    let mut noise_stride = 0u64;
+    let noise: Buf<f32> = if one_in(u, 3)? {
+        noise_kind = if one_in(u, 30)? { u.arbitrary()? } else { u.int_in_range(0..=1u32)? };
+        noise_stride = match u.int_in_range(0..=15u8)? {
+            1..=3 => 0,
+            4..=5 => vocab as u64 + u.int_in_range(1..=9u64)?,
+            6 if vocab > 1 => u.int_in_range(1..=vocab as u64 - 1)?, // invalid
+            7 => overflowing_stride(u, rows, vocab, 4)?.unwrap_or(0),
+            _ => vocab as u64,
+        };
+        let nspan = if rows == 0 {
+            Some(0)
+        } else if noise_stride == 0 {
+            Some(vocab)
+        } else {
+            span(rows, vocab, noise_stride, 4)
+        };
+        let how = if one_in(u, 150)? { Ptr::Misaligned } else { Ptr::Aligned };
+        if noise_kind > 1 || nspan.is_none() || how == Ptr::Misaligned {
+            invalid = true;
+        }
+        if noise_stride != 0 && noise_stride < vocab as u64 {
+            invalid = true;
+        }
+        // Only allocate what a sane size asks for (an overflowing span is refused unread).
+        let n = nspan.filter(|&n| n <= 8 << 20).unwrap_or(0);
+        if nspan.is_some() && nspan != Some(n) {
+            return Ok(()); // too large to allocate here; nothing to test
+        }
+        Buf::from_vec(how, noise_values(u, n, noise_kind)?)
+    } else {
+        Buf::new(Ptr::Null, 0, 0.0)
+    };
+
+    // --- The batch struct, and which fields its size shows.
+    let batch = tokenrace_batch {
+        struct_size: BATCH_SIZE as u32,
+        dtype,
+        logits: logits_ptr,
+        rows: rows as u32,
+        vocab: vocab as u32,
+        row_stride: stride,
+        temperature: temps.ptr(),
+        seeds: seeds.ptr(),
+        offsets: offsets.ptr(),
+        seeded: seeded.ptr(),
+        noise: noise.ptr(),
+        noise_kind,
+        reserved0: if one_in(u, 20)? { u.arbitrary()? } else { 0 },
+        noise_row_stride: noise_stride,
+        top_k: ks.ptr(),
+        top_p: ps.ptr(),
+        min_p: mps.ptr(),
+    };
+    let (batch_buf, batch_size, batch_expect) = place(u, batch, &[88, 96, 104, 112], 88)?;
+    let batch_size = batch_size as usize;
+    let sees_k = batch_size >= 96;
+    let sees_p = batch_size >= 104;
+    let sees_minp = batch_size >= 112;
+
+    // Per-row rules, on the arrays the library sees.
+    for (misaligned, seen) in [
+        (temps.misaligned(), true),
+        (seeds.misaligned(), true),
+        (offsets.misaligned(), true),
+        (ks.misaligned(), sees_k),
+        (ps.misaligned(), sees_p),
+        (mps.misaligned(), sees_minp),
+    ] {
+        if misaligned && seen {
+            invalid = true;
+        }
+    }
+    let aligned_rows = |b: &Buf<f32>| b.how == Ptr::Aligned;
+    if aligned_rows(&temps) {
+        invalid |= temps.v.iter().any(|&t| !(t.is_finite() && t >= 0.0));
+    }
+    if sees_p && aligned_rows(&ps) {
+        invalid |= ps.v.iter().any(|&p| !(p > 0.0 && p <= 1.0));
+    }
+    if sees_minp && aligned_rows(&mps) {
+        invalid |= mps.v.iter().any(|&p| !(0.0..=1.0).contains(&p));
+    }
+    if seeded.given() && !seeds.given() {
+        invalid = true;
+    }
+
+    // --- The output.
+    let logprob_mode = if one_in(u, 30)? { u.arbitrary()? } else { u.int_in_range(0..=1u32)? };
+    let top_n: u32 = match u.int_in_range(0..=19u8)? {
+        1..=2 => 1,
+        3 => vocab.min(64) as u32,
+        4 => vocab.min(1 << 16) as u32,
+        5 => vocab as u32 + 1, // invalid
+        6 => u32::MAX,
+        7..=9 => u.int_in_range(1..=8)?,
+        _ => 0,
+    };
+    let topn_len = rows * top_n as usize;
+    let topn_alloc = topn_len <= 1 << 20;
+    let mut h = [Ptr::Aligned; 6];
+    h[0] = pick_ptr(u, 40)?;
+    for x in h.iter_mut().skip(1) {
+        *x = pick_ptr(u, 2)?;
+    }
+    if !topn_alloc {
+        h[4] = Ptr::Null;
+        h[5] = Ptr::Null;
+    }
+    if logprob_mode > 1 {
+        invalid = true;
+    }
+    if h[0] == Ptr::Null && rows > 0 {
+        invalid = true;
+    }
+    if h.contains(&Ptr::Misaligned) {
+        invalid = true;
+    }
+    if top_n > 0 && top_n as usize > vocab {
+        invalid = true;
+    }
+    let mut outs = Outs::new(h, rows, if topn_alloc { topn_len } else { 0 });
+    let out = outs.c(logprob_mode, top_n);
+    let (out_buf, _, out_expect) = place(u, out, &[OUTPUT_SIZE], OUTPUT_SIZE)?;
+
+    let expect = batch_expect.or(out_expect).or(invalid.then_some(INVALID_ARGUMENT)).unwrap_or(OK);
+
+    // --- The draw.
+    let inputs_before = (
+        logits_f32.bytes(),
+        logits_u16.bytes(),
+        temps.bytes(),
+        seeds.bytes(),
+        offsets.bytes(),
+        seeded.bytes(),
+        ks.bytes(),
+        ps.bytes(),
+        mps.bytes(),
+        noise.bytes(),
+    );
+    let batch_bytes = batch_buf.0;
+    let out_bytes = out_buf.0;
+    // SAFETY: every pointer covers what the batch claims (see Buf); the structs have 256 bytes.
+    let st = code(
+        unsafe {
+            tokenrace_draw(
+                a.0,
+                batch_buf.0.as_ptr() as *const tokenrace_batch,
+                out_buf.0.as_ptr() as *mut tokenrace_output,
+            )
+        },
+        "tokenrace_draw",
+    );
+    let err = check_last_error(st, "tokenrace_draw");
+    assert!(batch_buf.0 == batch_bytes, "tokenrace_draw wrote into the batch struct");
+    assert!(out_buf.0 == out_bytes, "tokenrace_draw wrote into the output struct");
+    let inputs_after = (
+        logits_f32.bytes(),
+        logits_u16.bytes(),
+        temps.bytes(),
+        seeds.bytes(),
+        offsets.bytes(),
+        seeded.bytes(),
+        ks.bytes(),
+        ps.bytes(),
+        mps.bytes(),
+        noise.bytes(),
+    );
+    assert!(inputs_before == inputs_after, "tokenrace_draw wrote into its inputs");
+    assert_eq!(
+        st,
+        expect,
+        "tokenrace_draw: status {} but the rules say {} (last error {err:?})",
+        status_name(st),
+        status_name(expect)
+    );
+    if verbose() {
+        eprintln!(
+            "draw: {} dtype {dtype} rows {rows} vocab {vocab} stride {stride} threads {threads} simd {} noise {} \
+             seeded {} ext-noise {} top_n {top_n} {err}",
+            status_name(st),
+            cfg.simd,
+            cfg.noise,
+            seeds.given(),
+            noise.given()
+        );
+    }
+    if st != OK {
+        assert!(outs.untouched(), "tokenrace_draw failed ({err}) but wrote into the outputs");
+        return Ok(());
+    }
+
+    // --- Success: the semantics that can be checked exactly.
+    let stride = eff_stride as usize;
+    let mut info = Vec::with_capacity(rows);
+    let sees_seeded_mask = seeded.given();
+    for r in 0..rows {
+        let t = if temps.given() { temps.at(r) } else { 1.0 };
+        let greedy = t < greedy_below;
+        let is_seeded = seeds.given() && (!sees_seeded_mask || seeded.at(r) != 0);
+        let vals = row_values(dtype, &logits_f32.v, &logits_u16.v, r * stride, vocab);
+        let known_bug = !check_known_bugs()
+            && vals.iter().any(|x| x.to_bits() == 0)
+            && vals.iter().any(|x| x.to_bits() == 0x8000_0000);
+        info.push(RowInfo { greedy, deterministic: greedy || is_seeded || noise.given(), known_bug });
+        let tok = outs.tokens.at(r);
+        assert!(tok >= 0 && (tok as usize) < vocab, "row {r}: token {tok} not in [0, {vocab})");
+        let tok = tok as usize;
+        let has_nan = vals.iter().any(|x| x.is_nan());
+        let first_inf = vals.iter().position(|&x| x == f32::INFINITY);
+        let m = vals.iter().copied().filter(|x| x.is_finite()).fold(f32::NEG_INFINITY, f32::max);
+        let empty = first_inf.is_none() && m == f32::NEG_INFINITY;
+        let want_flags =
+            has_nan as u32 | (first_inf.is_some() as u32) << 1 | (empty as u32) << 2 | (greedy as u32) << 3;
+        if outs.flags.given() {
+            assert_eq!(outs.flags.at(r), want_flags, "row {r}: flags");
+        }
+        if let Some(i) = first_inf {
+            assert_eq!(tok, i, "row {r}: the first +inf must win");
+        } else if empty {
+            assert_eq!(tok, 0, "row {r}: an empty row draws token 0");
+        } else if greedy {
+            let argmax = vals.iter().position(|&x| x == m).unwrap();
+            assert_eq!(tok, argmax, "row {r}: greedy token is not the lowest argmax");
+        } else {
+            let x = vals[tok];
+            assert!(
+                x.is_finite() && x - m > f32::NEG_INFINITY,
+                "row {r}: sampled a masked/NaN/inf logit {x} (max {m})"
+            );
+            if sees_k && ks.given() {
+                let k = ks.at(r);
+                if k > 0 && (k as usize) < vocab {
+                    let mut fin: Vec<f32> = vals.iter().copied().filter(|x| x.is_finite()).collect();
+                    if fin.len() >= k as usize {
+                        fin.sort_by(|a, b| b.partial_cmp(a).unwrap());
+                        let kth = fin[k as usize - 1];
+                        assert!(x >= kth, "row {r}: token logit {x} below the top-{k} cut {kth}");
+                    }
+                }
+            }
+            if sees_minp && mps.given() {
+                let mp = mps.at(r) as f64;
+                let inv_t = {
+                    let i = 1.0 / t;
+                    if i.is_finite() {
+                        i
+                    } else {
+                        f32::MAX
+                    }
+                } as f64;
+                // w = exp((x - m) / T), with room for an f32 rounding of x - m and of the
+                // product (the library's cut is the smallest f32 whose weight reaches min_p).
+                let arg = (x as f64 - m as f64) * inv_t;
+                let w = (arg + arg.abs() * 1e-6 + 1e-12).exp();
+                assert!(w >= mp, "row {r}: token weight {} below min_p {mp} (logit {x}, max {m}, T {t})", arg.exp());
+            }
+        }
+        let lp = outs.logprobs.given().then(|| outs.logprobs.at(r));
+        if let Some(lp) = lp {
+            assert!(!lp.is_nan() && lp <= 0.0, "row {r}: logprob {lp}");
+            if empty {
+                assert_eq!(lp, f32::NEG_INFINITY, "row {r}: an empty row's logprob");
+            }
+            if first_inf.is_some() {
+                let n = vals.iter().filter(|&&x| x == f32::INFINITY).count();
+                let want = -(n as f64).ln();
+                assert!((lp as f64 - want).abs() <= 1e-6, "row {r}: logprob {lp} of a +inf token among {n}");
+            }
+        }
+        if outs.ranks.given() {
+            let rank = outs.ranks.at(r);
+            assert!(rank >= 1 && rank as usize <= vocab, "row {r}: rank {rank}");
+            if empty {
+                assert_eq!(rank as usize, vocab, "row {r}: an empty row's rank");
+            }
+        }
+        let tn = top_n as usize;
+        if tn > 0 {
+            let ids = outs.topn_ids.given().then(|| &outs.topn_ids.v[r * tn..(r + 1) * tn]);
+            let lps = outs.topn_lp.given().then(|| &outs.topn_lp.v[r * tn..(r + 1) * tn]);
+            if let Some(ids) = ids {
+                let mut seen = ids.to_vec();
+                seen.sort_unstable();
+                seen.dedup();
+                assert_eq!(seen.len(), tn, "row {r}: top-n ids repeat: {ids:?}");
+                assert!(ids.iter().all(|&i| i >= 0 && (i as usize) < vocab), "row {r}: top-n id out of range");
+            }
+            if let Some(lps) = lps {
+                assert!(lps.iter().all(|&x| !x.is_nan() && x <= 0.0), "row {r}: top-n logprobs {lps:?}");
+                for j in 1..tn {
+                    assert!(lps[j] <= lps[j - 1], "row {r}: top-n logprobs not descending at {j}");
+                    if let Some(ids) = ids {
+                        if lps[j] == lps[j - 1] {
+                            assert!(ids[j] > ids[j - 1], "row {r}: top-n tie not lowest id first at {j}");
+                        }
+                    }
+                }
+                if let (Some(ids), Some(lp)) = (ids, lp) {
+                    if let Some(j) = ids.iter().position(|&i| i as usize == tok) {
+                        assert_eq!(lps[j].to_bits(), lp.to_bits(), "row {r}: the token's logprob differs in top-n");
+                    }
+                }
+                if let (Some(lp), true) = (lp, outs.ranks.given()) {
+                    let above = lps.iter().filter(|&&x| x >= lp).count();
+                    assert!(above <= outs.ranks.at(r) as usize, "row {r}: rank below the top-n count");
+                }
+            }
+        }
+    }
+
+    // --- The same draw on another SIMD level and thread count, with the same seed.
+    let first = outs.all_bytes();
+    let mut cfg_b = cfg;
+    let scalar_single = cfg.simd == 1 && cfg.threads == 1;
+    cfg_b.simd = if scalar_single { 0 } else { 1 };
+    cfg_b.threads = if scalar_single { 3 } else { 1 };
+    let (st_b, b) = new_sampler(&cfg_b);
+    assert_eq!(st_b, OK, "the second sampler: {}", last_error());
+    let b = b.unwrap();
+    let mut outs_b = Outs::new(h, rows, if topn_alloc { topn_len } else { 0 });
+    let mut out_b = outs_b.c(logprob_mode, top_n);
+    // SAFETY: as above.
+    let st = code(
+        unsafe { tokenrace_draw(b.0, batch_buf.0.as_ptr() as *const tokenrace_batch, &mut out_b) },
+        "tokenrace_draw",
+    );
+    assert_eq!(st, OK, "the same draw on the second sampler: {}", last_error());
+    if verbose() {
+        eprintln!(
+            "  mode {logprob_mode} greedy_below {greedy_below} temps {:?} k {:?} p {:?} min_p {:?} (sees {sees_k} {sees_p} {sees_minp})",
+            &temps.v[..temps.v.len().min(4)],
+            &ks.v[..ks.v.len().min(4)],
+            &ps.v[..ps.v.len().min(4)],
+            &mps.v[..mps.v.len().min(4)]
+        );
+        eprintln!("  a: tokens {:?} logprobs {:?} ranks {:?}", &outs.tokens.v, &outs.logprobs.v, &outs.ranks.v);
+        eprintln!("  b: tokens {:?} logprobs {:?} ranks {:?}", &outs_b.tokens.v, &outs_b.logprobs.v, &outs_b.ranks.v);
+        let vals =
+            row_values(dtype, &logits_f32.v, &logits_u16.v, 0, vocab.min(logits_f32.v.len().max(logits_u16.v.len())));
+        let mut d = vals.clone();
+        d.sort_by(|a, b| b.total_cmp(a));
+        d.dedup_by(|a, b| a.to_bits() == b.to_bits());
+        let counts: Vec<(u32, usize)> =
+            d.iter().map(|x| (x.to_bits(), vals.iter().filter(|y| y.to_bits() == x.to_bits()).count())).collect();
+        eprintln!("  row 0 bit patterns and counts: {counts:x?}");
+        let pos: Vec<usize> = (0..vals.len()).filter(|&i| vals[i].to_bits() != vals[0].to_bits()).take(20).collect();
+        eprintln!("  row 0 first value {:x}, positions differing: {pos:?}", vals[0].to_bits());
+        eprintln!("  row 0 distinct values (desc, first 8): {:?} of {}", &d[..d.len().min(8)], d.len());
+    }
+    compare(&outs, &outs_b, &info, top_n as usize, cfg.has_seed != 0, "another level/thread count, same seed");
+    drop(b);
+
+    // --- The same draw again on the first sampler.
+    let mut outs2 = Outs::new(h, rows, if topn_alloc { topn_len } else { 0 });
+    let mut out2 = outs2.c(logprob_mode, top_n);
+    // SAFETY: as above.
+    let st = code(
+        unsafe { tokenrace_draw(a.0, batch_buf.0.as_ptr() as *const tokenrace_batch, &mut out2) },
+        "tokenrace_draw",
+    );
+    assert_eq!(st, OK, "the same draw repeated: {}", last_error());
+    assert!(outs.all_bytes() == first);
+    compare(&outs, &outs2, &info, top_n as usize, false, "the draw repeated");
+    Ok(())
+}
+
+/// Compares two draws of one batch: with `all`, every output of every row bit for bit; else the
+/// rows whose draw does not depend on the noise stream, and what never depends on noise.
+fn compare(a: &Outs, b: &Outs, info: &[RowInfo], top_n: usize, all: bool, what: &str) {
+    for (r, ri) in info.iter().enumerate() {
+        let same_token = a.tokens.at(r) == b.tokens.at(r);
+        if all || ri.deterministic {
+            assert!(
+                same_token,
+                "{what}: row {r} (greedy {}) drew {} then {}",
+                ri.greedy,
+                a.tokens.at(r),
+                b.tokens.at(r)
+            );
+        }
+        if a.flags.given() {
+            assert_eq!(a.flags.at(r), b.flags.at(r), "{what}: row {r}: flags");
+        }
+        if ri.known_bug {
+            continue;
+        }
+        if same_token {
+            if a.logprobs.given() {
+                assert_eq!(a.logprobs.at(r).to_bits(), b.logprobs.at(r).to_bits(), "{what}: row {r}: logprob");
+            }
+            if a.ranks.given() {
+                assert_eq!(a.ranks.at(r), b.ranks.at(r), "{what}: row {r}: rank");
+            }
+        }
+        if top_n > 0 {
+            let s = r * top_n..(r + 1) * top_n;
+            if a.topn_ids.given() {
+                assert_eq!(a.topn_ids.v[s.clone()], b.topn_ids.v[s.clone()], "{what}: row {r}: top-n ids");
+            }
+            if a.topn_lp.given() {
+                let x: Vec<u32> = a.topn_lp.v[s.clone()].iter().map(|x| x.to_bits()).collect();
+                let y: Vec<u32> = b.topn_lp.v[s].iter().map(|x| x.to_bits()).collect();
+                assert_eq!(x, y, "{what}: row {r}: top-n logprobs");
+            }
+        }
+    }
+}

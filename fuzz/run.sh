@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Builds the fuzz targets and runs each for SECONDS (default 600), one after another, then
+# prints per target the executions, exec/s, coverage, new corpus units and any crash.
+#
+#   ./run.sh [SECONDS]     (0: build only)
+#
+# Environment:
+#   FUZZ_NO_BUILD=1     use the binaries already in FUZZ_BIN_DIR (e.g. copied from another machine)
+#   FUZZ_BIN_DIR=DIR    where the binaries are (default target/x86_64-unknown-linux-gnu/release)
+#   FUZZ_TARGETS="..."  which targets (default: draw_c_abi config_env pool_sequence)
+#   FUZZ_FORK=N         run each target as N libFuzzer processes (-fork=N; crashes do not stop it)
+#   FUZZ_ARGS="..."     more libFuzzer flags
+# Needs nightly and cargo-fuzz to build (`cargo install cargo-fuzz --locked`); running the
+# built binaries needs neither. Results: corpus/<target>/, artifacts/<target>/ (crashes),
+# logs/<target>.log; see README.md.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+SECS=${1:-600}
+TARGETS=${FUZZ_TARGETS:-"draw_c_abi config_env pool_sequence"}
+BIN_DIR=${FUZZ_BIN_DIR:-target/x86_64-unknown-linux-gnu/release}
+FORK=${FUZZ_FORK:-0}
+
+if [ "${FUZZ_NO_BUILD:-0}" != 1 ]; then
+  # The C++ runtime of libFuzzer linked statically (the ASan runtime always is), so that the
+  # binaries run on another x86-64 Linux without a compiler installed.
+  libstdcxx=$(g++ -print-file-name=libstdc++.a 2>/dev/null || true)
+  if [ -n "$libstdcxx" ] && [ -f "$libstdcxx" ]; then
+    export CXXSTDLIB_STATIC=1
+    export RUSTFLAGS="${RUSTFLAGS:-} -L native=$(dirname "$libstdcxx")"
+  else
+    echo "run.sh: no libstdc++.a found: the binaries will need libstdc++.so.6 where they run" >&2
+  fi
+  # Release optimisations with debug assertions and overflow checks (cargo-fuzz's default).
+  cargo +nightly fuzz build --release --debug-assertions
+  echo "== shared libraries of the built targets (ldd):"
+  for t in $TARGETS; do
+    echo "-- $t"
+    ldd "$BIN_DIR/$t" | sed 's/^/   /'
+  done
+fi
+
+if [ "$SECS" = 0 ]; then
+  exit 0 # build only (libFuzzer's -max_total_time=0 would mean no limit)
+fi
+
+mkdir -p logs
+summary=()
+failed=0
+for t in $TARGETS; do
+  bin="$BIN_DIR/$t"
+  [ -x "$bin" ] || { echo "run.sh: $bin is missing (build first)" >&2; exit 2; }
+  mkdir -p "corpus/$t" "artifacts/$t"
+  log="logs/$t.log"
+  args=(-max_total_time="$SECS" -print_final_stats=1 -timeout=60 -rss_limit_mb=4096
+        -artifact_prefix="artifacts/$t/")
+  if [ "$FORK" -gt 0 ]; then
+    args+=(-fork="$FORK" -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1)
+  fi
+  # shellcheck disable=SC2206
+  args+=(${FUZZ_ARGS:-})
+  echo "== $t: ${SECS}s ($bin ${args[*]} corpus/$t)"
+  set +e
+  "$bin" "${args[@]}" "corpus/$t" >"$log" 2>&1
+  rc=$?
+  set -e
+  # libFuzzer's own final numbers; the last status line (#N ... cov: ... ft: ...) as a fallback.
+  execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | tail -1 | awk '{print $2}')
+  rate=$(grep -o 'stat::average_exec_per_sec: [0-9]*' "$log" | tail -1 | awk '{print $2}')
+  last=$(grep -E '^#[0-9]+' "$log" | tail -1 || true)
+  [ -n "$execs" ] || execs=$(echo "$last" | sed -E 's/^#([0-9]+).*/\1/')
+  [ -n "$rate" ] || rate=$(echo "$last" | grep -o 'exec/s: [0-9]*' | awk '{print $2}')
+  cov=$(echo "$last" | grep -o 'cov: [0-9]*' | awk '{print $2}')
+  ft=$(echo "$last" | grep -o 'ft: [0-9]*' | awk '{print $2}')
+  units=$(find "corpus/$t" -type f | wc -l)
+  crashes=$(find "artifacts/$t" -type f | wc -l)
+  line="$t: rc $rc, executions ${execs:-?}, exec/s ${rate:-?}, cov ${cov:-?}, ft ${ft:-?}, corpus $units, artifacts $crashes"
+  summary+=("$line")
+  echo "$line"
+  if [ "$rc" -ne 0 ] || [ "$crashes" -gt 0 ]; then
+    failed=1
+    echo "-- $t: crash report (from $log):"
+    grep -E 'panicked at|ERROR: |SUMMARY: |deadly signal|Test unit written|timeout after|out-of-memory|the environment check failed' "$log" | head -20 | sed 's/^/   /'
+    for a in "artifacts/$t"/*; do
+      [ -f "$a" ] && echo "   reproduce: $bin $a"
+    done
+  fi
+done
+
+echo "== summary (${SECS}s per target; logs in $(pwd)/logs, crashes in $(pwd)/artifacts)"
+printf '%s\n' "${summary[@]}"
+exit "$failed"
