@@ -505,16 +505,6 @@ fn level_supported(simd: u32) -> bool {
 struct RowInfo {
     greedy: bool,
     deterministic: bool,
-    /// The row holds both +0.0 and -0.0: its logprobs hit a known library bug
-    /// (artifacts-found/draw_c_abi-signed-zero-logprob.md), so they are not compared unless
-    /// `FUZZ_KNOWN_BUGS` is set.
-    known_bug: bool,
-}
-
-/// With `FUZZ_KNOWN_BUGS` set, the checks that a known library bug fails are made too.
-fn check_known_bugs() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var_os("FUZZ_KNOWN_BUGS").is_some())
 }
 
 fn run(data: &[u8]) -> Result<()> {
@@ -858,10 +848,7 @@ fn run(data: &[u8]) -> Result<()> {
         let greedy = t < greedy_below;
         let is_seeded = seeds.given() && (!sees_seeded_mask || seeded.at(r) != 0);
         let vals = row_values(dtype, &logits_f32.v, &logits_u16.v, r * stride, vocab);
-        let known_bug = !check_known_bugs()
-            && vals.iter().any(|x| x.to_bits() == 0)
-            && vals.iter().any(|x| x.to_bits() == 0x8000_0000);
-        info.push(RowInfo { greedy, deterministic: greedy || is_seeded || noise.given(), known_bug });
+        info.push(RowInfo { greedy, deterministic: greedy || is_seeded || noise.given() });
         let tok = outs.tokens.at(r);
         assert!(tok >= 0 && (tok as usize) < vocab, "row {r}: token {tok} not in [0, {vocab})");
         let tok = tok as usize;
@@ -1040,9 +1027,6 @@ fn compare(a: &Outs, b: &Outs, info: &[RowInfo], top_n: usize, all: bool, what: 
         }
         if a.flags.given() {
             assert_eq!(a.flags.at(r), b.flags.at(r), "{what}: row {r}: flags");
-        }
-        if ri.known_bug {
-            continue;
         }
         if same_token {
             if a.logprobs.given() {
