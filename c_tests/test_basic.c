@@ -5,15 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int failures = 0;
-#define CHECK(cond)                                                                  \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
-      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__,       \
-              __LINE__, #cond, tokenrace_last_error());                              \
-      failures++;                                                                    \
-    }                                                                                \
-  } while (0)
+#include "check.h"
 
 static tokenrace_batch batch_f32(const float *logits, uint32_t rows, uint32_t vocab) {
   tokenrace_batch b;

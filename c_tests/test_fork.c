@@ -31,15 +31,7 @@ enum {
   NCASES = 5,
 };
 
-static int failures = 0;
-#define CHECK(cond)                                                                  \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
-      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__,       \
-              __LINE__, #cond, tokenrace_last_error());                              \
-      failures++;                                                                    \
-    }                                                                                \
-  } while (0)
+#include "check.h"
 
 typedef struct {
   const char *name;

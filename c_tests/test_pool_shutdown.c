@@ -10,15 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-static int failures = 0;
-#define CHECK(cond)                                                                  \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
-      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__,       \
-              __LINE__, #cond, tokenrace_last_error());                              \
-      failures++;                                                                    \
-    }                                                                                \
-  } while (0)
+#include "check.h"
 
 enum { V = 64 };
 
