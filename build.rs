@@ -1,12 +1,49 @@
-//! Generates the C header from the `extern "C"` items in `src/ffi/` into `OUT_DIR` (never into
-//! the source tree: packaging tools and `cargo publish` refuse a build that writes there).
+//! Two jobs:
 //!
-//! The header is committed as `include/tokenrace.h`; `ffi::tests::committed_header_is_current`
-//! fails when it differs from what this script generates, and `scripts/gen-header.sh` rewrites
-//! it, so a change to the C ABI always ships with its header.
-use std::path::PathBuf;
+//! - Gives the shared object its soname, `libtokenrace.so.0.1` for version 0.1.z: cargo-c's
+//!   scheme (0.y.z → `0.y`, x.y.z → `x` for x >= 1), so a library installed by
+//!   `scripts/install.sh`, by `cargo cinstall` or inside the Python wheel is the same file, and a
+//!   program linked with `-ltokenrace` records the ABI it was built against.
+//! - With the `header` feature (the crate's own tests turn it on), generates the C header from
+//!   the `extern "C"` items in `src/ffi/` into `OUT_DIR` (never into the source tree: packaging
+//!   tools and `cargo publish` refuse a build that writes there). The header is committed as
+//!   `include/tokenrace.h`; `ffi::tests::committed_header_is_current` fails when it differs from
+//!   what this script generates, and `scripts/gen-header.sh` rewrites it, so a change to the C
+//!   ABI always ships with its header. Users' builds need no cbindgen.
 
 fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    set_soname();
+    #[cfg(feature = "header")]
+    generate_header();
+}
+
+/// The soname of cargo-c's scheme, from the package version.
+fn soname() -> String {
+    let major = std::env::var("CARGO_PKG_VERSION_MAJOR").unwrap();
+    let minor = std::env::var("CARGO_PKG_VERSION_MINOR").unwrap();
+    let patch = std::env::var("CARGO_PKG_VERSION_PATCH").unwrap();
+    let suffix = match (major.as_str(), minor.as_str()) {
+        ("0", "0") => format!("0.0.{patch}"),
+        ("0", _) => format!("0.{minor}"),
+        _ => major,
+    };
+    format!("libtokenrace.so.{suffix}")
+}
+
+fn set_soname() {
+    let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
+    // ELF platforms; elsewhere the linker's default naming stays.
+    if ["linux", "freebsd", "netbsd", "openbsd", "dragonfly", "illumos"].contains(&os.as_str()) {
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,{}", soname());
+    }
+    // For the tests that link C programs against the build directory's library.
+    println!("cargo:rustc-env=TOKENRACE_SONAME={}", soname());
+}
+
+#[cfg(feature = "header")]
+fn generate_header() {
+    use std::path::PathBuf;
     let crate_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap());
     println!("cargo:rerun-if-changed=cbindgen.toml");

@@ -25,6 +25,7 @@ mod error;
 mod ffi;
 mod filter;
 mod kernels;
+mod logging;
 mod logprob;
 mod mass;
 mod noise;

@@ -1,10 +1,11 @@
 //! The sampler: a configuration, the chosen kernels, the key stream of unseeded rows, counters.
 
 use crate::batch::{validate, Batch, Output};
-use crate::config::{Config, DrainPolicy, LogLevel, NoiseKind, NoiseSource, PoolConfig};
+use crate::config::{Config, DrainPolicy, NoiseKind, NoiseSource, PoolConfig};
 use crate::draw::workers::WorkerPool;
 use crate::error::{Error, Result};
 use crate::kernels::{self, Kernels, SimdLevel};
+use crate::logging;
 use crate::noise::pool::{Pool, PoolOptions};
 use crate::noise::{entropy_seed, splitmix64, KeyStream};
 use crate::plan::plan;
@@ -76,28 +77,12 @@ struct ForkedKeys {
     keys: KeyStream,
 }
 
-/// Installs `env_logger` at the configured level, once per process, unless a logger exists.
-fn init_logging(level: LogLevel) {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let filter = match level {
-            LogLevel::Off => log::LevelFilter::Off,
-            LogLevel::Error => log::LevelFilter::Error,
-            LogLevel::Warn => log::LevelFilter::Warn,
-            LogLevel::Info => log::LevelFilter::Info,
-            LogLevel::Debug => log::LevelFilter::Debug,
-            LogLevel::Trace => log::LevelFilter::Trace,
-        };
-        let _ = env_logger::Builder::new().filter_module("tokenrace", filter).try_init();
-        crate::config::warn_unknown_vars();
-    });
-}
-
 impl Sampler {
     pub fn new(cfg: Config) -> Result<Sampler> {
         cfg.validate()?;
-        init_logging(cfg.log_level);
+        logging::init(cfg.log_level);
         let level = kernels::resolve(cfg.simd)?;
+        logging::announce_simd(level, cfg.simd);
         let seed = cfg.seed.unwrap_or_else(entropy_seed);
         log::debug!("sampler: simd {}, max_rows {}, vocab {}", level.name(), cfg.max_rows, cfg.vocab_size);
         let threads = cfg.effective_threads();

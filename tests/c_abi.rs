@@ -13,32 +13,47 @@ fn lib_dir() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
         .get_or_init(|| {
-            if let Some(dir) = std::env::var_os("TOKENRACE_LIB_DIR") {
-                let dir = PathBuf::from(dir);
-                assert!(
-                    dir.join("libtokenrace.so").exists(),
-                    "TOKENRACE_LIB_DIR has no libtokenrace.so: {}",
-                    dir.display()
-                );
-                return dir;
-            }
-            let exe = std::env::current_exe().unwrap();
-            let dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
-            let target_dir = dir.parent().unwrap();
-            let release = dir.file_name().is_some_and(|n| n == "release");
-            let status = Command::new(env!("CARGO"))
-                .args(["build", "--lib", "--quiet"])
-                .args(release.then_some("--release"))
-                .arg("--manifest-path")
-                .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
-                .env("CARGO_TARGET_DIR", target_dir)
-                .status()
-                .expect("cargo runs");
-            assert!(status.success(), "building libtokenrace.so failed");
-            assert!(dir.join("libtokenrace.so").exists(), "no libtokenrace.so in {}", dir.display());
+            let dir = find_or_build_lib_dir();
+            link_soname(&dir);
             dir
         })
         .clone()
+}
+
+/// A program linked with `-ltokenrace` asks the dynamic loader for the soname, which the build
+/// directory lacks (an install makes it): a symlink to the built file stands in for it.
+fn link_soname(dir: &Path) {
+    let link = dir.join(env!("TOKENRACE_SONAME"));
+    if std::fs::read_link(&link).is_err() {
+        let _ = std::fs::remove_file(&link);
+        // Another test binary may make it at the same moment; either link serves.
+        let _ = std::os::unix::fs::symlink("libtokenrace.so", &link);
+    }
+    assert!(link.exists(), "cannot make the soname link {}", link.display());
+}
+
+/// `TOKENRACE_LIB_DIR`, or the shared object built here with this test's profile.
+fn find_or_build_lib_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("TOKENRACE_LIB_DIR") {
+        let dir = PathBuf::from(dir);
+        assert!(dir.join("libtokenrace.so").exists(), "TOKENRACE_LIB_DIR has no libtokenrace.so: {}", dir.display());
+        return dir;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
+    let target_dir = dir.parent().unwrap();
+    let release = dir.file_name().is_some_and(|n| n == "release");
+    let status = Command::new(env!("CARGO"))
+        .args(["build", "--lib", "--quiet"])
+        .args(release.then_some("--release"))
+        .arg("--manifest-path")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", target_dir)
+        .status()
+        .expect("cargo runs");
+    assert!(status.success(), "building libtokenrace.so failed");
+    assert!(dir.join("libtokenrace.so").exists(), "no libtokenrace.so in {}", dir.display());
+    dir
 }
 
 fn compiler(cpp: bool) -> cc::Tool {

@@ -579,6 +579,7 @@ impl Pool {
 
     #[doc(hidden)]
     pub fn with_options(mut cfg: PoolConfig, opts: PoolOptions) -> Result<Pool> {
+        crate::logging::init_from_env();
         cfg.validate()?;
         let level = opts.level.unwrap_or_else(kernels::best_level);
         let seed = *cfg.seed.get_or_insert_with(entropy_seed);
@@ -627,7 +628,15 @@ impl Pool {
                 .map_err(|e| Error::internal(format!("threads: could not start producer thread {i}: {e}")))?;
             pool.threads.lock().push(h);
         }
-        log::debug!("pool: {} rows x {} values, {} producers, simd {}", pool.cfg.rows, pool.cfg.vocab, n, level.name());
+        log::info!(
+            "pool: {} rows x {} values of {:?}, {} producers, {:?} policy, simd {}",
+            pool.cfg.rows,
+            pool.cfg.vocab,
+            pool.cfg.kind,
+            n,
+            pool.cfg.policy,
+            level.name()
+        );
         Ok(pool)
     }
 

@@ -264,17 +264,35 @@ def library_filename() -> str:
     return "libtokenrace.so"
 
 
+def bundled_paths(here) -> list:
+    """The library shipped inside the package: ``pip install .`` puts it beside this file under
+    setuptools-rust's extension name (``libtokenrace.cpython-311-x86_64-linux-gnu.so`` and the
+    like), a manual copy keeps the plain name."""
+    name = library_filename()
+    stem, ext = os.path.splitext(name)
+    try:
+        entries = sorted(os.listdir(here))
+    except OSError:
+        entries = []
+    suffixed = [e for e in entries if e.startswith(stem + ".") and e.endswith(ext) and e != name]
+    return [os.path.join(here, e) for e in [name] + suffixed]
+
+
 def candidate_paths() -> list:
-    """Where the library is looked for, in order (``TOKENRACE_LIBRARY`` is handled apart)."""
+    """Where the library is looked for, in order (``TOKENRACE_LIBRARY`` is handled apart): the
+    bundled file, then, for a package used from its source checkout, the crate's build
+    directories (``CARGO_TARGET_DIR`` first, if set)."""
     name = library_filename()
     here = os.path.dirname(os.path.abspath(__file__))
+    paths = bundled_paths(here)
     repo = os.path.normpath(os.path.join(here, "..", "..", ".."))
+    if not os.path.isfile(os.path.join(repo, "Cargo.toml")):
+        return paths
     target_dirs = []
     env_target = os.environ.get("CARGO_TARGET_DIR")
     if env_target:
         target_dirs.append(os.path.abspath(env_target))
     target_dirs.append(os.path.join(repo, "target"))
-    paths = [os.path.join(here, name)]
     for profile in ("release", "debug"):
         for t in target_dirs:
             p = os.path.join(t, profile, name)
@@ -327,7 +345,9 @@ def lib():
                 raise OSError(
                     "tokenrace: cannot find the native library "
                     f"{library_filename()}; looked in (in order):\n  " + "\n  ".join(tried)
-                    + "\nBuild it with `cargo build --release` or set TOKENRACE_LIBRARY to its path."
+                    + "\nInstall the package with `pip install .` from the repository (it builds and "
+                    "bundles the library), build it with `cargo build --release`, or set "
+                    "TOKENRACE_LIBRARY to its path."
                 )
             handle, path = _open(found), found
         _lib, _lib_path = handle, path
