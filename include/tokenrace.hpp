@@ -205,8 +205,14 @@ class Library {
       throw LoadError(LoadError::Reason::cannot_open, path,
                       "tokenrace::Library: cannot load " + path + ": " + detail::dl_error_text());
     }
-    // Owned from here on, so that every failure below closes it.
-    auto state = std::make_shared<detail::LibraryState>(Api(), handle, path);
+    // Owned by `state` from here on, so that every failure below closes it.
+    std::shared_ptr<detail::LibraryState> state;
+    try {
+      state = std::make_shared<detail::LibraryState>(Api(), handle, path);
+    } catch (...) {
+      dlclose(handle);
+      throw;
+    }
     Api& api = state->api;  // filled here, before anyone else sees it
     std::string missing;
 #define TOKENRACE_HPP_API_RESOLVE(name) resolve(handle, "tokenrace_" #name, api.name, missing);
@@ -720,7 +726,7 @@ class NoisePool {
   explicit NoisePool(const PoolConfig& config) : NoisePool(Library::linked(), config) {}
 #endif
   // Shuts the pool down now (its producers stop, a borrow blocked in another thread fails with
-  // CLOSED); the native pool is freed with the last Lease still out.
+  // CLOSED) unless a sampler has it attached; the native pool is freed with the last Lease.
   ~NoisePool() {
     if (handle_) api().pool_shutdown(handle_->pool);
   }

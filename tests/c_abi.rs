@@ -1,5 +1,6 @@
-//! The C programs in `c_tests/`, compiled with the system C/C++ compiler (found by the `cc`
-//! crate) against `include/tokenrace.h` and the built `libtokenrace.so`, then run.
+//! The C and C++ programs in `c_tests/` and `examples/cpp/`, compiled with the system C/C++
+//! compiler (found by the `cc` crate) against `include/tokenrace.h` (and `tokenrace.hpp`) and the
+//! built `libtokenrace.so`, linked with it or loading it at run time, then run.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
