@@ -128,7 +128,8 @@ inline std::vector<bool> reference_kept(const std::vector<float>& x, const RowFi
 }
 
 // log_softmax of (x - m) * scale over `kept`, -inf elsewhere.
-inline std::vector<double> reference_logprobs(const std::vector<float>& x, double scale, const std::vector<bool>& kept) {
+inline std::vector<double> reference_logprobs(const std::vector<float>& x, double scale,
+                                              const std::vector<bool>& kept) {
   const double m = *std::max_element(x.begin(), x.end());
   double z = 0;
   for (size_t i = 0; i < x.size(); i++)
@@ -171,7 +172,8 @@ inline void config_setters(const tokenrace::Library& lib) {
   const tokenrace_config plain = tokenrace::Config().use_environment(false).resolve(lib);
   CHECK(std::memcmp(&defaults, &plain, sizeof plain) == 0);
 
-  tokenrace::Sampler sampler(lib, tokenrace::Config().vocab_size(64).max_rows(7).simd(TOKENRACE_SIMD_SCALAR).greedy_below(0.01f));
+  tokenrace::Sampler sampler(
+      lib, tokenrace::Config().vocab_size(64).max_rows(7).simd(TOKENRACE_SIMD_SCALAR).greedy_below(0.01f));
   CHECK(sampler.simd_level() == "scalar" && sampler.config().max_rows == 7);
   std::vector<float> logits = eighths(2 * 64, 1);
   logits[5] = 9.0f;  // row 0's maximum, drawn greedily at T = 0.005 < greedy_below
@@ -323,13 +325,15 @@ inline void sampled_frequencies_match(tokenrace::Sampler& sampler, const std::ve
   for (uint32_t i = 0; i < vocab; i++) {
     const double p = std::exp(logprob[i]), sigma = std::sqrt(p * (1 - p) / n);
     const double seen = double(count[i]) / n;
-    CHECK(std::fabs(seen - p) <= 5 * sigma + 1e-9);
-    if (std::fabs(seen - p) > 5 * sigma + 1e-9) std::fprintf(stderr, "  token %u: %.4f drawn, %.4f expected\n", i, seen, p);
+    const bool within = std::fabs(seen - p) <= 5 * sigma + 1e-9;
+    CHECK(within);
+    if (!within) std::fprintf(stderr, "  token %u: %.4f drawn, %.4f expected\n", i, seen, p);
   }
 }
 
 // The float64 race on external noise (E, or ln E as `kind` says): argmax (x - m) / T - ln E.
-inline int32_t race_on(const float* x, const float* noise, tokenrace_noise_kind kind, uint32_t vocab, float temperature) {
+inline int32_t race_on(const float* x, const float* noise, tokenrace_noise_kind kind, uint32_t vocab,
+                       float temperature) {
   const double m = *std::max_element(x, x + vocab);
   int32_t best = 0;
   double best_key = -std::numeric_limits<double>::infinity();
@@ -388,7 +392,8 @@ inline void filters_and_logprobs_match_the_reference(const tokenrace::Library& l
     // Raw: the sampled token's logprob and rank, and the three most probable tokens.
     const int32_t rank = int32_t(std::find(by_raw.begin(), by_raw.end(), token) - by_raw.begin()) + 1;
     CHECK(logprob_close(raw.logprobs[r], raw_ref[token]) && raw.ranks[r] == rank);
-    for (uint32_t j = 0; j < 3; j++) CHECK(raw.topn_id(r, j) == by_raw[j] && logprob_close(raw.topn_logprob(r, j), raw_ref[by_raw[j]]));
+    for (uint32_t j = 0; j < 3; j++)
+      CHECK(raw.topn_id(r, j) == by_raw[j] && logprob_close(raw.topn_logprob(r, j), raw_ref[by_raw[j]]));
     CHECK(!greedy || (token == 1 && (raw.flags[r] & TOKENRACE_FLAG_GREEDY)));
   }
   sampled_frequencies_match(sampler, x, filters[1]);
@@ -415,7 +420,8 @@ inline void noise_pool_and_leases(const tokenrace::Library& lib) {
     const std::vector<float> logits = eighths(2 * vocab, 3);
     const std::vector<int32_t> tokens =
         sampler.draw(tokenrace::Logits::f32(logits.data(), 2, vocab), tokenrace::DrawOptions().noise(lease));
-    for (uint32_t r = 0; r < 2; r++) CHECK(tokens[r] == race_on(&logits[r * vocab], lease.row(r), lease.kind(), vocab, 1.0f));
+    for (uint32_t r = 0; r < 2; r++)
+      CHECK(tokens[r] == race_on(&logits[r * vocab], lease.row(r), lease.kind(), vocab, 1.0f));
     CHECK(sampler.stats().external_noise_rows == 2);
     CHECK_THROWS(sampler.draw(tokenrace::Logits::f32(logits.data(), 1, 32), tokenrace::DrawOptions().noise(lease)),
                  TOKENRACE_STATUS_INVALID_ARGUMENT, "values per row");
@@ -499,8 +505,9 @@ inline void errors_name_the_argument(const tokenrace::Library& lib) {
   CHECK_THROWS(tokenrace::Sampler(lib, tokenrace::Config().max_rows(0)), TOKENRACE_STATUS_INVALID_CONFIG, "max_rows");
   CHECK_THROWS(tokenrace::Sampler(lib, tokenrace::Config().simd(tokenrace_simd(42))), TOKENRACE_STATUS_INVALID_CONFIG,
                "simd");
-  CHECK_THROWS(tokenrace::NoisePool(lib, tokenrace::PoolConfig().use_environment(false)), TOKENRACE_STATUS_INVALID_CONFIG,
-               "vocab");
+  // A pool's vocab has no usable default.
+  CHECK_THROWS(tokenrace::NoisePool(lib, tokenrace::PoolConfig().use_environment(false)),
+               TOKENRACE_STATUS_INVALID_CONFIG, "vocab");
 
   tokenrace::Sampler owner = std::move(sampler);
   CHECK_THROWS(sampler.draw(two_rows), TOKENRACE_STATUS_CLOSED, "moved from");

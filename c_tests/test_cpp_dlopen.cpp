@@ -41,7 +41,8 @@ static void load_errors_say_what_is_wrong(const std::string& partial, const std:
   expect_load_error(other_abi, Reason::abi_mismatch,
                     {other_abi + " has ABI version 999", "expects " + std::to_string(TOKENRACE_ABI_VERSION)});
   // Not a tokenrace library at all.
-  expect_load_error("libm.so.6", Reason::missing_symbol, {"libm.so.6 lacks tokenrace_abi_version", "tokenrace library?"});
+  expect_load_error("libm.so.6", Reason::missing_symbol,
+                    {"libm.so.6 lacks tokenrace_abi_version", "tokenrace library?"});
 }
 
 static void objects_outlive_their_library(const std::string& path) {
@@ -54,7 +55,8 @@ static void objects_outlive_their_library(const std::string& path) {
   tokenrace::Lease lease = pool.borrow(2);
   { tokenrace::NoisePool gone = std::move(pool); }
   const std::vector<int32_t> tokens =
-      sampler.draw(tokenrace::Logits::f32(logits.data(), 2, 64), tokenrace::DrawOptions().temperature(temps).noise(lease));
+      sampler.draw(tokenrace::Logits::f32(logits.data(), 2, 64),
+                   tokenrace::DrawOptions().temperature(temps).noise(lease));
   CHECK(tokens[0] == 9 && tokens[1] == checks::race_on(&logits[64], lease.row(1), lease.kind(), 64, 1.0f));
   lease.release();
 
@@ -70,7 +72,8 @@ static void objects_outlive_their_library(const std::string& path) {
 
 static void the_default_names_are_searched() {
   const tokenrace::Library library = tokenrace::Library::open_default();
-  CHECK(library.path() == tokenrace::Library::default_names[0] || library.path() == tokenrace::Library::default_names[1]);
+  const std::string& path = library.path();
+  CHECK(path == tokenrace::Library::default_names[0] || path == tokenrace::Library::default_names[1]);
   CHECK(library.abi_version() == TOKENRACE_ABI_VERSION);
 }
 

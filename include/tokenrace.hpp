@@ -47,7 +47,8 @@
 namespace tokenrace {
 
 // Every function of the C ABI, by its name without the "tokenrace_" prefix. One list, so that
-// the table, the linked table and the loader cannot disagree on which functions exist.
+// the table, the linked table and the loader cannot disagree on which functions exist; a
+// function added to tokenrace.h is added here (the loader then requires it).
 #define TOKENRACE_HPP_FUNCTIONS(X) \
   X(abi_version)                   \
   X(version)                       \
@@ -161,7 +162,8 @@ class Library {
       try {
         return Library(name);
       } catch (const LoadError& e) {
-        // Only a file that is not there moves on; a wrong library is reported as it is.
+        // A name that does not open moves on to the next; one that opens but is the wrong
+        // library (another ABI, functions missing) is reported as it is.
         if (e.reason() != LoadError::Reason::cannot_open) throw;
         attempts += std::string(attempts.empty() ? "" : "; ") + e.what();
       }
@@ -218,8 +220,8 @@ class Library {
 #define TOKENRACE_HPP_API_RESOLVE(name) resolve(handle, "tokenrace_" #name, api.name, missing);
     TOKENRACE_HPP_FUNCTIONS(TOKENRACE_HPP_API_RESOLVE)
 #undef TOKENRACE_HPP_API_RESOLVE
-    // The version first: a library of another ABI may well lack functions, and the mismatch is
-    // then the reason to report.
+    // The version is judged before the missing functions: a library of another ABI may well
+    // lack some, and the mismatch is then the reason to report.
     if (!api.abi_version) throw missing_symbols(path, "tokenrace_abi_version", " (is it a tokenrace library?)");
     const uint32_t found = api.abi_version();
     if (found != TOKENRACE_ABI_VERSION) {
