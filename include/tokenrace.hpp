@@ -1,14 +1,44 @@
 // tokenrace.hpp: a header-only C++17 wrapper over the C ABI in tokenrace.h.
 //
-//   tokenrace::Sampler sampler(tokenrace::Config().vocab(vocab).max_rows(64).seed(1));
-//   std::vector<int32_t> tokens = sampler.draw(logits.data(), rows, vocab, temperatures.data());
+// Two ways to reach the library, one set of classes:
 //
-// Errors throw tokenrace::Error, whose what() is tokenrace_last_error() and whose status() is
-// the tokenrace_status of the failed call.
+//   Linked mode (the default): link with -ltokenrace; the classes call the C functions directly.
+//
+//     tokenrace::Sampler sampler(tokenrace::Config().vocab_size(vocab).max_rows(64).seed(1));
+//     std::vector<int32_t> tokens = sampler.draw(tokenrace::Logits::f32(logits, rows, vocab),
+//                                                tokenrace::DrawOptions().temperature(temps));
+//
+//   Loader mode: tokenrace::Library dlopen()s the shared object at run time and resolves every
+//   function into a table (tokenrace::Api); pass it as the first argument of the constructors.
+//
+//     tokenrace::Library library("/opt/tokenrace/libtokenrace.so");   // or Library::open_default()
+//     tokenrace::Sampler sampler(library, tokenrace::Config().vocab_size(vocab).max_rows(64));
+//
+//   Define TOKENRACE_HPP_NO_LINK before including this header to use loader mode only: the
+//   header then refers to no tokenrace symbol, so the program links without -ltokenrace (with
+//   -ldl on glibc older than 2.34), and the constructors without a Library are not declared.
+//
+// Lifetimes: every object made from a Library (Sampler, NoisePool, Lease) holds a reference to
+// the loaded library, so the library is closed (dlclose) only after the Library and the last of
+// them are gone; a Library may be a temporary. A Lease may outlive its NoisePool.
+//
+// Errors: a failed call throws tokenrace::Error, whose status() is the tokenrace_status and
+// whose what() is tokenrace_last_error() (it names the argument, e.g.
+// "tokenrace_draw: batch.top_p[3]: 1.5 is not in (0, 1]"). Loading throws tokenrace::LoadError
+// (reason(): cannot_open, missing_symbol, abi_mismatch). Destructors never throw.
+//
+// Threads: a Sampler and a NoisePool may be used from several threads at once (by reference);
+// a Lease, a Config and DrawOptions are plain values for one thread at a time.
 #pragma once
 #include "tokenrace.h"
 
+#include <dlfcn.h>
+
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -16,73 +46,753 @@
 
 namespace tokenrace {
 
+// Every function of the C ABI, by its name without the "tokenrace_" prefix. One list, so that
+// the table, the linked table and the loader cannot disagree on which functions exist; a
+// function added to tokenrace.h is added here (the loader then requires it).
+#define TOKENRACE_HPP_FUNCTIONS(X) \
+  X(abi_version)                   \
+  X(version)                       \
+  X(last_error)                    \
+  X(simd_level)                    \
+  X(config_default)                \
+  X(config_from_env)               \
+  X(sampler_new)                   \
+  X(sampler_free)                  \
+  X(sampler_simd_level)            \
+  X(sampler_get_stats)             \
+  X(draw)                          \
+  X(pool_config_default)           \
+  X(pool_config_from_env)          \
+  X(pool_new)                      \
+  X(pool_free)                     \
+  X(pool_shutdown)                 \
+  X(pool_borrow)                   \
+  X(pool_release)                  \
+  X(pool_get_stats)                \
+  X(sampler_attach_pool)
+
+// The C functions as a table of pointers: api.draw is tokenrace_draw, and so on. The types come
+// from the declarations in tokenrace.h through decltype, which does not refer to the symbols.
+struct Api {
+#define TOKENRACE_HPP_API_MEMBER(name) decltype(&::tokenrace_##name) name = nullptr;
+  TOKENRACE_HPP_FUNCTIONS(TOKENRACE_HPP_API_MEMBER)
+#undef TOKENRACE_HPP_API_MEMBER
+
+#ifndef TOKENRACE_HPP_NO_LINK
+  // The functions linked into this program.
+  static Api linked() noexcept {
+    Api api;
+#define TOKENRACE_HPP_API_LINKED(name) api.name = &::tokenrace_##name;
+    TOKENRACE_HPP_FUNCTIONS(TOKENRACE_HPP_API_LINKED)
+#undef TOKENRACE_HPP_API_LINKED
+    return api;
+  }
+#endif
+};
+
+// A failed tokenrace call: its status and the library's message.
 class Error : public std::runtime_error {
  public:
-  Error(tokenrace_status status, const char* message) : std::runtime_error(message), status_(status) {}
+  Error(tokenrace_status status, const std::string& message) : std::runtime_error(message), status_(status) {}
   tokenrace_status status() const noexcept { return status_; }
 
  private:
   tokenrace_status status_;
 };
 
-inline void check(tokenrace_status status) {
-  if (status != TOKENRACE_STATUS_OK) throw Error(status, tokenrace_last_error());
-}
-
-// Sampler settings, starting from the defaults overridden by TOKENRACE_* variables.
-class Config {
+// A library that could not be loaded: what() says which file and why.
+class LoadError : public std::runtime_error {
  public:
-  Config() {
-    c_.struct_size = sizeof c_;
-    check(tokenrace_config_from_env(&c_));
-  }
-  Config& vocab(uint32_t v) { c_.vocab_size = v; return *this; }
-  Config& max_rows(uint32_t v) { c_.max_rows = v; return *this; }
-  Config& threads(uint32_t v) { c_.threads = v; return *this; }
-  Config& seed(uint64_t v) { c_.seed = v; c_.has_seed = 1; return *this; }
-  Config& simd(tokenrace_simd v) { c_.simd = v; return *this; }
-  Config& greedy_below(float v) { c_.greedy_below = v; return *this; }
-  const tokenrace_config& c() const noexcept { return c_; }
+  enum class Reason {
+    cannot_open,     // dlopen failed (no such file, not a shared object, a missing dependency)
+    missing_symbol,  // a tokenrace function is not in it (what() names every missing one)
+    abi_mismatch,    // its tokenrace_abi_version() differs from this header's
+  };
+  LoadError(Reason reason, std::string path, const std::string& message)
+      : std::runtime_error(message), reason_(reason), path_(std::move(path)) {}
+  Reason reason() const noexcept { return reason_; }
+  const std::string& path() const noexcept { return path_; }
 
  private:
-  tokenrace_config c_{};
+  Reason reason_;
+  std::string path_;
 };
 
-// Owns a tokenrace_sampler; movable, not copyable; safe to share across threads by reference.
+namespace detail {
+
+// The loaded library: its function table and the dlopen handle it closes last (null when
+// linked). Shared by the Library and every object made from it, never changed after loading.
+struct LibraryState {
+  LibraryState(const Api& api_, void* handle_, std::string path_)
+      : api(api_), handle(handle_), path(std::move(path_)) {}
+  ~LibraryState() {
+    if (handle) dlclose(handle);
+  }
+  LibraryState(const LibraryState&) = delete;
+  LibraryState& operator=(const LibraryState&) = delete;
+
+  Api api;
+  void* handle;
+  std::string path;
+};
+
+inline std::string dl_error_text() {
+  const char* text = dlerror();
+  return text ? text : "unknown dlerror";
+}
+
+inline std::string c_string(const char* text) { return text ? text : ""; }
+
+}  // namespace detail
+
+// The tokenrace library, linked or loaded: a cheap, copyable reference to one function table.
+class Library {
+ public:
+  // The default file names, tried in order by open_default().
+  static constexpr const char* default_names[] = {"libtokenrace.so.0.1", "libtokenrace.so"};
+
+  // dlopen()s `path` (a bare name is searched as dlopen searches: LD_LIBRARY_PATH, the cache,
+  // the system directories), checks its ABI version and resolves every function.
+  explicit Library(const std::string& path) : state_(load(path)) {}
+
+  // The first of default_names that loads; the LoadError names every attempt.
+  static Library open_default() {
+    std::string attempts;
+    for (const char* name : default_names) {
+      try {
+        return Library(name);
+      } catch (const LoadError& e) {
+        // A name that does not open moves on to the next; one that opens but is the wrong
+        // library (another ABI, functions missing) is reported as it is.
+        if (e.reason() != LoadError::Reason::cannot_open) throw;
+        attempts += std::string(attempts.empty() ? "" : "; ") + e.what();
+      }
+    }
+    throw LoadError(LoadError::Reason::cannot_open, default_names[0], attempts);
+  }
+
+#ifndef TOKENRACE_HPP_NO_LINK
+  // The library linked into this program (what the constructors without a Library use).
+  static Library linked() {
+    static const std::shared_ptr<const detail::LibraryState> state =
+        std::make_shared<detail::LibraryState>(Api::linked(), nullptr, "");
+    return Library(state);
+  }
+#endif
+
+  const Api& api() const noexcept { return state_->api; }
+  // The path given to dlopen; "" when linked.
+  const std::string& path() const noexcept { return state_->path; }
+  bool is_linked() const noexcept { return state_->handle == nullptr; }
+  // Whether both reach the same code (two Library objects of one file do).
+  bool same_code_as(const Library& other) const noexcept { return api().draw == other.api().draw; }
+
+  uint32_t abi_version() const { return api().abi_version(); }
+  std::string version() const { return detail::c_string(api().version()); }
+  // The SIMD level a sampler made from the environment would use ("avx512", "avx2", ...).
+  std::string simd_level() const { return detail::c_string(api().simd_level()); }
+
+  // Throws Error with this library's message when `status` is not OK.
+  void check(tokenrace_status status) const {
+    if (status != TOKENRACE_STATUS_OK) throw Error(status, detail::c_string(api().last_error()));
+  }
+
+ private:
+  explicit Library(std::shared_ptr<const detail::LibraryState> state) : state_(std::move(state)) {}
+
+  static std::shared_ptr<const detail::LibraryState> load(const std::string& path) {
+    dlerror();  // clear a stale message
+    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
+      throw LoadError(LoadError::Reason::cannot_open, path,
+                      "tokenrace::Library: cannot load " + path + ": " + detail::dl_error_text());
+    }
+    // Owned by `state` from here on, so that every failure below closes it.
+    std::shared_ptr<detail::LibraryState> state;
+    try {
+      state = std::make_shared<detail::LibraryState>(Api(), handle, path);
+    } catch (...) {
+      dlclose(handle);
+      throw;
+    }
+    Api& api = state->api;  // filled here, before anyone else sees it
+    std::string missing;
+#define TOKENRACE_HPP_API_RESOLVE(name) resolve(handle, "tokenrace_" #name, api.name, missing);
+    TOKENRACE_HPP_FUNCTIONS(TOKENRACE_HPP_API_RESOLVE)
+#undef TOKENRACE_HPP_API_RESOLVE
+    // The version is judged before the missing functions: a library of another ABI may well
+    // lack some, and the mismatch is then the reason to report.
+    if (!api.abi_version) throw missing_symbols(path, "tokenrace_abi_version", " (is it a tokenrace library?)");
+    const uint32_t found = api.abi_version();
+    if (found != TOKENRACE_ABI_VERSION) {
+      throw LoadError(LoadError::Reason::abi_mismatch, path,
+                      "tokenrace::Library: " + path + " has ABI version " + std::to_string(found) +
+                          ", this tokenrace.hpp expects " + std::to_string(TOKENRACE_ABI_VERSION) +
+                          " (TOKENRACE_ABI_VERSION): use the library and headers of one release");
+    }
+    if (!missing.empty()) throw missing_symbols(path, missing, "");
+    return state;
+  }
+
+  template <class Function>
+  static void resolve(void* handle, const char* name, Function& slot, std::string& missing) {
+    void* symbol = dlsym(handle, name);
+    if (!symbol) {
+      missing += std::string(missing.empty() ? "" : ", ") + name;
+      return;
+    }
+    // POSIX guarantees that a data pointer from dlsym converts to a function pointer; memcpy says
+    // so without the cast that -Wpedantic rejects.
+    static_assert(sizeof slot == sizeof symbol, "function and data pointers differ in size");
+    std::memcpy(&slot, &symbol, sizeof slot);
+  }
+
+  static LoadError missing_symbols(const std::string& path, const std::string& missing, const char* hint) {
+    return LoadError(LoadError::Reason::missing_symbol, path,
+                     "tokenrace::Library: " + path + " lacks " + missing + hint);
+  }
+
+  std::shared_ptr<const detail::LibraryState> state_;
+};
+
+#ifndef TOKENRACE_HPP_NO_LINK
+// Throws Error with the linked library's message when `status` is not OK.
+inline void check(tokenrace_status status) { Library::linked().check(status); }
+#endif
+
+// Sampler settings: the values set here over the TOKENRACE_* variables (docs/configuration.md)
+// over the library's defaults, as the Python binding does; resolve() combines them. A setting
+// left unset keeps what the environment or the default says.
+class Config {
+ public:
+  Config& vocab_size(uint32_t v) { return set(vocab_size_, v); }
+  Config& max_rows(uint32_t v) { return set(max_rows_, v); }
+  Config& threads(uint32_t v) { return set(threads_, v); }
+  Config& seed(uint64_t v) { return set(seed_, v); }
+  Config& simd(tokenrace_simd v) { return set(simd_, v); }
+  Config& greedy_below(float v) { return set(greedy_below_, v); }
+  Config& log_level(tokenrace_log_level v) { return set(log_level_, v); }
+  Config& noise(tokenrace_noise_source v) { return set(noise_, v); }
+  Config& pool_rows(uint32_t v) { return set(pool_rows_, v); }
+  // false: start from tokenrace_config_default(), ignoring the TOKENRACE_* variables.
+  Config& use_environment(bool v) { use_environment_ = v; return *this; }
+
+  // The tokenrace_config these settings give with `library`; a bad TOKENRACE_* variable throws
+  // Error (INVALID_CONFIG, naming it). The values themselves are checked by the sampler.
+  tokenrace_config resolve(const Library& library) const {
+    tokenrace_config c = start(library);
+    if (vocab_size_) c.vocab_size = *vocab_size_;
+    if (max_rows_) c.max_rows = *max_rows_;
+    if (threads_) c.threads = *threads_;
+    if (seed_) {
+      c.seed = *seed_;
+      c.has_seed = 1;
+    }
+    if (simd_) c.simd = *simd_;
+    if (greedy_below_) c.greedy_below = *greedy_below_;
+    if (log_level_) c.log_level = *log_level_;
+    if (noise_) c.noise = *noise_;
+    if (pool_rows_) c.pool_rows = *pool_rows_;
+    return c;
+  }
+#ifndef TOKENRACE_HPP_NO_LINK
+  tokenrace_config resolve() const { return resolve(Library::linked()); }
+#endif
+
+ private:
+  template <class T, class V>
+  Config& set(std::optional<T>& field, V value) {
+    field = value;
+    return *this;
+  }
+
+  tokenrace_config start(const Library& library) const {
+    if (!use_environment_) return library.api().config_default();
+    tokenrace_config c{};
+    c.struct_size = sizeof c;
+    library.check(library.api().config_from_env(&c));
+    return c;
+  }
+
+  std::optional<uint32_t> vocab_size_, max_rows_, threads_, pool_rows_;
+  std::optional<uint64_t> seed_;
+  std::optional<tokenrace_simd> simd_;
+  std::optional<float> greedy_below_;
+  std::optional<tokenrace_log_level> log_level_;
+  std::optional<tokenrace_noise_source> noise_;
+  bool use_environment_ = true;
+};
+
+// Noise pool settings, resolved like Config over the TOKENRACE_POOL_* variables. vocab_size
+// must be set (here or by TOKENRACE_POOL_VOCAB).
+class PoolConfig {
+ public:
+  PoolConfig& vocab_size(uint32_t v) { return set(vocab_size_, v); }
+  PoolConfig& rows(uint32_t v) { return set(rows_, v); }
+  PoolConfig& kind(tokenrace_noise_kind v) { return set(kind_, v); }
+  PoolConfig& threads(uint32_t v) { return set(threads_, v); }
+  PoolConfig& seed(uint64_t v) { return set(seed_, v); }
+  PoolConfig& policy(tokenrace_pool_policy v) { return set(policy_, v); }
+  PoolConfig& timeout_ms(uint64_t v) { return set(timeout_ms_, v); }
+  // false: start from tokenrace_pool_config_default(), ignoring the TOKENRACE_POOL_* variables.
+  PoolConfig& use_environment(bool v) { use_environment_ = v; return *this; }
+
+  tokenrace_pool_config resolve(const Library& library) const {
+    tokenrace_pool_config c = start(library);
+    if (vocab_size_) c.vocab = *vocab_size_;
+    if (rows_) c.rows = *rows_;
+    if (kind_) c.kind = *kind_;
+    if (threads_) c.threads = *threads_;
+    if (seed_) {
+      c.seed = *seed_;
+      c.has_seed = 1;
+    }
+    if (policy_) c.policy = *policy_;
+    if (timeout_ms_) c.timeout_ms = *timeout_ms_;
+    return c;
+  }
+#ifndef TOKENRACE_HPP_NO_LINK
+  tokenrace_pool_config resolve() const { return resolve(Library::linked()); }
+#endif
+
+ private:
+  template <class T, class V>
+  PoolConfig& set(std::optional<T>& field, V value) {
+    field = value;
+    return *this;
+  }
+
+  tokenrace_pool_config start(const Library& library) const {
+    if (!use_environment_) return library.api().pool_config_default();
+    tokenrace_pool_config c{};
+    c.struct_size = sizeof c;
+    library.check(library.api().pool_config_from_env(&c));
+    return c;
+  }
+
+  std::optional<uint32_t> vocab_size_, rows_, threads_;
+  std::optional<uint64_t> seed_, timeout_ms_;
+  std::optional<tokenrace_noise_kind> kind_;
+  std::optional<tokenrace_pool_policy> policy_;
+  bool use_environment_ = true;
+};
+
+// Rows of logits, read in place: `rows` rows of `vocab` values, `row_stride` elements apart
+// (0: contiguous). bf16 and f16 values are their 16-bit patterns.
+struct Logits {
+  const void* data = nullptr;
+  tokenrace_dtype dtype = TOKENRACE_DTYPE_F32;
+  uint32_t rows = 0;
+  uint32_t vocab = 0;
+  uint64_t row_stride = 0;
+
+  static Logits f32(const float* data, uint32_t rows, uint32_t vocab, uint64_t row_stride = 0) {
+    return {data, TOKENRACE_DTYPE_F32, rows, vocab, row_stride};
+  }
+  static Logits bf16(const uint16_t* data, uint32_t rows, uint32_t vocab, uint64_t row_stride = 0) {
+    return {data, TOKENRACE_DTYPE_BF16, rows, vocab, row_stride};
+  }
+  static Logits f16(const uint16_t* data, uint32_t rows, uint32_t vocab, uint64_t row_stride = 0) {
+    return {data, TOKENRACE_DTYPE_F16, rows, vocab, row_stride};
+  }
+};
+
+class Lease;
+
+// The optional per-row inputs of a draw (tokenrace_batch's fields), each unset (its default for
+// every row) or one value per row: a pointer to `rows` values, or a vector, whose size the
+// draw checks. They point into the caller's arrays, which must live until the draw returns (a
+// temporary vector is refused at compile time: it would be gone before the draw).
+class DrawOptions {
+ public:
+  // Temperature (default 1.0); below the sampler's greedy_below the row is greedy.
+  DrawOptions& temperature(const float* v) { return set(temperature_, v); }
+  DrawOptions& temperature(const std::vector<float>& v) { return set(temperature_, v); }
+  DrawOptions& temperature(std::vector<float>&&) = delete;
+  // Seed: a seeded row draws the same token whatever else is in the batch.
+  DrawOptions& seeds(const uint64_t* v) { return set(seeds_, v); }
+  DrawOptions& seeds(const std::vector<uint64_t>& v) { return set(seeds_, v); }
+  DrawOptions& seeds(std::vector<uint64_t>&&) = delete;
+  // Offset mixed into the seed, e.g. the token's position (default 0).
+  DrawOptions& offsets(const uint64_t* v) { return set(offsets_, v); }
+  DrawOptions& offsets(const std::vector<uint64_t>& v) { return set(offsets_, v); }
+  DrawOptions& offsets(std::vector<uint64_t>&&) = delete;
+  // Nonzero: the row uses its seed (default: every row, when seeds are set).
+  DrawOptions& seeded(const uint8_t* v) { return set(seeded_, v); }
+  DrawOptions& seeded(const std::vector<uint8_t>& v) { return set(seeded_, v); }
+  DrawOptions& seeded(std::vector<uint8_t>&&) = delete;
+  // top-k (k <= 0 or k >= vocab: off), top-p in (0, 1] (1: off), min-p in [0, 1] (0: off).
+  DrawOptions& top_k(const int32_t* v) { return set(top_k_, v); }
+  DrawOptions& top_k(const std::vector<int32_t>& v) { return set(top_k_, v); }
+  DrawOptions& top_k(std::vector<int32_t>&&) = delete;
+  DrawOptions& top_p(const float* v) { return set(top_p_, v); }
+  DrawOptions& top_p(const std::vector<float>& v) { return set(top_p_, v); }
+  DrawOptions& top_p(std::vector<float>&&) = delete;
+  DrawOptions& min_p(const float* v) { return set(min_p_, v); }
+  DrawOptions& min_p(const std::vector<float>& v) { return set(min_p_, v); }
+  DrawOptions& min_p(std::vector<float>&&) = delete;
+
+  // Noise for the unseeded sampling rows: one value per token, rows `row_stride` apart (0: one
+  // row for every row), holding E or ln E as `kind` says.
+  DrawOptions& noise(const float* values, tokenrace_noise_kind kind, uint64_t row_stride) {
+    noise_ = values;
+    noise_kind_ = kind;
+    noise_row_stride_ = row_stride;
+    noise_rows_ = unknown_count;
+    noise_vocab_ = unknown_count;
+    return *this;
+  }
+  // The noise of a lease: one lease row per batch row (a lease of one row: that row for all).
+  inline DrawOptions& noise(const Lease& lease);
+
+  // The tokenrace_batch of `logits` with these options. Throws Error (INVALID_ARGUMENT) when
+  // a vector or a lease does not match the rows or the vocabulary.
+  tokenrace_batch batch(const Logits& logits) const {
+    tokenrace_batch b{};
+    b.struct_size = sizeof b;
+    b.dtype = logits.dtype;
+    b.logits = logits.data;
+    b.rows = logits.rows;
+    b.vocab = logits.vocab;
+    b.row_stride = logits.row_stride;
+    b.temperature = per_row(temperature_, "temperature", logits.rows);
+    b.seeds = per_row(seeds_, "seeds", logits.rows);
+    b.offsets = per_row(offsets_, "offsets", logits.rows);
+    b.seeded = per_row(seeded_, "seeded", logits.rows);
+    b.top_k = per_row(top_k_, "top_k", logits.rows);
+    b.top_p = per_row(top_p_, "top_p", logits.rows);
+    b.min_p = per_row(min_p_, "min_p", logits.rows);
+    check_noise_shape(logits);
+    b.noise = noise_;
+    b.noise_kind = noise_kind_;
+    b.noise_row_stride = noise_row_stride_;
+    return b;
+  }
+
+ private:
+  static constexpr size_t unknown_count = static_cast<size_t>(-1);
+
+  template <class T>
+  struct PerRow {
+    const T* data = nullptr;
+    size_t count = unknown_count;  // known for a vector
+  };
+
+  template <class T>
+  DrawOptions& set(PerRow<T>& field, const T* data) {
+    field = {data, unknown_count};
+    return *this;
+  }
+  template <class T>
+  DrawOptions& set(PerRow<T>& field, const std::vector<T>& values) {
+    field = {values.data(), values.size()};
+    return *this;
+  }
+
+  template <class T>
+  static const T* per_row(const PerRow<T>& field, const char* name, uint32_t rows) {
+    if (field.count != unknown_count && field.count != rows) {
+      throw Error(TOKENRACE_STATUS_INVALID_ARGUMENT, std::string("tokenrace::DrawOptions: ") + name + " has " +
+                                                         std::to_string(field.count) + " values for " +
+                                                         std::to_string(rows) + " rows");
+    }
+    return field.data;
+  }
+
+  void check_noise_shape(const Logits& logits) const {
+    if (noise_vocab_ != unknown_count && noise_vocab_ != logits.vocab) {
+      throw Error(TOKENRACE_STATUS_INVALID_ARGUMENT, "tokenrace::DrawOptions: the noise lease has " +
+                                                         std::to_string(noise_vocab_) + " values per row, the logits " +
+                                                         std::to_string(logits.vocab));
+    }
+    if (noise_rows_ != unknown_count && noise_rows_ != 1 && noise_rows_ < logits.rows) {
+      throw Error(TOKENRACE_STATUS_INVALID_ARGUMENT, "tokenrace::DrawOptions: the noise lease has " +
+                                                         std::to_string(noise_rows_) + " rows for " +
+                                                         std::to_string(logits.rows) + " rows of logits");
+    }
+  }
+
+  PerRow<float> temperature_, top_p_, min_p_;
+  PerRow<uint64_t> seeds_, offsets_;
+  PerRow<uint8_t> seeded_;
+  PerRow<int32_t> top_k_;
+  const float* noise_ = nullptr;
+  tokenrace_noise_kind noise_kind_ = TOKENRACE_NOISE_KIND_EXP;
+  uint64_t noise_row_stride_ = 0;
+  size_t noise_rows_ = unknown_count, noise_vocab_ = unknown_count;  // known for a lease
+};
+
+// What Sampler::draw_full returns: one entry per row; topn_* hold rows x top_n values, row
+// after row, by logprob descending (lowest id first on ties).
+struct DrawResult {
+  uint32_t rows = 0;
+  uint32_t top_n = 0;
+  std::vector<int32_t> tokens;
+  std::vector<uint32_t> flags;    // TOKENRACE_FLAG_* bits
+  std::vector<float> logprobs;    // of the sampled token
+  std::vector<int32_t> ranks;     // the count of tokens whose logprob is >= the sampled one's
+  std::vector<int32_t> topn_ids;
+  std::vector<float> topn_logprobs;
+
+  int32_t topn_id(uint32_t row, uint32_t j) const { return topn_ids[size_t(row) * top_n + j]; }
+  float topn_logprob(uint32_t row, uint32_t j) const { return topn_logprobs[size_t(row) * top_n + j]; }
+};
+
+class NoisePool;
+
+// Owns a tokenrace_sampler: movable, not copyable, safe to use from several threads at once.
 class Sampler {
  public:
-  explicit Sampler(const Config& config = Config()) { check(tokenrace_sampler_new(&config.c(), &s_)); }
-  ~Sampler() { tokenrace_sampler_free(s_); }
-  Sampler(Sampler&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
-  Sampler& operator=(Sampler&& o) noexcept { std::swap(s_, o.s_); return *this; }
+  Sampler(const Library& library, const Config& config) : library_(library), config_(config.resolve(library)) {
+    library_.check(api().sampler_new(&config_, &sampler_));
+  }
+#ifndef TOKENRACE_HPP_NO_LINK
+  explicit Sampler(const Config& config = Config()) : Sampler(Library::linked(), config) {}
+#endif
+  ~Sampler() { api().sampler_free(sampler_); }
+  // The library is copied, not moved: a moved-from Sampler still has one to report through.
+  Sampler(Sampler&& o) noexcept
+      : library_(o.library_), config_(o.config_), sampler_(std::exchange(o.sampler_, nullptr)) {}
+  Sampler& operator=(Sampler&& o) noexcept {
+    std::swap(library_, o.library_);
+    std::swap(config_, o.config_);
+    std::swap(sampler_, o.sampler_);
+    return *this;
+  }
   Sampler(const Sampler&) = delete;
   Sampler& operator=(const Sampler&) = delete;
 
-  // The general call: fill a tokenrace_batch and tokenrace_output yourself.
-  void draw(const tokenrace_batch& batch, tokenrace_output& out) { check(tokenrace_draw(s_, &batch, &out)); }
+  // The general call: a tokenrace_batch and tokenrace_output filled by the caller.
+  void draw(const tokenrace_batch& batch, tokenrace_output& out) {
+    library_.check(api().draw(live(), &batch, &out));
+  }
 
-  // Contiguous f32 rows; temperatures may be null (1.0 for every row).
-  std::vector<int32_t> draw(const float* logits, uint32_t rows, uint32_t vocab, const float* temperatures = nullptr) {
-    tokenrace_batch b{};
-    b.struct_size = sizeof b;
-    b.dtype = TOKENRACE_DTYPE_F32;
-    b.logits = logits;
-    b.rows = rows;
-    b.vocab = vocab;
-    b.temperature = temperatures;
-    std::vector<int32_t> tokens(rows);
-    tokenrace_output o{};
-    o.struct_size = sizeof o;
-    o.tokens = tokens.data();
-    draw(b, o);
+  // One token per row, into `tokens` (rows of them) and, unless null, the row flags.
+  void draw(const Logits& logits, const DrawOptions& options, int32_t* tokens, uint32_t* flags = nullptr) {
+    const tokenrace_batch batch = options.batch(logits);
+    tokenrace_output out{};
+    out.struct_size = sizeof out;
+    out.tokens = tokens;
+    out.flags = flags;
+    draw(batch, out);
+  }
+
+  std::vector<int32_t> draw(const Logits& logits, const DrawOptions& options = DrawOptions()) {
+    std::vector<int32_t> tokens(logits.rows);
+    draw(logits, options, tokens.data());
     return tokens;
   }
 
-  std::string simd_level() const { return tokenrace_sampler_simd_level(s_); }
-  tokenrace_sampler* get() const noexcept { return s_; }
+  // Contiguous f32 rows; temperatures may be null (1.0 for every row).
+  std::vector<int32_t> draw(const float* logits, uint32_t rows, uint32_t vocab, const float* temperatures = nullptr) {
+    return draw(Logits::f32(logits, rows, vocab), DrawOptions().temperature(temperatures));
+  }
+
+  // Draws like draw() and also reports the logprobs (docs/semantics.md, Logprobs): `mode` RAW
+  // (log_softmax of the logits) or PROCESSED (after temperature and the filters), and the
+  // `top_n` most probable tokens of each row (none for 0; at most the vocabulary size).
+  DrawResult draw_full(const Logits& logits, const DrawOptions& options = DrawOptions(), uint32_t top_n = 0,
+                       tokenrace_logprob_mode mode = TOKENRACE_LOGPROB_MODE_RAW) {
+    const tokenrace_batch batch = options.batch(logits);
+    const size_t rows = logits.rows;
+    DrawResult result;
+    result.rows = logits.rows;
+    result.top_n = top_n;
+    result.tokens.resize(rows);
+    result.flags.resize(rows);
+    result.logprobs.resize(rows);
+    result.ranks.resize(rows);
+    result.topn_ids.resize(rows * top_n);
+    result.topn_logprobs.resize(rows * top_n);
+    tokenrace_output out{};
+    out.struct_size = sizeof out;
+    out.logprob_mode = mode;
+    out.tokens = result.tokens.data();
+    out.flags = result.flags.data();
+    out.logprobs = result.logprobs.data();
+    out.ranks = result.ranks.data();
+    out.top_n = top_n;
+    out.topn_ids = top_n ? result.topn_ids.data() : nullptr;
+    out.topn_logprobs = top_n ? result.topn_logprobs.data() : nullptr;
+    draw(batch, out);
+    return result;
+  }
+
+  // Counters since the sampler was made.
+  tokenrace_sampler_stats stats() const {
+    tokenrace_sampler_stats st{};
+    st.struct_size = sizeof st;
+    library_.check(api().sampler_get_stats(live(), &st));
+    return st;
+  }
+
+  // The instruction set this sampler runs: "avx512", "avx2", "portable" or "scalar".
+  std::string simd_level() const { return detail::c_string(api().sampler_simd_level(live())); }
+
+  // Makes the unseeded sampling rows take their noise from `pool`, which this sampler then
+  // keeps running until it is destroyed (also after the NoisePool is).
+  inline void attach_pool(const NoisePool& pool);
+
+  // The settings it was made with.
+  const tokenrace_config& config() const noexcept { return config_; }
+  const Library& library() const noexcept { return library_; }
+  tokenrace_sampler* get() const noexcept { return sampler_; }
 
  private:
-  tokenrace_sampler* s_ = nullptr;
+  const Api& api() const noexcept { return library_.api(); }
+
+  tokenrace_sampler* live() const {
+    if (!sampler_) throw Error(TOKENRACE_STATUS_CLOSED, "tokenrace::Sampler: used after being moved from");
+    return sampler_;
+  }
+
+  Library library_;
+  tokenrace_config config_;
+  tokenrace_sampler* sampler_ = nullptr;
 };
+
+namespace detail {
+
+// A tokenrace_pool freed when the NoisePool and its last Lease are gone, so that no release
+// can race with the free (tokenrace_pool_free() forbids calls starting meanwhile).
+struct PoolHandle {
+  PoolHandle(Library library_, tokenrace_pool* pool_) : library(std::move(library_)), pool(pool_) {}
+  ~PoolHandle() { library.api().pool_free(pool); }
+  PoolHandle(const PoolHandle&) = delete;
+  PoolHandle& operator=(const PoolHandle&) = delete;
+
+  Library library;
+  tokenrace_pool* pool;
+};
+
+}  // namespace detail
+
+// Rows of noise borrowed from a NoisePool: rows() x vocab() read-only values (E or ln E, as
+// kind() says) at values(), given back by release() or the destructor. Movable, not copyable.
+class Lease {
+ public:
+  ~Lease() {
+    if (!released_) handle_->library.api().pool_release(handle_->pool, &lease_);  // no throwing here
+  }
+  Lease(Lease&& o) noexcept
+      : handle_(o.handle_), lease_(o.lease_), released_(std::exchange(o.released_, true)) {}
+  Lease& operator=(Lease&& o) noexcept {
+    std::swap(handle_, o.handle_);
+    std::swap(lease_, o.lease_);
+    std::swap(released_, o.released_);
+    return *this;
+  }
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+
+  // Valid until release(); what the memory holds afterwards is undefined.
+  const float* values() const noexcept { return lease_.values; }
+  const float* row(uint32_t r) const noexcept { return lease_.values + size_t(r) * lease_.vocab; }
+  uint32_t rows() const noexcept { return lease_.rows; }
+  uint32_t vocab() const noexcept { return lease_.vocab; }
+  tokenrace_noise_kind kind() const noexcept { return static_cast<tokenrace_noise_kind>(lease_.kind); }
+  // The pool's sequence number of row 0; row r is first_seq() + r.
+  uint64_t first_seq() const noexcept { return lease_.first_seq; }
+  // Whether values() points into the pool's ring (else a private copy the release frees).
+  bool in_ring() const noexcept { return lease_.in_ring != 0; }
+  bool released() const noexcept { return released_; }
+  const tokenrace_pool_lease& c() const noexcept { return lease_; }
+
+  // Gives the rows back (idempotent); throws Error if the library refuses.
+  void release() {
+    if (released_) return;
+    released_ = true;
+    handle_->library.check(handle_->library.api().pool_release(handle_->pool, &lease_));
+  }
+
+ private:
+  friend class NoisePool;
+  Lease(std::shared_ptr<detail::PoolHandle> handle, const tokenrace_pool_lease& lease)
+      : handle_(std::move(handle)), lease_(lease) {}
+
+  std::shared_ptr<detail::PoolHandle> handle_;
+  tokenrace_pool_lease lease_;
+  bool released_ = false;
+};
+
+// Owns a tokenrace_pool: a ring of noise that background threads keep filled. Movable, not
+// copyable, safe to use from several threads at once.
+class NoisePool {
+ public:
+  NoisePool(const Library& library, const PoolConfig& config) : config_(config.resolve(library)) {
+    tokenrace_pool* pool = nullptr;
+    library.check(library.api().pool_new(&config_, &pool));
+    handle_ = std::make_shared<detail::PoolHandle>(library, pool);
+  }
+#ifndef TOKENRACE_HPP_NO_LINK
+  explicit NoisePool(const PoolConfig& config) : NoisePool(Library::linked(), config) {}
+#endif
+  // Shuts the pool down now (its producers stop, a borrow blocked in another thread fails with
+  // CLOSED) unless a sampler has it attached; the native pool is freed with the last Lease.
+  ~NoisePool() {
+    if (handle_) api().pool_shutdown(handle_->pool);
+  }
+  NoisePool(NoisePool&&) noexcept = default;
+  NoisePool& operator=(NoisePool&& o) noexcept {
+    std::swap(handle_, o.handle_);
+    std::swap(config_, o.config_);
+    return *this;
+  }
+  NoisePool(const NoisePool&) = delete;
+  NoisePool& operator=(const NoisePool&) = delete;
+
+  // The next `n_rows` rows (1 to config().rows). Throws Error: INVALID_ARGUMENT for a bad
+  // count, TIMEOUT (policy BLOCK) when the rows are not ready in time, CLOSED after shutdown().
+  Lease borrow(uint32_t n_rows) {
+    tokenrace_pool_lease lease{};
+    lease.struct_size = sizeof lease;
+    library().check(api().pool_borrow(live(), n_rows, &lease));
+    return Lease(handle_, lease);
+  }
+
+  tokenrace_pool_stats stats() const {
+    tokenrace_pool_stats st{};
+    st.struct_size = sizeof st;
+    library().check(api().pool_get_stats(live(), &st));
+    return st;
+  }
+
+  // Stops the pool now (see tokenrace_pool_shutdown()): later borrows fail with CLOSED, leases
+  // out stay readable. Idempotent.
+  void shutdown() { library().check(api().pool_shutdown(live())); }
+
+  // The settings it was made with.
+  const tokenrace_pool_config& config() const noexcept { return config_; }
+  const Library& library() const { return live_handle().library; }
+  tokenrace_pool* get() const noexcept { return handle_ ? handle_->pool : nullptr; }
+
+ private:
+  const Api& api() const { return live_handle().library.api(); }
+
+  const detail::PoolHandle& live_handle() const {
+    if (!handle_) throw Error(TOKENRACE_STATUS_CLOSED, "tokenrace::NoisePool: used after being moved from");
+    return *handle_;
+  }
+  tokenrace_pool* live() const { return live_handle().pool; }
+
+  std::shared_ptr<detail::PoolHandle> handle_;
+  tokenrace_pool_config config_;
+};
+
+inline void Sampler::attach_pool(const NoisePool& pool) {
+  // Handles of two loaded copies of the library are not interchangeable.
+  if (!library_.same_code_as(pool.library())) {
+    throw Error(TOKENRACE_STATUS_INVALID_ARGUMENT,
+                "tokenrace::Sampler::attach_pool: the pool was made by another tokenrace library");
+  }
+  library_.check(api().sampler_attach_pool(live(), pool.get()));
+}
+
+inline DrawOptions& DrawOptions::noise(const Lease& lease) {
+  noise(lease.values(), lease.kind(), lease.rows() == 1 ? 0 : lease.vocab());
+  noise_rows_ = lease.rows();
+  noise_vocab_ = lease.vocab();
+  return *this;
+}
 
 }  // namespace tokenrace

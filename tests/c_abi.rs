@@ -1,5 +1,6 @@
-//! The C programs in `c_tests/`, compiled with the system C/C++ compiler (found by the `cc`
-//! crate) against `include/tokenrace.h` and the built `libtokenrace.so`, then run.
+//! The C and C++ programs in `c_tests/` and `examples/cpp/`, compiled with the system C/C++
+//! compiler (found by the `cc` crate) against `include/tokenrace.h` (and `tokenrace.hpp`) and the
+//! built `libtokenrace.so`, linked with it or loading it at run time, then run.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -92,63 +93,147 @@ fn run_command(program: &Path, memcheck: bool) -> Command {
     cmd
 }
 
-/// Compiles `source` and runs it with `args` (under memcheck when `memcheck`), failing the test
-/// when it fails or runs longer than `limit` (then it is killed: a hung program must fail the
-/// suite, not hang it).
-fn build_and_run_with(source: &str, cpp: bool, link: bool, args: &[&str], limit: Duration, memcheck: bool) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let lib = lib_dir();
-    let out = std::env::temp_dir().join(format!("tokenrace-{}-{}", std::process::id(), source.replace('.', "_")));
-    let mut cmd = compiler(cpp).to_command();
-    cmd.arg(root.join("c_tests").join(source)).arg("-I").arg(root.join("include")).arg("-o").arg(&out);
-    cmd.args(["-Wall", "-Wextra", "-Werror", "-pthread"]);
-    if cpp {
-        cmd.arg("-std=c++17");
-    } else {
-        cmd.arg("-std=c11");
-    }
-    if link {
-        cmd.arg("-L").arg(&lib).arg("-ltokenrace").arg(format!("-Wl,-rpath,{}", lib.display()));
-    }
-    cmd.args(["-lm", "-ldl"]);
-    let status = cmd.status().expect("the C compiler runs");
-    assert!(status.success(), "compiling {source} failed");
-    // The output goes to files rather than pipes, so that waiting with a limit cannot block on a
-    // full pipe.
-    let (stdout_path, stderr_path) = (out.with_extension("stdout"), out.with_extension("stderr"));
-    let mut child = run_command(&out, memcheck)
-        .args(args)
-        .stdout(std::fs::File::create(&stdout_path).unwrap())
-        .stderr(std::fs::File::create(&stderr_path).unwrap())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let output = format!(
-        "{}{}",
-        std::fs::read_to_string(&stdout_path).unwrap_or_default(),
-        std::fs::read_to_string(&stderr_path).unwrap_or_default()
-    );
-    for p in [&out, &stdout_path, &stderr_path] {
-        let _ = std::fs::remove_file(p);
-    }
-    let status = status.unwrap_or_else(|| panic!("{source} ran longer than {limit:?} and was killed:\n{output}"));
-    assert!(status.success(), "{source} failed ({status}):\n{output}");
+/// A file in the temporary directory, unique to this test process and `name`.
+fn temp_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("tokenrace-{}-{}", std::process::id(), name.replace(['/', '.'], "_")))
 }
 
-/// As [`build_and_run_with`], under memcheck when it is requested.
+/// A C or C++ program of the repository (`source`, relative to its root), how to build it and
+/// how to run it.
+struct Program {
+    source: String,
+    cpp: bool,
+    /// Linked with `-ltokenrace` (else with `-ldl` only: the program must load the library).
+    link: bool,
+    /// `-std=` for C++ programs.
+    cpp_std: &'static str,
+    args: Vec<String>,
+    envs: Vec<(String, String)>,
+    limit: Duration,
+    memcheck: bool,
+}
+
+impl Program {
+    fn new(source: &str, cpp: bool, link: bool) -> Self {
+        Program {
+            source: source.to_string(),
+            cpp,
+            link,
+            cpp_std: "c++17",
+            args: Vec::new(),
+            envs: Vec::new(),
+            limit: QUICK,
+            memcheck: memcheck_requested(),
+        }
+    }
+
+    fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    fn env(mut self, key: &str, value: impl Into<String>) -> Self {
+        self.envs.push((key.to_string(), value.into()));
+        self
+    }
+
+    /// The compiler command for the source, without the output (`-o`, `-c`, `-fsyntax-only`).
+    fn compile_command(&self) -> Command {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut cmd = compiler(self.cpp).to_command();
+        cmd.arg(root.join(&self.source)).arg("-I").arg(root.join("include"));
+        cmd.args(["-Wall", "-Wextra", "-Werror", "-pthread"]);
+        if self.cpp {
+            cmd.arg(format!("-std={}", self.cpp_std)).arg("-Wpedantic");
+        } else {
+            cmd.arg("-std=c11");
+        }
+        cmd
+    }
+
+    /// Checks that the source compiles (nothing is linked or run).
+    fn compiles(&self) {
+        let status = self.compile_command().arg("-fsyntax-only").status().expect("the C compiler runs");
+        assert!(status.success(), "compiling {} as {} failed", self.source, self.cpp_std);
+    }
+
+    /// Compiles and links the program, runs it (under memcheck when `memcheck`), and fails the
+    /// test when it fails or runs longer than `limit` (then it is killed: a hung program must fail
+    /// the suite, not hang it).
+    fn run(&self) {
+        let out = temp_path(&self.source);
+        let mut cmd = self.compile_command();
+        cmd.arg("-o").arg(&out);
+        if self.link {
+            let lib = lib_dir();
+            cmd.arg("-L").arg(&lib).arg("-ltokenrace").arg(format!("-Wl,-rpath,{}", lib.display()));
+            cmd.arg("-lm");
+        }
+        cmd.arg("-ldl");
+        let status = cmd.status().expect("the C compiler runs");
+        assert!(status.success(), "compiling {} failed", self.source);
+        // The output goes to files rather than pipes, so that waiting with a limit cannot block
+        // on a full pipe.
+        let (stdout_path, stderr_path) = (out.with_extension("stdout"), out.with_extension("stderr"));
+        let mut child = run_command(&out, self.memcheck)
+            .args(&self.args)
+            .envs(self.envs.iter().map(|(k, v)| (k, v)))
+            .stdout(std::fs::File::create(&stdout_path).unwrap())
+            .stderr(std::fs::File::create(&stderr_path).unwrap())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if start.elapsed() > self.limit {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let output = format!(
+            "{}{}",
+            std::fs::read_to_string(&stdout_path).unwrap_or_default(),
+            std::fs::read_to_string(&stderr_path).unwrap_or_default()
+        );
+        for p in [&out, &stdout_path, &stderr_path] {
+            let _ = std::fs::remove_file(p);
+        }
+        let (source, limit) = (&self.source, self.limit);
+        let status = status.unwrap_or_else(|| panic!("{source} ran longer than {limit:?} and was killed:\n{output}"));
+        assert!(status.success(), "{source} failed ({status}):\n{output}");
+    }
+}
+
+/// Builds `source` (C, relative to the repository root) as a shared object named `name`, with
+/// `defines`; the caller removes it.
+fn build_shared_object(source: &str, name: &str, defines: &[&str]) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = temp_path(name).with_extension("so");
+    let status = compiler(false)
+        .to_command()
+        .arg(root.join(source))
+        .arg("-I")
+        .arg(root.join("include"))
+        .args(["-shared", "-fPIC", "-Wall", "-Wextra", "-Werror"])
+        .args(defines.iter().map(|d| format!("-D{d}")))
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .expect("the C compiler runs");
+    assert!(status.success(), "building {name} from {source} failed");
+    out
+}
+
+/// Compiles `source` (in `c_tests/`) and runs it with `args`.
 fn build_and_run(source: &str, cpp: bool, link: bool, args: &[&str], limit: Duration) {
-    build_and_run_with(source, cpp, link, args, limit, memcheck_requested());
+    let mut program = Program::new(&format!("c_tests/{source}"), cpp, link);
+    program.args = args.iter().map(|a| a.to_string()).collect();
+    program.limit = limit;
+    program.run();
 }
 
 /// The limit of a program that should take a second or two (also under memcheck).
@@ -170,6 +255,51 @@ fn the_cpp_wrapper_works() {
     build_and_run("test_cpp.cpp", true, true, &[], QUICK);
 }
 
+/// Loader mode: linked with `-ldl` only (TOKENRACE_HPP_NO_LINK, so a reference to any
+/// tokenrace symbol would fail the link), the same checks as `test_cpp.cpp`, and the loader's
+/// errors on a missing file, a library lacking functions, one of another ABI, and libm.
+#[test]
+fn the_cpp_wrapper_works_through_its_loader() {
+    let lib = lib_dir();
+    let lacking = build_shared_object("c_tests/fake_tokenrace.c", "fake_tokenrace_same_abi", &[]);
+    let other_abi =
+        build_shared_object("c_tests/fake_tokenrace.c", "fake_tokenrace_abi_999", &["FAKE_ABI_VERSION=999"]);
+    // LD_LIBRARY_PATH: where Library::open_default() finds the library.
+    let program = Program::new("c_tests/test_cpp_dlopen.cpp", true, false)
+        .arg(lib.join("libtokenrace.so").to_str().unwrap())
+        .arg(lacking.to_str().unwrap())
+        .arg(other_abi.to_str().unwrap())
+        .env("LD_LIBRARY_PATH", lib.to_str().unwrap());
+    // The shared objects are removed before the verdict, which may panic.
+    let outcome = std::panic::catch_unwind(|| program.run());
+    let _ = std::fs::remove_file(&lacking);
+    let _ = std::fs::remove_file(&other_abi);
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// The example of docs/integration-cpp.md: a serving loop that loads the library by path.
+#[test]
+fn the_cpp_dlopen_server_example_runs() {
+    let lib = lib_dir().join("libtokenrace.so");
+    Program::new("examples/cpp/dlopen_server.cpp", true, false).arg(lib.to_str().unwrap()).run();
+}
+
+/// The header is C++17 and must stay valid C++20 (warnings included) in both modes.
+#[test]
+fn the_cpp_wrapper_compiles_as_cpp20() {
+    for (source, link) in [
+        ("c_tests/test_cpp.cpp", true),
+        ("c_tests/test_cpp_dlopen.cpp", false),
+        ("examples/cpp/dlopen_server.cpp", false),
+    ] {
+        let mut program = Program::new(source, true, link);
+        program.cpp_std = "c++20";
+        program.compiles();
+    }
+}
+
 #[test]
 fn pool_shutdown_wakes_blocked_borrowers_and_keeps_the_handle() {
     build_and_run("test_pool_shutdown.c", false, true, &[], QUICK);
@@ -186,5 +316,8 @@ fn fork_children_draw_and_free() {
         eprintln!("test_fork.c: not run under memcheck (fork children leak their parent's threads' memory by design)");
         return;
     }
-    build_and_run_with("test_fork.c", false, true, &[], Duration::from_secs(240), false);
+    let mut program = Program::new("c_tests/test_fork.c", false, true);
+    program.limit = Duration::from_secs(240);
+    program.memcheck = false;
+    program.run();
 }

@@ -1,0 +1,570 @@
+// The checks of the C++ wrapper, one body for both modes: test_cpp.cpp runs them on the linked
+// library, test_cpp_dlopen.cpp on the library loaded with tokenrace::Library. Every check goes
+// through the Library it is given, so the two runs differ only in how the functions are reached.
+#pragma once
+#include "tokenrace.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace checks {
+
+inline int failures = 0;
+
+#define CHECK(cond)                                                                     \
+  do {                                                                                  \
+    if (!(cond)) {                                                                      \
+      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);    \
+      checks::failures++;                                                               \
+    }                                                                                   \
+  } while (0)
+
+// `statement` must throw tokenrace::Error with `status` and a message containing `needle`.
+#define CHECK_THROWS(statement, status, needle) \
+  checks::expect_error([&] { statement; }, status, needle, __FILE__, __LINE__, #statement)
+
+template <class Statement>
+void expect_error(Statement statement, tokenrace_status status, const char* needle, const char* file, int line,
+                  const char* text) {
+  try {
+    statement();
+    std::fprintf(stderr, "%s:%d: %s: no exception\n", file, line, text);
+  } catch (const tokenrace::Error& e) {
+    if (e.status() == status && std::strstr(e.what(), needle)) return;
+    std::fprintf(stderr, "%s:%d: %s: status %d, message \"%s\"; wanted status %d and \"%s\"\n", file, line, text,
+                 int(e.status()), e.what(), int(status), needle);
+  }
+  failures++;
+}
+
+// ---- inputs ---------------------------------------------------------------------------------
+
+// Deterministic logits k/8, k in [-32, 32]: exact in f32, bf16 and f16 alike.
+inline std::vector<float> eighths(size_t n, uint32_t salt) {
+  std::vector<float> v(n);
+  uint32_t state = 2463534242u ^ salt;
+  for (float& x : v) {
+    state ^= state << 13;
+    state ^= state >> 17;
+    state ^= state << 5;
+    x = float(int(state % 65) - 32) / 8.0f;
+  }
+  return v;
+}
+
+inline uint16_t to_bf16(float x) {  // exact for the values above: the top half of the f32
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  return uint16_t(bits >> 16);
+}
+
+inline uint16_t to_f16(float x) {  // exact for normal values with 10 mantissa bits, and 0
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  const uint32_t sign = (bits >> 16) & 0x8000u;
+  if ((bits & 0x7fffffffu) == 0) return uint16_t(sign);
+  const uint32_t exponent = ((bits >> 23) & 0xffu) - 127u + 15u;
+  return uint16_t(sign | (exponent << 10) | ((bits >> 13) & 0x3ffu));
+}
+
+template <class T>
+std::vector<T> iota_from(size_t n, T first, T step) {
+  std::vector<T> v(n);
+  for (size_t i = 0; i < n; i++) v[i] = T(first + T(i) * step);
+  return v;
+}
+
+// ---- the float64 reference of docs/semantics.md (Filters, Logprobs) --------------------------
+
+struct RowFilter {
+  float temperature;
+  int32_t top_k;
+  float top_p;
+  float min_p;
+};
+
+inline double inverse_temperature(float t) { return double(1.0f / t); }  // fl32(1/T), as the library
+
+// The tokens the filters keep: min-p, then top-k, then top-p, each on what the previous kept.
+inline std::vector<bool> reference_kept(const std::vector<float>& x, const RowFilter& f) {
+  const size_t n = x.size();
+  const double m = *std::max_element(x.begin(), x.end());
+  std::vector<double> w(n);
+  for (size_t i = 0; i < n; i++) w[i] = std::exp((x[i] - m) * inverse_temperature(f.temperature));
+  std::vector<bool> kept(n, true);
+  for (size_t i = 0; i < n; i++)
+    if (w[i] < f.min_p) kept[i] = false;
+  if (f.top_k > 0 && size_t(f.top_k) < n) {
+    std::vector<float> kept_logits;
+    for (size_t i = 0; i < n; i++)
+      if (kept[i]) kept_logits.push_back(x[i]);
+    std::sort(kept_logits.rbegin(), kept_logits.rend());
+    if (kept_logits.size() > size_t(f.top_k))
+      for (size_t i = 0; i < n; i++) kept[i] = kept[i] && x[i] >= kept_logits[f.top_k - 1];
+  }
+  if (f.top_p < 1.0f) {
+    std::vector<size_t> order;
+    double z = 0;
+    for (size_t i = 0; i < n; i++)
+      if (kept[i]) order.push_back(i), z += w[i];
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return w[a] > w[b]; });
+    std::vector<bool> prefix(n, false);
+    double mass = 0;
+    for (size_t i : order) {
+      prefix[i] = true;
+      mass += w[i];
+      if (mass >= f.top_p * z) break;
+    }
+    kept = prefix;
+  }
+  return kept;
+}
+
+// log_softmax of (x - m) * scale over `kept`, -inf elsewhere.
+inline std::vector<double> reference_logprobs(const std::vector<float>& x, double scale,
+                                              const std::vector<bool>& kept) {
+  const double m = *std::max_element(x.begin(), x.end());
+  double z = 0;
+  for (size_t i = 0; i < x.size(); i++)
+    if (kept[i]) z += std::exp((x[i] - m) * scale);
+  std::vector<double> out(x.size(), -std::numeric_limits<double>::infinity());
+  for (size_t i = 0; i < x.size(); i++)
+    if (kept[i]) out[i] = (x[i] - m) * scale - std::log(z);
+  return out;
+}
+
+inline bool logprob_close(double a, double b) { return std::isinf(a) ? a == b : std::fabs(a - b) <= 1e-5; }
+
+// ---- the checks -----------------------------------------------------------------------------
+
+inline void versions_and_levels(const tokenrace::Library& lib) {
+  CHECK(lib.abi_version() == TOKENRACE_ABI_VERSION);
+  CHECK(!lib.version().empty() && lib.version().find('.') != std::string::npos);
+  const std::string level = lib.simd_level();
+  CHECK(level == "avx512" || level == "avx2" || level == "portable" || level == "scalar");
+}
+
+// Every setter lands in its tokenrace_config / tokenrace_pool_config field, and the sampler
+// runs with them.
+inline void config_setters(const tokenrace::Library& lib) {
+  const tokenrace_config c = tokenrace::Config()
+                                 .vocab_size(64)
+                                 .max_rows(7)
+                                 .threads(1)
+                                 .seed(5)
+                                 .simd(TOKENRACE_SIMD_SCALAR)
+                                 .greedy_below(0.01f)
+                                 .log_level(TOKENRACE_LOG_LEVEL_ERROR)
+                                 .noise(TOKENRACE_NOISE_SOURCE_INLINE)
+                                 .pool_rows(32)
+                                 .resolve(lib);
+  CHECK(c.struct_size == sizeof c && c.vocab_size == 64 && c.max_rows == 7 && c.threads == 1);
+  CHECK(c.seed == 5 && c.has_seed == 1 && c.simd == TOKENRACE_SIMD_SCALAR && c.greedy_below == 0.01f);
+  CHECK(c.log_level == TOKENRACE_LOG_LEVEL_ERROR && c.noise == TOKENRACE_NOISE_SOURCE_INLINE && c.pool_rows == 32);
+  const tokenrace_config defaults = lib.api().config_default();
+  const tokenrace_config plain = tokenrace::Config().use_environment(false).resolve(lib);
+  CHECK(std::memcmp(&defaults, &plain, sizeof plain) == 0);
+
+  tokenrace::Sampler sampler(
+      lib, tokenrace::Config().vocab_size(64).max_rows(7).simd(TOKENRACE_SIMD_SCALAR).greedy_below(0.01f));
+  CHECK(sampler.simd_level() == "scalar" && sampler.config().max_rows == 7);
+  std::vector<float> logits = eighths(2 * 64, 1);
+  logits[5] = 9.0f;  // row 0's maximum, drawn greedily at T = 0.005 < greedy_below
+  std::vector<int32_t> tokens(2);
+  std::vector<uint32_t> flags(2);
+  const std::vector<float> temps = {0.005f, 1.0f};
+  sampler.draw(tokenrace::Logits::f32(logits.data(), 2, 64), tokenrace::DrawOptions().temperature(temps), tokens.data(),
+               flags.data());
+  CHECK(tokens[0] == 5 && (flags[0] & TOKENRACE_FLAG_GREEDY) && !(flags[1] & TOKENRACE_FLAG_GREEDY));
+
+  const tokenrace_pool_config p = tokenrace::PoolConfig()
+                                      .vocab_size(64)
+                                      .rows(16)
+                                      .kind(TOKENRACE_NOISE_KIND_EXP)
+                                      .threads(2)
+                                      .seed(9)
+                                      .policy(TOKENRACE_POOL_POLICY_BLOCK)
+                                      .timeout_ms(250)
+                                      .resolve(lib);
+  CHECK(p.vocab == 64 && p.rows == 16 && p.kind == TOKENRACE_NOISE_KIND_EXP && p.threads == 2);
+  CHECK(p.seed == 9 && p.has_seed == 1 && p.policy == TOKENRACE_POOL_POLICY_BLOCK && p.timeout_ms == 250);
+  const tokenrace_pool_config pool_defaults = lib.api().pool_config_default();
+  const tokenrace_pool_config pool_plain = tokenrace::PoolConfig().use_environment(false).resolve(lib);
+  CHECK(std::memcmp(&pool_defaults, &pool_plain, sizeof pool_plain) == 0);
+}
+
+// The per-row inputs of a draw, as arrays for the bare C call (null: off).
+struct RowInputs {
+  const float* temperature = nullptr;
+  const uint64_t* seeds = nullptr;
+  const uint64_t* offsets = nullptr;
+  const int32_t* top_k = nullptr;
+  const float* top_p = nullptr;
+  const float* min_p = nullptr;
+};
+
+// A sampler made and driven through the bare function table, as a C caller would: the
+// independent side of the comparisons below (nothing of the wrapper fills its batch).
+struct api_sampler {
+  explicit api_sampler(const tokenrace::Library& lib) : api(lib.api()) {
+    tokenrace_config c = api.config_default();
+    c.max_rows = 64;
+    if (api.sampler_new(&c, &sampler) != TOKENRACE_STATUS_OK) sampler = nullptr;
+    CHECK(sampler != nullptr);
+  }
+  ~api_sampler() { api.sampler_free(sampler); }
+  api_sampler(const api_sampler&) = delete;
+  api_sampler& operator=(const api_sampler&) = delete;
+
+  std::vector<int32_t> draw(tokenrace_dtype dtype, const void* logits, uint32_t rows, uint32_t vocab,
+                            const RowInputs& in) const {
+    tokenrace_batch b;
+    std::memset(&b, 0, sizeof b);
+    b.struct_size = sizeof b;
+    b.dtype = dtype;
+    b.logits = logits;
+    b.rows = rows;
+    b.vocab = vocab;
+    b.temperature = in.temperature;
+    b.seeds = in.seeds;
+    b.offsets = in.offsets;
+    b.top_k = in.top_k;
+    b.top_p = in.top_p;
+    b.min_p = in.min_p;
+    std::vector<int32_t> tokens(rows, -1);
+    tokenrace_output o;
+    std::memset(&o, 0, sizeof o);
+    o.struct_size = sizeof o;
+    o.tokens = tokens.data();
+    CHECK(api.draw(sampler, &b, &o) == TOKENRACE_STATUS_OK);
+    return tokens;
+  }
+
+  const tokenrace::Api& api;
+  tokenrace_sampler* sampler = nullptr;
+};
+
+// The wrapper's draws are the C API's: the same seeded rows give the same tokens, for every
+// dtype and with the filters, and f32, bf16 and f16 encodings of the same values agree.
+inline void draws_equal_the_c_api(const tokenrace::Library& lib) {
+  const uint32_t rows = 16, vocab = 1000;
+  const std::vector<float> logits = eighths(size_t(rows) * vocab, 2);
+  std::vector<uint16_t> bf16(logits.size()), f16(logits.size());
+  std::transform(logits.begin(), logits.end(), bf16.begin(), to_bf16);
+  std::transform(logits.begin(), logits.end(), f16.begin(), to_f16);
+  std::vector<float> temps = iota_from<float>(rows, 0.6f, 0.05f);
+  temps[3] = 0.0f;  // one greedy row
+  const std::vector<uint64_t> seeds = iota_from<uint64_t>(rows, 101, 7), offsets = iota_from<uint64_t>(rows, 0, 1);
+  const std::vector<int32_t> top_k = iota_from<int32_t>(rows, 0, 20);
+  const std::vector<float> top_p = iota_from<float>(rows, 1.0f, -0.03f), min_p = iota_from<float>(rows, 0.0f, 0.01f);
+  RowInputs plain_rows;
+  plain_rows.temperature = temps.data(), plain_rows.seeds = seeds.data(), plain_rows.offsets = offsets.data();
+  RowInputs filtered_rows = plain_rows;
+  filtered_rows.top_k = top_k.data(), filtered_rows.top_p = top_p.data(), filtered_rows.min_p = min_p.data();
+
+  const api_sampler raw(lib);
+  tokenrace::Sampler sampler(lib, tokenrace::Config().max_rows(rows).seed(77));
+  const tokenrace::DrawOptions plain = tokenrace::DrawOptions().temperature(temps).seeds(seeds).offsets(offsets);
+  tokenrace::DrawOptions filtered = plain;
+  filtered.top_k(top_k).top_p(top_p).min_p(min_p);
+
+  const std::vector<int32_t> f32_tokens = sampler.draw(tokenrace::Logits::f32(logits.data(), rows, vocab), plain);
+  CHECK(f32_tokens == raw.draw(TOKENRACE_DTYPE_F32, logits.data(), rows, vocab, plain_rows));
+  CHECK(sampler.draw(tokenrace::Logits::bf16(bf16.data(), rows, vocab), plain) == f32_tokens);
+  CHECK(sampler.draw(tokenrace::Logits::f16(f16.data(), rows, vocab), plain) == f32_tokens);
+  CHECK(raw.draw(TOKENRACE_DTYPE_BF16, bf16.data(), rows, vocab, plain_rows) == f32_tokens);
+  CHECK(std::count(f32_tokens.begin(), f32_tokens.end(), f32_tokens[0]) < int(rows));  // not a constant
+  RowInputs unshifted = plain_rows;
+  unshifted.offsets = nullptr;
+  CHECK(raw.draw(TOKENRACE_DTYPE_F32, logits.data(), rows, vocab, unshifted) != f32_tokens);  // offsets matter
+
+  const std::vector<int32_t> filtered_tokens = sampler.draw(tokenrace::Logits::f16(f16.data(), rows, vocab), filtered);
+  CHECK(filtered_tokens == raw.draw(TOKENRACE_DTYPE_F32, logits.data(), rows, vocab, filtered_rows));
+  CHECK(filtered_tokens != f32_tokens);  // the filters reached the library
+
+  // Strided rows: the same rows with padding between them.
+  const uint64_t stride = vocab + 24;
+  std::vector<float> padded(rows * stride, std::numeric_limits<float>::infinity());
+  for (uint32_t r = 0; r < rows; r++) std::copy_n(&logits[size_t(r) * vocab], vocab, &padded[r * stride]);
+  CHECK(sampler.draw(tokenrace::Logits::f32(padded.data(), rows, vocab, stride), plain) == f32_tokens);
+
+  // The pointer overloads and the old contiguous-f32 call.
+  CHECK(sampler.draw(tokenrace::Logits::f32(logits.data(), rows, vocab),
+                     tokenrace::DrawOptions().temperature(temps.data()).seeds(seeds.data()).offsets(offsets.data())) ==
+        f32_tokens);
+  std::vector<float> greedy(rows, 0.0f);
+  RowInputs greedy_rows;
+  greedy_rows.temperature = greedy.data();
+  CHECK(sampler.draw(logits.data(), rows, vocab, greedy.data()) ==
+        raw.draw(TOKENRACE_DTYPE_F32, logits.data(), rows, vocab, greedy_rows));
+}
+
+// `n` seeded draws of one filtered row: only kept tokens, each within 5 sigma of its reference
+// probability.
+inline void sampled_frequencies_match(tokenrace::Sampler& sampler, const std::vector<float>& x, const RowFilter& f) {
+  const uint32_t vocab = uint32_t(x.size()), n = 4096;
+  std::vector<float> logits;
+  for (uint32_t r = 0; r < n; r++) logits.insert(logits.end(), x.begin(), x.end());
+  const std::vector<float> temps(n, f.temperature), top_p(n, f.top_p), min_p(n, f.min_p);
+  const std::vector<int32_t> top_k(n, f.top_k);
+  const std::vector<uint64_t> seeds = iota_from<uint64_t>(n, 1000, 1);
+  const std::vector<int32_t> tokens =
+      sampler.draw(tokenrace::Logits::f32(logits.data(), n, vocab),
+                   tokenrace::DrawOptions().temperature(temps).top_k(top_k).top_p(top_p).min_p(min_p).seeds(seeds));
+  const std::vector<bool> kept = reference_kept(x, f);
+  const std::vector<double> logprob = reference_logprobs(x, inverse_temperature(f.temperature), kept);
+  std::vector<int> count(vocab, 0);
+  for (int32_t t : tokens) count[t]++;
+  for (uint32_t i = 0; i < vocab; i++) {
+    const double p = std::exp(logprob[i]), sigma = std::sqrt(p * (1 - p) / n);
+    const double seen = double(count[i]) / n;
+    const bool within = std::fabs(seen - p) <= 5 * sigma + 1e-9;
+    CHECK(within);
+    if (!within) std::fprintf(stderr, "  token %u: %.4f drawn, %.4f expected\n", i, seen, p);
+  }
+}
+
+// The float64 race on external noise (E, or ln E as `kind` says): argmax (x - m) / T - ln E.
+inline int32_t race_on(const float* x, const float* noise, tokenrace_noise_kind kind, uint32_t vocab,
+                       float temperature) {
+  const double m = *std::max_element(x, x + vocab);
+  int32_t best = 0;
+  double best_key = -std::numeric_limits<double>::infinity();
+  for (uint32_t i = 0; i < vocab; i++) {
+    const double log_e = kind == TOKENRACE_NOISE_KIND_EXP ? std::log(double(noise[i])) : double(noise[i]);
+    const double key = (x[i] - m) * inverse_temperature(temperature) - log_e;
+    if (key > best_key) best_key = key, best = int32_t(i);
+  }
+  return best;
+}
+
+// draw_full's kept sets, logprobs, ranks and top-n against the float64 reference on a small
+// vocabulary, and the sampled frequencies against the reference probabilities.
+inline void filters_and_logprobs_match_the_reference(const tokenrace::Library& lib) {
+  const std::vector<float> x = {0.5f, 2.0f, -1.0f, 1.0f, -3.0f, 1.5f, 0.0f, -0.5f};
+  const uint32_t vocab = uint32_t(x.size());
+  const std::vector<RowFilter> filters = {
+      {1.0f, 0, 1.0f, 0.0f},   {0.7f, 3, 1.0f, 0.0f},    {1.0f, 0, 0.6f, 0.0f},
+      {1.3f, 0, 1.0f, 0.2f},   {0.9f, 5, 0.8f, 0.05f},   {0.0f, 2, 0.5f, 0.0f},  // greedy: filters ignored
+  };
+  const uint32_t rows = uint32_t(filters.size());
+  std::vector<float> logits, temps, top_p, min_p;
+  std::vector<int32_t> top_k;
+  for (const RowFilter& f : filters) {
+    logits.insert(logits.end(), x.begin(), x.end());
+    temps.push_back(f.temperature), top_k.push_back(f.top_k), top_p.push_back(f.top_p), min_p.push_back(f.min_p);
+  }
+  const std::vector<uint64_t> seeds = iota_from<uint64_t>(rows, 1, 1);
+  const tokenrace::DrawOptions options =
+      tokenrace::DrawOptions().temperature(temps).top_k(top_k).top_p(top_p).min_p(min_p).seeds(seeds);
+  tokenrace::Sampler sampler(lib, tokenrace::Config().max_rows(4096).seed(3));
+  const tokenrace::Logits batch = tokenrace::Logits::f32(logits.data(), rows, vocab);
+
+  const tokenrace::DrawResult processed = sampler.draw_full(batch, options, vocab, TOKENRACE_LOGPROB_MODE_PROCESSED);
+  const tokenrace::DrawResult raw = sampler.draw_full(batch, options, 3, TOKENRACE_LOGPROB_MODE_RAW);
+  const std::vector<double> raw_ref = reference_logprobs(x, 1.0, std::vector<bool>(vocab, true));
+  std::vector<int32_t> by_raw(vocab);
+  std::iota(by_raw.begin(), by_raw.end(), 0);
+  std::sort(by_raw.begin(), by_raw.end(), [&](int32_t a, int32_t b) { return raw_ref[a] > raw_ref[b]; });
+  for (uint32_t r = 0; r < rows; r++) {
+    const RowFilter& f = filters[r];
+    const bool greedy = f.temperature == 0.0f;
+    const std::vector<bool> kept = greedy ? std::vector<bool>(vocab, true) : reference_kept(x, f);
+    const std::vector<double> ref = greedy ? raw_ref : reference_logprobs(x, inverse_temperature(f.temperature), kept);
+    // Processed, all vocab entries of the top-n: each token's logprob, -inf outside the kept set.
+    std::vector<bool> listed(vocab, false);
+    for (uint32_t j = 0; j < vocab; j++) {
+      const int32_t id = processed.topn_id(r, j);
+      CHECK(id >= 0 && uint32_t(id) < vocab && !listed[id] && logprob_close(processed.topn_logprob(r, j), ref[id]));
+      if (id >= 0 && uint32_t(id) < vocab) listed[id] = true;
+      CHECK(j == 0 || processed.topn_logprob(r, j - 1) >= processed.topn_logprob(r, j));
+    }
+    const int32_t token = processed.tokens[r];
+    CHECK(kept[token] && logprob_close(processed.logprobs[r], ref[token]));
+    CHECK(raw.tokens[r] == token);  // seeded rows: the same draw
+    // Raw: the sampled token's logprob and rank, and the three most probable tokens.
+    const int32_t rank = int32_t(std::find(by_raw.begin(), by_raw.end(), token) - by_raw.begin()) + 1;
+    CHECK(logprob_close(raw.logprobs[r], raw_ref[token]) && raw.ranks[r] == rank);
+    for (uint32_t j = 0; j < 3; j++)
+      CHECK(raw.topn_id(r, j) == by_raw[j] && logprob_close(raw.topn_logprob(r, j), raw_ref[by_raw[j]]));
+    CHECK(!greedy || (token == 1 && (raw.flags[r] & TOKENRACE_FLAG_GREEDY)));
+  }
+  sampled_frequencies_match(sampler, x, filters[1]);
+  sampled_frequencies_match(sampler, x, filters[4]);
+}
+
+inline void noise_pool_and_leases(const tokenrace::Library& lib) {
+  const uint32_t vocab = 64;
+  const tokenrace::PoolConfig exp_pool =
+      tokenrace::PoolConfig().vocab_size(vocab).rows(8).kind(TOKENRACE_NOISE_KIND_EXP).seed(11);
+  tokenrace::NoisePool pool(lib, exp_pool);
+  tokenrace::NoisePool twin(lib, exp_pool);
+  CHECK(pool.config().vocab == vocab && pool.config().rows == 8 && pool.get() != nullptr);
+  {
+    tokenrace::Lease lease = pool.borrow(2);
+    tokenrace::Lease same = twin.borrow(2);
+    CHECK(lease.rows() == 2 && lease.vocab() == vocab && lease.kind() == TOKENRACE_NOISE_KIND_EXP);
+    CHECK(lease.first_seq() == 0 && !lease.released() && lease.row(1) == lease.values() + vocab);
+    CHECK(std::all_of(lease.values(), lease.values() + 2 * vocab, [](float e) { return e > 0 && std::isfinite(e); }));
+    CHECK(std::memcmp(lease.values(), same.values(), 2 * vocab * sizeof(float)) == 0);  // seeded
+
+    // The lease's noise in a draw: the float64 race on it.
+    tokenrace::Sampler sampler(lib, tokenrace::Config().vocab_size(vocab).max_rows(8));
+    const std::vector<float> logits = eighths(2 * vocab, 3);
+    const std::vector<int32_t> tokens =
+        sampler.draw(tokenrace::Logits::f32(logits.data(), 2, vocab), tokenrace::DrawOptions().noise(lease));
+    for (uint32_t r = 0; r < 2; r++)
+      CHECK(tokens[r] == race_on(&logits[r * vocab], lease.row(r), lease.kind(), vocab, 1.0f));
+    CHECK(sampler.stats().external_noise_rows == 2);
+    CHECK_THROWS(sampler.draw(tokenrace::Logits::f32(logits.data(), 1, 32), tokenrace::DrawOptions().noise(lease)),
+                 TOKENRACE_STATUS_INVALID_ARGUMENT, "values per row");
+
+    lease.release();
+    CHECK(lease.released());
+    lease.release();  // idempotent
+    tokenrace::Lease moved = std::move(same);
+    CHECK(same.released() && !moved.released());
+  }
+  const tokenrace_pool_stats st = pool.stats();
+  CHECK(st.rows_borrowed == 2 && st.struct_size == sizeof st);
+  CHECK_THROWS(pool.borrow(0), TOKENRACE_STATUS_INVALID_ARGUMENT, "n_rows");
+  CHECK_THROWS(pool.borrow(9), TOKENRACE_STATUS_INVALID_ARGUMENT, "n_rows");
+
+  // A lease outlives its pool, and stays readable until released.
+  std::vector<tokenrace::Lease> kept;
+  {
+    tokenrace::NoisePool short_lived(lib, exp_pool);
+    kept.push_back(short_lived.borrow(3));
+  }
+  CHECK(kept[0].values()[3 * vocab - 1] > 0);
+  kept[0].release();
+
+  pool.shutdown();
+  pool.shutdown();  // idempotent
+  CHECK_THROWS(pool.borrow(1), TOKENRACE_STATUS_CLOSED, "");
+
+  tokenrace::NoisePool moved_from(lib, exp_pool);
+  tokenrace::NoisePool owner = std::move(moved_from);
+  CHECK_THROWS(moved_from.borrow(1), TOKENRACE_STATUS_CLOSED, "moved from");
+  owner.borrow(1).release();
+}
+
+// A sampler with a pool attached draws its unseeded rows on the pool's noise: the tokens are
+// those of the same noise passed explicitly (a twin pool, same seed, same borrow sizes).
+inline void attached_pool_feeds_the_draws(const tokenrace::Library& lib) {
+  const uint32_t vocab = 64, rows = 4;
+  const tokenrace::PoolConfig config = tokenrace::PoolConfig().vocab_size(vocab).rows(16).seed(13);
+  tokenrace::NoisePool pool(lib, config), twin(lib, config);
+  tokenrace::Sampler sampler(lib, tokenrace::Config().vocab_size(vocab).max_rows(rows));
+  sampler.attach_pool(pool);
+  const std::vector<float> logits = eighths(rows * vocab, 4);
+  const tokenrace::Logits batch = tokenrace::Logits::f32(logits.data(), rows, vocab);
+  const std::vector<int32_t> tokens = sampler.draw(batch);
+  CHECK(sampler.stats().pool_rows == rows && pool.stats().rows_borrowed == rows);
+
+  tokenrace::Lease lease = twin.borrow(rows);
+  CHECK(lease.kind() == TOKENRACE_NOISE_KIND_LOG_EXP);  // the default kind
+  tokenrace::Sampler plain(lib, tokenrace::Config().vocab_size(vocab).max_rows(rows));
+  CHECK(plain.draw(batch, tokenrace::DrawOptions().noise(lease)) == tokens);
+
+  tokenrace::NoisePool other_vocab(lib, tokenrace::PoolConfig().vocab_size(32).rows(4));
+  CHECK_THROWS(sampler.attach_pool(other_vocab), TOKENRACE_STATUS_INVALID_ARGUMENT, "vocab");
+}
+
+// Failures throw Error with the status and the library's message naming the argument, and
+// write nothing.
+inline void errors_name_the_argument(const tokenrace::Library& lib) {
+  tokenrace::Sampler sampler(lib, tokenrace::Config().max_rows(4).seed(1));
+  std::vector<float> logits = eighths(2 * 300, 5);
+  const tokenrace::Logits two_rows = tokenrace::Logits::f32(logits.data(), 2, 300);
+  std::vector<int32_t> untouched = {-7, -7};
+  const std::vector<float> nan_temperature = {1.0f, std::nanf("")}, bad_top_p = {0.9f, 1.5f}, bad_min_p = {-0.1f, 0.0f};
+  CHECK_THROWS(sampler.draw(two_rows, tokenrace::DrawOptions().temperature(nan_temperature), untouched.data()),
+               TOKENRACE_STATUS_INVALID_ARGUMENT, "temperature[1]");
+  CHECK(untouched[0] == -7 && untouched[1] == -7);
+  CHECK_THROWS(sampler.draw(two_rows, tokenrace::DrawOptions().top_p(bad_top_p)), TOKENRACE_STATUS_INVALID_ARGUMENT,
+               "top_p[1]");
+  CHECK_THROWS(sampler.draw(two_rows, tokenrace::DrawOptions().min_p(bad_min_p)), TOKENRACE_STATUS_INVALID_ARGUMENT,
+               "min_p[0]");
+  CHECK_THROWS(sampler.draw(tokenrace::Logits::f32(logits.data(), 5, 100)), TOKENRACE_STATUS_INVALID_ARGUMENT,
+               "max_rows");
+  CHECK_THROWS(sampler.draw_full(two_rows, tokenrace::DrawOptions(), 301), TOKENRACE_STATUS_INVALID_ARGUMENT, "top_n");
+  // Checked by the wrapper before the call: a vector of the wrong length.
+  const std::vector<uint64_t> three_seeds = {1, 2, 3};
+  CHECK_THROWS(sampler.draw(two_rows, tokenrace::DrawOptions().seeds(three_seeds)), TOKENRACE_STATUS_INVALID_ARGUMENT,
+               "seeds has 3 values for 2 rows");
+  CHECK(sampler.stats().rejected_calls == 5);
+
+  CHECK_THROWS(tokenrace::Sampler(lib, tokenrace::Config().max_rows(0)), TOKENRACE_STATUS_INVALID_CONFIG, "max_rows");
+  CHECK_THROWS(tokenrace::Sampler(lib, tokenrace::Config().simd(tokenrace_simd(42))), TOKENRACE_STATUS_INVALID_CONFIG,
+               "simd");
+  // A pool's vocab has no usable default.
+  CHECK_THROWS(tokenrace::NoisePool(lib, tokenrace::PoolConfig().use_environment(false)),
+               TOKENRACE_STATUS_INVALID_CONFIG, "vocab");
+
+  tokenrace::Sampler owner = std::move(sampler);
+  CHECK_THROWS(sampler.draw(two_rows), TOKENRACE_STATUS_CLOSED, "moved from");
+  CHECK(owner.draw(two_rows).size() == 2 && owner.stats().calls == 1);
+}
+
+// One sampler shared by several threads: every thread's seeded draws are the single-threaded
+// ones.
+inline void a_sampler_is_shared_by_threads(const tokenrace::Library& lib) {
+  const uint32_t rows = 8, vocab = 512;
+  tokenrace::Sampler sampler(lib, tokenrace::Config().max_rows(rows).threads(2));
+  const std::vector<float> logits = eighths(rows * vocab, 6);
+  const tokenrace::Logits batch = tokenrace::Logits::f32(logits.data(), rows, vocab);
+  const int rounds = 10;
+  std::vector<std::vector<int32_t>> expected;
+  for (int r = 0; r < rounds; r++) {
+    const std::vector<uint64_t> seeds = iota_from<uint64_t>(rows, uint64_t(r) * 100, 1);
+    const std::vector<uint64_t> offsets = iota_from<uint64_t>(rows, uint64_t(r), 0);
+    expected.push_back(sampler.draw(batch, tokenrace::DrawOptions().seeds(seeds).offsets(offsets)));
+  }
+  std::vector<int> mismatches(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; t++) {
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < rounds; r++) {
+        const std::vector<uint64_t> seeds = iota_from<uint64_t>(rows, uint64_t(r) * 100, 1);
+        const std::vector<uint64_t> offsets = iota_from<uint64_t>(rows, uint64_t(r), 0);
+        if (sampler.draw(batch, tokenrace::DrawOptions().seeds(seeds).offsets(offsets)) != expected[r]) mismatches[t]++;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  CHECK(std::accumulate(mismatches.begin(), mismatches.end(), 0) == 0);
+  CHECK(sampler.stats().calls == uint64_t(5 * rounds));
+}
+
+// Every check above on `lib`; returns the number of failures (an unexpected exception is one).
+inline int run_wrapper_checks(const tokenrace::Library& lib) {
+  const std::pair<const char*, void (*)(const tokenrace::Library&)> all[] = {
+      {"versions_and_levels", versions_and_levels},
+      {"config_setters", config_setters},
+      {"draws_equal_the_c_api", draws_equal_the_c_api},
+      {"filters_and_logprobs_match_the_reference", filters_and_logprobs_match_the_reference},
+      {"noise_pool_and_leases", noise_pool_and_leases},
+      {"attached_pool_feeds_the_draws", attached_pool_feeds_the_draws},
+      {"errors_name_the_argument", errors_name_the_argument},
+      {"a_sampler_is_shared_by_threads", a_sampler_is_shared_by_threads},
+  };
+  for (const auto& [name, check] : all) {
+    try {
+      check(lib);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s: unexpected exception: %s\n", name, e.what());
+      failures++;
+    }
+  }
+  return failures;
+}
+
+}  // namespace checks
