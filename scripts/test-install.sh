@@ -16,6 +16,10 @@ work="$(mktemp -d /tmp/tokenrace-install.XXXXXX)"
 trap 'rm -rf "$work"' EXIT
 prefix="$work/prefix"
 fail() { echo "test-install: FAIL: $*" >&2; exit 1; }
+for tool in cmake pkg-config readelf; do
+  command -v "$tool" >/dev/null 2>&1 \
+    || fail "$tool is not installed (apt-get install cmake pkg-config binutils; .ci/run installs them)"
+done
 
 # 1. The install and its layout.
 ./scripts/install.sh "$prefix" >"$work/install.log" || { cat "$work/install.log"; fail "install.sh"; }

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Runs every test: the Rust unit and integration tests (C and C++ programs included), the C
-# programs again under valgrind's memcheck, then the Python binding's tests. Installs what the
-# Python tests import. The crate is compiled once: `cargo test` builds the library with both of
+# programs again under valgrind's memcheck, the Python binding's tests, then the installs
+# (scripts/test-install.sh: install.sh under a prefix, pkg-config, CMake, pip in a fresh venv).
+# Installs what the Python tests import; the install test needs cmake and pkg-config. The crate is compiled once: `cargo test` builds the library with both of
 # its crate types, so the shared object it leaves in target/debug/deps (the test profile,
 # optimised) is the one the C programs and the Python tests load; no separate release build.
-# From a clean checkout on a 2-core machine the builds take most of the time.
+# The installs build the release library once (install.sh and pip share the build). From a
+# clean checkout on a 2-core machine the builds take most of the time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export TOKENRACE_LIB_DIR="$PWD/target/debug/deps"
@@ -21,3 +23,4 @@ if [ -d tests/python ]; then
   python3 -m pip install --quiet --disable-pip-version-check -r requirements-test.txt
   TOKENRACE_LIBRARY="$TOKENRACE_LIB_DIR/libtokenrace.so" python3 -m pytest -q tests/python
 fi
+./scripts/test-install.sh
