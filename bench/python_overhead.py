@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""The Python binding's cost per ``Sampler.draw`` call, on top of the native draw.
+
+  TOKENRACE_LIBRARY=$PWD/target/release/libtokenrace.so python3 bench/python_overhead.py [--calls 20000]
+
+For each case (1 and 32 rows, vocab 64, with and without top_k), it times
+  python  ``Sampler.draw(logits, temperature=..., top_k=...)``, the call a user makes;
+  native  ``tokenrace_draw`` called through ctypes on structs and arrays built once beforehand,
+          i.e. the library's draw plus the bare cost of one ctypes foreign call;
+and prints the medians (of --calls calls each, after a warm-up, timed in chunks of 50 calls that
+alternate between the two) and their difference, the overhead that the binding's argument handling adds. The vocabulary is tiny so
+that the native draw is well under a microsecond and the difference is the binding's own cost.
+"""
+import argparse
+import ctypes
+import os
+import statistics
+import sys
+import time
+from ctypes import POINTER, byref, c_float, c_int32
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "bindings", "python"))
+import tokenrace  # noqa: E402
+from tokenrace import _ffi  # noqa: E402
+
+VOCAB = 64
+
+
+def median_us(fns, calls, chunk=50):
+    """The median per-call time of each function, in µs. The functions are timed in alternating
+    chunks of ``chunk`` calls, so that a load on the machine that comes and goes weighs on all
+    of them alike."""
+    for fn in fns:  # warm-up: caches, branch predictors, lazy imports
+        for _ in range(min(calls, 2000)):
+            fn()
+    clock = time.perf_counter_ns
+    samples = [[] for _ in fns]
+    for _ in range(max(1, calls // chunk)):
+        for fn, out in zip(fns, samples):
+            t0 = clock()
+            for _ in range(chunk):
+                fn()
+            out.append((clock() - t0) / chunk)
+    return [statistics.median(s) / 1000.0 for s in samples]
+
+
+def native_call(sampler, logits, temperature, top_k):
+    """A closure calling tokenrace_draw on prepared structs (what a zero-overhead binding does)."""
+    rows = logits.shape[0]
+    keep = [np.full(rows, temperature, np.float32), np.empty(rows, np.int32)]
+    batch = _ffi.tokenrace_batch()
+    batch.dtype = _ffi.DTYPE_F32
+    batch.logits = logits.ctypes.data
+    batch.rows, batch.vocab, batch.row_stride = rows, VOCAB, VOCAB
+    batch.temperature = keep[0].ctypes.data_as(POINTER(c_float))
+    if top_k is not None:
+        keep.append(np.full(rows, top_k, np.int32))
+        batch.top_k = keep[-1].ctypes.data_as(POINTER(c_int32))
+    out = _ffi.tokenrace_output()
+    out.tokens = keep[1].ctypes.data_as(POINTER(c_int32))
+    draw, ptr = _ffi.lib().tokenrace_draw, sampler._handle.ptr
+    batch_ref, out_ref = byref(batch), byref(out)
+
+    def call():
+        if draw(ptr, batch_ref, out_ref) != 0:
+            raise RuntimeError(ctypes.string_at(_ffi.lib().tokenrace_last_error()))
+
+    call.keep = (keep, batch, out)
+    return call
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=20000)
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    sampler = tokenrace.Sampler(VOCAB, seed=1)
+    print(f"tokenrace {tokenrace.version()} ({sampler.simd_level}), vocab {VOCAB}, "
+          f"median of {args.calls} calls, microseconds per call")
+    print(f"{'case':<28} {'python':>8} {'native':>8} {'overhead':>9}")
+    for rows in (1, 32):
+        logits = rng.standard_normal((rows, VOCAB)).astype(np.float32)
+        for top_k in (None, 8):
+            python, native = median_us([lambda: sampler.draw(logits, temperature=0.8, top_k=top_k),
+                                        native_call(sampler, logits, 0.8, top_k)], args.calls)
+            case = f"{rows} row{'s' if rows > 1 else ''}, " + ("top_k=8" if top_k else "no filter")
+            print(f"{case:<28} {python:8.2f} {native:8.2f} {python - native:9.2f}")
+
+
+if __name__ == "__main__":
+    main()
