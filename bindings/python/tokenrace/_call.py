@@ -9,7 +9,7 @@ building ``ctypes`` structs and numpy arrays per call and asking numpy for their
   ``tokenrace_output`` in one ``struct.pack_into`` call, pointers as int addresses: setting
   fields one by one costs ~50 ns each, and a pointer field wants a ctypes pointer object
   (~1.5 µs to make);
-* each thread has one ``CallState``: a batch and an output struct, typed pointers to them as the
+* each thread has one ``CallState``: a batch and two output structs, typed pointers to them as the
   C function takes them (made once), the cached per-row scalars and the token buffers;
 * ``address()`` takes an array's address through the buffer protocol when it can.
 
@@ -116,16 +116,29 @@ class OutputBuffer:
         return self.view[:rows].copy()
 
 
+def pack_tokens_output(state, tokens, flags):
+    """Sets ``state.tokens_output`` to write the tokens (and flags, 0: not) at these addresses."""
+    if state.tokens_output_fields != (tokens, flags):
+        OUTPUT_LAYOUT.pack_into(state.tokens_output, 0, OUTPUT_SIZE, _ffi.LOGPROB_MODE_RAW, tokens, flags,
+                                0, 0, 0, 0, 0, 0)
+        state.tokens_output_fields = (tokens, flags)
+
+
 class CallState:
     """One thread's structs and buffers for draw calls (see the module doc)."""
 
     def __init__(self):
         self.in_use = False
         self.batch = _ffi.tokenrace_batch()
-        self.output = _ffi.tokenrace_output()
+        # draw() and draw_full() have an output each: draw's holds only the addresses of the
+        # token and flag buffers below, so it is packed again only when they change.
+        self.tokens_output = _ffi.tokenrace_output()
+        self.tokens_output_fields = None  # (tokens, flags) last packed into tokens_output
+        self.full_output = _ffi.tokenrace_output()
         # The arguments of tokenrace_draw, made once rather than a byref() per call.
         self.batch_ptr = ctypes.pointer(self.batch)
-        self.output_ptr = ctypes.pointer(self.output)
+        self.tokens_output_ptr = ctypes.pointer(self.tokens_output)
+        self.full_output_ptr = ctypes.pointer(self.full_output)
         self.temperature = RepeatedValue(c_float)
         self.seeds = RepeatedValue(c_uint64)
         self.offsets = RepeatedValue(c_uint64)

@@ -12,7 +12,7 @@ import numpy as np
 from . import _ffi
 from ._arrays import LOGITS_DTYPES, NOISE_DTYPES, per_row, rows_view
 from ._call import (BATCH_LAYOUT, BATCH_SIZE, FLAG_SCALARS, FLOAT_SCALARS, INT_SCALARS, OUTPUT_LAYOUT,
-                    OUTPUT_SIZE, address, release_state, take_state)
+                    OUTPUT_SIZE, address, pack_tokens_output, release_state, take_state)
 from ._common import _choice, _Closable, _Default, _from_env, _Handle, _name_of, _unsigned
 from ._errors import check
 
@@ -236,10 +236,9 @@ class Sampler(_Closable):
             keep = []
             rows = self._fill_batch(state.batch, keep, state, logits, temperature, seeds, offsets, seeded,
                                     noise, noise_kind, top_k, top_p, min_p)
-            flags = state.flags.address_for(rows) if return_flags else 0
-            OUTPUT_LAYOUT.pack_into(state.output, 0, OUTPUT_SIZE, _ffi.LOGPROB_MODE_RAW,
-                                    state.tokens.address_for(rows), flags, 0, 0, 0, 0, 0, 0)
-            self._run(state.batch_ptr, state.output_ptr)
+            pack_tokens_output(state, state.tokens.address_for(rows),
+                               state.flags.address_for(rows) if return_flags else 0)
+            self._run(state.batch_ptr, state.tokens_output_ptr)
             tokens = state.tokens.take(rows)
             if return_flags:
                 return tokens, state.flags.take(rows)
@@ -279,10 +278,10 @@ class Sampler(_Closable):
                 topn_ids=np.empty((rows, n), dtype=np.int32) if n else None,
                 topn_logprobs=np.empty((rows, n), dtype=np.float32) if n else None,
             )
-            OUTPUT_LAYOUT.pack_into(state.output, 0, OUTPUT_SIZE, mode, address(res.tokens), address(res.flags),
+            OUTPUT_LAYOUT.pack_into(state.full_output, 0, OUTPUT_SIZE, mode, address(res.tokens), address(res.flags),
                                     address(res.logprobs), address(res.ranks), n, 0,
                                     address(res.topn_ids) if n else 0, address(res.topn_logprobs) if n else 0)
-            self._run(state.batch_ptr, state.output_ptr)
+            self._run(state.batch_ptr, state.full_output_ptr)
             return res
         finally:
             release_state(state)
