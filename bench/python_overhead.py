@@ -7,11 +7,16 @@ For each case (1 and 32 rows, vocab 64, with and without top_k), it times
   python  ``Sampler.draw(logits, temperature=..., top_k=...)``, the call a user makes;
   native  ``tokenrace_draw`` called through ctypes on structs and arrays built once beforehand,
           i.e. the library's draw plus the bare cost of one ctypes foreign call;
+  binding ``Sampler.draw`` with ``tokenrace_draw`` replaced by a Python function that returns OK
+          at once: the binding's own Python code, without the ctypes call or the native draw;
 and prints the medians (of --calls calls each, after a warm-up, timed in chunks of 50 calls that
-alternate between the two) and their difference, the overhead that the binding's argument handling adds. The vocabulary is tiny so
-that the native draw is well under a microsecond and the difference is the binding's own cost.
+alternate between the three) and python - native, the overhead that the binding's argument
+handling adds. The vocabulary is tiny so that the native draw is short and the difference is the
+binding's cost. On a loaded machine python - native also holds the native draw running on caches
+that the Python code between calls has cooled; the binding column does not.
 """
 import argparse
+import contextlib
 import ctypes
 import os
 import statistics
@@ -32,19 +37,25 @@ VOCAB = 64
 def median_us(fns, calls, chunk=50):
     """The median per-call time of each function, in µs. The functions are timed in alternating
     chunks of ``chunk`` calls, so that a load on the machine that comes and goes weighs on all
-    of them alike."""
+    of them alike. A function that is a context manager is entered around each of its chunks."""
     for fn in fns:  # warm-up: caches, branch predictors, lazy imports
-        for _ in range(min(calls, 2000)):
-            fn()
+        with _context(fn):
+            for _ in range(min(calls, 2000)):
+                fn()
     clock = time.perf_counter_ns
     samples = [[] for _ in fns]
     for _ in range(max(1, calls // chunk)):
         for fn, out in zip(fns, samples):
-            t0 = clock()
-            for _ in range(chunk):
-                fn()
-            out.append((clock() - t0) / chunk)
+            with _context(fn):
+                t0 = clock()
+                for _ in range(chunk):
+                    fn()
+                out.append((clock() - t0) / chunk)
     return [statistics.median(s) / 1000.0 for s in samples]
+
+
+def _context(fn):
+    return fn if hasattr(fn, "__enter__") else contextlib.nullcontext()
 
 
 def native_call(sampler, logits, temperature, top_k):
@@ -72,6 +83,27 @@ def native_call(sampler, logits, temperature, top_k):
     return call
 
 
+class without_the_c_call:
+    """Calls ``fn`` with the library's tokenrace_draw replaced by a Python no-op (the binding looks
+    the function up at call time); ``median_us`` swaps it in around each chunk of calls."""
+
+    def __init__(self, fn):
+        self.fn, self.lib, self.real = fn, _ffi.lib(), None
+
+    def __call__(self):
+        self.fn()
+
+    def __enter__(self):
+        self.real, self.lib.tokenrace_draw = self.lib.tokenrace_draw, _draw_nothing
+
+    def __exit__(self, *exc):
+        self.lib.tokenrace_draw = self.real
+
+
+def _draw_nothing(sampler, batch, output):
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=20000)
@@ -80,14 +112,17 @@ def main():
     sampler = tokenrace.Sampler(VOCAB, seed=1)
     print(f"tokenrace {tokenrace.version()} ({sampler.simd_level}), vocab {VOCAB}, "
           f"median of {args.calls} calls, microseconds per call")
-    print(f"{'case':<28} {'python':>8} {'native':>8} {'overhead':>9}")
+    print(f"{'case':<28} {'python':>8} {'native':>8} {'overhead':>9} {'binding':>8}")
     for rows in (1, 32):
         logits = rng.standard_normal((rows, VOCAB)).astype(np.float32)
         for top_k in (None, 8):
-            python, native = median_us([lambda: sampler.draw(logits, temperature=0.8, top_k=top_k),
-                                        native_call(sampler, logits, 0.8, top_k)], args.calls)
+            def python():
+                sampler.draw(logits, temperature=0.8, top_k=top_k)
+
+            python_us, native_us, binding_us = median_us(
+                [python, native_call(sampler, logits, 0.8, top_k), without_the_c_call(python)], args.calls)
             case = f"{rows} row{'s' if rows > 1 else ''}, " + ("top_k=8" if top_k else "no filter")
-            print(f"{case:<28} {python:8.2f} {native:8.2f} {python - native:9.2f}")
+            print(f"{case:<28} {python_us:8.2f} {native_us:8.2f} {python_us - native_us:9.2f} {binding_us:8.2f}")
 
 
 if __name__ == "__main__":
