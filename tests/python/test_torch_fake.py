@@ -44,8 +44,9 @@ def make_fake_torch():
         def data_ptr(self):
             return self._a.ctypes.data
 
-        def stride(self):
-            return tuple(s // self._a.itemsize for s in self._a.strides)
+        def stride(self, dim=None):
+            strides = tuple(s // self._a.itemsize for s in self._a.strides)
+            return strides if dim is None else strides[dim]
 
         def dim(self):
             return self._a.ndim
