@@ -91,10 +91,10 @@ def _check_shape(name, ndim, shape):
     return rows, vocab
 
 
-def _contiguous_view(arr, allowed):
-    """The view of the common case, a non-empty, aligned, C-contiguous 2-D array of an accepted
-    dtype (each check a flag or a lookup); None for anything else, which ``rows_view`` checks in
-    full."""
+def contiguous_rows(arr, allowed):
+    """``(ptr, dtype, rows, vocab)`` of the common case, a non-empty, aligned, C-contiguous 2-D
+    numpy array of an accepted dtype (each check a flag or a lookup; the row stride is the
+    vocab); None for anything else, which ``rows_view`` checks in full."""
     code = _NUMPY_DTYPES.get(arr.dtype)
     if code is None or code not in allowed or arr.ndim != 2 or not arr.size:
         return None
@@ -104,7 +104,7 @@ def _contiguous_view(arr, allowed):
     rows, vocab = arr.shape
     if rows > _U32_MAX or vocab > _U32_MAX:
         return None
-    return _new_view((address(arr), code, rows, vocab, vocab, 2, arr))
+    return address(arr), code, rows, vocab
 
 
 def rows_view(obj, name="logits", allowed=LOGITS_DTYPES, broadcast_ok=False) -> RowsView:
@@ -115,9 +115,10 @@ def rows_view(obj, name="logits", allowed=LOGITS_DTYPES, broadcast_ok=False) -> 
     A 1-D ``obj`` is one row.
     """
     if type(obj) is np.ndarray:
-        view = _contiguous_view(obj, allowed)
-        if view is not None:
-            return view
+        fast = contiguous_rows(obj, allowed)
+        if fast is not None:
+            ptr, code, rows, vocab = fast
+            return _new_view((ptr, code, rows, vocab, vocab, 2, obj))
     if is_torch_tensor(obj):
         return _torch_view(obj, name, allowed, broadcast_ok)
     if isinstance(obj, np.ndarray):

@@ -10,7 +10,7 @@ from typing import Optional
 import numpy as np
 
 from . import _ffi
-from ._arrays import LOGITS_DTYPES, NOISE_DTYPES, per_row, rows_view
+from ._arrays import LOGITS_DTYPES, NOISE_DTYPES, contiguous_rows, per_row, rows_view
 from ._call import (BATCH_LAYOUT, BATCH_SIZE, FLAG_SCALARS, FLOAT_SCALARS, INT_SCALARS, OUTPUT_LAYOUT,
                     OUTPUT_SIZE, address, pack_tokens_output, release_state, take_state)
 from ._common import _choice, _Closable, _Default, _from_env, _Handle, _name_of, _unsigned
@@ -150,9 +150,16 @@ class Sampler(_Closable):
         """Writes every field of ``b`` (a ``tokenrace_batch``) for the call; returns the row
         count. ``keep`` receives the objects the struct points into; ``state`` (a ``CallState``,
         or None) lends its cached per-row arrays to scalar arguments."""
-        view = rows_view(logits, "logits", LOGITS_DTYPES)
-        rows, vocab = view.rows, view.vocab
-        keep.append(view.owner)
+        # The common case (a C-contiguous numpy array) without building a RowsView.
+        fast = contiguous_rows(logits, LOGITS_DTYPES) if type(logits) is np.ndarray else None
+        if fast is not None:
+            logits_ptr, dtype, rows, vocab = fast
+            row_stride = vocab
+            keep.append(logits)
+        else:
+            view = rows_view(logits, "logits", LOGITS_DTYPES)
+            logits_ptr, dtype, rows, vocab, row_stride = view.ptr, view.dtype, view.rows, view.vocab, view.row_stride
+            keep.append(view.owner)  # a list's converted copy, not the list
         # Each is the address of its per-row values, 0 (NULL) when not given; the common None is
         # tested here rather than in a call.
         if temperature is not None:
@@ -182,7 +189,7 @@ class Sampler(_Closable):
             keep.append(nv.owner)
             noise_ptr = nv.ptr
             noise_row_stride = 0 if nv.rows == 1 or nv.ndim == 1 else nv.row_stride
-        BATCH_LAYOUT.pack_into(b, 0, BATCH_SIZE, view.dtype, view.ptr, rows, vocab, view.row_stride,
+        BATCH_LAYOUT.pack_into(b, 0, BATCH_SIZE, dtype, logits_ptr, rows, vocab, row_stride,
                                temperature or 0, seeds or 0, offsets or 0, seeded or 0, noise_ptr, kind, 0,
                                noise_row_stride, top_k or 0, top_p or 0, min_p or 0)
         return rows
