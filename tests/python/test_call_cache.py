@@ -118,3 +118,23 @@ def test_out_of_range_scalar_seed_and_temperature(tokenrace):
         s.draw(x, temperature=float("nan"))
     with pytest.raises(ValueError, match=r"temperature\[0\]"), np.errstate(over="ignore"):
         s.draw(x, temperature=1e300)
+
+
+def test_the_packed_layouts_set_every_field_of_the_ctypes_structs(tokenrace):
+    """One ``pack_into`` must write each field where ctypes (checked against the C compiler by
+    test_abi.py) has it: distinct values in, the same values read back field by field."""
+    import ctypes
+
+    from tokenrace import _call, _ffi
+
+    for cls, layout in ((_ffi.tokenrace_batch, _call.BATCH_LAYOUT), (_ffi.tokenrace_output, _call.OUTPUT_LAYOUT)):
+        fields = cls._fields_
+        values = [0x1000 * (i + 1) if issubclass(t, ctypes._Pointer) else 0.5 + i if t is ctypes.c_float else i + 1
+                  for i, (_, t) in enumerate(fields)]
+        obj = cls()
+        layout.pack_into(obj, 0, *values)
+        for (name, ctype), want in zip(fields, values):
+            got = getattr(obj, name)
+            if issubclass(ctype, ctypes._Pointer):
+                got = ctypes.cast(got, ctypes.c_void_p).value
+            assert got == want, (cls.__name__, name)
