@@ -5,7 +5,7 @@ with a stand-in there). References are computed in float64 with numpy, as vLLM's
 import numpy as np
 import pytest
 
-from reference import chi_square, log_softmax64, wilson_hilferty
+from reference import chi_square, log_softmax64, vllm_kept_probs, wilson_hilferty
 
 torch = pytest.importorskip("torch", reason="torch is not installed (tokenrace.torch needs it; "
                                             "test_torch_fake.py covers it with a stand-in)")
@@ -122,21 +122,6 @@ def test_the_same_generator_state_gives_the_same_token_whatever_the_batch(tt, rn
     gens = generators({5: 77})
     steps = [s.forward_native(x, gens, None, None)[0][5].item() for _ in range(20)]
     assert len(set(steps)) > 1
-
-
-def vllm_kept_probs(x, k, p):
-    """float64 probabilities after vLLM's PyTorch top-k (keep logits >= the k-th largest) then
-    top-p (ascending sort, drop where the cumulative mass <= 1 - p, keep the largest), for a row
-    without ties."""
-    x = np.asarray(x, np.float64)
-    kept = x >= np.sort(x)[::-1][k - 1]
-    w = np.where(kept, np.exp(x - x.max()), 0.0)
-    order = np.argsort(w)
-    cum = np.cumsum(w[order] / w.sum())
-    drop = cum <= 1 - p
-    drop[-1] = False
-    w[order[drop]] = 0.0
-    return w / w.sum()
 
 
 def test_forward_native_draws_the_filtered_distribution(tt, tokenrace, rng):

@@ -374,3 +374,27 @@ def test_sample_refusals(tt, fake_torch, rng):
         tt.sample(x, 1.0, logprobs=True)
     with pytest.raises(ValueError, match=r"seeds\[1\]: -3 is negative"):
         tt.sample(x, 1.0, seeds=fake_torch.from_numpy(np.array([1, -3], np.int64)))
+
+
+def test_forward_native_draws_vllms_filtered_distribution(tokenrace, tt, fake_torch, rng):
+    """Chi-square fit of 40000 draws with top-k 12 and top-p 0.8 to vLLM's filtered
+    probabilities (its PyTorch rule, in float64); the counts must also fail the fits to the
+    unfiltered and to the top-k-only distributions, so a sampler that filters wrongly fails."""
+    from reference import chi_square, vllm_kept_probs, wilson_hilferty
+
+    vocab, n = 32, 40000
+    row = (rng.standard_normal(vocab) * 1.5).astype(np.float32)
+    s = tt.TopKTopPSampler(sampler=tokenrace.Sampler(0, max_rows=n, seed=7))
+    k = fake_torch.from_numpy(np.full(n, 12, np.int32))
+    p = fake_torch.from_numpy(np.full(n, 0.8, np.float32))
+    sampled, _ = s.forward_native(fake_torch.from_numpy(np.repeat(row[None, :], n, axis=0)), {}, k, p)
+    counts = np.bincount(sampled.numpy(), minlength=vocab).astype(np.float64)
+    want = vllm_kept_probs(row, 12, 0.8)
+    support = want > 0
+    assert counts[~support].sum() == 0
+    critical = wilson_hilferty(int(support.sum()) - 1, 4.0)
+    assert chi_square(counts[support], want[support]) < critical
+    softmax = np.exp(row - row.max()) / np.exp(row - row.max()).sum()
+    top_k_only = vllm_kept_probs(row, 12, 1.0)
+    assert chi_square(counts, softmax) > 10 * critical
+    assert chi_square(counts[top_k_only > 0], top_k_only[top_k_only > 0]) > 10 * critical
