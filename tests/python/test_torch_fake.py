@@ -320,6 +320,10 @@ def test_bad_inputs_are_refused(tt, fake_torch, rng):
     for logits, gens, message in cases:
         with pytest.raises(ValueError, match=message):
             sampler.forward_native(logits, gens, None, None)
+    good = fake_torch.Generator()
+    with pytest.raises(ValueError, match="CPU generators"):
+        sampler.forward_native(cases[3][0], {0: good, 1: fake_torch.Generator("cuda")}, None, None)
+    assert good.draws == 0, "a refused call advanced a generator"
     with pytest.raises(TypeError, match="torch.Tensor"):
         sampler.forward_native(np.zeros((2, 8), np.float32), {}, None, None)
 

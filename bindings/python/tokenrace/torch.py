@@ -92,14 +92,15 @@ def generator_seeds(generators, rows):
     which advances the generator by one draw per step; the other rows are unseeded."""
     if not generators:
         return None, None
-    seeds = np.zeros(rows, dtype=np.uint64)
-    seeded = np.zeros(rows, dtype=np.uint8)
-    for row, generator in generators.items():
+    for row, generator in generators.items():  # all checked before any generator advances
         if not 0 <= row < rows:
             raise ValueError(f"generators: row {row} is outside the batch of {rows} rows")
         if generator.device.type != "cpu":
             raise ValueError(f"generators[{row}]: is a generator on device '{generator.device}'; "
                              f"tokenrace draws the seeds of CPU generators")
+    seeds = np.zeros(rows, dtype=np.uint64)
+    seeded = np.zeros(rows, dtype=np.uint8)
+    for row, generator in generators.items():
         seeds[row] = int(torch.randint(0, _SEED_BOUND, (1,), generator=generator, dtype=torch.long).item())
         seeded[row] = 1
     return seeds, seeded
