@@ -311,7 +311,8 @@ def test_bad_inputs_are_refused(tt, fake_torch, rng):
     T = fake_torch.Tensor
     sampler = tt.TopKTopPSampler()
     cases = [
-        (T(np.zeros((2, 8), np.float32), fake_torch.float32, device="cuda"), {}, r"on device .*cuda.*pass logits.cpu\(\)"),
+        (T(np.zeros((2, 8), np.float32), fake_torch.float32, device="cuda"), {},
+         r"on device .*cuda.*pass logits.cpu\(\)"),
         (T(np.zeros((2, 8), np.float64), fake_torch.float64), {}, "dtype torch.float64 is not supported"),
         (T(np.zeros((2, 2, 8), np.float32), fake_torch.float32), {}, "2-D"),
         (T(np.zeros((2, 8), np.float32), fake_torch.float32), {5: fake_torch.Generator()}, "row 5 is outside"),
