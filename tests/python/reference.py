@@ -85,3 +85,18 @@ def log_softmax64(x, t=1.0, kept=None):
     z[mask] = (x[mask].astype(np.float64) - m) * inv_t(t)
     top = z[mask].max()
     return z - (top + np.log(np.exp(z[mask] - top).sum()))
+
+
+def vllm_kept_probs(x, k, p):
+    """float64 probabilities after vLLM's PyTorch top-k (keep logits >= the k-th largest) then
+    top-p (ascending sort, drop where the cumulative mass <= 1 - p, keep the largest), for a row
+    without ties."""
+    x = np.asarray(x, np.float64)
+    kept = x >= np.sort(x)[::-1][k - 1]
+    w = np.where(kept, np.exp(x - x.max()), 0.0)
+    order = np.argsort(w)
+    cum = np.cumsum(w[order] / w.sum())
+    drop = cum <= 1 - p
+    drop[-1] = False
+    w[order[drop]] = 0.0
+    return w / w.sum()

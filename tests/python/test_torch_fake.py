@@ -1,7 +1,11 @@
-"""The torch path of the binding, exercised without torch: a stand-in ``torch`` module whose
-tensors wrap numpy arrays exposes exactly the attributes the binding may use (data_ptr, stride
-in elements, dtype, device.type, layout, dim, shape, element_size, detach, float, numpy).
-The real-torch tests in test_greedy.py run where torch is installed."""
+"""The torch path of the binding and ``tokenrace.torch``, exercised without torch: a stand-in
+``torch`` module whose tensors wrap numpy arrays exposes exactly the attributes the binding may
+use (data_ptr, stride in elements, dtype, device.type, layout, dim, shape, element_size, detach,
+float, numpy, item), plus what ``tokenrace.torch`` uses: ``nn.Module``, ``Generator`` and
+``randint(..., generator=)`` (a numpy stream that counts its draws), ``from_numpy``, int dtypes.
+What the stand-in cannot show (real zero-copy bf16 tensors, torch's own generators and
+``log_softmax``, the distribution against torch's arithmetic) is tested in test_torch.py and
+test_greedy.py where torch is installed."""
 
 import sys
 import types
@@ -14,18 +18,21 @@ def make_fake_torch():
     torch = types.ModuleType("torch")
 
     class DType:
-        is_floating_point, is_complex = True, False
+        is_complex = False
 
-        def __init__(self, name):
-            self.name = name
+        def __init__(self, name, floating=True):
+            self.name, self.is_floating_point = name, floating
 
         def __repr__(self):
             return f"torch.{self.name}"
 
     torch.float32, torch.float16, torch.bfloat16, torch.float64 = (
         DType(n) for n in ("float32", "float16", "bfloat16", "float64"))
+    torch.int32, torch.int64 = DType("int32", False), DType("int64", False)
+    torch.long = torch.int64
     torch.strided, torch.sparse_coo = "strided", "sparse_coo"
-    np_of = {"float32": np.float32, "float16": np.float16, "float64": np.float64}
+    np_of = {"float32": np.float32, "float16": np.float16, "float64": np.float64,
+             "int32": np.int32, "int64": np.int64}
 
     class Tensor:
         def __init__(self, arr, dtype, device="cpu", layout="strided"):
@@ -37,8 +44,9 @@ def make_fake_torch():
         def data_ptr(self):
             return self._a.ctypes.data
 
-        def stride(self):
-            return tuple(s // self._a.itemsize for s in self._a.strides)
+        def stride(self, dim=None):
+            strides = tuple(s // self._a.itemsize for s in self._a.strides)
+            return strides if dim is None else strides[dim]
 
         def dim(self):
             return self._a.ndim
@@ -61,12 +69,43 @@ def make_fake_torch():
         def numpy(self):
             return self._a
 
+        def item(self):
+            return self._a.item()
+
         def __getitem__(self, idx):
             return Tensor(self._a[idx], self.dtype, self.device.type, self.layout)
 
+    class Generator:
+        """A CPU generator: a numpy stream; ``draws`` counts the values taken from it."""
+
+        def __init__(self, device="cpu"):
+            self.device = types.SimpleNamespace(type=device)
+            self.draws = 0
+            self.manual_seed(0)
+
+        def manual_seed(self, seed):
+            self._rng = np.random.default_rng(seed)
+            return self
+
+    def randint(low, high, size, generator=None, dtype=None):
+        gen = generator or torch.default_generator
+        if gen.device.type != "cpu":
+            raise RuntimeError("Expected a 'cpu' device type for generator")
+        gen.draws += int(np.prod(size))
+        return Tensor(gen._rng.integers(low, high, size=size, dtype=np.int64), torch.int64)
+
+    class Module:
+        """nn.Module's calling convention: ``module(...)`` is ``module.forward(...)``."""
+
+        def __call__(self, *args, **kwargs):
+            return self.forward(*args, **kwargs)
+
     Tensor.__module__ = "torch"
-    torch.Tensor = Tensor
-    torch.tensor = lambda a, dtype=None: Tensor(np.asarray(a, np.float32), torch.float32)
+    torch.Tensor, torch.Generator, torch.randint = Tensor, Generator, randint
+    torch.default_generator = Generator()
+    torch.nn = types.SimpleNamespace(Module=Module)
+    torch.tensor = lambda a, dtype=None: Tensor(np.asarray(a, np_of[(dtype or torch.float32).name]),
+                                                dtype or torch.float32)
     torch.from_numpy = lambda a: Tensor(a, getattr(torch, a.dtype.name))
     torch.np_of = np_of
     return torch
@@ -124,3 +163,243 @@ def test_tensor_per_row_arguments(tokenrace, rng, fake_torch):
                  noise=fake_torch.from_numpy(e))
     ref = np.argmax(x - np.log(e), axis=1)
     assert out.tolist() == [np.argmax(x[0]), ref[1], ref[2]]
+
+
+# -- tokenrace.torch on the stand-in ------------------------------------------------------------
+
+
+@pytest.fixture
+def tt(tokenrace, fake_torch):
+    """``tokenrace.torch`` imported against the stand-in (and forgotten afterwards, so that a real
+    torch, where installed, gets a fresh import)."""
+    import importlib
+
+    sys.modules.pop("tokenrace.torch", None)
+    module = importlib.import_module("tokenrace.torch")
+    yield module
+    sys.modules.pop("tokenrace.torch", None)
+    if getattr(tokenrace, "torch", None) is module:
+        delattr(tokenrace, "torch")
+
+
+def test_tokenrace_torch_names_torch_when_it_is_missing(tokenrace, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # what `import torch` sees without torch
+    monkeypatch.delitem(sys.modules, "tokenrace.torch", raising=False)
+    with pytest.raises(ImportError, match="tokenrace.torch needs PyTorch.*'torch' package is not installed"):
+        import tokenrace.torch  # noqa: F401
+    sys.modules.pop("tokenrace.torch", None)
+
+
+def test_importing_tokenrace_does_not_import_torch():
+    from conftest import run_python
+
+    assert run_python("""
+        import json, sys
+        import numpy as np
+        import tokenrace
+        tokenrace.Sampler(8).draw(np.zeros((2, 8), np.float32), temperature=0.5, top_k=3)
+        print(json.dumps("torch" in sys.modules))
+    """) is False
+
+
+def _logits(fake_torch, rng, rows, vocab):
+    return fake_torch.from_numpy((rng.standard_normal((rows, vocab)) * 2).astype(np.float32))
+
+
+def _generators(fake_torch, seeds):
+    return {row: fake_torch.Generator().manual_seed(seed) for row, seed in seeds.items()}
+
+
+def test_forward_native_returns_int64_tokens_and_no_logits(tt, fake_torch, rng):
+    x = _logits(fake_torch, rng, 5, 40)
+    sampler = tt.TopKTopPSampler()
+    for call in (sampler.forward_native, sampler.forward_cpu, sampler.forward, sampler):
+        tokens, processed = call(x, {}, None, None)
+        assert processed is None
+        assert tokens.dtype is fake_torch.int64 and tuple(tokens.shape) == (5,)
+        assert ((tokens.numpy() >= 0) & (tokens.numpy() < 40)).all()
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_out_receives_the_tokens(tt, fake_torch, rng, dtype):
+    x = _logits(fake_torch, rng, 4, 30)
+    out = fake_torch.from_numpy(np.full(4, -1, dtype))
+    gens = _generators(fake_torch, {r: 7 + r for r in range(4)})
+    got, _ = tt.TopKTopPSampler().forward_native(x, gens, None, None, out=out)
+    assert got is out and ((out.numpy() >= 0) & (out.numpy() < 30)).all()
+    again, _ = tt.TopKTopPSampler().forward_native(x, _generators(fake_torch, {r: 7 + r for r in range(4)}),
+                                                   None, None)
+    np.testing.assert_array_equal(out.numpy(), again.numpy())
+    for bad, what in [(fake_torch.from_numpy(np.zeros(4, np.float32)), "dtype"),
+                      (fake_torch.from_numpy(np.zeros(3, np.int64)), "shape")]:
+        with pytest.raises(ValueError, match=f"out: has {what}"):
+            tt.TopKTopPSampler().forward_native(x, {}, None, None, out=bad)
+
+
+def test_a_generator_gives_one_seed_per_step_as_vllms_cpu_path(tokenrace, tt, fake_torch, rng):
+    """Row i's token is tokenrace's draw seeded with the one value vLLM's forward_cpu takes from
+    the row's generator (torch.randint(0, 2**31, (1,), generator=gen)), and each step takes
+    exactly one value."""
+    x = _logits(fake_torch, rng, 6, 50)
+    gens = _generators(fake_torch, {1: 11, 4: 12})
+    twins = _generators(fake_torch, {1: 11, 4: 12})
+    sampler = tt.TopKTopPSampler()
+    for _step in range(3):
+        tokens, _ = sampler.forward_native(x, gens, None, None)
+        for row, twin in twins.items():
+            seed = fake_torch.randint(0, 2**31, (1,), generator=twin, dtype=fake_torch.long).item()
+            want = tokenrace.Sampler(50).draw(x.numpy()[row], seeds=seed)
+            assert tokens.numpy()[row] == want[0]
+            assert gens[row].draws == twin.draws
+    assert [g.draws for g in gens.values()] == [3, 3]
+
+
+def test_a_seeded_row_ignores_its_batch_mates(tt, fake_torch, rng):
+    x = _logits(fake_torch, rng, 8, 64).numpy()
+    sampler = tt.TopKTopPSampler()
+    alone, _ = sampler.forward_native(fake_torch.from_numpy(x[3:4].copy()),
+                                      _generators(fake_torch, {0: 99}), None, None)
+    other = x.copy()
+    other[[0, 1, 2, 5, 6, 7]] = rng.standard_normal((6, 64)).astype(np.float32)
+    for batch in (x, other):
+        mixed, _ = sampler.forward_native(fake_torch.from_numpy(batch), _generators(fake_torch, {3: 99, 6: 5}),
+                                          None, None)
+        assert mixed.numpy()[3] == alone.numpy()[0]
+
+
+def test_k_and_p_off_values_and_a_k_of_one(tt, fake_torch, rng):
+    x = _logits(fake_torch, rng, 4, 40)
+    sampler = tt.TopKTopPSampler()
+
+    def run(k, p):
+        gens = _generators(fake_torch, {r: 3 * r for r in range(4)})
+        return sampler.forward_native(x, gens, k, p)[0].numpy()
+
+    plain = run(None, None)
+    for k in (np.full(4, 40, np.int32), np.full(4, 1000, np.int64), np.zeros(4, np.int32), np.full(4, -1, np.int64)):
+        np.testing.assert_array_equal(run(fake_torch.from_numpy(k), None), plain)
+    np.testing.assert_array_equal(run(None, fake_torch.from_numpy(np.ones(4, np.float32))), plain)
+    k1 = fake_torch.from_numpy(np.ones(4, np.int32))
+    np.testing.assert_array_equal(run(k1, None), np.argmax(x.numpy(), axis=1))
+    p_tiny = fake_torch.from_numpy(np.full(4, 1e-6, np.float32))
+    np.testing.assert_array_equal(run(None, p_tiny), np.argmax(x.numpy(), axis=1))
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"use_fp64_gumbel": True}, "use_fp64_gumbel=True is not supported.*32-bit uniforms"),
+    ({"logprobs_mode": "processed_logits"}, "processed_logits.*not supported.*ties"),
+    ({"logprobs_mode": "processed_logprobs"}, "processed_logprobs.*not supported"),
+    ({"logprobs_mode": "logits"}, "logprobs_mode: 'logits' is not one of"),
+    ({"seed": 3, "sampler": "made below"}, "either sampler or its settings"),
+])
+def test_what_the_drop_in_refuses(tokenrace, tt, kwargs, message):
+    if kwargs.get("sampler"):
+        kwargs["sampler"] = tokenrace.Sampler(0)
+    with pytest.raises(ValueError, match=message):
+        tt.TopKTopPSampler(**kwargs)
+
+
+def test_the_drop_in_keeps_the_raw_modes_and_a_given_sampler(tokenrace, tt):
+    shared = tokenrace.Sampler(0, seed=4)
+    for mode in ("raw_logprobs", "raw_logits"):
+        s = tt.TopKTopPSampler(logprobs_mode=mode, sampler=shared)
+        assert s.logprobs_mode == mode and s.sampler is shared and s.use_fp64_gumbel is False
+    assert tt.TopKTopPSampler(threads=1, seed=5).sampler.seed == 5
+
+
+def test_bad_inputs_are_refused(tt, fake_torch, rng):
+    T = fake_torch.Tensor
+    sampler = tt.TopKTopPSampler()
+    cases = [
+        (T(np.zeros((2, 8), np.float32), fake_torch.float32, device="cuda"), {},
+         r"on device .*cuda.*pass logits.cpu\(\)"),
+        (T(np.zeros((2, 8), np.float64), fake_torch.float64), {}, "dtype torch.float64 is not supported"),
+        (T(np.zeros((2, 2, 8), np.float32), fake_torch.float32), {}, "2-D"),
+        (T(np.zeros((2, 8), np.float32), fake_torch.float32), {5: fake_torch.Generator()}, "row 5 is outside"),
+        (T(np.zeros((2, 8), np.float32), fake_torch.float32), {0: fake_torch.Generator("cuda")}, "CPU generators"),
+    ]
+    for logits, gens, message in cases:
+        with pytest.raises(ValueError, match=message):
+            sampler.forward_native(logits, gens, None, None)
+    good = fake_torch.Generator()
+    with pytest.raises(ValueError, match="CPU generators"):
+        sampler.forward_native(cases[3][0], {0: good, 1: fake_torch.Generator("cuda")}, None, None)
+    assert good.draws == 0, "a refused call advanced a generator"
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        sampler.forward_native(np.zeros((2, 8), np.float32), {}, None, None)
+
+
+def test_sample_greedy_rows_temperature_and_seeds(tokenrace, tt, fake_torch, rng):
+    x = _logits(fake_torch, rng, 6, 80)
+    temps = fake_torch.from_numpy(np.array([0, 0.7, 0, 1.3, 1.0, 0.5], np.float32))
+    seeds = fake_torch.from_numpy(np.arange(6, dtype=np.int64) + 40)
+    positions = fake_torch.from_numpy(np.full(6, 9, np.int64))
+    ids = tt.sample(x, temps, seeds=seeds, positions=positions, top_k=fake_torch.from_numpy(np.full(6, 20, np.int32)))
+    assert ids.dtype is fake_torch.int64
+    want = tokenrace.Sampler(80).draw(x.numpy(), temperature=temps.numpy(), seeds=seeds.numpy(),
+                                      offsets=9, top_k=20)
+    np.testing.assert_array_equal(ids.numpy(), want)
+    greedy = np.argmax(x.numpy(), axis=1)
+    assert ids.numpy()[0] == greedy[0] and ids.numpy()[2] == greedy[2]
+
+
+def test_sample_logprobs_triple(tt, fake_torch, rng):
+    from reference import log_softmax64
+
+    x = _logits(fake_torch, rng, 5, 60)
+    temps = np.array([0, 0.8, 1.0, 2.0, 0.3], np.float32)
+    ids, lp = tt.sample(x, fake_torch.from_numpy(temps), logprobs=4, min_p=0.01)
+    assert isinstance(lp, tt.LogprobsTensors)
+    assert lp.logprob_token_ids.dtype is fake_torch.int32 and tuple(lp.logprob_token_ids.shape) == (5, 5)
+    assert lp.logprobs.dtype is fake_torch.float32 and tuple(lp.logprobs.shape) == (5, 5)
+    assert lp.selected_token_ranks.dtype is fake_torch.int64 and tuple(lp.selected_token_ranks.shape) == (5,)
+    for r in range(5):
+        ref = log_softmax64(x.numpy()[r])  # raw: before temperature
+        order = np.argsort(-ref, kind="stable")
+        row_ids, row_lp = lp.logprob_token_ids.numpy()[r], lp.logprobs.numpy()[r]
+        assert row_ids[0] == ids.numpy()[r]
+        np.testing.assert_array_equal(row_ids[1:], order[:4])
+        np.testing.assert_allclose(row_lp, ref[row_ids], atol=1e-5)
+        assert lp.selected_token_ranks.numpy()[r] == (ref >= ref[row_ids[0]]).sum()
+    _, whole = tt.sample(x, 1.0, logprobs=-1)
+    assert tuple(whole.logprobs.shape) == (5, 61)
+    _, none = tt.sample(x, 1.0, logprobs=0)
+    assert tuple(none.logprob_token_ids.shape) == (5, 1)
+
+
+def test_sample_refusals(tt, fake_torch, rng):
+    x = _logits(fake_torch, rng, 2, 10)
+    with pytest.raises(ValueError, match="generators or seeds, not both"):
+        tt.sample(x, 1.0, generators={0: fake_torch.Generator()}, seeds=[1, 2])
+    with pytest.raises(ValueError, match="positions: needs seeds"):
+        tt.sample(x, 1.0, positions=[1, 2])
+    with pytest.raises(ValueError, match=r"logprobs: 11 is not in \[0, 10\]"):
+        tt.sample(x, 1.0, logprobs=11)
+    with pytest.raises(TypeError, match="logprobs"):
+        tt.sample(x, 1.0, logprobs=True)
+    with pytest.raises(ValueError, match=r"seeds\[1\]: -3 is negative"):
+        tt.sample(x, 1.0, seeds=fake_torch.from_numpy(np.array([1, -3], np.int64)))
+
+
+def test_forward_native_draws_vllms_filtered_distribution(tokenrace, tt, fake_torch, rng):
+    """Chi-square fit of 40000 draws with top-k 12 and top-p 0.8 to vLLM's filtered
+    probabilities (its PyTorch rule, in float64); the counts must also fail the fits to the
+    unfiltered and to the top-k-only distributions, so a sampler that filters wrongly fails."""
+    from reference import chi_square, vllm_kept_probs, wilson_hilferty
+
+    vocab, n = 32, 40000
+    row = (rng.standard_normal(vocab) * 1.5).astype(np.float32)
+    s = tt.TopKTopPSampler(sampler=tokenrace.Sampler(0, max_rows=n, seed=7))
+    k = fake_torch.from_numpy(np.full(n, 12, np.int32))
+    p = fake_torch.from_numpy(np.full(n, 0.8, np.float32))
+    sampled, _ = s.forward_native(fake_torch.from_numpy(np.repeat(row[None, :], n, axis=0)), {}, k, p)
+    counts = np.bincount(sampled.numpy(), minlength=vocab).astype(np.float64)
+    want = vllm_kept_probs(row, 12, 0.8)
+    support = want > 0
+    assert counts[~support].sum() == 0
+    critical = wilson_hilferty(int(support.sum()) - 1, 4.0)
+    assert chi_square(counts[support], want[support]) < critical
+    softmax = np.exp(row - row.max()) / np.exp(row - row.max()).sum()
+    top_k_only = vllm_kept_probs(row, 12, 1.0)
+    assert chi_square(counts, softmax) > 10 * critical
+    assert chi_square(counts[top_k_only > 0], top_k_only[top_k_only > 0]) > 10 * critical

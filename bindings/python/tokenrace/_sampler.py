@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import ctypes
 import math
-from ctypes import POINTER, byref, c_float, c_int32, c_uint8, c_uint32, c_uint64
+from ctypes import byref
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
 from . import _ffi
-from ._arrays import LOGITS_DTYPES, NOISE_DTYPES, per_row, rows_view
+from ._arrays import LOGITS_DTYPES, NOISE_DTYPES, contiguous_rows, per_row, rows_view
+from ._call import (BATCH_LAYOUT, BATCH_SIZE, FLAG_SCALARS, FLOAT_SCALARS, INT_SCALARS, OUTPUT_LAYOUT,
+                    OUTPUT_SIZE, address, pack_tokens_output, release_state, take_state)
 from ._common import _choice, _Closable, _Default, _from_env, _Handle, _name_of, _unsigned
 from ._errors import check
-
-
-def _ptr(arr, ctype):
-    return None if arr is None else arr.ctypes.data_as(POINTER(ctype))
 
 
 def _free_sampler(ptr):
@@ -148,34 +145,40 @@ class Sampler(_Closable):
 
     # -- drawing -------------------------------------------------------------------------------
 
-    def _batch(self, logits, temperature, seeds, offsets, seeded, noise, noise_kind,
-               top_k=None, top_p=None, min_p=None):
-        """Fills a ``tokenrace_batch``. Returns it and the objects to keep alive."""
-        view = rows_view(logits, "logits", LOGITS_DTYPES)
-        rows, vocab = view.rows, view.vocab
-        keep = [view.owner]
-        b = _ffi.tokenrace_batch()
-        b.dtype = view.dtype
-        b.logits = view.ptr
-        b.rows = rows
-        b.vocab = vocab
-        b.row_stride = view.row_stride
-        t = per_row(temperature, rows, np.float32, "temperature")
-        s = per_row(seeds, rows, np.uint64, "seeds")
-        o = per_row(offsets, rows, np.uint64, "offsets")
-        m = per_row(seeded, rows, np.uint8, "seeded")
-        k = per_row(top_k, rows, np.int32, "top_k")
-        p = per_row(top_p, rows, np.float32, "top_p")
-        mp = per_row(min_p, rows, np.float32, "min_p")
-        keep += [t, s, o, m, k, p, mp]
-        b.temperature = _ptr(t, c_float)
-        b.seeds = _ptr(s, c_uint64)
-        b.offsets = _ptr(o, c_uint64)
-        b.seeded = _ptr(m, c_uint8)
-        b.top_k = _ptr(k, c_int32)
-        b.top_p = _ptr(p, c_float)
-        b.min_p = _ptr(mp, c_float)
-        b.noise_kind = _choice("noise_kind", noise_kind, _ffi.NOISE_KIND_NAMES)
+    def _fill_batch(self, b, keep, state, logits, temperature, seeds, offsets, seeded, noise, noise_kind,
+                    top_k, top_p, min_p):
+        """Writes every field of ``b`` (a ``tokenrace_batch``) for the call; returns the row
+        count. ``keep`` receives the objects the struct points into; ``state`` (a ``CallState``,
+        or None) lends its cached per-row arrays to scalar arguments."""
+        # The common case (a C-contiguous numpy array) without building a RowsView.
+        fast = contiguous_rows(logits, LOGITS_DTYPES) if type(logits) is np.ndarray else None
+        if fast is not None:
+            logits_ptr, dtype, rows, vocab = fast
+            row_stride = vocab
+            keep.append(logits)
+        else:
+            view = rows_view(logits, "logits", LOGITS_DTYPES)
+            logits_ptr, dtype, rows, vocab, row_stride = view.ptr, view.dtype, view.rows, view.vocab, view.row_stride
+            keep.append(view.owner)  # a list's converted copy, not the list
+        # Each is the address of its per-row values, 0 (NULL) when not given; the common None is
+        # tested here rather than in a call.
+        if temperature is not None:
+            temperature = _float_rows(state and state.temperature, temperature, rows, "temperature", keep)
+        if seeds is not None:
+            seeds = _uint64_rows(state and state.seeds, seeds, rows, "seeds", keep)
+        if offsets is not None:
+            offsets = _uint64_rows(state and state.offsets, offsets, rows, "offsets", keep)
+        if seeded is not None:
+            seeded = _flag_rows(state and state.seeded, seeded, rows, "seeded", keep)
+        if top_k is not None:
+            top_k = _int32_rows(state and state.top_k, top_k, rows, "top_k", keep)
+        if top_p is not None:
+            top_p = _float_rows(state and state.top_p, top_p, rows, "top_p", keep)
+        if min_p is not None:
+            min_p = _float_rows(state and state.min_p, min_p, rows, "min_p", keep)
+        kind = _ffi.NOISE_KIND_EXP if noise_kind == "exp" else _choice("noise_kind", noise_kind,
+                                                                       _ffi.NOISE_KIND_NAMES)
+        noise_ptr = noise_row_stride = 0
         if noise is not None:
             nv = rows_view(noise, "noise", NOISE_DTYPES, broadcast_ok=True)
             if nv.vocab != vocab:
@@ -184,17 +187,32 @@ class Sampler(_Closable):
                 raise ValueError(f"noise: has {nv.rows} rows, the batch has {rows} (or pass 1 row, or "
                                  f"a 1-D array, to use the same noise for every row)")
             keep.append(nv.owner)
-            b.noise = ctypes.cast(nv.ptr, POINTER(c_float))
-            b.noise_row_stride = 0 if nv.rows == 1 or nv.ndim == 1 else nv.row_stride
-        return b, keep
+            noise_ptr = nv.ptr
+            noise_row_stride = 0 if nv.rows == 1 or nv.ndim == 1 else nv.row_stride
+        BATCH_LAYOUT.pack_into(b, 0, BATCH_SIZE, dtype, logits_ptr, rows, vocab, row_stride,
+                               temperature or 0, seeds or 0, offsets or 0, seeded or 0, noise_ptr, kind, 0,
+                               noise_row_stride, top_k or 0, top_p or 0, min_p or 0)
+        return rows
 
-    def _run(self, batch, out, keep):
-        """Calls ``tokenrace_draw``; ``keep`` holds every buffer the structs point into, ``h`` the
-        native sampler (a ``close()`` in another thread meanwhile cannot free it)."""
+    def _batch(self, logits, temperature, seeds, offsets, seeded, noise, noise_kind,
+               top_k=None, top_p=None, min_p=None):
+        """A ``tokenrace_batch`` of its own (not the thread's cached one) and the objects to keep
+        alive with it, for callers that hold a batch beyond one call."""
+        keep = []
+        batch = _ffi.tokenrace_batch()
+        self._fill_batch(batch, keep, None, logits, temperature, seeds, offsets, seeded, noise,
+                         noise_kind, top_k, top_p, min_p)
+        return batch, keep
+
+    def _run(self, batch_ptr, output_ptr):
+        """Calls ``tokenrace_draw``. The handle ``h`` is held for the call, so that a ``close()`` in
+        another thread meanwhile cannot free the native sampler. (The function is looked up at
+        call time: tests substitute it.)"""
         h = self._live_handle()
-        status = _ffi.lib().tokenrace_draw(h.ptr, byref(batch), byref(out))
-        check(status)
-        del keep, h
+        status = _ffi.lib().tokenrace_draw(h.ptr, batch_ptr, output_ptr)
+        if status:
+            check(status)
+        del h
 
     def draw(self, logits, *, temperature=None, seeds=None, offsets=None, seeded=None, noise=None,
              noise_kind="exp", top_k=None, top_p=None, min_p=None, return_flags=False):
@@ -220,18 +238,20 @@ class Sampler(_Closable):
             raises ValueError naming the row (``top_p[3]: 0 is not in (0, 1]``).
         return_flags: also return the uint32 row flags (``FLAG_*`` bits).
         """
-        batch, keep = self._batch(logits, temperature, seeds, offsets, seeded, noise, noise_kind,
-                                  top_k, top_p, min_p)
-        rows = batch.rows
-        tokens = np.empty(rows, dtype=np.int32)
-        out = _ffi.tokenrace_output()
-        out.tokens = _ptr(tokens, c_int32)
-        flags = None
-        if return_flags:
-            flags = np.zeros(rows, dtype=np.uint32)
-            out.flags = _ptr(flags, c_uint32)
-        self._run(batch, out, keep + [tokens, flags])
-        return (tokens, flags) if return_flags else tokens
+        state = take_state()
+        try:
+            keep = []
+            rows = self._fill_batch(state.batch, keep, state, logits, temperature, seeds, offsets, seeded,
+                                    noise, noise_kind, top_k, top_p, min_p)
+            pack_tokens_output(state, state.tokens.address_for(rows),
+                               state.flags.address_for(rows) if return_flags else 0)
+            self._run(state.batch_ptr, state.tokens_output_ptr)
+            tokens = state.tokens.take(rows)
+            if return_flags:
+                return tokens, state.flags.take(rows)
+            return tokens
+        finally:
+            release_state(state)
 
     def draw_full(self, logits, *, temperature=None, seeds=None, offsets=None, seeded=None,
                   noise=None, noise_kind="exp", top_k=None, top_p=None, min_p=None, logprobs=0,
@@ -252,28 +272,65 @@ class Sampler(_Closable):
         if isinstance(logprobs, (bool, np.bool_)):
             raise TypeError("logprobs: must be an integer (the number of top logprobs per row), got a bool")
         n = _unsigned("logprobs", logprobs, 32)
-        batch, keep = self._batch(logits, temperature, seeds, offsets, seeded, noise, noise_kind,
-                                  top_k, top_p, min_p)
-        rows = batch.rows
-        res = DrawResult(
-            tokens=np.empty(rows, dtype=np.int32),
-            flags=np.zeros(rows, dtype=np.uint32),
-            logprobs=np.empty(rows, dtype=np.float32),
-            ranks=np.empty(rows, dtype=np.int32),
-            topn_ids=np.empty((rows, n), dtype=np.int32) if n else None,
-            topn_logprobs=np.empty((rows, n), dtype=np.float32) if n else None,
-        )
-        out = _ffi.tokenrace_output()
-        out.logprob_mode = mode
-        out.tokens = _ptr(res.tokens, c_int32)
-        out.flags = _ptr(res.flags, c_uint32)
-        out.logprobs = _ptr(res.logprobs, c_float)
-        out.ranks = _ptr(res.ranks, c_int32)
-        out.top_n = n
-        out.topn_ids = _ptr(res.topn_ids, c_int32)
-        out.topn_logprobs = _ptr(res.topn_logprobs, c_float)
-        self._run(batch, out, keep + [res])
-        return res
+        state = take_state()
+        try:
+            keep = []
+            rows = self._fill_batch(state.batch, keep, state, logits, temperature, seeds, offsets, seeded,
+                                    noise, noise_kind, top_k, top_p, min_p)
+            res = DrawResult(
+                tokens=np.empty(rows, dtype=np.int32),
+                flags=np.zeros(rows, dtype=np.uint32),
+                logprobs=np.empty(rows, dtype=np.float32),
+                ranks=np.empty(rows, dtype=np.int32),
+                topn_ids=np.empty((rows, n), dtype=np.int32) if n else None,
+                topn_logprobs=np.empty((rows, n), dtype=np.float32) if n else None,
+            )
+            OUTPUT_LAYOUT.pack_into(state.full_output, 0, OUTPUT_SIZE, mode, address(res.tokens), address(res.flags),
+                                    address(res.logprobs), address(res.ranks), n, 0,
+                                    address(res.topn_ids) if n else 0, address(res.topn_logprobs) if n else 0)
+            self._run(state.batch_ptr, state.full_output_ptr)
+            return res
+        finally:
+            release_state(state)
+
+
+# Per-row arguments, as the address the batch struct gets. A scalar of a plain type that fits the
+# C type goes through the thread's cached array (``RepeatedValue``); anything else (arrays,
+# lists, tensors, values to refuse) through ``per_row()``, which converts, checks and words the
+# errors.
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _slow_rows(value, rows, dtype, name, keep):
+    arr = per_row(value, rows, dtype, name)
+    keep.append(arr)
+    return address(arr)
+
+
+def _float_rows(cache, value, rows, name, keep):
+    # NaN and values beyond the f32 range fail the comparison: per_row() converts those as numpy does.
+    if cache is not None and type(value) in FLOAT_SCALARS and -_F32_MAX <= value <= _F32_MAX:
+        return cache.address_for(float(value), rows)
+    return _slow_rows(value, rows, np.float32, name, keep)
+
+
+def _int32_rows(cache, value, rows, name, keep):
+    if cache is not None and type(value) in INT_SCALARS and -2**31 <= value < 2**31:
+        return cache.address_for(int(value), rows)
+    return _slow_rows(value, rows, np.int32, name, keep)
+
+
+def _uint64_rows(cache, value, rows, name, keep):
+    if cache is not None and type(value) in INT_SCALARS and 0 <= value < 2**64:
+        return cache.address_for(int(value), rows)
+    return _slow_rows(value, rows, np.uint64, name, keep)
+
+
+def _flag_rows(cache, value, rows, name, keep):
+    if cache is not None and type(value) in FLAG_SCALARS:
+        return cache.address_for(1 if value else 0, rows)
+    return _slow_rows(value, rows, np.uint8, name, keep)
 
 
 @dataclass

@@ -1,0 +1,176 @@
+"""The plumbing of one draw call, kept cheap: structs filled in place, per-row scalars through
+cached one-value-per-row arrays, numpy asked for a pointer only for the caller's own arrays.
+
+Why: a 1-row draw of a small vocabulary takes well under a microsecond in the library, while
+building ``ctypes`` structs and numpy arrays per call and asking numpy for their pointers
+(``arr.ctypes`` or ``__array_interface__``: 2-3 µs each) cost the binding ~28 µs per call. Here:
+
+* ``BATCH_LAYOUT`` and ``OUTPUT_LAYOUT`` write every field of a ``tokenrace_batch`` or
+  ``tokenrace_output`` in one ``struct.pack_into`` call, pointers as int addresses: setting
+  fields one by one costs ~50 ns each, and a pointer field wants a ctypes pointer object
+  (~1.5 µs to make);
+* each thread has one ``CallState``: a batch and two output structs, typed pointers to them as the
+  C function takes them (made once), the cached per-row scalars and the token buffers;
+* ``address()`` takes an array's address through the buffer protocol when it can.
+
+Thread safety: a ``Sampler`` is shared between threads, so everything cached here belongs to one
+thread (``threading.local``). A call that finds its thread's state in use (a draw started from a
+signal handler or a finalizer in the middle of another one) uses a fresh state.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+from ctypes import addressof, c_char, c_float, c_int32, c_uint8, c_uint32, c_uint64, c_void_p
+
+import numpy as np
+
+from . import _ffi
+
+
+# struct format characters of the C types of the header's structs (pointers are addresses).
+_FORMAT_CHARS = {c_uint8: "B", c_int32: "i", c_uint32: "I", c_uint64: "Q", c_float: "f", c_void_p: "Q"}
+
+
+def struct_layout(cls) -> struct.Struct:
+    """A ``struct.Struct`` that writes ``cls``'s fields at their offsets (pointers as addresses, 0
+    for NULL), padding included, so that one ``pack_into(instance, 0, *values)`` sets every field
+    of a ctypes instance of ``cls``. Checked against ctypes' own offsets."""
+    assert ctypes.sizeof(c_void_p) == 8, "the layout writes pointers as 64-bit addresses"
+    fmt, end = "=", 0
+    for name, ctype in cls._fields_:
+        field = getattr(cls, name)
+        fmt += "x" * (field.offset - end)
+        fmt += "Q" if issubclass(ctype, ctypes._Pointer) else _FORMAT_CHARS[ctype]
+        end = field.offset + field.size
+    fmt += "x" * (ctypes.sizeof(cls) - end)
+    layout = struct.Struct(fmt)
+    assert layout.size == ctypes.sizeof(cls), cls.__name__
+    return layout
+
+
+BATCH_LAYOUT = struct_layout(_ffi.tokenrace_batch)
+OUTPUT_LAYOUT = struct_layout(_ffi.tokenrace_output)
+BATCH_SIZE = ctypes.sizeof(_ffi.tokenrace_batch)
+OUTPUT_SIZE = ctypes.sizeof(_ffi.tokenrace_output)
+
+
+def address(arr) -> int:
+    """The data address of a numpy array. The buffer protocol gives it in well under a µs for a
+    writable contiguous array; anything else (read-only, strided, empty) asks numpy's
+    ``__array_interface__`` (2-3 µs)."""
+    try:
+        return addressof(c_char.from_buffer(arr))
+    except (TypeError, ValueError, BufferError):
+        return arr.__array_interface__["data"][0]
+
+
+class RepeatedValue:
+    """A ctypes array holding one value in its first ``filled`` elements: the per-row array for a
+    scalar argument, refilled only when the value changes or more rows are needed."""
+
+    __slots__ = ("ctype", "array", "address", "value", "filled")
+
+    def __init__(self, ctype):
+        self.ctype = ctype
+        self.array = None
+        self.address = 0
+        self.value = None
+        self.filled = 0
+
+    def address_for(self, value, rows):
+        """The address of ``rows`` copies of ``value`` (already checked to fit ``ctype``)."""
+        if rows > self.filled or value != self.value or type(value) is not type(self.value):
+            if self.array is None or rows > len(self.array):
+                self.array = (self.ctype * max(rows, 1))()
+                self.address = addressof(self.array)
+            if rows == 1:
+                self.array[0] = value
+            else:
+                self.array[:rows] = [value] * rows
+            self.value, self.filled = value, rows
+        return self.address
+
+
+class OutputBuffer:
+    """A reusable ctypes array with a numpy view of it; ``take(rows)`` copies the result out."""
+
+    __slots__ = ("ctype", "dtype", "array", "address", "view")
+
+    def __init__(self, ctype, dtype):
+        self.ctype, self.dtype = ctype, dtype
+        self.array = None
+        self.address = 0
+        self.view = None
+
+    def address_for(self, rows):
+        if self.array is None or rows > len(self.array):
+            self.array = (self.ctype * max(rows, 16))()
+            self.address = addressof(self.array)
+            self.view = np.frombuffer(self.array, dtype=self.dtype)
+        return self.address
+
+    def take(self, rows):
+        return self.view[:rows].copy()
+
+
+def pack_tokens_output(state, tokens, flags):
+    """Sets ``state.tokens_output`` to write the tokens (and flags, 0: not) at these addresses."""
+    if state.tokens_output_fields != (tokens, flags):
+        OUTPUT_LAYOUT.pack_into(state.tokens_output, 0, OUTPUT_SIZE, _ffi.LOGPROB_MODE_RAW, tokens, flags,
+                                0, 0, 0, 0, 0, 0)
+        state.tokens_output_fields = (tokens, flags)
+
+
+class CallState:
+    """One thread's structs and buffers for draw calls (see the module doc)."""
+
+    def __init__(self):
+        self.in_use = False
+        self.batch = _ffi.tokenrace_batch()
+        # draw() and draw_full() have an output each: draw's holds only the addresses of the
+        # token and flag buffers below, so it is packed again only when they change.
+        self.tokens_output = _ffi.tokenrace_output()
+        self.tokens_output_fields = None  # (tokens, flags) last packed into tokens_output
+        self.full_output = _ffi.tokenrace_output()
+        # The arguments of tokenrace_draw, made once rather than a byref() per call.
+        self.batch_ptr = ctypes.pointer(self.batch)
+        self.tokens_output_ptr = ctypes.pointer(self.tokens_output)
+        self.full_output_ptr = ctypes.pointer(self.full_output)
+        self.temperature = RepeatedValue(c_float)
+        self.seeds = RepeatedValue(c_uint64)
+        self.offsets = RepeatedValue(c_uint64)
+        self.seeded = RepeatedValue(c_uint8)
+        self.top_k = RepeatedValue(c_int32)
+        self.top_p = RepeatedValue(c_float)
+        self.min_p = RepeatedValue(c_float)
+        self.tokens = OutputBuffer(c_int32, np.int32)
+        self.flags = OutputBuffer(c_uint32, np.uint32)
+
+
+_per_thread = threading.local()
+
+
+def take_state():
+    """This thread's ``CallState``, marked in use (``release_state()`` unmarks it), or a fresh one
+    if it is in use already."""
+    state = getattr(_per_thread, "state", None)
+    if state is None:
+        state = _per_thread.state = CallState()
+    elif state.in_use:
+        state = CallState()
+    state.in_use = True
+    return state
+
+
+def release_state(state):
+    state.in_use = False
+
+
+# Scalar types passed without a numpy detour, by the C type of the field. bool is not among the
+# integers (``type(True) is bool``): the slow path refuses it with its own message.
+FLOAT_SCALARS = frozenset((float, int, np.float32, np.float64))
+INT_SCALARS = frozenset((int, np.int32, np.int64))
+FLAG_SCALARS = frozenset((bool, int, np.bool_))

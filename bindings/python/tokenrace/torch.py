@@ -1,0 +1,253 @@
+"""tokenrace for PyTorch: vLLM's CPU sampling steps on tokenrace, reading CPU tensors in place.
+
+``TopKTopPSampler``
+    A drop-in for vLLM's ``vllm.v1.sample.ops.topk_topp_sampler.TopKTopPSampler``:
+    ``forward_native(logits, generators, k, p)`` and ``forward_cpu`` (the same) return
+    ``(sampled int64 [rows], None)``. vLLM calls it with logits already divided by the
+    temperature (``Sampler.sample`` applies the temperature, then min-p, then calls it), so it
+    draws at T = 1 from the logits as given, after top-k and top-p.
+``sample(logits, temperature, ...)``
+    The fused step that replaces vLLM's ``Sampler.sample``: raw (untempered) logits in, greedy
+    rows (T < the sampler's ``greedy_below``, 1e-5 as vLLM's ``_SAMPLING_EPS``), temperature,
+    min-p, top-k, top-p and the draw in one native call, optionally with the logprobs triple of
+    vLLM's ``LogprobsTensors``.
+
+Seeds: vLLM gives each seeded request a ``torch.Generator``; per step its CPU path draws one value
+from it (``torch.randint(0, 2**31, (1,), generator=gen)``) as the row's seed. So do these
+functions: that value becomes the row's tokenrace seed (offset 0), so a seeded request draws the
+same tokens whatever its batch mates are, and the same generator state gives the same token.
+Unseeded rows take keys from the tokenrace sampler's own stream (not torch's global RNG).
+
+Tokens are not bit-identical to vLLM's (different noise), only identically distributed. What
+tokenrace cannot honour is refused, not approximated: ``use_fp64_gumbel=True`` (tokenrace's
+uniforms have 32 bits), the processed logprobs modes (vLLM's kept set differs from tokenrace's on
+ties and rounding at the top-p boundary, so the masked logits would not be exactly vLLM's), GPU
+tensors and dtypes other than float32, bfloat16 and float16.
+"""
+
+from __future__ import annotations
+
+try:
+    import torch
+except ImportError as error:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "tokenrace.torch needs PyTorch, and the 'torch' package is not installed "
+        "(pip install torch); the rest of tokenrace works without it, on numpy arrays") from error
+
+import threading
+from typing import NamedTuple
+
+import numpy as np
+
+from ._sampler import Sampler
+
+__all__ = ["LogprobsTensors", "TopKTopPSampler", "sample"]
+
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logits", "processed_logprobs")
+PROCESSED_LOGPROBS_MODES = ("processed_logits", "processed_logprobs")
+
+# vLLM's CPU path draws each seeded row's per-step seed as torch.randint(0, 2**31).
+_SEED_BOUND = 2**31
+
+
+class LogprobsTensors(NamedTuple):
+    """The logprobs of a step, laid out as vLLM's ``LogprobsTensors``: column 0 is the sampled
+    token, columns 1..n the n most probable tokens (descending, lowest id first on ties)."""
+
+    logprob_token_ids: "torch.Tensor"  # [rows, n + 1] int32 (vLLM casts its ids to int32)
+    logprobs: "torch.Tensor"  # [rows, n + 1] float32
+    selected_token_ranks: "torch.Tensor"  # [rows] int64: count of tokens with logprob >= the sampled one's
+
+
+def _make_sampler(sampler, threads, seed, simd, max_rows):
+    settings = {name: value for name, value in
+                (("threads", threads), ("seed", seed), ("simd", simd), ("max_rows", max_rows))
+                if value is not None}
+    if sampler is None:
+        return Sampler(0, **settings)  # vocab 0: any vocabulary size
+    if not isinstance(sampler, Sampler):
+        raise TypeError(f"sampler: must be a tokenrace.Sampler, got {type(sampler).__name__}")
+    if settings:
+        raise ValueError(f"pass either sampler or its settings ({', '.join(settings)}), not both: "
+                         f"the settings of an existing sampler are fixed")
+    return sampler
+
+
+def _check_logits(logits):
+    """The row count of a 2-D CPU tensor; the dtype and layout are checked by the binding."""
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"logits: must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.device.type != "cpu":
+        raise ValueError(f"logits: is a tensor on device '{logits.device}'; tokenrace samples on the "
+                         f"host, pass logits.cpu() (or keep vLLM's own sampler for device tensors)")
+    if logits.dim() != 2:
+        raise ValueError(f"logits: must be 2-D [rows, vocab], got shape {tuple(logits.shape)}")
+    return logits.shape[0]
+
+
+def generator_seeds(generators, rows):
+    """The per-row ``(seeds, seeded)`` arrays for vLLM's per-request generators, or
+    ``(None, None)`` without any: each row in ``generators`` draws one value from its generator,
+    exactly as vLLM's ``forward_cpu`` does (``torch.randint(0, 2**31, (1,), generator=gen)``),
+    which advances the generator by one draw per step; the other rows are unseeded."""
+    if not generators:
+        return None, None
+    for row, generator in generators.items():  # all checked before any generator advances
+        if not 0 <= row < rows:
+            raise ValueError(f"generators: row {row} is outside the batch of {rows} rows")
+        if generator.device.type != "cpu":
+            raise ValueError(f"generators[{row}]: is a generator on device '{generator.device}'; "
+                             f"tokenrace draws the seeds of CPU generators")
+    seeds = np.zeros(rows, dtype=np.uint64)
+    seeded = np.zeros(rows, dtype=np.uint8)
+    for row, generator in generators.items():
+        seeds[row] = int(torch.randint(0, _SEED_BOUND, (1,), generator=generator, dtype=torch.long).item())
+        seeded[row] = 1
+    return seeds, seeded
+
+
+def _tokens_tensor(tokens, out, rows):
+    """The int32 numpy tokens as vLLM's int64 tensor, or written into ``out`` (int64 or int32)."""
+    if out is None:
+        return torch.from_numpy(tokens.astype(np.int64))
+    if not isinstance(out, torch.Tensor) or out.device.type != "cpu":
+        raise ValueError("out: must be a CPU torch.Tensor")
+    if out.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"out: has dtype {out.dtype}; token ids are written as torch.int64 or torch.int32")
+    if tuple(out.shape) != (rows,):
+        raise ValueError(f"out: has shape {tuple(out.shape)}, the batch needs ({rows},)")
+    out.detach().numpy()[...] = tokens  # a view of out's memory: numpy widens int32 to int64 in place
+    return out
+
+
+class TopKTopPSampler(torch.nn.Module):
+    """vLLM's ``TopKTopPSampler`` on tokenrace (see the module doc).
+
+    ``TopKTopPSampler(logprobs_mode="raw_logprobs", use_fp64_gumbel=False, *, sampler=None,
+    threads=None, seed=None, simd=None, max_rows=None)``
+
+    The first two arguments are vLLM's. ``sampler``: a ``tokenrace.Sampler`` to use (shared with
+    other users: it is thread-safe); otherwise one is made with ``threads``, ``seed`` (of the
+    unseeded rows' stream), ``simd`` and ``max_rows`` (which must cover vLLM's
+    ``max_num_seqs``), each left to the ``TOKENRACE_*`` environment when None.
+
+    Refused (ValueError): ``use_fp64_gumbel=True`` and the processed logprobs modes.
+    """
+
+    def __init__(self, logprobs_mode="raw_logprobs", use_fp64_gumbel=False, *, sampler=None,
+                 threads=None, seed=None, simd=None, max_rows=None):
+        super().__init__()
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode: {logprobs_mode!r} is not one of {', '.join(LOGPROBS_MODES)}")
+        if logprobs_mode in PROCESSED_LOGPROBS_MODES:
+            raise ValueError(
+                f"logprobs_mode={logprobs_mode!r} is not supported by tokenrace: vLLM returns the logits "
+                f"masked by its own top-k/top-p, whose kept set differs from tokenrace's on ties and at the "
+                f"top-p boundary (float rounding), so they would not be exactly vLLM's; use "
+                f"'raw_logprobs' or 'raw_logits', or vLLM's own sampler")
+        if use_fp64_gumbel:
+            raise ValueError(
+                "use_fp64_gumbel=True is not supported by tokenrace: its noise comes from 32-bit uniforms "
+                "(docs/semantics.md, Noise), it cannot give fp64 exponentials; use vLLM's own sampler")
+        self.logprobs_mode = logprobs_mode
+        self.use_fp64_gumbel = False
+        self.sampler = _make_sampler(sampler, threads, seed, simd, max_rows)
+
+    def forward_native(self, logits, generators, k, p, *, out=None):
+        """Top-k (``k``: None or an int tensor per row; k >= vocab or k < 1 is off for the row) and
+        top-p (``p``: None or a float tensor per row; 1.0 is off), then a draw at T = 1 from the
+        logits as given (vLLM has divided them by the temperature already). ``generators``: {row:
+        torch.Generator} of the seeded rows. Returns ``(sampled, None)``: int64 [rows] (or
+        ``out``), and None as vLLM does in the raw logprobs modes. The logits are not changed."""
+        rows = _check_logits(logits)
+        seeds, seeded = generator_seeds(generators, rows)
+        tokens = self.sampler.draw(logits, seeds=seeds, seeded=seeded, top_k=k, top_p=p)
+        return _tokens_tensor(tokens, out, rows), None
+
+    # vLLM picks forward_cpu on x86, ARM and s390x, forward_native elsewhere: the same draw here.
+    forward_cpu = forward_native
+
+    def forward(self, logits, generators, k, p, *, out=None):
+        return self.forward_native(logits, generators, k, p, out=out)
+
+
+_default_sampler = None
+_default_lock = threading.Lock()
+
+
+def default_sampler():
+    """The sampler ``sample()`` uses when given none: made on first use from the ``TOKENRACE_*``
+    environment, with any vocabulary size."""
+    global _default_sampler
+    with _default_lock:
+        if _default_sampler is None:
+            _default_sampler = Sampler(0)
+        return _default_sampler
+
+
+def _seed_arguments(generators, seeds, positions, rows):
+    if generators and seeds is not None:
+        raise ValueError("pass generators or seeds, not both")
+    if positions is not None and seeds is None:
+        raise ValueError("positions: needs seeds (a position is the offset of a row's seed)")
+    if generators:
+        return generator_seeds(generators, rows) + (None,)
+    return seeds, None, positions
+
+
+def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generators=None, seeds=None,
+           positions=None, logprobs=None, out=None, sampler=None):
+    """One fused sampling step, replacing vLLM's ``Sampler.sample``.
+
+    logits: 2-D CPU tensor [rows, vocab] (float32, bfloat16 or float16), raw: before temperature
+        (penalties, biases and masks already applied, as vLLM's ``sample`` receives them). Read
+        in place, never changed.
+    temperature: float or a float tensor per row; a row below the sampler's ``greedy_below``
+        (1e-5, vLLM's ``_SAMPLING_EPS``) takes the argmax, lowest index on ties.
+    top_k, top_p, min_p: None or a tensor (or scalar) per row, applied after temperature in
+        vLLM's order min-p, top-k, top-p; off: k < 1 or k >= vocab, p = 1, min_p = 0.
+    generators: {row: torch.Generator}, vLLM's per-request generators (one draw each per call,
+        see the module doc); or ``seeds`` (non-negative 64-bit integers per row) with optional
+        ``positions`` (the offset mixed into each seed, e.g. the token's position), the
+        stateless alternative: the same (seed, position) always gives the same token.
+    logprobs: None, or n >= 0 (-1: the whole vocabulary) to also return a ``LogprobsTensors``
+        with the sampled token and the top n: log_softmax of the logits as given (before
+        temperature), vLLM's default ``raw_logprobs``.
+    out: an int64 or int32 CPU tensor [rows] to write the token ids into.
+    sampler: the ``tokenrace.Sampler`` to use (default: ``default_sampler()``).
+
+    Returns the int64 token ids [rows] (or ``out``), with the ``LogprobsTensors`` when
+    ``logprobs`` is given: ``(ids, logprobs_tensors)``.
+    """
+    rows = _check_logits(logits)
+    sampler = default_sampler() if sampler is None else sampler
+    row_seeds, seeded, offsets = _seed_arguments(generators, seeds, positions, rows)
+    draw_args = dict(temperature=temperature, seeds=row_seeds, seeded=seeded, offsets=offsets,
+                     top_k=top_k, top_p=top_p, min_p=min_p)
+    if logprobs is None:
+        return _tokens_tensor(sampler.draw(logits, **draw_args), out, rows)
+    n = _top_count(logprobs, logits.shape[1])
+    result = sampler.draw_full(logits, logprobs=n, logprob_mode="raw", **draw_args)
+    return _tokens_tensor(result.tokens, out, rows), _logprobs_tensors(result, rows, n)
+
+
+def _top_count(logprobs, vocab):
+    if isinstance(logprobs, bool) or not isinstance(logprobs, int):
+        raise TypeError(f"logprobs: must be None or an integer, got {type(logprobs).__name__}")
+    if logprobs == -1:
+        return vocab
+    if not 0 <= logprobs <= vocab:
+        raise ValueError(f"logprobs: {logprobs} is not in [0, {vocab}] (or -1 for the whole vocabulary)")
+    return logprobs
+
+
+def _logprobs_tensors(result, rows, n) -> LogprobsTensors:
+    ids = np.empty((rows, n + 1), dtype=np.int32)
+    values = np.empty((rows, n + 1), dtype=np.float32)
+    ids[:, 0] = result.tokens
+    values[:, 0] = result.logprobs
+    if n:
+        ids[:, 1:] = result.topn_ids
+        values[:, 1:] = result.topn_logprobs
+    return LogprobsTensors(torch.from_numpy(ids), torch.from_numpy(values),
+                           torch.from_numpy(result.ranks.astype(np.int64)))

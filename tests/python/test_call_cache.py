@@ -1,0 +1,140 @@
+"""The per-thread call state of the binding (tokenrace/_call.py): scalars passed through cached
+per-row arrays and reused structs must give exactly what explicit per-row arrays give, whatever
+changes between calls, in every thread, and when a draw runs inside another draw."""
+
+import threading
+
+import numpy as np
+import pytest
+
+
+def _explicit(rows, temperature, seeds, top_k, top_p):
+    """The same arguments as per-row numpy arrays (the path that caches nothing)."""
+    return dict(temperature=np.full(rows, temperature, np.float32), seeds=np.full(rows, seeds, np.uint64),
+                top_k=np.full(rows, top_k, np.int32), top_p=np.full(rows, top_p, np.float32))
+
+
+CASES = [  # (rows, temperature, seed, top_k, top_p): each differs from the one before in something
+    (1, 0.7, 5, 3, 0.9), (1, 0.7, 5, 3, 0.9), (1, 1.3, 5, 3, 0.9), (40, 1.3, 5, 3, 0.9),
+    (3, 1.3, 5, 3, 0.9), (3, 1.3, 6, 3, 0.9), (3, 1.3, 6, 0, 0.9), (64, 0.0, 6, 0, 1.0),
+    (2, 2.0, 2**64 - 1, 7, 0.5), (40, 2.0, 0, 7, 0.5),
+]
+
+
+def test_scalars_equal_per_row_arrays_across_changing_calls(tokenrace, rng):
+    x = rng.standard_normal((64, 300)).astype(np.float32) * 3
+    s = tokenrace.Sampler(300, seed=1)
+    for rows, t, seed, k, p in CASES:
+        got = s.draw(x[:rows], temperature=t, seeds=seed, top_k=k, top_p=p)
+        want = s.draw(x[:rows], **_explicit(rows, t, seed, k, p))
+        np.testing.assert_array_equal(got, want, err_msg=str((rows, t, seed, k, p)))
+        assert got.shape == (rows,) and got.dtype == np.int32
+
+
+def test_returned_tokens_are_not_overwritten_by_the_next_call(tokenrace, rng):
+    x = rng.standard_normal((8, 50)).astype(np.float32)
+    s = tokenrace.Sampler(50)
+    first = s.draw(x, temperature=0)
+    kept = first.copy()
+    s.draw(-x, temperature=0)
+    np.testing.assert_array_equal(first, kept)
+    tokens, flags = s.draw(x, temperature=0, return_flags=True)
+    s.draw(x, temperature=1.0, return_flags=True)
+    assert (flags & tokenrace.FLAG_GREEDY).all()
+
+
+def test_threads_with_their_own_scalars(tokenrace, rng):
+    x = rng.standard_normal((32, 200)).astype(np.float32) * 2
+    s = tokenrace.Sampler(200, max_rows=32)
+    settings = [(rows, 0.5 + i / 4, 100 + i, 2 + i) for i, rows in enumerate((1, 5, 32, 17))]
+    want = [s.draw(x[:r], **_explicit(r, t, seed, k, 1.0)) for r, t, seed, k in settings]
+    errors = []
+
+    def work(i):
+        rows, t, seed, k = settings[i]
+        for _ in range(300):
+            got = s.draw(x[:rows], temperature=t, seeds=seed, top_k=k)
+            if not np.array_equal(got, want[i]):
+                errors.append((i, got, want[i]))
+                return
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(settings))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+
+
+def test_a_draw_inside_a_draw_uses_its_own_state(tokenrace, rng, monkeypatch):
+    """A draw started while this thread's state is in use (from a finalizer or a signal handler)
+    must not clobber the outer call's structs."""
+    lib = tokenrace._ffi.lib()
+    x = rng.standard_normal((4, 100)).astype(np.float32)
+    s = tokenrace.Sampler(100)
+    want_outer = s.draw(x, temperature=0.9, seeds=11, top_k=5)
+    want_inner = s.draw(-x[:1], temperature=0)
+    real_draw = lib.tokenrace_draw
+    inner, started = [], []
+
+    def draw(ptr, batch, out):
+        if not started:
+            started.append(True)
+            inner.append(s.draw(-x[:1], temperature=0))
+        return real_draw(ptr, batch, out)
+
+    monkeypatch.setattr(lib, "tokenrace_draw", draw)
+    np.testing.assert_array_equal(s.draw(x, temperature=0.9, seeds=11, top_k=5), want_outer)
+    np.testing.assert_array_equal(inner[0], want_inner)
+
+
+def test_batches_built_for_later_are_independent(tokenrace, rng):
+    """``Sampler._batch`` (a batch held beyond the call) owns its struct and arrays."""
+    s = tokenrace.Sampler(30)
+    a, keep_a = s._batch(np.zeros((2, 30), np.float32), 0.5, 7, None, None, None, "exp", 4)
+    b, keep_b = s._batch(np.zeros((3, 30), np.float32), 1.5, 8, None, None, None, "exp", 9)
+    assert (a.rows, b.rows) == (2, 3)
+    assert (a.temperature[0], a.seeds[0], a.top_k[1]) == (0.5, 7, 4)
+    assert (b.temperature[2], b.seeds[0], b.top_k[2]) == (1.5, 8, 9)
+    assert not a.top_p and not b.min_p
+
+
+@pytest.mark.parametrize("value,message", [
+    (True, "top_k: must be an integer, got a bool"),
+    (2**31, "top_k: 2147483648 does not fit in an int32"),
+    (1.5, "top_k: must be integers"),
+])
+def test_scalars_outside_the_fast_path_keep_their_errors(tokenrace, value, message):
+    with pytest.raises(ValueError, match=message):
+        tokenrace.Sampler(10).draw(np.zeros((2, 10), np.float32), top_k=value)
+
+
+def test_out_of_range_scalar_seed_and_temperature(tokenrace):
+    s = tokenrace.Sampler(10)
+    x = np.zeros((2, 10), np.float32)
+    with pytest.raises(ValueError, match=r"seeds: -1 is not in \[0, 2\*\*64\)"):
+        s.draw(x, seeds=-1)
+    with pytest.raises(ValueError, match=r"temperature\[0\]"):
+        s.draw(x, temperature=float("nan"))
+    with pytest.raises(ValueError, match=r"temperature\[0\]"), np.errstate(over="ignore"):
+        s.draw(x, temperature=1e300)
+
+
+def test_the_packed_layouts_set_every_field_of_the_ctypes_structs(tokenrace):
+    """One ``pack_into`` must write each field where ctypes (checked against the C compiler by
+    test_abi.py) has it: distinct values in, the same values read back field by field."""
+    import ctypes
+
+    from tokenrace import _call, _ffi
+
+    for cls, layout in ((_ffi.tokenrace_batch, _call.BATCH_LAYOUT), (_ffi.tokenrace_output, _call.OUTPUT_LAYOUT)):
+        fields = cls._fields_
+        values = [0x1000 * (i + 1) if issubclass(t, ctypes._Pointer) else 0.5 + i if t is ctypes.c_float else i + 1
+                  for i, (_, t) in enumerate(fields)]
+        obj = cls()
+        layout.pack_into(obj, 0, *values)
+        for (name, ctype), want in zip(fields, values):
+            got = getattr(obj, name)
+            if issubclass(ctype, ctypes._Pointer):
+                got = ctypes.cast(got, ctypes.c_void_p).value
+            assert got == want, (cls.__name__, name)
