@@ -120,3 +120,40 @@ print("{}")
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     err = done.stderr.decode(errors="replace")
     assert "TOKENRACE_MAX_ROW is not a tokenrace setting" in err, err
+
+
+def test_vocab_size_from_env_unless_passed():
+    res = run_python("""
+        import json, tokenrace
+        print(json.dumps({"env": tokenrace.Sampler().vocab_size,
+                          "passed": tokenrace.Sampler(vocab_size=50).vocab_size,
+                          "positional": tokenrace.Sampler(60).vocab_size}))
+    """, env={"TOKENRACE_VOCAB_SIZE": "4096"})
+    assert res == {"env": 4096, "passed": 50, "positional": 60}
+
+
+def test_info_logging_names_the_simd_level_once_and_each_pool():
+    done = _run_raw("""
+import tokenrace
+a = tokenrace.Sampler(100)
+b = tokenrace.Sampler(100, simd="scalar")
+p = tokenrace.NoisePool(64, 8, seed=1)
+p.close()
+print("{}")
+""", {"TOKENRACE_LOG_LEVEL": "info", "TOKENRACE_SIMD_LEVLE": "avx2"})
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    err = done.stderr.decode(errors="replace")
+    simd_lines = [line for line in err.splitlines() if "SIMD level" in line]
+    assert len(simd_lines) == 1 and "requested auto" in simd_lines[0], err
+    assert sum("pool: 8 rows x 64 values" in line for line in err.splitlines()) == 1, err
+    assert "TOKENRACE_SIMD_LEVLE is not a tokenrace setting" in err, err
+
+
+def test_the_default_level_logs_no_info():
+    done = _run_raw("""
+import tokenrace
+tokenrace.Sampler(100)
+print("{}")
+""", {})
+    assert done.returncode == 0
+    assert "SIMD level" not in done.stderr.decode(errors="replace")

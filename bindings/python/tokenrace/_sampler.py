@@ -25,20 +25,22 @@ def _free_sampler(ptr):
 class Sampler(_Closable):
     """Samples one next token per row of logits; safe to share between threads.
 
-    ``Sampler(vocab_size, max_rows=256, *, seed=None, threads=1, simd="auto",
+    ``Sampler(vocab_size=0, max_rows=256, *, seed=None, threads=1, simd="auto",
     greedy_below=1e-5, noise="auto")``
 
     Settings the caller does not pass come from the ``TOKENRACE_*`` environment variables
     (``docs/configuration.md``), else from the library's defaults; a value passed explicitly
     always wins, even when it equals the default. ``seed=None`` means "not passed": OS entropy
-    unless ``TOKENRACE_SEED`` is set. ``vocab_size=0`` accepts any vocabulary size.
+    unless ``TOKENRACE_SEED`` is set. ``vocab_size`` not passed is ``TOKENRACE_VOCAB_SIZE``, else
+    0, which accepts any vocabulary size.
     """
 
-    def __init__(self, vocab_size, max_rows=_Default(256), *, seed=None, threads=_Default(1),
+    def __init__(self, vocab_size=_Default(0), max_rows=_Default(256), *, seed=None, threads=_Default(1),
                  simd=_Default("auto"), greedy_below=_Default(1e-5), noise=_Default("auto")):
         lib = _ffi.lib()
         cfg = _config_from_env()
-        cfg.vocab_size = _unsigned("vocab_size", vocab_size, 32)
+        if not isinstance(vocab_size, _Default):
+            cfg.vocab_size = _unsigned("vocab_size", vocab_size, 32)
         if not isinstance(max_rows, _Default):
             cfg.max_rows = _unsigned("max_rows", max_rows, 32)
         if not isinstance(threads, _Default):
