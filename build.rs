@@ -37,8 +37,10 @@ fn set_soname() {
     if ["linux", "freebsd", "netbsd", "openbsd", "dragonfly", "illumos"].contains(&os.as_str()) {
         println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,{}", soname());
     }
-    // For the tests that link C programs against the build directory's library.
-    println!("cargo:rustc-env=TOKENRACE_SONAME={}", soname());
+    // For the tests that link C programs against the build directory's library. (Not named
+    // TOKENRACE_*: cargo also sets it when it runs the tests, and the library warns about every
+    // TOKENRACE_* variable that is not a setting.)
+    println!("cargo:rustc-env=LIBTOKENRACE_SONAME={}", soname());
 }
 
 #[cfg(feature = "header")]

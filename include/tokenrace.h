@@ -18,7 +18,8 @@
 
 // The version of this ABI; bumped on any incompatible change (compatible growth of a struct
 // keeps it: callers set `struct_size`). A struct passed in is read up to its `struct_size`, which
-// must be the end of one of its fields in some version (else INVALID_ARGUMENT naming it);
+// must be at least the size of the struct's first version and must not end inside a field
+// (else INVALID_ARGUMENT naming it);
 // fields it does not reach take their defaults. A `struct_size` larger than this library's
 // struct is accepted when the bytes beyond it are zero, and is UNSUPPORTED otherwise (the caller
 // set fields this library does not know). A struct written out is written up to the smaller of
@@ -103,7 +104,7 @@ typedef enum tokenrace_log_level {
 typedef enum tokenrace_logprob_mode {
   // log_softmax of the logits as given (vLLM's default).
   TOKENRACE_LOGPROB_MODE_RAW = 0,
-  // log_softmax after temperature and the filters.
+  // log_softmax after temperature and the filters (greedy rows report RAW).
   TOKENRACE_LOGPROB_MODE_PROCESSED = 1,
 } tokenrace_logprob_mode;
 
@@ -373,11 +374,11 @@ enum tokenrace_status tokenrace_draw(struct tokenrace_sampler *sampler,
 struct tokenrace_pool_config tokenrace_pool_config_default(void);
 
 // Writes the default pool settings overridden by the `TOKENRACE_POOL_*` environment variables
-// (read once per process) into `*out`. A bad variable fails with INVALID_CONFIG naming it;
-// `*out` is then left unchanged.
+// (read once per process) into `*out`, up to `out->struct_size`, which the caller sets first. A
+// bad variable fails with INVALID_CONFIG naming it; `*out` is then left unchanged.
 //
 // # Safety
-// `out` is NULL or points to a writable `tokenrace_pool_config`.
+// `out` is NULL or points to a writable `tokenrace_pool_config` of `out->struct_size` bytes.
 enum tokenrace_status tokenrace_pool_config_from_env(struct tokenrace_pool_config *out);
 
 // Makes a noise pool: a ring buffer of `rows x vocab` noise values (E or ln E, as `kind`

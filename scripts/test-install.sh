@@ -46,7 +46,7 @@ cd "$work"
 cc "$repo/examples/c/draw.c" -o draw -Wall -Wextra -Werror -std=c11 \
   $(pkg-config --cflags --libs tokenrace) -Wl,-rpath,"$(pkg-config --variable=libdir tokenrace)" -lm
 ./draw >draw.out || { cat draw.out; fail "examples/c/draw.c (pkg-config) failed"; }
-grep -q '^row 0: token [0-9]* .*(greedy)$' draw.out && grep -q '^refused: .*top_p\[1\]' draw.out \
+grep -q '^row 0: token [0-9]*, .*(greedy)$' draw.out && grep -q '^refused: .*top_p\[1\]' draw.out \
   || { cat draw.out; fail "unexpected output of examples/c/draw.c"; }
 echo "pkg-config: examples/c/draw.c built and ran"
 

@@ -410,8 +410,9 @@ pub fn from_env() -> Result<(Config, PoolConfig)> {
 
 /// Variables that start with `TOKENRACE_` but belong to the bindings or the test tools, not to
 /// the library: the Python binding's library path, the test suite's library directory, the
-/// header test's rewrite switch, CI's s390x switch.
-const BINDING_VARS: &[&str] = &["TOKENRACE_LIBRARY", "TOKENRACE_LIB_DIR", "TOKENRACE_BLESS", "TOKENRACE_CI_S390X"];
+/// header test's rewrite switch, the C tests' memcheck switch, CI's s390x switch.
+const BINDING_VARS: &[&str] =
+    &["TOKENRACE_LIBRARY", "TOKENRACE_LIB_DIR", "TOKENRACE_BLESS", "TOKENRACE_VALGRIND", "TOKENRACE_CI_S390X"];
 
 /// Logs a warning for each `TOKENRACE_*` variable that is not a setting (a misspelt name would
 /// otherwise be ignored in silence). Called once the logger is installed, so the warning shows.

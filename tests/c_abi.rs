@@ -6,10 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// The directory of `libtokenrace.so`: `TOKENRACE_LIB_DIR` when set (scripts/test.sh builds
-/// the release library once, before the tests, and every consumer uses that one), else built
-/// here: `cargo test` builds the library as an rlib only, so the shared object is built with the
-/// same profile and target directory (a third compile of the crate, minutes on a small machine).
+/// The directory of `libtokenrace.so`: `TOKENRACE_LIB_DIR` when set (scripts/test.sh points it at
+/// `target/debug/deps`, where `cargo test` leaves the shared object of the test build), else
+/// built here with this test's profile and target directory (`cargo build --lib`).
 fn lib_dir() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
@@ -24,7 +23,7 @@ fn lib_dir() -> PathBuf {
 /// A program linked with `-ltokenrace` asks the dynamic loader for the soname, which the build
 /// directory lacks (an install makes it): a symlink to the built file stands in for it.
 fn link_soname(dir: &Path) {
-    let link = dir.join(env!("TOKENRACE_SONAME"));
+    let link = dir.join(env!("LIBTOKENRACE_SONAME"));
     if std::fs::read_link(&link).is_err() {
         let _ = std::fs::remove_file(&link);
         // Another test binary may make it at the same moment; either link serves.

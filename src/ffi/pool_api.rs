@@ -75,11 +75,11 @@ pub extern "C" fn tokenrace_pool_config_default() -> tokenrace_pool_config {
 }
 
 /// Writes the default pool settings overridden by the `TOKENRACE_POOL_*` environment variables
-/// (read once per process) into `*out`. A bad variable fails with INVALID_CONFIG naming it;
-/// `*out` is then left unchanged.
+/// (read once per process) into `*out`, up to `out->struct_size`, which the caller sets first. A
+/// bad variable fails with INVALID_CONFIG naming it; `*out` is then left unchanged.
 ///
 /// # Safety
-/// `out` is NULL or points to a writable `tokenrace_pool_config`.
+/// `out` is NULL or points to a writable `tokenrace_pool_config` of `out->struct_size` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn tokenrace_pool_config_from_env(out: *mut tokenrace_pool_config) -> tokenrace_status {
     guard("tokenrace_pool_config_from_env", || {

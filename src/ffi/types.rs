@@ -100,7 +100,7 @@ pub enum tokenrace_log_level {
 pub enum tokenrace_logprob_mode {
     /// log_softmax of the logits as given (vLLM's default).
     Raw = 0,
-    /// log_softmax after temperature and the filters.
+    /// log_softmax after temperature and the filters (greedy rows report RAW).
     Processed = 1,
 }
 
@@ -118,7 +118,8 @@ pub const TOKENRACE_FLAG_GREEDY: u32 = 8;
 
 /// The version of this ABI; bumped on any incompatible change (compatible growth of a struct
 /// keeps it: callers set `struct_size`). A struct passed in is read up to its `struct_size`, which
-/// must be the end of one of its fields in some version (else INVALID_ARGUMENT naming it);
+/// must be at least the size of the struct's first version and must not end inside a field
+/// (else INVALID_ARGUMENT naming it);
 /// fields it does not reach take their defaults. A `struct_size` larger than this library's
 /// struct is accepted when the bytes beyond it are zero, and is UNSUPPORTED otherwise (the caller
 /// set fields this library does not know). A struct written out is written up to the smaller of
