@@ -220,6 +220,7 @@ fn draw_rows(k: &Kernels, batch: &Batch, plans: &[RowPlan], workers: Option<&Wor
         tiles::draw_tiled(k, batch, plans, &workers.pool, split)?
     };
     workers.work.record(mode, rows * n, busy_ns);
+    workers.pool.call_ended();
     Ok(drawn)
 }
 

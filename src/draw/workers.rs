@@ -110,6 +110,8 @@ pub(crate) struct WorkerPool {
     epoch: Instant,
     last_end_ns: AtomicU64,
     last_invited: AtomicUsize,
+    /// When the caller's last call ended, whether it used the workers or not.
+    last_call_ns: AtomicU64,
 }
 
 impl WorkerPool {
@@ -142,6 +144,7 @@ impl WorkerPool {
             epoch: Instant::now(),
             last_end_ns: AtomicU64::new(0),
             last_invited: AtomicUsize::new(0),
+            last_call_ns: AtomicU64::new(0),
         })
     }
 
@@ -158,12 +161,30 @@ impl WorkerPool {
         self.width().min(self.cores)
     }
 
-    /// What inviting workers would cost now: the workers of the last job spin for `SPIN` after
-    /// it, the others are parked.
+    /// What inviting workers would cost a call now, in the steady state: when calls come back to
+    /// back (within `SPIN` of each other), the workers a call uses still spin at the next, so
+    /// only the first call pays for waking them; after a longer pause, every call does.
     pub(crate) fn wake_cost(&self) -> WakeCost {
-        let since_last = self.now_ns().saturating_sub(self.last_end_ns.load(Ordering::Relaxed));
-        let spinning = if since_last < SPIN.as_nanos() as u64 { self.last_invited.load(Ordering::Relaxed) } else { 0 };
+        let spinning = if self.within_spin(&self.last_call_ns) { self.width() - 1 } else { 0 };
         WakeCost { spinning, spinning_ns: self.spinning_ns.get(), parked_ns: self.parked_ns.get() }
+    }
+
+    /// Notes the end of a draw call, whether or not it used the workers.
+    pub(crate) fn call_ended(&self) {
+        self.last_call_ns.store(self.now_ns(), Ordering::Relaxed);
+    }
+
+    /// The workers spinning now: those of the last job, for `SPIN` after it.
+    fn spinning_workers(&self) -> usize {
+        if self.within_spin(&self.last_end_ns) {
+            self.last_invited.load(Ordering::Relaxed)
+        } else {
+            0
+        }
+    }
+
+    fn within_spin(&self, since: &AtomicU64) -> bool {
+        self.now_ns().saturating_sub(since.load(Ordering::Relaxed)) < SPIN.as_nanos() as u64
     }
 
     /// Runs `f(task)` for every task in `0..tasks` on at most `participants` threads (the
@@ -182,7 +203,7 @@ impl WorkerPool {
             // Another thread's call holds the workers: do this one here rather than wait.
             return on_this_thread();
         };
-        let warm = self.wake_cost().spinning;
+        let warm = self.spinning_workers();
         let s = &self.shared;
         let start = Instant::now();
         let generation = self.publish(tasks, invited, f);
