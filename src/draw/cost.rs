@@ -119,10 +119,10 @@ impl WorkCost {
         self.per_element_ns[mode as usize].get() * elements as f64
     }
 
-    /// Learns from a draw of `elements` elements that kept threads busy `busy_ns` in all.
-    pub(crate) fn record(&self, mode: Mode, elements: usize, busy_ns: u64) {
+    /// Learns from a draw of `elements` elements that took (or would take) `work_ns` on one thread.
+    pub(crate) fn record(&self, mode: Mode, elements: usize, work_ns: u64) {
         if elements > 0 {
-            self.per_element_ns[mode as usize].update(busy_ns as f64 / elements as f64);
+            self.per_element_ns[mode as usize].update(work_ns as f64 / elements as f64);
         }
     }
 }

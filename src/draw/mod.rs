@@ -210,7 +210,7 @@ fn draw_rows(k: &Kernels, batch: &Batch, plans: &[RowPlan], workers: Option<&Wor
     };
     let mode = Mode::of(batch, plans);
     let split = Split::choose(workers, rows, n, mode);
-    let (drawn, busy_ns) = if split == Split::ONE_THREAD {
+    let (drawn, work_ns) = if split == Split::ONE_THREAD {
         let start = Instant::now();
         let drawn = draw_on_this_thread(k, batch, plans)?;
         (drawn, start.elapsed().as_nanos() as u64)
@@ -219,7 +219,7 @@ fn draw_rows(k: &Kernels, batch: &Batch, plans: &[RowPlan], workers: Option<&Wor
     } else {
         tiles::draw_tiled(k, batch, plans, &workers.pool, split)?
     };
-    workers.work.record(mode, rows * n, busy_ns);
+    workers.work.record(mode, rows * n, work_ns);
     workers.pool.call_ended();
     Ok(drawn)
 }
@@ -228,8 +228,8 @@ fn draw_on_this_thread(k: &Kernels, batch: &Batch, plans: &[RowPlan]) -> Result<
     (0..batch.rows).map(|r| draw_row(k, batch, r, plans[r])).collect()
 }
 
-/// Draws each row as one task on `participants` threads of `pool`; returns the rows and the
-/// time the threads spent on them.
+/// Draws each row as one task on `participants` threads of `pool`; returns the rows and their
+/// estimated single-thread time.
 fn draw_by_rows(
     k: &Kernels,
     batch: &Batch,
@@ -248,7 +248,7 @@ fn draw_by_rows(
         return Err(worker_panicked());
     }
     failed.into_result()?;
-    Ok((out.iter().map(SyncCell::get).collect(), done.busy_ns))
+    Ok((out.iter().map(SyncCell::get).collect(), done.work_ns))
 }
 
 fn worker_panicked() -> Error {

@@ -13,7 +13,7 @@ use crate::logprob::RowInfo;
 use crate::row::{with_row, RaceNoise, RowValues};
 
 /// Draws every row of `batch` split into tiles on `pool` as `split` says; returns the rows and
-/// the time the threads spent on the tiles. Fails if a worker panicked or memory ran out.
+/// the tiles' estimated single-thread time. Fails if a worker panicked or memory ran out.
 pub(super) fn draw_tiled(
     k: &Kernels,
     batch: &Batch,
@@ -76,5 +76,5 @@ pub(super) fn draw_tiled(
             }
         })
         .collect();
-    Ok((drawn, scanned_tiles.busy_ns + raced_tiles.busy_ns))
+    Ok((drawn, scanned_tiles.work_ns + raced_tiles.work_ns))
 }

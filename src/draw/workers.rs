@@ -80,7 +80,8 @@ struct Shared {
     next_task: AtomicUsize,
     panicked: AtomicBool,
     stop: AtomicBool,
-    /// The time the workers spent on the current job's tasks.
+    /// The time the workers spent on the current job's tasks (the work estimate when the caller
+    /// took none).
     busy_ns: AtomicU64,
 }
 
@@ -89,8 +90,15 @@ struct Shared {
 pub(crate) struct Finished {
     /// False if a task panicked.
     pub ok: bool,
-    /// The time the participants spent on tasks, all together.
-    pub busy_ns: u64,
+    /// What the job's tasks would take on one thread, estimated from the caller's time per task
+    /// (a worker's own clock also counts the time the scheduler kept it off its core).
+    pub work_ns: u64,
+}
+
+/// The tasks one thread took, and the time it spent on them.
+struct Taken {
+    ns: u64,
+    count: usize,
 }
 
 pub(crate) struct WorkerPool {
@@ -193,7 +201,7 @@ impl WorkerPool {
         let on_this_thread = || {
             let start = Instant::now();
             let ok = catch_unwind(AssertUnwindSafe(|| (0..tasks).for_each(f))).is_ok();
-            Finished { ok, busy_ns: start.elapsed().as_nanos() as u64 }
+            Finished { ok, work_ns: start.elapsed().as_nanos() as u64 }
         };
         let invited = participants.min(self.width()).min(tasks).saturating_sub(1);
         if invited == 0 || self.birthplace.elsewhere() {
@@ -212,9 +220,12 @@ impl WorkerPool {
         s.state.fetch_or(CLOSED, Ordering::AcqRel);
         wait_until_empty(s);
         debug_assert_eq!(s.state.load(Ordering::Relaxed) >> GENERATION_SHIFT, u64::from(generation));
-        let busy_ns = mine + s.busy_ns.load(Ordering::Relaxed);
-        self.learn_wake_cost(invited, warm, start.elapsed().as_nanos() as u64, busy_ns);
-        Finished { ok: !s.panicked.load(Ordering::Relaxed), busy_ns }
+        let work_ns = match mine.count {
+            0 => mine.ns + s.busy_ns.load(Ordering::Relaxed), // the workers took every task
+            n => mine.ns * tasks as u64 / n as u64,
+        };
+        self.learn_wake_cost(invited, warm, start.elapsed().as_nanos() as u64, work_ns);
+        Finished { ok: !s.panicked.load(Ordering::Relaxed), work_ns }
     }
 
     fn now_ns(&self) -> u64 {
@@ -254,8 +265,8 @@ impl WorkerPool {
     /// participants, per invited worker. That is what the cost model adds to the work: waking
     /// the workers, their late start, waiting for the last one, and a worker the scheduler
     /// preempted (or that never came, leaving its share to the others).
-    fn learn_wake_cost(&self, invited: usize, warm: usize, elapsed_ns: u64, busy_ns: u64) {
-        let lost_ns = elapsed_ns as f64 - busy_ns as f64 / (invited + 1) as f64;
+    fn learn_wake_cost(&self, invited: usize, warm: usize, elapsed_ns: u64, work_ns: u64) {
+        let lost_ns = elapsed_ns as f64 - work_ns as f64 / (invited + 1) as f64;
         let per_worker = lost_ns.max(0.0) / invited as f64;
         if invited <= warm {
             self.spinning_ns.update(per_worker);
@@ -267,19 +278,21 @@ impl WorkerPool {
     }
 }
 
-/// Takes and runs tasks until none is left; returns the time it spent.
-fn take_tasks(s: &Shared, f: &(dyn Fn(usize) + Sync), tasks: usize) -> u64 {
+/// Takes and runs tasks until none is left.
+fn take_tasks(s: &Shared, f: &(dyn Fn(usize) + Sync), tasks: usize) -> Taken {
     let start = Instant::now();
+    let mut count = 0;
     loop {
         let t = s.next_task.fetch_add(1, Ordering::Relaxed);
         if t >= tasks {
             break;
         }
+        count += 1;
         if catch_unwind(AssertUnwindSafe(|| f(t))).is_err() {
             s.panicked.store(true, Ordering::Relaxed);
         }
     }
-    start.elapsed().as_nanos() as u64
+    Taken { ns: start.elapsed().as_nanos() as u64, count }
 }
 
 fn wait_until_empty(s: &Shared) {
@@ -346,8 +359,8 @@ fn worker(s: &Shared, index: usize) {
         if let Some(job) = unsafe { *s.job.get() } {
             // SAFETY: the publishing call keeps the closure alive until every worker inside left.
             let f = unsafe { &*job.run };
-            let busy = take_tasks(s, f, job.tasks);
-            s.busy_ns.fetch_add(busy, Ordering::Relaxed);
+            let taken = take_tasks(s, f, job.tasks);
+            s.busy_ns.fetch_add(taken.ns, Ordering::Relaxed);
         }
         s.state.fetch_sub(1, Ordering::AcqRel);
     }
@@ -446,11 +459,11 @@ mod tests {
     }
 
     #[test]
-    fn the_busy_time_covers_the_tasks() {
+    fn the_work_estimate_covers_every_task() {
         let pool = WorkerPool::new(2).unwrap();
         let done = pool.run(6, 3, &|_| std::thread::sleep(Duration::from_millis(2)));
         assert!(done.ok);
-        assert!(done.busy_ns >= 6 * 2_000_000, "{}", done.busy_ns);
+        assert!(done.work_ns >= 6 * 2_000_000, "{}", done.work_ns);
     }
 
     #[test]
