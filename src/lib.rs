@@ -60,6 +60,7 @@ pub mod internals {
         pub use crate::ffi::draw::*;
         pub use crate::ffi::pool_api::*;
     }
+    pub use crate::draw::cost::force_participants;
     pub use crate::ffi::pool_api;
     pub use crate::ffi::types;
     pub use crate::filter::top_p::tier_counts;

@@ -2,7 +2,7 @@
 
 use crate::batch::{validate, Batch, Output};
 use crate::config::{Config, DrainPolicy, NoiseKind, NoiseSource, PoolConfig};
-use crate::draw::workers::WorkerPool;
+use crate::draw::Workers;
 use crate::error::{Error, Result};
 use crate::kernels::{self, Kernels, SimdLevel};
 use crate::logging;
@@ -62,7 +62,7 @@ pub struct Sampler {
     keys: KeyStream,
     counters: Counters,
     /// Worker threads beyond the caller's, when `threads` > 1.
-    workers: Option<WorkerPool>,
+    workers: Option<Workers>,
     /// The pool unseeded sampling rows take their noise from (noise = pool, or attached).
     pool: Mutex<Option<Arc<Pool>>>,
     /// The process that made the sampler, and the key stream of unseeded rows in a `fork()`
@@ -88,9 +88,7 @@ impl Sampler {
         let threads = cfg.effective_threads();
         let workers = match threads {
             0 | 1 => None,
-            n => Some(
-                WorkerPool::new(n - 1).map_err(|e| Error::internal(format!("threads: cannot start workers: {e}")))?,
-            ),
+            n => Some(Workers::new(n - 1).map_err(|e| Error::internal(format!("threads: cannot start workers: {e}")))?),
         };
         let pool = if cfg.noise == NoiseSource::Pool { Some(Arc::new(Self::own_pool(&cfg, level)?)) } else { None };
         Ok(Sampler {

@@ -585,7 +585,12 @@ fn thread_count_never_changes_a_token() {
         let noise: Vec<f32> = (0..vocab).map(|_| rng.exp() as f32).collect();
         let mut expected = None;
         for level in supported_levels() {
-            for threads in [1usize, 2, 3, 4, 7] {
+            // Every split of `threads` (forced: the cost model would keep small calls on one
+            // thread), then the model's own choice at 7 threads.
+            for (threads, forced) in
+                [(1usize, usize::MAX), (2, usize::MAX), (3, usize::MAX), (4, 3), (7, usize::MAX), (7, 0)]
+            {
+                tokenrace::internals::force_participants(forced);
                 let cfg = Config { threads, ..common::sampler(level, 9).config().clone() };
                 let s = Sampler::new(cfg).unwrap();
                 let plain = Batch {
@@ -600,11 +605,12 @@ fn thread_count_never_changes_a_token() {
                 let got = (draw(&s, &plain), draw(&s, &plain), draw(&s, &ext));
                 match &expected {
                     None => expected = Some(got),
-                    Some(e) => assert_eq!(&got, e, "{level:?}, {threads} threads, {rows} x {vocab}"),
+                    Some(e) => assert_eq!(&got, e, "{level:?}, {threads} threads ({forced}), {rows} x {vocab}"),
                 }
             }
         }
     }
+    tokenrace::internals::force_participants(0);
 }
 
 #[test]

@@ -37,6 +37,8 @@ fn child(sampler: *mut Sampler, logits: &[f32], expected: &[i32]) -> i32 {
 }
 
 fn fork_while_drawing(threads: usize, with_pool: bool) {
+    // Every call on all the sampler's threads, so that a child is forked while workers draw.
+    tokenrace::internals::force_participants(usize::MAX);
     let mut rng = TestRng::new(threads as u64);
     let logits: Vec<f32> = (0..ROWS * VOCAB).map(|_| (rng.normal() * 2.0) as f32).collect();
     let cfg = Config { threads, max_rows: ROWS, vocab_size: VOCAB, seed: Some(9), ..Config::default() };

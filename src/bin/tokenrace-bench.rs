@@ -5,11 +5,18 @@
 //! [TOKENRACE_SIMD=avx2] cargo run --release --features internals --bin tokenrace-bench -- [--quick] [--json FILE]
 //!     [--threads 1,2] [--rows 1,8,32] [--vocab 163840] [--dtype f32,bf16] [--profile peaked,flat]
 //!     [--path greedy,race-inline,...] [--placement hot,cold] [--reps N]
+//!     [--threads-table]
 //!
 //! (It needs the feature `internals`, for the read floors `kernels::read_floor*`.)
 //!
 //! `--quick` (what CI runs) uses tiny sizes and two repetitions: it checks that every case runs,
 //! nothing about time.
+//!
+//! `--threads-table` prints, per path, vocab and rows, the median (p10-p90) us per call of hot
+//! calls for each thread count, one sampler at a time (issue 13: a thread count must never make
+//! a call slower than 1 thread). Its defaults, for the options not given: `--threads
+//! 1,2,4,8,16 --rows 1,4,32 --vocab 32000,151936,262144 --dtype f32 --profile peaked --path
+//! race-inline --reps 400`.
 
 use std::io::Write;
 use std::time::Instant;
@@ -27,6 +34,7 @@ struct Args {
     paths: Vec<String>,
     placements: Vec<String>,
     reps: usize,
+    threads_table: bool,
 }
 
 fn list<T: std::str::FromStr>(v: &str) -> Vec<T> {
@@ -47,7 +55,9 @@ fn parse_args() -> Args {
         ),
         placements: list("hot,cold"),
         reps: 30,
+        threads_table: false,
     };
+    let mut given: Vec<String> = Vec::new();
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < argv.len() {
@@ -55,6 +65,11 @@ fn parse_args() -> Args {
         match argv[i].as_str() {
             "--quick" => {
                 a.quick = true;
+                i += 1;
+                continue;
+            }
+            "--threads-table" => {
+                a.threads_table = true;
                 i += 1;
                 continue;
             }
@@ -72,7 +87,32 @@ fn parse_args() -> Args {
                 std::process::exit(2);
             }
         }
+        given.push(argv[i].clone());
         i += 2;
+    }
+    if a.threads_table {
+        let default = |name: &str| !given.iter().any(|g| g == name);
+        if default("--threads") {
+            a.threads = vec![1, 2, 4, 8, 16];
+        }
+        if default("--rows") {
+            a.rows = vec![1, 4, 32];
+        }
+        if default("--vocab") {
+            a.vocab = vec![32000, 151936, 262144];
+        }
+        if default("--dtype") {
+            a.dtypes = list("f32");
+        }
+        if default("--profile") {
+            a.profiles = list("peaked");
+        }
+        if default("--path") {
+            a.paths = list("race-inline");
+        }
+        if default("--reps") {
+            a.reps = 400;
+        }
     }
     if a.quick {
         a.rows = vec![1, 3];
@@ -168,6 +208,80 @@ fn time(reps: usize, batches: usize, mut f: impl FnMut(usize)) -> Vec<f64> {
         .collect()
 }
 
+/// Hot calls of one case, drawn until the sampler's cost estimates have settled, then timed.
+fn time_hot_draws(s: &Sampler, path: &str, data: &Data, rows: usize, vocab: usize, reps: usize) -> Vec<f64> {
+    let temps = vec![if path == "greedy" { 0.0f32 } else { 1.0 }; rows];
+    let (k50, p09, mp) = (vec![50i32; rows], vec![0.9f32; rows], vec![0.05f32; rows]);
+    let (top_k, top_p, min_p) = match path {
+        "top-k50" => (Some(&k50[..]), None, None),
+        "top-k50-top-p0.9" => (Some(&k50[..]), Some(&p09[..]), None),
+        "top-p0.9" => (None, Some(&p09[..]), None),
+        "min-p0.05" => (None, None, Some(&mp[..])),
+        _ => (None, None, None),
+    };
+    let mut tokens = vec![0i32; rows];
+    let mut logprobs = vec![0f32; rows];
+    let mut draw = || {
+        let batch = Batch {
+            temperature: Some(&temps),
+            top_k,
+            top_p,
+            min_p,
+            ..Batch::new(data.logits(0, rows * vocab), rows, vocab)
+        };
+        let mut out = Output::new(&mut tokens);
+        if path == "race-logprob" {
+            out.logprobs = Some(&mut logprobs);
+        }
+        s.draw(&batch, &mut out).unwrap();
+    };
+    for _ in 0..50 {
+        draw();
+    }
+    time(reps, 1, |_| draw())
+}
+
+/// `--threads-table`: us per call by thread count, one line per path, vocab and rows.
+fn threads_table(a: &Args, base: &Config, json: &mut Option<std::fs::File>) {
+    let header: String = a.threads.iter().map(|t| format!(" {:>20}", format!("{t} thr"))).collect();
+    println!("us per call, hot, median (p10-p90) of {} calls after 50 to warm up", a.reps);
+    println!("{:<18} {:>5} {:>7} {:>5} |{header}", "path", "dtype", "vocab", "rows");
+    let mut g = Gen(0x9e37_79b9_7f4a_7c15);
+    for path in &a.paths {
+        for dtype in &a.dtypes {
+            for profile in &a.profiles {
+                for &vocab in &a.vocab {
+                    let row = make_row(&mut g, vocab, profile == "peaked");
+                    for &rows in &a.rows {
+                        let f32s: Vec<f32> = (0..rows).flat_map(|_| row.iter().copied()).collect();
+                        let data = match dtype.as_str() {
+                            "bf16" => Data::Bf16(f32s.iter().map(|&x| Bf16::from_f32(x)).collect()),
+                            "f16" => Data::F16(f32s.iter().map(|&x| F16::from_f32(x)).collect()),
+                            _ => Data::F32(f32s),
+                        };
+                        let mut line = format!("{path:<18} {dtype:>5} {vocab:>7} {rows:>5} |");
+                        for &threads in &a.threads {
+                            // One sampler at a time: another's spinning workers would take cores.
+                            let s = Sampler::new(Config { max_rows: rows, threads, seed: Some(1), ..base.clone() })
+                                .unwrap();
+                            let (med, lo, hi) = median_and_spread(time_hot_draws(&s, path, &data, rows, vocab, a.reps));
+                            line += &format!(" {:>20}", format!("{med:.1} ({lo:.1}-{hi:.1})"));
+                            if let Some(f) = json.as_mut() {
+                                writeln!(
+                                    f,
+                                    "{{\"table\":\"threads\",\"path\":\"{path}\",\"dtype\":\"{dtype}\",\"profile\":\"{profile}\",\"rows\":{rows},\"vocab\":{vocab},\"threads\":{threads},\"us_per_call_median\":{med:.3},\"us_per_call_p10\":{lo:.3},\"us_per_call_p90\":{hi:.3}}}"
+                                )
+                                .unwrap();
+                            }
+                        }
+                        println!("{line}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 fn main() {
     let a = parse_args();
     let mut json = a.json.as_ref().map(|p| std::fs::File::create(p).expect("--json file"));
@@ -180,6 +294,9 @@ fn main() {
         level.name(),
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
+    if a.threads_table {
+        return threads_table(&a, &base, &mut json);
+    }
     println!(
         "{:<22} {:>5} {:>7} {:>5} {:>7} {:>3} {:>5} {:>10} {:>9} {:>9} {:>7} {:>8}",
         "path",

@@ -1,15 +1,17 @@
 //! Drawing a planned call: the first pass over each row, its filters' floor, the race, then the
 //! logprobs, and the output written only once everything succeeded.
 //!
-//! - `mod.rs`: one row on one thread ([`draw_row`]) and the call ([`run`]);
+//! - `mod.rs`: one row on one thread ([`draw_row`]), the split of a call, and the call ([`run`]);
 //! - `tiles.rs`: fewer rows than threads, each row split into tiles of whole blocks;
 //! - `workers.rs`: the persistent worker threads;
+//! - `cost.rs`: the measured costs that choose how many threads a call uses;
 //! - `cells.rs`: the cells tasks write their results through.
 //!
 //! Every split gives the same tokens as the single-threaded draw: each tile's best is exact,
 //! and merging bests (highest key, then lowest token) does not depend on the order.
 
 mod cells;
+pub(crate) mod cost;
 mod tiles;
 pub(crate) mod workers;
 
@@ -21,14 +23,73 @@ use crate::kernels::{Best, Kernels, RaceParams, BLOCK};
 use crate::logprob::{Logprobs, RowInfo};
 use crate::row::{with_row, RaceNoise, RowValues};
 use cells::SyncCell;
+use cost::{Mode, WorkCost};
 use std::cell::RefCell;
+use std::time::Instant;
 use workers::WorkerPool;
 
 /// Vocabulary tiles hold at least this many elements: a smaller tile saves less than waking a
 /// worker and merging its result cost.
 const MIN_TILE: usize = 128 * BLOCK;
-/// Calls with fewer elements than this in all run on the calling thread.
-const MIN_PARALLEL: usize = 64 * 1024;
+
+/// A sampler's worker threads and what its draws cost, which decides how many of them a call
+/// uses.
+pub(crate) struct Workers {
+    pool: WorkerPool,
+    work: WorkCost,
+}
+
+impl Workers {
+    /// Starts `workers` threads (the calling thread of each call is one more).
+    pub(crate) fn new(workers: usize) -> std::io::Result<Workers> {
+        Ok(Workers { pool: WorkerPool::new(workers)?, work: WorkCost::default() })
+    }
+}
+
+/// How a call is spread: on `participants` threads, each row in `tiles_per_row` tiles (1: rows
+/// are the tasks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Split {
+    participants: usize,
+    tiles_per_row: usize,
+}
+
+impl Split {
+    const ONE_THREAD: Split = Split { participants: 1, tiles_per_row: 1 };
+
+    /// The most tiles a row of `n` elements is split into.
+    fn most_tiles(n: usize) -> usize {
+        if n >= 2 * MIN_TILE {
+            n / MIN_TILE
+        } else {
+            1
+        }
+    }
+
+    /// The split of `rows` rows of `n` on `threads` threads: whole rows when there are enough,
+    /// else each row in tiles (as many per row as the threads allow).
+    fn on(threads: usize, rows: usize, n: usize) -> Split {
+        if threads <= rows {
+            return Split { participants: threads.max(1), tiles_per_row: 1 };
+        }
+        let tiles_per_row = (threads / rows.max(1)).clamp(1, Split::most_tiles(n));
+        Split { participants: rows * tiles_per_row, tiles_per_row }
+    }
+
+    /// The split the cost model estimates fastest for this call on `workers`.
+    fn choose(workers: &Workers, rows: usize, n: usize, mode: Mode) -> Split {
+        let most = rows * Split::most_tiles(n);
+        if let Some(forced) = cost::forced_participants() {
+            return Split::on(forced.min(workers.pool.width()).min(most), rows, n);
+        }
+        let work_ns = workers.work.estimate_ns(mode, rows * n);
+        let wake = workers.pool.wake_cost();
+        // A tiled call runs two jobs (the block maxima, then the race).
+        let overhead_ns = |t: usize| wake.overhead_ns(t - 1, if t > rows { 2 } else { 1 });
+        let threads = cost::participants(work_ns, overhead_ns, workers.pool.useful_width().min(most));
+        Split::on(threads, rows, n)
+    }
+}
 
 thread_local! {
     /// Block maxima of the row being drawn on this thread.
@@ -138,29 +199,56 @@ fn draw_row(k: &Kernels, batch: &Batch, r: usize, plan: RowPlan) -> Result<Drawn
     }))
 }
 
-/// Draws every row of `batch` on `workers` when the call is large enough: rows are split across
-/// threads; with fewer rows than threads, each row's vocabulary is split into tiles. Fails if a
-/// row's memory cannot be allocated (the first such row is named) or a worker panicked.
-fn draw_rows(k: &Kernels, batch: &Batch, plans: &[RowPlan], workers: Option<&WorkerPool>) -> Result<Vec<Drawn>> {
+/// Draws every row of `batch`, on as many of `workers` as the call is worth: rows are split
+/// across threads; with fewer rows than threads, each row's vocabulary is split into tiles.
+/// Fails if a row's memory cannot be allocated (the first such row is named) or a worker
+/// panicked.
+fn draw_rows(k: &Kernels, batch: &Batch, plans: &[RowPlan], workers: Option<&Workers>) -> Result<Vec<Drawn>> {
     let (rows, n) = (batch.rows, batch.vocab);
-    let pool = match workers {
-        Some(w) if rows * n >= MIN_PARALLEL && w.width() > 1 => w,
-        _ => return (0..rows).map(|r| draw_row(k, batch, r, plans[r])).collect(),
+    let Some(workers) = workers.filter(|w| w.pool.width() > 1) else {
+        return draw_on_this_thread(k, batch, plans);
     };
-    if rows >= pool.width() || n < 2 * MIN_TILE {
-        let out: Vec<SyncCell<Drawn>> = (0..rows).map(|_| SyncCell::default()).collect();
-        let failed = FirstError::default();
-        let ok = pool.run(rows, &|r| match draw_row(k, batch, r, plans[r]) {
-            Ok(d) => out[r].set(d),
-            Err(e) => failed.record(r, e),
-        });
-        if !ok {
-            return Err(worker_panicked());
-        }
-        failed.into_result()?;
-        return Ok(out.iter().map(SyncCell::get).collect());
+    let mode = Mode::of(batch, plans);
+    let split = Split::choose(workers, rows, n, mode);
+    let (drawn, work_ns) = if split == Split::ONE_THREAD {
+        let start = Instant::now();
+        let drawn = draw_on_this_thread(k, batch, plans)?;
+        (drawn, start.elapsed().as_nanos() as u64)
+    } else if split.tiles_per_row == 1 {
+        draw_by_rows(k, batch, plans, &workers.pool, split.participants)?
+    } else {
+        tiles::draw_tiled(k, batch, plans, &workers.pool, split)?
+    };
+    workers.work.record(mode, rows * n, work_ns);
+    workers.pool.call_ended();
+    Ok(drawn)
+}
+
+fn draw_on_this_thread(k: &Kernels, batch: &Batch, plans: &[RowPlan]) -> Result<Vec<Drawn>> {
+    (0..batch.rows).map(|r| draw_row(k, batch, r, plans[r])).collect()
+}
+
+/// Draws each row as one task on `participants` threads of `pool`; returns the rows and their
+/// estimated single-thread time.
+fn draw_by_rows(
+    k: &Kernels,
+    batch: &Batch,
+    plans: &[RowPlan],
+    pool: &WorkerPool,
+    participants: usize,
+) -> Result<(Vec<Drawn>, u64)> {
+    let rows = batch.rows;
+    let out: Vec<SyncCell<Drawn>> = (0..rows).map(|_| SyncCell::default()).collect();
+    let failed = FirstError::default();
+    let done = pool.run(rows, participants, &|r| match draw_row(k, batch, r, plans[r]) {
+        Ok(d) => out[r].set(d),
+        Err(e) => failed.record(r, e),
+    });
+    if !done.ok {
+        return Err(worker_panicked());
     }
-    tiles::draw_tiled(k, batch, plans, pool)
+    failed.into_result()?;
+    Ok((out.iter().map(SyncCell::get).collect(), done.work_ns))
 }
 
 fn worker_panicked() -> Error {
@@ -189,7 +277,7 @@ pub(crate) fn run(
     k: &Kernels,
     batch: &Batch,
     plans: &[RowPlan],
-    workers: Option<&WorkerPool>,
+    workers: Option<&Workers>,
     out: &mut Output,
 ) -> Result<Vec<Drawn>> {
     let drawn = draw_rows(k, batch, plans, workers)?;
@@ -212,4 +300,28 @@ pub(crate) fn run(
         l.write(out, rows);
     }
     Ok(drawn)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Split;
+
+    fn split(participants: usize, tiles_per_row: usize) -> Split {
+        Split { participants, tiles_per_row }
+    }
+
+    #[test]
+    fn enough_rows_are_split_by_rows() {
+        assert_eq!(Split::on(1, 1, 151_936), Split::ONE_THREAD);
+        assert_eq!(Split::on(2, 4, 151_936), split(2, 1));
+        assert_eq!(Split::on(4, 32, 32_000), split(4, 1));
+    }
+
+    #[test]
+    fn fewer_rows_than_threads_are_tiled_up_to_the_smallest_tile() {
+        assert_eq!(Split::on(16, 1, 151_936), split(4, 4)); // 4 tiles of at least MIN_TILE
+        assert_eq!(Split::on(8, 4, 262_144), split(8, 2));
+        assert_eq!(Split::on(6, 4, 262_144), split(4, 1)); // 6 threads do not tile 4 rows evenly
+        assert_eq!(Split::on(8, 1, 32_000), Split::ONE_THREAD); // too short to tile
+    }
 }

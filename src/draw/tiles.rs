@@ -4,7 +4,7 @@
 
 use super::cells::{SyncCell, SyncPtr};
 use super::workers::WorkerPool;
-use super::{finish, race_params, summarize, worker_panicked, Drawn, RowPlan, Scanned, MIN_TILE};
+use super::{finish, race_params, summarize, worker_panicked, Drawn, RowPlan, Scanned, Split};
 use crate::alloc;
 use crate::batch::Batch;
 use crate::error::Result;
@@ -12,13 +12,18 @@ use crate::kernels::{Best, Kernels, RaceParams, BLOCK};
 use crate::logprob::RowInfo;
 use crate::row::{with_row, RaceNoise, RowValues};
 
-/// Draws every row of `batch` split into tiles on `pool`. Fails if a worker panicked or memory
-/// ran out.
-pub(super) fn draw_tiled(k: &Kernels, batch: &Batch, plans: &[RowPlan], pool: &WorkerPool) -> Result<Vec<Drawn>> {
+/// Draws every row of `batch` split into tiles on `pool` as `split` says; returns the rows and
+/// the tiles' estimated single-thread time. Fails if a worker panicked or memory ran out.
+pub(super) fn draw_tiled(
+    k: &Kernels,
+    batch: &Batch,
+    plans: &[RowPlan],
+    pool: &WorkerPool,
+    split: Split,
+) -> Result<(Vec<Drawn>, u64)> {
     let (rows, n) = (batch.rows, batch.vocab);
     let blocks = n.div_ceil(BLOCK);
-    let per_row = (pool.width() / rows).max(1).min(n / MIN_TILE).max(1);
-    let tile_blocks = blocks.div_ceil(per_row);
+    let tile_blocks = blocks.div_ceil(split.tiles_per_row);
     let tiles = blocks.div_ceil(tile_blocks);
     let tile = |t: usize| {
         let start = t * tile_blocks * BLOCK;
@@ -28,7 +33,7 @@ pub(super) fn draw_tiled(k: &Kernels, batch: &Batch, plans: &[RowPlan], pool: &W
     let mut bmax = alloc::filled(rows * blocks, f32::NEG_INFINITY, "block maxima")?;
     let bmax_out = SyncPtr(bmax.as_mut_ptr());
     let nan: Vec<SyncCell<bool>> = (0..rows * tiles).map(|_| SyncCell::default()).collect();
-    let ok1 = pool.run(rows * tiles, &|task| {
+    let scanned_tiles = pool.run(rows * tiles, split.participants, &|task| {
         let (r, t) = (task / tiles, task % tiles);
         let (start, len) = tile(t);
         // SAFETY: the tiles of all rows cover disjoint ranges of `bmax`, which outlives the job.
@@ -36,7 +41,7 @@ pub(super) fn draw_tiled(k: &Kernels, batch: &Batch, plans: &[RowPlan], pool: &W
             unsafe { std::slice::from_raw_parts_mut(bmax_out.at(r * blocks + start / BLOCK), len.div_ceil(BLOCK)) };
         nan[task].set(with_row!(batch, r, |v| v.scan(k, start, len, out)));
     });
-    if !ok1 {
+    if !scanned_tiles.ok {
         return Err(worker_panicked());
     }
     let row_bmax = |r: usize| &bmax[r * blocks..(r + 1) * blocks];
@@ -48,7 +53,7 @@ pub(super) fn draw_tiled(k: &Kernels, batch: &Batch, plans: &[RowPlan], pool: &W
         .collect::<Result<_>>()?;
     // Stage 2: each tile's best, merged per row.
     let best: Vec<SyncCell<Best>> = (0..rows * tiles).map(|_| SyncCell::new(Best::NONE)).collect();
-    let ok2 = pool.run(rows * tiles, &|task| {
+    let raced_tiles = pool.run(rows * tiles, split.participants, &|task| {
         let (r, t) = (task / tiles, task % tiles);
         if let Some((p, noise)) = params[r] {
             let (start, len) = tile(t);
@@ -57,7 +62,7 @@ pub(super) fn draw_tiled(k: &Kernels, batch: &Batch, plans: &[RowPlan], pool: &W
             best[task].set(with_row!(batch, r, |v| v.race(k, start, len, bm, p, noise)));
         }
     });
-    if !ok2 {
+    if !raced_tiles.ok {
         return Err(worker_panicked());
     }
     let drawn = (0..rows)
@@ -71,5 +76,5 @@ pub(super) fn draw_tiled(k: &Kernels, batch: &Batch, plans: &[RowPlan], pool: &W
             }
         })
         .collect();
-    Ok(drawn)
+    Ok((drawn, scanned_tiles.work_ns + raced_tiles.work_ns))
 }
