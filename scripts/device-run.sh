@@ -24,4 +24,8 @@ for simd in avx512 avx2 portable; do
   TOKENRACE_SIMD=$simd .device/tokenrace-bench --vocab 163840 --rows 1,32 --dtype f32 --threads 1 --placement hot \
     --path greedy,race-inline,top-k50-top-p0.9,top-p0.9 --reps 15 > "$OUT/bench-$simd.txt" 2>&1 || status=1
 done
+# Issue 13: each call's thread count (never slower than 1 thread) and the Python binding's cost.
+.device/tokenrace-bench --threads-table --vocab 32000,151936,163840,262144 \
+  --json "$OUT/threads-table.json" > "$OUT/threads-table.txt" 2>&1 || status=1
+PYTHONPATH=bindings/python python3 bench/python_overhead.py --calls 20000 > "$OUT/python-overhead.txt" 2>&1 || status=1
 exit $status

@@ -504,8 +504,8 @@ fn compare_dtype(dtype: Dtype, seed: u64) {
         let refs = reference_rows(case, greedy_below, &mut stream);
         counts.calls += 1;
         logits += case.rows * case.vocab;
-        // How 4 threads run the call (src/draw: calls under 64K logits stay on the caller; fewer
-        // rows than threads with a vocabulary of at least two 32K-logit tiles are tiled).
+        // How 4 threads could run the call (src/draw: fewer rows than threads with at least two
+        // 32K-logit tiles can be tiled when a test forces the split; the cost model picks).
         if case.rows * case.vocab >= 65_536 {
             if case.rows < 4 && case.vocab >= 65_536 {
                 counts.tiled += 1;
@@ -523,7 +523,7 @@ fn compare_dtype(dtype: Dtype, seed: u64) {
         "reference {dtype:?}: levels {levels:?} x threads [1, 4]; {} calls, {} rows ({} logits), {} raced, \
          {} near ties skipped, {} filter cuts within rounding, {} logprob rows ({} ranks with a tolerance window); \
          sampling rows with a finite maximum by noise [seeded, stream, E, ln E] {:?}, {} of them filtered; \
-         {} greedy, {} +inf/empty rows; at 4 threads {} calls tiled, {} spread by rows; {:.1?}",
+         {} greedy, {} +inf/empty rows; at 4 threads {} calls tileable, {} spreadable by rows; {:.1?}",
         counts.calls,
         counts.rows,
         logits,

@@ -28,9 +28,15 @@ use std::cell::RefCell;
 use std::time::Instant;
 use workers::WorkerPool;
 
-/// Vocabulary tiles hold at least this many elements: a smaller tile saves less than waking a
-/// worker and merging its result cost.
-const MIN_TILE: usize = 128 * BLOCK;
+/// Vocabulary tiles hold at least this many elements, so a row is tiled only from twice this. On
+/// the 16-core AVX-512 host a single row of 151936-262144 logits split into tiles of 32768 was
+/// 1.1-1.8x slower than on one thread at every thread count (two jobs, the floor computed in
+/// between, the merge); rows of realistic vocabularies are therefore never tiled, and calls with
+/// several rows are spread by rows (`docs/performance.md`, Threads at small batches).
+const MIN_TILE: usize = 1024 * BLOCK;
+/// The tile minimum when a test forces the participants: small enough that the tiled path runs
+/// at the sizes tests draw (it must give the same tokens as every other split).
+const FORCED_MIN_TILE: usize = 128 * BLOCK;
 
 /// A sampler's worker threads and what its draws cost, which decides how many of them a call
 /// uses.
@@ -57,10 +63,10 @@ struct Split {
 impl Split {
     const ONE_THREAD: Split = Split { participants: 1, tiles_per_row: 1 };
 
-    /// The most tiles a row of `n` elements is split into.
-    fn most_tiles(n: usize) -> usize {
-        if n >= 2 * MIN_TILE {
-            n / MIN_TILE
+    /// The most tiles of at least `min_tile` elements a row of `n` elements is split into.
+    fn most_tiles(n: usize, min_tile: usize) -> usize {
+        if n >= 2 * min_tile {
+            n / min_tile
         } else {
             1
         }
@@ -68,26 +74,32 @@ impl Split {
 
     /// The split of `rows` rows of `n` on `threads` threads: whole rows when there are enough,
     /// else each row in tiles (as many per row as the threads allow).
-    fn on(threads: usize, rows: usize, n: usize) -> Split {
+    fn on(threads: usize, rows: usize, n: usize, min_tile: usize) -> Split {
         if threads <= rows {
             return Split { participants: threads.max(1), tiles_per_row: 1 };
         }
-        let tiles_per_row = (threads / rows.max(1)).clamp(1, Split::most_tiles(n));
+        let tiles_per_row = (threads / rows.max(1)).clamp(1, Split::most_tiles(n, min_tile));
         Split { participants: rows * tiles_per_row, tiles_per_row }
+    }
+
+    /// The most threads a call of `rows` rows of `n` can use (the cost model's own tiles).
+    fn most_threads(rows: usize, n: usize) -> usize {
+        rows * Split::most_tiles(n, MIN_TILE)
     }
 
     /// The split the cost model estimates fastest for this call on `workers`.
     fn choose(workers: &Workers, rows: usize, n: usize, mode: Mode) -> Split {
-        let most = rows * Split::most_tiles(n);
         if let Some(forced) = cost::forced_participants() {
-            return Split::on(forced.min(workers.pool.width()).min(most), rows, n);
+            let most = rows * Split::most_tiles(n, FORCED_MIN_TILE);
+            return Split::on(forced.min(workers.pool.width()).min(most), rows, n, FORCED_MIN_TILE);
         }
+        let most = Split::most_threads(rows, n);
         let work_ns = workers.work.estimate_ns(mode, rows * n);
         let wake = workers.pool.wake_cost();
         // A tiled call runs two jobs (the block maxima, then the race).
         let overhead_ns = |t: usize| wake.overhead_ns(t - 1, if t > rows { 2 } else { 1 });
         let threads = cost::participants(work_ns, overhead_ns, workers.pool.useful_width().min(most));
-        Split::on(threads, rows, n)
+        Split::on(threads, rows, n, MIN_TILE)
     }
 }
 
@@ -205,7 +217,10 @@ fn draw_row(k: &Kernels, batch: &Batch, r: usize, plan: RowPlan) -> Result<Drawn
 /// panicked.
 fn draw_rows(k: &Kernels, batch: &Batch, plans: &[RowPlan], workers: Option<&Workers>) -> Result<Vec<Drawn>> {
     let (rows, n) = (batch.rows, batch.vocab);
-    let Some(workers) = workers.filter(|w| w.pool.width() > 1) else {
+    // A call that no split can spread (one row too short to tile) skips the cost model and its
+    // clock reads, unless a test forces the participants.
+    let spreadable = Split::most_threads(rows, n) > 1 || cost::forced_participants().is_some();
+    let Some(workers) = workers.filter(|w| w.pool.width() > 1 && spreadable) else {
         return draw_on_this_thread(k, batch, plans);
     };
     let mode = Mode::of(batch, plans);
@@ -304,7 +319,7 @@ pub(crate) fn run(
 
 #[cfg(test)]
 mod tests {
-    use super::Split;
+    use super::{Split, FORCED_MIN_TILE, MIN_TILE};
 
     fn split(participants: usize, tiles_per_row: usize) -> Split {
         Split { participants, tiles_per_row }
@@ -312,16 +327,27 @@ mod tests {
 
     #[test]
     fn enough_rows_are_split_by_rows() {
-        assert_eq!(Split::on(1, 1, 151_936), Split::ONE_THREAD);
-        assert_eq!(Split::on(2, 4, 151_936), split(2, 1));
-        assert_eq!(Split::on(4, 32, 32_000), split(4, 1));
+        assert_eq!(Split::on(1, 1, 151_936, MIN_TILE), Split::ONE_THREAD);
+        assert_eq!(Split::on(2, 4, 151_936, MIN_TILE), split(2, 1));
+        assert_eq!(Split::on(4, 32, 32_000, MIN_TILE), split(4, 1));
+    }
+
+    #[test]
+    fn rows_of_realistic_vocabularies_are_never_tiled() {
+        for n in [32_000, 151_936, 262_144] {
+            assert_eq!(Split::on(16, 1, n, MIN_TILE), Split::ONE_THREAD, "vocab {n}");
+            assert_eq!(Split::most_threads(1, n), 1, "vocab {n}");
+            assert_eq!(Split::on(16, 4, n, MIN_TILE), split(4, 1), "vocab {n}");
+        }
     }
 
     #[test]
     fn fewer_rows_than_threads_are_tiled_up_to_the_smallest_tile() {
-        assert_eq!(Split::on(16, 1, 151_936), split(4, 4)); // 4 tiles of at least MIN_TILE
-        assert_eq!(Split::on(8, 4, 262_144), split(8, 2));
-        assert_eq!(Split::on(6, 4, 262_144), split(4, 1)); // 6 threads do not tile 4 rows evenly
-        assert_eq!(Split::on(8, 1, 32_000), Split::ONE_THREAD); // too short to tile
+        assert_eq!(Split::on(16, 1, 1 << 20, MIN_TILE), split(4, 4)); // 4 tiles of at least MIN_TILE
+        assert_eq!(Split::on(8, 2, 1 << 20, MIN_TILE), split(8, 4));
+        assert_eq!(Split::on(6, 4, 1 << 20, MIN_TILE), split(4, 1)); // 6 threads do not tile 4 rows evenly
+        assert_eq!(Split::on(16, 1, 151_936, FORCED_MIN_TILE), split(4, 4)); // what tests force
+        assert_eq!(Split::on(8, 1, 32_000, FORCED_MIN_TILE), Split::ONE_THREAD);
+        // too short to tile
     }
 }
