@@ -108,6 +108,25 @@ typedef enum tokenrace_logprob_mode {
   TOKENRACE_LOGPROB_MODE_PROCESSED = 1,
 } tokenrace_logprob_mode;
 
+// What `tokenrace_output.full_logprobs` receives for every token (docs/semantics.md).
+typedef enum tokenrace_full_mode {
+  // log_softmax of the logits as given.
+  TOKENRACE_FULL_MODE_RAW = 0,
+  // log_softmax of the processed row (masks, bias, penalties, temperature, filters), -inf
+  // outside the kept tokens.
+  TOKENRACE_FULL_MODE_PROCESSED = 1,
+  // The processed logits: penalised, divided by T, -inf outside the kept tokens.
+  TOKENRACE_FULL_MODE_PROCESSED_LOGITS = 2,
+} tokenrace_full_mode;
+
+// Whether the filters judge the tempered distribution (vLLM) or the untempered one (llama.cpp).
+typedef enum tokenrace_filter_order {
+  // vLLM's: temperature, then min-p, top-k, top-p on the tempered distribution.
+  TOKENRACE_FILTER_ORDER_TEMPERATURE_FIRST = 0,
+  // llama.cpp's chain: the filters on the untempered distribution, then temperature.
+  TOKENRACE_FILTER_ORDER_FILTERS_FIRST = 1,
+} tokenrace_filter_order;
+
 // An opaque noise pool. Safe to use from several threads at once.
 typedef struct tokenrace_pool tokenrace_pool;
 
@@ -147,6 +166,9 @@ typedef struct tokenrace_config {
   // Capacity in rows of the sampler's own pool (noise = pool); 0 means 4 x max_rows. (The
   // counter `tokenrace_sampler_stats.pool_rows` is another thing: rows drawn on pool noise.)
   uint32_t pool_rows;
+  // A `tokenrace_filter_order` (since 0.2; 0, the default, is TEMPERATURE_FIRST).
+  uint32_t filter_order;
+  uint32_t reserved1;
 } tokenrace_config;
 
 // Counters of a sampler since it was made.
@@ -209,6 +231,34 @@ typedef struct tokenrace_batch {
   const float *top_p;
   // Per-row min-p in [0, 1] (NULL: off); 0 disables it for the row.
   const float *min_p;
+  // The prompt's token ids (repetition penalty): ids in [0, vocab).
+  const int32_t *prompt_ids;
+  const uint64_t *prompt_offsets;
+  // The tokens generated so far (all three penalties): ids in [0, vocab).
+  const int32_t *output_ids;
+  const uint64_t *output_offsets;
+  // Per-row repetition penalty r > 0 (NULL: off); 1 is off for the row.
+  const float *repetition_penalty;
+  // Per-row frequency penalty, finite (NULL: off); 0 is off for the row.
+  const float *frequency_penalty;
+  // Per-row presence penalty, finite (NULL: off); 0 is off for the row.
+  const float *presence_penalty;
+  // Logit bias: (id, value) pairs; a finite value is added, -inf bans; pairs of one id add up.
+  const int32_t *bias_ids;
+  const float *bias_values;
+  const uint64_t *bias_offsets;
+  // The only tokens a row may draw, for the rows `allowed_rows` marks (NULL: every row).
+  const int32_t *allowed_ids;
+  const uint64_t *allowed_offsets;
+  const uint8_t *allowed_rows;
+  // Tokens a row may not draw (bad words of one token, min_tokens' stop ids).
+  const int32_t *banned_ids;
+  const uint64_t *banned_offsets;
+  // A grammar bitmask in xgrammar's layout: rows x ceil(vocab / 32) int32 words,
+  // `bitmask_row_stride` words apart (0: ceil(vocab / 32)); bit j of word w set allows token
+  // 32 w + j. NULL: unconstrained.
+  const int32_t *token_bitmask;
+  uint64_t bitmask_row_stride;
 } tokenrace_batch;
 
 // Where a draw writes. Only `tokens` is required. Nothing is written if the call fails.
@@ -230,6 +280,13 @@ typedef struct tokenrace_output {
   uint32_t reserved0;
   int32_t *topn_ids;
   float *topn_logprobs;
+  // rows x vocab values, `full_row_stride` apart (0: vocab): every token's logprob or logit,
+  // as `full_mode` says (NULL: not computed).
+  float *full_logprobs;
+  uint64_t full_row_stride;
+  // A `tokenrace_full_mode`.
+  uint32_t full_mode;
+  uint32_t reserved1;
 } tokenrace_output;
 
 // Noise pool settings. Get one from `tokenrace_pool_config_default()` or

@@ -100,6 +100,69 @@ pub struct Batch<'a> {
     pub top_p: Option<&'a [f32]>,
     /// Per-row min-p in [0, 1]; 0 is off. Sampling rows only.
     pub min_p: Option<&'a [f32]>,
+    /// The prompt's tokens of each row (repetition penalty).
+    pub prompt_tokens: Option<TokenLists<'a>>,
+    /// The tokens generated so far of each row (all three penalties).
+    pub output_tokens: Option<TokenLists<'a>>,
+    /// Per-row repetition penalty r > 0; 1 is off.
+    pub repetition_penalty: Option<&'a [f32]>,
+    /// Per-row frequency penalty, any finite value; 0 is off.
+    pub frequency_penalty: Option<&'a [f32]>,
+    /// Per-row presence penalty, any finite value; 0 is off.
+    pub presence_penalty: Option<&'a [f32]>,
+    /// Sparse (id, bias) pairs of each row.
+    pub logit_bias: Option<LogitBias<'a>>,
+    /// The only tokens each row may draw (rows that `allowed_rows` leaves out are unrestricted).
+    pub allowed_tokens: Option<TokenLists<'a>>,
+    /// Which rows carry an allowed list (nonzero); `None` with `allowed_tokens`: every row.
+    pub allowed_rows: Option<&'a [u8]>,
+    /// Tokens each row may not draw.
+    pub banned_tokens: Option<TokenLists<'a>>,
+    /// A grammar bitmask (xgrammar's packed layout).
+    pub token_bitmask: Option<TokenBitmask<'a>>,
+}
+
+/// Per-row lists of token ids in CSR form: row `r`'s ids are `ids[offsets[r]..offsets[r + 1]]`
+/// (`offsets` has `rows + 1` non-decreasing entries, the last at most `ids.len()`).
+#[derive(Clone, Copy, Debug)]
+pub struct TokenLists<'a> {
+    pub ids: &'a [i32],
+    pub offsets: &'a [u64],
+}
+
+impl<'a> TokenLists<'a> {
+    /// The ids of row `r` (of a validated batch).
+    pub fn row(&self, r: usize) -> &'a [i32] {
+        &self.ids[self.offsets[r] as usize..self.offsets[r + 1] as usize]
+    }
+}
+
+/// Sparse per-row logit bias in CSR form: row `r`'s pairs are `(ids[j], values[j])` for `j` in
+/// `offsets[r]..offsets[r + 1]`. A finite bias is added, -inf bans the token; pairs of one id
+/// add up.
+#[derive(Clone, Copy, Debug)]
+pub struct LogitBias<'a> {
+    pub ids: &'a [i32],
+    pub values: &'a [f32],
+    pub offsets: &'a [u64],
+}
+
+impl<'a> LogitBias<'a> {
+    /// The (ids, values) of row `r` (of a validated batch).
+    pub fn row(&self, r: usize) -> (&'a [i32], &'a [f32]) {
+        let (a, b) = (self.offsets[r] as usize, self.offsets[r + 1] as usize);
+        (&self.ids[a..b], &self.values[a..b])
+    }
+}
+
+/// A grammar bitmask in xgrammar's layout: row `r` is `words[r * row_stride..]`, at least
+/// `ceil(vocab / 32)` words; bit `j` of word `w` set means token `32 w + j` is allowed. Bits past
+/// `vocab` in the last word are ignored.
+#[derive(Clone, Copy, Debug)]
+pub struct TokenBitmask<'a> {
+    pub words: &'a [i32],
+    /// Words between the starts of consecutive rows (>= ceil(vocab / 32)).
+    pub row_stride: usize,
 }
 
 impl<'a> Batch<'a> {
@@ -118,6 +181,16 @@ impl<'a> Batch<'a> {
             top_k: None,
             top_p: None,
             min_p: None,
+            prompt_tokens: None,
+            output_tokens: None,
+            repetition_penalty: None,
+            frequency_penalty: None,
+            presence_penalty: None,
+            logit_bias: None,
+            allowed_tokens: None,
+            allowed_rows: None,
+            banned_tokens: None,
+            token_bitmask: None,
         }
     }
 
@@ -166,6 +239,26 @@ pub struct Output<'a> {
     /// `rows x top_n` logprobs of those tokens, in `logprob_mode`.
     pub topn_logprobs: Option<&'a mut [f32]>,
     pub logprob_mode: LogprobMode,
+    /// `rows` rows of `vocab` values, `full_row_stride` apart: the logprob (or logit) of every
+    /// token, in `full_mode`.
+    pub full_logprobs: Option<&'a mut [f32]>,
+    /// Elements between rows of `full_logprobs` (>= vocab).
+    pub full_row_stride: usize,
+    pub full_mode: FullMode,
+}
+
+/// What `Output::full_logprobs` receives for every token.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FullMode {
+    /// log_softmax of the logits as given.
+    #[default]
+    Raw,
+    /// log_softmax of the processed row (masks, bias, penalties, temperature, filters), -inf
+    /// outside the kept tokens; greedy rows: of the penalised row at temperature 1.
+    Processed,
+    /// The processed logits themselves: the penalised logit divided by T for the kept tokens
+    /// (greedy rows: not divided), -inf elsewhere (vLLM's `processed_logits`).
+    ProcessedLogits,
 }
 
 impl<'a> Output<'a> {
@@ -180,6 +273,9 @@ impl<'a> Output<'a> {
             topn_ids: None,
             topn_logprobs: None,
             logprob_mode: LogprobMode::Raw,
+            full_logprobs: None,
+            full_row_stride: 0,
+            full_mode: FullMode::Raw,
         }
     }
 
@@ -188,6 +284,7 @@ impl<'a> Output<'a> {
         self.logprobs.is_some()
             || self.ranks.is_some()
             || (self.top_n > 0 && (self.topn_ids.is_some() || self.topn_logprobs.is_some()))
+            || self.full_logprobs.is_some()
     }
 }
 
@@ -299,6 +396,110 @@ pub(crate) fn validate(batch: &Batch, out: &Output, max_rows: usize, vocab_size:
         }
         let need = noise_span(rows, vocab, n.row_stride)?;
         check_len(Owner::Batch, "noise", n.values.len(), need, "rows/vocab/noise_row_stride's span")?;
+    }
+    validate_pipeline(batch, out)
+}
+
+/// Checks the inputs of the sampling step before the filters (histories, penalties, bias,
+/// allowed and banned lists, bitmask) and the full-vocabulary output.
+fn validate_pipeline(batch: &Batch, out: &Output) -> Result<()> {
+    let (rows, vocab) = (batch.rows, batch.vocab);
+    let lists = [
+        (batch.prompt_tokens, "prompt_ids", "prompt_offsets"),
+        (batch.output_tokens, "output_ids", "output_offsets"),
+        (batch.allowed_tokens, "allowed_ids", "allowed_offsets"),
+        (batch.banned_tokens, "banned_ids", "banned_offsets"),
+    ];
+    for (list, ids_field, offsets_field) in lists {
+        if let Some(l) = list {
+            check_csr(l.ids, l.ids.len(), l.offsets, rows, vocab, (ids_field, offsets_field))?;
+        }
+    }
+    check_each("repetition_penalty", batch.repetition_penalty, rows, |r: f32| {
+        (!(r.is_finite() && r > 0.0)).then(|| format!("{r} is not a finite number > 0"))
+    })?;
+    for field in ["frequency_penalty", "presence_penalty"] {
+        let s = if field == "frequency_penalty" { batch.frequency_penalty } else { batch.presence_penalty };
+        check_each(field, s, rows, |v: f32| (!v.is_finite()).then(|| format!("{v} is not finite")))?;
+    }
+    if let Some(b) = batch.logit_bias {
+        check_csr(b.ids, b.values.len(), b.offsets, rows, vocab, ("bias_ids", "bias_offsets"))?;
+        for r in 0..rows {
+            let (a, _) = (b.offsets[r] as usize, b.offsets[r + 1] as usize);
+            for (j, &v) in b.row(r).1.iter().enumerate() {
+                if v.is_nan() || v == f32::INFINITY {
+                    bail_batch!(
+                        "bias_values",
+                        Some(r),
+                        "position {j} (entry {}): {v} is not a bias (finite, or -inf to ban)",
+                        a + j
+                    );
+                }
+            }
+        }
+    }
+    if batch.allowed_rows.is_some() && batch.allowed_tokens.is_none() {
+        bail_batch!("allowed_rows", None, "given without allowed lists");
+    }
+    check_rows(Owner::Batch, "allowed_rows", batch.allowed_rows, rows)?;
+    if let Some(m) = batch.token_bitmask {
+        let words = vocab.div_ceil(32);
+        if m.row_stride < words {
+            bail_batch!("bitmask_row_stride", None, "{} is smaller than ceil(vocab / 32) = {words}", m.row_stride);
+        }
+        let need = span(rows, words, m.row_stride, 4, "bitmask_row_stride")?;
+        check_len(Owner::Batch, "token_bitmask", m.words.len(), need, "rows x ceil(vocab / 32) words at its stride")?;
+    }
+    if let Some(full) = out.full_logprobs.as_deref() {
+        if out.full_row_stride < vocab {
+            bail_out!("full_row_stride", None, "{} is smaller than vocab {vocab}", out.full_row_stride);
+        }
+        let need = span(rows, vocab, out.full_row_stride, 4, "full_row_stride")
+            .map_err(|e| Error::arg(Owner::Output, "full_row_stride", None, e.message))?;
+        check_len(Owner::Output, "full_logprobs", full.len(), need, "rows/vocab/full_row_stride's span")?;
+    }
+    Ok(())
+}
+
+/// Checks a CSR list: `rows + 1` non-decreasing offsets, the last within the `len` entries, and
+/// every id in `[0, vocab)`.
+fn check_csr(
+    ids: &[i32],
+    len: usize,
+    offsets: &[u64],
+    rows: usize,
+    vocab: usize,
+    (ids_field, offsets_field): (&'static str, &'static str),
+) -> Result<()> {
+    check_len(Owner::Batch, offsets_field, offsets.len(), rows + 1, "rows + 1")?;
+    for r in 0..rows {
+        if offsets[r] > offsets[r + 1] {
+            bail_batch!(
+                offsets_field,
+                Some(r + 1),
+                "{} is below the previous offset {} (offsets must not decrease)",
+                offsets[r + 1],
+                offsets[r]
+            );
+        }
+    }
+    let last = offsets[rows];
+    let have = ids.len().min(len) as u64;
+    if last > have {
+        bail_batch!(offsets_field, Some(rows), "{last} is past the end of the list's {have} entries");
+    }
+    for r in 0..rows {
+        let (a, b) = (offsets[r] as usize, offsets[r + 1] as usize);
+        for (j, &id) in ids[a..b].iter().enumerate() {
+            if id < 0 || id as usize >= vocab {
+                bail_batch!(
+                    ids_field,
+                    Some(r),
+                    "position {j} (entry {}): {id} is not a token id in [0, {vocab})",
+                    a + j
+                );
+            }
+        }
     }
     Ok(())
 }

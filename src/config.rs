@@ -85,6 +85,19 @@ pub struct Config {
     pub noise: NoiseSource,
     /// Capacity, in rows, of the sampler's own pool when `noise` is `Pool`; 0 means 4 x max_rows.
     pub pool_rows: usize,
+    /// Whether temperature applies before the filters (vLLM) or after them (llama.cpp).
+    pub filter_order: FilterOrder,
+}
+
+/// The order of temperature and the filters (`docs/semantics.md`, Filter order).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FilterOrder {
+    /// vLLM's: the filters judge the tempered distribution.
+    #[default]
+    TemperatureFirst,
+    /// llama.cpp's chain: the filters judge the untempered distribution, then temperature
+    /// applies to the tokens they keep.
+    FiltersFirst,
 }
 
 /// The settings of a noise pool.
@@ -199,6 +212,20 @@ pub static SETTINGS: &[Setting] = &[
         accepted: "a finite number >= 0",
         doc: "Rows with a temperature below this are greedy (exact argmax, no noise).",
         apply: Apply::Sampler(|c, v| Ok(c.greedy_below = parse_nonneg_f32(v)?)),
+    },
+    Setting {
+        var: "TOKENRACE_FILTER_ORDER",
+        field: "filter_order",
+        default: "temperature_first",
+        accepted: "temperature_first, filters_first",
+        doc: "Whether min-p/top-k/top-p judge the tempered distribution (vLLM) or the untempered one, \
+              temperature then applying to the kept tokens (llama.cpp).",
+        apply: Apply::Sampler(|c, v| {
+            Ok(c.filter_order = parse_choice(
+                v,
+                &[("temperature_first", FilterOrder::TemperatureFirst), ("filters_first", FilterOrder::FiltersFirst)],
+            )?)
+        }),
     },
     Setting {
         var: "TOKENRACE_LOG_LEVEL",
@@ -350,6 +377,7 @@ fn table_defaults() -> (Config, PoolConfig) {
         log_level: LogLevel::Off,
         noise: NoiseSource::Auto,
         pool_rows: 0,
+        filter_order: FilterOrder::TemperatureFirst,
     };
     let mut pool = PoolConfig {
         rows: 0,

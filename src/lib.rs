@@ -35,7 +35,9 @@ mod process;
 mod row;
 mod sampler;
 
-pub use batch::{flags, Batch, ExternalNoise, Logits, LogprobMode, Output};
+pub use batch::{
+    flags, Batch, ExternalNoise, FullMode, LogitBias, Logits, LogprobMode, Output, TokenBitmask, TokenLists,
+};
 pub use config::{
     from_env as config_from_env, Apply, Config, DrainPolicy, LogLevel, NoiseKind, NoiseSource, PoolConfig, Setting,
     SimdChoice, SETTINGS,

@@ -70,6 +70,8 @@ fn config_to_c(c: &Config) -> tokenrace_config {
         log_level: tokenrace_log_level::from(c.log_level) as u32,
         noise: tokenrace_noise_source::from(c.noise) as u32,
         pool_rows: c.pool_rows as u32,
+        filter_order: tokenrace_filter_order::from(c.filter_order) as u32,
+        reserved1: 0,
     }
 }
 
@@ -84,6 +86,7 @@ fn config_from_c(c: &tokenrace_config) -> Result<Config> {
         log_level: config_enum::<tokenrace_log_level>("log_level", c.log_level)?.into(),
         noise: config_enum::<tokenrace_noise_source>("noise", c.noise)?.into(),
         pool_rows: c.pool_rows as usize,
+        filter_order: config_enum::<tokenrace_filter_order>("filter_order", c.filter_order)?.into(),
     })
 }
 

@@ -11,8 +11,8 @@
 //!   value is an error naming the field, and mapped to the library's Rust enums by `From`.
 
 use super::types::*;
-use crate::batch::LogprobMode;
-use crate::config::{DrainPolicy, LogLevel, NoiseKind, NoiseSource, SimdChoice};
+use crate::batch::{FullMode, LogprobMode};
+use crate::config::{DrainPolicy, FilterOrder, LogLevel, NoiseKind, NoiseSource, SimdChoice};
 use crate::error::{Error, ErrorKind, Owner, Result};
 use std::mem::size_of;
 
@@ -358,6 +358,8 @@ c_enum!(tokenrace_noise_source <=> NoiseSource { Auto, Inline, Pool });
 c_enum!(tokenrace_pool_policy <=> DrainPolicy { Inline, Block });
 c_enum!(tokenrace_log_level <=> LogLevel { Off, Error, Warn, Info, Debug, Trace });
 c_enum!(tokenrace_logprob_mode <=> LogprobMode { Raw, Processed });
+c_enum!(tokenrace_full_mode <=> FullMode { Raw, Processed, ProcessedLogits });
+c_enum!(tokenrace_filter_order <=> FilterOrder { TemperatureFirst, FiltersFirst });
 
 #[cfg(test)]
 mod tests {

@@ -7,7 +7,7 @@ use super::api::tokenrace_sampler;
 use super::convert::{arg_enum, opt_slice, opt_slice_mut, read_versioned, slice, slice_mut};
 use super::panic::guard;
 use super::types::*;
-use crate::batch::{noise_span, span, Batch, ExternalNoise, Logits, Output};
+use crate::batch::{noise_span, span, Batch, ExternalNoise, LogitBias, Logits, Output, TokenBitmask, TokenLists};
 use crate::error::{Error, Owner, Result};
 use crate::kernels::{Bf16, F16};
 
@@ -50,7 +50,93 @@ unsafe fn batch_from_c<'a>(b: &tokenrace_batch) -> Result<Batch<'a>> {
         top_k: unsafe { opt_slice(Owner::Batch, "top_k", b.top_k, rows)? },
         top_p: unsafe { opt_slice(Owner::Batch, "top_p", b.top_p, rows)? },
         min_p: unsafe { opt_slice(Owner::Batch, "min_p", b.min_p, rows)? },
+        prompt_tokens: unsafe { lists(rows, ("prompt_ids", b.prompt_ids), ("prompt_offsets", b.prompt_offsets))? },
+        output_tokens: unsafe { lists(rows, ("output_ids", b.output_ids), ("output_offsets", b.output_offsets))? },
+        repetition_penalty: unsafe { opt_slice(Owner::Batch, "repetition_penalty", b.repetition_penalty, rows)? },
+        frequency_penalty: unsafe { opt_slice(Owner::Batch, "frequency_penalty", b.frequency_penalty, rows)? },
+        presence_penalty: unsafe { opt_slice(Owner::Batch, "presence_penalty", b.presence_penalty, rows)? },
+        logit_bias: unsafe { bias(b, rows)? },
+        allowed_tokens: unsafe { lists(rows, ("allowed_ids", b.allowed_ids), ("allowed_offsets", b.allowed_offsets))? },
+        allowed_rows: unsafe { opt_slice(Owner::Batch, "allowed_rows", b.allowed_rows, rows)? },
+        banned_tokens: unsafe { lists(rows, ("banned_ids", b.banned_ids), ("banned_offsets", b.banned_offsets))? },
+        token_bitmask: unsafe { bitmask(b, rows, vocab)? },
     })
+}
+
+/// The `rows + 1` offsets of a CSR list, and how many entries they say the list has (its last
+/// offset; `validate` checks the order).
+///
+/// # Safety
+/// `ptr` is NULL or covers `rows + 1` elements.
+unsafe fn offsets<'a>(rows: usize, field: &'static str, ptr: *const u64) -> Result<Option<(&'a [u64], usize)>> {
+    // SAFETY: the caller's contract.
+    let Some(o) = (unsafe { opt_slice(Owner::Batch, field, ptr, rows + 1)? }) else {
+        return Ok(None);
+    };
+    let len =
+        usize::try_from(o[rows]).map_err(|_| Error::arg(Owner::Batch, field, Some(rows), "does not fit in size_t"))?;
+    Ok(Some((o, len)))
+}
+
+/// A CSR list of token ids: its offsets, then as many ids as the last offset says.
+///
+/// # Safety
+/// Non-NULL pointers cover `rows + 1` offsets and that many ids.
+unsafe fn lists<'a>(
+    rows: usize,
+    (ids_field, ids): (&'static str, *const i32),
+    (offsets_field, offs): (&'static str, *const u64),
+) -> Result<Option<TokenLists<'a>>> {
+    // SAFETY: the caller's contract.
+    let Some((offsets, len)) = (unsafe { offsets(rows, offsets_field, offs)? }) else {
+        return Ok(None);
+    };
+    // SAFETY: as above.
+    let ids = unsafe { slice(Owner::Batch, ids_field, ids, len)? };
+    Ok(Some(TokenLists { ids, offsets }))
+}
+
+/// The logit bias pairs of a C batch.
+///
+/// # Safety
+/// As `lists`, for both the ids and the values.
+unsafe fn bias<'a>(b: &tokenrace_batch, rows: usize) -> Result<Option<LogitBias<'a>>> {
+    // SAFETY: the caller's contract.
+    let Some((offsets, len)) = (unsafe { offsets(rows, "bias_offsets", b.bias_offsets)? }) else {
+        return Ok(None);
+    };
+    // SAFETY: as above.
+    let (ids, values) = unsafe {
+        (slice(Owner::Batch, "bias_ids", b.bias_ids, len)?, slice(Owner::Batch, "bias_values", b.bias_values, len)?)
+    };
+    Ok(Some(LogitBias { ids, values, offsets }))
+}
+
+/// The grammar bitmask of a C batch.
+///
+/// # Safety
+/// A non-NULL `token_bitmask` covers the words its stride says.
+unsafe fn bitmask<'a>(b: &tokenrace_batch, rows: usize, vocab: usize) -> Result<Option<TokenBitmask<'a>>> {
+    if b.token_bitmask.is_null() {
+        return Ok(None);
+    }
+    let words = vocab.div_ceil(32);
+    let stride = match usize::try_from(b.bitmask_row_stride).unwrap_or(usize::MAX) {
+        0 => words,
+        s => s,
+    };
+    if stride < words {
+        return Err(Error::arg(
+            Owner::Batch,
+            "bitmask_row_stride",
+            None,
+            format!("{stride} is smaller than ceil(vocab / 32) = {words}"),
+        ));
+    }
+    let len = span(rows, words, stride, 4, "bitmask_row_stride")?;
+    // SAFETY: the caller's contract.
+    let words = unsafe { slice(Owner::Batch, "token_bitmask", b.token_bitmask, len)? };
+    Ok(Some(TokenBitmask { words, row_stride: stride }))
 }
 
 /// The Rust view of a C output for `rows` rows.
@@ -58,11 +144,17 @@ unsafe fn batch_from_c<'a>(b: &tokenrace_batch) -> Result<Batch<'a>> {
 /// # Safety
 /// Every non-NULL pointer of `o` covers the elements its sizes say, for `'a`, and nothing else
 /// uses them meanwhile.
-unsafe fn output_from_c<'a>(o: &tokenrace_output, rows: usize) -> Result<Output<'a>> {
+unsafe fn output_from_c<'a>(o: &tokenrace_output, rows: usize, vocab: usize) -> Result<Output<'a>> {
     let logprob_mode: tokenrace_logprob_mode = arg_enum(Owner::Output, "logprob_mode", o.logprob_mode)?;
     let top_n = o.top_n as usize;
     let topn_len =
         rows.checked_mul(top_n).ok_or_else(|| Error::arg(Owner::Output, "top_n", None, "rows x top_n overflows"))?;
+    let full_mode: tokenrace_full_mode = arg_enum(Owner::Output, "full_mode", o.full_mode)?;
+    let full_stride = match usize::try_from(o.full_row_stride).unwrap_or(usize::MAX) {
+        0 => vocab,
+        s => s,
+    };
+    let full_len = if o.full_logprobs.is_null() { 0 } else { span(rows, vocab, full_stride, 4, "full_row_stride")? };
     // SAFETY (every slice below): the caller's contract for the output's pointers.
     Ok(Output {
         tokens: unsafe { slice_mut(Owner::Output, "tokens", o.tokens, rows)? },
@@ -74,6 +166,9 @@ unsafe fn output_from_c<'a>(o: &tokenrace_output, rows: usize) -> Result<Output<
         topn_logprobs: unsafe { opt_slice_mut(Owner::Output, "topn_logprobs", o.topn_logprobs, topn_len)? }
             .filter(|_| top_n > 0),
         logprob_mode: logprob_mode.into(),
+        full_logprobs: unsafe { opt_slice_mut(Owner::Output, "full_logprobs", o.full_logprobs, full_len)? },
+        full_row_stride: full_stride,
+        full_mode: full_mode.into(),
     })
 }
 
@@ -101,7 +196,7 @@ pub unsafe extern "C" fn tokenrace_draw(
             };
             let (b, o) = read().inspect_err(|_| s.inner.count_rejected())?;
             let batch = batch_from_c(&b).inspect_err(|_| s.inner.count_rejected())?;
-            let mut output = output_from_c(&o, batch.rows).inspect_err(|_| s.inner.count_rejected())?;
+            let mut output = output_from_c(&o, batch.rows, batch.vocab).inspect_err(|_| s.inner.count_rejected())?;
             s.inner.draw(&batch, &mut output)
         }
     })

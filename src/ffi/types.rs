@@ -104,6 +104,29 @@ pub enum tokenrace_logprob_mode {
     Processed = 1,
 }
 
+/// What `tokenrace_output.full_logprobs` receives for every token (docs/semantics.md).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum tokenrace_full_mode {
+    /// log_softmax of the logits as given.
+    Raw = 0,
+    /// log_softmax of the processed row (masks, bias, penalties, temperature, filters), -inf
+    /// outside the kept tokens.
+    Processed = 1,
+    /// The processed logits: penalised, divided by T, -inf outside the kept tokens.
+    ProcessedLogits = 2,
+}
+
+/// Whether the filters judge the tempered distribution (vLLM) or the untempered one (llama.cpp).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum tokenrace_filter_order {
+    /// vLLM's: temperature, then min-p, top-k, top-p on the tempered distribution.
+    TemperatureFirst = 0,
+    /// llama.cpp's chain: the filters on the untempered distribution, then temperature.
+    FiltersFirst = 1,
+}
+
 // Row flags written to `tokenrace_output.flags`: the values of `crate::batch::flags`, for the
 // header (a test checks that they agree).
 /// Row flags written to `tokenrace_output.flags`.
@@ -154,6 +177,9 @@ pub struct tokenrace_config {
     /// Capacity in rows of the sampler's own pool (noise = pool); 0 means 4 x max_rows. (The
     /// counter `tokenrace_sampler_stats.pool_rows` is another thing: rows drawn on pool noise.)
     pub pool_rows: u32,
+    /// A `tokenrace_filter_order` (since 0.2; 0, the default, is TEMPERATURE_FIRST).
+    pub filter_order: u32,
+    pub reserved1: u32,
 }
 
 /// One draw call's inputs. Zero-initialise, set `struct_size = sizeof(tokenrace_batch)`, then the
@@ -193,6 +219,37 @@ pub struct tokenrace_batch {
     pub top_p: *const f32,
     /// Per-row min-p in [0, 1] (NULL: off); 0 disables it for the row.
     pub min_p: *const f32,
+    // Since 0.2: the rest of the sampling step (docs/semantics.md, The sampling step). Every
+    // list is in CSR form: row r's entries are [offsets[r], offsets[r + 1]) of the id (and value)
+    // arrays, `offsets` has rows + 1 non-decreasing entries; a NULL offsets array means no list.
+    /// The prompt's token ids (repetition penalty): ids in [0, vocab).
+    pub prompt_ids: *const i32,
+    pub prompt_offsets: *const u64,
+    /// The tokens generated so far (all three penalties): ids in [0, vocab).
+    pub output_ids: *const i32,
+    pub output_offsets: *const u64,
+    /// Per-row repetition penalty r > 0 (NULL: off); 1 is off for the row.
+    pub repetition_penalty: *const f32,
+    /// Per-row frequency penalty, finite (NULL: off); 0 is off for the row.
+    pub frequency_penalty: *const f32,
+    /// Per-row presence penalty, finite (NULL: off); 0 is off for the row.
+    pub presence_penalty: *const f32,
+    /// Logit bias: (id, value) pairs; a finite value is added, -inf bans; pairs of one id add up.
+    pub bias_ids: *const i32,
+    pub bias_values: *const f32,
+    pub bias_offsets: *const u64,
+    /// The only tokens a row may draw, for the rows `allowed_rows` marks (NULL: every row).
+    pub allowed_ids: *const i32,
+    pub allowed_offsets: *const u64,
+    pub allowed_rows: *const u8,
+    /// Tokens a row may not draw (bad words of one token, min_tokens' stop ids).
+    pub banned_ids: *const i32,
+    pub banned_offsets: *const u64,
+    /// A grammar bitmask in xgrammar's layout: rows x ceil(vocab / 32) int32 words,
+    /// `bitmask_row_stride` words apart (0: ceil(vocab / 32)); bit j of word w set allows token
+    /// 32 w + j. NULL: unconstrained.
+    pub token_bitmask: *const i32,
+    pub bitmask_row_stride: u64,
 }
 
 /// Where a draw writes. Only `tokens` is required. Nothing is written if the call fails.
@@ -216,6 +273,14 @@ pub struct tokenrace_output {
     pub reserved0: u32,
     pub topn_ids: *mut i32,
     pub topn_logprobs: *mut f32,
+    // Since 0.2.
+    /// rows x vocab values, `full_row_stride` apart (0: vocab): every token's logprob or logit,
+    /// as `full_mode` says (NULL: not computed).
+    pub full_logprobs: *mut f32,
+    pub full_row_stride: u64,
+    /// A `tokenrace_full_mode`.
+    pub full_mode: u32,
+    pub reserved1: u32,
 }
 
 /// Counters of a sampler since it was made.
