@@ -92,24 +92,21 @@ impl RowEdits {
         self.keep[i / 32] &= !(1 << (i % 32));
     }
 
-    /// Writes the row the draw sees (`y`, as f32) into `out`; returns whether the caller's row
-    /// holds a NaN anywhere (masked or not) and its largest value (NaN ignored).
-    pub fn materialize<V: RowValues + ?Sized>(&self, v: &V, out: &mut Vec<f32>) -> Result<(bool, f32)> {
+    /// Writes the processed row (`y`, as f32) into `out`; returns whether the caller's row holds
+    /// a NaN anywhere (masked or not).
+    pub fn materialize<V: RowValues + ?Sized>(&self, v: &V, out: &mut Vec<f32>) -> Result<bool> {
         let n = v.n();
         alloc::resize(out, n, f32::NEG_INFINITY, "the processed row")?;
-        let (mut nan, mut top) = (false, f32::NEG_INFINITY);
+        let mut nan = false;
         for (i, y) in out.iter_mut().enumerate() {
             let x = v.at(i);
             nan |= x.is_nan();
-            if x > top {
-                top = x;
-            }
             *y = if self.kept(i) { x } else { f32::NEG_INFINITY };
         }
         for &(id, value) in &self.overrides {
             out[id as usize] = value;
         }
-        Ok((nan, top))
+        Ok(nan)
     }
 }
 
@@ -259,7 +256,9 @@ impl Scratch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::batch::ExternalNoise;
     use crate::batch::{LogitBias, Logits, Output, TokenBitmask, TokenLists};
+    use crate::config::{NoiseKind, SimdChoice};
     use crate::{Config, Sampler};
 
     /// The processed row in the simplest form: every step over the whole vocabulary.
@@ -301,33 +300,47 @@ mod tests {
         words[3] = 0x0f0f_0f0f;
         let mask: Vec<bool> = (0..vocab).map(|i| words[i / 32] as u32 >> (i % 32) & 1 != 0).collect();
         let y = dense(&x, &prompt, &output, &bias, p, &mask);
-        let s = Sampler::new(Config { vocab_size: vocab, max_rows: 4, ..Config::default() }).unwrap();
-        let seeds = [11u64];
         let (bias_ids, bias_values): (Vec<i32>, Vec<f32>) = bias.iter().copied().unzip();
         let po = [0u64, prompt.len() as u64];
         let oo = [0u64, output.len() as u64];
         let bo = [0u64, bias.len() as u64];
-        for t in [0.0f32, 0.7, 1.0, 2.0] {
-            let temps = [t];
-            let fused = Batch {
-                temperature: Some(&temps),
-                seeds: Some(&seeds),
-                prompt_tokens: Some(TokenLists { ids: &prompt, offsets: &po }),
-                output_tokens: Some(TokenLists { ids: &output, offsets: &oo }),
-                repetition_penalty: Some(&[1.3]),
-                frequency_penalty: Some(&[0.2]),
-                presence_penalty: Some(&[0.1]),
-                logit_bias: Some(LogitBias { ids: &bias_ids, values: &bias_values, offsets: &bo }),
-                token_bitmask: Some(TokenBitmask { words: &words, row_stride: words.len() }),
-                ..Batch::new(Logits::F32(&x), 1, vocab)
-            };
-            let plain =
-                Batch { temperature: Some(&temps), seeds: Some(&seeds), ..Batch::new(Logits::F32(&y), 1, vocab) };
-            let (mut a, mut b) = ([0i32], [0i32]);
-            s.draw(&fused, &mut Output::new(&mut a)).unwrap();
-            s.draw(&plain, &mut Output::new(&mut b)).unwrap();
-            assert_eq!(a, b, "T = {t}");
-            assert_ne!(a[0], 999 % 1000 + 1000); // in range
+        let ln_e: Vec<f32> =
+            (0..vocab).map(|i| (-((i * 2654435761usize % 1000) as f32 / 1000.0 + 1e-4).ln()).ln()).collect();
+        let e_noise: Vec<f32> = ln_e.iter().map(|l| l.exp()).collect();
+        let levels = [SimdChoice::Scalar, SimdChoice::Portable, SimdChoice::Avx2, SimdChoice::Avx512];
+        for (simd, level) in levels.into_iter().zip(crate::kernels::SimdLevel::ALL) {
+            if !level.is_supported() {
+                continue;
+            }
+            let s = Sampler::new(Config { vocab_size: vocab, max_rows: 4, simd, ..Config::default() }).unwrap();
+            for (t, noise) in [0.0f32, 0.7, 1.0, 2.0].into_iter().flat_map(|t| {
+                [
+                    (t, None),
+                    (t, Some(ExternalNoise { values: &ln_e[..], kind: NoiseKind::LogExp, row_stride: vocab })),
+                    (t, Some(ExternalNoise { values: &e_noise[..], kind: NoiseKind::Exp, row_stride: vocab })),
+                ]
+            }) {
+                let temps = [t];
+                let seeds = if noise.is_none() { Some(&[11u64][..]) } else { None };
+                let fused = Batch {
+                    temperature: Some(&temps),
+                    seeds,
+                    noise,
+                    prompt_tokens: Some(TokenLists { ids: &prompt, offsets: &po }),
+                    output_tokens: Some(TokenLists { ids: &output, offsets: &oo }),
+                    repetition_penalty: Some(&[1.3]),
+                    frequency_penalty: Some(&[0.2]),
+                    presence_penalty: Some(&[0.1]),
+                    logit_bias: Some(LogitBias { ids: &bias_ids, values: &bias_values, offsets: &bo }),
+                    token_bitmask: Some(TokenBitmask { words: &words, row_stride: words.len() }),
+                    ..Batch::new(Logits::F32(&x), 1, vocab)
+                };
+                let plain = Batch { temperature: Some(&temps), seeds, noise, ..Batch::new(Logits::F32(&y), 1, vocab) };
+                let (mut a, mut b) = ([0i32], [0i32]);
+                s.draw(&fused, &mut Output::new(&mut a)).unwrap();
+                s.draw(&plain, &mut Output::new(&mut b)).unwrap();
+                assert_eq!(a, b, "{level:?} T = {t} noise {:?}", noise.map(|n| n.kind));
+            }
         }
     }
 }

@@ -23,19 +23,27 @@ use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
 /// What a drawn row leaves for the logprobs: the maximum (NaN ignored) of the values it was
-/// drawn from and the filters' floor; for a row with edits (drawn from its processed values),
-/// the maximum of the row as given.
+/// drawn from and the filters' floor, and whether the row had edits (then these are of its
+/// processed values).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RowInfo {
     pub top: f32,
     pub floor: f32,
-    pub raw_top: Option<f32>,
+    pub edited: bool,
 }
 
 impl Default for RowInfo {
     fn default() -> Self {
-        RowInfo { top: f32::NEG_INFINITY, floor: f32::NEG_INFINITY, raw_top: None }
+        RowInfo { top: f32::NEG_INFINITY, floor: f32::NEG_INFINITY, edited: false }
     }
+}
+
+/// The largest value of a row (NaN ignored), for the raw logprobs of a row drawn from its
+/// processed values.
+fn row_max<V: RowValues + ?Sized>(k: &Kernels, v: &V) -> f32 {
+    let mut bmax = vec![f32::NEG_INFINITY; v.n().div_ceil(crate::kernels::BLOCK)];
+    v.scan(k, 0, v.n(), &mut bmax);
+    bmax.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a }) + 0.0
 }
 
 /// What a row's logprobs go into.
@@ -217,15 +225,15 @@ impl Logprobs {
                 lps: &mut l.lps[r * top_n..(r + 1) * top_n],
                 want_rank,
             };
-            let RowInfo { top, floor, raw_top } = info[r];
+            let RowInfo { top, floor, edited } = info[r];
             let (mode, t) = (out.logprob_mode, tokens[r]);
-            with_row!(batch, r, |v| match (raw_top, mode) {
-                (Some(raw), LogprobMode::Raw) => row_logprobs(k, v, inv_t[r], mode, raw, floor, t, o),
-                (Some(_), LogprobMode::Processed) => {
+            with_row!(batch, r, |v| match (edited, mode) {
+                (true, LogprobMode::Raw) => row_logprobs(k, v, inv_t[r], mode, row_max(k, v), floor, t, o),
+                (true, LogprobMode::Processed) => {
                     let y = processed.row(r, v);
                     row_logprobs(k, y, inv_t[r], mode, top, floor, t, o)
                 }
-                (None, _) => row_logprobs(k, v, inv_t[r], mode, top, floor, t, o),
+                (false, _) => row_logprobs(k, v, inv_t[r], mode, top, floor, t, o),
             });
         }
         l
@@ -261,17 +269,10 @@ impl Processed {
     pub(crate) fn build(batch: &Batch, info: &[RowInfo]) -> Result<Processed> {
         let mut edits = alloc::with_capacity(batch.rows, "the rows' edits")?;
         for (r, i) in info.iter().enumerate() {
-            let e = match i.raw_top {
-                Some(_) => with_row!(batch, r, |v| crate::edits::build(batch, r, v))?,
-                None => None,
-            };
+            let e = if i.edited { with_row!(batch, r, |v| crate::edits::build(batch, r, v))? } else { None };
             edits.push(e);
         }
-        let y = alloc::filled(
-            if info.iter().any(|i| i.raw_top.is_some()) { batch.vocab } else { 0 },
-            0.0,
-            "the processed row",
-        )?;
+        let y = alloc::filled(if info.iter().any(|i| i.edited) { batch.vocab } else { 0 }, 0.0, "the processed row")?;
         Ok(Processed { edits, y })
     }
 
@@ -311,10 +312,11 @@ pub(crate) fn write_full(
     let Some(full) = out.full_logprobs.as_deref_mut() else { return };
     for r in 0..batch.rows {
         let dest = &mut full[r * stride..r * stride + vocab];
-        let RowInfo { top, floor, raw_top } = info[r];
+        let RowInfo { top, floor, edited } = info[r];
         with_row!(batch, r, |v| {
             if mode == FullMode::Raw {
-                full_logprobs(k, v, 1.0, f32::NEG_INFINITY, raw_top.unwrap_or(top), dest);
+                let top = if edited { row_max(k, v) } else { top };
+                full_logprobs(k, v, 1.0, f32::NEG_INFINITY, top, dest);
             } else if processed.is_edited(r) {
                 let y = processed.row(r, v);
                 full_processed(k, batch, r, y, (inv_t[r], floor, top), mode, dest);

@@ -6,6 +6,7 @@
 //! [`RowValues`].
 
 use crate::config::NoiseKind;
+use crate::kernels::generic::race::{race_listed_external, race_listed_inline};
 use crate::kernels::simd::Elem;
 use crate::kernels::{Best, Bf16, BlockNoise, DtypeKernels, Kernels, RaceParams, F16};
 
@@ -27,6 +28,48 @@ pub(crate) trait RowValues {
         // SAFETY: the range lies inside the row and `bmax` has a slot per block of it (checked
         // above); `k` is the table of a supported level.
         unsafe { (Self::kernels(k).scan)(self.ptr().add(start), len, bmax) }
+    }
+
+    /// Block maxima of the tokens whose bit is set in `keep` into `bmax`; whether any value of
+    /// the row (kept or not) is NaN.
+    fn scan_masked(&self, k: &Kernels, keep: &[u32], bmax: &mut [f32]) -> bool {
+        let n = self.n();
+        assert!(keep.len() >= n.div_ceil(32) && bmax.len() >= n.div_ceil(crate::kernels::BLOCK));
+        // SAFETY: the row has n values, `keep` a bit for each and `bmax` a slot per block
+        // (checked above); `k` is the table of a supported level.
+        unsafe { (Self::kernels(k).scan_masked)(self.ptr(), keep.as_ptr(), n, bmax) }
+    }
+
+    /// The best key of the race over a whole row whose values are the kept tokens' (bits of
+    /// `keep`, block maxima `bmax`) and the `listed` (token, value) pairs, with the row's noise.
+    fn race_edited(
+        &self,
+        k: &Kernels,
+        keep: &[u32],
+        bmax: &[f32],
+        listed: &[(u32, f32)],
+        p: RaceParams,
+        noise: RaceNoise,
+    ) -> Best {
+        let n = self.n();
+        assert!(keep.len() >= n.div_ceil(32) && bmax.len() >= n.div_ceil(crate::kernels::BLOCK));
+        assert!(listed.iter().all(|&(t, _)| (t as usize) < n));
+        let (row, dk) = (self.ptr(), Self::kernels(k));
+        match noise {
+            RaceNoise::Inline(key) => BLOCK_NOISE.with(|b| {
+                let blocks = &mut *b.borrow_mut();
+                // SAFETY: as in `scan_masked`; the scratch is this thread's.
+                let best = unsafe { (dk.race_inline_masked)(row, keep.as_ptr(), n, bmax, p, key, blocks) };
+                // The race filled `blocks` with the row's block noise, which the listed tokens use.
+                race_listed_inline(listed, p, key, blocks, best)
+            }),
+            // SAFETY: as in `scan_masked`; the noise row holds `n` values (as in `race`), and
+            // every listed token is below `n` (checked above).
+            RaceNoise::External(values, kind) => unsafe {
+                let best = (dk.race_external_masked)(row, keep.as_ptr(), values, n, p, kind);
+                race_listed_external(listed, values, p, kind, best)
+            },
+        }
     }
 
     /// The first index in `[start, end)` whose value is `target`.

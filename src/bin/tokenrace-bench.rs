@@ -51,7 +51,7 @@ fn parse_args() -> Args {
         dtypes: list("f32,bf16,f16"),
         profiles: list("peaked,flat"),
         paths: list(
-            "greedy,race-inline,race-pool,race-external-logexp,race-external-exp,race-logprob,top-k50,top-k50-top-p0.9,top-p0.9,min-p0.05",
+            "greedy,race-inline,race-pool,race-external-logexp,race-external-exp,race-logprob,top-k50,top-k50-top-p0.9,top-p0.9,min-p0.05,pipeline,pipeline-penalties,pipeline-bitmask",
         ),
         placements: list("hot,cold"),
         reps: 30,
@@ -146,6 +146,62 @@ fn make_row(g: &mut Gen, vocab: usize, peaked: bool) -> Vec<f32> {
         }
     }
     x
+}
+
+/// The sampling step of issue 9's benchmark, per row: 4096 prompt and 1024 output tokens,
+/// r = 1.1, f = 0.2, p = 0.1, 16 biased ids, and a grammar bitmask allowing 10% of the
+/// vocabulary.
+struct Pipeline {
+    prompt: (Vec<i32>, Vec<u64>),
+    output: (Vec<i32>, Vec<u64>),
+    bias: (Vec<i32>, Vec<f32>, Vec<u64>),
+    bitmask: Vec<i32>,
+    penalties: [Vec<f32>; 3],
+}
+
+impl Pipeline {
+    fn new(g: &mut Gen, rows: usize, vocab: usize) -> Pipeline {
+        let mut ids = |per_row: usize| {
+            let ids: Vec<i32> = (0..rows * per_row).map(|_| (g.uniform() * vocab as f64) as i32).collect();
+            (ids, (0..=rows).map(|r| (r * per_row) as u64).collect::<Vec<u64>>())
+        };
+        let prompt = ids(4096);
+        let output = ids(1024);
+        let (bias_ids, offsets) = ids(16);
+        let bias_values = (0..bias_ids.len()).map(|j| if j % 2 == 0 { 1.5 } else { -2.0 }).collect();
+        let words = vocab.div_ceil(32);
+        let mut bitmask = vec![0i32; rows * words];
+        for r in 0..rows {
+            for i in 0..vocab {
+                if g.uniform() < 0.1 {
+                    bitmask[r * words + i / 32] |= 1 << (i % 32);
+                }
+            }
+        }
+        let penalties = [vec![1.1; rows], vec![0.2; rows], vec![0.1; rows]];
+        Pipeline { prompt, output, bias: (bias_ids, bias_values, offsets), bitmask, penalties }
+    }
+
+    /// `b` with this step's inputs: all of them (`pipeline`), the penalties alone
+    /// (`pipeline-penalties`), or the bitmask alone (`pipeline-bitmask`).
+    fn apply<'a>(&'a self, path: &str, b: Batch<'a>) -> Batch<'a> {
+        let penalties = path == "pipeline" || path == "pipeline-penalties";
+        let bitmask = path == "pipeline" || path == "pipeline-bitmask";
+        Batch {
+            prompt_tokens: penalties.then(|| TokenLists { ids: &self.prompt.0, offsets: &self.prompt.1 }),
+            output_tokens: penalties.then(|| TokenLists { ids: &self.output.0, offsets: &self.output.1 }),
+            repetition_penalty: penalties.then_some(&self.penalties[0][..]),
+            frequency_penalty: penalties.then_some(&self.penalties[1][..]),
+            presence_penalty: penalties.then_some(&self.penalties[2][..]),
+            logit_bias: (path == "pipeline").then(|| LogitBias {
+                ids: &self.bias.0,
+                values: &self.bias.1,
+                offsets: &self.bias.2,
+            }),
+            token_bitmask: bitmask.then(|| TokenBitmask { words: &self.bitmask, row_stride: b.vocab.div_ceil(32) }),
+            ..b
+        }
+    }
 }
 
 enum Data {
@@ -367,6 +423,11 @@ fn main() {
                             let mut tokens = vec![0i32; rows];
                             let mut logprobs = vec![0f32; rows];
                             let (k50, p09, mp) = (vec![50i32; rows], vec![0.9f32; rows], vec![0.05f32; rows]);
+                            let pipeline = a
+                                .paths
+                                .iter()
+                                .any(|p| p.starts_with("pipeline"))
+                                .then(|| Pipeline::new(&mut Gen(0x5eed), rows, vocab));
                             for path in &a.paths {
                                 let temps = vec![if path == "greedy" { 0.0f32 } else { 1.0 }; rows];
                                 let (noise, two_streams) = match path.as_str() {
@@ -401,7 +462,7 @@ fn main() {
                                     _ => &s,
                                 };
                                 let t = time(a.reps, batches, |b| {
-                                    let batch = Batch {
+                                    let mut batch = Batch {
                                         temperature: Some(&temps),
                                         noise,
                                         top_k,
@@ -409,6 +470,9 @@ fn main() {
                                         min_p,
                                         ..Batch::new(data.logits(b * span, span), rows, vocab)
                                     };
+                                    if let Some(p) = pipeline.as_ref().filter(|_| path.starts_with("pipeline")) {
+                                        batch = p.apply(path, batch);
+                                    }
                                     let mut out = Output::new(&mut tokens);
                                     if path == "race-logprob" {
                                         out.logprobs = Some(&mut logprobs);

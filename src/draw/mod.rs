@@ -17,7 +17,7 @@ pub(crate) mod workers;
 
 use crate::alloc;
 use crate::batch::{flags, Batch, FullMode, LogprobMode, Output};
-use crate::edits;
+use crate::edits::{self, RowEdits};
 use crate::error::{Error, ErrorKind, Result};
 use crate::filter;
 use crate::kernels::{Best, Kernels, RaceParams, BLOCK};
@@ -148,11 +148,13 @@ struct Scanned {
     flags: u32,
 }
 
-fn summarize(bmax: &[f32], has_nan: bool, plan: RowPlan) -> Scanned {
+/// The row's flags and maximum, from its block maxima and `listed`, the largest of the values
+/// the row's edits changed (-inf: none).
+fn summarize(bmax: &[f32], listed: f32, has_nan: bool, plan: RowPlan) -> Scanned {
     // `+ 0.0` turns a maximum of -0 into +0: which zero a SIMD max keeps depends on the level's
     // reduction order, and the mass kernels need `x - m <= +0` bit-wise, which a maximum of -0
     // breaks for the +0 values (their weight became 0 on AVX-512: found by fuzz/draw_c_abi).
-    let top = bmax.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a }) + 0.0;
+    let top = bmax.iter().fold(listed, |a, &b| if b > a { b } else { a }) + 0.0;
     let mut fl = if has_nan { flags::HAS_NAN } else { 0 };
     if matches!(plan, RowPlan::Greedy) {
         fl |= flags::GREEDY;
@@ -207,43 +209,94 @@ fn finish<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], sc: &Scanned,
 }
 
 /// Draws row `r` of `batch` on this thread: as given, or, when the sampling step before the
-/// filters changes it, the processed row (`edits.rs`).
+/// filters changes it (`edits.rs`), from the kept tokens and the edited ones.
 fn draw_row(k: &Kernels, batch: &Batch, r: usize, plan: RowPlan) -> Result<Drawn> {
     with_row!(batch, r, |v| {
         if batch.has_edits() && edits::row_has_edits(batch, r) {
             if let Some(e) = edits::build(batch, r, v).map_err(|e| in_row(r, e))? {
-                return PROCESSED.with(|cell| {
-                    let y = &mut *cell.borrow_mut();
-                    let raw = e.materialize(v, y).map_err(|e| in_row(r, e))?;
-                    draw_values(k, batch, r, &y[..], plan, Some(raw))
-                });
+                return draw_edited(k, batch, r, v, &e, plan);
             }
         }
         draw_values(k, batch, r, v, plan, None)
     })
 }
 
-/// Draws row `r` of `batch` from the values `v`: the row as given, or its processed values, in
-/// which case `raw` says whether the given row held a NaN and its largest value.
+/// Draws row `r` of `batch` from the values `v`: the row as given, or (`nan`: the given row held
+/// a NaN) its processed values.
 fn draw_values<V: RowValues + ?Sized>(
     k: &Kernels,
     batch: &Batch,
     r: usize,
     v: &V,
     plan: RowPlan,
-    raw: Option<(bool, f32)>,
+    processed: Option<bool>,
 ) -> Result<Drawn> {
     BLOCK_MAX.with(|cell| {
         let mut bmax = cell.borrow_mut();
         alloc::resize(&mut bmax, v.n().div_ceil(BLOCK), f32::NEG_INFINITY, "block maxima").map_err(|e| in_row(r, e))?;
-        let has_nan = v.scan(k, 0, v.n(), &mut bmax) || raw.is_some_and(|(nan, _)| nan);
-        let sc = summarize(&bmax, has_nan, plan);
+        let has_nan = v.scan(k, 0, v.n(), &mut bmax) || processed == Some(true);
+        let sc = summarize(&bmax, f32::NEG_INFINITY, has_nan, plan);
         let params = race_params(k, batch, r, v, &bmax, &sc, plan)?;
         let won = params.map(|(p, noise)| v.race(k, 0, v.n(), &bmax, p, noise));
         let floor = params.map_or(f32::NEG_INFINITY, |(p, _)| p.floor);
-        let info = RowInfo { top: sc.top, floor, raw_top: raw.map(|(_, t)| t) };
+        let info = RowInfo { top: sc.top, floor, edited: processed.is_some() };
         Ok(Drawn { token: finish(k, v, &bmax, &sc, won), flags: sc.flags, info })
     })
+}
+
+/// Draws row `r` with edits `e`. A sampling row with filters is drawn from its processed values,
+/// written out (the filters read values); every other row straight from its kept tokens (masked
+/// kernels) and its edited ones (raced one by one), without a pass of its own.
+fn draw_edited<V: RowValues + ?Sized>(
+    k: &Kernels,
+    batch: &Batch,
+    r: usize,
+    v: &V,
+    e: &RowEdits,
+    plan: RowPlan,
+) -> Result<Drawn> {
+    if matches!(plan, RowPlan::Sample { .. }) && filter::Filters::of(batch, r).is_some() {
+        return PROCESSED.with(|cell| {
+            let y = &mut *cell.borrow_mut();
+            let nan = e.materialize(v, y).map_err(|e| in_row(r, e))?;
+            draw_values(k, batch, r, &y[..], plan, Some(nan))
+        });
+    }
+    BLOCK_MAX.with(|cell| {
+        let mut bmax = cell.borrow_mut();
+        alloc::resize(&mut bmax, v.n().div_ceil(BLOCK), f32::NEG_INFINITY, "block maxima").map_err(|e| in_row(r, e))?;
+        let has_nan = v.scan_masked(k, &e.keep, &mut bmax);
+        let listed_max = e.overrides.iter().fold(f32::NEG_INFINITY, |a, &(_, y)| if y > a { y } else { a });
+        let sc = summarize(&bmax, listed_max, has_nan, plan);
+        let won = match plan {
+            RowPlan::Sample { inv_t, noise, .. } if sc.top.is_finite() => {
+                let p = RaceParams { m: sc.top, inv_t, floor: f32::NEG_INFINITY };
+                Some(v.race_edited(k, &e.keep, &bmax, &e.overrides, p, noise))
+            }
+            _ => None,
+        };
+        let token = match won {
+            _ if sc.flags & flags::EMPTY != 0 => 0,
+            Some(b) if b.token != usize::MAX => b.token as i32,
+            _ => first_of_top(v, e, &bmax, sc.top) as i32,
+        };
+        let info = RowInfo { top: sc.top, floor: f32::NEG_INFINITY, edited: true };
+        Ok(Drawn { token, flags: sc.flags, info })
+    })
+}
+
+/// The lowest token whose processed value is `top`: among the kept tokens (the first block whose
+/// maximum is `top`) and the edited ones.
+fn first_of_top<V: RowValues + ?Sized>(v: &V, e: &RowEdits, bmax: &[f32], top: f32) -> usize {
+    let kept = bmax
+        .iter()
+        .position(|&b| b == top)
+        .and_then(|b| (b * BLOCK..((b + 1) * BLOCK).min(v.n())).find(|&i| e.kept(i) && v.at(i) == top));
+    let listed = e.overrides.iter().filter(|&&(_, y)| y == top).map(|&(t, _)| t as usize).min();
+    match (kept, listed) {
+        (Some(a), Some(b)) => a.min(b),
+        (a, b) => a.or(b).unwrap_or(0),
+    }
 }
 
 /// Draws every row of `batch`, on as many of `workers` as the call is worth: rows are split

@@ -45,8 +45,9 @@ pub(super) fn draw_tiled(
         return Err(worker_panicked());
     }
     let row_bmax = |r: usize| &bmax[r * blocks..(r + 1) * blocks];
-    let scanned: Vec<Scanned> =
-        (0..rows).map(|r| summarize(row_bmax(r), (0..tiles).any(|t| nan[r * tiles + t].get()), plans[r])).collect();
+    let scanned: Vec<Scanned> = (0..rows)
+        .map(|r| summarize(row_bmax(r), f32::NEG_INFINITY, (0..tiles).any(|t| nan[r * tiles + t].get()), plans[r]))
+        .collect();
     // The filters' floors, on this thread.
     let params: Vec<Option<(RaceParams, RaceNoise)>> = (0..rows)
         .map(|r| with_row!(batch, r, |v| race_params(k, batch, r, v, row_bmax(r), &scanned[r], plans[r])))
@@ -75,7 +76,7 @@ pub(super) fn draw_tiled(
                 info: RowInfo {
                     top: sc.top,
                     floor: params[r].map_or(f32::NEG_INFINITY, |(p, _)| p.floor),
-                    raw_top: None,
+                    edited: false,
                 },
             }
         })

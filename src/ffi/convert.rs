@@ -113,13 +113,17 @@ fn zeroed<T>() -> T {
 
 versioned!(tokenrace_config, v1 ends with pool_rows, default super::api::tokenrace_config_default(), [
     struct_size, vocab_size, max_rows, threads, seed, has_seed, simd, greedy_below, log_level, noise, pool_rows,
+    filter_order, reserved1,
 ]);
 versioned!(tokenrace_batch, v1 ends with noise_row_stride, default zeroed(), [
     struct_size, dtype, logits, rows, vocab, row_stride, temperature, seeds, offsets, seeded, noise, noise_kind,
-    reserved0, noise_row_stride, top_k, top_p, min_p,
+    reserved0, noise_row_stride, top_k, top_p, min_p, prompt_ids, prompt_offsets, output_ids, output_offsets,
+    repetition_penalty, frequency_penalty, presence_penalty, bias_ids, bias_values, bias_offsets, allowed_ids,
+    allowed_offsets, allowed_rows, banned_ids, banned_offsets, token_bitmask, bitmask_row_stride,
 ]);
 versioned!(tokenrace_output, v1 ends with topn_logprobs, default zeroed(), [
     struct_size, logprob_mode, tokens, flags, logprobs, ranks, top_n, reserved0, topn_ids, topn_logprobs,
+    full_logprobs, full_row_stride, full_mode, reserved1,
 ]);
 versioned!(tokenrace_pool_config, v1 ends with timeout_ms, default super::pool_api::tokenrace_pool_config_default(), [
     struct_size, rows, vocab, kind, threads, has_seed, seed, policy, reserved0, timeout_ms,

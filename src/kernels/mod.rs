@@ -139,12 +139,26 @@ pub fn resolve(choice: SimdChoice) -> Result<SimdLevel> {
 pub(crate) type RaceInlineFn<E> =
     unsafe fn(*const E, usize, &[f32], RaceParams, u64, usize, &mut Vec<BlockNoise>) -> Best;
 
+/// The inline race of the tokens a mask keeps: (row, mask words, n, block maxima, params, row
+/// key, block-noise scratch).
+pub(crate) type RaceInlineMaskedFn<E> =
+    unsafe fn(*const E, *const u32, usize, &[f32], RaceParams, u64, &mut Vec<BlockNoise>) -> Best;
+
 /// The kernels of one logits dtype.
 pub(crate) struct DtypeKernels<E> {
     pub scan: unsafe fn(*const E, usize, &mut [f32]) -> bool,
     pub find_first: unsafe fn(*const E, usize, usize, f32) -> Option<usize>,
     pub race_inline: RaceInlineFn<E>,
     pub race_external: unsafe fn(*const E, *const f32, usize, RaceParams, NoiseKind, usize) -> Best,
+    /// The first pass over the tokens a mask keeps (row, mask words, n, block maxima): NaN is
+    /// reported for every token.
+    pub scan_masked: unsafe fn(*const E, *const u32, usize, &mut [f32]) -> bool,
+    /// The inline race of the tokens a mask keeps, of a whole row (row, mask words, n, block
+    /// maxima of the kept tokens, params, row key, block-noise scratch).
+    pub race_inline_masked: RaceInlineMaskedFn<E>,
+    /// The race on external noise of the tokens a mask keeps, of a whole row (row, mask words,
+    /// noise, n, params, kind).
+    pub race_external_masked: unsafe fn(*const E, *const u32, *const f32, usize, RaceParams, NoiseKind) -> Best,
     /// The read floor of the benchmark (row, n): the largest value.
     #[cfg(feature = "internals")]
     pub max_only: unsafe fn(*const E, usize) -> f32,
@@ -213,7 +227,12 @@ macro_rules! kernel_table {
             $(#[target_feature(enable = $feature)])*
             unsafe fn scan<E: Elem>(row: *const E, n: usize, bmax: &mut [f32]) -> bool {
                 // SAFETY: see kernel_table!.
-                unsafe { generic::scan::<$simd, E>(row, n, bmax) }
+                unsafe { generic::scan::<$simd, E, false>(row, std::ptr::null(), n, bmax) }
+            }
+            $(#[target_feature(enable = $feature)])*
+            unsafe fn scan_masked<E: Elem>(row: *const E, keep: *const u32, n: usize, bmax: &mut [f32]) -> bool {
+                // SAFETY: see kernel_table!.
+                unsafe { generic::scan::<$simd, E, true>(row, keep, n, bmax) }
             }
             $(#[target_feature(enable = $feature)])*
             unsafe fn find_first<E: Elem>(row: *const E, start: usize, end: usize, target: f32) -> Option<usize> {
@@ -223,12 +242,22 @@ macro_rules! kernel_table {
             $(#[target_feature(enable = $feature)])*
             unsafe fn race_inline<E: Elem>(row: *const E, n: usize, bmax: &[f32], p: RaceParams, key: u64, base: usize, blocks: &mut Vec<BlockNoise>) -> Best {
                 // SAFETY: see kernel_table!.
-                unsafe { generic::race_inline::<$simd, E>(row, n, bmax, p, key, base, blocks) }
+                unsafe { generic::race_inline::<$simd, E, false>(row, std::ptr::null(), n, bmax, p, key, base, blocks) }
+            }
+            $(#[target_feature(enable = $feature)])*
+            unsafe fn race_inline_masked<E: Elem>(row: *const E, keep: *const u32, n: usize, bmax: &[f32], p: RaceParams, key: u64, blocks: &mut Vec<BlockNoise>) -> Best {
+                // SAFETY: see kernel_table!.
+                unsafe { generic::race_inline::<$simd, E, true>(row, keep, n, bmax, p, key, 0, blocks) }
             }
             $(#[target_feature(enable = $feature)])*
             unsafe fn race_external<E: Elem>(row: *const E, noise: *const f32, n: usize, p: RaceParams, kind: NoiseKind, base: usize) -> Best {
                 // SAFETY: see kernel_table!.
-                unsafe { generic::race_external::<$simd, E>(row, noise, n, p, kind, base) }
+                unsafe { generic::race_external::<$simd, E, false>(row, std::ptr::null(), noise, n, p, kind, base) }
+            }
+            $(#[target_feature(enable = $feature)])*
+            unsafe fn race_external_masked<E: Elem>(row: *const E, keep: *const u32, noise: *const f32, n: usize, p: RaceParams, kind: NoiseKind) -> Best {
+                // SAFETY: see kernel_table!.
+                unsafe { generic::race_external::<$simd, E, true>(row, keep, noise, n, p, kind, 0) }
             }
             #[cfg(feature = "internals")]
             $(#[target_feature(enable = $feature)])*
@@ -280,6 +309,7 @@ macro_rules! kernel_table {
             fn dtype<E: Elem>() -> DtypeKernels<E> {
                 DtypeKernels {
                     scan: scan::<E>, find_first: find_first::<E>, race_inline: race_inline::<E>, race_external: race_external::<E>,
+                    scan_masked: scan_masked::<E>, race_inline_masked: race_inline_masked::<E>, race_external_masked: race_external_masked::<E>,
                     #[cfg(feature = "internals")]
                     max_only: max_only::<E>,
                     #[cfg(feature = "internals")]

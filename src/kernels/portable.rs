@@ -114,6 +114,10 @@ unsafe impl Simd for Portable {
         [false; W]
     }
     #[inline(always)]
+    fn mask_bits(bits: u32) -> [bool; W] {
+        lanes!(|i| bits >> i & 1 != 0)
+    }
+    #[inline(always)]
     fn any(m: [bool; W]) -> bool {
         m.iter().fold(false, |a, &b| a | b)
     }

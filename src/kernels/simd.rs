@@ -57,6 +57,9 @@ pub(crate) unsafe trait Simd: Copy {
     fn and_m(a: Self::M, b: Self::M) -> Self::M;
     fn or_m(a: Self::M, b: Self::M) -> Self::M;
     fn none() -> Self::M;
+    /// The mask whose lane `j` is bit `j` of `bits` (bits from `LANES` on are ignored): a
+    /// vector's bits of a token mask.
+    fn mask_bits(bits: u32) -> Self::M;
     fn any(m: Self::M) -> bool;
     /// The lowest set lane of a non-empty mask.
     fn first(m: Self::M) -> usize;
@@ -214,6 +217,10 @@ unsafe impl Simd for Scalar {
     #[inline(always)]
     fn none() -> bool {
         false
+    }
+    #[inline(always)]
+    fn mask_bits(bits: u32) -> bool {
+        bits & 1 != 0
     }
     #[inline(always)]
     fn any(m: bool) -> bool {

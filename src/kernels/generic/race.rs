@@ -10,6 +10,7 @@
 //! the result.
 
 use super::noise::{exp_noise, hash, key_words, ln, ln_any, noise_bound, splitmix64, LN2_DOWN, LN2_UP};
+use super::scan::keep_bits;
 use super::BLOCK;
 use crate::kernels::simd::{Elem, Scalar, Simd};
 
@@ -165,12 +166,15 @@ pub(crate) unsafe fn fill_block_noise<S: Simd>(
 
 /// The exact keys of the `LANES` tokens at `row[i..]`, which lie in a block with noise `bn`;
 /// `i0` is the block-relative index of `row[i]` and `t` the vocabulary index of `row[i]`.
+/// `MASKED`: only the tokens whose bit is set in `keep` race.
 ///
 /// # Safety
-/// `row` valid for `i + S::LANES` reads; `S` usable here.
+/// `row` valid for `i + S::LANES` reads; when `MASKED`, `keep` valid for `i / 32 + 1` reads; `S`
+/// usable here.
 #[inline(always)]
-unsafe fn race_inline_vec<S: Simd, E: Elem>(
+unsafe fn race_inline_vec<S: Simd, E: Elem, const MASKED: bool>(
     row: *const E,
+    keep: *const u32,
     i: usize,
     (i0, t): (u32, u32),
     bn: BlockNoise,
@@ -181,7 +185,11 @@ unsafe fn race_inline_vec<S: Simd, E: Elem>(
     // SAFETY: the caller's contract.
     let x = unsafe { E::load::<S>(row.add(i)) };
     let d = S::mul(S::sub(x, S::splat(p.m)), S::splat(p.inv_t));
-    let racing = S::and_m(S::gt(d, S::splat(f32::NEG_INFINITY)), S::ge(x, S::splat(p.floor)));
+    let mut racing = S::and_m(S::gt(d, S::splat(f32::NEG_INFINITY)), S::ge(x, S::splat(p.floor)));
+    if MASKED {
+        // SAFETY: the caller's contract.
+        racing = S::and_m(racing, unsafe { keep_bits::<S>(keep, i) });
+    }
     // Most vectors of a live block stop here: even the block's smallest noise cannot lift them.
     let live = S::and_m(S::ge(S::add(d, S::splat(bn.g_max)), S::splat(best.key)), racing);
     if !S::any(live) {
@@ -205,13 +213,15 @@ unsafe fn race_inline_vec<S: Simd, E: Elem>(
     best.offer(top, t as usize + lane);
 }
 
-/// Races every token of block `b` (whose noise is `bn`) against `best`.
+/// Races every token of block `b` (whose noise is `bn`) against `best` (`MASKED`: those whose
+/// bit is set in `keep`).
 ///
 /// # Safety
-/// `row` valid for `n` reads; `S` usable here.
+/// `row` valid for `n` reads; when `MASKED`, `keep` for `n.div_ceil(32)`; `S` usable here.
 #[inline(always)]
-unsafe fn race_block<S: Simd, E: Elem>(
+unsafe fn race_block<S: Simd, E: Elem, const MASKED: bool>(
     row: *const E,
+    keep: *const u32,
     n: usize,
     (b, bn): (usize, BlockNoise),
     p: RaceParams,
@@ -223,12 +233,16 @@ unsafe fn race_block<S: Simd, E: Elem>(
     let mut i = start;
     while i + S::LANES <= end {
         // SAFETY: i + LANES <= end <= n; `S` usable (the caller's contract).
-        unsafe { race_inline_vec::<S, E>(row, i, ((i - start) as u32, (base + i) as u32), bn, p, k, best) };
+        unsafe {
+            race_inline_vec::<S, E, MASKED>(row, keep, i, ((i - start) as u32, (base + i) as u32), bn, p, k, best)
+        };
         i += S::LANES;
     }
     while i < end {
         // SAFETY: i < end <= n; Scalar runs anywhere.
-        unsafe { race_inline_vec::<Scalar, E>(row, i, ((i - start) as u32, (base + i) as u32), bn, p, k, best) };
+        unsafe {
+            race_inline_vec::<Scalar, E, MASKED>(row, keep, i, ((i - start) as u32, (base + i) as u32), bn, p, k, best)
+        };
         i += 1;
     }
 }
@@ -239,12 +253,16 @@ unsafe fn race_block<S: Simd, E: Elem>(
 ///
 /// Promising blocks go first, so that the best key is high from the start; a block whose
 /// maximum logit plus its noise bound cannot reach the best is skipped without reading it.
+/// `MASKED`: only the tokens whose bit is set in `keep` race (`bmax` their maxima).
 ///
 /// # Safety
-/// `row` valid for `n` reads; `bmax` from [`scan`](super::scan()) of the same range; `S` usable here.
+/// `row` valid for `n` reads; `bmax` from [`scan`](super::scan()) of the same range (and mask);
+/// when `MASKED`, `keep` valid for `n.div_ceil(32)` reads; `S` usable here.
 #[inline(always)]
-pub(crate) unsafe fn race_inline<S: Simd, E: Elem>(
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn race_inline<S: Simd, E: Elem, const MASKED: bool>(
     row: *const E,
+    keep: *const u32,
     n: usize,
     bmax: &[f32],
     p: RaceParams,
@@ -268,18 +286,18 @@ pub(crate) unsafe fn race_inline<S: Simd, E: Elem>(
     let b_of = |b: usize| (b, blocks[b]);
     // SAFETY: (here and in the two loops) every block index is below bmax.len() =
     // n.div_ceil(BLOCK), and `row` is valid for `n` reads; `S` usable (the caller's contract).
-    unsafe { race_block::<S, E>(row, n, b_of(first), p, k, base, &mut best) };
+    unsafe { race_block::<S, E, MASKED>(row, keep, n, b_of(first), p, k, base, &mut best) };
     let cut = top - PROMISING;
     for (b, bn) in blocks.iter().enumerate() {
         if b != first && bn.bound >= cut && bn.bound >= best.key {
             // SAFETY: as above.
-            unsafe { race_block::<S, E>(row, n, (b, *bn), p, k, base, &mut best) };
+            unsafe { race_block::<S, E, MASKED>(row, keep, n, (b, *bn), p, k, base, &mut best) };
         }
     }
     for (b, bn) in blocks.iter().enumerate() {
         if b != first && bn.bound < cut && bn.bound >= best.key {
             // SAFETY: as above.
-            unsafe { race_block::<S, E>(row, n, (b, *bn), p, k, base, &mut best) };
+            unsafe { race_block::<S, E, MASKED>(row, keep, n, (b, *bn), p, k, base, &mut best) };
         }
     }
     best
@@ -292,18 +310,29 @@ pub(crate) unsafe fn race_inline<S: Simd, E: Elem>(
 // Whether external noise values are E or ln E is the library's `NoiseKind`.
 use crate::config::NoiseKind;
 
-/// The keys of the `LANES` tokens at `i` given `ln_e`: masked (-inf), NaN and filtered-out
-/// logits get NaN, which no comparison (and no `max`) takes.
+/// The keys of the `LANES` tokens at `i` given `ln_e`: -inf, NaN and filtered-out logits (and,
+/// when `MASKED`, the tokens whose bit is clear in `keep`) get NaN, which no comparison (and no
+/// `max`) takes.
 ///
 /// # Safety
-/// `row` valid for `i + S::LANES` reads; `S` usable here.
+/// `row` valid for `i + S::LANES` reads; when `MASKED`, `keep` for `i / 32 + 1`; `S` usable here.
 #[inline(always)]
-unsafe fn ext_key<S: Simd, E: Elem>(row: *const E, i: usize, p: RaceParams, ln_e: S::F) -> S::F {
+unsafe fn ext_key<S: Simd, E: Elem, const MASKED: bool>(
+    row: *const E,
+    keep: *const u32,
+    i: usize,
+    p: RaceParams,
+    ln_e: S::F,
+) -> S::F {
     // SAFETY: the caller's contract.
     let x = unsafe { E::load::<S>(row.add(i)) };
     let d = S::mul(S::sub(x, S::splat(p.m)), S::splat(p.inv_t));
     let key = S::sub(d, ln_e);
-    let racing = S::and_m(S::gt(d, S::splat(f32::NEG_INFINITY)), S::ge(x, S::splat(p.floor)));
+    let mut racing = S::and_m(S::gt(d, S::splat(f32::NEG_INFINITY)), S::ge(x, S::splat(p.floor)));
+    if MASKED {
+        // SAFETY: the caller's contract.
+        racing = S::and_m(racing, unsafe { keep_bits::<S>(keep, i) });
+    }
     S::select(racing, key, S::splat(f32::NAN))
 }
 
@@ -311,18 +340,20 @@ unsafe fn ext_key<S: Simd, E: Elem>(row: *const E, i: usize, p: RaceParams, ln_e
 /// logit's key is -inf or NaN, a NaN logit's is NaN, and `max` takes neither over a real key.
 ///
 /// # Safety
-/// `row` and `noise` valid for `i + S::LANES` reads; `S` usable here.
+/// `row` and `noise` valid for `i + S::LANES` reads; when `MASKED`, `keep` for `i / 32 + 1`; `S`
+/// usable here.
 #[inline(always)]
-unsafe fn log_exp_key<S: Simd, E: Elem, const FILTERED: bool>(
+unsafe fn log_exp_key<S: Simd, E: Elem, const FILTERED: bool, const MASKED: bool>(
     row: *const E,
+    keep: *const u32,
     noise: *const f32,
     i: usize,
     p: RaceParams,
 ) -> S::F {
     // SAFETY: (both branches) the caller's contract.
     unsafe {
-        if FILTERED {
-            ext_key::<S, E>(row, i, p, S::load_f32(noise.add(i)))
+        if FILTERED || MASKED {
+            ext_key::<S, E, MASKED>(row, keep, i, p, S::load_f32(noise.add(i)))
         } else {
             let x = E::load::<S>(row.add(i));
             S::sub(S::mul(S::sub(x, S::splat(p.m)), S::splat(p.inv_t)), S::load_f32(noise.add(i)))
@@ -335,10 +366,12 @@ unsafe fn log_exp_key<S: Simd, E: Elem, const FILTERED: bool>(
 /// index holding it. Two streams read once, plus one block.
 ///
 /// # Safety
-/// `row` and `noise` valid for `n` reads; `S` usable here.
+/// `row` and `noise` valid for `n` reads; when `MASKED`, `keep` for `n.div_ceil(32)`; `S` usable
+/// here.
 #[inline(always)]
-unsafe fn race_log_exp<S: Simd, E: Elem, const FILTERED: bool>(
+unsafe fn race_log_exp<S: Simd, E: Elem, const FILTERED: bool, const MASKED: bool>(
     row: *const E,
+    keep: *const u32,
     noise: *const f32,
     n: usize,
     p: RaceParams,
@@ -354,22 +387,22 @@ unsafe fn race_log_exp<S: Simd, E: Elem, const FILTERED: bool>(
         while i + 4 * l <= end {
             // SAFETY: i + 4 LANES <= end <= n; `S` usable (the caller's contract).
             unsafe {
-                a0 = S::max(log_exp_key::<S, E, FILTERED>(row, noise, i, p), a0);
-                a1 = S::max(log_exp_key::<S, E, FILTERED>(row, noise, i + l, p), a1);
-                a2 = S::max(log_exp_key::<S, E, FILTERED>(row, noise, i + 2 * l, p), a2);
-                a3 = S::max(log_exp_key::<S, E, FILTERED>(row, noise, i + 3 * l, p), a3);
+                a0 = S::max(log_exp_key::<S, E, FILTERED, MASKED>(row, keep, noise, i, p), a0);
+                a1 = S::max(log_exp_key::<S, E, FILTERED, MASKED>(row, keep, noise, i + l, p), a1);
+                a2 = S::max(log_exp_key::<S, E, FILTERED, MASKED>(row, keep, noise, i + 2 * l, p), a2);
+                a3 = S::max(log_exp_key::<S, E, FILTERED, MASKED>(row, keep, noise, i + 3 * l, p), a3);
             }
             i += 4 * l;
         }
         while i + l <= end {
             // SAFETY: i + LANES <= end <= n; as above.
-            a0 = S::max(unsafe { log_exp_key::<S, E, FILTERED>(row, noise, i, p) }, a0);
+            a0 = S::max(unsafe { log_exp_key::<S, E, FILTERED, MASKED>(row, keep, noise, i, p) }, a0);
             i += l;
         }
         let mut m = S::reduce_max(S::max(S::max(a0, a1), S::max(a2, a3)));
         while i < end {
             // SAFETY: i < end <= n; Scalar runs anywhere.
-            m = Scalar::max(unsafe { log_exp_key::<Scalar, E, FILTERED>(row, noise, i, p) }, m);
+            m = Scalar::max(unsafe { log_exp_key::<Scalar, E, FILTERED, MASKED>(row, keep, noise, i, p) }, m);
             i += 1;
         }
         if m > top {
@@ -382,8 +415,9 @@ unsafe fn race_log_exp<S: Simd, E: Elem, const FILTERED: bool>(
     let start = top_block * BLOCK;
     let end = (start + BLOCK).min(n);
     // SAFETY: i < end <= n; Scalar runs anywhere.
-    let i =
-        (start..end).find(|&i| unsafe { log_exp_key::<Scalar, E, FILTERED>(row, noise, i, p) } == top).unwrap_or(start);
+    let i = (start..end)
+        .find(|&i| unsafe { log_exp_key::<Scalar, E, FILTERED, MASKED>(row, keep, noise, i, p) } == top)
+        .unwrap_or(start);
     Best { key: top, token: base + i }
 }
 
@@ -409,10 +443,12 @@ pub(crate) fn exp_bits_bound<S: Simd>(e: S::F) -> S::F {
 /// lets reach the best get their exact `ln E`.
 ///
 /// # Safety
-/// `row` and `noise` valid for `i + S::LANES` reads; `S` usable here.
+/// `row` and `noise` valid for `i + S::LANES` reads; when `MASKED`, `keep` for `i / 32 + 1`; `S`
+/// usable here.
 #[inline(always)]
-unsafe fn race_exp_vec<S: Simd, E: Elem>(
+unsafe fn race_exp_vec<S: Simd, E: Elem, const MASKED: bool>(
     row: *const E,
+    keep: *const u32,
     noise: *const f32,
     i: usize,
     p: RaceParams,
@@ -428,7 +464,7 @@ unsafe fn race_exp_vec<S: Simd, E: Elem>(
         return;
     }
     // SAFETY: the caller's contract.
-    let key = unsafe { ext_key::<S, E>(row, i, p, ln_any::<S>(g)) };
+    let key = unsafe { ext_key::<S, E, MASKED>(row, keep, i, p, ln_any::<S>(g)) };
     let kv = S::select(S::gt(key, S::splat(f32::NEG_INFINITY)), key, S::splat(f32::NEG_INFINITY));
     let top = S::reduce_max(kv);
     if top > f32::NEG_INFINITY {
@@ -440,11 +476,15 @@ unsafe fn race_exp_vec<S: Simd, E: Elem>(
 /// one noise value per token at `noise`; `Best::NONE` when no key is a number above -inf
 /// (external noise that is +inf or NaN everywhere that matters).
 ///
+/// `MASKED`: only the tokens whose bit is set in `keep` race.
+///
 /// # Safety
-/// `row` and `noise` valid for `n` reads; `S` usable here.
+/// `row` and `noise` valid for `n` reads; when `MASKED`, `keep` for `n.div_ceil(32)`; `S` usable
+/// here.
 #[inline(always)]
-pub(crate) unsafe fn race_external<S: Simd, E: Elem>(
+pub(crate) unsafe fn race_external<S: Simd, E: Elem, const MASKED: bool>(
     row: *const E,
+    keep: *const u32,
     noise: *const f32,
     n: usize,
     p: RaceParams,
@@ -455,9 +495,9 @@ pub(crate) unsafe fn race_external<S: Simd, E: Elem>(
         // SAFETY: the caller's contract.
         return unsafe {
             if p.floor == f32::NEG_INFINITY {
-                race_log_exp::<S, E, false>(row, noise, n, p, base)
+                race_log_exp::<S, E, false, MASKED>(row, keep, noise, n, p, base)
             } else {
-                race_log_exp::<S, E, true>(row, noise, n, p, base)
+                race_log_exp::<S, E, true, MASKED>(row, keep, noise, n, p, base)
             }
         };
     }
@@ -465,13 +505,68 @@ pub(crate) unsafe fn race_external<S: Simd, E: Elem>(
     let mut i = 0;
     while i + S::LANES <= n {
         // SAFETY: i + LANES <= n; `S` usable (the caller's contract).
-        unsafe { race_exp_vec::<S, E>(row, noise, i, p, base, &mut best) };
+        unsafe { race_exp_vec::<S, E, MASKED>(row, keep, noise, i, p, base, &mut best) };
         i += S::LANES;
     }
     while i < n {
         // SAFETY: i < n; Scalar runs anywhere.
-        unsafe { race_exp_vec::<Scalar, E>(row, noise, i, p, base, &mut best) };
+        unsafe { race_exp_vec::<Scalar, E, MASKED>(row, keep, noise, i, p, base, &mut best) };
         i += 1;
+    }
+    best
+}
+
+// ---------------------------------------------------------------------------------------------
+// Listed tokens: the values a row's edits changed (`src/edits.rs`), raced one at a time with the
+// same code as the vector races, so each gets the key it would get in a row holding that value.
+// ---------------------------------------------------------------------------------------------
+
+/// `best` merged with the race of the listed `(token, value)` pairs of a row keyed by `key`,
+/// whose block noise `blocks` ([`race_inline`] of the same row and key, starting at token 0)
+/// holds. A token whose key cannot reach the best is skipped on its block's noise bound.
+pub(crate) fn race_listed_inline(
+    tokens: &[(u32, f32)],
+    p: RaceParams,
+    key: u64,
+    blocks: &[BlockNoise],
+    mut best: Best,
+) -> Best {
+    let k = key_words(key);
+    for &(t, y) in tokens {
+        let bn = blocks[t as usize / BLOCK];
+        // SAFETY: one value at `&y`; nothing read from `keep` (not masked); Scalar runs anywhere.
+        unsafe {
+            race_inline_vec::<Scalar, f32, false>(&y, std::ptr::null(), 0, (t % BLOCK as u32, t), bn, p, k, &mut best)
+        };
+    }
+    best
+}
+
+/// `best` merged with the race of the listed `(token, value)` pairs on external noise of `kind`
+/// (one value per token at `noise`).
+///
+/// # Safety
+/// `noise` valid for reads at every listed token.
+pub(crate) unsafe fn race_listed_external(
+    tokens: &[(u32, f32)],
+    noise: *const f32,
+    p: RaceParams,
+    kind: NoiseKind,
+    mut best: Best,
+) -> Best {
+    for &(t, y) in tokens {
+        let t = t as usize;
+        // SAFETY: the caller's contract; one value at `&y`; Scalar runs anywhere.
+        unsafe {
+            if kind == NoiseKind::LogExp {
+                let key = log_exp_key::<Scalar, f32, true, false>(&y, std::ptr::null(), noise.add(t), 0, p);
+                if key > f32::NEG_INFINITY {
+                    best.offer(key, t);
+                }
+            } else {
+                race_exp_vec::<Scalar, f32, false>(&y, std::ptr::null(), noise.add(t), 0, p, t, &mut best);
+            }
+        }
     }
     best
 }

@@ -6,12 +6,19 @@ use super::BLOCK;
 use crate::kernels::simd::{Elem, Scalar, Simd};
 
 /// Writes the maximum (NaN ignored, -inf for an empty or all-NaN block) of each BLOCK of `row`
-/// into `bmax`, and returns whether any element is NaN.
+/// into `bmax`, and returns whether any element is NaN. `MASKED`: only the elements whose bit is
+/// set in `keep` count for the maxima (every element for the NaN).
 ///
 /// # Safety
-/// `row` valid for `n` reads; `bmax` has `n.div_ceil(BLOCK)` elements; `S` usable here.
+/// `row` valid for `n` reads; `bmax` has `n.div_ceil(BLOCK)` elements; `keep`, when `MASKED`,
+/// valid for `n.div_ceil(32)` reads; `S` usable here.
 #[inline(always)]
-pub(crate) unsafe fn scan<S: Simd, E: Elem>(row: *const E, n: usize, bmax: &mut [f32]) -> bool {
+pub(crate) unsafe fn scan<S: Simd, E: Elem, const MASKED: bool>(
+    row: *const E,
+    keep: *const u32,
+    n: usize,
+    bmax: &mut [f32],
+) -> bool {
     let l = S::LANES;
     let mut nan = S::none();
     let mut nan_tail = false;
@@ -34,6 +41,15 @@ pub(crate) unsafe fn scan<S: Simd, E: Elem>(row: *const E, n: usize, bmax: &mut 
             };
             // One unordered compare catches a NaN in either operand.
             nan = S::or_m(nan, S::or_m(S::unord(x0, x1), S::unord(x2, x3)));
+            // SAFETY: i + 4 LANES <= n tokens of `keep` (the caller's contract).
+            let (x0, x1, x2, x3) = unsafe {
+                (
+                    kept::<S, MASKED>(x0, keep, i),
+                    kept::<S, MASKED>(x1, keep, i + l),
+                    kept::<S, MASKED>(x2, keep, i + 2 * l),
+                    kept::<S, MASKED>(x3, keep, i + 3 * l),
+                )
+            };
             a0 = S::max(x0, a0);
             a1 = S::max(x1, a1);
             a2 = S::max(x2, a2);
@@ -44,7 +60,8 @@ pub(crate) unsafe fn scan<S: Simd, E: Elem>(row: *const E, n: usize, bmax: &mut 
             // SAFETY: i + LANES <= end <= n; as above.
             let x = unsafe { E::load::<S>(row.add(i)) };
             nan = S::or_m(nan, S::is_nan(x));
-            a0 = S::max(x, a0);
+            // SAFETY: as above.
+            a0 = S::max(unsafe { kept::<S, MASKED>(x, keep, i) }, a0);
             i += l;
         }
         let mut m = S::reduce_max(S::max(S::max(a0, a1), S::max(a2, a3)));
@@ -52,12 +69,38 @@ pub(crate) unsafe fn scan<S: Simd, E: Elem>(row: *const E, n: usize, bmax: &mut 
             // SAFETY: i < end <= n; Scalar runs anywhere.
             let x = unsafe { E::load::<Scalar>(row.add(i)) };
             nan_tail |= x.is_nan();
-            m = Scalar::max(x, m);
+            // SAFETY: as above.
+            m = Scalar::max(unsafe { kept::<Scalar, MASKED>(x, keep, i) }, m);
             i += 1;
         }
         *out = m;
     }
     S::any(nan) || nan_tail
+}
+
+/// The bits of the `LANES` tokens from `i` (a multiple of `LANES`, which divides 32) in the
+/// token mask `keep`: bit `i % 32` of word `i / 32` is token `i`'s.
+///
+/// # Safety
+/// `keep` valid for `i / 32 + 1` reads.
+#[inline(always)]
+pub(crate) unsafe fn keep_bits<S: Simd>(keep: *const u32, i: usize) -> S::M {
+    // SAFETY: the caller's contract.
+    S::mask_bits(unsafe { *keep.add(i / 32) } >> (i % 32))
+}
+
+/// `x` where `MASKED` is false or the tokens' bits are set in `keep`, -inf elsewhere.
+///
+/// # Safety
+/// When `MASKED`, as [`keep_bits`].
+#[inline(always)]
+pub(crate) unsafe fn kept<S: Simd, const MASKED: bool>(x: S::F, keep: *const u32, i: usize) -> S::F {
+    if MASKED {
+        // SAFETY: the caller's contract.
+        S::select(unsafe { keep_bits::<S>(keep, i) }, x, S::splat(f32::NEG_INFINITY))
+    } else {
+        x
+    }
 }
 
 /// The largest of `n` elements (NaN ignored): the read floor the benchmark compares against,

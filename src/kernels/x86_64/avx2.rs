@@ -128,6 +128,15 @@ unsafe impl Simd for Avx2 {
         unsafe { _mm256_setzero_ps() }
     }
     #[inline(always)]
+    fn mask_bits(bits: u32) -> __m256 {
+        // SAFETY: AVX2 intrinsics on values (see the module doc).
+        unsafe {
+            let lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+            let set = _mm256_and_si256(_mm256_set1_epi32(bits as i32), lane_bit);
+            _mm256_castsi256_ps(_mm256_cmpeq_epi32(set, lane_bit))
+        }
+    }
+    #[inline(always)]
     fn any(m: __m256) -> bool {
         // SAFETY: AVX2 intrinsics on values (see the module doc).
         unsafe { _mm256_movemask_ps(m) != 0 }

@@ -127,6 +127,10 @@ unsafe impl Simd for Avx512 {
         0
     }
     #[inline(always)]
+    fn mask_bits(bits: u32) -> __mmask16 {
+        bits as __mmask16
+    }
+    #[inline(always)]
     fn any(m: __mmask16) -> bool {
         m != 0
     }
