@@ -1805,3 +1805,308 @@ fn raw_logprobs_of_an_edited_row_whose_maximum_is_a_signed_zero_tie() {
         }
     }
 }
+
+/// Hand-made rows whose token the spec decides without a race (greedy, +inf, a single
+/// candidate): every level, both thread counts and orders, and the reference, must agree exactly.
+#[test]
+fn hand_made_rows_follow_the_spec_exactly() {
+    let (inf, nan) = (f32::INFINITY, f32::NAN);
+    let none = rf::RowInputs::NONE;
+    let no_bits: &[i32] = &[0b110];
+    // (what, logits, inputs, temperature, token, flags)
+    type Row<'a> = (&'a str, Vec<f32>, rf::RowInputs<'a>, f32, usize, u32);
+    let rows: Vec<Row> = vec![
+        ("a banned +inf", vec![1.0, inf, 2.0], rf::RowInputs { banned: &[1], ..none }, 0.0, 2, rf::GREEDY),
+        (
+            "a -inf bias on +inf",
+            vec![1.0, inf, 2.0],
+            rf::RowInputs { bias_ids: &[1], bias_values: &[f32::NEG_INFINITY], ..none },
+            0.0,
+            2,
+            rf::GREEDY,
+        ),
+        (
+            "a masked NaN",
+            vec![nan, 1.0, 2.0],
+            rf::RowInputs { bitmask: Some(no_bits), ..none },
+            0.0,
+            2,
+            rf::GREEDY | rf::HAS_NAN,
+        ),
+        (
+            "a -inf bias on NaN",
+            vec![nan, 1.0, 2.0],
+            rf::RowInputs { bias_ids: &[0], bias_values: &[f32::NEG_INFINITY], ..none },
+            0.0,
+            2,
+            rf::GREEDY | rf::HAS_NAN,
+        ),
+        (
+            "a bias overflowing to +inf",
+            vec![1.0, 3e38, 2.0],
+            rf::RowInputs { bias_ids: &[1], bias_values: &[3e38], ..none },
+            1.0,
+            1,
+            rf::HAS_POSINF,
+        ),
+        (
+            "a bias on -inf",
+            vec![f32::NEG_INFINITY, -1.0, -2.0],
+            rf::RowInputs { bias_ids: &[0], bias_values: &[50.0], ..none },
+            0.0,
+            1,
+            rf::GREEDY,
+        ),
+        (
+            "repetition on +inf",
+            vec![1.0, inf, inf],
+            rf::RowInputs { prompt: &[1], repetition: 2.0, ..none },
+            1.0,
+            1,
+            rf::HAS_POSINF,
+        ),
+        (
+            "frequency reorders",
+            vec![1.0, 2.0],
+            rf::RowInputs { output: &[1, 1, 1], frequency: 1.0, ..none },
+            0.0,
+            0,
+            rf::GREEDY,
+        ),
+        (
+            "presence reorders",
+            vec![1.0, 1.5],
+            rf::RowInputs { output: &[1], presence: 0.6, ..none },
+            0.0,
+            0,
+            rf::GREEDY,
+        ),
+        // r > 1 on a negative logit makes it smaller, on a positive one smaller too; r < 1 the reverse.
+        (
+            "repetition on a negative logit",
+            vec![-1.0, -1.5],
+            rf::RowInputs { prompt: &[0], repetition: 2.0, ..none },
+            0.0,
+            1,
+            rf::GREEDY,
+        ),
+        (
+            "repetition below 1 on a negative logit",
+            vec![-1.0, -0.6],
+            rf::RowInputs { prompt: &[0], repetition: 0.5, ..none },
+            0.0,
+            0,
+            rf::GREEDY,
+        ),
+        (
+            "repetition on zero",
+            vec![0.0, -0.1],
+            rf::RowInputs { output: &[0], repetition: 3.0, ..none },
+            0.0,
+            0,
+            rf::GREEDY,
+        ),
+        (
+            "f * c overflows to -inf",
+            vec![1.0, 2.0],
+            rf::RowInputs { output: &[1, 1], frequency: 3e38, ..none },
+            0.0,
+            0,
+            rf::GREEDY,
+        ),
+        // -f * c overflows to +inf: the token becomes +inf, a banned one stays -inf (never NaN).
+        (
+            "-f * c overflows to +inf",
+            vec![1.0, 2.0, 0.0],
+            rf::RowInputs { output: &[1, 1, 2, 2], frequency: -3e38, banned: &[2], ..none },
+            1.0,
+            1,
+            rf::HAS_POSINF,
+        ),
+        // The biases of one id are summed first: (1e8 + -1e8) = 0, so y = 1 (not (1 + 1e8) - 1e8 = 0).
+        (
+            "biases summed before they are added",
+            vec![1.0, 0.9],
+            rf::RowInputs { bias_ids: &[0, 0], bias_values: &[1e8, -1e8], ..none },
+            0.0,
+            0,
+            rf::GREEDY,
+        ),
+        (
+            "-inf bias on the only finite token",
+            vec![f32::NEG_INFINITY, 4.0],
+            rf::RowInputs { bias_ids: &[1], bias_values: &[f32::NEG_INFINITY], ..none },
+            1.0,
+            0,
+            rf::EMPTY,
+        ),
+        ("an empty allowed list", vec![1.0, 2.0], rf::RowInputs { allowed: Some(&[]), ..none }, 1.0, 0, rf::EMPTY),
+        ("an allowed list of one", vec![1.0, 2.0, 3.0], rf::RowInputs { allowed: Some(&[0, 0]), ..none }, 1.0, 0, 0),
+        ("banned twice", vec![5.0, 2.0, 3.0], rf::RowInputs { banned: &[0, 0], ..none }, 0.0, 2, rf::GREEDY),
+        (
+            "a large bias on a banned token",
+            vec![5.0, 2.0, 3.0],
+            rf::RowInputs { banned: &[1], bias_ids: &[1], bias_values: &[100.0], ..none },
+            0.0,
+            0,
+            rf::GREEDY,
+        ),
+    ];
+    let setups = setups();
+    for (what, x, p, t, token, fl) in &rows {
+        let vocab = x.len();
+        let y = rf::effective_row(x, p);
+        let d = rf::draw_pipeline(
+            x,
+            &y,
+            *t,
+            1e-5,
+            rf::Noise::Inline(rf::row_key(3, 4)),
+            rf::Filters::OFF,
+            rf::Order::TemperatureFirst,
+        );
+        assert_eq!((d.token, d.flags), (*token, *fl), "the reference on {what}: effective row {y:?}");
+        let lists = |ids: &[i32]| Csr::from_rows(&[ids.to_vec()]);
+        let mut bias = BiasCsr::new();
+        bias.push(&p.bias_ids.iter().copied().zip(p.bias_values.iter().copied()).collect::<Vec<_>>());
+        let pipe = Pipeline {
+            prompt: Some(lists(p.prompt)),
+            output: Some(lists(p.output)),
+            repetition: Some(vec![p.repetition]),
+            frequency: Some(vec![p.frequency]),
+            presence: Some(vec![p.presence]),
+            bias: Some(bias),
+            allowed: p.allowed.map(lists),
+            allowed_rows: None,
+            banned: Some(lists(p.banned)),
+            bitmask: p.bitmask.map(|w| (w.to_vec(), 1)),
+        };
+        for setup in &setups {
+            let b = pipe.apply(Batch {
+                temperature: Some(std::slice::from_ref(t)),
+                seeds: Some(&[3]),
+                offsets: Some(&[4]),
+                ..Batch::new(Logits::F32(x), 1, vocab)
+            });
+            let (tokens, flags) = common::draw(&setup.fused, &b);
+            assert_eq!(
+                (tokens[0] as usize, flags[0]),
+                (*token, *fl),
+                "{what} [{} level, {} threads, {:?}]: effective row {y:?}",
+                setup.level.name(),
+                setup.threads,
+                setup.order
+            );
+        }
+    }
+}
+
+/// Unseeded rows drawing from a noise pool: pool row s holds the per-token E of the key
+/// `rf::pool_key(seed, s)` (no blocks), handed to the unseeded sampling rows in order, one lease
+/// per call, whole in the ring (a 16-row ring here, which wraps several times). A seeded
+/// pool hands out the same values for the same borrows, so two samplers with equal pools must
+/// draw the fused and the plain call alike, and the reference follows both.
+#[test]
+fn pool_noise_rows_match_the_reference_and_the_plain_draw() {
+    let vocab = 700;
+    let pool_seed = 42;
+    let setups: Vec<(SimdLevel, Sampler, Sampler)> = supported_levels()
+        .into_iter()
+        .map(|level| {
+            let make = || {
+                let cfg = Config { vocab_size: vocab, ..config(level, 2, rf::Order::TemperatureFirst) };
+                let s = Sampler::new(cfg).unwrap();
+                let pool = NoisePool::new(PoolConfig {
+                    rows: POOL_ROWS,
+                    vocab,
+                    kind: NoiseKind::Exp,
+                    seed: Some(pool_seed),
+                    policy: DrainPolicy::Inline,
+                    ..PoolConfig::default()
+                })
+                .unwrap();
+                s.attach_pool(std::sync::Arc::new(pool)).unwrap();
+                s
+            };
+            (level, make(), make())
+        })
+        .collect();
+    let greedy_below = setups[0].1.config().greedy_below;
+    let mut rng = TestRng::new(55);
+    let mut edges = Edges::default();
+    const POOL_ROWS: usize = 16;
+    let (mut next_row, mut skipped) = (0u64, false);
+    let (mut rows, mut from_pool) = (0, 0);
+    for index in 0..30 {
+        let n = 1 + rng.below(8);
+        let mut case = make_case(&mut rng, Dtype::F32, index, vocab, n, &mut edges);
+        case.noise = None;
+        // The pool rows of the unseeded sampling rows, in row order: one lease per call, whole
+        // in the ring (rows up to the ring's end are skipped when it would wrap).
+        let lease = (0..case.rows).filter(|&r| !case.is_seeded(r) && case.temps[r] >= greedy_below).count() as u64;
+        if lease > 0 && next_row % POOL_ROWS as u64 + lease > POOL_ROWS as u64 {
+            next_row += POOL_ROWS as u64 - next_row % POOL_ROWS as u64;
+            skipped = true;
+        }
+        let pool_rows: Vec<Option<Vec<f32>>> = (0..case.rows)
+            .map(|r| {
+                (!case.is_seeded(r) && case.temps[r] >= greedy_below).then(|| {
+                    let key = rf::pool_key(pool_seed, next_row);
+                    next_row += 1;
+                    (0..vocab).map(|i| rf::exp_of_bits(rf::token_bits(key, i)) as f32).collect()
+                })
+            })
+            .collect();
+        let y: Vec<f32> =
+            (0..case.rows).flat_map(|r| rf::effective_row(case.row(r), &case.pipe.row(r, vocab))).collect();
+        for (level, fused, plain) in &setups {
+            let got = run_batch(fused, &case.batch(), &case);
+            let want = run_batch(plain, &case.plain(&y), &case);
+            for r in 0..case.rows {
+                let at = format!("{} [{} level, pool noise]", case.describe_row(r), level.name());
+                assert_eq!(got.tokens[r], want.tokens[r], "{at}: the fused and the plain draw differ");
+                assert_eq!(got.flags[r] & !rf::HAS_NAN, want.flags[r] & !rf::HAS_NAN, "{at}: flags");
+                let noise = match &pool_rows[r] {
+                    Some(e) => rf::Noise::Exp(e),
+                    None if case.is_seeded(r) => {
+                        rf::Noise::Inline(rf::row_key(case.seeds.as_ref().unwrap()[r], case.offsets[r]))
+                    }
+                    None => rf::Noise::Inline(0),
+                };
+                let yr = &y[r * vocab..(r + 1) * vocab];
+                let d = rf::draw_pipeline(
+                    case.row(r),
+                    yr,
+                    case.temps[r],
+                    greedy_below,
+                    noise,
+                    case.filters(r),
+                    rf::Order::TemperatureFirst,
+                );
+                assert_eq!(got.flags[r], d.flags, "{at}: flags against the reference");
+                if !d.ambiguous {
+                    let tok = got.tokens[r] as usize;
+                    let e = |i: usize| pool_rows[r].as_ref().map(|v| v[i]);
+                    assert!(
+                        tok == d.token || d.near.contains(&tok),
+                        "{at}: token {tok}, the reference's {} (near {:?}); effective {} and {}, E {:?} and {:?}; \
+                         pool rows so far {next_row}",
+                        d.token,
+                        d.near,
+                        yr[tok],
+                        yr[d.token],
+                        e(tok),
+                        e(d.token),
+                    );
+                }
+                if *level == supported_levels()[0] {
+                    rows += 1;
+                    from_pool += pool_rows[r].is_some() as usize;
+                }
+            }
+        }
+    }
+    eprintln!("pool noise: {rows} rows, {from_pool} from the pool");
+    assert!(from_pool * 4 > rows, "too few pool rows: {from_pool} of {rows}");
+    assert!(skipped && next_row > 2 * POOL_ROWS as u64, "the ring wrapped too little: {next_row} rows");
+}
