@@ -1214,7 +1214,12 @@ fn a_realistic_vocabulary_matches_the_reference_and_the_plain_draw() {
     let mut rng = TestRng::new(151);
     let setups = setups();
     let greedy_below = setups[0].fused.config().greedy_below;
-    for (rows, full_mode) in [(1usize, FullMode::Processed), (2, FullMode::ProcessedLogits), (2, FullMode::Raw)] {
+    for (rows, full_mode, mode) in [
+        (1usize, FullMode::Processed, LogprobMode::Processed),
+        (1, FullMode::Raw, LogprobMode::Raw),
+        (2, FullMode::ProcessedLogits, LogprobMode::Processed),
+        (2, FullMode::Raw, LogprobMode::Raw),
+    ] {
         let mut x: Vec<f32> = Vec::new();
         let (mut prompt, mut output, mut bias) = (Csr::new(), Csr::new(), BiasCsr::new());
         let words = vocab.div_ceil(32);
@@ -1267,7 +1272,7 @@ fn a_realistic_vocabulary_matches_the_reference_and_the_plain_draw() {
             top_p: Some(vec![0.9; rows]),
             min_p: None,
             noise: Some(((0..vocab).map(|_| rng.exp() as f32).collect(), NoiseKind::Exp, 0)),
-            mode: LogprobMode::Processed,
+            mode,
             top_n: 5,
             full_mode,
             full_stride: vocab,
@@ -1298,7 +1303,7 @@ fn a_realistic_vocabulary_matches_the_reference_and_the_plain_draw() {
             check_plain(&case, &refs, &got, &plain, setup, &mut counts, first);
             if first {
                 eprintln!(
-                    "vocab 151936, {rows} rows, {full_mode:?}: tokens {:?} (the reference's {:?}) in {took:.1?}",
+                    "vocab 151936, {rows} rows, {mode:?}, {full_mode:?}: tokens {:?} (the reference's {:?}) in {took:.1?}",
                     got.tokens,
                     refs.iter().map(|r| r.orders[0].d.token).collect::<Vec<_>>()
                 );
