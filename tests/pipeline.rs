@@ -10,7 +10,9 @@
 //!   full-vocabulary logprobs within the documented tolerance.
 //! - The same draws against a plain draw (no pipeline inputs) of the effective row the reference
 //!   materialises in f32, with the same noise: tokens and flags must be identical.
-//! - Batch invariance of seeded rows carrying pipeline inputs; one vocabulary of 151936.
+//! - Batch invariance of seeded rows carrying pipeline inputs; one vocabulary of 151936; pool
+//!   noise rows; hand-made rows the spec decides exactly (overflows, -inf bias on +inf and NaN,
+//!   bias sums, empty allowed lists); CSR windows and inputs that change nothing.
 //! - Chi-square of the sampled distribution against the reference, with power checks: the same
 //!   counts reject a reference with the penalty order swapped, one with the bias applied after
 //!   the penalties, and (FiltersFirst) one that filters the tempered distribution.
@@ -2114,4 +2116,64 @@ fn pool_noise_rows_match_the_reference_and_the_plain_draw() {
     eprintln!("pool noise: {rows} rows, {from_pool} from the pool");
     assert!(from_pool * 4 > rows, "too few pool rows: {from_pool} of {rows}");
     assert!(skipped && next_row > 2 * POOL_ROWS as u64, "the ring wrapped too little: {next_row} rows");
+}
+
+/// CSR offsets need not start at 0 (rows may be a window of a longer list), a batch of no rows
+/// takes one offset, and an all-ones bitmask, an unrestricted row's allowed list and r = 1
+/// change nothing.
+#[test]
+fn csr_windows_empty_batches_and_inputs_that_change_nothing() {
+    let s = Sampler::new(Config { seed: Some(5), ..Config::default() }).unwrap();
+    let mut rng = TestRng::new(9);
+    let (rows, vocab) = (3usize, 300usize);
+    let x: Vec<f32> = (0..rows * vocab).map(|_| (rng.normal() * 2.0) as f32).collect();
+    let seeds = [1u64, 2, 3];
+    let base = Batch { seeds: Some(&seeds), ..Batch::new(Logits::F32(&x), rows, vocab) };
+    let ids: Vec<i32> = (0..40).map(|_| rng.below(vocab) as i32).collect();
+    let values: Vec<f32> = (0..40).map(|_| (rng.normal() * 3.0) as f32).collect();
+    let at_zero: Vec<u64> = vec![0, 5, 5, 17];
+    let windowed: Vec<u64> = at_zero.iter().map(|o| o + 11).collect();
+    let with = |offsets: &[u64], ids: &[i32], values: &[f32]| {
+        let lists = TokenLists { ids, offsets };
+        let b = Batch {
+            prompt_tokens: Some(lists),
+            output_tokens: Some(lists),
+            repetition_penalty: Some(&[1.5, 0.5, 2.0]),
+            frequency_penalty: Some(&[0.5, 0.5, 0.5]),
+            logit_bias: Some(LogitBias { ids, values, offsets }),
+            banned_tokens: Some(lists),
+            ..base
+        };
+        common::draw(&s, &b)
+    };
+    assert_eq!(with(&windowed, &ids, &values), with(&at_zero, &ids[11..], &values[11..]), "a window of the lists");
+    // Inputs that change nothing draw what the plain call draws.
+    let plain = common::draw(&s, &base);
+    let ones = vec![-1i32; rows * vocab.div_ceil(32)];
+    let free = Batch {
+        token_bitmask: Some(TokenBitmask { words: &ones, row_stride: vocab.div_ceil(32) }),
+        allowed_tokens: Some(TokenLists { ids: &ids, offsets: &at_zero }),
+        allowed_rows: Some(&[0, 0, 0]),
+        prompt_tokens: Some(TokenLists { ids: &ids, offsets: &at_zero }),
+        repetition_penalty: Some(&[1.0; 3]),
+        frequency_penalty: Some(&[0.0; 3]),
+        presence_penalty: Some(&[0.0; 3]),
+        ..base
+    };
+    assert_eq!(common::draw(&s, &free), plain, "an all-ones bitmask, unrestricted rows, r = 1");
+    // No rows: one offset, nothing drawn.
+    let none = TokenLists { ids: &[], offsets: &[0] };
+    let empty = Batch {
+        prompt_tokens: Some(none),
+        banned_tokens: Some(none),
+        token_bitmask: Some(TokenBitmask { words: &[], row_stride: 10 }),
+        ..Batch::new(Logits::F32(&[]), 0, vocab)
+    };
+    s.draw(&empty, &mut Output { full_logprobs: Some(&mut []), full_row_stride: vocab, ..Output::new(&mut []) })
+        .unwrap();
+    let err = s.draw(
+        &Batch { prompt_tokens: Some(TokenLists { ids: &[], offsets: &[] }), ..empty },
+        &mut Output::new(&mut []),
+    );
+    assert!(err.unwrap_err().message.contains("batch.prompt_offsets: has 0 elements, rows + 1 is 1"));
 }
