@@ -165,7 +165,11 @@ impl Program {
         cmd.arg("-o").arg(&out);
         if self.link {
             let lib = lib_dir();
+            // DT_RPATH (not RUNPATH): searched before LD_LIBRARY_PATH, which `cargo test` points at
+            // target/debug, where a libtokenrace.so of another build (a stale `cargo build`)
+            // would otherwise be loaded instead of the one in `lib`.
             cmd.arg("-L").arg(&lib).arg("-ltokenrace").arg(format!("-Wl,-rpath,{}", lib.display()));
+            cmd.arg("-Wl,--disable-new-dtags");
             cmd.arg("-lm");
         }
         cmd.arg("-ldl");
@@ -241,6 +245,14 @@ const QUICK: Duration = Duration::from_secs(120);
 #[test]
 fn c_caller_sees_statuses_messages_and_results() {
     build_and_run("test_basic.c", false, true, &[], QUICK);
+}
+
+/// The fields of the whole sampling step (since 0.2): CSR histories, penalties, bias, a bitmask
+/// and full-vocabulary output against a plain draw of the row materialised by hand; an error's
+/// message and nothing written; structs of the older sizes draw as before.
+#[test]
+fn c_caller_uses_the_sampling_step_fields_and_older_struct_sizes() {
+    build_and_run("test_pipeline.c", false, true, &[], QUICK);
 }
 
 #[test]

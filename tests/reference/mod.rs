@@ -340,8 +340,25 @@ fn ln_e(noise: Noise, i: usize) -> f64 {
     }
 }
 
+/// Where the filters and temperature meet (`Config::filter_order`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// vLLM's: the filters judge the tempered distribution `exp((x - m) * inv_t)`.
+    TemperatureFirst,
+    /// llama.cpp's chain: the filters judge the untempered distribution `exp(x - m)`; the race
+    /// then runs at the row's temperature over the tokens they keep.
+    FiltersFirst,
+}
+
 /// The reference draw of one row at temperature `t`; rows with `t < greedy_below` are greedy.
 pub fn draw(x: &[f32], t: f32, greedy_below: f32, noise: Noise, filters: Filters) -> Drawn {
+    draw_ordered(x, t, greedy_below, noise, filters, Order::TemperatureFirst)
+}
+
+/// [`draw`] with the filter order: the only difference is the scale at which the filters' kept
+/// set is computed (`inv_t` for TemperatureFirst, 1 for FiltersFirst); the race, and
+/// `Drawn::inv_t` (what PROCESSED logprobs scale by), use the row's own `inv_t` either way.
+pub fn draw_ordered(x: &[f32], t: f32, greedy_below: f32, noise: Noise, filters: Filters, order: Order) -> Drawn {
     let greedy = t < greedy_below;
     let flags = row_flags(x, greedy);
     let inv_t = inv_t32(t);
@@ -365,7 +382,11 @@ pub fn draw(x: &[f32], t: f32, greedy_below: f32, noise: Noise, filters: Filters
         return decided(argmax(x));
     }
     let m = finite_max(x);
-    let (kept, ambiguous) = filter_set(x, m, inv_t, filters);
+    let filter_inv_t = match order {
+        Order::TemperatureFirst => inv_t,
+        Order::FiltersFirst => 1.0,
+    };
+    let (kept, ambiguous) = filter_set(x, m, filter_inv_t, filters);
     let t64 = t as f64;
     let race = race64(x, |i| kept[i], |i| ((x[i] as f64 - m) / t64, ln_e(noise, i)));
     if race.token == usize::MAX {
@@ -523,4 +544,154 @@ pub fn top_n(lp: &[f64], n: usize) -> Vec<usize> {
     }
     ids.sort_by(order);
     ids
+}
+
+// ---------------------------------------------------------------------------------------------
+// The whole sampling step (issue 9, /work/pipeline-spec.md): masks, bias, penalties.
+// ---------------------------------------------------------------------------------------------
+
+/// What one row carries before temperature and the filters, as plain slices.
+#[derive(Clone, Copy, Debug)]
+pub struct RowInputs<'a> {
+    /// The prompt's tokens (repetition penalty only).
+    pub prompt: &'a [i32],
+    /// The tokens generated so far (all three penalties; duplicates count).
+    pub output: &'a [i32],
+    /// r > 0; 1 is off.
+    pub repetition: f32,
+    /// f; 0 is off.
+    pub frequency: f32,
+    /// p; 0 is off.
+    pub presence: f32,
+    /// (id, bias) pairs; pairs of one id add up, a -inf among them bans.
+    pub bias_ids: &'a [i32],
+    pub bias_values: &'a [f32],
+    /// `Some`: the row may draw only these tokens (an empty list allows nothing).
+    pub allowed: Option<&'a [i32]>,
+    pub banned: &'a [i32],
+    /// The row's bitmask words (xgrammar: bit j of word w allows token 32 w + j).
+    pub bitmask: Option<&'a [i32]>,
+}
+
+impl RowInputs<'_> {
+    /// A row with nothing: its effective row is its logits.
+    pub const NONE: RowInputs<'static> = RowInputs {
+        prompt: &[],
+        output: &[],
+        repetition: 1.0,
+        frequency: 0.0,
+        presence: 0.0,
+        bias_ids: &[],
+        bias_values: &[],
+        allowed: None,
+        banned: &[],
+        bitmask: None,
+    };
+}
+
+/// Which tokens are masked: not in the allowed list of a restricted row, their bitmask bit
+/// clear, or banned.
+pub fn masked(p: &RowInputs, n: usize) -> Vec<bool> {
+    let mut allowed = vec![p.allowed.is_none(); n];
+    for &id in p.allowed.unwrap_or(&[]) {
+        allowed[id as usize] = true;
+    }
+    let mut out: Vec<bool> = (0..n).map(|i| !allowed[i]).collect();
+    if let Some(words) = p.bitmask {
+        for (i, m) in out.iter_mut().enumerate() {
+            if (words[i / 32] as u32 >> (i % 32)) & 1 == 0 {
+                *m = true;
+            }
+        }
+    }
+    for &id in p.banned {
+        out[id as usize] = true;
+    }
+    out
+}
+
+/// The effective row: steps 1-4 of the spec applied literally to every token, in f32.
+/// 1. masked tokens are -inf, and stay so;
+/// 2. `y = x + b` with `b` the f32 sum of the token's biases in list order (-inf if any is -inf);
+/// 3. tokens of the prompt or the output, when r != 1: `y > 0 ? y / r : y * r`;
+/// 4. tokens of the output, count c: `y = y - f * c`, then `y = y - p`.
+pub fn effective_row(x: &[f32], p: &RowInputs) -> Vec<f32> {
+    let n = x.len();
+    let masked = masked(p, n);
+    // The per-token sums of the bias lists (in list order) and counts of the histories.
+    let mut bias: Vec<Option<f32>> = vec![None; n];
+    let mut ban = vec![false; n];
+    for (&id, &v) in p.bias_ids.iter().zip(p.bias_values) {
+        let i = id as usize;
+        bias[i] = Some(bias[i].map_or(v, |b| b + v));
+        ban[i] |= v == f32::NEG_INFINITY;
+    }
+    let mut in_prompt = vec![false; n];
+    for &id in p.prompt {
+        in_prompt[id as usize] = true;
+    }
+    let mut count = vec![0usize; n];
+    for &id in p.output {
+        count[id as usize] += 1;
+    }
+    (0..n)
+        .map(|i| {
+            if masked[i] {
+                return f32::NEG_INFINITY;
+            }
+            let mut y = x[i];
+            if ban[i] {
+                y = f32::NEG_INFINITY;
+            } else if let Some(b) = bias[i] {
+                y += b;
+            }
+            if p.repetition != 1.0 && (in_prompt[i] || count[i] > 0) {
+                y = if y > 0.0 { y / p.repetition } else { y * p.repetition };
+            }
+            if count[i] > 0 {
+                y -= p.frequency * count[i] as f32;
+                y -= p.presence;
+            }
+            y
+        })
+        .collect()
+}
+
+/// The reference draw of a row with pipeline inputs: [`draw_ordered`] on the effective row `y`,
+/// with HAS_NAN taken from the logits as given (`x`, masked or not).
+pub fn draw_pipeline(
+    x: &[f32],
+    y: &[f32],
+    t: f32,
+    greedy_below: f32,
+    noise: Noise,
+    filters: Filters,
+    order: Order,
+) -> Drawn {
+    let mut d = draw_ordered(y, t, greedy_below, noise, filters, order);
+    d.flags &= !HAS_NAN;
+    if x.iter().any(|v| v.is_nan()) {
+        d.flags |= HAS_NAN;
+    }
+    d
+}
+
+/// `full_mode = ProcessedLogits` of a row drawn as `d` from the effective row `y` at `t`: the
+/// kept tokens' `y / T` (f32; greedy rows: every finite `y`, undivided), -inf elsewhere. `None`
+/// for a sampling row with a +inf value, where the spec leaves the kept set open.
+pub fn processed_logits(y: &[f32], d: &Drawn, t: f32) -> Option<Vec<f32>> {
+    let ninf = f32::NEG_INFINITY;
+    if d.flags & EMPTY != 0 {
+        return Some(vec![ninf; y.len()]);
+    }
+    if d.greedy {
+        if d.flags & HAS_POSINF != 0 {
+            return None;
+        }
+        return Some(y.iter().map(|&v| if v.is_finite() { v } else { ninf }).collect());
+    }
+    if d.kept.is_empty() {
+        return None;
+    }
+    Some((0..y.len()).map(|i| if d.kept[i] { y[i] / t } else { ninf }).collect())
 }

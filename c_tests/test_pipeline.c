@@ -1,0 +1,265 @@
+/* The whole sampling step through the C ABI (since 0.2): CSR histories, the three penalties,
+ * logit bias, a grammar bitmask and full-vocabulary output, checked against a plain draw of the
+ * row materialised by hand (the spec's f32 steps); an error with its message and nothing
+ * written; structs of the older sizes (without these fields) still draw as before. */
+#include "tokenrace.h"
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+
+enum { ROWS = 2, V = 100, WORDS = 4, MASK_STRIDE = 5, FULL_STRIDE = 101 };
+
+static const float SENTINEL = 12345.0f;
+
+/* The CSR inputs of the two rows. */
+static const int32_t prompt_ids[] = {10, 11, 10, /* row 1 */ 40, 41};
+static const uint64_t prompt_offsets[] = {0, 3, 5};
+static const int32_t output_ids[] = {10, 10, 12, /* row 1 */ 41};
+static const uint64_t output_offsets[] = {0, 3, 4};
+static const float repetition[] = {2.0f, 1.5f};
+static const float frequency[] = {1.0f, 0.5f};
+static const float presence[] = {0.5f, 0.25f};
+static const int32_t bias_ids[] = {20, 20, 7, /* row 1 */ 55};
+static float bias_values[] = {2.0f, 1.0f, -INFINITY, /* row 1 */ 4.0f};
+static const uint64_t bias_offsets[] = {0, 3, 4};
+
+static int count_of(const int32_t *ids, const uint64_t *offsets, int row, int id) {
+  int n = 0;
+  for (uint64_t j = offsets[row]; j < offsets[row + 1]; j++) n += ids[j] == id;
+  return n;
+}
+
+static int bit_of(const int32_t *mask, int row, int i) {
+  return (int)(((uint32_t)mask[row * MASK_STRIDE + i / 32] >> (i % 32)) & 1u);
+}
+
+/* The effective row, as the spec's steps 1-4 say, in f32. */
+static void materialise(const float *x, const int32_t *mask, int row, float *y) {
+  for (int i = 0; i < V; i++) {
+    float v = x[row * V + i];
+    if (!bit_of(mask, row, i)) {
+      y[i] = -INFINITY;
+      continue;
+    }
+    int biased = 0, ban = 0;
+    float b = 0.0f;
+    for (uint64_t j = bias_offsets[row]; j < bias_offsets[row + 1]; j++) {
+      if (bias_ids[j] != i) continue;
+      b = biased ? b + bias_values[j] : bias_values[j];
+      biased = 1;
+      ban |= bias_values[j] == -INFINITY;
+    }
+    if (ban) v = -INFINITY;
+    else if (biased) v = v + b;
+    int c = count_of(output_ids, output_offsets, row, i);
+    if (repetition[row] != 1.0f && (c > 0 || count_of(prompt_ids, prompt_offsets, row, i) > 0))
+      v = v > 0.0f ? v / repetition[row] : v * repetition[row];
+    if (c > 0) {
+      v = v - frequency[row] * (float)c;
+      v = v - presence[row];
+    }
+    y[i] = v;
+  }
+}
+
+static tokenrace_batch batch_of(const float *logits, const float *temps, const uint64_t *seeds,
+                                const uint64_t *offsets, const float *top_p) {
+  tokenrace_batch b;
+  memset(&b, 0, sizeof b);
+  b.struct_size = sizeof b;
+  b.dtype = TOKENRACE_DTYPE_F32;
+  b.logits = logits;
+  b.rows = ROWS;
+  b.vocab = V;
+  b.temperature = temps;
+  b.seeds = seeds;
+  b.offsets = offsets;
+  b.top_p = top_p;
+  return b;
+}
+
+static void fill(float *v, size_t n) {
+  for (size_t i = 0; i < n; i++) v[i] = SENTINEL;
+}
+
+int main(void) {
+  tokenrace_config cfg = tokenrace_config_default();
+  cfg.seed = 3;
+  cfg.has_seed = 1;
+  tokenrace_sampler *s = NULL;
+  CHECK(tokenrace_sampler_new(&cfg, &s) == TOKENRACE_STATUS_OK);
+
+  static float x[ROWS * V];
+  for (int r = 0; r < ROWS; r++)
+    for (int i = 0; i < V; i++) x[r * V + i] = (float)((i * 37 + r * 11) % 50) / 10.0f - 2.0f;
+  x[0 * V + 10] = 3.0f; /* in both histories: 3 / 2 - 1 * 2 - 0.5 = -1 */
+  x[0 * V + 20] = 2.5f; /* biased twice: (2.5 + 3) = 5.5, the greedy token */
+  x[0 * V + 30] = 9.0f; /* masked by the bitmask */
+  x[0 * V + 7] = 8.0f;  /* banned by a -inf bias */
+  x[1 * V + 41] = -1.0f; /* a negative logit in both histories: -1 * 1.5 - 0.5 - 0.25 */
+  x[1 * V + 55] = 1.0f;  /* biased to 5 */
+  static int32_t mask[ROWS * MASK_STRIDE];
+  for (int k = 0; k < ROWS * MASK_STRIDE; k++) mask[k] = -1;
+  mask[0 * MASK_STRIDE + 0] &= ~(1 << 30);            /* token 30 of row 0 */
+  mask[0 * MASK_STRIDE + 3] = (int32_t)0x5a5a5a5f;    /* tokens 96..99 allowed, garbage past 100 */
+  mask[1 * MASK_STRIDE + 3] = 0x0000000f;             /* zero bits past vocab */
+  mask[1 * MASK_STRIDE + 4] = 0;                      /* the stride's padding word */
+  mask[1 * MASK_STRIDE + 1] = (int32_t)0xf0f0f0f0;    /* half of tokens 32..63 */
+  mask[1 * MASK_STRIDE + 1] |= 1 << (55 - 32) | 1 << (41 - 32);
+
+  float temps[ROWS] = {0.0f, 1.0f};
+  uint64_t seeds[ROWS] = {99, 100};
+  uint64_t offs[ROWS] = {5, 6};
+  float top_p[ROWS] = {1.0f, 0.9f};
+
+  tokenrace_batch b = batch_of(x, temps, seeds, offs, top_p);
+  b.prompt_ids = prompt_ids;
+  b.prompt_offsets = prompt_offsets;
+  b.output_ids = output_ids;
+  b.output_offsets = output_offsets;
+  b.repetition_penalty = repetition;
+  b.frequency_penalty = frequency;
+  b.presence_penalty = presence;
+  b.bias_ids = bias_ids;
+  b.bias_values = bias_values;
+  b.bias_offsets = bias_offsets;
+  b.token_bitmask = mask;
+  b.bitmask_row_stride = MASK_STRIDE;
+
+  int32_t tokens[ROWS] = {-1, -1};
+  uint32_t flags[ROWS] = {0, 0};
+  float lps[ROWS];
+  static float full[ROWS * FULL_STRIDE];
+  fill(full, ROWS * FULL_STRIDE);
+  tokenrace_output o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.tokens = tokens;
+  o.flags = flags;
+  o.logprobs = lps;
+  o.logprob_mode = TOKENRACE_LOGPROB_MODE_PROCESSED;
+  o.full_logprobs = full;
+  o.full_row_stride = FULL_STRIDE;
+  o.full_mode = TOKENRACE_FULL_MODE_PROCESSED_LOGITS;
+  CHECK(tokenrace_draw(s, &b, &o) == TOKENRACE_STATUS_OK);
+  CHECK(tokens[0] == 20);
+  CHECK(flags[0] == TOKENRACE_FLAG_GREEDY);
+  CHECK(full[0 * FULL_STRIDE + 20] == 5.5f); /* greedy rows: the penalised logit, undivided */
+  CHECK(full[0 * FULL_STRIDE + 10] == -1.0f);
+  CHECK(full[0 * FULL_STRIDE + 30] == -INFINITY && full[0 * FULL_STRIDE + 7] == -INFINITY);
+  CHECK(full[0 * FULL_STRIDE + V] == SENTINEL && full[1 * FULL_STRIDE + V] == SENTINEL);
+
+  /* The plain draw (no pipeline fields) of the rows materialised by hand: the same tokens, flags,
+   * logprobs and processed logits. */
+  static float y[ROWS * V];
+  materialise(x, mask, 0, y);
+  materialise(x, mask, 1, y + V);
+  CHECK(y[1 * V + 41] == -1.0f * 1.5f - 0.5f - 0.25f);
+  CHECK(y[1 * V + 55] == 5.0f);
+  tokenrace_batch plain = batch_of(y, temps, seeds, offs, top_p);
+  int32_t ptokens[ROWS] = {-1, -1};
+  uint32_t pflags[ROWS] = {0, 0};
+  float plps[ROWS];
+  static float pfull[ROWS * FULL_STRIDE];
+  fill(pfull, ROWS * FULL_STRIDE);
+  tokenrace_output po = o;
+  po.tokens = ptokens;
+  po.flags = pflags;
+  po.logprobs = plps;
+  po.full_logprobs = pfull;
+  CHECK(tokenrace_draw(s, &plain, &po) == TOKENRACE_STATUS_OK);
+  CHECK(tokens[0] == ptokens[0] && tokens[1] == ptokens[1]);
+  CHECK(flags[0] == pflags[0] && flags[1] == pflags[1]);
+  CHECK(fabsf(lps[0] - plps[0]) <= 1e-5f && fabsf(lps[1] - plps[1]) <= 1e-5f);
+  int same = 1;
+  for (int k = 0; k < ROWS * FULL_STRIDE; k++) same &= full[k] == pfull[k];
+  CHECK(same);
+  /* Seeded rows repeat; a few seeds of row 1 all draw allowed tokens. */
+  for (uint64_t seed = 0; seed < 50; seed++) {
+    seeds[1] = seed;
+    CHECK(tokenrace_draw(s, &b, &o) == TOKENRACE_STATUS_OK);
+    CHECK(tokens[1] >= 0 && tokens[1] < V && bit_of(mask, 1, tokens[1]));
+    CHECK(tokenrace_draw(s, &plain, &po) == TOKENRACE_STATUS_OK);
+    CHECK(tokens[1] == ptokens[1]);
+  }
+
+  /* A +inf bias: INVALID_ARGUMENT naming the array, row, position and entry; nothing written. */
+  bias_values[3] = INFINITY;
+  int32_t untouched[ROWS] = {-7, -7};
+  uint32_t uflags[ROWS] = {77, 77};
+  o.tokens = untouched;
+  o.flags = uflags;
+  fill(full, ROWS * FULL_STRIDE);
+  lps[0] = lps[1] = SENTINEL;
+  CHECK(tokenrace_draw(s, &b, &o) == TOKENRACE_STATUS_INVALID_ARGUMENT);
+  CHECK(strstr(tokenrace_last_error(),
+               "batch.bias_values[1]: position 0 (entry 3): inf is not a bias (finite, or -inf to ban)") != NULL);
+  CHECK(untouched[0] == -7 && untouched[1] == -7 && uflags[0] == 77 && lps[0] == SENTINEL);
+  int clean = 1;
+  for (int k = 0; k < ROWS * FULL_STRIDE; k++) clean &= full[k] == SENTINEL;
+  CHECK(clean);
+  bias_values[3] = 4.0f;
+  /* A bitmask stride below ceil(vocab / 32). */
+  b.bitmask_row_stride = 3;
+  CHECK(tokenrace_draw(s, &b, &o) == TOKENRACE_STATUS_INVALID_ARGUMENT);
+  CHECK(strstr(tokenrace_last_error(), "bitmask_row_stride") != NULL);
+  b.bitmask_row_stride = MASK_STRIDE;
+  o.tokens = tokens;
+  o.flags = flags;
+
+  /* Structs of the older sizes: the batch of 0.1 (112 bytes, through min_p) and the first one
+   * (88 bytes, through noise_row_stride), the output of 0.1 (64 bytes). The fields past the size
+   * are never read: set them to things that would change the draw (a bitmask allowing nothing, a
+   * full buffer that must stay untouched). */
+  CHECK(offsetof(tokenrace_batch, prompt_ids) == 112 && offsetof(tokenrace_batch, top_k) == 88);
+  CHECK(offsetof(tokenrace_output, full_logprobs) == 64);
+  static int32_t nothing[ROWS * MASK_STRIDE];
+  memset(nothing, 0, sizeof nothing);
+  b.token_bitmask = nothing;
+  seeds[1] = 100;
+  const uint32_t sizes[3][2] = {{112, sizeof(tokenrace_output)}, {88, sizeof(tokenrace_output)}, {112, 64}};
+  for (int k = 0; k < 3; k++) {
+    uint32_t batch_size = sizes[k][0];
+    tokenrace_batch old = b;
+    old.struct_size = batch_size;
+    tokenrace_output oo = o;
+    oo.struct_size = sizes[k][1];
+    oo.logprob_mode = TOKENRACE_LOGPROB_MODE_RAW;
+    if (oo.struct_size != 64) oo.full_logprobs = NULL; /* (else it would be written) */
+    fill(full, ROWS * FULL_STRIDE);
+    CHECK(tokenrace_draw(s, &old, &oo) == TOKENRACE_STATUS_OK);
+    /* What the same call draws without the newer fields. */
+    tokenrace_batch bare = batch_of(x, temps, seeds, offs, batch_size == 112 ? top_p : NULL);
+    int32_t btokens[ROWS] = {-1, -1};
+    uint32_t bflags[ROWS] = {0, 0};
+    tokenrace_output bo;
+    memset(&bo, 0, sizeof bo);
+    bo.struct_size = sizeof bo;
+    bo.tokens = btokens;
+    bo.flags = bflags;
+    CHECK(tokenrace_draw(s, &bare, &bo) == TOKENRACE_STATUS_OK);
+    CHECK(tokens[0] == btokens[0] && tokens[1] == btokens[1]);
+    CHECK(flags[0] == bflags[0] && flags[1] == bflags[1]);
+    CHECK(tokens[0] == 30); /* the raw greedy token: no bitmask, no bias */
+    clean = 1;
+    for (int k = 0; k < ROWS * FULL_STRIDE; k++) clean &= full[k] == SENTINEL;
+    CHECK(clean);
+  }
+
+  /* A config of 0.1's size (48 bytes, through pool_rows) makes a sampler too. */
+  CHECK(offsetof(tokenrace_config, filter_order) == 48);
+  tokenrace_config old_cfg = tokenrace_config_default();
+  old_cfg.struct_size = 48;
+  old_cfg.filter_order = 77; /* past the size: never read */
+  tokenrace_sampler *s_old = NULL;
+  CHECK(tokenrace_sampler_new(&old_cfg, &s_old) == TOKENRACE_STATUS_OK);
+  tokenrace_sampler_free(s_old);
+
+  tokenrace_sampler_free(s);
+  if (failures == 0) printf("test_pipeline: ok\n");
+  return failures != 0;
+}
