@@ -194,6 +194,17 @@ impl<'a> Batch<'a> {
         }
     }
 
+    /// Whether the batch carries anything of the sampling step before the filters (histories,
+    /// penalties, bias, allowed or banned lists, a bitmask).
+    pub(crate) fn has_edits(&self) -> bool {
+        self.prompt_tokens.is_some()
+            || self.output_tokens.is_some()
+            || self.logit_bias.is_some()
+            || self.allowed_tokens.is_some()
+            || self.banned_tokens.is_some()
+            || self.token_bitmask.is_some()
+    }
+
     pub fn temperature(&self, row: usize) -> f32 {
         self.temperature.map_or(1.0, |t| t[row])
     }
@@ -284,7 +295,6 @@ impl<'a> Output<'a> {
         self.logprobs.is_some()
             || self.ranks.is_some()
             || (self.top_n > 0 && (self.topn_ids.is_some() || self.topn_logprobs.is_some()))
-            || self.full_logprobs.is_some()
     }
 }
 

@@ -21,6 +21,7 @@ mod alloc;
 mod batch;
 mod config;
 mod draw;
+mod edits;
 mod error;
 mod ffi;
 mod filter;
@@ -39,8 +40,8 @@ pub use batch::{
     flags, Batch, ExternalNoise, FullMode, LogitBias, Logits, LogprobMode, Output, TokenBitmask, TokenLists,
 };
 pub use config::{
-    from_env as config_from_env, Apply, Config, DrainPolicy, LogLevel, NoiseKind, NoiseSource, PoolConfig, Setting,
-    SimdChoice, SETTINGS,
+    from_env as config_from_env, Apply, Config, DrainPolicy, FilterOrder, LogLevel, NoiseKind, NoiseSource, PoolConfig,
+    Setting, SimdChoice, SETTINGS,
 };
 pub use error::{Error, ErrorKind, Location, Owner, Result};
 pub use kernels::{best_level, supported_levels, Bf16, SimdLevel, F16};

@@ -12,23 +12,29 @@
 //! of tokens whose reported logprob is >= its own; the top-n are ordered by logprob descending,
 //! then id ascending.
 
-use crate::batch::{Batch, LogprobMode, Output};
+use crate::alloc;
+use crate::batch::{Batch, FullMode, LogprobMode, Output};
+use crate::edits::RowEdits;
+use crate::error::Result;
 use crate::kernels::Kernels;
 use crate::mass::RowMass;
 use crate::row::{with_row, RowValues};
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-/// What a drawn row leaves for the logprobs: its maximum (NaN ignored) and the filters' floor.
+/// What a drawn row leaves for the logprobs: the maximum (NaN ignored) of the values it was
+/// drawn from and the filters' floor; for a row with edits (drawn from its processed values),
+/// the maximum of the row as given.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RowInfo {
     pub top: f32,
     pub floor: f32,
+    pub raw_top: Option<f32>,
 }
 
 impl Default for RowInfo {
     fn default() -> Self {
-        RowInfo { top: f32::NEG_INFINITY, floor: f32::NEG_INFINITY }
+        RowInfo { top: f32::NEG_INFINITY, floor: f32::NEG_INFINITY, raw_top: None }
     }
 }
 
@@ -87,6 +93,44 @@ impl Ord for Entry {
     }
 }
 
+/// The logprob function of a row whose maximum is `top` (NaN ignored): scale `s`, the tokens
+/// `x >= floor` (finite ones; or the +inf ones, when `top` is +inf).
+fn logprob_fn<V: RowValues + ?Sized>(k: &Kernels, v: &V, s: f64, floor: f32, top: f32) -> LogprobFn {
+    let n = v.n();
+    if top == f32::INFINITY {
+        let c = (0..n).filter(|&i| v.at(i) == f32::INFINITY).count();
+        return LogprobFn::PosInf { lp: -(c as f32).ln() };
+    }
+    if top == f32::NEG_INFINITY {
+        return LogprobFn::Empty;
+    }
+    let m = top as f64;
+    let z = match RowMass::new(k, v, top, s as f32, floor) {
+        // One SIMD pass: f32 exps summed in a fixed order (relative error below 1e-5).
+        Some(r) => r.z_exp().0,
+        None => {
+            let mut z = 0f64;
+            for i in 0..n {
+                let x = v.at(i);
+                if x >= floor && x.is_finite() {
+                    z += ((x as f64 - m) * s).exp();
+                }
+            }
+            z
+        }
+    };
+    LogprobFn::Finite { m, s, floor, ln_z: z.ln() }
+}
+
+/// The scale and the kept tokens' floor of the logprobs in `mode` of a row drawn with `inv_t`
+/// (`None`: greedy) and filters' floor `floor`.
+fn scale_and_floor(mode: LogprobMode, inv_t: Option<f32>, floor: f32) -> (f64, f32) {
+    match (mode, inv_t) {
+        (LogprobMode::Processed, Some(inv_t)) => (inv_t as f64, floor),
+        _ => (1.0, f32::NEG_INFINITY),
+    }
+}
+
 /// Computes row logprobs. `top` is the row's maximum (NaN ignored), `floor` the filters' floor.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn row_logprobs<V: RowValues + ?Sized>(
@@ -100,33 +144,8 @@ pub(crate) fn row_logprobs<V: RowValues + ?Sized>(
     out: RowOut,
 ) {
     let n = v.n();
-    let lp = if top == f32::INFINITY {
-        let c = (0..n).filter(|&i| v.at(i) == f32::INFINITY).count();
-        LogprobFn::PosInf { lp: -(c as f32).ln() }
-    } else if top == f32::NEG_INFINITY {
-        LogprobFn::Empty
-    } else {
-        let (s, floor) = match (mode, inv_t) {
-            (LogprobMode::Processed, Some(inv_t)) => (inv_t as f64, floor),
-            _ => (1.0, f32::NEG_INFINITY),
-        };
-        let m = top as f64;
-        let z = match RowMass::new(k, v, top, s as f32, floor) {
-            // One SIMD pass: f32 exps summed in a fixed order (relative error below 1e-5).
-            Some(r) => r.z_exp().0,
-            None => {
-                let mut z = 0f64;
-                for i in 0..n {
-                    let x = v.at(i);
-                    if x >= floor && x.is_finite() {
-                        z += ((x as f64 - m) * s).exp();
-                    }
-                }
-                z
-            }
-        };
-        LogprobFn::Finite { m, s, floor, ln_z: z.ln() }
-    };
+    let (s, floor) = scale_and_floor(mode, inv_t, floor);
+    let lp = logprob_fn(k, v, s, floor, top);
     let own = lp.of(v.at(token as usize));
     *out.logprob = own;
     let top_n = out.ids.len().max(out.lps.len());
@@ -178,6 +197,7 @@ impl Logprobs {
         info: &[RowInfo],
         tokens: &[i32],
         out: &Output,
+        processed: &mut Processed,
     ) -> Logprobs {
         let rows = batch.rows;
         let top_n = if out.topn_ids.is_some() || out.topn_logprobs.is_some() { out.top_n } else { 0 };
@@ -197,8 +217,16 @@ impl Logprobs {
                 lps: &mut l.lps[r * top_n..(r + 1) * top_n],
                 want_rank,
             };
-            let RowInfo { top, floor } = info[r];
-            with_row!(batch, r, |v| row_logprobs(k, v, inv_t[r], out.logprob_mode, top, floor, tokens[r], o));
+            let RowInfo { top, floor, raw_top } = info[r];
+            let (mode, t) = (out.logprob_mode, tokens[r]);
+            with_row!(batch, r, |v| match (raw_top, mode) {
+                (Some(raw), LogprobMode::Raw) => row_logprobs(k, v, inv_t[r], mode, raw, floor, t, o),
+                (Some(_), LogprobMode::Processed) => {
+                    let y = processed.row(r, v);
+                    row_logprobs(k, y, inv_t[r], mode, top, floor, t, o)
+                }
+                (None, _) => row_logprobs(k, v, inv_t[r], mode, top, floor, t, o),
+            });
         }
         l
     }
@@ -217,5 +245,118 @@ impl Logprobs {
         if let Some(d) = out.topn_logprobs.as_deref_mut() {
             d[..n].copy_from_slice(&self.lps);
         }
+    }
+}
+
+/// The processed values of the edited rows of a call, for the logprobs computed after the draw:
+/// every row's edits are built before anything is written (they are the only part that can
+/// fail), and each row is materialized into one buffer when needed.
+pub(crate) struct Processed {
+    edits: Vec<Option<RowEdits>>,
+    y: Vec<f32>,
+}
+
+impl Processed {
+    /// The edits of every row of `batch` that `info` says was drawn from processed values.
+    pub(crate) fn build(batch: &Batch, info: &[RowInfo]) -> Result<Processed> {
+        let mut edits = alloc::with_capacity(batch.rows, "the rows' edits")?;
+        for (r, i) in info.iter().enumerate() {
+            let e = match i.raw_top {
+                Some(_) => with_row!(batch, r, |v| crate::edits::build(batch, r, v))?,
+                None => None,
+            };
+            edits.push(e);
+        }
+        let y = alloc::filled(
+            if info.iter().any(|i| i.raw_top.is_some()) { batch.vocab } else { 0 },
+            0.0,
+            "the processed row",
+        )?;
+        Ok(Processed { edits, y })
+    }
+
+    /// No processed values (no output that needs them).
+    pub(crate) fn none(rows: usize) -> Processed {
+        Processed { edits: (0..rows).map(|_| None).collect(), y: Vec::new() }
+    }
+
+    /// Row `r`'s processed values (its values `v` as given, with its edits applied).
+    fn row<V: RowValues + ?Sized>(&mut self, r: usize, v: &V) -> &[f32] {
+        match &self.edits[r] {
+            Some(e) => {
+                // The buffer already has the row's length, so this allocates nothing.
+                e.materialize(v, &mut self.y).expect("the buffer has the row's length");
+                &self.y
+            }
+            None => unreachable!("only edited rows have processed values"),
+        }
+    }
+
+    fn is_edited(&self, r: usize) -> bool {
+        self.edits[r].is_some()
+    }
+}
+
+/// Writes every row's full-vocabulary output of `out.full_mode` into `out.full_logprobs`
+/// (nothing can fail here: every allocation was made by [`Processed::build`]).
+pub(crate) fn write_full(
+    k: &Kernels,
+    batch: &Batch,
+    inv_t: &[Option<f32>],
+    info: &[RowInfo],
+    out: &mut Output,
+    processed: &mut Processed,
+) {
+    let (mode, stride, vocab) = (out.full_mode, out.full_row_stride, batch.vocab);
+    let Some(full) = out.full_logprobs.as_deref_mut() else { return };
+    for r in 0..batch.rows {
+        let dest = &mut full[r * stride..r * stride + vocab];
+        let RowInfo { top, floor, raw_top } = info[r];
+        with_row!(batch, r, |v| {
+            if mode == FullMode::Raw {
+                full_logprobs(k, v, 1.0, f32::NEG_INFINITY, raw_top.unwrap_or(top), dest);
+            } else if processed.is_edited(r) {
+                let y = processed.row(r, v);
+                full_processed(k, batch, r, y, (inv_t[r], floor, top), mode, dest);
+            } else {
+                full_processed(k, batch, r, v, (inv_t[r], floor, top), mode, dest);
+            }
+        });
+    }
+}
+
+/// The logprob of every token of `v` at scale `s` over the tokens `>= floor`.
+fn full_logprobs<V: RowValues + ?Sized>(k: &Kernels, v: &V, s: f64, floor: f32, top: f32, dest: &mut [f32]) {
+    let lp = logprob_fn(k, v, s, floor, top);
+    for (i, d) in dest.iter_mut().enumerate() {
+        *d = lp.of(v.at(i));
+    }
+}
+
+/// The processed logprobs or logits of every token of the processed values `v` of row `r`,
+/// drawn with `inv_t` (`None`: greedy), floor `floor`, maximum `top`.
+fn full_processed<V: RowValues + ?Sized>(
+    k: &Kernels,
+    batch: &Batch,
+    r: usize,
+    v: &V,
+    (inv_t, floor, top): (Option<f32>, f32, f32),
+    mode: FullMode,
+    dest: &mut [f32],
+) {
+    let (s, floor) = scale_and_floor(LogprobMode::Processed, inv_t, floor);
+    if mode == FullMode::Processed {
+        return full_logprobs(k, v, s, floor, top, dest);
+    }
+    // Processed logits: the value divided by T (greedy rows: not divided) for the kept tokens.
+    let t = inv_t.map(|_| batch.temperature(r));
+    for (i, d) in dest.iter_mut().enumerate() {
+        let y = v.at(i);
+        let kept = if top == f32::INFINITY { y == f32::INFINITY } else { y >= floor && y.is_finite() };
+        *d = match (kept, t) {
+            (false, _) => f32::NEG_INFINITY,
+            (true, Some(t)) => y / t,
+            (true, None) => y,
+        };
     }
 }

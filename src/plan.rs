@@ -6,6 +6,7 @@
 //! spread over threads or on the SIMD level.
 
 use crate::batch::{inv_temperature, Batch};
+use crate::config::FilterOrder;
 use crate::draw::RowPlan;
 use crate::error::Result;
 use crate::noise::pool::{Lease, Pool};
@@ -32,10 +33,16 @@ pub(crate) struct Plan {
     _lease: Option<Lease>,
 }
 
-/// Plans every row of a validated `batch`: rows with `T < greedy_below` are greedy; seeded rows
+/// Plans every row of a validated `batch`: rows with `T < greedy_below` are greedy, the others
+/// judged by the filters as `order` says; seeded rows
 /// key their own noise; unseeded rows take the batch's external noise, else one row each of a
 /// single lease of `pool`, else one key each of `keys`. Fails only when the pool does.
-pub(crate) fn plan(batch: &Batch, greedy_below: f32, keys: &KeyStream, pool: Option<&Pool>) -> Result<Plan> {
+pub(crate) fn plan(
+    batch: &Batch,
+    (greedy_below, order): (f32, FilterOrder),
+    keys: &KeyStream,
+    pool: Option<&Pool>,
+) -> Result<Plan> {
     let mut rows = Vec::with_capacity(batch.rows);
     let mut unseeded = Vec::new();
     let mut counts = RowCounts::default();
@@ -57,7 +64,9 @@ pub(crate) fn plan(batch: &Batch, greedy_below: f32, keys: &KeyStream, pool: Opt
             unseeded.push(r);
             RaceNoise::Inline(0) // keyed below, in row order
         };
-        rows.push(RowPlan::Sample { inv_t: inv_temperature(t), noise });
+        let inv_t = inv_temperature(t);
+        let filter_inv_t = if order == FilterOrder::FiltersFirst { 1.0 } else { inv_t };
+        rows.push(RowPlan::Sample { inv_t, filter_inv_t, noise });
     }
     let mut lease = None;
     match pool {

@@ -223,7 +223,7 @@ impl Sampler {
         // the pool's producers do not exist there (see `forked_keys`).
         let keys = if self.birthplace.elsewhere() { self.forked_keys() } else { &self.keys };
         let pool = self.pool();
-        let plan = plan(batch, self.cfg.greedy_below, keys, pool.as_deref())?;
+        let plan = plan(batch, (self.cfg.greedy_below, self.cfg.filter_order), keys, pool.as_deref())?;
         let drawn = crate::draw::run(self.kernels, batch, &plan.rows, self.workers.as_ref(), out)?;
         // Counted only once nothing can fail any more.
         let (c, n) = (&self.counters, plan.counts);

@@ -16,11 +16,12 @@ mod tiles;
 pub(crate) mod workers;
 
 use crate::alloc;
-use crate::batch::{flags, Batch, Output};
+use crate::batch::{flags, Batch, FullMode, LogprobMode, Output};
+use crate::edits;
 use crate::error::{Error, ErrorKind, Result};
 use crate::filter;
 use crate::kernels::{Best, Kernels, RaceParams, BLOCK};
-use crate::logprob::{Logprobs, RowInfo};
+use crate::logprob::{write_full, Logprobs, Processed, RowInfo};
 use crate::row::{with_row, RaceNoise, RowValues};
 use cells::SyncCell;
 use cost::{Mode, WorkCost};
@@ -106,13 +107,21 @@ impl Split {
 thread_local! {
     /// Block maxima of the row being drawn on this thread.
     static BLOCK_MAX: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The processed values of the row being drawn on this thread, when it has edits.
+    static PROCESSED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// What to do with one row (decided by `plan`, on the calling thread).
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum RowPlan {
     Greedy,
-    Sample { inv_t: f32, noise: RaceNoise },
+    /// `filter_inv_t` is the 1/T the filters judge the row at: `inv_t` (temperature first) or 1
+    /// (filters first).
+    Sample {
+        inv_t: f32,
+        filter_inv_t: f32,
+        noise: RaceNoise,
+    },
 }
 
 impl RowPlan {
@@ -168,8 +177,8 @@ fn race_params<V: RowValues + ?Sized>(
     plan: RowPlan,
 ) -> Result<Option<(RaceParams, RaceNoise)>> {
     match plan {
-        RowPlan::Sample { inv_t, noise } if sc.top.is_finite() => {
-            let floor = filter::row_floor(k, batch, r, v, bmax, sc.top, inv_t).map_err(|e| in_row(r, e))?;
+        RowPlan::Sample { inv_t, filter_inv_t, noise } if sc.top.is_finite() => {
+            let floor = filter::row_floor(k, batch, r, v, bmax, sc.top, filter_inv_t).map_err(|e| in_row(r, e))?;
             Ok(Some((RaceParams { m: sc.top, inv_t, floor }, noise)))
         }
         _ => Ok(None),
@@ -197,18 +206,44 @@ fn finish<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], sc: &Scanned,
     }
 }
 
-/// Draws row `r` of `batch` on this thread.
+/// Draws row `r` of `batch` on this thread: as given, or, when the sampling step before the
+/// filters changes it, the processed row (`edits.rs`).
 fn draw_row(k: &Kernels, batch: &Batch, r: usize, plan: RowPlan) -> Result<Drawn> {
-    with_row!(batch, r, |v| BLOCK_MAX.with(|cell| {
+    with_row!(batch, r, |v| {
+        if batch.has_edits() && edits::row_has_edits(batch, r) {
+            if let Some(e) = edits::build(batch, r, v).map_err(|e| in_row(r, e))? {
+                return PROCESSED.with(|cell| {
+                    let y = &mut *cell.borrow_mut();
+                    let raw = e.materialize(v, y).map_err(|e| in_row(r, e))?;
+                    draw_values(k, batch, r, &y[..], plan, Some(raw))
+                });
+            }
+        }
+        draw_values(k, batch, r, v, plan, None)
+    })
+}
+
+/// Draws row `r` of `batch` from the values `v`: the row as given, or its processed values, in
+/// which case `raw` says whether the given row held a NaN and its largest value.
+fn draw_values<V: RowValues + ?Sized>(
+    k: &Kernels,
+    batch: &Batch,
+    r: usize,
+    v: &V,
+    plan: RowPlan,
+    raw: Option<(bool, f32)>,
+) -> Result<Drawn> {
+    BLOCK_MAX.with(|cell| {
         let mut bmax = cell.borrow_mut();
         alloc::resize(&mut bmax, v.n().div_ceil(BLOCK), f32::NEG_INFINITY, "block maxima").map_err(|e| in_row(r, e))?;
-        let has_nan = v.scan(k, 0, v.n(), &mut bmax);
+        let has_nan = v.scan(k, 0, v.n(), &mut bmax) || raw.is_some_and(|(nan, _)| nan);
         let sc = summarize(&bmax, has_nan, plan);
         let params = race_params(k, batch, r, v, &bmax, &sc, plan)?;
         let won = params.map(|(p, noise)| v.race(k, 0, v.n(), &bmax, p, noise));
         let floor = params.map_or(f32::NEG_INFINITY, |(p, _)| p.floor);
-        Ok(Drawn { token: finish(k, v, &bmax, &sc, won), flags: sc.flags, info: RowInfo { top: sc.top, floor } })
-    }))
+        let info = RowInfo { top: sc.top, floor, raw_top: raw.map(|(_, t)| t) };
+        Ok(Drawn { token: finish(k, v, &bmax, &sc, won), flags: sc.flags, info })
+    })
 }
 
 /// Draws every row of `batch`, on as many of `workers` as the call is worth: rows are split
@@ -224,7 +259,11 @@ fn draw_rows(k: &Kernels, batch: &Batch, plans: &[RowPlan], workers: Option<&Wor
         return draw_on_this_thread(k, batch, plans);
     };
     let mode = Mode::of(batch, plans);
-    let split = Split::choose(workers, rows, n, mode);
+    let mut split = Split::choose(workers, rows, n, mode);
+    if split.tiles_per_row > 1 && batch.has_edits() {
+        // Rows with edits are drawn whole (their processed values live on one thread).
+        split = Split { participants: split.participants.min(rows), tiles_per_row: 1 };
+    }
     let (drawn, work_ns) = if split == Split::ONE_THREAD {
         let start = Instant::now();
         let drawn = draw_on_this_thread(k, batch, plans)?;
@@ -296,12 +335,18 @@ pub(crate) fn run(
     out: &mut Output,
 ) -> Result<Vec<Drawn>> {
     let drawn = draw_rows(k, batch, plans, workers)?;
+    let info: Vec<RowInfo> = drawn.iter().map(|d| d.info).collect();
+    let inv_t: Vec<Option<f32>> = plans.iter().map(|p| p.inv_t()).collect();
+    // The edited rows' processed values, for the logprobs that need them (built before anything
+    // is written: nothing after this can fail).
+    let needs_processed = (out.wants_logprobs() && out.logprob_mode == LogprobMode::Processed)
+        || (out.full_logprobs.is_some() && out.full_mode != FullMode::Raw);
+    let mut processed = if needs_processed { Processed::build(batch, &info)? } else { Processed::none(batch.rows) };
     let logprobs = out.wants_logprobs().then(|| {
-        let info: Vec<RowInfo> = drawn.iter().map(|d| d.info).collect();
         let tokens: Vec<i32> = drawn.iter().map(|d| d.token).collect();
-        let inv_t: Vec<Option<f32>> = plans.iter().map(|p| p.inv_t()).collect();
-        Logprobs::compute(k, batch, &inv_t, &info, &tokens, out)
+        Logprobs::compute(k, batch, &inv_t, &info, &tokens, out, &mut processed)
     });
+    write_full(k, batch, &inv_t, &info, out, &mut processed);
     let rows = batch.rows;
     for (t, d) in out.tokens[..rows].iter_mut().zip(&drawn) {
         *t = d.token;

@@ -72,7 +72,11 @@ pub(super) fn draw_tiled(
             Drawn {
                 token: with_row!(batch, r, |v| finish(k, v, row_bmax(r), sc, won)),
                 flags: sc.flags,
-                info: RowInfo { top: sc.top, floor: params[r].map_or(f32::NEG_INFINITY, |(p, _)| p.floor) },
+                info: RowInfo {
+                    top: sc.top,
+                    floor: params[r].map_or(f32::NEG_INFINITY, |(p, _)| p.floor),
+                    raw_top: None,
+                },
             }
         })
         .collect();
