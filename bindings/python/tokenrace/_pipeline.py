@@ -225,12 +225,14 @@ def _padded(value, rows, vocab, name):
         raise ValueError(f"{name}: has {value.shape[0]} rows, the batch has {rows}")
     if value.dtype.kind not in "iu":
         raise ValueError(f"{name}: must be integers, got dtype {value.dtype}")
-    keep = value < vocab
-    if value.dtype.kind == "i":
-        keep &= value >= 0
-    bad = ~keep & (value != vocab)
-    if value.dtype.kind == "i":
-        bad &= value >= 0
+    # Negative entries are padding: seen as unsigned they are above every id, so one comparison
+    # finds the ids; an entry above vocab (not padding) is an error.
+    u = value.view(np.dtype(f"u{value.dtype.itemsize}")) if value.dtype.kind == "i" else value
+    keep = u < vocab
+    if keep.all():  # no padding at all: every row is full
+        ids = np.ascontiguousarray(value, dtype=np.int32).reshape(-1)
+        return ids, np.arange(rows + 1, dtype=np.uint64) * np.uint64(value.shape[1])
+    bad = value > vocab
     if bad.any():
         r, j = (int(v) for v in np.argwhere(bad)[0])
         raise ValueError(f"{name}[{r}]: position {j}: {int(value[r, j])} is not a token id in [0, {vocab}) "
@@ -246,6 +248,9 @@ def _per_row_lists(value, rows, name):
     mask of the rows that are not None."""
     if len(value) != rows:
         raise ValueError(f"{name}: has {len(value)} rows, the batch has {rows}")
+    fast = _per_row_lists_at_once(value, rows)
+    if fast is not None:
+        return fast
     parts, lengths = [], np.zeros(rows + 1, np.uint64)
     present = np.ones(rows, bool)
     for r, item in enumerate(value):
@@ -258,6 +263,38 @@ def _per_row_lists(value, rows, name):
         lengths[r + 1] = arr.shape[0]
     ids = np.concatenate(parts) if parts else _EMPTY_IDS
     return ids, np.cumsum(lengths, dtype=np.uint64), present
+
+
+def _per_row_lists_at_once(value, rows):
+    """The common cases of ``_per_row_lists`` in a few numpy calls for the whole batch: every row
+    None or a 1-D integer numpy array, or every row None or a list/tuple of Python ints, all ids
+    fitting an int32. None for anything else (or anything wrong), which the per-row loop then
+    converts or words the error of."""
+    present = np.fromiter((item is not None for item in value), bool, rows)
+    items = [item for item in value if item is not None]
+    if not items:
+        return _EMPTY_IDS, np.zeros(rows + 1, np.uint64), present
+    if type(items[0]) is not np.ndarray:
+        if not all(type(a) is list or type(a) is tuple for a in items):
+            return None
+        try:  # numpy infers the dtype: int64 for Python ints (float, bool or object otherwise)
+            items = [np.asarray(a) if a else _EMPTY_IDS for a in items]
+        except (OverflowError, ValueError, TypeError):
+            return None
+    if not all(type(a) is np.ndarray and a.ndim == 1 and a.dtype.kind in "iu" for a in items):
+        return None
+    flat = np.concatenate(items) if len(items) > 1 else items[0]
+    if flat.dtype.kind not in "iu":  # int64 with uint64 concatenates to float64
+        return None
+    if flat.dtype != np.int32 and flat.size:
+        if flat.dtype.kind == "u":
+            if flat.max() > _I32_MAX:
+                return None
+        elif flat.min() < _I32_MIN or flat.max() > _I32_MAX:
+            return None
+    lengths = np.zeros(rows + 1, np.uint64)
+    lengths[1:][present] = [len(a) for a in items]
+    return np.ascontiguousarray(flat, dtype=np.int32), np.cumsum(lengths, dtype=np.uint64), present
 
 
 # -- logit bias ---------------------------------------------------------------------------------
@@ -291,21 +328,52 @@ def logit_bias_csr(value, rows, name, keep):
     else:
         if len(value) != rows:
             raise ValueError(f"{name}: has {len(value)} rows, the batch has {rows}")
-        id_parts, value_parts = [], []
-        lengths = np.zeros(rows + 1, np.uint64)
-        for r, d in enumerate(value):
-            if d is None:
-                continue
-            if not isinstance(d, Mapping):
-                raise TypeError(f"{name}[{r}]: must be a dict {{id: bias}} or None, got {type(d).__name__}")
-            ids_r, values_r = _bias_pairs(d, f"{name}[{r}]")
-            id_parts.append(ids_r)
-            value_parts.append(values_r)
-            lengths[r + 1] = ids_r.shape[0]
-        ids = np.concatenate(id_parts) if id_parts else _EMPTY_IDS
-        values = np.concatenate(value_parts) if value_parts else np.zeros(0, np.float32)
-        offsets = np.cumsum(lengths, dtype=np.uint64)
+        fast = _bias_dicts_at_once(value, rows)
+        if fast is not None:
+            ids, values, offsets = fast
+        else:
+            id_parts, value_parts = [], []
+            lengths = np.zeros(rows + 1, np.uint64)
+            for r, d in enumerate(value):
+                if d is None:
+                    continue
+                if not isinstance(d, Mapping):
+                    raise TypeError(f"{name}[{r}]: must be a dict {{id: bias}} or None, got {type(d).__name__}")
+                ids_r, values_r = _bias_pairs(d, f"{name}[{r}]")
+                id_parts.append(ids_r)
+                value_parts.append(values_r)
+                lengths[r + 1] = ids_r.shape[0]
+            ids = np.concatenate(id_parts) if id_parts else _EMPTY_IDS
+            values = np.concatenate(value_parts) if value_parts else np.zeros(0, np.float32)
+            offsets = np.cumsum(lengths, dtype=np.uint64)
     return _addr(ids, keep), _addr(values, keep), _addr(offsets, keep)
+
+
+def _bias_dicts_at_once(dicts, rows):
+    """A list of dicts (or None) of Python int keys and Python float/int values, all fitting
+    int32 and float32, in a few numpy calls; None for anything else, which the per-pair loop
+    converts or words the error of."""
+    present = [d for d in dicts if d is not None]
+    if not all(type(d) is dict for d in present):
+        return None
+    keys = [k for d in present for k in d]
+    vals = [v for d in present for v in d.values()]
+    if not (all(type(k) is int for k in keys) and all(type(v) is float or type(v) is int for v in vals)):
+        return None
+    try:
+        ids = np.array(keys, dtype=np.int64)
+        values = np.array(vals, dtype=np.float64)
+    except OverflowError:
+        return None
+    if ids.size and (ids.min() < _I32_MIN or ids.max() > _I32_MAX):
+        return None
+    with np.errstate(over="ignore"):
+        values32 = values.astype(np.float32)
+    if (np.isinf(values32) & np.isfinite(values)).any():
+        return None
+    lengths = np.zeros(rows + 1, np.uint64)
+    lengths[1:] = [0 if d is None else len(d) for d in dicts]
+    return ids.astype(np.int32), values32, np.cumsum(lengths, dtype=np.uint64)
 
 
 def _bias_pairs(d, name):
