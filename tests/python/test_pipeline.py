@@ -676,3 +676,15 @@ def test_nothing_is_written_when_the_library_refuses(tokenrace, rng):
     with pytest.raises(ValueError, match=r"banned_ids\[3\]"):
         s.draw_full(x, full_logprobs="processed", out=out, banned_tokens=[[1], [2], [3], [40]])
     assert (out == -3.0).all()
+
+
+def test_a_seeded_row_with_the_step_ignores_its_batch_mates(tokenrace, rng):
+    case = Case(rng, 8, 300)
+    s = tokenrace.Sampler(300, threads=2)
+    batch = s.draw(case.x, temperature=0.9, seeds=case.seeds, **case.kwargs())
+    for r in (0, 3, 7):
+        one = dict(prompt_tokens=[case.prompt[r]], output_tokens=[case.output[r]], repetition_penalty=case.r[r],
+                   frequency_penalty=case.f[r], presence_penalty=case.p[r], logit_bias=[case.bias[r]],
+                   allowed_tokens=[case.allowed[r]], banned_tokens=[case.banned[r]], token_bitmask=case.bitmask[r])
+        alone = s.draw(case.x[r], temperature=0.9, seeds=case.seeds[r], **one)
+        assert alone[0] == batch[r], f"row {r}"
