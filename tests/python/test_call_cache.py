@@ -121,20 +121,53 @@ def test_out_of_range_scalar_seed_and_temperature(tokenrace):
 
 
 def test_the_packed_layouts_set_every_field_of_the_ctypes_structs(tokenrace):
-    """One ``pack_into`` must write each field where ctypes (checked against the C compiler by
-    test_abi.py) has it: distinct values in, the same values read back field by field."""
+    """The two layouts of each struct (the fields of 0.1, then those packed only by the calls
+    that use them, at their offset) must write each field where ctypes (checked against the C
+    compiler by test_abi.py) has it, and together cover every field and every byte: distinct
+    values in, the same values read back field by field."""
     import ctypes
 
     from tokenrace import _call, _ffi
 
-    for cls, layout in ((_ffi.tokenrace_batch, _call.BATCH_LAYOUT), (_ffi.tokenrace_output, _call.OUTPUT_LAYOUT)):
+    parts = ((_ffi.tokenrace_batch, _call.BATCH_LAYOUT, _call.PIPELINE_LAYOUT, _call.PIPELINE_OFFSET),
+             (_ffi.tokenrace_output, _call.OUTPUT_LAYOUT, _call.FULL_LAYOUT, _call.FULL_OFFSET))
+    for cls, head, tail, tail_offset in parts:
+        assert head.size == tail_offset and head.size + tail.size == ctypes.sizeof(cls), cls.__name__
         fields = cls._fields_
         values = [0x1000 * (i + 1) if issubclass(t, ctypes._Pointer) else 0.5 + i if t is ctypes.c_float else i + 1
                   for i, (_, t) in enumerate(fields)]
+        split = [name for name, _ in fields].index(
+            _ffi.BATCH_PIPELINE_FIRST if cls is _ffi.tokenrace_batch else _ffi.OUTPUT_FULL_FIRST)
         obj = cls()
-        layout.pack_into(obj, 0, *values)
+        head.pack_into(obj, 0, *values[:split])
+        tail.pack_into(obj, tail_offset, *values[split:])
         for (name, ctype), want in zip(fields, values):
             got = getattr(obj, name)
             if issubclass(ctype, ctypes._Pointer):
                 got = ctypes.cast(got, ctypes.c_void_p).value
             assert got == want, (cls.__name__, name)
+        zeros = _call.PIPELINE_ZEROS if cls is _ffi.tokenrace_batch else _call.FULL_ZEROS
+        tail.pack_into(obj, tail_offset, *zeros)
+        assert bytes(obj)[tail_offset:] == bytes(tail.size), cls.__name__
+
+
+def test_a_call_without_the_sampling_step_clears_what_the_last_one_set(tokenrace, rng):
+    """The thread's cached batch and output keep the pipeline fields of a call that set them;
+    the next call without them must see them cleared (the fast path packs only 0.1's fields)."""
+    from tokenrace import _call
+
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    s = tokenrace.Sampler(64, seed=3)
+    plain = s.draw(x, temperature=0)
+    banned = s.draw(x, temperature=0, banned_tokens=[[int(t)] for t in plain])
+    assert (banned != plain).all()
+    state = _call.take_state()
+    _call.release_state(state)
+    assert state.pipeline_packed
+    np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
+    assert not state.pipeline_packed and bytes(state.batch)[_call.PIPELINE_OFFSET:] == bytes(_call.PIPELINE_LAYOUT.size)
+    r = s.draw_full(x, temperature=0, full_logprobs="raw")
+    assert r.full_logprobs.shape == (3, 64) and state.full_packed
+    r = s.draw_full(x, temperature=0)
+    assert r.full_logprobs is None and not state.full_packed
+    assert bytes(state.full_output)[_call.FULL_OFFSET:] == bytes(_call.FULL_LAYOUT.size)

@@ -157,3 +157,31 @@ print("{}")
 """, {})
     assert done.returncode == 0
     assert "SIMD level" not in done.stderr.decode(errors="replace")
+
+
+def test_filter_order_from_env_unless_passed():
+    """TOKENRACE_FILTER_ORDER picks the order of a sampler made without filter_order=; the
+    draws follow it (at T = 3 with top-p 0.5, filters first keeps fewer tokens)."""
+    res = run_python(PROLOGUE + """
+x = (np.random.default_rng(3).standard_normal((1, 100)) * 3).astype(np.float32)
+def kept(s):
+    r = s.draw_full(x, temperature=3.0, top_p=0.5, full_logprobs="processed")
+    return int(np.isfinite(r.full_logprobs).sum())
+env, passed = tokenrace.Sampler(100), tokenrace.Sampler(100, filter_order="temperature_first")
+print(json.dumps({"env": [env.filter_order, env.config["filter_order"], kept(env)],
+                  "passed": [passed.filter_order, kept(passed)]}))
+""", env={"TOKENRACE_FILTER_ORDER": "filters_first"})
+    assert res["env"][:2] == ["filters_first", "filters_first"]
+    assert res["passed"][0] == "temperature_first", "passing the default explicitly must win over the env"
+    assert res["env"][2] < res["passed"][1]
+    bad = run_python("""
+import json, tokenrace
+try:
+    tokenrace.Sampler(100)
+    print(json.dumps(None))
+except ValueError as e:
+    print(json.dumps([type(e).__name__, str(e)]))
+""", env={"TOKENRACE_FILTER_ORDER": "vllm"})
+    assert bad[0] == "InvalidConfigError" and "TOKENRACE_FILTER_ORDER" in bad[1] and "vllm" in bad[1], bad
+    assert run_python("import json, tokenrace; print(json.dumps(tokenrace.Sampler(10).filter_order))") == \
+        "temperature_first"

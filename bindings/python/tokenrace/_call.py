@@ -6,9 +6,10 @@ building ``ctypes`` structs and numpy arrays per call and asking numpy for their
 (``arr.ctypes`` or ``__array_interface__``: 2-3 µs each) cost the binding ~28 µs per call. Here:
 
 * ``BATCH_LAYOUT`` and ``OUTPUT_LAYOUT`` write every field of a ``tokenrace_batch`` or
-  ``tokenrace_output`` in one ``struct.pack_into`` call, pointers as int addresses: setting
+  ``tokenrace_output`` of 0.1 in one ``struct.pack_into`` call, pointers as int addresses: setting
   fields one by one costs ~50 ns each, and a pointer field wants a ctypes pointer object
-  (~1.5 µs to make);
+  (~1.5 µs to make); the fields added since (``PIPELINE_LAYOUT``, ``FULL_LAYOUT``) are packed
+  only by the calls that use them;
 * each thread has one ``CallState``: a batch and two output structs, typed pointers to them as the
   C function takes them (made once), the cached per-row scalars and the token buffers;
 * ``address()`` takes an array's address through the buffer protocol when it can.
@@ -34,25 +35,44 @@ from . import _ffi
 _FORMAT_CHARS = {c_uint8: "B", c_int32: "i", c_uint32: "I", c_uint64: "Q", c_float: "f", c_void_p: "Q"}
 
 
-def struct_layout(cls) -> struct.Struct:
+def struct_layout(cls, first=None, stop=None) -> struct.Struct:
     """A ``struct.Struct`` that writes ``cls``'s fields at their offsets (pointers as addresses, 0
     for NULL), padding included, so that one ``pack_into(instance, 0, *values)`` sets every field
-    of a ctypes instance of ``cls``. Checked against ctypes' own offsets."""
+    of a ctypes instance of ``cls``. Checked against ctypes' own offsets.
+
+    ``first``/``stop`` (field names) restrict it to the fields from ``first`` up to, not
+    including, ``stop`` (the end of the struct when None); such a layout is packed at
+    ``getattr(cls, first).offset``, and covers the padding up to ``stop`` (or to the end)."""
     assert ctypes.sizeof(c_void_p) == 8, "the layout writes pointers as 64-bit addresses"
-    fmt, end = "=", 0
-    for name, ctype in cls._fields_:
+    names = [name for name, _ in cls._fields_]
+    lo = names.index(first) if first else 0
+    hi = names.index(stop) if stop else len(names)
+    base = getattr(cls, names[lo]).offset
+    fmt, end = "=", base
+    for name, ctype in cls._fields_[lo:hi]:
         field = getattr(cls, name)
         fmt += "x" * (field.offset - end)
         fmt += "Q" if issubclass(ctype, ctypes._Pointer) else _FORMAT_CHARS[ctype]
         end = field.offset + field.size
-    fmt += "x" * (ctypes.sizeof(cls) - end)
+    limit = getattr(cls, stop).offset if stop else ctypes.sizeof(cls)
+    fmt += "x" * (limit - end)
     layout = struct.Struct(fmt)
-    assert layout.size == ctypes.sizeof(cls), cls.__name__
+    assert layout.size == limit - base, cls.__name__
     return layout
 
 
-BATCH_LAYOUT = struct_layout(_ffi.tokenrace_batch)
-OUTPUT_LAYOUT = struct_layout(_ffi.tokenrace_output)
+# Each struct is packed in two parts: the fields of 0.1 (every call) and the fields added in 0.2
+# (the sampling step's inputs, the full-vocabulary output), packed only by a call that uses them
+# and zeroed again by the next call that does not (``CallState.pipeline_packed``), so that a call
+# without them costs what it did before they existed.
+BATCH_LAYOUT = struct_layout(_ffi.tokenrace_batch, None, _ffi.BATCH_PIPELINE_FIRST)
+PIPELINE_LAYOUT = struct_layout(_ffi.tokenrace_batch, _ffi.BATCH_PIPELINE_FIRST)
+PIPELINE_OFFSET = getattr(_ffi.tokenrace_batch, _ffi.BATCH_PIPELINE_FIRST).offset
+PIPELINE_ZEROS = (0,) * sum(1 for c in PIPELINE_LAYOUT.format if c not in "=x")
+OUTPUT_LAYOUT = struct_layout(_ffi.tokenrace_output, None, _ffi.OUTPUT_FULL_FIRST)
+FULL_LAYOUT = struct_layout(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST)
+FULL_OFFSET = getattr(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST).offset
+FULL_ZEROS = (0,) * sum(1 for c in FULL_LAYOUT.format if c not in "=x")
 BATCH_SIZE = ctypes.sizeof(_ffi.tokenrace_batch)
 OUTPUT_SIZE = ctypes.sizeof(_ffi.tokenrace_output)
 
@@ -135,6 +155,10 @@ class CallState:
         self.tokens_output = _ffi.tokenrace_output()
         self.tokens_output_fields = None  # (tokens, flags) last packed into tokens_output
         self.full_output = _ffi.tokenrace_output()
+        # Whether the batch's 0.2 fields (PIPELINE_LAYOUT) or the full output's full-vocabulary
+        # fields (FULL_LAYOUT) may hold values of an earlier call (then zeroed before reuse).
+        self.pipeline_packed = False
+        self.full_packed = False
         # The arguments of tokenrace_draw, made once rather than a byref() per call.
         self.batch_ptr = ctypes.pointer(self.batch)
         self.tokens_output_ptr = ctypes.pointer(self.tokens_output)

@@ -73,6 +73,15 @@ LOG_LEVEL_TRACE = 5
 LOGPROB_MODE_RAW = 0
 LOGPROB_MODE_PROCESSED = 1
 
+# enum tokenrace_full_mode
+FULL_MODE_RAW = 0
+FULL_MODE_PROCESSED = 1
+FULL_MODE_PROCESSED_LOGITS = 2
+
+# enum tokenrace_filter_order
+FILTER_ORDER_TEMPERATURE_FIRST = 0
+FILTER_ORDER_FILTERS_FIRST = 1
+
 # Python spellings of the enums that the binding accepts as strings.
 SIMD_NAMES = {"auto": SIMD_AUTO, "scalar": SIMD_SCALAR, "portable": SIMD_PORTABLE,
               "avx2": SIMD_AVX2, "avx512": SIMD_AVX512}
@@ -82,6 +91,10 @@ LOG_LEVEL_NAMES = {"off": LOG_LEVEL_OFF, "error": LOG_LEVEL_ERROR, "warn": LOG_L
                    "info": LOG_LEVEL_INFO, "debug": LOG_LEVEL_DEBUG, "trace": LOG_LEVEL_TRACE}
 LOGPROB_MODE_NAMES = {"raw": LOGPROB_MODE_RAW, "processed": LOGPROB_MODE_PROCESSED}
 POOL_POLICY_NAMES = {"inline": POOL_POLICY_INLINE, "block": POOL_POLICY_BLOCK}
+FULL_MODE_NAMES = {"raw": FULL_MODE_RAW, "processed": FULL_MODE_PROCESSED,
+                   "processed_logits": FULL_MODE_PROCESSED_LOGITS}
+FILTER_ORDER_NAMES = {"temperature_first": FILTER_ORDER_TEMPERATURE_FIRST,
+                      "filters_first": FILTER_ORDER_FILTERS_FIRST}
 
 # ----------------------------------------------------------------------------------------------
 # Structs
@@ -111,6 +124,9 @@ class tokenrace_config(_Versioned):
         ("log_level", c_uint32),
         ("noise", c_uint32),
         ("pool_rows", c_uint32),
+        # since 0.2
+        ("filter_order", c_uint32),
+        ("reserved1", c_uint32),
     ]
 
 
@@ -148,6 +164,24 @@ class tokenrace_batch(_Versioned):
         ("top_k", POINTER(c_int32)),
         ("top_p", POINTER(c_float)),
         ("min_p", POINTER(c_float)),
+        # since 0.2: the rest of the sampling step (``PIPELINE_FIELDS``)
+        ("prompt_ids", POINTER(c_int32)),
+        ("prompt_offsets", POINTER(c_uint64)),
+        ("output_ids", POINTER(c_int32)),
+        ("output_offsets", POINTER(c_uint64)),
+        ("repetition_penalty", POINTER(c_float)),
+        ("frequency_penalty", POINTER(c_float)),
+        ("presence_penalty", POINTER(c_float)),
+        ("bias_ids", POINTER(c_int32)),
+        ("bias_values", POINTER(c_float)),
+        ("bias_offsets", POINTER(c_uint64)),
+        ("allowed_ids", POINTER(c_int32)),
+        ("allowed_offsets", POINTER(c_uint64)),
+        ("allowed_rows", POINTER(c_uint8)),
+        ("banned_ids", POINTER(c_int32)),
+        ("banned_offsets", POINTER(c_uint64)),
+        ("token_bitmask", POINTER(c_int32)),
+        ("bitmask_row_stride", c_uint64),
     ]
 
 
@@ -163,7 +197,18 @@ class tokenrace_output(_Versioned):
         ("reserved0", c_uint32),
         ("topn_ids", POINTER(c_int32)),
         ("topn_logprobs", POINTER(c_float)),
+        # since 0.2 (``FULL_FIELDS``)
+        ("full_logprobs", POINTER(c_float)),
+        ("full_row_stride", c_uint64),
+        ("full_mode", c_uint32),
+        ("reserved1", c_uint32),
     ]
+
+
+# The first field of the batch's pipeline part and of the output's full-vocabulary part: the
+# binding packs these tails apart from the fields before them (``_call.py``).
+BATCH_PIPELINE_FIRST = "prompt_ids"
+OUTPUT_FULL_FIRST = "full_logprobs"
 
 
 class tokenrace_pool_config(_Versioned):

@@ -10,11 +10,13 @@ from typing import Optional
 import numpy as np
 
 from . import _ffi
-from ._arrays import LOGITS_DTYPES, NOISE_DTYPES, contiguous_rows, per_row, rows_view
-from ._call import (BATCH_LAYOUT, BATCH_SIZE, FLAG_SCALARS, FLOAT_SCALARS, INT_SCALARS, OUTPUT_LAYOUT,
-                    OUTPUT_SIZE, address, pack_tokens_output, release_state, take_state)
+from ._arrays import LOGITS_DTYPES, NOISE_DTYPES, contiguous_rows, is_torch_tensor, per_row, rows_view
+from ._call import (BATCH_LAYOUT, BATCH_SIZE, FLAG_SCALARS, FLOAT_SCALARS, FULL_LAYOUT, FULL_OFFSET, FULL_ZEROS,
+                    INT_SCALARS, OUTPUT_LAYOUT, OUTPUT_SIZE, PIPELINE_LAYOUT, PIPELINE_OFFSET, PIPELINE_ZEROS, address,
+                    pack_tokens_output, release_state, take_state)
 from ._common import _choice, _Closable, _Default, _from_env, _Handle, _name_of, _unsigned
-from ._errors import check
+from ._errors import InvalidArgumentError, check
+from ._pipeline import FIELD_ARGUMENTS, pipeline_fields
 
 
 def _free_sampler(ptr):
@@ -26,17 +28,20 @@ class Sampler(_Closable):
     """Samples one next token per row of logits; safe to share between threads.
 
     ``Sampler(vocab_size=0, max_rows=256, *, seed=None, threads=1, simd="auto",
-    greedy_below=1e-5, noise="auto")``
+    greedy_below=1e-5, noise="auto", filter_order="temperature_first")``
 
     Settings the caller does not pass come from the ``TOKENRACE_*`` environment variables
     (``docs/configuration.md``), else from the library's defaults; a value passed explicitly
     always wins, even when it equals the default. ``seed=None`` means "not passed": OS entropy
     unless ``TOKENRACE_SEED`` is set. ``vocab_size`` not passed is ``TOKENRACE_VOCAB_SIZE``, else
-    0, which accepts any vocabulary size.
+    0, which accepts any vocabulary size. ``filter_order``: "temperature_first" (vLLM's: min-p,
+    top-k and top-p judge the tempered distribution) or "filters_first" (llama.cpp's chain: they
+    judge the untempered one, and the temperature applies to the tokens they keep).
     """
 
     def __init__(self, vocab_size=_Default(0), max_rows=_Default(256), *, seed=None, threads=_Default(1),
-                 simd=_Default("auto"), greedy_below=_Default(1e-5), noise=_Default("auto")):
+                 simd=_Default("auto"), greedy_below=_Default(1e-5), noise=_Default("auto"),
+                 filter_order=_Default("temperature_first")):
         lib = _ffi.lib()
         cfg = _config_from_env()
         if not isinstance(vocab_size, _Default):
@@ -59,6 +64,8 @@ class Sampler(_Closable):
             cfg.greedy_below = g
         if not isinstance(noise, _Default):
             cfg.noise = _choice("noise", noise, _ffi.NOISE_SOURCE_NAMES)
+        if not isinstance(filter_order, _Default):
+            cfg.filter_order = _choice("filter_order", filter_order, _ffi.FILTER_ORDER_NAMES)
         ptr = _ffi.sampler_p()
         check(lib.tokenrace_sampler_new(byref(cfg), byref(ptr)))
         self._handle = _Handle(ptr, _free_sampler)
@@ -91,6 +98,11 @@ class Sampler(_Closable):
         return self._config.greedy_below
 
     @property
+    def filter_order(self):
+        """"temperature_first" (vLLM's order) or "filters_first" (llama.cpp's)."""
+        return _name_of(self._config.filter_order, _ffi.FILTER_ORDER_NAMES)
+
+    @property
     def seed(self):
         """The seed of unseeded rows, or None for OS entropy."""
         return self._config.seed if self._config.has_seed else None
@@ -110,6 +122,7 @@ class Sampler(_Closable):
             "seed": self.seed, "simd": _name_of(c.simd, _ffi.SIMD_NAMES),
             "greedy_below": float(str(np.float32(c.greedy_below))), "log_level": _name_of(c.log_level, _ffi.LOG_LEVEL_NAMES),
             "noise": _name_of(c.noise, _ffi.NOISE_SOURCE_NAMES), "pool_rows": c.pool_rows,
+            "filter_order": self.filter_order,
         }
 
     def stats(self):
@@ -213,11 +226,24 @@ class Sampler(_Closable):
         h = self._live_handle()
         status = _ffi.lib().tokenrace_draw(h.ptr, batch_ptr, output_ptr)
         if status:
-            check(status)
+            _raise(status)
         del h
 
+    def _fill_pipeline(self, state, keep, rows, prompt_tokens, output_tokens, repetition_penalty,
+                       frequency_penalty, presence_penalty, logit_bias, allowed_tokens, banned_tokens,
+                       token_bitmask):
+        """Writes the batch's pipeline fields (``_pipeline.py``) for a call that passes any."""
+        fields = pipeline_fields(rows, state.batch.vocab, keep, prompt_tokens, output_tokens, repetition_penalty,
+                                 frequency_penalty, presence_penalty, logit_bias, allowed_tokens, banned_tokens,
+                                 token_bitmask)
+        state.pipeline_packed = True
+        PIPELINE_LAYOUT.pack_into(state.batch, PIPELINE_OFFSET, *fields)
+
     def draw(self, logits, *, temperature=None, seeds=None, offsets=None, seeded=None, noise=None,
-             noise_kind="exp", top_k=None, top_p=None, min_p=None, return_flags=False):
+             noise_kind="exp", top_k=None, top_p=None, min_p=None, return_flags=False,
+             prompt_tokens=None, output_tokens=None, repetition_penalty=None, frequency_penalty=None,
+             presence_penalty=None, logit_bias=None, allowed_tokens=None, banned_tokens=None,
+             token_bitmask=None):
         """Draws one token per row of ``logits``; returns an int32 array of ``rows`` tokens.
 
         logits: 2-D (rows x vocab) or 1-D (one row) float32/float16 numpy array, or a CPU torch
@@ -239,25 +265,71 @@ class Sampler(_Closable):
             top-k, then top-p; None (the default) is off for every row. A value out of range
             raises ValueError naming the row (``top_p[3]: 0 is not in (0, 1]``).
         return_flags: also return the uint32 row flags (``FLAG_*`` bits).
+
+        The rest of the sampling step, applied before the greedy choice, the temperature and the
+        filters, in vLLM V1's order: masks, then logit bias, then penalties
+        (``docs/semantics.md``, The sampling step). All optional (None: off); the logits are never
+        changed.
+
+        prompt_tokens, output_tokens: each row's prompt and the tokens generated so far, as a list
+            of per-row ids (1-D integer arrays, tensors or lists; None or empty for a row without
+            any), a CSR tuple ``(ids, offsets)`` (``rows + 1`` offsets) or a 2-D integer array
+            padded as vLLM pads its prompt tensor (entries equal to vocab or negative are padding).
+            Duplicates count.
+        repetition_penalty: scalar or one per row, r > 0 (1: off); divides a positive logit of a
+            token in the prompt or the output by r, multiplies any other by r.
+        frequency_penalty, presence_penalty: scalar or one per row, finite (0: off); subtract
+            ``f * count + p`` from a token that occurs ``count > 0`` times in the output.
+        logit_bias: one dict ``{id: bias}`` for every row, a list of dicts (None: no bias for the
+            row), or CSR ``(ids, values, offsets)``; a finite bias is added, -inf bans the token;
+            biases of one id add up.
+        allowed_tokens: the only tokens each row may draw: per-row id lists (None for a row: all
+            allowed; an empty list allows nothing and the row is ``FLAG_EMPTY``), or the CSR or
+            padded forms above (every row restricted).
+        banned_tokens: tokens each row may not draw (bad words of one token, ``min_tokens``' stop
+            ids), in the forms of ``prompt_tokens``.
+        token_bitmask: a grammar bitmask in xgrammar's layout, read in place: int32 numpy array
+            or CPU torch tensor, rows x ceil(vocab / 32) words (1-D for one row), rows any whole
+            number of words apart; bit j of word w set allows token 32 w + j.
+
+        Errors (ValueError) name the argument, the row and the position: the column of a padded
+        array, the index in a row's list or dict, and the entry of a CSR array.
         """
         state = take_state()
         try:
             keep = []
             rows = self._fill_batch(state.batch, keep, state, logits, temperature, seeds, offsets, seeded,
                                     noise, noise_kind, top_k, top_p, min_p)
+            if (prompt_tokens is None and output_tokens is None and repetition_penalty is None
+                    and frequency_penalty is None and presence_penalty is None and logit_bias is None
+                    and allowed_tokens is None and banned_tokens is None and token_bitmask is None):
+                if state.pipeline_packed:
+                    PIPELINE_LAYOUT.pack_into(state.batch, PIPELINE_OFFSET, *PIPELINE_ZEROS)
+                    state.pipeline_packed = False
+            else:
+                self._fill_pipeline(state, keep, rows, prompt_tokens, output_tokens, repetition_penalty,
+                                    frequency_penalty, presence_penalty, logit_bias, allowed_tokens,
+                                    banned_tokens, token_bitmask)
             pack_tokens_output(state, state.tokens.address_for(rows),
                                state.flags.address_for(rows) if return_flags else 0)
-            self._run(state.batch_ptr, state.tokens_output_ptr)
+            # self._run(), inlined (a method call less: the fast path's cost, see _call.py)
+            h = self._live_handle()
+            status = _ffi.lib().tokenrace_draw(h.ptr, state.batch_ptr, state.tokens_output_ptr)
+            if status:
+                _raise(status)
+            del h
             tokens = state.tokens.take(rows)
             if return_flags:
                 return tokens, state.flags.take(rows)
             return tokens
         finally:
-            release_state(state)
+            state.in_use = False  # release_state(), inlined
 
     def draw_full(self, logits, *, temperature=None, seeds=None, offsets=None, seeded=None,
                   noise=None, noise_kind="exp", top_k=None, top_p=None, min_p=None, logprobs=0,
-                  logprob_mode="raw"):
+                  logprob_mode="raw", prompt_tokens=None, output_tokens=None, repetition_penalty=None,
+                  frequency_penalty=None, presence_penalty=None, logit_bias=None, allowed_tokens=None,
+                  banned_tokens=None, token_bitmask=None, full_logprobs=None, out=None):
         """Draws like ``draw`` and also returns logprobs: a ``DrawResult`` with
 
         tokens (int32), flags (uint32), logprobs (float32: the sampled token's logprob), ranks
@@ -267,33 +339,111 @@ class Sampler(_Closable):
         n = 0). n is at most the vocabulary size.
 
         logprob_mode: "raw" (log_softmax of the logits as given) or "processed" (log_softmax
-        after temperature and the filters, -inf outside the kept tokens; greedy rows report the
-        raw values). See ``docs/semantics.md``, Logprobs.
+        after the sampling step, temperature and the filters, -inf outside the kept tokens;
+        greedy rows: of the processed row at temperature 1). See ``docs/semantics.md``, Logprobs.
+
+        full_logprobs: None, or what ``r.full_logprobs`` (float32, rows x vocab) receives for every
+        token: "raw" (log_softmax of the logits as given), "processed" (log_softmax of the
+        processed row, -inf outside the kept tokens) or "processed_logits" (the processed logit
+        divided by T for the kept tokens, undivided in greedy rows, -inf elsewhere: vLLM's
+        ``processed_logits``).
+        out: a float32 array (or CPU torch tensor) of rows x vocab (1-D for one row) to write
+            ``full_logprobs`` into, returned as ``r.full_logprobs``: values contiguous inside a
+            row, rows any stride apart. Nothing is written if the call fails.
+
+        The sampling step's arguments are ``draw``'s.
         """
         mode = _choice("logprob_mode", logprob_mode, _ffi.LOGPROB_MODE_NAMES)
         if isinstance(logprobs, (bool, np.bool_)):
             raise TypeError("logprobs: must be an integer (the number of top logprobs per row), got a bool")
         n = _unsigned("logprobs", logprobs, 32)
+        if full_logprobs is not None:
+            full_mode = _choice("full_logprobs", full_logprobs, _ffi.FULL_MODE_NAMES)
+        elif out is not None:
+            raise ValueError("out: given without full_logprobs (say which values it receives: "
+                             "\"raw\", \"processed\" or \"processed_logits\")")
         state = take_state()
         try:
             keep = []
             rows = self._fill_batch(state.batch, keep, state, logits, temperature, seeds, offsets, seeded,
                                     noise, noise_kind, top_k, top_p, min_p)
+            if (prompt_tokens is None and output_tokens is None and repetition_penalty is None
+                    and frequency_penalty is None and presence_penalty is None and logit_bias is None
+                    and allowed_tokens is None and banned_tokens is None and token_bitmask is None):
+                if state.pipeline_packed:
+                    PIPELINE_LAYOUT.pack_into(state.batch, PIPELINE_OFFSET, *PIPELINE_ZEROS)
+                    state.pipeline_packed = False
+            else:
+                self._fill_pipeline(state, keep, rows, prompt_tokens, output_tokens, repetition_penalty,
+                                    frequency_penalty, presence_penalty, logit_bias, allowed_tokens,
+                                    banned_tokens, token_bitmask)
+            full = None
+            if full_logprobs is not None:
+                full, full_ptr, full_stride = _full_output(out, rows, state.batch.vocab, logits)
+                state.full_packed = True
+                FULL_LAYOUT.pack_into(state.full_output, FULL_OFFSET, full_ptr, full_stride, full_mode, 0)
+            elif state.full_packed:
+                FULL_LAYOUT.pack_into(state.full_output, FULL_OFFSET, *FULL_ZEROS)
+                state.full_packed = False
+            # Positional: a dataclass built by keyword costs ~0.3 µs more.
             res = DrawResult(
-                tokens=np.empty(rows, dtype=np.int32),
-                flags=np.zeros(rows, dtype=np.uint32),
-                logprobs=np.empty(rows, dtype=np.float32),
-                ranks=np.empty(rows, dtype=np.int32),
-                topn_ids=np.empty((rows, n), dtype=np.int32) if n else None,
-                topn_logprobs=np.empty((rows, n), dtype=np.float32) if n else None,
+                np.empty(rows, dtype=np.int32),  # tokens
+                np.zeros(rows, dtype=np.uint32),  # flags
+                np.empty(rows, dtype=np.float32),  # logprobs
+                np.empty(rows, dtype=np.int32),  # ranks
+                np.empty((rows, n), dtype=np.int32) if n else None,  # topn_ids
+                np.empty((rows, n), dtype=np.float32) if n else None,  # topn_logprobs
+                full,  # full_logprobs
             )
             OUTPUT_LAYOUT.pack_into(state.full_output, 0, OUTPUT_SIZE, mode, address(res.tokens), address(res.flags),
                                     address(res.logprobs), address(res.ranks), n, 0,
                                     address(res.topn_ids) if n else 0, address(res.topn_logprobs) if n else 0)
-            self._run(state.batch_ptr, state.full_output_ptr)
+            h = self._live_handle()  # self._run(), inlined as in draw()
+            status = _ffi.lib().tokenrace_draw(h.ptr, state.batch_ptr, state.full_output_ptr)
+            if status:
+                _raise(status)
+            del h
             return res
         finally:
-            release_state(state)
+            state.in_use = False  # release_state(), inlined
+
+
+def _raise(status):
+    """``check(status)``, with the argument of ``draw`` named after the library's message when it
+    names a field of the sampling step (``batch.prompt_ids[3]: ...`` comes from
+    ``prompt_tokens``)."""
+    try:
+        check(status)
+    except InvalidArgumentError as e:
+        message = str(e)
+        for field, argument in FIELD_ARGUMENTS.items():
+            if f"batch.{field}[" in message or f"batch.{field}:" in message:
+                if argument != field:
+                    raise InvalidArgumentError(f"{message} (argument {argument})") from None
+                break
+        raise
+
+
+def _full_output(out, rows, vocab, logits):
+    """``(array, address, row stride)`` of the full-vocabulary output: ``out`` checked, or a new
+    rows x vocab float32 array."""
+    if out is None:
+        arr = np.empty((rows, vocab), dtype=np.float32)
+        return arr, address(arr), vocab
+    if not (isinstance(out, np.ndarray) or is_torch_tensor(out)):
+        raise TypeError(f"out: must be a float32 numpy array or CPU torch tensor, got {type(out).__name__}")
+    if isinstance(out, np.ndarray):
+        if out.dtype != np.float32:
+            raise ValueError(f"out: has dtype {out.dtype}; full_logprobs are written as float32")
+        if not out.flags.writeable:
+            raise ValueError("out: is read-only")
+    view = rows_view(out, "out", NOISE_DTYPES)  # float32 only; inner-contiguous, rows apart
+    want = (rows, vocab) if view.ndim == 2 else (vocab,)
+    if tuple(out.shape) != want or (view.ndim == 1 and rows != 1):
+        raise ValueError(f"out: has shape {tuple(out.shape)}, the batch needs ({rows}, {vocab})")
+    if isinstance(out, np.ndarray) and isinstance(logits, np.ndarray) and np.may_share_memory(out, logits):
+        raise ValueError("out: overlaps the logits")
+    return out, view.ptr, view.row_stride
 
 
 # Per-row arguments, as the address the batch struct gets. A scalar of a plain type that fits the
@@ -345,6 +495,7 @@ class DrawResult:
     ranks: np.ndarray
     topn_ids: Optional[np.ndarray] = None
     topn_logprobs: Optional[np.ndarray] = None
+    full_logprobs: Optional[np.ndarray] = None  # rows x vocab float32, with ``full_logprobs=`` (``out`` if given)
 
 
 def _config_from_env():
