@@ -21,7 +21,6 @@ use std::cell::RefCell;
 /// What the lists of one token say.
 #[derive(Clone, Copy, Debug, Default)]
 struct Touched {
-    id: u32,
     /// Occurrences in the output.
     count: u32,
     /// Occurs in the prompt or the output (the repetition penalty applies).
@@ -76,8 +75,11 @@ fn edited(x: f32, t: &Touched, p: Penalties) -> f32 {
 pub(crate) struct RowEdits {
     /// One bit per token (`vocab.div_ceil(32)` words; bits past the vocabulary are clear).
     pub keep: Vec<u32>,
-    /// (token, value) of the edited tokens that can still be drawn (their value is neither
-    /// -inf nor NaN), in the order the lists named them.
+    /// The tokens the lists touched (their bits are clear in `keep`), in token order.
+    touched: Vec<(u32, Touched)>,
+    penalties: Penalties,
+    /// (token, value) of the touched tokens that can still be drawn (their value is neither
+    /// -inf nor NaN), in token order; made by [`RowEdits::resolve`].
     pub overrides: Vec<(u32, f32)>,
 }
 
@@ -92,11 +94,26 @@ impl RowEdits {
         self.keep[i / 32] &= !(1 << (i % 32));
     }
 
-    /// Writes the processed row (`y`, as f32) into `out`; returns whether the caller's row holds
+    /// Computes the overrides from the row's values `v`. Called once the row has been read (the
+    /// touched tokens are scattered over it: read from the cache, not from memory).
+    pub fn resolve<V: RowValues + ?Sized>(&mut self, v: &V) {
+        self.overrides.clear();
+        let p = self.penalties;
+        // `overrides` has room for every touched token (reserved by `build`).
+        self.overrides.extend(
+            self.touched
+                .iter()
+                .map(|&(id, t)| (id, edited(v.at(id as usize), &t, p)))
+                .filter(|&(_, y)| y > f32::NEG_INFINITY),
+        );
+    }
+
+    /// Writes the processed row (`y`, as f32) into `out` (the overrides resolved first); returns whether the caller's row holds
     /// a NaN anywhere (masked or not).
-    pub fn materialize<V: RowValues + ?Sized>(&self, v: &V, out: &mut Vec<f32>) -> Result<bool> {
+    pub fn materialize<V: RowValues + ?Sized>(&mut self, v: &V, out: &mut Vec<f32>) -> Result<bool> {
         let n = v.n();
         alloc::resize(out, n, f32::NEG_INFINITY, "the processed row")?;
+        self.resolve(v);
         let mut nan = false;
         for (i, y) in out.iter_mut().enumerate() {
             let x = v.at(i);
@@ -110,12 +127,17 @@ impl RowEdits {
     }
 }
 
-/// Per-thread scratch of the edits: a slot per token (`u32::MAX`: untouched; kept so between
-/// rows, so that only the touched slots are ever reset) and the touched tokens.
+/// Per-thread scratch of the edits. `named` is a bitset of the tokens the lists name (all clear
+/// between rows: the walk that reads it clears it), so that the touched tokens are found in
+/// token order without sorting the histories; `output` (sorted) gives the counts and `bias`
+/// (sorted by token, list order kept) the biases.
 #[derive(Default)]
 struct Scratch {
-    slot: Vec<u32>,
-    touched: Vec<Touched>,
+    named: Vec<u32>,
+    /// Tokens of the prompt or the output (the repetition penalty applies).
+    seen: Vec<u32>,
+    output: Vec<u32>,
+    bias: Vec<(u32, f32)>,
 }
 
 thread_local! {
@@ -142,11 +164,16 @@ fn restricted(batch: &Batch, r: usize) -> bool {
 
 /// The edits of row `r` of a validated `batch` whose values are `v`, or `None` when they leave
 /// the row as given (every bit of its bitmask set, no list touching a kept token).
-pub(crate) fn build<V: RowValues + ?Sized>(batch: &Batch, r: usize, v: &V) -> Result<Option<RowEdits>> {
+pub(crate) fn build(batch: &Batch, r: usize) -> Result<Option<RowEdits>> {
     let n = batch.vocab;
     let words = n.div_ceil(32);
     let last_bits = if n.is_multiple_of(32) { u32::MAX } else { (1u32 << (n % 32)) - 1 };
-    let mut e = RowEdits { keep: alloc::filled(words, u32::MAX, "the row's token mask")?, overrides: Vec::new() };
+    let mut e = RowEdits {
+        keep: alloc::filled(words, u32::MAX, "the row's token mask")?,
+        touched: Vec::new(),
+        penalties: Penalties::of(batch, r),
+        overrides: Vec::new(),
+    };
     let mut masked = false;
     if let Some(m) = batch.token_bitmask {
         let row = &m.words[r * m.row_stride..r * m.row_stride + words];
@@ -171,8 +198,8 @@ pub(crate) fn build<V: RowValues + ?Sized>(batch: &Batch, r: usize, v: &V) -> Re
         e.clear(id as usize);
         masked = true;
     }
-    let overrides = touch_lists(batch, r, v, &mut e)?;
-    if !masked && overrides == 0 {
+    let touched = touch_lists(batch, r, &mut e)?;
+    if !masked && touched == 0 {
         return Ok(None);
     }
     Ok(Some(e))
@@ -180,7 +207,7 @@ pub(crate) fn build<V: RowValues + ?Sized>(batch: &Batch, r: usize, v: &V) -> Re
 
 /// Collects what the bias and the histories say of each kept token, turns every token they
 /// touched into an override (clearing its bit), and returns how many tokens were touched.
-fn touch_lists<V: RowValues + ?Sized>(batch: &Batch, r: usize, v: &V, e: &mut RowEdits) -> Result<usize> {
+fn touch_lists(batch: &Batch, r: usize, e: &mut RowEdits) -> Result<usize> {
     let p = Penalties::of(batch, r);
     let bias = batch.logit_bias.map(|b| b.row(r));
     let prompt = batch.prompt_tokens.map_or(&[][..], |l| l.row(r));
@@ -194,63 +221,81 @@ fn touch_lists<V: RowValues + ?Sized>(batch: &Batch, r: usize, v: &V, e: &mut Ro
     }
     SCRATCH.with(|s| {
         let s = &mut *s.borrow_mut();
-        let n = s.slot.len().max(batch.vocab);
-        alloc::resize(&mut s.slot, n, u32::MAX, "the row's token slots")?;
-        s.touched.clear();
-        let most = bias.map_or(0, |b| b.0.len()) + prompt.len() + output.len();
-        alloc::reserve(&mut s.touched, most, "the row's touched tokens")?;
+        let words = batch.vocab.div_ceil(32);
+        for bits in [&mut s.named, &mut s.seen] {
+            let n = bits.len().max(words);
+            alloc::resize(bits, n, 0, "the row's named tokens")?;
+        }
+        let set = |bits: &mut [u32], id: i32| bits[id as usize / 32] |= 1 << (id as usize % 32);
+        s.output.clear();
+        s.bias.clear();
+        // Every allocation before the first bit is set, so that a failure leaves them clear.
+        let n_bias = bias.map_or(0, |b| b.0.len());
+        alloc::reserve(&mut s.bias, n_bias, "the row's bias")?;
+        alloc::reserve(&mut s.output, output.len(), "the row's output tokens")?;
+        let most = n_bias + prompt.len() + output.len();
+        alloc::reserve(&mut e.touched, most, "the row's touched tokens")?;
+        alloc::reserve(&mut e.overrides, most, "the row's edited tokens")?;
         if let Some((ids, values)) = bias {
             for (&id, &b) in ids.iter().zip(values) {
-                if let Some(t) = s.touch(e, id) {
-                    t.bias = if t.has_bias { t.bias + b } else { b };
-                    t.has_bias = true;
-                    t.banned |= b == f32::NEG_INFINITY;
-                }
+                set(&mut s.named, id);
+                s.bias.push((id as u32, b));
             }
+            s.bias.sort_by_key(|&(id, _)| id); // stable: the biases of a token add up in list order
         }
         if repetition {
             for &id in prompt {
-                if let Some(t) = s.touch(e, id) {
-                    t.seen = true;
-                }
+                set(&mut s.named, id);
+                set(&mut s.seen, id);
             }
         }
         if counts {
             for &id in output {
-                if let Some(t) = s.touch(e, id) {
-                    t.seen = true;
-                    t.count += 1;
-                }
+                set(&mut s.named, id);
+                set(&mut s.seen, id);
+                s.output.push(id as u32);
             }
+            s.output.sort_unstable();
         }
-        let result = alloc::reserve(&mut e.overrides, s.touched.len(), "the row's edited tokens");
-        for t in &s.touched {
-            let i = t.id as usize;
-            s.slot[i] = u32::MAX;
-            e.clear(i);
-            let y = edited(v.at(i), t, p);
-            if result.is_ok() && y > f32::NEG_INFINITY {
-                e.overrides.push((t.id, y));
-            }
-        }
-        result.map(|_| s.touched.len())
+        Ok(walk_named(s, repetition, e))
     })
 }
 
-impl Scratch {
-    /// The entry of token `id`, made on first use; `None` for a masked token (it stays -inf
-    /// whatever the lists say). `touched` has room for every token of the lists.
-    fn touch(&mut self, e: &RowEdits, id: i32) -> Option<&mut Touched> {
-        let i = id as usize;
-        if !e.kept(i) {
-            return None;
+/// Walks the named tokens in token order (clearing the bitsets as it goes): each kept one is
+/// touched (its bit cleared in `e.keep`), with its count and bias. Returns how many there were.
+fn walk_named(s: &mut Scratch, repetition: bool, e: &mut RowEdits) -> usize {
+    let (mut o, mut b, mut touched) = (0, 0, 0);
+    for w in 0..e.keep.len() {
+        let named = std::mem::take(&mut s.named[w]);
+        let seen = std::mem::take(&mut s.seen[w]);
+        let mut bits = named & e.keep[w];
+        while bits != 0 {
+            let j = bits.trailing_zeros();
+            bits &= bits - 1;
+            let id = (w * 32) as u32 + j;
+            let mut t = Touched { seen: repetition && seen >> j & 1 != 0, ..Touched::default() };
+            while s.output.get(o).is_some_and(|&x| x < id) {
+                o += 1; // a masked token's
+            }
+            while s.output.get(o) == Some(&id) {
+                t.count += 1;
+                o += 1;
+            }
+            while s.bias.get(b).is_some_and(|&(x, _)| x < id) {
+                b += 1;
+            }
+            while let Some(&(_, bias)) = s.bias.get(b).filter(|&&(x, _)| x == id) {
+                t.bias = if t.has_bias { t.bias + bias } else { bias };
+                t.has_bias = true;
+                t.banned |= bias == f32::NEG_INFINITY;
+                b += 1;
+            }
+            e.keep[w] &= !(1 << j);
+            touched += 1;
+            e.touched.push((id, t)); // within the room reserved for every listed token
         }
-        if self.slot[i] == u32::MAX {
-            self.slot[i] = self.touched.len() as u32;
-            self.touched.push(Touched { id: id as u32, ..Touched::default() });
-        }
-        Some(&mut self.touched[self.slot[i] as usize])
     }
+    touched
 }
 
 #[cfg(test)]

@@ -269,7 +269,7 @@ impl Processed {
     pub(crate) fn build(batch: &Batch, info: &[RowInfo]) -> Result<Processed> {
         let mut edits = alloc::with_capacity(batch.rows, "the rows' edits")?;
         for (r, i) in info.iter().enumerate() {
-            let e = if i.edited { with_row!(batch, r, |v| crate::edits::build(batch, r, v))? } else { None };
+            let e = if i.edited { crate::edits::build(batch, r)? } else { None };
             edits.push(e);
         }
         let y = alloc::filled(if info.iter().any(|i| i.edited) { batch.vocab } else { 0 }, 0.0, "the processed row")?;
@@ -283,7 +283,7 @@ impl Processed {
 
     /// Row `r`'s processed values (its values `v` as given, with its edits applied).
     fn row<V: RowValues + ?Sized>(&mut self, r: usize, v: &V) -> &[f32] {
-        match &self.edits[r] {
+        match &mut self.edits[r] {
             Some(e) => {
                 // The buffer already has the row's length, so this allocates nothing.
                 e.materialize(v, &mut self.y).expect("the buffer has the row's length");

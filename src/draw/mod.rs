@@ -213,8 +213,8 @@ fn finish<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], sc: &Scanned,
 fn draw_row(k: &Kernels, batch: &Batch, r: usize, plan: RowPlan) -> Result<Drawn> {
     with_row!(batch, r, |v| {
         if batch.has_edits() && edits::row_has_edits(batch, r) {
-            if let Some(e) = edits::build(batch, r, v).map_err(|e| in_row(r, e))? {
-                return draw_edited(k, batch, r, v, &e, plan);
+            if let Some(mut e) = edits::build(batch, r).map_err(|e| in_row(r, e))? {
+                return draw_edited(k, batch, r, v, &mut e, plan);
             }
         }
         draw_values(k, batch, r, v, plan, None)
@@ -252,7 +252,7 @@ fn draw_edited<V: RowValues + ?Sized>(
     batch: &Batch,
     r: usize,
     v: &V,
-    e: &RowEdits,
+    e: &mut RowEdits,
     plan: RowPlan,
 ) -> Result<Drawn> {
     if matches!(plan, RowPlan::Sample { .. }) && filter::Filters::of(batch, r).is_some() {
@@ -266,6 +266,7 @@ fn draw_edited<V: RowValues + ?Sized>(
         let mut bmax = cell.borrow_mut();
         alloc::resize(&mut bmax, v.n().div_ceil(BLOCK), f32::NEG_INFINITY, "block maxima").map_err(|e| in_row(r, e))?;
         let has_nan = v.scan_masked(k, &e.keep, &mut bmax);
+        e.resolve(v);
         let listed_max = e.overrides.iter().fold(f32::NEG_INFINITY, |a, &(_, y)| if y > a { y } else { a });
         let sc = summarize(&bmax, listed_max, has_nan, plan);
         let won = match plan {
