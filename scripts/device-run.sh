@@ -21,11 +21,13 @@ done
 python3 -m pytest -q tests/python > "$OUT/pytest.log" 2>&1 || status=1
 tail -n 3 "$OUT/pytest.log"
 for simd in avx512 avx2 portable; do
-  TOKENRACE_SIMD=$simd .device/tokenrace-bench --vocab 163840 --rows 1,32 --dtype f32 --threads 1 --placement hot \
-    --path greedy,race-inline,top-k50-top-p0.9,top-p0.9 --reps 15 > "$OUT/bench-$simd.txt" 2>&1 || status=1
+  TOKENRACE_SIMD=$simd .device/tokenrace-bench --vocab 151936 --rows 1,32 --dtype f32 --threads 1 --placement hot \
+    --profile peaked,flat --path greedy,race-inline,pipeline,pipeline-penalties,pipeline-bitmask --reps 15 \
+    --json "$OUT/bench-$simd.json" > "$OUT/bench-$simd.txt" 2>&1 || status=1
 done
-# Issue 13: each call's thread count (never slower than 1 thread) and the Python binding's cost.
-.device/tokenrace-bench --threads-table --vocab 32000,151936,163840,262144 \
-  --json "$OUT/threads-table.json" > "$OUT/threads-table.txt" 2>&1 || status=1
-PYTHONPATH=bindings/python python3 bench/python_overhead.py --calls 20000 > "$OUT/python-overhead.txt" 2>&1 || status=1
+# Issue 9: the fused step against vLLM's torch CPU path for the same step, 1 and 16 threads.
+for t in 1 16; do
+  PYTHONPATH=bindings/python python3 bench/compare.py --pipeline --threads $t \
+    --pipeline-json "$OUT/pipeline-$t.json" > "$OUT/pipeline-$t.txt" 2>&1 || status=1
+done
 exit $status

@@ -172,6 +172,7 @@ pub(crate) unsafe fn fill_block_noise<S: Simd>(
 /// `row` valid for `i + S::LANES` reads; when `MASKED`, `keep` valid for `i / 32 + 1` reads; `S`
 /// usable here.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn race_inline_vec<S: Simd, E: Elem, const MASKED: bool>(
     row: *const E,
     keep: *const u32,
@@ -219,6 +220,7 @@ unsafe fn race_inline_vec<S: Simd, E: Elem, const MASKED: bool>(
 /// # Safety
 /// `row` valid for `n` reads; when `MASKED`, `keep` for `n.div_ceil(32)`; `S` usable here.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn race_block<S: Simd, E: Elem, const MASKED: bool>(
     row: *const E,
     keep: *const u32,
