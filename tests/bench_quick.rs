@@ -10,7 +10,7 @@ fn benchmark_runs_every_case_in_quick_mode() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let records = std::fs::read_to_string(&json).unwrap();
     let _ = std::fs::remove_file(&json);
-    // 2 vocab x 2 profiles x 2 rows x 2 placements x 3 dtypes x 2 thread counts x 10 paths
-    assert_eq!(records.lines().count(), 2 * 2 * 2 * 2 * 3 * 2 * 10);
+    // 2 vocab x 2 profiles x 2 rows x 2 placements x 3 dtypes x 2 thread counts x 13 paths
+    assert_eq!(records.lines().count(), 2 * 2 * 2 * 2 * 3 * 2 * 13);
     assert!(records.lines().all(|l| l.contains("\"ratio_to_floor\":")));
 }

@@ -227,12 +227,12 @@ macro_rules! kernel_table {
             $(#[target_feature(enable = $feature)])*
             unsafe fn scan<E: Elem>(row: *const E, n: usize, bmax: &mut [f32]) -> bool {
                 // SAFETY: see kernel_table!.
-                unsafe { generic::scan::<$simd, E, false>(row, std::ptr::null(), n, bmax) }
+                unsafe { generic::scan::<$simd, E>(row, std::ptr::null(), n, bmax) }
             }
             $(#[target_feature(enable = $feature)])*
             unsafe fn scan_masked<E: Elem>(row: *const E, keep: *const u32, n: usize, bmax: &mut [f32]) -> bool {
                 // SAFETY: see kernel_table!.
-                unsafe { generic::scan::<$simd, E, true>(row, keep, n, bmax) }
+                unsafe { generic::scan::<$simd, E>(row, keep, n, bmax) }
             }
             $(#[target_feature(enable = $feature)])*
             unsafe fn find_first<E: Elem>(row: *const E, start: usize, end: usize, target: f32) -> Option<usize> {
@@ -242,22 +242,22 @@ macro_rules! kernel_table {
             $(#[target_feature(enable = $feature)])*
             unsafe fn race_inline<E: Elem>(row: *const E, n: usize, bmax: &[f32], p: RaceParams, key: u64, base: usize, blocks: &mut Vec<BlockNoise>) -> Best {
                 // SAFETY: see kernel_table!.
-                unsafe { generic::race_inline::<$simd, E, false>(row, std::ptr::null(), n, bmax, p, key, base, blocks) }
+                unsafe { generic::race_inline::<$simd, E>(row, std::ptr::null(), n, bmax, p, key, base, blocks) }
             }
             $(#[target_feature(enable = $feature)])*
             unsafe fn race_inline_masked<E: Elem>(row: *const E, keep: *const u32, n: usize, bmax: &[f32], p: RaceParams, key: u64, blocks: &mut Vec<BlockNoise>) -> Best {
                 // SAFETY: see kernel_table!.
-                unsafe { generic::race_inline::<$simd, E, true>(row, keep, n, bmax, p, key, 0, blocks) }
+                unsafe { generic::race_inline::<$simd, E>(row, keep, n, bmax, p, key, 0, blocks) }
             }
             $(#[target_feature(enable = $feature)])*
             unsafe fn race_external<E: Elem>(row: *const E, noise: *const f32, n: usize, p: RaceParams, kind: NoiseKind, base: usize) -> Best {
                 // SAFETY: see kernel_table!.
-                unsafe { generic::race_external::<$simd, E, false>(row, std::ptr::null(), noise, n, p, kind, base) }
+                unsafe { generic::race_external::<$simd, E>(row, std::ptr::null(), noise, n, p, kind, base) }
             }
             $(#[target_feature(enable = $feature)])*
             unsafe fn race_external_masked<E: Elem>(row: *const E, keep: *const u32, noise: *const f32, n: usize, p: RaceParams, kind: NoiseKind) -> Best {
                 // SAFETY: see kernel_table!.
-                unsafe { generic::race_external::<$simd, E, true>(row, keep, noise, n, p, kind, 0) }
+                unsafe { generic::race_external::<$simd, E>(row, keep, noise, n, p, kind, 0) }
             }
             #[cfg(feature = "internals")]
             $(#[target_feature(enable = $feature)])*

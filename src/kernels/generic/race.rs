@@ -166,14 +166,14 @@ pub(crate) unsafe fn fill_block_noise<S: Simd>(
 
 /// The exact keys of the `LANES` tokens at `row[i..]`, which lie in a block with noise `bn`;
 /// `i0` is the block-relative index of `row[i]` and `t` the vocabulary index of `row[i]`.
-/// `MASKED`: only the tokens whose bit is set in `keep` race.
+/// With a non-null `keep`, only the tokens whose bit is set in `keep` race.
 ///
 /// # Safety
-/// `row` valid for `i + S::LANES` reads; when `MASKED`, `keep` valid for `i / 32 + 1` reads; `S`
+/// `row` valid for `i + S::LANES` reads; when `keep` is not null, `keep` valid for `i / 32 + 1` reads; `S`
 /// usable here.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn race_inline_vec<S: Simd, E: Elem, const MASKED: bool>(
+unsafe fn race_inline_vec<S: Simd, E: Elem>(
     row: *const E,
     keep: *const u32,
     i: usize,
@@ -187,7 +187,7 @@ unsafe fn race_inline_vec<S: Simd, E: Elem, const MASKED: bool>(
     let x = unsafe { E::load::<S>(row.add(i)) };
     let d = S::mul(S::sub(x, S::splat(p.m)), S::splat(p.inv_t));
     let mut racing = S::and_m(S::gt(d, S::splat(f32::NEG_INFINITY)), S::ge(x, S::splat(p.floor)));
-    if MASKED {
+    if !keep.is_null() {
         // SAFETY: the caller's contract.
         racing = S::and_m(racing, unsafe { keep_bits::<S>(keep, i) });
     }
@@ -214,14 +214,14 @@ unsafe fn race_inline_vec<S: Simd, E: Elem, const MASKED: bool>(
     best.offer(top, t as usize + lane);
 }
 
-/// Races every token of block `b` (whose noise is `bn`) against `best` (`MASKED`: those whose
+/// Races every token of block `b` (whose noise is `bn`) against `best` (with a non-null `keep`: those whose
 /// bit is set in `keep`).
 ///
 /// # Safety
-/// `row` valid for `n` reads; when `MASKED`, `keep` for `n.div_ceil(32)`; `S` usable here.
+/// `row` valid for `n` reads; when `keep` is not null, `keep` for `n.div_ceil(32)`; `S` usable here.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn race_block<S: Simd, E: Elem, const MASKED: bool>(
+unsafe fn race_block<S: Simd, E: Elem>(
     row: *const E,
     keep: *const u32,
     n: usize,
@@ -235,16 +235,12 @@ unsafe fn race_block<S: Simd, E: Elem, const MASKED: bool>(
     let mut i = start;
     while i + S::LANES <= end {
         // SAFETY: i + LANES <= end <= n; `S` usable (the caller's contract).
-        unsafe {
-            race_inline_vec::<S, E, MASKED>(row, keep, i, ((i - start) as u32, (base + i) as u32), bn, p, k, best)
-        };
+        unsafe { race_inline_vec::<S, E>(row, keep, i, ((i - start) as u32, (base + i) as u32), bn, p, k, best) };
         i += S::LANES;
     }
     while i < end {
         // SAFETY: i < end <= n; Scalar runs anywhere.
-        unsafe {
-            race_inline_vec::<Scalar, E, MASKED>(row, keep, i, ((i - start) as u32, (base + i) as u32), bn, p, k, best)
-        };
+        unsafe { race_inline_vec::<Scalar, E>(row, keep, i, ((i - start) as u32, (base + i) as u32), bn, p, k, best) };
         i += 1;
     }
 }
@@ -255,14 +251,14 @@ unsafe fn race_block<S: Simd, E: Elem, const MASKED: bool>(
 ///
 /// Promising blocks go first, so that the best key is high from the start; a block whose
 /// maximum logit plus its noise bound cannot reach the best is skipped without reading it.
-/// `MASKED`: only the tokens whose bit is set in `keep` race (`bmax` their maxima).
+/// With a non-null `keep`, only the tokens whose bit is set in `keep` race (`bmax` their maxima).
 ///
 /// # Safety
 /// `row` valid for `n` reads; `bmax` from [`scan`](super::scan()) of the same range (and mask);
-/// when `MASKED`, `keep` valid for `n.div_ceil(32)` reads; `S` usable here.
+/// when `keep` is not null, `keep` valid for `n.div_ceil(32)` reads; `S` usable here.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn race_inline<S: Simd, E: Elem, const MASKED: bool>(
+pub(crate) unsafe fn race_inline<S: Simd, E: Elem>(
     row: *const E,
     keep: *const u32,
     n: usize,
@@ -288,18 +284,18 @@ pub(crate) unsafe fn race_inline<S: Simd, E: Elem, const MASKED: bool>(
     let b_of = |b: usize| (b, blocks[b]);
     // SAFETY: (here and in the two loops) every block index is below bmax.len() =
     // n.div_ceil(BLOCK), and `row` is valid for `n` reads; `S` usable (the caller's contract).
-    unsafe { race_block::<S, E, MASKED>(row, keep, n, b_of(first), p, k, base, &mut best) };
+    unsafe { race_block::<S, E>(row, keep, n, b_of(first), p, k, base, &mut best) };
     let cut = top - PROMISING;
     for (b, bn) in blocks.iter().enumerate() {
         if b != first && bn.bound >= cut && bn.bound >= best.key {
             // SAFETY: as above.
-            unsafe { race_block::<S, E, MASKED>(row, keep, n, (b, *bn), p, k, base, &mut best) };
+            unsafe { race_block::<S, E>(row, keep, n, (b, *bn), p, k, base, &mut best) };
         }
     }
     for (b, bn) in blocks.iter().enumerate() {
         if b != first && bn.bound < cut && bn.bound >= best.key {
             // SAFETY: as above.
-            unsafe { race_block::<S, E, MASKED>(row, keep, n, (b, *bn), p, k, base, &mut best) };
+            unsafe { race_block::<S, E>(row, keep, n, (b, *bn), p, k, base, &mut best) };
         }
     }
     best
@@ -313,25 +309,19 @@ pub(crate) unsafe fn race_inline<S: Simd, E: Elem, const MASKED: bool>(
 use crate::config::NoiseKind;
 
 /// The keys of the `LANES` tokens at `i` given `ln_e`: -inf, NaN and filtered-out logits (and,
-/// when `MASKED`, the tokens whose bit is clear in `keep`) get NaN, which no comparison (and no
+/// when `keep` is not null, the tokens whose bit is clear in `keep`) get NaN, which no comparison (and no
 /// `max`) takes.
 ///
 /// # Safety
-/// `row` valid for `i + S::LANES` reads; when `MASKED`, `keep` for `i / 32 + 1`; `S` usable here.
+/// `row` valid for `i + S::LANES` reads; when `keep` is not null, `keep` for `i / 32 + 1`; `S` usable here.
 #[inline(always)]
-unsafe fn ext_key<S: Simd, E: Elem, const MASKED: bool>(
-    row: *const E,
-    keep: *const u32,
-    i: usize,
-    p: RaceParams,
-    ln_e: S::F,
-) -> S::F {
+unsafe fn ext_key<S: Simd, E: Elem>(row: *const E, keep: *const u32, i: usize, p: RaceParams, ln_e: S::F) -> S::F {
     // SAFETY: the caller's contract.
     let x = unsafe { E::load::<S>(row.add(i)) };
     let d = S::mul(S::sub(x, S::splat(p.m)), S::splat(p.inv_t));
     let key = S::sub(d, ln_e);
     let mut racing = S::and_m(S::gt(d, S::splat(f32::NEG_INFINITY)), S::ge(x, S::splat(p.floor)));
-    if MASKED {
+    if !keep.is_null() {
         // SAFETY: the caller's contract.
         racing = S::and_m(racing, unsafe { keep_bits::<S>(keep, i) });
     }
@@ -342,10 +332,10 @@ unsafe fn ext_key<S: Simd, E: Elem, const MASKED: bool>(
 /// logit's key is -inf or NaN, a NaN logit's is NaN, and `max` takes neither over a real key.
 ///
 /// # Safety
-/// `row` and `noise` valid for `i + S::LANES` reads; when `MASKED`, `keep` for `i / 32 + 1`; `S`
+/// `row` and `noise` valid for `i + S::LANES` reads; when `keep` is not null, `keep` for `i / 32 + 1`; `S`
 /// usable here.
 #[inline(always)]
-unsafe fn log_exp_key<S: Simd, E: Elem, const FILTERED: bool, const MASKED: bool>(
+unsafe fn log_exp_key<S: Simd, E: Elem, const FILTERED: bool>(
     row: *const E,
     keep: *const u32,
     noise: *const f32,
@@ -354,8 +344,8 @@ unsafe fn log_exp_key<S: Simd, E: Elem, const FILTERED: bool, const MASKED: bool
 ) -> S::F {
     // SAFETY: (both branches) the caller's contract.
     unsafe {
-        if FILTERED || MASKED {
-            ext_key::<S, E, MASKED>(row, keep, i, p, S::load_f32(noise.add(i)))
+        if FILTERED || !keep.is_null() {
+            ext_key::<S, E>(row, keep, i, p, S::load_f32(noise.add(i)))
         } else {
             let x = E::load::<S>(row.add(i));
             S::sub(S::mul(S::sub(x, S::splat(p.m)), S::splat(p.inv_t)), S::load_f32(noise.add(i)))
@@ -368,10 +358,10 @@ unsafe fn log_exp_key<S: Simd, E: Elem, const FILTERED: bool, const MASKED: bool
 /// index holding it. Two streams read once, plus one block.
 ///
 /// # Safety
-/// `row` and `noise` valid for `n` reads; when `MASKED`, `keep` for `n.div_ceil(32)`; `S` usable
+/// `row` and `noise` valid for `n` reads; when `keep` is not null, `keep` for `n.div_ceil(32)`; `S` usable
 /// here.
 #[inline(always)]
-unsafe fn race_log_exp<S: Simd, E: Elem, const FILTERED: bool, const MASKED: bool>(
+unsafe fn race_log_exp<S: Simd, E: Elem, const FILTERED: bool>(
     row: *const E,
     keep: *const u32,
     noise: *const f32,
@@ -389,22 +379,22 @@ unsafe fn race_log_exp<S: Simd, E: Elem, const FILTERED: bool, const MASKED: boo
         while i + 4 * l <= end {
             // SAFETY: i + 4 LANES <= end <= n; `S` usable (the caller's contract).
             unsafe {
-                a0 = S::max(log_exp_key::<S, E, FILTERED, MASKED>(row, keep, noise, i, p), a0);
-                a1 = S::max(log_exp_key::<S, E, FILTERED, MASKED>(row, keep, noise, i + l, p), a1);
-                a2 = S::max(log_exp_key::<S, E, FILTERED, MASKED>(row, keep, noise, i + 2 * l, p), a2);
-                a3 = S::max(log_exp_key::<S, E, FILTERED, MASKED>(row, keep, noise, i + 3 * l, p), a3);
+                a0 = S::max(log_exp_key::<S, E, FILTERED>(row, keep, noise, i, p), a0);
+                a1 = S::max(log_exp_key::<S, E, FILTERED>(row, keep, noise, i + l, p), a1);
+                a2 = S::max(log_exp_key::<S, E, FILTERED>(row, keep, noise, i + 2 * l, p), a2);
+                a3 = S::max(log_exp_key::<S, E, FILTERED>(row, keep, noise, i + 3 * l, p), a3);
             }
             i += 4 * l;
         }
         while i + l <= end {
             // SAFETY: i + LANES <= end <= n; as above.
-            a0 = S::max(unsafe { log_exp_key::<S, E, FILTERED, MASKED>(row, keep, noise, i, p) }, a0);
+            a0 = S::max(unsafe { log_exp_key::<S, E, FILTERED>(row, keep, noise, i, p) }, a0);
             i += l;
         }
         let mut m = S::reduce_max(S::max(S::max(a0, a1), S::max(a2, a3)));
         while i < end {
             // SAFETY: i < end <= n; Scalar runs anywhere.
-            m = Scalar::max(unsafe { log_exp_key::<Scalar, E, FILTERED, MASKED>(row, keep, noise, i, p) }, m);
+            m = Scalar::max(unsafe { log_exp_key::<Scalar, E, FILTERED>(row, keep, noise, i, p) }, m);
             i += 1;
         }
         if m > top {
@@ -418,7 +408,7 @@ unsafe fn race_log_exp<S: Simd, E: Elem, const FILTERED: bool, const MASKED: boo
     let end = (start + BLOCK).min(n);
     // SAFETY: i < end <= n; Scalar runs anywhere.
     let i = (start..end)
-        .find(|&i| unsafe { log_exp_key::<Scalar, E, FILTERED, MASKED>(row, keep, noise, i, p) } == top)
+        .find(|&i| unsafe { log_exp_key::<Scalar, E, FILTERED>(row, keep, noise, i, p) } == top)
         .unwrap_or(start);
     Best { key: top, token: base + i }
 }
@@ -445,10 +435,10 @@ pub(crate) fn exp_bits_bound<S: Simd>(e: S::F) -> S::F {
 /// lets reach the best get their exact `ln E`.
 ///
 /// # Safety
-/// `row` and `noise` valid for `i + S::LANES` reads; when `MASKED`, `keep` for `i / 32 + 1`; `S`
+/// `row` and `noise` valid for `i + S::LANES` reads; when `keep` is not null, `keep` for `i / 32 + 1`; `S`
 /// usable here.
 #[inline(always)]
-unsafe fn race_exp_vec<S: Simd, E: Elem, const MASKED: bool>(
+unsafe fn race_exp_vec<S: Simd, E: Elem>(
     row: *const E,
     keep: *const u32,
     noise: *const f32,
@@ -466,7 +456,7 @@ unsafe fn race_exp_vec<S: Simd, E: Elem, const MASKED: bool>(
         return;
     }
     // SAFETY: the caller's contract.
-    let key = unsafe { ext_key::<S, E, MASKED>(row, keep, i, p, ln_any::<S>(g)) };
+    let key = unsafe { ext_key::<S, E>(row, keep, i, p, ln_any::<S>(g)) };
     let kv = S::select(S::gt(key, S::splat(f32::NEG_INFINITY)), key, S::splat(f32::NEG_INFINITY));
     let top = S::reduce_max(kv);
     if top > f32::NEG_INFINITY {
@@ -478,13 +468,13 @@ unsafe fn race_exp_vec<S: Simd, E: Elem, const MASKED: bool>(
 /// one noise value per token at `noise`; `Best::NONE` when no key is a number above -inf
 /// (external noise that is +inf or NaN everywhere that matters).
 ///
-/// `MASKED`: only the tokens whose bit is set in `keep` race.
+/// With a non-null `keep`, only the tokens whose bit is set in `keep` race.
 ///
 /// # Safety
-/// `row` and `noise` valid for `n` reads; when `MASKED`, `keep` for `n.div_ceil(32)`; `S` usable
+/// `row` and `noise` valid for `n` reads; when `keep` is not null, `keep` for `n.div_ceil(32)`; `S` usable
 /// here.
 #[inline(always)]
-pub(crate) unsafe fn race_external<S: Simd, E: Elem, const MASKED: bool>(
+pub(crate) unsafe fn race_external<S: Simd, E: Elem>(
     row: *const E,
     keep: *const u32,
     noise: *const f32,
@@ -497,9 +487,9 @@ pub(crate) unsafe fn race_external<S: Simd, E: Elem, const MASKED: bool>(
         // SAFETY: the caller's contract.
         return unsafe {
             if p.floor == f32::NEG_INFINITY {
-                race_log_exp::<S, E, false, MASKED>(row, keep, noise, n, p, base)
+                race_log_exp::<S, E, false>(row, keep, noise, n, p, base)
             } else {
-                race_log_exp::<S, E, true, MASKED>(row, keep, noise, n, p, base)
+                race_log_exp::<S, E, true>(row, keep, noise, n, p, base)
             }
         };
     }
@@ -507,12 +497,12 @@ pub(crate) unsafe fn race_external<S: Simd, E: Elem, const MASKED: bool>(
     let mut i = 0;
     while i + S::LANES <= n {
         // SAFETY: i + LANES <= n; `S` usable (the caller's contract).
-        unsafe { race_exp_vec::<S, E, MASKED>(row, keep, noise, i, p, base, &mut best) };
+        unsafe { race_exp_vec::<S, E>(row, keep, noise, i, p, base, &mut best) };
         i += S::LANES;
     }
     while i < n {
         // SAFETY: i < n; Scalar runs anywhere.
-        unsafe { race_exp_vec::<Scalar, E, MASKED>(row, keep, noise, i, p, base, &mut best) };
+        unsafe { race_exp_vec::<Scalar, E>(row, keep, noise, i, p, base, &mut best) };
         i += 1;
     }
     best
@@ -537,9 +527,7 @@ pub(crate) fn race_listed_inline(
     for &(t, y) in tokens {
         let bn = blocks[t as usize / BLOCK];
         // SAFETY: one value at `&y`; nothing read from `keep` (not masked); Scalar runs anywhere.
-        unsafe {
-            race_inline_vec::<Scalar, f32, false>(&y, std::ptr::null(), 0, (t % BLOCK as u32, t), bn, p, k, &mut best)
-        };
+        unsafe { race_inline_vec::<Scalar, f32>(&y, std::ptr::null(), 0, (t % BLOCK as u32, t), bn, p, k, &mut best) };
     }
     best
 }
@@ -561,12 +549,12 @@ pub(crate) unsafe fn race_listed_external(
         // SAFETY: the caller's contract; one value at `&y`; Scalar runs anywhere.
         unsafe {
             if kind == NoiseKind::LogExp {
-                let key = log_exp_key::<Scalar, f32, true, false>(&y, std::ptr::null(), noise.add(t), 0, p);
+                let key = log_exp_key::<Scalar, f32, true>(&y, std::ptr::null(), noise.add(t), 0, p);
                 if key > f32::NEG_INFINITY {
                     best.offer(key, t);
                 }
             } else {
-                race_exp_vec::<Scalar, f32, false>(&y, std::ptr::null(), noise.add(t), 0, p, t, &mut best);
+                race_exp_vec::<Scalar, f32>(&y, std::ptr::null(), noise.add(t), 0, p, t, &mut best);
             }
         }
     }

@@ -6,19 +6,14 @@ use super::BLOCK;
 use crate::kernels::simd::{Elem, Scalar, Simd};
 
 /// Writes the maximum (NaN ignored, -inf for an empty or all-NaN block) of each BLOCK of `row`
-/// into `bmax`, and returns whether any element is NaN. `MASKED`: only the elements whose bit is
+/// into `bmax`, and returns whether any element is NaN. With a non-null `keep`, only the elements whose bit is
 /// set in `keep` count for the maxima (every element for the NaN).
 ///
 /// # Safety
-/// `row` valid for `n` reads; `bmax` has `n.div_ceil(BLOCK)` elements; `keep`, when `MASKED`,
+/// `row` valid for `n` reads; `bmax` has `n.div_ceil(BLOCK)` elements; `keep`, when not null,
 /// valid for `n.div_ceil(32)` reads; `S` usable here.
 #[inline(always)]
-pub(crate) unsafe fn scan<S: Simd, E: Elem, const MASKED: bool>(
-    row: *const E,
-    keep: *const u32,
-    n: usize,
-    bmax: &mut [f32],
-) -> bool {
+pub(crate) unsafe fn scan<S: Simd, E: Elem>(row: *const E, keep: *const u32, n: usize, bmax: &mut [f32]) -> bool {
     let l = S::LANES;
     let mut nan = S::none();
     let mut nan_tail = false;
@@ -44,10 +39,10 @@ pub(crate) unsafe fn scan<S: Simd, E: Elem, const MASKED: bool>(
             // SAFETY: i + 4 LANES <= n tokens of `keep` (the caller's contract).
             let (x0, x1, x2, x3) = unsafe {
                 (
-                    kept::<S, MASKED>(x0, keep, i),
-                    kept::<S, MASKED>(x1, keep, i + l),
-                    kept::<S, MASKED>(x2, keep, i + 2 * l),
-                    kept::<S, MASKED>(x3, keep, i + 3 * l),
+                    kept::<S>(x0, keep, i),
+                    kept::<S>(x1, keep, i + l),
+                    kept::<S>(x2, keep, i + 2 * l),
+                    kept::<S>(x3, keep, i + 3 * l),
                 )
             };
             a0 = S::max(x0, a0);
@@ -61,7 +56,7 @@ pub(crate) unsafe fn scan<S: Simd, E: Elem, const MASKED: bool>(
             let x = unsafe { E::load::<S>(row.add(i)) };
             nan = S::or_m(nan, S::is_nan(x));
             // SAFETY: as above.
-            a0 = S::max(unsafe { kept::<S, MASKED>(x, keep, i) }, a0);
+            a0 = S::max(unsafe { kept::<S>(x, keep, i) }, a0);
             i += l;
         }
         let mut m = S::reduce_max(S::max(S::max(a0, a1), S::max(a2, a3)));
@@ -70,7 +65,7 @@ pub(crate) unsafe fn scan<S: Simd, E: Elem, const MASKED: bool>(
             let x = unsafe { E::load::<Scalar>(row.add(i)) };
             nan_tail |= x.is_nan();
             // SAFETY: as above.
-            m = Scalar::max(unsafe { kept::<Scalar, MASKED>(x, keep, i) }, m);
+            m = Scalar::max(unsafe { kept::<Scalar>(x, keep, i) }, m);
             i += 1;
         }
         *out = m;
@@ -89,13 +84,13 @@ pub(crate) unsafe fn keep_bits<S: Simd>(keep: *const u32, i: usize) -> S::M {
     S::mask_bits(unsafe { *keep.add(i / 32) } >> (i % 32))
 }
 
-/// `x` where `MASKED` is false or the tokens' bits are set in `keep`, -inf elsewhere.
+/// `x` where `keep` is null or the tokens' bits are set in `keep`, -inf elsewhere.
 ///
 /// # Safety
-/// When `MASKED`, as [`keep_bits`].
+/// When `keep` is not null, as [`keep_bits`].
 #[inline(always)]
-pub(crate) unsafe fn kept<S: Simd, const MASKED: bool>(x: S::F, keep: *const u32, i: usize) -> S::F {
-    if MASKED {
+pub(crate) unsafe fn kept<S: Simd>(x: S::F, keep: *const u32, i: usize) -> S::F {
+    if !keep.is_null() {
         // SAFETY: the caller's contract.
         S::select(unsafe { keep_bits::<S>(keep, i) }, x, S::splat(f32::NEG_INFINITY))
     } else {
