@@ -727,9 +727,9 @@ fn add_defect(rng: &mut TestRng, s: &Subject, case: &mut Case) -> (String, Expec
                 return ("batch struct_size too small".into(), invalid(want));
             }
             16 => {
-                // Every size between the first version and this one that ends inside a filter.
+                // Every size between the first version and the 0.1 one that ends inside a filter.
                 let size = loop {
-                    let n = BATCH_V1 + 1 + rng.below(full - BATCH_V1 - 1);
+                    let n = BATCH_V1 + 1 + rng.below(3 * 8 - 1);
                     if !n.is_multiple_of(8) {
                         break n;
                     }
