@@ -354,6 +354,80 @@ typedef struct tokenrace_pool_stats {
   uint64_t rows_skipped;
 } tokenrace_pool_stats;
 
+// One `tokenrace_verify()` call's inputs (speculative decoding, since 0.2). Zero-initialise, set
+// `struct_size = sizeof(tokenrace_verify_batch)`, then the fields you use; every per-request
+// pointer may be NULL (its default then applies) or point to `requests` elements.
+typedef struct tokenrace_verify_batch {
+  uint32_t struct_size;
+  // A `tokenrace_dtype`.
+  uint32_t dtype;
+  // The target logits, rows x row_stride elements of `dtype`: request after request, the
+  // positions of its draft tokens, then its bonus position.
+  const void *logits;
+  // Target rows: sum(draft_counts) + requests.
+  uint32_t rows;
+  uint32_t vocab;
+  // Elements between target rows; 0 means `vocab`.
+  uint64_t row_stride;
+  uint32_t requests;
+  uint32_t reserved0;
+  // `requests` draft counts, each >= 0.
+  const int32_t *draft_counts;
+  // sum(draft_counts) draft token ids, request after request, each in [0, vocab).
+  const int32_t *draft_tokens;
+  // The draft model's probabilities: one row of `vocab` f32 per draft token (>= 0, summing to
+  // 1 within 1e-3), `draft_probs_row_stride` apart (0: vocab). NULL: the drafts are
+  // deterministic (q one-hot at the draft).
+  const float *draft_probs;
+  uint64_t draft_probs_row_stride;
+  // Per-request temperature (NULL: 1.0); below the sampler's greedy threshold a request is
+  // greedy.
+  const float *temperature;
+  // Per-request top-k, top-p, min-p (NULL: off), as in `tokenrace_batch`.
+  const int32_t *top_k;
+  const float *top_p;
+  const float *min_p;
+  // Per-request seed (NULL: none is seeded): a seeded request's acceptance uniforms and noise
+  // at draft position j are a pure function of (seed, offset + j).
+  const uint64_t *seeds;
+  // Per-request position of its first draft token (NULL: 0).
+  const uint64_t *offsets;
+  // Per-request flag, nonzero = the request uses its seed (NULL with `seeds`: every one).
+  const uint8_t *seeded;
+  // sum(draft_counts) acceptance uniforms in (0, 1), for the unseeded sampling requests
+  // (NULL: from the sampler's stream).
+  const double *uniforms;
+  // Noise of the recovered and bonus draws of the unseeded sampling requests: one row per
+  // target row, as `tokenrace_batch.noise` (NULL: the sampler's own).
+  const float *noise;
+  // A `tokenrace_noise_kind`.
+  uint32_t noise_kind;
+  uint32_t reserved1;
+  // Elements between noise rows; 0 broadcasts one noise row to every target row.
+  uint64_t noise_row_stride;
+} tokenrace_verify_batch;
+
+// Where `tokenrace_verify()` writes. `tokens` and `counts` are required. Nothing is written if
+// the call fails.
+typedef struct tokenrace_verify_output {
+  uint32_t struct_size;
+  // A `tokenrace_logprob_mode` for `logprobs`.
+  uint32_t logprob_mode;
+  // requests x tokens_stride int32: each request's emitted tokens (its accepted drafts, then
+  // the recovered or bonus token), then -1.
+  int32_t *tokens;
+  // Elements between requests in `tokens` and `logprobs`; 0 means max(draft_counts) + 1.
+  uint64_t tokens_stride;
+  // `requests` emitted counts, from 1 to draft_counts[i] + 1.
+  int32_t *counts;
+  // `requests` TOKENRACE_FLAG_* sets: those of every target row the request looked at, or-ed
+  // (NULL: not reported).
+  uint32_t *flags;
+  // As `tokens`: the logprob of each emitted token in its target row, in `logprob_mode`; NaN
+  // in the padding (NULL: not computed).
+  float *logprobs;
+} tokenrace_verify_output;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -533,6 +607,18 @@ enum tokenrace_status tokenrace_pool_get_stats(const struct tokenrace_pool *pool
 // noise source it started with.
 enum tokenrace_status tokenrace_sampler_attach_pool(struct tokenrace_sampler *sampler,
                                                     struct tokenrace_pool *pool);
+
+// Verifies draft tokens (speculative decoding) by vLLM's rejection sampling: for each request,
+// its accepted drafts and one more token (recovered or bonus) into `out`. See
+// docs/semantics.md, "Verifying draft tokens". On failure nothing is written to `out`'s arrays,
+// and `tokenrace_last_error()` names the argument, request and position that was wrong.
+//
+// # Safety
+// `sampler` is a live sampler; `batch` and `out` point to valid structs whose non-NULL
+// pointers cover the elements the batch's sizes say.
+enum tokenrace_status tokenrace_verify(struct tokenrace_sampler *sampler,
+                                       const struct tokenrace_verify_batch *batch,
+                                       struct tokenrace_verify_output *out);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -386,6 +386,21 @@ pub(crate) fn validate(batch: &Batch, out: &Output, max_rows: usize, vocab_size:
             }
         }
     }
+    validate_params(batch)?;
+    if let Some(n) = &batch.noise {
+        if n.row_stride != 0 && n.row_stride < vocab {
+            bail_batch!("noise_row_stride", None, "{} is neither 0 (broadcast) nor >= vocab {vocab}", n.row_stride);
+        }
+        let need = noise_span(rows, vocab, n.row_stride)?;
+        check_len(Owner::Batch, "noise", n.values.len(), need, "rows/vocab/noise_row_stride's span")?;
+    }
+    validate_pipeline(batch, out)
+}
+
+/// Checks the per-row sampling parameters of `batch.rows` rows (temperature, filters, seeds):
+/// a draw's, or a verify call's per-request ones.
+pub(crate) fn validate_params(batch: &Batch) -> Result<()> {
+    let rows = batch.rows;
     check_rows(Owner::Batch, "top_k", batch.top_k, rows)?;
     check_each("top_p", batch.top_p, rows, |p: f32| (!(p > 0.0 && p <= 1.0)).then(|| format!("{p} is not in (0, 1]")))?;
     check_each("min_p", batch.min_p, rows, |p: f32| {
@@ -400,14 +415,7 @@ pub(crate) fn validate(batch: &Batch, out: &Output, max_rows: usize, vocab_size:
         bail_batch!("seeded", None, "given without seeds");
     }
     check_rows(Owner::Batch, "seeded", batch.seeded, rows)?;
-    if let Some(n) = &batch.noise {
-        if n.row_stride != 0 && n.row_stride < vocab {
-            bail_batch!("noise_row_stride", None, "{} is neither 0 (broadcast) nor >= vocab {vocab}", n.row_stride);
-        }
-        let need = noise_span(rows, vocab, n.row_stride)?;
-        check_len(Owner::Batch, "noise", n.values.len(), need, "rows/vocab/noise_row_stride's span")?;
-    }
-    validate_pipeline(batch, out)
+    Ok(())
 }
 
 /// Checks the inputs of the sampling step before the filters (histories, penalties, bias,

@@ -35,6 +35,7 @@ mod plan;
 mod process;
 mod row;
 mod sampler;
+mod verify;
 
 pub use batch::{
     flags, Batch, ExternalNoise, FullMode, LogitBias, Logits, LogprobMode, Output, TokenBitmask, TokenLists,
@@ -47,6 +48,7 @@ pub use error::{Error, ErrorKind, Location, Owner, Result};
 pub use kernels::{best_level, supported_levels, Bf16, SimdLevel, F16};
 pub use noise::pool::{Lease, Pool as NoisePool, PoolStats};
 pub use sampler::{Sampler, SamplerStats};
+pub use verify::{DraftProbs, VerifyBatch, VerifyOutput};
 
 /// The library version, from Cargo.toml.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -62,6 +64,7 @@ pub mod internals {
         pub use crate::ffi::api::*;
         pub use crate::ffi::draw::*;
         pub use crate::ffi::pool_api::*;
+        pub use crate::ffi::verify::*;
     }
     pub use crate::draw::cost::force_participants;
     pub use crate::ffi::pool_api;

@@ -2,6 +2,7 @@
 
 use crate::batch::{validate, Batch, Output};
 use crate::config::{Config, DrainPolicy, NoiseKind, NoiseSource, PoolConfig};
+use crate::draw::verify::Drafts;
 use crate::draw::Workers;
 use crate::error::{Error, Result};
 use crate::kernels::{self, Kernels, SimdLevel};
@@ -10,6 +11,7 @@ use crate::noise::pool::{Pool, PoolOptions};
 use crate::noise::{entropy_seed, splitmix64, KeyStream};
 use crate::plan::plan;
 use crate::process::{current_pid, Birthplace};
+use crate::verify::{self, VerifyBatch, VerifyOutput};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering, Ordering::Relaxed};
 use std::sync::Arc;
@@ -234,6 +236,66 @@ impl Sampler {
         c.pool_rows.fetch_add(n.pool, Relaxed);
         let nonfinite = drawn.iter().filter(|d| d.flags & 0b111 != 0).count() as u64;
         c.nonfinite_rows.fetch_add(nonfinite, Relaxed);
+        c.calls.fetch_add(1, Relaxed);
+        Ok(())
+    }
+}
+
+impl Sampler {
+    /// Verifies the draft tokens of every request of `batch` against its target rows
+    /// (speculative decoding, vLLM's rejection sampling: `docs/semantics.md`) into `out`. On
+    /// error nothing is written.
+    pub fn verify(&self, batch: &VerifyBatch, out: &mut VerifyOutput) -> Result<()> {
+        self.try_verify(batch, out).inspect_err(|_| self.count_rejected())
+    }
+
+    fn try_verify(&self, batch: &VerifyBatch, out: &mut VerifyOutput) -> Result<()> {
+        let greedy_below = self.cfg.greedy_below;
+        let target = verify::prepare(batch, out, (greedy_below, self.cfg.max_rows, self.cfg.vocab_size))?;
+        let rows = target.batch(batch);
+        let keys = if self.birthplace.elsewhere() { self.forked_keys() } else { &self.keys };
+        let pool = self.pool();
+        let plan = plan(&rows, (greedy_below, self.cfg.filter_order), keys, pool.as_deref())?;
+        let uniforms = verify::uniforms(batch, &target, greedy_below, keys);
+        let drafts: Vec<Drafts> = target
+            .requests
+            .iter()
+            .map(|r| Drafts {
+                first_row: r.first_row,
+                first_draft: r.first_draft,
+                ids: &batch.draft_tokens[r.first_draft..r.first_draft + r.drafts],
+                q: batch.draft_probs.map(|q| {
+                    let start = if r.drafts == 0 { 0 } else { r.first_draft * q.row_stride };
+                    (&q.values[start..], q.row_stride)
+                }),
+                uniforms: &uniforms[r.first_draft..r.first_draft + r.drafts],
+            })
+            .collect();
+        let logprobs = out.logprobs.is_some().then_some(out.logprob_mode);
+        let verified =
+            crate::draw::verify::run(self.kernels, &rows, &plan.rows, &drafts, self.workers.as_ref(), logprobs)?;
+        let w = target.width;
+        for (i, v) in verified.iter().enumerate() {
+            let emitted = v.tokens.len();
+            let row = &mut out.tokens[i * w..(i + 1) * w];
+            row[..emitted].copy_from_slice(&v.tokens);
+            row[emitted..].fill(-1);
+            out.counts[i] = emitted as i32;
+            if let Some(f) = out.flags.as_deref_mut() {
+                f[i] = v.flags;
+            }
+            if let Some(l) = out.logprobs.as_deref_mut() {
+                let row = &mut l[i * w..(i + 1) * w];
+                row[..emitted].copy_from_slice(&v.logprobs);
+                row[emitted..].fill(f32::NAN);
+            }
+        }
+        let (c, n) = (&self.counters, plan.counts);
+        c.greedy_rows.fetch_add(n.greedy, Relaxed);
+        c.seeded_rows.fetch_add(n.seeded, Relaxed);
+        c.external_noise_rows.fetch_add(n.external, Relaxed);
+        c.inline_rows.fetch_add(n.inline, Relaxed);
+        c.pool_rows.fetch_add(n.pool, Relaxed);
         c.calls.fetch_add(1, Relaxed);
         Ok(())
     }

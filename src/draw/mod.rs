@@ -13,6 +13,7 @@
 mod cells;
 pub(crate) mod cost;
 mod tiles;
+pub(crate) mod verify;
 pub(crate) mod workers;
 
 use crate::alloc;

@@ -125,6 +125,14 @@ versioned!(tokenrace_output, v1 ends with topn_logprobs, default zeroed(), [
     struct_size, logprob_mode, tokens, flags, logprobs, ranks, top_n, reserved0, topn_ids, topn_logprobs,
     full_logprobs, full_row_stride, full_mode, reserved1,
 ]);
+versioned!(tokenrace_verify_batch, v1 ends with noise_row_stride, default zeroed(), [
+    struct_size, dtype, logits, rows, vocab, row_stride, requests, reserved0, draft_counts, draft_tokens, draft_probs,
+    draft_probs_row_stride, temperature, top_k, top_p, min_p, seeds, offsets, seeded, uniforms, noise, noise_kind,
+    reserved1, noise_row_stride,
+]);
+versioned!(tokenrace_verify_output, v1 ends with logprobs, default zeroed(), [
+    struct_size, logprob_mode, tokens, tokens_stride, counts, flags, logprobs,
+]);
 versioned!(tokenrace_pool_config, v1 ends with timeout_ms, default super::pool_api::tokenrace_pool_config_default(), [
     struct_size, rows, vocab, kind, threads, has_seed, seed, policy, reserved0, timeout_ms,
 ]);
@@ -379,6 +387,8 @@ mod tests {
         assert_eq!(tokenrace_pool_lease::V1_SIZE, 40);
         assert_eq!(tokenrace_sampler_stats::V1_SIZE, 8);
         assert_eq!(tokenrace_pool_stats::V1_SIZE, 8);
+        assert_eq!(tokenrace_verify_batch::V1_SIZE, 160);
+        assert_eq!(tokenrace_verify_output::V1_SIZE, 48);
     }
 
     /// The field tables cover every byte of each struct, in order, without gaps (so "ends inside
@@ -400,6 +410,8 @@ mod tests {
         check::<tokenrace_pool_lease>();
         check::<tokenrace_sampler_stats>();
         check::<tokenrace_pool_stats>();
+        check::<tokenrace_verify_batch>();
+        check::<tokenrace_verify_output>();
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! - `convert.rs`: versioned structs, caller pointers into slices, C enums;
 //! - `panic.rs`: [`guard`](panic::guard), the last error of the thread;
 //! - `api.rs`: the library, configurations and samplers; `draw.rs`: `tokenrace_draw`;
-//!   `pool_api.rs`: noise pools.
+//!   `pool_api.rs`: noise pools; `verify.rs`: `tokenrace_verify`.
 //!
 //! `#![deny(unsafe_op_in_unsafe_fn)]`: each unsafe operation sits in its own block, with the
 //! caller's contract it relies on stated next to it.
@@ -21,6 +21,7 @@ pub mod draw;
 pub(crate) mod panic;
 pub mod pool_api;
 pub mod types;
+pub mod verify;
 
 #[cfg(test)]
 mod tests {

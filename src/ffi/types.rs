@@ -380,3 +380,81 @@ pub struct tokenrace_pool_stats {
     /// Sequence numbers never handed out: skipped at the wrap, or by a borrow that failed.
     pub rows_skipped: u64,
 }
+
+/// One `tokenrace_verify()` call's inputs (speculative decoding, since 0.2). Zero-initialise, set
+/// `struct_size = sizeof(tokenrace_verify_batch)`, then the fields you use; every per-request
+/// pointer may be NULL (its default then applies) or point to `requests` elements.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct tokenrace_verify_batch {
+    pub struct_size: u32,
+    /// A `tokenrace_dtype`.
+    pub dtype: u32,
+    /// The target logits, rows x row_stride elements of `dtype`: request after request, the
+    /// positions of its draft tokens, then its bonus position.
+    pub logits: *const c_void,
+    /// Target rows: sum(draft_counts) + requests.
+    pub rows: u32,
+    pub vocab: u32,
+    /// Elements between target rows; 0 means `vocab`.
+    pub row_stride: u64,
+    pub requests: u32,
+    pub reserved0: u32,
+    /// `requests` draft counts, each >= 0.
+    pub draft_counts: *const i32,
+    /// sum(draft_counts) draft token ids, request after request, each in [0, vocab).
+    pub draft_tokens: *const i32,
+    /// The draft model's probabilities: one row of `vocab` f32 per draft token (>= 0, summing to
+    /// 1 within 1e-3), `draft_probs_row_stride` apart (0: vocab). NULL: the drafts are
+    /// deterministic (q one-hot at the draft).
+    pub draft_probs: *const f32,
+    pub draft_probs_row_stride: u64,
+    /// Per-request temperature (NULL: 1.0); below the sampler's greedy threshold a request is
+    /// greedy.
+    pub temperature: *const f32,
+    /// Per-request top-k, top-p, min-p (NULL: off), as in `tokenrace_batch`.
+    pub top_k: *const i32,
+    pub top_p: *const f32,
+    pub min_p: *const f32,
+    /// Per-request seed (NULL: none is seeded): a seeded request's acceptance uniforms and noise
+    /// at draft position j are a pure function of (seed, offset + j).
+    pub seeds: *const u64,
+    /// Per-request position of its first draft token (NULL: 0).
+    pub offsets: *const u64,
+    /// Per-request flag, nonzero = the request uses its seed (NULL with `seeds`: every one).
+    pub seeded: *const u8,
+    /// sum(draft_counts) acceptance uniforms in (0, 1), for the unseeded sampling requests
+    /// (NULL: from the sampler's stream).
+    pub uniforms: *const f64,
+    /// Noise of the recovered and bonus draws of the unseeded sampling requests: one row per
+    /// target row, as `tokenrace_batch.noise` (NULL: the sampler's own).
+    pub noise: *const f32,
+    /// A `tokenrace_noise_kind`.
+    pub noise_kind: u32,
+    pub reserved1: u32,
+    /// Elements between noise rows; 0 broadcasts one noise row to every target row.
+    pub noise_row_stride: u64,
+}
+
+/// Where `tokenrace_verify()` writes. `tokens` and `counts` are required. Nothing is written if
+/// the call fails.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct tokenrace_verify_output {
+    pub struct_size: u32,
+    /// A `tokenrace_logprob_mode` for `logprobs`.
+    pub logprob_mode: u32,
+    /// requests x tokens_stride int32: each request's emitted tokens (its accepted drafts, then
+    /// the recovered or bonus token), then -1.
+    pub tokens: *mut i32,
+    /// Elements between requests in `tokens` and `logprobs`; 0 means max(draft_counts) + 1.
+    pub tokens_stride: u64,
+    /// `requests` emitted counts, from 1 to draft_counts[i] + 1.
+    pub counts: *mut i32,
+    /// `requests` TOKENRACE_FLAG_* sets: those of every target row the request looked at, or-ed
+    /// (NULL: not reported).
+    pub flags: *mut u32,
+    /// As `tokens`: the logprob of each emitted token in its target row, in `logprob_mode`; NaN
+    /// in the padding (NULL: not computed).
+    pub logprobs: *mut f32,
+}

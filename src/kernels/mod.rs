@@ -400,7 +400,7 @@ pub fn supported_levels() -> Vec<SimdLevel> {
 #[cfg(feature = "internals")]
 pub mod scalar_noise {
     use super::generic::race::{
-        block_keys, block_noise_bound, exp_bits_bound, fill_block_noise, BlockNoise, RaceParams,
+        block_keys, block_noise_bound, exp_bits_bound, fill_block_noise, token_noise, BlockNoise, RaceParams,
     };
     use super::generic::{noise, BLOCK};
     use super::simd::Scalar;
@@ -430,16 +430,8 @@ pub mod scalar_noise {
         let p = RaceParams { m: 0.0, inv_t: 1.0, floor: f32::NEG_INFINITY };
         // SAFETY: `bmax` has as many elements as `blocks`; Scalar runs anywhere.
         unsafe { fill_block_noise::<Scalar>(key, 0, &vec![0.0; nb], p, &mut blocks) };
-        (0..n)
-            .map(|i| {
-                let b = blocks[i / BLOCK];
-                if (i % BLOCK) as u32 == b.j_min {
-                    b.e_min
-                } else {
-                    b.e_min + exp(bits(key, i as u32))
-                }
-            })
-            .collect()
+        let k = noise::key_words(key);
+        (0..n).map(|i| token_noise(k, &blocks[i / BLOCK], (i % BLOCK) as u32, i as u32)).collect()
     }
     /// The cheap upper bound of `-ln E` (E from `bits`) that the race prunes with.
     pub fn bound(bits: u32) -> f32 {

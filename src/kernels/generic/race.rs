@@ -164,6 +164,17 @@ pub(crate) unsafe fn fill_block_noise<S: Simd>(
     }
 }
 
+/// The noise E of token `t` (block-relative index `i0`) of a block with noise `bn`, in a row
+/// whose key words are `k`: one lane of what [`race_inline_vec`] computes, for code that needs
+/// single tokens' noise (the residual race of a verify call, the tests' reference).
+pub(crate) fn token_noise(k: (u32, u32), bn: &BlockNoise, i0: u32, t: u32) -> f32 {
+    if i0 == bn.j_min {
+        bn.e_min
+    } else {
+        bn.e_min + exp_noise::<Scalar>(hash::<Scalar>(t, k.0, k.1))
+    }
+}
+
 /// The exact keys of the `LANES` tokens at `row[i..]`, which lie in a block with noise `bn`;
 /// `i0` is the block-relative index of `row[i]` and `t` the vocabulary index of `row[i]`.
 /// With a non-null `keep`, only the tokens whose bit is set in `keep` race.

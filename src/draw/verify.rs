@@ -1,0 +1,392 @@
+//! Verifying draft tokens (speculative decoding) by rejection sampling, one request at a time.
+//!
+//! Each target row is scanned and judged by its filters exactly as a draw of that row would be,
+//! so `p_j`, the distribution the row's draw samples from, is the one the drafts are checked
+//! against:
+//!
+//! - **greedy rows**: draft `d` is accepted when it is the row's greedy token;
+//! - **rows whose token needs no race** (+inf present, or nothing finite): `p` is a point mass at
+//!   the token a draw returns;
+//! - **sampling rows**: `d` is accepted when `u < p(d) / q(d)` in f64. `p(d) = w_d / Z` with the
+//!   exact f64 weight `w_d`; `Z`, the mass of the kept tokens, is first bounded by one f32-exp
+//!   pass (`mass.rs`), and computed exactly in f64 only when `u` falls inside the bounds' band;
+//! - **on a rejection**, the token comes from `max(p - q, 0)`: without `q` (one-hot at `d`) that
+//!   is the row's own race with `d` left out (the race itself when `d` does not win it); with
+//!   `q`, an exponential race over the residual in f64 ([`residual_race`]);
+//! - **the bonus row** (every draft accepted) is a plain draw.
+//!
+//! Rows after a request's first rejection are not read.
+
+use super::{finish, in_row, race_params, summarize, RowPlan, BLOCK_MAX};
+use crate::alloc;
+use crate::batch::{Batch, LogprobMode};
+use crate::config::NoiseKind;
+use crate::error::{Error, Owner, Result};
+use crate::kernels::generic::noise::key_words;
+use crate::kernels::generic::race::{fill_block_noise, token_noise, BlockNoise};
+use crate::kernels::simd::Scalar;
+use crate::kernels::{Kernels, RaceParams, BLOCK};
+use crate::logprob::{row_logprobs, RowOut};
+use crate::mass::{weight64, RowMass};
+use crate::row::{with_row, RaceNoise, RowValues};
+
+/// One request's drafts: ids, their q rows (`None`: one-hot), their acceptance uniforms.
+pub(crate) struct Drafts<'a> {
+    pub first_row: usize,
+    /// The flat index of the first draft (for messages).
+    pub first_draft: usize,
+    pub ids: &'a [i32],
+    /// The q rows of these drafts (`vocab` values each, `stride` apart).
+    pub q: Option<(&'a [f32], usize)>,
+    pub uniforms: &'a [f64],
+}
+
+/// What verifying one request gave: the emitted tokens (accepted drafts, then one more), their
+/// logprobs when asked, and the flags of the rows looked at.
+#[derive(Debug, Default)]
+pub(crate) struct Verified {
+    pub tokens: Vec<i32>,
+    pub logprobs: Vec<f32>,
+    pub flags: u32,
+}
+
+/// What one target row gave.
+struct RowVerdict {
+    accepted: bool,
+    token: i32,
+    flags: u32,
+    logprob: f32,
+}
+
+/// Verifies one request of the call whose target rows are `batch`.
+pub(crate) fn verify_request(
+    k: &Kernels,
+    batch: &Batch,
+    plans: &[RowPlan],
+    d: &Drafts,
+    logprobs: Option<LogprobMode>,
+) -> Result<Verified> {
+    let mut v = Verified::default();
+    for j in 0..=d.ids.len() {
+        let r = d.first_row + j;
+        let draft = d.ids.get(j).map(|&id| {
+            let q = d.q.map(|(q, stride)| &q[j * stride..j * stride + batch.vocab]);
+            (id as usize, q, d.uniforms[j])
+        });
+        let verdict = with_row!(batch, r, |row| verify_row(k, batch, r, row, plans[r], draft, logprobs))?;
+        v.flags |= verdict.flags;
+        v.tokens.push(verdict.token);
+        if logprobs.is_some() {
+            v.logprobs.push(verdict.logprob);
+        }
+        if !verdict.accepted {
+            break;
+        }
+    }
+    Ok(v)
+}
+
+/// Verifies draft `draft` (id, q row, uniform) at row `r`, or draws the bonus token (`None`).
+fn verify_row<V: RowValues + ?Sized>(
+    k: &Kernels,
+    batch: &Batch,
+    r: usize,
+    v: &V,
+    plan: RowPlan,
+    draft: Option<(usize, Option<&[f32]>, f64)>,
+    logprobs: Option<LogprobMode>,
+) -> Result<RowVerdict> {
+    BLOCK_MAX.with(|cell| {
+        let mut bmax = cell.borrow_mut();
+        alloc::resize(&mut bmax, v.n().div_ceil(BLOCK), f32::NEG_INFINITY, "block maxima").map_err(|e| in_row(r, e))?;
+        let has_nan = v.scan(k, 0, v.n(), &mut bmax);
+        let sc = summarize(&bmax, f32::NEG_INFINITY, has_nan, plan);
+        let params = race_params(k, batch, r, v, &bmax, &sc, plan)?;
+        let (accepted, token) = match (draft, params) {
+            // Greedy, +inf or empty: the row's token is decided without noise.
+            (_, None) => {
+                let t = finish(k, v, &bmax, &sc, None);
+                (draft.is_some_and(|(d, ..)| d as i32 == t), t)
+            }
+            (None, Some((p, noise))) => (false, finish(k, v, &bmax, &sc, Some(v.race(k, 0, v.n(), &bmax, p, noise)))),
+            (Some((d, q, u)), Some((p, noise))) => {
+                let qd = q.map_or(1.0, |q| q[d] as f64);
+                let (accept, z) = accepts(k, v, &bmax, p, d, qd, u);
+                if accept {
+                    (true, d as i32)
+                } else {
+                    let t = match q {
+                        None => race_without(k, v, &bmax, p, noise, d),
+                        Some(q) => {
+                            let z = z.unwrap_or_else(|| mass(k, v, &bmax, p));
+                            residual_race(v, &bmax, p, z, q, noise)
+                        }
+                    };
+                    // A residual with no mass falls back to a draw from p.
+                    let t = t.unwrap_or_else(|| finish(k, v, &bmax, &sc, Some(v.race(k, 0, v.n(), &bmax, p, noise))));
+                    (false, t)
+                }
+            }
+        };
+        let mut logprob = f32::NAN;
+        if let Some(mode) = logprobs {
+            let floor = params.map_or(f32::NEG_INFINITY, |(p, _)| p.floor);
+            let (mut rank, out) = (0, &mut logprob);
+            let o = RowOut { logprob: out, rank: &mut rank, ids: &mut [], lps: &mut [], want_rank: false };
+            row_logprobs(k, v, plan.inv_t(), mode, sc.top, floor, token, o);
+        }
+        Ok(RowVerdict { accepted: accepted && draft.is_some(), token, flags: sc.flags, logprob })
+    })
+}
+
+/// The exact f64 mass `Z` of the kept tokens (`x >= floor`) of a sampling row.
+fn mass<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], p: RaceParams) -> f64 {
+    match RowMass::new(k, v, p.m, p.inv_t, p.floor) {
+        Some(rm) => rm.exact(bmax, f32::INFINITY),
+        // 1/T so large that its f32 exp2 scale overflows: every weight is 0 or 1.
+        None => (0..v.n())
+            .map(|i| v.at(i))
+            .filter(|&x| x >= p.floor && x.is_finite())
+            .map(|x| weight64(x, p.m, p.inv_t))
+            .sum(),
+    }
+}
+
+/// Whether `u < p(d) / q(d)` (`q(d)` is `qd`), and the exact `Z` when it had to be computed.
+/// `p(d)` is 0 for a NaN, -inf or filtered-out `d`; a `q(d)` of 0 accepts any `p(d) > 0`.
+fn accepts<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    bmax: &[f32],
+    p: RaceParams,
+    d: usize,
+    qd: f64,
+    u: f64,
+) -> (bool, Option<f64>) {
+    let x = v.at(d);
+    let w = if x >= p.floor && x.is_finite() { weight64(x, p.m, p.inv_t) } else { 0.0 };
+    if w == 0.0 {
+        return (false, None);
+    }
+    if qd == 0.0 {
+        return (true, None);
+    }
+    if let Some(rm) = RowMass::new(k, v, p.m, p.inv_t, p.floor) {
+        // Z in [lo, hi] (rigorous bounds of one f32-exp pass) puts p(d)/q(d) in a band; only a
+        // uniform inside it needs the exact Z. (1e-12 covers the roundings of the quotients.)
+        let (_, (lo, hi)) = rm.z_exp();
+        if u < w / hi / qd * (1.0 - 1e-12) {
+            return (true, None);
+        }
+        if lo > 0.0 && u >= w / lo / qd * (1.0 + 1e-12) {
+            return (false, None);
+        }
+    }
+    let z = mass(k, v, bmax, p);
+    (u < w / z / qd, Some(z))
+}
+
+/// The token of the row's race with `d` left out, or `None` if no other token races.
+fn race_without<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    bmax: &[f32],
+    p: RaceParams,
+    noise: RaceNoise,
+    d: usize,
+) -> Option<i32> {
+    let won = v.race(k, 0, v.n(), bmax, p, noise);
+    if won.token != d && won.token != usize::MAX {
+        return Some(won.token as i32);
+    }
+    // `d` won: race again without it (block maxima that still count it only bound the keys).
+    let mut keep = vec![u32::MAX; v.n().div_ceil(32)];
+    keep[d / 32] &= !(1u32 << (d % 32));
+    let won = v.race_edited(k, &keep, bmax, &[], p, noise);
+    (won.token != usize::MAX).then_some(won.token as i32)
+}
+
+/// The exponential race over the residual `max(p - q, 0)` of a row: the lowest token of the
+/// largest `ln(p(x) - q(x)) - ln E_x` over the tokens with `p(x) > q(x)`, in f64, with the
+/// row's own noise E, and `p(x) = w_x / z`. `None` if no token has `p(x) > q(x)`.
+///
+/// Every residual key is at most the race's own key `a_x - ln E_x` minus `ln z`, so blocks are
+/// visited in the order of their race bound (the largest logit's `a` plus the block's largest
+/// `-ln E`) and the visit stops at the first block whose bound cannot reach the best key.
+fn residual_race<V: RowValues + ?Sized>(
+    v: &V,
+    bmax: &[f32],
+    p: RaceParams,
+    z: f64,
+    q: &[f32],
+    noise: RaceNoise,
+) -> Option<i32> {
+    let n = v.n();
+    let nb = bmax.len();
+    let noise_at = block_noise_reader(noise, bmax, p);
+    let mut order: Vec<(f64, usize)> = (0..nb).map(|b| (noise_at.bound(v, b), b)).collect();
+    order.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    let ln_z = z.ln();
+    let mut best = (f64::NEG_INFINITY, usize::MAX);
+    for &(bound, b) in &order {
+        // An inline block's bound is an f32 sum of f32 roundings of `a` and of `-ln E`: 1e-5
+        // relative covers them.
+        let reach = bound - ln_z + 1e-5 * (1.0 + bound.abs());
+        if reach.is_nan() || reach < best.0 {
+            break;
+        }
+        let end = ((b + 1) * BLOCK).min(n);
+        for (i, &qi) in q.iter().enumerate().take(end).skip(b * BLOCK) {
+            let x = v.at(i);
+            if !(x >= p.floor && x.is_finite()) {
+                continue;
+            }
+            let resid = weight64(x, p.m, p.inv_t) / z - qi as f64;
+            let ln_e = noise_at.ln_e(i);
+            if resid.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) || ln_e.is_nan() {
+                continue;
+            }
+            let key = resid.ln() - ln_e;
+            if key > best.0 || (key == best.0 && i < best.1) {
+                best = (key, i);
+            }
+        }
+    }
+    (best.1 != usize::MAX).then_some(best.1 as i32)
+}
+
+/// A row's noise, read one token at a time in f64, with a bound of each block's race keys.
+enum NoiseReader {
+    Inline { k: (u32, u32), blocks: Vec<BlockNoise> },
+    External { values: *const f32, kind: NoiseKind, p: RaceParams, bmax: Vec<f32> },
+}
+
+fn block_noise_reader(noise: RaceNoise, bmax: &[f32], p: RaceParams) -> NoiseReader {
+    match noise {
+        RaceNoise::Inline(key) => {
+            let mut blocks = vec![BlockNoise { e_min: 0.0, j_min: 0, g_max: 0.0, bound: 0.0 }; bmax.len()];
+            // SAFETY: `bmax` and `blocks` have one element per block; Scalar runs anywhere.
+            unsafe { fill_block_noise::<Scalar>(key, 0, bmax, p, &mut blocks) };
+            NoiseReader::Inline { k: key_words(key), blocks }
+        }
+        RaceNoise::External(values, kind) => NoiseReader::External { values, kind, p, bmax: bmax.to_vec() },
+    }
+}
+
+impl NoiseReader {
+    /// `ln E` of token `i` in f64 (NaN for a value that never races: E <= 0 or NaN).
+    fn ln_e(&self, i: usize) -> f64 {
+        match self {
+            NoiseReader::Inline { k, blocks } => {
+                let e = token_noise(*k, &blocks[i / BLOCK], (i % BLOCK) as u32, i as u32);
+                (e as f64).ln()
+            }
+            NoiseReader::External { values, kind, .. } => {
+                // SAFETY: an external noise row holds one value per token of the row.
+                let x = unsafe { *values.add(i) } as f64;
+                match kind {
+                    NoiseKind::Exp if x > 0.0 => x.ln(),
+                    NoiseKind::Exp => f64::NAN,
+                    NoiseKind::LogExp => x,
+                }
+            }
+        }
+    }
+
+    /// An upper bound of the race keys `a_x - ln E_x` of block `b` (-inf when the filters keep
+    /// none of it).
+    fn bound<V: RowValues + ?Sized>(&self, v: &V, b: usize) -> f64 {
+        match self {
+            NoiseReader::Inline { blocks, .. } => blocks[b].bound as f64,
+            NoiseReader::External { p, bmax, .. } => {
+                if bmax[b] < p.floor || bmax[b].is_nan() {
+                    return f64::NEG_INFINITY;
+                }
+                let end = ((b + 1) * BLOCK).min(v.n());
+                let g =
+                    (b * BLOCK..end).map(|i| -self.ln_e(i)).fold(f64::NEG_INFINITY, |a, g| if g > a { g } else { a });
+                (bmax[b] as f64 - p.m as f64) * p.inv_t as f64 + g
+            }
+        }
+    }
+}
+
+/// Checks the q rows of a sampling request: every value finite and >= 0, each row summing to 1
+/// within 1e-3. `first` is the flat index of its first draft.
+pub(crate) fn check_q(
+    q: &[f32],
+    stride: usize,
+    vocab: usize,
+    request: usize,
+    first: usize,
+    drafts: usize,
+) -> Result<()> {
+    for j in 0..drafts {
+        let row = &q[j * stride..j * stride + vocab];
+        // Eight f32 lanes per chunk of 64, summed in f64: vectorised, and exact enough for 1e-3.
+        let (mut sum, mut bad) = (0f64, None);
+        for (c, chunk) in row.chunks(64).enumerate() {
+            let mut acc = [0f32; 8];
+            let mut ok = true;
+            for (l, &x) in chunk.iter().enumerate() {
+                ok &= (0.0..f32::INFINITY).contains(&x);
+                acc[l % 8] += x;
+            }
+            if !ok {
+                bad = chunk.iter().position(|x| !(0.0..f32::INFINITY).contains(x)).map(|l| c * 64 + l);
+                break;
+            }
+            sum += acc.iter().map(|&a| a as f64).sum::<f64>();
+        }
+        let why = match bad {
+            Some(t) => format!("token {t}: {} is not a finite probability >= 0", row[t]),
+            None if (sum - 1.0).abs() > 1e-3 => format!("sums to {sum}, not 1 within 1e-3"),
+            None => continue,
+        };
+        return Err(Error::arg(
+            Owner::Batch,
+            "draft_probs",
+            Some(first + j),
+            format!("request {request}, draft {j}: {why}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Verifies every request (`drafts`, with their validated q rows), spread over `workers` by
+/// requests when the call is large enough to be worth it. Fails with the lowest failing
+/// request's error; nothing is written here.
+pub(crate) fn run(
+    k: &Kernels,
+    batch: &Batch,
+    plans: &[RowPlan],
+    drafts: &[Drafts],
+    workers: Option<&super::Workers>,
+    logprobs: Option<LogprobMode>,
+) -> Result<Vec<Verified>> {
+    let one = |i: usize| -> Result<Verified> {
+        let d = &drafts[i];
+        if let (Some((q, stride)), RowPlan::Sample { .. }) = (d.q, plans[d.first_row]) {
+            check_q(q, stride, batch.vocab, i, d.first_draft, d.ids.len())?;
+        }
+        verify_request(k, batch, plans, d, logprobs)
+    };
+    // Below a million logits a call is done before the workers would wake.
+    let big = batch.rows * batch.vocab >= 1 << 20;
+    let pool = workers.map(|w| &w.pool).filter(|p| p.width() > 1 && drafts.len() > 1 && big);
+    let Some(pool) = pool else {
+        return (0..drafts.len()).map(one).collect();
+    };
+    let out: Vec<parking_lot::Mutex<Option<Verified>>> = (0..drafts.len()).map(|_| Default::default()).collect();
+    let failed = super::FirstError::default();
+    let done = pool.run(drafts.len(), pool.useful_width(), &|i| match one(i) {
+        Ok(v) => *out[i].lock() = Some(v),
+        Err(e) => failed.record(i, e),
+    });
+    if !done.ok {
+        return Err(super::worker_panicked());
+    }
+    failed.into_result()?;
+    pool.call_ended();
+    Ok(out.into_iter().map(|m| m.into_inner().unwrap_or_default()).collect())
+}

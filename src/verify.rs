@@ -1,0 +1,335 @@
+//! Speculative decoding: what a verify call takes and gives back, its checks, and the per-row
+//! target batch it becomes.
+//!
+//! A verify call checks `n_i` draft tokens of each request against the target model's logits at
+//! `n_i + 1` positions (the drafts' and a bonus one), by vLLM's rejection sampling
+//! (`docs/semantics.md`, "Verifying draft tokens"). Its per-request parameters are expanded here
+//! into a per-row [`Batch`] of the target rows, so that every target row is planned, keyed and
+//! drawn exactly as a draw of that row would be: a seeded request's row `j` takes the key of
+//! (seed, offset + j). The algorithm itself is `draw/verify.rs`.
+
+use crate::batch::{span, validate, validate_params, Batch, ExternalNoise, Logits, LogprobMode, Output};
+use crate::error::{bail_batch, bail_out, Error, Owner, Result};
+use crate::noise::{seeded_row_key, splitmix64, KeyStream};
+
+/// The draft model's probabilities: one row of `vocab` f32 per draft token, `row_stride` apart.
+#[derive(Clone, Copy, Debug)]
+pub struct DraftProbs<'a> {
+    pub values: &'a [f32],
+    /// Elements between rows (>= vocab).
+    pub row_stride: usize,
+}
+
+/// One verify call's inputs. Per-request slices have at least `requests` elements.
+#[derive(Clone, Copy, Debug)]
+pub struct VerifyBatch<'a> {
+    /// The target logits: `rows = sum(draft_counts) + requests` rows, request after request
+    /// (its draft positions, then its bonus position).
+    pub logits: Logits<'a>,
+    pub rows: usize,
+    pub vocab: usize,
+    /// Elements between target rows (>= vocab).
+    pub row_stride: usize,
+    pub requests: usize,
+    /// Draft tokens per request (>= 0).
+    pub draft_counts: &'a [i32],
+    /// Every request's draft tokens, one after the other (`sum(draft_counts)` ids).
+    pub draft_tokens: &'a [i32],
+    /// The draft model's probabilities; `None`: drafts are deterministic (one-hot q).
+    pub draft_probs: Option<DraftProbs<'a>>,
+    /// Per-request temperature (`None`: 1.0); below the sampler's `greedy_below`: greedy.
+    pub temperature: Option<&'a [f32]>,
+    pub top_k: Option<&'a [i32]>,
+    pub top_p: Option<&'a [f32]>,
+    pub min_p: Option<&'a [f32]>,
+    /// Per-request seeds: a seeded request's randomness at draft position `j` is a pure
+    /// function of (seed, offset + j).
+    pub seeds: Option<&'a [u64]>,
+    /// Per-request position of the first draft token (`None`: 0).
+    pub offsets: Option<&'a [u64]>,
+    /// Which requests use their seed (nonzero); `None` with `seeds`: every request.
+    pub seeded: Option<&'a [u8]>,
+    /// Acceptance uniforms in (0, 1), one per draft token, for the unseeded sampling requests.
+    pub uniforms: Option<&'a [f64]>,
+    /// Noise of the recovered and bonus draws, one row per target row, for the unseeded
+    /// sampling requests.
+    pub noise: Option<ExternalNoise<'a>>,
+}
+
+impl<'a> VerifyBatch<'a> {
+    /// A call with contiguous target rows, deterministic drafts and no per-request options.
+    pub fn new(logits: Logits<'a>, vocab: usize, draft_counts: &'a [i32], draft_tokens: &'a [i32]) -> Self {
+        let drafts: i64 = draft_counts.iter().map(|&c| c.max(0) as i64).sum();
+        VerifyBatch {
+            logits,
+            rows: drafts as usize + draft_counts.len(),
+            vocab,
+            row_stride: vocab,
+            requests: draft_counts.len(),
+            draft_counts,
+            draft_tokens,
+            draft_probs: None,
+            temperature: None,
+            top_k: None,
+            top_p: None,
+            min_p: None,
+            seeds: None,
+            offsets: None,
+            seeded: None,
+            uniforms: None,
+            noise: None,
+        }
+    }
+}
+
+/// Where a verify call writes; nothing is written unless it succeeds.
+#[derive(Debug)]
+pub struct VerifyOutput<'a> {
+    /// `requests` rows of `tokens_stride` int32: the emitted tokens, then -1 (vLLM's
+    /// placeholder).
+    pub tokens: &'a mut [i32],
+    /// Elements between requests' rows of `tokens` (and `logprobs`); 0: `max(draft_counts) + 1`.
+    pub tokens_stride: usize,
+    /// Emitted tokens per request (accepted drafts + 1).
+    pub counts: &'a mut [i32],
+    /// Per request: the `flags` of every target row it looked at, or-ed.
+    pub flags: Option<&'a mut [u32]>,
+    /// The logprob of each emitted token in its target row, in `logprob_mode` (NaN padding).
+    pub logprobs: Option<&'a mut [f32]>,
+    pub logprob_mode: LogprobMode,
+}
+
+impl<'a> VerifyOutput<'a> {
+    pub fn new(tokens: &'a mut [i32], counts: &'a mut [i32]) -> Self {
+        VerifyOutput { tokens, tokens_stride: 0, counts, flags: None, logprobs: None, logprob_mode: LogprobMode::Raw }
+    }
+}
+
+/// One request of a validated call: its target rows start at `first_row`, its drafts (and q
+/// rows, and uniforms) at `first_draft`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Request {
+    pub first_row: usize,
+    pub first_draft: usize,
+    pub drafts: usize,
+}
+
+/// The per-row parameters of the target rows, expanded from the per-request ones.
+pub(crate) struct Target {
+    pub requests: Vec<Request>,
+    temperature: Option<Vec<f32>>,
+    top_k: Option<Vec<i32>>,
+    top_p: Option<Vec<f32>>,
+    min_p: Option<Vec<f32>>,
+    seeds: Option<Vec<u64>>,
+    offsets: Option<Vec<u64>>,
+    seeded: Option<Vec<u8>>,
+    /// `tokens_stride` resolved.
+    pub width: usize,
+}
+
+/// The request layout of a call: checks the counts and the draft ids.
+fn requests(b: &VerifyBatch) -> Result<Vec<Request>> {
+    let n = b.requests;
+    if b.draft_counts.len() < n {
+        bail_batch!("draft_counts", None, "has {} elements, the call has {n} requests", b.draft_counts.len());
+    }
+    let mut out = Vec::with_capacity(n);
+    let (mut row, mut draft) = (0usize, 0usize);
+    for (i, &c) in b.draft_counts[..n].iter().enumerate() {
+        if c < 0 {
+            bail_batch!("draft_counts", Some(i), "{c} is negative");
+        }
+        out.push(Request { first_row: row, first_draft: draft, drafts: c as usize });
+        draft += c as usize;
+        row += c as usize + 1;
+    }
+    if row != b.rows {
+        bail_batch!(
+            "draft_counts",
+            None,
+            "add up to {draft} drafts, so the {n} requests need {row} target rows (drafts + one bonus row each), but rows is {}",
+            b.rows
+        );
+    }
+    if b.draft_tokens.len() < draft {
+        bail_batch!("draft_tokens", None, "has {} elements, draft_counts add up to {draft}", b.draft_tokens.len());
+    }
+    for (i, r) in out.iter().enumerate() {
+        for j in 0..r.drafts {
+            let (at, d) = (r.first_draft + j, b.draft_tokens[r.first_draft + j]);
+            if d < 0 || d as usize >= b.vocab {
+                bail_batch!(
+                    "draft_tokens",
+                    Some(at),
+                    "request {i}, draft {j}: {d} is not a token id in [0, {})",
+                    b.vocab
+                );
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Checks a verify call and expands its per-request parameters; `greedy_below`, `max_rows` and
+/// `vocab_size` come from the sampler.
+pub(crate) fn prepare(
+    b: &VerifyBatch,
+    out: &VerifyOutput,
+    (greedy_below, max_rows, vocab_size): (f32, usize, usize),
+) -> Result<Target> {
+    let reqs = requests(b)?;
+    // The per-request parameters, checked by the draw's own rules as a batch of `requests` rows
+    // (errors then name the request: `batch.top_p[3]`).
+    let mut view = Batch::new(Logits::F32(&[]), b.requests, b.vocab);
+    (view.temperature, view.top_k, view.top_p, view.min_p) = (b.temperature, b.top_k, b.top_p, b.min_p);
+    (view.seeds, view.offsets, view.seeded) = (b.seeds, b.offsets, b.seeded);
+    validate_params(&view)?;
+    let drafts = reqs.last().map_or(0, |r| r.first_draft + r.drafts);
+    let sampling = |i: usize| b.temperature.map_or(1.0, |t| t[i]) >= greedy_below;
+    if let Some(u) = b.uniforms {
+        if u.len() < drafts {
+            bail_batch!("uniforms", None, "has {} elements, draft_counts add up to {drafts}", u.len());
+        }
+        for (i, r) in reqs.iter().enumerate().filter(|&(i, _)| sampling(i)) {
+            for j in 0..r.drafts {
+                let x = u[r.first_draft + j];
+                if !(x > 0.0 && x < 1.0) {
+                    bail_batch!("uniforms", Some(r.first_draft + j), "request {i}, draft {j}: {x} is not in (0, 1)");
+                }
+            }
+        }
+    }
+    if let Some(q) = &b.draft_probs {
+        if q.row_stride < b.vocab {
+            bail_batch!("draft_probs_row_stride", None, "{} is smaller than vocab {}", q.row_stride, b.vocab);
+        }
+        let need = span(drafts, b.vocab, q.row_stride, 4, "draft_probs_row_stride")?;
+        if q.values.len() < need {
+            bail_batch!("draft_probs", None, "has {} elements, {drafts} draft rows span {need}", q.values.len());
+        }
+    }
+    let max_n = reqs.iter().map(|r| r.drafts).max().unwrap_or(0);
+    let width = if out.tokens_stride == 0 { max_n + 1 } else { out.tokens_stride };
+    if width < max_n + 1 {
+        bail_out!("tokens_stride", None, "{width} is smaller than max(draft_counts) + 1 = {}", max_n + 1);
+    }
+    let need = b
+        .requests
+        .checked_mul(width)
+        .ok_or_else(|| Error::arg(Owner::Output, "tokens_stride", None, "requests x tokens_stride overflows"))?;
+    for (field, len) in [("tokens", Some(out.tokens.len())), ("logprobs", out.logprobs.as_ref().map(|l| l.len()))] {
+        if let Some(len) = len.filter(|&l| l < need) {
+            bail_out!(field, None, "has {len} elements, requests x tokens_stride is {need}");
+        }
+    }
+    for (field, len) in [("counts", Some(out.counts.len())), ("flags", out.flags.as_ref().map(|f| f.len()))] {
+        if let Some(len) = len.filter(|&l| l < b.requests) {
+            bail_out!(field, None, "has {len} elements, the call has {} requests", b.requests);
+        }
+    }
+    let target = expand(b, reqs, width);
+    // The target rows' own checks (their count, the logits' span, the noise).
+    let mut tokens = vec![0i32; b.rows];
+    validate(&target.batch(b), &Output::new(&mut tokens), max_rows, vocab_size)?;
+    Ok(target)
+}
+
+/// Repeats each request's value over its rows.
+fn per_row<T: Copy>(reqs: &[Request], s: Option<&[T]>) -> Option<Vec<T>> {
+    s.map(|s| reqs.iter().enumerate().flat_map(|(i, r)| std::iter::repeat_n(s[i], r.drafts + 1)).collect())
+}
+
+fn expand(b: &VerifyBatch, requests: Vec<Request>, width: usize) -> Target {
+    let offsets = b.offsets.map(|o| {
+        requests
+            .iter()
+            .enumerate()
+            .flat_map(|(i, r)| (0..=r.drafts as u64).map(move |j| o[i].wrapping_add(j)))
+            .collect()
+    });
+    // Offsets are per row even without per-request ones: row j of a request is position j.
+    let offsets = offsets.or_else(|| b.seeds.map(|_| requests.iter().flat_map(|r| 0..=r.drafts as u64).collect()));
+    Target {
+        temperature: per_row(&requests, b.temperature),
+        top_k: per_row(&requests, b.top_k),
+        top_p: per_row(&requests, b.top_p),
+        min_p: per_row(&requests, b.min_p),
+        seeds: per_row(&requests, b.seeds),
+        seeded: per_row(&requests, b.seeded),
+        offsets,
+        requests,
+        width,
+    }
+}
+
+impl Target {
+    /// The target rows as a draw batch.
+    pub(crate) fn batch<'a>(&'a self, b: &VerifyBatch<'a>) -> Batch<'a> {
+        let mut t = Batch::new(b.logits, b.rows, b.vocab);
+        t.row_stride = b.row_stride;
+        t.temperature = self.temperature.as_deref();
+        t.top_k = self.top_k.as_deref();
+        t.top_p = self.top_p.as_deref();
+        t.min_p = self.min_p.as_deref();
+        t.seeds = self.seeds.as_deref();
+        t.offsets = self.offsets.as_deref();
+        t.seeded = self.seeded.as_deref();
+        t.noise = b.noise;
+        t
+    }
+}
+
+/// The domain of the acceptance uniforms' keys: "accept".
+const UNIFORM_DOMAIN: u64 = 0x6163_6365_7074;
+
+/// The acceptance uniform of the draft position keyed by `key` (the key of its target row): 53
+/// random bits, centred, so it lies in (0, 1).
+pub(crate) fn uniform_of_key(key: u64) -> f64 {
+    let bits = splitmix64(key ^ UNIFORM_DOMAIN) >> 11;
+    (bits as f64 + 0.5) * (1.0 / (1u64 << 53) as f64)
+}
+
+/// Every draft token's acceptance uniform (unused for greedy requests): a seeded request's from
+/// its rows' keys, an unseeded one's from `uniforms` when given, else from one key of `keys`
+/// per draft, in order.
+pub(crate) fn uniforms(b: &VerifyBatch, t: &Target, greedy_below: f32, keys: &KeyStream) -> Vec<f64> {
+    let drafts = t.requests.last().map_or(0, |r| r.first_draft + r.drafts);
+    let mut u = vec![0.5; drafts];
+    let target = t.batch(b);
+    let mut keyed = Vec::new();
+    for (i, r) in t.requests.iter().enumerate() {
+        if b.temperature.map_or(1.0, |x| x[i]) < greedy_below {
+            continue;
+        }
+        for j in 0..r.drafts {
+            let at = r.first_draft + j;
+            if let Some((seed, offset)) = target.seed_of(r.first_row + j) {
+                u[at] = uniform_of_key(seeded_row_key(seed, offset));
+            } else if let Some(ext) = b.uniforms {
+                u[at] = ext[at];
+            } else {
+                keyed.push(at);
+            }
+        }
+    }
+    let mut k = vec![0u64; keyed.len()];
+    keys.next_keys(&mut k);
+    for (&at, &key) in keyed.iter().zip(&k) {
+        u[at] = uniform_of_key(key);
+    }
+    u
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uniforms_are_inside_the_open_interval() {
+        assert!(uniform_of_key(0) > 0.0 && uniform_of_key(0) < 1.0);
+        let lo = (0.5f64) * (1.0 / (1u64 << 53) as f64);
+        assert!(lo > 0.0 && 1.0 - lo < 1.0);
+        assert!(((1u64 << 53) as f64 - 0.5) * (1.0 / (1u64 << 53) as f64) < 1.0);
+    }
+}

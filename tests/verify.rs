@@ -1,0 +1,808 @@
+//! Speculative decoding (issue 10): `Sampler::verify` against a float64 reference of vLLM's
+//! rejection sampling written in the simplest form (the target distribution `p` from the
+//! reference draw's kept set, the ratio and the comparison in f64, the residual race over
+//! `max(p - q, 0)` in f64 on the same noise), plus the distribution it must produce.
+//!
+//! - Random calls: mixed draft counts (0 included), greedy and sampling requests, with and
+//!   without q, filters, every logit shape of `common::gen_row`, f32/bf16/f16, every SIMD level,
+//!   threads 1 and 2; seeded requests, external uniforms and noise, and the sampler's stream
+//!   (followed by the reference: target rows first, then the drafts' uniforms). Emitted tokens and
+//!   counts equal the reference's, except requests where a decision lies within rounding of
+//!   its threshold (counted: a handful at most).
+//! - Distribution: drafts drawn from q by the test; the first emitted token follows p_0
+//!   (chi-square), the first draft's acceptance rate is sum min(p_0, q_0) (binomial band), the
+//!   second token given an accepted first follows p_1; the same counts reject a verifier that
+//!   forgets the residual and one that compares against p instead of p / q.
+//! - Seeded requests: the same outputs at every batch position, with any batch mates, on 1 and
+//!   2 threads and at every SIMD level.
+//! - Bad input: an error naming the argument, request and position, and nothing written.
+//!
+//! `cargo test --test verify -- --nocapture` prints the counts.
+mod common;
+#[path = "reference/mod.rs"]
+mod reference;
+
+use common::{chi2, chi2_critical, gen_row, pick_dist, TestRng};
+use reference as rf;
+use tokenrace::*;
+
+const STREAM_SEED: u64 = 0x005e_ed0f_5bec_0010;
+/// The domain of the acceptance uniforms' keys (docs/semantics.md): "accept".
+const UNIFORM_DOMAIN: u64 = 0x6163_6365_7074;
+const GREEDY_BELOW: f32 = 1e-5;
+
+/// The acceptance uniform of a draft position whose target row has key `key`.
+fn ref_uniform(key: u64) -> f64 {
+    let bits = rf::splitmix64(key ^ UNIFORM_DOMAIN) >> 11;
+    (bits as f64 + 0.5) / (1u64 << 53) as f64
+}
+
+fn ln_e(noise: rf::Noise, i: usize) -> f64 {
+    match noise {
+        rf::Noise::Inline(key) => rf::inline_noise(key, i).ln(),
+        rf::Noise::Exp(v) => {
+            let e = v[i] as f64;
+            if e > 0.0 {
+                e.ln()
+            } else {
+                f64::NAN
+            }
+        }
+        rf::Noise::LogExp(v) => v[i] as f64,
+    }
+}
+
+/// One request as the reference takes it.
+struct RefRequest<'a> {
+    rows: Vec<&'a [f32]>,
+    drafts: &'a [i32],
+    q: Option<Vec<&'a [f32]>>,
+    uniforms: Vec<f64>,
+    noise: Vec<rf::Noise<'a>>,
+    temperature: f32,
+    filters: rf::Filters,
+}
+
+/// The reference verification of one request: its emitted tokens, or `None` when a decision lies
+/// within rounding of its threshold (an acceptance ratio within 1e-9 of its uniform, a race or a
+/// filter cut near a tie), where an exact implementation may go either way.
+fn ref_verify(r: &RefRequest) -> Option<Vec<i32>> {
+    let mut out = Vec::new();
+    for (j, &x) in r.rows.iter().enumerate() {
+        let drawn = rf::draw(x, r.temperature, GREEDY_BELOW, r.noise[j], r.filters);
+        if drawn.ambiguous {
+            return None;
+        }
+        let Some(&d) = r.drafts.get(j) else {
+            // The bonus row: a plain draw.
+            if !drawn.near.is_empty() {
+                return None;
+            }
+            out.push(drawn.token as i32);
+            return Some(out);
+        };
+        let d = d as usize;
+        if drawn.kept.is_empty() {
+            // Greedy, +inf or empty: p is a point mass at the row's token.
+            out.push(drawn.token as i32);
+            if drawn.token == d {
+                continue;
+            }
+            return Some(out);
+        }
+        let m = rf::finite_max(x);
+        let w: Vec<f64> =
+            (0..x.len()).map(|i| if drawn.kept[i] { ((x[i] as f64 - m) * drawn.inv_t).exp() } else { 0.0 }).collect();
+        let z: f64 = w.iter().sum();
+        let p: Vec<f64> = w.iter().map(|w| w / z).collect();
+        let q = |i: usize| r.q.as_ref().map_or((i == d) as u8 as f64, |q| q[j][i] as f64);
+        let (pd, qd, u) = (p[d], q(d), r.uniforms[j]);
+        let accept = if pd == 0.0 {
+            false
+        } else if qd == 0.0 {
+            true
+        } else {
+            if (u - pd / qd).abs() <= 1e-9 * (pd / qd) {
+                return None;
+            }
+            u < pd / qd
+        };
+        if accept {
+            out.push(d as i32);
+            continue;
+        }
+        let resid: Vec<f64> = (0..x.len()).map(|i| (p[i] - q(i)).max(0.0)).collect();
+        let race = if r.q.is_none() {
+            // One-hot q: the residual is p without d; its race is the row's own race without d.
+            let t = r.temperature as f64;
+            rf::race64(x, |i| drawn.kept[i] && i != d, |i| ((x[i] as f64 - m) / t, ln_e(r.noise[j], i)))
+        } else {
+            rf::race64(x, |i| resid[i] > 0.0, |i| (resid[i].ln(), ln_e(r.noise[j], i)))
+        };
+        if !race.near.is_empty() {
+            return None;
+        }
+        if race.token == usize::MAX {
+            // No residual mass: a draw from p.
+            if !drawn.near.is_empty() {
+                return None;
+            }
+            out.push(drawn.token as i32);
+        } else {
+            out.push(race.token as i32);
+        }
+        return Some(out);
+    }
+    unreachable!("the bonus row returns")
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Dtype {
+    F32,
+    Bf16,
+    F16,
+}
+
+/// Rounds values to what a dtype holds (so that the reference sees the logits the library reads).
+fn round_to(d: Dtype, x: &mut [f32]) {
+    for v in x.iter_mut() {
+        *v = match d {
+            Dtype::F32 => *v,
+            Dtype::Bf16 => Bf16::from_f32(*v).to_f32(),
+            Dtype::F16 => F16::from_f32(*v).to_f32(),
+        };
+    }
+}
+
+/// Where a call's randomness comes from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Source {
+    /// Every sampling request seeded (some unseeded when `mixed`).
+    Seeded,
+    /// External uniforms and E noise for the unseeded requests.
+    External,
+    /// The sampler's stream.
+    Stream,
+}
+
+/// A random verify call and everything the reference needs.
+struct Call {
+    vocab: usize,
+    counts: Vec<i32>,
+    drafts: Vec<i32>,
+    logits: Vec<f32>,
+    q: Option<Vec<f32>>,
+    temperature: Vec<f32>,
+    top_k: Vec<i32>,
+    top_p: Vec<f32>,
+    min_p: Vec<f32>,
+    seeds: Vec<u64>,
+    offsets: Vec<u64>,
+    seeded: Vec<u8>,
+    uniforms: Option<Vec<f64>>,
+    noise: Option<Vec<f32>>,
+}
+
+impl Call {
+    fn random(rng: &mut TestRng, dtype: Dtype, source: Source, vocab: usize) -> Call {
+        let requests = 1 + rng.below(6);
+        let counts: Vec<i32> = (0..requests).map(|_| rng.below(5) as i32).collect();
+        let rows: usize = counts.iter().map(|&c| c as usize + 1).sum();
+        let mut logits = Vec::with_capacity(rows * vocab);
+        for _ in 0..rows {
+            let dist = pick_dist(rng);
+            let mut x =
+                if rng.below(3) == 0 { common::peaked_logits(rng, vocab, 2.0, 8.0) } else { gen_row(rng, dist, vocab) };
+            round_to(dtype, &mut x);
+            logits.extend_from_slice(&x);
+        }
+        let with_q = rng.below(2) == 0;
+        let drafts_total: usize = counts.iter().map(|&c| c as usize).sum();
+        let mut q = Vec::new();
+        let mut drafts = Vec::new();
+        let mut row = 0;
+        for &c in &counts {
+            for j in 0..c as usize {
+                let x = &logits[(row + j) * vocab..(row + j + 1) * vocab];
+                if with_q {
+                    // A draft model close to the target: the target row perturbed, softmaxed.
+                    let y: Vec<f32> =
+                        x.iter().map(|&v| if v.is_finite() { v + 1.5 * rng.normal() as f32 } else { 0.0 }).collect();
+                    let mut qr = common::softmax64(&y, 1.0);
+                    if rng.below(4) == 0 {
+                        // Some tokens the draft never proposes.
+                        for v in qr.iter_mut().take(vocab / 3) {
+                            *v = 0.0;
+                        }
+                        let s: f64 = qr.iter().sum();
+                        qr.iter_mut().for_each(|v| *v /= s);
+                    }
+                    let qf: Vec<f32> = qr.iter().map(|&v| v as f32).collect();
+                    // The draft drawn from q (inverse CDF).
+                    let mut u = rng.f64();
+                    let mut d = vocab - 1;
+                    for (i, &p) in qr.iter().enumerate() {
+                        if u < p {
+                            d = i;
+                            break;
+                        }
+                        u -= p;
+                    }
+                    drafts.push(d as i32);
+                    q.extend_from_slice(&qf);
+                } else {
+                    // Deterministic drafts: often the target's argmax, else any token.
+                    let d = if rng.below(2) == 0 { rf::argmax(x) } else { rng.below(vocab) };
+                    drafts.push(d as i32);
+                }
+            }
+            row += c as usize + 1;
+        }
+        let temperature = (0..requests)
+            .map(|_| match rng.below(5) {
+                0 => 0.0,
+                1 => 2.0,
+                _ => 0.3 + rng.f64() as f32,
+            })
+            .collect();
+        let top_k = (0..requests).map(|_| if rng.below(3) == 0 { 1 + rng.below(20) as i32 } else { 0 }).collect();
+        let top_p = (0..requests).map(|_| if rng.below(3) == 0 { 0.5 + 0.5 * rng.f64() as f32 } else { 1.0 }).collect();
+        let min_p = (0..requests).map(|_| if rng.below(4) == 0 { 0.05 * rng.f64() as f32 } else { 0.0 }).collect();
+        let seeds = (0..requests).map(|_| rng.u64()).collect();
+        let offsets = (0..requests).map(|_| rng.below(1000) as u64).collect();
+        let seeded = (0..requests).map(|_| (source == Source::Seeded && rng.below(4) != 0) as u8).collect();
+        let (uniforms, noise) = if source == Source::External {
+            let u = (0..drafts_total).map(|_| (rng.u64() >> 11) as f64 / (1u64 << 53) as f64 + 1e-300).collect();
+            let e = (0..rows * vocab).map(|_| rng.exp() as f32).collect();
+            (Some(u), Some(e))
+        } else {
+            (None, None)
+        };
+        Call {
+            vocab,
+            counts,
+            drafts,
+            logits,
+            q: with_q.then_some(q),
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            seeds,
+            offsets,
+            seeded,
+            uniforms,
+            noise,
+        }
+    }
+
+    fn batch<'a>(&'a self, logits: Logits<'a>) -> VerifyBatch<'a> {
+        VerifyBatch {
+            draft_probs: self.q.as_ref().map(|q| DraftProbs { values: q, row_stride: self.vocab }),
+            temperature: Some(&self.temperature),
+            top_k: Some(&self.top_k),
+            top_p: Some(&self.top_p),
+            min_p: Some(&self.min_p),
+            seeds: Some(&self.seeds),
+            offsets: Some(&self.offsets),
+            seeded: Some(&self.seeded),
+            uniforms: self.uniforms.as_deref(),
+            noise: self.noise.as_ref().map(|n| ExternalNoise {
+                values: n,
+                kind: NoiseKind::Exp,
+                row_stride: self.vocab,
+            }),
+            ..VerifyBatch::new(logits, self.vocab, &self.counts, &self.drafts)
+        }
+    }
+
+    /// The reference's emitted tokens of every request (None: a decision near its threshold),
+    /// following a sampler whose stream was seeded with `stream_seed`.
+    fn reference(&self, stream_seed: u64) -> Vec<Option<Vec<i32>>> {
+        let v = self.vocab;
+        let greedy = |i: usize| self.temperature[i] < GREEDY_BELOW;
+        let mut stream = rf::KeyStream::new(stream_seed);
+        // The sampler keys the unseeded sampling target rows first, in row order, then the
+        // unseeded drafts' uniforms, in draft order.
+        let (mut row_keys, mut first_rows, mut first_drafts) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut row, mut draft) = (0, 0);
+        for (i, &c) in self.counts.iter().enumerate() {
+            first_rows.push(row);
+            first_drafts.push(draft);
+            for j in 0..=c as usize {
+                let key = if self.seeded[i] != 0 {
+                    Some(rf::row_key(self.seeds[i], self.offsets[i] + j as u64))
+                } else if greedy(i) || self.noise.is_some() {
+                    None
+                } else {
+                    Some(stream.next())
+                };
+                row_keys.push(key);
+            }
+            row += c as usize + 1;
+            draft += c as usize;
+        }
+        let mut uniforms = vec![0.5; draft];
+        for (i, &c) in self.counts.iter().enumerate() {
+            for j in 0..c as usize {
+                let at = first_drafts[i] + j;
+                uniforms[at] = if self.seeded[i] != 0 {
+                    ref_uniform(row_keys[first_rows[i] + j].unwrap())
+                } else if greedy(i) {
+                    0.5
+                } else if let Some(u) = &self.uniforms {
+                    u[at]
+                } else {
+                    ref_uniform(stream.next())
+                };
+            }
+        }
+        (0..self.counts.len())
+            .map(|i| {
+                let (r0, d0, n) = (first_rows[i], first_drafts[i], self.counts[i] as usize);
+                let rows = (r0..=r0 + n).map(|r| &self.logits[r * v..(r + 1) * v]).collect();
+                let noise = (r0..=r0 + n)
+                    .map(|r| match (row_keys[r], &self.noise) {
+                        (Some(k), _) => rf::Noise::Inline(k),
+                        (None, Some(e)) => rf::Noise::Exp(&e[r * v..(r + 1) * v]),
+                        (None, None) => rf::Noise::Inline(0), // greedy: unused
+                    })
+                    .collect();
+                ref_verify(&RefRequest {
+                    rows,
+                    drafts: &self.drafts[d0..d0 + n],
+                    q: self.q.as_ref().map(|q| (d0..d0 + n).map(|d| &q[d * v..(d + 1) * v]).collect()),
+                    uniforms: uniforms[d0..d0 + n].to_vec(),
+                    noise,
+                    temperature: self.temperature[i],
+                    filters: rf::Filters { top_k: self.top_k[i], top_p: self.top_p[i], min_p: self.min_p[i] },
+                })
+            })
+            .collect()
+    }
+}
+
+fn sampler(level: SimdLevel, threads: usize, seed: u64) -> Sampler {
+    let choice = match level {
+        SimdLevel::Scalar => SimdChoice::Scalar,
+        SimdLevel::Portable => SimdChoice::Portable,
+        SimdLevel::Avx2 => SimdChoice::Avx2,
+        SimdLevel::Avx512 => SimdChoice::Avx512,
+    };
+    let cfg = Config {
+        simd: choice,
+        seed: Some(seed),
+        max_rows: 4096,
+        threads,
+        greedy_below: GREEDY_BELOW,
+        ..Config::default()
+    };
+    Sampler::new(cfg).unwrap()
+}
+
+/// A call's output: tokens (requests x width) and counts.
+fn verify(s: &Sampler, b: &VerifyBatch) -> (Vec<i32>, Vec<i32>, usize) {
+    let width = b.draft_counts.iter().copied().max().unwrap_or(0) as usize + 1;
+    let mut tokens = vec![-7; b.requests * width];
+    let mut counts = vec![-7; b.requests];
+    s.verify(b, &mut VerifyOutput::new(&mut tokens, &mut counts)).unwrap();
+    (tokens, counts, width)
+}
+
+fn with_logits<R>(dtype: Dtype, x: &[f32], f: impl FnOnce(Logits) -> R) -> R {
+    match dtype {
+        Dtype::F32 => f(Logits::F32(x)),
+        Dtype::Bf16 => {
+            let y: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v)).collect();
+            f(Logits::Bf16(&y))
+        }
+        Dtype::F16 => {
+            let y: Vec<F16> = x.iter().map(|&v| F16::from_f32(v)).collect();
+            f(Logits::F16(&y))
+        }
+    }
+}
+
+/// Checks one call's output against the reference; returns (requests compared, near ties).
+fn check_call(call: &Call, dtype: Dtype, level: SimdLevel, threads: usize, what: &str) -> (usize, usize) {
+    let s = sampler(level, threads, STREAM_SEED);
+    let (tokens, counts, width) = with_logits(dtype, &call.logits, |l| verify(&s, &call.batch(l)));
+    let want = call.reference(STREAM_SEED);
+    let mut near = 0;
+    for (i, w) in want.iter().enumerate() {
+        let got = &tokens[i * width..(i + 1) * width];
+        let c = counts[i] as usize;
+        assert!(c >= 1 && c <= call.counts[i] as usize + 1, "{what}: request {i}: count {c}");
+        assert!(got[c..].iter().all(|&t| t == -1), "{what}: request {i}: padding {got:?}");
+        match w {
+            None => near += 1,
+            Some(w) => assert_eq!(
+                &got[..c],
+                &w[..],
+                "{what}: request {i} (drafts {:?}, T {}, q {})",
+                &call.drafts,
+                call.temperature[i],
+                call.q.is_some()
+            ),
+        }
+    }
+    (want.len(), near)
+}
+
+#[test]
+fn random_calls_match_the_float64_reference() {
+    let mut rng = TestRng::new(0x7e51_f1ed);
+    let (mut compared, mut near) = (0, 0);
+    for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
+        for level in supported_levels() {
+            for threads in [1, 2] {
+                for source in [Source::Seeded, Source::External, Source::Stream] {
+                    for _ in 0..6 {
+                        let vocab = [40, 300, 1000, 2500][rng.below(4)];
+                        let call = Call::random(&mut rng, dtype, source, vocab);
+                        let what = format!("{dtype:?} {level:?} threads {threads} {source:?} vocab {vocab}");
+                        let (c, n) = check_call(&call, dtype, level, threads, &what);
+                        compared += c;
+                        near += n;
+                    }
+                }
+            }
+        }
+    }
+    println!("verify: {compared} requests compared with the reference, {near} near a threshold");
+    assert!(near * 50 <= compared, "{near} of {compared} requests near a threshold");
+}
+
+#[test]
+fn a_large_vocabulary_matches_the_reference() {
+    let mut rng = TestRng::new(0xb16_70ca);
+    for source in [Source::Seeded, Source::External] {
+        let call = Call::random(&mut rng, Dtype::F32, source, 151_936);
+        let (c, n) = check_call(&call, Dtype::F32, best_level(), 2, &format!("vocab 151936 {source:?}"));
+        assert!(n < c);
+    }
+}
+
+/// Softmax of `x * inv_t` over the tokens the reference filters keep.
+fn target_probs(x: &[f32], t: f32, f: rf::Filters) -> Vec<f64> {
+    let inv_t = rf::inv_t32(t);
+    let m = rf::finite_max(x);
+    let (kept, ambiguous) = rf::filter_set(x, m, inv_t, f);
+    assert!(!ambiguous);
+    let w: Vec<f64> = (0..x.len()).map(|i| if kept[i] { ((x[i] as f64 - m) * inv_t).exp() } else { 0.0 }).collect();
+    let z: f64 = w.iter().sum();
+    w.iter().map(|w| w / z).collect()
+}
+
+fn draw_from(rng: &mut TestRng, p: &[f64]) -> usize {
+    let mut u = rng.f64();
+    for (i, &w) in p.iter().enumerate() {
+        if u < w {
+            return i;
+        }
+        u -= w;
+    }
+    p.iter().rposition(|&w| w > 0.0).unwrap()
+}
+
+#[test]
+fn emitted_tokens_follow_the_target_distribution() {
+    let vocab = 12;
+    let x0: Vec<f32> = vec![2.0, 1.5, 1.0, 0.5, 0.0, -0.5, 0.3, 1.2, -1.0, 0.8, -2.0, 0.1];
+    let x1: Vec<f32> = vec![0.0, -1.0, 2.5, 0.5, 1.0, -0.5, 0.0, 0.2, 1.4, -1.0, 0.6, 0.0];
+    let (t, f) = (0.8, rf::Filters { top_k: 10, top_p: 1.0, min_p: 0.0 });
+    let (p0, p1) = (target_probs(&x0, t, f), target_probs(&x1, t, f));
+    // A draft model that favours other tokens than the target.
+    let q0: Vec<f64> = {
+        let y = [0.0f32, 1.0, 2.0, 0.5, 1.5, -0.5, 0.3, -1.0, 0.0, 0.2, 1.0, 0.4];
+        common::softmax64(&y, 1.0)
+    };
+    let q1: Vec<f64> = common::softmax64(&[1.0, 0.0, 0.5, 2.0, 0.0, 0.5, -1.0, 0.2, 0.4, 0.0, 0.0, 1.0], 1.0);
+    let s = sampler(best_level(), 2, 99);
+    let mut rng = TestRng::new(4242);
+    let per_call = 1300;
+    let (mut first, mut second) = (vec![0u64; vocab], vec![0u64; vocab]);
+    let (mut accepted, mut trials) = (0u64, 0u64);
+    let mut first_no_q = vec![0u64; vocab];
+    for _ in 0..16 {
+        let counts = vec![2i32; per_call];
+        let mut logits = Vec::new();
+        let (mut drafts, mut q) = (Vec::new(), Vec::new());
+        for _ in 0..per_call {
+            logits.extend_from_slice(&x0);
+            logits.extend_from_slice(&x1);
+            logits.extend_from_slice(&x0); // bonus row
+            drafts.push(draw_from(&mut rng, &q0) as i32);
+            drafts.push(draw_from(&mut rng, &q1) as i32);
+            q.extend(q0.iter().map(|&v| v as f32));
+            q.extend(q1.iter().map(|&v| v as f32));
+        }
+        let temperature = vec![t; per_call];
+        let top_k = vec![f.top_k; per_call];
+        let base = VerifyBatch {
+            temperature: Some(&temperature),
+            top_k: Some(&top_k),
+            ..VerifyBatch::new(Logits::F32(&logits), vocab, &counts, &drafts)
+        };
+        let b = VerifyBatch { draft_probs: Some(DraftProbs { values: &q, row_stride: vocab }), ..base };
+        let (tokens, c, w) = verify(&s, &b);
+        for i in 0..per_call {
+            first[tokens[i * w] as usize] += 1;
+            trials += 1;
+            if c[i] >= 2 {
+                accepted += 1;
+                second[tokens[i * w + 1] as usize] += 1;
+            }
+        }
+        // The same drafts as deterministic ones (no q): the first token still follows p_0.
+        let (tokens, _, w) = verify(&s, &base);
+        for i in 0..per_call {
+            first_no_q[tokens[i * w] as usize] += 1;
+        }
+    }
+    let crit = |dof| chi2_critical(dof, 5.0);
+    let (x2, dof) = chi2(&first, &p0);
+    println!("first token vs p0: chi2 {x2:.1} (dof {dof}, critical {:.1})", crit(dof));
+    assert!(x2 < crit(dof), "the first emitted token does not follow p0: {x2} (dof {dof})");
+    let (x2, dof) = chi2(&first_no_q, &p0);
+    println!("first token without q vs p0: chi2 {x2:.1} (dof {dof})");
+    assert!(x2 < crit(dof), "without q, the first emitted token does not follow p0: {x2}");
+    let (x2, dof) = chi2(&second, &p1);
+    println!("second token vs p1: chi2 {x2:.1} (dof {dof})");
+    assert!(x2 < crit(dof), "the second emitted token does not follow p1: {x2}");
+    let beta: f64 = p0.iter().zip(&q0).map(|(p, q)| p.min(*q)).sum();
+    let (n, k) = (trials as f64, accepted as f64);
+    let sd = (n * beta * (1.0 - beta)).sqrt();
+    println!("first draft accepted {k} of {n} (expected {:.0} +- {sd:.0})", n * beta);
+    assert!((k - n * beta).abs() < 5.0 * sd, "acceptance rate {} against {beta}", k / n);
+    // Power: the verifier that forgets the residual (redraws from p on rejection), and the one
+    // that accepts with probability p(d) instead of p(d) / q(d), are rejected by these counts.
+    let forgot: Vec<f64> = (0..vocab).map(|x| p0[x].min(q0[x]) + (1.0 - beta) * p0[x]).collect();
+    let against_p: Vec<f64> = {
+        let acc: Vec<f64> = (0..vocab).map(|x| q0[x] * p0[x]).collect();
+        let rest = 1.0 - acc.iter().sum::<f64>();
+        let resid: Vec<f64> = (0..vocab).map(|x| (p0[x] - q0[x]).max(0.0)).collect();
+        let rs: f64 = resid.iter().sum();
+        (0..vocab).map(|x| acc[x] + rest * resid[x] / rs).collect()
+    };
+    for (name, wrong) in [("forgets the residual", &forgot), ("compares against p", &against_p)] {
+        let (x2, dof) = chi2(&first, wrong);
+        println!("power: a verifier that {name}: chi2 {x2:.1} (dof {dof}, critical {:.1})", crit(dof));
+        assert!(x2 > crit(dof), "the counts cannot tell a verifier that {name}: {x2}");
+    }
+}
+
+#[test]
+fn seeded_requests_do_not_depend_on_the_batch_threads_or_level() {
+    let mut rng = TestRng::new(0x5eed);
+    let call = Call::random_seeded(&mut rng);
+    let reference = {
+        let s = sampler(SimdLevel::Scalar, 1, 1);
+        let (t, c, w) = verify(&s, &call.batch(Logits::F32(&call.logits)));
+        (0..call.counts.len()).map(|i| t[i * w..i * w + c[i] as usize].to_vec()).collect::<Vec<_>>()
+    };
+    for level in supported_levels() {
+        for threads in [1, 2] {
+            let s = sampler(level, threads, 7 + threads as u64);
+            // Each request alone, then after unseeded batch mates in reverse order.
+            for (i, want) in reference.iter().enumerate() {
+                let one = call.only(&[i]);
+                let (t, c, _) = verify(&s, &one.batch(Logits::F32(&one.logits)));
+                assert_eq!(&t[..c[0] as usize], &want[..], "{level:?} threads {threads}: request {i} alone");
+            }
+            let order: Vec<usize> = (0..call.counts.len()).rev().collect();
+            let mut mixed = call.only(&order);
+            let mut mate = Call::random(&mut rng, Dtype::F32, Source::Stream, call.vocab);
+            mate.seeded.iter_mut().for_each(|s| *s = 0);
+            mixed.append(&mate);
+            let (t, c, w) = verify(&s, &mixed.batch(Logits::F32(&mixed.logits)));
+            for (pos, &i) in order.iter().enumerate() {
+                assert_eq!(
+                    &t[pos * w..pos * w + c[pos] as usize],
+                    &reference[i][..],
+                    "{level:?} threads {threads}: request {i} at {pos}"
+                );
+            }
+        }
+    }
+}
+
+impl Call {
+    /// Sampling requests with seeds and drafts that are sometimes accepted.
+    fn random_seeded(rng: &mut TestRng) -> Call {
+        let mut c = Call::random(rng, Dtype::F32, Source::Seeded, 2000);
+        while c.counts.len() < 4 {
+            let more = Call::random(rng, Dtype::F32, Source::Seeded, 2000);
+            if more.q.is_some() == c.q.is_some() {
+                c.append(&more);
+            }
+        }
+        c.seeded.iter_mut().for_each(|s| *s = 1);
+        c.temperature.iter_mut().for_each(|t| *t = t.max(0.5));
+        c
+    }
+
+    /// The requests `which`, in that order.
+    fn only(&self, which: &[usize]) -> Call {
+        let v = self.vocab;
+        let (mut first_row, mut first_draft) = (Vec::new(), Vec::new());
+        let (mut r, mut d) = (0, 0);
+        for &c in &self.counts {
+            first_row.push(r);
+            first_draft.push(d);
+            r += c as usize + 1;
+            d += c as usize;
+        }
+        let mut out = Call {
+            counts: vec![],
+            drafts: vec![],
+            logits: vec![],
+            q: self.q.as_ref().map(|_| vec![]),
+            temperature: vec![],
+            top_k: vec![],
+            top_p: vec![],
+            min_p: vec![],
+            seeds: vec![],
+            offsets: vec![],
+            seeded: vec![],
+            uniforms: self.uniforms.as_ref().map(|_| vec![]),
+            noise: self.noise.as_ref().map(|_| vec![]),
+            vocab: v,
+        };
+        for &i in which {
+            let n = self.counts[i] as usize;
+            out.counts.push(self.counts[i]);
+            out.drafts.extend_from_slice(&self.drafts[first_draft[i]..first_draft[i] + n]);
+            out.logits.extend_from_slice(&self.logits[first_row[i] * v..(first_row[i] + n + 1) * v]);
+            if let (Some(q), Some(oq)) = (&self.q, out.q.as_mut()) {
+                oq.extend_from_slice(&q[first_draft[i] * v..(first_draft[i] + n) * v]);
+            }
+            if let (Some(u), Some(ou)) = (&self.uniforms, out.uniforms.as_mut()) {
+                ou.extend_from_slice(&u[first_draft[i]..first_draft[i] + n]);
+            }
+            if let (Some(e), Some(oe)) = (&self.noise, out.noise.as_mut()) {
+                oe.extend_from_slice(&e[first_row[i] * v..(first_row[i] + n + 1) * v]);
+            }
+            out.temperature.push(self.temperature[i]);
+            out.top_k.push(self.top_k[i]);
+            out.top_p.push(self.top_p[i]);
+            out.min_p.push(self.min_p[i]);
+            out.seeds.push(self.seeds[i]);
+            out.offsets.push(self.offsets[i]);
+            out.seeded.push(self.seeded[i]);
+        }
+        out
+    }
+
+    /// Appends `other`'s requests (same vocab; q kept only if both have it).
+    fn append(&mut self, other: &Call) {
+        assert_eq!(self.vocab, other.vocab);
+        match (self.q.as_mut(), other.q.as_ref()) {
+            (Some(q), Some(oq)) => q.extend_from_slice(oq),
+            (Some(q), None) => {
+                // One-hot rows for the other call's deterministic drafts.
+                for &d in &other.drafts {
+                    let mut row = vec![0f32; self.vocab];
+                    row[d as usize] = 1.0;
+                    q.extend_from_slice(&row);
+                }
+            }
+            // The other's q is dropped: its drafts become deterministic.
+            (None, _) => {}
+        }
+        self.counts.extend_from_slice(&other.counts);
+        self.drafts.extend_from_slice(&other.drafts);
+        self.logits.extend_from_slice(&other.logits);
+        self.temperature.extend_from_slice(&other.temperature);
+        self.top_k.extend_from_slice(&other.top_k);
+        self.top_p.extend_from_slice(&other.top_p);
+        self.min_p.extend_from_slice(&other.min_p);
+        self.seeds.extend_from_slice(&other.seeds);
+        self.offsets.extend_from_slice(&other.offsets);
+        self.seeded.extend_from_slice(&other.seeded);
+        self.uniforms = None;
+        self.noise = None;
+    }
+}
+
+#[test]
+fn bad_input_is_refused_naming_the_request_and_nothing_is_written() {
+    let vocab = 50;
+    let counts = vec![2, 0, 1];
+    let drafts = vec![3, 4, 5];
+    let logits: Vec<f32> = (0..6 * vocab).map(|i| (i % 7) as f32).collect();
+    let mut q: Vec<f32> = vec![1.0 / vocab as f32; 3 * vocab];
+    let s = sampler(best_level(), 1, 1);
+    let try_call = |b: &VerifyBatch, stride: usize| -> Error {
+        let mut tokens = vec![-7; 3 * stride.max(3)];
+        let mut counts_out = vec![-7; 3];
+        let mut out = VerifyOutput { tokens_stride: stride, ..VerifyOutput::new(&mut tokens, &mut counts_out) };
+        let e = s.verify(b, &mut out).unwrap_err();
+        assert!(tokens.iter().all(|&t| t == -7) && counts_out.iter().all(|&c| c == -7), "written on error: {e}");
+        assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
+        e
+    };
+    let base = VerifyBatch::new(Logits::F32(&logits), vocab, &counts, &drafts);
+    let expect = |e: Error, parts: &[&str]| {
+        for p in parts {
+            assert!(e.message.contains(p), "{:?} lacks {p:?}", e.message);
+        }
+    };
+    let bad_drafts = vec![3, 50, 5];
+    expect(
+        try_call(&VerifyBatch { draft_tokens: &bad_drafts, ..base }, 0),
+        &["batch.draft_tokens[1]", "request 0, draft 1", "50"],
+    );
+    let neg = vec![3, 4, -1];
+    expect(try_call(&VerifyBatch { draft_tokens: &neg, ..base }, 0), &["batch.draft_tokens[2]", "request 2, draft 0"]);
+    expect(try_call(&VerifyBatch { rows: 7, ..base }, 0), &["batch.draft_counts", "6 target rows", "rows is 7"]);
+    let negative_count = vec![2, -1, 1];
+    expect(try_call(&VerifyBatch { draft_counts: &negative_count, ..base }, 0), &["batch.draft_counts[1]", "negative"]);
+    q[vocab + 7] = -0.01;
+    let b = VerifyBatch { draft_probs: Some(DraftProbs { values: &q, row_stride: vocab }), ..base };
+    expect(try_call(&b, 0), &["batch.draft_probs[1]", "request 0, draft 1", "token 7"]);
+    q[vocab + 7] = f32::NAN;
+    expect(
+        try_call(&VerifyBatch { draft_probs: Some(DraftProbs { values: &q, row_stride: vocab }), ..base }, 0),
+        &["batch.draft_probs[1]", "token 7"],
+    );
+    q[vocab + 7] = 1.0 / vocab as f32;
+    q[2 * vocab] = 0.5;
+    expect(
+        try_call(&VerifyBatch { draft_probs: Some(DraftProbs { values: &q, row_stride: vocab }), ..base }, 0),
+        &["batch.draft_probs[2]", "request 2, draft 0", "not 1 within 1e-3"],
+    );
+    q[2 * vocab] = 1.0 / vocab as f32;
+    let short = &q[..2 * vocab];
+    expect(
+        try_call(&VerifyBatch { draft_probs: Some(DraftProbs { values: short, row_stride: vocab }), ..base }, 0),
+        &["batch.draft_probs"],
+    );
+    let u = vec![0.5, 1.0, 0.5];
+    expect(
+        try_call(&VerifyBatch { uniforms: Some(&u), ..base }, 0),
+        &["batch.uniforms[1]", "request 0, draft 1", "(0, 1)"],
+    );
+    let u0 = vec![0.5, 0.5, 0.0];
+    expect(try_call(&VerifyBatch { uniforms: Some(&u0), ..base }, 0), &["batch.uniforms[2]", "request 2"]);
+    let top_p = vec![1.0, 1.5, 1.0];
+    expect(try_call(&VerifyBatch { top_p: Some(&top_p), ..base }, 0), &["batch.top_p[1]"]);
+    let temp = vec![1.0, f32::NAN, 1.0];
+    expect(try_call(&VerifyBatch { temperature: Some(&temp), ..base }, 0), &["batch.temperature[1]"]);
+    expect(try_call(&base, 2), &["out.tokens_stride", "3"]);
+    // Greedy requests ignore their uniforms and q rows.
+    let greedy = vec![0.0f32; 3];
+    q[2 * vocab] = 0.5;
+    let b = VerifyBatch {
+        temperature: Some(&greedy),
+        uniforms: Some(&u0),
+        draft_probs: Some(DraftProbs { values: &q, row_stride: vocab }),
+        ..base
+    };
+    let (_, c, _) = verify(&s, &b);
+    assert!(c.iter().all(|&c| c >= 1));
+}
+
+#[test]
+fn greedy_requests_accept_while_the_drafts_are_the_argmax() {
+    let vocab = 20;
+    let rows: Vec<Vec<f32>> = (0..4).map(|r| (0..vocab).map(|i| ((i * 7 + r * 3) % vocab) as f32).collect()).collect();
+    let argmax: Vec<i32> = rows.iter().map(|x| rf::argmax(x) as i32).collect();
+    let logits: Vec<f32> = rows.concat();
+    let s = sampler(best_level(), 1, 1);
+    let greedy = [0.0f32];
+    for (drafts, want) in [
+        (vec![argmax[0], argmax[1], argmax[2]], vec![argmax[0], argmax[1], argmax[2], argmax[3]]),
+        (vec![argmax[0], (argmax[1] + 1) % vocab as i32, argmax[2]], vec![argmax[0], argmax[1]]),
+        (vec![(argmax[0] + 1) % vocab as i32, argmax[1], argmax[2]], vec![argmax[0]]),
+    ] {
+        let counts = [3];
+        let b = VerifyBatch {
+            temperature: Some(&greedy),
+            ..VerifyBatch::new(Logits::F32(&logits), vocab, &counts, &drafts)
+        };
+        let (t, c, _) = verify(&s, &b);
+        assert_eq!(&t[..c[0] as usize], &want[..], "drafts {drafts:?}");
+        assert!(t[c[0] as usize..].iter().all(|&t| t == -1));
+    }
+}
