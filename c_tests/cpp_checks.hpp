@@ -544,6 +544,284 @@ inline void a_sampler_is_shared_by_threads(const tokenrace::Library& lib) {
   CHECK(sampler.stats().calls == uint64_t(5 * rounds));
 }
 
+// ---- verify (speculative decoding) ------------------------------------------------------------
+
+// What a bare tokenrace_verify call wrote, as a C caller makes it (the independent side of the
+// comparisons below: nothing of the wrapper fills its structs).
+struct CVerified {
+  tokenrace_status status = TOKENRACE_STATUS_INTERNAL;
+  std::vector<int32_t> tokens, counts;
+  std::vector<uint32_t> flags;
+  std::vector<float> logprobs;
+};
+
+// The inputs of a verify call, as arrays for the bare C call (null: unset).
+struct VerifyInputs {
+  const void* logits = nullptr;
+  tokenrace_dtype dtype = TOKENRACE_DTYPE_F32;
+  uint32_t rows = 0, vocab = 0;
+  std::vector<int32_t> counts, drafts;
+  const float* temperature = nullptr;
+  const int32_t* top_k = nullptr;
+  const float* top_p = nullptr;
+  const uint64_t* seeds = nullptr;
+  const uint64_t* offsets = nullptr;
+  const uint8_t* seeded = nullptr;
+  const double* uniforms = nullptr;
+  const float* draft_probs = nullptr;
+  const float* noise = nullptr;
+};
+
+inline CVerified c_verify(const tokenrace::Api& api, tokenrace_sampler* sampler, const VerifyInputs& in,
+                          uint32_t width, tokenrace_logprob_mode mode) {
+  tokenrace_verify_batch b;
+  std::memset(&b, 0, sizeof b);
+  b.struct_size = sizeof b;
+  b.dtype = in.dtype;
+  b.logits = in.logits;
+  b.rows = in.rows;
+  b.vocab = in.vocab;
+  b.requests = uint32_t(in.counts.size());
+  b.draft_counts = in.counts.data();
+  b.draft_tokens = in.drafts.data();
+  b.temperature = in.temperature;
+  b.top_k = in.top_k;
+  b.top_p = in.top_p;
+  b.seeds = in.seeds;
+  b.offsets = in.offsets;
+  b.seeded = in.seeded;
+  b.uniforms = in.uniforms;
+  b.draft_probs = in.draft_probs;
+  b.noise = in.noise;
+  b.noise_kind = TOKENRACE_NOISE_KIND_EXP;
+  b.noise_row_stride = in.vocab;
+  const size_t n = in.counts.size();
+  CVerified v;
+  v.tokens.assign(n * width, -7);
+  v.counts.assign(n, -7);
+  v.flags.assign(n, 77);
+  v.logprobs.assign(n * width, 12345.0f);
+  tokenrace_verify_output o;
+  std::memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.logprob_mode = mode;
+  o.tokens = v.tokens.data();
+  o.counts = v.counts.data();
+  o.flags = v.flags.data();
+  o.logprobs = v.logprobs.data();
+  v.status = api.verify(sampler, &b, &o);
+  return v;
+}
+
+inline bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); i++)
+    if (!(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i])))) return false;
+  return true;
+}
+
+inline int32_t argmax_of(const float* x, uint32_t vocab) {
+  return int32_t(std::max_element(x, x + vocab) - x);
+}
+
+// The wrapper's verify is the C call on the same inputs: greedy, seeded and externally driven
+// requests with filters and draft probabilities give the same tokens, counts, flags and logprobs
+// (on samplers of different streams: every request's randomness is its seed's or the caller's),
+// for f32, bf16 and f16 encodings of the same values and strided rows.
+inline void verify_equals_the_c_api(const tokenrace::Library& lib) {
+  const uint32_t vocab = 300;
+  const std::vector<int32_t> counts = {3, 0, 2, 1, 4};
+  const uint32_t requests = uint32_t(counts.size()), drafts = 10, rows = drafts + requests;
+  std::vector<float> logits = eighths(size_t(rows) * vocab, 21);
+  for (uint32_t r = 0; r < rows; r++) logits[size_t(r) * vocab + (r * 37) % vocab] = 3.5f;  // a likely token
+  std::vector<uint16_t> bf16(logits.size()), f16(logits.size());
+  std::transform(logits.begin(), logits.end(), bf16.begin(), to_bf16);
+  std::transform(logits.begin(), logits.end(), f16.begin(), to_f16);
+  // Drafts: the argmax of their rows (request 0 greedy: all accepted), else a mix.
+  std::vector<int32_t> draft_tokens;
+  uint32_t row = 0;
+  for (uint32_t i = 0; i < requests; i++, row++)
+    for (int32_t j = 0; j < counts[i]; j++, row++)
+      draft_tokens.push_back(i != 0 && (i + uint32_t(j)) % 3 == 2 ? int32_t((row * 11) % vocab)
+                                                         : argmax_of(&logits[size_t(row) * vocab], vocab));
+  // q: a softmax of other values per draft row, normalised in float64.
+  std::vector<float> q = eighths(size_t(drafts) * vocab, 22);
+  for (uint32_t d = 0; d < drafts; d++) {
+    double z = 0;
+    for (uint32_t i = 0; i < vocab; i++) z += std::exp(double(q[size_t(d) * vocab + i]));
+    for (uint32_t i = 0; i < vocab; i++) q[size_t(d) * vocab + i] = float(std::exp(double(q[size_t(d) * vocab + i])) / z);
+  }
+  const std::vector<float> temps = {0.0f, 0.8f, 1.0f, 1.2f, 0.9f}, top_p = {1.0f, 0.9f, 1.0f, 0.95f, 1.0f};
+  const std::vector<int32_t> top_k = {0, 50, 0, 0, 100};
+  const std::vector<uint64_t> seeds = {1, 2, 3, 4, 5}, offsets = {10, 20, 30, 40, 50};
+  const std::vector<uint8_t> seeded = {1, 1, 0, 1, 0};  // requests 2 and 4: the caller's uniforms and noise
+  const std::vector<double> uniforms = {0.5, 0.1, 0.9, 0.3, 0.6, 0.2, 0.7, 0.4, 0.8, 0.05};
+  std::vector<float> noise(size_t(rows) * vocab);
+  uint64_t state = 99;
+  for (float& e : noise) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    e = float(-std::log((double(state >> 11) + 0.5) / 9007199254740992.0));
+  }
+
+  const tokenrace::VerifyOptions options = tokenrace::VerifyOptions()
+                                               .temperature(temps)
+                                               .top_k(top_k)
+                                               .top_p(top_p)
+                                               .seeds(seeds)
+                                               .offsets(offsets)
+                                               .seeded(seeded)
+                                               .uniforms(uniforms)
+                                               .draft_probs(q)
+                                               .noise(noise.data(), TOKENRACE_NOISE_KIND_EXP, vocab);
+  tokenrace::Sampler sampler(lib, tokenrace::Config().max_rows(64).seed(5));
+  const tokenrace::Logits target = tokenrace::Logits::f32(logits.data(), rows, vocab);
+  const tokenrace::VerifyResult full = sampler.verify_full(target, counts, draft_tokens, options,
+                                                           TOKENRACE_LOGPROB_MODE_PROCESSED);
+  CHECK(full.requests == requests && full.width == 5 && full.tokens.size() == requests * 5);
+
+  const api_sampler raw(lib);  // another stream
+  VerifyInputs in;
+  in.logits = logits.data(), in.rows = rows, in.vocab = vocab, in.counts = counts, in.drafts = draft_tokens;
+  in.temperature = temps.data(), in.top_k = top_k.data(), in.top_p = top_p.data();
+  in.seeds = seeds.data(), in.offsets = offsets.data(), in.seeded = seeded.data();
+  in.uniforms = uniforms.data(), in.draft_probs = q.data(), in.noise = noise.data();
+  const CVerified c = c_verify(lib.api(), raw.sampler, in, 5, TOKENRACE_LOGPROB_MODE_PROCESSED);
+  CHECK(c.status == TOKENRACE_STATUS_OK);
+  CHECK(full.tokens == c.tokens && full.counts == c.counts && full.flags == c.flags);
+  CHECK(same_floats(full.logprobs, c.logprobs));
+  // The greedy request accepted its drafts (the argmax of each row) and then the bonus row's.
+  CHECK(full.counts[0] == 4 && full.accepted(0) == 3 && (full.flags[0] & TOKENRACE_FLAG_GREEDY));
+  CHECK(full.token(0, 3) == argmax_of(&logits[3 * vocab], vocab));
+  for (uint32_t i = 0; i < requests; i++) {
+    CHECK(full.counts[i] >= 1 && full.counts[i] <= counts[i] + 1);
+    const std::vector<int32_t> emitted = full.emitted(i);
+    CHECK(emitted.size() == size_t(full.counts[i]));
+    for (uint32_t j = 0; j < full.width; j++) {
+      const bool padding = j >= uint32_t(full.counts[i]);
+      CHECK(padding ? full.token(i, j) == -1 && std::isnan(full.logprob(i, j))
+                    : full.token(i, j) >= 0 && std::isfinite(full.logprob(i, j)) && emitted[j] == full.token(i, j));
+    }
+  }
+
+  // verify() is verify_full() without the logprobs; the other encodings and strided rows agree.
+  const tokenrace::VerifyResult plain = sampler.verify(target, counts, draft_tokens, options);
+  CHECK(plain.tokens == full.tokens && plain.counts == full.counts && plain.flags == full.flags);
+  CHECK(plain.logprobs.empty());
+  CHECK(sampler.verify(tokenrace::Logits::bf16(bf16.data(), rows, vocab), counts, draft_tokens, options).tokens ==
+        full.tokens);
+  CHECK(sampler.verify(tokenrace::Logits::f16(f16.data(), rows, vocab), counts, draft_tokens, options).tokens ==
+        full.tokens);
+  in.logits = f16.data(), in.dtype = TOKENRACE_DTYPE_F16;
+  CHECK(c_verify(lib.api(), raw.sampler, in, 5, TOKENRACE_LOGPROB_MODE_PROCESSED).tokens == full.tokens);
+  const uint64_t stride = vocab + 9;
+  std::vector<float> padded(size_t(rows) * stride, std::numeric_limits<float>::infinity());
+  for (uint32_t r = 0; r < rows; r++) std::copy_n(&logits[size_t(r) * vocab], vocab, &padded[r * stride]);
+  const tokenrace::VerifyResult strided =
+      sampler.verify_full(tokenrace::Logits::f32(padded.data(), rows, vocab, stride), counts, draft_tokens, options,
+                          TOKENRACE_LOGPROB_MODE_PROCESSED);
+  CHECK(strided.tokens == full.tokens && strided.flags == full.flags && same_floats(strided.logprobs, full.logprobs));
+
+  // The general call takes the wrapper's batch as it is.
+  const tokenrace_verify_batch batch = options.batch(target, counts, draft_tokens);
+  CHECK(batch.struct_size == sizeof batch && batch.requests == requests && batch.rows == rows);
+  CHECK(batch.uniforms == uniforms.data() && batch.draft_probs == q.data() && batch.seeded == seeded.data());
+  std::vector<int32_t> tokens(requests * 6, -7), emitted(requests, -7);
+  tokenrace_verify_output out{};
+  out.struct_size = sizeof out;
+  out.tokens = tokens.data();
+  out.tokens_stride = 6;
+  out.counts = emitted.data();
+  sampler.verify(batch, out);
+  CHECK(emitted == full.counts);
+  for (uint32_t i = 0; i < requests; i++)
+    CHECK(std::equal(tokens.begin() + i * 6, tokens.begin() + i * 6 + 5, full.tokens.begin() + i * 5) &&
+          tokens[i * 6 + 5] == -1);
+  CHECK(sampler.stats().calls == 6);
+}
+
+// Greedy requests through the wrapper, its own checks of the vectors, and the library's
+// messages for bad input.
+inline void verify_greedy_and_errors(const tokenrace::Library& lib) {
+  const uint32_t vocab = 64;
+  const std::vector<int32_t> counts = {2, 0, 1};
+  const uint32_t rows = 6;
+  const std::vector<float> logits = eighths(rows * vocab, 23);
+  std::vector<int32_t> a(rows);
+  for (uint32_t r = 0; r < rows; r++) a[r] = argmax_of(&logits[r * vocab], vocab);
+  // Request 0: both drafts the argmax; request 2: a mismatch.
+  const std::vector<int32_t> drafts = {a[0], a[1], (a[4] + 1) % int32_t(vocab)};
+  const std::vector<float> greedy = {0.0f, 0.0f, 0.0f};
+  tokenrace::Sampler sampler(lib, tokenrace::Config().max_rows(8).seed(2));
+  const tokenrace::Logits target = tokenrace::Logits::f32(logits.data(), rows, vocab);
+  const tokenrace::VerifyResult r =
+      sampler.verify(target, counts, drafts, tokenrace::VerifyOptions().temperature(greedy));
+  CHECK(r.width == 3 && r.emitted(0) == std::vector<int32_t>({a[0], a[1], a[2]}));
+  CHECK(r.emitted(1) == std::vector<int32_t>({a[3]}) && r.emitted(2) == std::vector<int32_t>({a[4]}));
+  CHECK(r.token(1, 1) == -1 && r.token(1, 2) == -1 && r.token(2, 1) == -1 && r.accepted(2) == 0);
+  CHECK(std::all_of(r.flags.begin(), r.flags.end(), [](uint32_t f) { return f == TOKENRACE_FLAG_GREEDY; }));
+  // No requests at all.
+  const std::vector<int32_t> none;
+  const tokenrace::VerifyResult empty = sampler.verify(tokenrace::Logits::f32(nullptr, 0, vocab), none, none);
+  CHECK(empty.requests == 0 && empty.tokens.empty() && empty.counts.empty());
+
+  // The library's checks: the message names the field, request and position.
+  const std::vector<int32_t> out_of_range = {a[0], int32_t(vocab), a[4]};
+  CHECK_THROWS(sampler.verify(target, counts, out_of_range), TOKENRACE_STATUS_INVALID_ARGUMENT,
+               "tokenrace_verify: batch.draft_tokens[1]: request 0, draft 1: 64 is not a token id");
+  CHECK_THROWS(sampler.verify(tokenrace::Logits::f32(logits.data(), rows - 1, vocab), counts, drafts),
+               TOKENRACE_STATUS_INVALID_ARGUMENT, "rows is 5");
+  const std::vector<double> bad_uniforms = {0.5, 1.0, 0.5};
+  CHECK_THROWS(sampler.verify(target, counts, drafts, tokenrace::VerifyOptions().uniforms(bad_uniforms)),
+               TOKENRACE_STATUS_INVALID_ARGUMENT, "batch.uniforms[1]: request 0, draft 1: 1 is not in (0, 1)");
+  std::vector<float> q(3 * vocab, 1.0f / float(vocab));
+  q[2 * vocab + 5] = 0.5f;
+  CHECK_THROWS(sampler.verify(target, counts, drafts, tokenrace::VerifyOptions().draft_probs(q)),
+               TOKENRACE_STATUS_INVALID_ARGUMENT, "batch.draft_probs[2]: request 2, draft 0");
+  // ... which greedy requests ignore.
+  CHECK(sampler.verify(target, counts, drafts, tokenrace::VerifyOptions().temperature(greedy).draft_probs(q)).tokens ==
+        r.tokens);
+  CHECK(sampler.stats().rejected_calls == 4);
+
+  // The wrapper's own: vectors that do not match the requests or the drafts (not sent).
+  const std::vector<int32_t> two_drafts = {a[0], a[1]};
+  CHECK_THROWS(sampler.verify(target, counts, two_drafts), TOKENRACE_STATUS_INVALID_ARGUMENT,
+               "tokenrace::VerifyOptions: draft_tokens has 2 values, draft_counts add up to 3");
+  const std::vector<uint64_t> one_seed = {1};
+  CHECK_THROWS(sampler.verify(target, counts, drafts, tokenrace::VerifyOptions().seeds(one_seed)),
+               TOKENRACE_STATUS_INVALID_ARGUMENT, "seeds has 1 values for 3 requests");
+  const std::vector<double> two_uniforms = {0.5, 0.5};
+  CHECK_THROWS(sampler.verify(target, counts, drafts, tokenrace::VerifyOptions().uniforms(two_uniforms)),
+               TOKENRACE_STATUS_INVALID_ARGUMENT, "uniforms has 2 values for 3 draft tokens");
+  const std::vector<float> short_q(2 * vocab + 10, 1.0f / float(vocab));
+  CHECK_THROWS(sampler.verify(target, counts, drafts, tokenrace::VerifyOptions().draft_probs(short_q)),
+               TOKENRACE_STATUS_INVALID_ARGUMENT, "draft_probs has 138 values for 3 draft rows of 64 values, 64 apart");
+  CHECK(sampler.stats().rejected_calls == 4);
+
+  // A lease's noise: one lease row per target row, as the same values passed by pointer.
+  tokenrace::NoisePool pool(lib, tokenrace::PoolConfig().vocab_size(vocab).rows(8).seed(3));
+  const std::vector<double> uniforms = {0.9, 0.2, 0.95};
+  {
+    tokenrace::Lease lease = pool.borrow(rows);
+    const tokenrace::VerifyResult leased =
+        sampler.verify(target, counts, drafts, tokenrace::VerifyOptions().uniforms(uniforms).noise(lease));
+    const tokenrace::VerifyResult pointed = sampler.verify(
+        target, counts, drafts, tokenrace::VerifyOptions().uniforms(uniforms).noise(lease.values(), lease.kind(), vocab));
+    CHECK(leased.tokens == pointed.tokens && leased.counts == pointed.counts);
+    tokenrace::Lease short_lease = pool.borrow(2);
+    CHECK_THROWS(sampler.verify(target, counts, drafts, tokenrace::VerifyOptions().noise(short_lease)),
+                 TOKENRACE_STATUS_INVALID_ARGUMENT, "the noise lease has 2 rows for 6 target rows");
+  }
+  tokenrace::NoisePool wide(lib, tokenrace::PoolConfig().vocab_size(2 * vocab).rows(8));
+  tokenrace::Lease wide_lease = wide.borrow(rows);
+  CHECK_THROWS(sampler.verify(target, counts, drafts, tokenrace::VerifyOptions().noise(wide_lease)),
+               TOKENRACE_STATUS_INVALID_ARGUMENT, "the noise lease has 128 values per row, the target rows 64");
+  CHECK(sampler.stats().rejected_calls == 4);
+
+  tokenrace::Sampler owner = std::move(sampler);
+  CHECK_THROWS(sampler.verify(target, counts, drafts), TOKENRACE_STATUS_CLOSED, "moved from");
+  CHECK(owner.verify(target, counts, drafts, tokenrace::VerifyOptions().temperature(greedy)).tokens == r.tokens);
+}
+
 // Every check above on `lib`; returns the number of failures (an unexpected exception is one).
 inline int run_wrapper_checks(const tokenrace::Library& lib) {
   const std::pair<const char*, void (*)(const tokenrace::Library&)> all[] = {
@@ -555,6 +833,8 @@ inline int run_wrapper_checks(const tokenrace::Library& lib) {
       {"attached_pool_feeds_the_draws", attached_pool_feeds_the_draws},
       {"errors_name_the_argument", errors_name_the_argument},
       {"a_sampler_is_shared_by_threads", a_sampler_is_shared_by_threads},
+      {"verify_equals_the_c_api", verify_equals_the_c_api},
+      {"verify_greedy_and_errors", verify_greedy_and_errors},
   };
   for (const auto& [name, check] : all) {
     try {

@@ -8,6 +8,7 @@ static void linked_mode_reaches_the_symbols() {
   const tokenrace::Library linked = tokenrace::Library::linked();
   CHECK(linked.is_linked() && linked.path().empty());
   CHECK(linked.api().draw == &tokenrace_draw && linked.api().pool_borrow == &tokenrace_pool_borrow);
+  CHECK(linked.api().verify == &tokenrace_verify);
   CHECK(linked.same_code_as(tokenrace::Library::linked()));
   CHECK(tokenrace::Api::linked().abi_version() == tokenrace_abi_version());
 }

@@ -32,7 +32,7 @@ static void load_errors_say_what_is_wrong(const std::string& partial, const std:
   const std::string nowhere = "/nonexistent/tokenrace/libtokenrace.so";
   expect_load_error(nowhere, Reason::cannot_open, {"cannot load " + nowhere, "No such file"});
   // A library of the right ABI that lacks functions: every missing one is named, no present one.
-  expect_load_error(partial, Reason::missing_symbol, {partial + " lacks ", "tokenrace_draw", "tokenrace_pool_borrow"});
+  expect_load_error(partial, Reason::missing_symbol, {partial + " lacks ", "tokenrace_draw", "tokenrace_pool_borrow", "tokenrace_verify"});
   try {
     tokenrace::Library library(partial);
   } catch (const tokenrace::LoadError& e) {

@@ -175,7 +175,7 @@ typedef struct tokenrace_config {
 typedef struct tokenrace_sampler_stats {
   uint32_t struct_size;
   uint32_t reserved0;
-  // Successful draw calls.
+  // Successful draw and verify calls.
   uint64_t calls;
   // Calls that failed (bad arguments, the noise pool, a worker).
   uint64_t rejected_calls;

@@ -8,6 +8,14 @@
 //     std::vector<int32_t> tokens = sampler.draw(tokenrace::Logits::f32(logits, rows, vocab),
 //                                                tokenrace::DrawOptions().temperature(temps));
 //
+//   Speculative decoding: Sampler::verify checks draft tokens against the target rows (one row
+//   per draft token and one bonus row per request, request after request).
+//
+//     tokenrace::VerifyResult r = sampler.verify(tokenrace::Logits::f32(target, rows, vocab),
+//                                                draft_counts, draft_tokens,
+//                                                tokenrace::VerifyOptions().seeds(seeds));
+//     // r.emitted(i): request i's accepted drafts, then its recovered or bonus token.
+//
 //   Loader mode: tokenrace::Library dlopen()s the shared object at run time and resolves every
 //   function into a table (tokenrace::Api); pass it as the first argument of the constructors.
 //
@@ -28,7 +36,7 @@
 // (reason(): cannot_open, missing_symbol, abi_mismatch). Destructors never throw.
 //
 // Threads: a Sampler and a NoisePool may be used from several threads at once (by reference);
-// a Lease, a Config and DrawOptions are plain values for one thread at a time.
+// a Lease, a Config, DrawOptions and VerifyOptions are plain values for one thread at a time.
 #pragma once
 #include "tokenrace.h"
 
@@ -69,7 +77,8 @@ namespace tokenrace {
   X(pool_borrow)                   \
   X(pool_release)                  \
   X(pool_get_stats)                \
-  X(sampler_attach_pool)
+  X(sampler_attach_pool)           \
+  X(verify)
 
 // The C functions as a table of pointers: api.draw is tokenrace_draw, and so on. The types come
 // from the declarations in tokenrace.h through decltype, which does not refer to the symbols.
@@ -538,6 +547,211 @@ struct DrawResult {
   float topn_logprob(uint32_t row, uint32_t j) const { return topn_logprobs[size_t(row) * top_n + j]; }
 };
 
+// The inputs of a verify call besides the target rows and the drafts (tokenrace_verify_batch's
+// fields), each unset (its default) or given as a pointer, or as a vector whose size the call
+// checks: per request (temperature, filters, seeds, offsets, seeded: one value per request),
+// per draft token (uniforms: one value each; draft_probs: one row of `vocab` each) or per target
+// row (noise). They point into the caller's arrays, which must live until the call returns (a
+// temporary vector is refused at compile time).
+class VerifyOptions {
+ public:
+  // Temperature (default 1.0); below the sampler's greedy_below the request is greedy: its drafts
+  // are accepted while each is its row's argmax (uniforms and draft_probs are then ignored).
+  VerifyOptions& temperature(const float* v) { return set(temperature_, v); }
+  VerifyOptions& temperature(const std::vector<float>& v) { return set(temperature_, v); }
+  VerifyOptions& temperature(std::vector<float>&&) = delete;
+  // Seed: a seeded request's acceptance uniforms and noise at draft position j are a pure
+  // function of (seed, offset + j), whatever else is in the call.
+  VerifyOptions& seeds(const uint64_t* v) { return set(seeds_, v); }
+  VerifyOptions& seeds(const std::vector<uint64_t>& v) { return set(seeds_, v); }
+  VerifyOptions& seeds(std::vector<uint64_t>&&) = delete;
+  // The position of the request's first draft token (default 0).
+  VerifyOptions& offsets(const uint64_t* v) { return set(offsets_, v); }
+  VerifyOptions& offsets(const std::vector<uint64_t>& v) { return set(offsets_, v); }
+  VerifyOptions& offsets(std::vector<uint64_t>&&) = delete;
+  // Nonzero: the request uses its seed (default: every request, when seeds are set).
+  VerifyOptions& seeded(const uint8_t* v) { return set(seeded_, v); }
+  VerifyOptions& seeded(const std::vector<uint8_t>& v) { return set(seeded_, v); }
+  VerifyOptions& seeded(std::vector<uint8_t>&&) = delete;
+  // The filters of every target row of the request, as in DrawOptions.
+  VerifyOptions& top_k(const int32_t* v) { return set(top_k_, v); }
+  VerifyOptions& top_k(const std::vector<int32_t>& v) { return set(top_k_, v); }
+  VerifyOptions& top_k(std::vector<int32_t>&&) = delete;
+  VerifyOptions& top_p(const float* v) { return set(top_p_, v); }
+  VerifyOptions& top_p(const std::vector<float>& v) { return set(top_p_, v); }
+  VerifyOptions& top_p(std::vector<float>&&) = delete;
+  VerifyOptions& min_p(const float* v) { return set(min_p_, v); }
+  VerifyOptions& min_p(const std::vector<float>& v) { return set(min_p_, v); }
+  VerifyOptions& min_p(std::vector<float>&&) = delete;
+
+  // Acceptance uniforms in (0, 1), one per draft token, for the unseeded sampling requests
+  // (default: from the sampler's stream).
+  VerifyOptions& uniforms(const double* v) { return set(uniforms_, v); }
+  VerifyOptions& uniforms(const std::vector<double>& v) { return set(uniforms_, v); }
+  VerifyOptions& uniforms(std::vector<double>&&) = delete;
+
+  // The draft model's probabilities: one row of `vocab` f32 per draft token (>= 0, summing to 1
+  // within 1e-3), `row_stride` apart (0: vocab). Unset: the drafts are deterministic (q is
+  // one-hot at each draft).
+  VerifyOptions& draft_probs(const float* values, uint64_t row_stride = 0) {
+    draft_probs_ = {values, unknown_count};
+    draft_probs_row_stride_ = row_stride;
+    return *this;
+  }
+  VerifyOptions& draft_probs(const std::vector<float>& values, uint64_t row_stride = 0) {
+    draft_probs_ = {values.data(), values.size()};
+    draft_probs_row_stride_ = row_stride;
+    return *this;
+  }
+  VerifyOptions& draft_probs(std::vector<float>&&, uint64_t = 0) = delete;
+
+  // Noise of the recovered and bonus draws of the unseeded sampling requests: one row per target
+  // row (a draw uses its own row's), `row_stride` apart (0: one row for every row), holding E or
+  // ln E as `kind` says.
+  VerifyOptions& noise(const float* values, tokenrace_noise_kind kind, uint64_t row_stride) {
+    noise_ = values;
+    noise_kind_ = kind;
+    noise_row_stride_ = row_stride;
+    noise_rows_ = unknown_count;
+    noise_vocab_ = unknown_count;
+    return *this;
+  }
+  // The noise of a lease: one lease row per target row (a lease of one row: that row for all).
+  inline VerifyOptions& noise(const Lease& lease);
+
+  // The tokenrace_verify_batch of `target` (sum(draft_counts) + draft_counts.size() rows: each
+  // request's draft positions, then its bonus position) and the drafts (sum(draft_counts) ids,
+  // request after request) with these options; it points into the vectors. Throws Error
+  // (INVALID_ARGUMENT) when a vector or a lease does not match the requests, the drafts or the
+  // vocabulary (the library checks the rest, the target's row count included).
+  tokenrace_verify_batch batch(const Logits& target, const std::vector<int32_t>& draft_counts,
+                               const std::vector<int32_t>& draft_tokens) const {
+    if (draft_counts.size() > UINT32_MAX) throw invalid("draft_counts has more than 2^32 - 1 requests");
+    const uint32_t requests = uint32_t(draft_counts.size());
+    size_t drafts = 0;
+    for (int32_t c : draft_counts) drafts += c > 0 ? size_t(c) : 0;
+    if (draft_tokens.size() != drafts) {
+      throw invalid("draft_tokens has " + std::to_string(draft_tokens.size()) + " values, draft_counts add up to " +
+                    std::to_string(drafts));
+    }
+    tokenrace_verify_batch b{};
+    b.struct_size = sizeof b;
+    b.dtype = target.dtype;
+    b.logits = target.data;
+    b.rows = target.rows;
+    b.vocab = target.vocab;
+    b.row_stride = target.row_stride;
+    b.requests = requests;
+    b.draft_counts = draft_counts.data();
+    b.draft_tokens = draft_tokens.data();
+    b.temperature = checked(temperature_, "temperature", requests, "requests");
+    b.seeds = checked(seeds_, "seeds", requests, "requests");
+    b.offsets = checked(offsets_, "offsets", requests, "requests");
+    b.seeded = checked(seeded_, "seeded", requests, "requests");
+    b.top_k = checked(top_k_, "top_k", requests, "requests");
+    b.top_p = checked(top_p_, "top_p", requests, "requests");
+    b.min_p = checked(min_p_, "min_p", requests, "requests");
+    b.uniforms = checked(uniforms_, "uniforms", drafts, "draft tokens");
+    b.draft_probs = draft_probs_.data;
+    b.draft_probs_row_stride = draft_probs_row_stride_;
+    check_draft_probs(target.vocab, drafts);
+    check_noise_shape(target);
+    b.noise = noise_;
+    b.noise_kind = noise_kind_;
+    b.noise_row_stride = noise_row_stride_;
+    return b;
+  }
+
+ private:
+  static constexpr size_t unknown_count = static_cast<size_t>(-1);
+
+  template <class T>
+  struct Values {
+    const T* data = nullptr;
+    size_t count = unknown_count;  // known for a vector
+  };
+
+  template <class T>
+  VerifyOptions& set(Values<T>& field, const T* data) {
+    field = {data, unknown_count};
+    return *this;
+  }
+  template <class T>
+  VerifyOptions& set(Values<T>& field, const std::vector<T>& values) {
+    field = {values.data(), values.size()};
+    return *this;
+  }
+
+  static Error invalid(const std::string& what) {
+    return Error(TOKENRACE_STATUS_INVALID_ARGUMENT, "tokenrace::VerifyOptions: " + what);
+  }
+
+  template <class T>
+  static const T* checked(const Values<T>& field, const char* name, size_t want, const char* unit) {
+    if (field.count != unknown_count && field.count != want) {
+      throw invalid(std::string(name) + " has " + std::to_string(field.count) + " values for " + std::to_string(want) +
+                    " " + unit);
+    }
+    return field.data;
+  }
+
+  // A vector of q rows must cover the rows the library reads: (drafts - 1) x stride + vocab.
+  void check_draft_probs(uint32_t vocab, size_t drafts) const {
+    if (draft_probs_.count == unknown_count || drafts == 0) return;
+    const uint64_t stride = draft_probs_row_stride_ ? draft_probs_row_stride_ : vocab;
+    if (stride < vocab) return;  // the library names the stride
+    const uint64_t rows = drafts - 1;
+    if (rows > (UINT64_MAX - vocab) / stride || draft_probs_.count < rows * stride + vocab) {
+      throw invalid("draft_probs has " + std::to_string(draft_probs_.count) + " values for " + std::to_string(drafts) +
+                    " draft rows of " + std::to_string(vocab) + " values, " + std::to_string(stride) + " apart");
+    }
+  }
+
+  void check_noise_shape(const Logits& target) const {
+    if (noise_vocab_ != unknown_count && noise_vocab_ != target.vocab) {
+      throw invalid("the noise lease has " + std::to_string(noise_vocab_) + " values per row, the target rows " +
+                    std::to_string(target.vocab));
+    }
+    if (noise_rows_ != unknown_count && noise_rows_ != 1 && noise_rows_ < target.rows) {
+      throw invalid("the noise lease has " + std::to_string(noise_rows_) + " rows for " + std::to_string(target.rows) +
+                    " target rows");
+    }
+  }
+
+  Values<float> temperature_, top_p_, min_p_, draft_probs_;
+  Values<uint64_t> seeds_, offsets_;
+  Values<uint8_t> seeded_;
+  Values<int32_t> top_k_;
+  Values<double> uniforms_;
+  uint64_t draft_probs_row_stride_ = 0;
+  const float* noise_ = nullptr;
+  tokenrace_noise_kind noise_kind_ = TOKENRACE_NOISE_KIND_EXP;
+  uint64_t noise_row_stride_ = 0;
+  size_t noise_rows_ = unknown_count, noise_vocab_ = unknown_count;  // known for a lease
+};
+
+// What Sampler::verify and verify_full return: per request, a row of `width` tokens (width =
+// max(draft_counts) + 1): its emitted tokens (its accepted drafts, then the recovered or bonus
+// token), then -1; and how many it emitted (1 to draft_counts[i] + 1).
+struct VerifyResult {
+  uint32_t requests = 0;
+  uint32_t width = 0;
+  std::vector<int32_t> tokens;   // requests x width, -1 padded
+  std::vector<int32_t> counts;   // emitted tokens per request
+  std::vector<uint32_t> flags;   // TOKENRACE_FLAG_* bits of the target rows a request looked at
+  std::vector<float> logprobs;   // verify_full: requests x width, each emitted token's, NaN padded
+
+  int32_t token(uint32_t request, uint32_t j) const { return tokens[size_t(request) * width + j]; }
+  float logprob(uint32_t request, uint32_t j) const { return logprobs[size_t(request) * width + j]; }
+  // Request i's emitted tokens.
+  std::vector<int32_t> emitted(uint32_t request) const {
+    const auto first = tokens.begin() + std::ptrdiff_t(size_t(request) * width);
+    return std::vector<int32_t>(first, first + counts[request]);
+  }
+  // How many of request i's drafts were accepted.
+  int32_t accepted(uint32_t request) const { return counts[request] - 1; }
+};
+
 class NoisePool;
 
 // Owns a tokenrace_sampler: movable, not copyable, safe to use from several threads at once.
@@ -618,6 +832,32 @@ class Sampler {
     return result;
   }
 
+  // The general verify call: a tokenrace_verify_batch and tokenrace_verify_output filled by the
+  // caller.
+  void verify(const tokenrace_verify_batch& batch, tokenrace_verify_output& out) {
+    library_.check(api().verify(live(), &batch, &out));
+  }
+
+  // Verifies draft tokens (speculative decoding) by vLLM's rejection sampling (docs/semantics.md,
+  // "Verifying draft tokens"): `target` has sum(draft_counts) + draft_counts.size() rows, each
+  // request's draft positions then its bonus position, request after request; `draft_tokens`
+  // has sum(draft_counts) ids, request after request. Greedy requests accept a draft while it is
+  // its row's argmax, and the first mismatch emits that argmax; sampling requests accept d_j when
+  // u_j < p_j(d_j) / q_j(d_j), and the first rejection emits a draw from max(p_j - q_j, 0). When
+  // every draft is accepted, the bonus row's token follows. Throws Error on bad input.
+  VerifyResult verify(const Logits& target, const std::vector<int32_t>& draft_counts,
+                      const std::vector<int32_t>& draft_tokens, const VerifyOptions& options = VerifyOptions()) {
+    return verify_into_result(target, draft_counts, draft_tokens, options, nullptr);
+  }
+
+  // Verifies like verify() and also reports each emitted token's logprob in its target row:
+  // `mode` RAW (log_softmax of the logits) or PROCESSED (after temperature and the filters).
+  VerifyResult verify_full(const Logits& target, const std::vector<int32_t>& draft_counts,
+                           const std::vector<int32_t>& draft_tokens, const VerifyOptions& options = VerifyOptions(),
+                           tokenrace_logprob_mode mode = TOKENRACE_LOGPROB_MODE_RAW) {
+    return verify_into_result(target, draft_counts, draft_tokens, options, &mode);
+  }
+
   // Counters since the sampler was made.
   tokenrace_sampler_stats stats() const {
     tokenrace_sampler_stats st{};
@@ -644,6 +884,34 @@ class Sampler {
   tokenrace_sampler* live() const {
     if (!sampler_) throw Error(TOKENRACE_STATUS_CLOSED, "tokenrace::Sampler: used after being moved from");
     return sampler_;
+  }
+
+  VerifyResult verify_into_result(const Logits& target, const std::vector<int32_t>& draft_counts,
+                                  const std::vector<int32_t>& draft_tokens, const VerifyOptions& options,
+                                  const tokenrace_logprob_mode* mode) {
+    const tokenrace_verify_batch batch = options.batch(target, draft_counts, draft_tokens);
+    int32_t most = 0;
+    for (int32_t c : draft_counts) most = c > most ? c : most;
+    VerifyResult result;
+    result.requests = batch.requests;
+    result.width = uint32_t(most) + 1;
+    const size_t cells = size_t(result.requests) * result.width;
+    result.tokens.resize(cells);
+    result.counts.resize(result.requests);
+    result.flags.resize(result.requests);
+    tokenrace_verify_output out{};
+    out.struct_size = sizeof out;
+    out.tokens = result.tokens.data();
+    out.tokens_stride = result.width;
+    out.counts = result.counts.data();
+    out.flags = result.flags.data();
+    if (mode) {
+      result.logprobs.resize(cells);
+      out.logprobs = result.logprobs.data();
+      out.logprob_mode = *mode;
+    }
+    verify(batch, out);
+    return result;
   }
 
   Library library_;
@@ -789,6 +1057,13 @@ inline void Sampler::attach_pool(const NoisePool& pool) {
 }
 
 inline DrawOptions& DrawOptions::noise(const Lease& lease) {
+  noise(lease.values(), lease.kind(), lease.rows() == 1 ? 0 : lease.vocab());
+  noise_rows_ = lease.rows();
+  noise_vocab_ = lease.vocab();
+  return *this;
+}
+
+inline VerifyOptions& VerifyOptions::noise(const Lease& lease) {
   noise(lease.values(), lease.kind(), lease.rows() == 1 ? 0 : lease.vocab());
   noise_rows_ = lease.rows();
   noise_vocab_ = lease.vocab();

@@ -191,7 +191,9 @@ pub(crate) fn prepare(
         if u.len() < drafts {
             bail_batch!("uniforms", None, "has {} elements, draft_counts add up to {drafts}", u.len());
         }
-        for (i, r) in reqs.iter().enumerate().filter(|&(i, _)| sampling(i)) {
+        // Only the uniforms a call uses are checked: those of unseeded sampling requests.
+        let seeded = |i: usize| b.seeds.is_some() && b.seeded.is_none_or(|s| s[i] != 0);
+        for (i, r) in reqs.iter().enumerate().filter(|&(i, _)| sampling(i) && !seeded(i)) {
             for j in 0..r.drafts {
                 let x = u[r.first_draft + j];
                 if !(x > 0.0 && x < 1.0) {

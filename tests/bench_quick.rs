@@ -14,3 +14,23 @@ fn benchmark_runs_every_case_in_quick_mode() {
     assert_eq!(records.lines().count(), 2 * 2 * 2 * 2 * 3 * 2 * 13);
     assert!(records.lines().all(|l| l.contains("\"ratio_to_floor\":")));
 }
+
+/// The speculative-decoding table (`--verify`) runs too, with and without q, and its records
+/// carry every timing.
+#[test]
+fn verify_table_runs_in_quick_mode() {
+    let json = std::env::temp_dir().join(format!("tokenrace-bench-verify-{}.json", std::process::id()));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenrace-bench"))
+        .args(["--verify", "--quick", "--vocab", "1000,5003", "--threads", "1,2", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let records = std::fs::read_to_string(&json).unwrap();
+    let _ = std::fs::remove_file(&json);
+    // 2 vocab x 2 profiles x 1 dtype x 2 thread counts
+    assert_eq!(records.lines().count(), 2 * 2 * 2);
+    for key in ["\"plain_us_median\":", "\"verify_us_median\":", "\"verify_q_us_median\":", "\"mean_emitted_q\":"] {
+        assert!(records.lines().all(|l| l.contains(key)), "{key} missing");
+    }
+}

@@ -255,6 +255,15 @@ fn c_caller_uses_the_sampling_step_fields_and_older_struct_sizes() {
     build_and_run("test_pipeline.c", false, true, &[], QUICK);
 }
 
+/// `tokenrace_verify` (speculative decoding, since 0.2): greedy acceptance, seeded requests alone,
+/// with batch mates and on other streams (and their bonus row is the seeded draw), external
+/// uniforms and noise and draft probabilities against a float64 reference, padding, counts,
+/// strides, flags and logprobs, errors naming the field with nothing written, struct sizes.
+#[test]
+fn c_caller_verifies_draft_tokens() {
+    build_and_run("test_verify.c", false, true, &[], QUICK);
+}
+
 #[test]
 fn the_library_works_through_dlopen() {
     let lib = lib_dir().join("libtokenrace.so");
@@ -295,6 +304,55 @@ fn the_cpp_wrapper_works_through_its_loader() {
 fn the_cpp_dlopen_server_example_runs() {
     let lib = lib_dir().join("libtokenrace.so");
     Program::new("examples/cpp/dlopen_server.cpp", true, false).arg(lib.to_str().unwrap()).run();
+}
+
+/// The functions declared in `include/tokenrace.h`, without the `tokenrace_` prefix: every line
+/// outside a comment that names `tokenrace_NAME(` (a declaration starts at the line's first
+/// column; its parameters continue on indented lines).
+fn header_functions() -> Vec<String> {
+    let header = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("include/tokenrace.h")).unwrap();
+    let mut names = Vec::new();
+    for line in header.lines() {
+        if line.starts_with([' ', '/', '#', '*', '}']) || line.starts_with("typedef") {
+            continue;
+        }
+        let Some(at) = line.find('(') else { continue };
+        let before = &line[..at];
+        if let Some(start) = before.rfind("tokenrace_") {
+            let name = &before[start + "tokenrace_".len()..];
+            if !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                names.push(name.to_string());
+            }
+        }
+    }
+    names
+}
+
+/// The names of the X-macro list `TOKENRACE_HPP_FUNCTIONS` of `include/tokenrace.hpp`.
+fn hpp_functions() -> Vec<String> {
+    let hpp = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("include/tokenrace.hpp")).unwrap();
+    let start = hpp.find("#define TOKENRACE_HPP_FUNCTIONS(X)").expect("the X-macro list");
+    let mut names = Vec::new();
+    for line in hpp[start..].lines().skip(1) {
+        let item = line.trim().trim_end_matches('\\').trim();
+        let name = item.strip_prefix("X(").and_then(|s| s.strip_suffix(')')).expect("an X(name) line");
+        names.push(name.to_string());
+        if !line.trim_end().ends_with('\\') {
+            break;
+        }
+    }
+    names
+}
+
+/// The C++ wrapper's one list of the C functions (its function table, the linked table and the
+/// loader) is every function of the C header, in its order: a function added to tokenrace.h
+/// and not to tokenrace.hpp fails here.
+#[test]
+fn the_cpp_function_list_is_the_c_header() {
+    let (c, cpp) = (header_functions(), hpp_functions());
+    assert_eq!(cpp, c, "TOKENRACE_HPP_FUNCTIONS differs from the functions of tokenrace.h");
+    assert_eq!(c.len(), 21, "{c:?}");
+    assert!(c.iter().any(|n| n == "verify") && c.iter().any(|n| n == "abi_version"));
 }
 
 /// The header is C++17 and must stay valid C++20 (warnings included) in both modes.

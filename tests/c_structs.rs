@@ -1,6 +1,6 @@
-//! The C structs through the C entry points: sizes that tear a field, strides whose byte span
-//! overflows, and enum fields out of range are refused with a message naming them, and nothing
-//! is written.
+//! The C structs through the C entry points (the draw's and, since 0.2, the verify call's):
+//! sizes that tear a field or fall below the first version, strides whose byte span overflows,
+//! and enum fields out of range are refused with a message naming them, and nothing is written.
 
 mod common;
 
@@ -145,4 +145,302 @@ fn zero_rows_need_no_pointers() {
     b.vocab = 0;
     assert_eq!(f.draw(&b, &mut o), tokenrace_status::InvalidArgument);
     assert!(last_error().contains("batch.vocab: must be at least 1"), "{}", last_error());
+}
+
+// ---- tokenrace_verify's structs (since 0.2) ----------------------------------------------------
+
+/// A sampler and the buffers of a valid verify call: 2 requests (1 draft, then none) over 3 rows
+/// of vocab 1000; the output arrays hold sentinels that a failing call must leave.
+struct VerifyFixture {
+    sampler: *mut tokenrace_sampler,
+    logits: Vec<f32>,
+    counts: [i32; 2],
+    drafts: [i32; 1],
+    q: Vec<f32>,
+    noise: Vec<f32>,
+    tokens: [i32; 4],
+    emitted: [i32; 2],
+    flags: [u32; 2],
+    logprobs: [f32; 4],
+}
+
+impl VerifyFixture {
+    fn new() -> VerifyFixture {
+        let mut sampler = std::ptr::null_mut();
+        // SAFETY: a default config and a writable out pointer.
+        assert_eq!(unsafe { tokenrace_sampler_new(&tokenrace_config_default(), &mut sampler) }, tokenrace_status::Ok);
+        VerifyFixture {
+            sampler,
+            logits: (0..3000).map(|i| (i % 7) as f32).collect(),
+            counts: [1, 0],
+            drafts: [5],
+            q: vec![1.0 / 1000.0; 1000],
+            noise: vec![1.0; 3000],
+            tokens: [-7; 4],
+            emitted: [-7; 2],
+            flags: [77; 2],
+            logprobs: [12345.0; 4],
+        }
+    }
+
+    fn args(&mut self) -> (tokenrace_verify_batch, tokenrace_verify_output) {
+        // SAFETY: all-zero is valid for these structs (integers and NULL pointers).
+        let (mut b, mut o): (tokenrace_verify_batch, tokenrace_verify_output) =
+            unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+        b.struct_size = std::mem::size_of::<tokenrace_verify_batch>() as u32;
+        b.logits = self.logits.as_ptr() as *const _;
+        b.rows = 3;
+        b.vocab = 1000;
+        b.requests = 2;
+        b.draft_counts = self.counts.as_ptr();
+        b.draft_tokens = self.drafts.as_ptr();
+        o.struct_size = std::mem::size_of::<tokenrace_verify_output>() as u32;
+        o.tokens = self.tokens.as_mut_ptr();
+        o.counts = self.emitted.as_mut_ptr();
+        o.flags = self.flags.as_mut_ptr();
+        o.logprobs = self.logprobs.as_mut_ptr();
+        (b, o)
+    }
+
+    fn verify(&mut self, b: &tokenrace_verify_batch, o: &mut tokenrace_verify_output) -> tokenrace_status {
+        // SAFETY: the batch's pointers cover what its sizes say (or the call must refuse them
+        // before reading: that is what these tests check).
+        unsafe { tokenrace_verify(self.sampler, b, o) }
+    }
+
+    fn untouched(&self) -> bool {
+        self.tokens == [-7; 4] && self.emitted == [-7; 2] && self.flags == [77; 2] && self.logprobs == [12345.0; 4]
+    }
+}
+
+impl Drop for VerifyFixture {
+    fn drop(&mut self) {
+        // SAFETY: made by tokenrace_sampler_new, freed once.
+        unsafe { tokenrace_sampler_free(self.sampler) };
+    }
+}
+
+#[test]
+fn the_valid_verify_fixture_verifies() {
+    let mut f = VerifyFixture::new();
+    let (b, mut o) = f.args();
+    assert_eq!(f.verify(&b, &mut o), tokenrace_status::Ok, "{}", last_error());
+    assert!((1..=2).contains(&f.emitted[0]) && f.emitted[1] == 1, "{:?}", f.emitted);
+    assert!(f.tokens[..f.emitted[0] as usize].iter().all(|t| (0..1000).contains(t)));
+    assert!(f.tokens[f.emitted[0] as usize..2].iter().all(|&t| t == -1) && f.tokens[3] == -1);
+}
+
+/// The layouts of the header (c_tests/test_verify.c pins the same offsets from C), packed
+/// without padding.
+#[test]
+fn the_verify_structs_have_the_layout_of_the_header() {
+    use std::mem::{offset_of, size_of};
+    assert_eq!(size_of::<tokenrace_verify_batch>(), 160);
+    assert_eq!(size_of::<tokenrace_verify_output>(), 48);
+    let b = [
+        (offset_of!(tokenrace_verify_batch, struct_size), 0),
+        (offset_of!(tokenrace_verify_batch, dtype), 4),
+        (offset_of!(tokenrace_verify_batch, logits), 8),
+        (offset_of!(tokenrace_verify_batch, rows), 16),
+        (offset_of!(tokenrace_verify_batch, vocab), 20),
+        (offset_of!(tokenrace_verify_batch, row_stride), 24),
+        (offset_of!(tokenrace_verify_batch, requests), 32),
+        (offset_of!(tokenrace_verify_batch, reserved0), 36),
+        (offset_of!(tokenrace_verify_batch, draft_counts), 40),
+        (offset_of!(tokenrace_verify_batch, draft_tokens), 48),
+        (offset_of!(tokenrace_verify_batch, draft_probs), 56),
+        (offset_of!(tokenrace_verify_batch, draft_probs_row_stride), 64),
+        (offset_of!(tokenrace_verify_batch, temperature), 72),
+        (offset_of!(tokenrace_verify_batch, top_k), 80),
+        (offset_of!(tokenrace_verify_batch, top_p), 88),
+        (offset_of!(tokenrace_verify_batch, min_p), 96),
+        (offset_of!(tokenrace_verify_batch, seeds), 104),
+        (offset_of!(tokenrace_verify_batch, offsets), 112),
+        (offset_of!(tokenrace_verify_batch, seeded), 120),
+        (offset_of!(tokenrace_verify_batch, uniforms), 128),
+        (offset_of!(tokenrace_verify_batch, noise), 136),
+        (offset_of!(tokenrace_verify_batch, noise_kind), 144),
+        (offset_of!(tokenrace_verify_batch, reserved1), 148),
+        (offset_of!(tokenrace_verify_batch, noise_row_stride), 152),
+    ];
+    let o = [
+        (offset_of!(tokenrace_verify_output, struct_size), 0),
+        (offset_of!(tokenrace_verify_output, logprob_mode), 4),
+        (offset_of!(tokenrace_verify_output, tokens), 8),
+        (offset_of!(tokenrace_verify_output, tokens_stride), 16),
+        (offset_of!(tokenrace_verify_output, counts), 24),
+        (offset_of!(tokenrace_verify_output, flags), 32),
+        (offset_of!(tokenrace_verify_output, logprobs), 40),
+    ];
+    for (i, (got, want)) in b.iter().chain(o.iter()).enumerate() {
+        assert_eq!(got, want, "field {i}");
+    }
+}
+
+/// Both structs are their first version: every size below it is refused naming the argument (a
+/// size ending inside a field is below it too), nothing is written; a larger struct is accepted
+/// when the bytes beyond are zero and UNSUPPORTED otherwise.
+#[test]
+fn verify_struct_sizes_below_the_first_version_are_refused() {
+    let mut f = VerifyFixture::new();
+    for size in [0u32, 4, 8, 100, 152, 156, 159] {
+        let (mut b, mut o) = f.args();
+        b.struct_size = size;
+        assert_eq!(f.verify(&b, &mut o), tokenrace_status::InvalidArgument, "size {size}");
+        let want = format!(
+            "tokenrace_verify: batch.struct_size: {size} is smaller than the first tokenrace_verify_batch (160 bytes)"
+        );
+        assert!(last_error().starts_with(&want), "{}", last_error());
+        assert!(f.untouched());
+    }
+    for size in [0u32, 8, 44, 47] {
+        let (b, mut o) = f.args();
+        o.struct_size = size;
+        assert_eq!(f.verify(&b, &mut o), tokenrace_status::InvalidArgument, "size {size}");
+        assert!(
+            last_error().contains(&format!(
+                "out.struct_size: {size} is smaller than the first tokenrace_verify_output (48 bytes)"
+            )),
+            "{}",
+            last_error()
+        );
+        assert!(f.untouched());
+    }
+
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Newer<T> {
+        known: T,
+        extra: u64,
+    }
+    let (b, o) = f.args();
+    let mut nb = Newer { known: b, extra: 0 };
+    nb.known.struct_size = std::mem::size_of::<Newer<tokenrace_verify_batch>>() as u32;
+    let mut no = Newer { known: o, extra: 0 };
+    no.known.struct_size = std::mem::size_of::<Newer<tokenrace_verify_output>>() as u32;
+    nb.extra = 1;
+    assert_eq!(f.verify(&nb.known, &mut no.known), tokenrace_status::Unsupported);
+    assert!(
+        last_error().contains("batch: sets fields beyond the 160 bytes of tokenrace_verify_batch"),
+        "{}",
+        last_error()
+    );
+    nb.extra = 0;
+    no.extra = 1;
+    assert_eq!(f.verify(&nb.known, &mut no.known), tokenrace_status::Unsupported);
+    assert!(
+        last_error().contains("out: sets fields beyond the 48 bytes of tokenrace_verify_output"),
+        "{}",
+        last_error()
+    );
+    assert!(f.untouched());
+    no.extra = 0;
+    assert_eq!(f.verify(&nb.known, &mut no.known), tokenrace_status::Ok, "{}", last_error());
+    assert_eq!(f.emitted[1], 1);
+}
+
+/// Strides whose byte span overflows the address space are refused naming the stride.
+#[test]
+fn verify_strides_whose_byte_span_overflows_are_refused() {
+    let mut f = VerifyFixture::new();
+    for stride in [1u64 << 61, 1 << 62, 1 << 63, u64::MAX, (isize::MAX as u64) / 4] {
+        let (mut b, mut o) = f.args();
+        b.row_stride = stride;
+        assert_eq!(f.verify(&b, &mut o), tokenrace_status::InvalidArgument, "stride {stride}");
+        assert!(last_error().contains("batch.row_stride"), "{stride}: {}", last_error());
+        assert!(f.untouched());
+    }
+    for stride in [1u64 << 61, 1 << 62, u64::MAX] {
+        let (mut b, mut o) = f.args();
+        b.draft_probs = f.q.as_ptr();
+        b.draft_probs_row_stride = stride;
+        // One draft row only: its span is `vocab` whatever the stride; a second one overflows.
+        assert_eq!(f.verify(&b, &mut o), tokenrace_status::Ok, "{}", last_error());
+        f.tokens = [-7; 4];
+        f.emitted = [-7; 2];
+        f.flags = [77; 2];
+        f.logprobs = [12345.0; 4];
+        let counts = [2, 0];
+        let drafts = [5, 6];
+        let logits = vec![0.0f32; 4000];
+        let (mut b, mut o) = f.args();
+        b.logits = logits.as_ptr() as *const _;
+        b.rows = 4;
+        b.draft_counts = counts.as_ptr();
+        b.draft_tokens = drafts.as_ptr();
+        b.draft_probs = f.q.as_ptr();
+        b.draft_probs_row_stride = stride;
+        assert_eq!(f.verify(&b, &mut o), tokenrace_status::InvalidArgument, "q stride {stride}");
+        assert!(last_error().contains("batch.draft_probs_row_stride"), "{stride}: {}", last_error());
+        assert!(f.untouched());
+    }
+    for stride in [1u64 << 61, 1 << 62] {
+        let (mut b, mut o) = f.args();
+        b.noise = f.noise.as_ptr();
+        b.noise_row_stride = stride;
+        assert_eq!(f.verify(&b, &mut o), tokenrace_status::InvalidArgument, "noise stride {stride}");
+        assert!(last_error().contains("batch.noise_row_stride"), "{}", last_error());
+        assert!(f.untouched());
+    }
+    let (b, mut o) = f.args();
+    o.tokens_stride = u64::MAX;
+    assert_eq!(f.verify(&b, &mut o), tokenrace_status::InvalidArgument);
+    assert!(last_error().contains("out.tokens_stride: requests x tokens_stride overflows"), "{}", last_error());
+    assert!(f.untouched());
+}
+
+/// A `tokens_stride` whose element count fits a `usize` but whose byte span does not (2^62 with
+/// one request) is refused naming `out.tokens_stride`, like the other strides (it once made a
+/// slice of more than `isize::MAX` bytes).
+#[test]
+fn verify_tokens_stride_whose_byte_span_overflows_is_refused() {
+    let mut f = VerifyFixture::new();
+    for stride in [1u64 << 62, 1 << 61, (isize::MAX as u64) / 2] {
+        let (mut b, mut o) = f.args();
+        b.requests = 1;
+        b.rows = 2;
+        o.tokens_stride = stride;
+        assert_eq!(f.verify(&b, &mut o), tokenrace_status::InvalidArgument, "stride {stride}");
+        assert!(last_error().contains("out.tokens_stride"), "{}", last_error());
+        assert!(f.untouched());
+    }
+}
+
+#[test]
+fn verify_enum_fields_out_of_range_name_the_field() {
+    let mut f = VerifyFixture::new();
+    let (mut b, mut o) = f.args();
+    b.dtype = 3;
+    assert_eq!(f.verify(&b, &mut o), tokenrace_status::InvalidArgument);
+    assert_eq!(last_error(), "tokenrace_verify: batch.dtype: 3 is not a tokenrace_dtype (0..=2)");
+    let (mut b, mut o) = f.args();
+    b.noise = f.noise.as_ptr();
+    b.noise_kind = 2;
+    assert_eq!(f.verify(&b, &mut o), tokenrace_status::InvalidArgument);
+    assert!(last_error().contains("batch.noise_kind: 2 is not a tokenrace_noise_kind"), "{}", last_error());
+    let (b, mut o) = f.args();
+    o.logprob_mode = 2;
+    assert_eq!(f.verify(&b, &mut o), tokenrace_status::InvalidArgument);
+    assert!(last_error().contains("out.logprob_mode: 2 is not a tokenrace_logprob_mode"), "{}", last_error());
+    assert!(f.untouched());
+}
+
+/// Zero requests need no pointers; the sizes are still checked.
+#[test]
+fn verify_with_zero_requests_needs_no_pointers() {
+    let mut f = VerifyFixture::new();
+    let (mut b, mut o) = f.args();
+    b.requests = 0;
+    b.rows = 0;
+    (b.logits, b.draft_counts, b.draft_tokens) = (std::ptr::null(), std::ptr::null(), std::ptr::null());
+    (o.tokens, o.counts, o.flags, o.logprobs) =
+        (std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut());
+    assert_eq!(f.verify(&b, &mut o), tokenrace_status::Ok, "{}", last_error());
+    b.vocab = 0;
+    assert_eq!(f.verify(&b, &mut o), tokenrace_status::InvalidArgument);
+    assert!(last_error().contains("batch.vocab: must be at least 1"), "{}", last_error());
+    b.vocab = 1000;
+    b.rows = 1;
+    assert_eq!(f.verify(&b, &mut o), tokenrace_status::InvalidArgument);
+    assert!(last_error().contains("batch.logits: is NULL"), "{}", last_error());
 }

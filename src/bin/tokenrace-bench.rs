@@ -5,7 +5,7 @@
 //! [TOKENRACE_SIMD=avx2] cargo run --release --features internals --bin tokenrace-bench -- [--quick] [--json FILE]
 //!     [--threads 1,2] [--rows 1,8,32] [--vocab 163840] [--dtype f32,bf16] [--profile peaked,flat]
 //!     [--path greedy,race-inline,...] [--placement hot,cold] [--reps N]
-//!     [--threads-table]
+//!     [--threads-table] [--verify]
 //!
 //! (It needs the feature `internals`, for the read floors `kernels::read_floor*`.)
 //!
@@ -17,6 +17,11 @@
 //! a call slower than 1 thread). Its defaults, for the options not given: `--threads
 //! 1,2,4,8,16 --rows 1,4,32 --vocab 32000,151936,262144 --dtype f32 --profile peaked --path
 //! race-inline --reps 400`.
+//!
+//! `--verify` times speculative-decoding verification (issue 10): 32 requests of 4 drafts
+//! (`--quick`: 3 of 2) against a plain draw of the same 160 target rows, without and with the
+//! draft model's q, per vocab (default 151936), profile, dtype (default f32) and thread count;
+//! the drafts are drawn from a q close to the target, and the mean emitted count is printed.
 
 use std::io::Write;
 use std::time::Instant;
@@ -35,6 +40,7 @@ struct Args {
     placements: Vec<String>,
     reps: usize,
     threads_table: bool,
+    verify: bool,
 }
 
 fn list<T: std::str::FromStr>(v: &str) -> Vec<T> {
@@ -56,6 +62,7 @@ fn parse_args() -> Args {
         placements: list("hot,cold"),
         reps: 30,
         threads_table: false,
+        verify: false,
     };
     let mut given: Vec<String> = Vec::new();
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -70,6 +77,11 @@ fn parse_args() -> Args {
             }
             "--threads-table" => {
                 a.threads_table = true;
+                i += 1;
+                continue;
+            }
+            "--verify" => {
+                a.verify = true;
                 i += 1;
                 continue;
             }
@@ -113,6 +125,12 @@ fn parse_args() -> Args {
         if default("--reps") {
             a.reps = 400;
         }
+    }
+    if a.verify && !given.iter().any(|g| g == "--vocab") {
+        a.vocab = vec![151936];
+    }
+    if a.verify && !given.iter().any(|g| g == "--dtype") {
+        a.dtypes = list("f32");
     }
     if a.quick {
         a.rows = vec![1, 3];
@@ -338,6 +356,101 @@ fn threads_table(a: &Args, base: &Config, json: &mut Option<std::fs::File>) {
     }
 }
 
+/// The speculative-decoding case of issue 10: `requests` requests of `drafts` draft tokens each.
+/// Each draft row's q is the target row tempered by noise (`softmax(x + N(0, 1))`) and its draft
+/// is drawn from q, so that some drafts are accepted and some not, as with a real draft model.
+struct VerifyCase {
+    counts: Vec<i32>,
+    drafts: Vec<i32>,
+    q: Vec<f32>,
+}
+
+impl VerifyCase {
+    fn new(g: &mut Gen, x: &[f32], requests: usize, drafts: usize, vocab: usize) -> VerifyCase {
+        let (mut ids, mut q) = (Vec::new(), Vec::new());
+        for r in 0..requests {
+            for j in 0..drafts {
+                let row = &x[(r * (drafts + 1) + j) * vocab..][..vocab];
+                let y: Vec<f64> = row.iter().map(|&v| v as f64 + g.normal()).collect();
+                let m = y.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b));
+                let w: Vec<f64> = y.iter().map(|v| (v - m).exp()).collect();
+                let z: f64 = w.iter().sum();
+                let mut u = g.uniform() * z;
+                let d = w.iter().position(|&wi| {
+                    u -= wi;
+                    u < 0.0
+                });
+                ids.push(d.unwrap_or(vocab - 1) as i32);
+                q.extend(w.iter().map(|wi| (wi / z) as f32));
+            }
+        }
+        VerifyCase { counts: vec![drafts as i32; requests], drafts: ids, q }
+    }
+}
+
+/// `--verify`: verifying 32 requests of 4 drafts (issue 10) against drawing the same 160 target
+/// rows plainly, without q and with q, per vocab, profile, dtype and thread count.
+fn verify_table(a: &Args, base: &Config, json: &mut Option<std::fs::File>) {
+    let (requests, drafts) = if a.quick { (3, 2) } else { (32, 4) };
+    let rows = requests * (drafts + 1);
+    println!("verify: {requests} requests x {drafts} drafts ({rows} target rows), hot; us per call, median (p10-p90) of {} calls", a.reps);
+    println!(
+        "{:<10} {:>5} {:>7} {:>7} {:>3} | {:>22} {:>22} {:>22} | {:>6} {:>6} {:>7}",
+        "path", "dtype", "profile", "vocab", "thr", "plain draw", "verify", "verify+q", "ratio", "ratio+q", "emitted"
+    );
+    let mut g = Gen(0x7e51_f1ed_0000_0010);
+    for &vocab in &a.vocab {
+        for profile in &a.profiles {
+            let x: Vec<f32> = (0..rows).flat_map(|_| make_row(&mut g, vocab, profile == "peaked")).collect();
+            let case = VerifyCase::new(&mut g, &x, requests, drafts, vocab);
+            for dtype in &a.dtypes {
+                let data = match dtype.as_str() {
+                    "bf16" => Data::Bf16(x.iter().map(|&v| Bf16::from_f32(v)).collect()),
+                    "f16" => Data::F16(x.iter().map(|&v| F16::from_f32(v)).collect()),
+                    _ => Data::F32(x.clone()),
+                };
+                for &threads in &a.threads {
+                    let s = Sampler::new(Config { max_rows: rows, threads, seed: Some(1), ..base.clone() }).unwrap();
+                    let logits = data.logits(0, rows * vocab);
+                    let mut tokens = vec![0i32; rows];
+                    let plain = time(a.reps, 1, |_| {
+                        s.draw(&Batch::new(logits, rows, vocab), &mut Output::new(&mut tokens)).unwrap()
+                    });
+                    let mut vt = vec![0i32; requests * (drafts + 1)];
+                    let mut counts = vec![0i32; requests];
+                    let mut emitted = [0u64; 2];
+                    let mut run = |with_q: bool, emitted: &mut u64| {
+                        let b = VerifyBatch {
+                            draft_probs: with_q.then(|| DraftProbs { values: &case.q, row_stride: vocab }),
+                            ..VerifyBatch::new(logits, vocab, &case.counts, &case.drafts)
+                        };
+                        s.verify(&b, &mut VerifyOutput::new(&mut vt, &mut counts)).unwrap();
+                        *emitted += counts.iter().map(|&c| c as u64).sum::<u64>();
+                    };
+                    let no_q = time(a.reps, 1, |_| run(false, &mut emitted[0]));
+                    let with_q = time(a.reps, 1, |_| run(true, &mut emitted[1]));
+                    let calls = (a.reps + 1) as f64 * requests as f64;
+                    let (p, v, vq) = (median_and_spread(plain), median_and_spread(no_q), median_and_spread(with_q));
+                    let cell = |m: (f64, f64, f64)| format!("{:.0} ({:.0}-{:.0})", m.0, m.1, m.2);
+                    let mean = [emitted[0] as f64 / calls, emitted[1] as f64 / calls];
+                    println!(
+                        "{:<10} {dtype:>5} {profile:>7} {vocab:>7} {threads:>3} | {:>22} {:>22} {:>22} | {:>6.2} {:>6.2} {:>3.2}/{:.2}",
+                        "verify", cell(p), cell(v), cell(vq), v.0 / p.0, vq.0 / p.0, mean[0], mean[1]
+                    );
+                    if let Some(f) = json.as_mut() {
+                        writeln!(
+                            f,
+                            "{{\"table\":\"verify\",\"dtype\":\"{dtype}\",\"profile\":\"{profile}\",\"vocab\":{vocab},\"threads\":{threads},\"requests\":{requests},\"drafts\":{drafts},\"plain_us_median\":{:.3},\"verify_us_median\":{:.3},\"verify_q_us_median\":{:.3},\"plain_us_p10\":{:.3},\"plain_us_p90\":{:.3},\"verify_us_p10\":{:.3},\"verify_us_p90\":{:.3},\"verify_q_us_p10\":{:.3},\"verify_q_us_p90\":{:.3},\"mean_emitted\":{:.3},\"mean_emitted_q\":{:.3}}}",
+                            p.0, v.0, vq.0, p.1, p.2, v.1, v.2, vq.1, vq.2, mean[0], mean[1]
+                        )
+                        .unwrap();
+                    }
+                }
+            }
+        }
+    }
+}
+
 fn main() {
     let a = parse_args();
     let mut json = a.json.as_ref().map(|p| std::fs::File::create(p).expect("--json file"));
@@ -352,6 +465,9 @@ fn main() {
     );
     if a.threads_table {
         return threads_table(&a, &base, &mut json);
+    }
+    if a.verify {
+        return verify_table(&a, &base, &mut json);
     }
     println!(
         "{:<22} {:>5} {:>7} {:>5} {:>7} {:>3} {:>5} {:>10} {:>9} {:>9} {:>7} {:>8}",

@@ -8,8 +8,9 @@
 //! - **rows whose token needs no race** (+inf present, or nothing finite): `p` is a point mass at
 //!   the token a draw returns;
 //! - **sampling rows**: `d` is accepted when `u < p(d) / q(d)` in f64. `p(d) = w_d / Z` with the
-//!   exact f64 weight `w_d`; `Z`, the mass of the kept tokens, is first bounded by one f32-exp
-//!   pass (`mass.rs`), and computed exactly in f64 only when `u` falls inside the bounds' band;
+//!   exact f64 weight `w_d`; `Z`, the mass of the kept tokens, is bounded first from the block
+//!   maxima alone (no pass), then by one f32-exp pass (`mass.rs`), and computed exactly in f64
+//!   only when `u` falls inside the bounds' band;
 //! - **on a rejection**, the token comes from `max(p - q, 0)`: without `q` (one-hot at `d`) that
 //!   is the row's own race with `d` left out (the race itself when `d` does not win it); with
 //!   `q`, an exponential race over the residual in f64 ([`residual_race`]);
@@ -171,19 +172,36 @@ fn accepts<V: RowValues + ?Sized>(
     if qd == 0.0 {
         return (true, None);
     }
+    // Z from the block maxima alone, without reading the row: every kept block holds its
+    // maximum (at least one token of weight w(bmax)) and at most BLOCK tokens no heavier.
+    let (lo, hi) = bmax.iter().filter(|&&b| b >= p.floor).fold((0.0, 0.0), |(lo, hi), &b| {
+        let w = weight64(b, p.m, p.inv_t);
+        (lo + w, hi + w * BLOCK as f64)
+    });
+    if let Some(accept) = decide(w, qd, u, (lo, hi)) {
+        return (accept, None);
+    }
     if let Some(rm) = RowMass::new(k, v, p.m, p.inv_t, p.floor) {
         // Z in [lo, hi] (rigorous bounds of one f32-exp pass) puts p(d)/q(d) in a band; only a
         // uniform inside it needs the exact Z. (1e-12 covers the roundings of the quotients.)
-        let (_, (lo, hi)) = rm.z_exp();
-        if u < w / hi / qd * (1.0 - 1e-12) {
-            return (true, None);
-        }
-        if lo > 0.0 && u >= w / lo / qd * (1.0 + 1e-12) {
-            return (false, None);
+        if let Some(accept) = decide(w, qd, u, rm.z_exp().1) {
+            return (accept, None);
         }
     }
     let z = mass(k, v, bmax, p);
     (u < w / z / qd, Some(z))
+}
+
+/// Whether `u < w / Z / qd` for every Z in `[lo, hi]` (Some(true)), for none (Some(false)), or
+/// either (None). 1e-12 covers the roundings of the quotients.
+fn decide(w: f64, qd: f64, u: f64, (lo, hi): (f64, f64)) -> Option<bool> {
+    if u < w / hi / qd * (1.0 - 1e-12) {
+        Some(true)
+    } else if lo > 0.0 && u >= w / lo / qd * (1.0 + 1e-12) {
+        Some(false)
+    } else {
+        None
+    }
 }
 
 /// The token of the row's race with `d` left out, or `None` if no other token races.
@@ -228,6 +246,7 @@ fn residual_race<V: RowValues + ?Sized>(
     order.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
     let ln_z = z.ln();
     let mut best = (f64::NEG_INFINITY, usize::MAX);
+    let (m, inv_t) = (p.m as f64, p.inv_t as f64);
     for &(bound, b) in &order {
         // An inline block's bound is an f32 sum of f32 roundings of `a` and of `-ln E`: 1e-5
         // relative covers them.
@@ -235,15 +254,26 @@ fn residual_race<V: RowValues + ?Sized>(
         if reach.is_nan() || reach < best.0 {
             break;
         }
+        let g_max = noise_at.g_max(v, b);
         let end = ((b + 1) * BLOCK).min(n);
         for (i, &qi) in q.iter().enumerate().take(end).skip(b * BLOCK) {
             let x = v.at(i);
             if !(x >= p.floor && x.is_finite()) {
                 continue;
             }
-            let resid = weight64(x, p.m, p.inv_t) / z - qi as f64;
+            // A token whose race key `a - ln E` cannot reach `best + ln z` has no residual key
+            // above `best` either: first with the block's largest `-ln E`, then with its own.
+            let a = (x as f64 - m) * inv_t;
+            let cut = best.0 + ln_z - 1e-9 * (1.0 + a.abs() + best.0.abs());
+            if a + g_max < cut {
+                continue;
+            }
             let ln_e = noise_at.ln_e(i);
-            if resid.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) || ln_e.is_nan() {
+            if ln_e.is_nan() || a - ln_e < cut {
+                continue;
+            }
+            let resid = weight64(x, p.m, p.inv_t) / z - qi as f64;
+            if resid.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
                 continue;
             }
             let key = resid.ln() - ln_e;
@@ -293,6 +323,18 @@ impl NoiseReader {
         }
     }
 
+    /// An upper bound of `-ln E` over block `b`.
+    fn g_max<V: RowValues + ?Sized>(&self, v: &V, b: usize) -> f64 {
+        match self {
+            // `g_max` bounds the f32 `-ln E` of the race with room for its rounding (1e-4).
+            NoiseReader::Inline { blocks, .. } => blocks[b].g_max as f64,
+            NoiseReader::External { .. } => {
+                let end = ((b + 1) * BLOCK).min(v.n());
+                (b * BLOCK..end).map(|i| -self.ln_e(i)).fold(f64::NEG_INFINITY, |a, g| if g > a { g } else { a })
+            }
+        }
+    }
+
     /// An upper bound of the race keys `a_x - ln E_x` of block `b` (-inf when the filters keep
     /// none of it).
     fn bound<V: RowValues + ?Sized>(&self, v: &V, b: usize) -> f64 {
@@ -323,25 +365,14 @@ pub(crate) fn check_q(
 ) -> Result<()> {
     for j in 0..drafts {
         let row = &q[j * stride..j * stride + vocab];
-        // Eight f32 lanes per chunk of 64, summed in f64: vectorised, and exact enough for 1e-3.
-        let (mut sum, mut bad) = (0f64, None);
-        for (c, chunk) in row.chunks(64).enumerate() {
-            let mut acc = [0f32; 8];
-            let mut ok = true;
-            for (l, &x) in chunk.iter().enumerate() {
-                ok &= (0.0..f32::INFINITY).contains(&x);
-                acc[l % 8] += x;
-            }
-            if !ok {
-                bad = chunk.iter().position(|x| !(0.0..f32::INFINITY).contains(x)).map(|l| c * 64 + l);
-                break;
-            }
-            sum += acc.iter().map(|&a| a as f64).sum::<f64>();
+        let (sum, low) = sum_and_min(row);
+        // A NaN or +inf makes the sum non-finite; a negative value (or -inf), the minimum.
+        if sum.is_finite() && low >= 0.0 && (sum - 1.0).abs() <= 1e-3 {
+            continue;
         }
-        let why = match bad {
+        let why = match row.iter().position(|x| !(0.0..f32::INFINITY).contains(x)) {
             Some(t) => format!("token {t}: {} is not a finite probability >= 0", row[t]),
-            None if (sum - 1.0).abs() > 1e-3 => format!("sums to {sum}, not 1 within 1e-3"),
-            None => continue,
+            None => format!("sums to {sum}, not 1 within 1e-3"),
         };
         return Err(Error::arg(
             Owner::Batch,
@@ -351,6 +382,28 @@ pub(crate) fn check_q(
         ));
     }
     Ok(())
+}
+
+/// The sum of a row (eight f32 lanes per chunk of 64, the chunks summed in f64: vectorised, and
+/// within 1e-6 of the exact sum for probabilities) and its smallest value (NaN ignored).
+fn sum_and_min(row: &[f32]) -> (f64, f32) {
+    let (mut sum, mut low) = (0f64, [f32::INFINITY; 8]);
+    let mut chunks = row.chunks_exact(64);
+    for c in &mut chunks {
+        let mut acc = [0f32; 8];
+        for k in 0..8 {
+            for l in 0..8 {
+                acc[l] += c[k * 8 + l];
+                low[l] = low[l].min(c[k * 8 + l]);
+            }
+        }
+        sum += acc.iter().map(|&a| a as f64).sum::<f64>();
+    }
+    for &x in chunks.remainder() {
+        sum += x as f64;
+        low[0] = low[0].min(x);
+    }
+    (sum, low.iter().fold(f32::INFINITY, |a, &b| a.min(b)))
 }
 
 /// Verifies every request (`drafts`, with their validated q rows), spread over `workers` by

@@ -289,7 +289,7 @@ pub struct tokenrace_output {
 pub struct tokenrace_sampler_stats {
     pub struct_size: u32,
     pub reserved0: u32,
-    /// Successful draw calls.
+    /// Successful draw and verify calls.
     pub calls: u64,
     /// Calls that failed (bad arguments, the noise pool, a worker).
     pub rejected_calls: u64,

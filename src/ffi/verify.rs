@@ -86,10 +86,14 @@ unsafe fn output_from_c<'a>(o: &tokenrace_verify_output, b: &VerifyBatch) -> Res
     let max_n = b.draft_counts.iter().map(|&c| c.max(0) as usize).max().unwrap_or(0);
     let tokens_stride = size(o.tokens_stride);
     let width = if tokens_stride == 0 { max_n + 1 } else { tokens_stride };
+    // Both arrays it sizes hold 4-byte elements: the span must fit in the address space.
     let len = b
         .requests
         .checked_mul(width)
-        .ok_or_else(|| Error::arg(Owner::Output, "tokens_stride", None, "requests x tokens_stride overflows"))?;
+        .filter(|n| n.checked_mul(4).is_some_and(|bytes| bytes <= isize::MAX as usize))
+        .ok_or_else(|| {
+            Error::arg(Owner::Output, "tokens_stride", None, "requests x tokens_stride overflows the address space")
+        })?;
     // SAFETY (every slice below): the caller's contract for the output's pointers.
     Ok(VerifyOutput {
         tokens: unsafe { slice_mut(Owner::Output, "tokens", o.tokens, len)? },

@@ -224,3 +224,55 @@ def test_device_and_dtype_refusals(tt):
             s.forward_native(torch.zeros(2, 8, device="cuda"), {}, None, None)
         with pytest.raises(ValueError, match="CPU generators"):
             s.forward_native(torch.zeros(2, 8), {0: torch.Generator("cuda")}, None, None)
+
+
+def _spec_batch(rng, counts, vocab):
+    """Target logits for ``counts`` (each request's draft rows, then its bonus row) and drafts that
+    are often the target's argmax."""
+    rows = sum(counts) + len(counts)
+    x = (rng.standard_normal((rows, vocab)) * 0.5).astype(np.float32)
+    x[np.arange(rows), rng.integers(0, 3, rows)] += 4.0
+    drafts, row = [], 0
+    for c in counts:
+        for j in range(c):
+            drafts.append(int(np.argmax(x[row + j])) if rng.random() < 0.7 else int(rng.integers(0, vocab)))
+        row += c + 1
+    return torch.from_numpy(x), torch.tensor(drafts, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rejection_sample_is_sampler_verify_shaped_as_vllm(tt, tokenrace, rng, dtype):
+    counts, vocab = [2, 0, 3, 1], 64
+    x, drafts = _spec_batch(rng, counts, vocab)
+    x = x.to(dtype)
+    temps = torch.tensor([0.8, 0.0, 1.2, 0.6])
+    seeds = torch.tensor([3, 4, 5, 6], dtype=torch.int64)
+    positions = torch.tensor([5, 0, 9, 2], dtype=torch.int64)
+    out = tt.rejection_sample(x, drafts, counts, temps, seeds=seeds, positions=positions,
+                              sampler=tokenrace.Sampler(vocab))
+    assert out.dtype == torch.int32 and out.shape == (4, 4) and out.device.type == "cpu"
+    want = tokenrace.Sampler(vocab).verify(x, drafts, counts, temperature=temps, seeds=seeds, offsets=positions)
+    assert out.tolist() == want.tokens.tolist()
+    for i, c in enumerate(want.counts.tolist()):
+        assert (out[i, c:] == tt.PLACEHOLDER_TOKEN_ID).all() and (out[i, :c] >= 0).all()
+    assert out[1, 0].item() == torch.argmax(x[3].float()).item()  # request 1 (greedy): no drafts, bonus row 3
+    wide = tt.rejection_sample(x, drafts, torch.tensor(counts), temps, seeds=seeds, positions=positions,
+                               draft_probs=torch.full((6, vocab), 1.0 / vocab), max_spec_len=5)
+    assert wide.shape == (4, 6) and (wide[:, 4:] == -1).all()
+
+
+def test_rejection_sample_takes_one_seed_per_generator_and_call(tt, tokenrace, rng):
+    counts, vocab = [2, 1, 2], 50
+    x, drafts = _spec_batch(rng, counts, vocab)
+    gens = generators({0: 21, 2: 22})
+    twins = generators({0: 21, 2: 22})
+    s = tokenrace.Sampler(vocab)
+    for _step in range(3):
+        out = tt.rejection_sample(x, drafts, counts, 1.0, generators=gens, sampler=s)
+        seeds = np.zeros(3, np.uint64)
+        for req, twin in twins.items():
+            seeds[req] = int(torch.randint(0, 2**31, (1,), generator=twin, dtype=torch.long).item())
+        want = s.verify(x, drafts, counts, seeds=seeds, seeded=[True, False, True])
+        for req in twins:
+            assert out[req].tolist() == want.tokens[req].tolist()
+            assert torch.equal(gens[req].get_state(), twins[req].get_state())

@@ -403,3 +403,102 @@ def test_forward_native_draws_vllms_filtered_distribution(tokenrace, tt, fake_to
     top_k_only = vllm_kept_probs(row, 12, 1.0)
     assert chi_square(counts, softmax) > 10 * critical
     assert chi_square(counts[top_k_only > 0], top_k_only[top_k_only > 0]) > 10 * critical
+
+
+# -- tokenrace.torch.rejection_sample on the stand-in ---------------------------------------------
+
+
+def _spec_batch(fake_torch, rng, counts, vocab, peak=4.0):
+    """Target logits for ``counts`` (each request's draft rows, then its bonus row) and drafts that
+    are often the target's argmax (so that some are accepted)."""
+    rows = sum(counts) + len(counts)
+    x = (rng.standard_normal((rows, vocab)) * 0.5).astype(np.float32)
+    x[np.arange(rows), rng.integers(0, 3, rows)] += peak
+    drafts, row = [], 0
+    for c in counts:
+        for j in range(c):
+            drafts.append(int(np.argmax(x[row + j])) if rng.random() < 0.7 else int(rng.integers(0, vocab)))
+        row += c + 1
+    return fake_torch.from_numpy(x), fake_torch.from_numpy(np.array(drafts, np.int32))
+
+
+def test_rejection_sample_is_sampler_verify_shaped_as_vllm(tokenrace, tt, fake_torch, rng):
+    counts, vocab = [2, 0, 3, 1], 60
+    x, drafts = _spec_batch(fake_torch, rng, counts, vocab)
+    temps = fake_torch.from_numpy(np.array([0.8, 0.0, 1.2, 0.6], np.float32))
+    seeds = fake_torch.from_numpy(np.array([11, 12, 13, 14], np.int64))
+    positions = fake_torch.from_numpy(np.array([5, 0, 9, 2], np.int64))
+    top_k = fake_torch.from_numpy(np.full(4, 20, np.int32))
+    out = tt.rejection_sample(x, drafts, counts, temps, seeds=seeds, positions=positions, top_k=top_k,
+                              sampler=tokenrace.Sampler(vocab))
+    assert out.dtype is fake_torch.int32 and tuple(out.shape) == (4, 4)
+    want = tokenrace.Sampler(vocab).verify(x.numpy(), drafts.numpy(), counts, temperature=temps.numpy(),
+                                           seeds=seeds.numpy(), offsets=positions.numpy(), top_k=20)
+    np.testing.assert_array_equal(out.numpy(), want.tokens)
+    for i, c in enumerate(want.counts):
+        assert (out.numpy()[i, c:] == tt.PLACEHOLDER_TOKEN_ID).all() and (out.numpy()[i, :c] >= 0).all()
+    # num_draft_tokens as a tensor, a wider output, draft probabilities.
+    q = np.full((sum(counts), vocab), 1.0 / vocab, np.float32)
+    wide = tt.rejection_sample(x, drafts, fake_torch.from_numpy(np.array(counts, np.int64)), temps, seeds=seeds,
+                               positions=positions, draft_probs=fake_torch.from_numpy(q), max_spec_len=6)
+    assert tuple(wide.shape) == (4, 7) and (wide.numpy()[:, 4:] == -1).all()
+    want_q = tokenrace.Sampler(vocab).verify(x.numpy(), drafts.numpy(), counts, temperature=temps.numpy(),
+                                             seeds=seeds.numpy(), offsets=positions.numpy(), draft_probs=q)
+    np.testing.assert_array_equal(wide.numpy()[:, :4], want_q.tokens)
+
+
+def test_rejection_sample_reads_bfloat16_in_place(tokenrace, tt, fake_torch, rng):
+    counts, vocab = [3, 1, 0], 40
+    x, drafts = _spec_batch(fake_torch, rng, counts, vocab)
+    b = x.numpy().view(np.uint32)
+    bits = ((b.astype(np.uint64) + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
+    rounded = (bits.astype(np.uint32) << 16).view(np.float32)
+    t = fake_torch.Tensor(bits, fake_torch.bfloat16)
+    got = tt.rejection_sample(t, drafts, counts, 0.9, seeds=[1, 2, 3], sampler=tokenrace.Sampler(vocab))
+    want = tokenrace.Sampler(vocab).verify(rounded, drafts.numpy(), counts, temperature=0.9, seeds=[1, 2, 3])
+    np.testing.assert_array_equal(got.numpy(), want.tokens)
+
+
+def test_rejection_sample_takes_one_seed_per_generator_and_call(tokenrace, tt, fake_torch, rng):
+    counts, vocab = [2, 1, 2], 50
+    x, drafts = _spec_batch(fake_torch, rng, counts, vocab)
+    gens = _generators(fake_torch, {0: 21, 2: 22})
+    twins = _generators(fake_torch, {0: 21, 2: 22})
+    s = tokenrace.Sampler(vocab)
+    for _step in range(3):
+        out = tt.rejection_sample(x, drafts, counts, 1.0, generators=gens, sampler=s)
+        seeds = np.zeros(3, np.uint64)
+        for req, twin in twins.items():
+            seeds[req] = fake_torch.randint(0, 2**31, (1,), generator=twin, dtype=fake_torch.long).item()
+        want = s.verify(x.numpy(), drafts.numpy(), counts, seeds=seeds, seeded=[True, False, True])
+        for req in twins:
+            np.testing.assert_array_equal(out.numpy()[req], want.tokens[req])
+    assert [g.draws for g in gens.values()] == [3, 3]
+
+
+def test_rejection_sample_refusals(tokenrace, tt, fake_torch, rng):
+    counts = [1, 2]
+    x, drafts = _spec_batch(fake_torch, rng, counts, 30)
+    T = fake_torch.Tensor
+    with pytest.raises(TypeError, match="target_logits: must be a torch.Tensor"):
+        tt.rejection_sample(x.numpy(), drafts, counts, 1.0)
+    with pytest.raises(ValueError, match=r"target_logits: is a tensor on device .*cuda"):
+        tt.rejection_sample(T(x.numpy(), fake_torch.float32, device="cuda"), drafts, counts, 1.0)
+    with pytest.raises(TypeError, match="temperature: is None"):
+        tt.rejection_sample(x, drafts, counts, None)
+    with pytest.raises(ValueError, match=r"num_draft_tokens\[1\]: -2 is negative"):
+        tt.rejection_sample(x, drafts, [1, -2], 1.0)
+    with pytest.raises(ValueError, match="generators or seeds, not both"):
+        tt.rejection_sample(x, drafts, counts, 1.0, generators={0: fake_torch.Generator()}, seeds=[1, 2])
+    with pytest.raises(ValueError, match="positions: needs seeds"):
+        tt.rejection_sample(x, drafts, counts, 1.0, positions=[1, 2])
+    good = fake_torch.Generator()
+    with pytest.raises(ValueError, match="generators: request 5 is outside the batch of 2 requests"):
+        tt.rejection_sample(x, drafts, counts, 1.0, generators={0: good, 5: fake_torch.Generator()})
+    with pytest.raises(ValueError, match="max_spec_len: 1 is smaller than the largest draft count, 2"):
+        tt.rejection_sample(x, drafts, counts, 1.0, generators={0: good}, max_spec_len=1)
+    assert good.draws == 0, "a refused call advanced a generator"
+    with pytest.raises(ValueError, match=r"draft_tokens: has 2 ids, draft_counts add up to 3"):
+        tt.rejection_sample(x, drafts[:2], counts, 1.0)
+    with pytest.raises(tokenrace.InvalidArgumentError, match=r"batch.draft_tokens\[0\]: request 0, draft 0"):
+        tt.rejection_sample(x, fake_torch.from_numpy(np.array([30, 0, 0], np.int32)), counts, 1.0)

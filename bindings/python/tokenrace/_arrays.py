@@ -227,12 +227,13 @@ def _python_int32s(value, name):
     return arr if isinstance(value, (list, tuple)) else arr[0]
 
 
-def per_row(value, rows, dtype, name):
+def per_row(value, rows, dtype, name, unit="row"):
     """One value per row as a contiguous numpy array of ``dtype`` (None stays None).
 
     A scalar is broadcast to every row; a 1-D array-like must have ``rows`` elements.
     ``dtype`` is np.float32, np.uint64 (non-negative integers), np.int32 (integers) or np.uint8
-    (a boolean mask).
+    (a boolean mask). ``unit`` names what a row is in messages ("request" for a verify call's
+    per-request values: "the call has 3 requests").
     """
     if value is None:
         return None
@@ -246,9 +247,10 @@ def per_row(value, rows, dtype, name):
     if arr.ndim == 0:
         arr = arr.reshape(1).repeat(rows)
     elif arr.ndim != 1:
-        raise ValueError(f"{name}: must be a scalar or 1-D (one value per row), got shape {arr.shape}")
+        raise ValueError(f"{name}: must be a scalar or 1-D (one value per {unit}), got shape {arr.shape}")
     elif arr.shape[0] != rows:
-        raise ValueError(f"{name}: has {arr.shape[0]} elements, the batch has {rows} rows")
+        owner = "the batch has" if unit == "row" else "the call has"
+        raise ValueError(f"{name}: has {arr.shape[0]} elements, {owner} {rows} {unit}s")
     target = np.dtype(dtype)
     kind = arr.dtype.kind
     if target == np.uint8:
@@ -285,3 +287,56 @@ def per_row(value, rows, dtype, name):
             raise ValueError(f"{name}: must be non-negative integers, got dtype {arr.dtype}")
         return np.ascontiguousarray(arr, dtype=np.uint64)
     raise TypeError(f"per_row: unsupported target dtype {target}")
+
+
+def _ndim(obj):
+    """The number of dimensions of an array-like (a torch tensor's ``dim()``)."""
+    if is_torch_tensor(obj):
+        return obj.dim()
+    return obj.ndim if isinstance(obj, np.ndarray) else np.ndim(obj)
+
+
+def int32_vector(value, name):
+    """A 1-D integer array-like (numpy array, CPU torch tensor, list or tuple) as a contiguous
+    int32 numpy array: passed through without a copy when it is one already; other integer dtypes
+    are converted with every value checked to fit. Floats and bools are refused (a draft id of
+    ``3.0`` or ``True`` is a bug, not a token)."""
+    if is_torch_tensor(value):
+        value = _torch_to_numpy(value, name)
+    elif isinstance(value, (list, tuple)):
+        if not value:
+            return np.zeros(0, np.int32)
+        value = _python_int32s(value, name)
+    arr = np.asarray(value)
+    if arr.ndim != 1:
+        raise ValueError(f"{name}: must be 1-D, got shape {arr.shape}")
+    if arr.dtype.kind not in "iu":
+        raise ValueError(f"{name}: must be integers, got dtype {arr.dtype}")
+    if arr.dtype != np.int32 and arr.size:
+        info = np.iinfo(np.int32)
+        bad = (arr < info.min) | (arr > info.max)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(f"{name}[{i}]: {arr[i]} does not fit in an int32")
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+def float64_vector(value, name):
+    """A 1-D array-like of float64 values (numpy array, CPU torch tensor, list or tuple) as a
+    contiguous float64 numpy array, without a copy when it is one already. Arrays of a narrower
+    float type are refused, not widened: their values have fewer random bits than the 53 an
+    acceptance uniform needs (vLLM #54843)."""
+    if is_torch_tensor(value):
+        value = _torch_to_numpy(value, name)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+                raise ValueError(f"{name}[{i}]: must be a number, got {type(v).__name__}")
+        value = np.array(value, dtype=np.float64)
+    arr = np.asarray(value)
+    if arr.ndim != 1:
+        raise ValueError(f"{name}: must be 1-D, got shape {arr.shape}")
+    if arr.dtype.kind != "f" or arr.dtype.itemsize != 8:
+        raise ValueError(f"{name}: has dtype {arr.dtype}; tokenrace takes float64 (53-bit uniforms), pass "
+                         f"an array of float64 values (converting narrower floats does not add the bits)")
+    return np.ascontiguousarray(arr, dtype=np.float64)

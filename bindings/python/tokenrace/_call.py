@@ -75,6 +75,11 @@ FULL_OFFSET = getattr(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST).offset
 FULL_ZEROS = (0,) * sum(1 for c in FULL_LAYOUT.format if c not in "=x")
 BATCH_SIZE = ctypes.sizeof(_ffi.tokenrace_batch)
 OUTPUT_SIZE = ctypes.sizeof(_ffi.tokenrace_output)
+# A verify call (``Sampler.verify``) packs its structs whole, in one call each.
+VERIFY_BATCH_LAYOUT = struct_layout(_ffi.tokenrace_verify_batch)
+VERIFY_OUTPUT_LAYOUT = struct_layout(_ffi.tokenrace_verify_output)
+VERIFY_BATCH_SIZE = ctypes.sizeof(_ffi.tokenrace_verify_batch)
+VERIFY_OUTPUT_SIZE = ctypes.sizeof(_ffi.tokenrace_verify_output)
 
 
 def address(arr) -> int:

@@ -14,7 +14,7 @@ import ctypes
 import os
 import sys
 import threading
-from ctypes import POINTER, Structure, c_char_p, c_float, c_int32, c_uint8, c_uint32, c_uint64, c_void_p
+from ctypes import POINTER, Structure, c_char_p, c_double, c_float, c_int32, c_uint8, c_uint32, c_uint64, c_void_p
 
 # ----------------------------------------------------------------------------------------------
 # Constants (#define and enums of the header)
@@ -253,6 +253,51 @@ class tokenrace_pool_stats(_Versioned):
     ]
 
 
+class tokenrace_verify_batch(_Versioned):
+    """One ``tokenrace_verify()`` call's inputs (speculative decoding, since 0.2)."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("dtype", c_uint32),
+        ("logits", c_void_p),
+        ("rows", c_uint32),
+        ("vocab", c_uint32),
+        ("row_stride", c_uint64),
+        ("requests", c_uint32),
+        ("reserved0", c_uint32),
+        ("draft_counts", POINTER(c_int32)),
+        ("draft_tokens", POINTER(c_int32)),
+        ("draft_probs", POINTER(c_float)),
+        ("draft_probs_row_stride", c_uint64),
+        ("temperature", POINTER(c_float)),
+        ("top_k", POINTER(c_int32)),
+        ("top_p", POINTER(c_float)),
+        ("min_p", POINTER(c_float)),
+        ("seeds", POINTER(c_uint64)),
+        ("offsets", POINTER(c_uint64)),
+        ("seeded", POINTER(c_uint8)),
+        ("uniforms", POINTER(c_double)),
+        ("noise", POINTER(c_float)),
+        ("noise_kind", c_uint32),
+        ("reserved1", c_uint32),
+        ("noise_row_stride", c_uint64),
+    ]
+
+
+class tokenrace_verify_output(_Versioned):
+    """Where ``tokenrace_verify()`` writes."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("logprob_mode", c_uint32),
+        ("tokens", POINTER(c_int32)),
+        ("tokens_stride", c_uint64),
+        ("counts", POINTER(c_int32)),
+        ("flags", POINTER(c_uint32)),
+        ("logprobs", POINTER(c_float)),
+    ]
+
+
 class tokenrace_sampler(Structure):
     """Opaque; only ever handled through a pointer."""
 
@@ -267,7 +312,8 @@ pool_p = POINTER(tokenrace_pool)
 # Every struct of the header, by its C name (the ABI test walks this).
 STRUCTS = {cls.__name__: cls for cls in (tokenrace_config, tokenrace_sampler_stats,
                                          tokenrace_batch, tokenrace_output, tokenrace_pool_config,
-                                         tokenrace_pool_lease, tokenrace_pool_stats)}
+                                         tokenrace_pool_lease, tokenrace_pool_stats, tokenrace_verify_batch,
+                                         tokenrace_verify_output)}
 
 # ----------------------------------------------------------------------------------------------
 # Functions: name -> (restype, argtypes). ``status`` marks functions returning tokenrace_status.
@@ -295,6 +341,7 @@ _SIGNATURES = {
     "tokenrace_pool_release": (status, [pool_p, POINTER(tokenrace_pool_lease)]),
     "tokenrace_pool_get_stats": (status, [pool_p, POINTER(tokenrace_pool_stats)]),
     "tokenrace_sampler_attach_pool": (status, [sampler_p, pool_p]),
+    "tokenrace_verify": (status, [sampler_p, POINTER(tokenrace_verify_batch), POINTER(tokenrace_verify_output)]),
 }
 
 # ----------------------------------------------------------------------------------------------
@@ -346,9 +393,19 @@ def candidate_paths() -> list:
     return paths
 
 
+# Functions added since 0.1: a library without them still loads (same ABI version), and the
+# binding's calls that need one raise UnsupportedError naming it (``Sampler.verify``).
+SINCE_0_2 = frozenset({"tokenrace_verify"})
+
+
 def _declare(handle):
     for fname, (restype, argtypes) in _SIGNATURES.items():
-        f = getattr(handle, fname)
+        try:
+            f = getattr(handle, fname)
+        except AttributeError:
+            if fname in SINCE_0_2:
+                continue
+            raise
         f.restype = restype
         f.argtypes = argtypes
 

@@ -1,4 +1,4 @@
-"""``Sampler``: one ``tokenrace_sampler`` and its draw calls."""
+"""``Sampler``: one ``tokenrace_sampler`` and its draw and verify calls (``_verify.py``)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from ._call import (BATCH_LAYOUT, BATCH_SIZE, FLAG_SCALARS, FLOAT_SCALARS, FULL_
 from ._common import _choice, _Closable, _Default, _from_env, _Handle, _name_of, _unsigned
 from ._errors import InvalidArgumentError, check
 from ._pipeline import FIELD_ARGUMENTS, pipeline_fields
+from ._verify import verify as _verify
 
 
 def _free_sampler(ptr):
@@ -406,6 +407,65 @@ class Sampler(_Closable):
             return res
         finally:
             state.in_use = False  # release_state(), inlined
+
+    # -- speculative decoding ------------------------------------------------------------------
+
+    def verify(self, target_logits, draft_tokens, draft_counts, *, draft_probs=None, temperature=None,
+               top_k=None, top_p=None, min_p=None, seeds=None, offsets=None, seeded=None, uniforms=None,
+               noise=None, noise_kind="exp", logprobs=False, logprob_mode="raw"):
+        """Verifies draft tokens (speculative decoding) by vLLM's rejection sampling; returns a
+        ``VerifyResult``. See ``docs/semantics.md``, Verifying draft tokens.
+
+        Request i has ``n_i = draft_counts[i] >= 0`` draft tokens and ``n_i + 1`` target rows (its
+        drafts' positions, then a bonus position). A greedy request (temperature below the
+        sampler's ``greedy_below``) accepts each draft while it is the target row's argmax; a
+        sampling request accepts draft d at row j when ``u_j < p_j(d) / q_j(d)`` (in float64),
+        ``p_j`` being what a draw of row j samples from (temperature, then min-p, top-k, top-p).
+        At the first rejection it emits a token drawn from ``max(p_j - q_j, 0)`` and stops; if
+        every draft is accepted it emits a draw from the bonus row. So request i emits
+        ``counts[i]`` tokens, 1 to ``n_i + 1``: its accepted drafts, then one more.
+
+        target_logits: 2-D, ``sum(draft_counts) + len(draft_counts)`` rows x vocab (at most the
+            sampler's ``max_rows`` rows), request after request; float32/float16 numpy arrays or
+            CPU torch tensors (float32/float16/bfloat16), read in place (rows any stride apart,
+            values inside a row contiguous).
+        draft_tokens: flat integer ids, ``sum(draft_counts)``: every request's drafts, one after
+            the other (1-D array, tensor or list; int32 is passed without a copy).
+        draft_counts: one non-negative integer per request (1-D).
+        draft_probs: None (the drafts are deterministic: q is one-hot at each draft, as for
+            n-gram or EAGLE drafts without probabilities), or float32, one row of ``vocab``
+            probabilities per draft token (``sum(draft_counts)`` rows, each >= 0 and summing to 1
+            within 1e-3; read in place).
+        temperature, top_k, top_p, min_p, seeds, offsets, seeded: per request, a scalar (every
+            request) or one value each, with ``draw``'s meanings and defaults; every target row
+            of a request takes its request's values.
+        seeds, offsets: a seeded request's acceptance uniforms and the noise of its recovered or
+            bonus draw at draft position j are a pure function of (seed, offset + j): the same
+            tokens whatever its batch mates, thread count or SIMD level, on every
+            tensor-parallel rank. ``offsets`` is the position of the request's first draft token
+            (default 0). Unseeded requests take keys from the sampler's stream.
+        uniforms: float64, one per draft token (``sum(draft_counts)``), each in (0, 1): the
+            acceptance uniforms of the unseeded sampling requests (None: from the sampler's
+            stream). Seeded and greedy requests do not use theirs. float32 arrays are refused
+            (24 random bits, not 53).
+        noise: float32 noise of the unseeded sampling requests' recovered and bonus draws, one row
+            per target row (a draw uses the noise of its own row), or one row shared by every
+            row; ``noise_kind`` "exp" (E ~ Exp(1)) or "log_exp" (ln E), as in ``draw``.
+        logprobs: also return ``r.logprobs``, each emitted token's logprob in its target row, in
+            ``logprob_mode`` ("raw" or "processed", as ``draw_full``).
+
+        Returns a ``VerifyResult``: ``tokens`` (int32, requests x (max(draft_counts) + 1), each
+        request's emitted tokens then -1, vLLM's placeholder), ``counts`` (int32 per request),
+        ``flags`` (uint32 per request, the ``FLAG_*`` bits of the target rows it looked at, or-ed)
+        and ``logprobs`` (float32 as ``tokens``, NaN in the padding; None unless asked).
+
+        Shapes, dtypes and lengths that do not fit raise ``ValueError`` (or ``TypeError``) naming
+        the argument before the call; bad values raise ``InvalidArgumentError`` with the library's
+        message naming the field, the request and the draft (``batch.draft_probs[3]: request 1,
+        draft 0: sums to 0.5, not 1 within 1e-3``). Nothing is returned from a failed call.
+        """
+        return _verify(self, target_logits, draft_tokens, draft_counts, draft_probs, temperature, top_k, top_p,
+                      min_p, seeds, offsets, seeded, uniforms, noise, noise_kind, logprobs, logprob_mode)
 
 
 def _raise(status):

@@ -11,6 +11,12 @@
     rows (T < the sampler's ``greedy_below``, 1e-5 as vLLM's ``_SAMPLING_EPS``), temperature,
     min-p, top-k, top-p and the draw in one native call, optionally with the logprobs triple of
     vLLM's ``LogprobsTensors``.
+``rejection_sample(target_logits, draft_token_ids, num_draft_tokens, temperature, ...)``
+    The verification step of speculative decoding, with the shape of vLLM's
+    ``RejectionSampler.forward`` output: int32 ``[batch, max_spec_len + 1]``, each request's
+    accepted drafts and its recovered or bonus token, padded with -1 (vLLM's
+    ``PLACEHOLDER_TOKEN_ID``). One native call (``Sampler.verify``) does the target
+    distributions, the acceptance tests, the recovered and the bonus draws.
 
 Seeds: vLLM gives each seeded request a ``torch.Generator``; per step its CPU path draws one value
 from it (``torch.randint(0, 2**31, (1,), generator=gen)``) as the row's seed. So do these
@@ -39,9 +45,13 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ._arrays import int32_vector
 from ._sampler import Sampler
 
-__all__ = ["LogprobsTensors", "TopKTopPSampler", "sample"]
+__all__ = ["LogprobsTensors", "PLACEHOLDER_TOKEN_ID", "TopKTopPSampler", "rejection_sample", "sample"]
+
+# vLLM's padding of the rejection sampler's output (``rejection_sampler.PLACEHOLDER_TOKEN_ID``).
+PLACEHOLDER_TOKEN_ID = -1
 
 LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logits", "processed_logprobs")
 PROCESSED_LOGPROBS_MODES = ("processed_logits", "processed_logprobs")
@@ -73,28 +83,29 @@ def _make_sampler(sampler, threads, seed, simd, max_rows):
     return sampler
 
 
-def _check_logits(logits):
+def _check_logits(logits, name="logits"):
     """The row count of a 2-D CPU tensor; the dtype and layout are checked by the binding."""
     if not isinstance(logits, torch.Tensor):
-        raise TypeError(f"logits: must be a torch.Tensor, got {type(logits).__name__}")
+        raise TypeError(f"{name}: must be a torch.Tensor, got {type(logits).__name__}")
     if logits.device.type != "cpu":
-        raise ValueError(f"logits: is a tensor on device '{logits.device}'; tokenrace samples on the "
-                         f"host, pass logits.cpu() (or keep vLLM's own sampler for device tensors)")
+        raise ValueError(f"{name}: is a tensor on device '{logits.device}'; tokenrace samples on the "
+                         f"host, pass {name}.cpu() (or keep vLLM's own sampler for device tensors)")
     if logits.dim() != 2:
-        raise ValueError(f"logits: must be 2-D [rows, vocab], got shape {tuple(logits.shape)}")
+        raise ValueError(f"{name}: must be 2-D [rows, vocab], got shape {tuple(logits.shape)}")
     return logits.shape[0]
 
 
-def generator_seeds(generators, rows):
+def generator_seeds(generators, rows, unit="row"):
     """The per-row ``(seeds, seeded)`` arrays for vLLM's per-request generators, or
     ``(None, None)`` without any: each row in ``generators`` draws one value from its generator,
     exactly as vLLM's ``forward_cpu`` does (``torch.randint(0, 2**31, (1,), generator=gen)``),
-    which advances the generator by one draw per step; the other rows are unseeded."""
+    which advances the generator by one draw per step; the other rows are unseeded. (``unit``:
+    what a row is called in messages, "request" for ``rejection_sample``.)"""
     if not generators:
         return None, None
     for row, generator in generators.items():  # all checked before any generator advances
         if not 0 <= row < rows:
-            raise ValueError(f"generators: row {row} is outside the batch of {rows} rows")
+            raise ValueError(f"generators: {unit} {row} is outside the batch of {rows} {unit}s")
         if generator.device.type != "cpu":
             raise ValueError(f"generators[{row}]: is a generator on device '{generator.device}'; "
                              f"tokenrace draws the seeds of CPU generators")
@@ -185,13 +196,13 @@ def default_sampler():
         return _default_sampler
 
 
-def _seed_arguments(generators, seeds, positions, rows):
+def _seed_arguments(generators, seeds, positions, rows, unit="row"):
     if generators and seeds is not None:
         raise ValueError("pass generators or seeds, not both")
     if positions is not None and seeds is None:
-        raise ValueError("positions: needs seeds (a position is the offset of a row's seed)")
+        raise ValueError(f"positions: needs seeds (a position is the offset of a {unit}'s seed)")
     if generators:
-        return generator_seeds(generators, rows) + (None,)
+        return generator_seeds(generators, rows, unit) + (None,)
     return seeds, None, positions
 
 
@@ -251,3 +262,69 @@ def _logprobs_tensors(result, rows, n) -> LogprobsTensors:
         values[:, 1:] = result.topn_logprobs
     return LogprobsTensors(torch.from_numpy(ids), torch.from_numpy(values),
                            torch.from_numpy(result.ranks.astype(np.int64)))
+
+
+def _draft_counts(num_draft_tokens):
+    """vLLM's ``num_draft_tokens`` (a list of ints, or a CPU integer tensor) as int32 numpy."""
+    counts = int32_vector(num_draft_tokens, "num_draft_tokens")
+    if counts.size and counts.min() < 0:
+        i = int(np.argmax(counts < 0))
+        raise ValueError(f"num_draft_tokens[{i}]: {counts[i]} is negative")
+    return counts
+
+
+def rejection_sample(target_logits, draft_token_ids, num_draft_tokens, temperature, *, draft_probs=None,
+                     top_k=None, top_p=None, min_p=None, generators=None, seeds=None, positions=None,
+                     max_spec_len=None, sampler=None):
+    """The verification step of speculative decoding, shaped as vLLM's rejection sampler
+    (``RejectionSampler.forward``'s output), on ``Sampler.verify``.
+
+    target_logits: 2-D CPU tensor [num_tokens + batch, vocab] (float32, bfloat16 or float16),
+        raw (before temperature): for each request, the rows of its draft positions, then its
+        bonus position, as vLLM's spec-decode logits are laid out. Read in place, never changed.
+    draft_token_ids: integer tensor [num_tokens] (vLLM's ``metadata.draft_token_ids``): every
+        request's drafts, one after the other.
+    num_draft_tokens: the draft count of each request (vLLM's ``metadata.num_draft_tokens``, a
+        list of ints; 0 allowed), or an integer tensor [batch].
+    temperature: float or a float tensor [batch]; a request below the sampler's ``greedy_below``
+        (1e-5, vLLM's ``_SAMPLING_EPS``) is greedy: its drafts are accepted while they are the
+        target's argmax. (vLLM leaves ``sampling_metadata.temperature`` None when every request
+        is greedy: pass 0.0 then.)
+    draft_probs: None (deterministic drafts: n-gram, EAGLE without probabilities) or a float32
+        tensor [num_tokens, vocab] of the draft model's probabilities.
+    top_k, top_p, min_p: None, a scalar or a tensor [batch], per request, as in ``sample``.
+    generators: {request index: torch.Generator} of the seeded requests: each draws one value
+        per call (``torch.randint(0, 2**31, (1,), generator=gen)``, as ``sample`` does), the
+        request's tokenrace seed for this step. Or ``seeds`` (non-negative 64-bit integers per
+        request) with optional ``positions`` (the position of each request's first draft token),
+        the stateless alternative: the same (seed, position) gives the same tokens on every
+        rank and in any batch. Unseeded requests use the tokenrace sampler's own stream.
+    max_spec_len: the output's width minus 1 (default: max(num_draft_tokens)); at least the
+        largest draft count.
+    sampler: the ``tokenrace.Sampler`` to use (default: ``default_sampler()``).
+
+    Returns an int32 CPU tensor [batch, max_spec_len + 1]: request i's accepted drafts, then its
+    recovered (first rejection) or bonus (every draft accepted) token, then
+    ``PLACEHOLDER_TOKEN_ID`` (-1). Its accepted count is ``(row != -1).sum() - 1``.
+    """
+    _check_logits(target_logits, "target_logits")
+    if temperature is None:
+        raise TypeError("temperature: is None; pass 0.0 for greedy requests (vLLM's all_greedy leaves it None) "
+                        "or the per-request temperatures")
+    sampler = default_sampler() if sampler is None else sampler
+    counts = _draft_counts(num_draft_tokens)
+    longest = int(counts.max()) if counts.size else 0
+    if max_spec_len is not None:  # checked before any generator advances
+        if isinstance(max_spec_len, bool) or not isinstance(max_spec_len, (int, np.integer)):
+            raise TypeError(f"max_spec_len: must be an integer, got {type(max_spec_len).__name__}")
+        if max_spec_len < longest:
+            raise ValueError(f"max_spec_len: {max_spec_len} is smaller than the largest draft count, {longest}")
+    req_seeds, seeded, offsets = _seed_arguments(generators, seeds, positions, counts.size, "request")
+    result = sampler.verify(target_logits, draft_token_ids, counts, draft_probs=draft_probs,
+                            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seeds=req_seeds,
+                            seeded=seeded, offsets=offsets)
+    tokens = result.tokens
+    if max_spec_len is not None and max_spec_len > longest:
+        tokens = np.full((counts.size, int(max_spec_len) + 1), PLACEHOLDER_TOKEN_ID, dtype=np.int32)
+        tokens[:, :longest + 1] = result.tokens
+    return torch.from_numpy(tokens)

@@ -1,0 +1,708 @@
+"""Sampler.verify (speculative decoding, issue 10) against a float64 reference of vLLM's
+rejection sampling written in the simplest form (port of ``ref_verify`` in tests/verify.rs):
+
+* random calls with external uniforms and noise (unseeded), with and without draft_probs, greedy
+  and sampling requests, filters, draft counts including 0, float32/float16/bfloat16 logits: the
+  emitted tokens and counts equal the reference's, except requests where a decision lies within
+  rounding of its threshold (counted; a handful at most);
+* seeded requests: the same tokens alone, in any batch position, with any batch mates, on 1 and 2
+  threads, with or without external uniforms and noise (which only unseeded requests use), and a
+  pure function of (seed, offset + j);
+* the output: -1 padding, counts in [1, n + 1], logprobs (shape, values, NaN padding), flags;
+* bad input: ValueError/TypeError naming the argument before the call, and the library's
+  InvalidArgumentError naming the field, the request and the draft.
+
+A chi-square test of the emitted distribution is in tests/verify.rs; a light one is here too.
+"""
+
+import math
+import sys
+
+import numpy as np
+import pytest
+
+from reference import chi_square, inv_t, kept_set, log_softmax64, wilson_hilferty
+
+GREEDY_BELOW = 1e-5
+
+
+class Near(Exception):
+    """A decision of the reference lies within rounding of its threshold: an exact implementation
+    may go either way, the request is not compared."""
+
+
+# ----------------------------------------------------------------------------------------------
+# The float64 reference
+
+
+def target(x, t, top_k, top_p, min_p):
+    """The kept mask, the target probabilities p (float64) and the race's scaled logits
+    a = (x - m) * fl32(1/T) of a sampling row."""
+    kept, gap = kept_set(x, t, top_k, top_p, min_p)
+    if gap <= 1e-9:
+        raise Near("top-p cut")
+    fin = np.isfinite(x)
+    m = float(x[fin].max())
+    w = np.zeros(x.size)
+    w[fin] = np.exp((x[fin].astype(np.float64) - m) * inv_t(t))
+    if min_p > 0:
+        mp = float(np.float32(min_p))
+        close = fin & (np.abs(w - mp) <= 1e-9 * mp) & (x.astype(np.float64) != m)
+        if close.any():
+            raise Near("min-p cut")
+    w = np.where(kept, w, 0.0)
+    a = np.where(fin, (x.astype(np.float64) - m) * inv_t(t), -np.inf)
+    return kept, w / w.sum(), a
+
+
+def race(keys, parts):
+    """The lowest index of the largest finite key, or None; ``parts[i] = |a_i| + |ln E_i|`` scale
+    the near-tie tolerance."""
+    ok = np.isfinite(keys)
+    if not ok.any():
+        return None
+    k = np.where(ok, keys, -np.inf)
+    best = int(np.argmax(k))
+    if ok.sum() >= 2:
+        second = np.partition(k, -2)[-2]
+        if k[best] - second <= 1e-5 * (1.0 + parts[best]):
+            raise Near("race")
+    return best
+
+
+def ref_verify(rows, drafts, q, u, e, t, top_k, top_p, min_p):
+    """The emitted tokens of one request (vLLM's rules, float64): ``rows`` its n + 1 target rows
+    (as float32 values), ``drafts`` its n ids, ``q`` its n draft-probability rows or None, ``u``
+    its n uniforms, ``e`` its n + 1 noise rows (E ~ Exp(1))."""
+    out = []
+    for j, x in enumerate(rows):
+        bonus = j == len(drafts)
+        if t < GREEDY_BELOW:
+            token = int(np.argmax(x))
+            out.append(token)
+            if bonus or drafts[j] != token:
+                return out
+            continue
+        kept, p, a = target(x, t, top_k, top_p, min_p)
+        ln_e = np.log(e[j].astype(np.float64))
+        keys = np.where(kept, a - ln_e, -np.inf)
+        parts = np.abs(np.where(np.isfinite(a), a, 0)) + np.abs(ln_e)
+        if bonus:
+            out.append(race(keys, parts))
+            return out
+        d = int(drafts[j])
+        qd = 1.0 if q is None else float(q[j][d])
+        pd = p[d]
+        if pd == 0:
+            accept = False
+        elif qd == 0:
+            accept = True
+        else:
+            ratio = pd / qd
+            if abs(u[j] - ratio) <= 1e-9 * ratio:
+                raise Near("acceptance")
+            accept = u[j] < ratio
+        if accept:
+            out.append(d)
+            continue
+        if q is None:  # one-hot q: the residual is p without d
+            rkeys = keys.copy()
+            rkeys[d] = -np.inf
+        else:
+            resid = p - q[j].astype(np.float64)
+            pos = resid > 0
+            rkeys = np.where(pos, np.log(np.where(pos, resid, 1.0)) - ln_e, -np.inf)
+            parts = np.abs(np.where(pos, np.log(np.where(pos, resid, 1.0)), 0)) + np.abs(ln_e)
+        token = race(rkeys, parts)
+        if token is None:  # a residual without mass: a draw from p
+            token = race(keys, np.abs(np.where(np.isfinite(a), a, 0)) + np.abs(ln_e))
+        out.append(token)
+        return out
+    raise AssertionError("the bonus row returns")
+
+
+# ----------------------------------------------------------------------------------------------
+# Random calls
+
+
+def bf16_bits(x):
+    """float32 values rounded to bfloat16 (nearest even), as the uint16 bit patterns."""
+    b = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bf16_bits(bits):
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def round_to(dtype, x):
+    if dtype == "float16":
+        return x.astype(np.float16).astype(np.float32)
+    if dtype == "bfloat16":
+        return from_bf16_bits(bf16_bits(x))
+    return x
+
+
+def softmax64(y):
+    z = np.exp(y - y.max())
+    return z / z.sum()
+
+
+def random_call(rng, vocab, dtype="float32", with_q=None):
+    """A random verify call (float32 logits already rounded to ``dtype``) and its randomness."""
+    requests = int(rng.integers(1, 7))
+    counts = rng.integers(0, 5, requests).astype(np.int32)
+    rows = int(counts.sum()) + requests
+    x = (rng.standard_normal((rows, vocab)) * rng.uniform(0.5, 3.0, (rows, 1))).astype(np.float32)
+    peaked = rng.random(rows) < 0.3
+    x[peaked, rng.integers(0, vocab, peaked.sum())] += 8.0
+    masked = (rng.random((rows, vocab)) < 0.05) & (rng.random((rows, 1)) < 0.3)
+    x[masked] = -np.inf
+    x[:, 0] = np.where(np.isfinite(x[:, 0]), x[:, 0], 0.0)  # a finite logit in every row
+    x = round_to(dtype, x)
+    with_q = bool(rng.integers(0, 2)) if with_q is None else with_q
+    drafts, q = [], []
+    row = 0
+    for c in counts:
+        for j in range(c):
+            xr = x[row + j]
+            if with_q:  # a draft model close to the target, the draft drawn from it
+                y = np.where(np.isfinite(xr), xr + 1.5 * rng.standard_normal(vocab), 0.0)
+                qr = softmax64(y)
+                if rng.random() < 0.25:  # tokens the draft never proposes
+                    qr[: vocab // 3] = 0
+                    qr /= qr.sum()
+                drafts.append(int(min(np.searchsorted(np.cumsum(qr), rng.random(), side="right"), vocab - 1)))
+                q.append(qr.astype(np.float32))
+            else:  # deterministic drafts: often the target's argmax
+                drafts.append(int(np.argmax(xr)) if rng.random() < 0.5 else int(rng.integers(0, vocab)))
+        row += c + 1
+    drafts_total = int(counts.sum())
+    temperature = np.array([rng.choice([0.0, 2.0, 0.3 + rng.random(), 0.3 + rng.random(), 0.3 + rng.random()])
+                            for _ in range(requests)], np.float32)
+    top_k = np.where(rng.random(requests) < 0.33, rng.integers(1, 21, requests), 0).astype(np.int32)
+    top_p = np.where(rng.random(requests) < 0.33, 0.5 + 0.5 * rng.random(requests), 1.0).astype(np.float32)
+    min_p = np.where(rng.random(requests) < 0.25, 0.05 * rng.random(requests), 0.0).astype(np.float32)
+    uniforms = (rng.integers(0, 2**53, drafts_total).astype(np.float64) + 0.5) / 2.0**53
+    noise = rng.standard_exponential((rows, vocab)).astype(np.float32)
+    return dict(
+        x=x, counts=counts, drafts=np.array(drafts, np.int32),
+        q=np.array(q, np.float32).reshape(drafts_total, vocab) if with_q else None,
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, uniforms=uniforms, noise=noise)
+
+
+def starts(counts):
+    """The first target row and the first draft of each request."""
+    first_draft = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int)
+    first_row = first_draft + np.arange(len(counts))
+    return first_row, first_draft
+
+
+def reference(call):
+    """The reference's emitted tokens of each request (None: near a threshold)."""
+    out = []
+    first_row, first_draft = starts(call["counts"])
+    for i, n in enumerate(call["counts"]):
+        r, d = first_row[i], first_draft[i]
+        try:
+            out.append(ref_verify(
+                call["x"][r:r + n + 1], call["drafts"][d:d + n],
+                None if call["q"] is None else call["q"][d:d + n], call["uniforms"][d:d + n],
+                call["noise"][r:r + n + 1], float(call["temperature"][i]), int(call["top_k"][i]),
+                float(call["top_p"][i]), float(call["min_p"][i])))
+        except Near:
+            out.append(None)
+    return out
+
+
+def run(s, call, logits=None, **extra):
+    kw = dict(draft_probs=call["q"], temperature=call["temperature"], top_k=call["top_k"], top_p=call["top_p"],
+              min_p=call["min_p"], uniforms=call["uniforms"], noise=call["noise"])
+    kw.update(extra)
+    return s.verify(call["x"] if logits is None else logits, call["drafts"], call["counts"], **kw)
+
+
+def check_shape(r, counts):
+    requests, width = len(counts), (int(max(counts)) + 1 if len(counts) else 1)
+    assert r.tokens.dtype == np.int32 and r.tokens.shape == (requests, width)
+    assert r.counts.dtype == np.int32 and r.counts.shape == (requests,)
+    assert r.flags.dtype == np.uint32 and r.flags.shape == (requests,)
+    for i, n in enumerate(counts):
+        c = r.counts[i]
+        assert 1 <= c <= n + 1, f"request {i}: count {c} with {n} drafts"
+        assert (r.tokens[i, c:] == -1).all(), f"request {i}: padding {r.tokens[i]}"
+        assert (r.tokens[i, :c] >= 0).all()
+
+
+@pytest.fixture
+def bf16_logits(monkeypatch):
+    """A function making bfloat16 logits the binding reads in place from float32 values already
+    rounded to bfloat16: a torch.bfloat16 tensor, or, without torch, the test stand-in's
+    (test_torch_fake.py) tensor over the bit patterns."""
+    try:
+        import torch
+
+        if getattr(torch, "bfloat16", None) is None or not hasattr(torch, "from_numpy"):
+            raise ImportError
+        return lambda x: torch.from_numpy(np.ascontiguousarray(x)).to(torch.bfloat16)
+    except ImportError:
+        from test_torch_fake import make_fake_torch
+
+        fake = make_fake_torch()
+        monkeypatch.setitem(sys.modules, "torch", fake)
+        return lambda x: fake.Tensor(bf16_bits(x), fake.bfloat16)
+
+
+def logits_as(dtype, x, bf16_logits):
+    if dtype == "float16":
+        return x.astype(np.float16)
+    if dtype == "bfloat16":
+        return bf16_logits(x)
+    return x
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_random_calls_match_the_float64_reference(tokenrace, dtype, threads, bf16_logits):
+    rng = np.random.default_rng([10, threads, len(dtype)])
+    s = tokenrace.Sampler(0, max_rows=64, threads=threads, seed=3)
+    compared = near = accepted = with_q = greedy = zero = 0
+    for trial in range(40):
+        vocab = int(rng.choice([40, 300, 1000]))
+        call = random_call(rng, vocab, dtype, with_q=[False, True][trial % 2])
+        r = run(s, call, logits_as(dtype, call["x"], bf16_logits))
+        check_shape(r, call["counts"])
+        for i, want in enumerate(reference(call)):
+            if want is None:
+                near += 1
+                continue
+            compared += 1
+            got = r.tokens[i, :r.counts[i]].tolist()
+            assert got == want, (f"trial {trial} request {i}: got {got}, reference {want} (drafts "
+                                 f"{call['counts'][i]}, T {call['temperature'][i]}, q {call['q'] is not None}, "
+                                 f"top_k {call['top_k'][i]}, top_p {call['top_p'][i]}, min_p {call['min_p'][i]})")
+            accepted += len(want) - 1
+            with_q += call["q"] is not None
+            greedy += call["temperature"][i] < GREEDY_BELOW
+            zero += call["counts"][i] == 0
+    assert near * 20 <= compared + near, f"{near} of {compared + near} requests near a threshold"
+    # The calls exercised what they are meant to: acceptances, q, greedy requests, zero drafts.
+    assert accepted > 20 and with_q > 20 and greedy > 5 and zero > 5, (accepted, with_q, greedy, zero)
+
+
+def test_strided_inputs_are_read_in_place(tokenrace):
+    """Target logits, q rows and noise with rows further apart than their vocab give the same
+    tokens as contiguous copies."""
+    rng = np.random.default_rng(11)
+    s = tokenrace.Sampler(0, max_rows=64)
+    for _ in range(10):
+        call = random_call(rng, 200, with_q=True)
+        want = run(s, call)
+        def wide(a):
+            big = np.full((a.shape[0], a.shape[1] + 37), np.nan, np.float32)
+            big[:, :a.shape[1]] = a
+            return big[:, :a.shape[1]]
+        got = run(s, call, logits=wide(call["x"]), draft_probs=wide(call["q"]), noise=wide(call["noise"]))
+        np.testing.assert_array_equal(got.tokens, want.tokens)
+        np.testing.assert_array_equal(got.counts, want.counts)
+
+
+def test_a_call_large_enough_for_the_workers(tokenrace):
+    """Above a million target logits the requests are spread over the sampler's threads: the
+    same tokens on 1 and 2 threads, seeded or on external randomness, and the reference's."""
+    rng = np.random.default_rng(19)
+    call = random_call(rng, 1 << 17, with_q=True)
+    while call["x"].shape[0] < 9 or len(call["counts"]) < 2:
+        call = random_call(rng, 1 << 17, with_q=True)
+    call["temperature"] = np.maximum(call["temperature"], 0.5)
+    seeds = np.arange(len(call["counts"]), dtype=np.uint64) + 100
+    got = {}
+    for threads in (1, 2):
+        s = tokenrace.Sampler(0, max_rows=64, threads=threads)
+        got[threads] = (emitted(run(s, call)), emitted(run(s, call, seeds=seeds, offsets=7)))
+    assert got[1] == got[2]
+    for i, want in enumerate(reference(call)):
+        assert want is None or got[2][0][i] == want, f"request {i}"
+
+
+def test_noise_kinds_and_a_shared_noise_row(tokenrace):
+    rng = np.random.default_rng(20)
+    s = tokenrace.Sampler(0)
+    call = random_call(rng, 100, with_q=True)
+    want = emitted(run(s, call))
+    assert emitted(run(s, call, noise=np.log(call["noise"]), noise_kind="log_exp")) == want
+    one = call["noise"][0]
+    tiled = emitted(run(s, call, noise=np.tile(one, (call["x"].shape[0], 1))))
+    assert emitted(run(s, call, noise=one)) == tiled
+    assert emitted(run(s, call, noise=one[None, :])) == tiled
+
+
+def test_lists_are_accepted(tokenrace):
+    rng = np.random.default_rng(12)
+    s = tokenrace.Sampler(0)
+    call = random_call(rng, 40, with_q=True)
+    want = run(s, call)
+    got = s.verify(call["x"].tolist(), call["drafts"].tolist(), call["counts"].tolist(),
+                   draft_probs=call["q"].tolist(), temperature=call["temperature"].tolist(),
+                   top_k=call["top_k"].tolist(), top_p=call["top_p"].tolist(), min_p=call["min_p"].tolist(),
+                   uniforms=call["uniforms"].tolist(), noise=call["noise"].tolist())
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    # Other integer dtypes for the ids and counts are converted.
+    got = run(s, call, temperature=call["temperature"])
+    got64 = s.verify(call["x"], call["drafts"].astype(np.int64), call["counts"].astype(np.uint8),
+                     draft_probs=call["q"], temperature=call["temperature"], top_k=call["top_k"],
+                     top_p=call["top_p"], min_p=call["min_p"], uniforms=call["uniforms"], noise=call["noise"])
+    np.testing.assert_array_equal(got64.tokens, got.tokens)
+
+
+def test_greedy_requests_accept_while_the_drafts_are_the_argmax(tokenrace):
+    vocab = 20
+    x = np.array([[(i * 7 + r * 3) % vocab for i in range(vocab)] for r in range(4)], np.float32)
+    am = np.argmax(x, axis=1)
+    s = tokenrace.Sampler(vocab)
+    for drafts, want in [([am[0], am[1], am[2]], [am[0], am[1], am[2], am[3]]),
+                         ([am[0], (am[1] + 1) % vocab, am[2]], [am[0], am[1]]),
+                         ([(am[0] + 1) % vocab, am[1], am[2]], [am[0]])]:
+        # Greedy requests ignore q and uniforms (even ones the library would refuse).
+        r = s.verify(x, drafts, [3], temperature=0.0, uniforms=[0.0, 2.0, np.nan],
+                     draft_probs=np.full((3, vocab), 0.5, np.float32))
+        assert r.tokens[0, :r.counts[0]].tolist() == want
+        assert (r.tokens[0, r.counts[0]:] == -1).all() and r.tokens.shape == (1, 4)
+        assert r.flags[0] & tokenrace.FLAG_GREEDY
+
+
+def test_zero_drafts_is_a_plain_draw(tokenrace):
+    """A request without drafts emits one token: the draw of its bonus row, seeded or on the
+    caller's noise, as ``Sampler.draw`` of that row gives."""
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    e = rng.standard_exponential((3, 64)).astype(np.float32)
+    s = tokenrace.Sampler(64)
+    r = s.verify(x, [], [0, 0, 0], temperature=[0.7, 1.0, 0.0], seeds=[5, 6, 7], offsets=[9, 0, 3], top_k=10)
+    assert r.tokens.shape == (3, 1) and r.counts.tolist() == [1, 1, 1]
+    want = s.draw(x, temperature=[0.7, 1.0, 0.0], seeds=[5, 6, 7], offsets=[9, 0, 3], top_k=10)
+    np.testing.assert_array_equal(r.tokens[:, 0], want)
+    r = s.verify(x, np.zeros(0, np.int32), np.zeros(3, np.int32), noise=e, top_p=0.9)
+    np.testing.assert_array_equal(r.tokens[:, 0], s.draw(x, noise=e, top_p=0.9))
+
+
+def test_no_requests(tokenrace):
+    r = tokenrace.Sampler(8).verify(np.zeros((0, 8), np.float32), [], [])
+    assert r.tokens.shape == (0, 1) and r.counts.shape == (0,) and r.flags.shape == (0,)
+
+
+# ----------------------------------------------------------------------------------------------
+# Seeded requests
+
+
+def seeded_call(rng, with_q):
+    call = random_call(rng, 500, with_q=with_q)
+    while len(call["counts"]) < 4:
+        call = random_call(rng, 500, with_q=with_q)
+    n = len(call["counts"])
+    call["temperature"] = np.maximum(call["temperature"], 0.5)
+    call["seeds"] = rng.integers(0, 2**63, n, dtype=np.uint64)
+    call["offsets"] = rng.integers(0, 1000, n).astype(np.uint64)
+    return call
+
+
+def subset(call, which):
+    """The requests ``which`` of a call, in that order (per-request arrays and rows)."""
+    first_row, first_draft = starts(call["counts"])
+    out = {k: [] for k in call}
+    for i in which:
+        n, r, d = int(call["counts"][i]), first_row[i], first_draft[i]
+        out["x"].append(call["x"][r:r + n + 1])
+        out["noise"].append(call["noise"][r:r + n + 1])
+        out["drafts"].append(call["drafts"][d:d + n])
+        out["uniforms"].append(call["uniforms"][d:d + n])
+        if call["q"] is not None:
+            out["q"].append(call["q"][d:d + n])
+        for k in ("counts", "temperature", "top_k", "top_p", "min_p", "seeds", "offsets"):
+            if k in call:
+                out[k].append(call[k][i:i + 1])
+    res = {k: (np.concatenate(v) if v else None) for k, v in out.items()}
+    res["drafts"] = res["drafts"].astype(np.int32)
+    res["x"] = res["x"].reshape(-1, call["x"].shape[1])
+    if res["q"] is not None:
+        res["q"] = res["q"].reshape(-1, call["x"].shape[1])
+    return res
+
+
+def emitted(r):
+    return [r.tokens[i, :r.counts[i]].tolist() for i in range(len(r.counts))]
+
+
+@pytest.mark.parametrize("with_q", [False, True])
+def test_seeded_requests_do_not_depend_on_the_batch(tokenrace, with_q):
+    rng = np.random.default_rng([14, with_q])
+    call = seeded_call(rng, with_q)
+    n = len(call["counts"])
+    alone = tokenrace.Sampler(0, seed=1)
+    ref = [emitted(run(alone, subset(call, [i]), seeds=subset(call, [i])["seeds"],
+                       offsets=subset(call, [i])["offsets"], uniforms=None, noise=None))[0] for i in range(n)]
+    assert sum(len(t) for t in ref) > n, "no draft accepted: the test would not cover the later rows"
+    # Together, reversed, after unseeded batch mates, with external uniforms and noise (used by
+    # the mates only), on another stream and 2 threads.
+    mates = random_call(rng, 500, with_q=with_q)
+    order = list(range(n))[::-1]
+    mixed = subset(call, order)
+    m = len(mates["counts"])
+    both = {k: (np.concatenate([mates[k], mixed[k]]) if mates[k] is not None else None) for k in
+            ("x", "noise", "drafts", "uniforms", "q", "counts", "temperature", "top_k", "top_p", "min_p")}
+    seeds = np.concatenate([np.zeros(m, np.uint64), mixed["seeds"]])
+    offsets = np.concatenate([np.zeros(m, np.uint64), mixed["offsets"]])
+    seeded = np.concatenate([np.zeros(m, bool), np.ones(n, bool)])
+    for threads in (1, 2):
+        s = tokenrace.Sampler(0, seed=7 + threads, threads=threads)
+        for kw in ({}, {"uniforms": None, "noise": None}):
+            got = emitted(run(s, both, seeds=seeds, offsets=offsets, seeded=seeded, **kw))[m:]
+            assert got == [ref[i] for i in order], f"threads {threads} {kw}"
+
+
+def test_a_seeded_request_is_a_function_of_seed_and_offset_plus_j(tokenrace):
+    """Row j of a seeded request is keyed by (seed, offset + j): when its first draft is
+    accepted, the request without it, at offset + 1, emits the rest; and a request whose drafts
+    are all accepted draws its bonus token as ``draw`` at offset + n."""
+    rng = np.random.default_rng(15)
+    s = tokenrace.Sampler(0, seed=2)
+    tails = bonus = 0
+    for _ in range(40):
+        x = (rng.standard_normal((4, 100)) * 0.5).astype(np.float32)
+        x[:, 7] += 5.0  # draft 7 is likely accepted
+        seed, offset = int(rng.integers(0, 2**63)), int(rng.integers(0, 10**6))
+        kw = dict(temperature=0.8, seeds=seed)
+        r = s.verify(x, [7, 7, 7], [3], offsets=offset, **kw)
+        got = emitted(r)[0]
+        if len(got) >= 2:
+            tails += 1
+            tail = s.verify(x[1:], [7, 7], [2], offsets=offset + 1, **kw)
+            assert emitted(tail)[0] == got[1:]
+        if len(got) == 4:
+            bonus += 1
+            assert got[3] == s.draw(x[3], offsets=offset + 3, **kw)[0]
+    assert tails > 10 and bonus > 3, (tails, bonus)
+
+
+def test_unseeded_requests_follow_the_samplers_stream(tokenrace):
+    """Without external uniforms and noise, two samplers of the same seed give the same tokens,
+    and the tokens change from call to call."""
+    rng = np.random.default_rng(16)
+    call = random_call(rng, 300, with_q=True)
+    call["temperature"][:] = 2.0
+    a, b = tokenrace.Sampler(0, seed=42), tokenrace.Sampler(0, seed=42)
+    runs_a = [emitted(run(a, call, uniforms=None, noise=None)) for _ in range(8)]
+    runs_b = [emitted(run(b, call, uniforms=None, noise=None)) for _ in range(8)]
+    assert runs_a == runs_b
+    assert len({str(r) for r in runs_a}) > 1
+
+
+# ----------------------------------------------------------------------------------------------
+# Outputs
+
+
+@pytest.mark.parametrize("mode", ["raw", "processed"])
+def test_logprobs_of_the_emitted_tokens(tokenrace, mode):
+    rng = np.random.default_rng(17)
+    s = tokenrace.Sampler(0, max_rows=64)
+    checked = 0
+    for _ in range(25):
+        call = random_call(rng, 300)
+        r = run(s, call, logprobs=True, logprob_mode=mode)
+        plain = run(s, call)
+        np.testing.assert_array_equal(r.tokens, plain.tokens)  # logprobs change nothing else
+        assert r.logprobs.dtype == np.float32 and r.logprobs.shape == r.tokens.shape
+        first_row, _ = starts(call["counts"])
+        for i in range(len(call["counts"])):
+            c = r.counts[i]
+            assert np.isnan(r.logprobs[i, c:]).all()
+            t = float(call["temperature"][i])
+            for k in range(c):
+                x = call["x"][first_row[i] + k]
+                if mode == "processed" and t >= GREEDY_BELOW:
+                    kept, _ = kept_set(x, t, int(call["top_k"][i]), float(call["top_p"][i]),
+                                       float(call["min_p"][i]))
+                    want = log_softmax64(x, t, kept)[r.tokens[i, k]]
+                else:  # raw, and greedy requests in processed mode
+                    want = log_softmax64(x)[r.tokens[i, k]]
+                assert abs(r.logprobs[i, k] - want) <= 1e-4 * (1 + abs(want)), (i, k, r.logprobs[i, k], want)
+                checked += 1
+    assert checked > 80
+    assert run(s, call).logprobs is None
+
+
+def test_flags_or_the_rows_looked_at(tokenrace):
+    x = np.zeros((4, 10), np.float32)
+    x[1, 3] = np.nan  # row 1: request 0's second row, only read if its first draft is accepted
+    s = tokenrace.Sampler(10)
+    r = s.verify(x, [0, 0], [1, 1], temperature=0.0)  # argmax is 0: request 0 accepts, reads row 1
+    assert r.counts.tolist() == [2, 2]
+    assert r.flags[0] & tokenrace.FLAG_HAS_NAN and not r.flags[1] & tokenrace.FLAG_HAS_NAN
+    r = s.verify(x, [5, 0], [1, 1], temperature=0.0)  # request 0 rejects at row 0: row 1 unread
+    assert r.counts[0] == 1 and not r.flags[0] & tokenrace.FLAG_HAS_NAN
+
+
+def test_emitted_tokens_follow_the_target_distribution(tokenrace):
+    """Light version of tests/verify.rs: drafts drawn from q by the test; the first emitted token
+    follows p_0 (chi-square), the first draft's acceptance rate is sum min(p_0, q_0); the same
+    counts reject a verifier that forgets the residual."""
+    x0 = np.array([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, 0.3, 1.2, -1.0, 0.8, -2.0, 0.1], np.float32)
+    vocab, n, t = 12, 20000, 0.8
+    p0 = softmax64(x0.astype(np.float64) * inv_t(t))
+    q0 = softmax64(np.array([0.0, 1.0, 2.0, 0.5, 1.5, -0.5, 0.3, -1.0, 0.0, 0.2, 1.0, 0.4]))
+    rng = np.random.default_rng(18)
+    drafts = np.minimum(np.searchsorted(np.cumsum(q0), rng.random(n), side="right"), vocab - 1).astype(np.int32)
+    x = np.tile(x0, (2 * n, 1))
+    q = np.tile(q0.astype(np.float32), (n, 1))
+    s = tokenrace.Sampler(vocab, max_rows=2 * n, seed=5)
+    r = s.verify(x, drafts, np.ones(n, np.int32), draft_probs=q, temperature=t)
+    first = np.bincount(r.tokens[:, 0], minlength=vocab).astype(np.float64)
+    critical = wilson_hilferty(vocab - 1, 4.5)
+    assert chi_square(first, p0) < critical
+    beta = np.minimum(p0, q0).sum()
+    k = (r.counts == 2).sum()
+    assert abs(k - n * beta) < 5 * math.sqrt(n * beta * (1 - beta)), (k / n, beta)
+    forgot = np.minimum(p0, q0) + (1 - beta) * p0
+    assert chi_square(first, forgot) > critical
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad input
+
+
+VOCAB = 50
+X6 = np.tile((np.arange(VOCAB) % 7).astype(np.float32), (6, 1))  # rows for counts [2, 0, 1]
+DRAFTS = [3, 4, 5]
+COUNTS = [2, 0, 1]
+
+
+@pytest.fixture
+def s(tokenrace):
+    return tokenrace.Sampler(0, max_rows=16)
+
+
+def uniform_q(rows=3):
+    return np.full((rows, VOCAB), 1.0 / VOCAB, np.float32)
+
+
+@pytest.mark.parametrize("kwargs,exc,message", [
+    (dict(target_logits=X6[0]), ValueError, r"target_logits: must be 2-D"),
+    (dict(target_logits=X6[None]), ValueError, r"target_logits: must be 2-D"),
+    (dict(target_logits=X6[:5]), ValueError, r"target_logits: has 5 rows; .* 3 requests need 6"),
+    (dict(target_logits=X6.astype(np.float64)), ValueError, r"target_logits: dtype float64 is not supported"),
+    (dict(target_logits=np.asfortranarray(X6)), ValueError, r"target_logits: values inside a row must be contiguous"),
+    (dict(draft_tokens=[3, 4]), ValueError, r"draft_tokens: has 2 ids, draft_counts add up to 3"),
+    (dict(draft_tokens=[[3, 4, 5]]), ValueError, r"draft_tokens: must be 1-D"),
+    (dict(draft_tokens=[3.0, 4.0, 5.0]), ValueError, r"draft_tokens: must be integers"),
+    (dict(draft_tokens=[3, True, 5]), ValueError, r"draft_tokens\[1\]: must be an integer, got a bool"),
+    (dict(draft_tokens=[3, 2**31, 5]), ValueError, r"draft_tokens\[1\]: 2147483648 does not fit in an int32"),
+    (dict(draft_tokens=np.array([3, 2**40, 5])), ValueError, r"draft_tokens\[1\]: .* does not fit in an int32"),
+    (dict(draft_counts=[2, -1, 2]), ValueError, r"draft_counts\[1\]: -1 is negative"),
+    (dict(draft_counts=3), ValueError, r"draft_counts: must be 1-D"),
+    (dict(draft_counts=[2.0, 0.0, 1.0]), ValueError, r"draft_counts: must be integers"),
+    (dict(draft_counts=[2, 0, 2]), ValueError, r"target_logits: has 6 rows; draft_counts add up to 4"),
+    (dict(draft_probs=uniform_q(2)), ValueError, r"draft_probs: has shape \(2, 50\), the call needs \(3, 50\)"),
+    (dict(draft_probs=uniform_q()[:, :40]), ValueError, r"draft_probs: has shape \(3, 40\)"),
+    (dict(draft_probs=uniform_q()[0]), ValueError, r"draft_probs: must be 2-D"),
+    (dict(draft_probs=uniform_q().astype(np.float64)), ValueError, r"draft_probs: dtype float64 is not supported"),
+    (dict(uniforms=[0.5, 0.5]), ValueError, r"uniforms: has 2 values, draft_counts add up to 3"),
+    (dict(uniforms=np.full(3, 0.5, np.float32)), ValueError, r"uniforms: has dtype float32; .*float64"),
+    (dict(uniforms=np.full((3, 1), 0.5)), ValueError, r"uniforms: must be 1-D"),
+    (dict(uniforms=[0.5, "a", 0.5]), ValueError, r"uniforms\[1\]: must be a number"),
+    (dict(noise=np.ones((6, 40), np.float32)), ValueError, r"noise: has 40 values per row, the target logits have 50"),
+    (dict(noise=np.ones((5, 50), np.float32)), ValueError, r"noise: has 5 rows, the call has 6 target rows"),
+    (dict(noise=np.ones((6, 50))), ValueError, r"noise: dtype float64 is not supported"),
+    (dict(temperature=[1.0, 1.0]), ValueError, r"temperature: has 2 elements, the call has 3 requests"),
+    (dict(top_k=np.ones((3, 1), np.int32)), ValueError, r"top_k: must be a scalar or 1-D \(one value per request\)"),
+    (dict(seeds=[1, -2, 3]), ValueError, r"seeds\[1\]: -2 is not in \[0, 2\*\*64\)"),
+    (dict(seeds=1, offsets=[1, 2]), ValueError, r"offsets: has 2 elements, the call has 3 requests"),
+    (dict(logprobs=1), TypeError, r"logprobs: must be a bool"),
+    (dict(logprob_mode="cooked"), ValueError, r"logprob_mode: 'cooked' is not one of raw, processed"),
+    (dict(noise_kind="gumbel"), ValueError, r"noise_kind: 'gumbel' is not one of exp, log_exp"),
+])
+def test_bad_shapes_and_types_are_refused_before_the_call(s, monkeypatch, tokenrace, kwargs, exc, message):
+    called = []
+    real = tokenrace._verify._verify_function
+
+    def spy():
+        fn = real()
+        return lambda *a: called.append(a) or fn(*a)
+
+    monkeypatch.setattr(tokenrace._verify, "_verify_function", spy)
+    args = dict(target_logits=X6, draft_tokens=DRAFTS, draft_counts=COUNTS)
+    args.update(kwargs)
+    with pytest.raises(exc, match=message) as e:
+        s.verify(args.pop("target_logits"), args.pop("draft_tokens"), args.pop("draft_counts"), **args)
+    assert not isinstance(e.value, tokenrace.TokenraceError), "refused by the library, not the binding"
+    assert not called
+
+
+def bad_q(where, value):
+    q = uniform_q()
+    q[where] = value
+    return q
+
+
+@pytest.mark.parametrize("kwargs,parts", [
+    (dict(draft_tokens=[3, 50, 5]), ["batch.draft_tokens[1]", "request 0, draft 1", "50 is not a token id in [0, 50)"]),
+    (dict(draft_tokens=[3, 4, -1]), ["batch.draft_tokens[2]", "request 2, draft 0"]),
+    (dict(draft_probs=bad_q((1, 7), -0.01)), ["batch.draft_probs[1]", "request 0, draft 1", "token 7"]),
+    (dict(draft_probs=bad_q((1, 7), np.nan)), ["batch.draft_probs[1]", "token 7"]),
+    (dict(draft_probs=bad_q((2, 0), 0.5)), ["batch.draft_probs[2]", "request 2, draft 0", "not 1 within 1e-3"]),
+    (dict(uniforms=[0.5, 1.0, 0.5]), ["batch.uniforms[1]", "request 0, draft 1", "(0, 1)"]),
+    (dict(uniforms=[0.5, 0.5, 0.0]), ["batch.uniforms[2]", "request 2, draft 0"]),
+    (dict(uniforms=[0.5, np.nan, 0.5]), ["batch.uniforms[1]", "request 0"]),
+    (dict(top_p=[1.0, 1.5, 1.0]), ["batch.top_p[1]", "1.5 is not in (0, 1]"]),
+    (dict(min_p=[0.0, 0.0, 2.0]), ["batch.min_p[2]"]),
+    (dict(temperature=[1.0, np.nan, 1.0]), ["batch.temperature[1]"]),
+    (dict(temperature=[1.0, 1.0, -1.0]), ["batch.temperature[2]"]),
+    (dict(seeded=[True, False, True]), ["batch.seeded", "without seeds"]),
+])
+def test_bad_values_are_refused_by_the_library_naming_the_request(s, tokenrace, kwargs, parts):
+    args = dict(draft_tokens=DRAFTS)
+    args.update(kwargs)
+    with pytest.raises(tokenrace.InvalidArgumentError) as e:
+        s.verify(X6, args.pop("draft_tokens"), COUNTS, **args)
+    assert isinstance(e.value, ValueError) and e.value.status == tokenrace._ffi.STATUS_INVALID_ARGUMENT
+    for p in parts:
+        assert p in str(e.value), f"{str(e.value)!r} lacks {p!r}"
+
+
+def test_the_samplers_limits_name_the_target_logits(tokenrace):
+    with pytest.raises(tokenrace.InvalidArgumentError,
+                       match=r"batch.vocab: 50 differs from the sampler's vocab_size 40 \(argument target_logits\)"):
+        tokenrace.Sampler(40).verify(X6, DRAFTS, COUNTS)
+    with pytest.raises(tokenrace.InvalidArgumentError,
+                       match=r"batch.rows: 6 exceeds the sampler's max_rows 4 \(argument target_logits\)"):
+        tokenrace.Sampler(0, max_rows=4).verify(X6, DRAFTS, COUNTS)
+
+
+def test_a_library_without_verify_still_loads_and_verify_says_why(tokenrace, monkeypatch):
+    """``tokenrace_verify`` is new in 0.2 (same ABI version): a 0.1 library still loads, and
+    ``verify`` raises UnsupportedError naming the function; a missing 0.1 function still fails."""
+    ffi = tokenrace._ffi
+    real = ffi.lib()
+
+    class Old:
+        def __init__(self, missing):
+            self.missing = missing
+
+        def __getattr__(self, name):
+            if name == self.missing:
+                raise AttributeError(name)
+            return getattr(real, name)
+
+    ffi._declare(Old("tokenrace_verify"))  # no error
+    with pytest.raises(AttributeError):
+        ffi._declare(Old("tokenrace_draw"))
+    s = tokenrace.Sampler(0)
+    monkeypatch.setattr(ffi, "_lib", Old("tokenrace_verify"))
+    with pytest.raises(tokenrace.UnsupportedError, match="has no tokenrace_verify"):
+        s.verify(X6, DRAFTS, COUNTS)
+
+
+def test_a_closed_sampler_refuses(tokenrace):
+    s = tokenrace.Sampler(0)
+    s.close()
+    with pytest.raises(tokenrace.ClosedError):
+        s.verify(X6, DRAFTS, COUNTS)
