@@ -10,7 +10,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export TOKENRACE_LIB_DIR="$PWD/target/debug/deps"
+stamp() { echo "[test.sh $(date +%T), ${SECONDS}s] $*"; }
 cargo test --quiet
+stamp "cargo test done"
 # The C and C++ programs again under valgrind's memcheck: any invalid access or leak fails.
 if command -v valgrind >/dev/null 2>&1; then
   TOKENRACE_VALGRIND=1 cargo test --quiet --test c_abi
@@ -19,8 +21,10 @@ else
 fi
 # Which SIMD levels the Rust tests exercised on this machine (they test every supported one).
 cargo test --quiet --test draw levels_exercised -- --nocapture 2>&1 | grep '^simd levels' || true
+stamp "memcheck done"
 if [ -d tests/python ]; then
   python3 -m pip install --quiet --disable-pip-version-check -r requirements-test.txt
   TOKENRACE_LIBRARY="$TOKENRACE_LIB_DIR/libtokenrace.so" python3 -m pytest -q tests/python
 fi
+stamp "python done"
 ./scripts/test-install.sh
