@@ -35,6 +35,35 @@ The whole sampling step (issue 9), with --pipeline (instead of the table above):
 Each is timed --reps times (wall clock, after a warm-up): median, p10 and p90, and the ratios
 fused/plain (the issue's bound: 1.3) and torch/fused (the issue's bound: at least 50). torch is
 optional: without it the torch row is skipped, with the reason printed and in the JSON.
+
+Speculative-decoding verification (vLLM's rejection sampler), with --verify (instead of both):
+
+  python3 bench/compare.py --verify --threads 16 [--rows 32 --drafts 4 --vocab 151936 --reps 20]
+      [--verify-profile normal|peaked] [--verify-json out.json]
+
+32 requests x 4 drafts, so 160 float32 target rows (each request's 4 draft positions, then its
+bonus position) at vocab 151936, N(0,3) rows (or --verify-profile peaked: the rows of the table
+above), T = 1; at each draft position a draft distribution q = softmax(target row + N(0,1)) and
+a draft token drawn from it, so that some drafts are accepted:
+  tokenrace-draw          a plain draw of the 160 target rows (the baseline)
+  tokenrace-verify-no-q   Sampler.verify without draft probabilities (n-gram drafts: q one-hot)
+  tokenrace-verify-q      Sampler.verify with the q rows
+  torch-vllm-verify-no-q  vLLM V1's RejectionSampler.forward on the CPU, written from
+  torch-vllm-verify-q     vllm/v1/sample/rejection_sampler.py in vectorised torch ops (draft_probs
+                          None, then the q rows): the bonus rows sampled as its Sampler does
+                          (temperature, softmax, q.exponential_(), probs.div_(q).argmax), the
+                          target rows copied, divided by the temperature and softmaxed in float32,
+                          float64 uniforms, acceptance where draft_prob > 0 and target_prob /
+                          draft_prob >= uniform up to the first rejection, recovered tokens as
+                          argmax(max(p - q, 0) / Exp(1)) with one Exp(1) row per request (p with
+                          the draft zeroed without q). It leaves out what this case does not use
+                          (greedy requests, top-k/top-p, logits processors) and the clone of the
+                          target logits that vLLM makes for its raw logprobs
+Each is timed --reps times in rounds (wall clock, after a warm-up): median, p10 and p90; the
+ratios verify/draw and torch/tokenrace; and the mean accepted drafts per request of every path
+beside what these drafts should accept (sum over j of prod min(1, p/q)), a check that both apply
+the same rule. --threads sets torch.set_num_threads and the sampler's threads. torch is optional
+as with --pipeline.
 """
 import argparse
 import json
@@ -203,6 +232,40 @@ def _cpu():
     return platform.processor() or platform.machine()
 
 
+def summary(path, times, **fields):
+    """The record of one timed path: ``fields`` (the case), then the median, p10 and p90 of the
+    per-call ``times`` (µs) and their count."""
+    return dict(path=path, **fields, reps=int(times.size), us_per_call_median=float(np.median(times)),
+                us_per_call_p10=float(np.percentile(times, 10)), us_per_call_p90=float(np.percentile(times, 90)))
+
+
+def print_summary_header():
+    print(f"{'path':<24}{'median us':>12}{'p10 us':>12}{'p90 us':>12}")
+
+
+def print_summary(rec):
+    print(f"{rec['path']:<24}{rec['us_per_call_median']:>12.1f}{rec['us_per_call_p10']:>12.1f}"
+          f"{rec['us_per_call_p90']:>12.1f}")
+
+
+def run_info(sampler, threads):
+    """What the JSON files record of the run: the command line, the commit, the machine and the
+    versions, the SIMD level and threads of the tokenrace sampler."""
+    return dict(command=" ".join([os.path.basename(sys.executable)] + sys.argv), commit=_commit(), cpu=_cpu(),
+                cpus=os.cpu_count(), isa=sampler.simd_level, tokenrace=tokenrace.version(),
+                numpy=np.__version__, torch=torch.__version__ if torch else None, threads=threads)
+
+
+def write_json(path, doc):
+    with open(path, "w") as fh:
+        json.dump(doc, fh, indent=1)
+
+
+def print_versions(sampler, threads):
+    print(f"tokenrace {tokenrace.version()} ({sampler.simd_level}), numpy {np.__version__}, "
+          f"torch {torch.__version__ if torch else 'absent'}, threads {threads}, {os.cpu_count()} cpus")
+
+
 def pipeline_main(a):
     rows = 32 if a.rows is None else int(a.rows.split(",")[0])
     vocab = 151936 if a.vocab is None else a.vocab
@@ -229,20 +292,17 @@ def pipeline_main(a):
                                   sampler.draw(x, seeds=np.arange(rows), **padded_args))
     setting = (f"{rows} rows x vocab {vocab}, {prompt_len} prompt + {output_len} output tokens per row, "
                f"r={r} f={f} p={p}, {biased} biased ids, bitmask allowing {allowed_fraction:.0%}, T={t}")
-    print(f"tokenrace {tokenrace.version()} ({sampler.simd_level}), numpy {np.__version__}, "
-          f"torch {torch.__version__ if torch else 'absent'}, threads {a.threads}, {os.cpu_count()} cpus")
+    print_versions(sampler, a.threads)
     print(setting)
-    print(f"{'path':<24}{'median us':>12}{'p10 us':>12}{'p90 us':>12}")
+    print_summary_header()
     records = {}
 
     def report(path, times, note=None):
-        rec = dict(path=path, rows=rows, vocab=vocab, threads=a.threads, reps=int(times.size),
-                   us_per_call_median=float(np.median(times)), us_per_call_p10=float(np.percentile(times, 10)),
-                   us_per_call_p90=float(np.percentile(times, 90)))
+        rec = summary(path, times, rows=rows, vocab=vocab, threads=a.threads)
         if note:
             rec["note"] = note
         records[path] = rec
-        print(f"{path:<24}{rec['us_per_call_median']:>12.1f}{rec['us_per_call_p10']:>12.1f}{rec['us_per_call_p90']:>12.1f}")
+        print_summary(rec)
 
     # Interleaved in rounds so that a load on the machine weighs on both alike.
     fused, padded, plain = [], [], []
@@ -286,12 +346,194 @@ def pipeline_main(a):
     print("ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items())
           + " (issue 9: fused/plain <= 1.3, torch/fused >= 50)")
     if a.pipeline_json:
-        doc = dict(command=" ".join([os.path.basename(sys.executable)] + sys.argv), commit=_commit(), cpu=_cpu(),
-                   cpus=os.cpu_count(), isa=sampler.simd_level, tokenrace=tokenrace.version(),
-                   numpy=np.__version__, torch=torch.__version__ if torch else None, threads=a.threads,
-                   setting=setting, records=list(records.values()), ratios=ratios, torch_skipped=skipped)
-        with open(a.pipeline_json, "w") as fh:
-            json.dump(doc, fh, indent=1)
+        write_json(a.pipeline_json, dict(run_info(sampler, a.threads), setting=setting, records=list(records.values()),
+                                         ratios=ratios, torch_skipped=skipped))
+
+
+# -- speculative-decoding verification (--verify) -------------------------------------------------
+
+
+def verify_inputs(requests, drafts, vocab, profile, rng):
+    """The verification case: target logits for ``requests`` requests of ``drafts`` draft tokens
+    each, request after request (its draft positions, then its bonus position), N(0, 3) rows
+    ("normal") or ``peaked_logits`` rows ("peaked"); at each draft position a draft model's
+    distribution q = softmax(target row + N(0, 1)) and a draft token drawn from it.
+
+    Returns the logits, the draft ids (int32), q (float32, one row per draft), the indices of the
+    draft and of the bonus rows in the logits, and each draft's p(d) and q(d) in float64, p being
+    the target row's softmax at T = 1 (for the expected acceptance)."""
+    rows = requests * (drafts + 1)
+    if profile == "peaked":
+        x = peaked_logits(rows, vocab, rng)
+    else:
+        x = rng.normal(0.0, 3.0, size=(rows, vocab)).astype(np.float32)
+    target_idx = (np.arange(requests)[:, None] * (drafts + 1) + np.arange(drafts)).reshape(-1)
+    bonus_idx = np.arange(requests) * (drafts + 1) + drafts
+    n = target_idx.size
+    z = x[target_idx] + rng.normal(0.0, 1.0, size=(n, vocab)).astype(np.float32)  # the draft model's logits
+    ids = np.argmax(z - np.log(rng.exponential(size=z.shape)).astype(np.float32), axis=1).astype(np.int32)
+    q = z.astype(np.float64)  # softmax(z), float64 for q(d); the q rows handed over are float32
+    q -= q.max(axis=1, keepdims=True)
+    np.exp(q, out=q)
+    q /= q.sum(axis=1, keepdims=True)
+    q_d = q[np.arange(n), ids]
+    q = q.astype(np.float32)
+    t = x[target_idx].astype(np.float64)
+    t -= t.max(axis=1, keepdims=True)
+    p_d = np.exp(t[np.arange(n), ids]) / np.exp(t).sum(axis=1)
+    return x, ids, q, target_idx, bonus_idx, p_d, q_d
+
+
+def expected_accepted(p_d, q_d, requests, drafts):
+    """The expected number of accepted drafts per request, averaged over the requests, for these
+    drafts: draft j is accepted with chance min(1, p(d_j) / q(d_j)) once every draft before it is."""
+    a = np.minimum(1.0, p_d / q_d).reshape(requests, drafts)
+    return float(np.cumprod(a, axis=1).sum(axis=1).mean())
+
+
+def torch_vllm_verify(logits, target_idx, bonus_idx, draft_ids, num_draft, temp, draft_probs):
+    """vLLM V1's rejection sampler step (RejectionSampler.forward, vllm/v1/sample/
+    rejection_sampler.py) on the CPU in vectorised torch ops, for sampling requests (vLLM's
+    all_random: no greedy request, no top-k/top-p) that all have the same number of drafts.
+    ``draft_probs`` None is vLLM's case without draft probabilities (n-gram: q one-hot).
+    Returns int32 [batch, drafts + 1]: the accepted drafts, the recovered or bonus token, then -1."""
+    batch = temp.shape[0]
+    k = draft_ids.shape[0] // batch
+    # The bonus tokens: vLLM's Sampler on the bonus rows (a copy), temperature then random_sample.
+    bonus = torch_random(logits[bonus_idx], temp.unsqueeze(1))
+    # apply_sampling_constraints on the target rows (a copy: logits[target_logits_indices]):
+    # the request's temperature for each draft token (expand_batch_to_tokens), divided in place,
+    # then the float32 softmax.
+    target = logits[target_idx]
+    target.div_(temp.repeat_interleave(num_draft).unsqueeze(1))
+    probs = target.softmax(dim=-1, dtype=torch.float32)
+    # generate_uniform_probs: one float64 uniform per draft token.
+    uniform = torch.rand(draft_ids.shape[0], dtype=torch.float64)
+    # The acceptance test of rejection_random_sample_kernel, at every position at once:
+    # draft_prob > 0 and target_prob / draft_prob >= uniform (draft_prob 1 without draft probs).
+    col = draft_ids.unsqueeze(1)
+    target_p = probs.gather(1, col).squeeze(1)
+    if draft_probs is None:
+        draft_p = torch.ones_like(target_p)
+        probs.scatter_(1, col, 0.0)  # sample_recovered_tokens without q: p with the draft zeroed
+    else:
+        draft_p = draft_probs.gather(1, col).squeeze(1)
+        probs.sub_(draft_probs).clamp_(min=0.0)  # max(p - q, 0), unnormalised as vLLM leaves it
+    accept = ((draft_p > 0) & (target_p / draft_p >= uniform)).view(batch, k)
+    # sample_recovered_tokens: one Exp(1) row per request, shared by its positions,
+    # recovered = argmax(prob / exp) at every draft position (the probabilities are not needed after).
+    exp = torch.empty((batch, probs.shape[1]), dtype=torch.float32).exponential_()
+    recovered = probs.view(batch, k, -1).div_(exp.unsqueeze(1)).argmax(dim=-1)
+    # rejection_random_sample_kernel's output: the drafts up to the first rejection, then the
+    # recovered token of that position, or the bonus token when every draft is accepted.
+    n_acc = accept.to(torch.int32).cumprod(dim=1).sum(dim=1)
+    last = torch.where(n_acc < k, recovered.gather(1, n_acc.clamp(max=k - 1).unsqueeze(1)).squeeze(1), bonus)
+    out = torch.full((batch, k + 1), -1, dtype=torch.int32)
+    out[:, :k] = torch.where(torch.arange(k).unsqueeze(0) < n_acc.unsqueeze(1), draft_ids.view(batch, k), -1)
+    out.scatter_(1, n_acc.unsqueeze(1), last.unsqueeze(1).to(torch.int32))
+    return out
+
+
+def check_verify_output(name, tokens, accepted, drafts_2d, vocab):
+    """Each request's output: its accepted drafts, then one token id, then -1."""
+    requests, k = drafts_2d.shape
+    assert tokens.shape == (requests, k + 1), f"{name}: output shape {tokens.shape}"
+    for i in range(requests):
+        n = int(accepted[i])
+        assert 0 <= n <= k, f"{name}: request {i} accepted {n} of {k} drafts"
+        assert (tokens[i, :n] == drafts_2d[i, :n]).all(), f"{name}: request {i} emitted other tokens than its drafts"
+        assert 0 <= tokens[i, n] < vocab, f"{name}: request {i} emitted {tokens[i, n]}, no token id"
+        assert (tokens[i, n + 1:] == -1).all(), f"{name}: request {i} is not -1 padded"
+
+
+def verify_main(a):
+    requests = 32 if a.rows is None else int(a.rows.split(",")[0])
+    vocab = 151936 if a.vocab is None else a.vocab
+    k, t = a.drafts, 1.0
+    if k < 1 or a.reps < 1:
+        raise SystemExit("--verify needs --drafts and --reps of at least 1")
+    rows = requests * (k + 1)
+    rng = np.random.default_rng(0)
+    x, ids, q, target_idx, bonus_idx, p_d, q_d = verify_inputs(requests, k, vocab, a.verify_profile, rng)
+    counts = np.full(requests, k, dtype=np.int32)
+    drafts_2d = ids.reshape(requests, k)
+    sampler = tokenrace.Sampler(vocab, max_rows=max(rows, 256), seed=1, threads=a.threads)
+    if torch is not None:
+        torch.set_num_threads(a.threads)
+    profile = ("N(0,3)" if a.verify_profile == "normal" else "N(0,3) with 4 ids at 20, 19.3, 18.6, 17.9")
+    setting = (f"{requests} requests x {k} drafts ({rows} target rows) x vocab {vocab}, float32 {profile} logits, "
+               f"drafts drawn from q = softmax(target + N(0,1)), T={t}")
+    print_versions(sampler, a.threads)
+    print(setting)
+    print_summary_header()
+    fields = dict(requests=requests, drafts=k, rows=rows, vocab=vocab, threads=a.threads)
+    outputs = {}  # path: what each of its calls returned (the accepted counts are read after the timing)
+
+    def tokenrace_verify(path, draft_probs):
+        got = outputs.setdefault(path, [])
+        return lambda: got.append(sampler.verify(x, ids, counts, draft_probs=draft_probs, temperature=t))
+
+    paths = {"tokenrace-draw": lambda: sampler.draw(x, temperature=t),
+             "tokenrace-verify-no-q": tokenrace_verify("tokenrace-verify-no-q", None),
+             "tokenrace-verify-q": tokenrace_verify("tokenrace-verify-q", q)}
+    for path, draft_probs in (("tokenrace-verify-no-q", None), ("tokenrace-verify-q", q)):
+        r = sampler.verify(x, ids, counts, draft_probs=draft_probs, temperature=t)
+        check_verify_output(path, r.tokens, r.accepted, drafts_2d, vocab)
+    skipped = None
+    if torch is not None:
+        tx = torch.from_numpy(x)
+        tq = torch.from_numpy(q)
+        t_target, t_bonus = torch.from_numpy(target_idx), torch.from_numpy(bonus_idx)
+        t_ids = torch.from_numpy(ids.astype(np.int64))  # torch's gather and scatter take int64 indices
+        t_counts = torch.from_numpy(counts.astype(np.int64))
+        t_temp = torch.full((requests,), t, dtype=torch.float32)
+
+        def torch_verify(path, draft_probs):
+            got = outputs.setdefault(path, [])
+            return lambda: got.append(torch_vllm_verify(tx, t_target, t_bonus, t_ids, t_counts, t_temp, draft_probs))
+
+        for path, draft_probs in (("torch-vllm-verify-no-q", None), ("torch-vllm-verify-q", tq)):
+            out = torch_vllm_verify(tx, t_target, t_bonus, t_ids, t_counts, t_temp, draft_probs).numpy()
+            check_verify_output(path, out, (out != -1).sum(axis=1) - 1, drafts_2d, vocab)
+            paths[path] = torch_verify(path, draft_probs)
+    else:
+        skipped = "torch is not installed here (pip install torch): vLLM's rejection sampler step was not measured"
+    # Interleaved in rounds so that a load on the machine weighs on every path alike.
+    rounds = min(5, a.reps)
+    times = {path: [] for path in paths}
+    for i in range(rounds):
+        per = a.reps // rounds + (i < a.reps % rounds)
+        for path, fn in paths.items():
+            times[path].append(timings_us(fn, per))
+    records = {}
+    for path in paths:
+        records[path] = summary(path, np.concatenate(times[path]), **fields)
+        print_summary(records[path])
+    if skipped:
+        for path in ("torch-vllm-verify-no-q", "torch-vllm-verify-q"):
+            print(f"{path:<24}skipped: {skipped}")
+    med = {path: rec["us_per_call_median"] for path, rec in records.items()}
+    ratios = {"verify_no_q_over_draw": med["tokenrace-verify-no-q"] / med["tokenrace-draw"],
+              "verify_q_over_draw": med["tokenrace-verify-q"] / med["tokenrace-draw"]}
+    if torch is not None:
+        ratios["torch_over_tokenrace_no_q"] = med["torch-vllm-verify-no-q"] / med["tokenrace-verify-no-q"]
+        ratios["torch_over_tokenrace_q"] = med["torch-vllm-verify-q"] / med["tokenrace-verify-q"]
+    print("ratios: " + ", ".join(f"{name} {v:.2f}" for name, v in ratios.items()))
+    # The acceptance each implementation saw, against its expectation for these drafts: a check
+    # that both run the same rule (it varies from call to call: the uniforms are fresh each time).
+    acceptance = {"expected_no_q": expected_accepted(p_d, np.ones_like(q_d), requests, k),
+                  "expected_q": expected_accepted(p_d, q_d, requests, k)}
+    for path, got in outputs.items():
+        if path.startswith("torch"):
+            acceptance[path] = float(np.mean([(out.numpy() != -1).sum(axis=1) - 1 for out in got]))
+        else:
+            acceptance[path] = float(np.mean([r.counts - 1 for r in got]))
+    print("accepted drafts per request (mean over every call): "
+          + ", ".join(f"{name} {v:.3f}" for name, v in acceptance.items()))
+    if a.verify_json:
+        write_json(a.verify_json, dict(run_info(sampler, a.threads), setting=setting, profile=a.verify_profile,
+                                       temperature=t, records=list(records.values()), ratios=ratios,
+                                       accepted_drafts_per_request=acceptance, torch_skipped=skipped))
 
 
 def main():
@@ -305,7 +547,22 @@ def main():
                     help="measure the whole sampling step instead (see the module doc; --rows and --vocab "
                          "default to 32 and 151936 there)")
     ap.add_argument("--pipeline-json", help="with --pipeline: write the results here")
+    ap.add_argument("--verify", action="store_true",
+                    help="measure speculative-decoding verification instead (see the module doc; --rows is the "
+                         "requests there, 32 by default, --vocab 151936, --reps 20)")
+    ap.add_argument("--drafts", type=int, default=4, help="with --verify: draft tokens per request")
+    ap.add_argument("--verify-profile", choices=("normal", "peaked"), default="normal",
+                    help="with --verify: N(0,3) target rows, or those of the table (4 ids far above the rest)")
+    ap.add_argument("--verify-json", help="with --verify: write the results here")
     a = ap.parse_args()
+    if a.pipeline and a.verify:
+        ap.error("--pipeline and --verify are two different measurements: pass one")
+    if a.verify:
+        for name in ("rows", "vocab"):
+            if getattr(a, name) == ap.get_default(name):
+                setattr(a, name, None)
+        a.reps = a.reps if a.reps != ap.get_default("reps") else 20
+        return verify_main(a)
     if a.pipeline:
         for name in ("rows", "vocab"):
             if getattr(a, name) == ap.get_default(name):

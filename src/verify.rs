@@ -285,11 +285,16 @@ impl Target {
 /// The domain of the acceptance uniforms' keys: "accept".
 const UNIFORM_DOMAIN: u64 = 0x6163_6365_7074;
 
-/// The acceptance uniform of the draft position keyed by `key` (the key of its target row): 53
-/// random bits, centred, so it lies in (0, 1).
+/// The acceptance uniform of the draft position keyed by `key` (the key of its target row).
 pub(crate) fn uniform_of_key(key: u64) -> f64 {
-    let bits = splitmix64(key ^ UNIFORM_DOMAIN) >> 11;
-    (bits as f64 + 0.5) * (1.0 / (1u64 << 53) as f64)
+    uniform_of_bits(splitmix64(key ^ UNIFORM_DOMAIN) >> 11)
+}
+
+/// A uniform in (0, 1) from 53 random bits: `(bits + 0.5) 2^-53`, centred in its cell. Above
+/// 1/2 the sum rounds to an even integer (f64 holds 53 bits), and the top cell would round to
+/// exactly 1: it is kept at the largest f64 below 1.
+fn uniform_of_bits(bits: u64) -> f64 {
+    ((bits as f64 + 0.5) * (1.0 / (1u64 << 53) as f64)).min(1.0 - f64::EPSILON / 2.0)
 }
 
 /// Every draft token's acceptance uniform (unused for greedy requests): a seeded request's from
@@ -329,9 +334,12 @@ mod tests {
 
     #[test]
     fn uniforms_are_inside_the_open_interval() {
+        let top = (1u64 << 53) - 1;
+        for bits in [0, 1, 1 << 52, top - 1, top] {
+            let u = uniform_of_bits(bits);
+            assert!(u > 0.0 && u < 1.0, "{bits}: {u}");
+        }
+        assert_eq!(uniform_of_bits(0), 0.5f64.powi(54));
         assert!(uniform_of_key(0) > 0.0 && uniform_of_key(0) < 1.0);
-        let lo = (0.5f64) * (1.0 / (1u64 << 53) as f64);
-        assert!(lo > 0.0 && 1.0 - lo < 1.0);
-        assert!(((1u64 << 53) as f64 - 0.5) * (1.0 / (1u64 << 53) as f64) < 1.0);
     }
 }

@@ -30,7 +30,13 @@ fn verify_table_runs_in_quick_mode() {
     let _ = std::fs::remove_file(&json);
     // 2 vocab x 2 profiles x 1 dtype x 2 thread counts
     assert_eq!(records.lines().count(), 2 * 2 * 2);
-    for key in ["\"plain_us_median\":", "\"verify_us_median\":", "\"verify_q_us_median\":", "\"mean_emitted_q\":"] {
+    for key in [
+        "\"plain_us_median\":",
+        "\"verify_us_median\":",
+        "\"verify_q_us_median\":",
+        "\"mean_emitted_q\":",
+        "\"verify_top_us_median\":",
+    ] {
         assert!(records.lines().all(|l| l.contains(key)), "{key} missing");
     }
 }

@@ -34,7 +34,8 @@ const GREEDY_BELOW: f32 = 1e-5;
 /// The acceptance uniform of a draft position whose target row has key `key`.
 fn ref_uniform(key: u64) -> f64 {
     let bits = rf::splitmix64(key ^ UNIFORM_DOMAIN) >> 11;
-    (bits as f64 + 0.5) / (1u64 << 53) as f64
+    // The top cell's centre rounds to 1 in f64: the largest f64 below 1 instead.
+    ((bits as f64 + 0.5) / (1u64 << 53) as f64).min(1.0 - f64::EPSILON / 2.0)
 }
 
 fn ln_e(noise: rf::Noise, i: usize) -> f64 {

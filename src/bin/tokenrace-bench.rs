@@ -20,8 +20,10 @@
 //!
 //! `--verify` times speculative-decoding verification (issue 10): 32 requests of 4 drafts
 //! (`--quick`: 3 of 2) against a plain draw of the same 160 target rows, without and with the
-//! draft model's q, per vocab (default 151936), profile, dtype (default f32) and thread count;
-//! the drafts are drawn from a q close to the target, and the mean emitted count is printed.
+//! draft model's q, per vocab (default 151936), profile, dtype (default f32) and thread count.
+//! The drafts are drawn from a q close to the target (`verify`, `verify+q`), or are each row's
+//! argmax without q (`verify argmax`: the most accepted, so the most target rows read); the mean
+//! emitted count of each is printed.
 
 use std::io::Write;
 use std::time::Instant;
@@ -363,14 +365,17 @@ struct VerifyCase {
     counts: Vec<i32>,
     drafts: Vec<i32>,
     q: Vec<f32>,
+    /// Each draft row's argmax: the drafts most often accepted (every target row is then read).
+    top: Vec<i32>,
 }
 
 impl VerifyCase {
     fn new(g: &mut Gen, x: &[f32], requests: usize, drafts: usize, vocab: usize) -> VerifyCase {
-        let (mut ids, mut q) = (Vec::new(), Vec::new());
+        let (mut ids, mut q, mut top) = (Vec::new(), Vec::new(), Vec::new());
         for r in 0..requests {
             for j in 0..drafts {
                 let row = &x[(r * (drafts + 1) + j) * vocab..][..vocab];
+                top.push((0..vocab).fold(0, |b, i| if row[i] > row[b] { i } else { b }) as i32);
                 let y: Vec<f64> = row.iter().map(|&v| v as f64 + g.normal()).collect();
                 let m = y.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b));
                 let w: Vec<f64> = y.iter().map(|v| (v - m).exp()).collect();
@@ -384,8 +389,25 @@ impl VerifyCase {
                 q.extend(w.iter().map(|wi| (wi / z) as f32));
             }
         }
-        VerifyCase { counts: vec![drafts as i32; requests], drafts: ids, q }
+        VerifyCase { counts: vec![drafts as i32; requests], drafts: ids, q, top }
     }
+}
+
+/// The commit the benchmark was built from (`git rev-parse`, when run in a checkout).
+fn commit() -> String {
+    std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map_or_else(|| "unknown".into(), |o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
+
+/// The CPU's model name (Linux), for the records.
+fn cpu_model() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let line = info.lines().find(|l| l.starts_with("model name")).unwrap_or("");
+    line.split(':').nth(1).unwrap_or("unknown").trim().replace('"', "'")
 }
 
 /// `--verify`: verifying 32 requests of 4 drafts (issue 10) against drawing the same 160 target
@@ -395,8 +417,20 @@ fn verify_table(a: &Args, base: &Config, json: &mut Option<std::fs::File>) {
     let rows = requests * (drafts + 1);
     println!("verify: {requests} requests x {drafts} drafts ({rows} target rows), hot; us per call, median (p10-p90) of {} calls", a.reps);
     println!(
-        "{:<10} {:>5} {:>7} {:>7} {:>3} | {:>22} {:>22} {:>22} | {:>6} {:>6} {:>7}",
-        "path", "dtype", "profile", "vocab", "thr", "plain draw", "verify", "verify+q", "ratio", "ratio+q", "emitted"
+        "{:<10} {:>5} {:>7} {:>7} {:>3} | {:>22} {:>22} {:>22} {:>22} | {:>6} {:>6} {:>6} {:>14}",
+        "path",
+        "dtype",
+        "profile",
+        "vocab",
+        "thr",
+        "plain draw",
+        "verify",
+        "verify argmax",
+        "verify+q",
+        "ratio",
+        "r-top",
+        "ratio+q",
+        "emitted"
     );
     let mut g = Gen(0x7e51_f1ed_0000_0010);
     for &vocab in &a.vocab {
@@ -418,30 +452,33 @@ fn verify_table(a: &Args, base: &Config, json: &mut Option<std::fs::File>) {
                     });
                     let mut vt = vec![0i32; requests * (drafts + 1)];
                     let mut counts = vec![0i32; requests];
-                    let mut emitted = [0u64; 2];
-                    let mut run = |with_q: bool, emitted: &mut u64| {
+                    let mut emitted = [0u64; 3];
+                    let mut run = |kind: usize, emitted: &mut u64| {
+                        let ids = if kind == 1 { &case.top } else { &case.drafts };
                         let b = VerifyBatch {
-                            draft_probs: with_q.then(|| DraftProbs { values: &case.q, row_stride: vocab }),
-                            ..VerifyBatch::new(logits, vocab, &case.counts, &case.drafts)
+                            draft_probs: (kind == 2).then(|| DraftProbs { values: &case.q, row_stride: vocab }),
+                            ..VerifyBatch::new(logits, vocab, &case.counts, ids)
                         };
                         s.verify(&b, &mut VerifyOutput::new(&mut vt, &mut counts)).unwrap();
                         *emitted += counts.iter().map(|&c| c as u64).sum::<u64>();
                     };
-                    let no_q = time(a.reps, 1, |_| run(false, &mut emitted[0]));
-                    let with_q = time(a.reps, 1, |_| run(true, &mut emitted[1]));
+                    let no_q = time(a.reps, 1, |_| run(0, &mut emitted[0]));
+                    let top = time(a.reps, 1, |_| run(1, &mut emitted[1]));
+                    let with_q = time(a.reps, 1, |_| run(2, &mut emitted[2]));
                     let calls = (a.reps + 1) as f64 * requests as f64;
-                    let (p, v, vq) = (median_and_spread(plain), median_and_spread(no_q), median_and_spread(with_q));
+                    let (p, v, vt) = (median_and_spread(plain), median_and_spread(no_q), median_and_spread(top));
+                    let vq = median_and_spread(with_q);
                     let cell = |m: (f64, f64, f64)| format!("{:.0} ({:.0}-{:.0})", m.0, m.1, m.2);
-                    let mean = [emitted[0] as f64 / calls, emitted[1] as f64 / calls];
+                    let mean = emitted.map(|e| e as f64 / calls);
                     println!(
-                        "{:<10} {dtype:>5} {profile:>7} {vocab:>7} {threads:>3} | {:>22} {:>22} {:>22} | {:>6.2} {:>6.2} {:>3.2}/{:.2}",
-                        "verify", cell(p), cell(v), cell(vq), v.0 / p.0, vq.0 / p.0, mean[0], mean[1]
+                        "{:<10} {dtype:>5} {profile:>7} {vocab:>7} {threads:>3} | {:>22} {:>22} {:>22} {:>22} | {:>6.2} {:>6.2} {:>6.2} {:>4.2}/{:.2}/{:.2}",
+                        "verify", cell(p), cell(v), cell(vt), cell(vq), v.0 / p.0, vt.0 / p.0, vq.0 / p.0, mean[0], mean[1], mean[2]
                     );
                     if let Some(f) = json.as_mut() {
                         writeln!(
                             f,
-                            "{{\"table\":\"verify\",\"dtype\":\"{dtype}\",\"profile\":\"{profile}\",\"vocab\":{vocab},\"threads\":{threads},\"requests\":{requests},\"drafts\":{drafts},\"plain_us_median\":{:.3},\"verify_us_median\":{:.3},\"verify_q_us_median\":{:.3},\"plain_us_p10\":{:.3},\"plain_us_p90\":{:.3},\"verify_us_p10\":{:.3},\"verify_us_p90\":{:.3},\"verify_q_us_p10\":{:.3},\"verify_q_us_p90\":{:.3},\"mean_emitted\":{:.3},\"mean_emitted_q\":{:.3}}}",
-                            p.0, v.0, vq.0, p.1, p.2, v.1, v.2, vq.1, vq.2, mean[0], mean[1]
+                            "{{\"table\":\"verify\",\"dtype\":\"{dtype}\",\"profile\":\"{profile}\",\"vocab\":{vocab},\"threads\":{threads},\"requests\":{requests},\"drafts\":{drafts},\"plain_us_median\":{:.3},\"verify_us_median\":{:.3},\"verify_q_us_median\":{:.3},\"plain_us_p10\":{:.3},\"plain_us_p90\":{:.3},\"verify_us_p10\":{:.3},\"verify_us_p90\":{:.3},\"verify_q_us_p10\":{:.3},\"verify_q_us_p90\":{:.3},\"verify_top_us_median\":{:.3},\"verify_top_us_p10\":{:.3},\"verify_top_us_p90\":{:.3},\"mean_emitted\":{:.3},\"mean_emitted_top\":{:.3},\"mean_emitted_q\":{:.3},\"commit\":\"{}\",\"cpu\":\"{}\",\"simd\":\"{}\"}}",
+                            p.0, v.0, vq.0, p.1, p.2, v.1, v.2, vq.1, vq.2, vt.0, vt.1, vt.2, mean[0], mean[1], mean[2], commit(), cpu_model(), s.simd_level().name()
                         )
                         .unwrap();
                     }
