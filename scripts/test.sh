@@ -10,7 +10,7 @@
 #   and the Python tests load;
 # - the unit tests are a second build of the whole crate (cfg(test)): unoptimised (they are
 #   small) and in their own target directory, built in the background while memcheck and the
-#   Python tests run on one core (an optimised second build was a third of CI's time);
+#   Python tests run (an optimised second build was a third of CI's time);
 # - the installs build the release library once (install.sh and pip share the build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,18 +21,24 @@ stamp "integration tests done"
 unit_env=(env CARGO_TARGET_DIR="$PWD/target/unit" CARGO_PROFILE_TEST_OPT_LEVEL=0)
 "${unit_env[@]}" cargo test --quiet --lib --no-run >target/unit-build.log 2>&1 &
 unit_build=$!
-# The C and C++ programs again under valgrind's memcheck: any invalid access or leak fails.
-if command -v valgrind >/dev/null 2>&1; then
-  TOKENRACE_VALGRIND=1 cargo test --quiet --test c_abi
-else
-  echo "memcheck: skipped (valgrind is not installed; .ci/run installs it)"
-fi
 # Which SIMD levels the Rust tests exercised on this machine (they test every supported one).
 cargo test --quiet --test draw levels_exercised -- --nocapture 2>&1 | grep '^simd levels' || true
-stamp "memcheck done"
+# The C and C++ programs again under valgrind's memcheck (any invalid access or leak fails), in
+# the background beside the Python tests: both are mostly one thread.
+if command -v valgrind >/dev/null 2>&1; then
+  TOKENRACE_VALGRIND=1 cargo test --quiet --test c_abi >target/memcheck.log 2>&1 &
+  memcheck=$!
+else
+  echo "memcheck: skipped (valgrind is not installed; .ci/run installs it)"
+  memcheck=
+fi
 if [ -d tests/python ]; then
   python3 -m pip install --quiet --disable-pip-version-check -r requirements-test.txt
   TOKENRACE_LIBRARY="$TOKENRACE_LIB_DIR/libtokenrace.so" python3 -m pytest -q tests/python
+fi
+if [ -n "$memcheck" ]; then
+  wait "$memcheck" || { cat target/memcheck.log; echo "memcheck: FAILED" >&2; exit 1; }
+  echo "memcheck: $(grep '^test result' target/memcheck.log | tail -1)"
 fi
 stamp "python done"
 wait "$unit_build" || { cat target/unit-build.log; exit 1; }
