@@ -117,10 +117,10 @@ fn verify_row<V: RowValues + ?Sized>(
                     (true, d as i32)
                 } else {
                     let t = match q {
-                        None => race_without(k, v, &bmax, p, noise, d),
+                        None => race_without(k, v, &bmax, p, noise, d).map_err(|e| in_row(r, e))?,
                         Some(q) => {
                             let z = z.unwrap_or_else(|| mass(k, v, &bmax, p));
-                            residual_race(v, &bmax, p, z, q, noise)
+                            residual_race(v, &bmax, p, z, q, noise).map_err(|e| in_row(r, e))?
                         }
                     };
                     // A residual with no mass falls back to a draw from p.
@@ -212,16 +212,16 @@ fn race_without<V: RowValues + ?Sized>(
     p: RaceParams,
     noise: RaceNoise,
     d: usize,
-) -> Option<i32> {
+) -> Result<Option<i32>> {
     let won = v.race(k, 0, v.n(), bmax, p, noise);
     if won.token != d && won.token != usize::MAX {
-        return Some(won.token as i32);
+        return Ok(Some(won.token as i32));
     }
     // `d` won: race again without it (block maxima that still count it only bound the keys).
-    let mut keep = vec![u32::MAX; v.n().div_ceil(32)];
+    let mut keep = alloc::filled(v.n().div_ceil(32), u32::MAX, "the mask without the draft")?;
     keep[d / 32] &= !(1u32 << (d % 32));
     let won = v.race_edited(k, &keep, bmax, &[], p, noise);
-    (won.token != usize::MAX).then_some(won.token as i32)
+    Ok((won.token != usize::MAX).then_some(won.token as i32))
 }
 
 /// The exponential race over the residual `max(p - q, 0)` of a row: the lowest token of the
@@ -238,11 +238,11 @@ fn residual_race<V: RowValues + ?Sized>(
     z: f64,
     q: &[f32],
     noise: RaceNoise,
-) -> Option<i32> {
+) -> Result<Option<i32>> {
     let n = v.n();
     let nb = bmax.len();
-    let noise_at = block_noise_reader(noise, bmax, p);
-    let mut order: Vec<(f64, usize)> = (0..nb).map(|b| (noise_at.bound(v, b), b)).collect();
+    let noise_at = block_noise_reader(noise, bmax, p)?;
+    let mut order = alloc::collect((0..nb).map(|b| (noise_at.bound(v, b), b)), "the residual's block order")?;
     order.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
     let ln_z = z.ln();
     let mut best = (f64::NEG_INFINITY, usize::MAX);
@@ -282,28 +282,29 @@ fn residual_race<V: RowValues + ?Sized>(
             }
         }
     }
-    (best.1 != usize::MAX).then_some(best.1 as i32)
+    Ok((best.1 != usize::MAX).then_some(best.1 as i32))
 }
 
 /// A row's noise, read one token at a time in f64, with a bound of each block's race keys.
-enum NoiseReader {
+enum NoiseReader<'a> {
     Inline { k: (u32, u32), blocks: Vec<BlockNoise> },
-    External { values: *const f32, kind: NoiseKind, p: RaceParams, bmax: Vec<f32> },
+    External { values: *const f32, kind: NoiseKind, p: RaceParams, bmax: &'a [f32] },
 }
 
-fn block_noise_reader(noise: RaceNoise, bmax: &[f32], p: RaceParams) -> NoiseReader {
+fn block_noise_reader(noise: RaceNoise, bmax: &[f32], p: RaceParams) -> Result<NoiseReader<'_>> {
     match noise {
         RaceNoise::Inline(key) => {
-            let mut blocks = vec![BlockNoise { e_min: 0.0, j_min: 0, g_max: 0.0, bound: 0.0 }; bmax.len()];
+            let none = BlockNoise { e_min: 0.0, j_min: 0, g_max: 0.0, bound: 0.0 };
+            let mut blocks = alloc::filled(bmax.len(), none, "the residual's block noise")?;
             // SAFETY: `bmax` and `blocks` have one element per block; Scalar runs anywhere.
             unsafe { fill_block_noise::<Scalar>(key, 0, bmax, p, &mut blocks) };
-            NoiseReader::Inline { k: key_words(key), blocks }
+            Ok(NoiseReader::Inline { k: key_words(key), blocks })
         }
-        RaceNoise::External(values, kind) => NoiseReader::External { values, kind, p, bmax: bmax.to_vec() },
+        RaceNoise::External(values, kind) => Ok(NoiseReader::External { values, kind, p, bmax }),
     }
 }
 
-impl NoiseReader {
+impl NoiseReader<'_> {
     /// `ln E` of token `i` in f64 (NaN for a value that never races: E <= 0 or NaN).
     fn ln_e(&self, i: usize) -> f64 {
         match self {
