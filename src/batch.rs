@@ -508,6 +508,12 @@ fn check_csr(
     }
     for r in 0..rows {
         let (a, b) = (offsets[r] as usize, offsets[r + 1] as usize);
+        // One branch-free pass over the row's ids (it vectorises), and the search for the
+        // position to name only when some id is out of range.
+        let bad = ids[a..b].iter().fold(false, |bad, &id| bad | (id as u32 as usize >= vocab));
+        if !bad {
+            continue;
+        }
         for (j, &id) in ids[a..b].iter().enumerate() {
             if id < 0 || id as usize >= vocab {
                 bail_batch!(

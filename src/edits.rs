@@ -15,10 +15,10 @@
 use crate::alloc;
 use crate::batch::Batch;
 use crate::error::Result;
+use crate::kernels::{Kernels, BLOCK};
 use crate::row::RowValues;
-use std::cell::RefCell;
 
-/// What the lists of one token say.
+/// What the lists say of one token, as [`edited`] reads it.
 #[derive(Clone, Copy, Debug, Default)]
 struct Touched {
     /// Occurrences in the output.
@@ -47,12 +47,23 @@ impl Penalties {
             presence: batch.presence_penalty.map_or(0.0, |p| p[r]),
         }
     }
+
+    /// Whether the repetition penalty changes anything.
+    fn repeats(&self) -> bool {
+        self.repetition != 1.0
+    }
+
+    /// Whether the output's counts change anything.
+    fn counts(&self) -> bool {
+        self.frequency != 0.0 || self.presence != 0.0
+    }
 }
 
 /// The value of a token of logit `x` that the lists touched, in f32 as vLLM computes it: the
 /// bias (a -inf bias bans, even a +inf logit), then the repetition penalty (`y > 0 ? y / r :
 /// y * r`) for a token of the prompt or the output, then `y - f * count` and `y - p` for a token
 /// of the output (two subtractions, as vLLM's two in-place ones).
+#[inline(always)]
 fn edited(x: f32, t: &Touched, p: Penalties) -> f32 {
     if t.banned {
         return f32::NEG_INFINITY;
@@ -61,8 +72,8 @@ fn edited(x: f32, t: &Touched, p: Penalties) -> f32 {
     if t.has_bias {
         y += t.bias;
     }
-    if t.seen && p.repetition != 1.0 {
-        y = if y > 0.0 { y / p.repetition } else { y * p.repetition };
+    if t.seen && p.repeats() {
+        y = repeated(y, p.repetition);
     }
     if t.count > 0 {
         y -= p.frequency * t.count as f32;
@@ -71,17 +82,173 @@ fn edited(x: f32, t: &Touched, p: Penalties) -> f32 {
     y
 }
 
-/// The edits of one row: see the module doc.
+/// `y > 0 ? y / r : y * r` (vLLM's repetition penalty), without a branch on the sign: the sign
+/// of a logit is a coin flip, which a branch would mispredict for half the tokens of a history.
+#[inline(always)]
+fn repeated(y: f32, r: f32) -> f32 {
+    let (down, up) = (y / r, y * r);
+    let positive = 0u32.wrapping_sub((y > 0.0) as u32);
+    f32::from_bits((down.to_bits() & positive) | (up.to_bits() & !positive))
+}
+
+/// Appends to `ids` the tokens whose bits are set in `bits(w)` for the words `words` (word `w`
+/// is tokens `32 w ..`), in token order, two words at a time. The first four tokens of a pair
+/// are written without a branch (a pair of a long history holds about two of them, at random,
+/// which a loop per bit would mispredict about once a pair); an empty pair (most of them, in a
+/// row the bitmask thins) costs one test. `ids` has room for 4 more than it receives.
+#[inline(always)]
+fn flatten(words: std::ops::Range<usize>, bits: impl Fn(usize) -> u32, ids: &mut Vec<u32>) {
+    let mut n = ids.len();
+    let p = ids.as_mut_ptr();
+    let mut w = words.start;
+    while w < words.end {
+        let high = if w + 1 < words.end { bits(w + 1) } else { 0 };
+        let mut b = bits(w) as u64 | (high as u64) << 32;
+        let base = (w * 32) as u32;
+        w += 2;
+        if b == 0 {
+            continue;
+        }
+        let count = b.count_ones() as usize;
+        // SAFETY: `ids` has room for every token of these words plus 4 (the caller's
+        // contract), and n counts the tokens written so far: the four writes land below
+        // n + 4. A write past the pair's tokens is overwritten or left past the length.
+        unsafe {
+            for k in 0..4 {
+                p.add(n + k).write(base + b.trailing_zeros());
+                b &= b.wrapping_sub(1);
+            }
+        }
+        let mut k = 4;
+        while b != 0 {
+            // SAFETY: as above: n + k < n + count.
+            unsafe { p.add(n + k).write(base + b.trailing_zeros()) };
+            b &= b - 1;
+            k += 1;
+        }
+        n += count;
+    }
+    // SAFETY: the first n slots were written above.
+    unsafe { ids.set_len(n) };
+}
+
+/// Appends `(ids[i], values[i])` to `out` for the values that can still be drawn (neither -inf
+/// nor NaN), without a branch per value; `out` has room for all of them.
+#[inline(always)]
+fn append_drawable(ids: &[u32], values: &[f32], out: &mut Vec<(u32, f32)>) {
+    assert!(out.capacity() - out.len() >= ids.len() && values.len() == ids.len());
+    let mut n = out.len();
+    let p = out.as_mut_ptr();
+    for (&id, &y) in ids.iter().zip(values) {
+        // SAFETY: n <= len + i < capacity (checked above).
+        unsafe { p.add(n).write((id, y)) };
+        n += (y > f32::NEG_INFINITY) as usize;
+    }
+    // SAFETY: the first n slots hold written pairs.
+    unsafe { out.set_len(n) };
+}
+
+/// The kept tokens that the output counts or the bias name, with their counts and biases: an
+/// open-addressing table (linear probing) of at least twice as many slots as names, so that a
+/// lookup costs a probe or two and the table of a row stays in L1 (16 bytes a slot).
+struct Listed {
+    slots: Vec<Slot>,
+    /// `32 - log2(slots.len())`: a slot index is the top bits of a multiplicative hash.
+    shift: u32,
+}
+
+#[derive(Clone, Copy)]
+struct Slot {
+    /// The token, or [`Slot::FREE`].
+    id: u32,
+    count: u32,
+    bias: f32,
+    has_bias: bool,
+    banned: bool,
+}
+
+impl Slot {
+    const FREE: u32 = u32::MAX;
+}
+
+impl Listed {
+    const NONE: Listed = Listed { slots: Vec::new(), shift: 32 };
+
+    /// A table with room for `names` tokens, in `slots` (reused storage).
+    fn with_room(names: usize, mut slots: Vec<Slot>) -> Result<Listed> {
+        let len = (2 * names).next_power_of_two().max(16);
+        let free = Slot { id: Slot::FREE, count: 0, bias: 0.0, has_bias: false, banned: false };
+        slots.clear();
+        alloc::resize(&mut slots, len, free, "the row's listed tokens")?;
+        Ok(Listed { slots, shift: 32 - len.trailing_zeros() })
+    }
+
+    /// The slot of `id`: its own, or the free one where it goes. The table is never full (twice
+    /// as many slots as names), so the probe ends.
+    #[inline(always)]
+    fn find(&self, id: u32) -> usize {
+        let mask = self.slots.len() - 1;
+        let mut i = (id.wrapping_mul(0x9e37_79b1) >> self.shift) as usize;
+        while self.slots[i].id != id && self.slots[i].id != Slot::FREE {
+            i = (i + 1) & mask;
+        }
+        i
+    }
+
+    #[inline(always)]
+    fn entry(&mut self, id: u32) -> &mut Slot {
+        let i = self.find(id);
+        let s = &mut self.slots[i];
+        s.id = id;
+        s
+    }
+}
+
+/// The storage of a row's edits, kept per thread between rows: a row's bitsets and table are
+/// tens of KiB, which a fresh allocation would zero (and fault in) for every row. `seen` and
+/// `listed_bits` are all zero here.
+#[derive(Default)]
+struct Spare {
+    keep: Vec<u32>,
+    seen: Vec<u32>,
+    listed_bits: Vec<u32>,
+    slots: Vec<Slot>,
+    overrides: Vec<(u32, f32)>,
+    ids: Vec<u32>,
+    vals: Vec<f32>,
+}
+
+thread_local! {
+    static SPARE: std::cell::RefCell<Option<Spare>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The edits of one row: see the module doc. Three bitsets of one bit per token
+/// (`vocab.div_ceil(32)` words; bits past the vocabulary are clear): `keep`, and the two that
+/// say which kept tokens the lists touched, `seen` (the repetition penalty applies) and `listed`
+/// (an entry in the table: an output count or a bias). A touched token's bit is clear in `keep`.
 pub(crate) struct RowEdits {
-    /// One bit per token (`vocab.div_ceil(32)` words; bits past the vocabulary are clear).
     pub keep: Vec<u32>,
-    /// The tokens the lists touched (their bits are clear in `keep`), in token order.
-    touched: Vec<(u32, Touched)>,
+    /// Empty when the lists touch nothing (then every touched word is 0).
+    seen: Vec<u32>,
+    listed_bits: Vec<u32>,
+    listed: Listed,
+    /// How many tokens the lists touched.
+    touched: usize,
+    /// Scratch of [`RowEdits::resolve_words`]: the touched tokens of a range, room for
+    /// `touched + 4`.
+    ids: Vec<u32>,
+    /// Scratch beside `ids`: their values.
+    vals: Vec<f32>,
     penalties: Penalties,
     /// (token, value) of the touched tokens that can still be drawn (their value is neither
-    /// -inf nor NaN), in token order; made by [`RowEdits::resolve`].
+    /// -inf nor NaN), in no particular order (whoever reads them takes the lowest token of a tie); made by [`RowEdits::resolve`] or [`RowEdits::scan`].
     pub overrides: Vec<(u32, f32)>,
 }
+
+/// Tokens per call of the masked scan in [`RowEdits::scan`]: the touched tokens of each chunk
+/// are resolved right after it is scanned, from L1 (16 KiB of f32), rather than gathered from
+/// the whole row afterwards. A multiple of BLOCK and of 32.
+const CHUNK: usize = 16 * BLOCK;
 
 impl RowEdits {
     /// Whether token `i` keeps the caller's logit.
@@ -94,22 +261,72 @@ impl RowEdits {
         self.keep[i / 32] &= !(1 << (i % 32));
     }
 
-    /// Computes the overrides from the row's values `v`. Called once the row has been read (the
-    /// touched tokens are scattered over it: read from the cache, not from memory).
-    pub fn resolve<V: RowValues + ?Sized>(&mut self, v: &V) {
-        self.overrides.clear();
+    /// Appends the overrides of the touched tokens of words `words` (the repeated ones, then
+    /// the listed ones, each in token order), from the row's values `v`.
+    fn resolve_words<V: RowValues + ?Sized>(&mut self, v: &V, words: std::ops::Range<usize>) {
+        if self.touched == 0 {
+            return;
+        }
         let p = self.penalties;
-        // `overrides` has room for every touched token (reserved by `build`).
-        self.overrides.extend(
-            self.touched
-                .iter()
-                .map(|&(id, t)| (id, edited(v.at(id as usize), &t, p)))
-                .filter(|&(_, y)| y > f32::NEG_INFINITY),
-        );
+        let (seen, listed_bits, listed) = (&self.seen[..], &self.listed_bits[..], &self.listed);
+        let (ids, vals, out) = (&mut self.ids, &mut self.vals, &mut self.overrides);
+        // The tokens of the histories that nothing else names (most of a long prompt): the
+        // repetition penalty alone, without a lookup, in three loops that branch on no value:
+        // gather, penalise (vectorised), append those left finite.
+        ids.clear();
+        flatten(words.clone(), |w| seen[w] & !listed_bits[w], ids);
+        vals.clear();
+        vals.extend(ids.iter().map(|&id| v.at(id as usize)));
+        for y in vals.iter_mut() {
+            *y = repeated(*y, p.repetition);
+        }
+        append_drawable(ids, vals, out);
+        ids.clear();
+        flatten(words, |w| listed_bits[w], ids);
+        for &id in ids.iter() {
+            let (w, j) = (id as usize / 32, id % 32);
+            let s = &listed.slots[listed.find(id)];
+            let t = Touched {
+                seen: seen[w] >> j & 1 != 0,
+                count: s.count,
+                bias: s.bias,
+                has_bias: s.has_bias,
+                banned: s.banned,
+            };
+            let y = edited(v.at(id as usize), &t, p);
+            if y > f32::NEG_INFINITY {
+                out.push((id, y));
+            }
+        }
     }
 
-    /// Writes the processed row (`y`, as f32) into `out` (the overrides resolved first); returns whether the caller's row holds
-    /// a NaN anywhere (masked or not).
+    /// Computes the overrides from the row's values `v`.
+    pub fn resolve<V: RowValues + ?Sized>(&mut self, v: &V) {
+        self.overrides.clear();
+        self.resolve_words(v, 0..self.keep.len());
+    }
+
+    /// The masked scan of the row (block maxima of the kept tokens into `bmax`; whether any
+    /// value is NaN), with the overrides resolved as it goes: chunk by chunk, so that each touched
+    /// token is read while its chunk is in L1.
+    pub fn scan<V: RowValues + ?Sized>(&mut self, k: &Kernels, v: &V, bmax: &mut [f32]) -> bool {
+        self.overrides.clear();
+        let n = v.n();
+        if self.touched == 0 {
+            return v.scan_masked(k, &self.keep, 0, n, bmax);
+        }
+        let mut nan = false;
+        for start in (0..n).step_by(CHUNK) {
+            let len = CHUNK.min(n - start);
+            let blocks = start / BLOCK..(start + len).div_ceil(BLOCK);
+            nan |= v.scan_masked(k, &self.keep, start, len, &mut bmax[blocks]);
+            self.resolve_words(v, start / 32..(start + len).div_ceil(32));
+        }
+        nan
+    }
+
+    /// Writes the processed row (`y`, as f32) into `out` (the overrides resolved first); returns
+    /// whether the caller's row holds a NaN anywhere (masked or not).
     pub fn materialize<V: RowValues + ?Sized>(&mut self, v: &V, out: &mut Vec<f32>) -> Result<bool> {
         let n = v.n();
         alloc::resize(out, n, f32::NEG_INFINITY, "the processed row")?;
@@ -127,21 +344,31 @@ impl RowEdits {
     }
 }
 
-/// Per-thread scratch of the edits. `named` is a bitset of the tokens the lists name (all clear
-/// between rows: the walk that reads it clears it), so that the touched tokens are found in
-/// token order without sorting the histories; `output` (sorted) gives the counts and `bias`
-/// (sorted by token, list order kept) the biases.
-#[derive(Default)]
-struct Scratch {
-    named: Vec<u32>,
-    /// Tokens of the prompt or the output (the repetition penalty applies).
-    seen: Vec<u32>,
-    output: Vec<u32>,
-    bias: Vec<(u32, f32)>,
-}
-
-thread_local! {
-    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+impl Drop for RowEdits {
+    /// Hands the storage back to this thread for its next row (bitsets cleared).
+    fn drop(&mut self) {
+        let mut spare = Spare {
+            keep: std::mem::take(&mut self.keep),
+            seen: std::mem::take(&mut self.seen),
+            listed_bits: std::mem::take(&mut self.listed_bits),
+            slots: std::mem::take(&mut self.listed.slots),
+            overrides: std::mem::take(&mut self.overrides),
+            ids: std::mem::take(&mut self.ids),
+            vals: std::mem::take(&mut self.vals),
+        };
+        if self.touched > 0 {
+            // (No bit is set in a row that touched nothing.)
+            spare.seen.fill(0);
+            spare.listed_bits.fill(0);
+        }
+        // (`try_with`: a thread that is exiting drops its edits without keeping them.)
+        let _ = SPARE.try_with(|s| {
+            let mut s = s.borrow_mut();
+            if s.is_none() {
+                *s = Some(spare);
+            }
+        });
+    }
 }
 
 /// Whether row `r` of a validated `batch` has anything before the filters to apply (the
@@ -153,8 +380,8 @@ pub(crate) fn row_has_edits(batch: &Batch, r: usize) -> bool {
         || restricted(batch, r)
         || nonempty(batch.banned_tokens)
         || batch.logit_bias.is_some_and(|b| !b.row(r).0.is_empty())
-        || (p.repetition != 1.0 && (nonempty(batch.prompt_tokens) || nonempty(batch.output_tokens)))
-        || ((p.frequency != 0.0 || p.presence != 0.0) && nonempty(batch.output_tokens))
+        || (p.repeats() && (nonempty(batch.prompt_tokens) || nonempty(batch.output_tokens)))
+        || (p.counts() && nonempty(batch.output_tokens))
 }
 
 /// Whether row `r` may only draw from its allowed list.
@@ -162,18 +389,26 @@ fn restricted(batch: &Batch, r: usize) -> bool {
     batch.allowed_tokens.is_some() && batch.allowed_rows.is_none_or(|a| a[r] != 0)
 }
 
-/// The edits of row `r` of a validated `batch` whose values are `v`, or `None` when they leave
-/// the row as given (every bit of its bitmask set, no list touching a kept token).
+/// The edits of row `r` of a validated `batch`, or `None` when they leave the row as given
+/// (every bit of its bitmask set, no list touching a kept token).
 pub(crate) fn build(batch: &Batch, r: usize) -> Result<Option<RowEdits>> {
     let n = batch.vocab;
     let words = n.div_ceil(32);
     let last_bits = if n.is_multiple_of(32) { u32::MAX } else { (1u32 << (n % 32)) - 1 };
+    let spare = SPARE.with(|s| s.borrow_mut().take()).unwrap_or_default();
     let mut e = RowEdits {
-        keep: alloc::filled(words, u32::MAX, "the row's token mask")?,
-        touched: Vec::new(),
+        keep: spare.keep,
+        seen: spare.seen,
+        listed_bits: spare.listed_bits,
+        listed: Listed { slots: spare.slots, ..Listed::NONE },
+        touched: 0,
+        ids: spare.ids,
+        vals: spare.vals,
         penalties: Penalties::of(batch, r),
-        overrides: Vec::new(),
+        overrides: spare.overrides,
     };
+    e.keep.clear();
+    alloc::resize(&mut e.keep, words, u32::MAX, "the row's token mask")?;
     let mut masked = false;
     if let Some(m) = batch.token_bitmask {
         let row = &m.words[r * m.row_stride..r * m.row_stride + words];
@@ -198,104 +433,78 @@ pub(crate) fn build(batch: &Batch, r: usize) -> Result<Option<RowEdits>> {
         e.clear(id as usize);
         masked = true;
     }
-    let touched = touch_lists(batch, r, &mut e)?;
-    if !masked && touched == 0 {
+    touch_lists(batch, r, &mut e)?;
+    if !masked && e.touched == 0 {
         return Ok(None);
     }
     Ok(Some(e))
 }
 
-/// Collects what the bias and the histories say of each kept token, turns every token they
-/// touched into an override (clearing its bit), and returns how many tokens were touched.
-fn touch_lists(batch: &Batch, r: usize, e: &mut RowEdits) -> Result<usize> {
-    let p = Penalties::of(batch, r);
-    let bias = batch.logit_bias.map(|b| b.row(r));
-    let prompt = batch.prompt_tokens.map_or(&[][..], |l| l.row(r));
+/// Marks the kept tokens that the histories and the bias touch (`seen`, `listed`, with their
+/// counts and biases in the table) and clears their bits in `keep`. A masked token is never
+/// touched: the mask wins over everything.
+fn touch_lists(batch: &Batch, r: usize, e: &mut RowEdits) -> Result<()> {
+    let p = e.penalties;
+    let (bias_ids, bias_values) = batch.logit_bias.map_or((&[][..], &[][..]), |b| b.row(r));
+    let prompt = if p.repeats() { batch.prompt_tokens.map_or(&[][..], |l| l.row(r)) } else { &[] };
     let output = batch.output_tokens.map_or(&[][..], |l| l.row(r));
-    let repetition = p.repetition != 1.0;
-    let counts = repetition || p.frequency != 0.0 || p.presence != 0.0;
-    let touches =
-        bias.is_some_and(|b| !b.0.is_empty()) || (repetition && !prompt.is_empty()) || (counts && !output.is_empty());
-    if !touches {
-        return Ok(0);
+    let output = if p.repeats() || p.counts() { output } else { &[] };
+    if bias_ids.is_empty() && prompt.is_empty() && output.is_empty() {
+        return Ok(());
     }
-    SCRATCH.with(|s| {
-        let s = &mut *s.borrow_mut();
-        let words = batch.vocab.div_ceil(32);
-        for bits in [&mut s.named, &mut s.seen] {
-            let n = bits.len().max(words);
-            alloc::resize(bits, n, 0, "the row's named tokens")?;
-        }
-        let set = |bits: &mut [u32], id: i32| bits[id as usize / 32] |= 1 << (id as usize % 32);
-        s.output.clear();
-        s.bias.clear();
-        // Every allocation before the first bit is set, so that a failure leaves them clear.
-        let n_bias = bias.map_or(0, |b| b.0.len());
-        alloc::reserve(&mut s.bias, n_bias, "the row's bias")?;
-        alloc::reserve(&mut s.output, output.len(), "the row's output tokens")?;
-        let most = n_bias + prompt.len() + output.len();
-        alloc::reserve(&mut e.touched, most, "the row's touched tokens")?;
-        alloc::reserve(&mut e.overrides, most, "the row's edited tokens")?;
-        if let Some((ids, values)) = bias {
-            for (&id, &b) in ids.iter().zip(values) {
-                set(&mut s.named, id);
-                s.bias.push((id as u32, b));
+    let words = e.keep.len();
+    // The bitsets stay all zero between rows (see `Spare`); past this row's words they are
+    // never read.
+    for (bits, what) in
+        [(&mut e.seen, "the row's repeated tokens"), (&mut e.listed_bits, "the row's counted and biased tokens")]
+    {
+        let len = words.max(bits.len());
+        alloc::resize(bits, len, 0, what)?;
+    }
+    let keep = &e.keep;
+    let kept = |id: usize| keep[id / 32] >> (id % 32) & 1 != 0;
+    // The table is sized by the names that a mask leaves (a grammar's bitmask often leaves few).
+    let kept_output = if p.counts() { output.iter().filter(|&&id| kept(id as usize)).count() } else { 0 };
+    e.listed = Listed::with_room(kept_output + bias_ids.len(), std::mem::take(&mut e.listed.slots))?;
+    let set = |bits: &mut [u32], id: usize| bits[id / 32] |= 1 << (id % 32);
+    // A prompt token's bit is its mask bit (a masked token is not touched): no branch.
+    for &id in prompt {
+        let (w, j) = (id as usize / 32, id as u32 % 32);
+        e.seen[w] |= keep[w] & (1 << j);
+    }
+    for &id in output {
+        let i = id as usize;
+        if kept(i) {
+            if p.repeats() {
+                set(&mut e.seen, i);
             }
-            s.bias.sort_by_key(|&(id, _)| id); // stable: the biases of a token add up in list order
-        }
-        if repetition {
-            for &id in prompt {
-                set(&mut s.named, id);
-                set(&mut s.seen, id);
+            if p.counts() {
+                set(&mut e.listed_bits, i);
+                e.listed.entry(id as u32).count += 1;
             }
-        }
-        if counts {
-            for &id in output {
-                set(&mut s.named, id);
-                set(&mut s.seen, id);
-                s.output.push(id as u32);
-            }
-            s.output.sort_unstable();
-        }
-        Ok(walk_named(s, repetition, e))
-    })
-}
-
-/// Walks the named tokens in token order (clearing the bitsets as it goes): each kept one is
-/// touched (its bit cleared in `e.keep`), with its count and bias. Returns how many there were.
-fn walk_named(s: &mut Scratch, repetition: bool, e: &mut RowEdits) -> usize {
-    let (mut o, mut b, mut touched) = (0, 0, 0);
-    for w in 0..e.keep.len() {
-        let named = std::mem::take(&mut s.named[w]);
-        let seen = std::mem::take(&mut s.seen[w]);
-        let mut bits = named & e.keep[w];
-        while bits != 0 {
-            let j = bits.trailing_zeros();
-            bits &= bits - 1;
-            let id = (w * 32) as u32 + j;
-            let mut t = Touched { seen: repetition && seen >> j & 1 != 0, ..Touched::default() };
-            while s.output.get(o).is_some_and(|&x| x < id) {
-                o += 1; // a masked token's
-            }
-            while s.output.get(o) == Some(&id) {
-                t.count += 1;
-                o += 1;
-            }
-            while s.bias.get(b).is_some_and(|&(x, _)| x < id) {
-                b += 1;
-            }
-            while let Some(&(_, bias)) = s.bias.get(b).filter(|&&(x, _)| x == id) {
-                t.bias = if t.has_bias { t.bias + bias } else { bias };
-                t.has_bias = true;
-                t.banned |= bias == f32::NEG_INFINITY;
-                b += 1;
-            }
-            e.keep[w] &= !(1 << j);
-            touched += 1;
-            e.touched.push((id, t)); // within the room reserved for every listed token
         }
     }
-    touched
+    for (&id, &b) in bias_ids.iter().zip(bias_values) {
+        if kept(id as usize) {
+            set(&mut e.listed_bits, id as usize);
+            // The biases of a token add up in list order.
+            let s = e.listed.entry(id as u32);
+            s.bias = if s.has_bias { s.bias + b } else { b };
+            s.has_bias = true;
+            s.banned |= b == f32::NEG_INFINITY;
+        }
+    }
+    let mut touched = 0;
+    for ((k, &s), &l) in e.keep.iter_mut().zip(&e.seen[..words]).zip(&e.listed_bits[..words]) {
+        *k &= !(s | l);
+        touched += (s | l).count_ones() as usize;
+    }
+    e.touched = touched;
+    e.overrides.clear();
+    e.ids.clear();
+    alloc::reserve(&mut e.ids, touched + 4, "the row's touched tokens")?;
+    alloc::reserve(&mut e.vals, touched, "the row's touched values")?;
+    alloc::reserve(&mut e.overrides, touched, "the row's edited tokens")
 }
 
 #[cfg(test)]

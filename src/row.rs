@@ -30,14 +30,17 @@ pub(crate) trait RowValues {
         unsafe { (Self::kernels(k).scan)(self.ptr().add(start), len, bmax) }
     }
 
-    /// Block maxima of the tokens whose bit is set in `keep` into `bmax`; whether any value of
-    /// the row (kept or not) is NaN.
-    fn scan_masked(&self, k: &Kernels, keep: &[u32], bmax: &mut [f32]) -> bool {
+    /// Block maxima of the tokens of `[start, start + len)` whose bit is set in `keep` (the
+    /// row's mask) into `bmax` (one per block of the range); whether any value of the range
+    /// (kept or not) is NaN. `start` is a multiple of BLOCK.
+    fn scan_masked(&self, k: &Kernels, keep: &[u32], start: usize, len: usize, bmax: &mut [f32]) -> bool {
         let n = self.n();
-        assert!(keep.len() >= n.div_ceil(32) && bmax.len() >= n.div_ceil(crate::kernels::BLOCK));
-        // SAFETY: the row has n values, `keep` a bit for each and `bmax` a slot per block
+        assert!(start.is_multiple_of(crate::kernels::BLOCK) && start + len <= n && keep.len() >= n.div_ceil(32));
+        assert!(bmax.len() == len.div_ceil(crate::kernels::BLOCK));
+        // SAFETY: the range lies inside the row, `keep` has a bit for each of its tokens (from
+        // word `start / 32`, as BLOCK is a multiple of 32) and `bmax` a slot per block of it
         // (checked above); `k` is the table of a supported level.
-        unsafe { (Self::kernels(k).scan_masked)(self.ptr(), keep.as_ptr(), n, bmax) }
+        unsafe { (Self::kernels(k).scan_masked)(self.ptr().add(start), keep.as_ptr().add(start / 32), len, bmax) }
     }
 
     /// The best key of the race over a whole row whose values are the kept tokens' (bits of

@@ -624,6 +624,9 @@ fn cases(dtype: Dtype, seed: u64, edges: &mut Edges) -> Vec<Case> {
         (1025, 10, 6),
         (2048, 6, 8),
         (3000, 8, 6),
+        // Past one chunk of the fused scan (4096 tokens), whose edited tokens resolve chunk by chunk.
+        (4353, 6, 4),
+        (8500, 4, 3),
     ];
     for &(vocab, calls, rows) in plan {
         for _ in 0..calls {

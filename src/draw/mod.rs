@@ -266,8 +266,7 @@ fn draw_edited<V: RowValues + ?Sized>(
     BLOCK_MAX.with(|cell| {
         let mut bmax = cell.borrow_mut();
         alloc::resize(&mut bmax, v.n().div_ceil(BLOCK), f32::NEG_INFINITY, "block maxima").map_err(|e| in_row(r, e))?;
-        let has_nan = v.scan_masked(k, &e.keep, &mut bmax);
-        e.resolve(v);
+        let has_nan = e.scan(k, v, &mut bmax);
         let listed_max = e.overrides.iter().fold(f32::NEG_INFINITY, |a, &(_, y)| if y > a { y } else { a });
         let sc = summarize(&bmax, listed_max, has_nan, plan);
         let won = match plan {
