@@ -40,3 +40,23 @@ fn verify_table_runs_in_quick_mode() {
         assert!(records.lines().all(|l| l.contains(key)), "{key} missing");
     }
 }
+
+/// The per-row tail table (`--row-tail`) runs for every profile, and its records carry the
+/// distribution of the per-row times.
+#[test]
+fn row_tail_table_runs_in_quick_mode() {
+    let json = std::env::temp_dir().join(format!("tokenrace-bench-tail-{}.json", std::process::id()));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenrace-bench"))
+        .args(["--row-tail", "--rows", "20", "--vocab", "3000", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let records = std::fs::read_to_string(&json).unwrap();
+    let _ = std::fs::remove_file(&json);
+    // 1 vocab x 5 profiles x 1 path
+    assert_eq!(records.lines().count(), 5);
+    for key in ["\"p50_us\":", "\"p99_us\":", "\"max_us\":", "\"slowest_row\":", "\"rows_every_token\":"] {
+        assert!(records.lines().all(|l| l.contains(key)), "{key} missing");
+    }
+}

@@ -428,27 +428,43 @@ fn top_p_with_extreme_temperatures_nan_and_min_p() {
     }
 }
 
-#[test]
-fn top_p_when_the_sample_misses_the_mass() {
-    // Blocks full of one value hold most of the mass, away from the evenly spaced sample and
-    // from the blocks with the largest maxima: the cut guessed from the sample is too high,
-    // and every kept token must be gathered.
+/// A row whose mass sits in blocks full of one value, away from the blocks with the largest
+/// maxima and from the evenly spaced samples of the first cut (16 blocks) or of both cuts (16
+/// and 64): the guessed cuts are too high.
+fn sample_missing_row(miss_both: bool) -> Vec<f32> {
     let n = 163_840;
     let nb = n / 256;
-    let stride = nb / 16;
+    let sampled = |b: usize, samples: usize| b % (nb / samples) == nb / samples / 2;
+    let missed = |b: usize| !(sampled(b, 16) || (miss_both && sampled(b, 64)));
     let mut x = vec![-20f32; n];
     let mut heavy = 0;
     for b in 0..nb {
-        if b % stride != stride / 2 && b % 3 == 1 && heavy < 200 {
+        if missed(b) && b % 3 == 1 && heavy < 200 {
             for v in &mut x[b * 256..(b + 1) * 256] {
                 *v = 5.0;
             }
             heavy += 1;
         }
     }
-    for b in (0..nb).filter(|b| b % 3 == 0 && b % stride != stride / 2).take(16) {
+    for b in (0..nb).filter(|&b| b % 3 == 0 && missed(b)).take(16) {
         x[b * 256 + 7] = 9.0;
     }
+    x
+}
+
+#[test]
+fn top_p_when_the_sample_misses_the_mass() {
+    // The first cut is too high: the second, from four times the samples, decides (one more
+    // pass, not a gather of every token).
+    let x = sample_missing_row(false);
+    let before = tokenrace::internals::tier_counts();
+    for &p in &[0.9f32, 0.5, 0.99] {
+        check_top_p(&x, 1.0, p, 0.0);
+    }
+    let after = tokenrace::internals::tier_counts();
+    assert!(after[4] > before[4], "the second cut never decided: {before:?} -> {after:?}");
+    // Both cuts are too high: every kept token is gathered.
+    let x = sample_missing_row(true);
     let before = tokenrace::internals::tier_counts();
     for &p in &[0.9f32, 0.5, 0.99] {
         check_top_p(&x, 1.0, p, 0.0);

@@ -24,6 +24,14 @@
 //! The drafts are drawn from a q close to the target (`verify`, `verify+q`), or are each row's
 //! argmax without q (`verify argmax`: the most accepted, so the most target rows read); the mean
 //! emitted count of each is printed.
+//!
+//! `--row-tail` times rows one at a time (issue 11: no slow rows): `--rows` (default 1000)
+//! random rows per profile (`flat3` N(0, 3), `flat1` N(0, 1), `peaked`, `zipf` (logits of a
+//! Zipf law, shuffled), `ties` (N(0, 2) rounded to halves)) and vocabulary (default 32000,
+//! 151936, 262144), each drawn alone with top-p 0.9 (`--path top-p0.9`, the default) or another
+//! path, the fastest of 3 hot calls per row; prints p50, p99, the max and max / p50 of the
+//! per-row times, the slowest row's index, and how many rows' top-p thresholds needed the
+//! general path's second cut or every token gathered.
 
 use std::io::Write;
 use std::time::Instant;
@@ -43,6 +51,7 @@ struct Args {
     reps: usize,
     threads_table: bool,
     verify: bool,
+    row_tail: bool,
 }
 
 fn list<T: std::str::FromStr>(v: &str) -> Vec<T> {
@@ -65,6 +74,7 @@ fn parse_args() -> Args {
         reps: 30,
         threads_table: false,
         verify: false,
+        row_tail: false,
     };
     let mut given: Vec<String> = Vec::new();
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -84,6 +94,11 @@ fn parse_args() -> Args {
             }
             "--verify" => {
                 a.verify = true;
+                i += 1;
+                continue;
+            }
+            "--row-tail" => {
+                a.row_tail = true;
                 i += 1;
                 continue;
             }
@@ -133,6 +148,21 @@ fn parse_args() -> Args {
     }
     if a.verify && !given.iter().any(|g| g == "--dtype") {
         a.dtypes = list("f32");
+    }
+    if a.row_tail {
+        let default = |name: &str| !given.iter().any(|g| g == name);
+        if default("--rows") {
+            a.rows = vec![1000];
+        }
+        if default("--vocab") {
+            a.vocab = vec![32000, 151936, 262144];
+        }
+        if default("--profile") {
+            a.profiles = list("flat3,flat1,peaked,zipf,ties");
+        }
+        if default("--path") {
+            a.paths = list("top-p0.9");
+        }
     }
     if a.quick {
         a.rows = vec![1, 3];
@@ -488,6 +518,89 @@ fn verify_table(a: &Args, base: &Config, json: &mut Option<std::fs::File>) {
     }
 }
 
+/// A row of the `--row-tail` profiles.
+fn tail_row(g: &mut Gen, vocab: usize, profile: &str) -> Vec<f32> {
+    match profile {
+        "flat1" => (0..vocab).map(|_| g.normal() as f32).collect(),
+        "peaked" => make_row(g, vocab, true),
+        "zipf" => {
+            // Logits of p_i ~ 1 / (1 + i)^1.1, in a random order.
+            let mut x: Vec<f32> = (0..vocab).map(|i| (-1.1 * ((1 + i) as f64).ln()) as f32).collect();
+            for i in (1..vocab).rev() {
+                x.swap(i, (g.uniform() * (i + 1) as f64) as usize);
+            }
+            x
+        }
+        "ties" => (0..vocab).map(|_| ((g.normal() * 4.0).round() / 2.0) as f32).collect(),
+        _ => make_row(g, vocab, false),
+    }
+}
+
+/// `--row-tail`: the distribution of the time of single rows (see the module doc).
+fn row_tail(a: &Args, base: &Config, json: &mut Option<std::fs::File>) {
+    let rows = a.rows.first().copied().unwrap_or(1000);
+    println!(
+        "{:<10} {:<8} {:>7} {:>6} | {:>9} {:>9} {:>9} {:>8} {:>6}",
+        "path", "profile", "vocab", "rows", "p50 us", "p99 us", "max us", "max/p50", "slowest"
+    );
+    for &vocab in &a.vocab {
+        let s = Sampler::new(Config { vocab_size: vocab, max_rows: 1, threads: 1, ..base.clone() }).expect("sampler");
+        for profile in &a.profiles {
+            for path in &a.paths {
+                let mut g = Gen(0x5eed ^ vocab as u64);
+                let mut times = Vec::with_capacity(rows);
+                let tiers_before = tokenrace::internals::tier_counts();
+                for r in 0..rows {
+                    let x = tail_row(&mut g, vocab, profile);
+                    let logits = Logits::F32(&x);
+                    let (temps, seeds) = ([1.0f32], [r as u64]);
+                    let b = Batch { temperature: Some(&temps), seeds: Some(&seeds), ..Batch::new(logits, 1, vocab) };
+                    let (k, p) = path_filters(path);
+                    let (ks, ps) = ([k.unwrap_or(0)], [p.unwrap_or(1.0)]);
+                    let b = Batch { top_k: k.map(|_| &ks[..]), top_p: p.map(|_| &ps[..]), ..b };
+                    let mut tok = [0i32];
+                    let mut best = f64::INFINITY;
+                    for _ in 0..3 {
+                        let t = Instant::now();
+                        s.draw(&b, &mut Output::new(&mut tok)).expect("draw");
+                        best = best.min(t.elapsed().as_secs_f64() * 1e6);
+                    }
+                    times.push((best, r));
+                }
+                let tiers = tokenrace::internals::tier_counts();
+                // Rows (3 calls each) whose top-p threshold took the second cut, or every token.
+                let (second, all) = ((tiers[4] - tiers_before[4]) / 3, (tiers[3] - tiers_before[3]) / 3);
+                times.sort_by(|a, b| a.0.total_cmp(&b.0));
+                let at = |q: f64| times[((rows - 1) as f64 * q).round() as usize].0;
+                let (p50, p99, (max, slowest)) = (at(0.5), at(0.99), times[rows - 1]);
+                println!(
+                    "{path:<10} {profile:<8} {vocab:>7} {rows:>6} | {p50:>9.1} {p99:>9.1} {max:>9.1} {:>8.2} {slowest:>6} | second cut {second}, every token {all}",
+                    max / p50
+                );
+                if let Some(f) = json.as_mut() {
+                    writeln!(
+                        f,
+                        "{{\"table\":\"row-tail\",\"path\":\"{path}\",\"profile\":\"{profile}\",\"vocab\":{vocab},\"rows\":{rows},\"p50_us\":{p50:.3},\"p99_us\":{p99:.3},\"max_us\":{max:.3},\"max_over_p50\":{:.3},\"slowest_row\":{slowest},\"rows_second_cut\":{second},\"rows_every_token\":{all},\"commit\":\"{}\",\"cpu\":\"{}\",\"simd\":\"{}\"}}",
+                        max / p50,
+                        commit(),
+                        cpu_model(),
+                        s.simd_level().name()
+                    )
+                    .expect("--json write");
+                }
+            }
+        }
+    }
+}
+
+/// The top-k and top-p of a `--row-tail` path: `top-p0.9`, `top-k50`, `top-k50-top-p0.9`, or
+/// none (the plain race).
+fn path_filters(path: &str) -> (Option<i32>, Option<f32>) {
+    let k = path.split("top-k").nth(1).and_then(|r| r.split('-').next()).and_then(|v| v.parse().ok());
+    let p = path.split("top-p").nth(1).and_then(|v| v.parse().ok());
+    (k, p)
+}
+
 fn main() {
     let a = parse_args();
     let mut json = a.json.as_ref().map(|p| std::fs::File::create(p).expect("--json file"));
@@ -505,6 +618,9 @@ fn main() {
     }
     if a.verify {
         return verify_table(&a, &base, &mut json);
+    }
+    if a.row_tail {
+        return row_tail(&a, &base, &mut json);
     }
     println!(
         "{:<22} {:>5} {:>7} {:>5} {:>7} {:>3} {:>5} {:>10} {:>9} {:>9} {:>7} {:>8}",

@@ -16,8 +16,9 @@
 //! - [`general`]: `vc` from a sample of blocks (high enough that the gathered tokens are few, low
 //!   enough that they reach the target with high probability); one pass gathers the tokens
 //!   `>= vc` and sums the f32-exp mass R of those below. Tiers: the f32-exp bounds of R, the f64
-//!   R. When the gathered tokens do not reach the target after all, θ is below `vc`, and every
-//!   kept token is gathered.
+//!   R. When the gathered tokens do not reach the target after all, θ is below `vc`: a second,
+//!   lower cut from a larger sample and a wider margin, one more pass; only when that one is
+//!   too high as well is every kept token gathered.
 //! - after a top-k, the few candidates are sorted ([`floor_of_candidates`]).
 
 use crate::alloc;
@@ -28,17 +29,18 @@ use crate::row::RowValues;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// How top-p thresholds were decided, for benchmarks and tests: [peaked path with cheap bounds,
-/// f32-exp bounds, exact f64 mass, every token gathered].
-static TIERS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+/// f32-exp bounds, exact f64 mass, every token gathered, the general path's second cut].
+static TIERS: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
 
 fn count(tier: usize) {
     TIERS[tier].fetch_add(1, Relaxed);
 }
 
 /// How many top-p thresholds (without top-k) each tier decided since the start: cheap bounds,
-/// f32-exp bounds, the exact f64 mass, every token gathered.
+/// f32-exp bounds, the exact f64 mass, every token gathered; and how many of those the general
+/// path decided at its second cut (counted in the tiers too).
 #[cfg(feature = "internals")]
-pub fn tier_counts() -> [u64; 4] {
+pub fn tier_counts() -> [u64; 5] {
     std::array::from_fn(|i| TIERS[i].load(Relaxed))
 }
 
@@ -428,27 +430,53 @@ fn peaked<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], top_p: f64) -> Re
     })
 }
 
+/// How `general` samples for its cut: evenly spaced blocks, and the margin (in standard
+/// deviations of the sampled estimate) that the mass above the cut must clear. A first guess
+/// that is cheap; when it was too high after all (about one flat row in ten at vocab 262144: a
+/// few heavy blocks that 16 samples miss), a second one four times as well informed and far more
+/// cautious, which costs one more pass; only then every kept token (issue 11: a serving step
+/// waits for its slowest row).
+const GUESSES: [(usize, f64); 2] = [(16, 3.0), (64, 8.0)];
+
 /// Any row: the cut from a sample of blocks (the top blocks, and evenly spaced others).
 fn general<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], top: &[usize], top_p: f64) -> Result<f32> {
-    let vc = sample_cut(r, bmax, top, top_p);
-    let (mut c, bounds) = gather_below(r, bmax, vc)?;
-    if let Some(x) = decide(r, &mut c, bmax, bounds, top_p)? {
-        return Ok(x);
+    let mut above = f32::INFINITY;
+    for (i, &(samples, sigmas)) in GUESSES.iter().enumerate() {
+        let vc = sample_cut(r, bmax, top, top_p, samples, sigmas);
+        if vc >= above {
+            // The sample puts the cut no lower than one already too high: it cannot be trusted.
+            break;
+        }
+        let (mut c, bounds) = gather_below(r, bmax, vc)?;
+        if let Some(x) = decide(r, &mut c, bmax, bounds, top_p)? {
+            if i > 0 {
+                count(4);
+            }
+            return Ok(x);
+        }
+        above = vc;
     }
-    // The threshold is below the cut: gather every kept token.
-    drop(c); // before the larger gather, not after it
+    // The threshold is below every cut: gather every kept token.
     full(gather(r, bmax, f32::NEG_INFINITY)?, top_p)
 }
 
 /// A cut below the threshold with high probability, from the f32 weights of a sample: the top
-/// blocks (counted once) and about 16 evenly spaced blocks (scaled up to the others).
-fn sample_cut<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], top: &[usize], top_p: f64) -> f32 {
+/// blocks (counted once) and about `samples` evenly spaced blocks (scaled up to the others),
+/// with a margin of `sigmas` standard deviations of the sampled estimate.
+fn sample_cut<V: RowValues + ?Sized>(
+    r: &RowMass<V>,
+    bmax: &[f32],
+    top: &[usize],
+    top_p: f64,
+    samples: usize,
+    sigmas: f64,
+) -> f32 {
     let nb = bmax.len();
     let mut in_top = vec![false; nb];
     for &b in top {
         in_top[b] = true;
     }
-    let stride = (nb / 16).max(1);
+    let stride = (nb / samples).max(1);
     let strided: Vec<usize> = (stride / 2..nb).step_by(stride).filter(|&b| !in_top[b]).collect();
     let others = nb - top.len();
     let scale = if strided.is_empty() { 0.0 } else { others as f64 / strided.len() as f64 };
@@ -490,7 +518,7 @@ fn sample_cut<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], top: &[usize]
         q_above += hq[j];
         let d = above - top_p * z;
         let var = (1.0 - top_p).powi(2) * q_above + top_p * top_p * (q - q_above);
-        if hm[j] > 0.0 && d >= 3.0 * var.sqrt() + 1e-9 * z {
+        if hm[j] > 0.0 && d >= sigmas * var.sqrt() + 1e-9 * z {
             // Weights of at least 2^(t_j): logits of at least m + t_j / c, lowered a little.
             let t_j = (f32::from_bits((j as u32) << 19) as f64).log2();
             let x = r.m as f64 + t_j / r.mp.c as f64;
