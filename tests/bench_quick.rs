@@ -13,6 +13,18 @@ fn benchmark_runs_every_case_in_quick_mode() {
     // 2 vocab x 2 profiles x 2 rows x 2 placements x 3 dtypes x 2 thread counts x 13 paths
     assert_eq!(records.lines().count(), 2 * 2 * 2 * 2 * 3 * 2 * 13);
     assert!(records.lines().all(|l| l.contains("\"ratio_to_floor\":")));
+    assert_provenance(&records);
+}
+
+/// Every record says where it came from: the commit, the CPU model and the command, and is one
+/// JSON object per line.
+fn assert_provenance(records: &str) {
+    for l in records.lines() {
+        assert!(l.starts_with('{') && l.ends_with('}'), "not one object per line: {l}");
+        for key in ["\"commit\":\"", "\"cpu\":\"", "\"command\":\"tokenrace-bench ", "\"simd\":\""] {
+            assert!(l.contains(key), "{key} missing in {l}");
+        }
+    }
 }
 
 /// The speculative-decoding table (`--verify`) runs too, with and without q, and its records
@@ -39,6 +51,7 @@ fn verify_table_runs_in_quick_mode() {
     ] {
         assert!(records.lines().all(|l| l.contains(key)), "{key} missing");
     }
+    assert_provenance(&records);
 }
 
 /// The per-row tail table (`--row-tail`) runs for every profile, and its records carry the
@@ -59,4 +72,5 @@ fn row_tail_table_runs_in_quick_mode() {
     for key in ["\"p50_us\":", "\"p99_us\":", "\"max_us\":", "\"slowest_row\":", "\"rows_every_token\":"] {
         assert!(records.lines().all(|l| l.contains(key)), "{key} missing");
     }
+    assert_provenance(&records);
 }

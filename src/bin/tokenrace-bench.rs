@@ -375,7 +375,8 @@ fn threads_table(a: &Args, base: &Config, json: &mut Option<std::fs::File>) {
                             if let Some(f) = json.as_mut() {
                                 writeln!(
                                     f,
-                                    "{{\"table\":\"threads\",\"path\":\"{path}\",\"dtype\":\"{dtype}\",\"profile\":\"{profile}\",\"rows\":{rows},\"vocab\":{vocab},\"threads\":{threads},\"us_per_call_median\":{med:.3},\"us_per_call_p10\":{lo:.3},\"us_per_call_p90\":{hi:.3}}}"
+                                    "{{\"table\":\"threads\",\"path\":\"{path}\",\"dtype\":\"{dtype}\",\"profile\":\"{profile}\",\"rows\":{rows},\"vocab\":{vocab},\"threads\":{threads},\"us_per_call_median\":{med:.3},\"us_per_call_p10\":{lo:.3},\"us_per_call_p90\":{hi:.3},{}}}",
+                                    provenance()
                                 )
                                 .unwrap();
                             }
@@ -434,6 +435,19 @@ fn commit() -> String {
 }
 
 /// The CPU's model name (Linux), for the records.
+/// The command line that made a record (quotes and backslashes escaped for JSON).
+fn command() -> String {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    format!("tokenrace-bench {}", args.join(" ")).replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+/// The JSON fields every record of the main and threads tables ends with: the commit, the CPU
+/// model and the command (made once: `git` runs for the commit).
+fn provenance() -> &'static str {
+    static P: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    P.get_or_init(|| format!("\"commit\":\"{}\",\"cpu\":\"{}\",\"command\":\"{}\"", commit(), cpu_model(), command()))
+}
+
 fn cpu_model() -> String {
     let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let line = info.lines().find(|l| l.starts_with("model name")).unwrap_or("");
@@ -507,8 +521,8 @@ fn verify_table(a: &Args, base: &Config, json: &mut Option<std::fs::File>) {
                     if let Some(f) = json.as_mut() {
                         writeln!(
                             f,
-                            "{{\"table\":\"verify\",\"dtype\":\"{dtype}\",\"profile\":\"{profile}\",\"vocab\":{vocab},\"threads\":{threads},\"requests\":{requests},\"drafts\":{drafts},\"plain_us_median\":{:.3},\"verify_us_median\":{:.3},\"verify_q_us_median\":{:.3},\"plain_us_p10\":{:.3},\"plain_us_p90\":{:.3},\"verify_us_p10\":{:.3},\"verify_us_p90\":{:.3},\"verify_q_us_p10\":{:.3},\"verify_q_us_p90\":{:.3},\"verify_top_us_median\":{:.3},\"verify_top_us_p10\":{:.3},\"verify_top_us_p90\":{:.3},\"mean_emitted\":{:.3},\"mean_emitted_top\":{:.3},\"mean_emitted_q\":{:.3},\"commit\":\"{}\",\"cpu\":\"{}\",\"simd\":\"{}\"}}",
-                            p.0, v.0, vq.0, p.1, p.2, v.1, v.2, vq.1, vq.2, vt.0, vt.1, vt.2, mean[0], mean[1], mean[2], commit(), cpu_model(), s.simd_level().name()
+                            "{{\"table\":\"verify\",\"dtype\":\"{dtype}\",\"profile\":\"{profile}\",\"vocab\":{vocab},\"threads\":{threads},\"requests\":{requests},\"drafts\":{drafts},\"plain_us_median\":{:.3},\"verify_us_median\":{:.3},\"verify_q_us_median\":{:.3},\"plain_us_p10\":{:.3},\"plain_us_p90\":{:.3},\"verify_us_p10\":{:.3},\"verify_us_p90\":{:.3},\"verify_q_us_p10\":{:.3},\"verify_q_us_p90\":{:.3},\"verify_top_us_median\":{:.3},\"verify_top_us_p10\":{:.3},\"verify_top_us_p90\":{:.3},\"mean_emitted\":{:.3},\"mean_emitted_top\":{:.3},\"mean_emitted_q\":{:.3},\"simd\":\"{}\",{}}}",
+                            p.0, v.0, vq.0, p.1, p.2, v.1, v.2, vq.1, vq.2, vt.0, vt.1, vt.2, mean[0], mean[1], mean[2], s.simd_level().name(), provenance()
                         )
                         .unwrap();
                     }
@@ -580,11 +594,12 @@ fn row_tail(a: &Args, base: &Config, json: &mut Option<std::fs::File>) {
                 if let Some(f) = json.as_mut() {
                     writeln!(
                         f,
-                        "{{\"table\":\"row-tail\",\"path\":\"{path}\",\"profile\":\"{profile}\",\"vocab\":{vocab},\"rows\":{rows},\"p50_us\":{p50:.3},\"p99_us\":{p99:.3},\"max_us\":{max:.3},\"max_over_p50\":{:.3},\"slowest_row\":{slowest},\"rows_second_cut\":{second},\"rows_every_token\":{all},\"commit\":\"{}\",\"cpu\":\"{}\",\"simd\":\"{}\"}}",
+                        "{{\"table\":\"row-tail\",\"path\":\"{path}\",\"profile\":\"{profile}\",\"vocab\":{vocab},\"rows\":{rows},\"p50_us\":{p50:.3},\"p99_us\":{p99:.3},\"max_us\":{max:.3},\"max_over_p50\":{:.3},\"slowest_row\":{slowest},\"rows_second_cut\":{second},\"rows_every_token\":{all},\"commit\":\"{}\",\"cpu\":\"{}\",\"simd\":\"{}\",\"command\":\"{}\"}}",
                         max / p50,
                         commit(),
                         cpu_model(),
-                        s.simd_level().name()
+                        s.simd_level().name(),
+                        command()
                     )
                     .expect("--json write");
                 }
@@ -758,9 +773,10 @@ fn main() {
                                 if let Some(f) = json.as_mut() {
                                     writeln!(
                                         f,
-                                        "{{\"path\":\"{path}\",\"dtype\":\"{dtype}\",\"profile\":\"{profile}\",\"rows\":{rows},\"vocab\":{vocab},\"threads\":{threads},\"placement\":\"{placement}\",\"simd\":\"{}\",\"us_per_call_median\":{med:.3},\"us_per_call_p10\":{lo:.3},\"us_per_call_p90\":{hi:.3},\"us_per_row\":{:.4},\"floor_us_per_call\":{fl:.3},\"ratio_to_floor\":{ratio:.3}}}",
+                                        "{{\"path\":\"{path}\",\"dtype\":\"{dtype}\",\"profile\":\"{profile}\",\"rows\":{rows},\"vocab\":{vocab},\"threads\":{threads},\"placement\":\"{placement}\",\"simd\":\"{}\",\"us_per_call_median\":{med:.3},\"us_per_call_p10\":{lo:.3},\"us_per_call_p90\":{hi:.3},\"us_per_row\":{:.4},\"floor_us_per_call\":{fl:.3},\"ratio_to_floor\":{ratio:.3},{}}}",
                                         level.name(),
-                                        med / rows as f64
+                                        med / rows as f64,
+                                        provenance()
                                     )
                                     .unwrap();
                                 }
