@@ -60,6 +60,13 @@ pub(crate) unsafe trait Simd: Copy {
     /// The mask whose lane `j` is bit `j` of `bits` (bits from `LANES` on are ignored): a
     /// vector's bits of a token mask.
     fn mask_bits(bits: u32) -> Self::M;
+    /// The mask of the `LANES` bits of `word` from bit `first` (a multiple of `LANES`, below
+    /// 32): `mask_bits(word >> first)`. A level may build it from one broadcast of `word`,
+    /// which the vectors of one word then share.
+    #[inline(always)]
+    fn mask_of_word(word: u32, first: u32) -> Self::M {
+        Self::mask_bits(word >> first)
+    }
     fn any(m: Self::M) -> bool;
     /// The lowest set lane of a non-empty mask.
     fn first(m: Self::M) -> usize;

@@ -81,7 +81,7 @@ pub(crate) unsafe fn scan<S: Simd, E: Elem>(row: *const E, keep: *const u32, n: 
 #[inline(always)]
 pub(crate) unsafe fn keep_bits<S: Simd>(keep: *const u32, i: usize) -> S::M {
     // SAFETY: the caller's contract.
-    S::mask_bits(unsafe { *keep.add(i / 32) } >> (i % 32))
+    S::mask_of_word(unsafe { *keep.add(i / 32) }, (i % 32) as u32)
 }
 
 /// `x` where `keep` is null or the tokens' bits are set in `keep`, -inf elsewhere.

@@ -137,6 +137,19 @@ unsafe impl Simd for Avx2 {
         }
     }
     #[inline(always)]
+    fn mask_of_word(word: u32, first: u32) -> __m256 {
+        // SAFETY: AVX2 intrinsics on values (see the module doc).
+        unsafe {
+            // Bit `first + j` of the word into lane j's sign bit (a variable shift left by
+            // 31 - first - j), then spread over the lane. The broadcast of `word` is the same
+            // for the four vectors of a word, so the scan pays it once a word, not once a vector.
+            let shifts =
+                _mm256_sub_epi32(_mm256_set1_epi32(31 - first as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            let top = _mm256_sllv_epi32(_mm256_set1_epi32(word as i32), shifts);
+            _mm256_castsi256_ps(_mm256_srai_epi32::<31>(top))
+        }
+    }
+    #[inline(always)]
     fn any(m: __m256) -> bool {
         // SAFETY: AVX2 intrinsics on values (see the module doc).
         unsafe { _mm256_movemask_ps(m) != 0 }
