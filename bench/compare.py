@@ -557,17 +557,19 @@ def main():
     a = ap.parse_args()
     if a.pipeline and a.verify:
         ap.error("--pipeline and --verify are two different measurements: pass one")
-    if a.verify:
+    def own_defaults(reps):
+        # --verify and --pipeline have their own sizes: the table's defaults become None (the
+        # measurement's), and --reps defaults to `reps`.
         for name in ("rows", "vocab"):
             if getattr(a, name) == ap.get_default(name):
                 setattr(a, name, None)
-        a.reps = a.reps if a.reps != ap.get_default("reps") else 20
+        a.reps = a.reps if a.reps != ap.get_default("reps") else reps
+
+    if a.verify:
+        own_defaults(20)
         return verify_main(a)
     if a.pipeline:
-        for name in ("rows", "vocab"):
-            if getattr(a, name) == ap.get_default(name):
-                setattr(a, name, None)
-        a.reps = a.reps if a.reps != ap.get_default("reps") else 50
+        own_defaults(50)
         return pipeline_main(a)
     rng = np.random.default_rng(0)
     if torch is not None:

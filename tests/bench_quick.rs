@@ -1,15 +1,23 @@
 //! CI runs the benchmark in its quick mode: every case must run; nothing about time is checked.
-#[test]
-fn benchmark_runs_every_case_in_quick_mode() {
-    let json = std::env::temp_dir().join(format!("tokenrace-bench-{}.json", std::process::id()));
+
+/// Runs the benchmark with `args` and `--json` into a temporary file (named after `name`);
+/// returns the records it wrote.
+fn run_bench(name: &str, args: &[&str]) -> String {
+    let json = std::env::temp_dir().join(format!("{name}-{}.json", std::process::id()));
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenrace-bench"))
-        .args(["--quick", "--threads", "1,2", "--json"])
+        .args(args)
+        .arg("--json")
         .arg(&json)
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let records = std::fs::read_to_string(&json).unwrap();
     let _ = std::fs::remove_file(&json);
+    records
+}
+#[test]
+fn benchmark_runs_every_case_in_quick_mode() {
+    let records = run_bench("tokenrace-bench", &["--quick", "--threads", "1,2"]);
     // 2 vocab x 2 profiles x 2 rows x 2 placements x 3 dtypes x 2 thread counts x 13 paths
     assert_eq!(records.lines().count(), 2 * 2 * 2 * 2 * 3 * 2 * 13);
     assert!(records.lines().all(|l| l.contains("\"ratio_to_floor\":")));
@@ -31,15 +39,8 @@ fn assert_provenance(records: &str) {
 /// carry every timing.
 #[test]
 fn verify_table_runs_in_quick_mode() {
-    let json = std::env::temp_dir().join(format!("tokenrace-bench-verify-{}.json", std::process::id()));
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenrace-bench"))
-        .args(["--verify", "--quick", "--vocab", "1000,5003", "--threads", "1,2", "--json"])
-        .arg(&json)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let records = std::fs::read_to_string(&json).unwrap();
-    let _ = std::fs::remove_file(&json);
+    let records =
+        run_bench("tokenrace-bench-verify", &["--verify", "--quick", "--vocab", "1000,5003", "--threads", "1,2"]);
     // 2 vocab x 2 profiles x 1 dtype x 2 thread counts
     assert_eq!(records.lines().count(), 2 * 2 * 2);
     for key in [
@@ -58,15 +59,7 @@ fn verify_table_runs_in_quick_mode() {
 /// distribution of the per-row times.
 #[test]
 fn row_tail_table_runs_in_quick_mode() {
-    let json = std::env::temp_dir().join(format!("tokenrace-bench-tail-{}.json", std::process::id()));
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenrace-bench"))
-        .args(["--row-tail", "--rows", "20", "--vocab", "3000", "--json"])
-        .arg(&json)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let records = std::fs::read_to_string(&json).unwrap();
-    let _ = std::fs::remove_file(&json);
+    let records = run_bench("tokenrace-bench-tail", &["--row-tail", "--rows", "20", "--vocab", "3000"]);
     // 1 vocab x 5 profiles x 1 path
     assert_eq!(records.lines().count(), 5);
     for key in ["\"p50_us\":", "\"p99_us\":", "\"max_us\":", "\"slowest_row\":", "\"rows_every_token\":"] {

@@ -452,24 +452,23 @@ fn sample_missing_row(miss_both: bool) -> Vec<f32> {
     x
 }
 
+/// The top-p tier counters before and after checking `x`'s thresholds at three top-p values.
+fn tiers_checking(x: &[f32]) -> ([u64; 5], [u64; 5]) {
+    let before = tokenrace::internals::tier_counts();
+    for &p in &[0.9f32, 0.5, 0.99] {
+        check_top_p(x, 1.0, p, 0.0);
+    }
+    (before, tokenrace::internals::tier_counts())
+}
+
 #[test]
 fn top_p_when_the_sample_misses_the_mass() {
     // The first cut is too high: the second, from four times the samples, decides (one more
     // pass, not a gather of every token).
-    let x = sample_missing_row(false);
-    let before = tokenrace::internals::tier_counts();
-    for &p in &[0.9f32, 0.5, 0.99] {
-        check_top_p(&x, 1.0, p, 0.0);
-    }
-    let after = tokenrace::internals::tier_counts();
+    let (before, after) = tiers_checking(&sample_missing_row(false));
     assert!(after[4] > before[4], "the second cut never decided: {before:?} -> {after:?}");
     // Both cuts are too high: every kept token is gathered.
-    let x = sample_missing_row(true);
-    let before = tokenrace::internals::tier_counts();
-    for &p in &[0.9f32, 0.5, 0.99] {
-        check_top_p(&x, 1.0, p, 0.0);
-    }
-    let after = tokenrace::internals::tier_counts();
+    let (before, after) = tiers_checking(&sample_missing_row(true));
     assert!(after[3] > before[3], "every token was never gathered: {before:?} -> {after:?}");
 }
 

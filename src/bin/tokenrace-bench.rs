@@ -119,8 +119,8 @@ fn parse_args() -> Args {
         given.push(argv[i].clone());
         i += 2;
     }
+    let default = |name: &str| !given.iter().any(|g| g == name);
     if a.threads_table {
-        let default = |name: &str| !given.iter().any(|g| g == name);
         if default("--threads") {
             a.threads = vec![1, 2, 4, 8, 16];
         }
@@ -143,14 +143,13 @@ fn parse_args() -> Args {
             a.reps = 400;
         }
     }
-    if a.verify && !given.iter().any(|g| g == "--vocab") {
+    if a.verify && default("--vocab") {
         a.vocab = vec![151936];
     }
-    if a.verify && !given.iter().any(|g| g == "--dtype") {
+    if a.verify && default("--dtype") {
         a.dtypes = list("f32");
     }
     if a.row_tail {
-        let default = |name: &str| !given.iter().any(|g| g == name);
         if default("--rows") {
             a.rows = vec![1000];
         }
