@@ -16,7 +16,7 @@ use crate::alloc;
 use crate::batch::{Batch, FullMode, LogprobMode, Output};
 use crate::edits::RowEdits;
 use crate::error::Result;
-use crate::kernels::Kernels;
+use crate::kernels::{Kernels, BLOCK};
 use crate::mass::RowMass;
 use crate::row::{with_row, RowValues};
 use std::cmp::Ordering;
@@ -38,12 +38,13 @@ impl Default for RowInfo {
     }
 }
 
-/// The largest value of a row (NaN ignored), for the raw logprobs of a row drawn from its
-/// processed values.
-fn row_max<V: RowValues + ?Sized>(k: &Kernels, v: &V) -> f32 {
-    let mut bmax = vec![f32::NEG_INFINITY; v.n().div_ceil(crate::kernels::BLOCK)];
+/// The block maxima of a row and its largest value (NaN ignored), for the logprobs of a row not
+/// computed by the task that drew it.
+fn block_maxima<V: RowValues + ?Sized>(k: &Kernels, v: &V) -> (Vec<f32>, f32) {
+    let mut bmax = vec![f32::NEG_INFINITY; v.n().div_ceil(BLOCK)];
     v.scan(k, 0, v.n(), &mut bmax);
-    bmax.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a }) + 0.0
+    let top = bmax.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a }) + 0.0;
+    (bmax, top)
 }
 
 /// What a row's logprobs go into.
@@ -57,6 +58,7 @@ pub(crate) struct RowOut<'a> {
 }
 
 /// The monotone map from a logit to its logprob.
+#[derive(Clone, Copy)]
 enum LogprobFn {
     Finite { m: f64, s: f64, floor: f32, ln_z: f64 },
     PosInf { lp: f32 },
@@ -101,9 +103,9 @@ impl Ord for Entry {
     }
 }
 
-/// The logprob function of a row whose maximum is `top` (NaN ignored): scale `s`, the tokens
-/// `x >= floor` (finite ones; or the +inf ones, when `top` is +inf).
-fn logprob_fn<V: RowValues + ?Sized>(k: &Kernels, v: &V, s: f64, floor: f32, top: f32) -> LogprobFn {
+/// The logprob function of a row whose maximum is `top` (NaN ignored) and block maxima `bmax`:
+/// scale `s`, the tokens `x >= floor` (finite ones; or the +inf ones, when `top` is +inf).
+fn logprob_fn<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], s: f64, floor: f32, top: f32) -> LogprobFn {
     let n = v.n();
     if top == f32::INFINITY {
         let c = (0..n).filter(|&i| v.at(i) == f32::INFINITY).count();
@@ -115,7 +117,7 @@ fn logprob_fn<V: RowValues + ?Sized>(k: &Kernels, v: &V, s: f64, floor: f32, top
     let m = top as f64;
     let z = match RowMass::new(k, v, top, s as f32, floor) {
         // One SIMD pass: f32 exps summed in a fixed order (relative error below 1e-5).
-        Some(r) => r.z_exp().0,
+        Some(r) => r.z_exp(bmax).0,
         None => {
             let mut z = 0f64;
             for i in 0..n {
@@ -139,32 +141,96 @@ fn scale_and_floor(mode: LogprobMode, inv_t: Option<f32>, floor: f32) -> (f64, f
     }
 }
 
-/// Computes row logprobs. `top` is the row's maximum (NaN ignored), `floor` the filters' floor.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn row_logprobs<V: RowValues + ?Sized>(
-    k: &Kernels,
-    v: &V,
-    inv_t: Option<f32>,
-    mode: LogprobMode,
-    top: f32,
-    floor: f32,
-    token: i32,
-    out: RowOut,
-) {
-    let n = v.n();
-    let (s, floor) = scale_and_floor(mode, inv_t, floor);
-    let lp = logprob_fn(k, v, s, floor, top);
-    let own = lp.of(v.at(token as usize));
-    *out.logprob = own;
-    let top_n = out.ids.len().max(out.lps.len());
-    if !out.want_rank && top_n == 0 {
-        return;
+thread_local! {
+    /// The values a rank counts, reused from row to row on this thread.
+    static COUNTED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl LogprobFn {
+    /// The smallest value whose logprob is at least `target` (finite), given that `x`'s is.
+    /// The map is monotone in the value (an f64 subtraction, a product by `s > 0`, a
+    /// subtraction and the rounding to f32, each monotone), so the tokens whose logprob is
+    /// `>= target` are exactly those whose value is `>=` this one.
+    fn least_value_reaching(&self, target: f32, x: f32) -> f32 {
+        let LogprobFn::Finite { floor, .. } = *self else { unreachable!("only finite rows bisect") };
+        crate::mass::first_passing(floor, x, |y| self.of(y) >= target)
     }
-    let mut rank = 0i32;
+}
+
+/// The rank of a token whose logprob `own` (finite) is that of value `x`: the count of the
+/// values at or above the least one whose logprob reaches `own`, read from the blocks whose
+/// maximum reaches it.
+fn rank_by_count<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], lp: &LogprobFn, own: f32, x: f32) -> i32 {
+    let lo = lp.least_value_reaching(own, x);
+    COUNTED.with(|cell| {
+        let xs = &mut *cell.borrow_mut();
+        xs.clear();
+        // SAFETY: the row has n values and bmax one maximum per block.
+        unsafe { (V::kernels(k).gather_ge)(v.ptr(), v.n(), bmax, lo, xs) };
+        xs.len() as i32
+    })
+}
+
+/// The `ids.len().max(lps.len())` most probable tokens from the blocks that can hold them: every
+/// one of them has a value at or above the top-n-th block maximum `t` (n blocks reach it), and
+/// every token whose logprob equals `t`'s has a value at or above the least one reaching it, so
+/// the candidates are the values at or above that. `false` (nothing written) when fewer than n
+/// blocks have a kept maximum: then tokens outside the kept set (logprob -inf) belong to the
+/// top-n, and only a pass over every token orders them.
+fn top_by_blocks<V: RowValues + ?Sized>(v: &V, bmax: &[f32], lp: &LogprobFn, ids: &mut [i32], lps: &mut [f32]) -> bool {
+    let (top_n, LogprobFn::Finite { floor, .. }) = (ids.len().max(lps.len()), *lp) else { return false };
+    if top_n > bmax.len() {
+        return false;
+    }
+    let mut maxima = bmax.to_vec();
+    let (_, &mut t, _) = maxima.select_nth_unstable_by(top_n - 1, |a, b| b.total_cmp(a));
+    if !(t.is_finite() && t >= floor) {
+        return false;
+    }
+    let lo = lp.least_value_reaching(lp.of(t), t);
+    let mut candidates = Vec::with_capacity(4 * top_n);
+    for (b, _) in bmax.iter().enumerate().filter(|&(_, &m)| m >= lo) {
+        for i in b * BLOCK..((b + 1) * BLOCK).min(v.n()) {
+            let x = v.at(i);
+            if x >= lo {
+                candidates.push(Entry(lp.of(x), i as i32));
+            }
+        }
+    }
+    candidates.sort_unstable_by(|a, b| b.cmp(a));
+    write_top(candidates.into_iter(), ids, lps);
+    true
+}
+
+/// Writes the first entries of `best` (descending) into `ids` and `lps`.
+fn write_top(best: impl Iterator<Item = Entry>, ids: &mut [i32], lps: &mut [f32]) {
+    for (j, e) in best.take(ids.len().max(lps.len())).enumerate() {
+        if let Some(id) = ids.get_mut(j) {
+            *id = e.1;
+        }
+        if let Some(l) = lps.get_mut(j) {
+            *l = e.0;
+        }
+    }
+}
+
+/// The rank of the token whose logprob is `own` and the top-n, from the logprob of every token
+/// of the row: the reference of the faster ways above, and the way for the rows they do not
+/// cover (+inf, empty, a sampled token outside the kept set, fewer kept blocks than n).
+fn rank_and_top_by_scan<V: RowValues + ?Sized>(
+    v: &V,
+    lp: &LogprobFn,
+    own: f32,
+    out: &mut RowOut,
+    rank: bool,
+    top: bool,
+) {
+    let top_n = if top { out.ids.len().max(out.lps.len()) } else { 0 };
+    let mut count = 0i32;
     let mut heap: BinaryHeap<std::cmp::Reverse<Entry>> = BinaryHeap::with_capacity(top_n + 1);
-    for i in 0..n {
+    for i in 0..v.n() {
         let l = lp.of(v.at(i));
-        rank += (l >= own) as i32;
+        count += (l >= own) as i32;
         if top_n > 0 {
             let e = Entry(l, i as i32);
             if heap.len() < top_n {
@@ -175,20 +241,53 @@ pub(crate) fn row_logprobs<V: RowValues + ?Sized>(
             }
         }
     }
-    *out.rank = rank;
-    let sorted = heap.into_sorted_vec(); // ascending Reverse = descending Entry
-    for (j, std::cmp::Reverse(e)) in sorted.into_iter().enumerate() {
-        if let Some(id) = out.ids.get_mut(j) {
-            *id = e.1;
-        }
-        if let Some(l) = out.lps.get_mut(j) {
-            *l = e.0;
-        }
+    if rank {
+        *out.rank = count;
+    }
+    if top_n > 0 {
+        // Ascending Reverse = descending Entry.
+        write_top(heap.into_sorted_vec().into_iter().map(|r| r.0), out.ids, out.lps);
     }
 }
 
-/// Every row's logprob outputs, computed into scratch so that nothing is written on failure.
+/// Computes row logprobs. `bmax` holds the row's block maxima, `top` its maximum (NaN ignored),
+/// `floor` the filters' floor.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn row_logprobs<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    bmax: &[f32],
+    inv_t: Option<f32>,
+    mode: LogprobMode,
+    top: f32,
+    floor: f32,
+    token: i32,
+    mut out: RowOut,
+) {
+    let (s, floor) = scale_and_floor(mode, inv_t, floor);
+    let lp = logprob_fn(k, v, bmax, s, floor, top);
+    let x = v.at(token as usize);
+    let own = lp.of(x);
+    *out.logprob = own;
+    let wants_top = out.ids.len().max(out.lps.len()) > 0;
+    let finite = matches!(lp, LogprobFn::Finite { .. }) && own > f32::NEG_INFINITY;
+    let rank_by_scan = out.want_rank && !finite;
+    if out.want_rank && finite {
+        *out.rank = rank_by_count(k, v, bmax, &lp, own, x);
+    }
+    let top_by_scan = wants_top && !(finite && top_by_blocks(v, bmax, &lp, out.ids, out.lps));
+    if rank_by_scan || top_by_scan {
+        rank_and_top_by_scan(v, &lp, own, &mut out, rank_by_scan, top_by_scan);
+    }
+}
+
+/// Every row's logprob outputs, computed into scratch so that nothing is written on failure:
+/// by the task that drew the row, while its block maxima are at hand ([`LogprobSlots`]), or,
+/// for the rows drawn otherwise (tiled, or from edited values), after the draw
+/// ([`Logprobs::compute_rest`]).
 pub(crate) struct Logprobs {
+    mode: LogprobMode,
+    want_rank: bool,
     top_n: usize,
     logprobs: Vec<f32>,
     ranks: Vec<i32>,
@@ -196,47 +295,103 @@ pub(crate) struct Logprobs {
     lps: Vec<f32>,
 }
 
+/// Where the task that draws row `r` writes its logprobs: disjoint parts of [`Logprobs`]'
+/// scratch, one row per task.
+pub(crate) struct LogprobSlots {
+    pub mode: LogprobMode,
+    want_rank: bool,
+    top_n: usize,
+    logprobs: *mut f32,
+    ranks: *mut i32,
+    ids: *mut i32,
+    lps: *mut f32,
+}
+
+// SAFETY: each row's slots are written by the one task that draws it (`row`'s contract), and
+// read only after the draw's job ended.
+unsafe impl Sync for LogprobSlots {}
+
+impl LogprobSlots {
+    /// Row `r`'s outputs.
+    ///
+    /// # Safety
+    /// `r` is below the call's rows, and no other live `RowOut` is of row `r`.
+    pub(crate) unsafe fn row(&self, r: usize) -> RowOut<'_> {
+        let n = self.top_n;
+        // SAFETY: the scratch has rows logprobs and ranks and rows x top_n ids and logprobs;
+        // row r's are used by this caller alone (the contract).
+        unsafe {
+            RowOut {
+                logprob: &mut *self.logprobs.add(r),
+                rank: &mut *self.ranks.add(r),
+                ids: std::slice::from_raw_parts_mut(self.ids.add(r * n), n),
+                lps: std::slice::from_raw_parts_mut(self.lps.add(r * n), n),
+                want_rank: self.want_rank,
+            }
+        }
+    }
+}
+
 impl Logprobs {
-    /// Computes what `out` asks for, row by row on this thread.
-    pub(crate) fn compute(
-        k: &Kernels,
-        batch: &Batch,
-        inv_t: &[Option<f32>],
-        info: &[RowInfo],
-        tokens: &[i32],
-        out: &Output,
-        processed: &mut Processed,
-    ) -> Logprobs {
-        let rows = batch.rows;
+    /// The scratch for what `out` asks for, or `None` if it asks for no logprob.
+    pub(crate) fn new(out: &Output, rows: usize) -> Option<Logprobs> {
         let top_n = if out.topn_ids.is_some() || out.topn_logprobs.is_some() { out.top_n } else { 0 };
-        let mut l = Logprobs {
+        out.wants_logprobs().then(|| Logprobs {
+            mode: out.logprob_mode,
+            want_rank: out.ranks.is_some(),
             top_n,
             logprobs: vec![0.0; rows],
             ranks: vec![0; rows],
             ids: vec![0; rows * top_n],
             lps: vec![0.0; rows * top_n],
-        };
-        let want_rank = out.ranks.is_some();
-        for r in 0..rows {
-            let o = RowOut {
-                logprob: &mut l.logprobs[r],
-                rank: &mut l.ranks[r],
-                ids: &mut l.ids[r * top_n..(r + 1) * top_n],
-                lps: &mut l.lps[r * top_n..(r + 1) * top_n],
-                want_rank,
-            };
+        })
+    }
+
+    /// The slots the drawing tasks write through (valid while `self` is neither moved nor
+    /// touched otherwise).
+    pub(crate) fn slots(&mut self) -> LogprobSlots {
+        LogprobSlots {
+            mode: self.mode,
+            want_rank: self.want_rank,
+            top_n: self.top_n,
+            logprobs: self.logprobs.as_mut_ptr(),
+            ranks: self.ranks.as_mut_ptr(),
+            ids: self.ids.as_mut_ptr(),
+            lps: self.lps.as_mut_ptr(),
+        }
+    }
+
+    /// Computes the rows whose drawing task did not (`done[r]` false), on this thread: each
+    /// row's block maxima are read again.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn compute_rest(
+        &mut self,
+        k: &Kernels,
+        batch: &Batch,
+        inv_t: &[Option<f32>],
+        info: &[RowInfo],
+        tokens: &[i32],
+        done: &[bool],
+        processed: &mut Processed,
+    ) {
+        let slots = self.slots();
+        for r in (0..batch.rows).filter(|&r| !done[r]) {
+            // SAFETY: r < rows, and this loop holds row r's outputs alone.
+            let o = unsafe { slots.row(r) };
             let RowInfo { top, floor, edited } = info[r];
-            let (mode, t) = (out.logprob_mode, tokens[r]);
+            let (mode, t) = (self.mode, tokens[r]);
             with_row!(batch, r, |v| match (edited, mode) {
-                (true, LogprobMode::Raw) => row_logprobs(k, v, inv_t[r], mode, row_max(k, v), floor, t, o),
+                (true, LogprobMode::Raw) => {
+                    let (bmax, top) = block_maxima(k, v);
+                    row_logprobs(k, v, &bmax, inv_t[r], mode, top, floor, t, o)
+                }
                 (true, LogprobMode::Processed) => {
                     let y = processed.row(r, v);
-                    row_logprobs(k, y, inv_t[r], mode, top, floor, t, o)
+                    row_logprobs(k, y, &block_maxima(k, y).0, inv_t[r], mode, top, floor, t, o)
                 }
-                (false, _) => row_logprobs(k, v, inv_t[r], mode, top, floor, t, o),
+                (false, _) => row_logprobs(k, v, &block_maxima(k, v).0, inv_t[r], mode, top, floor, t, o),
             });
         }
-        l
     }
 
     pub(crate) fn write(&self, out: &mut Output, rows: usize) {
@@ -315,8 +470,9 @@ pub(crate) fn write_full(
         let RowInfo { top, floor, edited } = info[r];
         with_row!(batch, r, |v| {
             if mode == FullMode::Raw {
-                let top = if edited { row_max(k, v) } else { top };
-                full_logprobs(k, v, 1.0, f32::NEG_INFINITY, top, dest);
+                let (bmax, row_top) = block_maxima(k, v);
+                let top = if edited { row_top } else { top };
+                full_logprobs(k, v, &bmax, 1.0, f32::NEG_INFINITY, top, dest);
             } else if processed.is_edited(r) {
                 let y = processed.row(r, v);
                 full_processed(k, batch, r, y, (inv_t[r], floor, top), mode, dest);
@@ -327,9 +483,17 @@ pub(crate) fn write_full(
     }
 }
 
-/// The logprob of every token of `v` at scale `s` over the tokens `>= floor`.
-fn full_logprobs<V: RowValues + ?Sized>(k: &Kernels, v: &V, s: f64, floor: f32, top: f32, dest: &mut [f32]) {
-    let lp = logprob_fn(k, v, s, floor, top);
+/// The logprob of every token of `v` (block maxima `bmax`) at scale `s` over the tokens `>= floor`.
+fn full_logprobs<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    bmax: &[f32],
+    s: f64,
+    floor: f32,
+    top: f32,
+    dest: &mut [f32],
+) {
+    let lp = logprob_fn(k, v, bmax, s, floor, top);
     for (i, d) in dest.iter_mut().enumerate() {
         *d = lp.of(v.at(i));
     }
@@ -348,7 +512,7 @@ fn full_processed<V: RowValues + ?Sized>(
 ) {
     let (s, floor) = scale_and_floor(LogprobMode::Processed, inv_t, floor);
     if mode == FullMode::Processed {
-        return full_logprobs(k, v, s, floor, top, dest);
+        return full_logprobs(k, v, &block_maxima(k, v).0, s, floor, top, dest);
     }
     // Processed logits: the value divided by T (greedy rows: not divided) for the kept tokens.
     let t = inv_t.map(|_| batch.temperature(r));
@@ -360,5 +524,100 @@ fn full_processed<V: RowValues + ?Sized>(
             (true, Some(t)) => y / t,
             (true, None) => y,
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::{kernels, supported_levels};
+
+    /// A small generator of test rows (xorshift).
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> f32 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 >> 40) as f32 / (1u64 << 24) as f32
+        }
+    }
+
+    /// Rows that exercise the rounding of logprobs to f32 (values closer than a logprob's ulp),
+    /// ties, NaN, -inf and blocks whose maxima are alike.
+    fn rows(vocab: usize) -> Vec<Vec<f32>> {
+        let mut g = Rng(0x2545_f491_4f6c_dd1d);
+        let normal: Vec<f32> = (0..vocab).map(|_| (g.next() - 0.5) * 12.0).collect();
+        // One token far above the rest, whose values are 2^-20 apart: thousands of distinct
+        // values share each logprob (about -100, ulp 7.6e-6).
+        let mut close: Vec<f32> = (0..vocab).map(|i| (i % 97) as f32 * 9.5e-7).collect();
+        close[vocab / 3] = 100.0;
+        let ties: Vec<f32> = (0..vocab).map(|_| ((g.next() * 8.0) as i32) as f32 * 0.5).collect();
+        let mut special = normal.clone();
+        for i in (0..vocab).step_by(37) {
+            special[i] = if i % 2 == 0 { f32::NAN } else { f32::NEG_INFINITY };
+        }
+        vec![normal, close, ties, special]
+    }
+
+    #[test]
+    fn ranks_and_top_n_from_the_blocks_match_the_full_scan() {
+        let vocab = 3000; // 12 blocks, the last one partial
+        for level in supported_levels() {
+            let k = kernels(level);
+            for (ri, row) in rows(vocab).iter().enumerate() {
+                let v: &[f32] = row;
+                let mut bmax = vec![f32::NEG_INFINITY; vocab.div_ceil(BLOCK)];
+                v.scan(k, 0, vocab, &mut bmax);
+                let top = bmax.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a }) + 0.0;
+                let mut sorted: Vec<f32> = row.iter().copied().filter(|x| x.is_finite()).collect();
+                sorted.sort_by(|a, b| a.total_cmp(b));
+                for (inv_t, floor) in [(1.0, f32::NEG_INFINITY), (0.1, f32::NEG_INFINITY), (3.7, sorted[vocab / 2])] {
+                    for top_n in [0, 1, 5, 20, 13] {
+                        for token in [vocab / 3, 17, 1001, 2999] {
+                            let mode = LogprobMode::Processed;
+                            let (mut lp, mut rank, mut ids, mut lps) = (0f32, 0i32, vec![0; top_n], vec![0f32; top_n]);
+                            let o = RowOut {
+                                logprob: &mut lp,
+                                rank: &mut rank,
+                                ids: &mut ids,
+                                lps: &mut lps,
+                                want_rank: true,
+                            };
+                            row_logprobs(k, v, &bmax, Some(inv_t), mode, top, floor, token as i32, o);
+                            let f = logprob_fn(k, v, &bmax, inv_t as f64, floor, top);
+                            let own = f.of(v[token]);
+                            let (mut rank2, mut ids2, mut lps2) = (0i32, vec![0; top_n], vec![0f32; top_n]);
+                            let mut o2 = RowOut {
+                                logprob: &mut 0.0,
+                                rank: &mut rank2,
+                                ids: &mut ids2,
+                                lps: &mut lps2,
+                                want_rank: true,
+                            };
+                            rank_and_top_by_scan(v, &f, own, &mut o2, true, true);
+                            let at = format!("{level:?} row {ri} 1/T {inv_t} floor {floor} top-{top_n} token {token}");
+                            assert_eq!(lp.to_bits(), own.to_bits(), "{at}");
+                            assert_eq!(rank, rank2, "{at}: rank");
+                            assert_eq!(ids, ids2, "{at}: ids");
+                            assert_eq!(lps, lps2, "{at}: logprobs");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn logprobs_of_close_values_do_round_together() {
+        // The test above means something only if its row of close values has tokens of equal
+        // logprob and different values.
+        let vocab = 3000;
+        let row = &rows(vocab)[1];
+        let k = kernels(supported_levels()[0]);
+        let v: &[f32] = row;
+        let f = logprob_fn(k, v, &[], 1.0, f32::NEG_INFINITY, 100.0);
+        let (a, b) = (row[1], row[2]);
+        assert!(a != b && f.of(a) == f.of(b), "{a} {b}: {} {}", f.of(a), f.of(b));
     }
 }

@@ -68,7 +68,7 @@ pub(crate) fn mass_lo64(m: f32, inv_t: f32, floor: f32) -> f32 {
 }
 
 /// The smallest finite `v` in `[floor, m]` passing a monotone test that `m` passes.
-fn first_passing(floor: f32, m: f32, pass: impl Fn(f32) -> bool) -> f32 {
+pub(crate) fn first_passing(floor: f32, m: f32, pass: impl Fn(f32) -> bool) -> f32 {
     let start = if floor > -f32::MAX { floor } else { -f32::MAX };
     if pass(start) {
         return start;
@@ -191,10 +191,12 @@ impl<'a, V: RowValues + ?Sized> RowMass<'a, V> {
     }
 
     /// The f32-exp mass of every kept token, with its error bounds: the logprob normaliser.
-    pub(crate) fn z_exp(&self) -> (f64, (f64, f64)) {
+    /// The blocks whose maximum in `bmax` (the row's block maxima, or empty) is below `lo` are
+    /// skipped: each of their tokens weighs less than 2^-125, which the bounds allow for.
+    pub(crate) fn z_exp(&self, bmax: &[f32]) -> (f64, (f64, f64)) {
         let mut out = Vec::new();
         let kind = if self.unmasked() { MassKind::ExpAll } else { MassKind::Exp };
-        let s = self.blocks(&[], kind, f32::INFINITY, &mut out);
+        let s = self.blocks(bmax, kind, f32::INFINITY, &mut out);
         (s, exp_bounds(s, self.count()))
     }
 

@@ -68,7 +68,7 @@ fn parse_args() -> Args {
         dtypes: list("f32,bf16,f16"),
         profiles: list("peaked,flat"),
         paths: list(
-            "greedy,race-inline,race-pool,race-external-logexp,race-external-exp,race-logprob,top-k50,top-k50-top-p0.9,top-p0.9,min-p0.05,pipeline,pipeline-penalties,pipeline-bitmask",
+            "greedy,race-inline,race-pool,race-external-logexp,race-external-exp,race-logprob,race-logprob-rank,race-logprob-top20,race-logprob-rank-top20,top-k50,top-k50-top-p0.9,top-p0.9,min-p0.05,pipeline,pipeline-penalties,pipeline-bitmask",
         ),
         placements: list("hot,cold"),
         reps: 30,
@@ -301,6 +301,42 @@ fn median_and_spread(mut t: Vec<f64>) -> (f64, f64, f64) {
     (q(0.5), q(0.1), q(0.9))
 }
 
+/// The logprob outputs a path asks for: `race-logprob` the sampled token's logprob, with
+/// `-rank` its rank too, with `-top20` the row's 20 most probable tokens too.
+struct LogprobBuffers {
+    logprobs: Vec<f32>,
+    ranks: Vec<i32>,
+    ids: Vec<i32>,
+    lps: Vec<f32>,
+}
+
+impl LogprobBuffers {
+    const TOP_N: usize = 20;
+
+    fn new(rows: usize) -> Self {
+        let n = rows * Self::TOP_N;
+        LogprobBuffers { logprobs: vec![0.0; rows], ranks: vec![0; rows], ids: vec![0; n], lps: vec![0.0; n] }
+    }
+
+    /// `tokens` with the outputs `path` asks for.
+    fn output<'a>(&'a mut self, path: &str, tokens: &'a mut [i32]) -> Output<'a> {
+        let mut out = Output::new(tokens);
+        if !path.starts_with("race-logprob") {
+            return out;
+        }
+        out.logprobs = Some(&mut self.logprobs);
+        if path.contains("-rank") {
+            out.ranks = Some(&mut self.ranks);
+        }
+        if path.contains("-top20") {
+            out.top_n = Self::TOP_N;
+            out.topn_ids = Some(&mut self.ids);
+            out.topn_logprobs = Some(&mut self.lps);
+        }
+        out
+    }
+}
+
 /// Times `f(batch_index)` `reps` times, cycling over `batches`; returns per-call microseconds.
 fn time(reps: usize, batches: usize, mut f: impl FnMut(usize)) -> Vec<f64> {
     f(0); // warm up
@@ -325,7 +361,7 @@ fn time_hot_draws(s: &Sampler, path: &str, data: &Data, rows: usize, vocab: usiz
         _ => (None, None, None),
     };
     let mut tokens = vec![0i32; rows];
-    let mut logprobs = vec![0f32; rows];
+    let mut lp = LogprobBuffers::new(rows);
     let mut draw = || {
         let batch = Batch {
             temperature: Some(&temps),
@@ -334,11 +370,7 @@ fn time_hot_draws(s: &Sampler, path: &str, data: &Data, rows: usize, vocab: usiz
             min_p,
             ..Batch::new(data.logits(0, rows * vocab), rows, vocab)
         };
-        let mut out = Output::new(&mut tokens);
-        if path == "race-logprob" {
-            out.logprobs = Some(&mut logprobs);
-        }
-        s.draw(&batch, &mut out).unwrap();
+        s.draw(&batch, &mut lp.output(path, &mut tokens)).unwrap();
     };
     for _ in 0..50 {
         draw();
@@ -704,7 +736,7 @@ fn main() {
                                 .then(|| filled_pool_sampler(&base, rows, vocab, threads, a.reps))
                                 .flatten();
                             let mut tokens = vec![0i32; rows];
-                            let mut logprobs = vec![0f32; rows];
+                            let mut lp = LogprobBuffers::new(rows);
                             let (k50, p09, mp) = (vec![50i32; rows], vec![0.9f32; rows], vec![0.05f32; rows]);
                             let pipeline = a
                                 .paths
@@ -756,11 +788,7 @@ fn main() {
                                     if let Some(p) = pipeline.as_ref().filter(|_| path.starts_with("pipeline")) {
                                         batch = p.apply(path, batch);
                                     }
-                                    let mut out = Output::new(&mut tokens);
-                                    if path == "race-logprob" {
-                                        out.logprobs = Some(&mut logprobs);
-                                    }
-                                    sampler.draw(&batch, &mut out).unwrap();
+                                    sampler.draw(&batch, &mut lp.output(path, &mut tokens)).unwrap();
                                 });
                                 let (med, lo, hi) = median_and_spread(t);
                                 let fl = if two_streams || path == "race-pool" { floor_two } else { floor };

@@ -22,7 +22,7 @@ use crate::edits::{self, RowEdits};
 use crate::error::{Error, ErrorKind, Result};
 use crate::filter;
 use crate::kernels::{Best, Kernels, RaceParams, BLOCK};
-use crate::logprob::{write_full, Logprobs, Processed, RowInfo};
+use crate::logprob::{row_logprobs, write_full, LogprobSlots, Logprobs, Processed, RowInfo};
 use crate::row::{with_row, RaceNoise, RowValues};
 use cells::SyncCell;
 use cost::{Mode, WorkCost};
@@ -141,6 +141,8 @@ pub(crate) struct Drawn {
     pub token: i32,
     pub flags: u32,
     pub info: RowInfo,
+    /// The row's logprobs were computed by the task that drew it.
+    pub logprobs_done: bool,
 }
 
 /// What the first pass found in a row.
@@ -211,19 +213,21 @@ fn finish<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], sc: &Scanned,
 
 /// Draws row `r` of `batch` on this thread: as given, or, when the sampling step before the
 /// filters changes it (`edits.rs`), from the kept tokens and the edited ones.
-fn draw_row(k: &Kernels, batch: &Batch, r: usize, plan: RowPlan) -> Result<Drawn> {
+/// With `logprobs`, a row drawn from its values as given has its logprobs computed here too,
+/// while its block maxima are at hand.
+fn draw_row(k: &Kernels, batch: &Batch, r: usize, plan: RowPlan, logprobs: Option<&LogprobSlots>) -> Result<Drawn> {
     with_row!(batch, r, |v| {
         if batch.has_edits() && edits::row_has_edits(batch, r) {
             if let Some(mut e) = edits::build(batch, r).map_err(|e| in_row(r, e))? {
                 return draw_edited(k, batch, r, v, &mut e, plan);
             }
         }
-        draw_values(k, batch, r, v, plan, None)
+        draw_values(k, batch, r, v, plan, None, logprobs)
     })
 }
 
 /// Draws row `r` of `batch` from the values `v`: the row as given, or (`nan`: the given row held
-/// a NaN) its processed values.
+/// a NaN) its processed values; with `logprobs` (a row as given), computes its logprobs.
 fn draw_values<V: RowValues + ?Sized>(
     k: &Kernels,
     batch: &Batch,
@@ -231,6 +235,7 @@ fn draw_values<V: RowValues + ?Sized>(
     v: &V,
     plan: RowPlan,
     processed: Option<bool>,
+    logprobs: Option<&LogprobSlots>,
 ) -> Result<Drawn> {
     BLOCK_MAX.with(|cell| {
         let mut bmax = cell.borrow_mut();
@@ -241,7 +246,13 @@ fn draw_values<V: RowValues + ?Sized>(
         let won = params.map(|(p, noise)| v.race(k, 0, v.n(), &bmax, p, noise));
         let floor = params.map_or(f32::NEG_INFINITY, |(p, _)| p.floor);
         let info = RowInfo { top: sc.top, floor, edited: processed.is_some() };
-        Ok(Drawn { token: finish(k, v, &bmax, &sc, won), flags: sc.flags, info })
+        let token = finish(k, v, &bmax, &sc, won);
+        if let Some(slots) = logprobs {
+            // SAFETY: r is a row of the call, and this task draws it alone.
+            let o = unsafe { slots.row(r) };
+            row_logprobs(k, v, &bmax, plan.inv_t(), slots.mode, sc.top, floor, token, o);
+        }
+        Ok(Drawn { token, flags: sc.flags, info, logprobs_done: logprobs.is_some() })
     })
 }
 
@@ -260,7 +271,7 @@ fn draw_edited<V: RowValues + ?Sized>(
         return PROCESSED.with(|cell| {
             let y = &mut *cell.borrow_mut();
             let nan = e.materialize(v, y).map_err(|e| in_row(r, e))?;
-            draw_values(k, batch, r, &y[..], plan, Some(nan))
+            draw_values(k, batch, r, &y[..], plan, Some(nan), None)
         });
     }
     BLOCK_MAX.with(|cell| {
@@ -282,7 +293,7 @@ fn draw_edited<V: RowValues + ?Sized>(
             _ => first_of_top(v, e, &bmax, sc.top) as i32,
         };
         let info = RowInfo { top: sc.top, floor: f32::NEG_INFINITY, edited: true };
-        Ok(Drawn { token, flags: sc.flags, info })
+        Ok(Drawn { token, flags: sc.flags, info, logprobs_done: false })
     })
 }
 
@@ -304,13 +315,19 @@ fn first_of_top<V: RowValues + ?Sized>(v: &V, e: &RowEdits, bmax: &[f32], top: f
 /// across threads; with fewer rows than threads, each row's vocabulary is split into tiles.
 /// Fails if a row's memory cannot be allocated (the first such row is named) or a worker
 /// panicked.
-fn draw_rows(k: &Kernels, batch: &Batch, plans: &[RowPlan], workers: Option<&Workers>) -> Result<Vec<Drawn>> {
+fn draw_rows(
+    k: &Kernels,
+    batch: &Batch,
+    plans: &[RowPlan],
+    workers: Option<&Workers>,
+    logprobs: Option<&LogprobSlots>,
+) -> Result<Vec<Drawn>> {
     let (rows, n) = (batch.rows, batch.vocab);
     // A call that no split can spread (one row too short to tile) skips the cost model and its
     // clock reads, unless a test forces the participants.
     let spreadable = Split::most_threads(rows, n) > 1 || cost::forced_participants().is_some();
     let Some(workers) = workers.filter(|w| w.pool.width() > 1 && spreadable) else {
-        return draw_on_this_thread(k, batch, plans);
+        return draw_on_this_thread(k, batch, plans, logprobs);
     };
     let mode = Mode::of(batch, plans);
     let mut split = Split::choose(workers, rows, n, mode);
@@ -320,10 +337,10 @@ fn draw_rows(k: &Kernels, batch: &Batch, plans: &[RowPlan], workers: Option<&Wor
     }
     let (drawn, work_ns) = if split == Split::ONE_THREAD {
         let start = Instant::now();
-        let drawn = draw_on_this_thread(k, batch, plans)?;
+        let drawn = draw_on_this_thread(k, batch, plans, logprobs)?;
         (drawn, start.elapsed().as_nanos() as u64)
     } else if split.tiles_per_row == 1 {
-        draw_by_rows(k, batch, plans, &workers.pool, split.participants)?
+        draw_by_rows(k, batch, plans, &workers.pool, split.participants, logprobs)?
     } else {
         tiles::draw_tiled(k, batch, plans, &workers.pool, split)?
     };
@@ -332,8 +349,13 @@ fn draw_rows(k: &Kernels, batch: &Batch, plans: &[RowPlan], workers: Option<&Wor
     Ok(drawn)
 }
 
-fn draw_on_this_thread(k: &Kernels, batch: &Batch, plans: &[RowPlan]) -> Result<Vec<Drawn>> {
-    (0..batch.rows).map(|r| draw_row(k, batch, r, plans[r])).collect()
+fn draw_on_this_thread(
+    k: &Kernels,
+    batch: &Batch,
+    plans: &[RowPlan],
+    logprobs: Option<&LogprobSlots>,
+) -> Result<Vec<Drawn>> {
+    (0..batch.rows).map(|r| draw_row(k, batch, r, plans[r], logprobs)).collect()
 }
 
 /// Draws each row as one task on `participants` threads of `pool`; returns the rows and their
@@ -344,11 +366,12 @@ fn draw_by_rows(
     plans: &[RowPlan],
     pool: &WorkerPool,
     participants: usize,
+    logprobs: Option<&LogprobSlots>,
 ) -> Result<(Vec<Drawn>, u64)> {
     let rows = batch.rows;
     let out: Vec<SyncCell<Drawn>> = (0..rows).map(|_| SyncCell::default()).collect();
     let failed = FirstError::default();
-    let done = pool.run(rows, participants, &|r| match draw_row(k, batch, r, plans[r]) {
+    let done = pool.run(rows, participants, &|r| match draw_row(k, batch, r, plans[r], logprobs) {
         Ok(d) => out[r].set(d),
         Err(e) => failed.record(r, e),
     });
@@ -388,7 +411,9 @@ pub(crate) fn run(
     workers: Option<&Workers>,
     out: &mut Output,
 ) -> Result<Vec<Drawn>> {
-    let drawn = draw_rows(k, batch, plans, workers)?;
+    let mut logprobs = Logprobs::new(out, batch.rows);
+    let slots = logprobs.as_mut().map(Logprobs::slots);
+    let drawn = draw_rows(k, batch, plans, workers, slots.as_ref())?;
     let info: Vec<RowInfo> = drawn.iter().map(|d| d.info).collect();
     let inv_t: Vec<Option<f32>> = plans.iter().map(|p| p.inv_t()).collect();
     // The edited rows' processed values, for the logprobs that need them (built before anything
@@ -396,10 +421,11 @@ pub(crate) fn run(
     let needs_processed = (out.wants_logprobs() && out.logprob_mode == LogprobMode::Processed)
         || (out.full_logprobs.is_some() && out.full_mode != FullMode::Raw);
     let mut processed = if needs_processed { Processed::build(batch, &info)? } else { Processed::none(batch.rows) };
-    let logprobs = out.wants_logprobs().then(|| {
+    if let Some(l) = logprobs.as_mut() {
         let tokens: Vec<i32> = drawn.iter().map(|d| d.token).collect();
-        Logprobs::compute(k, batch, &inv_t, &info, &tokens, out, &mut processed)
-    });
+        let done: Vec<bool> = drawn.iter().map(|d| d.logprobs_done).collect();
+        l.compute_rest(k, batch, &inv_t, &info, &tokens, &done, &mut processed);
+    }
     write_full(k, batch, &inv_t, &info, out, &mut processed);
     let rows = batch.rows;
     for (t, d) in out.tokens[..rows].iter_mut().zip(&drawn) {

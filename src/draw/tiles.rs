@@ -78,6 +78,7 @@ pub(super) fn draw_tiled(
                     floor: params[r].map_or(f32::NEG_INFINITY, |(p, _)| p.floor),
                     edited: false,
                 },
+                logprobs_done: false,
             }
         })
         .collect();

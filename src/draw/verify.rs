@@ -134,7 +134,7 @@ fn verify_row<V: RowValues + ?Sized>(
             let floor = params.map_or(f32::NEG_INFINITY, |(p, _)| p.floor);
             let (mut rank, out) = (0, &mut logprob);
             let o = RowOut { logprob: out, rank: &mut rank, ids: &mut [], lps: &mut [], want_rank: false };
-            row_logprobs(k, v, plan.inv_t(), mode, sc.top, floor, token, o);
+            row_logprobs(k, v, &bmax, plan.inv_t(), mode, sc.top, floor, token, o);
         }
         Ok(RowVerdict { accepted: accepted && draft.is_some(), token, flags: sc.flags, logprob })
     })
@@ -184,7 +184,7 @@ fn accepts<V: RowValues + ?Sized>(
     if let Some(rm) = RowMass::new(k, v, p.m, p.inv_t, p.floor) {
         // Z in [lo, hi] (rigorous bounds of one f32-exp pass) puts p(d)/q(d) in a band; only a
         // uniform inside it needs the exact Z. (1e-12 covers the roundings of the quotients.)
-        if let Some(accept) = decide(w, qd, u, rm.z_exp().1) {
+        if let Some(accept) = decide(w, qd, u, rm.z_exp(bmax).1) {
             return (accept, None);
         }
     }

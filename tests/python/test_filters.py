@@ -210,7 +210,7 @@ def test_processed_logprobs_after_temperature_and_filters(tokenrace, rng):
     x, t, k, p, mp = random_rows(rng, rows, vocab)
     t[::10] = 0.0  # greedy rows report the raw values
     s = tokenrace.Sampler(vocab, max_rows=rows)
-    r = s.draw_full(x, temperature=t, top_k=k, top_p=p, min_p=mp, logprobs=vocab,
+    r = s.draw_full(x, temperature=t, top_k=k, top_p=p, min_p=mp, logprobs=vocab, ranks=True,
                     logprob_mode="processed")
     for i in range(rows):
         if t[i] == 0.0:

@@ -14,7 +14,7 @@ def test_raw_logprobs_match_float64_log_softmax(tokenrace, rng):
     x[rng.random((rows, vocab)) < 0.01] = np.nan
     temps = np.tile(np.array([0.0, 0.5, 1.0, 2.0], np.float32), rows // 4)
     s = tokenrace.Sampler(vocab, max_rows=rows)
-    r = s.draw_full(x, temperature=temps, top_k=50, logprobs=n)  # raw: filters do not matter
+    r = s.draw_full(x, temperature=temps, top_k=50, logprobs=n, ranks=True)  # raw: filters do not matter
     assert r.tokens.dtype == np.int32 and r.flags.dtype == np.uint32
     assert r.logprobs.dtype == np.float32 and r.ranks.dtype == np.int32
     assert r.topn_ids.shape == r.topn_logprobs.shape == (rows, n)
@@ -39,7 +39,7 @@ def test_ranks_count_the_reported_logprobs(tokenrace, rng):
     x[rng.random((rows, vocab)) < 0.1] = -np.inf
     s = tokenrace.Sampler(vocab, max_rows=rows)
     for mode in ("raw", "processed"):
-        r = s.draw_full(x, temperature=0.7, top_p=0.9, logprobs=vocab, logprob_mode=mode)
+        r = s.draw_full(x, temperature=0.7, top_p=0.9, logprobs=vocab, ranks=True, logprob_mode=mode)
         for i in range(rows):
             lp = np.full(vocab, np.nan, np.float32)
             lp[r.topn_ids[i]] = r.topn_logprobs[i]
@@ -53,7 +53,7 @@ def test_top_n_is_descending_with_the_lowest_id_first_on_ties(tokenrace):
                   [0, 0, 0, 0, 0, 0, 0, 0],
                   [-np.inf, 5, -np.inf, 4, 4, 4, np.nan, 1]], np.float32)
     s = tokenrace.Sampler(8)
-    r = s.draw_full(x, temperature=0.0, logprobs=8)
+    r = s.draw_full(x, temperature=0.0, logprobs=8, ranks=True)
     np.testing.assert_array_equal(r.topn_ids, [[1, 2, 4, 6, 0, 3, 5, 7],
                                                [0, 1, 2, 3, 4, 5, 6, 7],
                                                [1, 3, 4, 5, 7, 0, 2, 6]])
@@ -75,7 +75,7 @@ def test_posinf_empty_and_nan_rows(tokenrace, mode):
                   [np.nan, -np.inf, np.nan, -np.inf],
                   [np.nan, 1.0, -np.inf, 1.0]], np.float32)
     s = F.Sampler(4)
-    r = s.draw_full(x, temperature=1.0, logprobs=2, logprob_mode=mode)
+    r = s.draw_full(x, temperature=1.0, logprobs=2, ranks=True, logprob_mode=mode)
     np.testing.assert_array_equal(r.tokens, [0, 0, 0, 0, r.tokens[4]])
     assert r.tokens[4] in (1, 3)
     assert r.flags[0] & F.FLAG_HAS_POSINF and r.flags[2] & F.FLAG_EMPTY and r.flags[3] & F.FLAG_EMPTY
@@ -97,7 +97,7 @@ def test_draw_full_draws_what_draw_draws(tokenrace, rng):
     s = tokenrace.Sampler(vocab, max_rows=rows)
     tokens, flags = s.draw(x, return_flags=True, **kw)
     for mode in ("raw", "processed"):
-        r = s.draw_full(x, logprob_mode=mode, **kw)
+        r = s.draw_full(x, logprob_mode=mode, ranks=True, **kw)
         np.testing.assert_array_equal(r.tokens, tokens)
         np.testing.assert_array_equal(r.flags, flags)
         assert r.topn_ids is None and r.topn_logprobs is None
@@ -110,9 +110,12 @@ def test_draw_full_draws_what_draw_draws(tokenrace, rng):
 def test_draw_full_arguments(tokenrace):
     s = tokenrace.Sampler(0)
     x = np.zeros((3, 5), np.float32)
-    r = s.draw_full(np.zeros((0, 5), np.float32), logprobs=2)
+    r = s.draw_full(np.zeros((0, 5), np.float32), logprobs=2, ranks=True)
     assert r.tokens.shape == (0,) and r.topn_ids.shape == (0, 2) and r.ranks.shape == (0,)
     assert s.draw_full(x, logprobs=5).topn_ids.shape == (3, 5)
+    assert s.draw_full(x).ranks is None  # ranks only when asked
+    with pytest.raises(TypeError, match="ranks"):
+        s.draw_full(x, ranks=1)
     with pytest.raises(ValueError, match="top_n: 6 exceeds vocab 5"):
         s.draw_full(x, logprobs=6)
     with pytest.raises(ValueError, match="logprobs"):

@@ -328,13 +328,14 @@ class Sampler(_Closable):
 
     def draw_full(self, logits, *, temperature=None, seeds=None, offsets=None, seeded=None,
                   noise=None, noise_kind="exp", top_k=None, top_p=None, min_p=None, logprobs=0,
-                  logprob_mode="raw", prompt_tokens=None, output_tokens=None, repetition_penalty=None,
+                  ranks=False, logprob_mode="raw", prompt_tokens=None, output_tokens=None, repetition_penalty=None,
                   frequency_penalty=None, presence_penalty=None, logit_bias=None, allowed_tokens=None,
                   banned_tokens=None, token_bitmask=None, full_logprobs=None, out=None):
         """Draws like ``draw`` and also returns logprobs: a ``DrawResult`` with
 
         tokens (int32), flags (uint32), logprobs (float32: the sampled token's logprob), ranks
-        (int32: the count of tokens whose logprob is >= the sampled one's), and, when
+        (int32: the count of tokens whose logprob is >= the sampled one's; only with
+        ``ranks=True``, else None: a rank costs a count over the row), and, when
         ``logprobs = n > 0``, topn_ids (int32) and topn_logprobs (float32), rows x n, the n most
         probable tokens of each row by logprob descending, lowest id first on ties (None when
         n = 0). n is at most the vocabulary size.
@@ -358,6 +359,9 @@ class Sampler(_Closable):
         if isinstance(logprobs, (bool, np.bool_)):
             raise TypeError("logprobs: must be an integer (the number of top logprobs per row), got a bool")
         n = _unsigned("logprobs", logprobs, 32)
+        if not isinstance(ranks, (bool, np.bool_)):
+            raise TypeError(f"ranks: must be a bool (whether to return the sampled tokens' ranks), got "
+                            f"{type(ranks).__name__}")
         if full_logprobs is not None:
             full_mode = _choice("full_logprobs", full_logprobs, _ffi.FULL_MODE_NAMES)
         elif out is not None:
@@ -391,13 +395,13 @@ class Sampler(_Closable):
                 np.empty(rows, dtype=np.int32),  # tokens
                 np.zeros(rows, dtype=np.uint32),  # flags
                 np.empty(rows, dtype=np.float32),  # logprobs
-                np.empty(rows, dtype=np.int32),  # ranks
+                np.empty(rows, dtype=np.int32) if ranks else None,  # ranks
                 np.empty((rows, n), dtype=np.int32) if n else None,  # topn_ids
                 np.empty((rows, n), dtype=np.float32) if n else None,  # topn_logprobs
                 full,  # full_logprobs
             )
             OUTPUT_LAYOUT.pack_into(state.full_output, 0, OUTPUT_SIZE, mode, address(res.tokens), address(res.flags),
-                                    address(res.logprobs), address(res.ranks), n, 0,
+                                    address(res.logprobs), address(res.ranks) if ranks else 0, n, 0,
                                     address(res.topn_ids) if n else 0, address(res.topn_logprobs) if n else 0)
             h = self._live_handle()  # self._run(), inlined as in draw()
             status = _ffi.lib().tokenrace_draw(h.ptr, state.batch_ptr, state.full_output_ptr)
@@ -552,7 +556,7 @@ class DrawResult:
     tokens: np.ndarray
     flags: np.ndarray
     logprobs: np.ndarray
-    ranks: np.ndarray
+    ranks: Optional[np.ndarray]  # with ``ranks=True``
     topn_ids: Optional[np.ndarray] = None
     topn_logprobs: Optional[np.ndarray] = None
     full_logprobs: Optional[np.ndarray] = None  # rows x vocab float32, with ``full_logprobs=`` (``out`` if given)

@@ -238,7 +238,7 @@ def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generator
     if logprobs is None:
         return _tokens_tensor(sampler.draw(logits, **draw_args), out, rows)
     n = _top_count(logprobs, logits.shape[1])
-    result = sampler.draw_full(logits, logprobs=n, logprob_mode="raw", **draw_args)
+    result = sampler.draw_full(logits, logprobs=n, ranks=True, logprob_mode="raw", **draw_args)
     return _tokens_tensor(result.tokens, out, rows), _logprobs_tensors(result, rows, n)
 
 
