@@ -78,16 +78,32 @@ pub(crate) fn mass_t<S: Simd>(x: S::F, m: f32, c: f32) -> S::F {
 /// polynomial (Horner, no FMA), 2^k added to the exponent field.
 #[inline(always)]
 pub(crate) fn exp2_neg<S: Simd>(t: S::F) -> S::F {
-    let k = S::add(t, S::splat(ROUND_MAGIC));
-    let f = S::sub(t, S::sub(k, S::splat(ROUND_MAGIC)));
-    let mut p = S::splat(EXP2_C[4]);
-    p = S::add(S::mul(p, f), S::splat(EXP2_C[3]));
-    p = S::add(S::mul(p, f), S::splat(EXP2_C[2]));
-    p = S::add(S::mul(p, f), S::splat(EXP2_C[1]));
-    p = S::add(S::mul(p, f), S::splat(EXP2_C[0]));
-    let y = S::add(S::mul(p, f), S::splat(1.0));
+    exp2_neg_n::<S, 1>([t])[0]
+}
+
+/// [`exp2_neg`] of `N` vectors, each step taken for all of them before the next: one vector's
+/// chain of dependent operations is about 60 cycles long, and side by side the chains overlap
+/// (the out-of-order window alone did not overlap enough of them).
+#[inline(always)]
+pub(crate) fn exp2_neg_n<S: Simd, const N: usize>(t: [S::F; N]) -> [S::F; N] {
+    let (mut k, mut p) = (t, [S::splat(EXP2_C[4]); N]);
+    for i in 0..N {
+        k[i] = S::add(t[i], S::splat(ROUND_MAGIC));
+    }
+    let mut f = t;
+    for i in 0..N {
+        f[i] = S::sub(t[i], S::sub(k[i], S::splat(ROUND_MAGIC)));
+    }
+    for c in [EXP2_C[3], EXP2_C[2], EXP2_C[1], EXP2_C[0], 1.0] {
+        for i in 0..N {
+            p[i] = S::add(S::mul(p[i], f[i]), S::splat(c));
+        }
+    }
     // The bits of k are those of ROUND_MAGIC plus round(t); shifted by 23, only round(t) is left.
-    S::from_bits(S::add_u(S::to_bits(y), S::shl_u::<23>(S::to_bits(k))))
+    for i in 0..N {
+        p[i] = S::from_bits(S::add_u(S::to_bits(p[i]), S::shl_u::<23>(S::to_bits(k[i]))));
+    }
+    p
 }
 
 /// The cheap weight of `T_MIN <= t <= 0`: `2^q (1 + r/16)` where `round(16 t) = 16 q + r`.
@@ -100,6 +116,16 @@ fn cheap_exp2<S: Simd>(t: S::F) -> S::F {
 /// How a kind computes `2^t` for `T_MIN <= t <= 0`.
 trait Pow2 {
     fn pow2<S: Simd>(t: S::F) -> S::F;
+
+    /// `pow2` of `N` vectors (the same values, computed side by side where that pays).
+    #[inline(always)]
+    fn pow2_n<S: Simd, const N: usize>(t: [S::F; N]) -> [S::F; N] {
+        let mut y = t;
+        for i in 0..N {
+            y[i] = Self::pow2::<S>(t[i]);
+        }
+        y
+    }
 }
 
 /// [`exp2_neg`]: relative error below 2^-22.
@@ -111,6 +137,10 @@ impl Pow2 for Exact {
     #[inline(always)]
     fn pow2<S: Simd>(t: S::F) -> S::F {
         exp2_neg::<S>(t)
+    }
+    #[inline(always)]
+    fn pow2_n<S: Simd, const N: usize>(t: [S::F; N]) -> [S::F; N] {
+        exp2_neg_n::<S, N>(t)
     }
 }
 impl Pow2 for Cheap {
@@ -124,11 +154,28 @@ impl Pow2 for Cheap {
 /// when no lane is kept).
 #[inline(always)]
 fn masked<S: Simd, P: Pow2>(x: S::F, keep: S::M, mp: MassParams) -> S::F {
-    if !S::any(keep) {
-        return S::splat(0.0);
+    masked_n::<S, P, 1>([x], [keep], mp)[0]
+}
+
+/// [`masked`] of `N` vectors side by side (nothing is computed when none of them keeps a lane).
+#[inline(always)]
+fn masked_n<S: Simd, P: Pow2, const N: usize>(x: [S::F; N], keep: [S::M; N], mp: MassParams) -> [S::F; N] {
+    let mut any = keep[0];
+    for k in &keep[1..] {
+        any = S::or_m(any, *k);
     }
-    let t = mass_t::<S>(x, mp.m, mp.c);
-    S::select(keep, P::pow2::<S>(t), S::splat(0.0))
+    if !S::any(any) {
+        return [S::splat(0.0); N];
+    }
+    let mut t = x;
+    for i in 0..N {
+        t[i] = mass_t::<S>(x[i], mp.m, mp.c);
+    }
+    let mut w = P::pow2_n::<S, N>(t);
+    for i in 0..N {
+        w[i] = S::select(keep[i], w[i], S::splat(0.0));
+    }
+    w
 }
 
 /// The weights of every lane of `x`, t clamped to T_MIN, NaN and -inf included. `(m - x) * -c`
@@ -137,9 +184,18 @@ fn masked<S: Simd, P: Pow2>(x: S::F, keep: S::M, mp: MassParams) -> S::F {
 /// it, off the floating-point adders.
 #[inline(always)]
 fn clamped<S: Simd, P: Pow2>(x: S::F, mp: MassParams) -> S::F {
-    let t = S::mul(S::sub(S::splat(mp.m), x), S::splat(-mp.c));
-    let t = S::from_bits(S::min_i32(S::to_bits(t), S::splat_u(T_MIN.to_bits())));
-    P::pow2::<S>(t)
+    clamped_n::<S, P, 1>([x], mp)[0]
+}
+
+/// [`clamped`] of `N` vectors side by side.
+#[inline(always)]
+fn clamped_n<S: Simd, P: Pow2, const N: usize>(x: [S::F; N], mp: MassParams) -> [S::F; N] {
+    let mut t = x;
+    for i in 0..N {
+        let ti = S::mul(S::sub(S::splat(mp.m), x[i]), S::splat(-mp.c));
+        t[i] = S::from_bits(S::min_i32(S::to_bits(ti), S::splat_u(T_MIN.to_bits())));
+    }
+    P::pow2_n::<S, N>(t)
 }
 
 /// A weight kind of the f32 mass kernels, as a type (see [`kind`]).
@@ -149,6 +205,18 @@ trait Weigh {
     /// # Safety
     /// `S` usable here; a kind with a sink also needs room there (see [`kind::ExpCutGather`]).
     unsafe fn weigh<S: Simd>(&mut self, x: S::F, mp: MassParams) -> S::F;
+
+    /// `weigh` of four vectors, in order (the kinds without a mask compute them side by side).
+    ///
+    /// # Safety
+    /// As `weigh`.
+    #[inline(always)]
+    unsafe fn weigh4<S: Simd>(&mut self, x: [S::F; 4], mp: MassParams) -> [S::F; 4] {
+        // SAFETY: the caller's contract.
+        unsafe {
+            [self.weigh::<S>(x[0], mp), self.weigh::<S>(x[1], mp), self.weigh::<S>(x[2], mp), self.weigh::<S>(x[3], mp)]
+        }
+    }
 }
 
 /// The weight kinds: one type per [`MassKind`], and the one kind that also gathers.
@@ -176,22 +244,52 @@ mod kind {
         pub len: usize,
     }
 
+    /// The lanes `lo <= x` of Exp.
+    #[inline(always)]
+    fn at_least_lo<S: Simd>(x: S::F, mp: MassParams) -> S::M {
+        S::ge(x, S::splat(mp.lo))
+    }
+    /// The lanes `lo <= x < cut` of the kinds with a cut.
+    #[inline(always)]
+    fn below_cut<S: Simd>(x: S::F, mp: MassParams) -> S::M {
+        S::and_m(S::ge(x, S::splat(mp.lo)), S::lt(x, S::splat(mp.cut)))
+    }
+    /// The lanes `keep` selects in each of four vectors (a macro: a function pointer or a
+    /// closure would not inherit the caller's target features).
+    macro_rules! keep4 {
+        ($keep:ident, $x:expr, $mp:expr) => {
+            [$keep::<S>($x[0], $mp), $keep::<S>($x[1], $mp), $keep::<S>($x[2], $mp), $keep::<S>($x[3], $mp)]
+        };
+    }
+
     impl Weigh for Exp {
         #[inline(always)]
         unsafe fn weigh<S: Simd>(&mut self, x: S::F, mp: MassParams) -> S::F {
-            masked::<S, Exact>(x, S::ge(x, S::splat(mp.lo)), mp)
+            masked::<S, Exact>(x, at_least_lo::<S>(x, mp), mp)
+        }
+        #[inline(always)]
+        unsafe fn weigh4<S: Simd>(&mut self, x: [S::F; 4], mp: MassParams) -> [S::F; 4] {
+            masked_n::<S, Exact, 4>(x, keep4!(at_least_lo, x, mp), mp)
         }
     }
     impl Weigh for ExpCut {
         #[inline(always)]
         unsafe fn weigh<S: Simd>(&mut self, x: S::F, mp: MassParams) -> S::F {
-            masked::<S, Exact>(x, S::and_m(S::ge(x, S::splat(mp.lo)), S::lt(x, S::splat(mp.cut))), mp)
+            masked::<S, Exact>(x, below_cut::<S>(x, mp), mp)
+        }
+        #[inline(always)]
+        unsafe fn weigh4<S: Simd>(&mut self, x: [S::F; 4], mp: MassParams) -> [S::F; 4] {
+            masked_n::<S, Exact, 4>(x, keep4!(below_cut, x, mp), mp)
         }
     }
     impl Weigh for CheapCut {
         #[inline(always)]
         unsafe fn weigh<S: Simd>(&mut self, x: S::F, mp: MassParams) -> S::F {
-            masked::<S, Cheap>(x, S::and_m(S::ge(x, S::splat(mp.lo)), S::lt(x, S::splat(mp.cut))), mp)
+            masked::<S, Cheap>(x, below_cut::<S>(x, mp), mp)
+        }
+        #[inline(always)]
+        unsafe fn weigh4<S: Simd>(&mut self, x: [S::F; 4], mp: MassParams) -> [S::F; 4] {
+            masked_n::<S, Cheap, 4>(x, keep4!(below_cut, x, mp), mp)
         }
     }
     impl Weigh for ExpAll {
@@ -199,11 +297,19 @@ mod kind {
         unsafe fn weigh<S: Simd>(&mut self, x: S::F, mp: MassParams) -> S::F {
             clamped::<S, Exact>(x, mp)
         }
+        #[inline(always)]
+        unsafe fn weigh4<S: Simd>(&mut self, x: [S::F; 4], mp: MassParams) -> [S::F; 4] {
+            clamped_n::<S, Exact, 4>(x, mp)
+        }
     }
     impl Weigh for CheapAll {
         #[inline(always)]
         unsafe fn weigh<S: Simd>(&mut self, x: S::F, mp: MassParams) -> S::F {
             clamped::<S, Cheap>(x, mp)
+        }
+        #[inline(always)]
+        unsafe fn weigh4<S: Simd>(&mut self, x: [S::F; 4], mp: MassParams) -> [S::F; 4] {
+            clamped_n::<S, Cheap, 4>(x, mp)
         }
     }
     impl Weigh for ExpCutGather {
@@ -242,6 +348,22 @@ impl<S: Simd, E: Elem, W: Weigh> Leaves for BlockRows<'_, S, E, W> {
     unsafe fn leaf(&mut self, r: usize) -> S::F {
         // SAFETY: the caller's contract.
         unsafe { self.w.weigh::<S>(E::load::<S>(self.q.add(r * COLS)), self.mp) }
+    }
+    /// # Safety
+    /// `q` valid for `(r + 3) * COLS + S::LANES` reads; as `leaf`.
+    #[inline(always)]
+    unsafe fn leaves4(&mut self, r: usize) -> [S::F; 4] {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let q = self.q.add(r * COLS);
+            let x = [
+                E::load::<S>(q),
+                E::load::<S>(q.add(COLS)),
+                E::load::<S>(q.add(2 * COLS)),
+                E::load::<S>(q.add(3 * COLS)),
+            ];
+            self.w.weigh4::<S>(x, self.mp)
+        }
     }
 }
 

@@ -95,6 +95,16 @@ pub(crate) trait Leaves {
     /// # Safety
     /// What the implementation says.
     unsafe fn leaf(&mut self, r: usize) -> Self::T;
+
+    /// Leaves `r .. r + 4`, in order (an implementation may compute them side by side).
+    ///
+    /// # Safety
+    /// As `leaf`, for each of the four.
+    #[inline(always)]
+    unsafe fn leaves4(&mut self, r: usize) -> [Self::T; 4] {
+        // SAFETY: the caller's contract.
+        unsafe { [self.leaf(r), self.leaf(r + 1), self.leaf(r + 2), self.leaf(r + 3)] }
+    }
 }
 
 /// `(l[r] + l[r+1]) + (l[r+2] + l[r+3])`.
@@ -105,10 +115,7 @@ pub(crate) trait Leaves {
 unsafe fn tree4<L: Leaves>(l: &mut L, r: usize) -> L::T {
     // SAFETY: the caller's contract; r + 3 < 16.
     unsafe {
-        let w0 = l.leaf(r);
-        let w1 = l.leaf(r + 1);
-        let w2 = l.leaf(r + 2);
-        let w3 = l.leaf(r + 3);
+        let [w0, w1, w2, w3] = l.leaves4(r);
         L::add(L::add(w0, w1), L::add(w2, w3))
     }
 }
