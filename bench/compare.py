@@ -2,6 +2,7 @@
 """tokenrace against the samplers a user would otherwise write, in one process, on the same inputs.
 
 Peers (each only where its package is installed):
+  numpy-argmax     np.argmax(x, axis=1)                                 (against tokenrace-greedy)
   numpy-vllm       softmax(x/T) / Exp(1) noise drawn per call, argmax   (vLLM's random_sample in NumPy)
   numpy-ready      argmax(x/T - log_noise) with the noise already drawn (the Spyre ring buffer's form)
   torch-random     vLLM's random_sample on CPU: softmax, q.exponential_(), probs.div_(q).argmax
@@ -603,6 +604,7 @@ def main():
             filt = median_us(lambda: sampler.draw(x, temperature=temps, top_k=50, top_p=0.9), a.reps)
             report("tokenrace-topk-topp", rows, filt, filt)
         reps = max(3, a.reps // 5)
+        report("numpy-argmax", rows, median_us(lambda: np.argmax(x, axis=1), a.reps), greedy)
         report("numpy-vllm", rows, median_us(lambda: numpy_vllm(x, 1.0, rng), reps), race)
         report("numpy-ready", rows, median_us(lambda: numpy_ready(x, 1.0, log_noise), reps), ready)
         if torch is not None:

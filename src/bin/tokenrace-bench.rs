@@ -456,7 +456,13 @@ impl VerifyCase {
 }
 
 /// The commit the benchmark was built from (`git rev-parse`, when run in a checkout).
+/// The commit the records name: `TOKENRACE_BENCH_COMMIT` when set (a copy of the tree run on
+/// another host may carry a stale `.git`: pass the commit the binary was built from), else the
+/// checkout's `HEAD`.
 fn commit() -> String {
+    if let Ok(c) = std::env::var("TOKENRACE_BENCH_COMMIT") {
+        return c.replace('"', "'");
+    }
     std::process::Command::new("git")
         .args(["rev-parse", "--short", "HEAD"])
         .output()
@@ -465,7 +471,6 @@ fn commit() -> String {
         .map_or_else(|| "unknown".into(), |o| String::from_utf8_lossy(&o.stdout).trim().to_string())
 }
 
-/// The CPU's model name (Linux), for the records.
 /// The command line that made a record (quotes and backslashes escaped for JSON).
 fn command() -> String {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -479,6 +484,7 @@ fn provenance() -> &'static str {
     P.get_or_init(|| format!("\"commit\":\"{}\",\"cpu\":\"{}\",\"command\":\"{}\"", commit(), cpu_model(), command()))
 }
 
+/// The CPU's model name (Linux), for the records.
 fn cpu_model() -> String {
     let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let line = info.lines().find(|l| l.starts_with("model name")).unwrap_or("");
