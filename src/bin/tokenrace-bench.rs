@@ -456,11 +456,11 @@ impl VerifyCase {
 }
 
 /// The commit the benchmark was built from (`git rev-parse`, when run in a checkout).
-/// The commit the records name: `TOKENRACE_BENCH_COMMIT` when set (a copy of the tree run on
+/// The commit the records name: `BENCH_COMMIT` when set (a copy of the tree run on
 /// another host may carry a stale `.git`: pass the commit the binary was built from), else the
 /// checkout's `HEAD`.
 fn commit() -> String {
-    if let Ok(c) = std::env::var("TOKENRACE_BENCH_COMMIT") {
+    if let Ok(c) = std::env::var("BENCH_COMMIT") {
         return c.replace('"', "'");
     }
     std::process::Command::new("git")
