@@ -215,6 +215,9 @@ def torch_vllm_step(logits, prompt_t, output_t, bias_rows, bias_cols, bias_vals,
 
 
 def _commit():
+    """BENCH_COMMIT when set (a copy of the tree on another host may carry a stale .git), else HEAD."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     try:
         return subprocess.run(["git", "-C", HERE, "rev-parse", "HEAD"], stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, text=True, timeout=10).stdout.strip() or None
@@ -582,12 +585,13 @@ def main():
           f"{os.cpu_count()} cpus, vocab {a.vocab}")
     print(f"{'path':<22}{'rows':>6}{'us/call':>12}{'us/row':>10}{'tokenrace us/call':>19}{'peer/tokenrace':>16}")
     records = []
+    info = run_info(sampler, a.threads)
 
     def report(path, rows, us, ours):
         ratio = us / ours if ours else float("nan")
         print(f"{path:<22}{rows:>6}{us:>12.1f}{us / rows:>10.2f}{ours:>19.1f}{ratio:>16.1f}")
-        records.append(dict(path=path, rows=rows, vocab=a.vocab, threads=a.threads, us_per_call=us,
-                            us_per_row=us / rows, tokenrace_us_per_call=ours, ratio=ratio))
+        records.append(dict(path=path, rows=rows, vocab=a.vocab, us_per_call=us, us_per_row=us / rows,
+                            tokenrace_us_per_call=ours, ratio=ratio, **info))
 
     for rows in [int(r) for r in a.rows.split(",")]:
         x = peaked_logits(rows, a.vocab, rng)

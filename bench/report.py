@@ -56,16 +56,21 @@ def plot(bench, compare, path):
     for name, pts in floors.items():
         pts = sorted(dict(pts).items())
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "k--" if name == "read floor" else "k:", label=name)
+    where = next((f"{r.get('simd', '?')}, commit {r.get('commit', '?')}" for r in bench), "")
     ax.set(xscale="log", yscale="log", xlabel="rows", ylabel="us per row",
-           title="tokenrace, 1 thread, f32, vocab 163840, peaked, hot")
+           title=f"tokenrace, 1 thread, f32, vocab 163840, peaked, hot ({where})")
     ax.legend(fontsize=7)
     ax = axes[1]
     by = defaultdict(list)
     for r in compare:
         by[(r["path"], r["threads"])].append((r["rows"], r["us_per_row"]))
+    # One colour per path, one line style per thread count (more series than a colour cycle).
+    names = sorted({name for name, _ in by})
+    colour = {name: plt.get_cmap("tab20")(i % 20) for i, name in enumerate(names)}
     for (name, t), pts in sorted(by.items()):
         pts = sorted(pts)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{name} ({t} thr)")
+        style = "-" if t == 1 else "--"
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", color=colour[name], label=f"{name} ({t} thr)")
     ax.set(xscale="log", yscale="log", xlabel="rows", ylabel="us per row", title="tokenrace vs NumPy and torch (16-core host)")
     ax.legend(fontsize=6)
     fig.tight_layout()

@@ -8,6 +8,14 @@ const W: usize = 8;
 #[derive(Clone, Copy)]
 pub(crate) struct Portable;
 
+/// A lane of a mask: all ones (true) or zero. Masks are `u32` lanes, as the vector units hold
+/// them: `bool` lanes made the compiler pack and unpack every compare (the portable scan was
+/// 6x its read floor on x86-64).
+#[inline(always)]
+fn lane(b: bool) -> u32 {
+    (b as u32).wrapping_neg()
+}
+
 macro_rules! lanes {
     (|$i:ident| $e:expr) => {{
         let mut out = [Default::default(); W];
@@ -24,7 +32,7 @@ unsafe impl Simd for Portable {
     const LANES: usize = W;
     type F = [f32; W];
     type U = [u32; W];
-    type M = [bool; W];
+    type M = [u32; W];
 
     #[inline(always)]
     unsafe fn load_f32(p: *const f32) -> [f32; W] {
@@ -78,56 +86,57 @@ unsafe impl Simd for Portable {
         lanes!(|i| if x[i] > acc[i] { x[i] } else { acc[i] })
     }
     #[inline(always)]
-    fn ge(a: [f32; W], b: [f32; W]) -> [bool; W] {
-        lanes!(|i| a[i] >= b[i])
+    fn ge(a: [f32; W], b: [f32; W]) -> [u32; W] {
+        lanes!(|i| lane(a[i] >= b[i]))
     }
     #[inline(always)]
-    fn gt(a: [f32; W], b: [f32; W]) -> [bool; W] {
-        lanes!(|i| a[i] > b[i])
+    fn gt(a: [f32; W], b: [f32; W]) -> [u32; W] {
+        lanes!(|i| lane(a[i] > b[i]))
     }
     #[inline(always)]
-    fn eq(a: [f32; W], b: [f32; W]) -> [bool; W] {
-        lanes!(|i| a[i] == b[i])
+    fn eq(a: [f32; W], b: [f32; W]) -> [u32; W] {
+        lanes!(|i| lane(a[i] == b[i]))
     }
     #[inline(always)]
-    fn lt(a: [f32; W], b: [f32; W]) -> [bool; W] {
-        lanes!(|i| a[i] < b[i])
+    fn lt(a: [f32; W], b: [f32; W]) -> [u32; W] {
+        lanes!(|i| lane(a[i] < b[i]))
     }
     #[inline(always)]
-    fn is_nan(a: [f32; W]) -> [bool; W] {
-        lanes!(|i| a[i].is_nan())
+    fn is_nan(a: [f32; W]) -> [u32; W] {
+        lanes!(|i| lane(a[i].is_nan()))
     }
     #[inline(always)]
-    fn unord(a: [f32; W], b: [f32; W]) -> [bool; W] {
-        lanes!(|i| a[i].is_nan() | b[i].is_nan())
+    fn unord(a: [f32; W], b: [f32; W]) -> [u32; W] {
+        lanes!(|i| lane(a[i].is_nan() | b[i].is_nan()))
     }
     #[inline(always)]
-    fn and_m(a: [bool; W], b: [bool; W]) -> [bool; W] {
+    fn and_m(a: [u32; W], b: [u32; W]) -> [u32; W] {
         lanes!(|i| a[i] & b[i])
     }
     #[inline(always)]
-    fn or_m(a: [bool; W], b: [bool; W]) -> [bool; W] {
+    fn or_m(a: [u32; W], b: [u32; W]) -> [u32; W] {
         lanes!(|i| a[i] | b[i])
     }
     #[inline(always)]
-    fn none() -> [bool; W] {
-        [false; W]
+    fn none() -> [u32; W] {
+        [0; W]
     }
     #[inline(always)]
-    fn mask_bits(bits: u32) -> [bool; W] {
-        lanes!(|i| bits >> i & 1 != 0)
+    fn mask_bits(bits: u32) -> [u32; W] {
+        lanes!(|i| lane(bits >> i & 1 != 0))
     }
     #[inline(always)]
-    fn any(m: [bool; W]) -> bool {
-        m.iter().fold(false, |a, &b| a | b)
+    fn any(m: [u32; W]) -> bool {
+        m.iter().fold(0, |a, &b| a | b) != 0
     }
     #[inline(always)]
-    fn first(m: [bool; W]) -> usize {
-        m.iter().position(|&b| b).unwrap_or(0)
+    fn first(m: [u32; W]) -> usize {
+        m.iter().position(|&b| b != 0).unwrap_or(0)
     }
     #[inline(always)]
-    fn select(m: [bool; W], a: [f32; W], b: [f32; W]) -> [f32; W] {
-        lanes!(|i| if m[i] { a[i] } else { b[i] })
+    fn select(m: [u32; W], a: [f32; W], b: [f32; W]) -> [f32; W] {
+        // Bitwise, as a vector unit blends: the same values as a lane-wise choice.
+        lanes!(|i| f32::from_bits(a[i].to_bits() & m[i] | b[i].to_bits() & !m[i]))
     }
     #[inline(always)]
     fn reduce_max(v: [f32; W]) -> f32 {
@@ -174,16 +183,16 @@ unsafe impl Simd for Portable {
         lanes!(|i| ((a[i] as i32) >> 31) as u32)
     }
     #[inline(always)]
-    fn gt_i32(a: [u32; W], b: [u32; W]) -> [bool; W] {
-        lanes!(|i| (a[i] as i32) > (b[i] as i32))
+    fn gt_i32(a: [u32; W], b: [u32; W]) -> [u32; W] {
+        lanes!(|i| lane((a[i] as i32) > (b[i] as i32)))
     }
     #[inline(always)]
     fn min_i32(a: [u32; W], b: [u32; W]) -> [u32; W] {
         lanes!(|i| (a[i] as i32).min(b[i] as i32) as u32)
     }
     #[inline(always)]
-    fn select_u(m: [bool; W], a: [u32; W], b: [u32; W]) -> [u32; W] {
-        lanes!(|i| if m[i] { a[i] } else { b[i] })
+    fn select_u(m: [u32; W], a: [u32; W], b: [u32; W]) -> [u32; W] {
+        lanes!(|i| a[i] & m[i] | b[i] & !m[i])
     }
     #[inline(always)]
     fn cvt_i32(a: [u32; W]) -> [f32; W] {
@@ -202,12 +211,12 @@ unsafe impl Simd for Portable {
         lanes!(|i| a[i] << N)
     }
     #[inline(always)]
-    unsafe fn compress_store(p: *mut f32, m: [bool; W], v: [f32; W]) -> usize {
+    unsafe fn compress_store(p: *mut f32, m: [u32; W], v: [f32; W]) -> usize {
         let mut j = 0;
         for i in 0..W {
             // SAFETY: j <= i < W, and `p` is valid for W writes (the caller's contract).
             unsafe { p.add(j).write_unaligned(v[i]) };
-            j += m[i] as usize;
+            j += (m[i] & 1) as usize;
         }
         j
     }
