@@ -281,10 +281,37 @@ pub(crate) fn row_logprobs<V: RowValues + ?Sized>(
     }
 }
 
+/// The logprobs of row `v` drawn from its edits `e` (`d`): raw ones from the row as given,
+/// processed ones from its processed values, written into `y`. Fails only if `y` cannot grow.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn edited_row_logprobs<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    e: &mut RowEdits,
+    y: &mut Vec<f32>,
+    inv_t: Option<f32>,
+    d: &crate::draw::Drawn,
+    mode: LogprobMode,
+    out: RowOut,
+) -> Result<()> {
+    let RowInfo { top, floor, .. } = d.info;
+    match mode {
+        LogprobMode::Raw => {
+            let (bmax, top) = block_maxima(k, v);
+            row_logprobs(k, v, &bmax, inv_t, mode, top, floor, d.token, out);
+        }
+        LogprobMode::Processed => {
+            e.materialize(v, y)?;
+            let y = &y[..];
+            row_logprobs(k, y, &block_maxima(k, y).0, inv_t, mode, top, floor, d.token, out);
+        }
+    }
+    Ok(())
+}
+
 /// Every row's logprob outputs, computed into scratch so that nothing is written on failure:
 /// by the task that drew the row, while its block maxima are at hand ([`LogprobSlots`]), or,
-/// for the rows drawn otherwise (tiled, or from edited values), after the draw
-/// ([`Logprobs::compute_rest`]).
+/// for the rows split into vocabulary tiles, after the draw ([`Logprobs::compute_rest`]).
 pub(crate) struct Logprobs {
     mode: LogprobMode,
     want_rank: bool,
@@ -361,9 +388,8 @@ impl Logprobs {
         }
     }
 
-    /// Computes the rows whose drawing task did not (`done[r]` false), on this thread: each
-    /// row's block maxima are read again.
-    #[allow(clippy::too_many_arguments)]
+    /// Computes the rows whose drawing task did not (`done[r]` false: rows split into vocabulary
+    /// tiles, which have no edits), on this thread: each row's block maxima are read again.
     pub(crate) fn compute_rest(
         &mut self,
         k: &Kernels,
@@ -372,25 +398,23 @@ impl Logprobs {
         info: &[RowInfo],
         tokens: &[i32],
         done: &[bool],
-        processed: &mut Processed,
     ) {
         let slots = self.slots();
         for r in (0..batch.rows).filter(|&r| !done[r]) {
             // SAFETY: r < rows, and this loop holds row r's outputs alone.
             let o = unsafe { slots.row(r) };
-            let RowInfo { top, floor, edited } = info[r];
-            let (mode, t) = (self.mode, tokens[r]);
-            with_row!(batch, r, |v| match (edited, mode) {
-                (true, LogprobMode::Raw) => {
-                    let (bmax, top) = block_maxima(k, v);
-                    row_logprobs(k, v, &bmax, inv_t[r], mode, top, floor, t, o)
-                }
-                (true, LogprobMode::Processed) => {
-                    let y = processed.row(r, v);
-                    row_logprobs(k, y, &block_maxima(k, y).0, inv_t[r], mode, top, floor, t, o)
-                }
-                (false, _) => row_logprobs(k, v, &block_maxima(k, v).0, inv_t[r], mode, top, floor, t, o),
-            });
+            let RowInfo { top, floor, .. } = info[r];
+            with_row!(batch, r, |v| row_logprobs(
+                k,
+                v,
+                &block_maxima(k, v).0,
+                inv_t[r],
+                self.mode,
+                top,
+                floor,
+                tokens[r],
+                o
+            ));
         }
     }
 

@@ -68,7 +68,7 @@ fn parse_args() -> Args {
         dtypes: list("f32,bf16,f16"),
         profiles: list("peaked,flat"),
         paths: list(
-            "greedy,race-inline,race-pool,race-external-logexp,race-external-exp,race-logprob,race-logprob-rank,race-logprob-top20,race-logprob-rank-top20,top-k50,top-k50-top-p0.9,top-p0.9,min-p0.05,pipeline,pipeline-penalties,pipeline-bitmask",
+            "greedy,race-inline,race-pool,race-external-logexp,race-external-exp,race-logprob,race-logprob-rank,race-logprob-top20,race-logprob-rank-top20,top-k50,top-k50-top-p0.9,top-p0.9,min-p0.05,pipeline,pipeline-penalties,pipeline-bitmask,pipeline-logprob-rank-top20",
         ),
         placements: list("hot,cold"),
         reps: 30,
@@ -234,15 +234,17 @@ impl Pipeline {
     /// `b` with this step's inputs: all of them (`pipeline`), the penalties alone
     /// (`pipeline-penalties`), or the bitmask alone (`pipeline-bitmask`).
     fn apply<'a>(&'a self, path: &str, b: Batch<'a>) -> Batch<'a> {
-        let penalties = path == "pipeline" || path == "pipeline-penalties";
-        let bitmask = path == "pipeline" || path == "pipeline-bitmask";
+        // `pipeline-logprob-rank-top20`: everything, and the logprob outputs of the race path.
+        let all = path == "pipeline" || path.starts_with("pipeline-logprob");
+        let penalties = all || path == "pipeline-penalties";
+        let bitmask = all || path == "pipeline-bitmask";
         Batch {
             prompt_tokens: penalties.then(|| TokenLists { ids: &self.prompt.0, offsets: &self.prompt.1 }),
             output_tokens: penalties.then(|| TokenLists { ids: &self.output.0, offsets: &self.output.1 }),
             repetition_penalty: penalties.then_some(&self.penalties[0][..]),
             frequency_penalty: penalties.then_some(&self.penalties[1][..]),
             presence_penalty: penalties.then_some(&self.penalties[2][..]),
-            logit_bias: (path == "pipeline").then(|| LogitBias {
+            logit_bias: all.then(|| LogitBias {
                 ids: &self.bias.0,
                 values: &self.bias.1,
                 offsets: &self.bias.2,
@@ -301,8 +303,9 @@ fn median_and_spread(mut t: Vec<f64>) -> (f64, f64, f64) {
     (q(0.5), q(0.1), q(0.9))
 }
 
-/// The logprob outputs a path asks for: `race-logprob` the sampled token's logprob, with
-/// `-rank` its rank too, with `-top20` the row's 20 most probable tokens too.
+/// The logprob outputs a path asks for: `race-logprob` (or `pipeline-logprob`) the sampled
+/// token's logprob, with `-rank` its rank too, with `-top20` the row's 20 most probable tokens
+/// too.
 struct LogprobBuffers {
     logprobs: Vec<f32>,
     ranks: Vec<i32>,
@@ -321,7 +324,7 @@ impl LogprobBuffers {
     /// `tokens` with the outputs `path` asks for.
     fn output<'a>(&'a mut self, path: &str, tokens: &'a mut [i32]) -> Output<'a> {
         let mut out = Output::new(tokens);
-        if !path.starts_with("race-logprob") {
+        if !path.starts_with("race-logprob") && !path.starts_with("pipeline-logprob") {
             return out;
         }
         out.logprobs = Some(&mut self.logprobs);

@@ -17,12 +17,12 @@ pub(crate) mod verify;
 pub(crate) mod workers;
 
 use crate::alloc;
-use crate::batch::{flags, Batch, FullMode, LogprobMode, Output};
+use crate::batch::{flags, Batch, FullMode, Output};
 use crate::edits::{self, RowEdits};
 use crate::error::{Error, ErrorKind, Result};
 use crate::filter;
 use crate::kernels::{Best, Kernels, RaceParams, BLOCK};
-use crate::logprob::{row_logprobs, write_full, LogprobSlots, Logprobs, Processed, RowInfo};
+use crate::logprob::{edited_row_logprobs, row_logprobs, write_full, LogprobSlots, Logprobs, Processed, RowInfo};
 use crate::row::{with_row, RaceNoise, RowValues};
 use cells::SyncCell;
 use cost::{Mode, WorkCost};
@@ -213,13 +213,24 @@ fn finish<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], sc: &Scanned,
 
 /// Draws row `r` of `batch` on this thread: as given, or, when the sampling step before the
 /// filters changes it (`edits.rs`), from the kept tokens and the edited ones.
-/// With `logprobs`, a row drawn from its values as given has its logprobs computed here too,
-/// while its block maxima are at hand.
+/// With `logprobs`, the row's logprobs are computed here too: for a row drawn from its values as
+/// given while its block maxima are at hand; for an edited row from the row as given (raw) or
+/// its processed values (processed), written out once more.
 fn draw_row(k: &Kernels, batch: &Batch, r: usize, plan: RowPlan, logprobs: Option<&LogprobSlots>) -> Result<Drawn> {
     with_row!(batch, r, |v| {
         if batch.has_edits() && edits::row_has_edits(batch, r) {
             if let Some(mut e) = edits::build(batch, r).map_err(|e| in_row(r, e))? {
-                return draw_edited(k, batch, r, v, &mut e, plan);
+                let d = draw_edited(k, batch, r, v, &mut e, plan)?;
+                if let Some(slots) = logprobs {
+                    // SAFETY: r is a row of the call, and this task draws it alone.
+                    let o = unsafe { slots.row(r) };
+                    PROCESSED
+                        .with(|y| {
+                            edited_row_logprobs(k, v, &mut e, &mut y.borrow_mut(), plan.inv_t(), &d, slots.mode, o)
+                        })
+                        .map_err(|e| in_row(r, e))?;
+                }
+                return Ok(Drawn { logprobs_done: logprobs.is_some(), ..d });
             }
         }
         draw_values(k, batch, r, v, plan, None, logprobs)
@@ -418,13 +429,12 @@ pub(crate) fn run(
     let inv_t: Vec<Option<f32>> = plans.iter().map(|p| p.inv_t()).collect();
     // The edited rows' processed values, for the logprobs that need them (built before anything
     // is written: nothing after this can fail).
-    let needs_processed = (out.wants_logprobs() && out.logprob_mode == LogprobMode::Processed)
-        || (out.full_logprobs.is_some() && out.full_mode != FullMode::Raw);
+    let needs_processed = out.full_logprobs.is_some() && out.full_mode != FullMode::Raw;
     let mut processed = if needs_processed { Processed::build(batch, &info)? } else { Processed::none(batch.rows) };
     if let Some(l) = logprobs.as_mut() {
         let tokens: Vec<i32> = drawn.iter().map(|d| d.token).collect();
         let done: Vec<bool> = drawn.iter().map(|d| d.logprobs_done).collect();
-        l.compute_rest(k, batch, &inv_t, &info, &tokens, &done, &mut processed);
+        l.compute_rest(k, batch, &inv_t, &info, &tokens, &done);
     }
     write_full(k, batch, &inv_t, &info, out, &mut processed);
     let rows = batch.rows;
