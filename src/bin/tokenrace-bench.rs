@@ -244,11 +244,7 @@ impl Pipeline {
             repetition_penalty: penalties.then_some(&self.penalties[0][..]),
             frequency_penalty: penalties.then_some(&self.penalties[1][..]),
             presence_penalty: penalties.then_some(&self.penalties[2][..]),
-            logit_bias: all.then(|| LogitBias {
-                ids: &self.bias.0,
-                values: &self.bias.1,
-                offsets: &self.bias.2,
-            }),
+            logit_bias: all.then(|| LogitBias { ids: &self.bias.0, values: &self.bias.1, offsets: &self.bias.2 }),
             token_bitmask: bitmask.then(|| TokenBitmask { words: &self.bitmask, row_stride: b.vocab.div_ceil(32) }),
             ..b
         }
