@@ -160,14 +160,23 @@ impl LogprobFn {
 /// The rank of a token whose logprob `own` (finite) is that of value `x`: the count of the
 /// values at or above the least one whose logprob reaches `own`, read from the blocks whose
 /// maximum reaches it.
-fn rank_by_count<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], lp: &LogprobFn, own: f32, x: f32) -> i32 {
+fn rank_by_count<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    bmax: &[f32],
+    lp: &LogprobFn,
+    own: f32,
+    x: f32,
+) -> Result<i32> {
     let lo = lp.least_value_reaching(own, x);
     COUNTED.with(|cell| {
         let xs = &mut *cell.borrow_mut();
         xs.clear();
+        // Room for every value and the kernel's one block of slack, so that it never grows.
+        alloc::reserve(xs, v.n() + 2 * BLOCK, "the rank's values")?;
         // SAFETY: the row has n values and bmax one maximum per block.
         unsafe { (V::kernels(k).gather_ge)(v.ptr(), v.n(), bmax, lo, xs) };
-        xs.len() as i32
+        Ok(xs.len() as i32)
     })
 }
 
@@ -177,19 +186,27 @@ fn rank_by_count<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], lp: &L
 /// the candidates are the values at or above that. `false` (nothing written) when fewer than n
 /// blocks have a kept maximum: then tokens outside the kept set (logprob -inf) belong to the
 /// top-n, and only a pass over every token orders them.
-fn top_by_blocks<V: RowValues + ?Sized>(v: &V, bmax: &[f32], lp: &LogprobFn, ids: &mut [i32], lps: &mut [f32]) -> bool {
-    let (top_n, LogprobFn::Finite { floor, .. }) = (ids.len().max(lps.len()), *lp) else { return false };
+fn top_by_blocks<V: RowValues + ?Sized>(
+    v: &V,
+    bmax: &[f32],
+    lp: &LogprobFn,
+    ids: &mut [i32],
+    lps: &mut [f32],
+) -> Result<bool> {
+    let (top_n, LogprobFn::Finite { floor, .. }) = (ids.len().max(lps.len()), *lp) else { return Ok(false) };
     if top_n > bmax.len() {
-        return false;
+        return Ok(false);
     }
-    let mut maxima = bmax.to_vec();
+    let mut maxima = alloc::collect(bmax.iter().copied(), "the top-n's block maxima")?;
     let (_, &mut t, _) = maxima.select_nth_unstable_by(top_n - 1, |a, b| b.total_cmp(a));
     if !(t.is_finite() && t >= floor) {
-        return false;
+        return Ok(false);
     }
     let lo = lp.least_value_reaching(lp.of(t), t);
-    let mut candidates = Vec::with_capacity(4 * top_n);
+    let mut candidates = alloc::with_capacity(4 * top_n, "the top-n's candidates")?;
     for (b, _) in bmax.iter().enumerate().filter(|&(_, &m)| m >= lo) {
+        // Room for the whole block, so that the pushes below never grow the vector.
+        alloc::reserve(&mut candidates, BLOCK, "the top-n's candidates")?;
         for i in b * BLOCK..((b + 1) * BLOCK).min(v.n()) {
             let x = v.at(i);
             if x >= lo {
@@ -199,7 +216,7 @@ fn top_by_blocks<V: RowValues + ?Sized>(v: &V, bmax: &[f32], lp: &LogprobFn, ids
     }
     candidates.sort_unstable_by(|a, b| b.cmp(a));
     write_top(candidates.into_iter(), ids, lps);
-    true
+    Ok(true)
 }
 
 /// Writes the first entries of `best` (descending) into `ids` and `lps`.
@@ -224,10 +241,11 @@ fn rank_and_top_by_scan<V: RowValues + ?Sized>(
     out: &mut RowOut,
     rank: bool,
     top: bool,
-) {
+) -> Result<()> {
     let top_n = if top { out.ids.len().max(out.lps.len()) } else { 0 };
     let mut count = 0i32;
-    let mut heap: BinaryHeap<std::cmp::Reverse<Entry>> = BinaryHeap::with_capacity(top_n + 1);
+    let mut heap: BinaryHeap<std::cmp::Reverse<Entry>> =
+        BinaryHeap::from(alloc::with_capacity(top_n + 1, "the top-n's heap")?);
     for i in 0..v.n() {
         let l = lp.of(v.at(i));
         count += (l >= own) as i32;
@@ -248,10 +266,12 @@ fn rank_and_top_by_scan<V: RowValues + ?Sized>(
         // Ascending Reverse = descending Entry.
         write_top(heap.into_sorted_vec().into_iter().map(|r| r.0), out.ids, out.lps);
     }
+    Ok(())
 }
 
 /// Computes row logprobs. `bmax` holds the row's block maxima, `top` its maximum (NaN ignored),
-/// `floor` the filters' floor.
+/// `floor` the filters' floor. Fails only if the rank's or the top-n's scratch cannot be
+/// allocated.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn row_logprobs<V: RowValues + ?Sized>(
     k: &Kernels,
@@ -263,7 +283,7 @@ pub(crate) fn row_logprobs<V: RowValues + ?Sized>(
     floor: f32,
     token: i32,
     mut out: RowOut,
-) {
+) -> Result<()> {
     let (s, floor) = scale_and_floor(mode, inv_t, floor);
     let lp = logprob_fn(k, v, bmax, s, floor, top);
     let x = v.at(token as usize);
@@ -273,16 +293,18 @@ pub(crate) fn row_logprobs<V: RowValues + ?Sized>(
     let finite = matches!(lp, LogprobFn::Finite { .. }) && own > f32::NEG_INFINITY;
     let rank_by_scan = out.want_rank && !finite;
     if out.want_rank && finite {
-        *out.rank = rank_by_count(k, v, bmax, &lp, own, x);
+        *out.rank = rank_by_count(k, v, bmax, &lp, own, x)?;
     }
-    let top_by_scan = wants_top && !(finite && top_by_blocks(v, bmax, &lp, out.ids, out.lps));
+    let top_by_scan = wants_top && !(finite && top_by_blocks(v, bmax, &lp, out.ids, out.lps)?);
     if rank_by_scan || top_by_scan {
-        rank_and_top_by_scan(v, &lp, own, &mut out, rank_by_scan, top_by_scan);
+        rank_and_top_by_scan(v, &lp, own, &mut out, rank_by_scan, top_by_scan)?;
     }
+    Ok(())
 }
 
-/// The logprobs of row `v` drawn from its edits `e` (`d`): raw ones from the row as given,
-/// processed ones from its processed values, written into `y`. Fails only if `y` cannot grow.
+/// The logprobs of row `v` drawn from its edits `e` (what its draw left, and its token): raw
+/// ones from the row as given, processed ones from its processed values, written into `y`.
+/// Fails only if `y` or the scratch cannot grow.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn edited_row_logprobs<V: RowValues + ?Sized>(
     k: &Kernels,
@@ -290,23 +312,22 @@ pub(crate) fn edited_row_logprobs<V: RowValues + ?Sized>(
     e: &mut RowEdits,
     y: &mut Vec<f32>,
     inv_t: Option<f32>,
-    d: &crate::draw::Drawn,
+    (info, token): (RowInfo, i32),
     mode: LogprobMode,
     out: RowOut,
 ) -> Result<()> {
-    let RowInfo { top, floor, .. } = d.info;
+    let RowInfo { top, floor, .. } = info;
     match mode {
         LogprobMode::Raw => {
             let (bmax, top) = block_maxima(k, v);
-            row_logprobs(k, v, &bmax, inv_t, mode, top, floor, d.token, out);
+            row_logprobs(k, v, &bmax, inv_t, mode, top, floor, token, out)
         }
         LogprobMode::Processed => {
             e.materialize(v, y)?;
             let y = &y[..];
-            row_logprobs(k, y, &block_maxima(k, y).0, inv_t, mode, top, floor, d.token, out);
+            row_logprobs(k, y, &block_maxima(k, y).0, inv_t, mode, top, floor, token, out)
         }
     }
-    Ok(())
 }
 
 /// Every row's logprob outputs, computed into scratch so that nothing is written on failure:
@@ -398,7 +419,7 @@ impl Logprobs {
         info: &[RowInfo],
         tokens: &[i32],
         done: &[bool],
-    ) {
+    ) -> Result<()> {
         let slots = self.slots();
         for r in (0..batch.rows).filter(|&r| !done[r]) {
             // SAFETY: r < rows, and this loop holds row r's outputs alone.
@@ -414,8 +435,10 @@ impl Logprobs {
                 floor,
                 tokens[r],
                 o
-            ));
+            ))
+            .map_err(|e| crate::draw::in_row(r, e))?;
         }
+        Ok(())
     }
 
     pub(crate) fn write(&self, out: &mut Output, rows: usize) {
@@ -608,7 +631,7 @@ mod tests {
                                 lps: &mut lps,
                                 want_rank: true,
                             };
-                            row_logprobs(k, v, &bmax, Some(inv_t), mode, top, floor, token as i32, o);
+                            row_logprobs(k, v, &bmax, Some(inv_t), mode, top, floor, token as i32, o).unwrap();
                             let f = logprob_fn(k, v, &bmax, inv_t as f64, floor, top);
                             let own = f.of(v[token]);
                             let (mut rank2, mut ids2, mut lps2) = (0i32, vec![0; top_n], vec![0f32; top_n]);
@@ -619,7 +642,7 @@ mod tests {
                                 lps: &mut lps2,
                                 want_rank: true,
                             };
-                            rank_and_top_by_scan(v, &f, own, &mut o2, true, true);
+                            rank_and_top_by_scan(v, &f, own, &mut o2, true, true).unwrap();
                             let at = format!("{level:?} row {ri} 1/T {inv_t} floor {floor} top-{top_n} token {token}");
                             assert_eq!(lp.to_bits(), own.to_bits(), "{at}");
                             assert_eq!(rank, rank2, "{at}: rank");

@@ -191,7 +191,7 @@ fn race_params<V: RowValues + ?Sized>(
 }
 
 /// An error of row `r` (an allocation of its filters), named so; nothing is written.
-fn in_row(r: usize, e: Error) -> Error {
+pub(crate) fn in_row(r: usize, e: Error) -> Error {
     let message = format!("row {r}: {}; nothing was written", e.message);
     Error { message, ..e }
 }
@@ -226,7 +226,16 @@ fn draw_row(k: &Kernels, batch: &Batch, r: usize, plan: RowPlan, logprobs: Optio
                     let o = unsafe { slots.row(r) };
                     PROCESSED
                         .with(|y| {
-                            edited_row_logprobs(k, v, &mut e, &mut y.borrow_mut(), plan.inv_t(), &d, slots.mode, o)
+                            edited_row_logprobs(
+                                k,
+                                v,
+                                &mut e,
+                                &mut y.borrow_mut(),
+                                plan.inv_t(),
+                                (d.info, d.token),
+                                slots.mode,
+                                o,
+                            )
                         })
                         .map_err(|e| in_row(r, e))?;
                 }
@@ -261,7 +270,7 @@ fn draw_values<V: RowValues + ?Sized>(
         if let Some(slots) = logprobs {
             // SAFETY: r is a row of the call, and this task draws it alone.
             let o = unsafe { slots.row(r) };
-            row_logprobs(k, v, &bmax, plan.inv_t(), slots.mode, sc.top, floor, token, o);
+            row_logprobs(k, v, &bmax, plan.inv_t(), slots.mode, sc.top, floor, token, o).map_err(|e| in_row(r, e))?;
         }
         Ok(Drawn { token, flags: sc.flags, info, logprobs_done: logprobs.is_some() })
     })
@@ -427,14 +436,15 @@ pub(crate) fn run(
     let drawn = draw_rows(k, batch, plans, workers, slots.as_ref())?;
     let info: Vec<RowInfo> = drawn.iter().map(|d| d.info).collect();
     let inv_t: Vec<Option<f32>> = plans.iter().map(|p| p.inv_t()).collect();
-    // The edited rows' processed values, for the logprobs that need them (built before anything
-    // is written: nothing after this can fail).
+    // The edited rows' processed values, for the full-vocabulary outputs that need them, and the
+    // logprobs of the rows their tasks left (both before anything is written: nothing after
+    // them can fail).
     let needs_processed = out.full_logprobs.is_some() && out.full_mode != FullMode::Raw;
     let mut processed = if needs_processed { Processed::build(batch, &info)? } else { Processed::none(batch.rows) };
     if let Some(l) = logprobs.as_mut() {
         let tokens: Vec<i32> = drawn.iter().map(|d| d.token).collect();
         let done: Vec<bool> = drawn.iter().map(|d| d.logprobs_done).collect();
-        l.compute_rest(k, batch, &inv_t, &info, &tokens, &done);
+        l.compute_rest(k, batch, &inv_t, &info, &tokens, &done)?;
     }
     write_full(k, batch, &inv_t, &info, out, &mut processed);
     let rows = batch.rows;

@@ -131,7 +131,7 @@ fn verify_row<V: RowValues + ?Sized>(
             let floor = params.map_or(f32::NEG_INFINITY, |(p, _)| p.floor);
             let (mut rank, out) = (0, &mut logprob);
             let o = RowOut { logprob: out, rank: &mut rank, ids: &mut [], lps: &mut [], want_rank: false };
-            row_logprobs(k, v, &bmax, plan.inv_t(), mode, sc.top, floor, token, o);
+            row_logprobs(k, v, &bmax, plan.inv_t(), mode, sc.top, floor, token, o).map_err(|e| in_row(r, e))?;
         }
         Ok(RowVerdict { accepted: accepted && draft.is_some(), token, flags: sc.flags, logprob })
     })
