@@ -24,8 +24,7 @@ use crate::batch::{Batch, LogprobMode};
 use crate::config::NoiseKind;
 use crate::error::{Error, Owner, Result};
 use crate::kernels::generic::noise::key_words;
-use crate::kernels::generic::race::{fill_block_noise, token_noise, BlockNoise};
-use crate::kernels::simd::Scalar;
+use crate::kernels::generic::race::{token_noise, token_noise_bound, BlockNoise};
 use crate::kernels::{Kernels, RaceParams, BLOCK};
 use crate::logprob::{row_logprobs, RowOut};
 use crate::mass::{weight64, RowMass};
@@ -150,18 +149,22 @@ fn mass<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], p: RaceParams) 
     }
 }
 
-/// What an acceptance test learnt of a row's `Z`: rigorous bounds, or the exact value.
+/// What an acceptance test learnt of a row's `Z`: nothing yet, loose bounds (the cheap
+/// weights' with the heaviest blocks weighed again), the f32-exp pass's bounds, or the exact
+/// value.
 #[derive(Clone, Copy)]
 enum KnownZ {
     Nothing,
+    Loose(f64, f64),
     Within(f64, f64),
     Exact(f64),
 }
 
 /// The token drawn from the residual `max(p - q, 0)` of a rejected draft, `None` if it has no
-/// mass. The race runs with `Z` at both ends of its f32-exp bounds at once; when both ends pick
-/// the same token, so does the exact `Z` between them (see [`residual_race`]), and only when they
-/// differ is the exact `Z` computed.
+/// mass. The race runs with `Z` at both ends of its bounds at once; when both ends pick the same
+/// token, so does the exact `Z` between them (see [`residual_race`]). The bounds tighten only
+/// while the ends differ: the loose ones (computed here if acceptance did not), the f32-exp
+/// pass's, then the exact `Z`.
 #[allow(clippy::too_many_arguments)]
 fn residual_token<V: RowValues + ?Sized>(
     k: &Kernels,
@@ -172,18 +175,30 @@ fn residual_token<V: RowValues + ?Sized>(
     q: &[f32],
     noise: RaceNoise,
 ) -> Result<Option<i32>> {
-    let bounds = match known {
-        KnownZ::Exact(z) => Some((z, z)),
-        KnownZ::Within(lo, hi) => Some((lo, hi)),
-        KnownZ::Nothing => RowMass::new(k, v, p.m, p.inv_t, p.floor).map(|rm| rm.z_exp(bmax).1),
+    let race = |(lo, hi): (f64, f64)| match lo > 0.0 {
+        true => residual_race(k, v, bmax, p, (lo, hi), q, noise),
+        false => Ok(None),
     };
-    if let Some((lo, hi)) = bounds.filter(|&(lo, _)| lo > 0.0) {
-        if let Some(t) = residual_race(v, bmax, p, (lo, hi), q, noise)? {
+    let rm = RowMass::new(k, v, p.m, p.inv_t, p.floor);
+    if let KnownZ::Nothing | KnownZ::Loose(..) = known {
+        let loose = match known {
+            KnownZ::Loose(lo, hi) => Some((lo, hi)),
+            _ => rm.as_ref().map(|rm| rm.z_refined(&rm.z_cheap(bmax).2)),
+        };
+        if let Some(t) = loose.map(race).transpose()?.flatten() {
             return Ok(t);
         }
     }
+    let within = match known {
+        KnownZ::Exact(z) => Some((z, z)),
+        KnownZ::Within(lo, hi) => Some((lo, hi)),
+        KnownZ::Nothing | KnownZ::Loose(..) => rm.as_ref().map(|rm| rm.z_exp(bmax).1),
+    };
+    if let Some(t) = within.map(race).transpose()?.flatten() {
+        return Ok(t);
+    }
     let z = mass(k, v, bmax, p);
-    Ok(residual_race(v, bmax, p, (z, z), q, noise)?.expect("one Z gives one winner"))
+    Ok(residual_race(k, v, bmax, p, (z, z), q, noise)?.expect("one Z gives one winner"))
 }
 
 /// Whether `u < p(d) / q(d)` (`q(d)` is `qd`), and what was learnt of `Z` on the way.
@@ -217,10 +232,17 @@ fn accepts<V: RowValues + ?Sized>(
     if let Some(rm) = RowMass::new(k, v, p.m, p.inv_t, p.floor) {
         // Z in [lo, hi] (rigorous bounds of one pass) puts p(d)/q(d) in a band; only a uniform
         // inside it needs a tighter Z. The cheap weights (a few operations per token, Z within
-        // about 11%) decide about 9 uniforms in 10; the f32-exp pass (Z within 1e-6) nearly all
-        // the rest; the exact Z the remainder. (1e-12 covers the roundings of the quotients.)
-        if let Some(accept) = decide(w, qd, u, rm.z_cheap(bmax).1) {
-            return (accept, KnownZ::Nothing);
+        // about 11%) decide about 9 uniforms in 10; the heaviest blocks weighed again by the
+        // f32 exp (16 blocks) most of the rest on a peaked row; the f32-exp pass (Z within 1e-6)
+        // nearly all the rest; the exact Z the remainder. A rejection passes on the tightest
+        // bounds known, from which the residual race starts.
+        let (_, cheap, blocks) = rm.z_cheap(bmax);
+        if let Some(accept) = decide(w, qd, u, cheap) {
+            return (accept, if accept { KnownZ::Nothing } else { KnownZ::Loose(cheap.0, cheap.1) });
+        }
+        let loose = rm.z_refined(&blocks);
+        if let Some(accept) = decide(w, qd, u, loose) {
+            return (accept, KnownZ::Loose(loose.0, loose.1));
         }
         let bounds = rm.z_exp(bmax).1;
         if let Some(accept) = decide(w, qd, u, bounds) {
@@ -276,6 +298,7 @@ fn race_without<V: RowValues + ?Sized>(
 /// visited in the order of their race bound (the largest logit's `a` plus the block's largest
 /// `-ln E`) and the visit stops at the first block whose bound cannot beat the best keys found.
 fn residual_race<V: RowValues + ?Sized>(
+    k: &Kernels,
     v: &V,
     bmax: &[f32],
     p: RaceParams,
@@ -285,7 +308,7 @@ fn residual_race<V: RowValues + ?Sized>(
 ) -> Result<Option<Option<i32>>> {
     let n = v.n();
     let nb = bmax.len();
-    let noise_at = block_noise_reader(noise, bmax, p)?;
+    let noise_at = block_noise_reader(k, noise, bmax, p)?;
     let mut order = alloc::collect((0..nb).map(|b| (noise_at.bound(v, b), b)), "the residual's block order")?;
     order.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
     let ln_z = [z_lo.ln(), z_hi.ln()];
@@ -300,19 +323,22 @@ fn residual_race<V: RowValues + ?Sized>(
             break;
         }
         let g_max = noise_at.g_max(v, b);
+        let mut x_min = least_logit_reaching(&best, ln_z, g_max, m, inv_t);
         let end = ((b + 1) * BLOCK).min(n);
         for (i, &qi) in q.iter().enumerate().take(end).skip(b * BLOCK) {
             let x = v.at(i);
-            if !(x >= p.floor && x.is_finite()) {
+            // Most tokens of a visited block stop here, at one comparison: even the block's
+            // largest `-ln E` cannot lift them to the cut below.
+            if (x as f64) < x_min || !(x >= p.floor && x.is_finite()) {
                 continue;
             }
             // A token whose race key `a - ln E` cannot reach `best + ln Z` at either end has no
             // residual key above the bests either: first with the block's largest `-ln E`,
-            // then with its own.
+            // then with its own noise bits' bound, then with its own noise.
             let a = (x as f64 - m) * inv_t;
             let cut = |e: usize| best[e].0 + ln_z[e] - 1e-9 * (1.0 + a.abs() + best[e].0.abs());
             let cut = cut(0).min(cut(1));
-            if a + g_max < cut {
+            if a + g_max < cut || a + noise_at.g_token(b, i) < cut {
                 continue;
             }
             let ln_e = noise_at.ln_e(i);
@@ -320,6 +346,7 @@ fn residual_race<V: RowValues + ?Sized>(
                 continue;
             }
             let w = weight64(x, p.m, p.inv_t);
+            let mut improved = false;
             for (e, z) in [z_lo, z_hi].into_iter().enumerate() {
                 let resid = w / z - qi as f64;
                 if resid.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
@@ -328,12 +355,32 @@ fn residual_race<V: RowValues + ?Sized>(
                 let key = resid.ln() - ln_e;
                 if key > best[e].0 || (key == best[e].0 && i < best[e].1) {
                     best[e] = (key, i);
+                    improved = true;
                 }
+            }
+            if improved {
+                x_min = least_logit_reaching(&best, ln_z, g_max, m, inv_t);
             }
         }
     }
     let winner = |e: usize| (best[e].1 != usize::MAX).then_some(best[e].1 as i32);
     Ok((winner(0) == winner(1)).then(|| winner(0)))
+}
+
+/// A logit below which a token of a block whose largest `-ln E` is `g_max` fails the residual
+/// race's first test (`a + g_max < cut`, `a = (x - m) inv_t`, the cut the lower of both ends',
+/// less its slack `1e-9 (1 + |a| + |best|)`), so that the scan of a block can skip it at one
+/// comparison. Conservative on purpose: with `C` the cut less `g_max` and its `|a|`-free slack,
+/// every `a <= C - 1e-8 (1 + |C|)` fails the test whatever `|a|` is (for `|a| <= 2|C| + 1` the
+/// margin exceeds `1e-9 |a|`; beyond, `a` is below `-|C|`), and the logit margin covers the
+/// roundings of `m + a / inv_t`. -inf (nothing skipped) while a best is missing; NaN inputs give
+/// NaN, which skips nothing either.
+fn least_logit_reaching(best: &[(f64, usize); 2], ln_z: [f64; 2], g_max: f64, m: f64, inv_t: f64) -> f64 {
+    let cut = |e: usize| best[e].0 + ln_z[e] - 1e-9 * (1.0 + best[e].0.abs());
+    let c = cut(0).min(cut(1)) - g_max;
+    let a = c - 1e-8 * (1.0 + c.abs());
+    let x = m + a / inv_t;
+    x - 1e-12 * (x.abs() + m.abs())
 }
 
 /// A row's noise, read one token at a time in f64, with a bound of each block's race keys.
@@ -342,13 +389,13 @@ enum NoiseReader<'a> {
     External { values: *const f32, kind: NoiseKind, p: RaceParams, bmax: &'a [f32] },
 }
 
-fn block_noise_reader(noise: RaceNoise, bmax: &[f32], p: RaceParams) -> Result<NoiseReader<'_>> {
+fn block_noise_reader<'a>(k: &Kernels, noise: RaceNoise, bmax: &'a [f32], p: RaceParams) -> Result<NoiseReader<'a>> {
     match noise {
         RaceNoise::Inline(key) => {
             let none = BlockNoise { e_min: 0.0, j_min: 0, g_max: 0.0, bound: 0.0 };
             let mut blocks = alloc::filled(bmax.len(), none, "the residual's block noise")?;
-            // SAFETY: `bmax` and `blocks` have one element per block; Scalar runs anywhere.
-            unsafe { fill_block_noise::<Scalar>(key, 0, bmax, p, &mut blocks) };
+            // SAFETY: `bmax` and `blocks` have one element per block; `k` is a supported level's.
+            unsafe { (k.block_noise)(key, 0, bmax, p, &mut blocks) };
             Ok(NoiseReader::Inline { k: key_words(key), blocks })
         }
         RaceNoise::External(values, kind) => Ok(NoiseReader::External { values, kind, p, bmax }),
@@ -372,6 +419,15 @@ impl NoiseReader<'_> {
                     NoiseKind::LogExp => x,
                 }
             }
+        }
+    }
+
+    /// An upper bound of `-ln E` of token `i` of block `b` that costs a few integer operations
+    /// (+inf for external noise, which has none).
+    fn g_token(&self, b: usize, i: usize) -> f64 {
+        match self {
+            NoiseReader::Inline { k, blocks } => token_noise_bound(*k, &blocks[b], (i % BLOCK) as u32, i as u32),
+            NoiseReader::External { .. } => f64::INFINITY,
         }
     }
 
@@ -408,6 +464,7 @@ impl NoiseReader<'_> {
 /// Checks the q rows of a sampling request: every value finite and >= 0, each row summing to 1
 /// within 1e-3. `first` is the flat index of its first draft.
 pub(crate) fn check_q(
+    k: &Kernels,
     q: &[f32],
     stride: usize,
     vocab: usize,
@@ -417,9 +474,10 @@ pub(crate) fn check_q(
 ) -> Result<()> {
     for j in 0..drafts {
         let row = &q[j * stride..j * stride + vocab];
-        let (sum, low) = sum_and_min(row);
-        // A NaN or +inf makes the sum non-finite; a negative value (or -inf), the minimum.
-        if sum.is_finite() && low >= 0.0 && (sum - 1.0).abs() <= 1e-3 {
+        // SAFETY: the row holds `vocab` values; `k` is a supported level's.
+        let (sum, negative) = unsafe { (k.prob_sum)(row.as_ptr(), vocab) };
+        // A NaN or +inf makes the sum non-finite; a negative value (or -inf) is flagged.
+        if sum.is_finite() && !negative && (sum - 1.0).abs() <= 1e-3 {
             continue;
         }
         let why = match row.iter().position(|x| !(0.0..f32::INFINITY).contains(x)) {
@@ -436,28 +494,6 @@ pub(crate) fn check_q(
     Ok(())
 }
 
-/// The sum of a row (eight f32 lanes per chunk of 64, the chunks summed in f64: vectorised, and
-/// within 1e-6 of the exact sum for probabilities) and its smallest value (NaN ignored).
-fn sum_and_min(row: &[f32]) -> (f64, f32) {
-    let (mut sum, mut low) = (0f64, [f32::INFINITY; 8]);
-    let mut chunks = row.chunks_exact(64);
-    for c in &mut chunks {
-        let mut acc = [0f32; 8];
-        for k in 0..8 {
-            for l in 0..8 {
-                acc[l] += c[k * 8 + l];
-                low[l] = low[l].min(c[k * 8 + l]);
-            }
-        }
-        sum += acc.iter().map(|&a| a as f64).sum::<f64>();
-    }
-    for &x in chunks.remainder() {
-        sum += x as f64;
-        low[0] = low[0].min(x);
-    }
-    (sum, low.iter().fold(f32::INFINITY, |a, &b| a.min(b)))
-}
-
 /// Verifies every request (`drafts`, with their validated q rows), spread over `workers` by
 /// requests when the call is large enough to be worth it. Fails with the lowest failing
 /// request's error; nothing is written here.
@@ -472,7 +508,7 @@ pub(crate) fn run(
     let one = |i: usize| -> Result<Verified> {
         let d = &drafts[i];
         if let (Some((q, stride)), RowPlan::Sample { .. }) = (d.q, plans[d.first_row]) {
-            check_q(q, stride, batch.vocab, i, d.first_draft, d.ids.len())?;
+            check_q(k, q, stride, batch.vocab, i, d.first_draft, d.ids.len())?;
         }
         verify_request(k, batch, plans, d, logprobs)
     };
@@ -511,13 +547,14 @@ mod tests {
         let noise = RaceNoise::External(ln_e.as_ptr(), NoiseKind::LogExp);
         let p = RaceParams { m: 0.0, inv_t: 1.0, floor: f32::NEG_INFINITY };
         let bmax = [0.0f32];
-        let race = |lo: f64, hi: f64| residual_race(v, &bmax, p, (lo, hi), &q, noise).unwrap();
+        let k = crate::kernels::kernels(crate::kernels::best_level());
+        let race = |lo: f64, hi: f64| residual_race(k, v, &bmax, p, (lo, hi), &q, noise).unwrap();
         assert_eq!(race(2.0, 2.0), Some(Some(0)));
         assert_eq!(race(1.99, 1.995), Some(Some(0)));
         assert_eq!(race(2.01, 2.02), Some(Some(1)));
         assert_eq!(race(1.99, 2.01), None, "the ends disagree: the exact Z must decide");
         // No residual at either end: none in between.
         let q = [0.9f32, 0.9];
-        assert_eq!(residual_race(v, &bmax, p, (1.9, 2.0), &q, noise).unwrap(), Some(None));
+        assert_eq!(residual_race(k, v, &bmax, p, (1.9, 2.0), &q, noise).unwrap(), Some(None));
     }
 }

@@ -195,6 +195,11 @@ pub(crate) struct Kernels {
     pub fill_noise: unsafe fn(*mut f32, usize, u64, u32, bool),
     /// f64 weights of f32 values (values, m, inv_t, out).
     pub weights64: unsafe fn(&[f32], f64, f64, &mut [f64]),
+    /// The inline noise of every block of a row (row key, first block, block maxima, params,
+    /// out), for code that visits blocks itself (the residual race of a verify call).
+    pub block_noise: unsafe fn(u64, usize, &[f32], RaceParams, &mut [BlockNoise]),
+    /// The sum of a probability row and whether a value is negative (row, n).
+    pub prob_sum: unsafe fn(*const f32, usize) -> (f64, bool),
 }
 
 /// Builds the module `$module` of one level: `#[target_feature]` entry points that instantiate
@@ -306,6 +311,16 @@ macro_rules! kernel_table {
                 // SAFETY: see kernel_table!.
                 unsafe { generic::weights64::<$simd>(xs, m, s, out) }
             }
+            $(#[target_feature(enable = $feature)])*
+            unsafe fn block_noise(key: u64, first: usize, bmax: &[f32], p: RaceParams, out: &mut [BlockNoise]) {
+                // SAFETY: see kernel_table!.
+                unsafe { generic::race::fill_block_noise::<$simd>(key, first, bmax, p, out) }
+            }
+            $(#[target_feature(enable = $feature)])*
+            unsafe fn prob_sum(row: *const f32, n: usize) -> (f64, bool) {
+                // SAFETY: see kernel_table!.
+                unsafe { generic::probs::prob_sum::<$simd>(row, n) }
+            }
             fn dtype<E: Elem>() -> DtypeKernels<E> {
                 DtypeKernels {
                     scan: scan::<E>, find_first: find_first::<E>, race_inline: race_inline::<E>, race_external: race_external::<E>,
@@ -319,7 +334,7 @@ macro_rules! kernel_table {
             }
             /// The table. Only [`kernels`] calls it, once it has checked `detected()`.
             pub(super) fn table() -> Kernels {
-                Kernels { level: $level, f32: dtype(), bf16: dtype(), f16: dtype(), fill_noise, weights64 }
+                Kernels { level: $level, f32: dtype(), bf16: dtype(), f16: dtype(), fill_noise, weights64, block_noise, prob_sum }
             }
         }
     };

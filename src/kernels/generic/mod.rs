@@ -30,6 +30,7 @@
 pub(crate) mod mass;
 pub(crate) mod mass64;
 pub(crate) mod noise;
+pub(crate) mod probs;
 pub(crate) mod race;
 pub(crate) mod scan;
 

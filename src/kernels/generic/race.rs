@@ -175,6 +175,18 @@ pub(crate) fn token_noise(k: (u32, u32), bn: &BlockNoise, i0: u32, t: u32) -> f3
     }
 }
 
+/// An upper bound of `-ln token_noise(k, bn, i0, t)`, in f64, from a few integer operations on
+/// the token's noise bits (the bound the race applies per token before computing its noise):
+/// `E = fl(e_min + F) >= F`, so `-ln E <= -ln F <= noise_bound`; 1e-4 more covers the rounding
+/// of a `-ln E` taken in f64 rather than the race's f32.
+pub(crate) fn token_noise_bound(k: (u32, u32), bn: &BlockNoise, i0: u32, t: u32) -> f64 {
+    if i0 == bn.j_min {
+        bn.g_max as f64
+    } else {
+        noise_bound::<Scalar>(hash::<Scalar>(t, k.0, k.1)) as f64 + 1e-4
+    }
+}
+
 /// The exact keys of the `LANES` tokens at `row[i..]`, which lie in a block with noise `bn`;
 /// `i0` is the block-relative index of `row[i]` and `t` the vocabulary index of `row[i]`.
 /// With a non-null `keep`, only the tokens whose bit is set in `keep` race.
