@@ -807,3 +807,35 @@ fn greedy_requests_accept_while_the_drafts_are_the_argmax() {
         assert!(t[c[0] as usize..].iter().all(|&t| t == -1));
     }
 }
+
+/// A call large enough for the workers (its q rows are checked as tasks of their own, before
+/// the requests): the error is the serial call's, the lowest failing request's first failing
+/// q row, whatever the threads, and nothing is written.
+#[test]
+fn the_workers_report_the_first_bad_q_row_as_a_serial_call_would() {
+    let vocab = 65_536;
+    let counts = vec![2, 2, 2, 2, 2, 2, 2, 2];
+    let drafts: Vec<i32> = (0..16).map(|i| i * 3).collect();
+    let logits: Vec<f32> = (0..24 * vocab).map(|i| ((i * 7919) % 1013) as f32 * 0.01).collect();
+    let mut q = vec![1.0 / vocab as f32; 16 * vocab];
+    // Request 3's second row (flat draft 7) has a NaN, request 3's first row (draft 6) does not
+    // sum to 1, and request 5's first row (draft 10) has a negative value.
+    q[7 * vocab + 11] = f32::NAN;
+    q[6 * vocab + 5] = 0.5;
+    q[10 * vocab] = -1.0;
+    let b = VerifyBatch {
+        draft_probs: Some(DraftProbs { values: &q, row_stride: vocab }),
+        ..VerifyBatch::new(Logits::F32(&logits), vocab, &counts, &drafts)
+    };
+    for threads in [1, 2, 4] {
+        let s = sampler(best_level(), threads, 1);
+        let mut tokens = vec![-7; 8 * 3];
+        let mut counts_out = vec![-7; 8];
+        let e = s.verify(&b, &mut VerifyOutput::new(&mut tokens, &mut counts_out)).unwrap_err();
+        assert!(tokens.iter().all(|&t| t == -7) && counts_out.iter().all(|&c| c == -7), "written on error: {e}");
+        assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
+        for part in ["batch.draft_probs[6]", "request 3, draft 0", "not 1 within 1e-3"] {
+            assert!(e.message.contains(part), "threads {threads}: {:?} lacks {part:?}", e.message);
+        }
+    }
+}

@@ -421,6 +421,11 @@ impl FirstError {
     fn into_result(self) -> Result<()> {
         self.0.into_inner().map_or(Ok(()), |(_, e)| Err(e))
     }
+
+    /// The lowest failing index and its error.
+    fn into_first(self) -> Option<(usize, Error)> {
+        self.0.into_inner()
+    }
 }
 
 /// Draws a validated, planned call into `out`. On error nothing is written.

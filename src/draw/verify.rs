@@ -461,37 +461,32 @@ impl NoiseReader<'_> {
     }
 }
 
-/// Checks the q rows of a sampling request: every value finite and >= 0, each row summing to 1
-/// within 1e-3. `first` is the flat index of its first draft.
-pub(crate) fn check_q(
-    k: &Kernels,
-    q: &[f32],
-    stride: usize,
-    vocab: usize,
-    request: usize,
-    first: usize,
-    drafts: usize,
-) -> Result<()> {
-    for j in 0..drafts {
-        let row = &q[j * stride..j * stride + vocab];
-        // SAFETY: the row holds `vocab` values; `k` is a supported level's.
-        let (sum, negative) = unsafe { (k.prob_sum)(row.as_ptr(), vocab) };
-        // A NaN or +inf makes the sum non-finite; a negative value (or -inf) is flagged.
-        if sum.is_finite() && !negative && (sum - 1.0).abs() <= 1e-3 {
-            continue;
-        }
-        let why = match row.iter().position(|x| !(0.0..f32::INFINITY).contains(x)) {
-            Some(t) => format!("token {t}: {} is not a finite probability >= 0", row[t]),
-            None => format!("sums to {sum}, not 1 within 1e-3"),
-        };
-        return Err(Error::arg(
-            Owner::Batch,
-            "draft_probs",
-            Some(first + j),
-            format!("request {request}, draft {j}: {why}"),
-        ));
+/// Checks q row `j` of request `request` (whose drafts are `d`): every value finite and >= 0,
+/// the row summing to 1 within 1e-3.
+fn check_q_row(k: &Kernels, vocab: usize, request: usize, d: &Drafts, j: usize) -> Result<()> {
+    let Some((q, stride)) = d.q else { return Ok(()) };
+    let row = &q[j * stride..j * stride + vocab];
+    // SAFETY: the row holds `vocab` values; `k` is a supported level's.
+    let (sum, negative) = unsafe { (k.prob_sum)(row.as_ptr(), vocab) };
+    // A NaN or +inf makes the sum non-finite; a negative value (or -inf) is flagged.
+    if sum.is_finite() && !negative && (sum - 1.0).abs() <= 1e-3 {
+        return Ok(());
     }
-    Ok(())
+    let why = match row.iter().position(|x| !(0.0..f32::INFINITY).contains(x)) {
+        Some(t) => format!("token {t}: {} is not a finite probability >= 0", row[t]),
+        None => format!("sums to {sum}, not 1 within 1e-3"),
+    };
+    Err(Error::arg(
+        Owner::Batch,
+        "draft_probs",
+        Some(d.first_draft + j),
+        format!("request {request}, draft {j}: {why}"),
+    ))
+}
+
+/// Whether request `d`'s q rows are checked: a sampling request's (greedy ones ignore q).
+fn checks_q(plans: &[RowPlan], d: &Drafts) -> bool {
+    d.q.is_some() && matches!(plans[d.first_row], RowPlan::Sample { .. })
 }
 
 /// Verifies every request (`drafts`, with their validated q rows), spread over `workers` by
@@ -505,29 +500,58 @@ pub(crate) fn run(
     workers: Option<&super::Workers>,
     logprobs: Option<LogprobMode>,
 ) -> Result<Vec<Verified>> {
-    let one = |i: usize| -> Result<Verified> {
-        let d = &drafts[i];
-        if let (Some((q, stride)), RowPlan::Sample { .. }) = (d.q, plans[d.first_row]) {
-            check_q(k, q, stride, batch.vocab, i, d.first_draft, d.ids.len())?;
-        }
-        verify_request(k, batch, plans, d, logprobs)
-    };
+    let vocab = batch.vocab;
     // Below a million logits a call is done before the workers would wake.
-    let big = batch.rows * batch.vocab >= 1 << 20;
+    let big = batch.rows * vocab >= 1 << 20;
     let pool = workers.map(|w| &w.pool).filter(|p| p.width() > 1 && drafts.len() > 1 && big);
     let Some(pool) = pool else {
+        let one = |i: usize| -> Result<Verified> {
+            let d = &drafts[i];
+            if checks_q(plans, d) {
+                (0..d.ids.len()).try_for_each(|j| check_q_row(k, vocab, i, d, j))?;
+            }
+            verify_request(k, batch, plans, d, logprobs)
+        };
         return (0..drafts.len()).map(one).collect();
     };
-    let out: Vec<parking_lot::Mutex<Option<Verified>>> = (0..drafts.len()).map(|_| Default::default()).collect();
-    let failed = super::FirstError::default();
-    let done = pool.run(drafts.len(), pool.useful_width(), &|i| match one(i) {
-        Ok(v) => *out[i].lock() = Some(v),
-        Err(e) => failed.record(i, e),
+    // Every q row is read whatever the verdicts, so the q rows are checked first, one task
+    // each: rows balance over the workers where requests do not (a request's target rows after
+    // its first rejection are never read). Failures keep the order of the serial call: the
+    // lowest request's, its q rows' before its own.
+    let q_rows = alloc::collect(
+        drafts
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| checks_q(plans, d))
+            .flat_map(|(i, d)| (0..d.ids.len()).map(move |j| (i, j))),
+        "the q rows to check",
+    )?;
+    let q_failed = super::FirstError::default();
+    let done = pool.run(q_rows.len(), pool.useful_width(), &|t| {
+        let (i, j) = q_rows[t];
+        if let Err(e) = check_q_row(k, vocab, i, &drafts[i], j) {
+            q_failed.record(t, e);
+        }
     });
     if !done.ok {
         return Err(super::worker_panicked());
     }
+    let q_failed = q_failed.into_first();
+    let requests = q_failed.as_ref().map_or(drafts.len(), |&(t, _)| q_rows[t].0);
+    let out: Vec<parking_lot::Mutex<Option<Verified>>> = (0..requests).map(|_| Default::default()).collect();
+    let failed = super::FirstError::default();
+    let done =
+        pool.run(requests, pool.useful_width(), &|i| match verify_request(k, batch, plans, &drafts[i], logprobs) {
+            Ok(v) => *out[i].lock() = Some(v),
+            Err(e) => failed.record(i, e),
+        });
+    if !done.ok {
+        return Err(super::worker_panicked());
+    }
     failed.into_result()?;
+    if let Some((_, e)) = q_failed {
+        return Err(e);
+    }
     pool.call_ended();
     Ok(out.into_iter().map(|m| m.into_inner().unwrap_or_default()).collect())
 }
