@@ -268,7 +268,10 @@ impl Data {
 }
 
 /// A sampler with an attached ln-E pool that holds enough ready rows for the whole timing.
-fn filled_pool_sampler(base: &Config, rows: usize, vocab: usize, threads: usize, reps: usize) -> Option<Sampler> {
+/// A pool of LOG_EXP noise with room for `reps + 2` calls of `rows` rows, filled before it is
+/// returned, so that every borrow finds its rows ready and reads rows no call read before (as a
+/// pool hands them out: from memory, never twice).
+fn filled_pool(rows: usize, vocab: usize, reps: usize) -> Option<tokenrace::NoisePool> {
     let cap = rows * (reps + 2);
     if cap * vocab * 4 > 1 << 30 {
         return None;
@@ -287,6 +290,11 @@ fn filled_pool_sampler(base: &Config, rows: usize, vocab: usize, threads: usize,
     while pool.stats().rows_produced < cap as u64 && start.elapsed().as_secs() < 60 {
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
+    Some(pool)
+}
+
+fn filled_pool_sampler(base: &Config, rows: usize, vocab: usize, threads: usize, reps: usize) -> Option<Sampler> {
+    let pool = filled_pool(rows, vocab, reps)?;
     let s = Sampler::new(Config { max_rows: rows.max(1), threads, seed: Some(1), vocab_size: vocab, ..base.clone() })
         .ok()?;
     s.attach_pool(std::sync::Arc::new(pool)).ok()?;
@@ -740,6 +748,22 @@ fn main() {
                                 .any(|p| p == "race-pool")
                                 .then(|| filled_pool_sampler(&base, rows, vocab, threads, a.reps))
                                 .flatten();
+                            // The read floor of a race on pool noise: the logits and the rows a
+                            // borrow from an identical pool hands out (fresh rows each call, as the
+                            // pool's own are), in one pass.
+                            let floor_pool = pooled.as_ref().and_then(|_| filled_pool(rows, vocab, a.reps)).map(|fp| {
+                                median_and_spread(time(a.reps, batches, |b| {
+                                    let lease = fp.borrow(rows).unwrap();
+                                    std::hint::black_box(read_floor_two(
+                                        level,
+                                        data.logits(b * span, span),
+                                        lease.values(),
+                                        rows,
+                                        vocab,
+                                    ));
+                                }))
+                                .0
+                            });
                             let mut tokens = vec![0i32; rows];
                             let mut lp = LogprobBuffers::new(rows);
                             let (k50, p09, mp) = (vec![50i32; rows], vec![0.9f32; rows], vec![0.05f32; rows]);
@@ -796,7 +820,12 @@ fn main() {
                                     sampler.draw(&batch, &mut lp.output(path, &mut tokens)).unwrap();
                                 });
                                 let (med, lo, hi) = median_and_spread(t);
-                                let fl = if two_streams || path == "race-pool" { floor_two } else { floor };
+                                let fl = match path.as_str() {
+                                    // The floor of the same data: the logits and fresh pool rows.
+                                    "race-pool" => floor_pool.unwrap_or(f64::NAN),
+                                    _ if two_streams => floor_two,
+                                    _ => floor,
+                                };
                                 let ratio = med / fl;
                                 println!(
                                     "{:<22} {:>5} {:>7} {:>5} {:>7} {:>3} {:>5} {:>10.1} {:>9.2} {:>9.2} {:>7.2} {:>8.2}",
