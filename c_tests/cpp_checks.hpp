@@ -368,7 +368,8 @@ inline void filters_and_logprobs_match_the_reference(const tokenrace::Library& l
   const tokenrace::Logits batch = tokenrace::Logits::f32(logits.data(), rows, vocab);
 
   const tokenrace::DrawResult processed = sampler.draw_full(batch, options, vocab, TOKENRACE_LOGPROB_MODE_PROCESSED);
-  const tokenrace::DrawResult raw = sampler.draw_full(batch, options, 3, TOKENRACE_LOGPROB_MODE_RAW);
+  const tokenrace::DrawResult raw = sampler.draw_full(batch, options, 3, TOKENRACE_LOGPROB_MODE_RAW, true);
+  CHECK(processed.ranks.empty() && raw.ranks.size() == rows);  // ranks only when asked
   const std::vector<double> raw_ref = reference_logprobs(x, 1.0, std::vector<bool>(vocab, true));
   std::vector<int32_t> by_raw(vocab);
   std::iota(by_raw.begin(), by_raw.end(), 0);

@@ -272,7 +272,8 @@ typedef struct tokenrace_output {
   uint32_t *flags;
   // `rows` logprobs of the sampled tokens (NULL: not computed).
   float *logprobs;
-  // `rows` ranks of the sampled tokens: the count of tokens whose logprob is >= its own.
+  // `rows` ranks of the sampled tokens: the count of tokens whose logprob is >= its own
+  // (NULL: not computed; a rank costs a count over the row, so ask only when it is used).
   int32_t *ranks;
   // Ids and logprobs of the `top_n` most probable tokens per row, `rows x top_n`, descending,
   // lowest id first on ties (NULL or top_n = 0: not computed).

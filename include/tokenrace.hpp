@@ -540,6 +540,7 @@ struct DrawResult {
   std::vector<uint32_t> flags;    // TOKENRACE_FLAG_* bits
   std::vector<float> logprobs;    // of the sampled token
   std::vector<int32_t> ranks;     // the count of tokens whose logprob is >= the sampled one's
+                                  // (empty unless draw_full was asked for ranks)
   std::vector<int32_t> topn_ids;
   std::vector<float> topn_logprobs;
 
@@ -803,10 +804,12 @@ class Sampler {
   }
 
   // Draws like draw() and also reports the logprobs (docs/semantics.md, Logprobs): `mode` RAW
-  // (log_softmax of the logits) or PROCESSED (after temperature and the filters), and the
-  // `top_n` most probable tokens of each row (none for 0; at most the vocabulary size).
+  // (log_softmax of the logits) or PROCESSED (after temperature and the filters), the `top_n`
+  // most probable tokens of each row (none for 0; at most the vocabulary size), and with
+  // `ranks` each sampled token's rank (a count over the row: it costs a pass, so only when
+  // asked, as Python's draw_full(..., ranks=True)).
   DrawResult draw_full(const Logits& logits, const DrawOptions& options = DrawOptions(), uint32_t top_n = 0,
-                       tokenrace_logprob_mode mode = TOKENRACE_LOGPROB_MODE_RAW) {
+                       tokenrace_logprob_mode mode = TOKENRACE_LOGPROB_MODE_RAW, bool ranks = false) {
     const tokenrace_batch batch = options.batch(logits);
     const size_t rows = logits.rows;
     DrawResult result;
@@ -815,7 +818,7 @@ class Sampler {
     result.tokens.resize(rows);
     result.flags.resize(rows);
     result.logprobs.resize(rows);
-    result.ranks.resize(rows);
+    if (ranks) result.ranks.resize(rows);
     result.topn_ids.resize(rows * top_n);
     result.topn_logprobs.resize(rows * top_n);
     tokenrace_output out{};
@@ -824,7 +827,7 @@ class Sampler {
     out.tokens = result.tokens.data();
     out.flags = result.flags.data();
     out.logprobs = result.logprobs.data();
-    out.ranks = result.ranks.data();
+    out.ranks = ranks ? result.ranks.data() : nullptr;
     out.top_n = top_n;
     out.topn_ids = top_n ? result.topn_ids.data() : nullptr;
     out.topn_logprobs = top_n ? result.topn_logprobs.data() : nullptr;

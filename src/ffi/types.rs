@@ -265,7 +265,8 @@ pub struct tokenrace_output {
     pub flags: *mut u32,
     /// `rows` logprobs of the sampled tokens (NULL: not computed).
     pub logprobs: *mut f32,
-    /// `rows` ranks of the sampled tokens: the count of tokens whose logprob is >= its own.
+    /// `rows` ranks of the sampled tokens: the count of tokens whose logprob is >= its own
+    /// (NULL: not computed; a rank costs a count over the row, so ask only when it is used).
     pub ranks: *mut i32,
     /// Ids and logprobs of the `top_n` most probable tokens per row, `rows x top_n`, descending,
     /// lowest id first on ties (NULL or top_n = 0: not computed).
