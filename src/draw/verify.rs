@@ -514,9 +514,11 @@ pub(crate) fn run(
         };
         return (0..drafts.len()).map(one).collect();
     };
-    // Every q row is read whatever the verdicts, so the q rows are checked first, one task
-    // each: rows balance over the workers where requests do not (a request's target rows after
-    // its first rejection are never read). Failures keep the order of the serial call: the
+    // Every q row is read whatever the verdicts, so each is checked as a task of its own: the
+    // requests come first (the long tasks; a request's target rows after its first rejection
+    // are never read, so they balance badly) and the q rows fill the workers that run out of
+    // requests. Nothing is written until every task is done, so a request verified before a
+    // bad q row is found is only discarded. Failures keep the order of the serial call: the
     // lowest request's, its q rows' before its own.
     let q_rows = alloc::collect(
         drafts
@@ -526,31 +528,29 @@ pub(crate) fn run(
             .flat_map(|(i, d)| (0..d.ids.len()).map(move |j| (i, j))),
         "the q rows to check",
     )?;
-    let q_failed = super::FirstError::default();
-    let done = pool.run(q_rows.len(), pool.useful_width(), &|t| {
-        let (i, j) = q_rows[t];
-        if let Err(e) = check_q_row(k, vocab, i, &drafts[i], j) {
-            q_failed.record(t, e);
+    let requests = drafts.len();
+    let out: Vec<parking_lot::Mutex<Option<Verified>>> = (0..requests).map(|_| Default::default()).collect();
+    let (failed, q_failed) = (super::FirstError::default(), super::FirstError::default());
+    let done = pool.run(requests + q_rows.len(), pool.useful_width(), &|t| {
+        if t < requests {
+            match verify_request(k, batch, plans, &drafts[t], logprobs) {
+                Ok(v) => *out[t].lock() = Some(v),
+                Err(e) => failed.record(t, e),
+            }
+        } else {
+            let (i, j) = q_rows[t - requests];
+            if let Err(e) = check_q_row(k, vocab, i, &drafts[i], j) {
+                q_failed.record(t - requests, e);
+            }
         }
     });
     if !done.ok {
         return Err(super::worker_panicked());
     }
-    let q_failed = q_failed.into_first();
-    let requests = q_failed.as_ref().map_or(drafts.len(), |&(t, _)| q_rows[t].0);
-    let out: Vec<parking_lot::Mutex<Option<Verified>>> = (0..requests).map(|_| Default::default()).collect();
-    let failed = super::FirstError::default();
-    let done =
-        pool.run(requests, pool.useful_width(), &|i| match verify_request(k, batch, plans, &drafts[i], logprobs) {
-            Ok(v) => *out[i].lock() = Some(v),
-            Err(e) => failed.record(i, e),
-        });
-    if !done.ok {
-        return Err(super::worker_panicked());
-    }
-    failed.into_result()?;
-    if let Some((_, e)) = q_failed {
-        return Err(e);
+    match (failed.into_first(), q_failed.into_first()) {
+        (Some((i, _)), Some((t, e))) if q_rows[t].0 <= i => return Err(e),
+        (Some((_, e)), _) | (None, Some((_, e))) => return Err(e),
+        (None, None) => {}
     }
     pool.call_ended();
     Ok(out.into_iter().map(|m| m.into_inner().unwrap_or_default()).collect())
