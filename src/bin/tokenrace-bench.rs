@@ -462,7 +462,6 @@ impl VerifyCase {
     }
 }
 
-/// The commit the benchmark was built from (`git rev-parse`, when run in a checkout).
 /// The commit the records name: `BENCH_COMMIT` when set (a copy of the tree run on
 /// another host may carry a stale `.git`: pass the commit the binary was built from), else the
 /// checkout's `HEAD`.
