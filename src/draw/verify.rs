@@ -221,12 +221,17 @@ fn accepts<V: RowValues + ?Sized>(
         return (true, KnownZ::Nothing);
     }
     // Z from the block maxima alone, without reading the row: every kept block holds its
-    // maximum (at least one token of weight w(bmax)) and at most BLOCK tokens no heavier.
-    let (lo, hi) = bmax.iter().filter(|&&b| b >= p.floor).fold((0.0, 0.0), |(lo, hi), &b| {
-        let w = weight64(b, p.m, p.inv_t);
-        (lo + w, hi + w * BLOCK as f64)
-    });
-    if let Some(accept) = decide(w, qd, u, (lo, hi)) {
+    // maximum (at least one token of weight w(bmax)) and at most BLOCK tokens no heavier. The
+    // maxima's mass is one f32-exp pass over them, with its rigorous bounds (an f64 exp per
+    // block cost more than the pass over the row the tier is there to save).
+    let bounds = match RowMass::new(k, bmax, p.m, p.inv_t, p.floor) {
+        Some(rm) => rm.z_exp(&[]).1,
+        None => bmax.iter().filter(|&&b| b >= p.floor).fold((0.0, 0.0), |(lo, hi), &b| {
+            let w = weight64(b, p.m, p.inv_t);
+            (lo + w, hi + w)
+        }),
+    };
+    if let Some(accept) = decide(w, qd, u, (bounds.0, bounds.1 * BLOCK as f64)) {
         return (accept, KnownZ::Nothing);
     }
     if let Some(rm) = RowMass::new(k, v, p.m, p.inv_t, p.floor) {
