@@ -15,7 +15,7 @@
 use crate::alloc;
 use crate::batch::Batch;
 use crate::error::Result;
-use crate::kernels::{Kernels, BLOCK};
+use crate::kernels::{BlockValues, Kernels, BLOCK};
 use crate::row::RowValues;
 
 /// What the lists say of one token, as [`edited`] reads it.
@@ -56,6 +56,14 @@ impl Penalties {
     /// Whether the output's counts change anything.
     fn counts(&self) -> bool {
         self.frequency != 0.0 || self.presence != 0.0
+    }
+
+    /// Whether no penalty can raise a value: `r >= 1`, `f >= 0` and `p >= 0`. Then every
+    /// penalised value is at most the logit it came from, in f32 too: `fl(y / r) <= y` for
+    /// `y > 0` and `fl(y * r) <= y` for `y <= 0` (rounding never crosses a representable bound),
+    /// and `fl(y - c) <= y` for `c >= 0`.
+    fn lower_only(&self) -> bool {
+        self.repetition >= 1.0 && self.frequency >= 0.0 && self.presence >= 0.0
     }
 }
 
@@ -148,9 +156,8 @@ fn append_drawable(ids: &[u32], values: &[f32], out: &mut Vec<(u32, f32)>) {
     unsafe { out.set_len(n) };
 }
 
-/// The kept tokens that the output counts or the bias name, with their counts and biases: an
-/// open-addressing table (linear probing) of at least twice as many slots as names, so that a
-/// lookup costs a probe or two and the table of a row stays in L1 (16 bytes a slot).
+/// The kept tokens that the bias names, with their biases: an open-addressing table (linear
+/// probing) of at least twice as many slots as names, so that a lookup costs a probe or two.
 struct Listed {
     slots: Vec<Slot>,
     /// `32 - log2(slots.len())`: a slot index is the top bits of a multiplicative hash.
@@ -161,7 +168,6 @@ struct Listed {
 struct Slot {
     /// The token, or [`Slot::FREE`].
     id: u32,
-    count: u32,
     bias: f32,
     has_bias: bool,
     banned: bool,
@@ -177,7 +183,7 @@ impl Listed {
     /// A table with room for `names` tokens, in `slots` (reused storage).
     fn with_room(names: usize, mut slots: Vec<Slot>) -> Result<Listed> {
         let len = (2 * names).next_power_of_two().max(16);
-        let free = Slot { id: Slot::FREE, count: 0, bias: 0.0, has_bias: false, banned: false };
+        let free = Slot { id: Slot::FREE, bias: 0.0, has_bias: false, banned: false };
         slots.clear();
         alloc::resize(&mut slots, len, free, "the row's listed tokens")?;
         Ok(Listed { slots, shift: 32 - len.trailing_zeros() })
@@ -205,14 +211,18 @@ impl Listed {
 }
 
 /// The storage of a row's edits, kept per thread between rows: a row's bitsets and table are
-/// tens of KiB, which a fresh allocation would zero (and fault in) for every row. `seen` and
-/// `listed_bits` are all zero here.
+/// tens of KiB, which a fresh allocation would zero (and fault in) for every row. `seen`,
+/// `listed_bits` and `counts` are all zero here.
 #[derive(Default)]
 struct Spare {
     keep: Vec<u32>,
+    mask: Vec<u32>,
+    raised: Vec<u32>,
     seen: Vec<u32>,
     listed_bits: Vec<u32>,
     slots: Vec<Slot>,
+    counts: Vec<u32>,
+    counted: Vec<u32>,
     overrides: Vec<(u32, f32)>,
     ids: Vec<u32>,
     vals: Vec<f32>,
@@ -224,15 +234,30 @@ thread_local! {
 
 /// The edits of one row: see the module doc. Three bitsets of one bit per token
 /// (`vocab.div_ceil(32)` words; bits past the vocabulary are clear): `keep`, and the two that
-/// say which kept tokens the lists touched, `seen` (the repetition penalty applies) and `listed`
-/// (an entry in the table: an output count or a bias). A touched token's bit is clear in `keep`.
+/// say which kept tokens the lists touched, `seen` (a token of the histories: the penalties
+/// apply) and `listed` (an entry in the table: a bias); and the output's count of each token.
+/// A touched token's bit is clear in `keep`.
 pub(crate) struct RowEdits {
     pub keep: Vec<u32>,
+    /// Whether a mask (the allowed list, the bitmask, the banned list) bans any token.
+    masked: bool,
+    /// The tokens no mask bans (`keep` and the touched ones), when the lists touched any of a
+    /// masked row (else `keep` is the mask, or nothing is masked).
+    mask: Vec<u32>,
+    /// The blocks holding a token whose edits may raise its value (a positive bias), in no
+    /// particular order (a block may repeat).
+    raised: Vec<u32>,
     /// Empty when the lists touch nothing (then every touched word is 0).
     seen: Vec<u32>,
     listed_bits: Vec<u32>,
     listed: Listed,
-    /// How many tokens the lists touched.
+    /// Per token, its occurrences in the output (kept tokens only; a vocabulary of them, zero
+    /// outside this row's output, reused by the thread's next row); read only when the
+    /// frequency or presence penalty is on (it may be shorter otherwise).
+    counts: Vec<u32>,
+    /// The kept tokens of the output (with repeats): the nonzero entries of `counts`.
+    counted: Vec<u32>,
+    /// At least how many tokens the lists touched, and 0 when they touched none.
     touched: usize,
     /// Scratch of [`RowEdits::resolve_words`]: the touched tokens of a range, room for
     /// `touched + 4`.
@@ -261,43 +286,44 @@ impl RowEdits {
         self.keep[i / 32] &= !(1 << (i % 32));
     }
 
-    /// Appends the overrides of the touched tokens of words `words` (the repeated ones, then
-    /// the listed ones, each in token order), from the row's values `v`.
+    /// Appends the overrides of the touched tokens of words `words` (those of the histories
+    /// alone, then the biased ones, each in token order), from the row's values `v`.
     fn resolve_words<V: RowValues + ?Sized>(&mut self, v: &V, words: std::ops::Range<usize>) {
         if self.touched == 0 {
             return;
         }
         let p = self.penalties;
-        let (seen, listed_bits, listed) = (&self.seen[..], &self.listed_bits[..], &self.listed);
-        let (ids, vals, out) = (&mut self.ids, &mut self.vals, &mut self.overrides);
-        // The tokens of the histories that nothing else names (most of a long prompt): the
-        // repetition penalty alone, without a lookup, in three loops that branch on no value:
-        // gather, penalise (vectorised), append those left finite.
+        let (mut ids, mut vals, mut out) =
+            (std::mem::take(&mut self.ids), std::mem::take(&mut self.vals), std::mem::take(&mut self.overrides));
+        // The tokens of the histories that no bias names (most of a long prompt): the penalties
+        // alone, without a lookup, in loops that branch on no value: gather, penalise
+        // (vectorised), append those left finite.
         ids.clear();
-        flatten(words.clone(), |w| seen[w] & !listed_bits[w], ids);
+        flatten(words.clone(), |w| self.seen[w] & !self.listed_bits[w], &mut ids);
         vals.clear();
         vals.extend(ids.iter().map(|&id| v.at(id as usize)));
-        for y in vals.iter_mut() {
-            *y = repeated(*y, p.repetition);
+        if p.repeats() {
+            for y in vals.iter_mut() {
+                *y = repeated(*y, p.repetition);
+            }
         }
-        append_drawable(ids, vals, out);
+        if p.counts() {
+            for (y, &id) in vals.iter_mut().zip(&ids) {
+                let c = self.counts[id as usize];
+                let counted = (*y - p.frequency * c as f32) - p.presence;
+                *y = if c > 0 { counted } else { *y };
+            }
+        }
+        append_drawable(&ids, &vals, &mut out);
         ids.clear();
-        flatten(words, |w| listed_bits[w], ids);
+        flatten(words, |w| self.listed_bits[w], &mut ids);
         for &id in ids.iter() {
-            let (w, j) = (id as usize / 32, id % 32);
-            let s = &listed.slots[listed.find(id)];
-            let t = Touched {
-                seen: seen[w] >> j & 1 != 0,
-                count: s.count,
-                bias: s.bias,
-                has_bias: s.has_bias,
-                banned: s.banned,
-            };
-            let y = edited(v.at(id as usize), &t, p);
+            let y = self.touched_value(v.at(id as usize), id as usize);
             if y > f32::NEG_INFINITY {
                 out.push((id, y));
             }
         }
+        (self.ids, self.vals, self.overrides) = (ids, vals, out);
     }
 
     /// Computes the overrides from the row's values `v`.
@@ -325,6 +351,135 @@ impl RowEdits {
         nan
     }
 
+    /// Whether the edited row can be raced block by block ([`RowEdits::bounds`],
+    /// [`EditedBlocks`]): no penalty raises a value, so the row's own block maxima bound the
+    /// processed ones everywhere but in the `raised` blocks.
+    pub fn by_blocks(&self) -> bool {
+        self.penalties.lower_only()
+    }
+
+    /// Whether block `b` holds a token the lists touched.
+    #[inline]
+    fn block_touched(&self, b: usize) -> bool {
+        if self.touched == 0 {
+            return false;
+        }
+        let words = b * (BLOCK / 32)..((b + 1) * (BLOCK / 32)).min(self.keep.len());
+        self.seen[words.clone()].iter().zip(&self.listed_bits[words]).any(|(&s, &l)| s | l != 0)
+    }
+
+    /// The processed value of touched token `t`, whose logit is `x`.
+    #[inline]
+    fn touched_value(&self, x: f32, t: usize) -> f32 {
+        let (w, j) = (t / 32, t % 32);
+        let count = if self.penalties.counts() { self.counts[t] } else { 0 };
+        let mut info = Touched { seen: self.seen[w] >> j & 1 != 0, count, ..Touched::default() };
+        if self.listed_bits[w] >> j & 1 != 0 {
+            let s = &self.listed.slots[self.listed.find(t as u32)];
+            (info.bias, info.has_bias, info.banned) = (s.bias, s.has_bias, s.banned);
+        }
+        edited(x, &info, self.penalties)
+    }
+
+    /// Writes into `out` the touched tokens of block `b` of the row `v`, each with an upper
+    /// bound of its processed value when no penalty raises one ([`RowEdits::by_blocks`]): its
+    /// logit, or, for a biased token (a bias may raise it), its value. Returns how many.
+    pub fn listed_of<V: RowValues + ?Sized>(&self, v: &V, b: usize, out: &mut [(u32, f32); BLOCK]) -> usize {
+        if !self.block_touched(b) {
+            return 0;
+        }
+        let mut count = 0;
+        let words = b * (BLOCK / 32)..((b + 1) * (BLOCK / 32)).min(self.keep.len());
+        for w in words {
+            let (listed, mut bits) = (self.listed_bits[w], self.seen[w] | self.listed_bits[w]);
+            while bits != 0 {
+                let j = bits.trailing_zeros();
+                let t = w * 32 + j as usize;
+                let x = v.at(t);
+                out[count] = (t as u32, if listed >> j & 1 != 0 { self.touched_value(x, t) } else { x });
+                count += 1;
+                bits &= bits - 1;
+            }
+        }
+        count
+    }
+
+    /// The largest processed value of block `b` (NaN ignored; -inf if none), as the scan
+    /// computes a block maximum.
+    fn block_max<V: RowValues + ?Sized>(&self, k: &Kernels, v: &V, b: usize) -> f32 {
+        let start = b * BLOCK;
+        let mut m = [f32::NEG_INFINITY];
+        v.scan_masked(k, &self.keep, start, BLOCK.min(v.n() - start), &mut m);
+        let mut listed = [(0, 0.0); BLOCK];
+        let count = self.listed_of(v, b, &mut listed);
+        listed[..count].iter().fold(m[0], |m, &(t, _)| {
+            let y = self.touched_value(v.at(t as usize), t as usize);
+            if y > m {
+                y
+            } else {
+                m
+            }
+        })
+    }
+
+    /// The first pass of a row raced block by block ([`RowEdits::by_blocks`]): writes into
+    /// `bmax` an upper bound of each block's largest processed value whose largest is the row's
+    /// largest processed value, and returns whether the row holds a NaN (masked or not).
+    ///
+    /// One pass over the logits as given (its mask applied) bounds every block: the lists only
+    /// lower values there. The blocks of a raising bias are worked out exactly, then the block
+    /// of the largest bound, then every block whose bound is above that block's exact maximum:
+    /// the largest of the bounds is then exact. On a typical row that is one or two blocks of
+    /// the row's whole vocabulary.
+    pub fn bounds<V: RowValues + ?Sized>(&self, k: &Kernels, v: &V, bmax: &mut [f32]) -> bool {
+        let n = v.n();
+        let nan = match (self.masked, self.touched) {
+            (false, _) => v.scan(k, 0, n, bmax),
+            (true, 0) => v.scan_masked(k, &self.keep, 0, n, bmax),
+            (true, _) => v.scan_masked(k, &self.mask, 0, n, bmax),
+        };
+        for &b in &self.raised {
+            bmax[b as usize] = self.block_max(k, v, b as usize);
+        }
+        let (mut top, mut first) = (f32::NEG_INFINITY, 0);
+        for (b, &m) in bmax.iter().enumerate() {
+            if m > top {
+                (top, first) = (m, b);
+            }
+        }
+        if top == f32::NEG_INFINITY || !self.block_touched(first) {
+            return nan;
+        }
+        bmax[first] = self.block_max(k, v, first);
+        let exact = bmax[first];
+        for (b, m) in bmax.iter_mut().enumerate() {
+            if *m > exact && self.block_touched(b) {
+                *m = self.block_max(k, v, b);
+            }
+        }
+        nan
+    }
+
+    /// The lowest token whose processed value is `top`, the row's largest (0 if none), given
+    /// block bounds from [`RowEdits::bounds`].
+    pub fn first_of<V: RowValues + ?Sized>(&self, v: &V, bmax: &[f32], top: f32) -> usize {
+        let mut listed = [(0, 0.0); BLOCK];
+        for (b, _) in bmax.iter().enumerate().filter(|&(_, &m)| m >= top) {
+            let start = b * BLOCK;
+            let kept = (start..(start + BLOCK).min(v.n())).find(|&i| self.kept(i) && v.at(i) == top);
+            let count = self.listed_of(v, b, &mut listed);
+            let touched = listed[..count]
+                .iter()
+                .map(|&(t, _)| t as usize)
+                .filter(|&t| self.touched_value(v.at(t), t) == top)
+                .min();
+            if let Some(i) = kept.into_iter().chain(touched).min() {
+                return i;
+            }
+        }
+        0
+    }
+
     /// Writes the processed row (`y`, as f32) into `out` (the overrides resolved first); returns
     /// whether the caller's row holds a NaN anywhere (masked or not).
     pub fn materialize<V: RowValues + ?Sized>(&mut self, v: &V, out: &mut Vec<f32>) -> Result<bool> {
@@ -344,14 +499,34 @@ impl RowEdits {
     }
 }
 
+/// The touched tokens of a row with edits, block by block, for the race ([`RowEdits::listed_of`]).
+pub(crate) struct EditedBlocks<'a, V: ?Sized> {
+    pub edits: &'a RowEdits,
+    pub values: &'a V,
+}
+
+impl<V: RowValues + ?Sized> BlockValues for EditedBlocks<'_, V> {
+    fn listed(&self, b: usize, out: &mut [(u32, f32); BLOCK]) -> usize {
+        self.edits.listed_of(self.values, b, out)
+    }
+
+    fn value(&self, t: u32) -> f32 {
+        self.edits.touched_value(self.values.at(t as usize), t as usize)
+    }
+}
+
 impl Drop for RowEdits {
     /// Hands the storage back to this thread for its next row (bitsets cleared).
     fn drop(&mut self) {
         let mut spare = Spare {
             keep: std::mem::take(&mut self.keep),
+            mask: std::mem::take(&mut self.mask),
+            raised: std::mem::take(&mut self.raised),
             seen: std::mem::take(&mut self.seen),
             listed_bits: std::mem::take(&mut self.listed_bits),
             slots: std::mem::take(&mut self.listed.slots),
+            counts: std::mem::take(&mut self.counts),
+            counted: std::mem::take(&mut self.counted),
             overrides: std::mem::take(&mut self.overrides),
             ids: std::mem::take(&mut self.ids),
             vals: std::mem::take(&mut self.vals),
@@ -360,6 +535,9 @@ impl Drop for RowEdits {
             // (No bit is set in a row that touched nothing.)
             spare.seen.fill(0);
             spare.listed_bits.fill(0);
+        }
+        for &id in &spare.counted {
+            spare.counts[id as usize] = 0;
         }
         // (`try_with`: a thread that is exiting drops its edits without keeping them.)
         let _ = SPARE.try_with(|s| {
@@ -398,9 +576,14 @@ pub(crate) fn build(batch: &Batch, r: usize) -> Result<Option<RowEdits>> {
     let spare = SPARE.with(|s| s.borrow_mut().take()).unwrap_or_default();
     let mut e = RowEdits {
         keep: spare.keep,
+        masked: false,
+        mask: spare.mask,
+        raised: spare.raised,
         seen: spare.seen,
         listed_bits: spare.listed_bits,
         listed: Listed { slots: spare.slots, ..Listed::NONE },
+        counts: spare.counts,
+        counted: spare.counted,
         touched: 0,
         ids: spare.ids,
         vals: spare.vals,
@@ -408,6 +591,8 @@ pub(crate) fn build(batch: &Batch, r: usize) -> Result<Option<RowEdits>> {
         overrides: spare.overrides,
     };
     e.keep.clear();
+    e.raised.clear();
+    e.counted.clear();
     alloc::resize(&mut e.keep, words, u32::MAX, "the row's token mask")?;
     let mut masked = false;
     if let Some(m) = batch.token_bitmask {
@@ -433,6 +618,7 @@ pub(crate) fn build(batch: &Batch, r: usize) -> Result<Option<RowEdits>> {
         e.clear(id as usize);
         masked = true;
     }
+    e.masked = masked;
     touch_lists(batch, r, &mut e)?;
     if !masked && e.touched == 0 {
         return Ok(None);
@@ -463,25 +649,34 @@ fn touch_lists(batch: &Batch, r: usize, e: &mut RowEdits) -> Result<()> {
     }
     let keep = &e.keep;
     let kept = |id: usize| keep[id / 32] >> (id % 32) & 1 != 0;
-    // The table is sized by the names that a mask leaves (a grammar's bitmask often leaves few).
-    let kept_output = if p.counts() { output.iter().filter(|&&id| kept(id as usize)).count() } else { 0 };
-    e.listed = Listed::with_room(kept_output + bias_ids.len(), std::mem::take(&mut e.listed.slots))?;
+    e.listed = Listed::with_room(bias_ids.len(), std::mem::take(&mut e.listed.slots))?;
     let set = |bits: &mut [u32], id: usize| bits[id / 32] |= 1 << (id % 32);
-    // A prompt token's bit is its mask bit (a masked token is not touched): no branch.
+    // A history token's bit is its mask bit (a masked token is not touched): no branch.
     for &id in prompt {
         let (w, j) = (id as usize / 32, id as u32 % 32);
         e.seen[w] |= keep[w] & (1 << j);
     }
-    for &id in output {
-        let i = id as usize;
-        if kept(i) {
-            if p.repeats() {
-                set(&mut e.seen, i);
-            }
-            if p.counts() {
-                set(&mut e.listed_bits, i);
-                e.listed.entry(id as u32).count += 1;
-            }
+    if p.counts() {
+        let len = (e.keep.len() * 32).max(e.counts.len());
+        alloc::resize(&mut e.counts, len, 0, "the row's output counts")?;
+        alloc::reserve(&mut e.counted, output.len(), "the row's output counts")?;
+        let (counts, counted) = (&mut e.counts, e.counted.as_mut_ptr());
+        let mut n = 0;
+        for &id in output {
+            let (w, j) = (id as usize / 32, id as u32 % 32);
+            let bit = keep[w] & (1 << j);
+            e.seen[w] |= bit;
+            counts[id as usize] += (bit != 0) as u32;
+            // SAFETY: n counts the ids written so far, at most output.len() (the room reserved).
+            unsafe { counted.add(n).write(id as u32) };
+            n += (bit != 0) as usize;
+        }
+        // SAFETY: the first n slots were written above.
+        unsafe { e.counted.set_len(n) };
+    } else {
+        for &id in output {
+            let (w, j) = (id as usize / 32, id as u32 % 32);
+            e.seen[w] |= keep[w] & (1 << j);
         }
     }
     for (&id, &b) in bias_ids.iter().zip(bias_values) {
@@ -494,11 +689,26 @@ fn touch_lists(batch: &Batch, r: usize, e: &mut RowEdits) -> Result<()> {
             s.banned |= b == f32::NEG_INFINITY;
         }
     }
-    let mut touched = 0;
+    e.raised.clear();
+    for &id in bias_ids {
+        if kept(id as usize) && e.listed.slots[e.listed.find(id as u32)].bias > 0.0 {
+            alloc::reserve(&mut e.raised, 1, "the row's raised blocks")?;
+            e.raised.push(id as u32 / BLOCK as u32);
+        }
+    }
+    if e.masked {
+        e.mask.clear();
+        alloc::reserve(&mut e.mask, words, "the row's token mask")?;
+        e.mask.extend_from_slice(&e.keep);
+    }
+    // (A bound of the count rather than the count: a population count per word is a dozen
+    // instructions on baseline x86-64, whose POPCNT is not assumed.)
+    let mut any = 0;
     for ((k, &s), &l) in e.keep.iter_mut().zip(&e.seen[..words]).zip(&e.listed_bits[..words]) {
         *k &= !(s | l);
-        touched += (s | l).count_ones() as usize;
+        any |= s | l;
     }
+    let touched = if any != 0 { prompt.len() + output.len() + bias_ids.len() } else { 0 };
     e.touched = touched;
     e.overrides.clear();
     e.ids.clear();

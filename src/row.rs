@@ -8,7 +8,7 @@
 use crate::config::NoiseKind;
 use crate::kernels::generic::race::{race_listed_external, race_listed_inline};
 use crate::kernels::simd::Elem;
-use crate::kernels::{Best, Bf16, BlockNoise, DtypeKernels, Kernels, RaceParams, F16};
+use crate::kernels::{Best, Bf16, BlockNoise, BlockValues, DtypeKernels, Kernels, RaceParams, F16};
 
 /// A row's values as f32, and the kernels of its dtype. Every kernel call goes through here, so
 /// the bounds that make the calls safe are checked in one place.
@@ -62,7 +62,7 @@ pub(crate) trait RowValues {
             RaceNoise::Inline(key) => BLOCK_NOISE.with(|b| {
                 let blocks = &mut *b.borrow_mut();
                 // SAFETY: as in `scan_masked`; the scratch is this thread's.
-                let best = unsafe { (dk.race_inline_masked)(row, keep.as_ptr(), n, bmax, p, key, blocks) };
+                let best = unsafe { (dk.race_inline_masked)(row, keep.as_ptr(), n, bmax, p, key, blocks, None) };
                 // The race filled `blocks` with the row's block noise, which the listed tokens use.
                 race_listed_inline(listed, p, key, blocks, best)
             }),
@@ -73,6 +73,27 @@ pub(crate) trait RowValues {
                 race_listed_external(listed, values, p, kind, best)
             },
         }
+    }
+
+    /// The best key of the inline race over a whole row whose kept tokens (bits of `keep`) race
+    /// with their own values, except in the blocks whose values `edited` works out; `bmax` bounds
+    /// each block's values from above and its largest value is the row's (`p.m`).
+    fn race_blocks(
+        &self,
+        k: &Kernels,
+        keep: &[u32],
+        bmax: &[f32],
+        p: RaceParams,
+        key: u64,
+        edited: &dyn BlockValues,
+    ) -> Best {
+        let n = self.n();
+        assert!(keep.len() >= n.div_ceil(32) && bmax.len() >= n.div_ceil(crate::kernels::BLOCK));
+        let (row, dk) = (self.ptr(), Self::kernels(k));
+        BLOCK_NOISE.with(|b| {
+            // SAFETY: as in `scan_masked`; the scratch is this thread's.
+            unsafe { (dk.race_inline_masked)(row, keep.as_ptr(), n, bmax, p, key, &mut b.borrow_mut(), Some(edited)) }
+        })
     }
 
     /// The first index in `[start, end)` whose value is `target`.

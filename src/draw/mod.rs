@@ -18,7 +18,7 @@ pub(crate) mod workers;
 
 use crate::alloc;
 use crate::batch::{flags, Batch, FullMode, Output};
-use crate::edits::{self, RowEdits};
+use crate::edits::{self, EditedBlocks, RowEdits};
 use crate::error::{Error, ErrorKind, Result};
 use crate::filter;
 use crate::kernels::{Best, Kernels, RaceParams, BLOCK};
@@ -294,6 +294,10 @@ fn draw_edited<V: RowValues + ?Sized>(
             draw_values(k, batch, r, &y[..], plan, Some(nan), None)
         });
     }
+    let inline = !matches!(plan, RowPlan::Sample { noise: RaceNoise::External(..), .. });
+    if inline && e.by_blocks() {
+        return draw_by_blocks(k, v, e, plan, r);
+    }
     BLOCK_MAX.with(|cell| {
         let mut bmax = cell.borrow_mut();
         alloc::resize(&mut bmax, v.n().div_ceil(BLOCK), f32::NEG_INFINITY, "block maxima").map_err(|e| in_row(r, e))?;
@@ -311,6 +315,32 @@ fn draw_edited<V: RowValues + ?Sized>(
             _ if sc.flags & flags::EMPTY != 0 => 0,
             Some(b) if b.token != usize::MAX => b.token as i32,
             _ => first_of_top(v, e, &bmax, sc.top) as i32,
+        };
+        let info = RowInfo { top: sc.top, floor: f32::NEG_INFINITY, edited: true };
+        Ok(Drawn { token, flags: sc.flags, info, logprobs_done: false })
+    })
+}
+
+/// Draws row `r` (greedy, or sampling on inline noise without filters) with edits `e` that no
+/// penalty raises ([`RowEdits::by_blocks`]): one pass over the row as given bounds every block,
+/// and only the blocks the race visits (or, greedy, that can hold the maximum) are worked out.
+fn draw_by_blocks<V: RowValues + ?Sized>(k: &Kernels, v: &V, e: &RowEdits, plan: RowPlan, r: usize) -> Result<Drawn> {
+    BLOCK_MAX.with(|cell| {
+        let mut bmax = cell.borrow_mut();
+        alloc::resize(&mut bmax, v.n().div_ceil(BLOCK), f32::NEG_INFINITY, "block maxima").map_err(|e| in_row(r, e))?;
+        let has_nan = e.bounds(k, v, &mut bmax);
+        let sc = summarize(&bmax, f32::NEG_INFINITY, has_nan, plan);
+        let won = match plan {
+            RowPlan::Sample { inv_t, noise: RaceNoise::Inline(key), .. } if sc.top.is_finite() => {
+                let p = RaceParams { m: sc.top, inv_t, floor: f32::NEG_INFINITY };
+                Some(v.race_blocks(k, &e.keep, &bmax, p, key, &EditedBlocks { edits: e, values: v }))
+            }
+            _ => None,
+        };
+        let token = match won {
+            _ if sc.flags & flags::EMPTY != 0 => 0,
+            Some(b) if b.token != usize::MAX => b.token as i32,
+            _ => e.first_of(v, &bmax, sc.top) as i32,
         };
         let info = RowInfo { top: sc.top, floor: f32::NEG_INFINITY, edited: true };
         Ok(Drawn { token, flags: sc.flags, info, logprobs_done: false })

@@ -33,7 +33,7 @@ mod x86_64 {
 
 use crate::config::{NoiseKind, SimdChoice};
 use crate::error::{Error, ErrorKind, Result};
-pub(crate) use generic::{Best, BlockNoise, Mass64Params, MassKind, MassParams, RaceParams, BLOCK};
+pub(crate) use generic::{Best, BlockNoise, BlockValues, Mass64Params, MassKind, MassParams, RaceParams, BLOCK};
 pub use simd::{Bf16, F16};
 use std::ffi::CStr;
 use std::sync::OnceLock;
@@ -140,9 +140,17 @@ pub(crate) type RaceInlineFn<E> =
     unsafe fn(*const E, usize, &[f32], RaceParams, u64, usize, &mut Vec<BlockNoise>) -> Best;
 
 /// The inline race of the tokens a mask keeps: (row, mask words, n, block maxima, params, row
-/// key, block-noise scratch).
-pub(crate) type RaceInlineMaskedFn<E> =
-    unsafe fn(*const E, *const u32, usize, &[f32], RaceParams, u64, &mut Vec<BlockNoise>) -> Best;
+/// key, block-noise scratch, the values of the blocks whose values are not the row's).
+pub(crate) type RaceInlineMaskedFn<E> = unsafe fn(
+    *const E,
+    *const u32,
+    usize,
+    &[f32],
+    RaceParams,
+    u64,
+    &mut Vec<BlockNoise>,
+    Option<&dyn BlockValues>,
+) -> Best;
 
 /// The kernels of one logits dtype.
 pub(crate) struct DtypeKernels<E> {
@@ -247,12 +255,13 @@ macro_rules! kernel_table {
             $(#[target_feature(enable = $feature)])*
             unsafe fn race_inline<E: Elem>(row: *const E, n: usize, bmax: &[f32], p: RaceParams, key: u64, base: usize, blocks: &mut Vec<BlockNoise>) -> Best {
                 // SAFETY: see kernel_table!.
-                unsafe { generic::race_inline::<$simd, E>(row, std::ptr::null(), n, bmax, p, key, base, blocks) }
+                unsafe { generic::race_inline::<$simd, E>(row, std::ptr::null(), n, bmax, p, key, base, blocks, None) }
             }
             $(#[target_feature(enable = $feature)])*
-            unsafe fn race_inline_masked<E: Elem>(row: *const E, keep: *const u32, n: usize, bmax: &[f32], p: RaceParams, key: u64, blocks: &mut Vec<BlockNoise>) -> Best {
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn race_inline_masked<E: Elem>(row: *const E, keep: *const u32, n: usize, bmax: &[f32], p: RaceParams, key: u64, blocks: &mut Vec<BlockNoise>, edited: Option<&dyn BlockValues>) -> Best {
                 // SAFETY: see kernel_table!.
-                unsafe { generic::race_inline::<$simd, E>(row, keep, n, bmax, p, key, 0, blocks) }
+                unsafe { generic::race_inline::<$simd, E>(row, keep, n, bmax, p, key, 0, blocks, edited) }
             }
             $(#[target_feature(enable = $feature)])*
             unsafe fn race_external<E: Elem>(row: *const E, noise: *const f32, n: usize, p: RaceParams, kind: NoiseKind, base: usize) -> Best {

@@ -268,6 +268,50 @@ unsafe fn race_block<S: Simd, E: Elem>(
     }
 }
 
+/// The tokens of a row whose values are not the row's own (a row whose edits changed them:
+/// `src/edits.rs`), handed to the race one visited block at a time, so that the tokens of the
+/// blocks it skips are never worked out.
+pub(crate) trait BlockValues {
+    /// Writes into `out` the tokens of block `b` whose values are not the row's, each with an
+    /// upper bound of its value (`(token, bound)`, in no particular order), and returns how many.
+    fn listed(&self, b: usize, out: &mut [(u32, f32); BLOCK]) -> usize;
+    /// The value of listed token `t` (NaN or -inf: it is not drawn).
+    fn value(&self, t: u32) -> f32;
+}
+
+/// Races block `(b, bn)` of [`race_inline`]: its kept tokens from the row, then, with `edited`,
+/// its listed tokens, each on the same scalar code as a vector lane, so that it gets the key it
+/// would get in a row holding its value. A listed token whose bound cannot reach the best is
+/// skipped before its value is worked out: the first test of that code, on the bound, is at
+/// least its test on the value, since every rounding step is monotone.
+///
+/// # Safety
+/// As [`race_block`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn visit<S: Simd, E: Elem>(
+    row: *const E,
+    keep: *const u32,
+    n: usize,
+    (b, bn): (usize, BlockNoise),
+    (p, k, base): (RaceParams, (u32, u32), usize),
+    (edited, listed): (Option<&dyn BlockValues>, &mut [(u32, f32); BLOCK]),
+    best: &mut Best,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { race_block::<S, E>(row, keep, n, (b, bn), p, k, base, best) };
+    let Some(values) = edited else { return };
+    let count = values.listed(b, listed);
+    for &(t, bound) in &listed[..count] {
+        let d = Scalar::mul(Scalar::sub(bound, p.m), p.inv_t);
+        if d + bn.g_max >= best.key {
+            let y = values.value(t);
+            // SAFETY: one value at `&y`; nothing read from `keep` (null); Scalar runs anywhere.
+            unsafe { race_inline_vec::<Scalar, f32>(&y, std::ptr::null(), 0, (t % BLOCK as u32, t), bn, p, k, best) };
+        }
+    }
+}
+
 /// The best (key, token) among the `n` tokens at `row`, which start at vocabulary index `base`
 /// (a multiple of BLOCK) and have block maxima `bmax`, in a row with finite maximum `p.m`.
 /// `Best::NONE` if no token races. Tiles of one row combine with [`Best::merge`].
@@ -275,9 +319,12 @@ unsafe fn race_block<S: Simd, E: Elem>(
 /// Promising blocks go first, so that the best key is high from the start; a block whose
 /// maximum logit plus its noise bound cannot reach the best is skipped without reading it.
 /// With a non-null `keep`, only the tokens whose bit is set in `keep` race (`bmax` their maxima).
+/// With `edited`, the listed tokens of each visited block race too (`bmax` then bounds the values
+/// of both from above).
 ///
 /// # Safety
-/// `row` valid for `n` reads; `bmax` from [`scan`](super::scan()) of the same range (and mask);
+/// `row` valid for `n` reads; `bmax` from [`scan`](super::scan()) of the same range (and mask),
+/// or upper bounds of the values raced;
 /// when `keep` is not null, `keep` valid for `n.div_ceil(32)` reads; `S` usable here.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -290,8 +337,10 @@ pub(crate) unsafe fn race_inline<S: Simd, E: Elem>(
     key: u64,
     base: usize,
     blocks: &mut Vec<BlockNoise>,
+    edited: Option<&dyn BlockValues>,
 ) -> Best {
     let k = key_words(key);
+    let mut listed = [(0u32, 0f32); BLOCK];
     blocks.clear();
     blocks.resize(bmax.len(), BlockNoise { e_min: 0.0, j_min: 0, g_max: 0.0, bound: 0.0 });
     // SAFETY: `blocks` has bmax.len() elements; `S` usable (the caller's contract).
@@ -307,18 +356,18 @@ pub(crate) unsafe fn race_inline<S: Simd, E: Elem>(
     let b_of = |b: usize| (b, blocks[b]);
     // SAFETY: (here and in the two loops) every block index is below bmax.len() =
     // n.div_ceil(BLOCK), and `row` is valid for `n` reads; `S` usable (the caller's contract).
-    unsafe { race_block::<S, E>(row, keep, n, b_of(first), p, k, base, &mut best) };
+    unsafe { visit::<S, E>(row, keep, n, b_of(first), (p, k, base), (edited, &mut listed), &mut best) };
     let cut = top - PROMISING;
     for (b, bn) in blocks.iter().enumerate() {
         if b != first && bn.bound >= cut && bn.bound >= best.key {
             // SAFETY: as above.
-            unsafe { race_block::<S, E>(row, keep, n, (b, *bn), p, k, base, &mut best) };
+            unsafe { visit::<S, E>(row, keep, n, (b, *bn), (p, k, base), (edited, &mut listed), &mut best) };
         }
     }
     for (b, bn) in blocks.iter().enumerate() {
         if b != first && bn.bound < cut && bn.bound >= best.key {
             // SAFETY: as above.
-            unsafe { race_block::<S, E>(row, keep, n, (b, *bn), p, k, base, &mut best) };
+            unsafe { visit::<S, E>(row, keep, n, (b, *bn), (p, k, base), (edited, &mut listed), &mut best) };
         }
     }
     best
