@@ -212,13 +212,14 @@ impl Listed {
 
 /// The storage of a row's edits, kept per thread between rows: a row's bitsets and table are
 /// tens of KiB, which a fresh allocation would zero (and fault in) for every row. `seen`,
-/// `listed_bits` and `counts` are all zero here.
+/// `output_bits`, `listed_bits` and `counts` are all zero here.
 #[derive(Default)]
 struct Spare {
     keep: Vec<u32>,
     mask: Vec<u32>,
     raised: Vec<u32>,
     seen: Vec<u32>,
+    output_bits: Vec<u32>,
     listed_bits: Vec<u32>,
     slots: Vec<Slot>,
     counts: Vec<u32>,
@@ -251,11 +252,14 @@ pub(crate) struct RowEdits {
     seen: Vec<u32>,
     listed_bits: Vec<u32>,
     listed: Listed,
-    /// Per token, its occurrences in the output (kept tokens only; a vocabulary of them, zero
-    /// outside this row's output, reused by the thread's next row); read only when the
-    /// frequency or presence penalty is on (it may be shorter otherwise).
+    /// The kept tokens of the output, when the frequency or presence penalty is on (else empty).
+    output_bits: Vec<u32>,
+    /// Per token, its occurrences in the output after the first (kept tokens only; a
+    /// vocabulary of them, zero outside this row's repeats, reused by the thread's next row):
+    /// a token of the output has `1 + counts[t]`. Most outputs repeat few tokens, so most rows
+    /// never touch it (a dense count of every occurrence missed the cache once a token).
     counts: Vec<u32>,
-    /// The kept tokens of the output (with repeats): the nonzero entries of `counts`.
+    /// The repeats of the output: the nonzero entries of `counts`.
     counted: Vec<u32>,
     /// At least how many tokens the lists touched, and 0 when they touched none.
     touched: usize,
@@ -309,7 +313,7 @@ impl RowEdits {
         }
         if p.counts() {
             for (y, &id) in vals.iter_mut().zip(&ids) {
-                let c = self.counts[id as usize];
+                let c = self.count(id as usize);
                 let counted = (*y - p.frequency * c as f32) - p.presence;
                 *y = if c > 0 { counted } else { *y };
             }
@@ -368,11 +372,23 @@ impl RowEdits {
         self.seen[words.clone()].iter().zip(&self.listed_bits[words]).any(|(&s, &l)| s | l != 0)
     }
 
+    /// The occurrences of token `t` in the output (0 unless the frequency or presence penalty is
+    /// on).
+    #[inline]
+    fn count(&self, t: usize) -> u32 {
+        let first = self.penalties.counts() && self.output_bits[t / 32] >> (t % 32) & 1 != 0;
+        if first {
+            1 + self.counts[t]
+        } else {
+            0
+        }
+    }
+
     /// The processed value of touched token `t`, whose logit is `x`.
     #[inline]
     fn touched_value(&self, x: f32, t: usize) -> f32 {
         let (w, j) = (t / 32, t % 32);
-        let count = if self.penalties.counts() { self.counts[t] } else { 0 };
+        let count = self.count(t);
         let mut info = Touched { seen: self.seen[w] >> j & 1 != 0, count, ..Touched::default() };
         if self.listed_bits[w] >> j & 1 != 0 {
             let s = &self.listed.slots[self.listed.find(t as u32)];
@@ -523,6 +539,7 @@ impl Drop for RowEdits {
             mask: std::mem::take(&mut self.mask),
             raised: std::mem::take(&mut self.raised),
             seen: std::mem::take(&mut self.seen),
+            output_bits: std::mem::take(&mut self.output_bits),
             listed_bits: std::mem::take(&mut self.listed_bits),
             slots: std::mem::take(&mut self.listed.slots),
             counts: std::mem::take(&mut self.counts),
@@ -534,6 +551,7 @@ impl Drop for RowEdits {
         if self.touched > 0 {
             // (No bit is set in a row that touched nothing.)
             spare.seen.fill(0);
+            spare.output_bits.fill(0);
             spare.listed_bits.fill(0);
         }
         for &id in &spare.counted {
@@ -580,6 +598,7 @@ pub(crate) fn build(batch: &Batch, r: usize) -> Result<Option<RowEdits>> {
         mask: spare.mask,
         raised: spare.raised,
         seen: spare.seen,
+        output_bits: spare.output_bits,
         listed_bits: spare.listed_bits,
         listed: Listed { slots: spare.slots, ..Listed::NONE },
         counts: spare.counts,
@@ -641,9 +660,11 @@ fn touch_lists(batch: &Batch, r: usize, e: &mut RowEdits) -> Result<()> {
     let words = e.keep.len();
     // The bitsets stay all zero between rows (see `Spare`); past this row's words they are
     // never read.
-    for (bits, what) in
-        [(&mut e.seen, "the row's repeated tokens"), (&mut e.listed_bits, "the row's counted and biased tokens")]
-    {
+    for (bits, what) in [
+        (&mut e.seen, "the row's repeated tokens"),
+        (&mut e.output_bits, "the row's output tokens"),
+        (&mut e.listed_bits, "the row's biased tokens"),
+    ] {
         let len = words.max(bits.len());
         alloc::resize(bits, len, 0, what)?;
     }
@@ -660,19 +681,18 @@ fn touch_lists(batch: &Batch, r: usize, e: &mut RowEdits) -> Result<()> {
         let len = (e.keep.len() * 32).max(e.counts.len());
         alloc::resize(&mut e.counts, len, 0, "the row's output counts")?;
         alloc::reserve(&mut e.counted, output.len(), "the row's output counts")?;
-        let (counts, counted) = (&mut e.counts, e.counted.as_mut_ptr());
-        let mut n = 0;
         for &id in output {
             let (w, j) = (id as usize / 32, id as u32 % 32);
             let bit = keep[w] & (1 << j);
             e.seen[w] |= bit;
-            counts[id as usize] += (bit != 0) as u32;
-            // SAFETY: n counts the ids written so far, at most output.len() (the room reserved).
-            unsafe { counted.add(n).write(id as u32) };
-            n += (bit != 0) as usize;
+            let first = e.output_bits[w];
+            e.output_bits[w] = first | bit;
+            if first & bit != 0 {
+                // A repeat (of a kept token): rare in most outputs, so the branch costs nothing.
+                e.counts[id as usize] += 1;
+                e.counted.push(id as u32);
+            }
         }
-        // SAFETY: the first n slots were written above.
-        unsafe { e.counted.set_len(n) };
     } else {
         for &id in output {
             let (w, j) = (id as usize / 32, id as u32 % 32);
