@@ -672,10 +672,14 @@ fn touch_lists(batch: &Batch, r: usize, e: &mut RowEdits) -> Result<()> {
     let kept = |id: usize| keep[id / 32] >> (id % 32) & 1 != 0;
     e.listed = Listed::with_room(bias_ids.len(), std::mem::take(&mut e.listed.slots))?;
     let set = |bits: &mut [u32], id: usize| bits[id / 32] |= 1 << (id % 32);
-    // A history token's bit is its mask bit (a masked token is not touched): no branch.
+    // A history token's bit is its mask bit (a masked token is not touched): no branch, and
+    // no bounds check (two compares a token of a 4096-token prompt).
+    assert!(e.seen.len() >= words && keep.len() == words);
     for &id in prompt {
         let (w, j) = (id as usize / 32, id as u32 % 32);
-        e.seen[w] |= keep[w] & (1 << j);
+        // SAFETY: the batch's ids were checked to lie in [0, vocab) (`check_csr`), so
+        // w < words, the length of `keep` and at most that of `seen` (asserted above).
+        unsafe { *e.seen.get_unchecked_mut(w) |= *keep.get_unchecked(w) & (1 << j) };
     }
     if p.counts() {
         let len = (e.keep.len() * 32).max(e.counts.len());
