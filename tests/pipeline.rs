@@ -1210,6 +1210,68 @@ fn seeded_rows_with_pipeline_inputs_draw_the_same_alone_and_in_a_batch() {
     assert!(changed * 2 > checked);
 }
 
+/// Rows where tokens the penalties touched tie with untouched ones, so that the race among them
+/// is decided by the noise alone: a touched token is raced apart from its block's kept tokens,
+/// and a bound of its key off by a fraction of a logit skips it where it wins. Half the touched
+/// ones are at 0, which the repetition penalty leaves at 0 (the bound, its logit, is then its
+/// value exactly); the others at 5, which it takes to 4 (5 / 1.25). Every draw must equal the
+/// plain draw of the processed rows.
+#[test]
+fn touched_tokens_tied_with_untouched_ones_race_exactly() {
+    let (vocab, rows) = (1024usize, 64usize);
+    let mut rng = TestRng::new(1025);
+    let (mut x, mut y) = (vec![-3.0f32; rows * vocab], vec![-3.0f32; rows * vocab]);
+    let mut touched = vec![false; rows * vocab];
+    let mut prompt = Vec::new();
+    for r in 0..rows {
+        let mut ids = Vec::new();
+        for k in 0..64 {
+            let t = rng.below(vocab);
+            if x[r * vocab + t] != -3.0 {
+                continue;
+            }
+            // Rows of two kinds: ties at 0 (a touched token's logit is its value) or at 4.
+            let tie = if r % 2 == 0 { 0.0 } else { 4.0 };
+            let (given, value) = match k % 4 {
+                0 if r % 2 == 0 => (0.0, 0.0),
+                0 => (5.0, 4.0),
+                _ => (tie, tie),
+            };
+            (x[r * vocab + t], y[r * vocab + t]) = (given, value);
+            if k % 4 == 0 {
+                ids.push(t as i32);
+                touched[r * vocab + t] = true;
+            }
+        }
+        prompt.push(ids);
+    }
+    let prompt = Csr::from_rows(&prompt);
+    let mut wins = [0usize; 2];
+    for setup in &setups() {
+        for (call, t) in [1.0f32, 0.5, 2.0].into_iter().enumerate() {
+            let temps = vec![t; rows];
+            let seeds: Vec<u64> = (0..rows as u64).map(|r| r * 7 + call as u64 * 1000).collect();
+            let base =
+                |logits| Batch { temperature: Some(&temps), seeds: Some(&seeds), ..Batch::new(logits, rows, vocab) };
+            let fused = Batch {
+                prompt_tokens: Some(TokenLists { ids: &prompt.ids, offsets: &prompt.offsets }),
+                repetition_penalty: Some(&[1.25; 64][..]),
+                ..base(Logits::F32(&x))
+            };
+            let (got, _) = common::draw(&setup.fused, &fused);
+            let (want, _) = common::draw(&setup.plain, &base(Logits::F32(&y)));
+            for r in 0..rows {
+                let at = format!("row {r}, T = {t} [{} level, {} threads]", setup.level.name(), setup.threads);
+                assert_eq!(got[r], want[r], "{at}");
+                wins[touched[r * vocab + got[r] as usize] as usize] += 1;
+            }
+        }
+    }
+    // Both kinds win often, so both ways of racing are exercised.
+    eprintln!("untouched / touched winners: {wins:?}");
+    assert!(wins[0] > 100 && wins[1] > 100, "untouched / touched winners: {wins:?}");
+}
+
 /// A serving-sized row: vocabulary 151936, 4096 prompt and 1024 output tokens, the three
 /// penalties, 16 biased ids, a bitmask allowing about 10%; one row (tiled on 2 threads) and two
 /// rows, seeded and external noise, top-p, PROCESSED logprobs and the full row.
