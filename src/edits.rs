@@ -498,16 +498,10 @@ impl RowEdits {
 
     /// Writes the processed row (`y`, as f32) into `out` (the overrides resolved first); returns
     /// whether the caller's row holds a NaN anywhere (masked or not).
-    pub fn materialize<V: RowValues + ?Sized>(&mut self, v: &V, out: &mut Vec<f32>) -> Result<bool> {
-        let n = v.n();
-        alloc::resize(out, n, f32::NEG_INFINITY, "the processed row")?;
+    pub fn materialize<V: RowValues + ?Sized>(&mut self, k: &Kernels, v: &V, out: &mut Vec<f32>) -> Result<bool> {
+        alloc::resize(out, v.n(), f32::NEG_INFINITY, "the processed row")?;
         self.resolve(v);
-        let mut nan = false;
-        for (i, y) in out.iter_mut().enumerate() {
-            let x = v.at(i);
-            nan |= x.is_nan();
-            *y = if self.kept(i) { x } else { f32::NEG_INFINITY };
-        }
+        let nan = v.masked_copy(k, &self.keep, out);
         for &(id, value) in &self.overrides {
             out[id as usize] = value;
         }

@@ -323,7 +323,7 @@ pub(crate) fn edited_row_logprobs<V: RowValues + ?Sized>(
             row_logprobs(k, v, &bmax, inv_t, mode, top, floor, token, out)
         }
         LogprobMode::Processed => {
-            e.materialize(v, y)?;
+            e.materialize(k, v, y)?;
             let y = &y[..];
             row_logprobs(k, y, &block_maxima(k, y).0, inv_t, mode, top, floor, token, out)
         }
@@ -484,11 +484,11 @@ impl Processed {
     }
 
     /// Row `r`'s processed values (its values `v` as given, with its edits applied).
-    fn row<V: RowValues + ?Sized>(&mut self, r: usize, v: &V) -> &[f32] {
+    fn row<V: RowValues + ?Sized>(&mut self, k: &Kernels, r: usize, v: &V) -> &[f32] {
         match &mut self.edits[r] {
             Some(e) => {
                 // The buffer already has the row's length, so this allocates nothing.
-                e.materialize(v, &mut self.y).expect("the buffer has the row's length");
+                e.materialize(k, v, &mut self.y).expect("the buffer has the row's length");
                 &self.y
             }
             None => unreachable!("only edited rows have processed values"),
@@ -521,7 +521,7 @@ pub(crate) fn write_full(
                 let top = if edited { row_top } else { top };
                 full_logprobs(k, v, &bmax, 1.0, f32::NEG_INFINITY, top, dest);
             } else if processed.is_edited(r) {
-                let y = processed.row(r, v);
+                let y = processed.row(k, r, v);
                 full_processed(k, batch, r, y, (inv_t[r], floor, top), mode, dest);
             } else {
                 full_processed(k, batch, r, v, (inv_t[r], floor, top), mode, dest);

@@ -43,6 +43,16 @@ pub(crate) trait RowValues {
         unsafe { (Self::kernels(k).scan_masked)(self.ptr().add(start), keep.as_ptr().add(start / 32), len, bmax) }
     }
 
+    /// Writes the row's values into `out` (`n` of them) where their bit is set in `keep`, -inf
+    /// elsewhere; whether any value (kept or not) is NaN.
+    fn masked_copy(&self, k: &Kernels, keep: &[u32], out: &mut [f32]) -> bool {
+        let n = self.n();
+        assert!(keep.len() >= n.div_ceil(32) && out.len() == n);
+        // SAFETY: `n` values of the row, `n` slots of `out`, a bit of `keep` for each (checked
+        // above); `k` is the table of a supported level.
+        unsafe { (Self::kernels(k).masked_copy)(self.ptr(), keep.as_ptr(), n, out.as_mut_ptr()) }
+    }
+
     /// The best key of the race over a whole row whose values are the kept tokens' (bits of
     /// `keep`, block maxima `bmax`) and the `listed` (token, value) pairs, with the row's noise.
     fn race_edited(

@@ -68,7 +68,7 @@ fn parse_args() -> Args {
         dtypes: list("f32,bf16,f16"),
         profiles: list("peaked,flat"),
         paths: list(
-            "greedy,race-inline,race-pool,race-external-logexp,race-external-exp,race-logprob,race-logprob-rank,race-logprob-top20,race-logprob-rank-top20,top-k50,top-k50-top-p0.9,top-p0.9,min-p0.05,pipeline,pipeline-penalties,pipeline-bitmask,pipeline-logprob-rank-top20",
+            "greedy,race-inline,race-pool,race-external-logexp,race-external-exp,race-logprob,race-logprob-rank,race-logprob-top20,race-logprob-rank-top20,top-k50,top-k50-top-p0.9,top-p0.9,min-p0.05,pipeline,pipeline-penalties,pipeline-bitmask,pipeline-top-p0.9,pipeline-logprob-rank-top20",
         ),
         placements: list("hot,cold"),
         reps: 30,
@@ -234,8 +234,9 @@ impl Pipeline {
     /// `b` with this step's inputs: all of them (`pipeline`), the penalties alone
     /// (`pipeline-penalties`), or the bitmask alone (`pipeline-bitmask`).
     fn apply<'a>(&'a self, path: &str, b: Batch<'a>) -> Batch<'a> {
-        // `pipeline-logprob-rank-top20`: everything, and the logprob outputs of the race path.
-        let all = path == "pipeline" || path.starts_with("pipeline-logprob");
+        // `pipeline-logprob-rank-top20`: everything, and the logprob outputs of the race path;
+        // `pipeline-top-p0.9`: everything, and top-p 0.9.
+        let all = path == "pipeline" || path.starts_with("pipeline-logprob") || path == "pipeline-top-p0.9";
         let penalties = all || path == "pipeline-penalties";
         let bitmask = all || path == "pipeline-bitmask";
         Batch {
@@ -795,7 +796,7 @@ fn main() {
                                 let (top_k, top_p, min_p) = match path.as_str() {
                                     "top-k50" => (Some(&k50[..]), None, None),
                                     "top-k50-top-p0.9" => (Some(&k50[..]), Some(&p09[..]), None),
-                                    "top-p0.9" => (None, Some(&p09[..]), None),
+                                    "top-p0.9" | "pipeline-top-p0.9" => (None, Some(&p09[..]), None),
                                     "min-p0.05" => (None, None, Some(&mp[..])),
                                     _ => (None, None, None),
                                 };

@@ -290,7 +290,7 @@ fn draw_edited<V: RowValues + ?Sized>(
     if matches!(plan, RowPlan::Sample { .. }) && filter::Filters::of(batch, r).is_some() {
         return PROCESSED.with(|cell| {
             let y = &mut *cell.borrow_mut();
-            let nan = e.materialize(v, y).map_err(|e| in_row(r, e))?;
+            let nan = e.materialize(k, v, y).map_err(|e| in_row(r, e))?;
             draw_values(k, batch, r, &y[..], plan, Some(nan), None)
         });
     }

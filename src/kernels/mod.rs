@@ -167,6 +167,9 @@ pub(crate) struct DtypeKernels<E> {
     /// The race on external noise of the tokens a mask keeps, of a whole row (row, mask words,
     /// noise, n, params, kind).
     pub race_external_masked: unsafe fn(*const E, *const u32, *const f32, usize, RaceParams, NoiseKind) -> Best,
+    /// The values a mask keeps, -inf elsewhere, as f32 (row, mask words, n, out): whether any
+    /// value is NaN.
+    pub masked_copy: unsafe fn(*const E, *const u32, usize, *mut f32) -> bool,
     /// The read floor of the benchmark (row, n): the largest value.
     #[cfg(feature = "internals")]
     pub max_only: unsafe fn(*const E, usize) -> f32,
@@ -273,6 +276,11 @@ macro_rules! kernel_table {
                 // SAFETY: see kernel_table!.
                 unsafe { generic::race_external::<$simd, E>(row, keep, noise, n, p, kind, 0) }
             }
+            $(#[target_feature(enable = $feature)])*
+            unsafe fn masked_copy<E: Elem>(row: *const E, keep: *const u32, n: usize, out: *mut f32) -> bool {
+                // SAFETY: see kernel_table!.
+                unsafe { generic::masked_copy::<$simd, E>(row, keep, n, out) }
+            }
             #[cfg(feature = "internals")]
             $(#[target_feature(enable = $feature)])*
             unsafe fn max_only<E: Elem>(row: *const E, n: usize) -> f32 {
@@ -334,6 +342,7 @@ macro_rules! kernel_table {
                 DtypeKernels {
                     scan: scan::<E>, find_first: find_first::<E>, race_inline: race_inline::<E>, race_external: race_external::<E>,
                     scan_masked: scan_masked::<E>, race_inline_masked: race_inline_masked::<E>, race_external_masked: race_external_masked::<E>,
+                    masked_copy: masked_copy::<E>,
                     #[cfg(feature = "internals")]
                     max_only: max_only::<E>,
                     #[cfg(feature = "internals")]

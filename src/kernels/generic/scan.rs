@@ -98,6 +98,41 @@ pub(crate) unsafe fn kept<S: Simd>(x: S::F, keep: *const u32, i: usize) -> S::F 
     }
 }
 
+/// Writes the `n` values of `row` as f32 into `out` where their bit is set in `keep`, -inf
+/// elsewhere, and returns whether any value of `row` (kept or not) is NaN: the processed values
+/// of a row with edits before its edited tokens are written over them (`src/edits.rs`).
+///
+/// # Safety
+/// `row` valid for `n` reads, `out` for `n` writes, `keep` for `n.div_ceil(32)` reads; `S`
+/// usable here.
+#[inline(always)]
+pub(crate) unsafe fn masked_copy<S: Simd, E: Elem>(row: *const E, keep: *const u32, n: usize, out: *mut f32) -> bool {
+    let l = S::LANES;
+    let mut nan = S::none();
+    let mut i = 0;
+    while i + l <= n {
+        // SAFETY: i + LANES <= n reads of `row` and writes of `out`, bits of `keep` (the
+        // caller's contract); `S` usable.
+        unsafe {
+            let x = E::load::<S>(row.add(i));
+            nan = S::or_m(nan, S::is_nan(x));
+            S::store(out.add(i), kept::<S>(x, keep, i));
+        }
+        i += l;
+    }
+    let mut nan_tail = false;
+    while i < n {
+        // SAFETY: i < n; Scalar runs anywhere.
+        unsafe {
+            let x = E::load::<Scalar>(row.add(i));
+            nan_tail |= x.is_nan();
+            Scalar::store(out.add(i), kept::<Scalar>(x, keep, i));
+        }
+        i += 1;
+    }
+    S::any(nan) || nan_tail
+}
+
 /// The largest of `n` elements (NaN ignored): the read floor the benchmark compares against,
 /// one pass with four accumulators and nothing else.
 ///
