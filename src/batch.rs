@@ -508,9 +508,14 @@ fn check_csr(
     }
     for r in 0..rows {
         let (a, b) = (offsets[r] as usize, offsets[r + 1] as usize);
-        // One branch-free pass over the row's ids (it vectorises), and the search for the
-        // position to name only when some id is out of range.
-        let bad = ids[a..b].iter().fold(false, |bad, &id| bad | (id as u32 as usize >= vocab));
+        // One branch-free pass over the row's ids, and the search for the position to name
+        // only when some id is out of range. The test is on 32-bit lanes (vocab < 2^31 is
+        // checked first; a negative id is a large u32) and the reduction an OR of u32, which
+        // vectorises to a compare and an OR per four ids even on baseline x86-64 (a bool
+        // reduction of 64-bit compares did not: a check of 5120 ids took longer than
+        // marking them).
+        let v = vocab as u32;
+        let bad = ids[a..b].iter().fold(0u32, |bad, &id| bad | (id as u32 >= v) as u32) != 0;
         if !bad {
             continue;
         }
