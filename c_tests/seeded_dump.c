@@ -6,8 +6,10 @@
  * Rows are seeded (their tokens depend only on seed, offset and the logits) or unseeded (keys
  * from the sampler's seeded stream, the same on every machine given the same calls), over f32,
  * bf16 and f16, vocab 1000 to 151936, T 0 to 2, with and without top-k / top-p / min-p, RAW and
- * PROCESSED logprobs, and inline or external noise. Every input is made with integer arithmetic
- * (and exact conversions), so it is the same on every machine.
+ * PROCESSED logprobs, and inline or external noise; every third call also with the sampling step
+ * (prompt and output histories that name the peaks, the three penalties, a logit bias and a
+ * grammar bitmask on odd rows). Every input is made with integer arithmetic (and exact
+ * conversions), so it is the same on every machine.
  *
  * Exit status: 0 on success, 2 if the level is not supported here, 1 on any other failure. */
 #include "tokenrace.h"
@@ -78,7 +80,7 @@ static int simd_of(const char *name) {
   return -1;
 }
 
-enum { ROWS = 10, TOP_N = 4 };
+enum { ROWS = 10, TOP_N = 4, PROMPT = 64, OUTPUT = 32, BIASED = 4 };
 
 static const uint32_t VOCABS[] = {1000, 4099, 32000, 151936};
 static const float TEMPS[] = {0.0f, 0.3f, 0.7f, 1.0f, 2.0f};
@@ -118,7 +120,8 @@ int main(int argc, char **argv) {
   float *x = malloc(sizeof(float) * ROWS * max_v);
   uint16_t *h = malloc(sizeof(uint16_t) * ROWS * max_v);
   float *noise = malloc(sizeof(float) * ROWS * max_v);
-  if (!x || !h || !noise) return 1;
+  int32_t *bitmask = malloc(sizeof(int32_t) * ROWS * ((max_v + 31) / 32));
+  if (!x || !h || !noise || !bitmask) return 1;
   int call = 0;
   long seeded_rows = 0, unseeded_rows = 0;
 
@@ -128,11 +131,13 @@ int main(int argc, char **argv) {
       for (int fi = 0; fi < 5; fi++) {
         for (int variant = 0; variant < 2; variant++, call++) {
           /* Logits: each row its own, a few peaks, some -inf masks; one row with a NaN. */
+          uint32_t peaks[ROWS][3];
           for (uint32_t i = 0; i < ROWS * v; i++) x[i] = logit();
           for (int r = 0; r < ROWS; r++) {
             for (int k = 0; k < 3; k++) {
               uint32_t at = below(v); /* one call per statement: C leaves the order of two open */
               x[r * v + at] = 12.0f + (float)below(64) / 16.0f;
+              peaks[r][k] = at;
             }
             for (int k = 0; k < 20; k++) x[r * v + below(v)] = -INFINITY;
           }
@@ -183,6 +188,51 @@ int main(int argc, char **argv) {
             b.top_p = top_p;
             b.min_p = min_p;
           }
+          /* The sampling step, every third call: histories that hold the first two peaks of each
+           * row (so the penalties change who wins) and repeats, r = 1.25, f = 0.5, p = 0.25, four
+           * biases (one -inf), and on odd rows a bitmask allowing about half the vocabulary and
+           * the last peak. */
+          int32_t prompt[ROWS * PROMPT], output[ROWS * OUTPUT], bias_ids[ROWS * BIASED];
+          float bias_values[ROWS * BIASED];
+          uint64_t prompt_off[ROWS + 1], output_off[ROWS + 1], bias_off[ROWS + 1];
+          float rep[ROWS], freq[ROWS], pres[ROWS];
+          static const float BIAS[BIASED] = {2.5f, -1.0f, -INFINITY, 0.75f};
+          if (call % 3 == 2) {
+            uint32_t words = (v + 31) / 32;
+            for (int r = 0; r <= ROWS; r++) {
+              prompt_off[r] = (uint64_t)r * PROMPT;
+              output_off[r] = (uint64_t)r * OUTPUT;
+              bias_off[r] = (uint64_t)r * BIASED;
+            }
+            for (int r = 0; r < ROWS; r++) {
+              for (int j = 0; j < PROMPT; j++) prompt[r * PROMPT + j] = (int32_t)(j == 0 ? peaks[r][0] : below(v));
+              uint32_t repeated = below(v);
+              for (int j = 0; j < OUTPUT; j++)
+                output[r * OUTPUT + j] = (int32_t)(j < 3 ? peaks[r][1] : j < 6 ? repeated : below(v));
+              for (int j = 0; j < BIASED; j++) {
+                bias_ids[r * BIASED + j] = (int32_t)(j == 3 ? peaks[r][2] : below(v));
+                bias_values[r * BIASED + j] = BIAS[j];
+              }
+              rep[r] = 1.25f;
+              freq[r] = 0.5f;
+              pres[r] = 0.25f;
+              for (uint32_t w = 0; w < words; w++)
+                bitmask[r * words + w] = r % 2 ? (int32_t)(uint32_t)next_u64() : -1;
+              uint32_t last = peaks[r][2];
+              bitmask[r * words + last / 32] |= (int32_t)(1u << (last % 32));
+            }
+            b.prompt_ids = prompt;
+            b.prompt_offsets = prompt_off;
+            b.output_ids = output;
+            b.output_offsets = output_off;
+            b.repetition_penalty = rep;
+            b.frequency_penalty = freq;
+            b.presence_penalty = pres;
+            b.bias_ids = bias_ids;
+            b.bias_values = bias_values;
+            b.bias_offsets = bias_off;
+            b.token_bitmask = bitmask;
+          }
           int32_t tokens[ROWS], ranks[ROWS], ids[ROWS * TOP_N];
           uint32_t flags[ROWS];
           float lps[ROWS], tlps[ROWS * TOP_N];
@@ -220,6 +270,7 @@ int main(int argc, char **argv) {
   free(x);
   free(h);
   free(noise);
+  free(bitmask);
   tokenrace_sampler_free(s);
   return 0;
 }

@@ -666,35 +666,35 @@ fn touch_lists(batch: &Batch, r: usize, e: &mut RowEdits) -> Result<()> {
     let kept = |id: usize| keep[id / 32] >> (id % 32) & 1 != 0;
     e.listed = Listed::with_room(bias_ids.len(), std::mem::take(&mut e.listed.slots))?;
     let set = |bits: &mut [u32], id: usize| bits[id / 32] |= 1 << (id % 32);
-    // A history token's bit is its mask bit (a masked token is not touched): no branch, and
-    // no bounds check (two compares a token of a 4096-token prompt).
-    assert!(e.seen.len() >= words && keep.len() == words);
+    // The histories' bits are set whatever the mask says, and cleared where it bans in the pass
+    // over the words below (a masked token is not touched): one load and one store a token,
+    // no branch, and no bounds check (two compares a token of a 4096-token prompt).
+    assert!(e.seen.len() >= words);
     for &id in prompt {
         let (w, j) = (id as usize / 32, id as u32 % 32);
         // SAFETY: the batch's ids were checked to lie in [0, vocab) (`check_csr`), so
-        // w < words, the length of `keep` and at most that of `seen` (asserted above).
-        unsafe { *e.seen.get_unchecked_mut(w) |= *keep.get_unchecked(w) & (1 << j) };
+        // w < words, at most the length of `seen` (asserted above).
+        unsafe { *e.seen.get_unchecked_mut(w) |= 1 << j };
     }
     if p.counts() {
         let len = (e.keep.len() * 32).max(e.counts.len());
         alloc::resize(&mut e.counts, len, 0, "the row's output counts")?;
         alloc::reserve(&mut e.counted, output.len(), "the row's output counts")?;
         for &id in output {
-            let (w, j) = (id as usize / 32, id as u32 % 32);
-            let bit = keep[w] & (1 << j);
+            let (w, bit) = (id as usize / 32, 1 << (id as u32 % 32));
             e.seen[w] |= bit;
             let first = e.output_bits[w];
             e.output_bits[w] = first | bit;
             if first & bit != 0 {
-                // A repeat (of a kept token): rare in most outputs, so the branch costs nothing.
+                // A repeat: rare in most outputs, so the branch costs nothing. (A masked
+                // token's count is never read.)
                 e.counts[id as usize] += 1;
                 e.counted.push(id as u32);
             }
         }
     } else {
         for &id in output {
-            let (w, j) = (id as usize / 32, id as u32 % 32);
-            e.seen[w] |= keep[w] & (1 << j);
+            e.seen[id as usize / 32] |= 1 << (id as u32 % 32);
         }
     }
     for (&id, &b) in bias_ids.iter().zip(bias_values) {
@@ -722,9 +722,11 @@ fn touch_lists(batch: &Batch, r: usize, e: &mut RowEdits) -> Result<()> {
     // (A bound of the count rather than the count: a population count per word is a dozen
     // instructions on baseline x86-64, whose POPCNT is not assumed.)
     let mut any = 0;
-    for ((k, &s), &l) in e.keep.iter_mut().zip(&e.seen[..words]).zip(&e.listed_bits[..words]) {
-        *k &= !(s | l);
-        any |= s | l;
+    let bits = e.seen[..words].iter_mut().zip(&mut e.output_bits[..words]).zip(&e.listed_bits[..words]);
+    for (k, ((s, o), &l)) in e.keep.iter_mut().zip(bits) {
+        (*s, *o) = (*s & *k, *o & *k);
+        *k &= !(*s | l);
+        any |= *s | l;
     }
     let touched = if any != 0 { prompt.len() + output.len() + bias_ids.len() } else { 0 };
     e.touched = touched;
