@@ -6,7 +6,7 @@
 //! [`RowValues`].
 
 use crate::config::NoiseKind;
-use crate::kernels::generic::race::{race_listed_external, race_listed_inline};
+use crate::kernels::generic::race::{race_bounded_external, race_listed_external, race_listed_inline};
 use crate::kernels::simd::Elem;
 use crate::kernels::{Best, Bf16, BlockNoise, BlockValues, DtypeKernels, Kernels, RaceParams, F16};
 
@@ -104,6 +104,34 @@ pub(crate) trait RowValues {
             // SAFETY: as in `scan_masked`; the scratch is this thread's.
             unsafe { (dk.race_inline_masked)(row, keep.as_ptr(), n, bmax, p, key, &mut b.borrow_mut(), Some(edited)) }
         })
+    }
+
+    /// The best key of the race on external noise of `kind` (one value per token at `noise`)
+    /// over a whole row whose kept tokens (bits of `keep`) race with their own values and whose
+    /// listed tokens, block by block, with the values `edited` works out; `p.m` is the row's
+    /// largest value.
+    ///
+    /// # Safety
+    /// `noise` valid for `n` reads.
+    unsafe fn race_external_blocks(
+        &self,
+        k: &Kernels,
+        keep: &[u32],
+        p: RaceParams,
+        (noise, kind): (*const f32, NoiseKind),
+        edited: &dyn BlockValues,
+    ) -> Best {
+        let n = self.n();
+        assert!(keep.len() >= n.div_ceil(32));
+        // SAFETY: as in `race_edited`.
+        let mut best = unsafe { (Self::kernels(k).race_external_masked)(self.ptr(), keep.as_ptr(), noise, n, p, kind) };
+        let mut listed = [(0u32, 0f32); crate::kernels::BLOCK];
+        for b in 0..n.div_ceil(crate::kernels::BLOCK) {
+            let count = edited.listed(b, &mut listed);
+            // SAFETY: every listed token is below n (a token of block b), where `noise` reads.
+            best = unsafe { race_bounded_external(&listed[..count], edited, noise, p, kind, best) };
+        }
+        best
     }
 
     /// The first index in `[start, end)` whose value is `target`.

@@ -68,7 +68,7 @@ fn parse_args() -> Args {
         dtypes: list("f32,bf16,f16"),
         profiles: list("peaked,flat"),
         paths: list(
-            "greedy,race-inline,race-pool,race-external-logexp,race-external-exp,race-logprob,race-logprob-rank,race-logprob-top20,race-logprob-rank-top20,top-k50,top-k50-top-p0.9,top-p0.9,min-p0.05,pipeline,pipeline-penalties,pipeline-bitmask,pipeline-top-p0.9,pipeline-logprob-rank-top20",
+            "greedy,race-inline,race-pool,race-external-logexp,race-external-exp,race-logprob,race-logprob-rank,race-logprob-top20,race-logprob-rank-top20,top-k50,top-k50-top-p0.9,top-p0.9,min-p0.05,pipeline,pipeline-penalties,pipeline-bitmask,pipeline-top-p0.9,pipeline-external-logexp,pipeline-logprob-rank-top20",
         ),
         placements: list("hot,cold"),
         reps: 30,
@@ -235,8 +235,12 @@ impl Pipeline {
     /// (`pipeline-penalties`), or the bitmask alone (`pipeline-bitmask`).
     fn apply<'a>(&'a self, path: &str, b: Batch<'a>) -> Batch<'a> {
         // `pipeline-logprob-rank-top20`: everything, and the logprob outputs of the race path;
-        // `pipeline-top-p0.9`: everything, and top-p 0.9.
-        let all = path == "pipeline" || path.starts_with("pipeline-logprob") || path == "pipeline-top-p0.9";
+        // `pipeline-top-p0.9`: everything, and top-p 0.9; `pipeline-external-logexp`: everything,
+        // on the caller's ln-E noise (as a pool's rows reach the draw).
+        let all = path == "pipeline"
+            || path.starts_with("pipeline-logprob")
+            || path == "pipeline-top-p0.9"
+            || path == "pipeline-external-logexp";
         let penalties = all || path == "pipeline-penalties";
         let bitmask = all || path == "pipeline-bitmask";
         Batch {
@@ -775,7 +779,7 @@ fn main() {
                             for path in &a.paths {
                                 let temps = vec![if path == "greedy" { 0.0f32 } else { 1.0 }; rows];
                                 let (noise, two_streams) = match path.as_str() {
-                                    "race-external-logexp" => (
+                                    "race-external-logexp" | "pipeline-external-logexp" => (
                                         Some(ExternalNoise {
                                             values: &noise_ln,
                                             kind: NoiseKind::LogExp,

@@ -294,8 +294,7 @@ fn draw_edited<V: RowValues + ?Sized>(
             draw_values(k, batch, r, &y[..], plan, Some(nan), None)
         });
     }
-    let inline = !matches!(plan, RowPlan::Sample { noise: RaceNoise::External(..), .. });
-    if inline && e.by_blocks() {
+    if e.by_blocks() {
         return draw_by_blocks(k, v, e, plan, r);
     }
     BLOCK_MAX.with(|cell| {
@@ -321,9 +320,11 @@ fn draw_edited<V: RowValues + ?Sized>(
     })
 }
 
-/// Draws row `r` (greedy, or sampling on inline noise without filters) with edits `e` that no
-/// penalty raises ([`RowEdits::by_blocks`]): one pass over the row as given bounds every block,
-/// and only the blocks the race visits (or, greedy, that can hold the maximum) are worked out.
+/// Draws row `r` (greedy, or sampling without filters) with edits `e` that no penalty raises
+/// ([`RowEdits::by_blocks`]): one pass over the row as given bounds every block, and only the
+/// touched tokens the race cannot skip on their logits (or, greedy, the blocks that can hold the
+/// maximum) are worked out. On inline noise the race skips blocks too; on external noise it
+/// reads every kept token's noise, then the touched tokens', block by block.
 fn draw_by_blocks<V: RowValues + ?Sized>(k: &Kernels, v: &V, e: &RowEdits, plan: RowPlan, r: usize) -> Result<Drawn> {
     BLOCK_MAX.with(|cell| {
         let mut bmax = cell.borrow_mut();
@@ -331,9 +332,17 @@ fn draw_by_blocks<V: RowValues + ?Sized>(k: &Kernels, v: &V, e: &RowEdits, plan:
         let has_nan = e.bounds(k, v, &mut bmax);
         let sc = summarize(&bmax, f32::NEG_INFINITY, has_nan, plan);
         let won = match plan {
-            RowPlan::Sample { inv_t, noise: RaceNoise::Inline(key), .. } if sc.top.is_finite() => {
+            RowPlan::Sample { inv_t, noise, .. } if sc.top.is_finite() => {
                 let p = RaceParams { m: sc.top, inv_t, floor: f32::NEG_INFINITY };
-                Some(v.race_blocks(k, &e.keep, &bmax, p, key, &EditedBlocks { edits: e, values: v }))
+                let edited = EditedBlocks { edits: e, values: v };
+                Some(match noise {
+                    RaceNoise::Inline(key) => v.race_blocks(k, &e.keep, &bmax, p, key, &edited),
+                    // SAFETY: the noise row holds `n` values (checked by `validate`, or a pool
+                    // lease of the row's length).
+                    RaceNoise::External(values, kind) => unsafe {
+                        v.race_external_blocks(k, &e.keep, p, (values, kind), &edited)
+                    },
+                })
             }
             _ => None,
         };
