@@ -1218,7 +1218,7 @@ fn seeded_rows_with_pipeline_inputs_draw_the_same_alone_and_in_a_batch() {
 /// plain draw of the processed rows.
 #[test]
 fn touched_tokens_tied_with_untouched_ones_race_exactly() {
-    let (vocab, rows) = (1024usize, 64usize);
+    let (vocab, rows) = (1024usize, 256usize);
     let mut rng = TestRng::new(1025);
     let (mut x, mut y) = (vec![-3.0f32; rows * vocab], vec![-3.0f32; rows * vocab]);
     let mut touched = vec![false; rows * vocab];
@@ -1246,22 +1246,37 @@ fn touched_tokens_tied_with_untouched_ones_race_exactly() {
         prompt.push(ids);
     }
     let prompt = Csr::from_rows(&prompt);
+    // External noise too (the caller's, as a pool's rows reach the draw): ln E and E, one
+    // value per token, where touched blocks are passed over on a bound of their keys.
+    let uniform = |rng: &mut TestRng| (rng.below(1 << 20) as f32 + 0.5) / (1 << 20) as f32;
+    let e: Vec<f32> = (0..rows * vocab).map(|_| -uniform(&mut rng).ln()).collect();
+    let ln_e: Vec<f32> = e.iter().map(|&e| e.ln()).collect();
+    let noises = [
+        None,
+        Some(ExternalNoise { values: &ln_e[..], kind: NoiseKind::LogExp, row_stride: vocab }),
+        Some(ExternalNoise { values: &e[..], kind: NoiseKind::Exp, row_stride: vocab }),
+    ];
     let mut wins = [0usize; 2];
     for setup in &setups() {
-        for (call, t) in [1.0f32, 0.5, 2.0].into_iter().enumerate() {
+        for (call, (t, noise)) in [1.0f32, 0.5, 2.0].into_iter().flat_map(|t| noises.map(|n| (t, n))).enumerate() {
             let temps = vec![t; rows];
             let seeds: Vec<u64> = (0..rows as u64).map(|r| r * 7 + call as u64 * 1000).collect();
-            let base =
-                |logits| Batch { temperature: Some(&temps), seeds: Some(&seeds), ..Batch::new(logits, rows, vocab) };
+            let seeds = noise.is_none().then_some(&seeds[..]);
+            let base = |logits| Batch { temperature: Some(&temps), seeds, noise, ..Batch::new(logits, rows, vocab) };
             let fused = Batch {
                 prompt_tokens: Some(TokenLists { ids: &prompt.ids, offsets: &prompt.offsets }),
-                repetition_penalty: Some(&[1.25; 64][..]),
+                repetition_penalty: Some(&[1.25; 256][..]),
                 ..base(Logits::F32(&x))
             };
             let (got, _) = common::draw(&setup.fused, &fused);
             let (want, _) = common::draw(&setup.plain, &base(Logits::F32(&y)));
             for r in 0..rows {
-                let at = format!("row {r}, T = {t} [{} level, {} threads]", setup.level.name(), setup.threads);
+                let kind = noise.map(|n| n.kind);
+                let at = format!(
+                    "row {r}, T = {t}, noise {kind:?} [{} level, {} threads]",
+                    setup.level.name(),
+                    setup.threads
+                );
                 assert_eq!(got[r], want[r], "{at}");
                 wins[touched[r * vocab + got[r] as usize] as usize] += 1;
             }
