@@ -662,9 +662,27 @@ fn touch_lists(batch: &Batch, r: usize, e: &mut RowEdits) -> Result<()> {
         let len = words.max(bits.len());
         alloc::resize(bits, len, 0, what)?;
     }
+    // Every allocation first: a failure after a bit is set would hand the thread's next row
+    // bitsets that are not all zero (`Drop` clears them only for a row that touched tokens).
+    e.listed = Listed::with_room(bias_ids.len(), std::mem::take(&mut e.listed.slots))?;
+    if p.counts() {
+        let len = (words * 32).max(e.counts.len());
+        alloc::resize(&mut e.counts, len, 0, "the row's output counts")?;
+        alloc::reserve(&mut e.counted, output.len(), "the row's output counts")?;
+    }
+    alloc::reserve(&mut e.raised, bias_ids.len(), "the row's raised blocks")?;
+    if e.masked {
+        e.mask.clear();
+        alloc::reserve(&mut e.mask, words, "the row's token mask")?;
+    }
+    let most = prompt.len() + output.len() + bias_ids.len();
+    e.overrides.clear();
+    e.ids.clear();
+    alloc::reserve(&mut e.ids, most + 4, "the row's touched tokens")?;
+    alloc::reserve(&mut e.vals, most, "the row's touched values")?;
+    alloc::reserve(&mut e.overrides, most, "the row's edited tokens")?;
     let keep = &e.keep;
     let kept = |id: usize| keep[id / 32] >> (id % 32) & 1 != 0;
-    e.listed = Listed::with_room(bias_ids.len(), std::mem::take(&mut e.listed.slots))?;
     let set = |bits: &mut [u32], id: usize| bits[id / 32] |= 1 << (id % 32);
     // The histories' bits are set whatever the mask says, and cleared where it bans in the pass
     // over the words below (a masked token is not touched): one load and one store a token,
@@ -677,9 +695,6 @@ fn touch_lists(batch: &Batch, r: usize, e: &mut RowEdits) -> Result<()> {
         unsafe { *e.seen.get_unchecked_mut(w) |= 1 << j };
     }
     if p.counts() {
-        let len = (e.keep.len() * 32).max(e.counts.len());
-        alloc::resize(&mut e.counts, len, 0, "the row's output counts")?;
-        alloc::reserve(&mut e.counted, output.len(), "the row's output counts")?;
         for &id in output {
             let (w, bit) = (id as usize / 32, 1 << (id as u32 % 32));
             e.seen[w] |= bit;
@@ -707,16 +722,12 @@ fn touch_lists(batch: &Batch, r: usize, e: &mut RowEdits) -> Result<()> {
             s.banned |= b == f32::NEG_INFINITY;
         }
     }
-    e.raised.clear();
     for &id in bias_ids {
         if kept(id as usize) && e.listed.slots[e.listed.find(id as u32)].bias > 0.0 {
-            alloc::reserve(&mut e.raised, 1, "the row's raised blocks")?;
             e.raised.push(id as u32 / BLOCK as u32);
         }
     }
     if e.masked {
-        e.mask.clear();
-        alloc::reserve(&mut e.mask, words, "the row's token mask")?;
         e.mask.extend_from_slice(&e.keep);
     }
     // (A bound of the count rather than the count: a population count per word is a dozen
@@ -728,13 +739,8 @@ fn touch_lists(batch: &Batch, r: usize, e: &mut RowEdits) -> Result<()> {
         *k &= !(*s | l);
         any |= *s | l;
     }
-    let touched = if any != 0 { prompt.len() + output.len() + bias_ids.len() } else { 0 };
-    e.touched = touched;
-    e.overrides.clear();
-    e.ids.clear();
-    alloc::reserve(&mut e.ids, touched + 4, "the row's touched tokens")?;
-    alloc::reserve(&mut e.vals, touched, "the row's touched values")?;
-    alloc::reserve(&mut e.overrides, touched, "the row's edited tokens")
+    e.touched = if any != 0 { most } else { 0 };
+    Ok(())
 }
 
 #[cfg(test)]

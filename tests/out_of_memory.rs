@@ -69,3 +69,65 @@ fn a_top_k_gather_of_a_huge_row_is_out_of_memory_not_an_abort() {
     let code = draw_under_limit(1, Some(VOCAB as i32 - 1), None);
     assert_eq!(code, Some(0), "exit status (134 = SIGABRT: the process aborted)");
 }
+
+/// A row whose edits cannot be allocated (the output's counts of a huge vocabulary) is
+/// OUT_OF_MEMORY, and leaves nothing behind: the storage the thread keeps for its next row's
+/// edits holds no bit of the failed row. The next row (greedy; its own lists touch other
+/// tokens) must take the argmax of its own processed row, not one penalised by the failed
+/// row's histories.
+#[test]
+fn a_failed_edit_allocation_leaves_no_bits_for_the_next_row() {
+    let (a, b, c) = (1000usize, 2000usize, 3000usize);
+    let mut logits = vec![0f32; VOCAB];
+    (logits[a], logits[b]) = (5.0, 4.0);
+    let sampler =
+        Sampler::new(Config { threads: 1, vocab_size: VOCAB, max_rows: 1, seed: Some(1), ..Config::default() })
+            .unwrap();
+    let code = in_child(Duration::from_secs(60), || {
+        let (ids_a, ids_c, offsets) = ([a as i32], [c as i32], [0u64, 1]);
+        let greedy = Batch {
+            temperature: Some(&[0.0]),
+            repetition_penalty: Some(&[2.0]),
+            ..Batch::new(Logits::F32(&logits), 1, VOCAB)
+        };
+        let failing = Batch {
+            prompt_tokens: Some(TokenLists { ids: &ids_a, offsets: &offsets }),
+            output_tokens: Some(TokenLists { ids: &ids_a, offsets: &offsets }),
+            frequency_penalty: Some(&[0.5]),
+            ..greedy
+        };
+        let next = Batch { prompt_tokens: Some(TokenLists { ids: &ids_c, offsets: &offsets }), ..greedy };
+        // The counts of the output (4 bytes a token: 128 MiB) do not fit under the limit; the
+        // bitsets (a bit a token) do.
+        let limit = virtual_size() + (48 << 20);
+        let mut rl = libc::rlimit { rlim_cur: limit, rlim_max: libc::RLIM_INFINITY };
+        // SAFETY: a valid rlimit for this (child) process.
+        if unsafe { libc::setrlimit(libc::RLIMIT_AS, &rl) } != 0 {
+            return 10;
+        }
+        let mut tokens = [-7i32];
+        match sampler.draw(&failing, &mut Output::new(&mut tokens)) {
+            Err(e) if e.kind == ErrorKind::OutOfMemory && tokens == [-7] => {}
+            Err(e) => {
+                eprintln!("first draw: {e:?}, tokens {tokens:?}");
+                return 11;
+            }
+            Ok(()) => return 12,
+        }
+        rl.rlim_cur = libc::RLIM_INFINITY;
+        // SAFETY: as above (the soft limit back to the hard one).
+        if unsafe { libc::setrlimit(libc::RLIMIT_AS, &rl) } != 0 {
+            return 13;
+        }
+        if sampler.draw(&next, &mut Output::new(&mut tokens)).is_err() {
+            return 14;
+        }
+        // Token a is not in this row's histories: it keeps its 5, above b's 4.
+        if tokens != [a as i32] {
+            eprintln!("second draw: token {} (a = {a}, b = {b})", tokens[0]);
+            return 15;
+        }
+        0
+    });
+    assert_eq!(code, Some(0), "exit status (134 = SIGABRT: the process aborted)");
+}
