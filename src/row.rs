@@ -86,8 +86,9 @@ pub(crate) trait RowValues {
     }
 
     /// The best key of the inline race over a whole row whose kept tokens (bits of `keep`) race
-    /// with their own values, except in the blocks whose values `edited` works out; `bmax` bounds
-    /// each block's values from above and its largest value is the row's (`p.m`).
+    /// with their own values and whose listed tokens, in each block the race visits, with the
+    /// values `edited` works out; `bmax` bounds each block's values (kept and listed) from above
+    /// and its largest value is the row's (`p.m`).
     fn race_blocks(
         &self,
         k: &Kernels,
