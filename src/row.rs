@@ -135,6 +135,13 @@ pub(crate) trait RowValues {
         best
     }
 
+    /// The row's maximum (NaN ignored), the first block holding it, and whether any value is
+    /// NaN: the pass of a greedy row that needs nothing else.
+    fn top_block(&self, k: &Kernels) -> (f32, usize, bool) {
+        // SAFETY: the whole row; `k` is the table of a supported level.
+        unsafe { (Self::kernels(k).top_block)(self.ptr(), self.n()) }
+    }
+
     /// The first index in `[start, end)` whose value is `target`.
     fn find_first(&self, k: &Kernels, start: usize, end: usize, target: f32) -> Option<usize> {
         assert!(start <= end && end <= self.n());

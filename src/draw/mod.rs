@@ -257,6 +257,9 @@ fn draw_values<V: RowValues + ?Sized>(
     processed: Option<bool>,
     logprobs: Option<&LogprobSlots>,
 ) -> Result<Drawn> {
+    if matches!(plan, RowPlan::Greedy) && logprobs.is_none() {
+        return Ok(draw_greedy(k, v, processed));
+    }
     BLOCK_MAX.with(|cell| {
         let mut bmax = cell.borrow_mut();
         alloc::resize(&mut bmax, v.n().div_ceil(BLOCK), f32::NEG_INFINITY, "block maxima").map_err(|e| in_row(r, e))?;
@@ -274,6 +277,21 @@ fn draw_values<V: RowValues + ?Sized>(
         }
         Ok(Drawn { token, flags: sc.flags, info, logprobs_done: logprobs.is_some() })
     })
+}
+
+/// Draws a greedy row that needs nothing else from its values `v` (`processed` as in
+/// [`draw_values`]) in one pass without block maxima: the token and flags [`finish`] gives from
+/// the block maxima of the same row.
+fn draw_greedy<V: RowValues + ?Sized>(k: &Kernels, v: &V, processed: Option<bool>) -> Drawn {
+    let (top, b, has_nan) = v.top_block(k);
+    let sc = summarize(&[top], f32::NEG_INFINITY, has_nan || processed == Some(true), RowPlan::Greedy);
+    let token = if sc.flags & flags::EMPTY != 0 {
+        0
+    } else {
+        v.find_first(k, b * BLOCK, ((b + 1) * BLOCK).min(v.n()), sc.top).unwrap_or(0) as i32
+    };
+    let info = RowInfo { top: sc.top, floor: f32::NEG_INFINITY, edited: processed.is_some() };
+    Drawn { token, flags: sc.flags, info, logprobs_done: false }
 }
 
 /// Draws row `r` with edits `e`. A sampling row with filters is drawn from its processed values,

@@ -156,6 +156,9 @@ pub(crate) type RaceInlineMaskedFn<E> = unsafe fn(
 pub(crate) struct DtypeKernels<E> {
     pub scan: unsafe fn(*const E, usize, &mut [f32]) -> bool,
     pub find_first: unsafe fn(*const E, usize, usize, f32) -> Option<usize>,
+    /// The pass of a greedy row that needs nothing else (row, n): its maximum, the first block
+    /// holding it, and whether any element is NaN.
+    pub top_block: unsafe fn(*const E, usize) -> (f32, usize, bool),
     pub race_inline: RaceInlineFn<E>,
     pub race_external: unsafe fn(*const E, *const f32, usize, RaceParams, NoiseKind, usize) -> Best,
     /// The first pass over the tokens a mask keeps (row, mask words, n, block maxima): NaN is
@@ -251,6 +254,11 @@ macro_rules! kernel_table {
                 unsafe { generic::scan::<$simd, E>(row, keep, n, bmax) }
             }
             $(#[target_feature(enable = $feature)])*
+            unsafe fn top_block<E: Elem>(row: *const E, n: usize) -> (f32, usize, bool) {
+                // SAFETY: see kernel_table!.
+                unsafe { generic::top_block::<$simd, E>(row, n) }
+            }
+            $(#[target_feature(enable = $feature)])*
             unsafe fn find_first<E: Elem>(row: *const E, start: usize, end: usize, target: f32) -> Option<usize> {
                 // SAFETY: see kernel_table!.
                 unsafe { generic::find_first::<$simd, E>(row, start, end, target) }
@@ -340,7 +348,7 @@ macro_rules! kernel_table {
             }
             fn dtype<E: Elem>() -> DtypeKernels<E> {
                 DtypeKernels {
-                    scan: scan::<E>, find_first: find_first::<E>, race_inline: race_inline::<E>, race_external: race_external::<E>,
+                    scan: scan::<E>, find_first: find_first::<E>, top_block: top_block::<E>, race_inline: race_inline::<E>, race_external: race_external::<E>,
                     scan_masked: scan_masked::<E>, race_inline_masked: race_inline_masked::<E>, race_external_masked: race_external_masked::<E>,
                     masked_copy: masked_copy::<E>,
                     #[cfg(feature = "internals")]

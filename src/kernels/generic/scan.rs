@@ -1,4 +1,5 @@
-//! Pass 1 of every row: the maximum of each block and whether the row holds a NaN ([`scan`]);
+//! Pass 1 of every row: the maximum of each block and whether the row holds a NaN ([`scan`]),
+//! or, for a greedy row that needs nothing else, the maximum and its first block ([`top_block`]);
 //! the first index of a value, for greedy rows ([`find_first`]); and, for the benchmark only,
 //! the read floors ([`max_only`], [`max_two`]: feature `internals`).
 
@@ -14,52 +15,14 @@ use crate::kernels::simd::{Elem, Scalar, Simd};
 /// valid for `n.div_ceil(32)` reads; `S` usable here.
 #[inline(always)]
 pub(crate) unsafe fn scan<S: Simd, E: Elem>(row: *const E, keep: *const u32, n: usize, bmax: &mut [f32]) -> bool {
-    let l = S::LANES;
     let mut nan = S::none();
     let mut nan_tail = false;
     for (b, out) in bmax.iter_mut().enumerate() {
         let start = b * BLOCK;
         let end = (start + BLOCK).min(n);
-        let mut i = start;
-        let ninf = S::splat(f32::NEG_INFINITY);
-        let (mut a0, mut a1, mut a2, mut a3) = (ninf, ninf, ninf, ninf);
-        // Four accumulators, four vectors a step.
-        while i + 4 * l <= end {
-            // SAFETY: i + 4 LANES <= end <= n elements of `row`; `S` usable (the caller's contract).
-            let (x0, x1, x2, x3) = unsafe {
-                (
-                    E::load::<S>(row.add(i)),
-                    E::load::<S>(row.add(i + l)),
-                    E::load::<S>(row.add(i + 2 * l)),
-                    E::load::<S>(row.add(i + 3 * l)),
-                )
-            };
-            // One unordered compare catches a NaN in either operand.
-            nan = S::or_m(nan, S::or_m(S::unord(x0, x1), S::unord(x2, x3)));
-            // SAFETY: i + 4 LANES <= n tokens of `keep` (the caller's contract).
-            let (x0, x1, x2, x3) = unsafe {
-                (
-                    kept::<S>(x0, keep, i),
-                    kept::<S>(x1, keep, i + l),
-                    kept::<S>(x2, keep, i + 2 * l),
-                    kept::<S>(x3, keep, i + 3 * l),
-                )
-            };
-            a0 = S::max(x0, a0);
-            a1 = S::max(x1, a1);
-            a2 = S::max(x2, a2);
-            a3 = S::max(x3, a3);
-            i += 4 * l;
-        }
-        while i + l <= end {
-            // SAFETY: i + LANES <= end <= n; as above.
-            let x = unsafe { E::load::<S>(row.add(i)) };
-            nan = S::or_m(nan, S::is_nan(x));
-            // SAFETY: as above.
-            a0 = S::max(unsafe { kept::<S>(x, keep, i) }, a0);
-            i += l;
-        }
-        let mut m = S::reduce_max(S::max(S::max(a0, a1), S::max(a2, a3)));
+        // SAFETY: start <= end <= n; the rest is the caller's contract.
+        let (lanes, mut i) = unsafe { lanes_max::<S, E>(row, keep, start, end, &mut nan) };
+        let mut m = S::reduce_max(lanes);
         while i < end {
             // SAFETY: i < end <= n; Scalar runs anywhere.
             let x = unsafe { E::load::<Scalar>(row.add(i)) };
@@ -71,6 +34,109 @@ pub(crate) unsafe fn scan<S: Simd, E: Elem>(row: *const E, keep: *const u32, n: 
         *out = m;
     }
     S::any(nan) || nan_tail
+}
+
+/// The lane-wise maximum (NaN ignored) of the whole vectors of `row[start..end]` (with a
+/// non-null `keep`, of the elements whose bit is set), and the index after the last of them;
+/// marks in `nan` the lanes where any of them is NaN. The loop both [`scan`] and [`top_block`]
+/// run over each block.
+///
+/// # Safety
+/// `row` valid for `end` reads, `start` a multiple of `LANES`; `keep`, when not null, valid
+/// for `end.div_ceil(32)` reads; `S` usable here.
+#[inline(always)]
+unsafe fn lanes_max<S: Simd, E: Elem>(
+    row: *const E,
+    keep: *const u32,
+    start: usize,
+    end: usize,
+    nan: &mut S::M,
+) -> (S::F, usize) {
+    let l = S::LANES;
+    let mut i = start;
+    let ninf = S::splat(f32::NEG_INFINITY);
+    let (mut a0, mut a1, mut a2, mut a3) = (ninf, ninf, ninf, ninf);
+    // Four accumulators, four vectors a step.
+    while i + 4 * l <= end {
+        // SAFETY: i + 4 LANES <= end elements of `row`; `S` usable (the caller's contract).
+        let (x0, x1, x2, x3) = unsafe {
+            (
+                E::load::<S>(row.add(i)),
+                E::load::<S>(row.add(i + l)),
+                E::load::<S>(row.add(i + 2 * l)),
+                E::load::<S>(row.add(i + 3 * l)),
+            )
+        };
+        // One unordered compare catches a NaN in either operand.
+        *nan = S::or_m(*nan, S::or_m(S::unord(x0, x1), S::unord(x2, x3)));
+        // SAFETY: i + 4 LANES <= end tokens of `keep` (the caller's contract).
+        let (x0, x1, x2, x3) = unsafe {
+            (
+                kept::<S>(x0, keep, i),
+                kept::<S>(x1, keep, i + l),
+                kept::<S>(x2, keep, i + 2 * l),
+                kept::<S>(x3, keep, i + 3 * l),
+            )
+        };
+        a0 = S::max(x0, a0);
+        a1 = S::max(x1, a1);
+        a2 = S::max(x2, a2);
+        a3 = S::max(x3, a3);
+        i += 4 * l;
+    }
+    while i + l <= end {
+        // SAFETY: i + LANES <= end; as above.
+        let x = unsafe { E::load::<S>(row.add(i)) };
+        *nan = S::or_m(*nan, S::is_nan(x));
+        // SAFETY: as above.
+        a0 = S::max(unsafe { kept::<S>(x, keep, i) }, a0);
+        i += l;
+    }
+    (S::max(S::max(a0, a1), S::max(a2, a3)), i)
+}
+
+/// The pass of a greedy row that needs nothing else (no filters, no logprobs): the row's largest
+/// value (NaN ignored, -inf if none), the first block that holds it, and whether any element is
+/// NaN. It is [`scan`] without the block maxima: each lane keeps the largest of its block
+/// maxima and the first block where it reached it, three vector operations a block instead of a
+/// reduction across lanes and a store. The first block holding the maximum is then the least
+/// block among the lanes that hold it, and the token the first index of it in that block
+/// ([`find_first`]): the same token `scan` leads to, on every level.
+///
+/// # Safety
+/// `row` valid for `n` reads; `S` usable here.
+#[inline(always)]
+pub(crate) unsafe fn top_block<S: Simd, E: Elem>(row: *const E, n: usize) -> (f32, usize, bool) {
+    let whole = n / BLOCK;
+    let mut nan = S::none();
+    let (mut best, mut at) = (S::splat(f32::NEG_INFINITY), S::splat(0.0));
+    for b in 0..whole {
+        // SAFETY: (b + 1) * BLOCK <= n; BLOCK is a multiple of LANES; `S` usable.
+        let (m, _) = unsafe { lanes_max::<S, E>(row, std::ptr::null(), b * BLOCK, (b + 1) * BLOCK, &mut nan) };
+        // Strictly greater: a lane keeps the first block where it reached its maximum.
+        let up = S::gt(m, best);
+        best = S::select(up, m, best);
+        // Block numbers as f32 are exact below 2^24 blocks (2^32 tokens).
+        at = S::select(up, S::splat(b as f32), at);
+    }
+    let top = S::reduce_max(best);
+    let holds = S::eq(best, S::splat(top));
+    let first = -S::reduce_max(S::select(holds, S::sub(S::splat(0.0), at), S::splat(f32::NEG_INFINITY)));
+    let (top, first) = (top, first as usize);
+    if whole * BLOCK == n {
+        return (top, first, S::any(nan));
+    }
+    // The last, partial block: its maximum wins only if it is larger, since every earlier block
+    // comes first.
+    let mut last = [f32::NEG_INFINITY];
+    // SAFETY: the block's n - whole * BLOCK elements are in `row`; `S` usable.
+    let nan_last = unsafe { scan::<S, E>(row.add(whole * BLOCK), std::ptr::null(), n - whole * BLOCK, &mut last) };
+    let nan = S::any(nan) || nan_last;
+    if whole == 0 || last[0] > top {
+        (last[0], whole, nan)
+    } else {
+        (top, first, nan)
+    }
 }
 
 /// The bits of the `LANES` tokens from `i` (a multiple of `LANES`, which divides 32) in the
@@ -219,4 +285,66 @@ pub(crate) unsafe fn find_first<S: Simd, E: Elem>(
     }
     // SAFETY: j < end; Scalar runs anywhere.
     (i..end).find(|&j| unsafe { E::load::<Scalar>(row.add(j)) } == target)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BLOCK;
+    use crate::kernels::{kernels, supported_levels};
+
+    /// The definition: the largest value (NaN ignored), the block of its first index, and
+    /// whether any value is NaN.
+    fn defined(row: &[f32]) -> (f32, usize, bool) {
+        let top = row.iter().filter(|x| !x.is_nan()).fold(f32::NEG_INFINITY, |a, &x| if x > a { x } else { a });
+        let first = row.iter().position(|&x| x == top).unwrap_or(0);
+        (top, first / BLOCK, row.iter().any(|x| x.is_nan()))
+    }
+
+    #[test]
+    fn every_level_finds_the_first_block_of_the_maximum() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for n in [0usize, 1, 15, 255, 256, 257, 4096, 4097, 32000, 151_936] {
+            for case in 0..8 {
+                // Few distinct values, so that the maximum repeats across blocks and lanes; zeros
+                // of both signs; NaN and -inf in some rows; rows of -inf only.
+                let mut row: Vec<f32> = (0..n).map(|_| (next() % 7) as f32 - 6.0).collect();
+                for x in row.iter_mut() {
+                    let r = next() % 64;
+                    match case {
+                        1 if r == 0 => *x = f32::NAN,
+                        2 if r < 2 => *x = -0.0,
+                        3 => *x = f32::NEG_INFINITY,
+                        4 if r == 0 => *x = f32::INFINITY,
+                        5 if r < 3 => *x = f32::NAN,
+                        _ => {}
+                    }
+                }
+                if case == 2 {
+                    row.iter_mut().filter(|x| **x > 0.0).for_each(|x| *x = 0.0);
+                }
+                if case == 6 && n > 0 {
+                    // One maximum in the last, partial block, or the last full one.
+                    let i = n - 1 - (next() as usize % n.min(300));
+                    row[i] = 5.0;
+                }
+                if case == 7 && n > 0 {
+                    row.iter_mut().for_each(|x| *x = f32::NAN);
+                }
+                let want = defined(&row);
+                for level in supported_levels() {
+                    // SAFETY: `row` holds n values; the level is supported.
+                    let got = unsafe { (kernels(level).f32.top_block)(row.as_ptr(), n) };
+                    let same =
+                        (got.0 == want.0 || got.0.is_nan() && want.0.is_nan()) && got.1 == want.1 && got.2 == want.2;
+                    assert!(same, "{level:?} n {n} case {case}: {got:?}, want {want:?}");
+                }
+            }
+        }
+    }
 }
