@@ -26,6 +26,9 @@ The whole sampling step (issue 9), with --pipeline (instead of the table above):
   tokenrace-fused-padded  the same with the histories as vLLM holds them (2-D int64 padded with
                           vocab) and the bias as one dict per row: the binding's conversions
   tokenrace-plain         the plain race on the same logits (no step arguments)
+  tokenrace-plain-processed  the plain race on the processed logits (bitmask, bias and penalties
+                          applied in NumPy before timing): what a fused draw must still race if
+                          the step itself cost nothing (ratio processed_over_plain)
   torch-vllm-step         vLLM V1's CPU path for the same step, written from vllm/v1/sample/:
                           the bitmask unpacked to a dense bool mask and masked_fill -inf,
                           logit_bias through advanced-index add, apply_penalties (scatter_add
@@ -177,6 +180,24 @@ def pipeline_inputs(rows, vocab, prompt_len, output_len, biased, allowed_fractio
     return prompt, output, bias_ids, bias_values, np.ascontiguousarray(bitmask), bits[:, :vocab]
 
 
+def processed_logits(x, prompt, output, bias_ids, bias_values, allowed, r, f, p):
+    """The step's processed logits in NumPy, float32: the bitmask (-inf outside it), the bias,
+    then the penalties (repetition on every token of the prompt or the output, frequency and
+    presence on the output's). The values the fused draw races, up to rounding: timed only, as
+    the row a plain race would have to read if the step cost nothing."""
+    y = np.where(allowed, x, -np.inf).astype(np.float32)
+    vocab = x.shape[1]
+    for i in range(x.shape[0]):
+        y[i, bias_ids[i]] += bias_values[i]
+        counts = np.bincount(output[i], minlength=vocab)
+        seen = counts > 0
+        seen[prompt[i]] = True
+        row = y[i]
+        row[seen] = np.where(row[seen] > 0, row[seen] / np.float32(r), row[seen] * np.float32(r))
+        row -= (np.float32(f) * counts + np.float32(p) * (counts > 0)).astype(np.float32)
+    return y
+
+
 def csr_of(rows_2d, dtype=np.int32):
     rows, width = rows_2d.shape
     return (np.ascontiguousarray(rows_2d.reshape(-1), dtype=dtype),
@@ -308,17 +329,24 @@ def pipeline_main(a):
         records[path] = rec
         print_summary(rec)
 
+    # The plain race of the processed row: what any fused draw must at least race, with the step
+    # itself free. On peaked rows the bitmask removes the peak from most rows, so this race
+    # visits more blocks than the plain race of the given logits.
+    processed = processed_logits(x, prompt, output, bias_ids, bias_values, allowed, r, f, p)
     # Interleaved in rounds so that a load on the machine weighs on both alike.
-    fused, padded, plain = [], [], []
+    fused, padded, plain, plain_processed = [], [], [], []
     rounds = 5
     per = max(1, a.reps // rounds)
     for _ in range(rounds):
         fused.append(timings_us(lambda: sampler.draw(x, **fused_args), per))
         plain.append(timings_us(lambda: sampler.draw(x, temperature=t), per))
+        plain_processed.append(timings_us(lambda: sampler.draw(processed, temperature=t), per))
         padded.append(timings_us(lambda: sampler.draw(x, **padded_args), max(1, per // 2)))
     report("tokenrace-fused", np.concatenate(fused))
     report("tokenrace-fused-padded", np.concatenate(padded))
     report("tokenrace-plain", np.concatenate(plain))
+    report("tokenrace-plain-processed", np.concatenate(plain_processed),
+           note="the plain race of the processed logits, made in NumPy before timing")
     skipped = None
     if torch is not None:
         tx = torch.from_numpy(x)
@@ -344,7 +372,9 @@ def pipeline_main(a):
         print(f"{'torch-vllm-step':<24}skipped: {skipped}")
     fused_us = records["tokenrace-fused"]["us_per_call_median"]
     ratios = {"fused_over_plain": fused_us / records["tokenrace-plain"]["us_per_call_median"],
-              "padded_over_fused": records["tokenrace-fused-padded"]["us_per_call_median"] / fused_us}
+              "padded_over_fused": records["tokenrace-fused-padded"]["us_per_call_median"] / fused_us,
+              "processed_over_plain": records["tokenrace-plain-processed"]["us_per_call_median"]
+              / records["tokenrace-plain"]["us_per_call_median"]}
     if "torch-vllm-step" in records:
         ratios["torch_over_fused"] = records["torch-vllm-step"]["us_per_call_median"] / fused_us
     print("ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items())
