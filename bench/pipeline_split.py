@@ -1,0 +1,52 @@
+"""The sampling step of issue 9, one input at a time: each row of the table is a draw with only
+that input (or all of them), timed against the plain draw of the same logits in the same run.
+The inputs are bench/compare.py's --pipeline inputs (32 rows x vocab 151936, 4096 prompt + 1024
+output tokens per row, 16 biased ids, a bitmask allowing 10% that keeps each row's likeliest
+tokens).
+
+  TOKENRACE_LIBRARY=$PWD/target/release/libtokenrace.so python3 bench/pipeline_split.py [--threads 1] [--reps 30]
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import compare  # noqa: E402  (puts the binding on the path too)
+import tokenrace  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=30)
+    a = ap.parse_args()
+    rows, vocab = 32, 151936
+    rng = np.random.default_rng(0)
+    x = compare.peaked_logits(rows, vocab, rng)
+    prompt, output, bias_ids, bias_values, bitmask, _ = compare.pipeline_inputs(rows, vocab, 4096, 1024, 16, 0.10, rng)
+    x[np.arange(rows)[:, None], bias_ids[:, :2]] = 20.0  # as compare.py: allowed and likely
+    sampler = tokenrace.Sampler(vocab, max_rows=256, seed=1, threads=a.threads)
+    bias = (np.ascontiguousarray(bias_ids.reshape(-1), np.int32), bias_values.reshape(-1),
+            np.arange(rows + 1, dtype=np.uint64) * np.uint64(16))
+    hist = dict(prompt_tokens=compare.csr_of(prompt), output_tokens=compare.csr_of(output))
+    pen = dict(hist, repetition_penalty=1.1, frequency_penalty=0.2, presence_penalty=0.1)
+    cases = {"plain": {}, "bitmask": dict(token_bitmask=bitmask), "bias": dict(logit_bias=bias),
+             "repetition": dict(hist, repetition_penalty=1.1), "penalties": pen,
+             "everything": dict(pen, logit_bias=bias, token_bitmask=bitmask)}
+    times = {k: [] for k in cases}
+    for _ in range(a.reps):  # interleaved, so that a load on the machine weighs on every case alike
+        for k, kw in cases.items():
+            t = time.perf_counter()
+            sampler.draw(x, temperature=1.0, **kw)
+            times[k].append(time.perf_counter() - t)
+    base = np.median(times["plain"])
+    for k, v in times.items():
+        print(f"{k:<12}{np.median(v) * 1e6:>10.0f} us {np.median(v) / base:>6.2f}x plain")
+
+
+if __name__ == "__main__":
+    main()
