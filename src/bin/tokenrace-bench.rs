@@ -68,7 +68,7 @@ fn parse_args() -> Args {
         dtypes: list("f32,bf16,f16"),
         profiles: list("peaked,flat"),
         paths: list(
-            "greedy,race-inline,race-pool,race-external-logexp,race-external-exp,race-logprob,race-logprob-rank,race-logprob-top20,race-logprob-rank-top20,top-k50,top-k50-top-p0.9,top-p0.9,min-p0.05,pipeline,pipeline-penalties,pipeline-bitmask,pipeline-top-p0.9,pipeline-external-logexp,pipeline-logprob-rank-top20",
+            "greedy,race-inline,race-pool,race-external-logexp,race-external-exp,race-logprob,race-logprob-rank,race-logprob-top20,race-logprob-rank-top20,top-k50,top-k50-top-p0.9,top-p0.9,min-p0.05,pipeline,pipeline-penalties,pipeline-bitmask,pipeline-top-p0.9,pipeline-external-logexp,pipeline-logprob-rank-top20,pipeline-allowed",
         ),
         placements: list("hot,cold"),
         reps: 30,
@@ -231,13 +231,28 @@ impl Pipeline {
         Pipeline { prompt, output, bias: (bias_ids, bias_values, offsets), bitmask, penalties }
     }
 
+    /// The bitmask with each row's largest logit allowed too, for the rows of `tokens` (each
+    /// row's greedy token): the case of a grammar that allows the model's likeliest token, which
+    /// is the common one and bench/compare.py's (`pipeline-allowed`). The plain bitmask removes
+    /// the peak of most peaked rows.
+    fn allowing(&self, tokens: &[i32], vocab: usize) -> Vec<i32> {
+        let words = vocab.div_ceil(32);
+        let mut mask = self.bitmask.clone();
+        for (r, &t) in tokens.iter().enumerate() {
+            mask[r * words + t as usize / 32] |= 1 << (t % 32);
+        }
+        mask
+    }
+
     /// `b` with this step's inputs: all of them (`pipeline`), the penalties alone
     /// (`pipeline-penalties`), or the bitmask alone (`pipeline-bitmask`).
     fn apply<'a>(&'a self, path: &str, b: Batch<'a>) -> Batch<'a> {
         // `pipeline-logprob-rank-top20`: everything, and the logprob outputs of the race path;
+        // `pipeline-allowed`: everything, with the bitmask of `allowed` (the caller's);
         // `pipeline-top-p0.9`: everything, and top-p 0.9; `pipeline-external-logexp`: everything,
         // on the caller's ln-E noise (as a pool's rows reach the draw).
         let all = path == "pipeline"
+            || path == "pipeline-allowed"
             || path.starts_with("pipeline-logprob")
             || path == "pipeline-top-p0.9"
             || path == "pipeline-external-logexp";
@@ -809,6 +824,22 @@ fn main() {
                                     ("race-pool", None) => continue, // too large to pre-fill
                                     _ => &s,
                                 };
+                                // `pipeline-allowed`: per batch, the bitmask that allows each row's
+                                // greedy token.
+                                let allowed: Vec<Vec<i32>> = match (path.as_str(), pipeline.as_ref()) {
+                                    ("pipeline-allowed", Some(p)) => (0..batches)
+                                        .map(|b| {
+                                            let greedy = vec![0.0f32; rows];
+                                            let batch = Batch {
+                                                temperature: Some(&greedy),
+                                                ..Batch::new(data.logits(b * span, span), rows, vocab)
+                                            };
+                                            sampler.draw(&batch, &mut lp.output("greedy", &mut tokens)).unwrap();
+                                            p.allowing(&tokens, vocab)
+                                        })
+                                        .collect(),
+                                    _ => Vec::new(),
+                                };
                                 let t = time(a.reps, batches, |b| {
                                     let mut batch = Batch {
                                         temperature: Some(&temps),
@@ -820,6 +851,10 @@ fn main() {
                                     };
                                     if let Some(p) = pipeline.as_ref().filter(|_| path.starts_with("pipeline")) {
                                         batch = p.apply(path, batch);
+                                        if let Some(mask) = allowed.get(b) {
+                                            batch.token_bitmask =
+                                                Some(TokenBitmask { words: mask, row_stride: vocab.div_ceil(32) });
+                                        }
                                     }
                                     sampler.draw(&batch, &mut lp.output(path, &mut tokens)).unwrap();
                                 });
