@@ -371,12 +371,7 @@ mod tests {
     fn refined_bounds_hold_z_and_are_tight_where_the_mass_is_in_few_blocks() {
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
         let mut normal = || {
-            let mut u = || {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                ((state >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-            };
+            let mut u = || ((crate::kernels::xorshift64(&mut state) >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
             (-2.0 * u().ln()).sqrt() * (std::f64::consts::TAU * u()).cos()
         };
         for (vocab, peaked, floor, inv_t) in [

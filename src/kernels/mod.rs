@@ -431,6 +431,16 @@ pub fn read_floor_two(level: SimdLevel, logits: crate::Logits, noise: &[f32], ro
     m
 }
 
+/// One step of the xorshift64 generator the kernels' unit tests draw their rows from (a test
+/// needs reproducible data, not quality).
+#[cfg(test)]
+pub(crate) fn xorshift64(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
 /// The levels this machine can run, lowest first (for tests and benchmarks).
 pub fn supported_levels() -> Vec<SimdLevel> {
     SimdLevel::ALL.into_iter().filter(|l| l.is_supported()).collect()

@@ -15,7 +15,8 @@
 //! One algorithm per file:
 //! - `noise.rs`: ln, the counter hash, the Exp(1) noise and its cheap bounds, the key words;
 //!   `fill_noise`.
-//! - `scan.rs`: pass 1 (block maxima and NaN), `find_first`; the benchmark's read floors.
+//! - `scan.rs`: pass 1 (block maxima and NaN), or a greedy row's one pass (`top_block`);
+//!   `find_first`; the benchmark's read floors.
 //! - `race.rs`: the block noise and the inline race; the race on external noise.
 //! - `mass.rs`: f32 probability mass: exp2, the weight kinds, per-block mass, `mass_weights`,
 //!   `mass_gather`, `gather_ge`.

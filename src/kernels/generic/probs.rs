@@ -110,12 +110,7 @@ mod tests {
     #[test]
     fn every_level_computes_the_defined_sum_bit_for_bit() {
         let mut state = 0x1234_5678_9abc_def0u64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32
-        };
+        let mut next = || (crate::kernels::xorshift64(&mut state) >> 40) as f32 / (1u64 << 24) as f32;
         for n in [0usize, 1, 63, 64, 65, 1000, 32000, 151_936] {
             let mut row: Vec<f32> = (0..n).map(|_| next().powi(8)).collect();
             let total: f64 = row.iter().map(|&x| x as f64).sum();

@@ -303,12 +303,7 @@ mod tests {
     #[test]
     fn every_level_finds_the_first_block_of_the_maximum() {
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = || crate::kernels::xorshift64(&mut state);
         for n in [0usize, 1, 15, 255, 256, 257, 4096, 4097, 32000, 151_936] {
             for case in 0..8 {
                 // Few distinct values, so that the maximum repeats across blocks and lanes; zeros
