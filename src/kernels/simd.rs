@@ -72,6 +72,12 @@ pub(crate) unsafe trait Simd: Copy {
     fn first(m: Self::M) -> usize;
     /// Per lane `if m { a } else { b }`.
     fn select(m: Self::M, a: Self::F, b: Self::F) -> Self::F;
+    /// Per lane `if m { max(x, acc) } else { acc }`: `max(select(m, x, -inf), acc)`, lane for
+    /// lane (the masked scan's step), which a level may do in one instruction.
+    #[inline(always)]
+    fn max_where(m: Self::M, x: Self::F, acc: Self::F) -> Self::F {
+        Self::max(Self::select(m, x, Self::splat(f32::NEG_INFINITY)), acc)
+    }
     /// The largest lane; lanes are never NaN where this is used.
     fn reduce_max(v: Self::F) -> f32;
 

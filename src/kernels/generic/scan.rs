@@ -52,6 +52,44 @@ unsafe fn lanes_max<S: Simd, E: Elem>(
     end: usize,
     nan: &mut S::M,
 ) -> (S::F, usize) {
+    // One loop per case, so that the masked one does not test `keep` a vector.
+    // SAFETY: the caller's contract.
+    unsafe {
+        if keep.is_null() {
+            lanes_max_of::<S, E, false>(row, keep, start, end, nan)
+        } else {
+            lanes_max_of::<S, E, true>(row, keep, start, end, nan)
+        }
+    }
+}
+
+/// `max(kept(x), acc)` per lane for the tokens `i..`: `max(x, acc)`, or, when `MASKED`, that
+/// where the token's bit is set in `keep` and `acc` elsewhere (one masked max on AVX-512).
+///
+/// # Safety
+/// When `MASKED`, as [`keep_bits`].
+#[inline(always)]
+unsafe fn max_kept<S: Simd, const MASKED: bool>(x: S::F, acc: S::F, keep: *const u32, i: usize) -> S::F {
+    if MASKED {
+        // SAFETY: the caller's contract.
+        S::max_where(unsafe { keep_bits::<S>(keep, i) }, x, acc)
+    } else {
+        S::max(x, acc)
+    }
+}
+
+/// [`lanes_max`], with `keep` null exactly when not `MASKED`.
+///
+/// # Safety
+/// As [`lanes_max`].
+#[inline(always)]
+unsafe fn lanes_max_of<S: Simd, E: Elem, const MASKED: bool>(
+    row: *const E,
+    keep: *const u32,
+    start: usize,
+    end: usize,
+    nan: &mut S::M,
+) -> (S::F, usize) {
     let l = S::LANES;
     let mut i = start;
     let ninf = S::splat(f32::NEG_INFINITY);
@@ -70,18 +108,12 @@ unsafe fn lanes_max<S: Simd, E: Elem>(
         // One unordered compare catches a NaN in either operand.
         *nan = S::or_m(*nan, S::or_m(S::unord(x0, x1), S::unord(x2, x3)));
         // SAFETY: i + 4 LANES <= end tokens of `keep` (the caller's contract).
-        let (x0, x1, x2, x3) = unsafe {
-            (
-                kept::<S>(x0, keep, i),
-                kept::<S>(x1, keep, i + l),
-                kept::<S>(x2, keep, i + 2 * l),
-                kept::<S>(x3, keep, i + 3 * l),
-            )
-        };
-        a0 = S::max(x0, a0);
-        a1 = S::max(x1, a1);
-        a2 = S::max(x2, a2);
-        a3 = S::max(x3, a3);
+        unsafe {
+            a0 = max_kept::<S, MASKED>(x0, a0, keep, i);
+            a1 = max_kept::<S, MASKED>(x1, a1, keep, i + l);
+            a2 = max_kept::<S, MASKED>(x2, a2, keep, i + 2 * l);
+            a3 = max_kept::<S, MASKED>(x3, a3, keep, i + 3 * l);
+        }
         i += 4 * l;
     }
     while i + l <= end {
@@ -89,7 +121,7 @@ unsafe fn lanes_max<S: Simd, E: Elem>(
         let x = unsafe { E::load::<S>(row.add(i)) };
         *nan = S::or_m(*nan, S::is_nan(x));
         // SAFETY: as above.
-        a0 = S::max(unsafe { kept::<S>(x, keep, i) }, a0);
+        a0 = unsafe { max_kept::<S, MASKED>(x, a0, keep, i) };
         i += l;
     }
     (S::max(S::max(a0, a1), S::max(a2, a3)), i)
@@ -338,6 +370,64 @@ mod tests {
                     let same =
                         (got.0 == want.0 || got.0.is_nan() && want.0.is_nan()) && got.1 == want.1 && got.2 == want.2;
                     assert!(same, "{level:?} n {n} case {case}: {got:?}, want {want:?}");
+                }
+            }
+        }
+    }
+
+    /// The definition of the masked scan: per block, the largest kept value (NaN ignored,
+    /// -inf if none); and whether any value, kept or not, is NaN.
+    fn defined_masked(row: &[f32], keep: &[u32]) -> (Vec<f32>, bool) {
+        let kept = |i: usize| keep[i / 32] >> (i % 32) & 1 != 0;
+        let bmax = (0..row.len().div_ceil(BLOCK))
+            .map(|b| {
+                (b * BLOCK..((b + 1) * BLOCK).min(row.len()))
+                    .filter(|&i| kept(i) && !row[i].is_nan())
+                    .fold(f32::NEG_INFINITY, |m, i| if row[i] > m { row[i] } else { m })
+            })
+            .collect();
+        (bmax, row.iter().any(|x| x.is_nan()))
+    }
+
+    #[test]
+    fn every_level_scans_the_kept_tokens_as_defined() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || crate::kernels::xorshift64(&mut state);
+        for n in [1usize, 31, 255, 256, 300, 4097, 32000] {
+            for case in 0..6 {
+                let mut row: Vec<f32> = (0..n).map(|_| (next() % 9) as f32 - 4.0).collect();
+                for x in row.iter_mut() {
+                    let r = next() % 32;
+                    match case {
+                        1 if r == 0 => *x = f32::NAN,
+                        2 if r < 4 => *x = if r % 2 == 0 { -0.0 } else { 0.0 },
+                        3 if r == 0 => *x = f32::INFINITY,
+                        3 if r == 1 => *x = f32::NEG_INFINITY,
+                        _ => {}
+                    }
+                }
+                // Masks: random bits, whole words clear or set, and the largest values masked.
+                let keep: Vec<u32> = (0..n.div_ceil(32))
+                    .map(|_| match (case, next() % 4) {
+                        (4, 0) => 0,
+                        (4, 1) => u32::MAX,
+                        _ => next() as u32,
+                    })
+                    .collect();
+                if case == 5 {
+                    row.iter_mut()
+                        .enumerate()
+                        .filter(|(i, _)| keep[i / 32] >> (i % 32) & 1 == 0)
+                        .for_each(|(_, x)| *x = 9.0);
+                }
+                let want = defined_masked(&row, &keep);
+                for level in supported_levels() {
+                    let mut got = vec![0.5f32; n.div_ceil(BLOCK)];
+                    // SAFETY: `row` holds n values, `keep` n.div_ceil(32) words; the level is supported.
+                    let nan = unsafe { (kernels(level).f32.scan_masked)(row.as_ptr(), keep.as_ptr(), n, &mut got) };
+                    // (Compared as values: which zero a block of both zeros reports is the lanes'
+                    // order, and no bound depends on it.)
+                    assert_eq!((&got, nan), (&want.0, want.1), "{level:?} n {n} case {case}");
                 }
             }
         }

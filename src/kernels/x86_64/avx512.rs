@@ -144,6 +144,13 @@ unsafe impl Simd for Avx512 {
         unsafe { _mm512_mask_blend_ps(m, b, a) }
     }
     #[inline(always)]
+    fn max_where(m: __mmask16, x: __m512, acc: __m512) -> __m512 {
+        // The masked vmaxps: `max(x, acc)` where `m` is set, `acc` elsewhere, as the default's
+        // blend then max (a masked-out lane gives max(-inf, acc) = acc), in one instruction.
+        // SAFETY: AVX-512F intrinsics on values (see the module doc).
+        unsafe { _mm512_mask_max_ps(acc, m, x, acc) }
+    }
+    #[inline(always)]
     fn reduce_max(v: __m512) -> f32 {
         // SAFETY: AVX-512F intrinsics on values (see the module doc).
         unsafe { _mm512_reduce_max_ps(v) }
