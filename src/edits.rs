@@ -403,6 +403,18 @@ impl RowEdits {
         edited(x, &info, self.penalties)
     }
 
+    /// The bits of the touched tokens (`seen`), when block `b` holds touched tokens and no
+    /// biased one: then [`RowEdits::listed_of`] would bound each by its logit
+    /// ([`BlockValues::bounded_by_row`]).
+    fn bounded_by_row(&self, b: usize) -> Option<*const u32> {
+        if self.touched == 0 {
+            return None;
+        }
+        let words = b * (BLOCK / 32)..((b + 1) * (BLOCK / 32)).min(self.keep.len());
+        let biased = self.listed_bits[words].iter().any(|&l| l != 0);
+        (!biased).then_some(self.seen.as_ptr())
+    }
+
     /// Writes into `out` the touched tokens of block `b` of the row `v`, each with an upper
     /// bound of its processed value when no penalty raises one ([`RowEdits::by_blocks`]): its
     /// logit, or, for a biased token (a bias may raise it), its value. Returns how many.
@@ -524,6 +536,10 @@ pub(crate) struct EditedBlocks<'a, V: ?Sized> {
 impl<V: RowValues + ?Sized> BlockValues for EditedBlocks<'_, V> {
     fn listed(&self, b: usize, out: &mut [(u32, f32); BLOCK]) -> usize {
         self.edits.listed_of(self.values, b, out)
+    }
+
+    fn bounded_by_row(&self, b: usize) -> Option<*const u32> {
+        self.edits.bounded_by_row(b)
     }
 
     fn value(&self, t: u32) -> f32 {

@@ -151,6 +151,10 @@ unsafe impl Simd for Portable {
         m.iter().position(|&b| b != 0).unwrap_or(0)
     }
     #[inline(always)]
+    fn bits_of(m: [u32; W]) -> u32 {
+        m.iter().enumerate().fold(0, |a, (l, &b)| a | (b & 1) << l)
+    }
+    #[inline(always)]
     fn select(m: [u32; W], a: [f32; W], b: [f32; W]) -> [f32; W] {
         // Bitwise, as a vector unit blends: the same values as a lane-wise choice.
         lanes!(|i| f32::from_bits(a[i].to_bits() & m[i] | b[i].to_bits() & !m[i]))

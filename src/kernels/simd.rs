@@ -70,6 +70,8 @@ pub(crate) unsafe trait Simd: Copy {
     fn any(m: Self::M) -> bool;
     /// The lowest set lane of a non-empty mask.
     fn first(m: Self::M) -> usize;
+    /// The mask as bits, lane `l` at bit `l` (the inverse of [`Simd::mask_bits`]).
+    fn bits_of(m: Self::M) -> u32;
     /// Per lane `if m { a } else { b }`.
     fn select(m: Self::M, a: Self::F, b: Self::F) -> Self::F;
     /// Per lane `if m { max(x, acc) } else { acc }`: `max(select(m, x, -inf), acc)`, lane for
@@ -242,6 +244,10 @@ unsafe impl Simd for Scalar {
     #[inline(always)]
     fn first(_m: bool) -> usize {
         0
+    }
+    #[inline(always)]
+    fn bits_of(m: bool) -> u32 {
+        m as u32
     }
     #[inline(always)]
     fn select(m: bool, a: f32, b: f32) -> f32 {

@@ -189,7 +189,9 @@ pub(crate) fn token_noise_bound(k: (u32, u32), bn: &BlockNoise, i0: u32, t: u32)
 
 /// The exact keys of the `LANES` tokens at `row[i..]`, which lie in a block with noise `bn`;
 /// `i0` is the block-relative index of `row[i]` and `t` the vocabulary index of `row[i]`.
-/// With a non-null `keep`, only the tokens whose bit is set in `keep` race.
+/// With a non-null `keep`, only the tokens whose bit is set in `keep` race. Returns the lanes
+/// whose value, kept or not, passes the block's noise bound (the first test): what
+/// [`race_block`] asks of the tokens whose values are bounded by the row's.
 ///
 /// # Safety
 /// `row` valid for `i + S::LANES` reads; when `keep` is not null, `keep` valid for `i / 32 + 1` reads; `S`
@@ -205,7 +207,7 @@ unsafe fn race_inline_vec<S: Simd, E: Elem>(
     p: RaceParams,
     k: (u32, u32),
     best: &mut Best,
-) {
+) -> S::M {
     // SAFETY: the caller's contract.
     let x = unsafe { E::load::<S>(row.add(i)) };
     let d = S::mul(S::sub(x, S::splat(p.m)), S::splat(p.inv_t));
@@ -215,9 +217,10 @@ unsafe fn race_inline_vec<S: Simd, E: Elem>(
         racing = S::and_m(racing, unsafe { keep_bits::<S>(keep, i) });
     }
     // Most vectors of a live block stop here: even the block's smallest noise cannot lift them.
-    let live = S::and_m(S::ge(S::add(d, S::splat(bn.g_max)), S::splat(best.key)), racing);
+    let reach = S::ge(S::add(d, S::splat(bn.g_max)), S::splat(best.key));
+    let live = S::and_m(reach, racing);
     if !S::any(live) {
-        return;
+        return reach;
     }
     // A tighter bound per token from its own noise bits: E_j = E_min + F_j >= F_j, except at
     // the block minimum's position, where E = E_min.
@@ -226,7 +229,7 @@ unsafe fn race_inline_vec<S: Simd, E: Elem>(
     let g = S::select(is_min, S::splat(bn.g_max), noise_bound::<S>(h));
     let live = S::and_m(live, S::ge(S::add(d, g), S::splat(best.key)));
     if !S::any(live) {
-        return;
+        return reach;
     }
     let e_min = S::splat(bn.e_min);
     let e = S::select(is_min, e_min, S::add(e_min, exp_noise::<S>(h)));
@@ -235,16 +238,21 @@ unsafe fn race_inline_vec<S: Simd, E: Elem>(
     let top = S::reduce_max(kv);
     let lane = S::first(S::and_m(live, S::eq(kv, S::splat(top))));
     best.offer(top, t as usize + lane);
+    reach
 }
 
 /// Races every token of block `b` (whose noise is `bn`) against `best` (with a non-null `keep`: those whose
-/// bit is set in `keep`).
+/// bit is set in `keep`). When `TOUCHED`, also sets in `reached` (bit `i % 32` of word `i / 32`
+/// for the block's token `i`) the tokens whose bit is set in `touched` and whose value in the
+/// row passes the block's noise bound as its vector is raced: of the tokens whose values are
+/// bounded by the row's, those that may reach the best, found in the same vector operations.
 ///
 /// # Safety
-/// `row` valid for `n` reads; when `keep` is not null, `keep` for `n.div_ceil(32)`; `S` usable here.
+/// `row` valid for `n` reads; when `keep` is not null, `keep` for `n.div_ceil(32)`, and so
+/// `touched` when `TOUCHED`; `S` usable here.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn race_block<S: Simd, E: Elem>(
+unsafe fn race_block<S: Simd, E: Elem, const TOUCHED: bool>(
     row: *const E,
     keep: *const u32,
     n: usize,
@@ -253,17 +261,32 @@ unsafe fn race_block<S: Simd, E: Elem>(
     k: (u32, u32),
     base: usize,
     best: &mut Best,
+    (touched, reached): (*const u32, &mut [u32; BLOCK / 32]),
 ) {
     let (start, end) = (b * BLOCK, ((b + 1) * BLOCK).min(n));
     let mut i = start;
     while i + S::LANES <= end {
         // SAFETY: i + LANES <= end <= n; `S` usable (the caller's contract).
-        unsafe { race_inline_vec::<S, E>(row, keep, i, ((i - start) as u32, (base + i) as u32), bn, p, k, best) };
+        let reach =
+            unsafe { race_inline_vec::<S, E>(row, keep, i, ((i - start) as u32, (base + i) as u32), bn, p, k, best) };
+        if TOUCHED {
+            // SAFETY: as above (`touched` as `keep`). A vector's lanes lie in one word, as
+            // LANES divides 32.
+            let bits = S::bits_of(S::and_m(reach, unsafe { keep_bits::<S>(touched, i) }));
+            reached[(i - start) / 32] |= bits << (i % 32);
+        }
         i += S::LANES;
     }
     while i < end {
         // SAFETY: i < end <= n; Scalar runs anywhere.
-        unsafe { race_inline_vec::<Scalar, E>(row, keep, i, ((i - start) as u32, (base + i) as u32), bn, p, k, best) };
+        let reach = unsafe {
+            race_inline_vec::<Scalar, E>(row, keep, i, ((i - start) as u32, (base + i) as u32), bn, p, k, best)
+        };
+        if TOUCHED {
+            // SAFETY: as above.
+            let bit = Scalar::bits_of(reach && unsafe { keep_bits::<Scalar>(touched, i) });
+            reached[(i - start) / 32] |= bit << (i % 32);
+        }
         i += 1;
     }
 }
@@ -275,15 +298,30 @@ pub(crate) trait BlockValues {
     /// Writes into `out` the tokens of block `b` whose values are not the row's, each with an
     /// upper bound of its value (`(token, bound)`, in no particular order), and returns how many.
     fn listed(&self, b: usize, out: &mut [(u32, f32); BLOCK]) -> usize;
+    /// When every token that [`BlockValues::listed`] would list for block `b` has its value in
+    /// the row as its bound: the bits of those tokens (one per token of the whole row, as
+    /// `keep`), which the race then tests in its own vector pass instead of listing them (on a
+    /// flat row, most visited blocks hold a few, of which only a few percent pass).
+    fn bounded_by_row(&self, b: usize) -> Option<*const u32>;
     /// The value of listed token `t` (NaN or -inf: it is not drawn).
     fn value(&self, t: u32) -> f32;
+}
+
+/// Races token `t` of value `y` (worked out apart from the row) in its block of noise `bn`, on
+/// the scalar code of a vector lane, so that it gets the key it would get in a row holding `y`.
+#[inline(always)]
+fn race_value(y: f32, t: u32, bn: BlockNoise, p: RaceParams, k: (u32, u32), best: &mut Best) {
+    // SAFETY: one value at `&y`; nothing read from `keep` (null); Scalar runs anywhere.
+    unsafe { race_inline_vec::<Scalar, f32>(&y, std::ptr::null(), 0, (t % BLOCK as u32, t), bn, p, k, best) };
 }
 
 /// Races block `(b, bn)` of [`race_inline`]: its kept tokens from the row, then, with `edited`,
 /// its listed tokens, each on the same scalar code as a vector lane, so that it gets the key it
 /// would get in a row holding its value. A listed token whose bound cannot reach the best is
 /// skipped before its value is worked out: the first test of that code, on the bound, is at
-/// least its test on the value, since every rounding step is monotone.
+/// least its test on the value, since every rounding step is monotone. Where the bound is the
+/// token's value in the row ([`BlockValues::bounded_by_row`]), that first test is made on the
+/// race's own vectors ([`race_block`]), and only the tokens that pass are worked out.
 ///
 /// # Safety
 /// As [`race_block`].
@@ -298,16 +336,33 @@ unsafe fn visit<S: Simd, E: Elem>(
     (edited, listed): (Option<&dyn BlockValues>, &mut [(u32, f32); BLOCK]),
     best: &mut Best,
 ) {
+    let mut reached = [0u32; BLOCK / 32];
+    let no_touched = (std::ptr::null(), &mut reached);
+    let Some(values) = edited else {
+        // SAFETY: the caller's contract.
+        unsafe { race_block::<S, E, false>(row, keep, n, (b, bn), p, k, base, best, no_touched) };
+        return;
+    };
+    if let Some(touched) = values.bounded_by_row(b) {
+        // SAFETY: the caller's contract; `touched` has a bit per token of the row.
+        unsafe { race_block::<S, E, true>(row, keep, n, (b, bn), p, k, base, best, (touched, &mut reached)) };
+        for (w, &word) in reached.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                let t = (base + b * BLOCK + w * 32) as u32 + bits.trailing_zeros();
+                race_value(values.value(t), t, bn, p, k, best);
+                bits &= bits - 1;
+            }
+        }
+        return;
+    }
     // SAFETY: the caller's contract.
-    unsafe { race_block::<S, E>(row, keep, n, (b, bn), p, k, base, best) };
-    let Some(values) = edited else { return };
+    unsafe { race_block::<S, E, false>(row, keep, n, (b, bn), p, k, base, best, no_touched) };
     let count = values.listed(b, listed);
     for &(t, bound) in &listed[..count] {
         let d = Scalar::mul(Scalar::sub(bound, p.m), p.inv_t);
         if d + bn.g_max >= best.key {
-            let y = values.value(t);
-            // SAFETY: one value at `&y`; nothing read from `keep` (null); Scalar runs anywhere.
-            unsafe { race_inline_vec::<Scalar, f32>(&y, std::ptr::null(), 0, (t % BLOCK as u32, t), bn, p, k, best) };
+            race_value(values.value(t), t, bn, p, k, best);
         }
     }
 }
@@ -632,9 +687,7 @@ pub(crate) fn race_listed_inline(
 ) -> Best {
     let k = key_words(key);
     for &(t, y) in tokens {
-        let bn = blocks[t as usize / BLOCK];
-        // SAFETY: one value at `&y`; nothing read from `keep` (not masked); Scalar runs anywhere.
-        unsafe { race_inline_vec::<Scalar, f32>(&y, std::ptr::null(), 0, (t % BLOCK as u32, t), bn, p, k, &mut best) };
+        race_value(y, t, blocks[t as usize / BLOCK], p, k, &mut best);
     }
     best
 }

@@ -160,6 +160,11 @@ unsafe impl Simd for Avx2 {
         unsafe { _mm256_movemask_ps(m).trailing_zeros() as usize }
     }
     #[inline(always)]
+    fn bits_of(m: __m256) -> u32 {
+        // SAFETY: AVX2 intrinsics on values (see the module doc).
+        unsafe { _mm256_movemask_ps(m) as u32 }
+    }
+    #[inline(always)]
     fn select(m: __m256, a: __m256, b: __m256) -> __m256 {
         // SAFETY: AVX2 intrinsics on values (see the module doc).
         unsafe { _mm256_blendv_ps(b, a, m) }

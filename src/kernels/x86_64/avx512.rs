@@ -139,6 +139,10 @@ unsafe impl Simd for Avx512 {
         m.trailing_zeros() as usize
     }
     #[inline(always)]
+    fn bits_of(m: __mmask16) -> u32 {
+        m as u32
+    }
+    #[inline(always)]
     fn select(m: __mmask16, a: __m512, b: __m512) -> __m512 {
         // SAFETY: AVX-512F intrinsics on values (see the module doc).
         unsafe { _mm512_mask_blend_ps(m, b, a) }
