@@ -264,6 +264,12 @@ pub(crate) struct RowEdits {
     counted: Vec<u32>,
     /// At least how many tokens the lists touched, and 0 when they touched none.
     touched: usize,
+    /// Whether the histories touch tokens densely enough (two words of `seen` in eight hold
+    /// one, or more) that the race tests a visited block's touched tokens on its own vectors
+    /// ([`RowEdits::bounded_by_row`]) rather than one by one: the vector test costs the same
+    /// for any count, the token-by-token one a bit walk and a load a token. A bitmask thins
+    /// the touched tokens (those it bans are not touched), often below that.
+    dense: bool,
     /// Scratch of [`RowEdits::resolve_words`]: the touched tokens of a range, room for
     /// `touched + 4`.
     ids: Vec<u32>,
@@ -403,11 +409,11 @@ impl RowEdits {
         edited(x, &info, self.penalties)
     }
 
-    /// The bits of the touched tokens (`seen`), when block `b` holds touched tokens and no
-    /// biased one: then [`RowEdits::listed_of`] would bound each by its logit
+    /// The bits of the touched tokens (`seen`), when they are dense (`dense`) and block `b`
+    /// holds no biased one: then [`RowEdits::listed_of`] would bound each by its logit
     /// ([`BlockValues::bounded_by_row`]).
     fn bounded_by_row(&self, b: usize) -> Option<*const u32> {
-        if self.touched == 0 {
+        if self.touched == 0 || !self.dense {
             return None;
         }
         let words = b * (BLOCK / 32)..((b + 1) * (BLOCK / 32)).min(self.keep.len());
@@ -627,6 +633,7 @@ pub(crate) fn build(batch: &Batch, r: usize) -> Result<Option<RowEdits>> {
         counts: spare.counts,
         counted: spare.counted,
         touched: 0,
+        dense: false,
         ids: spare.ids,
         vals: spare.vals,
         words: spare.words,
@@ -768,7 +775,7 @@ fn touch_lists(batch: &Batch, r: usize, e: &mut RowEdits) -> Result<()> {
     }
     // (A bound of the count rather than the count: a population count per word is a dozen
     // instructions on baseline x86-64, whose POPCNT is not assumed.)
-    let mut any = 0;
+    let (mut any, mut seen_words) = (0, 0);
     if sparse {
         // The same pass over the touched words only. It must give the same word however often
         // a word comes back, so it starts from the mask (`mask`, or every bit of an unmasked
@@ -783,6 +790,8 @@ fn touch_lists(batch: &Batch, r: usize, e: &mut RowEdits) -> Result<()> {
             (e.seen[w], e.output_bits[w], e.keep[w]) = (s, o, k & !(s | l));
             any |= s | l;
             e.words.push(w as u32);
+            // (A word that comes back more than once counts as often: this only guesses.)
+            seen_words += (s != 0) as usize;
         }
     } else {
         let bits = e.seen[..words].iter_mut().zip(&mut e.output_bits[..words]).zip(&e.listed_bits[..words]);
@@ -790,9 +799,11 @@ fn touch_lists(batch: &Batch, r: usize, e: &mut RowEdits) -> Result<()> {
             (*s, *o) = (*s & *k, *o & *k);
             *k &= !(*s | l);
             any |= *s | l;
+            seen_words += (*s != 0) as usize;
         }
     }
     e.touched = if any != 0 { most } else { 0 };
+    e.dense = seen_words * 4 >= words;
     Ok(())
 }
 
