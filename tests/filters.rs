@@ -4,7 +4,7 @@ mod common;
 
 use common::*;
 use std::collections::BTreeMap;
-use tokenrace::internals::kept_floor;
+use tokenrace::internals::{kept_floor, kept_floor_at};
 use tokenrace::*;
 
 fn inv_t(t: f32) -> f64 {
@@ -82,6 +82,11 @@ fn check_kept(x: &[f32], t: f32, k: i32, p: f32, mp: f32) {
     let want = reference_kept(x, t, k, p, mp);
     let got = kept_of(x, t, k, p, mp);
     assert_eq!(got, want, "x={x:?} t={t} k={k} p={p} min_p={mp}");
+    if k > 0 {
+        // top-k gathers its candidates with each level's SIMD gather: every level, one floor.
+        let floors: Vec<u32> = supported_levels().iter().map(|&l| kept_floor_at(l, x, t, k, p, mp).to_bits()).collect();
+        assert!(floors.iter().all(|&f| f == floors[0]), "levels disagree: {floors:?} (t {t} k {k} p {p} min_p {mp})");
+    }
 }
 
 const NINF: f32 = f32::NEG_INFINITY;

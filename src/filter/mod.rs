@@ -75,7 +75,7 @@ pub(crate) fn floor_of<V: RowValues + ?Sized>(
     }
     let mut top_k_candidates = None;
     if f.top_k > 0 {
-        if let Some((kth, cand)) = top_k::kth_largest(v, bmax, f.top_k)? {
+        if let Some((kth, cand)) = top_k::kth_largest(k, v, bmax, f.top_k)? {
             floor = floor.max(kth);
             top_k_candidates = Some(cand);
         }
