@@ -263,6 +263,58 @@ fn tokens_do_not_depend_on_simd_level_or_threads() {
     }
 }
 
+/// A row whose only filter past min-p is top-p, on a peaked row, may race first and decide top-p
+/// for its winner alone; a call asking for logprobs computes the threshold first. Both must give
+/// the same token for the same seed, at every level, both filter orders, f32 and bf16; and every
+/// token lies in the reference's kept set. The rows put the top-p boundary among the peaks (the
+/// winner is often the first token top-p drops) and below them.
+#[test]
+fn top_p_decided_after_the_race_gives_the_tokens_of_the_threshold() {
+    let mut rng = TestRng::new(41);
+    let (rows, vocab) = (24usize, 20_003usize);
+    let mut x = Vec::new();
+    for r in 0..rows {
+        let mut row = peaked_logits(&mut rng, vocab, 2.0, 12.0);
+        // Every third row: four near-equal peaks, so that top-p 0.5-0.8 cuts between them.
+        if r % 3 == 0 {
+            for (j, i) in [(0, 17), (1, 5003), (2, 5004), (3, 19_999)] {
+                row[i] = 12.0 - 0.25 * j as f32;
+            }
+        }
+        x.extend(row);
+    }
+    let temps: Vec<f32> = (0..rows).map(|r| [1.0, 0.7, 1.6, 1.0][r % 4]).collect();
+    let ps: Vec<f32> = (0..rows).map(|r| [0.9, 0.5, 0.75, 0.99, 0.3, 0.95][r % 6]).collect();
+    let mps: Vec<f32> = (0..rows).map(|r| [0.0, 0.0, 0.02, 0.0, 0.2][r % 5]).collect();
+    let ks = vec![0i32; rows];
+    let b16: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v)).collect();
+    let x16: Vec<f32> = b16.iter().map(|v| v.to_f32()).collect();
+    for order in [FilterOrder::TemperatureFirst, FilterOrder::FiltersFirst] {
+        for level in supported_levels() {
+            let s = Sampler::new(Config { filter_order: order, ..sampler(level, 3).config().clone() }).unwrap();
+            for (logits, values) in [(Logits::F32(&x), &x), (Logits::Bf16(&b16), &x16)] {
+                for call in 0..12u64 {
+                    let seeds: Vec<u64> = (0..rows as u64).map(|r| call * 1000 + r).collect();
+                    let b = Batch { seeds: Some(&seeds), ..filtered_batch(&x, rows, vocab, &temps, &ks, &ps, &mps) };
+                    let b = Batch { logits, ..b };
+                    let plain = draw(&s, &b).0;
+                    let (mut tokens, mut lps) = (vec![-1; rows], vec![0f32; rows]);
+                    s.draw(&b, &mut Output { logprobs: Some(&mut lps), ..Output::new(&mut tokens) }).unwrap();
+                    assert_eq!(plain, tokens, "{order:?} {level:?} call {call}");
+                    for (r, &tok) in plain.iter().enumerate() {
+                        let row = &values[r * vocab..(r + 1) * vocab];
+                        let t = if order == FilterOrder::FiltersFirst { 1.0 } else { temps[r] };
+                        assert!(
+                            kept_of(row, t, 0, ps[r], mps[r])[tok as usize],
+                            "{order:?} {level:?} row {r} token {tok}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// log_softmax in f64 over a kept set (and scale), -inf outside.
 fn log_softmax64(x: &[f32], scale: f64, kept: &[bool]) -> Vec<f64> {
     let m = x.iter().filter(|v| v.is_finite()).fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));

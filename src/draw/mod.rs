@@ -118,14 +118,29 @@ pub(crate) enum RowPlan {
     Greedy,
     /// `filter_inv_t` is the 1/T the filters judge the row at: `inv_t` (temperature first) or 1
     /// (filters first).
+    ///
+    /// `top_p_after_race`: nothing after the draw reads the row's filters' floor (no logprobs,
+    /// no full-vocabulary output), so a row whose last filter is top-p may decide it after its
+    /// race ([`race_row`]).
     Sample {
         inv_t: f32,
         filter_inv_t: f32,
         noise: RaceNoise,
+        top_p_after_race: bool,
     },
 }
 
 impl RowPlan {
+    /// The plan with `top_p_after_race` set (a sampling row).
+    fn with_top_p_after_race(self) -> RowPlan {
+        match self {
+            RowPlan::Sample { inv_t, filter_inv_t, noise, .. } => {
+                RowPlan::Sample { inv_t, filter_inv_t, noise, top_p_after_race: true }
+            }
+            greedy => greedy,
+        }
+    }
+
     /// 1/T of a sampling row; `None` for a greedy one.
     pub(crate) fn inv_t(self) -> Option<f32> {
         match self {
@@ -182,12 +197,46 @@ fn race_params<V: RowValues + ?Sized>(
     plan: RowPlan,
 ) -> Result<Option<(RaceParams, RaceNoise)>> {
     match plan {
-        RowPlan::Sample { inv_t, filter_inv_t, noise } if sc.top.is_finite() => {
+        RowPlan::Sample { inv_t, filter_inv_t, noise, .. } if sc.top.is_finite() => {
             let floor = filter::row_floor(k, batch, r, v, bmax, sc.top, filter_inv_t).map_err(|e| in_row(r, e))?;
             Ok(Some((RaceParams { m: sc.top, inv_t, floor }, noise)))
         }
         _ => Ok(None),
     }
+}
+
+/// The race of a row that needs one, and its filters' floor.
+///
+/// A sampling row whose filters are top-p (with or without min-p, no top-k) on a row whose mass
+/// sits in a few blocks races first over the tokens min-p keeps. When top-p surely keeps the
+/// winner ([`filter::top_p::surely_keeps`], from the few tokens above it), the winner is the
+/// race's over the kept tokens too (the same keys; the kept tokens a subset that holds it), and
+/// top-p's threshold, which needs the mass of the whole row, is never computed: the floor
+/// returned is then min-p's alone, which nothing after this draw reads (`top_p_after_race`).
+/// Otherwise the row races once more, with the whole floor.
+fn race_row<V: RowValues + ?Sized>(
+    k: &Kernels,
+    (batch, r): (&Batch, usize),
+    (v, bmax, sc): (&V, &[f32], &Scanned),
+    plan: RowPlan,
+) -> Result<(Option<Best>, f32)> {
+    if let RowPlan::Sample { inv_t, filter_inv_t, noise, top_p_after_race: true } = plan {
+        let m = sc.top;
+        let few = m.is_finite() && filter::top_p::few_heavy_blocks(bmax, m, filter_inv_t);
+        if let Some((floor, top_p)) = few.then(|| filter::top_p_after_min_p(batch, r, m, filter_inv_t)).flatten() {
+            let won = v.race(k, 0, v.n(), bmax, RaceParams { m, inv_t, floor }, noise);
+            if won.token != usize::MAX {
+                let x = v.at(won.token);
+                let kept = filter::top_p::surely_keeps(k, v, bmax, (m, filter_inv_t, floor), top_p, x);
+                if kept.map_err(|e| in_row(r, e))? {
+                    return Ok((Some(won), floor));
+                }
+            }
+        }
+    }
+    let params = race_params(k, batch, r, v, bmax, sc, plan)?;
+    let won = params.map(|(p, noise)| v.race(k, 0, v.n(), bmax, p, noise));
+    Ok((won, params.map_or(f32::NEG_INFINITY, |(p, _)| p.floor)))
 }
 
 /// An error of row `r` (an allocation of its filters), named so; nothing is written.
@@ -265,9 +314,7 @@ fn draw_values<V: RowValues + ?Sized>(
         alloc::resize(&mut bmax, v.n().div_ceil(BLOCK), f32::NEG_INFINITY, "block maxima").map_err(|e| in_row(r, e))?;
         let has_nan = v.scan(k, 0, v.n(), &mut bmax) || processed == Some(true);
         let sc = summarize(&bmax, f32::NEG_INFINITY, has_nan, plan);
-        let params = race_params(k, batch, r, v, &bmax, &sc, plan)?;
-        let won = params.map(|(p, noise)| v.race(k, 0, v.n(), &bmax, p, noise));
-        let floor = params.map_or(f32::NEG_INFINITY, |(p, _)| p.floor);
+        let (won, floor) = race_row(k, (batch, r), (v, &bmax, &sc), plan)?;
         let info = RowInfo { top: sc.top, floor, edited: processed.is_some() };
         let token = finish(k, v, &bmax, &sc, won);
         if let Some(slots) = logprobs {
@@ -495,6 +542,13 @@ pub(crate) fn run(
 ) -> Result<Vec<Drawn>> {
     let mut logprobs = Logprobs::new(out, batch.rows);
     let slots = logprobs.as_mut().map(Logprobs::slots);
+    let after_race;
+    let plans = if logprobs.is_none() && out.full_logprobs.is_none() {
+        after_race = plans.iter().map(|&p| p.with_top_p_after_race()).collect::<Vec<_>>();
+        &after_race[..]
+    } else {
+        plans
+    };
     let drawn = draw_rows(k, batch, plans, workers, slots.as_ref())?;
     let info: Vec<RowInfo> = drawn.iter().map(|d| d.info).collect();
     let inv_t: Vec<Option<f32>> = plans.iter().map(|p| p.inv_t()).collect();

@@ -89,6 +89,18 @@ pub(crate) fn floor_of<V: RowValues + ?Sized>(
     Ok(floor)
 }
 
+/// For a row whose filters are top-p, with or without min-p, and no top-k: min-p's floor (-inf
+/// when off) and `top_p`. Such a row may race over what min-p keeps and decide top-p after the
+/// race, for its winner alone ([`top_p::surely_keeps`]).
+pub(crate) fn top_p_after_min_p(batch: &Batch, r: usize, m: f32, inv_t: f32) -> Option<(f32, f64)> {
+    let f = Filters::of(batch, r)?;
+    if f.top_k != 0 || f.top_p >= 1.0 {
+        return None;
+    }
+    let floor = if f.min_p > 0.0 { min_p::floor(m, inv_t, f.min_p) } else { f32::NEG_INFINITY };
+    Some((floor, f.top_p))
+}
+
 /// The floor of row `r` of `batch` (values `v`, block maxima `bmax`, finite maximum `m`), or
 /// -inf when it has no filter.
 pub(crate) fn row_floor<V: RowValues + ?Sized>(

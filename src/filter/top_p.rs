@@ -248,6 +248,57 @@ pub(super) fn floor<V: RowValues + ?Sized>(
     }
 }
 
+/// Most blocks within a factor 1000 of the maximum's weight for [`surely_keeps`] to be tried
+/// after a race: a row whose mass sits in a few blocks (most rows of a language model), whose
+/// winner is nearly always one of the few tokens at the top.
+const FEW_HEAVY_BLOCKS: usize = 16;
+
+/// Whether at most [`FEW_HEAVY_BLOCKS`] blocks have a maximum within a factor of about 1000 of
+/// the weight of the row's maximum `m` (at `inv_t`). Only a guess of which way is cheaper: both
+/// ways give the same token.
+pub(crate) fn few_heavy_blocks(bmax: &[f32], m: f32, inv_t: f32) -> bool {
+    let near = m - 6.91 / inv_t;
+    bmax.iter().filter(|&&b| b >= near).count() <= FEW_HEAVY_BLOCKS
+}
+
+/// Whether top-p (over the tokens `>= floor`, at `inv_t`) surely keeps a token of logit `x`
+/// (`floor <= x <= m`, the row's finite maximum): the mass of the tokens above `x` is below
+/// `top_p` times the mass of the tokens at or above `x`, a lower bound of Z. Then the threshold
+/// is at most `x` in exact arithmetic, and in the f64 arithmetic of the exact tier too (the
+/// margin of 1e-6 covers its rounding), so the race over the kept tokens has the winner of the
+/// race over every token `>= floor` (the same keys, a subset holding the winner). `false`: not
+/// decided here (also when more than an eighth of the blocks reach `x`: then the gather would
+/// cost more than it saves).
+pub(crate) fn surely_keeps<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    bmax: &[f32],
+    (m, inv_t, floor): (f32, f32, f32),
+    top_p: f64,
+    x: f32,
+) -> Result<bool> {
+    if x >= m {
+        // The maximum is always kept.
+        return Ok(true);
+    }
+    let Some(r) = RowMass::new(k, v, m, inv_t, floor) else { return Ok(false) };
+    if !(x.is_finite() && x >= floor) || bmax.iter().filter(|&&b| b >= x).count() > bmax.len() / 8 + 1 {
+        return Ok(false);
+    }
+    let mut xs = alloc::with_capacity(super::room(bmax, x, r.n), "top-p candidates")?;
+    // SAFETY: the row has n values; bmax one per block; `room` leaves the gather's slack.
+    unsafe { (r.dk.gather_ge)(r.v.ptr(), r.n, bmax, x, &mut xs) };
+    let ws = r.weights(&xs)?;
+    let (mut above, mut at_least) = (0f64, 0f64);
+    for (&y, &w) in xs.iter().zip(&ws) {
+        at_least += w;
+        if y > x {
+            above += w;
+        }
+    }
+    Ok(above < top_p * at_least * (1.0 - 1e-6))
+}
+
 /// The f64 paths only (when the f32 exponent scale overflows).
 struct RowF64<'a, V: RowValues + ?Sized> {
     k: &'a Kernels,
