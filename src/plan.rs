@@ -66,7 +66,7 @@ pub(crate) fn plan(
         };
         let inv_t = inv_temperature(t);
         let filter_inv_t = if order == FilterOrder::FiltersFirst { 1.0 } else { inv_t };
-        rows.push(RowPlan::Sample { inv_t, filter_inv_t, noise, top_p_after_race: false });
+        rows.push(RowPlan::Sample { inv_t, filter_inv_t, noise, filters_after_race: false });
     }
     let mut lease = None;
     match pool {

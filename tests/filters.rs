@@ -263,30 +263,32 @@ fn tokens_do_not_depend_on_simd_level_or_threads() {
     }
 }
 
-/// A row whose only filter past min-p is top-p, on a peaked row, may race first and decide top-p
-/// for its winner alone; a call asking for logprobs computes the threshold first. Both must give
-/// the same token for the same seed, at every level, both filter orders, f32 and bf16; and every
-/// token lies in the reference's kept set. The rows put the top-p boundary among the peaks (the
-/// winner is often the first token top-p drops) and below them.
+/// A row with top-k or top-p (and min-p or not) on a peaked row may race first and decide its
+/// filters for the winner alone; a call asking for logprobs computes the threshold first. Both
+/// must give the same token for the same seed, at every level, both filter orders, f32 and bf16;
+/// and every token lies in the reference's kept set. The rows put the top-p and top-k boundaries
+/// among the peaks (the winner is often the first token they drop) and below them.
 #[test]
-fn top_p_decided_after_the_race_gives_the_tokens_of_the_threshold() {
+fn filters_decided_after_the_race_give_the_tokens_of_the_threshold() {
     let mut rng = TestRng::new(41);
-    let (rows, vocab) = (24usize, 20_003usize);
+    let (rows, vocab) = (48usize, 20_003usize);
     let mut x = Vec::new();
     for r in 0..rows {
-        let mut row = peaked_logits(&mut rng, vocab, 2.0, 12.0);
-        // Every third row: four near-equal peaks, so that top-p 0.5-0.8 cuts between them.
+        // Peaked enough that the draw races first at every temperature here (few heavy blocks).
+        let mut row = peaked_logits(&mut rng, vocab, 1.0, 12.0);
+        // Every third row: four near-equal peaks in one block, so that top-p 0.5-0.8 and top-k
+        // 2-3 cut between them, and top-k counts the tokens above the winner in that block.
         if r % 3 == 0 {
-            for (j, i) in [(0, 17), (1, 5003), (2, 5004), (3, 19_999)] {
+            for (j, i) in [(0, 5002), (1, 5003), (2, 5004), (3, 5010)] {
                 row[i] = 12.0 - 0.25 * j as f32;
             }
         }
         x.extend(row);
     }
-    let temps: Vec<f32> = (0..rows).map(|r| [1.0, 0.7, 1.6, 1.0][r % 4]).collect();
-    let ps: Vec<f32> = (0..rows).map(|r| [0.9, 0.5, 0.75, 0.99, 0.3, 0.95][r % 6]).collect();
+    let temps: Vec<f32> = (0..rows).map(|r| [1.0, 0.7, 1.2, 0.9][r % 4]).collect();
+    let ps: Vec<f32> = (0..rows).map(|r| [0.9, 0.5, 0.75, 0.99, 0.3, 0.95, 1.0][r % 7]).collect();
     let mps: Vec<f32> = (0..rows).map(|r| [0.0, 0.0, 0.02, 0.0, 0.2][r % 5]).collect();
-    let ks = vec![0i32; rows];
+    let ks: Vec<i32> = (0..rows).map(|r| [3, 2, 0, 2, 50, 1][r % 6]).collect();
     let b16: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v)).collect();
     let x16: Vec<f32> = b16.iter().map(|v| v.to_f32()).collect();
     for order in [FilterOrder::TemperatureFirst, FilterOrder::FiltersFirst] {
@@ -304,10 +306,8 @@ fn top_p_decided_after_the_race_gives_the_tokens_of_the_threshold() {
                     for (r, &tok) in plain.iter().enumerate() {
                         let row = &values[r * vocab..(r + 1) * vocab];
                         let t = if order == FilterOrder::FiltersFirst { 1.0 } else { temps[r] };
-                        assert!(
-                            kept_of(row, t, 0, ps[r], mps[r])[tok as usize],
-                            "{order:?} {level:?} row {r} token {tok}"
-                        );
+                        let kept = kept_of(row, t, ks[r], ps[r], mps[r]);
+                        assert!(kept[tok as usize], "{order:?} {level:?} row {r} token {tok}");
                     }
                 }
             }

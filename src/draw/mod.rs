@@ -119,23 +119,23 @@ pub(crate) enum RowPlan {
     /// `filter_inv_t` is the 1/T the filters judge the row at: `inv_t` (temperature first) or 1
     /// (filters first).
     ///
-    /// `top_p_after_race`: nothing after the draw reads the row's filters' floor (no logprobs,
-    /// no full-vocabulary output), so a row whose last filter is top-p may decide it after its
-    /// race ([`race_row`]).
+    /// `filters_after_race`: nothing after the draw reads the row's filters' floor (no logprobs,
+    /// no full-vocabulary output), so a row with top-k or top-p may decide them after its race
+    /// ([`race_row`]).
     Sample {
         inv_t: f32,
         filter_inv_t: f32,
         noise: RaceNoise,
-        top_p_after_race: bool,
+        filters_after_race: bool,
     },
 }
 
 impl RowPlan {
-    /// The plan with `top_p_after_race` set (a sampling row).
-    fn with_top_p_after_race(self) -> RowPlan {
+    /// The plan with `filters_after_race` set (a sampling row).
+    fn with_filters_after_race(self) -> RowPlan {
         match self {
             RowPlan::Sample { inv_t, filter_inv_t, noise, .. } => {
-                RowPlan::Sample { inv_t, filter_inv_t, noise, top_p_after_race: true }
+                RowPlan::Sample { inv_t, filter_inv_t, noise, filters_after_race: true }
             }
             greedy => greedy,
         }
@@ -207,12 +207,12 @@ fn race_params<V: RowValues + ?Sized>(
 
 /// The race of a row that needs one, and its filters' floor.
 ///
-/// A sampling row whose filters are top-p (with or without min-p, no top-k) on a row whose mass
-/// sits in a few blocks races first over the tokens min-p keeps. When top-p surely keeps the
-/// winner ([`filter::top_p::surely_keeps`], from the few tokens above it), the winner is the
-/// race's over the kept tokens too (the same keys; the kept tokens a subset that holds it), and
-/// top-p's threshold, which needs the mass of the whole row, is never computed: the floor
-/// returned is then min-p's alone, which nothing after this draw reads (`top_p_after_race`).
+/// A sampling row with top-k or top-p (with or without min-p) on a row whose mass sits in a few
+/// blocks races first over the tokens min-p keeps. When top-k and top-p surely keep the winner
+/// ([`filter::surely_keeps`], from the few tokens above it), the winner is the race's over the
+/// kept tokens too (the same keys; the kept tokens a subset that holds it), and their
+/// threshold, which for top-p needs the mass of the whole row, is never computed: the floor
+/// returned is then min-p's alone, which nothing after this draw reads (`filters_after_race`).
 /// Otherwise the row races once more, with the whole floor.
 fn race_row<V: RowValues + ?Sized>(
     k: &Kernels,
@@ -220,15 +220,14 @@ fn race_row<V: RowValues + ?Sized>(
     (v, bmax, sc): (&V, &[f32], &Scanned),
     plan: RowPlan,
 ) -> Result<(Option<Best>, f32)> {
-    if let RowPlan::Sample { inv_t, filter_inv_t, noise, top_p_after_race: true } = plan {
+    if let RowPlan::Sample { inv_t, filter_inv_t, noise, filters_after_race: true } = plan {
         let m = sc.top;
-        let few = m.is_finite() && filter::top_p::few_heavy_blocks(bmax, m, filter_inv_t);
-        if let Some((floor, top_p)) = few.then(|| filter::top_p_after_min_p(batch, r, m, filter_inv_t)).flatten() {
+        let few = m.is_finite() && filter::few_heavy_blocks(bmax, m, filter_inv_t);
+        if let Some((f, floor)) = few.then(|| filter::decided_after_race(batch, r, m, filter_inv_t)).flatten() {
             let won = v.race(k, 0, v.n(), bmax, RaceParams { m, inv_t, floor }, noise);
             if won.token != usize::MAX {
                 let x = v.at(won.token);
-                let kept = filter::top_p::surely_keeps(k, v, bmax, (m, filter_inv_t, floor), top_p, x);
-                if kept.map_err(|e| in_row(r, e))? {
+                if filter::surely_keeps(k, v, bmax, (m, filter_inv_t, floor), f, x).map_err(|e| in_row(r, e))? {
                     return Ok((Some(won), floor));
                 }
             }
@@ -544,7 +543,7 @@ pub(crate) fn run(
     let slots = logprobs.as_mut().map(Logprobs::slots);
     let after_race;
     let plans = if logprobs.is_none() && out.full_logprobs.is_none() {
-        after_race = plans.iter().map(|&p| p.with_top_p_after_race()).collect::<Vec<_>>();
+        after_race = plans.iter().map(|&p| p.with_filters_after_race()).collect::<Vec<_>>();
         &after_race[..]
     } else {
         plans

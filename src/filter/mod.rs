@@ -89,16 +89,49 @@ pub(crate) fn floor_of<V: RowValues + ?Sized>(
     Ok(floor)
 }
 
-/// For a row whose filters are top-p, with or without min-p, and no top-k: min-p's floor (-inf
-/// when off) and `top_p`. Such a row may race over what min-p keeps and decide top-p after the
-/// race, for its winner alone ([`top_p::surely_keeps`]).
-pub(crate) fn top_p_after_min_p(batch: &Batch, r: usize, m: f32, inv_t: f32) -> Option<(f32, f64)> {
+/// Most blocks within a factor 1000 of the maximum's weight for the filters to be decided
+/// after the race ([`surely_keeps`]): a row whose mass sits in a few blocks (most rows of a language model), whose
+/// winner is nearly always one of the few tokens at the top.
+const FEW_HEAVY_BLOCKS: usize = 16;
+
+/// Whether at most [`FEW_HEAVY_BLOCKS`] blocks have a maximum within a factor of about 1000 of
+/// the weight of the row's maximum `m` (at `inv_t`). Only a guess of which way is cheaper: both
+/// ways give the same token.
+pub(crate) fn few_heavy_blocks(bmax: &[f32], m: f32, inv_t: f32) -> bool {
+    let near = m - 6.91 / inv_t;
+    bmax.iter().filter(|&&b| b >= near).count() <= FEW_HEAVY_BLOCKS
+}
+
+/// For a row with top-k or top-p (with or without min-p): min-p's floor (-inf when off). Such a
+/// row may race over what min-p keeps and decide top-k and top-p after the race, for its winner
+/// alone ([`surely_keeps`]).
+pub(crate) fn decided_after_race(batch: &Batch, r: usize, m: f32, inv_t: f32) -> Option<(Filters, f32)> {
     let f = Filters::of(batch, r)?;
-    if f.top_k != 0 || f.top_p >= 1.0 {
+    if f.top_k == 0 && f.top_p >= 1.0 {
         return None;
     }
     let floor = if f.min_p > 0.0 { min_p::floor(m, inv_t, f.min_p) } else { f32::NEG_INFINITY };
-    Some((floor, f.top_p))
+    Some((f, floor))
+}
+
+/// Whether top-k and top-p (filters `f`; at `inv_t`, after min-p's `floor`) surely keep a token
+/// of logit `x` (`floor <= x <= m`, the row's finite maximum): top-k keeps it when fewer than
+/// k values lie above it; top-p, over what top-k keeps, when the mass above it is below top_p
+/// times the mass at or above it ([`top_p::surely_keeps`]: every token at or above a token
+/// top-k keeps is kept by top-k too, so that mass bounds top-p's Z from below). `false`: not
+/// decided here.
+pub(crate) fn surely_keeps<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    bmax: &[f32],
+    (m, inv_t, floor): (f32, f32, f32),
+    f: Filters,
+    x: f32,
+) -> Result<bool> {
+    if f.top_k > 0 && !top_k::keeps(k, v, bmax, f.top_k, x)? {
+        return Ok(false);
+    }
+    Ok(f.top_p >= 1.0 || top_p::surely_keeps(k, v, bmax, (m, inv_t, floor), f.top_p, x)?)
 }
 
 /// The floor of row `r` of `batch` (values `v`, block maxima `bmax`, finite maximum `m`), or

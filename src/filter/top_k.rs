@@ -44,3 +44,17 @@ pub(super) fn kth_largest<V: RowValues + ?Sized>(
     let kth = *sel.select_nth_unstable_by(top_k - 1, desc).1;
     Ok(Some((kth, cand)))
 }
+
+/// Whether top-k keeps a token of finite logit `x`: fewer than `top_k` finite values lie above
+/// it (then the `top_k`-th largest is at most `x`; ties with it are kept). `false` too when as
+/// many blocks as `top_k` reach above `x` (each holds one such value).
+pub(super) fn keeps<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], top_k: usize, x: f32) -> Result<bool> {
+    let above = x.next_up();
+    if above > f32::MAX {
+        return Ok(true);
+    }
+    if bmax.iter().filter(|&&b| b >= above).count() >= top_k {
+        return Ok(false);
+    }
+    Ok(gather(k, v, bmax, above)?.len() < top_k)
+}

@@ -248,19 +248,6 @@ pub(super) fn floor<V: RowValues + ?Sized>(
     }
 }
 
-/// Most blocks within a factor 1000 of the maximum's weight for [`surely_keeps`] to be tried
-/// after a race: a row whose mass sits in a few blocks (most rows of a language model), whose
-/// winner is nearly always one of the few tokens at the top.
-const FEW_HEAVY_BLOCKS: usize = 16;
-
-/// Whether at most [`FEW_HEAVY_BLOCKS`] blocks have a maximum within a factor of about 1000 of
-/// the weight of the row's maximum `m` (at `inv_t`). Only a guess of which way is cheaper: both
-/// ways give the same token.
-pub(crate) fn few_heavy_blocks(bmax: &[f32], m: f32, inv_t: f32) -> bool {
-    let near = m - 6.91 / inv_t;
-    bmax.iter().filter(|&&b| b >= near).count() <= FEW_HEAVY_BLOCKS
-}
-
 /// Whether top-p (over the tokens `>= floor`, at `inv_t`) surely keeps a token of logit `x`
 /// (`floor <= x <= m`, the row's finite maximum): the mass of the tokens above `x` is below
 /// `top_p` times the mass of the tokens at or above `x`, a lower bound of Z. Then the threshold
@@ -269,7 +256,7 @@ pub(crate) fn few_heavy_blocks(bmax: &[f32], m: f32, inv_t: f32) -> bool {
 /// race over every token `>= floor` (the same keys, a subset holding the winner). `false`: not
 /// decided here (also when more than an eighth of the blocks reach `x`: then the gather would
 /// cost more than it saves).
-pub(crate) fn surely_keeps<V: RowValues + ?Sized>(
+pub(super) fn surely_keeps<V: RowValues + ?Sized>(
     k: &Kernels,
     v: &V,
     bmax: &[f32],
