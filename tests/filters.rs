@@ -264,9 +264,10 @@ fn tokens_do_not_depend_on_simd_level_or_threads() {
 }
 
 /// A row with top-k or top-p (and min-p or not) on a peaked row may race first and decide its
-/// filters for the winner alone; a call asking for logprobs computes the threshold first. Both
-/// must give the same token for the same seed, at every level, both filter orders, f32 and bf16;
-/// and every token lies in the reference's kept set. The rows put the top-p and top-k boundaries
+/// filters for the winner alone; a call asking for processed logprobs computes the threshold
+/// first (one asking for raw ones need not). All must give the same token for the same seed, at
+/// every level, both filter orders, f32 and bf16; and every token lies in the reference's kept
+/// set. The rows put the top-p and top-k boundaries
 /// among the peaks (the winner is often the first token they drop) and below them.
 #[test]
 fn filters_decided_after_the_race_give_the_tokens_of_the_threshold() {
@@ -300,9 +301,14 @@ fn filters_decided_after_the_race_give_the_tokens_of_the_threshold() {
                     let b = Batch { seeds: Some(&seeds), ..filtered_batch(&x, rows, vocab, &temps, &ks, &ps, &mps) };
                     let b = Batch { logits, ..b };
                     let plain = draw(&s, &b).0;
-                    let (mut tokens, mut lps) = (vec![-1; rows], vec![0f32; rows]);
-                    s.draw(&b, &mut Output { logprobs: Some(&mut lps), ..Output::new(&mut tokens) }).unwrap();
-                    assert_eq!(plain, tokens, "{order:?} {level:?} call {call}");
+                    // Processed logprobs read the floor (computed first); raw ones do not.
+                    for mode in [LogprobMode::Processed, LogprobMode::Raw] {
+                        let (mut tokens, mut lps) = (vec![-1; rows], vec![0f32; rows]);
+                        let lp = Some(&mut lps[..]);
+                        s.draw(&b, &mut Output { logprobs: lp, logprob_mode: mode, ..Output::new(&mut tokens) })
+                            .unwrap();
+                        assert_eq!(plain, tokens, "{order:?} {level:?} {mode:?} call {call}");
+                    }
                     for (r, &tok) in plain.iter().enumerate() {
                         let row = &values[r * vocab..(r + 1) * vocab];
                         let t = if order == FilterOrder::FiltersFirst { 1.0 } else { temps[r] };

@@ -17,7 +17,7 @@ pub(crate) mod verify;
 pub(crate) mod workers;
 
 use crate::alloc;
-use crate::batch::{flags, Batch, FullMode, Output};
+use crate::batch::{flags, Batch, FullMode, LogprobMode, Output};
 use crate::edits::{self, EditedBlocks, RowEdits};
 use crate::error::{Error, ErrorKind, Result};
 use crate::filter;
@@ -119,8 +119,8 @@ pub(crate) enum RowPlan {
     /// `filter_inv_t` is the 1/T the filters judge the row at: `inv_t` (temperature first) or 1
     /// (filters first).
     ///
-    /// `filters_after_race`: nothing after the draw reads the row's filters' floor (no logprobs,
-    /// no full-vocabulary output), so a row with top-k or top-p may decide them after its race
+    /// `filters_after_race`: nothing after the draw reads the row's filters' floor (no processed
+    /// logprobs, no processed full-vocabulary output), so a row with top-k or top-p may decide them after its race
     /// ([`race_row`]).
     Sample {
         inv_t: f32,
@@ -542,7 +542,10 @@ pub(crate) fn run(
     let mut logprobs = Logprobs::new(out, batch.rows);
     let slots = logprobs.as_mut().map(Logprobs::slots);
     let after_race;
-    let plans = if logprobs.is_none() && out.full_logprobs.is_none() {
+    // Only processed logprobs and processed full outputs read the filters' floor.
+    let floor_read = (logprobs.is_some() && out.logprob_mode == LogprobMode::Processed)
+        || (out.full_logprobs.is_some() && out.full_mode != FullMode::Raw);
+    let plans = if !floor_read {
         after_race = plans.iter().map(|&p| p.with_filters_after_race()).collect::<Vec<_>>();
         &after_race[..]
     } else {
