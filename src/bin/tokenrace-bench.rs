@@ -68,7 +68,7 @@ fn parse_args() -> Args {
         dtypes: list("f32,bf16,f16"),
         profiles: list("peaked,flat"),
         paths: list(
-            "greedy,race-inline,race-pool,race-external-logexp,race-external-exp,race-logprob,race-logprob-rank,race-logprob-top20,race-logprob-rank-top20,top-k50,top-k50-top-p0.9,top-p0.9,min-p0.05,pipeline,pipeline-penalties,pipeline-bitmask,pipeline-top-p0.9,pipeline-external-logexp,pipeline-logprob-rank-top20,pipeline-allowed",
+            "greedy,race-inline,race-pool,race-external-logexp,race-external-exp,race-logprob,race-logprob-rank,race-logprob-top20,race-logprob-rank-top20,top-k50,top-k50-top-p0.9,top-p0.9,min-p0.05,pipeline,pipeline-penalties,pipeline-bitmask,pipeline-top-p0.9,pipeline-external-logexp,pipeline-logprob-rank-top20,pipeline-allowed,pipeline-allowed-top-p0.9",
         ),
         placements: list("hot,cold"),
         reps: 30,
@@ -249,10 +249,11 @@ impl Pipeline {
     fn apply<'a>(&'a self, path: &str, b: Batch<'a>) -> Batch<'a> {
         // `pipeline-logprob-rank-top20`: everything, and the logprob outputs of the race path;
         // `pipeline-allowed`: everything, with the bitmask of `allowed` (the caller's);
-        // `pipeline-top-p0.9`: everything, and top-p 0.9; `pipeline-external-logexp`: everything,
+        // `pipeline-top-p0.9`: everything, and top-p 0.9 (`pipeline-allowed-top-p0.9`: with the
+        // bitmask of `allowed`); `pipeline-external-logexp`: everything,
         // on the caller's ln-E noise (as a pool's rows reach the draw).
         let all = path == "pipeline"
-            || path == "pipeline-allowed"
+            || path.starts_with("pipeline-allowed")
             || path.starts_with("pipeline-logprob")
             || path == "pipeline-top-p0.9"
             || path == "pipeline-external-logexp";
@@ -815,7 +816,9 @@ fn main() {
                                 let (top_k, top_p, min_p) = match path.as_str() {
                                     "top-k50" => (Some(&k50[..]), None, None),
                                     "top-k50-top-p0.9" => (Some(&k50[..]), Some(&p09[..]), None),
-                                    "top-p0.9" | "pipeline-top-p0.9" => (None, Some(&p09[..]), None),
+                                    "top-p0.9" | "pipeline-top-p0.9" | "pipeline-allowed-top-p0.9" => {
+                                        (None, Some(&p09[..]), None)
+                                    }
                                     "min-p0.05" => (None, None, Some(&mp[..])),
                                     _ => (None, None, None),
                                 };
@@ -827,7 +830,7 @@ fn main() {
                                 // `pipeline-allowed`: per batch, the bitmask that allows each row's
                                 // greedy token.
                                 let allowed: Vec<Vec<i32>> = match (path.as_str(), pipeline.as_ref()) {
-                                    ("pipeline-allowed", Some(p)) => (0..batches)
+                                    ("pipeline-allowed" | "pipeline-allowed-top-p0.9", Some(p)) => (0..batches)
                                         .map(|b| {
                                             let greedy = vec![0.0f32; rows];
                                             let batch = Batch {
