@@ -520,6 +520,31 @@ impl RowEdits {
         0
     }
 
+    /// The processed value of token `t` of the row `v`, which the masks keep.
+    pub fn value_of<V: RowValues + ?Sized>(&self, v: &V, t: usize) -> f32 {
+        if self.kept(t) {
+            v.at(t)
+        } else {
+            self.touched_value(v.at(t), t)
+        }
+    }
+
+    /// The processed values `>= lo` (`lo` finite) of the row `v`, from the blocks whose bound in
+    /// `bmax` ([`RowEdits::bounds`]) reaches `lo`: per block its kept tokens, then its touched
+    /// ones.
+    pub fn values_ge<V: RowValues + ?Sized>(&self, v: &V, bmax: &[f32], lo: f32) -> Result<Vec<f32>> {
+        let mut out = Vec::new();
+        let mut listed = [(0, 0.0); BLOCK];
+        for (b, _) in bmax.iter().enumerate().filter(|&(_, &bound)| bound >= lo) {
+            let (start, end) = (b * BLOCK, ((b + 1) * BLOCK).min(v.n()));
+            alloc::reserve(&mut out, 2 * BLOCK, "the row's values above the winner")?;
+            out.extend((start..end).filter(|&i| self.kept(i)).map(|i| v.at(i)).filter(|&x| x >= lo));
+            let count = self.listed_of(v, b, &mut listed);
+            out.extend(listed[..count].iter().map(|&(t, _)| self.value_of(v, t as usize)).filter(|&y| y >= lo));
+        }
+        Ok(out)
+    }
+
     /// Writes the processed row (`y`, as f32) into `out` (the overrides resolved first); returns
     /// whether the caller's row holds a NaN anywhere (masked or not).
     pub fn materialize<V: RowValues + ?Sized>(&mut self, k: &Kernels, v: &V, out: &mut Vec<f32>) -> Result<bool> {

@@ -2336,3 +2336,97 @@ fn csr_windows_empty_batches_and_inputs_that_change_nothing() {
     );
     assert!(err.unwrap_err().message.contains("batch.prompt_offsets: has 0 elements, rows + 1 is 1"));
 }
+
+/// A row with edits (penalties, bias, banned tokens) and filters, on a peaked row, may be raced
+/// block by block and have its filters decided for the winner alone, without its processed
+/// values written out; a call asking for processed logprobs writes them out and computes the
+/// floor first. Both must give the same token for the same seed, at every level, both filter
+/// orders, f32 and bf16. The histories hold the peaks (the touched tokens are the likely ones),
+/// a positive bias raises a token of the bulk to the top in some rows, and four near-equal peaks
+/// share a block in every third row, so that top-k 2-3 and top-p 0.3-0.8 cut between them.
+#[test]
+fn filters_of_an_edited_row_decided_after_the_race_give_the_tokens_of_the_threshold() {
+    let mut rng = TestRng::new(43);
+    let (rows, vocab) = (36usize, 20_003usize);
+    let mut x = Vec::new();
+    let (mut prompt, mut output, mut bias_ids, mut bias_values, mut banned) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut p_off, mut o_off, mut b_off, mut ban_off) = (vec![0u64], vec![0u64], vec![0u64], vec![0u64]);
+    for r in 0..rows {
+        let mut row = common::peaked_logits(&mut rng, vocab, 1.0, 12.0);
+        if r % 3 == 0 {
+            for (j, i) in [(0, 5002), (1, 5003), (2, 5004), (3, 5010)] {
+                row[i] = 12.0 - 0.25 * j as f32;
+            }
+        }
+        let mut top: Vec<usize> = (0..vocab).collect();
+        top.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+        // The prompt: the two likeliest tokens and 200 random ones; the output: the third
+        // likeliest three times and 50 random ones.
+        prompt.extend(top[..2].iter().map(|&i| i as i32));
+        prompt.extend((0..200).map(|_| rng.below(vocab) as i32));
+        output.extend([top[2] as i32; 3]);
+        output.extend((0..50).map(|_| rng.below(vocab) as i32));
+        if r % 4 == 1 {
+            // A bulk token raised to the top, and a peak banned by bias.
+            bias_ids.extend([top[5000] as i32, top[1] as i32]);
+            bias_values.extend([12.0 - row[top[5000]] + 0.1, f32::NEG_INFINITY]);
+        }
+        if r % 5 == 2 {
+            banned.push(top[0] as i32);
+        }
+        p_off.push(prompt.len() as u64);
+        o_off.push(output.len() as u64);
+        b_off.push(bias_ids.len() as u64);
+        ban_off.push(banned.len() as u64);
+        x.extend(row);
+    }
+    let temps: Vec<f32> = (0..rows).map(|r| [1.0, 0.7, 1.2, 0.9][r % 4]).collect();
+    let ps: Vec<f32> = (0..rows).map(|r| [0.9, 0.5, 0.75, 0.99, 0.3, 0.95, 1.0][r % 7]).collect();
+    let mps: Vec<f32> = (0..rows).map(|r| [0.0, 0.0, 0.02, 0.0, 0.2][r % 5]).collect();
+    let ks: Vec<i32> = (0..rows).map(|r| [3, 2, 0, 2, 50, 1][r % 6]).collect();
+    let rep: Vec<f32> = (0..rows).map(|r| [1.1, 1.3, 1.0, 1.2][r % 4]).collect();
+    let (freq, pres) = (vec![0.2f32; rows], vec![0.1f32; rows]);
+    let b16: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v)).collect();
+    for order in [rf::Order::TemperatureFirst, rf::Order::FiltersFirst] {
+        for level in supported_levels() {
+            let s = Sampler::new(config(level, 1, order)).unwrap();
+            for logits in [Logits::F32(&x), Logits::Bf16(&b16)] {
+                for call in 0..10u64 {
+                    let seeds: Vec<u64> = (0..rows as u64).map(|r| call * 1000 + r).collect();
+                    let b = Batch {
+                        temperature: Some(&temps),
+                        seeds: Some(&seeds),
+                        top_k: Some(&ks),
+                        top_p: Some(&ps),
+                        min_p: Some(&mps),
+                        prompt_tokens: Some(TokenLists { ids: &prompt, offsets: &p_off }),
+                        output_tokens: Some(TokenLists { ids: &output, offsets: &o_off }),
+                        repetition_penalty: Some(&rep),
+                        frequency_penalty: Some(&freq),
+                        presence_penalty: Some(&pres),
+                        logit_bias: Some(LogitBias { ids: &bias_ids, values: &bias_values, offsets: &b_off }),
+                        banned_tokens: Some(TokenLists { ids: &banned, offsets: &ban_off }),
+                        ..Batch::new(logits, rows, vocab)
+                    };
+                    let mut plain = vec![-1; rows];
+                    s.draw(&b, &mut Output::new(&mut plain)).unwrap();
+                    let (mut tokens, mut lps) = (vec![-1; rows], vec![0f32; rows]);
+                    let out = Output {
+                        logprobs: Some(&mut lps),
+                        logprob_mode: LogprobMode::Processed,
+                        ..Output::new(&mut tokens)
+                    };
+                    s.draw(&b, &mut { out }).unwrap();
+                    assert_eq!(plain, tokens, "{order:?} {level:?} call {call}");
+                    for (r, &t) in plain.iter().enumerate() {
+                        assert!(
+                            !banned[ban_off[r] as usize..ban_off[r + 1] as usize].contains(&t),
+                            "row {r} drew a banned token"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

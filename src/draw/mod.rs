@@ -226,8 +226,9 @@ fn race_row<V: RowValues + ?Sized>(
         if let Some((f, floor)) = few.then(|| filter::decided_after_race(batch, r, m, filter_inv_t)).flatten() {
             let won = v.race(k, 0, v.n(), bmax, RaceParams { m, inv_t, floor }, noise);
             if won.token != usize::MAX {
-                let x = v.at(won.token);
-                if filter::surely_keeps(k, v, bmax, (m, filter_inv_t, floor), f, x).map_err(|e| in_row(r, e))? {
+                let values_ge = |lo| filter::row_values_ge(k, v, bmax, lo);
+                let at = (v.at(won.token), &values_ge as filter::ValuesGe);
+                if filter::surely_keeps(k, v, bmax, (m, filter_inv_t, floor), f, at).map_err(|e| in_row(r, e))? {
                     return Ok((Some(won), floor));
                 }
             }
@@ -352,6 +353,11 @@ fn draw_edited<V: RowValues + ?Sized>(
     plan: RowPlan,
 ) -> Result<Drawn> {
     if matches!(plan, RowPlan::Sample { .. }) && filter::Filters::of(batch, r).is_some() {
+        if e.by_blocks() {
+            if let Some(d) = draw_by_blocks_after_race(k, (batch, r), v, e, plan)? {
+                return Ok(d);
+            }
+        }
         return PROCESSED.with(|cell| {
             let y = &mut *cell.borrow_mut();
             let nan = e.materialize(k, v, y).map_err(|e| in_row(r, e))?;
@@ -381,6 +387,48 @@ fn draw_edited<V: RowValues + ?Sized>(
         };
         let info = RowInfo { top: sc.top, floor: f32::NEG_INFINITY, edited: true };
         Ok(Drawn { token, flags: sc.flags, info, logprobs_done: false })
+    })
+}
+
+/// Draws row `r` (sampling, with filters, on inline noise) with edits `e` that no penalty raises,
+/// without writing its processed values out, when its filters can be decided after the race as
+/// a row as given does ([`race_row`]): bounds of the blocks, the race over the kept and edited
+/// tokens ([`draw_by_blocks`]), then the filters for the winner alone, from the processed values
+/// above it (`RowEdits::values_ge`). The same token as the race of the processed row, with the
+/// floor or without: the same values, keys and noise. `None`: not such a row, or not decided
+/// (then the row is drawn from its processed values, written out).
+fn draw_by_blocks_after_race<V: RowValues + ?Sized>(
+    k: &Kernels,
+    (batch, r): (&Batch, usize),
+    v: &V,
+    e: &RowEdits,
+    plan: RowPlan,
+) -> Result<Option<Drawn>> {
+    let RowPlan::Sample { inv_t, filter_inv_t, noise: RaceNoise::Inline(key), filters_after_race: true } = plan else {
+        return Ok(None);
+    };
+    BLOCK_MAX.with(|cell| {
+        let mut bmax = cell.borrow_mut();
+        alloc::resize(&mut bmax, v.n().div_ceil(BLOCK), f32::NEG_INFINITY, "block maxima").map_err(|e| in_row(r, e))?;
+        let has_nan = e.bounds(k, v, &mut bmax);
+        let sc = summarize(&bmax, f32::NEG_INFINITY, has_nan, plan);
+        let m = sc.top;
+        if !m.is_finite() || !filter::few_heavy_blocks(&bmax, m, filter_inv_t) {
+            return Ok(None);
+        }
+        let Some((f, floor)) = filter::decided_after_race(batch, r, m, filter_inv_t) else { return Ok(None) };
+        let edited = EditedBlocks { edits: e, values: v };
+        let won = v.race_blocks(k, &e.keep, &bmax, RaceParams { m, inv_t, floor }, key, &edited);
+        if won.token == usize::MAX {
+            return Ok(None);
+        }
+        let values_ge = |lo| e.values_ge(v, &bmax, lo);
+        let at = (e.value_of(v, won.token), &values_ge as filter::ValuesGe);
+        if !filter::surely_keeps(k, v, &bmax, (m, filter_inv_t, floor), f, at).map_err(|e| in_row(r, e))? {
+            return Ok(None);
+        }
+        let info = RowInfo { top: m, floor, edited: true };
+        Ok(Some(Drawn { token: won.token as i32, flags: sc.flags, info, logprobs_done: false }))
     })
 }
 

@@ -114,24 +114,34 @@ pub(crate) fn decided_after_race(batch: &Batch, r: usize, m: f32, inv_t: f32) ->
     Some((f, floor))
 }
 
+/// The finite values `>= lo` (`lo` finite) of a row, in any order: the row as given
+/// ([`row_values_ge`]) or a row's processed values (`RowEdits::values_ge`).
+pub(crate) type ValuesGe<'a> = &'a dyn Fn(f32) -> Result<Vec<f32>>;
+
+/// [`ValuesGe`] of a row as given, with block maxima `bmax`: the SIMD gather.
+pub(crate) fn row_values_ge<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], lo: f32) -> Result<Vec<f32>> {
+    top_k::gather(k, v, bmax, lo)
+}
+
 /// Whether top-k and top-p (filters `f`; at `inv_t`, after min-p's `floor`) surely keep a token
-/// of logit `x` (`floor <= x <= m`, the row's finite maximum): top-k keeps it when fewer than
-/// k values lie above it; top-p, over what top-k keeps, when the mass above it is below top_p
-/// times the mass at or above it ([`top_p::surely_keeps`]: every token at or above a token
-/// top-k keeps is kept by top-k too, so that mass bounds top-p's Z from below). `false`: not
-/// decided here.
+/// of value `x` (`floor <= x <= m`, the row's finite maximum), whose row's values at or above a
+/// bound `values_ge` gives (`bmax`: upper bounds of its blocks' values): top-k keeps it when
+/// fewer than k values lie above it; top-p, over what top-k keeps, when the mass above it is
+/// below top_p times the mass at or above it ([`top_p::surely_keeps`]: every token at or above
+/// a token top-k keeps is kept by top-k too, so that mass bounds top-p's Z from below).
+/// `false`: not decided here. `v` is the row as given (its kernels weigh the values).
 pub(crate) fn surely_keeps<V: RowValues + ?Sized>(
     k: &Kernels,
     v: &V,
     bmax: &[f32],
     (m, inv_t, floor): (f32, f32, f32),
     f: Filters,
-    x: f32,
+    (x, values_ge): (f32, ValuesGe),
 ) -> Result<bool> {
-    if f.top_k > 0 && !top_k::keeps(k, v, bmax, f.top_k, x)? {
+    if f.top_k > 0 && !top_k::keeps(bmax, f.top_k, (x, values_ge))? {
         return Ok(false);
     }
-    Ok(f.top_p >= 1.0 || top_p::surely_keeps(k, v, bmax, (m, inv_t, floor), f.top_p, x)?)
+    Ok(f.top_p >= 1.0 || top_p::surely_keeps(k, v, bmax, (m, inv_t, floor), f.top_p, (x, values_ge))?)
 }
 
 /// The floor of row `r` of `batch` (values `v`, block maxima `bmax`, finite maximum `m`), or

@@ -18,7 +18,7 @@ fn desc(a: &f32, b: &f32) -> std::cmp::Ordering {
 /// The finite values `>= lo` of the blocks whose maximum reaches `lo` (NaN and -inf never), in
 /// row order: the SIMD gather of top-p (`gather_ge`, a compress-store a vector), from `-f32::MAX`
 /// when `lo` is -inf, which keeps every finite value and no -inf.
-fn gather<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], lo: f32) -> Result<Vec<f32>> {
+pub(super) fn gather<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], lo: f32) -> Result<Vec<f32>> {
     let lo = lo.max(-f32::MAX);
     let mut out = alloc::with_capacity(super::room(bmax, lo, v.n()), "top-k candidates")?;
     // SAFETY: the row has n values and bmax one per block; `room` leaves the gather's slack.
@@ -48,7 +48,7 @@ pub(super) fn kth_largest<V: RowValues + ?Sized>(
 /// Whether top-k keeps a token of finite logit `x`: fewer than `top_k` finite values lie above
 /// it (then the `top_k`-th largest is at most `x`; ties with it are kept). `false` too when as
 /// many blocks as `top_k` reach above `x` (each holds one such value).
-pub(super) fn keeps<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], top_k: usize, x: f32) -> Result<bool> {
+pub(super) fn keeps(bmax: &[f32], top_k: usize, (x, values_ge): (f32, super::ValuesGe)) -> Result<bool> {
     let above = x.next_up();
     if above > f32::MAX {
         return Ok(true);
@@ -56,5 +56,5 @@ pub(super) fn keeps<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], top
     if bmax.iter().filter(|&&b| b >= above).count() >= top_k {
         return Ok(false);
     }
-    Ok(gather(k, v, bmax, above)?.len() < top_k)
+    Ok(values_ge(above)?.len() < top_k)
 }

@@ -262,7 +262,7 @@ pub(super) fn surely_keeps<V: RowValues + ?Sized>(
     bmax: &[f32],
     (m, inv_t, floor): (f32, f32, f32),
     top_p: f64,
-    x: f32,
+    (x, values_ge): (f32, super::ValuesGe),
 ) -> Result<bool> {
     if x >= m {
         // The maximum is always kept.
@@ -272,9 +272,7 @@ pub(super) fn surely_keeps<V: RowValues + ?Sized>(
     if !(x.is_finite() && x >= floor) || bmax.iter().filter(|&&b| b >= x).count() > bmax.len() / 8 + 1 {
         return Ok(false);
     }
-    let mut xs = alloc::with_capacity(super::room(bmax, x, r.n), "top-p candidates")?;
-    // SAFETY: the row has n values; bmax one per block; `room` leaves the gather's slack.
-    unsafe { (r.dk.gather_ge)(r.v.ptr(), r.n, bmax, x, &mut xs) };
+    let xs = values_ge(x)?;
     let ws = r.weights(&xs)?;
     let (mut above, mut at_least) = (0f64, 0f64);
     for (&y, &w) in xs.iter().zip(&ws) {
