@@ -120,8 +120,8 @@ pub(crate) enum RowPlan {
     /// (filters first).
     ///
     /// `filters_after_race`: nothing after the draw reads the row's filters' floor (no processed
-    /// logprobs, no processed full-vocabulary output), so a row with top-k or top-p may decide them after its race
-    /// ([`race_row`]).
+    /// logprobs, no processed full-vocabulary output), so a row with top-k or top-p may decide
+    /// them after its race ([`race_row`]).
     Sample {
         inv_t: f32,
         filter_inv_t: f32,
@@ -594,7 +594,7 @@ pub(crate) fn run(
     let floor_read = (logprobs.is_some() && out.logprob_mode == LogprobMode::Processed)
         || (out.full_logprobs.is_some() && out.full_mode != FullMode::Raw);
     let plans = if !floor_read {
-        after_race = plans.iter().map(|&p| p.with_filters_after_race()).collect::<Vec<_>>();
+        after_race = alloc::collect(plans.iter().map(|&p| p.with_filters_after_race()), "the row plans")?;
         &after_race[..]
     } else {
         plans

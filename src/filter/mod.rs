@@ -90,8 +90,8 @@ pub(crate) fn floor_of<V: RowValues + ?Sized>(
 }
 
 /// Most blocks within a factor 1000 of the maximum's weight for the filters to be decided
-/// after the race ([`surely_keeps`]): a row whose mass sits in a few blocks (most rows of a language model), whose
-/// winner is nearly always one of the few tokens at the top.
+/// after the race ([`surely_keeps`]): a row whose mass sits in a few blocks (most rows of a
+/// language model), whose winner is nearly always one of the few tokens at the top.
 const FEW_HEAVY_BLOCKS: usize = 16;
 
 /// Whether at most [`FEW_HEAVY_BLOCKS`] blocks have a maximum within a factor of about 1000 of

@@ -26,8 +26,8 @@ pub(super) fn gather<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], lo
     Ok(out)
 }
 
-/// The `top_k`-th largest finite value of the row (1 <= top_k) and a superset of the values `>=` it (all
-/// finite), or `None` if the row has fewer than `top_k` finite values.
+/// The `top_k`-th largest finite value of the row (1 <= top_k) and a superset of the values
+/// `>=` it (all finite), or `None` if the row has fewer than `top_k` finite values.
 pub(super) fn kth_largest<V: RowValues + ?Sized>(
     k: &Kernels,
     v: &V,
