@@ -545,14 +545,28 @@ impl RowEdits {
         Ok(out)
     }
 
-    /// Writes the processed row (`y`, as f32) into `out` (the overrides resolved first); returns
-    /// whether the caller's row holds a NaN anywhere (masked or not).
-    pub fn materialize<V: RowValues + ?Sized>(&mut self, k: &Kernels, v: &V, out: &mut Vec<f32>) -> Result<bool> {
+    /// Writes the processed row (`y`, as f32) into `out` (the overrides resolved first), and,
+    /// with a non-empty `bmax`, its block maxima (NaN ignored: what a scan of `out` gives);
+    /// returns whether the caller's row holds a NaN anywhere (masked or not).
+    pub fn materialize<V: RowValues + ?Sized>(
+        &mut self,
+        k: &Kernels,
+        v: &V,
+        out: &mut Vec<f32>,
+        bmax: &mut [f32],
+    ) -> Result<bool> {
         alloc::resize(out, v.n(), f32::NEG_INFINITY, "the processed row")?;
         self.resolve(v);
-        let nan = v.masked_copy(k, &self.keep, out);
+        let nan = v.masked_copy(k, &self.keep, out, bmax);
         for &(id, value) in &self.overrides {
             out[id as usize] = value;
+        }
+        if !bmax.is_empty() {
+            // (An override is neither -inf nor NaN.)
+            for &(id, value) in &self.overrides {
+                let m = &mut bmax[id as usize / BLOCK];
+                *m = if value > *m { value } else { *m };
+            }
         }
         Ok(nan)
     }
@@ -641,7 +655,7 @@ fn restricted(batch: &Batch, r: usize) -> bool {
 
 /// The edits of row `r` of a validated `batch`, or `None` when they leave the row as given
 /// (every bit of its bitmask set, no list touching a kept token).
-pub(crate) fn build(batch: &Batch, r: usize) -> Result<Option<RowEdits>> {
+pub(crate) fn build(k: &Kernels, batch: &Batch, r: usize) -> Result<Option<RowEdits>> {
     let n = batch.vocab;
     let words = n.div_ceil(32);
     let last_bits = if n.is_multiple_of(32) { u32::MAX } else { (1u32 << (n % 32)) - 1 };
@@ -668,15 +682,16 @@ pub(crate) fn build(batch: &Batch, r: usize) -> Result<Option<RowEdits>> {
     e.keep.clear();
     e.raised.clear();
     e.counted.clear();
-    alloc::resize(&mut e.keep, words, u32::MAX, "the row's token mask")?;
+    alloc::reserve(&mut e.keep, words, "the row's token mask")?;
     let mut masked = false;
     if let Some(m) = batch.token_bitmask {
-        let row = &m.words[r * m.row_stride..r * m.row_stride + words];
-        for (k, &w) in e.keep.iter_mut().zip(row) {
-            *k = w as u32;
-        }
+        e.keep.extend(m.words[r * m.row_stride..r * m.row_stride + words].iter().map(|&w| w as u32));
         e.keep[words - 1] &= last_bits;
-        masked = e.keep[..words - 1].iter().any(|&w| w != u32::MAX) || e.keep[words - 1] != last_bits;
+        // (An AND of every word, not `any`: a search that stops early does not vectorise.)
+        let all = e.keep[..words - 1].iter().fold(u32::MAX, |a, &w| a & w);
+        masked = all != u32::MAX || e.keep[words - 1] != last_bits;
+    } else {
+        e.keep.resize(words, u32::MAX);
     }
     e.keep[words - 1] &= last_bits;
     if restricted(batch, r) {
@@ -694,7 +709,7 @@ pub(crate) fn build(batch: &Batch, r: usize) -> Result<Option<RowEdits>> {
         masked = true;
     }
     e.masked = masked;
-    touch_lists(batch, r, &mut e)?;
+    touch_lists(k, batch, r, &mut e)?;
     if !masked && e.touched == 0 {
         return Ok(None);
     }
@@ -704,7 +719,7 @@ pub(crate) fn build(batch: &Batch, r: usize) -> Result<Option<RowEdits>> {
 /// Marks the kept tokens that the histories and the bias touch (`seen`, `listed`, with their
 /// counts and biases in the table) and clears their bits in `keep`. A masked token is never
 /// touched: the mask wins over everything.
-fn touch_lists(batch: &Batch, r: usize, e: &mut RowEdits) -> Result<()> {
+fn touch_lists(k: &Kernels, batch: &Batch, r: usize, e: &mut RowEdits) -> Result<()> {
     let p = e.penalties;
     let (bias_ids, bias_values) = batch.logit_bias.map_or((&[][..], &[][..]), |b| b.row(r));
     let prompt = if p.repeats() { batch.prompt_tokens.map_or(&[][..], |l| l.row(r)) } else { &[] };
@@ -755,29 +770,35 @@ fn touch_lists(batch: &Batch, r: usize, e: &mut RowEdits) -> Result<()> {
     // The histories' bits are set whatever the mask says, and cleared where it bans in the pass
     // over the words below (a masked token is not touched): one load and one store a token,
     // no branch, and no bounds check (two compares a token of a 4096-token prompt).
-    assert!(e.seen.len() >= words);
+    // (Local slices: through `e`, the loops reloaded each vector's pointer after every store.)
+    let seen = &mut e.seen[..words];
     for &id in prompt {
         let (w, j) = (id as usize / 32, id as u32 % 32);
         // SAFETY: the batch's ids were checked to lie in [0, vocab) (`check_csr`), so
-        // w < words, at most the length of `seen` (asserted above).
-        unsafe { *e.seen.get_unchecked_mut(w) |= 1 << j };
+        // w < words, the length of `seen`.
+        unsafe { *seen.get_unchecked_mut(w) |= 1 << j };
     }
     if p.counts() {
+        let (output_bits, counts) = (&mut e.output_bits[..words], &mut e.counts[..words * 32]);
         for &id in output {
             let (w, bit) = (id as usize / 32, 1 << (id as u32 % 32));
-            e.seen[w] |= bit;
-            let first = e.output_bits[w];
-            e.output_bits[w] = first | bit;
-            if first & bit != 0 {
-                // A repeat: rare in most outputs, so the branch costs nothing. (A masked
-                // token's count is never read.)
-                e.counts[id as usize] += 1;
-                e.counted.push(id as u32);
+            // SAFETY: as above (`counts` holds `words * 32` entries).
+            unsafe {
+                *seen.get_unchecked_mut(w) |= bit;
+                let first = *output_bits.get_unchecked(w);
+                *output_bits.get_unchecked_mut(w) = first | bit;
+                if first & bit != 0 {
+                    // A repeat: rare in most outputs, so the branch costs nothing. (A masked
+                    // token's count is never read.)
+                    *counts.get_unchecked_mut(id as usize) += 1;
+                    e.counted.push(id as u32);
+                }
             }
         }
     } else {
         for &id in output {
-            e.seen[id as usize / 32] |= 1 << (id as u32 % 32);
+            // SAFETY: as above.
+            unsafe { *seen.get_unchecked_mut(id as usize / 32) |= 1 << (id as u32 % 32) };
         }
     }
     for (&id, &b) in bias_ids.iter().zip(bias_values) {
@@ -795,39 +816,50 @@ fn touch_lists(batch: &Batch, r: usize, e: &mut RowEdits) -> Result<()> {
             e.raised.push(id as u32 / BLOCK as u32);
         }
     }
-    if e.masked {
-        e.mask.extend_from_slice(&e.keep);
-    }
-    // (A bound of the count rather than the count: a population count per word is a dozen
-    // instructions on baseline x86-64, whose POPCNT is not assumed.)
-    let (mut any, mut seen_words) = (0, 0);
-    if sparse {
-        // The same pass over the touched words only. It must give the same word however often
-        // a word comes back, so it starts from the mask (`mask`, or every bit of an unmasked
-        // row), not from `keep`, which it changes.
+    // `seen_words` counts the words of `seen` holding a bit, not the bits (a population count
+    // per word is a dozen instructions on baseline x86-64, whose POPCNT is not assumed), and
+    // the sparse pass counts a word that comes back as often: it only guesses (`dense`).
+    let (touched, seen_words) = if sparse {
+        if e.masked {
+            e.mask.extend_from_slice(&e.keep);
+        }
+        // The pass of `edit_words` over the touched words only. It must give the same word
+        // however often a word comes back, so it starts from the mask (`mask`, or every bit of
+        // an unmasked row), not from `keep`, which it changes.
         let n = batch.vocab;
         let last = if n.is_multiple_of(32) { u32::MAX } else { (1u32 << (n % 32)) - 1 };
         let all = |w: usize| if w == words - 1 { last } else { u32::MAX };
         let named = prompt.iter().chain(output).chain(bias_ids).map(|&id| id as usize / 32);
+        let (mut any, mut seen_words) = (0, 0);
         for w in named {
             let k = if e.masked { e.mask[w] } else { all(w) };
             let (s, o, l) = (e.seen[w] & k, e.output_bits[w] & k, e.listed_bits[w]);
             (e.seen[w], e.output_bits[w], e.keep[w]) = (s, o, k & !(s | l));
             any |= s | l;
             e.words.push(w as u32);
-            // (A word that comes back more than once counts as often: this only guesses.)
             seen_words += (s != 0) as usize;
         }
+        (any != 0, seen_words)
     } else {
-        let bits = e.seen[..words].iter_mut().zip(&mut e.output_bits[..words]).zip(&e.listed_bits[..words]);
-        for (k, ((s, o), &l)) in e.keep.iter_mut().zip(bits) {
-            (*s, *o) = (*s & *k, *o & *k);
-            *k &= !(*s | l);
-            any |= *s | l;
-            seen_words += (*s != 0) as usize;
+        if e.masked {
+            // (Room was reserved above: this allocates nothing.)
+            e.mask.resize(words, 0);
         }
-    }
-    e.touched = if any != 0 { most } else { 0 };
+        let mask = if e.masked { &mut e.mask[..] } else { &mut [][..] };
+        // SAFETY: the slices are the row's words (`seen`, `output_bits` and `listed_bits` hold
+        // at least `words`, resized above); the level is supported (`kernels`).
+        let pass = unsafe {
+            (k.edit_words)(
+                &mut e.keep,
+                mask,
+                &mut e.seen[..words],
+                &mut e.output_bits[..words],
+                &e.listed_bits[..words],
+            )
+        };
+        (pass.touched, pass.seen_words)
+    };
+    e.touched = if touched { most } else { 0 };
     e.dense = seen_words * 4 >= words;
     Ok(())
 }

@@ -323,7 +323,7 @@ pub(crate) fn edited_row_logprobs<V: RowValues + ?Sized>(
             row_logprobs(k, v, &bmax, inv_t, mode, top, floor, token, out)
         }
         LogprobMode::Processed => {
-            e.materialize(k, v, y)?;
+            e.materialize(k, v, y, &mut [])?;
             let y = &y[..];
             row_logprobs(k, y, &block_maxima(k, y).0, inv_t, mode, top, floor, token, out)
         }
@@ -468,10 +468,10 @@ pub(crate) struct Processed {
 
 impl Processed {
     /// The edits of every row of `batch` that `info` says was drawn from processed values.
-    pub(crate) fn build(batch: &Batch, info: &[RowInfo]) -> Result<Processed> {
+    pub(crate) fn build(k: &Kernels, batch: &Batch, info: &[RowInfo]) -> Result<Processed> {
         let mut edits = alloc::with_capacity(batch.rows, "the rows' edits")?;
         for (r, i) in info.iter().enumerate() {
-            let e = if i.edited { crate::edits::build(batch, r)? } else { None };
+            let e = if i.edited { crate::edits::build(k, batch, r)? } else { None };
             edits.push(e);
         }
         let y = alloc::filled(if info.iter().any(|i| i.edited) { batch.vocab } else { 0 }, 0.0, "the processed row")?;
@@ -488,7 +488,7 @@ impl Processed {
         match &mut self.edits[r] {
             Some(e) => {
                 // The buffer already has the row's length, so this allocates nothing.
-                e.materialize(k, v, &mut self.y).expect("the buffer has the row's length");
+                e.materialize(k, v, &mut self.y, &mut []).expect("the buffer has the row's length");
                 &self.y
             }
             None => unreachable!("only edited rows have processed values"),

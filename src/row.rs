@@ -44,13 +44,16 @@ pub(crate) trait RowValues {
     }
 
     /// Writes the row's values into `out` (`n` of them) where their bit is set in `keep`, -inf
-    /// elsewhere; whether any value (kept or not) is NaN.
-    fn masked_copy(&self, k: &Kernels, keep: &[u32], out: &mut [f32]) -> bool {
+    /// elsewhere; whether any value (kept or not) is NaN. With a non-empty `bmax`, also the
+    /// block maxima of `out` (NaN ignored), as [`RowValues::scan`] of it would give them.
+    fn masked_copy(&self, k: &Kernels, keep: &[u32], out: &mut [f32], bmax: &mut [f32]) -> bool {
         let n = self.n();
         assert!(keep.len() >= n.div_ceil(32) && out.len() == n);
-        // SAFETY: `n` values of the row, `n` slots of `out`, a bit of `keep` for each (checked
-        // above); `k` is the table of a supported level.
-        unsafe { (Self::kernels(k).masked_copy)(self.ptr(), keep.as_ptr(), n, out.as_mut_ptr()) }
+        assert!(bmax.is_empty() || bmax.len() == n.div_ceil(crate::kernels::BLOCK));
+        // SAFETY: `n` values of the row, `n` slots of `out`, a bit of `keep` for each, and no
+        // block maximum or one per block (checked above); `k` is the table of a supported
+        // level.
+        unsafe { (Self::kernels(k).masked_copy)(self.ptr(), keep.as_ptr(), n, out.as_mut_ptr(), bmax) }
     }
 
     /// The best key of the race over a whole row whose values are the kept tokens' (bits of

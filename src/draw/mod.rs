@@ -268,7 +268,7 @@ fn finish<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], sc: &Scanned,
 fn draw_row(k: &Kernels, batch: &Batch, r: usize, plan: RowPlan, logprobs: Option<&LogprobSlots>) -> Result<Drawn> {
     with_row!(batch, r, |v| {
         if batch.has_edits() && edits::row_has_edits(batch, r) {
-            if let Some(mut e) = edits::build(batch, r).map_err(|e| in_row(r, e))? {
+            if let Some(mut e) = edits::build(k, batch, r).map_err(|e| in_row(r, e))? {
                 let d = draw_edited(k, batch, r, v, &mut e, plan)?;
                 if let Some(slots) = logprobs {
                     // SAFETY: r is a row of the call, and this task draws it alone.
@@ -313,17 +313,30 @@ fn draw_values<V: RowValues + ?Sized>(
         let mut bmax = cell.borrow_mut();
         alloc::resize(&mut bmax, v.n().div_ceil(BLOCK), f32::NEG_INFINITY, "block maxima").map_err(|e| in_row(r, e))?;
         let has_nan = v.scan(k, 0, v.n(), &mut bmax) || processed == Some(true);
-        let sc = summarize(&bmax, f32::NEG_INFINITY, has_nan, plan);
-        let (won, floor) = race_row(k, (batch, r), (v, &bmax, &sc), plan)?;
-        let info = RowInfo { top: sc.top, floor, edited: processed.is_some() };
-        let token = finish(k, v, &bmax, &sc, won);
-        if let Some(slots) = logprobs {
-            // SAFETY: r is a row of the call, and this task draws it alone.
-            let o = unsafe { slots.row(r) };
-            row_logprobs(k, v, &bmax, plan.inv_t(), slots.mode, sc.top, floor, token, o).map_err(|e| in_row(r, e))?;
-        }
-        Ok(Drawn { token, flags: sc.flags, info, logprobs_done: logprobs.is_some() })
+        draw_scanned(k, (batch, r), (v, &bmax, has_nan), plan, processed.is_some(), logprobs)
     })
+}
+
+/// [`draw_values`] once the values `v` are scanned: their block maxima `bmax`, and whether the
+/// row held a NaN; `edited`: `v` are a row's processed values.
+fn draw_scanned<V: RowValues + ?Sized>(
+    k: &Kernels,
+    (batch, r): (&Batch, usize),
+    (v, bmax, has_nan): (&V, &[f32], bool),
+    plan: RowPlan,
+    edited: bool,
+    logprobs: Option<&LogprobSlots>,
+) -> Result<Drawn> {
+    let sc = summarize(bmax, f32::NEG_INFINITY, has_nan, plan);
+    let (won, floor) = race_row(k, (batch, r), (v, bmax, &sc), plan)?;
+    let info = RowInfo { top: sc.top, floor, edited };
+    let token = finish(k, v, bmax, &sc, won);
+    if let Some(slots) = logprobs {
+        // SAFETY: r is a row of the call, and this task draws it alone.
+        let o = unsafe { slots.row(r) };
+        row_logprobs(k, v, bmax, plan.inv_t(), slots.mode, sc.top, floor, token, o).map_err(|e| in_row(r, e))?;
+    }
+    Ok(Drawn { token, flags: sc.flags, info, logprobs_done: logprobs.is_some() })
 }
 
 /// Draws a greedy row that needs nothing else from its values `v` (`processed` as in
@@ -358,10 +371,16 @@ fn draw_edited<V: RowValues + ?Sized>(
                 return Ok(d);
             }
         }
+        // The processed values written out, with their block maxima (the copy is not scanned
+        // again).
         return PROCESSED.with(|cell| {
-            let y = &mut *cell.borrow_mut();
-            let nan = e.materialize(k, v, y).map_err(|e| in_row(r, e))?;
-            draw_values(k, batch, r, &y[..], plan, Some(nan), None)
+            BLOCK_MAX.with(|bcell| {
+                let (y, bmax) = (&mut *cell.borrow_mut(), &mut *bcell.borrow_mut());
+                let blocks = v.n().div_ceil(BLOCK);
+                alloc::resize(bmax, blocks, f32::NEG_INFINITY, "block maxima").map_err(|e| in_row(r, e))?;
+                let nan = e.materialize(k, v, y, bmax).map_err(|e| in_row(r, e))?;
+                draw_scanned(k, (batch, r), (&y[..], &bmax[..], nan), plan, true, None)
+            })
         });
     }
     if e.by_blocks() {
@@ -606,7 +625,7 @@ pub(crate) fn run(
     // logprobs of the rows their tasks left (both before anything is written: nothing after
     // them can fail).
     let needs_processed = out.full_logprobs.is_some() && out.full_mode != FullMode::Raw;
-    let mut processed = if needs_processed { Processed::build(batch, &info)? } else { Processed::none(batch.rows) };
+    let mut processed = if needs_processed { Processed::build(k, batch, &info)? } else { Processed::none(batch.rows) };
     if let Some(l) = logprobs.as_mut() {
         let tokens: Vec<i32> = drawn.iter().map(|d| d.token).collect();
         let done: Vec<bool> = drawn.iter().map(|d| d.logprobs_done).collect();

@@ -152,6 +152,9 @@ pub(crate) type RaceInlineMaskedFn<E> = unsafe fn(
     Option<&dyn BlockValues>,
 ) -> Best;
 
+/// The last pass of a row's edits (keep, mask or empty, seen, output, listed).
+pub(crate) type EditWordsFn = unsafe fn(&mut [u32], &mut [u32], &mut [u32], &mut [u32], &[u32]) -> generic::WordPass;
+
 /// The kernels of one logits dtype.
 pub(crate) struct DtypeKernels<E> {
     pub scan: unsafe fn(*const E, usize, &mut [f32]) -> bool,
@@ -170,9 +173,9 @@ pub(crate) struct DtypeKernels<E> {
     /// The race on external noise of the tokens a mask keeps, of a whole row (row, mask words,
     /// noise, n, params, kind).
     pub race_external_masked: unsafe fn(*const E, *const u32, *const f32, usize, RaceParams, NoiseKind) -> Best,
-    /// The values a mask keeps, -inf elsewhere, as f32 (row, mask words, n, out): whether any
-    /// value is NaN.
-    pub masked_copy: unsafe fn(*const E, *const u32, usize, *mut f32) -> bool,
+    /// The values a mask keeps, -inf elsewhere, as f32 (row, mask words, n, out, block maxima
+    /// of the copy or empty): whether any value is NaN.
+    pub masked_copy: unsafe fn(*const E, *const u32, usize, *mut f32, &mut [f32]) -> bool,
     /// The read floor of the benchmark (row, n): the largest value.
     #[cfg(feature = "internals")]
     pub max_only: unsafe fn(*const E, usize) -> f32,
@@ -214,6 +217,9 @@ pub(crate) struct Kernels {
     pub block_noise: unsafe fn(u64, usize, &[f32], RaceParams, &mut [BlockNoise]),
     /// The sum of a probability row and whether a value is negative (row, n).
     pub prob_sum: unsafe fn(*const f32, usize) -> (f64, bool),
+    /// The last pass of a row's edits over its words (keep, mask or empty, seen, output,
+    /// listed): see `generic::edit_words`.
+    pub edit_words: EditWordsFn,
 }
 
 /// Builds the module `$module` of one level: `#[target_feature]` entry points that instantiate
@@ -285,9 +291,9 @@ macro_rules! kernel_table {
                 unsafe { generic::race_external::<$simd, E>(row, keep, noise, n, p, kind, 0) }
             }
             $(#[target_feature(enable = $feature)])*
-            unsafe fn masked_copy<E: Elem>(row: *const E, keep: *const u32, n: usize, out: *mut f32) -> bool {
+            unsafe fn masked_copy<E: Elem>(row: *const E, keep: *const u32, n: usize, out: *mut f32, bmax: &mut [f32]) -> bool {
                 // SAFETY: see kernel_table!.
-                unsafe { generic::masked_copy::<$simd, E>(row, keep, n, out) }
+                unsafe { generic::masked_copy::<$simd, E>(row, keep, n, out, bmax) }
             }
             #[cfg(feature = "internals")]
             $(#[target_feature(enable = $feature)])*
@@ -346,6 +352,10 @@ macro_rules! kernel_table {
                 // SAFETY: see kernel_table!.
                 unsafe { generic::probs::prob_sum::<$simd>(row, n) }
             }
+            $(#[target_feature(enable = $feature)])*
+            unsafe fn edit_words(keep: &mut [u32], mask: &mut [u32], seen: &mut [u32], output: &mut [u32], listed: &[u32]) -> generic::WordPass {
+                generic::edit_words(keep, mask, seen, output, listed)
+            }
             fn dtype<E: Elem>() -> DtypeKernels<E> {
                 DtypeKernels {
                     scan: scan::<E>, find_first: find_first::<E>, top_block: top_block::<E>, race_inline: race_inline::<E>, race_external: race_external::<E>,
@@ -360,7 +370,7 @@ macro_rules! kernel_table {
             }
             /// The table. Only [`kernels`] calls it, once it has checked `detected()`.
             pub(super) fn table() -> Kernels {
-                Kernels { level: $level, f32: dtype(), bf16: dtype(), f16: dtype(), fill_noise, weights64, block_noise, prob_sum }
+                Kernels { level: $level, f32: dtype(), bf16: dtype(), f16: dtype(), fill_noise, weights64, block_noise, prob_sum, edit_words }
             }
         }
     };

@@ -21,6 +21,7 @@
 //! - `mass.rs`: f32 probability mass: exp2, the weight kinds, per-block mass, `mass_weights`,
 //!   `mass_gather`, `gather_ge`.
 //! - `mass64.rs`: f64 probability mass: `exp64`, per-block mass, `weights64`.
+//! - `words.rs`: the last pass of a row's edits over its mask words (`edit_words`).
 //! - `mod.rs` (this file): [`BLOCK`], and what the two mass files share: the last block's padding
 //!   ([`tail_block`]) and the summation trees ([`tree16`], [`sum_columns`]).
 //!
@@ -34,6 +35,7 @@ pub(crate) mod noise;
 pub(crate) mod probs;
 pub(crate) mod race;
 pub(crate) mod scan;
+pub(crate) mod words;
 
 #[cfg(feature = "internals")]
 pub(crate) use mass::exp2_neg;
@@ -44,6 +46,7 @@ pub(crate) use race::{race_external, race_inline, Best, BlockNoise, BlockValues,
 pub(crate) use scan::{find_first, masked_copy, scan, top_block};
 #[cfg(feature = "internals")]
 pub(crate) use scan::{max_only, max_two};
+pub(crate) use words::{edit_words, WordPass};
 
 #[cfg(doc)]
 use crate::kernels::simd::Simd;

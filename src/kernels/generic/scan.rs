@@ -198,37 +198,80 @@ pub(crate) unsafe fn kept<S: Simd>(x: S::F, keep: *const u32, i: usize) -> S::F 
 
 /// Writes the `n` values of `row` as f32 into `out` where their bit is set in `keep`, -inf
 /// elsewhere, and returns whether any value of `row` (kept or not) is NaN: the processed values
-/// of a row with edits before its edited tokens are written over them (`src/edits.rs`).
+/// of a row with edits before its edited tokens are written over them (`src/edits.rs`). With a
+/// non-empty `bmax` (one per block), also the largest value written in each block (NaN ignored),
+/// as [`scan`] of `out` would give it: the copy is then not scanned again.
 ///
 /// # Safety
-/// `row` valid for `n` reads, `out` for `n` writes, `keep` for `n.div_ceil(32)` reads; `S`
-/// usable here.
+/// `row` valid for `n` reads, `out` for `n` writes, `keep` for `n.div_ceil(32)` reads; `bmax`
+/// empty or of `n.div_ceil(BLOCK)` entries; `S` usable here.
 #[inline(always)]
-pub(crate) unsafe fn masked_copy<S: Simd, E: Elem>(row: *const E, keep: *const u32, n: usize, out: *mut f32) -> bool {
-    let l = S::LANES;
+pub(crate) unsafe fn masked_copy<S: Simd, E: Elem>(
+    row: *const E,
+    keep: *const u32,
+    n: usize,
+    out: *mut f32,
+    bmax: &mut [f32],
+) -> bool {
     let mut nan = S::none();
-    let mut i = 0;
-    while i + l <= n {
-        // SAFETY: i + LANES <= n reads of `row` and writes of `out`, bits of `keep` (the
+    let mut nan_tail = false;
+    if bmax.is_empty() {
+        // SAFETY: the caller's contract.
+        unsafe { copy_kept::<S, E, false>(row, keep, 0, n, out, &mut nan, &mut nan_tail) };
+    }
+    for (b, m) in bmax.iter_mut().enumerate() {
+        let (start, end) = (b * BLOCK, ((b + 1) * BLOCK).min(n));
+        // SAFETY: start <= end <= n; the rest is the caller's contract.
+        *m = unsafe { copy_kept::<S, E, true>(row, keep, start, end, out, &mut nan, &mut nan_tail) };
+    }
+    S::any(nan) || nan_tail
+}
+
+/// [`masked_copy`] of `row[start..end]` (`start` a multiple of `LANES`): the largest value
+/// written when `MAX` (else -inf), NaN marked in `nan` and `nan_tail`.
+///
+/// # Safety
+/// As [`masked_copy`], for `end` values.
+#[inline(always)]
+unsafe fn copy_kept<S: Simd, E: Elem, const MAX: bool>(
+    row: *const E,
+    keep: *const u32,
+    start: usize,
+    end: usize,
+    out: *mut f32,
+    nan: &mut S::M,
+    nan_tail: &mut bool,
+) -> f32 {
+    let l = S::LANES;
+    let mut acc = S::splat(f32::NEG_INFINITY);
+    let mut i = start;
+    while i + l <= end {
+        // SAFETY: i + LANES <= end reads of `row` and writes of `out`, bits of `keep` (the
         // caller's contract); `S` usable.
         unsafe {
             let x = E::load::<S>(row.add(i));
-            nan = S::or_m(nan, S::is_nan(x));
-            S::store(out.add(i), kept::<S>(x, keep, i));
+            *nan = S::or_m(*nan, S::is_nan(x));
+            let y = kept::<S>(x, keep, i);
+            S::store(out.add(i), y);
+            if MAX {
+                acc = S::max(y, acc);
+            }
         }
         i += l;
     }
-    let mut nan_tail = false;
-    while i < n {
-        // SAFETY: i < n; Scalar runs anywhere.
+    let mut m = S::reduce_max(acc);
+    while i < end {
+        // SAFETY: i < end; Scalar runs anywhere.
         unsafe {
             let x = E::load::<Scalar>(row.add(i));
-            nan_tail |= x.is_nan();
-            Scalar::store(out.add(i), kept::<Scalar>(x, keep, i));
+            *nan_tail |= x.is_nan();
+            let y = kept::<Scalar>(x, keep, i);
+            Scalar::store(out.add(i), y);
+            m = Scalar::max(y, m);
         }
         i += 1;
     }
-    S::any(nan) || nan_tail
+    m
 }
 
 /// The largest of `n` elements (NaN ignored): the read floor the benchmark compares against,
