@@ -246,8 +246,8 @@ pub(crate) struct RowEdits {
     /// The tokens no mask bans (`keep` and the touched ones), when the lists touched any of a
     /// masked row (else `keep` is the mask, or nothing is masked).
     mask: Vec<u32>,
-    /// The blocks holding a token whose edits may raise its value (a positive bias), in no
-    /// particular order (a block may repeat).
+    /// The tokens whose edits may raise their value (a positive bias), in no particular order
+    /// (a token may repeat).
     raised: Vec<u32>,
     /// Empty when the lists touch nothing (then every touched word is 0).
     seen: Vec<u32>,
@@ -467,10 +467,11 @@ impl RowEdits {
     /// largest processed value, and returns whether the row holds a NaN (masked or not).
     ///
     /// One pass over the logits as given (its mask applied) bounds every block: the lists only
-    /// lower values there. The blocks of a raising bias are worked out exactly, then the block
-    /// of the largest bound, then every block whose bound is above that block's exact maximum:
-    /// the largest of the bounds is then exact. On a typical row that is one or two blocks of
-    /// the row's whole vocabulary.
+    /// lower values there, but for the tokens of a raising bias, whose processed values raise
+    /// their blocks' bounds (one lookup each, not a pass over their blocks). Then the block of
+    /// the largest bound is worked out exactly, and every block whose bound is above that
+    /// block's exact maximum: the largest of the bounds is then exact. On a typical row that is
+    /// one or two blocks of the row's whole vocabulary.
     pub fn bounds<V: RowValues + ?Sized>(&self, k: &Kernels, v: &V, bmax: &mut [f32]) -> bool {
         let n = v.n();
         let nan = match (self.masked, self.touched) {
@@ -478,8 +479,10 @@ impl RowEdits {
             (true, 0) => v.scan_masked(k, &self.keep, 0, n, bmax),
             (true, _) => v.scan_masked(k, &self.mask, 0, n, bmax),
         };
-        for &b in &self.raised {
-            bmax[b as usize] = self.block_max(k, v, b as usize);
+        for &t in &self.raised {
+            let (t, m) = (t as usize, &mut bmax[t as usize / BLOCK]);
+            let y = self.touched_value(v.at(t), t);
+            *m = if y > *m { y } else { *m };
         }
         let (mut top, mut first) = (f32::NEG_INFINITY, 0);
         for (b, &m) in bmax.iter().enumerate() {
@@ -813,7 +816,7 @@ fn touch_lists(k: &Kernels, batch: &Batch, r: usize, e: &mut RowEdits) -> Result
     }
     for &id in bias_ids {
         if kept(id as usize) && e.listed.slots[e.listed.find(id as u32)].bias > 0.0 {
-            e.raised.push(id as u32 / BLOCK as u32);
+            e.raised.push(id as u32);
         }
     }
     // `seen_words` counts the words of `seen` holding a bit, not the bits (a population count
