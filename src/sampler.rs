@@ -220,7 +220,7 @@ impl Sampler {
     }
 
     fn try_draw(&self, batch: &Batch, out: &mut Output) -> Result<()> {
-        validate(batch, out, self.cfg.max_rows, self.cfg.vocab_size)?;
+        validate(self.kernels, batch, out, self.cfg.max_rows, self.cfg.vocab_size)?;
         // In a fork() child, unseeded rows use inline noise from the child's own key stream:
         // the pool's producers do not exist there (see `forked_keys`).
         let keys = if self.birthplace.elsewhere() { self.forked_keys() } else { &self.keys };
@@ -251,7 +251,7 @@ impl Sampler {
 
     fn try_verify(&self, batch: &VerifyBatch, out: &mut VerifyOutput) -> Result<()> {
         let greedy_below = self.cfg.greedy_below;
-        let target = verify::prepare(batch, out, (greedy_below, self.cfg.max_rows, self.cfg.vocab_size))?;
+        let target = verify::prepare(self.kernels, batch, out, (greedy_below, self.cfg.max_rows, self.cfg.vocab_size))?;
         let rows = target.batch(batch);
         let keys = if self.birthplace.elsewhere() { self.forked_keys() } else { &self.keys };
         let pool = self.pool();

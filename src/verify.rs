@@ -10,6 +10,7 @@
 
 use crate::batch::{span, validate, validate_params, Batch, ExternalNoise, Logits, LogprobMode, Output};
 use crate::error::{bail_batch, bail_out, Error, Owner, Result};
+use crate::kernels::Kernels;
 use crate::noise::{seeded_row_key, splitmix64, KeyStream};
 
 /// The draft model's probabilities: one row of `vocab` f32 per draft token, `row_stride` apart.
@@ -174,6 +175,7 @@ fn requests(b: &VerifyBatch) -> Result<Vec<Request>> {
 /// Checks a verify call and expands its per-request parameters; `greedy_below`, `max_rows` and
 /// `vocab_size` come from the sampler.
 pub(crate) fn prepare(
+    k: &Kernels,
     b: &VerifyBatch,
     out: &VerifyOutput,
     (greedy_below, max_rows, vocab_size): (f32, usize, usize),
@@ -233,7 +235,7 @@ pub(crate) fn prepare(
     let target = expand(b, reqs, width);
     // The target rows' own checks (their count, the logits' span, the noise).
     let mut tokens = vec![0i32; b.rows];
-    validate(&target.batch(b), &Output::new(&mut tokens), max_rows, vocab_size)?;
+    validate(k, &target.batch(b), &Output::new(&mut tokens), max_rows, vocab_size)?;
     Ok(target)
 }
 

@@ -220,6 +220,8 @@ pub(crate) struct Kernels {
     /// The last pass of a row's edits over its words (keep, mask or empty, seen, output,
     /// listed): see `generic::edit_words`.
     pub edit_words: EditWordsFn,
+    /// Whether every id lies in `[0, vocab)` (ids, vocab below 2^31).
+    pub ids_in_range: unsafe fn(&[i32], u32) -> bool,
 }
 
 /// Builds the module `$module` of one level: `#[target_feature]` entry points that instantiate
@@ -356,6 +358,10 @@ macro_rules! kernel_table {
             unsafe fn edit_words(keep: &mut [u32], mask: &mut [u32], seen: &mut [u32], output: &mut [u32], listed: &[u32]) -> generic::WordPass {
                 generic::edit_words(keep, mask, seen, output, listed)
             }
+            $(#[target_feature(enable = $feature)])*
+            unsafe fn ids_in_range(ids: &[i32], vocab: u32) -> bool {
+                generic::ids_in_range(ids, vocab)
+            }
             fn dtype<E: Elem>() -> DtypeKernels<E> {
                 DtypeKernels {
                     scan: scan::<E>, find_first: find_first::<E>, top_block: top_block::<E>, race_inline: race_inline::<E>, race_external: race_external::<E>,
@@ -370,7 +376,7 @@ macro_rules! kernel_table {
             }
             /// The table. Only [`kernels`] calls it, once it has checked `detected()`.
             pub(super) fn table() -> Kernels {
-                Kernels { level: $level, f32: dtype(), bf16: dtype(), f16: dtype(), fill_noise, weights64, block_noise, prob_sum, edit_words }
+                Kernels { level: $level, f32: dtype(), bf16: dtype(), f16: dtype(), fill_noise, weights64, block_noise, prob_sum, edit_words, ids_in_range }
             }
         }
     };

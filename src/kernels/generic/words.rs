@@ -1,6 +1,8 @@
-//! The last pass of a row's edits (`edits.rs`) over its mask words: plain integer loops, which
-//! each level's entry point vectorises at its own width (the same loop compiled outside a
-//! target-feature function ran on SSE2 and cost a quarter of a 5,000-token row's edits).
+//! Integer loops of the sampling step before the filters, which each level's entry point
+//! vectorises at its own width (the same loops compiled outside a target-feature function ran
+//! on SSE2): the last pass of a row's edits (`edits.rs`) over its mask words, which cost a
+//! quarter of a 5,000-token row's edits on SSE2, and the range check of the token lists
+//! (`batch.rs`), which runs on one thread for every row of a call.
 
 /// What [`edit_words`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,9 +49,40 @@ pub(crate) fn edit_words(
     WordPass { touched: any != 0, seen_words: seen_words as usize }
 }
 
+/// Whether every id lies in `[0, vocab)` (`vocab < 2^31`): a negative id is a large u32, so
+/// one unsigned compare a lane, ORed (a reduction of bools, or a search that stops early, does
+/// not vectorise).
+#[inline(always)]
+pub(crate) fn ids_in_range(ids: &[i32], vocab: u32) -> bool {
+    ids.iter().fold(0u32, |bad, &id| bad | (id as u32 >= vocab) as u32) == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::WordPass;
+
+    /// Every level finds an id out of range wherever it is, and none in a list in range.
+    #[test]
+    fn every_level_finds_ids_out_of_range() {
+        let vocab = 151_936u32;
+        for level in supported_levels() {
+            let ids_in_range = kernels(level).ids_in_range;
+            for n in [0usize, 1, 15, 16, 17, 100, 5120] {
+                let mut ids: Vec<i32> = (0..n as i32).map(|i| (i * 7919) % vocab as i32).collect();
+                // SAFETY: the level is supported.
+                assert!(unsafe { ids_in_range(&ids, vocab) }, "{level:?} n {n}");
+                for at in [0, n / 2, n.saturating_sub(1)].into_iter().filter(|_| n > 0) {
+                    for bad in [vocab as i32, -1, i32::MIN, i32::MAX] {
+                        let keep = ids[at];
+                        ids[at] = bad;
+                        // SAFETY: as above.
+                        assert!(!unsafe { ids_in_range(&ids, vocab) }, "{level:?} n {n} at {at} id {bad}");
+                        ids[at] = keep;
+                    }
+                }
+            }
+        }
+    }
     use crate::kernels::{kernels, supported_levels};
 
     /// Every level's `edit_words` gives, word for word, what the module doc says, with and
