@@ -620,10 +620,16 @@ impl Drop for RowEdits {
             }
             spare.words.clear();
         } else if self.touched > 0 {
-            // (No bit is set in a row that touched nothing.)
+            // (No bit is set in a row that touched nothing.) The output's bits are set only
+            // with the frequency or presence penalty, and the listed ones are those of the
+            // table's few tokens.
             spare.seen.fill(0);
-            spare.output_bits.fill(0);
-            spare.listed_bits.fill(0);
+            if self.penalties.counts() {
+                spare.output_bits.fill(0);
+            }
+            for slot in spare.slots.iter().filter(|s| s.id != Slot::FREE) {
+                spare.listed_bits[slot.id as usize / 32] = 0;
+            }
         }
         for &id in &spare.counted {
             spare.counts[id as usize] = 0;
