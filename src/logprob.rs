@@ -323,9 +323,10 @@ pub(crate) fn edited_row_logprobs<V: RowValues + ?Sized>(
             row_logprobs(k, v, &bmax, inv_t, mode, top, floor, token, out)
         }
         LogprobMode::Processed => {
-            e.materialize(k, v, y, &mut [])?;
-            let y = &y[..];
-            row_logprobs(k, y, &block_maxima(k, y).0, inv_t, mode, top, floor, token, out)
+            // The copy records its block maxima as it writes (no second scan of it).
+            let mut bmax = alloc::filled(v.n().div_ceil(BLOCK), f32::NEG_INFINITY, "block maxima")?;
+            e.materialize(k, v, y, &mut bmax)?;
+            row_logprobs(k, &y[..], &bmax, inv_t, mode, top, floor, token, out)
         }
     }
 }

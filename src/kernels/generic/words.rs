@@ -9,7 +9,7 @@
 pub(crate) struct WordPass {
     /// Whether the lists touch any kept token.
     pub touched: bool,
-    /// The words of `seen` that still hold a bit.
+    /// How many words of `seen` still hold a bit.
     pub seen_words: usize,
 }
 
