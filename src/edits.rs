@@ -725,6 +725,23 @@ pub(crate) fn build(k: &Kernels, batch: &Batch, r: usize) -> Result<Option<RowEd
     Ok(Some(e))
 }
 
+/// The bit of token `id` in its word: a load from a table of 32, where `1 << (id % 32)` is a
+/// shift by `cl`, three uops on Intel cores, in the loops that set a bit for each token of a
+/// history.
+#[inline(always)]
+fn bit(id: i32) -> u32 {
+    const BITS: [u32; 32] = {
+        let mut b = [0u32; 32];
+        let mut j = 0;
+        while j < 32 {
+            b[j] = 1 << j;
+            j += 1;
+        }
+        b
+    };
+    BITS[(id & 31) as usize]
+}
+
 /// Marks the kept tokens that the histories and the bias touch (`seen`, `listed`, with their
 /// counts and biases in the table) and clears their bits in `keep`. A masked token is never
 /// touched: the mask wins over everything.
@@ -782,18 +799,18 @@ fn touch_lists(k: &Kernels, batch: &Batch, r: usize, e: &mut RowEdits) -> Result
     // (Local slices: through `e`, the loops reloaded each vector's pointer after every store.)
     let seen = &mut e.seen[..words];
     for &id in prompt {
-        let (w, j) = (id as usize / 32, id as u32 % 32);
         // SAFETY: the batch's ids were checked to lie in [0, vocab) (`check_csr`), so
-        // w < words, the length of `seen`.
-        unsafe { *seen.get_unchecked_mut(w) |= 1 << j };
+        // id / 32 < words, the length of `seen`.
+        unsafe { *seen.get_unchecked_mut(id as usize / 32) |= bit(id) };
     }
     if p.counts() {
         let (output_bits, counts) = (&mut e.output_bits[..words], &mut e.counts[..words * 32]);
+        // The output's tokens are added to `seen` by the pass over the words below (one
+        // read-modify-write a token fewer).
         for &id in output {
-            let (w, bit) = (id as usize / 32, 1 << (id as u32 % 32));
+            let (w, bit) = (id as usize / 32, bit(id));
             // SAFETY: as above (`counts` holds `words * 32` entries).
             unsafe {
-                *seen.get_unchecked_mut(w) |= bit;
                 let first = *output_bits.get_unchecked(w);
                 *output_bits.get_unchecked_mut(w) = first | bit;
                 if first & bit != 0 {
@@ -807,7 +824,7 @@ fn touch_lists(k: &Kernels, batch: &Batch, r: usize, e: &mut RowEdits) -> Result
     } else {
         for &id in output {
             // SAFETY: as above.
-            unsafe { *seen.get_unchecked_mut(id as usize / 32) |= 1 << (id as u32 % 32) };
+            unsafe { *seen.get_unchecked_mut(id as usize / 32) |= bit(id) };
         }
     }
     for (&id, &b) in bias_ids.iter().zip(bias_values) {
@@ -842,7 +859,8 @@ fn touch_lists(k: &Kernels, batch: &Batch, r: usize, e: &mut RowEdits) -> Result
         let (mut any, mut seen_words) = (0, 0);
         for w in named {
             let k = if e.masked { e.mask[w] } else { all(w) };
-            let (s, o, l) = (e.seen[w] & k, e.output_bits[w] & k, e.listed_bits[w]);
+            let o = e.output_bits[w] & k;
+            let (s, l) = ((e.seen[w] & k) | o, e.listed_bits[w]);
             (e.seen[w], e.output_bits[w], e.keep[w]) = (s, o, k & !(s | l));
             any |= s | l;
             e.words.push(w as u32);

@@ -14,7 +14,8 @@ pub(crate) struct WordPass {
 }
 
 /// For every word `w` of the row: `mask[w] = keep[w]` (when `mask` is not empty), the bits of
-/// `seen` and `output` kept only where `keep` keeps (a masked token is never touched), and
+/// `seen` and `output` kept only where `keep` keeps (a masked token is never touched), the
+/// output's bits added to `seen` (the loop over the output sets only its own bits), and
 /// `keep[w]` cleared where `seen` or `listed` holds a bit (a touched token does not keep its
 /// logit as given). Every slice but an empty `mask` has the length of `keep`.
 #[inline(always)]
@@ -30,18 +31,20 @@ pub(crate) fn edit_words(
     let (mut any, mut seen_words) = (0u32, 0u32);
     if mask.is_empty() {
         for w in 0..n {
-            let k = keep[w];
-            let (s, l) = (seen[w] & k, listed[w]);
-            (seen[w], output[w], keep[w]) = (s, output[w] & k, k & !(s | l));
+            let (k, l) = (keep[w], listed[w]);
+            let o = output[w] & k;
+            let s = (seen[w] & k) | o;
+            (seen[w], output[w], keep[w]) = (s, o, k & !(s | l));
             any |= s | l;
             seen_words += (s != 0) as u32;
         }
     } else {
         let mask = &mut mask[..n];
         for w in 0..n {
-            let k = keep[w];
-            let (s, l) = (seen[w] & k, listed[w]);
-            (mask[w], seen[w], output[w], keep[w]) = (k, s, output[w] & k, k & !(s | l));
+            let (k, l) = (keep[w], listed[w]);
+            let o = output[w] & k;
+            let s = (seen[w] & k) | o;
+            (mask[w], seen[w], output[w], keep[w]) = (k, s, o, k & !(s | l));
             any |= s | l;
             seen_words += (s != 0) as u32;
         }
@@ -110,8 +113,8 @@ mod tests {
             let (mut any, mut seen_words) = (0, 0);
             for w in 0..n {
                 let k = keep[w];
-                want_seen[w] = seen[w] & k;
                 want_output[w] = output[w] & k;
+                want_seen[w] = (seen[w] | output[w]) & k;
                 want_keep[w] = k & !(want_seen[w] | listed[w]);
                 any |= want_seen[w] | listed[w];
                 seen_words += (want_seen[w] != 0) as usize;
