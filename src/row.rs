@@ -8,7 +8,7 @@
 use crate::config::NoiseKind;
 use crate::kernels::generic::race::{race_bounded_external, race_listed_external, race_listed_inline};
 use crate::kernels::simd::Elem;
-use crate::kernels::{Best, Bf16, BlockNoise, BlockValues, DtypeKernels, Kernels, RaceParams, F16};
+use crate::kernels::{Best, Bf16, BlockNoise, BlockValues, DtypeKernels, Kernels, RaceParams, RaceScratch, F16};
 
 /// A row's values as f32, and the kernels of its dtype. Every kernel call goes through here, so
 /// the bounds that make the calls safe are checked in one place.
@@ -72,12 +72,19 @@ pub(crate) trait RowValues {
         assert!(listed.iter().all(|&(t, _)| (t as usize) < n));
         let (row, dk) = (self.ptr(), Self::kernels(k));
         match noise {
-            RaceNoise::Inline(key) => BLOCK_NOISE.with(|b| {
-                let blocks = &mut *b.borrow_mut();
+            RaceNoise::Inline(key) => RACE_SCRATCH.with(|b| {
                 // SAFETY: as in `scan_masked`; the scratch is this thread's.
-                let best = unsafe { (dk.race_inline_masked)(row, keep.as_ptr(), n, bmax, p, key, blocks, None) };
-                // The race filled `blocks` with the row's block noise, which the listed tokens use.
-                race_listed_inline(listed, p, key, blocks, best)
+                let best =
+                    unsafe { (dk.race_inline_masked)(row, keep.as_ptr(), n, bmax, p, key, &mut b.borrow_mut(), None) };
+                // The listed tokens race on the noise of their blocks, every block's.
+                BLOCK_NOISE.with(|bn| {
+                    let blocks = &mut *bn.borrow_mut();
+                    blocks.clear();
+                    blocks.resize(bmax.len(), BlockNoise { e_min: 0.0, j_min: 0, g_max: 0.0, bound: 0.0 });
+                    // SAFETY: `blocks` has bmax.len() elements; `k` is the table of a supported level.
+                    unsafe { (k.block_noise)(key, 0, bmax, p, blocks) };
+                    race_listed_inline(listed, p, key, blocks, best)
+                })
             }),
             // SAFETY: as in `scan_masked`; the noise row holds `n` values (as in `race`), and
             // every listed token is below `n` (checked above).
@@ -104,7 +111,7 @@ pub(crate) trait RowValues {
         let n = self.n();
         assert!(keep.len() >= n.div_ceil(32) && bmax.len() >= n.div_ceil(crate::kernels::BLOCK));
         let (row, dk) = (self.ptr(), Self::kernels(k));
-        BLOCK_NOISE.with(|b| {
+        RACE_SCRATCH.with(|b| {
             // SAFETY: as in `scan_masked`; the scratch is this thread's.
             unsafe { (dk.race_inline_masked)(row, keep.as_ptr(), n, bmax, p, key, &mut b.borrow_mut(), Some(edited)) }
         })
@@ -159,7 +166,7 @@ pub(crate) trait RowValues {
         let row = self.ptr();
         let dk = Self::kernels(k);
         match noise {
-            RaceNoise::Inline(key) => BLOCK_NOISE.with(|b| {
+            RaceNoise::Inline(key) => RACE_SCRATCH.with(|b| {
                 // SAFETY: as in `scan`; the scratch is this thread's.
                 unsafe { (dk.race_inline)(row.add(start), len, bmax, p, key, start, &mut b.borrow_mut()) }
             }),
@@ -186,7 +193,9 @@ unsafe impl Send for RaceNoise {}
 unsafe impl Sync for RaceNoise {}
 
 thread_local! {
-    /// Block noise of the race running on this thread.
+    /// The blocks' bounds and noise of the race running on this thread.
+    static RACE_SCRATCH: std::cell::RefCell<RaceScratch> = std::cell::RefCell::new(RaceScratch::default());
+    /// The block noise of a row whose listed tokens race apart ([`RowValues::race_edited`]).
     static BLOCK_NOISE: std::cell::RefCell<Vec<BlockNoise>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 

@@ -33,7 +33,9 @@ mod x86_64 {
 
 use crate::config::{NoiseKind, SimdChoice};
 use crate::error::{Error, ErrorKind, Result};
-pub(crate) use generic::{Best, BlockNoise, BlockValues, Mass64Params, MassKind, MassParams, RaceParams, BLOCK};
+pub(crate) use generic::{
+    Best, BlockNoise, BlockValues, Mass64Params, MassKind, MassParams, RaceParams, RaceScratch, BLOCK,
+};
 pub use simd::{Bf16, F16};
 use std::ffi::CStr;
 use std::sync::OnceLock;
@@ -135,22 +137,14 @@ pub fn resolve(choice: SimdChoice) -> Result<SimdLevel> {
     Ok(level)
 }
 
-/// The inline race: (row, n, block maxima, params, row key, base index, block-noise scratch).
-pub(crate) type RaceInlineFn<E> =
-    unsafe fn(*const E, usize, &[f32], RaceParams, u64, usize, &mut Vec<BlockNoise>) -> Best;
+/// The inline race: (row, n, block maxima, params, row key, base index, scratch of the blocks'
+/// bounds).
+pub(crate) type RaceInlineFn<E> = unsafe fn(*const E, usize, &[f32], RaceParams, u64, usize, &mut RaceScratch) -> Best;
 
 /// The inline race of the tokens a mask keeps: (row, mask words, n, block maxima, params, row
-/// key, block-noise scratch, the values of the blocks whose values are not the row's).
-pub(crate) type RaceInlineMaskedFn<E> = unsafe fn(
-    *const E,
-    *const u32,
-    usize,
-    &[f32],
-    RaceParams,
-    u64,
-    &mut Vec<BlockNoise>,
-    Option<&dyn BlockValues>,
-) -> Best;
+/// key, scratch of the blocks' bounds, the values of the blocks whose values are not the row's).
+pub(crate) type RaceInlineMaskedFn<E> =
+    unsafe fn(*const E, *const u32, usize, &[f32], RaceParams, u64, &mut RaceScratch, Option<&dyn BlockValues>) -> Best;
 
 /// The last pass of a row's edits (keep, mask or empty, seen, output, listed).
 pub(crate) type EditWordsFn = unsafe fn(&mut [u32], &mut [u32], &mut [u32], &mut [u32], &[u32]) -> generic::WordPass;
@@ -272,13 +266,13 @@ macro_rules! kernel_table {
                 unsafe { generic::find_first::<$simd, E>(row, start, end, target) }
             }
             $(#[target_feature(enable = $feature)])*
-            unsafe fn race_inline<E: Elem>(row: *const E, n: usize, bmax: &[f32], p: RaceParams, key: u64, base: usize, blocks: &mut Vec<BlockNoise>) -> Best {
+            unsafe fn race_inline<E: Elem>(row: *const E, n: usize, bmax: &[f32], p: RaceParams, key: u64, base: usize, blocks: &mut RaceScratch) -> Best {
                 // SAFETY: see kernel_table!.
                 unsafe { generic::race_inline::<$simd, E>(row, std::ptr::null(), n, bmax, p, key, base, blocks, None) }
             }
             $(#[target_feature(enable = $feature)])*
             #[allow(clippy::too_many_arguments)]
-            unsafe fn race_inline_masked<E: Elem>(row: *const E, keep: *const u32, n: usize, bmax: &[f32], p: RaceParams, key: u64, blocks: &mut Vec<BlockNoise>, edited: Option<&dyn BlockValues>) -> Best {
+            unsafe fn race_inline_masked<E: Elem>(row: *const E, keep: *const u32, n: usize, bmax: &[f32], p: RaceParams, key: u64, blocks: &mut RaceScratch, edited: Option<&dyn BlockValues>) -> Best {
                 // SAFETY: see kernel_table!.
                 unsafe { generic::race_inline::<$simd, E>(row, keep, n, bmax, p, key, 0, blocks, edited) }
             }

@@ -43,7 +43,7 @@ pub(crate) use mass::exp2_neg;
 pub(crate) use mass::{gather_ge, mass, mass_gather, mass_weights, MassKind, MassParams, T_MIN};
 pub(crate) use mass64::{exp64, mass64, weights64, Mass64Params, A_MIN64};
 pub(crate) use noise::fill_noise;
-pub(crate) use race::{race_external, race_inline, Best, BlockNoise, BlockValues, RaceParams};
+pub(crate) use race::{race_external, race_inline, Best, BlockNoise, BlockValues, RaceParams, RaceScratch};
 pub(crate) use scan::{find_first, masked_copy, scan, top_block};
 #[cfg(feature = "internals")]
 pub(crate) use scan::{max_only, max_two};

@@ -103,18 +103,26 @@ pub(crate) fn exp_noise<S: Simd>(a: S::U) -> S::F {
     S::sub(corr, l)
 }
 
-/// An upper bound of `-ln exp_noise(a)` that costs a few integer operations: E >= t >= 2^(eb-151).
+/// An upper bound of `-ln exp_noise(a)` that costs a few integer operations.
 ///
-/// `k = min(151 - eb, 33)` is in [2, 33] (`c >> 8 < 2^23`, so `eb <= 149`; `c >> 8 = 0` gives
-/// `eb = 0` and the cap 33, from `t >= 2^-33`), never negative, so ln 2 rounded up is the
-/// right direction here (see [`LN2_DOWN`] where it is not).
+/// - `U >= 1/2` (the top bit of `a` set): `E >= t >= 2^(eb-151)`, so `-ln E <= k ln 2` with
+///   `k = min(151 - eb, 33)` in [2, 33] (`c >> 8 < 2^23`, so `eb <= 149`; `c >> 8 = 0` gives
+///   `eb = 0` and the cap 33, from `t >= 2^-33`), never negative, so ln 2 rounded up is the
+///   right direction here (see [`LN2_DOWN`] where it is not).
+/// - `U < 1/2`: `E = -ln U >= ln 2` (`t` rounds to at most 1/2), so `-ln E <= -ln ln 2 =
+///   0.366513` ([`NEG_LN_LN2_UP`], with room for `ln`'s rounding): half the tokens get a bound
+///   below 0.37 instead of at least `2 ln 2`, and a race skips more of them before their noise.
 #[inline(always)]
 pub(crate) fn noise_bound<S: Simd>(a: S::U) -> S::F {
     let c = S::xor_u(a, S::sign_fill(a));
     let eb = S::shr_u::<23>(S::to_bits(S::cvt_i32(S::shr_u::<8>(c))));
     let k = S::min_i32(S::sub_u(S::splat_u(151), eb), S::splat_u(33));
-    S::add(S::mul(S::cvt_i32(k), S::splat(LN2_UP)), S::splat(1e-5))
+    let small = S::add(S::mul(S::cvt_i32(k), S::splat(LN2_UP)), S::splat(1e-5));
+    S::select(S::gt_i32(S::splat_u(0), a), small, S::splat(NEG_LN_LN2_UP))
 }
+
+/// -ln ln 2 = 0.3665129 with room (1e-4) for the roundings of `E`'s and `-ln E`'s logarithms.
+pub(super) const NEG_LN_LN2_UP: f32 = 0.366_62;
 
 /// SplitMix64's output function: a bijection of u64 with good avalanche. The row keys and the
 /// keys of the block streams (see `race.rs`) are derived with it.

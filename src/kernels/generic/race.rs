@@ -367,12 +367,146 @@ unsafe fn visit<S: Simd, E: Elem>(
     }
 }
 
+/// ln BLOCK (ln 256 = 5.545177...) rounded up.
+const LN_BLOCK_UP: f32 = 5.545_2;
+
+/// Room above `noise_bound(h1) + ln BLOCK + 1e-4` for the roundings of the computed
+/// `-ln e_min` (of the order of 1e-6 at these magnitudes) and of the bound's own sums.
+const CHEAP_ROOM: f32 = 1e-4 + 1e-3;
+
+/// Upper bounds of the `bound`s of [`block_noise`] for `S::LANES` consecutive blocks from block
+/// index `b` (block maxima `bm`), from a few integer operations and no logarithm: the block's
+/// `g_max = -ln(E(h1) / BLOCK) + 1e-4` is at most `noise_bound(h1) + ln BLOCK + 1e-4`
+/// ([`noise_bound`] bounds `-ln E(h1)`), and rounding goes up through the same sums.
+#[inline(always)]
+fn cheap_bound<S: Simd>(b: u32, kmin: (u32, u32), bm: S::F, p: RaceParams) -> S::F {
+    let h1 = hash::<S>(S::iota_u(b), S::splat_u(kmin.0), S::splat_u(kmin.1));
+    let g = S::add(noise_bound::<S>(h1), S::splat(LN_BLOCK_UP + CHEAP_ROOM));
+    let bound = S::add(S::mul(S::sub(bm, S::splat(p.m)), S::splat(p.inv_t)), g);
+    S::select(S::ge(bm, S::splat(p.floor)), bound, S::splat(f32::NEG_INFINITY))
+}
+
+/// Writes into `out` (of `bmax.len()`) the [`cheap_bound`] of every block of `bmax` (block
+/// `first` the first) and returns the largest.
+///
+/// # Safety
+/// `S` usable here.
+#[inline(always)]
+unsafe fn cheap_bounds<S: Simd>(kmin: (u32, u32), first: usize, bmax: &[f32], p: RaceParams, out: &mut [f32]) -> f32 {
+    let mut top = S::splat(f32::NEG_INFINITY);
+    let mut b = 0;
+    while b + S::LANES <= bmax.len() {
+        // SAFETY: b + LANES <= bmax.len() = out.len(); `S` usable (the caller's contract).
+        unsafe {
+            let u = cheap_bound::<S>((first + b) as u32, kmin, S::load_f32(bmax.as_ptr().add(b)), p);
+            S::store(out.as_mut_ptr().add(b), u);
+            top = S::max(u, top);
+        }
+        b += S::LANES;
+    }
+    let mut top = S::reduce_max(top);
+    while b < bmax.len() {
+        out[b] = cheap_bound::<Scalar>((first + b) as u32, kmin, bmax[b], p);
+        top = Scalar::max(out[b], top);
+        b += 1;
+    }
+    top
+}
+
+/// The first index from `from` on whose value in `v` is at least `at`, `S::LANES` at a time.
+///
+/// # Safety
+/// `S` usable here.
+#[inline(always)]
+unsafe fn next_at_least<S: Simd>(v: &[f32], from: usize, at: f32) -> Option<usize> {
+    let mut i = from;
+    while i + S::LANES <= v.len() {
+        // SAFETY: i + LANES <= v.len(); `S` usable (the caller's contract).
+        let bits = S::bits_of(S::ge(unsafe { S::load_f32(v.as_ptr().add(i)) }, S::splat(at)));
+        if bits != 0 {
+            return Some(i + bits.trailing_zeros() as usize);
+        }
+        i += S::LANES;
+    }
+    (i..v.len()).find(|&i| v[i] >= at)
+}
+
+/// The scratch of [`race_inline`]: every block's [`cheap_bound`], and the [`BlockNoise`] of the
+/// blocks, worked out `S::LANES` blocks (a chunk) at a time when the race first needs a block of
+/// the chunk: most blocks of a row are skipped on their cheap bound alone, and never need the two
+/// logarithms of their exact noise.
+#[derive(Default)]
+pub(crate) struct RaceScratch {
+    cheap: Vec<f32>,
+    e: Vec<f32>,
+    j: Vec<u32>,
+    g: Vec<f32>,
+    u: Vec<f32>,
+    /// Per chunk, whether its noise is worked out.
+    done: Vec<bool>,
+}
+
+impl RaceScratch {
+    /// Makes room for `blocks` blocks, no chunk's noise worked out.
+    fn reset(&mut self, blocks: usize, lanes: usize) {
+        for v in [&mut self.cheap, &mut self.e, &mut self.g, &mut self.u] {
+            v.clear();
+            v.resize(blocks, 0.0);
+        }
+        self.j.clear();
+        self.j.resize(blocks, 0);
+        self.done.clear();
+        self.done.resize(blocks.div_ceil(lanes), false);
+    }
+
+    /// The noise of block `b` of a row whose first block is block index `first`, with block keys
+    /// `kb` and block maxima `bmax` (`b < bmax.len()`, the length [`RaceScratch::reset`] was
+    /// given): what [`fill_block_noise`] writes for it.
+    ///
+    /// # Safety
+    /// `S` usable here.
+    #[inline(always)]
+    unsafe fn block<S: Simd>(
+        &mut self,
+        b: usize,
+        first: usize,
+        kb: ((u32, u32), (u32, u32)),
+        bmax: &[f32],
+        p: RaceParams,
+    ) -> BlockNoise {
+        let c = b / S::LANES;
+        if !self.done[c] {
+            let start = c * S::LANES;
+            if start + S::LANES <= bmax.len() {
+                // SAFETY: start + LANES <= bmax.len(), the length of every array; `S` usable
+                // (the caller's contract).
+                unsafe {
+                    let (ve, vj, vg, vu) =
+                        block_noise::<S>((first + start) as u32, kb, S::load_f32(bmax.as_ptr().add(start)), p);
+                    S::store(self.e.as_mut_ptr().add(start), ve);
+                    S::store_u(self.j.as_mut_ptr().add(start), vj);
+                    S::store(self.g.as_mut_ptr().add(start), vg);
+                    S::store(self.u.as_mut_ptr().add(start), vu);
+                }
+            } else {
+                for (i, &bm) in bmax.iter().enumerate().skip(start) {
+                    (self.e[i], self.j[i], self.g[i], self.u[i]) = block_noise::<Scalar>((first + i) as u32, kb, bm, p);
+                }
+            }
+            self.done[c] = true;
+        }
+        BlockNoise { e_min: self.e[b], j_min: self.j[b], g_max: self.g[b], bound: self.u[b] }
+    }
+}
+
 /// The best (key, token) among the `n` tokens at `row`, which start at vocabulary index `base`
 /// (a multiple of BLOCK) and have block maxima `bmax`, in a row with finite maximum `p.m`.
 /// `Best::NONE` if no token races. Tiles of one row combine with [`Best::merge`].
 ///
 /// Promising blocks go first, so that the best key is high from the start; a block whose
-/// maximum logit plus its noise bound cannot reach the best is skipped without reading it.
+/// maximum logit plus its noise bound cannot reach the best is skipped without reading it, most
+/// on a bound from a few integer operations ([`cheap_bound`], one vector pass over the blocks),
+/// the others on their exact noise ([`RaceScratch`]).
 /// With a non-null `keep`, only the tokens whose bit is set in `keep` race (`bmax` their maxima).
 /// With `edited`, the listed tokens of each visited block race too (`bmax` then bounds the values
 /// of both from above).
@@ -391,38 +525,49 @@ pub(crate) unsafe fn race_inline<S: Simd, E: Elem>(
     p: RaceParams,
     key: u64,
     base: usize,
-    blocks: &mut Vec<BlockNoise>,
+    scratch: &mut RaceScratch,
     edited: Option<&dyn BlockValues>,
 ) -> Best {
-    let k = key_words(key);
+    let (k, kb, first_block) = (key_words(key), block_keys(key), base / BLOCK);
     let mut listed = [(0u32, 0f32); BLOCK];
-    blocks.clear();
-    blocks.resize(bmax.len(), BlockNoise { e_min: 0.0, j_min: 0, g_max: 0.0, bound: 0.0 });
-    // SAFETY: `blocks` has bmax.len() elements; `S` usable (the caller's contract).
-    unsafe { fill_block_noise::<S>(key, base / BLOCK, bmax, p, blocks) };
+    scratch.reset(bmax.len(), S::LANES);
     let mut best = Best::NONE;
     // Promising blocks first, so that the best key is high early and most bounds fall short of
-    // it: the block of the highest bound (it most often holds the winner), then every block
+    // it: the block of the highest exact bound (it most often holds the winner; its cheap bound
+    // is at least the exact bound of the block of the highest cheap one), then every block
     // within PROMISING of it, then the rest. The order only changes how much work is skipped,
     // never the result.
     const PROMISING: f32 = 3.0;
-    let top = blocks.iter().fold(f32::NEG_INFINITY, |a, bn| Scalar::max(bn.bound, a));
-    let first = blocks.iter().position(|bn| bn.bound == top).unwrap_or(0);
-    let b_of = |b: usize| (b, blocks[b]);
-    // SAFETY: (here and in the two loops) every block index is below bmax.len() =
-    // n.div_ceil(BLOCK), and `row` is valid for `n` reads; `S` usable (the caller's contract).
-    unsafe { visit::<S, E>(row, keep, n, b_of(first), (p, k, base), (edited, &mut listed), &mut best) };
-    let cut = top - PROMISING;
-    for (b, bn) in blocks.iter().enumerate() {
-        if b != first && bn.bound >= cut && bn.bound >= best.key {
-            // SAFETY: as above.
-            unsafe { visit::<S, E>(row, keep, n, (b, *bn), (p, k, base), (edited, &mut listed), &mut best) };
+    // SAFETY: `S` usable (the caller's contract) in every call below; every block index is below
+    // bmax.len() = n.div_ceil(BLOCK), the length of the scratch's arrays, and `row` is valid for
+    // `n` reads (and `keep` for `n.div_ceil(32)`, when not null).
+    unsafe {
+        let top = cheap_bounds::<S>(kb.0, first_block, bmax, p, &mut scratch.cheap);
+        let mut first = next_at_least::<S>(&scratch.cheap, 0, top).unwrap_or(0);
+        let mut bn = scratch.block::<S>(first, first_block, kb, bmax, p);
+        let mut from = 0;
+        while let Some(b) = next_at_least::<S>(&scratch.cheap, from, bn.bound) {
+            let other = scratch.block::<S>(b, first_block, kb, bmax, p);
+            if other.bound > bn.bound || (other.bound == bn.bound && b < first) {
+                (first, bn) = (b, other);
+            }
+            from = b + 1;
         }
-    }
-    for (b, bn) in blocks.iter().enumerate() {
-        if b != first && bn.bound < cut && bn.bound >= best.key {
-            // SAFETY: as above.
-            unsafe { visit::<S, E>(row, keep, n, (b, *bn), (p, k, base), (edited, &mut listed), &mut best) };
+        visit::<S, E>(row, keep, n, (first, bn), (p, k, base), (edited, &mut listed), &mut best);
+        let cut = bn.bound - PROMISING;
+        // The first pass visits the blocks whose exact bound reaches `cut`, the second the others.
+        for promising in [true, false] {
+            let mut from = 0;
+            let at = |best: &Best| if promising { Scalar::max(cut, best.key) } else { best.key };
+            while let Some(b) = next_at_least::<S>(&scratch.cheap, from, at(&best)) {
+                if b != first {
+                    let bn = scratch.block::<S>(b, first_block, kb, bmax, p);
+                    if bn.bound >= best.key && (bn.bound >= cut) == promising {
+                        visit::<S, E>(row, keep, n, (b, bn), (p, k, base), (edited, &mut listed), &mut best);
+                    }
+                }
+                from = b + 1;
+            }
         }
     }
     best
@@ -755,5 +900,35 @@ unsafe fn race_one_external(y: f32, t: usize, noise: *const f32, p: RaceParams, 
         } else {
             race_exp_vec::<Scalar, f32>(&y, std::ptr::null(), noise.add(t), 0, p, t, best);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cheap bound of a block is never below its exact bound ([`block_noise`]), on a million
+    /// blocks of several keys, at several distances below the row's maximum and temperatures
+    /// (the bits at the edges of [`noise_bound`]'s binades are `tests/draw.rs`'
+    /// `the_inline_bounds_hold_at_every_exponent_edge`).
+    #[test]
+    fn the_cheap_block_bound_bounds_the_exact_one() {
+        for key in [0u64, 1, 0x9e37_79b9_7f4a_7c15, u64::MAX] {
+            let kb = block_keys(key);
+            for (m, inv_t) in [(0.0f32, 1.0f32), (20.0, 1.0), (3.0, 0.25), (1.0, 7.5)] {
+                let p = RaceParams { m, inv_t, floor: f32::NEG_INFINITY };
+                for b in 0..250_000u32 {
+                    let bm = m - (b % 13) as f32 * 0.37;
+                    let exact = block_noise::<Scalar>(b, kb, bm, p).3;
+                    let cheap = cheap_bound::<Scalar>(b, kb.0, bm, p);
+                    assert!(cheap >= exact, "key {key:#x} block {b}: cheap {cheap} < exact {exact}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn ln_block_up_is_above_ln_block() {
+        assert!(LN_BLOCK_UP as f64 >= (BLOCK as f64).ln());
     }
 }
