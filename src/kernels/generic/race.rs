@@ -431,6 +431,21 @@ unsafe fn next_at_least<S: Simd>(v: &[f32], from: usize, at: f32) -> Option<usiz
     (i..v.len()).find(|&i| v[i] >= at)
 }
 
+/// How many values of `v` are at least `at`, `S::LANES` at a time.
+///
+/// # Safety
+/// `S` usable here.
+#[inline(always)]
+unsafe fn count_at_least<S: Simd>(v: &[f32], at: f32) -> usize {
+    let (mut count, mut i) = (0, 0);
+    while i + S::LANES <= v.len() {
+        // SAFETY: i + LANES <= v.len(); `S` usable (the caller's contract).
+        count += S::bits_of(S::ge(unsafe { S::load_f32(v.as_ptr().add(i)) }, S::splat(at))).count_ones() as usize;
+        i += S::LANES;
+    }
+    count + v[i..].iter().filter(|&&x| x >= at).count()
+}
+
 /// The scratch of [`race_inline`]: every block's [`cheap_bound`], and the [`BlockNoise`] of the
 /// blocks, worked out `S::LANES` blocks (a chunk) at a time when the race first needs a block of
 /// the chunk: most blocks of a row are skipped on their cheap bound alone, and never need the two
@@ -538,6 +553,9 @@ pub(crate) unsafe fn race_inline<S: Simd, E: Elem>(
     // within PROMISING of it, then the rest. The order only changes how much work is skipped,
     // never the result.
     const PROMISING: f32 = 3.0;
+    // More than one block in DENSE whose cheap bound reaches the exact bound of the block of the
+    // largest cheap one: every block's exact noise is worked out at once.
+    const DENSE: usize = 8;
     // SAFETY: `S` usable (the caller's contract) in every call below; every block index is below
     // bmax.len() = n.div_ceil(BLOCK), the length of the scratch's arrays, and `row` is valid for
     // `n` reads (and `keep` for `n.div_ceil(32)`, when not null).
@@ -545,6 +563,15 @@ pub(crate) unsafe fn race_inline<S: Simd, E: Elem>(
         let top = cheap_bounds::<S>(kb.0, first_block, bmax, p, &mut scratch.cheap);
         let mut first = next_at_least::<S>(&scratch.cheap, 0, top).unwrap_or(0);
         let mut bn = scratch.block::<S>(first, first_block, kb, bmax, p);
+        if count_at_least::<S>(&scratch.cheap, bn.bound) * DENSE > bmax.len() {
+            // Many blocks may beat it (a flat row): every block's exact noise, in one vector
+            // pass, then the exact bounds stand for the cheap ones (they bound the same keys,
+            // tighter), so that the loops below test each candidate once.
+            for b in (0..bmax.len()).step_by(S::LANES) {
+                scratch.block::<S>(b, first_block, kb, bmax, p);
+            }
+            scratch.cheap.copy_from_slice(&scratch.u);
+        }
         let mut from = 0;
         while let Some(b) = next_at_least::<S>(&scratch.cheap, from, bn.bound) {
             let other = scratch.block::<S>(b, first_block, kb, bmax, p);
