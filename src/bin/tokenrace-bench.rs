@@ -408,6 +408,17 @@ fn time_hot_draws(s: &Sampler, path: &str, data: &Data, rows: usize, vocab: usiz
 
 /// `--threads-table`: us per call by thread count, one line per path, vocab and rows.
 fn threads_table(a: &Args, base: &Config, json: &mut Option<std::fs::File>) {
+    // The table draws with inline noise and the filters or logprob outputs a path names; any
+    // other path (pool or external noise, the sampling step's inputs) would be timed as a plain
+    // race under its name.
+    let drawn_here = |p: &str| {
+        matches!(p, "greedy" | "race-inline" | "top-k50" | "top-k50-top-p0.9" | "top-p0.9" | "min-p0.05")
+            || p.starts_with("race-logprob")
+    };
+    if let Some(p) = a.paths.iter().find(|p| !drawn_here(p)) {
+        eprintln!("--threads-table: path {p} is not timed by the table (greedy, race-inline, top-k50, top-k50-top-p0.9, top-p0.9, min-p0.05, race-logprob*)");
+        std::process::exit(2);
+    }
     let header: String = a.threads.iter().map(|t| format!(" {:>20}", format!("{t} thr"))).collect();
     println!("us per call, hot, median (p10-p90) of {} calls after 50 to warm up", a.reps);
     println!("{:<18} {:>5} {:>7} {:>5} |{header}", "path", "dtype", "vocab", "rows");
