@@ -703,11 +703,12 @@ fn main() {
         level.name(),
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
-    // TOKENRACE_BENCH_PARTICIPANTS=N makes every call use N threads (capped at the sampler's),
-    // overriding the cost model: to tell a slow split from a slow draw.
-    if let Some(n) = std::env::var("TOKENRACE_BENCH_PARTICIPANTS").ok().and_then(|v| v.parse().ok()) {
+    // BENCH_PARTICIPANTS=N makes every call use N threads (capped at the sampler's),
+    // overriding the cost model: to tell a slow split from a slow draw. (Not a TOKENRACE_ name:
+    // the configuration warns about every TOKENRACE_ variable it does not know.)
+    if let Some(n) = std::env::var("BENCH_PARTICIPANTS").ok().and_then(|v| v.parse().ok()) {
         tokenrace::internals::force_participants(n);
-        println!("participants forced to {n} (TOKENRACE_BENCH_PARTICIPANTS)");
+        println!("participants forced to {n} (BENCH_PARTICIPANTS)");
     }
     if a.threads_table {
         return threads_table(&a, &base, &mut json);
