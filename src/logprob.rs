@@ -472,7 +472,7 @@ impl Processed {
     pub(crate) fn build(k: &Kernels, batch: &Batch, info: &[RowInfo]) -> Result<Processed> {
         let mut edits = alloc::with_capacity(batch.rows, "the rows' edits")?;
         for (r, i) in info.iter().enumerate() {
-            let e = if i.edited { crate::edits::build(k, batch, r)? } else { None };
+            let e = if i.edited { crate::edits::build(k, batch, r, false)? } else { None };
             edits.push(e);
         }
         let y = alloc::filled(if info.iter().any(|i| i.edited) { batch.vocab } else { 0 }, 0.0, "the processed row")?;

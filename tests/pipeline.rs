@@ -687,6 +687,19 @@ fn run_batch(s: &Sampler, b: &Batch, case: &Case) -> Got {
     g
 }
 
+/// The call of `run_batch` asking for tokens and flags alone (on `setup.lean`, whose stream of
+/// keys follows `setup.fused`'s) gives the tokens and flags `got` holds.
+fn check_lean(setup: &Setup, b: &Batch, case: &Case, got: &Got) {
+    let (mut tokens, mut flags) = (vec![-7; b.rows], vec![u32::MAX; b.rows]);
+    let mut out = Output { flags: Some(&mut flags), ..Output::new(&mut tokens) };
+    setup.lean.draw(b, &mut out).unwrap_or_else(|e| panic!("{}: the call failed: {e}", case.label));
+    let what = format!(
+        "{}: {:?} {} threads {:?}, tokens and flags alone",
+        case.label, setup.level, setup.threads, setup.order
+    );
+    assert_eq!((&tokens, &flags), (&got.tokens, &got.flags), "{what}");
+}
+
 fn choice_of(level: SimdLevel) -> SimdChoice {
     match level {
         SimdLevel::Scalar => SimdChoice::Scalar,
@@ -729,6 +742,9 @@ struct Setup {
     order: rf::Order,
     fused: Sampler,
     plain: Sampler,
+    /// As `fused`, for the calls that ask for tokens and flags alone (a row with nothing that
+    /// reads its whole row may leave its histories to the blocks it visits).
+    lean: Sampler,
 }
 
 const ORDERS: [rf::Order; 2] = [rf::Order::TemperatureFirst, rf::Order::FiltersFirst];
@@ -743,8 +759,9 @@ fn setups() -> Vec<Setup> {
             for threads in [1usize, 2] {
                 let fused = Sampler::new(config(level, threads, order)).unwrap();
                 let plain = Sampler::new(config(level, threads, order)).unwrap();
+                let lean = Sampler::new(config(level, threads, order)).unwrap();
                 assert_eq!(fused.simd_level(), level);
-                out.push(Setup { level, threads, order, fused, plain });
+                out.push(Setup { level, threads, order, fused, plain, lean });
             }
         }
     }
@@ -1102,6 +1119,7 @@ fn compare_dtype(dtype: Dtype, seed: u64) {
             let first = k == 0 || (setup.order == rf::Order::FiltersFirst && k == setups.len() / 2);
             let got = run_batch(&setup.fused, &case.batch(), case);
             check_reference(case, &refs, &got, setup, &mut counts, first);
+            check_lean(setup, &case.batch(), case, &got);
             let plain = run_batch(&setup.plain, &case.plain(&y), case);
             check_plain(case, &refs, &got, &plain, setup, &mut counts, first);
         }
@@ -1291,108 +1309,148 @@ fn touched_tokens_tied_with_untouched_ones_race_exactly() {
 /// A serving-sized row: vocabulary 151936, 4096 prompt and 1024 output tokens, the three
 /// penalties, 16 biased ids, a bitmask allowing about 10%; one row (tiled on 2 threads) and two
 /// rows, seeded and external noise, top-p, PROCESSED logprobs and the full row.
+/// A call of `rows` rows of vocabulary 151936 with issue 9's inputs: 4096 prompt and 1024
+/// output tokens favouring the likely tokens (as a real history does), r = 1.1, f = 0.2, p = 0.1,
+/// 16 biased ids (one -inf), a bitmask allowing about 10% (the likely tokens among them). Row
+/// `r` has the peak `peaks[r]` over N(0, 2) and temperature `temps[r]`. `filtered`: top-p 0.9 on
+/// external noise; else no filter, on seeded inline noise.
+fn realistic_case(
+    rng: &mut TestRng,
+    peaks: &[f64],
+    temps: &[f32],
+    filtered: bool,
+    modes: (FullMode, LogprobMode),
+) -> Case {
+    let (vocab, rows) = (151_936usize, peaks.len());
+    let mut x: Vec<f32> = Vec::new();
+    let (mut prompt, mut output, mut bias) = (Csr::new(), Csr::new(), BiasCsr::new());
+    let words = vocab.div_ceil(32);
+    let mut bitmask: Vec<i32> = Vec::new();
+    for &peak in peaks {
+        let row = common::peaked_logits(rng, vocab, 2.0, peak);
+        let mut order: Vec<usize> = (0..vocab).collect();
+        order.sort_by(|&a, &b| row[b].partial_cmp(&row[a]).unwrap());
+        let pick = |rng: &mut TestRng| {
+            if rng.below(2) == 0 {
+                order[rng.below(200)] as i32
+            } else {
+                rng.below(vocab) as i32
+            }
+        };
+        prompt.push(&(0..4096).map(|_| pick(rng)).collect::<Vec<_>>());
+        output.push(&(0..1024).map(|_| pick(rng)).collect::<Vec<_>>());
+        bias.push(
+            &(0..16)
+                .map(|k| (pick(rng), if k == 0 { f32::NEG_INFINITY } else { (rng.normal() * 2.0) as f32 }))
+                .collect::<Vec<_>>(),
+        );
+        let mut w: Vec<i32> = (0..words).map(|_| (rng.u64() & rng.u64() & rng.u64()) as i32).collect();
+        for &i in &order[..100] {
+            if rng.below(2) == 0 {
+                w[i / 32] |= 1 << (i % 32);
+            }
+        }
+        bitmask.extend(w);
+        x.extend(row);
+    }
+    let noise = filtered.then(|| ((0..vocab).map(|_| rng.exp() as f32).collect(), NoiseKind::Exp, 0));
+    Case {
+        label: format!("vocab 151936, {rows} rows, filtered {filtered}"),
+        vocab,
+        rows,
+        row_stride: vocab,
+        dists: vec![Dist::Peaked; rows],
+        f32s: x.clone(),
+        x,
+        bf16: Vec::new(),
+        f16: Vec::new(),
+        dtype: Dtype::F32,
+        temps: temps.to_vec(),
+        seeds: Some((0..rows as u64).map(|r| 42 + r).collect()),
+        offsets: (0..rows as u64).map(|r| 7 + r).collect(),
+        // Every row seeded when unfiltered (the inline noise of an unseeded row is the stream's).
+        seeded: (0..rows).map(|r| (!filtered || r == 0) as u8).collect(),
+        top_k: None,
+        top_p: filtered.then(|| vec![0.9; rows]),
+        min_p: None,
+        noise,
+        mode: modes.1,
+        top_n: 5,
+        full_mode: modes.0,
+        full_stride: vocab,
+        pipe: Pipeline {
+            prompt: Some(prompt),
+            output: Some(output),
+            repetition: Some(vec![1.1; rows]),
+            frequency: Some(vec![0.2; rows]),
+            presence: Some(vec![0.1; rows]),
+            bias: Some(bias),
+            allowed: None,
+            allowed_rows: None,
+            banned: None,
+            bitmask: Some((bitmask, words)),
+        },
+    }
+}
+
+/// `case` drawn by every setup matches the reference and the plain draw of its processed rows,
+/// and gives the same tokens and flags when asked for nothing else.
+fn check_realistic(case: &Case, setups: &[Setup]) {
+    let greedy_below = setups[0].fused.config().greedy_below;
+    let mut stream = rf::KeyStream::new(0); // no unseeded inline row here
+    let refs = reference_rows(case, greedy_below, &mut stream);
+    let y: Vec<f32> = refs.iter().flat_map(|r| r.y.iter().copied()).collect();
+    let mut counts = Counts::default();
+    for (k, setup) in setups.iter().enumerate() {
+        let first = k == 0;
+        let started = std::time::Instant::now();
+        let got = run_batch(&setup.fused, &case.batch(), case);
+        let took = started.elapsed();
+        check_reference(case, &refs, &got, setup, &mut counts, first);
+        check_lean(setup, &case.batch(), case, &got);
+        let plain = run_batch(&setup.plain, &case.plain(&y), case);
+        check_plain(case, &refs, &got, &plain, setup, &mut counts, first);
+        if first {
+            eprintln!(
+                "{}, {:?}, {:?}: tokens {:?} (the reference's {:?}) in {took:.1?}",
+                case.label,
+                case.mode,
+                case.full_mode,
+                got.tokens,
+                refs.iter().map(|r| r.orders[0].d.token).collect::<Vec<_>>()
+            );
+        }
+    }
+    assert_eq!(counts.changed_rows, case.rows);
+}
+
 #[test]
 fn a_realistic_vocabulary_matches_the_reference_and_the_plain_draw() {
-    let vocab: usize = 151_936;
     let mut rng = TestRng::new(151);
     let setups = setups();
-    let greedy_below = setups[0].fused.config().greedy_below;
     for (rows, full_mode, mode) in [
         (1usize, FullMode::Processed, LogprobMode::Processed),
         (1, FullMode::Raw, LogprobMode::Raw),
         (2, FullMode::ProcessedLogits, LogprobMode::Processed),
         (2, FullMode::Raw, LogprobMode::Raw),
     ] {
-        let mut x: Vec<f32> = Vec::new();
-        let (mut prompt, mut output, mut bias) = (Csr::new(), Csr::new(), BiasCsr::new());
-        let words = vocab.div_ceil(32);
-        let mut bitmask: Vec<i32> = Vec::new();
-        for _ in 0..rows {
-            let row = common::peaked_logits(&mut rng, vocab, 2.0, 12.0);
-            // The history favours the likely tokens, as a real one does.
-            let mut order: Vec<usize> = (0..vocab).collect();
-            order.sort_by(|&a, &b| row[b].partial_cmp(&row[a]).unwrap());
-            let pick = |rng: &mut TestRng| {
-                if rng.below(2) == 0 {
-                    order[rng.below(200)] as i32
-                } else {
-                    rng.below(vocab) as i32
-                }
-            };
-            prompt.push(&(0..4096).map(|_| pick(&mut rng)).collect::<Vec<_>>());
-            output.push(&(0..1024).map(|_| pick(&mut rng)).collect::<Vec<_>>());
-            bias.push(
-                &(0..16)
-                    .map(|k| (pick(&mut rng), if k == 0 { f32::NEG_INFINITY } else { (rng.normal() * 2.0) as f32 }))
-                    .collect::<Vec<_>>(),
-            );
-            // About 10% allowed, the likely tokens among them.
-            let mut w: Vec<i32> = (0..words).map(|_| (rng.u64() & rng.u64() & rng.u64()) as i32).collect();
-            for &i in &order[..100] {
-                if rng.below(2) == 0 {
-                    w[i / 32] |= 1 << (i % 32);
-                }
-            }
-            bitmask.extend(w);
-            x.extend(row);
-        }
-        let case = Case {
-            label: format!("vocab 151936, {rows} rows"),
-            vocab,
-            rows,
-            row_stride: vocab,
-            dists: vec![Dist::Peaked; rows],
-            f32s: x.clone(),
-            x,
-            bf16: Vec::new(),
-            f16: Vec::new(),
-            dtype: Dtype::F32,
-            temps: vec![1.0, 0.8][..rows].to_vec(),
-            seeds: Some(vec![42, 43][..rows].to_vec()),
-            offsets: vec![7, 8][..rows].to_vec(),
-            seeded: vec![1, 0][..rows].to_vec(),
-            top_k: None,
-            top_p: Some(vec![0.9; rows]),
-            min_p: None,
-            noise: Some(((0..vocab).map(|_| rng.exp() as f32).collect(), NoiseKind::Exp, 0)),
-            mode,
-            top_n: 5,
-            full_mode,
-            full_stride: vocab,
-            pipe: Pipeline {
-                prompt: Some(prompt),
-                output: Some(output),
-                repetition: Some(vec![1.1; rows]),
-                frequency: Some(vec![0.2; rows]),
-                presence: Some(vec![0.1; rows]),
-                bias: Some(bias),
-                allowed: None,
-                allowed_rows: None,
-                banned: None,
-                bitmask: Some((bitmask, words)),
-            },
-        };
-        let mut stream = rf::KeyStream::new(0); // no unseeded inline row here
-        let refs = reference_rows(&case, greedy_below, &mut stream);
-        let y: Vec<f32> = refs.iter().flat_map(|r| r.y.iter().copied()).collect();
-        let mut counts = Counts::default();
-        for (k, setup) in setups.iter().enumerate() {
-            let first = k == 0;
-            let started = std::time::Instant::now();
-            let got = run_batch(&setup.fused, &case.batch(), &case);
-            let took = started.elapsed();
-            check_reference(&case, &refs, &got, setup, &mut counts, first);
-            let plain = run_batch(&setup.plain, &case.plain(&y), &case);
-            check_plain(&case, &refs, &got, &plain, setup, &mut counts, first);
-            if first {
-                eprintln!(
-                    "vocab 151936, {rows} rows, {mode:?}, {full_mode:?}: tokens {:?} (the reference's {:?}) in {took:.1?}",
-                    got.tokens,
-                    refs.iter().map(|r| r.orders[0].d.token).collect::<Vec<_>>()
-                );
-            }
-        }
-        assert_eq!(counts.changed_rows, rows);
+        let case = realistic_case(&mut rng, &[12.0; 2][..rows], &[1.0, 0.8][..rows], true, (full_mode, mode));
+        check_realistic(&case, &setups);
+    }
+}
+
+/// Rows without filters or logprobs leave their histories to the blocks they visit when few are
+/// within reach of the largest value (a sharp peak), and mark them whole otherwise (a peak of
+/// 12 over N(0, 2) leaves every block within reach): the same tokens either way, greedy rows and
+/// temperatures from 0.3 to 2 among them.
+#[test]
+fn rows_drawn_from_their_visited_blocks_match_the_reference() {
+    let mut rng = TestRng::new(152);
+    let setups = setups();
+    let peaks = [24.0, 30.0, 24.0, 12.0, 26.0, 12.0];
+    for temps in [[1.0f32, 0.3, 0.0, 1.0, 2.0, 0.0], [0.7, 1.0, 1.0, 0.0, 0.0, 0.8]] {
+        let case = realistic_case(&mut rng, &peaks, &temps, false, (FullMode::Raw, LogprobMode::Raw));
+        check_realistic(&case, &setups);
     }
 }
 

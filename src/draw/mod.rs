@@ -18,10 +18,10 @@ pub(crate) mod workers;
 
 use crate::alloc;
 use crate::batch::{flags, Batch, FullMode, LogprobMode, Output};
-use crate::edits::{self, EditedBlocks, RowEdits};
+use crate::edits::{self, DeferredRow, EditedBlocks, RowEdits};
 use crate::error::{Error, ErrorKind, Result};
 use crate::filter;
-use crate::kernels::{Best, Kernels, RaceParams, BLOCK};
+use crate::kernels::{Best, BlockValues, Kernels, RaceParams, BLOCK};
 use crate::logprob::{edited_row_logprobs, row_logprobs, write_full, LogprobSlots, Logprobs, Processed, RowInfo};
 use crate::row::{with_row, RaceNoise, RowValues};
 use cells::SyncCell;
@@ -268,7 +268,15 @@ fn finish<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], sc: &Scanned,
 fn draw_row(k: &Kernels, batch: &Batch, r: usize, plan: RowPlan, logprobs: Option<&LogprobSlots>) -> Result<Drawn> {
     with_row!(batch, r, |v| {
         if batch.has_edits() && edits::row_has_edits(batch, r) {
-            if let Some(mut e) = edits::build(k, batch, r).map_err(|e| in_row(r, e))? {
+            // A row raced block by block with nothing that reads the whole row (filters,
+            // logprobs, external noise) may leave its histories to the blocks it visits.
+            let defer = logprobs.is_none()
+                && match plan {
+                    RowPlan::Greedy => true,
+                    RowPlan::Sample { noise: RaceNoise::Inline(_), .. } => filter::Filters::of(batch, r).is_none(),
+                    RowPlan::Sample { .. } => false,
+                };
+            if let Some(mut e) = edits::build(k, batch, r, defer).map_err(|e| in_row(r, e))? {
                 let d = draw_edited(k, batch, r, v, &mut e, plan)?;
                 if let Some(slots) = logprobs {
                     // SAFETY: r is a row of the call, and this task draws it alone.
@@ -384,7 +392,7 @@ fn draw_edited<V: RowValues + ?Sized>(
         });
     }
     if e.by_blocks() {
-        return draw_by_blocks(k, v, e, plan, r);
+        return draw_by_blocks(k, (batch, r), v, e, plan);
     }
     BLOCK_MAX.with(|cell| {
         let mut bmax = cell.borrow_mut();
@@ -455,36 +463,76 @@ fn draw_by_blocks_after_race<V: RowValues + ?Sized>(
 /// ([`RowEdits::by_blocks`]): one pass over the row as given bounds every block, and only the
 /// touched tokens the race cannot skip on their logits (or, greedy, the blocks that can hold the
 /// maximum) are worked out. On inline noise the race skips blocks too; on external noise it
-/// reads every kept token's noise, then the touched tokens', block by block.
-fn draw_by_blocks<V: RowValues + ?Sized>(k: &Kernels, v: &V, e: &RowEdits, plan: RowPlan, r: usize) -> Result<Drawn> {
+/// reads every kept token's noise, then the touched tokens', block by block. A deferred row
+/// ([`RowEdits::deferred`]) finds the touched tokens of those blocks alone, when few blocks lie
+/// within reach of its largest value ([`DeferredRow::worth_it`]); otherwise its histories are
+/// marked once, after its bounds (which are the same either way).
+fn draw_by_blocks<V: RowValues + ?Sized>(
+    k: &Kernels,
+    (batch, r): (&Batch, usize),
+    v: &V,
+    e: &mut RowEdits,
+    plan: RowPlan,
+) -> Result<Drawn> {
     BLOCK_MAX.with(|cell| {
         let mut bmax = cell.borrow_mut();
         alloc::resize(&mut bmax, v.n().div_ceil(BLOCK), f32::NEG_INFINITY, "block maxima").map_err(|e| in_row(r, e))?;
+        if e.deferred() {
+            let d = DeferredRow::new(k, batch, r, e, v).map_err(|e| in_row(r, e))?;
+            let has_nan = d.bounds(&mut bmax);
+            let sc = summarize(&bmax, f32::NEG_INFINITY, has_nan, plan);
+            let inv_t = match plan {
+                RowPlan::Sample { inv_t, .. } => Some(inv_t),
+                RowPlan::Greedy => None,
+            };
+            if d.worth_it(&bmax, sc.top, inv_t) {
+                return Ok(race_by_blocks(k, v, (&e.keep, &bmax, &sc), plan, &d, |top| d.first_of(&bmax, top)));
+            }
+            drop(d);
+            e.complete(k, batch, r);
+            let edited = EditedBlocks { edits: e, values: v };
+            return Ok(race_by_blocks(k, v, (&e.keep, &bmax, &sc), plan, &edited, |top| e.first_of(v, &bmax, top)));
+        }
         let has_nan = e.bounds(k, v, &mut bmax);
         let sc = summarize(&bmax, f32::NEG_INFINITY, has_nan, plan);
-        let won = match plan {
-            RowPlan::Sample { inv_t, noise, .. } if sc.top.is_finite() => {
-                let p = RaceParams { m: sc.top, inv_t, floor: f32::NEG_INFINITY };
-                let edited = EditedBlocks { edits: e, values: v };
-                Some(match noise {
-                    RaceNoise::Inline(key) => v.race_blocks(k, &e.keep, &bmax, p, key, &edited),
-                    // SAFETY: the noise row holds `n` values (checked by `validate`, or a pool
-                    // lease of the row's length).
-                    RaceNoise::External(values, kind) => unsafe {
-                        v.race_external_blocks(k, &e.keep, p, (values, kind), &edited)
-                    },
-                })
-            }
-            _ => None,
-        };
-        let token = match won {
-            _ if sc.flags & flags::EMPTY != 0 => 0,
-            Some(b) if b.token != usize::MAX => b.token as i32,
-            _ => e.first_of(v, &bmax, sc.top) as i32,
-        };
-        let info = RowInfo { top: sc.top, floor: f32::NEG_INFINITY, edited: true };
-        Ok(Drawn { token, flags: sc.flags, info, logprobs_done: false })
+        let edited = EditedBlocks { edits: e, values: v };
+        Ok(race_by_blocks(k, v, (&e.keep, &bmax, &sc), plan, &edited, |top| e.first_of(v, &bmax, top)))
     })
+}
+
+/// [`draw_by_blocks`] once the row's blocks are bounded (`bmax`, summarized in `sc`): the race
+/// over the kept tokens (`keep`) and the touched ones (`edited`), and, for a greedy row or when
+/// no key is above -inf, the lowest token of the largest value (`first_of`).
+fn race_by_blocks<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    (keep, bmax, sc): (&[u32], &[f32], &Scanned),
+    plan: RowPlan,
+    edited: &dyn BlockValues,
+    first_of: impl Fn(f32) -> usize,
+) -> Drawn {
+    let won = match plan {
+        RowPlan::Sample { inv_t, noise, .. } if sc.top.is_finite() => {
+            let p = RaceParams { m: sc.top, inv_t, floor: f32::NEG_INFINITY };
+            Some(match noise {
+                RaceNoise::Inline(key) => v.race_blocks(k, keep, bmax, p, key, edited),
+                // SAFETY: the noise row holds `n` values (checked by `validate`, or a pool
+                // lease of the row's length). (A deferred row is never on external noise: this
+                // race reads every block's kept tokens from `keep`.)
+                RaceNoise::External(values, kind) => unsafe {
+                    v.race_external_blocks(k, keep, p, (values, kind), edited)
+                },
+            })
+        }
+        _ => None,
+    };
+    let token = match won {
+        _ if sc.flags & flags::EMPTY != 0 => 0,
+        Some(b) if b.token != usize::MAX => b.token as i32,
+        _ => first_of(sc.top) as i32,
+    };
+    let info = RowInfo { top: sc.top, floor: f32::NEG_INFINITY, edited: true };
+    Drawn { token, flags: sc.flags, info, logprobs_done: false }
 }
 
 /// The lowest token whose processed value is `top`: among the kept tokens (the first block whose

@@ -216,6 +216,9 @@ pub(crate) struct Kernels {
     pub edit_words: EditWordsFn,
     /// Whether every id lies in `[0, vocab)` (ids, vocab below 2^31).
     pub ids_in_range: unsafe fn(&[i32], u32) -> bool,
+    /// The tokens of one block in a row's histories (prompt, output, the block's first token,
+    /// whether to count, out): see `generic::block_history`.
+    pub block_history: unsafe fn(&[i32], &[i32], u32, bool, &mut generic::BlockHistory),
 }
 
 /// Builds the module `$module` of one level: `#[target_feature]` entry points that instantiate
@@ -356,6 +359,10 @@ macro_rules! kernel_table {
             unsafe fn ids_in_range(ids: &[i32], vocab: u32) -> bool {
                 generic::ids_in_range(ids, vocab)
             }
+            $(#[target_feature(enable = $feature)])*
+            unsafe fn block_history(prompt: &[i32], output: &[i32], base: u32, count: bool, h: &mut generic::BlockHistory) {
+                generic::block_history(prompt, output, base, count, h)
+            }
             fn dtype<E: Elem>() -> DtypeKernels<E> {
                 DtypeKernels {
                     scan: scan::<E>, find_first: find_first::<E>, top_block: top_block::<E>, race_inline: race_inline::<E>, race_external: race_external::<E>,
@@ -370,7 +377,7 @@ macro_rules! kernel_table {
             }
             /// The table. Only [`kernels`] calls it, once it has checked `detected()`.
             pub(super) fn table() -> Kernels {
-                Kernels { level: $level, f32: dtype(), bf16: dtype(), f16: dtype(), fill_noise, weights64, block_noise, prob_sum, edit_words, ids_in_range }
+                Kernels { level: $level, f32: dtype(), bf16: dtype(), f16: dtype(), fill_noise, weights64, block_noise, prob_sum, edit_words, ids_in_range, block_history }
             }
         }
     };

@@ -189,12 +189,13 @@ pub(crate) fn token_noise_bound(k: (u32, u32), bn: &BlockNoise, i0: u32, t: u32)
 
 /// The exact keys of the `LANES` tokens at `row[i..]`, which lie in a block with noise `bn`;
 /// `i0` is the block-relative index of `row[i]` and `t` the vocabulary index of `row[i]`.
-/// With a non-null `keep`, only the tokens whose bit is set in `keep` race. Returns the lanes
+/// With a non-null `keep` (the block's words), only the tokens whose bit is set in `keep` (bit
+/// `i0 % 32` of word `i0 / 32`) race. Returns the lanes
 /// whose value, kept or not, passes the block's noise bound (the first test): what
 /// [`race_block`] asks of the tokens whose values are bounded by the row's.
 ///
 /// # Safety
-/// `row` valid for `i + S::LANES` reads; when `keep` is not null, `keep` valid for `i / 32 + 1` reads; `S`
+/// `row` valid for `i + S::LANES` reads; when `keep` is not null, `keep` valid for `i0 / 32 + 1` reads; `S`
 /// usable here.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -214,7 +215,7 @@ unsafe fn race_inline_vec<S: Simd, E: Elem>(
     let mut racing = S::and_m(S::gt(d, S::splat(f32::NEG_INFINITY)), S::ge(x, S::splat(p.floor)));
     if !keep.is_null() {
         // SAFETY: the caller's contract.
-        racing = S::and_m(racing, unsafe { keep_bits::<S>(keep, i) });
+        racing = S::and_m(racing, unsafe { keep_bits::<S>(keep, i0 as usize) });
     }
     // Most vectors of a live block stop here: even the block's smallest noise cannot lift them.
     let reach = S::ge(S::add(d, S::splat(bn.g_max)), S::splat(best.key));
@@ -241,15 +242,15 @@ unsafe fn race_inline_vec<S: Simd, E: Elem>(
     reach
 }
 
-/// Races every token of block `b` (whose noise is `bn`) against `best` (with a non-null `keep`: those whose
-/// bit is set in `keep`). When `TOUCHED`, also sets in `reached` (bit `i % 32` of word `i / 32`
+/// Races every token of block `b` (whose noise is `bn`) against `best` (with a non-null `keep`, the
+/// block's words: those whose bit is set in `keep`). When `TOUCHED`, also sets in `reached` (bit `i % 32` of word `i / 32`
 /// for the block's token `i`) the tokens whose bit is set in `touched` and whose value in the
 /// row passes the block's noise bound as its vector is raced: of the tokens whose values are
 /// bounded by the row's, those that may reach the best, found in the same vector operations.
 ///
 /// # Safety
-/// `row` valid for `n` reads; when `keep` is not null, `keep` for `n.div_ceil(32)`, and so
-/// `touched` when `TOUCHED`; `S` usable here.
+/// `row` valid for `n` reads; when `keep` is not null, `keep` for the block's words (`BLOCK / 32`,
+/// or to the row's end); when `TOUCHED`, `touched` for `n.div_ceil(32)`; `S` usable here.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn race_block<S: Simd, E: Elem, const TOUCHED: bool>(
@@ -305,6 +306,12 @@ pub(crate) trait BlockValues {
     fn bounded_by_row(&self, b: usize) -> Option<*const u32>;
     /// The value of listed token `t` (NaN or -inf: it is not drawn).
     fn value(&self, t: u32) -> f32;
+    /// When the race must not read block `b`'s bits in the row's `keep` (the edits find a block's
+    /// touched tokens only when it is visited): writes the block's own words into `words` and
+    /// returns true.
+    fn block_keep(&self, _b: usize, _words: &mut [u32; BLOCK / 32]) -> bool {
+        false
+    }
 }
 
 /// Races token `t` of value `y` (worked out apart from the row) in its block of noise `bn`, on
@@ -321,10 +328,12 @@ fn race_value(y: f32, t: u32, bn: BlockNoise, p: RaceParams, k: (u32, u32), best
 /// skipped before its value is worked out: the first test of that code, on the bound, is at
 /// least its test on the value, since every rounding step is monotone. Where the bound is the
 /// token's value in the row ([`BlockValues::bounded_by_row`]), that first test is made on the
-/// race's own vectors ([`race_block`]), and only the tokens that pass are worked out.
+/// race's own vectors ([`race_block`]), and only the tokens that pass are worked out. The kept
+/// tokens are those of `keep`, or of the block's own words when `edited` has them
+/// ([`BlockValues::block_keep`]).
 ///
 /// # Safety
-/// As [`race_block`].
+/// As [`race_block`], but `keep` (when not null) valid for the row's words, `n.div_ceil(32)`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn visit<S: Simd, E: Elem>(
@@ -338,6 +347,14 @@ unsafe fn visit<S: Simd, E: Elem>(
 ) {
     let mut reached = [0u32; BLOCK / 32];
     let no_touched = (std::ptr::null(), &mut reached);
+    let mut words = [0u32; BLOCK / 32];
+    let keep = match edited {
+        Some(values) if values.block_keep(b, &mut words) => words.as_ptr(),
+        // SAFETY: `keep` holds the row's words (the caller's contract), of which block b's
+        // start at b * BLOCK / 32.
+        _ if !keep.is_null() => unsafe { keep.add(b * (BLOCK / 32)) },
+        _ => keep,
+    };
     let Some(values) = edited else {
         // SAFETY: the caller's contract.
         unsafe { race_block::<S, E, false>(row, keep, n, (b, bn), p, k, base, best, no_touched) };

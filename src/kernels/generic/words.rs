@@ -1,8 +1,10 @@
 //! Integer loops of the sampling step before the filters, which each level's entry point
 //! vectorises at its own width (the same loops compiled outside a target-feature function ran
 //! on SSE2): the last pass of a row's edits (`edits.rs`) over its mask words, which cost a
-//! quarter of a 5,000-token row's edits on SSE2, and the range check of the token lists
-//! (`batch.rs`), which runs on one thread for every row of a call.
+//! quarter of a 5,000-token row's edits on SSE2, the range check of the token lists
+//! (`batch.rs`), which runs on one thread for every row of a call, and the search of the
+//! histories for one block's tokens (`block_history`), which a row drawn block by block runs
+//! for each block it visits instead of marking every token of its histories.
 
 /// What [`edit_words`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,6 +62,71 @@ pub(crate) fn ids_in_range(ids: &[i32], vocab: u32) -> bool {
     ids.iter().fold(0u32, |bad, &id| bad | (id as u32 >= vocab) as u32) == 0
 }
 
+/// The tokens of one block (of [`BLOCK`](super::BLOCK)) that a row's histories hold: bit `i % 32`
+/// of word `i / 32` for the block's token `i`.
+#[derive(Clone, Copy)]
+pub(crate) struct BlockHistory {
+    /// The tokens of the prompt.
+    pub prompt: [u32; super::BLOCK / 32],
+    /// The tokens of the output.
+    pub output: [u32; super::BLOCK / 32],
+    /// Per token, its occurrences in the output (counted only with `count`).
+    pub counts: [u32; super::BLOCK],
+}
+
+impl BlockHistory {
+    pub const EMPTY: BlockHistory =
+        BlockHistory { prompt: [0; super::BLOCK / 32], output: [0; super::BLOCK / 32], counts: [0; super::BLOCK] };
+}
+
+/// Ids per step of [`block_history`]'s search: one test of a chunk's ids (an OR of unsigned
+/// compares, which vectorises) skips the chunk when none lies in the block; a block of 256 in a
+/// vocabulary of 150k holds an id of a random chunk of 32 about once in 20 chunks.
+const CHUNK: usize = 32;
+
+/// Sets `h` (all zero on entry) to the tokens of `prompt` and `output` that lie in the block of
+/// tokens `[base, base + BLOCK)`, with, when `count`, the occurrences of each in the output.
+#[inline(always)]
+pub(crate) fn block_history(prompt: &[i32], output: &[i32], base: u32, count: bool, h: &mut BlockHistory) {
+    for_block_ids(prompt, base, |d| h.prompt[d as usize / 32] |= 1 << (d % 32));
+    for_block_ids(output, base, |d| {
+        h.output[d as usize / 32] |= 1 << (d % 32);
+        if count {
+            h.counts[d as usize] += 1;
+        }
+    });
+}
+
+/// Calls `hit(id - base)` for each id of `ids` in `[base, base + BLOCK)`, in order. (A generic
+/// function inlined into the level's entry point, not a closure: a closure's body is compiled
+/// apart, without the level's features, and its loop ran on SSE2.)
+#[inline(always)]
+fn for_block_ids(ids: &[i32], base: u32, mut hit: impl FnMut(u32)) {
+    const B: u32 = super::BLOCK as u32;
+    // (A negative id never lies in a block: it is a large u32. The batch's ids are in range.)
+    let mut chunks = ids.chunks_exact(CHUNK);
+    for c in &mut chunks {
+        let mut any = 0u32;
+        for &id in c {
+            any |= ((id as u32).wrapping_sub(base) < B) as u32;
+        }
+        if any != 0 {
+            for &id in c {
+                let d = (id as u32).wrapping_sub(base);
+                if d < B {
+                    hit(d);
+                }
+            }
+        }
+    }
+    for &id in chunks.remainder() {
+        let d = (id as u32).wrapping_sub(base);
+        if d < B {
+            hit(d);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::WordPass;
@@ -86,7 +153,60 @@ mod tests {
             }
         }
     }
+    use super::BlockHistory;
     use crate::kernels::{kernels, supported_levels};
+
+    /// Every level's `block_history` finds, for blocks at the row's start, middle and end, the
+    /// tokens and counts a loop over the ids finds, with ids in chunks and remainders of every
+    /// length, and ids just outside the block.
+    #[test]
+    fn every_level_finds_a_blocks_history() {
+        let vocab = 151_936u32;
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |m: u32| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % m as u64) as u32
+        };
+        for (np, no) in [(0usize, 0usize), (1, 0), (31, 33), (4096, 1024), (100, 5000)] {
+            for base in [0u32, 256 * 297, vocab - vocab % 256] {
+                // Half the ids near the block (inside or just outside it), half anywhere.
+                let mut id = || {
+                    if next(2) == 0 {
+                        (base as i64 + next(300) as i64 - 20).clamp(0, vocab as i64 - 1) as i32
+                    } else {
+                        next(vocab) as i32
+                    }
+                };
+                let prompt: Vec<i32> = (0..np).map(|_| id()).collect();
+                let output: Vec<i32> = (0..no).map(|_| id()).collect();
+                let mut want = BlockHistory::EMPTY;
+                for &t in &prompt {
+                    if (base..base + 256).contains(&(t as u32)) {
+                        want.prompt[(t as u32 - base) as usize / 32] |= 1 << ((t as u32 - base) % 32);
+                    }
+                }
+                for &t in &output {
+                    if (base..base + 256).contains(&(t as u32)) {
+                        want.output[(t as u32 - base) as usize / 32] |= 1 << ((t as u32 - base) % 32);
+                        want.counts[(t as u32 - base) as usize] += 1;
+                    }
+                }
+                for level in supported_levels() {
+                    for count in [false, true] {
+                        let mut h = BlockHistory::EMPTY;
+                        // SAFETY: the level is supported.
+                        unsafe { (kernels(level).block_history)(&prompt, &output, base, count, &mut h) };
+                        let counts = if count { want.counts } else { [0; 256] };
+                        let what = format!("{level:?} prompt {np} output {no} base {base} count {count}");
+                        assert_eq!((h.prompt, h.output), (want.prompt, want.output), "{what}");
+                        assert_eq!(h.counts, counts, "{what}");
+                    }
+                }
+            }
+        }
+    }
 
     /// Every level's `edit_words` gives, word for word, what the module doc says, with and
     /// without a mask, on random words at lengths that end inside a vector.

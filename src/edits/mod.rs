@@ -12,6 +12,10 @@
 //! The row the rest of the draw sees is then `y_i = override_i`, else `x_i` where the bit is set,
 //! else -inf. Each override is computed in f32 by [`edited`], in vLLM's order.
 
+mod deferred;
+
+pub(crate) use deferred::DeferredRow;
+
 use crate::alloc;
 use crate::batch::Batch;
 use crate::error::Result;
@@ -264,6 +268,10 @@ pub(crate) struct RowEdits {
     counted: Vec<u32>,
     /// At least how many tokens the lists touched, and 0 when they touched none.
     touched: usize,
+    /// The histories are not marked yet: `seen`, `output_bits` and `counts` are all zero, `keep`
+    /// is the mask with the histories' bits set, and a block's touched tokens are found when it
+    /// is visited ([`DeferredRow`]), until [`RowEdits::complete`] marks them.
+    deferred: bool,
     /// Whether the histories touch tokens densely enough (two words of `seen` in eight hold
     /// one, or more) that the race tests a visited block's touched tokens on its own vectors
     /// ([`RowEdits::bounded_by_row`]) rather than one by one: the vector test costs the same
@@ -377,6 +385,7 @@ impl RowEdits {
     /// Whether block `b` holds a token the lists touched.
     #[inline]
     fn block_touched(&self, b: usize) -> bool {
+        debug_assert!(!self.deferred);
         if self.touched == 0 {
             return false;
         }
@@ -399,14 +408,35 @@ impl RowEdits {
     /// The processed value of touched token `t`, whose logit is `x`.
     #[inline]
     fn touched_value(&self, x: f32, t: usize) -> f32 {
-        let (w, j) = (t / 32, t % 32);
-        let count = self.count(t);
-        let mut info = Touched { seen: self.seen[w] >> j & 1 != 0, count, ..Touched::default() };
-        if self.listed_bits[w] >> j & 1 != 0 {
+        debug_assert!(!self.deferred);
+        self.value_with(x, t, self.seen[t / 32] >> (t % 32) & 1 != 0, self.count(t))
+    }
+
+    /// The processed value of touched token `t` of logit `x`, which the histories hold (`seen`)
+    /// and the output `count` times; its bias from the table.
+    #[inline]
+    fn value_with(&self, x: f32, t: usize, seen: bool, count: u32) -> f32 {
+        let mut info = Touched { seen, count, ..Touched::default() };
+        if self.listed_bits[t / 32] >> (t % 32) & 1 != 0 {
             let s = &self.listed.slots[self.listed.find(t as u32)];
             (info.bias, info.has_bias, info.banned) = (s.bias, s.has_bias, s.banned);
         }
         edited(x, &info, self.penalties)
+    }
+
+    /// Whether the histories wait to be found block by block ([`DeferredRow`]).
+    pub fn deferred(&self) -> bool {
+        self.deferred
+    }
+
+    /// Marks the histories of a deferred row (row `r` of `batch`, which built these edits), as
+    /// [`build`] does for a row it does not defer: after it, the row is drawn as any other. The
+    /// storage was reserved by [`build`], so nothing here can fail.
+    pub fn complete(&mut self, k: &Kernels, batch: &Batch, r: usize) {
+        if self.deferred {
+            self.deferred = false;
+            mark_histories(k, batch, r, self, false);
+        }
     }
 
     /// The bits of the touched tokens (`seen`), when they are dense (`dense`) and block `b`
@@ -479,27 +509,8 @@ impl RowEdits {
             (true, 0) => v.scan_masked(k, &self.keep, 0, n, bmax),
             (true, _) => v.scan_masked(k, &self.mask, 0, n, bmax),
         };
-        for &t in &self.raised {
-            let (t, m) = (t as usize, &mut bmax[t as usize / BLOCK]);
-            let y = self.touched_value(v.at(t), t);
-            *m = if y > *m { y } else { *m };
-        }
-        let (mut top, mut first) = (f32::NEG_INFINITY, 0);
-        for (b, &m) in bmax.iter().enumerate() {
-            if m > top {
-                (top, first) = (m, b);
-            }
-        }
-        if top == f32::NEG_INFINITY || !self.block_touched(first) {
-            return nan;
-        }
-        bmax[first] = self.block_max(k, v, first);
-        let exact = bmax[first];
-        for (b, m) in bmax.iter_mut().enumerate() {
-            if *m > exact && self.block_touched(b) {
-                *m = self.block_max(k, v, b);
-            }
-        }
+        let value = |t: usize| self.touched_value(v.at(t), t);
+        exact_bounds(&self.raised, bmax, value, |b| self.block_touched(b), |b| self.block_max(k, v, b));
         nan
     }
 
@@ -575,6 +586,40 @@ impl RowEdits {
     }
 }
 
+/// The end of [`RowEdits::bounds`] (and of the deferred row's) once `bmax` holds the block maxima
+/// of the row as given, its mask applied: the blocks of the `raised` tokens raised to their
+/// values (`value`), then the block of the largest bound worked out exactly (`block_max`, where
+/// it holds a `touched` token), and every touched block whose bound is above that maximum.
+fn exact_bounds(
+    raised: &[u32],
+    bmax: &mut [f32],
+    value: impl Fn(usize) -> f32,
+    touched: impl Fn(usize) -> bool,
+    block_max: impl Fn(usize) -> f32,
+) {
+    for &t in raised {
+        let (t, m) = (t as usize, &mut bmax[t as usize / BLOCK]);
+        let y = value(t);
+        *m = if y > *m { y } else { *m };
+    }
+    let (mut top, mut first) = (f32::NEG_INFINITY, 0);
+    for (b, &m) in bmax.iter().enumerate() {
+        if m > top {
+            (top, first) = (m, b);
+        }
+    }
+    if top == f32::NEG_INFINITY || !touched(first) {
+        return;
+    }
+    bmax[first] = block_max(first);
+    let exact = bmax[first];
+    for (b, m) in bmax.iter_mut().enumerate() {
+        if *m > exact && touched(b) {
+            *m = block_max(b);
+        }
+    }
+}
+
 /// The touched tokens of a row with edits, block by block, for the race ([`RowEdits::listed_of`]).
 pub(crate) struct EditedBlocks<'a, V: ?Sized> {
     pub edits: &'a RowEdits,
@@ -620,12 +665,14 @@ impl Drop for RowEdits {
             }
             spare.words.clear();
         } else if self.touched > 0 {
-            // (No bit is set in a row that touched nothing.) The output's bits are set only
-            // with the frequency or presence penalty, and the listed ones are those of the
-            // table's few tokens.
-            spare.seen.fill(0);
-            if self.penalties.counts() {
-                spare.output_bits.fill(0);
+            // (No bit is set in a row that touched nothing, nor in the histories' bitsets of a
+            // deferred row.) The output's bits are set only with the frequency or presence
+            // penalty, and the listed ones are those of the table's few tokens.
+            if !self.deferred {
+                spare.seen.fill(0);
+                if self.penalties.counts() {
+                    spare.output_bits.fill(0);
+                }
             }
             for slot in spare.slots.iter().filter(|s| s.id != Slot::FREE) {
                 spare.listed_bits[slot.id as usize / 32] = 0;
@@ -663,8 +710,11 @@ fn restricted(batch: &Batch, r: usize) -> bool {
 }
 
 /// The edits of row `r` of a validated `batch`, or `None` when they leave the row as given
-/// (every bit of its bitmask set, no list touching a kept token).
-pub(crate) fn build(k: &Kernels, batch: &Batch, r: usize) -> Result<Option<RowEdits>> {
+/// (every bit of its bitmask set, no list touching a kept token). With `defer`, a row whose
+/// histories are long (more ids than a quarter of its words) and whose penalties only lower
+/// values leaves them unmarked ([`RowEdits::deferred`]): the caller draws it block by block
+/// ([`DeferredRow`]) or completes it ([`RowEdits::complete`]).
+pub(crate) fn build(k: &Kernels, batch: &Batch, r: usize, defer: bool) -> Result<Option<RowEdits>> {
     let n = batch.vocab;
     let words = n.div_ceil(32);
     let last_bits = if n.is_multiple_of(32) { u32::MAX } else { (1u32 << (n % 32)) - 1 };
@@ -681,6 +731,7 @@ pub(crate) fn build(k: &Kernels, batch: &Batch, r: usize) -> Result<Option<RowEd
         counts: spare.counts,
         counted: spare.counted,
         touched: 0,
+        deferred: false,
         dense: false,
         ids: spare.ids,
         vals: spare.vals,
@@ -718,7 +769,8 @@ pub(crate) fn build(k: &Kernels, batch: &Batch, r: usize) -> Result<Option<RowEd
         masked = true;
     }
     e.masked = masked;
-    touch_lists(k, batch, r, &mut e)?;
+    let defer = defer && e.penalties.lower_only();
+    touch_lists(k, batch, r, &mut e, defer)?;
     if !masked && e.touched == 0 {
         return Ok(None);
     }
@@ -742,15 +794,23 @@ fn bit(id: i32) -> u32 {
     BITS[(id & 31) as usize]
 }
 
-/// Marks the kept tokens that the histories and the bias touch (`seen`, `listed`, with their
-/// counts and biases in the table) and clears their bits in `keep`. A masked token is never
-/// touched: the mask wins over everything.
-fn touch_lists(k: &Kernels, batch: &Batch, r: usize, e: &mut RowEdits) -> Result<()> {
-    let p = e.penalties;
-    let (bias_ids, bias_values) = batch.logit_bias.map_or((&[][..], &[][..]), |b| b.row(r));
+/// The histories of row `r` that its penalties read: the prompt (with the repetition penalty)
+/// and the output (with any penalty).
+fn histories<'a>(batch: &Batch<'a>, r: usize, p: Penalties) -> (&'a [i32], &'a [i32]) {
     let prompt = if p.repeats() { batch.prompt_tokens.map_or(&[][..], |l| l.row(r)) } else { &[] };
     let output = batch.output_tokens.map_or(&[][..], |l| l.row(r));
-    let output = if p.repeats() || p.counts() { output } else { &[] };
+    (prompt, if p.repeats() || p.counts() { output } else { &[] })
+}
+
+/// Marks the kept tokens that the histories and the bias touch (`seen`, `listed`, with their
+/// counts and biases in the table) and clears their bits in `keep`. A masked token is never
+/// touched: the mask wins over everything. With `defer` (penalties that only lower values), long
+/// histories are left for [`DeferredRow`] or [`RowEdits::complete`] (the bias is marked, but its
+/// bits stay set in `keep`, as the histories' do).
+fn touch_lists(k: &Kernels, batch: &Batch, r: usize, e: &mut RowEdits, defer: bool) -> Result<()> {
+    let p = e.penalties;
+    let (bias_ids, bias_values) = batch.logit_bias.map_or((&[][..], &[][..]), |b| b.row(r));
+    let (prompt, output) = histories(batch, r, p);
     if bias_ids.is_empty() && prompt.is_empty() && output.is_empty() {
         return Ok(());
     }
@@ -793,6 +853,37 @@ fn touch_lists(k: &Kernels, batch: &Batch, r: usize, e: &mut RowEdits) -> Result
     let keep = &e.keep;
     let kept = |id: usize| keep[id / 32] >> (id % 32) & 1 != 0;
     let set = |bits: &mut [u32], id: usize| bits[id / 32] |= 1 << (id % 32);
+    for (&id, &b) in bias_ids.iter().zip(bias_values) {
+        if kept(id as usize) {
+            set(&mut e.listed_bits, id as usize);
+            // The biases of a token add up in list order.
+            let s = e.listed.entry(id as u32);
+            s.bias = if s.has_bias { s.bias + b } else { b };
+            s.has_bias = true;
+            s.banned |= b == f32::NEG_INFINITY;
+        }
+    }
+    for &id in bias_ids {
+        if kept(id as usize) && e.listed.slots[e.listed.find(id as u32)].bias > 0.0 {
+            e.raised.push(id as u32);
+        }
+    }
+    if defer && !sparse {
+        (e.deferred, e.touched, e.dense) = (true, most, false);
+        return Ok(());
+    }
+    mark_histories(k, batch, r, e, sparse);
+    Ok(())
+}
+
+/// The histories' part of [`touch_lists`] (its storage reserved): their bits, the output's
+/// counts, then the pass over the words that clears every touched token's bit in `keep`.
+fn mark_histories(k: &Kernels, batch: &Batch, r: usize, e: &mut RowEdits, sparse: bool) {
+    let p = e.penalties;
+    let (prompt, output) = histories(batch, r, p);
+    let bias_ids = batch.logit_bias.map_or(&[][..], |b| b.row(r).0);
+    let words = e.keep.len();
+    let most = prompt.len() + output.len() + bias_ids.len();
     // The histories' bits are set whatever the mask says, and cleared where it bans in the pass
     // over the words below (a masked token is not touched): one load and one store a token,
     // no branch, and no bounds check (two compares a token of a 4096-token prompt).
@@ -825,21 +916,6 @@ fn touch_lists(k: &Kernels, batch: &Batch, r: usize, e: &mut RowEdits) -> Result
         for &id in output {
             // SAFETY: as above.
             unsafe { *seen.get_unchecked_mut(id as usize / 32) |= bit(id) };
-        }
-    }
-    for (&id, &b) in bias_ids.iter().zip(bias_values) {
-        if kept(id as usize) {
-            set(&mut e.listed_bits, id as usize);
-            // The biases of a token add up in list order.
-            let s = e.listed.entry(id as u32);
-            s.bias = if s.has_bias { s.bias + b } else { b };
-            s.has_bias = true;
-            s.banned |= b == f32::NEG_INFINITY;
-        }
-    }
-    for &id in bias_ids {
-        if kept(id as usize) && e.listed.slots[e.listed.find(id as u32)].bias > 0.0 {
-            e.raised.push(id as u32);
         }
     }
     // `seen_words` counts the words of `seen` holding a bit, not the bits (a population count
@@ -888,7 +964,6 @@ fn touch_lists(k: &Kernels, batch: &Batch, r: usize, e: &mut RowEdits) -> Result
     };
     e.touched = if touched { most } else { 0 };
     e.dense = seen_words * 4 >= words;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -1,0 +1,257 @@
+//! A row whose histories are searched block by block: the draw of a row with penalties that
+//! only lower values needs the touched tokens of the few blocks it visits (one or two of a
+//! peaked row's hundreds), and [`RowEdits::bounds`] shows why the rest never matter: a lowered
+//! token's logit bounds its processed value. Marking every token of a 5,000-token history in the
+//! row's bitsets, then a pass over every word, costs about as much as the race itself; the vector
+//! search of the lists for the ids of one block ([`block_history`](crate::kernels::generic::block_history))
+//! costs a few hundred nanoseconds. So a deferred row ([`RowEdits::deferred`]) keeps the mask
+//! as `keep` (the histories' bits still set) and works out each block it needs once, here:
+//! its history bits, the output's counts, and its own keep words, which the race reads instead
+//! of the row's ([`BlockValues::block_keep`]).
+//!
+//! Every value is the one [`RowEdits`] gives once the histories are marked: the same touched
+//! tokens (the histories' and the bias's, among the kept ones), the same counts, and the same
+//! [`edited`](super::edited) arithmetic; the bounds and the race see the same numbers and draw
+//! the same token.
+
+use std::cell::RefCell;
+
+use super::RowEdits;
+use crate::alloc;
+use crate::error::Result;
+use crate::kernels::generic::BlockHistory;
+use crate::kernels::{BlockValues, Kernels, BLOCK};
+use crate::row::RowValues;
+
+/// Words of a block's bits.
+const WORDS: usize = BLOCK / 32;
+
+/// Blocks whose touched tokens are kept once worked out; past it, the last slot is worked out
+/// again for each new block (a row that needs that many should have been completed:
+/// [`DeferredRow::worth_it`]).
+const CACHED: usize = 32;
+
+/// What the histories say of one block, among the tokens the mask keeps.
+#[derive(Clone, Copy)]
+struct Entry {
+    block: usize,
+    /// The tokens that keep their logit as given (the mask's, less the touched ones).
+    keep: [u32; WORDS],
+    /// The tokens of the histories (the repetition penalty applies).
+    seen: [u32; WORDS],
+    /// Of them, the tokens of the output when the frequency or presence penalty is on, with
+    /// their counts.
+    history: BlockHistory,
+}
+
+/// The deferred edits of a row with its values and histories, which work out the blocks the
+/// draw visits (see the module doc).
+pub(crate) struct DeferredRow<'a, V: ?Sized> {
+    edits: &'a RowEdits,
+    values: &'a V,
+    k: &'a Kernels,
+    prompt: &'a [i32],
+    output: &'a [i32],
+    /// The blocks worked out so far (room for [`CACHED`], reserved up front).
+    cache: RefCell<Vec<Entry>>,
+}
+
+impl<'a, V: RowValues + ?Sized> DeferredRow<'a, V> {
+    /// The deferred `edits` of row `r` of `batch`, whose values are `values`.
+    pub fn new(
+        k: &'a Kernels,
+        batch: &crate::batch::Batch<'a>,
+        r: usize,
+        edits: &'a RowEdits,
+        values: &'a V,
+    ) -> Result<Self> {
+        debug_assert!(edits.deferred);
+        let (prompt, output) = super::histories(batch, r, edits.penalties);
+        // The thread's storage of the previous row, if any (36 KiB, which a fresh allocation
+        // would fault in for every row).
+        let mut cache = SPARE.with(|s| s.take());
+        cache.clear();
+        alloc::reserve(&mut cache, CACHED, "the row's visited blocks")?;
+        Ok(DeferredRow { edits, values, k, prompt, output, cache: RefCell::new(cache) })
+    }
+
+    /// Calls `f` with block `b`'s entry, worked out on first use.
+    fn with_entry<R>(&self, b: usize, f: impl FnOnce(&Entry) -> R) -> R {
+        let mut cache = self.cache.borrow_mut();
+        if let Some(e) = cache.iter().find(|e| e.block == b) {
+            return f(e);
+        }
+        let e = self.work_out(b);
+        if cache.len() < CACHED {
+            cache.push(e);
+        } else {
+            cache[CACHED - 1] = e;
+        }
+        f(&e)
+    }
+
+    /// Block `b`'s entry, from the lists: as [`super::mark_histories`] and the pass over the
+    /// words give it.
+    fn work_out(&self, b: usize) -> Entry {
+        let e = self.edits;
+        let mut history = BlockHistory::EMPTY;
+        let counts = e.penalties.counts();
+        // SAFETY: the level is supported (`kernels`).
+        unsafe { (self.k.block_history)(self.prompt, self.output, (b * BLOCK) as u32, counts, &mut history) };
+        let mut entry = Entry { block: b, keep: [0; WORDS], seen: [0; WORDS], history };
+        let words = b * WORDS..((b + 1) * WORDS).min(e.keep.len());
+        for (i, w) in words.enumerate() {
+            let k = e.keep[w];
+            // The output's tokens are seen; their counts are read only with `counts`.
+            let o = history.output[i] & k;
+            let s = (history.prompt[i] & k) | o;
+            entry.history.output[i] = if counts { o } else { 0 };
+            entry.seen[i] = s;
+            entry.keep[i] = k & !(s | e.listed_bits[w]);
+        }
+        entry
+    }
+
+    /// The processed value of touched token `t` (logit `x`) of block entry `e`.
+    fn value_in(&self, e: &Entry, x: f32, t: usize) -> f32 {
+        let i = t - e.block * BLOCK;
+        let seen = e.seen[i / 32] >> (i % 32) & 1 != 0;
+        let output = e.history.output[i / 32] >> (i % 32) & 1 != 0;
+        self.edits.value_with(x, t, seen, if output { e.history.counts[i] } else { 0 })
+    }
+
+    /// The touched tokens of entry `e`: its words of `seen | listed`.
+    fn touched_words(&self, e: &Entry) -> [u32; WORDS] {
+        let (listed, words) = (&self.edits.listed_bits, self.edits.keep.len());
+        std::array::from_fn(|i| {
+            let w = e.block * WORDS + i;
+            e.seen[i] | if w < words { listed[w] } else { 0 }
+        })
+    }
+
+    /// The tokens of the bits `words` of block `b`, in token order.
+    fn tokens(b: usize, words: [u32; WORDS]) -> impl Iterator<Item = usize> {
+        words.into_iter().enumerate().flat_map(move |(i, mut bits)| {
+            std::iter::from_fn(move || {
+                (bits != 0).then(|| {
+                    let j = bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    b * BLOCK + i * 32 + j
+                })
+            })
+        })
+    }
+
+    fn block_touched(&self, b: usize) -> bool {
+        self.with_entry(b, |e| self.touched_words(e).iter().any(|&w| w != 0))
+    }
+
+    /// The largest processed value of block `b` (NaN ignored; -inf if none).
+    fn block_max(&self, b: usize) -> f32 {
+        let v = self.values;
+        self.with_entry(b, |e| {
+            let kept = Self::tokens(b, e.keep).map(|i| v.at(i));
+            let touched = Self::tokens(b, self.touched_words(e)).map(|t| self.value_in(e, v.at(t), t));
+            kept.chain(touched).fold(f32::NEG_INFINITY, |m, y| if y > m { y } else { m })
+        })
+    }
+
+    /// [`RowEdits::bounds`] of the deferred row: the same bounds, each block's touched tokens
+    /// worked out only where that function works out a block.
+    pub fn bounds(&self, bmax: &mut [f32]) -> bool {
+        let (e, v, n) = (self.edits, self.values, self.values.n());
+        // `keep` is the mask here (no touched bit cleared).
+        let nan = if e.masked { v.scan_masked(self.k, &e.keep, 0, n, bmax) } else { v.scan(self.k, 0, n, bmax) };
+        let value = |t: usize| self.with_entry(t / BLOCK, |en| self.value_in(en, v.at(t), t));
+        super::exact_bounds(&e.raised, bmax, value, |b| self.block_touched(b), |b| self.block_max(b));
+        nan
+    }
+
+    /// Whether the draw of this row, from its `bounds` (largest `top`; `inv_t` for a sampling
+    /// row, `None` for a greedy one), should stay deferred: the race (or the search for the first
+    /// maximum) is expected to visit few blocks. Otherwise marking the whole histories once costs
+    /// less than searching them for each block (about 0.3 us a block on AVX2, against 5-10 us
+    /// for a 5,000-token history marked).
+    pub fn worth_it(&self, bmax: &[f32], top: f32, inv_t: Option<f32>) -> bool {
+        const FEW: usize = 12;
+        let Some(inv_t) = inv_t else {
+            return bmax.iter().filter(|&&m| m >= top).count() <= FEW;
+        };
+        // A block at a distance `d = (m - bmax) / T` is visited when its largest noise, -ln of
+        // the least of 256 Exp(1) (ln 256 plus a Gumbel), reaches `d` plus the best key (about
+        // the key of the largest token, a Gumbel of median 0.37): with a probability of about
+        // `min(1, 256 exp(-d - 0.5))`. `VISITS[i]` is that at `d = i`, the most of a block whose
+        // distance is in `[i, i + 1)`; past 12 it is below 1e-3 a block.
+        const VISITS: [f32; 12] = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.384, 0.141, 0.052, 0.0191, 0.0071, 0.0026];
+        let mut visits = 0.0;
+        for &b in bmax {
+            // (NaN, from an infinite `top`, is never below 12.)
+            let d = (top - b) * inv_t;
+            if d < VISITS.len() as f32 {
+                visits += VISITS[d as usize];
+            }
+        }
+        visits <= FEW as f32
+    }
+
+    /// [`RowEdits::first_of`] of the deferred row.
+    pub fn first_of(&self, bmax: &[f32], top: f32) -> usize {
+        let v = self.values;
+        for (b, _) in bmax.iter().enumerate().filter(|&(_, &m)| m >= top) {
+            let found = self.with_entry(b, |e| {
+                let kept = Self::tokens(b, e.keep).find(|&i| v.at(i) == top);
+                let touched = Self::tokens(b, self.touched_words(e)).find(|&t| self.value_in(e, v.at(t), t) == top);
+                kept.into_iter().chain(touched).min()
+            });
+            if let Some(i) = found {
+                return i;
+            }
+        }
+        0
+    }
+}
+
+thread_local! {
+    static SPARE: std::cell::Cell<Vec<Entry>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+impl<V: ?Sized> Drop for DeferredRow<'_, V> {
+    /// Hands the cache's storage back to this thread for its next row.
+    fn drop(&mut self) {
+        let cache = std::mem::take(self.cache.get_mut());
+        // (`try_with`: a thread that is exiting drops it.)
+        let _ = SPARE.try_with(|s| s.set(cache));
+    }
+}
+
+impl<V: RowValues + ?Sized> BlockValues for DeferredRow<'_, V> {
+    fn listed(&self, b: usize, out: &mut [(u32, f32); BLOCK]) -> usize {
+        let (v, listed) = (self.values, &self.edits.listed_bits);
+        self.with_entry(b, |e| {
+            let mut count = 0;
+            for t in Self::tokens(b, self.touched_words(e)) {
+                let x = v.at(t);
+                // A lowered token is bounded by its logit; a biased one (a bias may raise it)
+                // by its value.
+                let biased = listed[t / 32] >> (t % 32) & 1 != 0;
+                out[count] = (t as u32, if biased { self.value_in(e, x, t) } else { x });
+                count += 1;
+            }
+            count
+        })
+    }
+
+    fn bounded_by_row(&self, _b: usize) -> Option<*const u32> {
+        None
+    }
+
+    fn value(&self, t: u32) -> f32 {
+        let t = t as usize;
+        self.with_entry(t / BLOCK, |e| self.value_in(e, self.values.at(t), t))
+    }
+
+    fn block_keep(&self, b: usize, words: &mut [u32; BLOCK / 32]) -> bool {
+        self.with_entry(b, |e| *words = e.keep);
+        true
+    }
+}
