@@ -466,7 +466,7 @@ fn draw_by_blocks_after_race<V: RowValues + ?Sized>(
 /// reads every kept token's noise, then the touched tokens', block by block. A deferred row
 /// ([`RowEdits::deferred`]) finds the touched tokens of those blocks alone, when few blocks lie
 /// within reach of its largest value ([`DeferredRow::worth_it`]); otherwise its histories are
-/// marked once, after its bounds (which are the same either way).
+/// marked once, after the scan of its bounds, which is the same either way.
 fn draw_by_blocks<V: RowValues + ?Sized>(
     k: &Kernels,
     (batch, r): (&Batch, usize),
@@ -479,17 +479,20 @@ fn draw_by_blocks<V: RowValues + ?Sized>(
         alloc::resize(&mut bmax, v.n().div_ceil(BLOCK), f32::NEG_INFINITY, "block maxima").map_err(|e| in_row(r, e))?;
         if e.deferred() {
             let d = DeferredRow::new(k, batch, r, e, v).map_err(|e| in_row(r, e))?;
-            let has_nan = d.bounds(&mut bmax);
-            let sc = summarize(&bmax, f32::NEG_INFINITY, has_nan, plan);
+            let has_nan = d.rough_bounds(&mut bmax);
             let inv_t = match plan {
                 RowPlan::Sample { inv_t, .. } => Some(inv_t),
                 RowPlan::Greedy => None,
             };
-            if d.worth_it(&bmax, sc.top, inv_t) {
+            if d.worth_it(&bmax, inv_t) {
+                d.refine(&mut bmax);
+                let sc = summarize(&bmax, f32::NEG_INFINITY, has_nan, plan);
                 return Ok(race_by_blocks(k, v, (&e.keep, &bmax, &sc), plan, &d, |top| d.first_of(&bmax, top)));
             }
             drop(d);
             e.complete(k, batch, r);
+            e.refine_bounds(k, v, &mut bmax);
+            let sc = summarize(&bmax, f32::NEG_INFINITY, has_nan, plan);
             let edited = EditedBlocks { edits: e, values: v };
             return Ok(race_by_blocks(k, v, (&e.keep, &bmax, &sc), plan, &edited, |top| e.first_of(v, &bmax, top)));
         }

@@ -156,23 +156,36 @@ impl<'a, V: RowValues + ?Sized> DeferredRow<'a, V> {
         })
     }
 
-    /// [`RowEdits::bounds`] of the deferred row: the same bounds, each block's touched tokens
-    /// worked out only where that function works out a block.
-    pub fn bounds(&self, bmax: &mut [f32]) -> bool {
+    /// The first half of [`RowEdits::bounds`] for the deferred row: upper bounds of every
+    /// block's processed values, from the scan of the row as given (its mask applied) and, for
+    /// the blocks of a raising bias, the biased values without the penalties (which only lower
+    /// them). Returns whether the row holds a NaN (masked or not). [`DeferredRow::refine`] or,
+    /// once the row is completed, [`RowEdits::refine_bounds`] makes the largest exact.
+    pub fn rough_bounds(&self, bmax: &mut [f32]) -> bool {
         let (e, v, n) = (self.edits, self.values, self.values.n());
         // `keep` is the mask here (no touched bit cleared).
         let nan = if e.masked { v.scan_masked(self.k, &e.keep, 0, n, bmax) } else { v.scan(self.k, 0, n, bmax) };
-        let value = |t: usize| self.with_entry(t / BLOCK, |en| self.value_in(en, v.at(t), t));
-        super::exact_bounds(&e.raised, bmax, value, |b| self.block_touched(b), |b| self.block_max(b));
+        for &t in &e.raised {
+            let (t, m) = (t as usize, &mut bmax[t as usize / BLOCK]);
+            let y = e.value_with(v.at(t), t, false, 0);
+            *m = if y > *m { y } else { *m };
+        }
         nan
     }
 
-    /// Whether the draw of this row, from its `bounds` (largest `top`; `inv_t` for a sampling
-    /// row, `None` for a greedy one), should stay deferred: the race (or the search for the first
-    /// maximum) is expected to visit few blocks. Otherwise marking the whole histories once costs
-    /// less than searching them for each block (about 0.3 us a block on AVX2, against 5-10 us
-    /// for a 5,000-token history marked).
-    pub fn worth_it(&self, bmax: &[f32], top: f32, inv_t: Option<f32>) -> bool {
+    /// The second half of [`RowEdits::bounds`]: the block of the largest bound worked out
+    /// exactly, and every block whose bound is above that maximum.
+    pub fn refine(&self, bmax: &mut [f32]) {
+        super::exact_bounds(&[], bmax, |_| f32::NEG_INFINITY, |b| self.block_touched(b), |b| self.block_max(b));
+    }
+
+    /// Whether the draw of this row, from its [`DeferredRow::rough_bounds`] (`inv_t` for a
+    /// sampling row, `None` for a greedy one), should stay deferred: the race (or the search for
+    /// the first maximum) is expected to visit few blocks. Otherwise marking the whole histories
+    /// once costs less than searching them for each block (about 0.3 us a block on AVX2,
+    /// against 5-10 us for a 5,000-token history marked).
+    pub fn worth_it(&self, bmax: &[f32], inv_t: Option<f32>) -> bool {
+        let top = bmax.iter().fold(f32::NEG_INFINITY, |a, &m| if m > a { m } else { a });
         const FEW: usize = 12;
         let Some(inv_t) = inv_t else {
             return bmax.iter().filter(|&&m| m >= top).count() <= FEW;
@@ -189,9 +202,13 @@ impl<'a, V: RowValues + ?Sized> DeferredRow<'a, V> {
             let d = (top - b) * inv_t;
             if d < VISITS.len() as f32 {
                 visits += VISITS[d as usize];
+                if visits > FEW as f32 {
+                    // (A flat row, most often: it stops here after a few dozen blocks.)
+                    return false;
+                }
             }
         }
-        visits <= FEW as f32
+        true
     }
 
     /// [`RowEdits::first_of`] of the deferred row.
@@ -250,8 +267,11 @@ impl<V: RowValues + ?Sized> BlockValues for DeferredRow<'_, V> {
         self.with_entry(t / BLOCK, |e| self.value_in(e, self.values.at(t), t))
     }
 
-    fn block_keep(&self, b: usize, words: &mut [u32; BLOCK / 32]) -> bool {
-        self.with_entry(b, |e| *words = e.keep);
+    fn own_keep(&self) -> bool {
         true
+    }
+
+    fn block_keep(&self, b: usize, words: &mut [u32; BLOCK / 32]) {
+        self.with_entry(b, |e| *words = e.keep);
     }
 }

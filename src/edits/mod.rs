@@ -509,9 +509,16 @@ impl RowEdits {
             (true, 0) => v.scan_masked(k, &self.keep, 0, n, bmax),
             (true, _) => v.scan_masked(k, &self.mask, 0, n, bmax),
         };
+        self.refine_bounds(k, v, bmax);
+        nan
+    }
+
+    /// The end of [`RowEdits::bounds`], once `bmax` holds upper bounds of the blocks' processed
+    /// values (the scan of the row as given, or a deferred row's rough bounds): the raised blocks
+    /// at their values, the largest bound made exact.
+    pub fn refine_bounds<V: RowValues + ?Sized>(&self, k: &Kernels, v: &V, bmax: &mut [f32]) {
         let value = |t: usize| self.touched_value(v.at(t), t);
         exact_bounds(&self.raised, bmax, value, |b| self.block_touched(b), |b| self.block_max(k, v, b));
-        nan
     }
 
     /// The lowest token whose processed value is `top`, the row's largest (0 if none), given

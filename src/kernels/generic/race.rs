@@ -306,12 +306,14 @@ pub(crate) trait BlockValues {
     fn bounded_by_row(&self, b: usize) -> Option<*const u32>;
     /// The value of listed token `t` (NaN or -inf: it is not drawn).
     fn value(&self, t: u32) -> f32;
-    /// When the race must not read block `b`'s bits in the row's `keep` (the edits find a block's
-    /// touched tokens only when it is visited): writes the block's own words into `words` and
-    /// returns true.
-    fn block_keep(&self, _b: usize, _words: &mut [u32; BLOCK / 32]) -> bool {
+    /// Whether the race must not read a block's bits in the row's `keep` but ask
+    /// [`BlockValues::block_keep`] for them (the edits find a block's touched tokens only when it
+    /// is visited). Asked once a race.
+    fn own_keep(&self) -> bool {
         false
     }
+    /// With [`BlockValues::own_keep`]: writes block `b`'s keep words into `words`.
+    fn block_keep(&self, _b: usize, _words: &mut [u32; BLOCK / 32]) {}
 }
 
 /// Races token `t` of value `y` (worked out apart from the row) in its block of noise `bn`, on
@@ -342,14 +344,17 @@ unsafe fn visit<S: Simd, E: Elem>(
     n: usize,
     (b, bn): (usize, BlockNoise),
     (p, k, base): (RaceParams, (u32, u32), usize),
-    (edited, listed): (Option<&dyn BlockValues>, &mut [(u32, f32); BLOCK]),
+    (edited, listed, own_keep): (Option<&dyn BlockValues>, &mut [(u32, f32); BLOCK], bool),
     best: &mut Best,
 ) {
     let mut reached = [0u32; BLOCK / 32];
     let no_touched = (std::ptr::null(), &mut reached);
     let mut words = [0u32; BLOCK / 32];
     let keep = match edited {
-        Some(values) if values.block_keep(b, &mut words) => words.as_ptr(),
+        Some(values) if own_keep => {
+            values.block_keep(b, &mut words);
+            words.as_ptr()
+        }
         // SAFETY: `keep` holds the row's words (the caller's contract), of which block b's
         // start at b * BLOCK / 32.
         _ if !keep.is_null() => unsafe { keep.add(b * (BLOCK / 32)) },
@@ -562,6 +567,7 @@ pub(crate) unsafe fn race_inline<S: Simd, E: Elem>(
 ) -> Best {
     let (k, kb, first_block) = (key_words(key), block_keys(key), base / BLOCK);
     let mut listed = [(0u32, 0f32); BLOCK];
+    let own_keep = edited.is_some_and(|v| v.own_keep());
     scratch.reset(bmax.len(), S::LANES);
     let mut best = Best::NONE;
     // Promising blocks first, so that the best key is high early and most bounds fall short of
@@ -597,7 +603,7 @@ pub(crate) unsafe fn race_inline<S: Simd, E: Elem>(
             }
             from = b + 1;
         }
-        visit::<S, E>(row, keep, n, (first, bn), (p, k, base), (edited, &mut listed), &mut best);
+        visit::<S, E>(row, keep, n, (first, bn), (p, k, base), (edited, &mut listed, own_keep), &mut best);
         let cut = bn.bound - PROMISING;
         // The first pass visits the blocks whose exact bound reaches `cut`, the second the others.
         for promising in [true, false] {
@@ -607,7 +613,7 @@ pub(crate) unsafe fn race_inline<S: Simd, E: Elem>(
                 if b != first {
                     let bn = scratch.block::<S>(b, first_block, kb, bmax, p);
                     if bn.bound >= best.key && (bn.bound >= cut) == promising {
-                        visit::<S, E>(row, keep, n, (b, bn), (p, k, base), (edited, &mut listed), &mut best);
+                        visit::<S, E>(row, keep, n, (b, bn), (p, k, base), (edited, &mut listed, own_keep), &mut best);
                     }
                 }
                 from = b + 1;
