@@ -26,6 +26,9 @@ use crate::row::RowValues;
 /// Words of a block's bits.
 const WORDS: usize = BLOCK / 32;
 
+/// The most blocks a deferred row is expected to visit ([`DeferredRow::worth_it`]).
+const FEW: usize = 5;
+
 /// Blocks whose touched tokens are kept once worked out; past it, the last slot is worked out
 /// again for each new block (a row that needs that many should have been completed:
 /// [`DeferredRow::worth_it`]).
@@ -42,6 +45,10 @@ struct Entry {
     /// Of them, the tokens of the output when the frequency or presence penalty is on, with
     /// their counts.
     history: BlockHistory,
+}
+
+impl Entry {
+    const EMPTY: Entry = Entry { block: usize::MAX, keep: [0; WORDS], seen: [0; WORDS], history: BlockHistory::EMPTY };
 }
 
 /// The deferred edits of a row with its values and histories, which work out the blocks the
@@ -78,38 +85,38 @@ impl<'a, V: RowValues + ?Sized> DeferredRow<'a, V> {
     /// Calls `f` with block `b`'s entry, worked out on first use.
     fn with_entry<R>(&self, b: usize, f: impl FnOnce(&Entry) -> R) -> R {
         let mut cache = self.cache.borrow_mut();
-        if let Some(e) = cache.iter().find(|e| e.block == b) {
-            return f(e);
-        }
-        let e = self.work_out(b);
-        if cache.len() < CACHED {
-            cache.push(e);
-        } else {
-            cache[CACHED - 1] = e;
-        }
-        f(&e)
+        let i = match cache.iter().position(|e| e.block == b) {
+            Some(i) => return f(&cache[i]),
+            None if cache.len() < CACHED => {
+                // (Room was reserved: this allocates nothing.)
+                cache.push(Entry::EMPTY);
+                cache.len() - 1
+            }
+            None => CACHED - 1,
+        };
+        self.work_out(b, &mut cache[i]);
+        f(&cache[i])
     }
 
-    /// Block `b`'s entry, from the lists: as [`super::mark_histories`] and the pass over the
-    /// words give it.
-    fn work_out(&self, b: usize) -> Entry {
+    /// Works out block `b`'s entry into `entry`, from the lists: as [`super::mark_histories`]
+    /// and the pass over the words give it.
+    fn work_out(&self, b: usize, entry: &mut Entry) {
         let e = self.edits;
-        let mut history = BlockHistory::EMPTY;
         let counts = e.penalties.counts();
+        *entry = Entry { block: b, ..Entry::EMPTY };
+        let h = &mut entry.history;
         // SAFETY: the level is supported (`kernels`).
-        unsafe { (self.k.block_history)(self.prompt, self.output, (b * BLOCK) as u32, counts, &mut history) };
-        let mut entry = Entry { block: b, keep: [0; WORDS], seen: [0; WORDS], history };
+        unsafe { (self.k.block_history)(self.prompt, self.output, (b * BLOCK) as u32, counts, h) };
         let words = b * WORDS..((b + 1) * WORDS).min(e.keep.len());
         for (i, w) in words.enumerate() {
             let k = e.keep[w];
             // The output's tokens are seen; their counts are read only with `counts`.
-            let o = history.output[i] & k;
-            let s = (history.prompt[i] & k) | o;
+            let o = entry.history.output[i] & k;
+            let s = (entry.history.prompt[i] & k) | o;
             entry.history.output[i] = if counts { o } else { 0 };
             entry.seen[i] = s;
             entry.keep[i] = k & !(s | e.listed_bits[w]);
         }
-        entry
     }
 
     /// The processed value of touched token `t` (logit `x`) of block entry `e`.
@@ -181,12 +188,12 @@ impl<'a, V: RowValues + ?Sized> DeferredRow<'a, V> {
 
     /// Whether the draw of this row, from its [`DeferredRow::rough_bounds`] (`inv_t` for a
     /// sampling row, `None` for a greedy one), should stay deferred: the race (or the search for
-    /// the first maximum) is expected to visit few blocks. Otherwise marking the whole histories
-    /// once costs less than searching them for each block (about 0.3 us a block on AVX2,
-    /// against 5-10 us for a 5,000-token history marked).
+    /// the first maximum) is expected to visit few blocks. Each block searched reads the whole
+    /// lists (about 0.5 us for 5,120 ids), while marking them costs 3-8 us once (the bits, the
+    /// pass over the words, their clearing): measured on issue 9's rows, the two tie at about six
+    /// blocks, so a row expected to visit more than [`FEW`] is marked.
     pub fn worth_it(&self, bmax: &[f32], inv_t: Option<f32>) -> bool {
         let top = bmax.iter().fold(f32::NEG_INFINITY, |a, &m| if m > a { m } else { a });
-        const FEW: usize = 12;
         let Some(inv_t) = inv_t else {
             return bmax.iter().filter(|&&m| m >= top).count() <= FEW;
         };
