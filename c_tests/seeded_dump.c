@@ -8,7 +8,8 @@
  * bf16 and f16, vocab 1000 to 151936, T 0 to 2, with and without top-k / top-p / min-p, RAW and
  * PROCESSED logprobs, and inline or external noise; every third call also with the sampling step
  * (prompt and output histories that name the peaks, the three penalties, a logit bias and a
- * grammar bitmask on odd rows). Every input is made with integer arithmetic (and exact
+ * grammar bitmask on odd rows), drawn once more for tokens and flags alone when on inline noise.
+ * Every input is made with integer arithmetic (and exact
  * conversions), so it is the same on every machine.
  *
  * Exit status: 0 on success, 2 if the level is not supported here, 1 on any other failure. */
@@ -261,6 +262,24 @@ int main(int argc, char **argv) {
                    tokens[r], flags[r], (double)lps[r], ranks[r]);
             for (int j = 0; j < TOP_N; j++) printf(" %d:%a", ids[r * TOP_N + j], (double)tlps[r * TOP_N + j]);
             printf("\n");
+          }
+          if (call % 3 == 2 && !external) {
+            /* The sampling step once more, for tokens and flags alone: a row that asks for
+             * nothing that reads its whole row may leave its histories to the blocks it visits
+             * (src/edits/deferred.rs), which the call above, asking for logprobs, never does. */
+            int32_t lean_tokens[ROWS];
+            uint32_t lean_flags[ROWS];
+            tokenrace_output lo;
+            memset(&lo, 0, sizeof lo);
+            lo.struct_size = sizeof lo;
+            lo.tokens = lean_tokens;
+            lo.flags = lean_flags;
+            if (tokenrace_draw(s, &b, &lo) != TOKENRACE_STATUS_OK) {
+              fprintf(stderr, "seeded_dump: call %d (tokens alone): %s\n", call, tokenrace_last_error());
+              return 1;
+            }
+            for (int r = 0; r < ROWS; r++)
+              printf("call %d row %d, tokens and flags alone: token %d flags %u\n", call, r, lean_tokens[r], lean_flags[r]);
           }
         }
       }
