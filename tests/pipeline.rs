@@ -1646,11 +1646,25 @@ fn chi_square_row(vocab: usize) -> (Vec<f32>, Pipeline) {
 
 #[test]
 fn sampled_distribution_follows_the_reference_and_rejects_wrong_pipelines() {
+    check_sampled_distribution(rf::Filters { top_k: 0, top_p: 0.95, min_p: 0.0 });
+}
+
+/// Without filters (and without logprobs) the same rows are deferred: their histories are found
+/// per visited block (`src/edits/deferred.rs`), and their distribution must be the reference's.
+#[test]
+fn sampled_distribution_of_deferred_rows_follows_the_reference() {
+    check_sampled_distribution(rf::Filters { top_k: 0, top_p: 1.0, min_p: 0.0 });
+}
+
+/// Chi-square of 20,000 draws of `chi_square_row` under `filters` against the reference, with
+/// power checks: the same counts reject the penalty order swapped and the bias applied after
+/// the penalties.
+fn check_sampled_distribution(filters: rf::Filters) {
     let vocab = 200;
     let (x, pipe) = chi_square_row(vocab);
     let p = pipe.row(0, vocab);
     let y = rf::effective_row(&x, &p);
-    let (t, filters) = (0.9f32, rf::Filters { top_k: 0, top_p: 0.95, min_p: 0.0 });
+    let t = 0.9f32;
     let n = 20_000;
     let level = supported_levels()[supported_levels().len() - 1];
     let s = Sampler::new(config(level, 1, rf::Order::TemperatureFirst)).unwrap();
