@@ -462,14 +462,14 @@ impl Logprobs {
 /// The processed values of the edited rows of a call, for the logprobs computed after the draw:
 /// every row's edits are built before anything is written (they are the only part that can
 /// fail), and each row is materialized into one buffer when needed.
-pub(crate) struct Processed {
-    edits: Vec<Option<RowEdits>>,
+pub(crate) struct Processed<'a> {
+    edits: Vec<Option<RowEdits<'a>>>,
     y: Vec<f32>,
 }
 
-impl Processed {
+impl<'a> Processed<'a> {
     /// The edits of every row of `batch` that `info` says was drawn from processed values.
-    pub(crate) fn build(k: &Kernels, batch: &Batch, info: &[RowInfo]) -> Result<Processed> {
+    pub(crate) fn build(k: &Kernels, batch: &Batch<'a>, info: &[RowInfo]) -> Result<Processed<'a>> {
         let mut edits = alloc::with_capacity(batch.rows, "the rows' edits")?;
         for (r, i) in info.iter().enumerate() {
             let e = if i.edited { crate::edits::build(k, batch, r, false)? } else { None };
@@ -480,7 +480,7 @@ impl Processed {
     }
 
     /// No processed values (no output that needs them).
-    pub(crate) fn none(rows: usize) -> Processed {
+    pub(crate) fn none(rows: usize) -> Processed<'a> {
         Processed { edits: (0..rows).map(|_| None).collect(), y: Vec::new() }
     }
 

@@ -403,7 +403,7 @@ fn draw_edited<V: RowValues + ?Sized>(
         let won = match plan {
             RowPlan::Sample { inv_t, noise, .. } if sc.top.is_finite() => {
                 let p = RaceParams { m: sc.top, inv_t, floor: f32::NEG_INFINITY };
-                Some(v.race_edited(k, &e.keep, &bmax, &e.overrides, p, noise))
+                Some(v.race_edited(k, e.keep(), &bmax, &e.overrides, p, noise))
             }
             _ => None,
         };
@@ -445,7 +445,7 @@ fn draw_by_blocks_after_race<V: RowValues + ?Sized>(
         }
         let Some((f, floor)) = filter::decided_after_race(batch, r, m, filter_inv_t) else { return Ok(None) };
         let edited = EditedBlocks { edits: e, values: v };
-        let won = v.race_blocks(k, &e.keep, &bmax, RaceParams { m, inv_t, floor }, key, &edited);
+        let won = v.race_blocks(k, e.keep(), &bmax, RaceParams { m, inv_t, floor }, key, &edited);
         if won.token == usize::MAX {
             return Ok(None);
         }
@@ -487,19 +487,19 @@ fn draw_by_blocks<V: RowValues + ?Sized>(
             if d.worth_it(&bmax, inv_t) {
                 d.refine(&mut bmax);
                 let sc = summarize(&bmax, f32::NEG_INFINITY, has_nan, plan);
-                return Ok(race_by_blocks(k, v, (&e.keep, &bmax, &sc), plan, &d, |top| d.first_of(&bmax, top)));
+                return Ok(race_by_blocks(k, v, (e.keep(), &bmax, &sc), plan, &d, |top| d.first_of(&bmax, top)));
             }
             drop(d);
             e.complete(k, batch, r);
             e.refine_bounds(k, v, &mut bmax);
             let sc = summarize(&bmax, f32::NEG_INFINITY, has_nan, plan);
             let edited = EditedBlocks { edits: e, values: v };
-            return Ok(race_by_blocks(k, v, (&e.keep, &bmax, &sc), plan, &edited, |top| e.first_of(v, &bmax, top)));
+            return Ok(race_by_blocks(k, v, (e.keep(), &bmax, &sc), plan, &edited, |top| e.first_of(v, &bmax, top)));
         }
         let has_nan = e.bounds(k, v, &mut bmax);
         let sc = summarize(&bmax, f32::NEG_INFINITY, has_nan, plan);
         let edited = EditedBlocks { edits: e, values: v };
-        Ok(race_by_blocks(k, v, (&e.keep, &bmax, &sc), plan, &edited, |top| e.first_of(v, &bmax, top)))
+        Ok(race_by_blocks(k, v, (e.keep(), &bmax, &sc), plan, &edited, |top| e.first_of(v, &bmax, top)))
     })
 }
 

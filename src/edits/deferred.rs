@@ -54,7 +54,7 @@ impl Entry {
 /// The deferred edits of a row with its values and histories, which work out the blocks the
 /// draw visits (see the module doc).
 pub(crate) struct DeferredRow<'a, V: ?Sized> {
-    edits: &'a RowEdits,
+    edits: &'a RowEdits<'a>,
     values: &'a V,
     k: &'a Kernels,
     prompt: &'a [i32],
@@ -69,7 +69,7 @@ impl<'a, V: RowValues + ?Sized> DeferredRow<'a, V> {
         k: &'a Kernels,
         batch: &crate::batch::Batch<'a>,
         r: usize,
-        edits: &'a RowEdits,
+        edits: &'a RowEdits<'a>,
         values: &'a V,
     ) -> Result<Self> {
         debug_assert!(edits.deferred);
@@ -107,9 +107,12 @@ impl<'a, V: RowValues + ?Sized> DeferredRow<'a, V> {
         let h = &mut entry.history;
         // SAFETY: the level is supported (`kernels`).
         unsafe { (self.k.block_history)(self.prompt, self.output, (b * BLOCK) as u32, counts, h) };
-        let words = b * WORDS..((b + 1) * WORDS).min(e.keep.len());
+        let keep = e.keep();
+        let words = b * WORDS..((b + 1) * WORDS).min(keep.len());
+        // (The caller's bitmask words may set bits past the vocabulary: `RowEdits::given`.)
+        let last = super::last_word_bits(self.values.n());
         for (i, w) in words.enumerate() {
-            let k = e.keep[w];
+            let k = if w == keep.len() - 1 { keep[w] & last } else { keep[w] };
             // The output's tokens are seen; their counts are read only with `counts`.
             let o = entry.history.output[i] & k;
             let s = (entry.history.prompt[i] & k) | o;
@@ -129,7 +132,7 @@ impl<'a, V: RowValues + ?Sized> DeferredRow<'a, V> {
 
     /// The touched tokens of entry `e`: its words of `seen | listed`.
     fn touched_words(&self, e: &Entry) -> [u32; WORDS] {
-        let (listed, words) = (&self.edits.listed_bits, self.edits.keep.len());
+        let (listed, words) = (&self.edits.listed_bits, self.edits.keep().len());
         std::array::from_fn(|i| {
             let w = e.block * WORDS + i;
             e.seen[i] | if w < words { listed[w] } else { 0 }
@@ -171,7 +174,7 @@ impl<'a, V: RowValues + ?Sized> DeferredRow<'a, V> {
     pub fn rough_bounds(&self, bmax: &mut [f32]) -> bool {
         let (e, v, n) = (self.edits, self.values, self.values.n());
         // `keep` is the mask here (no touched bit cleared).
-        let nan = if e.masked { v.scan_masked(self.k, &e.keep, 0, n, bmax) } else { v.scan(self.k, 0, n, bmax) };
+        let nan = if e.masked { v.scan_masked(self.k, e.keep(), 0, n, bmax) } else { v.scan(self.k, 0, n, bmax) };
         for &t in &e.raised {
             let (t, m) = (t as usize, &mut bmax[t as usize / BLOCK]);
             let y = e.value_with(v.at(t), t, false, 0);

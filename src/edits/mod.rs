@@ -243,8 +243,18 @@ thread_local! {
 /// say which kept tokens the lists touched, `seen` (a token of the histories: the penalties
 /// apply) and `listed` (an entry in the table: a bias); and the output's count of each token.
 /// A touched token's bit is clear in `keep`.
-pub(crate) struct RowEdits {
-    pub keep: Vec<u32>,
+pub(crate) struct RowEdits<'a> {
+    /// The row's mask and edits (see above); read it through [`RowEdits::keep`], which is the
+    /// caller's bitmask words while `given` holds them.
+    keep: Vec<u32>,
+    /// The caller's bitmask words of a deferred row that no other list masks, read in place
+    /// instead of a copy into `keep` (19 KiB a row of 151,936 tokens, a tenth of the time that
+    /// issue 9's rows add): `keep` of a deferred row is its mask, which they are, but for the
+    /// bits past the vocabulary in the last word, which nothing reads
+    /// ([`DeferredRow`](deferred::DeferredRow) clears them in the blocks it works out).
+    /// [`RowEdits::complete`] copies them into `keep` (its storage reserved) before it changes
+    /// them.
+    given: Option<&'a [u32]>,
     /// Whether a mask (the allowed list, the bitmask, the banned list) bans any token.
     masked: bool,
     /// The tokens no mask bans (`keep` and the touched ones), when the lists touched any of a
@@ -299,7 +309,15 @@ pub(crate) struct RowEdits {
 /// the whole row afterwards. A multiple of BLOCK and of 32.
 const CHUNK: usize = 16 * BLOCK;
 
-impl RowEdits {
+impl RowEdits<'_> {
+    /// The row's mask and edits: bit `i % 32` of word `i / 32` set for a token that keeps the
+    /// caller's logit (see the module doc). Of a deferred row, its mask: maybe the caller's
+    /// bitmask words, whose bits past the vocabulary are not cleared (see `given`).
+    #[inline(always)]
+    pub fn keep(&self) -> &[u32] {
+        self.given.unwrap_or(&self.keep)
+    }
+
     /// Whether token `i` keeps the caller's logit.
     #[inline(always)]
     pub fn kept(&self, i: usize) -> bool {
@@ -435,6 +453,12 @@ impl RowEdits {
     pub fn complete(&mut self, k: &Kernels, batch: &Batch, r: usize) {
         if self.deferred {
             self.deferred = false;
+            if let Some(given) = self.given.take() {
+                // (Room was reserved by `build`: this allocates nothing.)
+                self.keep.clear();
+                self.keep.extend_from_slice(given);
+                self.keep[given.len() - 1] &= last_word_bits(batch.vocab);
+            }
             mark_histories(k, batch, r, self, false);
         }
     }
@@ -629,7 +653,7 @@ fn exact_bounds(
 
 /// The touched tokens of a row with edits, block by block, for the race ([`RowEdits::listed_of`]).
 pub(crate) struct EditedBlocks<'a, V: ?Sized> {
-    pub edits: &'a RowEdits,
+    pub edits: &'a RowEdits<'a>,
     pub values: &'a V,
 }
 
@@ -647,7 +671,7 @@ impl<V: RowValues + ?Sized> BlockValues for EditedBlocks<'_, V> {
     }
 }
 
-impl Drop for RowEdits {
+impl Drop for RowEdits<'_> {
     /// Hands the storage back to this thread for its next row (bitsets cleared).
     fn drop(&mut self) {
         let mut spare = Spare {
@@ -721,13 +745,16 @@ fn restricted(batch: &Batch, r: usize) -> bool {
 /// histories are long (more ids than a quarter of its words) and whose penalties only lower
 /// values leaves them unmarked ([`RowEdits::deferred`]): the caller draws it block by block
 /// ([`DeferredRow`]) or completes it ([`RowEdits::complete`]).
-pub(crate) fn build(k: &Kernels, batch: &Batch, r: usize, defer: bool) -> Result<Option<RowEdits>> {
+pub(crate) fn build<'a>(k: &Kernels, batch: &Batch<'a>, r: usize, defer: bool) -> Result<Option<RowEdits<'a>>> {
     let n = batch.vocab;
     let words = n.div_ceil(32);
-    let last_bits = if n.is_multiple_of(32) { u32::MAX } else { (1u32 << (n % 32)) - 1 };
+    let last_bits = last_word_bits(n);
+    let penalties = Penalties::of(batch, r);
+    let defer = defer && penalties.lower_only() && long_histories(batch, r, penalties, words);
     let spare = SPARE.with(|s| s.borrow_mut().take()).unwrap_or_default();
     let mut e = RowEdits {
         keep: spare.keep,
+        given: None,
         masked: false,
         mask: spare.mask,
         raised: spare.raised,
@@ -743,7 +770,7 @@ pub(crate) fn build(k: &Kernels, batch: &Batch, r: usize, defer: bool) -> Result
         ids: spare.ids,
         vals: spare.vals,
         words: spare.words,
-        penalties: Penalties::of(batch, r),
+        penalties,
         overrides: spare.overrides,
     };
     e.keep.clear();
@@ -751,7 +778,14 @@ pub(crate) fn build(k: &Kernels, batch: &Batch, r: usize, defer: bool) -> Result
     e.counted.clear();
     alloc::reserve(&mut e.keep, words, "the row's token mask")?;
     let mut masked = false;
-    if let Some(m) = batch.token_bitmask {
+    let banned = batch.banned_tokens.map_or(&[][..], |l| l.row(r));
+    if let Some(m) = batch.token_bitmask.filter(|_| defer && !restricted(batch, r) && banned.is_empty()) {
+        // A deferred row masked by the bitmask alone: its words as they are.
+        let given = as_u32(&m.words[r * m.row_stride..r * m.row_stride + words]);
+        let all = given[..words - 1].iter().fold(u32::MAX, |a, &w| a & w);
+        masked = all != u32::MAX || given[words - 1] & last_bits != last_bits;
+        e.given = Some(given);
+    } else if let Some(m) = batch.token_bitmask {
         e.keep.extend(m.words[r * m.row_stride..r * m.row_stride + words].iter().map(|&w| w as u32));
         e.keep[words - 1] &= last_bits;
         // (An AND of every word, not `any`: a search that stops early does not vectorise.)
@@ -759,8 +793,8 @@ pub(crate) fn build(k: &Kernels, batch: &Batch, r: usize, defer: bool) -> Result
         masked = all != u32::MAX || e.keep[words - 1] != last_bits;
     } else {
         e.keep.resize(words, u32::MAX);
+        e.keep[words - 1] &= last_bits;
     }
-    e.keep[words - 1] &= last_bits;
     if restricted(batch, r) {
         let allowed = batch.allowed_tokens.map_or(&[][..], |l| l.row(r));
         let mut only = alloc::filled(words, 0u32, "the row's allowed tokens")?;
@@ -771,17 +805,42 @@ pub(crate) fn build(k: &Kernels, batch: &Batch, r: usize, defer: bool) -> Result
         e.keep = only;
         masked = true;
     }
-    for &id in batch.banned_tokens.map_or(&[][..], |l| l.row(r)) {
+    for &id in banned {
         e.clear(id as usize);
         masked = true;
     }
     e.masked = masked;
-    let defer = defer && e.penalties.lower_only();
     touch_lists(k, batch, r, &mut e, defer)?;
     if !masked && e.touched == 0 {
         return Ok(None);
     }
     Ok(Some(e))
+}
+
+/// The bits of the last word of a row's bitsets that are tokens of the vocabulary (`n` tokens).
+fn last_word_bits(n: usize) -> u32 {
+    if n.is_multiple_of(32) {
+        u32::MAX
+    } else {
+        (1u32 << (n % 32)) - 1
+    }
+}
+
+/// The caller's bitmask words as the bitsets' `u32`s.
+fn as_u32(words: &[i32]) -> &[u32] {
+    // SAFETY: i32 and u32 have the same size and alignment, and every bit pattern is a valid
+    // value of both; the slice borrows `words` for as long.
+    unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u32>(), words.len()) }
+}
+
+/// Whether row `r`'s histories are long enough to leave to the blocks the draw visits (more
+/// named tokens than a quarter of the row's `words`): below that, the pass of the marking goes
+/// over their words alone (`sparse` in [`touch_lists`]), a few hundred nanoseconds.
+fn long_histories(batch: &Batch, r: usize, p: Penalties, words: usize) -> bool {
+    let (prompt, output) = histories(batch, r, p);
+    let bias = batch.logit_bias.map_or(0, |b| b.row(r).0.len());
+    let most = prompt.len() + output.len() + bias;
+    most > 0 && most >= words / 4
 }
 
 /// The bit of token `id` in its word: a load from a table of 32, where `1 << (id % 32)` is a
@@ -811,8 +870,8 @@ fn histories<'a>(batch: &Batch<'a>, r: usize, p: Penalties) -> (&'a [i32], &'a [
 
 /// Marks the kept tokens that the histories and the bias touch (`seen`, `listed`, with their
 /// counts and biases in the table) and clears their bits in `keep`. A masked token is never
-/// touched: the mask wins over everything. With `defer` (penalties that only lower values), long
-/// histories are left for [`DeferredRow`] or [`RowEdits::complete`] (the bias is marked, but its
+/// touched: the mask wins over everything. With `defer` (penalties that only lower values, long
+/// histories: [`build`]), the histories are left for [`DeferredRow`] or [`RowEdits::complete`] (the bias is marked, but its
 /// bits stay set in `keep`, as the histories' do).
 fn touch_lists(k: &Kernels, batch: &Batch, r: usize, e: &mut RowEdits, defer: bool) -> Result<()> {
     let p = e.penalties;
@@ -821,7 +880,7 @@ fn touch_lists(k: &Kernels, batch: &Batch, r: usize, e: &mut RowEdits, defer: bo
     if bias_ids.is_empty() && prompt.is_empty() && output.is_empty() {
         return Ok(());
     }
-    let words = e.keep.len();
+    let words = e.keep().len();
     // The bitsets stay all zero between rows (see `Spare`); past this row's words they are
     // never read.
     for (bits, what) in [
@@ -857,7 +916,7 @@ fn touch_lists(k: &Kernels, batch: &Batch, r: usize, e: &mut RowEdits, defer: bo
     if sparse {
         alloc::reserve(&mut e.words, most, "the row's touched words")?;
     }
-    let keep = &e.keep;
+    let keep = e.given.unwrap_or(&e.keep[..]);
     let kept = |id: usize| keep[id / 32] >> (id % 32) & 1 != 0;
     let set = |bits: &mut [u32], id: usize| bits[id / 32] |= 1 << (id % 32);
     for (&id, &b) in bias_ids.iter().zip(bias_values) {
@@ -875,7 +934,8 @@ fn touch_lists(k: &Kernels, batch: &Batch, r: usize, e: &mut RowEdits, defer: bo
             e.raised.push(id as u32);
         }
     }
-    if defer && !sparse {
+    if defer {
+        // (`build` defers long histories alone: not `sparse`.)
         (e.deferred, e.touched, e.dense) = (true, most, false);
         return Ok(());
     }
