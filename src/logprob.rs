@@ -43,7 +43,7 @@ impl Default for RowInfo {
 fn block_maxima<V: RowValues + ?Sized>(k: &Kernels, v: &V) -> (Vec<f32>, f32) {
     let mut bmax = vec![f32::NEG_INFINITY; v.n().div_ceil(BLOCK)];
     v.scan(k, 0, v.n(), &mut bmax);
-    let top = bmax.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a }) + 0.0;
+    let top = crate::kernels::largest(&bmax, f32::NEG_INFINITY) + 0.0;
     (bmax, top)
 }
 

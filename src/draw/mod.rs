@@ -172,7 +172,7 @@ fn summarize(bmax: &[f32], listed: f32, has_nan: bool, plan: RowPlan) -> Scanned
     // `+ 0.0` turns a maximum of -0 into +0: which zero a SIMD max keeps depends on the level's
     // reduction order, and the mass kernels need `x - m <= +0` bit-wise, which a maximum of -0
     // breaks for the +0 values (their weight became 0 on AVX-512: found by fuzz/draw_c_abi).
-    let top = bmax.iter().fold(listed, |a, &b| if b > a { b } else { a }) + 0.0;
+    let top = crate::kernels::largest(bmax, listed) + 0.0;
     let mut fl = if has_nan { flags::HAS_NAN } else { 0 };
     if matches!(plan, RowPlan::Greedy) {
         fl |= flags::GREEDY;

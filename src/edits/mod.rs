@@ -633,13 +633,13 @@ fn exact_bounds(
         let y = value(t);
         *m = if y > *m { y } else { *m };
     }
-    let (mut top, mut first) = (f32::NEG_INFINITY, 0);
-    for (b, &m) in bmax.iter().enumerate() {
-        if m > top {
-            (top, first) = (m, b);
-        }
+    let top = crate::kernels::largest(bmax, f32::NEG_INFINITY);
+    if top == f32::NEG_INFINITY {
+        return;
     }
-    if top == f32::NEG_INFINITY || !touched(first) {
+    // (The first block of the largest bound: `==` finds it whichever zero `largest` returned.)
+    let first = bmax.iter().position(|&m| m == top).unwrap_or(0);
+    if !touched(first) {
         return;
     }
     bmax[first] = block_max(first);
@@ -782,15 +782,12 @@ pub(crate) fn build<'a>(k: &Kernels, batch: &Batch<'a>, r: usize, defer: bool) -
     if let Some(m) = batch.token_bitmask.filter(|_| defer && !restricted(batch, r) && banned.is_empty()) {
         // A deferred row masked by the bitmask alone: its words as they are.
         let given = as_u32(&m.words[r * m.row_stride..r * m.row_stride + words]);
-        let all = given[..words - 1].iter().fold(u32::MAX, |a, &w| a & w);
-        masked = all != u32::MAX || given[words - 1] & last_bits != last_bits;
+        masked = !all_set(given, last_bits);
         e.given = Some(given);
     } else if let Some(m) = batch.token_bitmask {
         e.keep.extend(m.words[r * m.row_stride..r * m.row_stride + words].iter().map(|&w| w as u32));
         e.keep[words - 1] &= last_bits;
-        // (An AND of every word, not `any`: a search that stops early does not vectorise.)
-        let all = e.keep[..words - 1].iter().fold(u32::MAX, |a, &w| a & w);
-        masked = all != u32::MAX || e.keep[words - 1] != last_bits;
+        masked = !all_set(&e.keep, last_bits);
     } else {
         e.keep.resize(words, u32::MAX);
         e.keep[words - 1] &= last_bits;
@@ -824,6 +821,16 @@ fn last_word_bits(n: usize) -> u32 {
     } else {
         (1u32 << (n % 32)) - 1
     }
+}
+
+/// Whether every bit of a row's `words` is set, but those past the vocabulary (the last word's
+/// bits outside `last_bits`): an unconstrained row of a grammar bitmask. A chunk of words at a
+/// time, each an AND that the compiler vectorises (a search that stops at the first word does
+/// not), stopping at the first chunk with a clear bit: a grammar's row most often, whose words
+/// the scan reads next.
+fn all_set(words: &[u32], last_bits: u32) -> bool {
+    let (body, last) = words.split_at(words.len() - 1);
+    last[0] & last_bits == last_bits && body.chunks(64).all(|c| c.iter().fold(u32::MAX, |a, &w| a & w) == u32::MAX)
 }
 
 /// The caller's bitmask words as the bitsets' `u32`s.

@@ -34,7 +34,7 @@ mod x86_64 {
 use crate::config::{NoiseKind, SimdChoice};
 use crate::error::{Error, ErrorKind, Result};
 pub(crate) use generic::{
-    Best, BlockNoise, BlockValues, Mass64Params, MassKind, MassParams, RaceParams, RaceScratch, BLOCK,
+    largest, Best, BlockNoise, BlockValues, Mass64Params, MassKind, MassParams, RaceParams, RaceScratch, BLOCK,
 };
 pub use simd::{Bf16, F16};
 use std::ffi::CStr;
@@ -423,6 +423,33 @@ pub fn read_floor(level: SimdLevel, logits: crate::Logits, rows: usize, stride: 
             }
         };
         m = m.max(v);
+    }
+    m
+}
+
+/// The first pass of `rows` f32 rows at `level`, for the benchmark: each row's block maxima
+/// (the plain scan, or with `keep`, the masked scan over each row's `keep.1` words of `keep.0`).
+/// Returns the largest block maximum seen.
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub fn scan_rows(level: SimdLevel, logits: &[f32], keep: Option<(&[u32], usize)>, rows: usize, vocab: usize) -> f32 {
+    let k = kernels(level);
+    let mut bmax = vec![f32::NEG_INFINITY; vocab.div_ceil(BLOCK)];
+    let mut m = f32::NEG_INFINITY;
+    for r in 0..rows {
+        let row = &logits[r * vocab..(r + 1) * vocab];
+        // SAFETY: `row` holds `vocab` values, `bmax` a slot per block, the keep words (sliced in
+        // bounds) a bit per token; the level is supported.
+        unsafe {
+            match keep {
+                None => (k.f32.scan)(row.as_ptr(), vocab, &mut bmax),
+                Some((words, stride)) => {
+                    let w = &words[r * stride..r * stride + vocab.div_ceil(32)];
+                    (k.f32.scan_masked)(row.as_ptr(), w.as_ptr(), vocab, &mut bmax)
+                }
+            }
+        };
+        m = bmax.iter().fold(m, |a, &b| a.max(b));
     }
     m
 }

@@ -376,6 +376,27 @@ mod tests {
     }
 
     #[test]
+    fn largest_is_the_largest_value() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for len in (0..70).chain([593, 594, 1024, 1025]) {
+            for init in [f32::NEG_INFINITY, 0.5] {
+                let v: Vec<f32> = (0..len)
+                    .map(|_| match crate::kernels::xorshift64(&mut state) % 8 {
+                        0 => f32::NEG_INFINITY,
+                        1 => -0.0,
+                        2 => 0.0,
+                        r => r as f32 - (crate::kernels::xorshift64(&mut state) % 1000) as f32 / 100.0,
+                    })
+                    .collect();
+                let want = v.iter().fold(init, |a, &x| if x > a { x } else { a });
+                // Equal as numbers (which zero is the order's).
+                assert_eq!(super::super::largest(&v, init), want, "len {len} init {init}");
+            }
+        }
+        assert_eq!(super::super::largest(&[1.0, 3.0, f32::INFINITY, 2.0], 0.0), f32::INFINITY);
+    }
+
+    #[test]
     fn every_level_finds_the_first_block_of_the_maximum() {
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = || crate::kernels::xorshift64(&mut state);
