@@ -1,6 +1,6 @@
 //! The sampler: a configuration, the chosen kernels, the key stream of unseeded rows, counters.
 
-use crate::batch::{validate, Batch, Output};
+use crate::batch::{validate, validate_but_ids, Batch, Ids, Output};
 use crate::config::{Config, DrainPolicy, NoiseKind, NoiseSource, PoolConfig};
 use crate::draw::verify::Drafts;
 use crate::draw::Workers;
@@ -220,7 +220,16 @@ impl Sampler {
     }
 
     fn try_draw(&self, batch: &Batch, out: &mut Output) -> Result<()> {
-        validate(self.kernels, batch, out, self.cfg.max_rows, self.cfg.vocab_size)?;
+        // The token lists' ids are checked by the rows' tasks (in parallel, as they read them);
+        // a call that fails reports what a full validation reports first, as if they were
+        // checked here.
+        let limits = (self.cfg.max_rows, self.cfg.vocab_size);
+        self.draw_checked(batch, out, limits)
+            .map_err(|e| validate(self.kernels, batch, out, limits.0, limits.1).err().unwrap_or(e))
+    }
+
+    fn draw_checked(&self, batch: &Batch, out: &mut Output, limits: (usize, usize)) -> Result<()> {
+        validate_but_ids(self.kernels, batch, out, limits, Ids::InRows)?;
         // In a fork() child, unseeded rows use inline noise from the child's own key stream:
         // the pool's producers do not exist there (see `forked_keys`).
         let keys = if self.birthplace.elsewhere() { self.forked_keys() } else { &self.keys };

@@ -1768,6 +1768,72 @@ fn expect_error(s: &Sampler, b: &Batch, full_len: usize, full_stride: usize, wan
     assert!(g == untouched, "{want}: the outputs were written by a failed call");
 }
 
+/// The lists' ids are checked by the tasks that draw their rows, on several threads; a call
+/// must still report the error a check of the whole batch in order finds first (the lists in
+/// order, each row by row, before the penalties), and write nothing.
+#[test]
+fn bad_ids_found_by_the_rows_tasks_are_reported_in_the_batchs_order() {
+    fn list<'a>(ids: &'a [i32], offsets: &'a [u64]) -> Option<TokenLists<'a>> {
+        Some(TokenLists { ids, offsets })
+    }
+    // (As `setups`: every call on every thread it may use; never reset, as other tests here
+    // rely on it.)
+    tokenrace::internals::force_participants(usize::MAX);
+    let (rows, vocab) = (64usize, 3000usize);
+    let x: Vec<f32> = (0..rows * vocab).map(|i| (i % 97) as f32 / 10.0).collect();
+    let temps = vec![0.7f32; rows];
+    let ids: Vec<i32> = (0..rows * 20).map(|i| (i * 31 % vocab) as i32).collect();
+    let offsets: Vec<u64> = (0..=rows as u64).map(|r| r * 20).collect();
+    let with_bad = |bad: &[(usize, i32)]| {
+        let mut v = ids.clone();
+        for &(entry, id) in bad {
+            v[entry] = id;
+        }
+        v
+    };
+    let late_two = with_bad(&[(50 * 20 + 3, 3000), (7 * 20 + 5, -4)]);
+    let early = with_bad(&[(20 + 1, 5000)]);
+    let late = with_bad(&[(50 * 20, 3001)]);
+    let penalties = vec![1.1f32; rows];
+    let mut zero_first = penalties.clone();
+    zero_first[0] = 0.0;
+    for threads in [1usize, 2, 4] {
+        let s = Sampler::new(Config { seed: Some(3), threads, ..Config::default() }).unwrap();
+        let base = Batch { temperature: Some(&temps), ..Batch::new(Logits::F32(&x), rows, vocab) };
+        let good = list(&ids, &offsets);
+        let cases: [(Batch, &str); 3] = [
+            // Two bad rows of one list: the lower.
+            (
+                Batch { prompt_tokens: list(&late_two, &offsets), output_tokens: good, ..base },
+                "batch.prompt_ids[7]: position 5 (entry 145): -4 is not a token id in [0, 3000)",
+            ),
+            // A bad output id in row 1 and a bad prompt id in row 50: the prompt's, checked first.
+            (
+                Batch { prompt_tokens: list(&late, &offsets), output_tokens: list(&early, &offsets), ..base },
+                "batch.prompt_ids[50]: position 0 (entry 1000): 3001 is not a token id in [0, 3000)",
+            ),
+            // A bad banned id in row 50 and a repetition penalty of 0 in row 0: the ids, checked
+            // before the penalties.
+            (
+                Batch {
+                    banned_tokens: list(&late, &offsets),
+                    repetition_penalty: Some(&zero_first),
+                    prompt_tokens: good,
+                    ..base
+                },
+                "batch.banned_ids[50]: position 0 (entry 1000): 3001 is not a token id in [0, 3000)",
+            ),
+        ];
+        for (b, want) in &cases {
+            expect_error(&s, b, rows * vocab, vocab, want);
+        }
+        // And the good lists draw.
+        let b = Batch { prompt_tokens: good, output_tokens: good, repetition_penalty: Some(&penalties), ..base };
+        let mut tokens = vec![0; rows];
+        s.draw(&b, &mut Output::new(&mut tokens)).unwrap();
+    }
+}
+
 #[test]
 fn bad_pipeline_inputs_are_refused_with_their_argument_row_and_position() {
     let s = Sampler::new(Config { seed: Some(1), ..Config::default() }).unwrap();

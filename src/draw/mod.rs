@@ -266,6 +266,9 @@ fn finish<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], sc: &Scanned,
 /// given while its block maxima are at hand; for an edited row from the row as given (raw) or
 /// its processed values (processed), written out once more.
 fn draw_row(k: &Kernels, batch: &Batch, r: usize, plan: RowPlan, logprobs: Option<&LogprobSlots>) -> Result<Drawn> {
+    // The row's ids, left to its task by `validate_but_ids` (`Ids::InRows`): read here, on the
+    // thread that reads them next.
+    crate::batch::row_ids_in_range(k, batch, r)?;
     with_row!(batch, r, |v| {
         if batch.has_edits() && edits::row_has_edits(batch, r) {
             // A row raced block by block with nothing that reads the whole row (filters,
@@ -583,6 +586,8 @@ fn draw_rows(
     } else if split.tiles_per_row == 1 {
         draw_by_rows(k, batch, plans, &workers.pool, split.participants, logprobs)?
     } else {
+        // (Tiles never draw a row with token lists, whose ids `draw_row` checks.)
+        debug_assert!(!batch.has_edits());
         tiles::draw_tiled(k, batch, plans, &workers.pool, split)?
     };
     workers.work.record(mode, rows * n, work_ns);

@@ -964,7 +964,7 @@ fn mark_histories(k: &Kernels, batch: &Batch, r: usize, e: &mut RowEdits, sparse
     // (Local slices: through `e`, the loops reloaded each vector's pointer after every store.)
     let seen = &mut e.seen[..words];
     for &id in prompt {
-        // SAFETY: the batch's ids were checked to lie in [0, vocab) (`check_csr`), so
+        // SAFETY: the batch's ids were checked to lie in [0, vocab) (`batch::check_row_ids`), so
         // id / 32 < words, the length of `seen`.
         unsafe { *seen.get_unchecked_mut(id as usize / 32) |= bit(id) };
     }
