@@ -175,6 +175,9 @@ class CallState:
         self.top_k = RepeatedValue(c_int32)
         self.top_p = RepeatedValue(c_float)
         self.min_p = RepeatedValue(c_float)
+        self.repetition_penalty = RepeatedValue(c_float)
+        self.frequency_penalty = RepeatedValue(c_float)
+        self.presence_penalty = RepeatedValue(c_float)
         self.tokens = OutputBuffer(c_int32, np.int32)
         self.flags = OutputBuffer(c_uint32, np.uint32)
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ._arrays import _torch_to_numpy, is_torch_tensor, per_row
-from ._call import address
+from ._call import FLOAT_SCALARS, address
 
 _I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -45,15 +45,16 @@ _EMPTY_IDS = np.zeros(0, np.int32)
 
 
 def pipeline_fields(rows, vocab, keep, prompt_tokens, output_tokens, repetition_penalty, frequency_penalty,
-                    presence_penalty, logit_bias, allowed_tokens, banned_tokens, token_bitmask):
+                    presence_penalty, logit_bias, allowed_tokens, banned_tokens, token_bitmask, state=None):
     """The 17 values of the batch's pipeline fields (``_call.PIPELINE_LAYOUT``, in header order:
     addresses, 0 for NULL, and the bitmask's row stride); every array they point into is
-    appended to ``keep``."""
+    appended to ``keep``. ``state`` (a ``CallState``, or None) lends its cached per-row arrays
+    to scalar penalties."""
     prompt = token_lists(prompt_tokens, rows, vocab, "prompt_tokens", keep)
     output = token_lists(output_tokens, rows, vocab, "output_tokens", keep)
-    rep = _penalty(repetition_penalty, rows, "repetition_penalty", keep)
-    freq = _penalty(frequency_penalty, rows, "frequency_penalty", keep)
-    pres = _penalty(presence_penalty, rows, "presence_penalty", keep)
+    rep = _penalty(repetition_penalty, rows, "repetition_penalty", keep, state and state.repetition_penalty)
+    freq = _penalty(frequency_penalty, rows, "frequency_penalty", keep, state and state.frequency_penalty)
+    pres = _penalty(presence_penalty, rows, "presence_penalty", keep, state and state.presence_penalty)
     bias = logit_bias_csr(logit_bias, rows, "logit_bias", keep)
     allowed = token_lists(allowed_tokens, rows, vocab, "allowed_tokens", keep, rows_mask=True)
     banned = token_lists(banned_tokens, rows, vocab, "banned_tokens", keep)
@@ -62,9 +63,13 @@ def pipeline_fields(rows, vocab, keep, prompt_tokens, output_tokens, repetition_
             allowed[0], allowed[1], allowed[2], banned[0], banned[1], mask_ptr, mask_stride)
 
 
-def _penalty(value, rows, name, keep):
+def _penalty(value, rows, name, keep, cache=None):
     if value is None:
         return 0
+    # A scalar (the common case) from the thread's cached array, refilled only when it changes;
+    # NaN and values beyond the f32 range fail the comparison and go through per_row().
+    if cache is not None and type(value) in FLOAT_SCALARS and -_F32_MAX <= value <= _F32_MAX:
+        return cache.address_for(float(value), rows)
     arr = per_row(value, rows, np.float32, name)
     keep.append(arr)
     return address(arr)
@@ -86,6 +91,9 @@ def token_lists(value, rows, vocab, name, keep, rows_mask=False):
     carries one."""
     if value is None:
         return (0, 0, 0) if rows_mask else (0, 0)
+    fast = _csr_as_given(value, rows, keep)
+    if fast is not None:
+        return (*fast, 0) if rows_mask else fast
     present = None
     if isinstance(value, tuple):
         ids, offsets = _csr_lists(value, rows, name)
@@ -103,6 +111,29 @@ def token_lists(value, rows, vocab, name, keep, rows_mask=False):
             return _addr(ids, keep), _addr(offsets, keep), _addr(present.view(np.uint8), keep)
         return _addr(ids, keep), _addr(offsets, keep), 0
     return _addr(ids, keep), _addr(offsets, keep)
+
+
+def _csr_as_given(value, rows, keep, values_dtype=None):
+    """The addresses of a CSR tuple already in the C form, 1-D C-contiguous numpy arrays: int32
+    ids, (with ``values_dtype``) values of that dtype as many as the ids, and ``rows + 1`` uint64
+    offsets, checked as ``_offsets`` checks them and appended to ``keep``, in a few numpy calls
+    (the general path took 4-6 us a list). None for anything else, which the general path
+    converts or words the error of. The ids' range is the library's to check."""
+    if type(value) is not tuple or len(value) != (2 if values_dtype is None else 3):
+        return None
+    ids, off = value[0], value[-1]
+    if not (_c_form(ids, np.int32) and _c_form(off, np.uint64) and off.shape[0] == rows + 1):
+        return None
+    n = ids.shape[0]
+    if values_dtype is not None and not (_c_form(value[1], values_dtype) and value[1].shape[0] == n):
+        return None
+    if int(off[rows]) > n or (rows and (off[1:] < off[:-1]).any()):
+        return None
+    return tuple(_addr(a, keep) for a in value)
+
+
+def _c_form(arr, dtype):
+    return type(arr) is np.ndarray and arr.dtype == dtype and arr.ndim == 1 and arr.flags.c_contiguous
 
 
 def _int_array(obj, name):
@@ -306,6 +337,9 @@ def logit_bias_csr(value, rows, name, keep):
     ``(ids, values, offsets)`` (ids and offsets of any integer dtype, values float32/float64)."""
     if value is None:
         return 0, 0, 0
+    fast = _csr_as_given(value, rows, keep, np.float32)
+    if fast is not None:
+        return fast
     if isinstance(value, Mapping):
         ids, values = _bias_pairs(value, name)
         n = ids.shape[0]

@@ -236,7 +236,7 @@ class Sampler(_Closable):
         """Writes the batch's pipeline fields (``_pipeline.py``) for a call that passes any."""
         fields = pipeline_fields(rows, state.batch.vocab, keep, prompt_tokens, output_tokens, repetition_penalty,
                                  frequency_penalty, presence_penalty, logit_bias, allowed_tokens, banned_tokens,
-                                 token_bitmask)
+                                 token_bitmask, state)
         state.pipeline_packed = True
         PIPELINE_LAYOUT.pack_into(state.batch, PIPELINE_OFFSET, *fields)
 
