@@ -18,8 +18,8 @@ fn run_bench(name: &str, args: &[&str]) -> String {
 #[test]
 fn benchmark_runs_every_case_in_quick_mode() {
     let records = run_bench("tokenrace-bench", &["--quick", "--threads", "1,2"]);
-    // 2 vocab x 2 profiles x 2 rows x 2 placements x 3 dtypes x 2 thread counts x 21 paths
-    assert_eq!(records.lines().count(), 2 * 2 * 2 * 2 * 3 * 2 * 21);
+    // 2 vocab x 2 profiles x 2 rows x 2 placements x 3 dtypes x 2 thread counts x 22 paths
+    assert_eq!(records.lines().count(), 2 * 2 * 2 * 2 * 3 * 2 * 22);
     assert!(records.lines().all(|l| l.contains("\"ratio_to_floor\":")));
     assert_provenance(&records);
 }

@@ -68,7 +68,7 @@ fn parse_args() -> Args {
         dtypes: list("f32,bf16,f16"),
         profiles: list("peaked,flat"),
         paths: list(
-            "greedy,race-inline,race-pool,race-external-logexp,race-external-exp,race-logprob,race-logprob-rank,race-logprob-top20,race-logprob-rank-top20,top-k50,top-k50-top-p0.9,top-p0.9,min-p0.05,pipeline,pipeline-penalties,pipeline-bitmask,pipeline-top-p0.9,pipeline-external-logexp,pipeline-logprob-rank-top20,pipeline-allowed,pipeline-allowed-top-p0.9",
+            "greedy,race-inline,race-pool,race-external-logexp,race-external-exp,race-logprob,race-logprob-rank,race-logprob-top20,race-logprob-rank-top20,top-k50,top-k50-top-p0.9,top-p0.9,min-p0.05,pipeline,pipeline-penalties,pipeline-bias,pipeline-bitmask,pipeline-top-p0.9,pipeline-external-logexp,pipeline-logprob-rank-top20,pipeline-allowed,pipeline-allowed-top-p0.9",
         ),
         placements: list("hot,cold"),
         reps: 30,
@@ -245,7 +245,8 @@ impl Pipeline {
     }
 
     /// `b` with this step's inputs: all of them (`pipeline`), the penalties alone
-    /// (`pipeline-penalties`), or the bitmask alone (`pipeline-bitmask`).
+    /// (`pipeline-penalties`), the bias alone (`pipeline-bias`), or the bitmask alone
+    /// (`pipeline-bitmask`).
     fn apply<'a>(&'a self, path: &str, b: Batch<'a>) -> Batch<'a> {
         // `pipeline-logprob-rank-top20`: everything, and the logprob outputs of the race path;
         // `pipeline-allowed`: everything, with the bitmask of `allowed` (the caller's);
@@ -265,7 +266,11 @@ impl Pipeline {
             repetition_penalty: penalties.then_some(&self.penalties[0][..]),
             frequency_penalty: penalties.then_some(&self.penalties[1][..]),
             presence_penalty: penalties.then_some(&self.penalties[2][..]),
-            logit_bias: all.then(|| LogitBias { ids: &self.bias.0, values: &self.bias.1, offsets: &self.bias.2 }),
+            logit_bias: (all || path == "pipeline-bias").then(|| LogitBias {
+                ids: &self.bias.0,
+                values: &self.bias.1,
+                offsets: &self.bias.2,
+            }),
             token_bitmask: bitmask.then(|| TokenBitmask { words: &self.bitmask, row_stride: b.vocab.div_ceil(32) }),
             ..b
         }
