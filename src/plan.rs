@@ -10,7 +10,7 @@ use crate::config::FilterOrder;
 use crate::draw::RowPlan;
 use crate::error::Result;
 use crate::noise::pool::{Lease, Pool};
-use crate::noise::{seeded_row_key, KeyStream};
+use crate::noise::{seeded_row_key, KeyStream, TakenKeys};
 use crate::row::RaceNoise;
 
 /// How many rows of a call took each path (for the sampler's counters).
@@ -30,7 +30,23 @@ pub(crate) struct RowCounts {
 pub(crate) struct Plan {
     pub rows: Vec<RowPlan>,
     pub counts: RowCounts,
-    _lease: Option<Lease>,
+    lease: Option<Lease>,
+    keys: Option<TakenKeys>,
+}
+
+impl Plan {
+    /// Undoes what planning took from the sampler, for a call refused after it was planned: the
+    /// unseeded rows' keys go back to `stream` and their pool rows back to the pool, so that the
+    /// next call draws what it would have drawn had this one never run (unless another call took
+    /// keys or rows in between: see [`KeyStream::give_back`] and [`Lease::give_back`]).
+    pub(crate) fn give_back(self, stream: &KeyStream) {
+        if let Some(keys) = self.keys {
+            stream.give_back(keys);
+        }
+        if let Some(lease) = self.lease {
+            lease.give_back();
+        }
+    }
 }
 
 /// Plans every row of a validated `batch`: rows with `T < greedy_below` are greedy, the others
@@ -68,7 +84,7 @@ pub(crate) fn plan(
         let filter_inv_t = if order == FilterOrder::FiltersFirst { 1.0 } else { inv_t };
         rows.push(RowPlan::Sample { inv_t, filter_inv_t, noise, filters_after_race: false });
     }
-    let mut lease = None;
+    let (mut lease, mut taken) = (None, None);
     match pool {
         Some(pool) if !unseeded.is_empty() => {
             let l = pool.borrow(unseeded.len()).map_err(|e| {
@@ -81,16 +97,17 @@ pub(crate) fn plan(
             counts.pool = unseeded.len() as u64;
             lease = Some(l);
         }
+        _ if unseeded.is_empty() => {}
         _ => {
             let mut row_keys = vec![0u64; unseeded.len()];
-            keys.next_keys(&mut row_keys);
+            taken = Some(keys.take_keys(&mut row_keys));
             for (&r, &key) in unseeded.iter().zip(&row_keys) {
                 set_noise(&mut rows[r], RaceNoise::Inline(key));
             }
             counts.inline = unseeded.len() as u64;
         }
     }
-    Ok(Plan { rows, counts, _lease: lease })
+    Ok(Plan { rows, counts, lease, keys: taken })
 }
 
 fn set_noise(plan: &mut RowPlan, noise: RaceNoise) {

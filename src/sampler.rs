@@ -235,7 +235,13 @@ impl Sampler {
         let keys = if self.birthplace.elsewhere() { self.forked_keys() } else { &self.keys };
         let pool = self.pool();
         let plan = plan(batch, (self.cfg.greedy_below, self.cfg.filter_order), keys, pool.as_deref())?;
-        let drawn = crate::draw::run(self.kernels, batch, &plan.rows, self.workers.as_ref(), out)?;
+        let drawn = match crate::draw::run(self.kernels, batch, &plan.rows, self.workers.as_ref(), out) {
+            Ok(drawn) => drawn,
+            Err(e) => {
+                plan.give_back(keys);
+                return Err(e);
+            }
+        };
         // Counted only once nothing can fail any more.
         let (c, n) = (&self.counters, plan.counts);
         c.greedy_rows.fetch_add(n.greedy, Relaxed);
@@ -265,7 +271,7 @@ impl Sampler {
         let keys = if self.birthplace.elsewhere() { self.forked_keys() } else { &self.keys };
         let pool = self.pool();
         let plan = plan(&rows, (greedy_below, self.cfg.filter_order), keys, pool.as_deref())?;
-        let uniforms = verify::uniforms(batch, &target, greedy_below, keys);
+        let (uniforms, uniform_keys) = verify::uniforms(batch, &target, greedy_below, keys);
         let drafts: Vec<Drafts> = target
             .requests
             .iter()
@@ -282,7 +288,17 @@ impl Sampler {
             .collect();
         let logprobs = out.logprobs.is_some().then_some(out.logprob_mode);
         let verified =
-            crate::draw::verify::run(self.kernels, &rows, &plan.rows, &drafts, self.workers.as_ref(), logprobs)?;
+            match crate::draw::verify::run(self.kernels, &rows, &plan.rows, &drafts, self.workers.as_ref(), logprobs) {
+                Ok(verified) => verified,
+                Err(e) => {
+                    // Given back in the reverse order of their taking.
+                    if let Some(taken) = uniform_keys {
+                        keys.give_back(taken);
+                    }
+                    plan.give_back(keys);
+                    return Err(e);
+                }
+            };
         let w = target.width;
         for (i, v) in verified.iter().enumerate() {
             let emitted = v.tokens.len();

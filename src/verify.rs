@@ -11,7 +11,7 @@
 use crate::batch::{span, validate, validate_params, Batch, ExternalNoise, Logits, LogprobMode, Output};
 use crate::error::{bail_batch, bail_out, Error, Owner, Result};
 use crate::kernels::Kernels;
-use crate::noise::{seeded_row_key, splitmix64, KeyStream};
+use crate::noise::{seeded_row_key, splitmix64, KeyStream, TakenKeys};
 
 /// The draft model's probabilities: one row of `vocab` f32 per draft token, `row_stride` apart.
 #[derive(Clone, Copy, Debug)]
@@ -302,7 +302,14 @@ fn uniform_of_bits(bits: u64) -> f64 {
 /// Every draft token's acceptance uniform (unused for greedy requests): a seeded request's from
 /// its rows' keys, an unseeded one's from `uniforms` when given, else from one key of `keys`
 /// per draft, in order.
-pub(crate) fn uniforms(b: &VerifyBatch, t: &Target, greedy_below: f32, keys: &KeyStream) -> Vec<f64> {
+/// Every draft's uniform, and the keys taken from `keys` for the unseeded ones (to give back if
+/// the call is refused later).
+pub(crate) fn uniforms(
+    b: &VerifyBatch,
+    t: &Target,
+    greedy_below: f32,
+    keys: &KeyStream,
+) -> (Vec<f64>, Option<TakenKeys>) {
     let drafts = t.requests.last().map_or(0, |r| r.first_draft + r.drafts);
     let mut u = vec![0.5; drafts];
     let target = t.batch(b);
@@ -322,12 +329,15 @@ pub(crate) fn uniforms(b: &VerifyBatch, t: &Target, greedy_below: f32, keys: &Ke
             }
         }
     }
+    if keyed.is_empty() {
+        return (u, None);
+    }
     let mut k = vec![0u64; keyed.len()];
-    keys.next_keys(&mut k);
+    let taken = keys.take_keys(&mut k);
     for (&at, &key) in keyed.iter().zip(&k) {
         u[at] = uniform_of_key(key);
     }
-    u
+    (u, Some(taken))
 }
 
 #[cfg(test)]

@@ -27,20 +27,52 @@ pub fn entropy_seed() -> u64 {
 
 /// The stream that keys unseeded rows. Shared by every thread that uses the sampler.
 pub struct KeyStream {
-    rng: Mutex<Xoshiro256PlusPlus>,
+    state: Mutex<StreamState>,
+}
+
+struct StreamState {
+    rng: Xoshiro256PlusPlus,
+    /// How many keys the stream has handed out.
+    taken: u64,
+}
+
+/// Keys a call took from a [`KeyStream`]: what it needs to give them back if it fails.
+pub(crate) struct TakenKeys {
+    /// The generator before the keys were taken.
+    before: Xoshiro256PlusPlus,
+    /// The stream's count of keys before and after.
+    from: u64,
+    to: u64,
 }
 
 impl KeyStream {
     pub fn new(seed: u64) -> Self {
-        KeyStream { rng: Mutex::new(Xoshiro256PlusPlus::seed_from_u64(seed)) }
+        KeyStream { state: Mutex::new(StreamState { rng: Xoshiro256PlusPlus::seed_from_u64(seed), taken: 0 }) }
     }
 
-    /// Fills `keys` with the next keys of the stream, in order, under one lock.
-    pub fn next_keys(&self, keys: &mut [u64]) {
-        let mut rng = self.rng.lock();
-        for k in keys {
-            *k = rng.next_u64();
+    /// Fills `keys` with the next keys of the stream, in order, under one lock; returns what
+    /// [`KeyStream::give_back`] needs to undo it.
+    pub(crate) fn take_keys(&self, keys: &mut [u64]) -> TakenKeys {
+        let mut st = self.state.lock();
+        let (before, from) = (st.rng.clone(), st.taken);
+        for k in keys.iter_mut() {
+            *k = st.rng.next_u64();
         }
+        st.taken += keys.len() as u64;
+        TakenKeys { before, from, to: st.taken }
+    }
+
+    /// Puts back keys a refused call took, so that the next call gets them as if the refused one
+    /// had never run. Possible only while nobody has taken keys since (calls give back in the
+    /// reverse order of their takes): otherwise the keys stay taken, and false is returned.
+    pub(crate) fn give_back(&self, taken: TakenKeys) -> bool {
+        let mut st = self.state.lock();
+        if st.taken != taken.to {
+            return false;
+        }
+        st.rng = taken.before;
+        st.taken = taken.from;
+        true
     }
 }
 
@@ -59,9 +91,26 @@ mod tests {
     fn key_stream_is_reproducible() {
         let (a, b) = (KeyStream::new(5), KeyStream::new(5));
         let (mut ka, mut kb) = ([0u64; 4], [0u64; 4]);
-        a.next_keys(&mut ka);
-        b.next_keys(&mut kb[..2]);
-        b.next_keys(&mut kb[2..]);
+        let _ = a.take_keys(&mut ka);
+        let _ = b.take_keys(&mut kb[..2]);
+        let _ = b.take_keys(&mut kb[2..]);
         assert_eq!(ka, kb);
+    }
+
+    #[test]
+    fn keys_given_back_are_taken_again() {
+        let (a, b) = (KeyStream::new(9), KeyStream::new(9));
+        let (mut ka, mut kb, mut refused) = ([0u64; 3], [0u64; 3], [0u64; 5]);
+        let first = a.take_keys(&mut refused[..2]);
+        let second = a.take_keys(&mut refused[2..]);
+        assert!(a.give_back(second));
+        assert!(a.give_back(first));
+        let _ = a.take_keys(&mut ka);
+        let _ = b.take_keys(&mut kb);
+        assert_eq!(ka, kb);
+        // Once another call took keys, the earlier ones stay taken.
+        let late = a.take_keys(&mut refused[..1]);
+        let _ = a.take_keys(&mut ka);
+        assert!(!a.give_back(late));
     }
 }

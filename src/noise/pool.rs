@@ -342,10 +342,11 @@ impl Shared {
         }
         let mut start = st.read;
         let off = (start % cap) as usize;
+        let mut skipped = 0;
         if off + n > self.cap {
-            let skip = (self.cap - off) as u64;
-            self.counters.rows_skipped.fetch_add(skip, Relaxed);
-            start += skip;
+            skipped = (self.cap - off) as u64;
+            self.counters.rows_skipped.fetch_add(skipped, Relaxed);
+            start += skipped;
         }
         let end = start + n as u64;
         st.read = end;
@@ -362,7 +363,7 @@ impl Shared {
                     // A slot still holds an older lease: generate the whole span privately.
                     Self::remove_pending(&mut st, start);
                     drop(st);
-                    return self.private_lease(start, n);
+                    return self.private_lease(start, n, skipped);
                 }
                 let mut mine = Vec::new();
                 for i in 0..n {
@@ -397,7 +398,7 @@ impl Shared {
             self.counters.wait_ns.fetch_add(ns, Relaxed);
         }
         self.counters.rows_borrowed.fetch_add(n as u64, Relaxed);
-        Ok(Lease { shared: self.clone(), first_seq: start, rows: n, private: None })
+        Ok(Lease { shared: self.clone(), first_seq: start, rows: n, skipped, given_back: false, private: None })
     }
 
     /// Waits until every row of `start..start+n` is `Ready` (or already ours), then leases them
@@ -459,7 +460,7 @@ impl Shared {
         }
     }
 
-    fn private_lease(self: &Arc<Self>, start: u64, n: usize) -> Result<Lease> {
+    fn private_lease(self: &Arc<Self>, start: u64, n: usize, skipped: u64) -> Result<Lease> {
         let len = n * self.vocab;
         let mut v: Vec<f32> = Vec::new();
         v.try_reserve_exact(len)
@@ -472,7 +473,54 @@ impl Shared {
         self.counters.inline_rows.fetch_add(n as u64, Relaxed);
         self.counters.rows_borrowed.fetch_add(n as u64, Relaxed);
         self.producers.notify_all();
-        Ok(Lease { shared: self.clone(), first_seq: start, rows: n, private: Some(v.into_boxed_slice()) })
+        Ok(Lease {
+            shared: self.clone(),
+            first_seq: start,
+            rows: n,
+            skipped,
+            given_back: false,
+            private: Some(v.into_boxed_slice()),
+        })
+    }
+
+    /// Undoes the borrow of a lease that a refused call took and never read, so that the next
+    /// borrow gets its rows, when nothing has been borrowed since; returns whether it did. The
+    /// rows skipped at the ring's end before it are handed out again only where they are still
+    /// in their slots (a producer may have refilled one with a row of the next lap).
+    fn give_back(&self, lease: &Lease) -> bool {
+        if current_pid() != self.pid {
+            return false;
+        }
+        let (first, n) = (lease.first_seq, lease.rows);
+        let mut st = self.state.lock();
+        if st.read != first + n as u64 || st.closed {
+            return false;
+        }
+        if lease.private.is_none() {
+            let p0 = (first % self.cap as u64) as usize;
+            for i in 0..n {
+                let s = &mut st.slots[p0 + i];
+                debug_assert!(s.seq == first + i as u64 && s.st == St::Leased);
+                s.st = St::Ready;
+            }
+        }
+        st.read = first;
+        let skip_start = first - lease.skipped;
+        let skip_p0 = (skip_start % self.cap as u64) as usize;
+        let skipped_still_there = (0..lease.skipped as usize).all(|i| {
+            let s = st.slots[skip_p0 + i];
+            s.seq == skip_start + i as u64 && matches!(s.st, St::Ready | St::Filling)
+        });
+        if skipped_still_there {
+            st.read = skip_start;
+            self.counters.rows_skipped.fetch_sub(lease.skipped, Relaxed);
+        }
+        // Producers reconsider the rows given back that they passed (those present are skipped).
+        st.fill = st.fill.min(st.read);
+        drop(st);
+        self.counters.rows_borrowed.fetch_sub(n as u64, Relaxed);
+        self.producers.notify_all();
+        true
     }
 
     fn release(&self, first_seq: u64, rows: usize) {
@@ -516,6 +564,10 @@ pub struct Lease {
     shared: Arc<Shared>,
     first_seq: u64,
     rows: usize,
+    /// Rows skipped at the ring's end just before `first_seq` (the lease's rows are consecutive).
+    skipped: u64,
+    /// Set once its rows were given back unread (see [`Lease::give_back`]).
+    given_back: bool,
     /// Set when the INLINE policy could not generate in place (a slot still held an older lease).
     private: Option<Box<[f32]>>,
 }
@@ -555,11 +607,21 @@ impl Lease {
     pub fn first_seq(&self) -> u64 {
         self.first_seq
     }
+
+    /// Returns the rows unread, for a call that was refused after it borrowed them: the next
+    /// borrow gets them (and the same noise) as if this one had never happened, unless something
+    /// was borrowed since, in which case they are released as a dropped lease's are. Returns
+    /// whether they were given back.
+    pub(crate) fn give_back(mut self) -> bool {
+        // Given back, the slots are the pool's again: the lease must not release them too.
+        self.given_back = self.shared.give_back(&self);
+        self.given_back
+    }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if self.private.is_none() {
+        if self.private.is_none() && !self.given_back {
             self.shared.release(self.first_seq, self.rows);
         }
     }
