@@ -787,6 +787,9 @@ inline void verify_greedy_and_errors(const tokenrace::Library& lib) {
   const std::vector<int32_t> two_drafts = {a[0], a[1]};
   CHECK_THROWS(sampler.verify(target, counts, two_drafts), TOKENRACE_STATUS_INVALID_ARGUMENT,
                "tokenrace::VerifyOptions: draft_tokens has 2 values, draft_counts add up to 3");
+  const std::vector<int32_t> negative_count = {2, -1, 1};
+  CHECK_THROWS(sampler.verify(target, negative_count, drafts), TOKENRACE_STATUS_INVALID_ARGUMENT,
+               "tokenrace::VerifyOptions: draft_counts[1]: -1 is negative");
   const std::vector<uint64_t> one_seed = {1};
   CHECK_THROWS(sampler.verify(target, counts, drafts, tokenrace::VerifyOptions().seeds(one_seed)),
                TOKENRACE_STATUS_INVALID_ARGUMENT, "seeds has 1 values for 3 requests");

@@ -208,6 +208,61 @@ int main(void) {
   CHECK(tokenrace_draw(s, &b, &o) == TOKENRACE_STATUS_INVALID_ARGUMENT);
   CHECK(strstr(tokenrace_last_error(), "bitmask_row_stride") != NULL);
   b.bitmask_row_stride = MASK_STRIDE;
+  /* A last offset whose ids would span more than the address space: refused naming the offsets
+   * array and its row, before any id is read (it used to be read: SIGSEGV). Every list. */
+  static const uint64_t huge[][ROWS + 1] = {{0, 3, (uint64_t)1 << 61}, {0, 3, UINT64_MAX}};
+  for (int h = 0; h < 2; h++) {
+    const uint64_t **lists[5] = {&b.prompt_offsets, &b.output_offsets, &b.allowed_offsets, &b.banned_offsets,
+                                 &b.bias_offsets};
+    const char *names[5] = {"batch.prompt_offsets[2]: ", "batch.output_offsets[2]: ", "batch.allowed_offsets[2]: ",
+                            "batch.banned_offsets[2]: ", "batch.bias_offsets[2]: "};
+    for (int l = 0; l < 5; l++) {
+      tokenrace_batch bad = b;
+      const uint64_t **field = (const uint64_t **)((char *)&bad + ((char *)lists[l] - (char *)&b));
+      *field = huge[h];
+      if (l == 2) bad.allowed_ids = prompt_ids;
+      if (l == 3) bad.banned_ids = prompt_ids;
+      CHECK(tokenrace_draw(s, &bad, &o) == TOKENRACE_STATUS_INVALID_ARGUMENT);
+      CHECK(strstr(tokenrace_last_error(), names[l]) != NULL);
+      CHECK(strstr(tokenrace_last_error(), "overflow the address space") != NULL);
+      CHECK(untouched[0] == -7 && untouched[1] == -7);
+    }
+  }
+  /* Entries without their offsets: refused naming the missing array (ignoring them would draw a
+   * banned token or lift an allowed list). */
+  {
+    tokenrace_batch bad = b;
+    bad.banned_ids = prompt_ids;
+    CHECK(tokenrace_draw(s, &bad, &o) == TOKENRACE_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(tokenrace_last_error(), "batch.banned_offsets: is NULL while banned_ids is given") != NULL);
+    bad = b;
+    bad.allowed_ids = prompt_ids;
+    CHECK(tokenrace_draw(s, &bad, &o) == TOKENRACE_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(tokenrace_last_error(), "batch.allowed_offsets: is NULL while allowed_ids is given") != NULL);
+    bad = b;
+    bad.prompt_offsets = NULL;
+    CHECK(tokenrace_draw(s, &bad, &o) == TOKENRACE_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(tokenrace_last_error(), "batch.prompt_offsets: is NULL while prompt_ids is given") != NULL);
+    bad = b;
+    bad.output_offsets = NULL;
+    CHECK(tokenrace_draw(s, &bad, &o) == TOKENRACE_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(tokenrace_last_error(), "batch.output_offsets: is NULL while output_ids is given") != NULL);
+    bad = b;
+    bad.bias_offsets = NULL;
+    CHECK(tokenrace_draw(s, &bad, &o) == TOKENRACE_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(tokenrace_last_error(), "batch.bias_offsets: is NULL while bias_ids is given") != NULL);
+    bad.bias_ids = NULL;
+    CHECK(tokenrace_draw(s, &bad, &o) == TOKENRACE_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(tokenrace_last_error(), "batch.bias_offsets: is NULL while bias_values is given") != NULL);
+    CHECK(untouched[0] == -7 && untouched[1] == -7);
+  }
+  /* An output stride whose span overflows is the output's field, not the batch's. */
+  {
+    tokenrace_output bad = o;
+    bad.full_row_stride = UINT64_MAX / 2;
+    CHECK(tokenrace_draw(s, &b, &bad) == TOKENRACE_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(tokenrace_last_error(), "out.full_row_stride: ") != NULL);
+  }
   o.tokens = tokens;
   o.flags = flags;
 

@@ -613,8 +613,13 @@ static void errors_name_the_field(tokenrace_sampler *s) {
   drafts[1] = V;
   REFUSED(tokenrace_verify(s, &b, &r.o), "batch.draft_tokens[1]: ", "request 0, draft 1", "64 is not a token id");
   drafts[1] = 4;
+  drafts[2] = -2;
+  REFUSED(tokenrace_verify(s, &b, &r.o), "batch.draft_tokens[2]: ", "request 2, draft 0", "nor -1");
+  /* -1 is vLLM's placeholder: rejected, so request 2 emits one token (its residual draw). */
   drafts[2] = -1;
-  REFUSED(tokenrace_verify(s, &b, &r.o), "batch.draft_tokens[2]: ", "request 2, draft 0", "-1");
+  result_init(&r, 0);
+  CHECK(tokenrace_verify(s, &b, &r.o) == TOKENRACE_STATUS_OK);
+  CHECK(r.counts[2] == 1 && r.tokens[2 * r.o.tokens_stride] >= 0 && r.tokens[2 * r.o.tokens_stride] < V);
   drafts[2] = 5;
   b.rows = 7;
   REFUSED(tokenrace_verify(s, &b, &r.o), "batch.draft_counts: ", "need 6 target rows", "rows is 7");
@@ -727,7 +732,7 @@ static void errors_name_the_field(tokenrace_sampler *s) {
   after.struct_size = sizeof after;
   CHECK(tokenrace_sampler_get_stats(s, &after) == TOKENRACE_STATUS_OK);
   CHECK(after.rejected_calls - before.rejected_calls == (uint64_t)rejected);
-  CHECK(after.calls - before.calls == 3);
+  CHECK(after.calls - before.calls == 4);
 }
 
 /* ---- struct sizes ------------------------------------------------------------------------------ */

@@ -630,7 +630,13 @@ class VerifyOptions {
     if (draft_counts.size() > UINT32_MAX) throw invalid("draft_counts has more than 2^32 - 1 requests");
     const uint32_t requests = uint32_t(draft_counts.size());
     size_t drafts = 0;
-    for (int32_t c : draft_counts) drafts += c > 0 ? size_t(c) : 0;
+    for (size_t i = 0; i < draft_counts.size(); ++i) {
+      // Named here, as the library would name it: a negative count makes every length below wrong.
+      if (draft_counts[i] < 0) {
+        throw invalid("draft_counts[" + std::to_string(i) + "]: " + std::to_string(draft_counts[i]) + " is negative");
+      }
+      drafts += size_t(draft_counts[i]);
+    }
     if (draft_tokens.size() != drafts) {
       throw invalid("draft_tokens has " + std::to_string(draft_tokens.size()) + " values, draft_counts add up to " +
                     std::to_string(drafts));

@@ -231,6 +231,8 @@ pub mod flags {
     pub const EMPTY: u32 = 4;
     /// The row was drawn greedily (temperature below the greedy threshold).
     pub const GREEDY: u32 = 8;
+    /// The flags of a row whose logits were not all finite (the sampler's `nonfinite_rows`).
+    pub const NONFINITE: u32 = HAS_NAN | HAS_POSINF | EMPTY;
 }
 
 /// Where a draw writes. Nothing is written unless the call succeeds. Every output but `tokens`
@@ -299,9 +301,21 @@ impl<'a> Output<'a> {
 }
 
 /// Elements spanned by `rows` rows of `vocab` elements of `elem_size` bytes, `stride` elements
-/// apart: `(rows - 1) * stride + vocab`, or an error naming `stride_field` when that many
-/// elements do not fit in the address space (`isize::MAX` bytes). `rows` 0 spans nothing.
+/// apart: `(rows - 1) * stride + vocab`, or an error naming `stride_field` of the batch when that
+/// many elements do not fit in the address space (`isize::MAX` bytes). `rows` 0 spans nothing.
 pub fn span(rows: usize, vocab: usize, stride: usize, elem_size: usize, stride_field: &'static str) -> Result<usize> {
+    span_of(Owner::Batch, rows, vocab, stride, elem_size, stride_field)
+}
+
+/// [`span`] of a layout that `owner` describes (the batch's inputs or the output's arrays).
+pub(crate) fn span_of(
+    owner: Owner,
+    rows: usize,
+    vocab: usize,
+    stride: usize,
+    elem_size: usize,
+    stride_field: &'static str,
+) -> Result<usize> {
     if rows == 0 {
         return Ok(0);
     }
@@ -311,7 +325,7 @@ pub fn span(rows: usize, vocab: usize, stride: usize, elem_size: usize, stride_f
         .filter(|&n| n.checked_mul(elem_size).is_some_and(|b| b <= isize::MAX as usize))
         .ok_or_else(|| {
             Error::arg(
-                Owner::Batch,
+                owner,
                 stride_field,
                 None,
                 format!("{stride} x {} rows of {elem_size}-byte elements overflows the address space", rows - 1),
@@ -499,8 +513,7 @@ fn validate_pipeline(k: &Kernels, batch: &Batch, out: &Output, ids: Ids) -> Resu
         if out.full_row_stride < vocab {
             bail_out!("full_row_stride", None, "{} is smaller than vocab {vocab}", out.full_row_stride);
         }
-        let need = span(rows, vocab, out.full_row_stride, 4, "full_row_stride")
-            .map_err(|e| Error::arg(Owner::Output, "full_row_stride", None, e.message))?;
+        let need = span_of(Owner::Output, rows, vocab, out.full_row_stride, 4, "full_row_stride")?;
         check_len(Owner::Output, "full_logprobs", full.len(), need, "rows/vocab/full_row_stride's span")?;
     }
     Ok(())

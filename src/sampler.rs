@@ -1,6 +1,6 @@
 //! The sampler: a configuration, the chosen kernels, the key stream of unseeded rows, counters.
 
-use crate::batch::{validate, validate_but_ids, Batch, Ids, Output};
+use crate::batch::{flags, validate, validate_but_ids, Batch, Ids, Output};
 use crate::config::{Config, DrainPolicy, NoiseKind, NoiseSource, PoolConfig};
 use crate::draw::verify::Drafts;
 use crate::draw::Workers;
@@ -249,7 +249,7 @@ impl Sampler {
         c.external_noise_rows.fetch_add(n.external, Relaxed);
         c.inline_rows.fetch_add(n.inline, Relaxed);
         c.pool_rows.fetch_add(n.pool, Relaxed);
-        let nonfinite = drawn.iter().filter(|d| d.flags & 0b111 != 0).count() as u64;
+        let nonfinite = drawn.iter().filter(|d| d.flags & flags::NONFINITE != 0).count() as u64;
         c.nonfinite_rows.fetch_add(nonfinite, Relaxed);
         c.calls.fetch_add(1, Relaxed);
         Ok(())
@@ -321,6 +321,8 @@ impl Sampler {
         c.external_noise_rows.fetch_add(n.external, Relaxed);
         c.inline_rows.fetch_add(n.inline, Relaxed);
         c.pool_rows.fetch_add(n.pool, Relaxed);
+        let nonfinite: u64 = verified.iter().map(|v| v.nonfinite_rows as u64).sum();
+        c.nonfinite_rows.fetch_add(nonfinite, Relaxed);
         c.calls.fetch_add(1, Relaxed);
         Ok(())
     }

@@ -9,6 +9,7 @@
 //! (seed, offset + j). The algorithm itself is `draw/verify.rs`.
 
 use crate::batch::{span, validate, validate_params, Batch, ExternalNoise, Logits, LogprobMode, Output};
+use crate::draw::verify::PLACEHOLDER_DRAFT;
 use crate::error::{bail_batch, bail_out, Error, Owner, Result};
 use crate::kernels::Kernels;
 use crate::noise::{seeded_row_key, splitmix64, KeyStream, TakenKeys};
@@ -132,6 +133,10 @@ pub(crate) struct Target {
 /// The request layout of a call: checks the counts and the draft ids.
 fn requests(b: &VerifyBatch) -> Result<Vec<Request>> {
     let n = b.requests;
+    // Checked first: every draft id is judged against it.
+    if b.vocab == 0 {
+        bail_batch!("vocab", None, "must be at least 1");
+    }
     if b.draft_counts.len() < n {
         bail_batch!("draft_counts", None, "has {} elements, the call has {n} requests", b.draft_counts.len());
     }
@@ -159,11 +164,11 @@ fn requests(b: &VerifyBatch) -> Result<Vec<Request>> {
     for (i, r) in out.iter().enumerate() {
         for j in 0..r.drafts {
             let (at, d) = (r.first_draft + j, b.draft_tokens[r.first_draft + j]);
-            if d < 0 || d as usize >= b.vocab {
+            if (d < 0 && d != PLACEHOLDER_DRAFT) || d >= 0 && d as usize >= b.vocab {
                 bail_batch!(
                     "draft_tokens",
                     Some(at),
-                    "request {i}, draft {j}: {d} is not a token id in [0, {})",
+                    "request {i}, draft {j}: {d} is not a token id in [0, {}) nor -1 (a placeholder draft, rejected)",
                     b.vocab
                 );
             }

@@ -742,8 +742,13 @@ fn bad_input_is_refused_naming_the_request_and_nothing_is_written() {
         try_call(&VerifyBatch { draft_tokens: &bad_drafts, ..base }, 0),
         &["batch.draft_tokens[1]", "request 0, draft 1", "50"],
     );
-    let neg = vec![3, 4, -1];
-    expect(try_call(&VerifyBatch { draft_tokens: &neg, ..base }, 0), &["batch.draft_tokens[2]", "request 2, draft 0"]);
+    let neg = vec![3, 4, -2];
+    expect(
+        try_call(&VerifyBatch { draft_tokens: &neg, ..base }, 0),
+        &["batch.draft_tokens[2]", "request 2, draft 0", "-2 is not a token id", "nor -1"],
+    );
+    let no_vocab = VerifyBatch { vocab: 0, ..base };
+    expect(try_call(&no_vocab, 0), &["batch.vocab", "at least 1"]);
     expect(try_call(&VerifyBatch { rows: 7, ..base }, 0), &["batch.draft_counts", "6 target rows", "rows is 7"]);
     let negative_count = vec![2, -1, 1];
     expect(try_call(&VerifyBatch { draft_counts: &negative_count, ..base }, 0), &["batch.draft_counts[1]", "negative"]);
@@ -814,6 +819,76 @@ fn greedy_requests_accept_while_the_drafts_are_the_argmax() {
         assert_eq!(&t[..c[0] as usize], &want[..], "drafts {drafts:?}");
         assert!(t[c[0] as usize..].iter().all(|&t| t == -1));
     }
+}
+
+/// vLLM's placeholder draft id, -1 (`PLACEHOLDER_TOKEN_ID`): rejected without reading anything
+/// by its id, the token drawn as for a rejected draft whose target probability is 0 (from p
+/// without q, from max(p - q, 0) with q), the request stopping there. Checked against exactly
+/// that draft (a token whose logit is -inf), greedy and sampled, seeded, with and without q, at
+/// every level, and a padded batch as vLLM builds it.
+#[test]
+fn a_placeholder_draft_is_rejected_as_a_draft_of_probability_zero() {
+    let vocab = 300;
+    let counts = [3, 2];
+    let mut rng = TestRng::new(41);
+    let mut logits: Vec<f32> = (0..7 * vocab).map(|_| (rng.normal() * 2.0) as f32).collect();
+    let zero = 17; // a token no row can draw
+    for r in 0..7 {
+        logits[r * vocab + zero] = f32::NEG_INFINITY;
+    }
+    let argmax: Vec<i32> = (0..7).map(|r| rf::argmax(&logits[r * vocab..(r + 1) * vocab]) as i32).collect();
+    let q: Vec<f32> = (0..5 * vocab).map(|i| ((i * 31 % 97) + 1) as f32).collect();
+    let q: Vec<f32> =
+        q.chunks(vocab).flat_map(|row| row.iter().map(|&x| x / row.iter().sum::<f32>()).collect::<Vec<_>>()).collect();
+    let seeds = [11u64, 12];
+    for level in SimdLevel::ALL.into_iter().filter(|l| l.is_supported()) {
+        let s = sampler(level, 1, 3);
+        for temperature in [0.0f32, 0.8] {
+            for with_q in [false, true] {
+                let t = [temperature; 2];
+                // Request 0: its first draft accepted when greedy, then the placeholder.
+                let with = |drafts: &[i32]| {
+                    let b = VerifyBatch {
+                        temperature: Some(&t),
+                        seeds: Some(&seeds),
+                        draft_probs: with_q.then_some(DraftProbs { values: &q, row_stride: vocab }),
+                        ..VerifyBatch::new(Logits::F32(&logits), vocab, &counts, drafts)
+                    };
+                    verify(&s, &b)
+                };
+                let placeholder = with(&[argmax[0], -1, 5, -1, -1]);
+                let zero_drafts = with(&[argmax[0], zero as i32, 5, zero as i32, zero as i32]);
+                assert_eq!(placeholder, zero_drafts, "{level:?}, T {temperature}, q {with_q}");
+                let (tokens, c, width) = placeholder;
+                // Nothing after the placeholder, and never the placeholder itself.
+                assert!(c[0] <= 2 && c[1] == 1, "{c:?}");
+                assert!(tokens.iter().all(|&t| t == -1 || (0..vocab as i32).contains(&t) && t != zero as i32));
+                if temperature == 0.0 {
+                    assert_eq!(&tokens[..2], &[argmax[0], argmax[1]]);
+                    assert_eq!(tokens[width], argmax[4]);
+                }
+            }
+        }
+    }
+}
+
+/// The rows a verify call reads whose logits are not all finite count in `nonfinite_rows`, as a
+/// draw of those rows counts them.
+#[test]
+fn verify_counts_the_nonfinite_rows_it_reads() {
+    let vocab = 64;
+    let mut logits: Vec<f32> = (0..4 * vocab).map(|i| (i % 13) as f32).collect();
+    logits[5] = f32::NAN; // request 0's draft row
+    logits[3 * vocab..].fill(f32::NEG_INFINITY); // request 1's bonus row: empty
+                                                 // Each draft is its row's argmax, so both bonus rows are read too.
+    let drafts = [rf::argmax(&logits[..vocab]) as i32, rf::argmax(&logits[2 * vocab..3 * vocab]) as i32];
+    let counts = [1, 1];
+    let s = sampler(best_level(), 1, 1);
+    let greedy = [0.0f32; 2];
+    let b =
+        VerifyBatch { temperature: Some(&greedy), ..VerifyBatch::new(Logits::F32(&logits), vocab, &counts, &drafts) };
+    assert_eq!(verify(&s, &b).1, [2, 2]);
+    assert_eq!(s.stats().nonfinite_rows, 2);
 }
 
 /// A call large enough for the workers (its q rows are checked as tasks of their own, before

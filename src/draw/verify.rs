@@ -20,7 +20,7 @@
 
 use super::{finish, in_row, race_params, summarize, RowPlan, BLOCK_MAX};
 use crate::alloc;
-use crate::batch::{Batch, LogprobMode};
+use crate::batch::{flags, Batch, LogprobMode};
 use crate::config::NoiseKind;
 use crate::error::{Error, Owner, Result};
 use crate::kernels::generic::noise::key_words;
@@ -29,6 +29,10 @@ use crate::kernels::{Kernels, RaceParams, BLOCK};
 use crate::logprob::{row_logprobs, RowOut};
 use crate::mass::{weight64, RowMass};
 use crate::row::{with_row, RaceNoise, RowValues};
+
+/// The draft id vLLM pads its draft lists with (`PLACEHOLDER_TOKEN_ID`): a position where no
+/// draft was proposed, rejected without reading its probabilities.
+pub(crate) const PLACEHOLDER_DRAFT: i32 = -1;
 
 /// One request's drafts: ids, their q rows (`None`: one-hot), their acceptance uniforms.
 pub(crate) struct Drafts<'a> {
@@ -48,6 +52,9 @@ pub(crate) struct Verified {
     pub tokens: Vec<i32>,
     pub logprobs: Vec<f32>,
     pub flags: u32,
+    /// The target rows read whose logits were not all finite (rows after the first rejection
+    /// are never read).
+    pub nonfinite_rows: u32,
 }
 
 /// What one target row gave.
@@ -71,10 +78,11 @@ pub(crate) fn verify_request(
         let r = d.first_row + j;
         let draft = d.ids.get(j).map(|&id| {
             let q = d.q.map(|(q, stride)| &q[j * stride..j * stride + batch.vocab]);
-            (id as usize, q, d.uniforms[j])
+            ((id != PLACEHOLDER_DRAFT).then_some(id as usize), q, d.uniforms[j])
         });
         let verdict = with_row!(batch, r, |row| verify_row(k, batch, r, row, plans[r], draft, logprobs))?;
         v.flags |= verdict.flags;
+        v.nonfinite_rows += u32::from(verdict.flags & flags::NONFINITE != 0);
         v.tokens.push(verdict.token);
         if logprobs.is_some() {
             v.logprobs.push(verdict.logprob);
@@ -87,13 +95,16 @@ pub(crate) fn verify_request(
 }
 
 /// Verifies draft `draft` (id, q row, uniform) at row `r`, or draws the bonus token (`None`).
+/// A placeholder draft (id `None`) is rejected without reading anything by its id: the token
+/// comes from the residual `max(p - q, 0)` as for any rejection (from p itself without q), as
+/// vLLM's rejection sampler does.
 fn verify_row<V: RowValues + ?Sized>(
     k: &Kernels,
     batch: &Batch,
     r: usize,
     v: &V,
     plan: RowPlan,
-    draft: Option<(usize, Option<&[f32]>, f64)>,
+    draft: Option<(Option<usize>, Option<&[f32]>, f64)>,
     logprobs: Option<LogprobMode>,
 ) -> Result<RowVerdict> {
     BLOCK_MAX.with(|cell| {
@@ -106,18 +117,21 @@ fn verify_row<V: RowValues + ?Sized>(
             // Greedy, +inf or empty: the row's token is decided without noise.
             (_, None) => {
                 let t = finish(k, v, &bmax, &sc, None);
-                (draft.is_some_and(|(d, ..)| d as i32 == t), t)
+                (draft.is_some_and(|(d, ..)| d == Some(t as usize)), t)
             }
             (None, Some((p, noise))) => (false, finish(k, v, &bmax, &sc, Some(v.race(k, 0, v.n(), &bmax, p, noise)))),
             (Some((d, q, u)), Some((p, noise))) => {
-                let qd = q.map_or(1.0, |q| q[d] as f64);
-                let (accept, z) = accepts(k, v, &bmax, p, d, qd, u);
-                if accept {
+                let (accept, z) = match d {
+                    Some(d) => accepts(k, v, &bmax, p, d, q.map_or(1.0, |q| q[d] as f64), u),
+                    None => (false, KnownZ::Nothing),
+                };
+                if let (true, Some(d)) = (accept, d) {
                     (true, d as i32)
                 } else {
-                    let t = match q {
-                        None => race_without(k, v, &bmax, p, noise, d).map_err(|e| in_row(r, e))?,
-                        Some(q) => residual_token(k, v, &bmax, p, z, q, noise).map_err(|e| in_row(r, e))?,
+                    let t = match (q, d) {
+                        (None, Some(d)) => race_without(k, v, &bmax, p, noise, d).map_err(|e| in_row(r, e))?,
+                        (None, None) => None,
+                        (Some(q), _) => residual_token(k, v, &bmax, p, z, q, noise).map_err(|e| in_row(r, e))?,
                     };
                     // A residual with no mass falls back to a draw from p.
                     let t = t.unwrap_or_else(|| finish(k, v, &bmax, &sc, Some(v.race(k, 0, v.n(), &bmax, p, noise))));
@@ -467,7 +481,7 @@ impl NoiseReader<'_> {
 }
 
 /// Checks q row `j` of request `request` (whose drafts are `d`): every value finite and >= 0,
-/// the row summing to 1 within 1e-3.
+/// the row summing to 1 within 1e-3 (a placeholder draft's too: its residual reads it).
 fn check_q_row(k: &Kernels, vocab: usize, request: usize, d: &Drafts, j: usize) -> Result<()> {
     let Some((q, stride)) = d.q else { return Ok(()) };
     let row = &q[j * stride..j * stride + vocab];

@@ -248,6 +248,14 @@ pub(crate) unsafe fn slice<'a, T>(owner: Owner, field: &'static str, ptr: *const
     if !(ptr as usize).is_multiple_of(align_of::<T>()) {
         return Err(Error::arg(owner, field, None, format!("is not aligned to {} bytes", align_of::<T>())));
     }
+    // A slice may not span more than isize::MAX bytes nor wrap the address space: a length
+    // that large can only be a mistaken size, and is refused before it is made into a slice.
+    let fits = len
+        .checked_mul(size_of::<T>())
+        .is_some_and(|bytes| bytes <= isize::MAX as usize && (ptr as usize).checked_add(bytes).is_some());
+    if !fits {
+        return Err(Error::arg(owner, field, None, format!("{len} elements from {ptr:p} overflow the address space")));
+    }
     // SAFETY: non-NULL, aligned, and `len` elements long by the caller's contract.
     Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
 }

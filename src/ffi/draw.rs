@@ -7,7 +7,9 @@ use super::api::tokenrace_sampler;
 use super::convert::{arg_enum, opt_slice, opt_slice_mut, read_versioned, slice, slice_mut};
 use super::panic::guard;
 use super::types::*;
-use crate::batch::{noise_span, span, Batch, ExternalNoise, LogitBias, Logits, Output, TokenBitmask, TokenLists};
+use crate::batch::{
+    noise_span, span, span_of, Batch, ExternalNoise, LogitBias, Logits, Output, TokenBitmask, TokenLists,
+};
 use crate::error::{Error, Owner, Result};
 use crate::kernels::{Bf16, F16};
 
@@ -63,19 +65,52 @@ unsafe fn batch_from_c<'a>(b: &tokenrace_batch) -> Result<Batch<'a>> {
     })
 }
 
-/// The `rows + 1` offsets of a CSR list, and how many entries they say the list has (its last
-/// offset; `validate` checks the order).
+/// The `rows + 1` offsets of a CSR list whose arrays have `elem_size`-byte entries, and how many
+/// entries they say the list has (its last offset; `validate` checks the order). A last offset
+/// whose entries would span more than the address space is refused here, before any slice of
+/// that length exists.
 ///
 /// # Safety
 /// `ptr` is NULL or covers `rows + 1` elements.
-unsafe fn offsets<'a>(rows: usize, field: &'static str, ptr: *const u64) -> Result<Option<(&'a [u64], usize)>> {
+unsafe fn offsets<'a>(
+    rows: usize,
+    field: &'static str,
+    ptr: *const u64,
+    elem_size: usize,
+) -> Result<Option<(&'a [u64], usize)>> {
     // SAFETY: the caller's contract.
     let Some(o) = (unsafe { opt_slice(Owner::Batch, field, ptr, rows + 1)? }) else {
         return Ok(None);
     };
-    let len =
-        usize::try_from(o[rows]).map_err(|_| Error::arg(Owner::Batch, field, Some(rows), "does not fit in size_t"))?;
+    let last = o[rows];
+    let len = usize::try_from(last)
+        .ok()
+        .filter(|&n| n.checked_mul(elem_size).is_some_and(|b| b <= isize::MAX as usize))
+        .ok_or_else(|| {
+            Error::arg(
+                Owner::Batch,
+                field,
+                Some(rows),
+                format!("{last} entries of {elem_size} bytes overflow the address space"),
+            )
+        })?;
     Ok(Some((o, len)))
+}
+
+/// Refuses list entries given without the offsets that say whose they are: silently ignoring them
+/// would lift an allowed list or draw a banned token.
+fn needs_offsets(given: &[(&'static str, bool)], offsets_field: &'static str) -> Result<()> {
+    match given.iter().find(|(_, g)| *g) {
+        Some((field, _)) => Err(Error::arg(
+            Owner::Batch,
+            offsets_field,
+            None,
+            format!(
+                "is NULL while {field} is given (row r's entries are at {offsets_field}[r]..{offsets_field}[r + 1])"
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// A CSR list of token ids: its offsets, then as many ids as the last offset says.
@@ -88,7 +123,8 @@ unsafe fn lists<'a>(
     (offsets_field, offs): (&'static str, *const u64),
 ) -> Result<Option<TokenLists<'a>>> {
     // SAFETY: the caller's contract.
-    let Some((offsets, len)) = (unsafe { offsets(rows, offsets_field, offs)? }) else {
+    let Some((offsets, len)) = (unsafe { offsets(rows, offsets_field, offs, size_of::<i32>())? }) else {
+        needs_offsets(&[(ids_field, !ids.is_null())], offsets_field)?;
         return Ok(None);
     };
     // SAFETY: as above.
@@ -102,7 +138,9 @@ unsafe fn lists<'a>(
 /// As `lists`, for both the ids and the values.
 unsafe fn bias<'a>(b: &tokenrace_batch, rows: usize) -> Result<Option<LogitBias<'a>>> {
     // SAFETY: the caller's contract.
-    let Some((offsets, len)) = (unsafe { offsets(rows, "bias_offsets", b.bias_offsets)? }) else {
+    let Some((offsets, len)) = (unsafe { offsets(rows, "bias_offsets", b.bias_offsets, size_of::<f32>())? }) else {
+        let given = [("bias_ids", !b.bias_ids.is_null()), ("bias_values", !b.bias_values.is_null())];
+        needs_offsets(&given, "bias_offsets")?;
         return Ok(None);
     };
     // SAFETY: as above.
@@ -154,7 +192,10 @@ unsafe fn output_from_c<'a>(o: &tokenrace_output, rows: usize, vocab: usize) -> 
         0 => vocab,
         s => s,
     };
-    let full_len = if o.full_logprobs.is_null() { 0 } else { span(rows, vocab, full_stride, 4, "full_row_stride")? };
+    let full_len = match o.full_logprobs.is_null() {
+        true => 0,
+        false => span_of(Owner::Output, rows, vocab, full_stride, 4, "full_row_stride")?,
+    };
     // SAFETY (every slice below): the caller's contract for the output's pointers.
     Ok(Output {
         tokens: unsafe { slice_mut(Owner::Output, "tokens", o.tokens, rows)? },
