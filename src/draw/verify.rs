@@ -57,6 +57,10 @@ pub(crate) struct Verified {
     pub nonfinite_rows: u32,
 }
 
+/// One draft as its row judges it: the id (`None` for a placeholder), its q row (`None`:
+/// one-hot), its acceptance uniform.
+type Draft<'a> = (Option<usize>, Option<&'a [f32]>, f64);
+
 /// What one target row gave.
 struct RowVerdict {
     accepted: bool,
@@ -104,7 +108,7 @@ fn verify_row<V: RowValues + ?Sized>(
     r: usize,
     v: &V,
     plan: RowPlan,
-    draft: Option<(Option<usize>, Option<&[f32]>, f64)>,
+    draft: Option<Draft>,
     logprobs: Option<LogprobMode>,
 ) -> Result<RowVerdict> {
     BLOCK_MAX.with(|cell| {
