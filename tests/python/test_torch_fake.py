@@ -87,6 +87,14 @@ def make_fake_torch():
             self._rng = np.random.default_rng(seed)
             return self
 
+        def get_state(self):
+            """A copy of the whole state, as torch's (a byte tensor of the mt19937 state): the
+            stream's position and the count of draws."""
+            return (self._rng.bit_generator.state, self.draws)
+
+        def set_state(self, state):
+            self._rng.bit_generator.state, self.draws = state
+
     def randint(low, high, size, generator=None, dtype=None):
         gen = generator or torch.default_generator
         if gen.device.type != "cpu":
