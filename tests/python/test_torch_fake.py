@@ -683,3 +683,41 @@ def test_rejection_sample_refuses_other_negative_drafts(tokenrace, tt, fake_torc
     with pytest.raises(ValueError, match=r"draft_tokens\[0\]: request 0, draft 0: -3 is not a token id; the only "
                                          r"negative draft id is -1 \(vLLM's PLACEHOLDER_TOKEN_ID"):
         tt.rejection_sample(x, fake_torch.from_numpy(np.array([-3, 0], np.int64)), [2], 1.0)
+
+
+# -- draw_full(out=) overlapping the inputs, with tensors ---------------------------------------------
+
+
+def test_an_out_tensor_overlapping_the_logits_is_refused(tokenrace, fake_torch, rng):
+    """Tensors as numpy arrays: an out one row ahead of (or behind) the logits in one buffer, a
+    numpy out under tensor logits and the other way round, and bfloat16 logits over the bytes of a
+    float32 out, are refused naming both; an out beside the logits is fine."""
+    rows, vocab = 3, 40
+    s = tokenrace.Sampler(vocab)
+    big = rng.standard_normal((rows + 1, vocab)).astype(np.float32)
+    T = fake_torch.from_numpy
+    want = s.draw_full(big[:rows].copy(), temperature=0.7, seeds=3, full_logprobs="processed").full_logprobs
+
+    def refused(logits, out, name="logits", **kw):
+        before = big.copy()
+        with pytest.raises(ValueError, match=rf"out: overlaps {name}: out spans bytes"):
+            s.draw_full(logits, temperature=0.7, seeds=3, full_logprobs="processed", out=out, **kw)
+        np.testing.assert_array_equal(big, before)
+
+    refused(T(big)[1:], T(big)[:-1])  # out one row ahead: it would write row r before row r + 1 is read
+    refused(T(big)[:-1], T(big)[1:])
+    refused(T(big)[:rows], big[:rows])  # tensor logits, numpy out
+    refused(big[1:], T(big)[:rows])  # numpy logits, tensor out
+    bf16 = fake_torch.Tensor(big.view(np.uint16)[:rows, :vocab], fake_torch.bfloat16)  # rows 2 * vocab apart
+    refused(bf16, T(big)[1:])
+    x = T(big[:rows].copy())
+    out = T(np.zeros((rows, vocab), np.float32))
+    with pytest.raises(ValueError, match=r"out: overlaps noise: out spans bytes"):
+        s.draw_full(x, temperature=0.7, full_logprobs="raw", out=out, noise=out)
+    with pytest.raises(ValueError, match=r"out: overlaps temperature: out spans bytes"):
+        s.draw_full(x, temperature=out[0, :rows], full_logprobs="raw", out=out)
+    buf = np.zeros((2 * rows, vocab), np.float32)
+    buf[:rows] = big[:rows]
+    r = s.draw_full(T(buf)[:rows], temperature=0.7, seeds=3, full_logprobs="processed", out=T(buf)[rows:])
+    np.testing.assert_array_equal(buf[rows:], want)
+    assert r.full_logprobs.data_ptr() == buf[rows:].ctypes.data
