@@ -257,7 +257,8 @@ class Sampler(_Closable):
         temperature: scalar or one per row (default 1.0); below the sampler's ``greedy_below`` a
             row takes the argmax (lowest index on ties).
         seeds, offsets: scalar or one unsigned 64-bit integer per row. A seeded row draws the same
-            token whatever else is in the batch (and whichever sampler draws it).
+            token whatever else is in the batch (and whichever sampler draws it). ``offsets``
+            without ``seeds`` raises ValueError (it would be ignored: no row is seeded).
         seeded: boolean mask of the rows that use their seed (default: every row, when ``seeds``
             is given).
         noise: float32 noise for the unseeded sampling rows, rows x vocab, or one row (1-D or
@@ -361,7 +362,10 @@ class Sampler(_Closable):
         ``processed_logits``).
         out: a float32 array (or CPU torch tensor) of rows x vocab (1-D for one row) to write
             ``full_logprobs`` into, returned as ``r.full_logprobs``: values contiguous inside a
-            row, rows any stride apart. Nothing is written if the call fails.
+            row, rows any stride apart. Nothing is written if the call fails. It must share no
+            memory with the inputs: an ``out`` whose address range (data pointer to the last
+            element its strides reach) meets that of the logits or of any array or tensor
+            argument raises ValueError naming both.
 
         The sampling step's arguments are ``draw``'s.
         """
@@ -453,7 +457,10 @@ class Sampler(_Closable):
             CPU torch tensors (float32/float16/bfloat16), read in place (rows any stride apart,
             values inside a row contiguous).
         draft_tokens: flat integer ids, ``sum(draft_counts)``: every request's drafts, one after
-            the other (1-D array, tensor or list; int32 is passed without a copy).
+            the other (1-D array, tensor or list; int32 is passed without a copy). -1 is vLLM's
+            placeholder (``PLACEHOLDER_TOKEN_ID``): the draft is rejected where it stands (the
+            request emits the token of any rejection there and stops); any other negative id
+            raises ValueError.
         draft_counts: one non-negative integer per request (1-D).
         draft_probs: None (the drafts are deterministic: q is one-hot at each draft, as for
             n-gram or EAGLE drafts without probabilities), or float32, one row of ``vocab``
@@ -466,7 +473,8 @@ class Sampler(_Closable):
             bonus draw at draft position j are a pure function of (seed, offset + j): the same
             tokens whatever its batch mates, thread count or SIMD level, on every
             tensor-parallel rank. ``offsets`` is the position of the request's first draft token
-            (default 0). Unseeded requests take keys from the sampler's stream.
+            (default 0; without ``seeds`` a ValueError). Unseeded requests take keys from the
+            sampler's stream.
         uniforms: float64, one per draft token (``sum(draft_counts)``), each in (0, 1): the
             acceptance uniforms of the unseeded sampling requests (None: from the sampler's
             stream). Seeded and greedy requests do not use theirs. float32 arrays are refused

@@ -22,7 +22,9 @@ Seeds: vLLM gives each seeded request a ``torch.Generator``; per step its CPU pa
 from it (``torch.randint(0, 2**31, (1,), generator=gen)``) as the row's seed. So do these
 functions: that value becomes the row's tokenrace seed (offset 0), so a seeded request draws the
 same tokens whatever its batch mates are, and the same generator state gives the same token.
-Unseeded rows take keys from the tokenrace sampler's own stream (not torch's global RNG).
+Unseeded rows take keys from the tokenrace sampler's own stream (not torch's global RNG). A
+refused call leaves every generator as it was: its state is saved before the draw and put back
+when the call fails, so a retried batch draws the same seeds.
 
 Tokens are not bit-identical to vLLM's (different noise), only identically distributed. What
 tokenrace cannot honour is refused, not approximated: ``use_fp64_gumbel=True`` (tokenrace's
@@ -348,7 +350,8 @@ def rejection_sample(target_logits, draft_token_ids, num_draft_tokens, temperatu
         raw (before temperature): for each request, the rows of its draft positions, then its
         bonus position, as vLLM's spec-decode logits are laid out. Read in place, never changed.
     draft_token_ids: integer tensor [num_tokens] (vLLM's ``metadata.draft_token_ids``): every
-        request's drafts, one after the other.
+        request's drafts, one after the other. ``PLACEHOLDER_TOKEN_ID`` (-1), vLLM's padded or
+        grammar-invalid draft, is rejected where it stands, as vLLM's rejection sampler does.
     num_draft_tokens: the draft count of each request (vLLM's ``metadata.num_draft_tokens``, a
         list of ints; 0 allowed), or an integer tensor [batch].
     temperature: float or a float tensor [batch]; a request below the sampler's ``greedy_below``
@@ -371,6 +374,9 @@ def rejection_sample(target_logits, draft_token_ids, num_draft_tokens, temperatu
     Returns an int32 CPU tensor [batch, max_spec_len + 1]: request i's accepted drafts, then its
     recovered (first rejection) or bonus (every draft accepted) token, then
     ``PLACEHOLDER_TOKEN_ID`` (-1). Its accepted count is ``(row != -1).sum() - 1``.
+
+    A refused call (ValueError, TypeError, the library's InvalidArgumentError) leaves the
+    generators as they were (see ``_GeneratorDraws``).
     """
     _check_logits(target_logits, "target_logits")
     if sampler is not None and not isinstance(sampler, Sampler):
