@@ -3,9 +3,10 @@ Python caller holds to the versioned structs and back.
 
 What is checked where: this module checks the shapes, dtypes and lengths of the arguments against
 one another (so that the library is never handed a pointer shorter than the sizes say), and
-raises ``ValueError``/``TypeError`` naming the argument before any call. The library checks the
-values (draft ids in ``[0, vocab)``, q rows that are probabilities summing to 1, uniforms in
-(0, 1), temperatures, filters) and its ``InvalidArgumentError`` names the C field, the request
+raises ``ValueError``/``TypeError`` naming the argument before any call; it also refuses negative
+draft ids other than -1 (vLLM's placeholder, which the library rejects where it stands) and
+``offsets`` without ``seeds``. The library checks the values (draft ids below ``vocab``, q rows
+that are probabilities summing to 1, uniforms in (0, 1), temperatures, filters) and its ``InvalidArgumentError`` names the C field, the request
 and the position, e.g. ``batch.draft_tokens[4]: request 1, draft 2: 50 is not a token id in
 [0, 50)``; where the field is not the argument's name, the argument is appended.
 
