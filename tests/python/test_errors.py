@@ -156,3 +156,16 @@ def test_status_mapping(tokenrace):
     _errors.check(_ffi.STATUS_OK)
     with pytest.raises(tokenrace.TokenraceError, match="unknown status 99"):
         _errors.check(99)
+
+
+def test_offsets_without_seeds_are_refused(s):
+    """An offset only keys a seeded row; without seeds every row is unseeded and the offsets
+    would be ignored."""
+    for call in (s.draw, s.draw_full):
+        with pytest.raises(ValueError, match=r"offsets: given without seeds; an offset is mixed into a seeded row's "
+                                             r"seed \(e.g. its position\), so it needs seeds="):
+            call(X, temperature=1.0, offsets=[1, 2, 3, 4])
+        with pytest.raises(ValueError, match="offsets: given without seeds"):
+            call(X, offsets=7)
+    assert s.draw(X, seeds=3, offsets=7).shape == (4,)
+    assert s.draw(X, seeds=[3, 4, 5, 6], seeded=[True, False, True, False], offsets=7).shape == (4,)

@@ -661,7 +661,7 @@ def test_out_and_full_logprobs_misuse(tokenrace):
         s.draw_full(x, out=np.zeros((2, 10), np.float32))
     with pytest.raises(ValueError, match="full_logprobs: 'logits' is not one of raw, processed, processed_logits"):
         s.draw_full(x, full_logprobs="logits")
-    with pytest.raises(ValueError, match="out: overlaps the logits"):
+    with pytest.raises(ValueError, match=r"out: overlaps logits: out spans bytes \[0x"):
         s.draw_full(x, full_logprobs="raw", out=x)
     with pytest.raises(ValueError, match="filter_order: 'vllm' is not one of"):
         tokenrace.Sampler(10, filter_order="vllm")
@@ -688,3 +688,66 @@ def test_a_seeded_row_with_the_step_ignores_its_batch_mates(tokenrace, rng):
                    allowed_tokens=[case.allowed[r]], banned_tokens=[case.banned[r]], token_bitmask=case.bitmask[r])
         alone = s.draw(case.x[r], temperature=0.9, seeds=case.seeds[r], **one)
         assert alone[0] == batch[r], f"row {r}"
+
+
+@pytest.mark.parametrize("dtype,vocab", [(np.int8, 100), (np.int8, 200), (np.int8, 300), (np.int16, 40000),
+                                         (np.int16, 70000), (np.int32, 70000)])
+@pytest.mark.parametrize("pad", ["-1", "min"])
+def test_padded_histories_of_narrow_dtypes(tokenrace, dtype, vocab, pad):
+    """Negative entries are padding in every signed dtype and at every vocab: an int8 array with
+    vocab > 128 (int16: > 32768) has negative entries whose unsigned view is below vocab, and they
+    must not be read as ids (-1 as int8 is 255, an id at vocab 300; -100 is 156, at vocab 200)."""
+    rng = np.random.default_rng([50, vocab])
+    info = np.iinfo(dtype)
+    fill = -1 if pad == "-1" else int(info.min)
+    top = min(vocab, int(info.max) + 1)
+    lists = [rng.integers(0, top, size=n).tolist() for n in (3, 0, 7, 1)]
+    x = rng.standard_normal((4, vocab)).astype(np.float32)
+    s = tokenrace.Sampler(vocab)
+    kw = dict(temperature=1.0, seeds=1, full_logprobs="processed", repetition_penalty=1.3, presence_penalty=2.0)
+    want = s.draw_full(x, prompt_tokens=lists[::-1], output_tokens=lists, **kw)
+    got = s.draw_full(x, prompt_tokens=padded(lists[::-1], vocab, fill, dtype),
+                      output_tokens=padded(lists, vocab, fill, dtype), **kw)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_array_equal(got.full_logprobs, want.full_logprobs)
+    banned = s.draw(x, temperature=0.0, banned_tokens=padded([[int(i)] for i in np.argmax(x, axis=1) % top], vocab,
+                                                             fill, dtype))
+    assert (banned != np.argmax(x, axis=1) % top).all()
+
+
+def test_out_overlapping_any_input_is_refused(tokenrace, rng):
+    """``draw_full(out=)``: an out whose bytes meet those of any input (the logits, one row ahead
+    or behind included, the noise, a per-row array, a list's ids, the bitmask) is refused naming
+    both, before anything is written; an out beside the logits in one buffer is fine."""
+    rows, vocab = 3, 40
+    s = tokenrace.Sampler(vocab)
+    big = rng.standard_normal((rows + 1, vocab)).astype(np.float32)
+    x = big[:rows].copy()
+    want = s.draw_full(x, temperature=0.7, seeds=3, full_logprobs="processed").full_logprobs
+
+    def refused(name, logits, out, **kw):
+        before_out, before_logits = out.copy(), logits.copy()
+        with pytest.raises(ValueError, match=rf"out: overlaps {name}: out spans bytes \[0x[0-9a-f]+, 0x[0-9a-f]+\), "
+                                             rf"{name} \[0x[0-9a-f]+, 0x[0-9a-f]+\)"):
+            s.draw_full(logits, **{"temperature": 0.7, "seeds": 3, "full_logprobs": "processed", "out": out, **kw})
+        np.testing.assert_array_equal(out, before_out)
+        np.testing.assert_array_equal(logits, before_logits)
+
+    refused("logits", big[1:], big[:-1])  # out one row ahead of the logits
+    refused("logits", big[:-1], big[1:])  # one row behind
+    refused("logits", x, x)
+    wide = np.zeros((rows, 2 * vocab), np.float32)
+    wide[:, :vocab] = x
+    refused("logits", wide[:, :vocab], wide[:, vocab:])  # interleaved rows: the spans meet
+    out = np.zeros((rows, vocab), np.float32)
+    refused("noise", x, out, noise=out)
+    refused("temperature", x, out, temperature=out.reshape(-1)[:rows])
+    refused("prompt_tokens", x, out, prompt_tokens=(out.view(np.int32).reshape(-1)[:4],
+                                                    np.array([0, 1, 2, 4], np.uint64)), repetition_penalty=1.2)
+    refused("output_tokens", x, out, output_tokens=[None, out.view(np.int32)[1, :2], None], presence_penalty=1.0)
+    refused("token_bitmask", x, out, token_bitmask=out.view(np.int32)[:, :2])
+    buf = np.zeros((2 * rows, vocab), np.float32)  # logits and out side by side in one buffer
+    buf[:rows] = x
+    r = s.draw_full(buf[:rows], temperature=0.7, seeds=3, full_logprobs="processed", out=buf[rows:])
+    assert r.full_logprobs is not None and np.shares_memory(r.full_logprobs, buf)
+    np.testing.assert_array_equal(buf[rows:], want)

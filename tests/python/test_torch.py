@@ -276,3 +276,107 @@ def test_rejection_sample_takes_one_seed_per_generator_and_call(tt, tokenrace, r
         for req in twins:
             assert out[req].tolist() == want.tokens[req].tolist()
             assert torch.equal(gens[req].get_state(), twins[req].get_state())
+
+
+# -- a refused call leaves torch's generators as they were --------------------------------------
+
+
+def _assert_twins(gens, twins):
+    """Each generator has its twin's state (mt19937 and the cached normals), and draws the same."""
+    for row in gens:
+        assert torch.equal(gens[row].get_state(), twins[row].get_state()), f"generator {row} was advanced"
+        a = torch.randint(0, 2**31, (3,), generator=gens[row], dtype=torch.long)
+        b = torch.randint(0, 2**31, (3,), generator=twins[row], dtype=torch.long)
+        assert a.tolist() == b.tolist()
+
+
+def test_a_refused_sample_leaves_the_generators_as_they_were(tt, tokenrace, rng):
+    x = logits(rng, 2, 10)
+    cases = [
+        (dict(logprobs=11), ValueError, r"logprobs: 11 is not in \[0, 10\]"),
+        (dict(out=torch.zeros(2, dtype=torch.float32)), ValueError, "out: has dtype"),
+        (dict(temperature=[1.0, 1.0, 1.0]), ValueError, "temperature: has 3 elements"),
+        (dict(top_p=0.0), tokenrace.InvalidArgumentError, r"top_p\[0\]: 0 is not in \(0, 1\]"),
+        (dict(min_p=torch.tensor([0.0, 2.0])), tokenrace.InvalidArgumentError, r"min_p\[1\]"),
+        (dict(sampler=tokenrace.Sampler(11)), tokenrace.InvalidArgumentError, "vocab"),
+        (dict(sampler=tokenrace.Sampler(0, max_rows=1)), tokenrace.InvalidArgumentError, "max_rows"),
+        (dict(logprobs=3, top_p=0.0), tokenrace.InvalidArgumentError, r"top_p\[0\]"),
+    ]
+    for kwargs, exc, message in cases:
+        gens, twins = generators({0: 5, 1: 6}), generators({0: 5, 1: 6})
+        kw = dict(kwargs)
+        with pytest.raises(exc, match=message):
+            tt.sample(x, kw.pop("temperature", 1.0), generators=gens, **kw)
+        _assert_twins(gens, twins)
+    gens, twins = generators({0: 5, 1: 6}), generators({0: 5, 1: 6})
+    with pytest.raises(tokenrace.InvalidArgumentError):
+        tt.sample(x, 1.0, generators=gens, top_p=0.0)
+    assert tt.sample(x, 1.0, generators=gens).tolist() == tt.sample(x, 1.0, generators=twins).tolist()
+
+
+def test_a_refused_forward_native_leaves_the_generators_as_they_were(tt, tokenrace, rng):
+    x = logits(rng, 2, 10)
+    s = tt.TopKTopPSampler(sampler=tokenrace.Sampler(10))
+    for k, p, exc, message in ((torch.ones(3, dtype=torch.int32), None, ValueError, "top_k: has 3 elements"),
+                               (None, torch.zeros(2), tokenrace.InvalidArgumentError, r"top_p\[0\]")):
+        gens, twins = generators({0: 8, 1: 9}), generators({0: 8, 1: 9})
+        with pytest.raises(exc, match=message):
+            s.forward_native(x, gens, k, p)
+        _assert_twins(gens, twins)
+
+
+def test_a_refused_rejection_sample_leaves_the_generators_as_they_were(tt, tokenrace, rng):
+    counts, vocab = [1, 2], 30
+    x, drafts = _spec_batch(rng, counts, vocab)
+    q_bad = torch.full((3, vocab), 1.0 / vocab)
+    q_bad[1, 0] += 0.5
+    cases = [
+        (dict(draft_token_ids=torch.tensor([0, vocab, 0], dtype=torch.int32)), tokenrace.InvalidArgumentError,
+         rf"batch.draft_tokens\[1\]: request 1, draft 0: {vocab} is not a token id"),
+        (dict(draft_token_ids=torch.tensor([0, -2, 0])), ValueError, r"draft_tokens\[1\]: request 1, draft 0: -2"),
+        (dict(draft_token_ids=drafts[:2]), ValueError, "draft_tokens: has 2 ids"),
+        (dict(draft_probs=q_bad), tokenrace.InvalidArgumentError, r"batch.draft_probs\[1\]"),
+        (dict(draft_probs=torch.zeros(2, vocab)), ValueError, "draft_probs: has shape"),
+        (dict(top_p=[1.0, 1.5]), tokenrace.InvalidArgumentError, r"batch.top_p\[1\]"),
+        (dict(max_spec_len=1), ValueError, "max_spec_len: 1 is smaller"),
+        (dict(sampler=tokenrace.Sampler(0, max_rows=4)), tokenrace.InvalidArgumentError, "max_rows"),
+    ]
+    for kwargs, exc, message in cases:
+        gens, twins = generators({0: 31, 1: 32}), generators({0: 31, 1: 32})
+        kw = dict(kwargs)
+        with pytest.raises(exc, match=message):
+            tt.rejection_sample(x, kw.pop("draft_token_ids", drafts), counts, 0.9, generators=gens, **kw)
+        _assert_twins(gens, twins)
+
+
+# -- vLLM's placeholder draft id, and draw_full(out=) over the logits --------------------------------
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+@pytest.mark.parametrize("with_q", [False, True])
+def test_rejection_sample_rejects_the_placeholder_draft(tt, tokenrace, greedy, with_q):
+    """vLLM's test_placeholder_draft_token_rejected_random: drafts [1, 99, -1] (int64, as vLLM
+    pads them) against rows peaked at [1, 99, 7, 9]: the real drafts are accepted, the -1 is
+    rejected and the token there is the target's (its peak holds all the mass but e^-100)."""
+    vocab = 100
+    x = torch.zeros(4, vocab)
+    x[torch.arange(4), torch.tensor([1, vocab - 1, 7, 9])] = 100.0
+    drafts = torch.tensor([1, vocab - 1, tt.PLACEHOLDER_TOKEN_ID], dtype=torch.int64)
+    q = torch.full((3, vocab), 1.0 / vocab) if with_q else None
+    out = tt.rejection_sample(x, drafts, [3], 0.0 if greedy else 1.0, draft_probs=q,
+                              generators={0: torch.Generator().manual_seed(0)}, sampler=tokenrace.Sampler(vocab))
+    assert out.tolist() == [[1, vocab - 1, 7, tt.PLACEHOLDER_TOKEN_ID]]
+
+
+def test_an_out_tensor_one_row_ahead_of_the_logits_is_refused(tokenrace, rng):
+    big = torch.from_numpy(rng.standard_normal((4, 40)).astype(np.float32))
+    before = big.clone()
+    s = tokenrace.Sampler(40)
+    for logits_, out in ((big[1:], big[:-1]), (big[:-1], big[1:])):
+        with pytest.raises(ValueError, match=r"out: overlaps logits: out spans bytes"):
+            s.draw_full(logits_, temperature=0.7, full_logprobs="processed", out=out)
+        assert torch.equal(big, before)
+    buf = torch.zeros(6, 40)
+    buf[:3] = big[:3]
+    r = s.draw_full(buf[:3], temperature=0.7, seeds=1, full_logprobs="processed", out=buf[3:])
+    assert r.full_logprobs.data_ptr() == buf[3:].data_ptr()

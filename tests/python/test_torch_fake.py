@@ -87,6 +87,14 @@ def make_fake_torch():
             self._rng = np.random.default_rng(seed)
             return self
 
+        def get_state(self):
+            """A copy of the whole state, as torch's (a byte tensor of the mt19937 state): the
+            stream's position and the count of draws."""
+            return (self._rng.bit_generator.state, self.draws)
+
+        def set_state(self, state):
+            self._rng.bit_generator.state, self.draws = state
+
     def randint(low, high, size, generator=None, dtype=None):
         gen = generator or torch.default_generator
         if gen.device.type != "cpu":
@@ -502,3 +510,214 @@ def test_rejection_sample_refusals(tokenrace, tt, fake_torch, rng):
         tt.rejection_sample(x, drafts[:2], counts, 1.0)
     with pytest.raises(tokenrace.InvalidArgumentError, match=r"batch.draft_tokens\[0\]: request 0, draft 0"):
         tt.rejection_sample(x, fake_torch.from_numpy(np.array([30, 0, 0], np.int32)), counts, 1.0)
+
+
+# -- a refused call leaves the generators as they were ---------------------------------------------
+
+
+def _twin_generators(fake_torch, seeds):
+    return _generators(fake_torch, seeds), _generators(fake_torch, seeds)
+
+
+def _assert_twins(fake_torch, gens, twins):
+    """Each generator is where its twin is: the same count of draws and the same next values."""
+    for row in gens:
+        assert gens[row].draws == twins[row].draws, f"generator {row} advanced by a refused call"
+        a = fake_torch.randint(0, 2**31, (3,), generator=gens[row]).numpy()
+        b = fake_torch.randint(0, 2**31, (3,), generator=twins[row]).numpy()
+        np.testing.assert_array_equal(a, b)
+
+
+def _sample_refusals(tokenrace, fake_torch, x):
+    """``(keywords, exception, message)`` of ``sample`` refusals of every kind: checked by
+    tokenrace.torch before the seeds are drawn, by the draw after, and by the library."""
+    T = fake_torch.from_numpy
+    return [
+        (dict(logprobs=11), ValueError, r"logprobs: 11 is not in \[0, 10\]"),
+        (dict(logprobs=True), TypeError, "logprobs"),
+        (dict(out=T(np.zeros(2, np.float32))), ValueError, "out: has dtype"),
+        (dict(out=T(np.zeros(3, np.int64))), ValueError, "out: has shape"),
+        (dict(sampler="no"), TypeError, "sampler: must be a tokenrace.Sampler"),
+        (dict(seeds=[1, 2]), ValueError, "generators or seeds, not both"),
+        (dict(extra={5: fake_torch.Generator()}), ValueError, "row 5 is outside"),
+        (dict(extra={1: fake_torch.Generator("cuda")}), ValueError, "CPU generators"),
+        (dict(temperature=[1.0, 1.0, 1.0]), ValueError, "temperature: has 3 elements"),
+        (dict(top_k=T(np.ones((2, 2), np.int32))), ValueError, "top_k: must be a scalar or 1-D"),
+        (dict(logits=fake_torch.Tensor(x.numpy().astype(np.float64), fake_torch.float64)), ValueError,
+         "dtype torch.float64 is not supported"),
+        (dict(top_p=0.0), tokenrace.InvalidArgumentError, r"top_p\[0\]: 0 is not in \(0, 1\]"),
+        (dict(min_p=[0.0, 2.0]), tokenrace.InvalidArgumentError, r"min_p\[1\]"),
+        (dict(temperature=[1.0, float("nan")]), tokenrace.InvalidArgumentError, r"temperature\[1\]"),
+        (dict(sampler=tokenrace.Sampler(11)), tokenrace.InvalidArgumentError, "vocab"),
+        (dict(sampler=tokenrace.Sampler(0, max_rows=1)), tokenrace.InvalidArgumentError, "max_rows"),
+    ]
+
+
+@pytest.mark.parametrize("logprobs", [None, 3])
+def test_a_refused_sample_leaves_the_generators_as_they_were(tokenrace, tt, fake_torch, rng, logprobs):
+    x = _logits(fake_torch, rng, 2, 10)
+    for kwargs, exc, message in _sample_refusals(tokenrace, fake_torch, x):
+        if logprobs is not None and "logprobs" in kwargs:
+            continue
+        gens, twins = _twin_generators(fake_torch, {0: 5, 1: 6})
+        kw = dict(kwargs)
+        logits = kw.pop("logits", x)
+        passed = {**gens, **kw.pop("extra", {})}
+        kw.setdefault("logprobs", logprobs)
+        with pytest.raises(exc, match=message):
+            tt.sample(logits, kw.pop("temperature", 1.0), generators=passed, **kw)
+        _assert_twins(fake_torch, gens, twins)
+    # The retry of a refused batch draws what it would have drawn.
+    gens, twins = _twin_generators(fake_torch, {0: 5, 1: 6})
+    with pytest.raises(tokenrace.InvalidArgumentError):
+        tt.sample(x, 1.0, generators=gens, top_p=0.0)
+    np.testing.assert_array_equal(tt.sample(x, 1.0, generators=gens).numpy(),
+                                  tt.sample(x, 1.0, generators=twins).numpy())
+
+
+def test_a_refused_forward_native_leaves_the_generators_as_they_were(tokenrace, tt, fake_torch, rng):
+    x = _logits(fake_torch, rng, 2, 10)
+    T = fake_torch.from_numpy
+    sampler = tt.TopKTopPSampler(sampler=tokenrace.Sampler(10))
+    cases = [
+        (dict(out=T(np.zeros(2, np.float32))), ValueError, "out: has dtype"),
+        (dict(k=T(np.ones(3, np.int32))), ValueError, "top_k: has 3 elements"),
+        (dict(p=T(np.zeros(2, np.float32))), tokenrace.InvalidArgumentError, r"top_p\[0\]"),
+        (dict(logits=_logits(fake_torch, rng, 2, 12)), tokenrace.InvalidArgumentError, "vocab"),
+    ]
+    for kwargs, exc, message in cases:
+        gens, twins = _twin_generators(fake_torch, {0: 8, 1: 9})
+        kw = dict(kwargs)
+        with pytest.raises(exc, match=message):
+            sampler.forward_native(kw.pop("logits", x), gens, kw.pop("k", None), kw.pop("p", None), **kw)
+        _assert_twins(fake_torch, gens, twins)
+
+
+def _rejection_refusals(tokenrace, fake_torch, x, drafts, counts, vocab):
+    T = fake_torch.from_numpy
+    q_bad = np.full((sum(counts), vocab), 1.0 / vocab, np.float32)
+    q_bad[1, 0] += 0.5
+    return [
+        (dict(num_draft_tokens=[1, -2]), ValueError, r"num_draft_tokens\[1\]: -2 is negative"),
+        (dict(max_spec_len=1), ValueError, "max_spec_len: 1 is smaller"),
+        (dict(max_spec_len=2.0), TypeError, "max_spec_len: must be an integer"),
+        (dict(temperature=None), TypeError, "temperature: is None"),
+        (dict(sampler="no"), TypeError, "sampler: must be a tokenrace.Sampler"),
+        (dict(seeds=[1, 2]), ValueError, "generators or seeds, not both"),
+        (dict(extra={2: fake_torch.Generator()}), ValueError, "request 2 is outside the batch of 2 requests"),
+        (dict(draft_token_ids=drafts[:2]), ValueError, "draft_tokens: has 2 ids, draft_counts add up to 3"),
+        (dict(draft_token_ids=T(np.array([0, -2, 0], np.int32))), ValueError,
+         r"draft_tokens\[1\]: request 1, draft 0: -2 is not a token id"),
+        (dict(draft_probs=T(np.zeros((2, vocab), np.float32))), ValueError, "draft_probs: has shape"),
+        (dict(target_logits=T(x.numpy()[:4])), ValueError, "target_logits: has 4 rows"),
+        (dict(top_k=T(np.ones(3, np.int32))), ValueError, "top_k: has 3 elements"),
+        (dict(draft_token_ids=T(np.array([0, vocab, 0], np.int32))), tokenrace.InvalidArgumentError,
+         rf"batch.draft_tokens\[1\]: request 1, draft 0: {vocab} is not a token id"),
+        (dict(draft_probs=T(q_bad)), tokenrace.InvalidArgumentError, r"batch.draft_probs\[1\]"),
+        (dict(top_p=[1.0, 1.5]), tokenrace.InvalidArgumentError, r"batch.top_p\[1\]"),
+        (dict(temperature=[1.0, -1.0]), tokenrace.InvalidArgumentError, r"batch.temperature\[1\]"),
+        (dict(sampler=tokenrace.Sampler(vocab + 1)), tokenrace.InvalidArgumentError, "vocab"),
+        (dict(sampler=tokenrace.Sampler(0, max_rows=4)), tokenrace.InvalidArgumentError, "max_rows"),
+    ]
+
+
+def test_a_refused_rejection_sample_leaves_the_generators_as_they_were(tokenrace, tt, fake_torch, rng):
+    counts, vocab = [1, 2], 30
+    x, drafts = _spec_batch(fake_torch, rng, counts, vocab)
+    for kwargs, exc, message in _rejection_refusals(tokenrace, fake_torch, x, drafts, counts, vocab):
+        gens, twins = _twin_generators(fake_torch, {0: 31, 1: 32})
+        kw = dict(kwargs)
+        passed = {**gens, **kw.pop("extra", {})}
+        args = [kw.pop("target_logits", x), kw.pop("draft_token_ids", drafts), kw.pop("num_draft_tokens", counts),
+                kw.pop("temperature", 0.9)]
+        with pytest.raises(exc, match=message):
+            tt.rejection_sample(*args, generators=passed, **kw)
+        _assert_twins(fake_torch, gens, twins)
+    gens, twins = _twin_generators(fake_torch, {0: 31, 1: 32})
+    with pytest.raises(tokenrace.InvalidArgumentError):
+        tt.rejection_sample(x, fake_torch.from_numpy(np.array([0, vocab, 0], np.int32)), counts, 0.9, generators=gens)
+    np.testing.assert_array_equal(tt.rejection_sample(x, drafts, counts, 0.9, generators=gens).numpy(),
+                                  tt.rejection_sample(x, drafts, counts, 0.9, generators=twins).numpy())
+
+
+def test_one_generator_for_two_rows_is_put_back_before_both(tokenrace, tt, fake_torch, rng):
+    x = _logits(fake_torch, rng, 2, 10)
+    shared, twin = fake_torch.Generator().manual_seed(4), fake_torch.Generator().manual_seed(4)
+    with pytest.raises(tokenrace.InvalidArgumentError):
+        tt.sample(x, 1.0, generators={0: shared, 1: shared}, top_p=0.0)
+    _assert_twins(fake_torch, {0: shared}, {0: twin})
+
+
+def test_a_generator_that_fails_mid_draw_puts_the_others_back(tokenrace, tt, fake_torch, rng):
+    x = _logits(fake_torch, rng, 3, 10)
+    gens, twins = _twin_generators(fake_torch, {0: 1, 2: 3})
+    broken = fake_torch.Generator()
+    broken._rng = None  # its draw raises
+    with pytest.raises(AttributeError):
+        tt.sample(x, 1.0, generators={0: gens[0], 1: broken, 2: gens[2]})
+    _assert_twins(fake_torch, gens, twins)
+
+
+# -- vLLM's placeholder draft id -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+@pytest.mark.parametrize("with_q", [False, True])
+def test_rejection_sample_rejects_the_placeholder_draft(tokenrace, tt, fake_torch, greedy, with_q):
+    """vLLM's test_placeholder_draft_token_rejected_random, on tokenrace: drafts [1, 99, -1]
+    against rows peaked at [1, 99, 7, 9]: the two real drafts are accepted, the -1 rejected, and
+    the token there is drawn from the target row (its peak holds all the mass but e^-100)."""
+    vocab = 100
+    x = np.zeros((4, vocab), np.float32)
+    x[np.arange(4), [1, vocab - 1, 7, 9]] = 100.0
+    drafts = fake_torch.from_numpy(np.array([1, vocab - 1, tt.PLACEHOLDER_TOKEN_ID], np.int64))
+    q = fake_torch.from_numpy(np.full((3, vocab), 1.0 / vocab, np.float32)) if with_q else None
+    gens = _generators(fake_torch, {0: 0})
+    out = tt.rejection_sample(fake_torch.from_numpy(x), drafts, [3], 0.0 if greedy else 1.0, draft_probs=q,
+                              generators=gens, sampler=tokenrace.Sampler(vocab))
+    assert out.numpy().tolist() == [[1, vocab - 1, 7, tt.PLACEHOLDER_TOKEN_ID]]
+
+
+def test_rejection_sample_refuses_other_negative_drafts(tokenrace, tt, fake_torch, rng):
+    x, drafts = _spec_batch(fake_torch, rng, [2], 20)
+    with pytest.raises(ValueError, match=r"draft_tokens\[0\]: request 0, draft 0: -3 is not a token id; the only "
+                                         r"negative draft id is -1 \(vLLM's PLACEHOLDER_TOKEN_ID"):
+        tt.rejection_sample(x, fake_torch.from_numpy(np.array([-3, 0], np.int64)), [2], 1.0)
+
+
+# -- draw_full(out=) overlapping the inputs, with tensors ---------------------------------------------
+
+
+def test_an_out_tensor_overlapping_the_logits_is_refused(tokenrace, fake_torch, rng):
+    """Tensors as numpy arrays: an out one row ahead of (or behind) the logits in one buffer, a
+    numpy out under tensor logits and the other way round, and bfloat16 logits over the bytes of a
+    float32 out, are refused naming both; an out beside the logits is fine."""
+    rows, vocab = 3, 40
+    s = tokenrace.Sampler(vocab)
+    big = rng.standard_normal((rows + 1, vocab)).astype(np.float32)
+    T = fake_torch.from_numpy
+    want = s.draw_full(big[:rows].copy(), temperature=0.7, seeds=3, full_logprobs="processed").full_logprobs
+
+    def refused(logits, out, name="logits", **kw):
+        before = big.copy()
+        with pytest.raises(ValueError, match=rf"out: overlaps {name}: out spans bytes"):
+            s.draw_full(logits, temperature=0.7, seeds=3, full_logprobs="processed", out=out, **kw)
+        np.testing.assert_array_equal(big, before)
+
+    refused(T(big)[1:], T(big)[:-1])  # out one row ahead: it would write row r before row r + 1 is read
+    refused(T(big)[:-1], T(big)[1:])
+    refused(T(big)[:rows], big[:rows])  # tensor logits, numpy out
+    refused(big[1:], T(big)[:rows])  # numpy logits, tensor out
+    bf16 = fake_torch.Tensor(big.view(np.uint16)[:rows, :vocab], fake_torch.bfloat16)  # rows 2 * vocab apart
+    refused(bf16, T(big)[1:])
+    x = T(big[:rows].copy())
+    out = T(np.zeros((rows, vocab), np.float32))
+    with pytest.raises(ValueError, match=r"out: overlaps noise: out spans bytes"):
+        s.draw_full(x, temperature=0.7, full_logprobs="raw", out=out, noise=out)
+    with pytest.raises(ValueError, match=r"out: overlaps temperature: out spans bytes"):
+        s.draw_full(x, temperature=out[0, :rows], full_logprobs="raw", out=out)
+    buf = np.zeros((2 * rows, vocab), np.float32)
+    buf[:rows] = big[:rows]
+    r = s.draw_full(T(buf)[:rows], temperature=0.7, seeds=3, full_logprobs="processed", out=T(buf)[rows:])
+    np.testing.assert_array_equal(buf[rows:], want)
+    assert r.full_logprobs.data_ptr() == buf[rows:].ctypes.data

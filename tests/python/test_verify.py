@@ -597,6 +597,13 @@ def uniform_q(rows=3):
     (dict(draft_tokens=[3, True, 5]), ValueError, r"draft_tokens\[1\]: must be an integer, got a bool"),
     (dict(draft_tokens=[3, 2**31, 5]), ValueError, r"draft_tokens\[1\]: 2147483648 does not fit in an int32"),
     (dict(draft_tokens=np.array([3, 2**40, 5])), ValueError, r"draft_tokens\[1\]: .* does not fit in an int32"),
+    (dict(draft_tokens=[3, 4, -2]), ValueError,
+     r"draft_tokens\[2\]: request 2, draft 0: -2 is not a token id; the only negative draft id is -1 \(vLLM's "
+     r"PLACEHOLDER_TOKEN_ID"),
+    (dict(draft_tokens=np.array([-2**31, 4, 5], np.int32)), ValueError,
+     r"draft_tokens\[0\]: request 0, draft 0: -2147483648 is not a token id"),
+    (dict(offsets=[1, 2, 3]), ValueError, r"offsets: given without seeds; .* needs seeds="),
+    (dict(offsets=0), ValueError, r"offsets: given without seeds"),
     (dict(draft_counts=[2, -1, 2]), ValueError, r"draft_counts\[1\]: -1 is negative"),
     (dict(draft_counts=3), ValueError, r"draft_counts: must be 1-D"),
     (dict(draft_counts=[2.0, 0.0, 1.0]), ValueError, r"draft_counts: must be integers"),
@@ -645,7 +652,6 @@ def bad_q(where, value):
 
 @pytest.mark.parametrize("kwargs,parts", [
     (dict(draft_tokens=[3, 50, 5]), ["batch.draft_tokens[1]", "request 0, draft 1", "50 is not a token id in [0, 50)"]),
-    (dict(draft_tokens=[3, 4, -1]), ["batch.draft_tokens[2]", "request 2, draft 0"]),
     (dict(draft_probs=bad_q((1, 7), -0.01)), ["batch.draft_probs[1]", "request 0, draft 1", "token 7"]),
     (dict(draft_probs=bad_q((1, 7), np.nan)), ["batch.draft_probs[1]", "token 7"]),
     (dict(draft_probs=bad_q((2, 0), 0.5)), ["batch.draft_probs[2]", "request 2, draft 0", "not 1 within 1e-3"]),
@@ -706,3 +712,116 @@ def test_a_closed_sampler_refuses(tokenrace):
     s.close()
     with pytest.raises(tokenrace.ClosedError):
         s.verify(X6, DRAFTS, COUNTS)
+
+
+# ----------------------------------------------------------------------------------------------
+# vLLM's placeholder draft id (-1, PLACEHOLDER_TOKEN_ID)
+#
+# vLLM pads draft ids with -1 (padded positions, grammar-invalid drafts) and its rejection
+# sampler rejects a -1 draft without indexing any probability by it: a greedy request emits the
+# row's greedy token there; a sampling request emits the recovered token of any rejection, drawn
+# from max(p - q, 0) with the position's q row when there are draft probabilities, from p itself
+# without them (no id to leave out). So a -1 draft behaves exactly as a draft the target gives
+# probability 0 (here token 63, -inf in every row), which every request rejects: the tests
+# compare the two calls, and the draws they must equal.
+
+PV = 64
+NEVER = 63  # -inf in every row: probability 0, always rejected
+
+
+def placeholder_rows(rng, rows=5):
+    x = (rng.standard_normal((rows, PV)) * 0.5).astype(np.float32)
+    x[np.arange(rows), (np.arange(rows) * 7 + 5) % 60] += 6.0  # peaks: drafts there are mostly accepted
+    x[:, NEVER] = -np.inf
+    return x
+
+
+def peaks(x):
+    return np.argmax(x, axis=1).astype(np.int32)
+
+
+def with_never(drafts):
+    return np.where(np.asarray(drafts) == -1, NEVER, drafts).astype(np.int32)
+
+
+@pytest.mark.parametrize("with_q", [False, True])
+def test_a_placeholder_draft_is_rejected_by_a_greedy_request(tokenrace, with_q):
+    x = placeholder_rows(np.random.default_rng(40))
+    g = peaks(x)
+    s = tokenrace.Sampler(PV)
+    q = np.full((4, PV), 1.0 / PV, np.float32) if with_q else None
+    for drafts, want in (([g[0], -1, g[2], g[3]], [g[0], g[1]]), ([-1, g[1], g[2], g[3]], [g[0]]),
+                         ([g[0], g[1], g[2], -1], [g[0], g[1], g[2], g[3]])):
+        r = s.verify(x, np.array(drafts, np.int32), [4], temperature=0.0, draft_probs=q)
+        assert emitted(r) == [want], drafts
+        np.testing.assert_array_equal(r.tokens[0, len(want):], -1)
+        twin = s.verify(x, with_never(drafts), [4], temperature=0.0, draft_probs=q)
+        np.testing.assert_array_equal(r.tokens, twin.tokens)
+
+
+@pytest.mark.parametrize("with_q", [False, True])
+@pytest.mark.parametrize("randomness", ["seeded", "external"])
+def test_a_placeholder_draft_is_rejected_by_a_sampling_request(tokenrace, with_q, randomness):
+    """Every call with a -1 draft equals the call with a draft of probability 0 in its place,
+    stops at the -1 at the latest, and (without q) emits there the row's own draw."""
+    rng = np.random.default_rng([41, with_q])
+    s = tokenrace.Sampler(PV, max_rows=64)
+    stopped_at_placeholder = 0
+    for trial in range(30):
+        x = placeholder_rows(rng)
+        g = peaks(x)
+        at = int(rng.integers(0, 4))
+        drafts = g[:4].copy()
+        drafts[at] = -1
+        q = rng.dirichlet(np.ones(PV), size=4).astype(np.float32) if with_q else None
+        kw = dict(temperature=0.9, top_k=40, draft_probs=q)
+        if randomness == "seeded":
+            seed, offset = int(rng.integers(0, 2**63)), int(rng.integers(0, 10**6))
+            kw.update(seeds=seed, offsets=offset)
+        else:
+            kw.update(uniforms=rng.uniform(1e-6, 1 - 1e-6, 4), noise=rng.exponential(size=(5, PV)).astype(np.float32))
+        r = s.verify(x, drafts, [4], **kw)
+        twin = s.verify(x, with_never(drafts), [4], **kw)
+        np.testing.assert_array_equal(r.tokens, twin.tokens)
+        got = emitted(r)[0]
+        assert 1 <= len(got) <= at + 1 and all(0 <= t < NEVER for t in got), (drafts, got)
+        assert got[:len(got) - 1] == drafts[:len(got) - 1].tolist()
+        if len(got) == at + 1:
+            stopped_at_placeholder += 1
+            if q is None and randomness == "seeded":  # the residual is p itself: the row's own draw
+                alone = s.draw(x[at], temperature=0.9, top_k=40, seeds=kw["seeds"], offsets=kw["offsets"] + at)
+                assert got[at] == alone[0]
+    assert stopped_at_placeholder > 10, stopped_at_placeholder
+
+
+def test_placeholders_pad_a_batch_as_vllm_pads_it(tokenrace):
+    """Requests of a batch padded to the same draft count with -1 (vLLM's padded drafts): each
+    emits at most its real drafts + 1 tokens, and the same as alone without the padding once a
+    real draft is rejected or the padding is reached."""
+    rng = np.random.default_rng(42)
+    x = placeholder_rows(rng, 8)
+    g = peaks(x)
+    drafts = np.array([g[0], g[1], -1, g[4], -1, -1], np.int32)  # request 0: 2 real drafts, request 1: 1
+    s = tokenrace.Sampler(PV)
+    r = s.verify(x, drafts, [3, 3], temperature=[0.0, 0.8], seeds=[1, 2], offsets=[10, 20])
+    assert emitted(r)[0] == [g[0], g[1], g[2]]
+    assert 1 <= r.counts[1] <= 2 and r.tokens[1, :r.counts[1]].min() >= 0
+
+
+def test_other_negative_draft_ids_are_refused(tokenrace):
+    s = tokenrace.Sampler(PV)
+    x = placeholder_rows(np.random.default_rng(43), 3)
+    for bad in (-2, -100, -2**31):
+        with pytest.raises(ValueError, match=rf"draft_tokens\[1\]: request 0, draft 1: {bad} is not a token id; "
+                                             r"the only negative draft id is -1"):
+            s.verify(x, [0, bad], [2])
+
+
+def test_offsets_without_seeds_are_refused(tokenrace):
+    """An offset only keys a seeded request; given without seeds it would be ignored."""
+    s = tokenrace.Sampler(0)
+    with pytest.raises(ValueError, match=r"offsets: given without seeds; an offset is mixed into a seeded "
+                                         r"request's seed"):
+        s.verify(X6, DRAFTS, COUNTS, offsets=[5, 6, 7])
+    s.verify(X6, DRAFTS, COUNTS, seeds=[1, 2, 3], offsets=[5, 6, 7])
+    s.verify(X6, DRAFTS, COUNTS, seeds=[1, 2, 3], seeded=[True, False, True], offsets=[5, 6, 7])

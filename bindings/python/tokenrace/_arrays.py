@@ -289,6 +289,41 @@ def per_row(value, rows, dtype, name, unit="row"):
     raise TypeError(f"per_row: unsupported target dtype {target}")
 
 
+def byte_span(obj):
+    """``(low, high)``: the bytes ``[low, high)`` a numpy array or torch tensor spans (its data
+    pointer and the reach of its strides in each direction), or None for anything else or an
+    empty one. Two arrays whose spans meet may share memory; interleaved rows (``a[::2]`` and
+    ``a[1::2]``) count as meeting."""
+    if isinstance(obj, np.ndarray):
+        if obj.size == 0:
+            return None
+        ptr, item, strides = obj.__array_interface__["data"][0], obj.itemsize, obj.strides
+    elif is_torch_tensor(obj):
+        if any(n == 0 for n in obj.shape):
+            return None
+        item = obj.element_size()
+        ptr, strides = obj.data_ptr(), tuple(s * item for s in obj.stride())
+    else:
+        return None
+    low = high = ptr
+    for n, stride in zip(obj.shape, strides):
+        if stride < 0:
+            low += (n - 1) * stride
+        else:
+            high += (n - 1) * stride
+    return low, high + item
+
+
+def arrays_in(value):
+    """The numpy arrays and torch tensors an argument holds: itself, or the items of a list or
+    tuple (per-row lists, CSR tuples)."""
+    if isinstance(value, np.ndarray) or is_torch_tensor(value):
+        return (value,)
+    if isinstance(value, (list, tuple)):
+        return tuple(v for v in value if isinstance(v, np.ndarray) or is_torch_tensor(v))
+    return ()
+
+
 def _ndim(obj):
     """The number of dimensions of an array-like (a torch tensor's ``dim()``)."""
     if is_torch_tensor(obj):

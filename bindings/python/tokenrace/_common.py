@@ -107,3 +107,12 @@ class _Closable:
         if h is None:
             raise ClosedError(f"{type(self).__name__}: is closed")
         return h
+
+
+def _offsets_without_seeds(unit):
+    """Refuses ``offsets`` given without ``seeds``: an offset only means something for seeded
+    rows, and without seeds every row takes keys from the sampler's stream, so the caller's
+    offsets would be silently ignored. (``seeded`` without ``seeds`` the library refuses.)"""
+    raise ValueError(f"offsets: given without seeds; an offset is mixed into a seeded {unit}'s seed (e.g. its "
+                     f"position), so it needs seeds= (without seeds every {unit} is unseeded and takes keys "
+                     f"from the sampler's stream)")

@@ -256,10 +256,16 @@ def _padded(value, rows, vocab, name):
         raise ValueError(f"{name}: has {value.shape[0]} rows, the batch has {rows}")
     if value.dtype.kind not in "iu":
         raise ValueError(f"{name}: must be integers, got dtype {value.dtype}")
-    # Negative entries are padding: seen as unsigned they are above every id, so one comparison
-    # finds the ids; an entry above vocab (not padding) is an error.
-    u = value.view(np.dtype(f"u{value.dtype.itemsize}")) if value.dtype.kind == "i" else value
-    keep = u < vocab
+    # Negative entries are padding. Seen as unsigned, a negative entry of a b-bit dtype is at
+    # least 2**(b - 1), so when vocab is no larger one comparison finds the ids; a narrower
+    # dtype (int8 with vocab > 128, int16 with vocab > 32768) needs the sign tested apart, or its
+    # padding would read as ids. An entry above vocab (not padding) is an error.
+    if value.dtype.kind == "i" and vocab <= 2 ** (8 * value.dtype.itemsize - 1):
+        keep = value.view(np.dtype(f"u{value.dtype.itemsize}")) < vocab
+    elif value.dtype.kind == "i":
+        keep = (value >= 0) & (value < vocab)
+    else:
+        keep = value < vocab
     if keep.all():  # no padding at all: every row is full
         ids = np.ascontiguousarray(value, dtype=np.int32).reshape(-1)
         return ids, np.arange(rows + 1, dtype=np.uint64) * np.uint64(value.shape[1])

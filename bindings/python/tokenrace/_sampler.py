@@ -10,11 +10,13 @@ from typing import Optional
 import numpy as np
 
 from . import _ffi
-from ._arrays import LOGITS_DTYPES, NOISE_DTYPES, contiguous_rows, is_torch_tensor, per_row, rows_view
+from ._arrays import (LOGITS_DTYPES, NOISE_DTYPES, arrays_in, byte_span, contiguous_rows, is_torch_tensor, per_row,
+                      rows_view)
 from ._call import (BATCH_LAYOUT, BATCH_SIZE, FLAG_SCALARS, FLOAT_SCALARS, FULL_LAYOUT, FULL_OFFSET, FULL_ZEROS,
                     INT_SCALARS, OUTPUT_LAYOUT, OUTPUT_SIZE, PIPELINE_LAYOUT, PIPELINE_OFFSET, PIPELINE_ZEROS, address,
                     pack_tokens_output, release_state, take_state)
-from ._common import _choice, _Closable, _Default, _from_env, _Handle, _name_of, _unsigned
+from ._common import (_choice, _Closable, _Default, _from_env, _Handle, _name_of, _offsets_without_seeds,
+                      _unsigned)
 from ._errors import InvalidArgumentError, check
 from ._pipeline import FIELD_ARGUMENTS, pipeline_fields
 from ._verify import verify as _verify
@@ -178,6 +180,8 @@ class Sampler(_Closable):
             keep.append(view.owner)  # a list's converted copy, not the list
         # Each is the address of its per-row values, 0 (NULL) when not given; the common None is
         # tested here rather than in a call.
+        if offsets is not None and seeds is None:
+            _offsets_without_seeds("row")
         if temperature is not None:
             temperature = _float_rows(state and state.temperature, temperature, rows, "temperature", keep)
         if seeds is not None:
@@ -253,7 +257,8 @@ class Sampler(_Closable):
         temperature: scalar or one per row (default 1.0); below the sampler's ``greedy_below`` a
             row takes the argmax (lowest index on ties).
         seeds, offsets: scalar or one unsigned 64-bit integer per row. A seeded row draws the same
-            token whatever else is in the batch (and whichever sampler draws it).
+            token whatever else is in the batch (and whichever sampler draws it). ``offsets``
+            without ``seeds`` raises ValueError (it would be ignored: no row is seeded).
         seeded: boolean mask of the rows that use their seed (default: every row, when ``seeds``
             is given).
         noise: float32 noise for the unseeded sampling rows, rows x vocab, or one row (1-D or
@@ -357,7 +362,10 @@ class Sampler(_Closable):
         ``processed_logits``).
         out: a float32 array (or CPU torch tensor) of rows x vocab (1-D for one row) to write
             ``full_logprobs`` into, returned as ``r.full_logprobs``: values contiguous inside a
-            row, rows any stride apart. Nothing is written if the call fails.
+            row, rows any stride apart. Nothing is written if the call fails. It must share no
+            memory with the inputs: an ``out`` whose address range (data pointer to the last
+            element its strides reach) meets that of the logits or of any array or tensor
+            argument raises ValueError naming both.
 
         The sampling step's arguments are ``draw``'s.
         """
@@ -390,7 +398,16 @@ class Sampler(_Closable):
                                     banned_tokens, token_bitmask)
             full = None
             if full_logprobs is not None:
-                full, full_ptr, full_stride = _full_output(out, rows, state.batch.vocab, logits)
+                full, full_ptr, full_stride = _full_output(out, rows, state.batch.vocab)
+                if out is not None:
+                    _refuse_overlap(out, (
+                        ("logits", logits), ("noise", noise), ("token_bitmask", token_bitmask),
+                        ("temperature", temperature), ("seeds", seeds), ("offsets", offsets), ("seeded", seeded),
+                        ("top_k", top_k), ("top_p", top_p), ("min_p", min_p), ("prompt_tokens", prompt_tokens),
+                        ("output_tokens", output_tokens), ("repetition_penalty", repetition_penalty),
+                        ("frequency_penalty", frequency_penalty), ("presence_penalty", presence_penalty),
+                        ("logit_bias", logit_bias), ("allowed_tokens", allowed_tokens),
+                        ("banned_tokens", banned_tokens)))
                 state.full_packed = True
                 FULL_LAYOUT.pack_into(state.full_output, FULL_OFFSET, full_ptr, full_stride, full_mode, 0)
             elif state.full_packed:
@@ -440,7 +457,10 @@ class Sampler(_Closable):
             CPU torch tensors (float32/float16/bfloat16), read in place (rows any stride apart,
             values inside a row contiguous).
         draft_tokens: flat integer ids, ``sum(draft_counts)``: every request's drafts, one after
-            the other (1-D array, tensor or list; int32 is passed without a copy).
+            the other (1-D array, tensor or list; int32 is passed without a copy). -1 is vLLM's
+            placeholder (``PLACEHOLDER_TOKEN_ID``): the draft is rejected where it stands (the
+            request emits the token of any rejection there and stops); any other negative id
+            raises ValueError.
         draft_counts: one non-negative integer per request (1-D).
         draft_probs: None (the drafts are deterministic: q is one-hot at each draft, as for
             n-gram or EAGLE drafts without probabilities), or float32, one row of ``vocab``
@@ -453,7 +473,8 @@ class Sampler(_Closable):
             bonus draw at draft position j are a pure function of (seed, offset + j): the same
             tokens whatever its batch mates, thread count or SIMD level, on every
             tensor-parallel rank. ``offsets`` is the position of the request's first draft token
-            (default 0). Unseeded requests take keys from the sampler's stream.
+            (default 0; without ``seeds`` a ValueError). Unseeded requests take keys from the
+            sampler's stream.
         uniforms: float64, one per draft token (``sum(draft_counts)``), each in (0, 1): the
             acceptance uniforms of the unseeded sampling requests (None: from the sampler's
             stream). Seeded and greedy requests do not use theirs. float32 arrays are refused
@@ -494,7 +515,7 @@ def _raise(status):
         raise
 
 
-def _full_output(out, rows, vocab, logits):
+def _full_output(out, rows, vocab):
     """``(array, address, row stride)`` of the full-vocabulary output: ``out`` checked, or a new
     rows x vocab float32 array."""
     if out is None:
@@ -511,9 +532,27 @@ def _full_output(out, rows, vocab, logits):
     want = (rows, vocab) if view.ndim == 2 else (vocab,)
     if tuple(out.shape) != want or (view.ndim == 1 and rows != 1):
         raise ValueError(f"out: has shape {tuple(out.shape)}, the batch needs ({rows}, {vocab})")
-    if isinstance(out, np.ndarray) and isinstance(logits, np.ndarray) and np.may_share_memory(out, logits):
-        raise ValueError("out: overlaps the logits")
     return out, view.ptr, view.row_stride
+
+
+def _refuse_overlap(out, inputs):
+    """Refuses an ``out`` whose bytes meet those of any array or tensor among ``inputs`` (pairs
+    of an argument's name and value): the library writes ``out`` while it reads the inputs, so
+    an ``out`` over the logits (even one row ahead of them) would feed the call values it has
+    written. Compared by address range (data pointer to the last element the strides reach), for
+    numpy arrays and torch tensors alike."""
+    span = byte_span(out)
+    if span is None:
+        return
+    low, high = span
+    for name, value in inputs:
+        for arr in arrays_in(value):
+            other = byte_span(arr)
+            if other is not None and other[0] < high and low < other[1]:
+                raise ValueError(
+                    f"out: overlaps {name}: out spans bytes [{low:#x}, {high:#x}), {name} [{other[0]:#x}, "
+                    f"{other[1]:#x}); the call writes out while it reads {name}, pass an out that shares no "
+                    f"memory with the inputs")
 
 
 # Per-row arguments, as the address the batch struct gets. A scalar of a plain type that fits the

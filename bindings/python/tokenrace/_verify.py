@@ -3,9 +3,10 @@ Python caller holds to the versioned structs and back.
 
 What is checked where: this module checks the shapes, dtypes and lengths of the arguments against
 one another (so that the library is never handed a pointer shorter than the sizes say), and
-raises ``ValueError``/``TypeError`` naming the argument before any call. The library checks the
-values (draft ids in ``[0, vocab)``, q rows that are probabilities summing to 1, uniforms in
-(0, 1), temperatures, filters) and its ``InvalidArgumentError`` names the C field, the request
+raises ``ValueError``/``TypeError`` naming the argument before any call; it also refuses negative
+draft ids other than -1 (vLLM's placeholder, which the library rejects where it stands) and
+``offsets`` without ``seeds``. The library checks the values (draft ids below ``vocab``, q rows
+that are probabilities summing to 1, uniforms in (0, 1), temperatures, filters) and its ``InvalidArgumentError`` names the C field, the request
 and the position, e.g. ``batch.draft_tokens[4]: request 1, draft 2: 50 is not a token id in
 [0, 50)``; where the field is not the argument's name, the argument is appended.
 
@@ -25,10 +26,13 @@ import numpy as np
 from . import _ffi
 from ._arrays import LOGITS_DTYPES, NOISE_DTYPES, _ndim, float64_vector, int32_vector, per_row, rows_view
 from ._call import VERIFY_BATCH_LAYOUT, VERIFY_BATCH_SIZE, VERIFY_OUTPUT_LAYOUT, VERIFY_OUTPUT_SIZE, address
-from ._common import _choice
+from ._common import _choice, _offsets_without_seeds
 from ._errors import InvalidArgumentError, UnsupportedError, check
 
 _U32_MAX = 2**32 - 1
+
+# vLLM's placeholder draft id (``PLACEHOLDER_TOKEN_ID``): a draft that is rejected where it stands.
+PLACEHOLDER_TOKEN_ID = -1
 
 # The C fields whose name is not the argument of ``Sampler.verify`` they come from.
 _FIELD_ARGUMENTS = {
@@ -120,6 +124,15 @@ def verify(sampler, target_logits, draft_tokens, draft_counts, draft_probs, temp
     if ids.size != drafts:
         raise ValueError(f"draft_tokens: has {ids.size} ids, draft_counts add up to {drafts} "
                          f"(every request's drafts, one after the other)")
+    if drafts and ids.min() < PLACEHOLDER_TOKEN_ID:
+        # -1 is vLLM's placeholder draft (a padded or grammar-invalid position): the library
+        # rejects the request's drafts there. Any other negative id is a caller's bug.
+        i = int(np.argmax(ids < PLACEHOLDER_TOKEN_ID))
+        request = int(np.searchsorted(np.cumsum(counts, dtype=np.int64), i, side="right"))
+        first = i - int(counts[:request].sum(dtype=np.int64))
+        raise ValueError(f"draft_tokens[{i}]: request {request}, draft {first}: {int(ids[i])} is not a token id; "
+                         f"the only negative draft id is -1 (vLLM's PLACEHOLDER_TOKEN_ID: the draft is "
+                         f"rejected at that position)")
     keep.append(ids)
 
     q_ptr = q_stride = 0
@@ -154,6 +167,8 @@ def verify(sampler, target_logits, draft_tokens, draft_counts, draft_probs, temp
         noise_ptr = nv.ptr
         noise_stride = 0 if nv.rows == 1 or nv.ndim == 1 else nv.row_stride
 
+    if offsets is not None and seeds is None:
+        _offsets_without_seeds("request")
     temperature = _per_request(temperature, requests, np.float32, "temperature", keep)
     top_k = _per_request(top_k, requests, np.int32, "top_k", keep)
     top_p = _per_request(top_p, requests, np.float32, "top_p", keep)

@@ -22,7 +22,9 @@ Seeds: vLLM gives each seeded request a ``torch.Generator``; per step its CPU pa
 from it (``torch.randint(0, 2**31, (1,), generator=gen)``) as the row's seed. So do these
 functions: that value becomes the row's tokenrace seed (offset 0), so a seeded request draws the
 same tokens whatever its batch mates are, and the same generator state gives the same token.
-Unseeded rows take keys from the tokenrace sampler's own stream (not torch's global RNG).
+Unseeded rows take keys from the tokenrace sampler's own stream (not torch's global RNG). A
+refused call leaves every generator as it was: its state is saved before the draw and put back
+when the call fails, so a retried batch draws the same seeds.
 
 Tokens are not bit-identical to vLLM's (different noise), only identically distributed. What
 tokenrace cannot honour is refused, not approximated: ``use_fp64_gumbel=True`` (tokenrace's
@@ -100,33 +102,80 @@ def generator_seeds(generators, rows, unit="row"):
     ``(None, None)`` without any: each row in ``generators`` draws one value from its generator,
     exactly as vLLM's ``forward_cpu`` does (``torch.randint(0, 2**31, (1,), generator=gen)``),
     which advances the generator by one draw per step; the other rows are unseeded. (``unit``:
-    what a row is called in messages, "request" for ``rejection_sample``.)"""
-    if not generators:
-        return None, None
-    for row, generator in generators.items():  # all checked before any generator advances
-        if not 0 <= row < rows:
-            raise ValueError(f"generators: {unit} {row} is outside the batch of {rows} {unit}s")
-        if generator.device.type != "cpu":
-            raise ValueError(f"generators[{row}]: is a generator on device '{generator.device}'; "
-                             f"tokenrace draws the seeds of CPU generators")
-    seeds = np.zeros(rows, dtype=np.uint64)
-    seeded = np.zeros(rows, dtype=np.uint8)
-    for row, generator in generators.items():
-        seeds[row] = int(torch.randint(0, _SEED_BOUND, (1,), generator=generator, dtype=torch.long).item())
-        seeded[row] = 1
-    return seeds, seeded
+    what a row is called in messages, "request" for ``rejection_sample``.) The generators are
+    checked before any of them advances; a caller whose call may still fail afterwards uses
+    ``_GeneratorDraws`` instead, which also puts them back."""
+    draws = _GeneratorDraws(generators, rows, unit)
+    return draws.seeds, draws.seeded
 
 
-def _tokens_tensor(tokens, out, rows):
-    """The int32 numpy tokens as vLLM's int64 tensor, or written into ``out`` (int64 or int32)."""
+class _GeneratorDraws:
+    """The seeds of one call drawn from vLLM's per-request generators, and the generators' states
+    from before the draws: a call that fails afterwards (a value the binding or the library
+    refuses, e.g. a draft id outside the vocabulary or a q row that does not sum to 1) puts every
+    generator back with ``restore()``, so a refused call leaves them exactly as they were and a
+    retried batch draws the same seeds.
+
+    Why restore rather than draw last: the seeds are inputs of the native call, and the library's
+    value checks (ids against the vocabulary, q rows summed in its fixed order, filter values, the
+    row limit, memory) cannot all be repeated here exactly and without a second pass over the
+    data. The cost is one ``get_state()`` per seeded row per call (a copy of the generator's
+    state). While the call runs, no other thread may draw from these generators (vLLM's are one
+    request's, used by the engine's thread)."""
+
+    __slots__ = ("seeds", "seeded", "_saved")
+
+    def __init__(self, generators, rows, unit="row"):
+        self.seeds = self.seeded = None
+        self._saved = ()
+        if not generators:
+            return
+        for row, generator in generators.items():  # all checked before any generator advances
+            if isinstance(row, bool) or not isinstance(row, (int, np.integer)) or not 0 <= row < rows:
+                raise ValueError(f"generators: {unit} {row!r} is outside the batch of {rows} {unit}s")
+            if not isinstance(generator, torch.Generator):
+                raise TypeError(f"generators[{row}]: must be a torch.Generator, got {type(generator).__name__}")
+            if generator.device.type != "cpu":
+                raise ValueError(f"generators[{row}]: is a generator on device '{generator.device}'; "
+                                 f"tokenrace draws the seeds of CPU generators")
+        # Every state is saved before the first draw: a generator given for two rows is put back
+        # to its state before both.
+        self._saved = [(generator, generator.get_state()) for generator in generators.values()]
+        seeds = np.zeros(rows, dtype=np.uint64)
+        seeded = np.zeros(rows, dtype=np.uint8)
+        try:
+            for row, generator in generators.items():
+                seeds[row] = int(torch.randint(0, _SEED_BOUND, (1,), generator=generator, dtype=torch.long).item())
+                seeded[row] = 1
+        except BaseException:
+            self.restore()
+            raise
+        self.seeds, self.seeded = seeds, seeded
+
+    def restore(self):
+        """Puts every generator back to its state before the draws."""
+        for generator, state in reversed(self._saved):
+            generator.set_state(state)
+
+
+def _check_out(out, rows):
+    """Checks ``out`` (None, or an int64/int32 CPU tensor [rows] to write the token ids into)
+    before the call: a call refused for its ``out`` changes nothing."""
     if out is None:
-        return torch.from_numpy(tokens.astype(np.int64))
+        return
     if not isinstance(out, torch.Tensor) or out.device.type != "cpu":
         raise ValueError("out: must be a CPU torch.Tensor")
     if out.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"out: has dtype {out.dtype}; token ids are written as torch.int64 or torch.int32")
     if tuple(out.shape) != (rows,):
         raise ValueError(f"out: has shape {tuple(out.shape)}, the batch needs ({rows},)")
+
+
+def _tokens_tensor(tokens, out):
+    """The int32 numpy tokens as vLLM's int64 tensor, or written into ``out`` (checked by
+    ``_check_out`` before the call)."""
+    if out is None:
+        return torch.from_numpy(tokens.astype(np.int64))
     out.detach().numpy()[...] = tokens  # a view of out's memory: numpy widens int32 to int64 in place
     return out
 
@@ -171,9 +220,14 @@ class TopKTopPSampler(torch.nn.Module):
         torch.Generator} of the seeded rows. Returns ``(sampled, None)``: int64 [rows] (or
         ``out``), and None as vLLM does in the raw logprobs modes. The logits are not changed."""
         rows = _check_logits(logits)
-        seeds, seeded = generator_seeds(generators, rows)
-        tokens = self.sampler.draw(logits, seeds=seeds, seeded=seeded, top_k=k, top_p=p)
-        return _tokens_tensor(tokens, out, rows), None
+        _check_out(out, rows)
+        draws = _GeneratorDraws(generators, rows)
+        try:
+            tokens = self.sampler.draw(logits, seeds=draws.seeds, seeded=draws.seeded, top_k=k, top_p=p)
+        except BaseException:
+            draws.restore()  # a refused call leaves the generators as they were
+            raise
+        return _tokens_tensor(tokens, out), None
 
     # vLLM picks forward_cpu on x86, ARM and s390x, forward_native elsewhere: the same draw here.
     forward_cpu = forward_native
@@ -197,13 +251,16 @@ def default_sampler():
 
 
 def _seed_arguments(generators, seeds, positions, rows, unit="row"):
+    """``(seeds, seeded, offsets, draws)``; ``draws`` (a ``_GeneratorDraws``) restores the
+    generators when the call fails."""
     if generators and seeds is not None:
         raise ValueError("pass generators or seeds, not both")
     if positions is not None and seeds is None:
         raise ValueError(f"positions: needs seeds (a position is the offset of a {unit}'s seed)")
+    draws = _GeneratorDraws(generators, rows, unit)
     if generators:
-        return generator_seeds(generators, rows, unit) + (None,)
-    return seeds, None, positions
+        return draws.seeds, draws.seeded, None, draws
+    return seeds, None, positions, draws
 
 
 def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generators=None, seeds=None,
@@ -231,15 +288,25 @@ def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generator
     ``logprobs`` is given: ``(ids, logprobs_tensors)``.
     """
     rows = _check_logits(logits)
+    if sampler is not None and not isinstance(sampler, Sampler):
+        raise TypeError(f"sampler: must be a tokenrace.Sampler, got {type(sampler).__name__}")
+    n = None if logprobs is None else _top_count(logprobs, logits.shape[1])
+    _check_out(out, rows)
     sampler = default_sampler() if sampler is None else sampler
-    row_seeds, seeded, offsets = _seed_arguments(generators, seeds, positions, rows)
+    # Everything this module checks is checked above, before any generator advances; the draw's
+    # own checks and the library's refusals come after the seeds are drawn, and put the
+    # generators back.
+    row_seeds, seeded, offsets, draws = _seed_arguments(generators, seeds, positions, rows)
     draw_args = dict(temperature=temperature, seeds=row_seeds, seeded=seeded, offsets=offsets,
                      top_k=top_k, top_p=top_p, min_p=min_p)
-    if logprobs is None:
-        return _tokens_tensor(sampler.draw(logits, **draw_args), out, rows)
-    n = _top_count(logprobs, logits.shape[1])
-    result = sampler.draw_full(logits, logprobs=n, ranks=True, logprob_mode="raw", **draw_args)
-    return _tokens_tensor(result.tokens, out, rows), _logprobs_tensors(result, rows, n)
+    try:
+        if n is None:
+            return _tokens_tensor(sampler.draw(logits, **draw_args), out)
+        result = sampler.draw_full(logits, logprobs=n, ranks=True, logprob_mode="raw", **draw_args)
+    except BaseException:
+        draws.restore()
+        raise
+    return _tokens_tensor(result.tokens, out), _logprobs_tensors(result, rows, n)
 
 
 def _top_count(logprobs, vocab):
@@ -283,7 +350,8 @@ def rejection_sample(target_logits, draft_token_ids, num_draft_tokens, temperatu
         raw (before temperature): for each request, the rows of its draft positions, then its
         bonus position, as vLLM's spec-decode logits are laid out. Read in place, never changed.
     draft_token_ids: integer tensor [num_tokens] (vLLM's ``metadata.draft_token_ids``): every
-        request's drafts, one after the other.
+        request's drafts, one after the other. ``PLACEHOLDER_TOKEN_ID`` (-1), vLLM's padded or
+        grammar-invalid draft, is rejected where it stands, as vLLM's rejection sampler does.
     num_draft_tokens: the draft count of each request (vLLM's ``metadata.num_draft_tokens``, a
         list of ints; 0 allowed), or an integer tensor [batch].
     temperature: float or a float tensor [batch]; a request below the sampler's ``greedy_below``
@@ -306,8 +374,13 @@ def rejection_sample(target_logits, draft_token_ids, num_draft_tokens, temperatu
     Returns an int32 CPU tensor [batch, max_spec_len + 1]: request i's accepted drafts, then its
     recovered (first rejection) or bonus (every draft accepted) token, then
     ``PLACEHOLDER_TOKEN_ID`` (-1). Its accepted count is ``(row != -1).sum() - 1``.
+
+    A refused call (ValueError, TypeError, the library's InvalidArgumentError) leaves the
+    generators as they were (see ``_GeneratorDraws``).
     """
     _check_logits(target_logits, "target_logits")
+    if sampler is not None and not isinstance(sampler, Sampler):
+        raise TypeError(f"sampler: must be a tokenrace.Sampler, got {type(sampler).__name__}")
     if temperature is None:
         raise TypeError("temperature: is None; pass 0.0 for greedy requests (vLLM's all_greedy leaves it None) "
                         "or the per-request temperatures")
@@ -319,10 +392,16 @@ def rejection_sample(target_logits, draft_token_ids, num_draft_tokens, temperatu
             raise TypeError(f"max_spec_len: must be an integer, got {type(max_spec_len).__name__}")
         if max_spec_len < longest:
             raise ValueError(f"max_spec_len: {max_spec_len} is smaller than the largest draft count, {longest}")
-    req_seeds, seeded, offsets = _seed_arguments(generators, seeds, positions, counts.size, "request")
-    result = sampler.verify(target_logits, draft_token_ids, counts, draft_probs=draft_probs,
-                            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seeds=req_seeds,
-                            seeded=seeded, offsets=offsets)
+    # The shapes and lengths ``Sampler.verify`` checks before its call, and the library's value
+    # checks, come after the seeds are drawn: a refused call puts the generators back.
+    req_seeds, seeded, offsets, draws = _seed_arguments(generators, seeds, positions, counts.size, "request")
+    try:
+        result = sampler.verify(target_logits, draft_token_ids, counts, draft_probs=draft_probs,
+                                temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seeds=req_seeds,
+                                seeded=seeded, offsets=offsets)
+    except BaseException:
+        draws.restore()
+        raise
     tokens = result.tokens
     if max_spec_len is not None and max_spec_len > longest:
         tokens = np.full((counts.size, int(max_spec_len) + 1), PLACEHOLDER_TOKEN_ID, dtype=np.int32)
