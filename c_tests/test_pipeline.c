@@ -256,6 +256,24 @@ int main(void) {
     CHECK(strstr(tokenrace_last_error(), "batch.bias_offsets: is NULL while bias_values is given") != NULL);
     CHECK(untouched[0] == -7 && untouched[1] == -7);
   }
+  /* Outputs that share memory with an input or with each other: refused naming both, nothing
+   * written (an `out` one row ahead of the logits used to give wrong processed values). */
+  {
+    tokenrace_output bad = o;
+    bad.full_logprobs = x + V; /* the logits, from row 1 on */
+    bad.full_row_stride = V;
+    CHECK(tokenrace_draw(s, &b, &bad) == TOKENRACE_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(tokenrace_last_error(), "out.full_logprobs: overlaps batch.logits") != NULL);
+    bad = o;
+    bad.flags = (uint32_t *)untouched; /* the tokens' array */
+    CHECK(tokenrace_draw(s, &b, &bad) == TOKENRACE_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(tokenrace_last_error(), "out.flags: overlaps out.tokens") != NULL);
+    bad = o;
+    bad.logprobs = (float *)&b.temperature[1];
+    CHECK(tokenrace_draw(s, &b, &bad) == TOKENRACE_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(tokenrace_last_error(), "out.logprobs: overlaps batch.temperature") != NULL);
+    CHECK(untouched[0] == -7 && untouched[1] == -7);
+  }
   /* An output stride whose span overflows is the output's field, not the batch's. */
   {
     tokenrace_output bad = o;

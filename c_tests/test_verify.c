@@ -621,6 +621,15 @@ static void errors_name_the_field(tokenrace_sampler *s) {
   CHECK(tokenrace_verify(s, &b, &r.o) == TOKENRACE_STATUS_OK);
   CHECK(r.counts[2] == 1 && r.tokens[2 * r.o.tokens_stride] >= 0 && r.tokens[2 * r.o.tokens_stride] < V);
   drafts[2] = 5;
+  /* An output that shares memory with an input: refused naming both, nothing written. */
+  result_init(&r, 0);
+  int32_t *own = r.o.counts;
+  r.o.counts = drafts;
+  CHECK(tokenrace_verify(s, &b, &r.o) == TOKENRACE_STATUS_INVALID_ARGUMENT);
+  CHECK(error_has("out.counts: overlaps batch.draft_tokens", NULL, NULL));
+  r.o.counts = own;
+  CHECK(untouched(&r) && drafts[0] == 3 && drafts[1] == 4 && drafts[2] == 5);
+  rejected++;
   b.rows = 7;
   REFUSED(tokenrace_verify(s, &b, &r.o), "batch.draft_counts: ", "need 6 target rows", "rows is 7");
   b.rows = 6;

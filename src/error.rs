@@ -35,7 +35,7 @@ pub enum Owner {
 }
 
 impl Owner {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Owner::Batch => "batch",
             Owner::Output => "out",

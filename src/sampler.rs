@@ -219,6 +219,11 @@ impl Sampler {
         self.counters.rejected_calls.fetch_add(1, Relaxed);
     }
 
+    /// Checks a draw's arguments as [`Sampler::draw`] does, drawing nothing.
+    pub(crate) fn check_draw(&self, batch: &Batch, out: &Output) -> Result<()> {
+        validate(self.kernels, batch, out, self.cfg.max_rows, self.cfg.vocab_size)
+    }
+
     fn try_draw(&self, batch: &Batch, out: &mut Output) -> Result<()> {
         // The token lists' ids are checked by the rows' tasks (in parallel, as they read them);
         // a call that fails reports what a full validation reports first, as if they were
@@ -262,6 +267,13 @@ impl Sampler {
     /// error nothing is written.
     pub fn verify(&self, batch: &VerifyBatch, out: &mut VerifyOutput) -> Result<()> {
         self.try_verify(batch, out).inspect_err(|_| self.count_rejected())
+    }
+
+    /// Checks a verify call's arguments as [`Sampler::verify`] does (but its q rows), verifying
+    /// nothing.
+    pub(crate) fn check_verify(&self, batch: &VerifyBatch, out: &VerifyOutput) -> Result<()> {
+        let limits = (self.cfg.greedy_below, self.cfg.max_rows, self.cfg.vocab_size);
+        verify::prepare(self.kernels, batch, out, limits).map(|_| ())
     }
 
     fn try_verify(&self, batch: &VerifyBatch, out: &mut VerifyOutput) -> Result<()> {

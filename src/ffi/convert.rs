@@ -278,41 +278,6 @@ pub(crate) unsafe fn opt_slice<'a, T>(
     }
 }
 
-/// [`slice`] for writing.
-///
-/// # Safety
-/// A non-NULL `ptr` points to `len` writable elements that nothing else uses during `'a`.
-pub(crate) unsafe fn slice_mut<'a, T>(
-    owner: Owner,
-    field: &'static str,
-    ptr: *mut T,
-    len: usize,
-) -> Result<&'a mut [T]> {
-    // SAFETY: as the caller's; checked as a shared slice first, then made unique.
-    unsafe {
-        slice(owner, field, ptr as *const T, len)?;
-        Ok(if ptr.is_null() { &mut [] } else { std::slice::from_raw_parts_mut(ptr, len) })
-    }
-}
-
-/// [`slice_mut`], or `None` for a NULL pointer.
-///
-/// # Safety
-/// As [`slice_mut`].
-pub(crate) unsafe fn opt_slice_mut<'a, T>(
-    owner: Owner,
-    field: &'static str,
-    ptr: *mut T,
-    len: usize,
-) -> Result<Option<&'a mut [T]>> {
-    // SAFETY: as the caller's.
-    if ptr.is_null() {
-        Ok(None)
-    } else {
-        unsafe { slice_mut(owner, field, ptr, len) }.map(Some)
-    }
-}
-
 /// A C enum carried in a `uint32_t` field.
 pub(crate) trait CEnum: Sized + Copy + 'static {
     const NAME: &'static str;

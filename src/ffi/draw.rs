@@ -4,7 +4,8 @@
 //! [`Sampler::draw`](crate::Sampler::draw).
 
 use super::api::tokenrace_sampler;
-use super::convert::{arg_enum, opt_slice, opt_slice_mut, read_versioned, slice, slice_mut};
+use super::convert::{arg_enum, opt_slice, read_versioned, slice};
+use super::disjoint::{Disjoint, Region};
 use super::panic::guard;
 use super::types::*;
 use crate::batch::{
@@ -177,12 +178,13 @@ unsafe fn bitmask<'a>(b: &tokenrace_batch, rows: usize, vocab: usize) -> Result<
     Ok(Some(TokenBitmask { words, row_stride: stride }))
 }
 
-/// The Rust view of a C output for `rows` rows.
+/// The Rust view of a C output for the rows of `b`, and what its arrays share with `b`'s.
 ///
 /// # Safety
 /// Every non-NULL pointer of `o` covers the elements its sizes say, for `'a`, and nothing else
 /// uses them meanwhile.
-unsafe fn output_from_c<'a>(o: &tokenrace_output, rows: usize, vocab: usize) -> Result<Output<'a>> {
+unsafe fn output_from_c<'a>(o: &tokenrace_output, b: &Batch) -> Result<(Output<'a>, Disjoint)> {
+    let (rows, vocab) = (b.rows, b.vocab);
     let logprob_mode: tokenrace_logprob_mode = arg_enum(Owner::Output, "logprob_mode", o.logprob_mode)?;
     let top_n = o.top_n as usize;
     let topn_len =
@@ -196,21 +198,67 @@ unsafe fn output_from_c<'a>(o: &tokenrace_output, rows: usize, vocab: usize) -> 
         true => 0,
         false => span_of(Owner::Output, rows, vocab, full_stride, 4, "full_row_stride")?,
     };
+    let mut d = Disjoint::new(input_regions(b));
+    let out = Owner::Output;
     // SAFETY (every slice below): the caller's contract for the output's pointers.
-    Ok(Output {
-        tokens: unsafe { slice_mut(Owner::Output, "tokens", o.tokens, rows)? },
-        flags: unsafe { opt_slice_mut(Owner::Output, "flags", o.flags, rows)? },
-        logprobs: unsafe { opt_slice_mut(Owner::Output, "logprobs", o.logprobs, rows)? },
-        ranks: unsafe { opt_slice_mut(Owner::Output, "ranks", o.ranks, rows)? },
+    let output = Output {
+        tokens: unsafe { d.slice_mut(out, "tokens", o.tokens, rows)? },
+        flags: unsafe { d.opt_slice_mut(out, "flags", o.flags, rows)? },
+        logprobs: unsafe { d.opt_slice_mut(out, "logprobs", o.logprobs, rows)? },
+        ranks: unsafe { d.opt_slice_mut(out, "ranks", o.ranks, rows)? },
         top_n,
-        topn_ids: unsafe { opt_slice_mut(Owner::Output, "topn_ids", o.topn_ids, topn_len)? }.filter(|_| top_n > 0),
-        topn_logprobs: unsafe { opt_slice_mut(Owner::Output, "topn_logprobs", o.topn_logprobs, topn_len)? }
+        topn_ids: unsafe { d.opt_slice_mut(out, "topn_ids", o.topn_ids, if top_n > 0 { topn_len } else { 0 })? }
             .filter(|_| top_n > 0),
+        topn_logprobs: unsafe {
+            d.opt_slice_mut(out, "topn_logprobs", o.topn_logprobs, if top_n > 0 { topn_len } else { 0 })?
+        }
+        .filter(|_| top_n > 0),
         logprob_mode: logprob_mode.into(),
-        full_logprobs: unsafe { opt_slice_mut(Owner::Output, "full_logprobs", o.full_logprobs, full_len)? },
+        full_logprobs: unsafe { d.opt_slice_mut(out, "full_logprobs", o.full_logprobs, full_len)? },
         full_row_stride: full_stride,
         full_mode: full_mode.into(),
-    })
+    };
+    Ok((output, d))
+}
+
+/// The arrays a draw reads, for the check that no output shares memory with them.
+fn input_regions(b: &Batch) -> [Option<Region>; 25] {
+    fn input<T>(field: &'static str, s: Option<&[T]>) -> Option<Region> {
+        s.map(|s| Region::of(Owner::Batch, field, s))
+    }
+    let logits = match b.logits {
+        Logits::F32(s) => Region::of(Owner::Batch, "logits", s),
+        Logits::Bf16(s) => Region::of(Owner::Batch, "logits", s),
+        Logits::F16(s) => Region::of(Owner::Batch, "logits", s),
+    };
+    let (prompt, output, allowed, banned) = (b.prompt_tokens, b.output_tokens, b.allowed_tokens, b.banned_tokens);
+    [
+        Some(logits),
+        input("temperature", b.temperature),
+        input("seeds", b.seeds),
+        input("offsets", b.offsets),
+        input("seeded", b.seeded),
+        input("noise", b.noise.map(|n| n.values)),
+        input("top_k", b.top_k),
+        input("top_p", b.top_p),
+        input("min_p", b.min_p),
+        input("repetition_penalty", b.repetition_penalty),
+        input("frequency_penalty", b.frequency_penalty),
+        input("presence_penalty", b.presence_penalty),
+        input("bias_ids", b.logit_bias.map(|l| l.ids)),
+        input("bias_values", b.logit_bias.map(|l| l.values)),
+        input("bias_offsets", b.logit_bias.map(|l| l.offsets)),
+        input("allowed_rows", b.allowed_rows),
+        input("token_bitmask", b.token_bitmask.map(|m| m.words)),
+        input("prompt_ids", prompt.map(|l| l.ids)),
+        input("prompt_offsets", prompt.map(|l| l.offsets)),
+        input("output_ids", output.map(|l| l.ids)),
+        input("output_offsets", output.map(|l| l.offsets)),
+        input("allowed_ids", allowed.map(|l| l.ids)),
+        input("allowed_offsets", allowed.map(|l| l.offsets)),
+        input("banned_ids", banned.map(|l| l.ids)),
+        input("banned_offsets", banned.map(|l| l.offsets)),
+    ]
 }
 
 /// Draws one token per row. See docs/semantics.md for the exact rules. On failure nothing is
@@ -237,7 +285,12 @@ pub unsafe extern "C" fn tokenrace_draw(
             };
             let (b, o) = read().inspect_err(|_| s.inner.count_rejected())?;
             let batch = batch_from_c(&b).inspect_err(|_| s.inner.count_rejected())?;
-            let mut output = output_from_c(&o, batch.rows, batch.vocab).inspect_err(|_| s.inner.count_rejected())?;
+            let (mut output, arrays) = output_from_c(&o, &batch).inspect_err(|_| s.inner.count_rejected())?;
+            if let Some(overlap) = arrays.overlap() {
+                // A wrong size makes arrays overlap too: its own message says more.
+                s.inner.count_rejected();
+                return Err(s.inner.check_draw(&batch, &output).err().unwrap_or(overlap));
+            }
             s.inner.draw(&batch, &mut output)
         }
     })

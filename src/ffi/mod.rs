@@ -5,6 +5,7 @@
 //!
 //! - `types.rs`: status codes, enums, flags, versioned structs (the header's types);
 //! - `convert.rs`: versioned structs, caller pointers into slices, C enums;
+//! - `disjoint.rs`: outputs that share memory with an input or another output, refused;
 //! - `panic.rs`: [`guard`](panic::guard), the last error of the thread;
 //! - `api.rs`: the library, configurations and samplers; `draw.rs`: `tokenrace_draw`;
 //!   `pool_api.rs`: noise pools; `verify.rs`: `tokenrace_verify`.
@@ -17,6 +18,7 @@
 
 pub mod api;
 pub(crate) mod convert;
+pub(crate) mod disjoint;
 pub mod draw;
 pub(crate) mod panic;
 pub mod pool_api;

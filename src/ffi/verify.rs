@@ -4,7 +4,8 @@
 //! [`Sampler::verify`](crate::Sampler::verify).
 
 use super::api::tokenrace_sampler;
-use super::convert::{arg_enum, opt_slice, opt_slice_mut, read_versioned, slice, slice_mut};
+use super::convert::{arg_enum, opt_slice, read_versioned, slice};
+use super::disjoint::{Disjoint, Region};
 use super::panic::guard;
 use super::types::*;
 use crate::batch::{noise_span, span, ExternalNoise, Logits};
@@ -81,7 +82,7 @@ unsafe fn batch_from_c<'a>(b: &tokenrace_verify_batch) -> Result<VerifyBatch<'a>
 /// # Safety
 /// Every non-NULL pointer of `o` covers the elements its sizes say, for `'a`, and nothing else
 /// uses them meanwhile.
-unsafe fn output_from_c<'a>(o: &tokenrace_verify_output, b: &VerifyBatch) -> Result<VerifyOutput<'a>> {
+unsafe fn output_from_c<'a>(o: &tokenrace_verify_output, b: &VerifyBatch) -> Result<(VerifyOutput<'a>, Disjoint)> {
     let logprob_mode: tokenrace_logprob_mode = arg_enum(Owner::Output, "logprob_mode", o.logprob_mode)?;
     let max_n = b.draft_counts.iter().map(|&c| c.max(0) as usize).max().unwrap_or(0);
     let tokens_stride = size(o.tokens_stride);
@@ -94,15 +95,45 @@ unsafe fn output_from_c<'a>(o: &tokenrace_verify_output, b: &VerifyBatch) -> Res
         .ok_or_else(|| {
             Error::arg(Owner::Output, "tokens_stride", None, "requests x tokens_stride overflows the address space")
         })?;
+    let mut d = Disjoint::new(input_regions(b));
+    let out = Owner::Output;
     // SAFETY (every slice below): the caller's contract for the output's pointers.
-    Ok(VerifyOutput {
-        tokens: unsafe { slice_mut(Owner::Output, "tokens", o.tokens, len)? },
+    let output = VerifyOutput {
+        tokens: unsafe { d.slice_mut(out, "tokens", o.tokens, len)? },
         tokens_stride,
-        counts: unsafe { slice_mut(Owner::Output, "counts", o.counts, b.requests)? },
-        flags: unsafe { opt_slice_mut(Owner::Output, "flags", o.flags, b.requests)? },
-        logprobs: unsafe { opt_slice_mut(Owner::Output, "logprobs", o.logprobs, len)? },
+        counts: unsafe { d.slice_mut(out, "counts", o.counts, b.requests)? },
+        flags: unsafe { d.opt_slice_mut(out, "flags", o.flags, b.requests)? },
+        logprobs: unsafe { d.opt_slice_mut(out, "logprobs", o.logprobs, len)? },
         logprob_mode: logprob_mode.into(),
-    })
+    };
+    Ok((output, d))
+}
+
+/// The arrays a verify call reads, for the check that no output shares memory with them.
+fn input_regions(b: &VerifyBatch) -> [Option<Region>; 13] {
+    fn input<T>(field: &'static str, s: Option<&[T]>) -> Option<Region> {
+        s.map(|s| Region::of(Owner::Batch, field, s))
+    }
+    let logits = match b.logits {
+        Logits::F32(s) => Region::of(Owner::Batch, "logits", s),
+        Logits::Bf16(s) => Region::of(Owner::Batch, "logits", s),
+        Logits::F16(s) => Region::of(Owner::Batch, "logits", s),
+    };
+    [
+        Some(logits),
+        input("draft_counts", Some(b.draft_counts)),
+        input("draft_tokens", Some(b.draft_tokens)),
+        input("draft_probs", b.draft_probs.map(|q| q.values)),
+        input("temperature", b.temperature),
+        input("top_k", b.top_k),
+        input("top_p", b.top_p),
+        input("min_p", b.min_p),
+        input("seeds", b.seeds),
+        input("offsets", b.offsets),
+        input("seeded", b.seeded),
+        input("uniforms", b.uniforms),
+        input("noise", b.noise.map(|n| n.values)),
+    ]
 }
 
 /// Verifies draft tokens (speculative decoding) by vLLM's rejection sampling: for each request,
@@ -130,7 +161,12 @@ pub unsafe extern "C" fn tokenrace_verify(
             };
             let (b, o) = read().inspect_err(|_| s.inner.count_rejected())?;
             let batch = batch_from_c(&b).inspect_err(|_| s.inner.count_rejected())?;
-            let mut output = output_from_c(&o, &batch).inspect_err(|_| s.inner.count_rejected())?;
+            let (mut output, arrays) = output_from_c(&o, &batch).inspect_err(|_| s.inner.count_rejected())?;
+            if let Some(overlap) = arrays.overlap() {
+                // A wrong size makes arrays overlap too: its own message says more.
+                s.inner.count_rejected();
+                return Err(s.inner.check_verify(&batch, &output).err().unwrap_or(overlap));
+            }
             s.inner.verify(&batch, &mut output)
         }
     })
