@@ -261,7 +261,8 @@ typedef struct tokenrace_batch {
   uint64_t bitmask_row_stride;
 } tokenrace_batch;
 
-// Where a draw writes. Only `tokens` is required. Nothing is written if the call fails.
+// Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No
+// array may share memory with an input array or another output array (refused).
 typedef struct tokenrace_output {
   uint32_t struct_size;
   // A `tokenrace_logprob_mode` for `logprobs` and `topn_logprobs`.
@@ -374,7 +375,9 @@ typedef struct tokenrace_verify_batch {
   uint32_t reserved0;
   // `requests` draft counts, each >= 0.
   const int32_t *draft_counts;
-  // sum(draft_counts) draft token ids, request after request, each in [0, vocab).
+  // sum(draft_counts) draft token ids, request after request, each in [0, vocab) or -1 (vLLM's
+  // placeholder for a draft not proposed: rejected, the request's output ends at that
+  // position with a token drawn as for any rejected draft).
   const int32_t *draft_tokens;
   // The draft model's probabilities: one row of `vocab` f32 per draft token (>= 0, summing to
   // 1 within 1e-3), `draft_probs_row_stride` apart (0: vocab). NULL: the drafts are
@@ -409,7 +412,8 @@ typedef struct tokenrace_verify_batch {
 } tokenrace_verify_batch;
 
 // Where `tokenrace_verify()` writes. `tokens` and `counts` are required. Nothing is written if
-// the call fails.
+// the call fails. No array may share memory with an input array or another output array
+// (refused).
 typedef struct tokenrace_verify_output {
   uint32_t struct_size;
   // A `tokenrace_logprob_mode` for `logprobs`.
@@ -439,8 +443,13 @@ uint32_t tokenrace_abi_version(void);
 // The library version, e.g. "0.1.0". Static storage.
 const char *tokenrace_version(void);
 
-// The message of the last failed call on this thread ("" after a successful one). Valid until
-// the next tokenrace call on this thread.
+// The message of the last failed call on this thread: "" after a call that succeeded, and
+// before any call. Each thread has its own; calls on other threads never change it.
+//
+// The pointer belongs to the library. It stays valid, and its text unchanged, until the next
+// tokenrace call on this thread that returns a status (any call but `tokenrace_last_error`,
+// `tokenrace_version` and the other functions that return no status), and at most until the
+// thread exits: copy the text to keep it. Never free it.
 const char *tokenrace_last_error(void);
 
 // The SIMD level a sampler made from the environment would use ("avx512", "avx2",

@@ -31,8 +31,10 @@
 // them are gone; a Library may be a temporary. A Lease may outlive its NoisePool.
 //
 // Errors: a failed call throws tokenrace::Error, whose status() is the tokenrace_status and
-// whose what() is tokenrace_last_error() (it names the argument, e.g.
-// "tokenrace_draw: batch.top_p[3]: 1.5 is not in (0, 1]"). Loading throws tokenrace::LoadError
+// whose what() is a copy of tokenrace_last_error() taken when the call failed (it names the
+// argument, e.g. "tokenrace_draw: batch.top_p[3]: 1.5 is not in (0, 1]"): an Error stays valid
+// for as long as it lives, on any thread, whatever is called after it. (The C pointer itself is
+// valid only until the next call that returns a status on the same thread.) Loading throws tokenrace::LoadError
 // (reason(): cannot_open, missing_symbol, abi_mismatch). Destructors never throw.
 //
 // Threads: a Sampler and a NoisePool may be used from several threads at once (by reference);

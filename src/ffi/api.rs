@@ -41,8 +41,13 @@ pub extern "C" fn tokenrace_version() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr() as *const c_char
 }
 
-/// The message of the last failed call on this thread ("" after a successful one). Valid until
-/// the next tokenrace call on this thread.
+/// The message of the last failed call on this thread: "" after a call that succeeded, and
+/// before any call. Each thread has its own; calls on other threads never change it.
+///
+/// The pointer belongs to the library. It stays valid, and its text unchanged, until the next
+/// tokenrace call on this thread that returns a status (any call but `tokenrace_last_error`,
+/// `tokenrace_version` and the other functions that return no status), and at most until the
+/// thread exits: copy the text to keep it. Never free it.
 #[no_mangle]
 pub extern "C" fn tokenrace_last_error() -> *const c_char {
     last_error_ptr()

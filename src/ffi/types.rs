@@ -221,7 +221,8 @@ pub struct tokenrace_batch {
     pub min_p: *const f32,
     // Since 0.2: the rest of the sampling step (docs/semantics.md, The sampling step). Every
     // list is in CSR form: row r's entries are [offsets[r], offsets[r + 1]) of the id (and value)
-    // arrays, `offsets` has rows + 1 non-decreasing entries; a NULL offsets array means no list.
+    // arrays, `offsets` has rows + 1 non-decreasing entries; a NULL offsets array means no list
+    // (and then its ids and values must be NULL too: a list without offsets is refused).
     /// The prompt's token ids (repetition penalty): ids in [0, vocab).
     pub prompt_ids: *const i32,
     pub prompt_offsets: *const u64,
@@ -252,7 +253,8 @@ pub struct tokenrace_batch {
     pub bitmask_row_stride: u64,
 }
 
-/// Where a draw writes. Only `tokens` is required. Nothing is written if the call fails.
+/// Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No
+/// array may share memory with an input array or another output array (refused).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct tokenrace_output {
@@ -403,7 +405,9 @@ pub struct tokenrace_verify_batch {
     pub reserved0: u32,
     /// `requests` draft counts, each >= 0.
     pub draft_counts: *const i32,
-    /// sum(draft_counts) draft token ids, request after request, each in [0, vocab).
+    /// sum(draft_counts) draft token ids, request after request, each in [0, vocab) or -1 (vLLM's
+    /// placeholder for a draft not proposed: rejected, the request's output ends at that
+    /// position with a token drawn as for any rejected draft).
     pub draft_tokens: *const i32,
     /// The draft model's probabilities: one row of `vocab` f32 per draft token (>= 0, summing to
     /// 1 within 1e-3), `draft_probs_row_stride` apart (0: vocab). NULL: the drafts are
@@ -438,7 +442,8 @@ pub struct tokenrace_verify_batch {
 }
 
 /// Where `tokenrace_verify()` writes. `tokens` and `counts` are required. Nothing is written if
-/// the call fails.
+/// the call fails. No array may share memory with an input array or another output array
+/// (refused).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct tokenrace_verify_output {
