@@ -1,9 +1,11 @@
 //! Two jobs:
 //!
-//! - Gives the shared object its soname, `libtokenrace.so.0.1` for version 0.1.z: cargo-c's
+//! - Gives the shared object its soname, `libtokenrace.so.0.2` for version 0.2.z: cargo-c's
 //!   scheme (0.y.z → `0.y`, x.y.z → `x` for x >= 1), so a library installed by
 //!   `scripts/install.sh`, by `cargo cinstall` or inside the Python wheel is the same file, and a
-//!   program linked with `-ltokenrace` records the ABI it was built against.
+//!   program linked with `-ltokenrace` records the ABI it was built against; and lays out a
+//!   symlink of that name beside the library in the build directory, so that a program linked
+//!   against `target/release` starts.
 //! - With the `header` feature (the crate's own tests turn it on), generates the C header from
 //!   the `extern "C"` items in `src/ffi/` into `OUT_DIR` (never into the source tree: packaging
 //!   tools and `cargo publish` refuse a build that writes there). The header is committed as
@@ -36,11 +38,32 @@ fn set_soname() {
     // ELF platforms; elsewhere the linker's default naming stays.
     if ["linux", "freebsd", "netbsd", "openbsd", "dragonfly", "illumos"].contains(&os.as_str()) {
         println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,{}", soname());
+        link_soname_in_build_dir();
     }
     // For the tests that link C programs against the build directory's library. (Not named
     // TOKENRACE_*: cargo also sets it when it runs the tests, and the library warns about every
     // TOKENRACE_* variable that is not a setting.)
     println!("cargo:rustc-env=LIBTOKENRACE_SONAME={}", soname());
+}
+
+/// A program linked with `-ltokenrace` against the build directory asks the loader for the
+/// soname: a symlink of that name beside the built `libtokenrace.so` (in the profile's
+/// directory and in its `deps/`, where `cargo test` leaves it) lets such a program start, with
+/// `-Wl,-rpath` to that directory, as a runtime's CI builds its C tests. It dangles until the
+/// library is linked. `OUT_DIR` is `<profile dir>/build/<package>-<hash>/out` in cargo's layout;
+/// where it is not (a separate build directory), no profile directory is found and nothing is
+/// made.
+#[cfg(unix)]
+fn link_soname_in_build_dir() {
+    let Some(out_dir) = std::env::var_os("OUT_DIR").map(std::path::PathBuf::from) else { return };
+    let Some(profile_dir) = out_dir.ancestors().nth(3).filter(|d| d.join("deps").is_dir()) else { return };
+    for dir in [profile_dir.to_path_buf(), profile_dir.join("deps")] {
+        let link = dir.join(soname());
+        if std::fs::read_link(&link).is_err() {
+            let _ = std::fs::remove_file(&link);
+            let _ = std::os::unix::fs::symlink("libtokenrace.so", &link);
+        }
+    }
 }
 
 #[cfg(feature = "header")]
@@ -50,7 +73,17 @@ fn generate_header() {
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap());
     println!("cargo:rerun-if-changed=cbindgen.toml");
     println!("cargo:rerun-if-changed=src/ffi");
-    let config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("cbindgen.toml is readable");
+    let mut config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("cbindgen.toml is readable");
+    // The version a program was compiled against, for `#if` and for comparing with
+    // tokenrace_version() at run time.
+    let part = |p: &str| std::env::var(format!("CARGO_PKG_VERSION_{p}")).unwrap();
+    config.after_includes = Some(format!(
+        "\n// The version of the library this header comes with (tokenrace_version() is the loaded one's).\n\
+         #define TOKENRACE_VERSION_MAJOR {}\n#define TOKENRACE_VERSION_MINOR {}\n#define TOKENRACE_VERSION_PATCH {}",
+        part("MAJOR"),
+        part("MINOR"),
+        part("PATCH")
+    ));
     let bindings = cbindgen::Builder::new()
         .with_config(config)
         .with_src(crate_dir.join("src/ffi/types.rs"))
@@ -62,3 +95,6 @@ fn generate_header() {
         .expect("cbindgen generates the header");
     bindings.write_to_file(out_dir.join("tokenrace.h"));
 }
+
+#[cfg(not(unix))]
+fn link_soname_in_build_dir() {}

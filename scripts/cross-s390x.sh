@@ -222,7 +222,7 @@ STEP="cargo build --release (x86-64)"
 log "$STEP"
 cargo build --release --lib
 
-# The libraries carry a soname (build.rs: libtokenrace.so.0.1 for 0.1.z); the loader looks for it.
+# The libraries carry a soname (build.rs: libtokenrace.so.0.2 for 0.2.z); the loader looks for it.
 for dir in "$ROOT/target/release" "$S390X_LIB"; do
   so=$(readelf -d "$dir/libtokenrace.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
   [ -z "$so" ] || ln -sf libtokenrace.so "$dir/$so"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds libtokenrace (release) and installs it under PREFIX as a C library:
 #
-#   PREFIX/lib/libtokenrace.so.0.1.0                 the shared object, stripped, soname libtokenrace.so.0.1
-#   PREFIX/lib/libtokenrace.so.0.1, libtokenrace.so  symlinks (the loader's name, the linker's name)
+#   PREFIX/lib/libtokenrace.so.0.2.0                 the shared object, stripped, soname libtokenrace.so.0.2
+#   PREFIX/lib/libtokenrace.so.0.2, libtokenrace.so  symlinks (the loader's name, the linker's name)
 #   PREFIX/include/tokenrace/tokenrace.h, tokenrace.hpp
 #   PREFIX/lib/pkgconfig/tokenrace.pc                pkg-config --cflags --libs tokenrace
 #   PREFIX/lib/cmake/tokenrace/tokenraceConfig*.cmake  find_package(tokenrace) -> tokenrace::tokenrace
@@ -79,7 +79,10 @@ else
   ln -sf "libtokenrace.so.$version" "$lib_dest/$soname"
   ln -sf "libtokenrace.so.$version" "$lib_dest/libtokenrace.so"
   install -m 0644 include/tokenrace.h include/tokenrace.hpp "$inc_dest/"
-  sed -e "s|@PREFIX@|$prefix|; s|@LIBDIR@|$libdir|; s|@VERSION@|$version|" \
+  # Relocatable: the .pc file finds the prefix from its own place (${pcfiledir}).
+  pc_up=".."
+  for _ in $(echo "$libdir" | tr '/' ' '); do pc_up="$pc_up/.."; done
+  sed -e "s|@PC_TO_PREFIX@|$pc_up|; s|@LIBDIR@|$libdir|; s|@VERSION@|$version|" \
     packaging/tokenrace.pc.in >"$lib_dest/pkgconfig/tokenrace.pc"
 fi
 # Shipped without debug info or local symbols (the exported tokenrace_* symbols stay).

@@ -2,7 +2,9 @@
 # Installs tokenrace as a user would and uses it from outside the repository:
 #   1. scripts/install.sh into a fresh prefix; checks the soname, the symlinks, that the library
 #      is stripped, the headers, the .pc and CMake files;
-#   2. examples/c/draw.c built through `pkg-config --cflags --libs tokenrace`, run;
+#   2. examples/c/draw.c built through `pkg-config --cflags --libs tokenrace`, run; then every
+#      build and run line of the README as written (scripts/readme-commands.py), the in-tree
+#      link against target/release included;
 #   3. examples/cmake (find_package(tokenrace): the C example linked to tokenrace::tokenrace, the
 #      C++ dlopen example on tokenrace::headers), built and run;
 #   4. a fresh virtualenv, `pip install .`, then the numpy example run from another directory
@@ -27,8 +29,8 @@ version="$(cargo pkgid | sed 's/.*[#@]//')"
 lib="$prefix/lib/libtokenrace.so.$version"
 [ -f "$lib" ] || fail "no $lib"
 soname="$(readelf -d "$lib" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')"
-[ "$soname" = "libtokenrace.so.0.1" ] || fail "soname is '$soname', expected libtokenrace.so.0.1"
-for link in libtokenrace.so.0.1 libtokenrace.so; do
+[ "$soname" = "libtokenrace.so.0.2" ] || fail "soname is '$soname', expected libtokenrace.so.0.2"
+for link in libtokenrace.so.0.2 libtokenrace.so; do
   [ "$(readlink "$prefix/lib/$link")" = "libtokenrace.so.$version" ] || fail "$link is not a symlink to the library"
 done
 if readelf -S "$lib" | grep -q '\.debug_'; then fail "$lib has debug sections (it should be stripped)"; fi
@@ -41,6 +43,11 @@ echo "install: $lib ($(( $(stat -c %s "$lib") / 1024 )) KiB, stripped, soname $s
 # 2. A C program through pkg-config, compiled outside the repository.
 export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
 [ "$(pkg-config --modversion tokenrace)" = "$version" ] || fail "pkg-config --modversion"
+# Relocatable: a copy of the prefix elsewhere answers with its own paths.
+cp -a "$prefix" "$work/moved"
+moved_libdir="$(PKG_CONFIG_PATH="$work/moved/lib/pkgconfig" pkg-config --variable=libdir tokenrace)"
+[ "$(realpath "$moved_libdir")" = "$work/moved/lib" ] || fail "the .pc file is not relocatable: libdir $moved_libdir"
+rm -rf "$work/moved"
 cd "$work"
 # shellcheck disable=SC2046
 cc "$repo/examples/c/draw.c" -o draw -Wall -Wextra -Werror -std=c11 \
@@ -49,6 +56,9 @@ cc "$repo/examples/c/draw.c" -o draw -Wall -Wextra -Werror -std=c11 \
 grep -q '^row 0: token [0-9]*, .*(greedy)$' draw.out && grep -q '^refused: .*top_p\[1\]' draw.out \
   || { cat draw.out; fail "unexpected output of examples/c/draw.c"; }
 echo "pkg-config: examples/c/draw.c built and ran"
+# The README's own build and run lines, exactly as written (against this prefix and the build
+# tree install.sh just built): a missing -lm or soname link fails here.
+(cd "$repo" && python3 scripts/readme-commands.py "$prefix") || fail "a README line failed as written"
 
 # 3. A CMake project through find_package(tokenrace).
 cmake -S "$repo/examples/cmake" -B cmake-build -DCMAKE_PREFIX_PATH="$prefix" >cmake.log 2>&1 \
@@ -56,7 +66,7 @@ cmake -S "$repo/examples/cmake" -B cmake-build -DCMAKE_PREFIX_PATH="$prefix" >cm
 cmake --build cmake-build >>cmake.log 2>&1 || { cat cmake.log; fail "cmake build"; }
 ./cmake-build/draw >cmake-draw.out || { cat cmake-draw.out; fail "the CMake-built draw failed"; }
 cmp -s draw.out cmake-draw.out || fail "the CMake-built and pkg-config-built programs disagree"
-./cmake-build/dlopen_server "$prefix/lib/libtokenrace.so.0.1" >server.out \
+./cmake-build/dlopen_server "$prefix/lib/libtokenrace.so.0.2" >server.out \
   || { cat server.out; fail "the CMake-built dlopen_server failed"; }
 echo "cmake: find_package(tokenrace), draw and dlopen_server built and ran"
 

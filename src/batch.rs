@@ -14,8 +14,9 @@ pub enum LogprobMode {
     /// log_softmax of the logits as given (vLLM's default).
     #[default]
     Raw,
-    /// log_softmax of `(x - m) / T` over the tokens the filters keep (-inf elsewhere); greedy
-    /// rows report RAW.
+    /// log_softmax of `(x - m) / T` over the tokens the filters keep (-inf elsewhere), `x` the
+    /// row after the sampling step's inputs (penalties, bias, masks); greedy rows: log_softmax
+    /// of that row at temperature 1 without the filters (RAW when it has no such inputs).
     Processed,
 }
 

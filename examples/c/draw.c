@@ -3,7 +3,10 @@
  * Build against an installed tokenrace (scripts/install.sh PREFIX):
  *   export PKG_CONFIG_PATH=PREFIX/lib/pkgconfig
  *   cc examples/c/draw.c -o draw $(pkg-config --cflags --libs tokenrace) \
- *      -Wl,-rpath,$(pkg-config --variable=libdir tokenrace)
+ *      -Wl,-rpath,$(pkg-config --variable=libdir tokenrace) -lm
+ *   ./draw
+ * or against the build tree (cargo build --release):
+ *   cc examples/c/draw.c -o draw -Iinclude -Ltarget/release -ltokenrace -Wl,-rpath,$PWD/target/release -lm
  *   ./draw
  */
 #include <math.h>

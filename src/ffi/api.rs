@@ -35,7 +35,7 @@ pub extern "C" fn tokenrace_abi_version() -> u32 {
     TOKENRACE_ABI_VERSION
 }
 
-/// The library version, e.g. "0.1.0". Static storage.
+/// The library version, e.g. "0.2.0". Static storage.
 #[no_mangle]
 pub extern "C" fn tokenrace_version() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr() as *const c_char

@@ -100,7 +100,8 @@ pub enum tokenrace_log_level {
 pub enum tokenrace_logprob_mode {
     /// log_softmax of the logits as given (vLLM's default).
     Raw = 0,
-    /// log_softmax after temperature and the filters (greedy rows report RAW).
+    /// log_softmax after the sampling step's inputs, temperature and the filters (greedy rows: of the
+    /// row after the sampling step's inputs, at temperature 1 and without the filters).
     Processed = 1,
 }
 

@@ -35,7 +35,7 @@ __all__ = [
 
 
 def version() -> str:
-    """The native library's version, e.g. "0.1.0"."""
+    """The native library's version, e.g. "0.2.0"."""
     return _ffi.lib().tokenrace_version().decode()
 
 
