@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >> .git/info/exclude
 rm -rf .device && mkdir -p .device/bin .device/lib
-cargo rustc --lib --release --crate-type cdylib --quiet   # the command install.sh and pip run: one build
+cargo build --lib --release --quiet   # the command install.sh and the demo run: one build
 cargo build --release --features internals --bin tokenrace-bench --quiet
 cargo test --no-run --quiet --message-format=json 2>/dev/null | python3 -c '
 import json, sys, shutil, os

@@ -71,8 +71,12 @@ if [ "$use_cargo_c" = 1 ]; then
   cargo cinstall --release --library-type cdylib --prefix "$prefix" --libdir "$prefix/$libdir" \
     ${DESTDIR:+--destdir "$DESTDIR"}
 else
-  # The same command setuptools-rust runs for `pip install .`, so the two share one build.
-  cargo rustc --quiet --lib --release --crate-type cdylib
+  # The library as `cargo build --release` and the demo (`cargo run --release --example demo`)
+  # build it, so that one build serves all three.
+  echo "install.sh: building the release library (cargo build --release --lib; several minutes the first time)"
+  build_start=$SECONDS
+  cargo build --release --lib
+  echo "install.sh: built in $((SECONDS - build_start)) s"
   built="${CARGO_TARGET_DIR:-target}/release/libtokenrace.so"
   install -d "$lib_dest" "$inc_dest" "$lib_dest/pkgconfig"
   install -m 0755 "$built" "$lib_dest/libtokenrace.so.$version"

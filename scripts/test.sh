@@ -16,6 +16,24 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export TOKENRACE_LIB_DIR="$PWD/target/debug/deps"
 stamp() { echo "[test.sh $(date +%T), ${SECONDS}s] $*"; }
+
+# Every tool the run needs, checked before anything is built.
+missing=()
+for tool in cargo cc c++ python3 cmake pkg-config readelf; do
+  command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
+done
+python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=("python3-venv")
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "test.sh: missing: ${missing[*]}" >&2
+  echo "  on Debian/Ubuntu: apt-get install build-essential cmake pkg-config binutils python3-venv valgrind" >&2
+  echo "  Rust: curl -sSf https://sh.rustup.rs | sh -s -- -y   (.ci/run installs all of it)" >&2
+  exit 1
+fi
+command -v valgrind >/dev/null 2>&1 || echo "test.sh: valgrind is not installed: the memcheck step will be skipped"
+
+stamp "building the integration tests (the first build of the crate takes several minutes on 2 cores)"
+cargo test --no-run --test '*' 2>&1 | grep -v '^ *Executable' >&2
+stamp "running the integration tests"
 cargo test --quiet --test '*'
 stamp "integration tests done"
 unit_env=(env CARGO_TARGET_DIR="$PWD/target/unit" CARGO_PROFILE_TEST_OPT_LEVEL=0)
@@ -33,8 +51,14 @@ else
   memcheck=
 fi
 if [ -d tests/python ]; then
-  python3 -m pip install --quiet --disable-pip-version-check -r requirements-test.txt
-  TOKENRACE_LIBRARY="$TOKENRACE_LIB_DIR/libtokenrace.so" python3 -m pytest -q tests/python
+  # In a virtualenv of its own (target/test-venv): never into the system's Python, which Debian
+  # refuses (externally-managed-environment) and a user would not want changed.
+  venv="$PWD/target/test-venv"
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  stamp "python: installing numpy and pytest into $venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements-test.txt
+  stamp "python: running the binding's tests (-rs: the reason of every skip is printed)"
+  TOKENRACE_LIBRARY="$TOKENRACE_LIB_DIR/libtokenrace.so" "$venv/bin/python" -m pytest -q -rs tests/python
 fi
 if [ -n "$memcheck" ]; then
   wait "$memcheck" || { cat target/memcheck.log; echo "memcheck: FAILED" >&2; exit 1; }
