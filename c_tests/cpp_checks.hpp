@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -824,6 +825,27 @@ inline void verify_greedy_and_errors(const tokenrace::Library& lib) {
   tokenrace::Sampler owner = std::move(sampler);
   CHECK_THROWS(sampler.verify(target, counts, drafts), TOKENRACE_STATUS_CLOSED, "moved from");
   CHECK(owner.verify(target, counts, drafts, tokenrace::VerifyOptions().temperature(greedy)).tokens == r.tokens);
+}
+
+// Run first in its process (the level is fixed when the first sampler is made): with
+// TOKENRACE_LOG_LEVEL=info the sampler's SIMD message reaches the program's log function, on the
+// thread that made it, with its level and target; an empty function restores stderr.
+inline void log_messages_reach_the_callback(const tokenrace::Library& lib) {
+  setenv("TOKENRACE_LOG_LEVEL", "info", 1);
+  std::vector<std::string> seen;
+  lib.set_log_callback([&seen](tokenrace_log_level level, const std::string& target, const std::string& text) {
+    if (level == TOKENRACE_LOG_LEVEL_INFO && target.rfind("tokenrace", 0) == 0) seen.push_back(text);
+  });
+  { tokenrace::Sampler sampler(lib, tokenrace::Config().max_rows(4)); }
+  lib.set_log_callback(nullptr);
+  unsetenv("TOKENRACE_LOG_LEVEL");
+  bool simd = false;
+  for (const std::string& text : seen) simd |= text.find("SIMD level") != std::string::npos;
+  CHECK(simd);
+  // A throwing function loses its message, never reaches the library.
+  lib.set_log_callback([](tokenrace_log_level, const std::string&, const std::string&) { throw std::runtime_error("x"); });
+  { tokenrace::NoisePool pool(lib, tokenrace::PoolConfig().vocab_size(8).rows(2).seed(1)); }
+  lib.set_log_callback(nullptr);
 }
 
 // Every check above on `lib`; returns the number of failures (an unexpected exception is one).

@@ -42,6 +42,7 @@ static void check_throws_the_linked_message() {
 
 int main() {
   try {
+    checks::log_messages_reach_the_callback(tokenrace::Library::linked());
     linked_mode_reaches_the_symbols();
     constructors_default_to_the_linked_library();
     check_throws_the_linked_message();

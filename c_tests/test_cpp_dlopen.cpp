@@ -84,6 +84,7 @@ int main(int argc, char** argv) {
   }
   const std::string path = argv[1];
   try {
+    checks::log_messages_reach_the_callback(tokenrace::Library(path));
     load_errors_say_what_is_wrong(argv[2], argv[3]);
     objects_outlive_their_library(path);
     the_default_names_are_searched();

@@ -133,7 +133,8 @@ typedef enum tokenrace_log_level {
 typedef enum tokenrace_logprob_mode {
   // log_softmax of the logits as given (vLLM's default).
   TOKENRACE_LOGPROB_MODE_RAW = 0,
-  // log_softmax after temperature and the filters (greedy rows report RAW).
+  // log_softmax after the sampling step's inputs, temperature and the filters (greedy rows: of the
+  // row after the sampling step's inputs, at temperature 1 and without the filters).
   TOKENRACE_LOGPROB_MODE_PROCESSED = 1,
 } tokenrace_logprob_mode;
 
@@ -168,6 +169,16 @@ typedef struct tokenrace_pool tokenrace_pool;
 // the sampler had a pool (a pool's producers do not exist in the child). Freeing it there always
 // returns. `tokenrace_sampler_attach_pool()` fails in the child: make a new sampler there.
 typedef struct tokenrace_sampler tokenrace_sampler;
+
+// A host's log function: called with the message's level (a `tokenrace_log_level`, 1 = error
+// .. 5 = trace), its target (the library's module, e.g. "tokenrace::sampler"), the message, and
+// the `user_data` given to `tokenrace_set_log_callback()`. `target` and `message` are valid only
+// during the call. It may be called from any thread (the library's worker and pool threads
+// too), from several at once, and must not unwind (throw) into the library.
+typedef void (*tokenrace_log_callback)(uint32_t level,
+                                       const char *target,
+                                       const char *message,
+                                       void *user_data);
 
 // Sampler settings. Get one from `tokenrace_config_default()` or `tokenrace_config_from_env()`,
 // change fields, pass it to `tokenrace_sampler_new()`. `docs/configuration.md` documents each.
@@ -480,6 +491,14 @@ const char *tokenrace_version(void);
 // `tokenrace_version` and the other functions that return no status), and at most until the
 // thread exits: copy the text to keep it. Never free it.
 const char *tokenrace_last_error(void);
+
+// Sends the library's log messages to `callback` (NULL: back to stderr, the default), for a
+// host that routes them into its own log (the convention of llama.cpp's `llama_log_set`).
+// Which messages are produced is `TOKENRACE_LOG_LEVEL` (or the first sampler config's
+// `log_level`; default warnings and errors). The library installs its logger when the first
+// sampler or pool is made, unless the process already has a Rust `log` logger (then that one
+// receives the messages and the callback is never called). Since 0.2.
+void tokenrace_set_log_callback(tokenrace_log_callback callback, void *user_data);
 
 // The SIMD level a sampler made from the environment would use ("avx512", "avx2",
 // "portable" or "scalar"): `TOKENRACE_SIMD` if set and supported, else the best this CPU has.

@@ -47,7 +47,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -63,6 +65,7 @@ namespace tokenrace {
   X(abi_version)                   \
   X(version)                       \
   X(last_error)                    \
+  X(set_log_callback)              \
   X(simd_level)                    \
   X(config_default)                \
   X(config_from_env)               \
@@ -154,6 +157,32 @@ inline std::string dl_error_text() {
 
 inline std::string c_string(const char* text) { return text ? text : ""; }
 
+// The program's log function (Library::set_log_callback), reached from the library's threads
+// through the trampoline. Both live on the heap and are never destroyed: a library thread may log
+// while the program's static objects are being destroyed at exit.
+using LogFunction = std::function<void(tokenrace_log_level, const std::string& target, const std::string& message)>;
+inline std::mutex& log_mutex() {
+  static std::mutex* mutex = new std::mutex;
+  return *mutex;
+}
+inline std::shared_ptr<const LogFunction>& log_function() {
+  static auto* function = new std::shared_ptr<const LogFunction>;
+  return *function;
+}
+inline void log_trampoline(uint32_t level, const char* target, const char* message, void*) {
+  std::shared_ptr<const LogFunction> function;
+  {
+    std::lock_guard<std::mutex> lock(log_mutex());
+    function = log_function();
+  }
+  if (!function) return;
+  try {
+    (*function)(tokenrace_log_level(level), target ? target : "", message ? message : "");
+  } catch (...) {
+    // The library must never see an exception: a throwing log function loses the message.
+  }
+}
+
 }  // namespace detail
 
 // The tokenrace library, linked or loaded: a cheap, copyable reference to one function table.
@@ -202,6 +231,20 @@ class Library {
   std::string version() const { return detail::c_string(api().version()); }
   // The SIMD level a sampler made from the environment would use ("avx512", "avx2", ...).
   std::string simd_level() const { return detail::c_string(api().simd_level()); }
+
+  // Sends the library's log messages (level, target, text) to `function` instead of stderr; an
+  // empty function restores stderr. It is called from any thread of the library, possibly from
+  // several at once, and may throw nothing into the library (an exception is caught and the
+  // message dropped). One function per process: the last one set wins.
+  // TOKENRACE_LOG_LEVEL (default: warnings) says which messages are produced.
+  void set_log_callback(std::function<void(tokenrace_log_level, const std::string&, const std::string&)> function) const {
+    auto shared = function ? std::make_shared<const detail::LogFunction>(std::move(function)) : nullptr;
+    {
+      std::lock_guard<std::mutex> lock(detail::log_mutex());
+      detail::log_function() = shared;
+    }
+    api().set_log_callback(shared ? &detail::log_trampoline : nullptr, nullptr);
+  }
 
   // Throws Error with this library's message when `status` is not OK.
   void check(tokenrace_status status) const {

@@ -82,7 +82,7 @@ struct ForkedKeys {
 impl Sampler {
     pub fn new(cfg: Config) -> Result<Sampler> {
         cfg.validate()?;
-        logging::init(cfg.log_level);
+        logging::warn_unknown_vars_once();
         let level = kernels::resolve(cfg.simd)?;
         logging::announce_simd(level, cfg.simd);
         let seed = cfg.seed.unwrap_or_else(entropy_seed);

@@ -9,7 +9,7 @@ use crate::config::{self, Config, SimdChoice};
 use crate::error::{Error, Result};
 use crate::kernels::{self, SimdLevel};
 use crate::sampler::{Sampler, SamplerStats};
-use std::ffi::c_char;
+use std::ffi::{c_char, c_void};
 use std::mem::size_of;
 
 /// An opaque sampler. Safe to use from several threads at once.
@@ -51,6 +51,25 @@ pub extern "C" fn tokenrace_version() -> *const c_char {
 #[no_mangle]
 pub extern "C" fn tokenrace_last_error() -> *const c_char {
     last_error_ptr()
+}
+
+/// A host's log function: called with the message's level (a `tokenrace_log_level`, 1 = error
+/// .. 5 = trace), its target (the library's module, e.g. "tokenrace::sampler"), the message, and
+/// the `user_data` given to `tokenrace_set_log_callback()`. `target` and `message` are valid only
+/// during the call. It may be called from any thread (the library's worker and pool threads
+/// too), from several at once, and must not unwind (throw) into the library.
+pub type tokenrace_log_callback =
+    Option<unsafe extern "C" fn(level: u32, target: *const c_char, message: *const c_char, user_data: *mut c_void)>;
+
+/// Sends the library's log messages to `callback` (NULL: back to stderr, the default), for a
+/// host that routes them into its own log (the convention of llama.cpp's `llama_log_set`).
+/// Which messages are produced is `TOKENRACE_LOG_LEVEL` (or the first sampler config's
+/// `log_level`; default warnings and errors). The library installs its logger when the first
+/// sampler or pool is made, unless the process already has a Rust `log` logger (then that one
+/// receives the messages and the callback is never called). Since 0.2.
+#[no_mangle]
+pub extern "C" fn tokenrace_set_log_callback(callback: tokenrace_log_callback, user_data: *mut c_void) {
+    guard_void(|| crate::logging::set_callback(callback, user_data));
 }
 
 /// The SIMD level a sampler made from the environment would use ("avx512", "avx2",
@@ -137,6 +156,7 @@ pub unsafe extern "C" fn tokenrace_sampler_new(
             // SAFETY: the caller's contract for `config`.
             config_from_c(&unsafe { read_versioned(config, "config") }?)?
         };
+        crate::logging::install(cfg.log_level);
         let sampler = Box::new(tokenrace_sampler { inner: Sampler::new(cfg)? });
         // SAFETY: `out` is writable (the caller's contract) and not NULL (checked).
         unsafe { out.write(Box::into_raw(sampler)) };

@@ -118,6 +118,7 @@ pub unsafe extern "C" fn tokenrace_pool_new(
             // SAFETY: the caller's contract for `config`.
             pool_config_from_c(&unsafe { read_versioned(config, "config") }?)?
         };
+        crate::logging::install_from_env();
         let pool = Arc::new(Pool::new(cfg)?);
         let handle = Arc::new(tokenrace_pool {
             inner: PoolHandle {

@@ -642,7 +642,7 @@ impl Pool {
 
     #[doc(hidden)]
     pub fn with_options(mut cfg: PoolConfig, opts: PoolOptions) -> Result<Pool> {
-        crate::logging::init_from_env();
+        crate::logging::warn_unknown_vars_once();
         cfg.validate()?;
         let level = opts.level.unwrap_or_else(kernels::best_level);
         let seed = *cfg.seed.get_or_insert_with(entropy_seed);

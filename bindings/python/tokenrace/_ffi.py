@@ -10,7 +10,9 @@ end, as the header does (``struct_size`` tells the library which fields the call
 
 from __future__ import annotations
 
+import atexit
 import ctypes
+import logging
 import os
 import sys
 import threading
@@ -342,7 +344,39 @@ _SIGNATURES = {
     "tokenrace_pool_get_stats": (status, [pool_p, POINTER(tokenrace_pool_stats)]),
     "tokenrace_sampler_attach_pool": (status, [sampler_p, pool_p]),
     "tokenrace_verify": (status, [sampler_p, POINTER(tokenrace_verify_batch), POINTER(tokenrace_verify_output)]),
+    "tokenrace_set_log_callback": (None, [ctypes.c_void_p, ctypes.c_void_p]),
 }
+
+# ----------------------------------------------------------------------------------------------
+# Logging: the library's messages go to logging.getLogger("tokenrace") (a message of the native
+# module ``tokenrace::sampler`` to the logger "tokenrace.sampler"), so that ``logging``'s
+# configuration shows, silences or captures them. TOKENRACE_LOG_LEVEL says which messages the
+# library produces (default: warnings); with no handler configured, Python's last resort prints
+# warnings and errors to stderr, as the library would.
+
+LOG_CALLBACK = ctypes.CFUNCTYPE(None, c_uint32, c_char_p, c_char_p, ctypes.c_void_p)
+_LEVELS = {1: logging.ERROR, 2: logging.WARNING, 3: logging.INFO, 4: logging.DEBUG, 5: logging.DEBUG - 5}
+
+
+def _route_log(level, target, message, _user_data):
+    try:
+        name = (target or b"tokenrace").decode(errors="replace").replace("::", ".")
+        logging.getLogger(name).log(_LEVELS.get(level, logging.WARNING), "%s",
+                                    (message or b"").decode(errors="replace"))
+    except Exception:  # noqa: BLE001 - nothing may propagate into the library's thread
+        pass
+
+
+# Kept alive for as long as the library may call it (the process).
+_log_trampoline = LOG_CALLBACK(_route_log)
+
+
+def _unroute_log(handle):
+    # At exit, before the interpreter goes: a library thread logging later writes to stderr.
+    try:
+        handle.tokenrace_set_log_callback(None, None)
+    except Exception:  # noqa: BLE001
+        pass
 
 # ----------------------------------------------------------------------------------------------
 # Loading
@@ -394,8 +428,9 @@ def candidate_paths() -> list:
 
 
 # Functions added since 0.1: a library without them still loads (same ABI version), and the
-# binding's calls that need one raise UnsupportedError naming it (``Sampler.verify``).
-SINCE_0_2 = frozenset({"tokenrace_verify"})
+# binding's calls that need one raise UnsupportedError naming it (``Sampler.verify``); without
+# tokenrace_set_log_callback, messages stay on stderr.
+SINCE_0_2 = frozenset({"tokenrace_verify", "tokenrace_set_log_callback"})
 
 
 def _declare(handle):
@@ -419,6 +454,9 @@ def _open(path):
     abi = handle.tokenrace_abi_version()
     if abi != ABI_VERSION:
         raise OSError(f"{path} has tokenrace ABI version {abi}; this binding needs {ABI_VERSION}")
+    if hasattr(handle, "tokenrace_set_log_callback"):
+        handle.tokenrace_set_log_callback(ctypes.cast(_log_trampoline, ctypes.c_void_p), None)
+        atexit.register(_unroute_log, handle)
     return handle
 
 
