@@ -56,7 +56,7 @@ pub enum DrainPolicy {
     Block,
 }
 
-/// How much tokenrace logs (to stderr, through `env_logger`, unless the host installed a logger).
+/// How much tokenrace logs (to the host's log function, Python's `logging`, or stderr).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum LogLevel {
     Off,
@@ -232,7 +232,7 @@ pub static SETTINGS: &[Setting] = &[
         field: "log_level",
         default: "warn",
         accepted: "off, error, warn, info, debug, trace",
-        doc: "How much tokenrace logs to stderr (unless the host process installed a Rust logger).",
+        doc: "How much tokenrace logs (to the host's log function, Python's `logging`, or stderr).",
         apply: Apply::Sampler(|c, v| {
             Ok(c.log_level = parse_choice(
                 v,
