@@ -224,7 +224,7 @@ fn race_row<V: RowValues + ?Sized>(
         let m = sc.top;
         let few = m.is_finite() && filter::few_heavy_blocks(bmax, m, filter_inv_t);
         if let Some((f, floor)) = few.then(|| filter::decided_after_race(batch, r, m, filter_inv_t)).flatten() {
-            let won = v.race(k, 0, v.n(), bmax, RaceParams { m, inv_t, floor }, noise);
+            let won = v.race(k, 0, v.n(), bmax, RaceParams { m, inv_t, floor }, noise).map_err(|e| in_row(r, e))?;
             if won.token != usize::MAX {
                 let values_ge = |lo| filter::row_values_ge(k, v, bmax, lo);
                 let at = (v.at(won.token), &values_ge as filter::ValuesGe);
@@ -235,13 +235,19 @@ fn race_row<V: RowValues + ?Sized>(
         }
     }
     let params = race_params(k, batch, r, v, bmax, sc, plan)?;
-    let won = params.map(|(p, noise)| v.race(k, 0, v.n(), bmax, p, noise));
+    let won = params.map(|(p, noise)| v.race(k, 0, v.n(), bmax, p, noise)).transpose().map_err(|e| in_row(r, e))?;
     Ok((won, params.map_or(f32::NEG_INFINITY, |(p, _)| p.floor)))
 }
 
 /// An error of row `r` (an allocation of its filters), named so; nothing is written.
 pub(crate) fn in_row(r: usize, e: Error) -> Error {
     let message = format!("row {r}: {}; nothing was written", e.message);
+    Error { message, ..e }
+}
+
+/// An error of the call, not of one row (an allocation for every row); nothing is written.
+fn nothing_written(e: Error) -> Error {
+    let message = format!("{}; nothing was written", e.message);
     Error { message, ..e }
 }
 
@@ -406,7 +412,7 @@ fn draw_edited<V: RowValues + ?Sized>(
         let won = match plan {
             RowPlan::Sample { inv_t, noise, .. } if sc.top.is_finite() => {
                 let p = RaceParams { m: sc.top, inv_t, floor: f32::NEG_INFINITY };
-                Some(v.race_edited(k, e.keep(), &bmax, &e.overrides, p, noise))
+                Some(v.race_edited(k, e.keep(), &bmax, &e.overrides, p, noise).map_err(|e| in_row(r, e))?)
             }
             _ => None,
         };
@@ -448,7 +454,9 @@ fn draw_by_blocks_after_race<V: RowValues + ?Sized>(
         }
         let Some((f, floor)) = filter::decided_after_race(batch, r, m, filter_inv_t) else { return Ok(None) };
         let edited = EditedBlocks { edits: e, values: v };
-        let won = v.race_blocks(k, e.keep(), &bmax, RaceParams { m, inv_t, floor }, key, &edited);
+        let won = v
+            .race_blocks(k, e.keep(), &bmax, RaceParams { m, inv_t, floor }, key, &edited)
+            .map_err(|e| in_row(r, e))?;
         if won.token == usize::MAX {
             return Ok(None);
         }
@@ -490,25 +498,29 @@ fn draw_by_blocks<V: RowValues + ?Sized>(
             if d.worth_it(&bmax, inv_t) {
                 d.refine(&mut bmax);
                 let sc = summarize(&bmax, f32::NEG_INFINITY, has_nan, plan);
-                return Ok(race_by_blocks(k, v, (e.keep(), &bmax, &sc), plan, &d, |top| d.first_of(&bmax, top)));
+                return race_by_blocks(k, v, (e.keep(), &bmax, &sc), plan, &d, |top| d.first_of(&bmax, top))
+                    .map_err(|e| in_row(r, e));
             }
             drop(d);
             e.complete(k, batch, r);
             e.refine_bounds(k, v, &mut bmax);
             let sc = summarize(&bmax, f32::NEG_INFINITY, has_nan, plan);
             let edited = EditedBlocks { edits: e, values: v };
-            return Ok(race_by_blocks(k, v, (e.keep(), &bmax, &sc), plan, &edited, |top| e.first_of(v, &bmax, top)));
+            return race_by_blocks(k, v, (e.keep(), &bmax, &sc), plan, &edited, |top| e.first_of(v, &bmax, top))
+                .map_err(|e| in_row(r, e));
         }
         let has_nan = e.bounds(k, v, &mut bmax);
         let sc = summarize(&bmax, f32::NEG_INFINITY, has_nan, plan);
         let edited = EditedBlocks { edits: e, values: v };
-        Ok(race_by_blocks(k, v, (e.keep(), &bmax, &sc), plan, &edited, |top| e.first_of(v, &bmax, top)))
+        race_by_blocks(k, v, (e.keep(), &bmax, &sc), plan, &edited, |top| e.first_of(v, &bmax, top))
+            .map_err(|e| in_row(r, e))
     })
 }
 
 /// [`draw_by_blocks`] once the row's blocks are bounded (`bmax`, summarized in `sc`): the race
 /// over the kept tokens (`keep`) and the touched ones (`edited`), and, for a greedy row or when
-/// no key is above -inf, the lowest token of the largest value (`first_of`).
+/// no key is above -inf, the lowest token of the largest value (`first_of`). Fails only if the
+/// race's scratch cannot be allocated.
 fn race_by_blocks<V: RowValues + ?Sized>(
     k: &Kernels,
     v: &V,
@@ -516,12 +528,12 @@ fn race_by_blocks<V: RowValues + ?Sized>(
     plan: RowPlan,
     edited: &dyn BlockValues,
     first_of: impl Fn(f32) -> usize,
-) -> Drawn {
+) -> Result<Drawn> {
     let won = match plan {
         RowPlan::Sample { inv_t, noise, .. } if sc.top.is_finite() => {
             let p = RaceParams { m: sc.top, inv_t, floor: f32::NEG_INFINITY };
             Some(match noise {
-                RaceNoise::Inline(key) => v.race_blocks(k, keep, bmax, p, key, edited),
+                RaceNoise::Inline(key) => v.race_blocks(k, keep, bmax, p, key, edited)?,
                 // SAFETY: the noise row holds `n` values (checked by `validate`, or a pool
                 // lease of the row's length). (A deferred row is never on external noise: this
                 // race reads every block's kept tokens from `keep`.)
@@ -538,7 +550,7 @@ fn race_by_blocks<V: RowValues + ?Sized>(
         _ => first_of(sc.top) as i32,
     };
     let info = RowInfo { top: sc.top, floor: f32::NEG_INFINITY, edited: true };
-    Drawn { token, flags: sc.flags, info, logprobs_done: false }
+    Ok(Drawn { token, flags: sc.flags, info, logprobs_done: false })
 }
 
 /// The lowest token whose processed value is `top`: among the kept tokens (the first block whose
@@ -682,6 +694,9 @@ pub(crate) fn run(
     // them can fail).
     let needs_processed = out.full_logprobs.is_some() && out.full_mode != FullMode::Raw;
     let mut processed = if needs_processed { Processed::build(k, batch, &info)? } else { Processed::none(batch.rows) };
+    if out.full_logprobs.is_some() {
+        processed.reserve_full(batch.vocab).map_err(nothing_written)?;
+    }
     if let Some(l) = logprobs.as_mut() {
         let tokens: Vec<i32> = drawn.iter().map(|d| d.token).collect();
         let done: Vec<bool> = drawn.iter().map(|d| d.logprobs_done).collect();
