@@ -155,6 +155,11 @@ thread_local! {
     static COUNTED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// What this thread keeps for the ranks, for `draw::KEPT_PER_THREAD`.
+pub(crate) fn kept() -> crate::alloc::Kept {
+    alloc::kept_vec(&COUNTED, || alloc::release_vec(&COUNTED))
+}
+
 impl LogprobFn {
     /// The smallest value whose logprob is at least `target` (finite), given that `x`'s is.
     /// The map is monotone in the value (an f64 subtraction, a product by `s > 0`, a

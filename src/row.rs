@@ -215,6 +215,19 @@ thread_local! {
     static BLOCK_NOISE: std::cell::RefCell<Vec<BlockNoise>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// What this thread keeps in the race's scratch and the block noise of edited tokens, for
+/// `draw::KEPT_PER_THREAD`.
+pub(crate) fn kept() -> [crate::alloc::Kept; 2] {
+    let bytes = RACE_SCRATCH.try_with(|b| b.try_borrow().map_or(0, |s| s.capacity_bytes())).unwrap_or(0);
+    let release = || {
+        let _ = RACE_SCRATCH.try_with(|b| b.try_borrow_mut().map(|mut s| *s = RaceScratch::default()));
+    };
+    [
+        crate::alloc::Kept { bytes, release },
+        crate::alloc::kept_vec(&BLOCK_NOISE, || crate::alloc::release_vec(&BLOCK_NOISE)),
+    ]
+}
+
 /// Runs `race` with this thread's race scratch, room made first for `blocks` blocks (the
 /// allocation that can fail, here rather than inside the kernel).
 fn with_scratch<R>(blocks: usize, race: impl FnOnce(&mut RaceScratch) -> R) -> Result<R> {

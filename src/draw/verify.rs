@@ -509,8 +509,22 @@ fn checks_q(plans: &[RowPlan], d: &Drafts) -> bool {
 
 /// Verifies every request (`drafts`, with their validated q rows), spread over `workers` by
 /// requests when the call is large enough to be worth it. Fails with the lowest failing
-/// request's error; nothing is written here.
+/// request's error; nothing is written here. Either way this thread then keeps at most
+/// [`super::KEPT_PER_THREAD`].
 pub(crate) fn run(
+    k: &Kernels,
+    batch: &Batch,
+    plans: &[RowPlan],
+    drafts: &[Drafts],
+    workers: Option<&super::Workers>,
+    logprobs: Option<LogprobMode>,
+) -> Result<Vec<Verified>> {
+    let verified = run_call(k, batch, plans, drafts, workers, logprobs);
+    super::trim_kept();
+    verified
+}
+
+fn run_call(
     k: &Kernels,
     batch: &Batch,
     plans: &[RowPlan],

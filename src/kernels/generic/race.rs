@@ -498,6 +498,12 @@ impl RaceScratch {
         crate::alloc::reserve(&mut self.done, blocks, WHAT)
     }
 
+    /// The bytes this scratch holds.
+    pub(crate) fn capacity_bytes(&self) -> usize {
+        4 * (self.cheap.capacity() + self.e.capacity() + self.g.capacity() + self.u.capacity() + self.j.capacity())
+            + self.done.capacity()
+    }
+
     /// Makes room for `blocks` blocks, no chunk's noise worked out; allocates nothing after
     /// [`RaceScratch::reserve`] of at least `blocks`.
     fn reset(&mut self, blocks: usize, lanes: usize) {
