@@ -300,17 +300,23 @@ fn logprobs_of_a_huge_row_run_out_of_memory_without_an_abort() {
 }
 
 /// Verify: one request whose draft (the row's maximum) is rejected by its uniform, so that the
-/// row's mass is bounded and the race runs without the draft; with top-p, the threshold too.
-fn verify_under_limits(what: &str, top_p: Option<f32>, most: u64) {
+/// row's mass is bounded and the race runs without the draft; with top-p, the threshold too;
+/// with draft probabilities (all on the draft), the race over the residual `max(p - q, 0)`.
+fn verify_under_limits(what: &str, top_p: Option<f32>, with_q: bool, most: u64) {
     let n = BIG / 2;
     let mut logits = peaked_row(2 * n, 70_000);
     logits[n + 70_000] = 0.0; // the bonus row's maximum
+    let mut q = vec![0f32; if with_q { n } else { 0 }];
+    if with_q {
+        q[70_000] = 1.0;
+    }
     let sampler = big_sampler(1, n);
     sweep(what, most, 512 << 10, |limit| {
         let (counts, drafts, top_p) = ([1], [70_000], top_p.map(|p| [p]));
         let batch = VerifyBatch {
             uniforms: Some(&[0.999_999]),
             top_p: top_p.as_ref().map(|p| &p[..]),
+            draft_probs: with_q.then_some(DraftProbs { values: &q, row_stride: n }),
             ..VerifyBatch::new(Logits::F32(&logits), n, &counts, &drafts)
         };
         let (mut tokens, mut emitted) = ([-7i32; 2], [-7i32]);
@@ -330,10 +336,15 @@ fn verify_under_limits(what: &str, top_p: Option<f32>, most: u64) {
 
 #[test]
 fn verify_of_huge_rows_runs_out_of_memory_without_an_abort() {
-    verify_under_limits("verify", None, 12 << 20);
+    verify_under_limits("verify", None, false, 12 << 20);
 }
 
 #[test]
 fn verify_with_top_p_of_huge_rows_runs_out_of_memory_without_an_abort() {
-    verify_under_limits("verify with top-p", Some(0.9), 16 << 20);
+    verify_under_limits("verify with top-p", Some(0.9), false, 16 << 20);
+}
+
+#[test]
+fn verify_with_draft_probabilities_of_huge_rows_runs_out_of_memory_without_an_abort() {
+    verify_under_limits("verify with draft probabilities", None, true, 12 << 20);
 }
