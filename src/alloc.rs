@@ -44,6 +44,25 @@ pub(crate) fn resize<T: Clone>(v: &mut Vec<T>, n: usize, value: T, what: &str) -
     Ok(())
 }
 
+/// A buffer a thread keeps from one call for the next (see `draw::KEPT_PER_THREAD`): the bytes
+/// it holds, and how to give it back.
+pub(crate) struct Kept {
+    pub bytes: usize,
+    pub release: fn(),
+}
+
+/// [`Kept`] of a thread-local vector: its capacity in bytes (0 while it is borrowed, or once
+/// the thread is exiting).
+pub(crate) fn kept_vec<T>(key: &'static std::thread::LocalKey<std::cell::RefCell<Vec<T>>>, release: fn()) -> Kept {
+    let bytes = key.try_with(|v| v.try_borrow().map_or(0, |v| v.capacity() * size_of::<T>())).unwrap_or(0);
+    Kept { bytes, release }
+}
+
+/// Gives back a thread-local vector's storage (unless it is borrowed, or the thread exiting).
+pub(crate) fn release_vec<T>(key: &'static std::thread::LocalKey<std::cell::RefCell<Vec<T>>>) {
+    let _ = key.try_with(|v| v.try_borrow_mut().map(|mut v| *v = Vec::new()));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

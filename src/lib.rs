@@ -67,6 +67,9 @@ pub mod internals {
         pub use crate::ffi::verify::*;
     }
     pub use crate::draw::cost::force_participants;
+    /// The bytes the calling thread keeps from one call for the next, and the most it keeps
+    /// after a call (`docs/reliability.md`, Memory).
+    pub use crate::draw::{kept_bytes as thread_kept_bytes, KEPT_PER_THREAD};
     pub use crate::ffi::pool_api;
     pub use crate::ffi::types;
     pub use crate::filter::top_p::tier_counts;

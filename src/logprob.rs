@@ -38,13 +38,14 @@ impl Default for RowInfo {
     }
 }
 
-/// The block maxima of a row and its largest value (NaN ignored), for the logprobs of a row not
-/// computed by the task that drew it.
-fn block_maxima<V: RowValues + ?Sized>(k: &Kernels, v: &V) -> (Vec<f32>, f32) {
-    let mut bmax = vec![f32::NEG_INFINITY; v.n().div_ceil(BLOCK)];
-    v.scan(k, 0, v.n(), &mut bmax);
-    let top = crate::kernels::largest(&bmax, f32::NEG_INFINITY) + 0.0;
-    (bmax, top)
+/// The block maxima of a row into `bmax` and its largest value (NaN ignored), for the logprobs
+/// of a row not computed by the task that drew it. Fails only if `bmax` cannot grow to a slot
+/// per block (with that room already, it allocates nothing).
+fn block_maxima<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &mut Vec<f32>) -> Result<f32> {
+    bmax.clear();
+    alloc::resize(bmax, v.n().div_ceil(BLOCK), f32::NEG_INFINITY, "block maxima")?;
+    v.scan(k, 0, v.n(), bmax);
+    Ok(crate::kernels::largest(bmax, f32::NEG_INFINITY) + 0.0)
 }
 
 /// What a row's logprobs go into.
@@ -105,19 +106,27 @@ impl Ord for Entry {
 
 /// The logprob function of a row whose maximum is `top` (NaN ignored) and block maxima `bmax`:
 /// scale `s`, the tokens `x >= floor` (finite ones; or the +inf ones, when `top` is +inf).
-fn logprob_fn<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], s: f64, floor: f32, top: f32) -> LogprobFn {
+/// `mass`: scratch for the per-block masses, the one allocation (none when it has a slot per
+/// block already).
+fn logprob_fn<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    bmax: &[f32],
+    (s, floor, top): (f64, f32, f32),
+    mass: &mut Vec<f64>,
+) -> Result<LogprobFn> {
     let n = v.n();
     if top == f32::INFINITY {
         let c = (0..n).filter(|&i| v.at(i) == f32::INFINITY).count();
-        return LogprobFn::PosInf { lp: -(c as f32).ln() };
+        return Ok(LogprobFn::PosInf { lp: -(c as f32).ln() });
     }
     if top == f32::NEG_INFINITY {
-        return LogprobFn::Empty;
+        return Ok(LogprobFn::Empty);
     }
     let m = top as f64;
     let z = match RowMass::new(k, v, top, s as f32, floor) {
         // One SIMD pass: f32 exps summed in a fixed order (relative error below 1e-5).
-        Some(r) => r.z_exp(bmax).0,
+        Some(r) => r.z_exp(bmax, mass)?.0,
         None => {
             let mut z = 0f64;
             for i in 0..n {
@@ -129,7 +138,7 @@ fn logprob_fn<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], s: f64, f
             z
         }
     };
-    LogprobFn::Finite { m, s, floor, ln_z: z.ln() }
+    Ok(LogprobFn::Finite { m, s, floor, ln_z: z.ln() })
 }
 
 /// The scale and the kept tokens' floor of the logprobs in `mode` of a row drawn with `inv_t`
@@ -144,6 +153,11 @@ fn scale_and_floor(mode: LogprobMode, inv_t: Option<f32>, floor: f32) -> (f64, f
 thread_local! {
     /// The values a rank counts, reused from row to row on this thread.
     static COUNTED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// What this thread keeps for the ranks, for `draw::KEPT_PER_THREAD`.
+pub(crate) fn kept() -> crate::alloc::Kept {
+    alloc::kept_vec(&COUNTED, || alloc::release_vec(&COUNTED))
 }
 
 impl LogprobFn {
@@ -285,7 +299,7 @@ pub(crate) fn row_logprobs<V: RowValues + ?Sized>(
     mut out: RowOut,
 ) -> Result<()> {
     let (s, floor) = scale_and_floor(mode, inv_t, floor);
-    let lp = logprob_fn(k, v, bmax, s, floor, top);
+    let lp = logprob_fn(k, v, bmax, (s, floor, top), &mut Vec::new())?;
     let x = v.at(token as usize);
     let own = lp.of(x);
     *out.logprob = own;
@@ -319,7 +333,8 @@ pub(crate) fn edited_row_logprobs<V: RowValues + ?Sized>(
     let RowInfo { top, floor, .. } = info;
     match mode {
         LogprobMode::Raw => {
-            let (bmax, top) = block_maxima(k, v);
+            let mut bmax = Vec::new();
+            let top = block_maxima(k, v, &mut bmax)?;
             row_logprobs(k, v, &bmax, inv_t, mode, top, floor, token, out)
         }
         LogprobMode::Processed => {
@@ -422,21 +437,13 @@ impl Logprobs {
         done: &[bool],
     ) -> Result<()> {
         let slots = self.slots();
+        let mut bmax = Vec::new();
         for r in (0..batch.rows).filter(|&r| !done[r]) {
             // SAFETY: r < rows, and this loop holds row r's outputs alone.
             let o = unsafe { slots.row(r) };
             let RowInfo { top, floor, .. } = info[r];
-            with_row!(batch, r, |v| row_logprobs(
-                k,
-                v,
-                &block_maxima(k, v).0,
-                inv_t[r],
-                self.mode,
-                top,
-                floor,
-                tokens[r],
-                o
-            ))
+            with_row!(batch, r, |v| block_maxima(k, v, &mut bmax)
+                .and_then(|_| row_logprobs(k, v, &bmax, inv_t[r], self.mode, top, floor, tokens[r], o)))
             .map_err(|e| crate::draw::in_row(r, e))?;
         }
         Ok(())
@@ -461,10 +468,14 @@ impl Logprobs {
 
 /// The processed values of the edited rows of a call, for the logprobs computed after the draw:
 /// every row's edits are built before anything is written (they are the only part that can
-/// fail), and each row is materialized into one buffer when needed.
+/// fail), and each row is materialized into one buffer when needed; with the scratch of the
+/// full-vocabulary outputs ([`Processed::reserve_full`]).
 pub(crate) struct Processed<'a> {
     edits: Vec<Option<RowEdits<'a>>>,
     y: Vec<f32>,
+    /// A row's block maxima and per-block masses, for [`write_full`].
+    bmax: Vec<f32>,
+    mass: Vec<f64>,
 }
 
 impl<'a> Processed<'a> {
@@ -476,33 +487,26 @@ impl<'a> Processed<'a> {
             edits.push(e);
         }
         let y = alloc::filled(if info.iter().any(|i| i.edited) { batch.vocab } else { 0 }, 0.0, "the processed row")?;
-        Ok(Processed { edits, y })
+        Ok(Processed { edits, y, bmax: Vec::new(), mass: Vec::new() })
     }
 
     /// No processed values (no output that needs them).
     pub(crate) fn none(rows: usize) -> Processed<'a> {
-        Processed { edits: (0..rows).map(|_| None).collect(), y: Vec::new() }
+        Processed { edits: (0..rows).map(|_| None).collect(), y: Vec::new(), bmax: Vec::new(), mass: Vec::new() }
     }
 
-    /// Row `r`'s processed values (its values `v` as given, with its edits applied).
-    fn row<V: RowValues + ?Sized>(&mut self, k: &Kernels, r: usize, v: &V) -> &[f32] {
-        match &mut self.edits[r] {
-            Some(e) => {
-                // The buffer already has the row's length, so this allocates nothing.
-                e.materialize(k, v, &mut self.y, &mut []).expect("the buffer has the row's length");
-                &self.y
-            }
-            None => unreachable!("only edited rows have processed values"),
-        }
-    }
-
-    fn is_edited(&self, r: usize) -> bool {
-        self.edits[r].is_some()
+    /// Room for what [`write_full`] needs for rows of `vocab` values (a slot per block), so that
+    /// it cannot fail once it writes.
+    pub(crate) fn reserve_full(&mut self, vocab: usize) -> Result<()> {
+        let blocks = vocab.div_ceil(BLOCK);
+        alloc::reserve(&mut self.bmax, blocks, "the full output's block maxima")?;
+        alloc::reserve(&mut self.mass, blocks, "the full output's block masses")
     }
 }
 
 /// Writes every row's full-vocabulary output of `out.full_mode` into `out.full_logprobs`
-/// (nothing can fail here: every allocation was made by [`Processed::build`]).
+/// (nothing can fail here: every allocation was made by [`Processed::build`] and
+/// [`Processed::reserve_full`]).
 pub(crate) fn write_full(
     k: &Kernels,
     batch: &Batch,
@@ -513,35 +517,40 @@ pub(crate) fn write_full(
 ) {
     let (mode, stride, vocab) = (out.full_mode, out.full_row_stride, batch.vocab);
     let Some(full) = out.full_logprobs.as_deref_mut() else { return };
+    let Processed { edits, y, bmax, mass } = processed;
+    let scratch = &mut (bmax, mass);
     for r in 0..batch.rows {
         let dest = &mut full[r * stride..r * stride + vocab];
         let RowInfo { top, floor, edited } = info[r];
         with_row!(batch, r, |v| {
             if mode == FullMode::Raw {
-                let (bmax, row_top) = block_maxima(k, v);
+                let row_top = block_maxima(k, v, scratch.0).expect(RESERVED);
                 let top = if edited { row_top } else { top };
-                full_logprobs(k, v, &bmax, 1.0, f32::NEG_INFINITY, top, dest);
-            } else if processed.is_edited(r) {
-                let y = processed.row(k, r, v);
-                full_processed(k, batch, r, y, (inv_t[r], floor, top), mode, dest);
+                full_logprobs(k, v, (1.0, f32::NEG_INFINITY, top), scratch, dest);
+            } else if let Some(e) = &mut edits[r] {
+                // The buffer already has the row's length, so this allocates nothing.
+                e.materialize(k, v, y, &mut []).expect("the buffer has the row's length");
+                full_processed(k, batch, r, &y[..], (inv_t[r], floor, top), mode, scratch, dest);
             } else {
-                full_processed(k, batch, r, v, (inv_t[r], floor, top), mode, dest);
+                full_processed(k, batch, r, v, (inv_t[r], floor, top), mode, scratch, dest);
             }
         });
     }
 }
 
-/// The logprob of every token of `v` (block maxima `bmax`) at scale `s` over the tokens `>= floor`.
+/// Why [`write_full`]'s scratch does not fail: [`Processed::reserve_full`] made room for a row.
+const RESERVED: &str = "reserve_full made room for a row's blocks";
+
+/// The logprob of every token of `v` at scale `s` over the tokens `>= floor` (block maxima and
+/// per-block masses in `scratch`, its block maxima already there).
 fn full_logprobs<V: RowValues + ?Sized>(
     k: &Kernels,
     v: &V,
-    bmax: &[f32],
-    s: f64,
-    floor: f32,
-    top: f32,
+    (s, floor, top): (f64, f32, f32),
+    scratch: &mut (&mut Vec<f32>, &mut Vec<f64>),
     dest: &mut [f32],
 ) {
-    let lp = logprob_fn(k, v, bmax, s, floor, top);
+    let lp = logprob_fn(k, v, scratch.0, (s, floor, top), scratch.1).expect(RESERVED);
     for (i, d) in dest.iter_mut().enumerate() {
         *d = lp.of(v.at(i));
     }
@@ -549,6 +558,7 @@ fn full_logprobs<V: RowValues + ?Sized>(
 
 /// The processed logprobs or logits of every token of the processed values `v` of row `r`,
 /// drawn with `inv_t` (`None`: greedy), floor `floor`, maximum `top`.
+#[allow(clippy::too_many_arguments)]
 fn full_processed<V: RowValues + ?Sized>(
     k: &Kernels,
     batch: &Batch,
@@ -556,11 +566,13 @@ fn full_processed<V: RowValues + ?Sized>(
     v: &V,
     (inv_t, floor, top): (Option<f32>, f32, f32),
     mode: FullMode,
+    scratch: &mut (&mut Vec<f32>, &mut Vec<f64>),
     dest: &mut [f32],
 ) {
     let (s, floor) = scale_and_floor(LogprobMode::Processed, inv_t, floor);
     if mode == FullMode::Processed {
-        return full_logprobs(k, v, &block_maxima(k, v).0, s, floor, top, dest);
+        block_maxima(k, v, scratch.0).expect(RESERVED);
+        return full_logprobs(k, v, (s, floor, top), scratch, dest);
     }
     // Processed logits: the value divided by T (greedy rows: not divided) for the kept tokens.
     let t = inv_t.map(|_| batch.temperature(r));
@@ -633,7 +645,7 @@ mod tests {
                                 want_rank: true,
                             };
                             row_logprobs(k, v, &bmax, Some(inv_t), mode, top, floor, token as i32, o).unwrap();
-                            let f = logprob_fn(k, v, &bmax, inv_t as f64, floor, top);
+                            let f = logprob_fn(k, v, &bmax, (inv_t as f64, floor, top), &mut Vec::new()).unwrap();
                             let own = f.of(v[token]);
                             let (mut rank2, mut ids2, mut lps2) = (0i32, vec![0; top_n], vec![0f32; top_n]);
                             let mut o2 = RowOut {
@@ -664,7 +676,7 @@ mod tests {
         let row = &rows(vocab)[1];
         let k = kernels(supported_levels()[0]);
         let v: &[f32] = row;
-        let f = logprob_fn(k, v, &[], 1.0, f32::NEG_INFINITY, 100.0);
+        let f = logprob_fn(k, v, &[], (1.0, f32::NEG_INFINITY, 100.0), &mut Vec::new()).unwrap();
         let (a, b) = (row[1], row[2]);
         assert!(a != b && f.of(a) == f.of(b), "{a} {b}: {} {}", f.of(a), f.of(b));
     }

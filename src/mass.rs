@@ -149,23 +149,24 @@ impl<'a, V: RowValues + ?Sized> RowMass<'a, V> {
     }
 
     /// Per-block f32 masses of the tokens `x < cut` into `out` (blocks whose maximum in `bmax`
-    /// is below `lo` are skipped); their sum.
-    pub(crate) fn blocks(&self, bmax: &[f32], kind: MassKind, cut: f32, out: &mut Vec<f64>) -> f64 {
+    /// is below `lo` are skipped); their sum. Fails only if `out` cannot grow to a slot per
+    /// block (with that room already, it allocates nothing).
+    pub(crate) fn blocks(&self, bmax: &[f32], kind: MassKind, cut: f32, out: &mut Vec<f64>) -> Result<f64> {
         out.clear();
-        out.resize(self.n.div_ceil(BLOCK), 0.0);
+        crate::alloc::resize(out, self.n.div_ceil(BLOCK), 0.0, "the row's block masses")?;
         let mp = MassParams { cut, ..self.mp };
         // SAFETY: the row has n values; out has one slot per block, bmax as many or none.
         unsafe { (self.dk.mass)(self.v.ptr(), self.n, bmax, mp, kind, out) };
-        sum(out)
+        Ok(sum(out))
     }
 
     /// Exact (f64) mass of the tokens `floor <= x < cut`, block by block as in `blocks`.
-    pub(crate) fn exact(&self, bmax: &[f32], cut: f32) -> f64 {
-        let mut out = vec![0.0; self.n.div_ceil(BLOCK)];
+    pub(crate) fn exact(&self, bmax: &[f32], cut: f32) -> Result<f64> {
+        let mut out = crate::alloc::filled(self.n.div_ceil(BLOCK), 0.0, "the row's exact block masses")?;
         let p = Mass64Params { m: self.m as f64, s: self.inv_t as f64, lo: self.lo64, cut };
         // SAFETY: as in `blocks`.
         unsafe { (self.dk.mass64)(self.v.ptr(), self.n, bmax, p, &mut out) };
-        sum(&out)
+        Ok(sum(&out))
     }
 
     /// Whether the kept tokens are exactly those with `t >= T_MIN` (no floor above it), so that
@@ -193,21 +194,21 @@ impl<'a, V: RowValues + ?Sized> RowMass<'a, V> {
     /// The f32-exp mass of every kept token, with its error bounds: the logprob normaliser.
     /// The blocks whose maximum in `bmax` (the row's block maxima, or empty) is below `lo` are
     /// skipped: each of their tokens weighs less than 2^-125, which the bounds allow for.
-    pub(crate) fn z_exp(&self, bmax: &[f32]) -> (f64, (f64, f64)) {
-        let mut out = Vec::new();
+    /// `out`: scratch for the per-block masses (see [`RowMass::blocks`]).
+    pub(crate) fn z_exp(&self, bmax: &[f32], out: &mut Vec<f64>) -> Result<(f64, (f64, f64))> {
         let kind = if self.unmasked() { MassKind::ExpAll } else { MassKind::Exp };
-        let s = self.blocks(bmax, kind, f32::INFINITY, &mut out);
-        (s, exp_bounds(s, self.count()))
+        let s = self.blocks(bmax, kind, f32::INFINITY, out)?;
+        Ok((s, exp_bounds(s, self.count())))
     }
 
     /// The cheap mass of every kept token (a few operations per token), with its error bounds
     /// (within about -2% / +9%) and the per-block masses, which [`RowMass::z_refined`]
     /// tightens; blocks skipped as in [`RowMass::z_exp`].
-    pub(crate) fn z_cheap(&self, bmax: &[f32]) -> (f64, (f64, f64), Vec<f64>) {
+    pub(crate) fn z_cheap(&self, bmax: &[f32]) -> Result<(f64, (f64, f64), Vec<f64>)> {
         let mut out = Vec::new();
         let kind = if self.unmasked() { MassKind::CheapAll } else { MassKind::CheapCut };
-        let s = self.blocks(bmax, kind, f32::INFINITY, &mut out);
-        (s, cheap_bounds(s, self.count()), out)
+        let s = self.blocks(bmax, kind, f32::INFINITY, &mut out)?;
+        Ok((s, cheap_bounds(s, self.count()), out))
     }
 
     /// Bounds of Z from the per-block cheap masses `cheap` (of [`RowMass::z_cheap`]) with the
@@ -392,8 +393,8 @@ mod tests {
             let m = x.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
             for level in supported_levels() {
                 let rm = RowMass::new(kernels(level), &x[..], m, inv_t, floor).unwrap();
-                let z = rm.exact(&bmax, f32::INFINITY);
-                let (_, cheap, blocks) = rm.z_cheap(&bmax);
+                let z = rm.exact(&bmax, f32::INFINITY).unwrap();
+                let (_, cheap, blocks) = rm.z_cheap(&bmax).unwrap();
                 let (lo, hi) = rm.z_refined(&blocks);
                 assert!(lo <= z && z <= hi, "{level:?} vocab {vocab}: {lo} <= {z} <= {hi}");
                 assert!(hi - lo <= cheap.1 - cheap.0, "{level:?}: refined wider than cheap");

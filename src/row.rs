@@ -6,6 +6,7 @@
 //! [`RowValues`].
 
 use crate::config::NoiseKind;
+use crate::error::Result;
 use crate::kernels::generic::race::{race_bounded_external, race_listed_external, race_listed_inline};
 use crate::kernels::simd::Elem;
 use crate::kernels::{Best, Bf16, BlockNoise, BlockValues, DtypeKernels, Kernels, RaceParams, RaceScratch, F16};
@@ -58,6 +59,7 @@ pub(crate) trait RowValues {
 
     /// The best key of the race over a whole row whose values are the kept tokens' (bits of
     /// `keep`, block maxima `bmax`) and the `listed` (token, value) pairs, with the row's noise.
+    /// Fails only if the race's per-block scratch cannot be allocated.
     fn race_edited(
         &self,
         k: &Kernels,
@@ -66,31 +68,34 @@ pub(crate) trait RowValues {
         listed: &[(u32, f32)],
         p: RaceParams,
         noise: RaceNoise,
-    ) -> Best {
+    ) -> Result<Best> {
         let n = self.n();
         assert!(keep.len() >= n.div_ceil(32) && bmax.len() >= n.div_ceil(crate::kernels::BLOCK));
         assert!(listed.iter().all(|&(t, _)| (t as usize) < n));
         let (row, dk) = (self.ptr(), Self::kernels(k));
         match noise {
-            RaceNoise::Inline(key) => RACE_SCRATCH.with(|b| {
-                // SAFETY: as in `scan_masked`; the scratch is this thread's.
-                let best =
-                    unsafe { (dk.race_inline_masked)(row, keep.as_ptr(), n, bmax, p, key, &mut b.borrow_mut(), None) };
+            RaceNoise::Inline(key) => {
+                // SAFETY: as in `scan_masked`; the scratch is this thread's, with room for
+                // bmax.len() blocks.
+                let best = with_scratch(bmax.len(), |b| unsafe {
+                    (dk.race_inline_masked)(row, keep.as_ptr(), n, bmax, p, key, b, None)
+                })?;
                 // The listed tokens race on the noise of their blocks, every block's.
                 BLOCK_NOISE.with(|bn| {
                     let blocks = &mut *bn.borrow_mut();
                     blocks.clear();
-                    blocks.resize(bmax.len(), BlockNoise { e_min: 0.0, j_min: 0, g_max: 0.0, bound: 0.0 });
+                    let none = BlockNoise { e_min: 0.0, j_min: 0, g_max: 0.0, bound: 0.0 };
+                    crate::alloc::resize(blocks, bmax.len(), none, "the block noise of the edited tokens")?;
                     // SAFETY: `blocks` has bmax.len() elements; `k` is the table of a supported level.
                     unsafe { (k.block_noise)(key, 0, bmax, p, blocks) };
-                    race_listed_inline(listed, p, key, blocks, best)
+                    Ok(race_listed_inline(listed, p, key, blocks, best))
                 })
-            }),
+            }
             // SAFETY: as in `scan_masked`; the noise row holds `n` values (as in `race`), and
             // every listed token is below `n` (checked above).
             RaceNoise::External(values, kind) => unsafe {
                 let best = (dk.race_external_masked)(row, keep.as_ptr(), values, n, p, kind);
-                race_listed_external(listed, values, p, kind, best)
+                Ok(race_listed_external(listed, values, p, kind, best))
             },
         }
     }
@@ -98,7 +103,8 @@ pub(crate) trait RowValues {
     /// The best key of the inline race over a whole row whose kept tokens (bits of `keep`) race
     /// with their own values and whose listed tokens, in each block the race visits, with the
     /// values `edited` works out; `bmax` bounds each block's values (kept and listed) from above
-    /// and its largest value is the row's (`p.m`).
+    /// and its largest value is the row's (`p.m`). Fails only if the race's per-block scratch
+    /// cannot be allocated.
     fn race_blocks(
         &self,
         k: &Kernels,
@@ -107,13 +113,14 @@ pub(crate) trait RowValues {
         p: RaceParams,
         key: u64,
         edited: &dyn BlockValues,
-    ) -> Best {
+    ) -> Result<Best> {
         let n = self.n();
         assert!(keep.len() >= n.div_ceil(32) && bmax.len() >= n.div_ceil(crate::kernels::BLOCK));
         let (row, dk) = (self.ptr(), Self::kernels(k));
-        RACE_SCRATCH.with(|b| {
-            // SAFETY: as in `scan_masked`; the scratch is this thread's.
-            unsafe { (dk.race_inline_masked)(row, keep.as_ptr(), n, bmax, p, key, &mut b.borrow_mut(), Some(edited)) }
+        // SAFETY: as in `scan_masked`; the scratch is this thread's, with room for bmax.len()
+        // blocks.
+        with_scratch(bmax.len(), |b| unsafe {
+            (dk.race_inline_masked)(row, keep.as_ptr(), n, bmax, p, key, b, Some(edited))
         })
     }
 
@@ -160,20 +167,29 @@ pub(crate) trait RowValues {
     }
 
     /// The best key of the race over elements `[start, start + len)`, whose block maxima are
-    /// `bmax`, with the row's noise.
-    fn race(&self, k: &Kernels, start: usize, len: usize, bmax: &[f32], p: RaceParams, noise: RaceNoise) -> Best {
+    /// `bmax`, with the row's noise. Fails only if the inline race's per-block scratch cannot
+    /// be allocated.
+    fn race(
+        &self,
+        k: &Kernels,
+        start: usize,
+        len: usize,
+        bmax: &[f32],
+        p: RaceParams,
+        noise: RaceNoise,
+    ) -> Result<Best> {
         assert!(start + len <= self.n() && bmax.len() >= len.div_ceil(crate::kernels::BLOCK));
         let row = self.ptr();
         let dk = Self::kernels(k);
         match noise {
-            RaceNoise::Inline(key) => RACE_SCRATCH.with(|b| {
-                // SAFETY: as in `scan`; the scratch is this thread's.
-                unsafe { (dk.race_inline)(row.add(start), len, bmax, p, key, start, &mut b.borrow_mut()) }
-            }),
+            // SAFETY: as in `scan`; the scratch is this thread's, with room for bmax.len() blocks.
+            RaceNoise::Inline(key) => {
+                with_scratch(bmax.len(), |b| unsafe { (dk.race_inline)(row.add(start), len, bmax, p, key, start, b) })
+            }
             // SAFETY: as in `scan`; the noise row holds `n` values (checked by `validate`, or a
             // pool lease of the row's length).
             RaceNoise::External(values, kind) => unsafe {
-                (dk.race_external)(row.add(start), values.add(start), len, p, kind, start)
+                Ok((dk.race_external)(row.add(start), values.add(start), len, p, kind, start))
             },
         }
     }
@@ -197,6 +213,29 @@ thread_local! {
     static RACE_SCRATCH: std::cell::RefCell<RaceScratch> = std::cell::RefCell::new(RaceScratch::default());
     /// The block noise of a row whose listed tokens race apart ([`RowValues::race_edited`]).
     static BLOCK_NOISE: std::cell::RefCell<Vec<BlockNoise>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// What this thread keeps in the race's scratch and the block noise of edited tokens, for
+/// `draw::KEPT_PER_THREAD`.
+pub(crate) fn kept() -> [crate::alloc::Kept; 2] {
+    let bytes = RACE_SCRATCH.try_with(|b| b.try_borrow().map_or(0, |s| s.capacity_bytes())).unwrap_or(0);
+    let release = || {
+        let _ = RACE_SCRATCH.try_with(|b| b.try_borrow_mut().map(|mut s| *s = RaceScratch::default()));
+    };
+    [
+        crate::alloc::Kept { bytes, release },
+        crate::alloc::kept_vec(&BLOCK_NOISE, || crate::alloc::release_vec(&BLOCK_NOISE)),
+    ]
+}
+
+/// Runs `race` with this thread's race scratch, room made first for `blocks` blocks (the
+/// allocation that can fail, here rather than inside the kernel).
+fn with_scratch<R>(blocks: usize, race: impl FnOnce(&mut RaceScratch) -> R) -> Result<R> {
+    RACE_SCRATCH.with(|b| {
+        let scratch = &mut *b.borrow_mut();
+        scratch.reserve(blocks)?;
+        Ok(race(scratch))
+    })
 }
 
 /// `RowValues` for a slice of one dtype: `$table` is its field in `Kernels`, `$to_f32` its

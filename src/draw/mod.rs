@@ -105,6 +105,54 @@ impl Split {
     }
 }
 
+/// The most a thread keeps, after a call, of the buffers it reuses from call to call (block
+/// maxima, the race's per-block scratch, a row's edits and processed values, the rank's values):
+/// what exceeds it is given back at the end of the call, largest buffer first, on the calling
+/// thread and on each worker that took part. At the largest vocabularies in use (262,144 tokens)
+/// a row with every input keeps about 3.3 MiB (1 MiB each for the processed row, the rank's
+/// values and the output's counts, and the bitsets and per-block arrays), so that such rows keep
+/// reusing their buffers; a history of millions of ids or a vocabulary of tens of millions gives
+/// its buffers back after the call (their allocation then costs far less than reading the row).
+pub const KEPT_PER_THREAD: usize = 4 << 20;
+
+/// Every buffer this thread keeps from call to call.
+fn kept_buffers() -> [alloc::Kept; 7] {
+    let [scratch, block_noise] = crate::row::kept();
+    let [edits, deferred] = edits::kept();
+    [
+        alloc::kept_vec(&BLOCK_MAX, || alloc::release_vec(&BLOCK_MAX)),
+        alloc::kept_vec(&PROCESSED, || alloc::release_vec(&PROCESSED)),
+        scratch,
+        block_noise,
+        edits,
+        deferred,
+        crate::logprob::kept(),
+    ]
+}
+
+/// The bytes this thread keeps from call to call (test seam: `internals::thread_kept_bytes`).
+#[cfg(feature = "internals")]
+pub fn kept_bytes() -> usize {
+    kept_buffers().iter().map(|b| b.bytes).sum()
+}
+
+/// Gives back this thread's largest buffers until what it keeps is at most [`KEPT_PER_THREAD`].
+pub(crate) fn trim_kept() {
+    let mut buffers = kept_buffers();
+    let mut total: usize = buffers.iter().map(|b| b.bytes).sum();
+    if total <= KEPT_PER_THREAD {
+        return;
+    }
+    buffers.sort_unstable_by_key(|b| std::cmp::Reverse(b.bytes));
+    for b in buffers {
+        if total <= KEPT_PER_THREAD {
+            break;
+        }
+        (b.release)();
+        total -= b.bytes;
+    }
+}
+
 thread_local! {
     /// Block maxima of the row being drawn on this thread.
     static BLOCK_MAX: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -224,7 +272,7 @@ fn race_row<V: RowValues + ?Sized>(
         let m = sc.top;
         let few = m.is_finite() && filter::few_heavy_blocks(bmax, m, filter_inv_t);
         if let Some((f, floor)) = few.then(|| filter::decided_after_race(batch, r, m, filter_inv_t)).flatten() {
-            let won = v.race(k, 0, v.n(), bmax, RaceParams { m, inv_t, floor }, noise);
+            let won = v.race(k, 0, v.n(), bmax, RaceParams { m, inv_t, floor }, noise).map_err(|e| in_row(r, e))?;
             if won.token != usize::MAX {
                 let values_ge = |lo| filter::row_values_ge(k, v, bmax, lo);
                 let at = (v.at(won.token), &values_ge as filter::ValuesGe);
@@ -235,13 +283,19 @@ fn race_row<V: RowValues + ?Sized>(
         }
     }
     let params = race_params(k, batch, r, v, bmax, sc, plan)?;
-    let won = params.map(|(p, noise)| v.race(k, 0, v.n(), bmax, p, noise));
+    let won = params.map(|(p, noise)| v.race(k, 0, v.n(), bmax, p, noise)).transpose().map_err(|e| in_row(r, e))?;
     Ok((won, params.map_or(f32::NEG_INFINITY, |(p, _)| p.floor)))
 }
 
 /// An error of row `r` (an allocation of its filters), named so; nothing is written.
 pub(crate) fn in_row(r: usize, e: Error) -> Error {
     let message = format!("row {r}: {}; nothing was written", e.message);
+    Error { message, ..e }
+}
+
+/// An error of the call, not of one row (an allocation for every row); nothing is written.
+fn nothing_written(e: Error) -> Error {
+    let message = format!("{}; nothing was written", e.message);
     Error { message, ..e }
 }
 
@@ -406,7 +460,7 @@ fn draw_edited<V: RowValues + ?Sized>(
         let won = match plan {
             RowPlan::Sample { inv_t, noise, .. } if sc.top.is_finite() => {
                 let p = RaceParams { m: sc.top, inv_t, floor: f32::NEG_INFINITY };
-                Some(v.race_edited(k, e.keep(), &bmax, &e.overrides, p, noise))
+                Some(v.race_edited(k, e.keep(), &bmax, &e.overrides, p, noise).map_err(|e| in_row(r, e))?)
             }
             _ => None,
         };
@@ -448,7 +502,9 @@ fn draw_by_blocks_after_race<V: RowValues + ?Sized>(
         }
         let Some((f, floor)) = filter::decided_after_race(batch, r, m, filter_inv_t) else { return Ok(None) };
         let edited = EditedBlocks { edits: e, values: v };
-        let won = v.race_blocks(k, e.keep(), &bmax, RaceParams { m, inv_t, floor }, key, &edited);
+        let won = v
+            .race_blocks(k, e.keep(), &bmax, RaceParams { m, inv_t, floor }, key, &edited)
+            .map_err(|e| in_row(r, e))?;
         if won.token == usize::MAX {
             return Ok(None);
         }
@@ -490,25 +546,29 @@ fn draw_by_blocks<V: RowValues + ?Sized>(
             if d.worth_it(&bmax, inv_t) {
                 d.refine(&mut bmax);
                 let sc = summarize(&bmax, f32::NEG_INFINITY, has_nan, plan);
-                return Ok(race_by_blocks(k, v, (e.keep(), &bmax, &sc), plan, &d, |top| d.first_of(&bmax, top)));
+                return race_by_blocks(k, v, (e.keep(), &bmax, &sc), plan, &d, |top| d.first_of(&bmax, top))
+                    .map_err(|e| in_row(r, e));
             }
             drop(d);
             e.complete(k, batch, r);
             e.refine_bounds(k, v, &mut bmax);
             let sc = summarize(&bmax, f32::NEG_INFINITY, has_nan, plan);
             let edited = EditedBlocks { edits: e, values: v };
-            return Ok(race_by_blocks(k, v, (e.keep(), &bmax, &sc), plan, &edited, |top| e.first_of(v, &bmax, top)));
+            return race_by_blocks(k, v, (e.keep(), &bmax, &sc), plan, &edited, |top| e.first_of(v, &bmax, top))
+                .map_err(|e| in_row(r, e));
         }
         let has_nan = e.bounds(k, v, &mut bmax);
         let sc = summarize(&bmax, f32::NEG_INFINITY, has_nan, plan);
         let edited = EditedBlocks { edits: e, values: v };
-        Ok(race_by_blocks(k, v, (e.keep(), &bmax, &sc), plan, &edited, |top| e.first_of(v, &bmax, top)))
+        race_by_blocks(k, v, (e.keep(), &bmax, &sc), plan, &edited, |top| e.first_of(v, &bmax, top))
+            .map_err(|e| in_row(r, e))
     })
 }
 
 /// [`draw_by_blocks`] once the row's blocks are bounded (`bmax`, summarized in `sc`): the race
 /// over the kept tokens (`keep`) and the touched ones (`edited`), and, for a greedy row or when
-/// no key is above -inf, the lowest token of the largest value (`first_of`).
+/// no key is above -inf, the lowest token of the largest value (`first_of`). Fails only if the
+/// race's scratch cannot be allocated.
 fn race_by_blocks<V: RowValues + ?Sized>(
     k: &Kernels,
     v: &V,
@@ -516,12 +576,12 @@ fn race_by_blocks<V: RowValues + ?Sized>(
     plan: RowPlan,
     edited: &dyn BlockValues,
     first_of: impl Fn(f32) -> usize,
-) -> Drawn {
+) -> Result<Drawn> {
     let won = match plan {
         RowPlan::Sample { inv_t, noise, .. } if sc.top.is_finite() => {
             let p = RaceParams { m: sc.top, inv_t, floor: f32::NEG_INFINITY };
             Some(match noise {
-                RaceNoise::Inline(key) => v.race_blocks(k, keep, bmax, p, key, edited),
+                RaceNoise::Inline(key) => v.race_blocks(k, keep, bmax, p, key, edited)?,
                 // SAFETY: the noise row holds `n` values (checked by `validate`, or a pool
                 // lease of the row's length). (A deferred row is never on external noise: this
                 // race reads every block's kept tokens from `keep`.)
@@ -538,7 +598,7 @@ fn race_by_blocks<V: RowValues + ?Sized>(
         _ => first_of(sc.top) as i32,
     };
     let info = RowInfo { top: sc.top, floor: f32::NEG_INFINITY, edited: true };
-    Drawn { token, flags: sc.flags, info, logprobs_done: false }
+    Ok(Drawn { token, flags: sc.flags, info, logprobs_done: false })
 }
 
 /// The lowest token whose processed value is `top`: among the kept tokens (the first block whose
@@ -654,8 +714,21 @@ impl FirstError {
     }
 }
 
-/// Draws a validated, planned call into `out`. On error nothing is written.
+/// Draws a validated, planned call into `out`. On error nothing is written. Either way this
+/// thread then keeps at most [`KEPT_PER_THREAD`] (the workers trim theirs as they leave a job).
 pub(crate) fn run(
+    k: &Kernels,
+    batch: &Batch,
+    plans: &[RowPlan],
+    workers: Option<&Workers>,
+    out: &mut Output,
+) -> Result<Vec<Drawn>> {
+    let drawn = run_call(k, batch, plans, workers, out);
+    trim_kept();
+    drawn
+}
+
+fn run_call(
     k: &Kernels,
     batch: &Batch,
     plans: &[RowPlan],
@@ -682,6 +755,9 @@ pub(crate) fn run(
     // them can fail).
     let needs_processed = out.full_logprobs.is_some() && out.full_mode != FullMode::Raw;
     let mut processed = if needs_processed { Processed::build(k, batch, &info)? } else { Processed::none(batch.rows) };
+    if out.full_logprobs.is_some() {
+        processed.reserve_full(batch.vocab).map_err(nothing_written)?;
+    }
     if let Some(l) = logprobs.as_mut() {
         let tokens: Vec<i32> = drawn.iter().map(|d| d.token).collect();
         let done: Vec<bool> = drawn.iter().map(|d| d.logprobs_done).collect();

@@ -4,7 +4,7 @@
 
 use super::cells::{SyncCell, SyncPtr};
 use super::workers::WorkerPool;
-use super::{finish, race_params, summarize, worker_panicked, Drawn, RowPlan, Scanned, Split};
+use super::{finish, in_row, race_params, summarize, worker_panicked, Drawn, FirstError, RowPlan, Scanned, Split};
 use crate::alloc;
 use crate::batch::Batch;
 use crate::error::Result;
@@ -54,18 +54,23 @@ pub(super) fn draw_tiled(
         .collect::<Result<_>>()?;
     // Stage 2: each tile's best, merged per row.
     let best: Vec<SyncCell<Best>> = (0..rows * tiles).map(|_| SyncCell::new(Best::NONE)).collect();
+    let failed = FirstError::default();
     let raced_tiles = pool.run(rows * tiles, split.participants, &|task| {
         let (r, t) = (task / tiles, task % tiles);
         if let Some((p, noise)) = params[r] {
             let (start, len) = tile(t);
             let b0 = r * blocks + start / BLOCK;
             let bm = &bmax[b0..b0 + len.div_ceil(BLOCK)];
-            best[task].set(with_row!(batch, r, |v| v.race(k, start, len, bm, p, noise)));
+            match with_row!(batch, r, |v| v.race(k, start, len, bm, p, noise)) {
+                Ok(b) => best[task].set(b),
+                Err(e) => failed.record(task, in_row(r, e)),
+            }
         }
     });
     if !raced_tiles.ok {
         return Err(worker_panicked());
     }
+    failed.into_result()?;
     let drawn = (0..rows)
         .map(|r| {
             let won = params[r].map(|_| (0..tiles).fold(Best::NONE, |acc, t| acc.merge(best[r * tiles + t].get())));

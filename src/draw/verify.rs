@@ -123,10 +123,15 @@ fn verify_row<V: RowValues + ?Sized>(
                 let t = finish(k, v, &bmax, &sc, None);
                 (draft.is_some_and(|(d, ..)| d == Some(t as usize)), t)
             }
-            (None, Some((p, noise))) => (false, finish(k, v, &bmax, &sc, Some(v.race(k, 0, v.n(), &bmax, p, noise)))),
+            (None, Some((p, noise))) => {
+                let won = v.race(k, 0, v.n(), &bmax, p, noise).map_err(|e| in_row(r, e))?;
+                (false, finish(k, v, &bmax, &sc, Some(won)))
+            }
             (Some((d, q, u)), Some((p, noise))) => {
                 let (accept, z) = match d {
-                    Some(d) => accepts(k, v, &bmax, p, d, q.map_or(1.0, |q| q[d] as f64), u),
+                    Some(d) => {
+                        accepts(k, v, &bmax, p, d, q.map_or(1.0, |q| q[d] as f64), u).map_err(|e| in_row(r, e))?
+                    }
                     None => (false, KnownZ::Nothing),
                 };
                 if let (true, Some(d)) = (accept, d) {
@@ -138,7 +143,13 @@ fn verify_row<V: RowValues + ?Sized>(
                         (Some(q), _) => residual_token(k, v, &bmax, p, z, q, noise).map_err(|e| in_row(r, e))?,
                     };
                     // A residual with no mass falls back to a draw from p.
-                    let t = t.unwrap_or_else(|| finish(k, v, &bmax, &sc, Some(v.race(k, 0, v.n(), &bmax, p, noise))));
+                    let t = match t {
+                        Some(t) => t,
+                        None => {
+                            let won = v.race(k, 0, v.n(), &bmax, p, noise).map_err(|e| in_row(r, e))?;
+                            finish(k, v, &bmax, &sc, Some(won))
+                        }
+                    };
                     (false, t)
                 }
             }
@@ -155,15 +166,15 @@ fn verify_row<V: RowValues + ?Sized>(
 }
 
 /// The exact f64 mass `Z` of the kept tokens (`x >= floor`) of a sampling row.
-fn mass<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], p: RaceParams) -> f64 {
+fn mass<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], p: RaceParams) -> Result<f64> {
     match RowMass::new(k, v, p.m, p.inv_t, p.floor) {
         Some(rm) => rm.exact(bmax, f32::INFINITY),
         // 1/T so large that its f32 exp2 scale overflows: every weight is 0 or 1.
-        None => (0..v.n())
+        None => Ok((0..v.n())
             .map(|i| v.at(i))
             .filter(|&x| x >= p.floor && x.is_finite())
             .map(|x| weight64(x, p.m, p.inv_t))
-            .sum(),
+            .sum()),
     }
 }
 
@@ -201,7 +212,7 @@ fn residual_token<V: RowValues + ?Sized>(
     if let KnownZ::Nothing | KnownZ::Loose(..) = known {
         let loose = match known {
             KnownZ::Loose(lo, hi) => Some((lo, hi)),
-            _ => rm.as_ref().map(|rm| rm.z_refined(&rm.z_cheap(bmax).2)),
+            _ => rm.as_ref().map(|rm| rm.z_cheap(bmax).map(|c| rm.z_refined(&c.2))).transpose()?,
         };
         if let Some(t) = loose.map(race).transpose()?.flatten() {
             return Ok(t);
@@ -210,17 +221,20 @@ fn residual_token<V: RowValues + ?Sized>(
     let within = match known {
         KnownZ::Exact(z) => Some((z, z)),
         KnownZ::Within(lo, hi) => Some((lo, hi)),
-        KnownZ::Nothing | KnownZ::Loose(..) => rm.as_ref().map(|rm| rm.z_exp(bmax).1),
+        KnownZ::Nothing | KnownZ::Loose(..) => {
+            rm.as_ref().map(|rm| rm.z_exp(bmax, &mut Vec::new()).map(|z| z.1)).transpose()?
+        }
     };
     if let Some(t) = within.map(race).transpose()?.flatten() {
         return Ok(t);
     }
-    let z = mass(k, v, bmax, p);
+    let z = mass(k, v, bmax, p)?;
     Ok(residual_race(k, v, bmax, p, (z, z), q, noise)?.expect("one Z gives one winner"))
 }
 
 /// Whether `u < p(d) / q(d)` (`q(d)` is `qd`), and what was learnt of `Z` on the way.
 /// `p(d)` is 0 for a NaN, -inf or filtered-out `d`; a `q(d)` of 0 accepts any `p(d) > 0`.
+/// Fails only if the per-block masses cannot be allocated.
 fn accepts<V: RowValues + ?Sized>(
     k: &Kernels,
     v: &V,
@@ -229,28 +243,29 @@ fn accepts<V: RowValues + ?Sized>(
     d: usize,
     qd: f64,
     u: f64,
-) -> (bool, KnownZ) {
+) -> Result<(bool, KnownZ)> {
     let x = v.at(d);
     let w = if x >= p.floor && x.is_finite() { weight64(x, p.m, p.inv_t) } else { 0.0 };
     if w == 0.0 {
-        return (false, KnownZ::Nothing);
+        return Ok((false, KnownZ::Nothing));
     }
     if qd == 0.0 {
-        return (true, KnownZ::Nothing);
+        return Ok((true, KnownZ::Nothing));
     }
+    let mut masses = Vec::new();
     // Z from the block maxima alone, without reading the row: every kept block holds its
     // maximum (at least one token of weight w(bmax)) and at most BLOCK tokens no heavier. The
     // maxima's mass is one f32-exp pass over them, with its rigorous bounds (an f64 exp per
     // block cost more than the pass over the row the tier is there to save).
     let bounds = match RowMass::new(k, bmax, p.m, p.inv_t, p.floor) {
-        Some(rm) => rm.z_exp(&[]).1,
+        Some(rm) => rm.z_exp(&[], &mut masses)?.1,
         None => bmax.iter().filter(|&&b| b >= p.floor).fold((0.0, 0.0), |(lo, hi), &b| {
             let w = weight64(b, p.m, p.inv_t);
             (lo + w, hi + w)
         }),
     };
     if let Some(accept) = decide(w, qd, u, (bounds.0, bounds.1 * BLOCK as f64)) {
-        return (accept, KnownZ::Nothing);
+        return Ok((accept, KnownZ::Nothing));
     }
     if let Some(rm) = RowMass::new(k, v, p.m, p.inv_t, p.floor) {
         // Z in [lo, hi] (rigorous bounds of one pass) puts p(d)/q(d) in a band; only a uniform
@@ -259,21 +274,21 @@ fn accepts<V: RowValues + ?Sized>(
         // f32 exp (16 blocks) most of the rest on a peaked row; the f32-exp pass (Z within 1e-6)
         // nearly all the rest; the exact Z the remainder. A rejection passes on the tightest
         // bounds known, from which the residual race starts.
-        let (_, cheap, blocks) = rm.z_cheap(bmax);
+        let (_, cheap, blocks) = rm.z_cheap(bmax)?;
         if let Some(accept) = decide(w, qd, u, cheap) {
-            return (accept, if accept { KnownZ::Nothing } else { KnownZ::Loose(cheap.0, cheap.1) });
+            return Ok((accept, if accept { KnownZ::Nothing } else { KnownZ::Loose(cheap.0, cheap.1) }));
         }
         let loose = rm.z_refined(&blocks);
         if let Some(accept) = decide(w, qd, u, loose) {
-            return (accept, KnownZ::Loose(loose.0, loose.1));
+            return Ok((accept, KnownZ::Loose(loose.0, loose.1)));
         }
-        let bounds = rm.z_exp(bmax).1;
+        let bounds = rm.z_exp(bmax, &mut masses)?.1;
         if let Some(accept) = decide(w, qd, u, bounds) {
-            return (accept, KnownZ::Within(bounds.0, bounds.1));
+            return Ok((accept, KnownZ::Within(bounds.0, bounds.1)));
         }
     }
-    let z = mass(k, v, bmax, p);
-    (u < w / z / qd, KnownZ::Exact(z))
+    let z = mass(k, v, bmax, p)?;
+    Ok((u < w / z / qd, KnownZ::Exact(z)))
 }
 
 /// Whether `u < w / Z / qd` for every Z in `[lo, hi]` (Some(true)), for none (Some(false)), or
@@ -297,14 +312,14 @@ fn race_without<V: RowValues + ?Sized>(
     noise: RaceNoise,
     d: usize,
 ) -> Result<Option<i32>> {
-    let won = v.race(k, 0, v.n(), bmax, p, noise);
+    let won = v.race(k, 0, v.n(), bmax, p, noise)?;
     if won.token != d && won.token != usize::MAX {
         return Ok(Some(won.token as i32));
     }
     // `d` won: race again without it (block maxima that still count it only bound the keys).
     let mut keep = alloc::filled(v.n().div_ceil(32), u32::MAX, "the mask without the draft")?;
     keep[d / 32] &= !(1u32 << (d % 32));
-    let won = v.race_edited(k, &keep, bmax, &[], p, noise);
+    let won = v.race_edited(k, &keep, bmax, &[], p, noise)?;
     Ok((won.token != usize::MAX).then_some(won.token as i32))
 }
 
@@ -514,8 +529,22 @@ fn checks_q(plans: &[RowPlan], d: &Drafts) -> bool {
 
 /// Verifies every request (`drafts`, with their validated q rows), spread over `workers` by
 /// requests when the call is large enough to be worth it. Fails with the lowest failing
-/// request's error; nothing is written here.
+/// request's error; nothing is written here. Either way this thread then keeps at most
+/// [`super::KEPT_PER_THREAD`].
 pub(crate) fn run(
+    k: &Kernels,
+    batch: &Batch,
+    plans: &[RowPlan],
+    drafts: &[Drafts],
+    workers: Option<&super::Workers>,
+    logprobs: Option<LogprobMode>,
+) -> Result<Vec<Verified>> {
+    let verified = run_call(k, batch, plans, drafts, workers, logprobs);
+    super::trim_kept();
+    verified
+}
+
+fn run_call(
     k: &Kernels,
     batch: &Batch,
     plans: &[RowPlan],

@@ -361,6 +361,9 @@ fn worker(s: &Shared, index: usize) {
             let f = unsafe { &*job.run };
             let taken = take_tasks(s, f, job.tasks);
             s.busy_ns.fetch_add(taken.ns, Ordering::Relaxed);
+            // Before leaving, so that when the call returns no thread of it keeps more than
+            // the cap (a check of a few thread-locals when it keeps less).
+            super::trim_kept();
         }
         s.state.fetch_sub(1, Ordering::AcqRel);
     }

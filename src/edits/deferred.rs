@@ -252,6 +252,19 @@ thread_local! {
     static SPARE: std::cell::Cell<Vec<Entry>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
+/// What this thread keeps of a deferred row's visited blocks.
+pub(super) fn kept() -> alloc::Kept {
+    let bytes = SPARE
+        .try_with(|s| {
+            let cache = s.take();
+            let bytes = cache.capacity() * size_of::<Entry>();
+            s.set(cache);
+            bytes
+        })
+        .unwrap_or(0);
+    alloc::Kept { bytes, release: || drop(SPARE.try_with(|s| s.take())) }
+}
+
 impl<V: ?Sized> Drop for DeferredRow<'_, V> {
     /// Hands the cache's storage back to this thread for its next row.
     fn drop(&mut self) {

@@ -238,6 +238,37 @@ thread_local! {
     static SPARE: std::cell::RefCell<Option<Spare>> = const { std::cell::RefCell::new(None) };
 }
 
+impl Spare {
+    /// The bytes its vectors hold.
+    fn bytes(&self) -> usize {
+        let words = [
+            &self.keep,
+            &self.mask,
+            &self.raised,
+            &self.seen,
+            &self.output_bits,
+            &self.listed_bits,
+            &self.counts,
+            &self.counted,
+            &self.ids,
+            &self.words,
+        ];
+        4 * (words.iter().map(|v| v.capacity()).sum::<usize>() + self.vals.capacity())
+            + self.slots.capacity() * size_of::<Slot>()
+            + self.overrides.capacity() * size_of::<(u32, f32)>()
+    }
+}
+
+/// What this thread keeps of a row's edits (the bitsets, the output's counts, the touched
+/// tokens' scratch) and of a deferred row's visited blocks, for `draw::KEPT_PER_THREAD`.
+pub(crate) fn kept() -> [alloc::Kept; 2] {
+    let bytes = SPARE.try_with(|s| s.try_borrow().map_or(0, |s| s.as_ref().map_or(0, Spare::bytes))).unwrap_or(0);
+    let release = || {
+        let _ = SPARE.try_with(|s| s.try_borrow_mut().map(|mut s| *s = None));
+    };
+    [alloc::Kept { bytes, release }, deferred::kept()]
+}
+
 /// The edits of one row: see the module doc. Three bitsets of one bit per token
 /// (`vocab.div_ceil(32)` words; bits past the vocabulary are clear): `keep`, and the two that
 /// say which kept tokens the lists touched, `seen` (a token of the histories: the penalties

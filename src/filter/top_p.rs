@@ -356,7 +356,7 @@ fn decide<V: RowValues + ?Sized>(
         Walk::Below => return Ok(None),
         Walk::Uncertain => {}
     }
-    let rest = if cut <= r.lo64 { 0.0 } else { r.exact(bm, cut) };
+    let rest = if cut <= r.lo64 { 0.0 } else { r.exact(bm, cut)? };
     let t = top_p * (base + rest);
     Ok(match c.walk(t, t)? {
         Walk::Theta(x) => {
@@ -377,7 +377,7 @@ fn peaked<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], top_p: f64) -> Re
     let nb = bmax.len();
     // f32 weights of every block maximum; the blocks within a factor 1000 of the heaviest, in
     // order, must carry top_p of their sum.
-    let mut block_w = vec![0f32; nb];
+    let mut block_w = alloc::filled(nb, 0f32, "top-p block weights")?;
     // SAFETY: bmax is an f32 row of nb values; wb as long.
     unsafe { (r.k.f32.mass_weights)(bmax.as_ptr(), nb, r.mp, block_w.as_mut_ptr()) };
     let heaviest = block_w.iter().fold(0f32, |a, &b| if b > a { b } else { a });
@@ -390,7 +390,7 @@ fn peaked<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], top_p: f64) -> Re
             order.push(b);
         }
     }
-    let all = sum(&block_w.iter().map(|&w| w as f64).collect::<Vec<_>>());
+    let all = sum(&alloc::collect(block_w.iter().map(|&w| w as f64), "top-p block weights")?);
     let in_order: f64 = order.iter().map(|&b| block_w[b] as f64).sum();
     if in_order < top_p * all * (1.0 - 1e-3) {
         return Ok(None);
@@ -398,7 +398,8 @@ fn peaked<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], top_p: f64) -> Re
     order.sort_unstable_by(|&a, &b| bmax[b].total_cmp(&bmax[a]).then(a.cmp(&b)));
     let mut cheap = Vec::new();
     let kind = if r.unmasked() { MassKind::CheapAll } else { MassKind::CheapCut };
-    let cheap_all = r.blocks(&[], kind, f32::INFINITY, &mut cheap);
+    let cheap_all = r.blocks(&[], kind, f32::INFINITY, &mut cheap)?;
+    // (At most PEAKED_BLOCKS of them.)
     let wmax = r.weights(&order.iter().map(|&b| bmax[b]).collect::<Vec<_>>())?;
     let (mut s_exp, mut s_cheap, mut cum, mut vc) = (0f64, 0f64, 0f64, None);
     let z_bounds = |s_exp: f64, s_cheap: f64, visited: usize| {
@@ -432,7 +433,7 @@ fn peaked<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], top_p: f64) -> Re
     }
     // Every other block must lie wholly below vc (the f32 weights that chose the heavy blocks
     // need not be monotone to the last bit).
-    let mut seen = vec![false; nb];
+    let mut seen = alloc::filled(nb, false, "top-p visited blocks")?;
     for &b in &order {
         seen[b] = true;
     }
@@ -446,17 +447,18 @@ fn peaked<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], top_p: f64) -> Re
         return Ok(Some(x));
     }
     // The blocks not visited by f32 exps as well.
-    let rest: Vec<f32> = bmax.iter().zip(&seen).map(|(&x, &s)| if s { f32::NEG_INFINITY } else { x }).collect();
+    let rest = bmax.iter().zip(&seen).map(|(&x, &s)| if s { f32::NEG_INFINITY } else { x });
+    let rest = alloc::collect(rest, "top-p blocks not visited")?;
     let mut blocks = Vec::new();
     let kind = if r.unmasked() { MassKind::ExpAll } else { MassKind::Exp };
-    let s_rest = r.blocks(&rest, kind, f32::INFINITY, &mut blocks);
+    let s_rest = r.blocks(&rest, kind, f32::INFINITY, &mut blocks)?;
     let (a, b) = exp_bounds(s_exp + s_rest, r.count());
     if let Walk::Theta(x) = c.walk(top_p * a, top_p * b)? {
         count(1);
         return Ok(Some(x));
     }
     // Z in float64.
-    let t = top_p * r.exact(&[], f32::INFINITY);
+    let t = top_p * r.exact(&[], f32::INFINITY)?;
     Ok(match c.walk(t, t)? {
         Walk::Theta(x) => {
             count(2);
@@ -478,7 +480,7 @@ const GUESSES: [(usize, f64); 2] = [(16, 3.0), (64, 8.0)];
 fn general<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], top: &[usize], top_p: f64) -> Result<f32> {
     let mut above = f32::INFINITY;
     for (i, &(samples, sigmas)) in GUESSES.iter().enumerate() {
-        let vc = sample_cut(r, bmax, top, top_p, samples, sigmas);
+        let vc = sample_cut(r, bmax, top, top_p, samples, sigmas)?;
         if vc >= above {
             // The sample puts the cut no lower than one already too high: it cannot be trusted.
             break;
@@ -506,13 +508,14 @@ fn sample_cut<V: RowValues + ?Sized>(
     top_p: f64,
     samples: usize,
     sigmas: f64,
-) -> f32 {
+) -> Result<f32> {
     let nb = bmax.len();
-    let mut in_top = vec![false; nb];
+    let mut in_top = alloc::filled(nb, false, "top-p sampled blocks")?;
     for &b in top {
         in_top[b] = true;
     }
     let stride = (nb / samples).max(1);
+    // (About `samples` of them.)
     let strided: Vec<usize> = (stride / 2..nb).step_by(stride).filter(|&b| !in_top[b]).collect();
     let others = nb - top.len();
     let scale = if strided.is_empty() { 0.0 } else { others as f64 / strided.len() as f64 };
@@ -559,10 +562,10 @@ fn sample_cut<V: RowValues + ?Sized>(
             let t_j = (f32::from_bits((j as u32) << 19) as f64).log2();
             let x = r.m as f64 + t_j / r.mp.c as f64;
             let x = x - x.abs() * 1e-6 - 1e-30;
-            return if x > f32::MAX as f64 { r.m } else { (x as f32).max(-f32::MAX) };
+            return Ok(if x > f32::MAX as f64 { r.m } else { (x as f32).max(-f32::MAX) });
         }
     }
-    f32::NEG_INFINITY
+    Ok(f32::NEG_INFINITY)
 }
 
 /// top-p among the candidates `cand` that are `>= floor` (a set that holds every kept token,

@@ -484,8 +484,30 @@ pub(crate) struct RaceScratch {
 }
 
 impl RaceScratch {
-    /// Makes room for `blocks` blocks, no chunk's noise worked out.
+    /// Room for `blocks` blocks in every array, so that [`RaceScratch::reset`] (inside the
+    /// race, which cannot fail) allocates nothing: OUT_OF_MEMORY instead of an abort.
+    pub(crate) fn reserve(&mut self, blocks: usize) -> crate::error::Result<()> {
+        const WHAT: &str = "the race's block bounds";
+        for v in [&mut self.cheap, &mut self.e, &mut self.g, &mut self.u] {
+            v.clear();
+            crate::alloc::reserve(v, blocks, WHAT)?;
+        }
+        self.j.clear();
+        crate::alloc::reserve(&mut self.j, blocks, WHAT)?;
+        self.done.clear();
+        crate::alloc::reserve(&mut self.done, blocks, WHAT)
+    }
+
+    /// The bytes this scratch holds.
+    pub(crate) fn capacity_bytes(&self) -> usize {
+        4 * (self.cheap.capacity() + self.e.capacity() + self.g.capacity() + self.u.capacity() + self.j.capacity())
+            + self.done.capacity()
+    }
+
+    /// Makes room for `blocks` blocks, no chunk's noise worked out; allocates nothing after
+    /// [`RaceScratch::reserve`] of at least `blocks`.
     fn reset(&mut self, blocks: usize, lanes: usize) {
+        debug_assert!(self.j.capacity() >= blocks && self.done.capacity() >= blocks.div_ceil(lanes));
         for v in [&mut self.cheap, &mut self.e, &mut self.g, &mut self.u] {
             v.clear();
             v.resize(blocks, 0.0);
