@@ -22,7 +22,12 @@ pub fn seeded_row_key(seed: u64, offset: u64) -> u64 {
 
 /// A seed from OS entropy.
 pub fn entropy_seed() -> u64 {
-    rand::random::<u64>()
+    // Without an entropy source (a sandbox that denies getrandom), the time and the process id
+    // still differ between processes and runs.
+    getrandom::u64().unwrap_or_else(|_| {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        splitmix64(now.as_nanos() as u64 ^ (u64::from(std::process::id()) << 32))
+    })
 }
 
 /// The stream that keys unseeded rows. Shared by every thread that uses the sampler.
