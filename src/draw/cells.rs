@@ -30,12 +30,24 @@ impl<T: Copy> SyncCell<T> {
     pub(super) fn new(v: T) -> Self {
         SyncCell(std::cell::UnsafeCell::new(v))
     }
-    pub(super) fn set(&self, v: T) {
-        // SAFETY: see the Sync impl.
+
+    /// Writes the value.
+    ///
+    /// # Safety
+    /// Only the one task that owns this cell calls it, and nothing reads the cell until the job
+    /// that runs the task has ended.
+    pub(super) unsafe fn set(&self, v: T) {
+        // SAFETY: the caller is the cell's one writer and nobody reads meanwhile.
         unsafe { *self.0.get() = v }
     }
-    pub(super) fn get(&self) -> T {
-        // SAFETY: see the Sync impl.
+
+    /// Reads the value.
+    ///
+    /// # Safety
+    /// The job whose task may write the cell has ended (`WorkerPool::run` returned), or no task
+    /// writes it.
+    pub(super) unsafe fn get(&self) -> T {
+        // SAFETY: no write can happen any more (the caller's contract).
         unsafe { *self.0.get() }
     }
 }

@@ -678,14 +678,16 @@ fn draw_by_rows(
     let out: Vec<SyncCell<Drawn>> = (0..rows).map(|_| SyncCell::default()).collect();
     let failed = FirstError::default();
     let done = pool.run(rows, participants, &|r| match draw_row(k, batch, r, plans[r], logprobs) {
-        Ok(d) => out[r].set(d),
+        // SAFETY: row `r`'s task is the one writer of its cell; it is read after the job.
+        Ok(d) => unsafe { out[r].set(d) },
         Err(e) => failed.record(r, e),
     });
     if !done.ok {
         return Err(worker_panicked());
     }
     failed.into_result()?;
-    Ok((out.iter().map(SyncCell::get).collect(), done.work_ns))
+    // SAFETY: the job that wrote the cells has ended.
+    Ok((out.iter().map(|c| unsafe { c.get() }).collect(), done.work_ns))
 }
 
 fn worker_panicked() -> Error {

@@ -39,15 +39,18 @@ pub(super) fn draw_tiled(
         // SAFETY: the tiles of all rows cover disjoint ranges of `bmax`, which outlives the job.
         let out =
             unsafe { std::slice::from_raw_parts_mut(bmax_out.at(r * blocks + start / BLOCK), len.div_ceil(BLOCK)) };
-        nan[task].set(with_row!(batch, r, |v| v.scan(k, start, len, out)));
+        let has_nan = with_row!(batch, r, |v| v.scan(k, start, len, out));
+        // SAFETY: task `task` is the one writer of its cell; it is read after the job.
+        unsafe { nan[task].set(has_nan) };
     });
     if !scanned_tiles.ok {
         return Err(worker_panicked());
     }
     let row_bmax = |r: usize| &bmax[r * blocks..(r + 1) * blocks];
-    let scanned: Vec<Scanned> = (0..rows)
-        .map(|r| summarize(row_bmax(r), f32::NEG_INFINITY, (0..tiles).any(|t| nan[r * tiles + t].get()), plans[r]))
-        .collect();
+    // SAFETY: the job that wrote the cells has ended.
+    let row_has_nan = |r: usize| (0..tiles).any(|t| unsafe { nan[r * tiles + t].get() });
+    let scanned: Vec<Scanned> =
+        (0..rows).map(|r| summarize(row_bmax(r), f32::NEG_INFINITY, row_has_nan(r), plans[r])).collect();
     // The filters' floors, on this thread.
     let params: Vec<Option<(RaceParams, RaceNoise)>> = (0..rows)
         .map(|r| with_row!(batch, r, |v| race_params(k, batch, r, v, row_bmax(r), &scanned[r], plans[r])))
@@ -62,7 +65,8 @@ pub(super) fn draw_tiled(
             let b0 = r * blocks + start / BLOCK;
             let bm = &bmax[b0..b0 + len.div_ceil(BLOCK)];
             match with_row!(batch, r, |v| v.race(k, start, len, bm, p, noise)) {
-                Ok(b) => best[task].set(b),
+                // SAFETY: task `task` is the one writer of its cell; it is read after the job.
+                Ok(b) => unsafe { best[task].set(b) },
                 Err(e) => failed.record(task, in_row(r, e)),
             }
         }
@@ -73,7 +77,12 @@ pub(super) fn draw_tiled(
     failed.into_result()?;
     let drawn = (0..rows)
         .map(|r| {
-            let won = params[r].map(|_| (0..tiles).fold(Best::NONE, |acc, t| acc.merge(best[r * tiles + t].get())));
+            let won = params[r].map(|_| {
+                (0..tiles).fold(Best::NONE, |acc, t| {
+                    // SAFETY: the job that wrote the cells has ended.
+                    acc.merge(unsafe { best[r * tiles + t].get() })
+                })
+            });
             let sc = &scanned[r];
             Drawn {
                 token: with_row!(batch, r, |v| finish(k, v, row_bmax(r), sc, won)),
