@@ -70,8 +70,13 @@ fuzz_one() {
   # shellcheck disable=SC2206
   args+=(${FUZZ_ARGS:-})
   echo "== $t: ${SECS}s ($bin ${args[*]} corpus/$t)"
-  "$bin" "${args[@]}" "corpus/$t" >"logs/$t.log" 2>&1
-  echo $? >"logs/$t.rc"
+  local rc=0
+  # A hard stop a little after SECS (-fork loads its seed corpus before its clock starts):
+  # SIGINT, on which libFuzzer prints its stats and exits.
+  local stop=()
+  if command -v timeout >/dev/null; then stop=(timeout -s INT -k 10 $((SECS + 15))); fi
+  "${stop[@]}" "$bin" "${args[@]}" "corpus/$t" >"logs/$t.log" 2>&1 || rc=$?
+  echo "$rc" >"logs/$t.rc"
 }
 
 for t in $TARGETS; do
@@ -92,13 +97,14 @@ for t in $TARGETS; do
   log="logs/$t.log"
   rc=$(cat "logs/$t.rc")
   # libFuzzer's own final numbers; the last status line (#N ... cov: ... ft: ...) as a fallback.
-  execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | tail -1 | awk '{print $2}')
-  rate=$(grep -o 'stat::average_exec_per_sec: [0-9]*' "$log" | tail -1 | awk '{print $2}')
+  # (`|| true`: with -fork libFuzzer prints no stat:: lines, and pipefail would end the script.)
+  execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | tail -1 | awk '{print $2}' || true)
+  rate=$(grep -o 'stat::average_exec_per_sec: [0-9]*' "$log" | tail -1 | awk '{print $2}' || true)
   last=$(grep -E '^#[0-9]+' "$log" | tail -1 || true)
   [ -n "$execs" ] || execs=$(echo "$last" | sed -E 's/^#([0-9]+).*/\1/')
-  [ -n "$rate" ] || rate=$(echo "$last" | grep -o 'exec/s: [0-9]*' | awk '{print $2}')
-  cov=$(echo "$last" | grep -o 'cov: [0-9]*' | awk '{print $2}')
-  ft=$(echo "$last" | grep -o 'ft: [0-9]*' | awk '{print $2}')
+  [ -n "$rate" ] || rate=$(echo "$last" | grep -o 'exec/s: [0-9]*' | awk '{print $2}' || true)
+  cov=$(echo "$last" | grep -o 'cov: [0-9]*' | awk '{print $2}' || true)
+  ft=$(echo "$last" | grep -o 'ft: [0-9]*' | awk '{print $2}' || true)
   units=$(find "corpus/$t" -type f | wc -l)
   crashes=$(find "artifacts/$t" -type f | wc -l)
   line="$t: rc $rc, executions ${execs:-?}, exec/s ${rate:-?}, cov ${cov:-?}, ft ${ft:-?}, corpus $units, artifacts $crashes"
@@ -107,7 +113,7 @@ for t in $TARGETS; do
   if [ "$rc" -ne 0 ] || [ "$crashes" -gt 0 ]; then
     failed=1
     echo "-- $t: crash report (from $log):"
-    grep -E 'panicked at|ERROR: |SUMMARY: |deadly signal|Test unit written|timeout after|out-of-memory|the environment check failed|failed in the child' "$log" | head -20 | sed 's/^/   /'
+    grep -E 'panicked at|ERROR: |SUMMARY: |deadly signal|Test unit written|timeout after|out-of-memory|the environment check failed|failed in the child' "$log" | head -20 | sed 's/^/   /' || true
     for a in "artifacts/$t"/*; do
       [ -f "$a" ] && echo "   reproduce: $bin $a"
     done
