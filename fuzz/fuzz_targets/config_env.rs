@@ -703,5 +703,8 @@ fn in_child(what: &str, f: impl FnOnce()) {
         }
     };
     assert_eq!(r, pid, "waitpid: {}", std::io::Error::last_os_error());
-    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "{what} failed in the child (status {status:#x})");
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{what} failed in the child (status {status:#x})"
+    );
 }

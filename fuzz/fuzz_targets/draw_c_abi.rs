@@ -32,8 +32,8 @@ mod reference;
 
 use arbitrary::{Result, Unstructured};
 use common::*;
-use reference as rf;
 use libfuzzer_sys::fuzz_target;
+use reference as rf;
 use std::ffi::c_void;
 use std::mem::{offset_of, size_of};
 use tokenrace::internals::api::*;
@@ -377,7 +377,12 @@ struct CsrList {
 
 impl CsrList {
     fn none() -> CsrList {
-        CsrList { offsets: Buf::new(Ptr::Null, 0, 0), ids: Buf::new(Ptr::Null, 0, 0), values: Buf::new(Ptr::Null, 0, 0.0), invalid: false }
+        CsrList {
+            offsets: Buf::new(Ptr::Null, 0, 0),
+            ids: Buf::new(Ptr::Null, 0, 0),
+            values: Buf::new(Ptr::Null, 0, 0.0),
+            invalid: false,
+        }
     }
     /// The list as the draw uses it: `None` without offsets (then nothing else is given).
     fn rows(&self) -> Option<(&[u64], &[i32], &[f32])> {
@@ -813,15 +818,24 @@ fn run(data: &[u8]) -> Result<()> {
     // --- The sampling step's inputs.
     let prompt = csr_list(u, rows, vocab, false)?;
     let output_l = csr_list(u, rows, vocab, false)?;
-    let rep = per_row(u, rows, |u| Ok([1.0f32, 1.3, 0.5, 2.0, 1e-3][u.choose_index(5)?]), |u| {
-        Ok([0.0f32, -1.0, f32::NAN, f32::INFINITY, -0.0][u.choose_index(5)?])
-    })?;
-    let freq = per_row(u, rows, |u| Ok(u.int_in_range(-8..=8i32)? as f32 / 4.0), |u| {
-        Ok([f32::NAN, f32::INFINITY, f32::NEG_INFINITY][u.choose_index(3)?])
-    })?;
-    let pres = per_row(u, rows, |u| Ok(u.int_in_range(-8..=8i32)? as f32 / 4.0), |u| {
-        Ok([f32::NAN, f32::INFINITY, f32::NEG_INFINITY][u.choose_index(3)?])
-    })?;
+    let rep = per_row(
+        u,
+        rows,
+        |u| Ok([1.0f32, 1.3, 0.5, 2.0, 1e-3][u.choose_index(5)?]),
+        |u| Ok([0.0f32, -1.0, f32::NAN, f32::INFINITY, -0.0][u.choose_index(5)?]),
+    )?;
+    let freq = per_row(
+        u,
+        rows,
+        |u| Ok(u.int_in_range(-8..=8i32)? as f32 / 4.0),
+        |u| Ok([f32::NAN, f32::INFINITY, f32::NEG_INFINITY][u.choose_index(3)?]),
+    )?;
+    let pres = per_row(
+        u,
+        rows,
+        |u| Ok(u.int_in_range(-8..=8i32)? as f32 / 4.0),
+        |u| Ok([f32::NAN, f32::INFINITY, f32::NEG_INFINITY][u.choose_index(3)?]),
+    )?;
     let bias = csr_list(u, rows, vocab, true)?;
     let allowed = csr_list(u, rows, vocab, false)?;
     let allowed_rows = if one_in(u, 4)? {
@@ -839,7 +853,7 @@ fn run(data: &[u8]) -> Result<()> {
             4 | 5 => words as u64,
             6 => words as u64 + u.int_in_range(1..=5u64)?,
             7 if words >= 2 => u.int_in_range(1..=words as u64 - 1)?, // invalid
-            8 => overflowing_stride(u, rows, words, 4)?.unwrap_or(0),   // invalid
+            8 => overflowing_stride(u, rows, words, 4)?.unwrap_or(0), // invalid
             _ => 0,
         };
         let eff = if bitmask_stride == 0 { words as u64 } else { bitmask_stride };
@@ -1065,9 +1079,7 @@ fn run(data: &[u8]) -> Result<()> {
     if rows > 0 && one_in(u, 25)? {
         let which = u.int_in_range(0..=3u8)?;
         let (base, len): (*mut u8, usize) = match u.int_in_range(0..=2u8)? {
-            0 if elem == 4 && logits_f32.how == Ptr::Aligned => {
-                (logits_f32.ptr() as *mut u8, logits_f32.v.len() * 4)
-            }
+            0 if elem == 4 && logits_f32.how == Ptr::Aligned => (logits_f32.ptr() as *mut u8, logits_f32.v.len() * 4),
             1 if h[0] == Ptr::Aligned && which > 0 => (outs.tokens.ptr_mut() as *mut u8, out_bytes),
             _ if temps.how == Ptr::Aligned => (temps.ptr() as *mut u8, rows * 4),
             _ => (std::ptr::null_mut(), 0),
