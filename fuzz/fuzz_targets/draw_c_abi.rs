@@ -432,8 +432,9 @@ fn csr_list(u: &mut Unstructured, rows: usize, vocab: usize, bias: bool) -> Resu
         Ok(if vocab == 0 { 0 } else { rng.below(vocab.min(i32::MAX as usize)) as i32 })
     };
     let mut l = CsrList::none();
+    // (A used-up input reads 0s: the common, valid paths come first.)
     match u.int_in_range(0..=39u8)? {
-        0 => {
+        38 => {
             // Entries without offsets.
             let n = u.int_in_range(0..=4usize)?;
             let v: Vec<i32> = (0..n).map(|_| id(u)).collect::<Result<_>>()?;
@@ -446,7 +447,7 @@ fn csr_list(u: &mut Unstructured, rows: usize, vocab: usize, bias: bool) -> Resu
             l.invalid = true;
             return Ok(l);
         }
-        1 => {
+        39 => {
             // A last offset whose entries overflow the address space (the entries short).
             let mut o: Vec<u64> = (0..rows).map(|r| r as u64).collect();
             o.push(match u.int_in_range(0..=3u8)? {
@@ -492,13 +493,13 @@ fn csr_list(u: &mut Unstructured, rows: usize, vocab: usize, bias: bool) -> Resu
     }
     // At most one defect more.
     match u.int_in_range(0..=19u8)? {
-        0 if rows >= 1 => {
+        17 if rows >= 1 => {
             // Decreasing offsets.
             let k = u.int_in_range(1..=rows)?;
             o[k - 1] = o[k] + u.int_in_range(1..=3u64)?;
             l.invalid = true;
         }
-        1 if !l.ids.v.is_empty() && l.ids.how == Ptr::Aligned => {
+        18 if !l.ids.v.is_empty() && l.ids.how == Ptr::Aligned => {
             let at = u.int_in_range(0..=l.ids.v.len() - 1)?;
             let bad = match u.int_in_range(0..=3u8)? {
                 0 => -1,
@@ -509,7 +510,7 @@ fn csr_list(u: &mut Unstructured, rows: usize, vocab: usize, bias: bool) -> Resu
             l.ids.v[at] = bad;
             l.invalid |= read.contains(&at) && !(bad >= 0 && (bad as usize) < vocab);
         }
-        2 if bias && !l.values.v.is_empty() && l.values.how == Ptr::Aligned => {
+        19 if bias && !l.values.v.is_empty() && l.values.how == Ptr::Aligned => {
             let at = u.int_in_range(0..=l.values.v.len() - 1)?;
             l.values.v[at] = if u.arbitrary()? { f32::NAN } else { f32::INFINITY };
             l.invalid |= read.contains(&at);
@@ -815,7 +816,11 @@ fn run(data: &[u8]) -> Result<()> {
     let ps = per_row(u, rows, top_p, bad_top_p)?;
     let mps = per_row(u, rows, min_p, bad_min_p)?;
 
-    // --- The sampling step's inputs.
+    // --- The sampling step's inputs, and everything after them, from the input read backwards:
+    // a short input (libFuzzer starts short) reaches them too, instead of running out before.
+    let backwards: Vec<u8> = data.iter().rev().copied().collect();
+    let mut back = Unstructured::new(&backwards);
+    let u = &mut back;
     let prompt = csr_list(u, rows, vocab, false)?;
     let output_l = csr_list(u, rows, vocab, false)?;
     let rep = per_row(
@@ -1157,12 +1162,23 @@ fn run(data: &[u8]) -> Result<()> {
     if verbose() {
         eprintln!(
             "draw: {} dtype {dtype} rows {rows} vocab {vocab} stride {stride} threads {threads} simd {} noise {} \
-             seeded {} ext-noise {} top_n {top_n} {err}",
+             seeded {} ext-noise {} top_n {top_n} step [prompt output bias allowed banned penalties bitmask] {:?} \
+             {err}",
             status_name(st),
             cfg.simd,
             cfg.noise,
             seeds.given(),
-            noise.given()
+            noise.given(),
+            [
+                prompt.offsets.given(),
+                output_l.offsets.given(),
+                bias.offsets.given(),
+                allowed.offsets.given(),
+                banned.offsets.given(),
+                rep.given() || freq.given() || pres.given(),
+                bitmask.given()
+            ]
+            .map(u8::from)
         );
     }
     if st != OK {

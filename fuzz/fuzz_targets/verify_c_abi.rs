@@ -492,7 +492,11 @@ fn run(data: &[u8]) -> Result<()> {
     invalid |= counts_how == Ptr::Misaligned || (counts_how == Ptr::Null && requests > 0);
     let counts_buf = Buf::from_vec(counts_how, counts.clone());
 
-    // --- Draft probabilities.
+    // --- Draft probabilities, and everything after them, from the input read backwards: a
+    // short input (libFuzzer starts short) reaches them too, instead of running out before.
+    let backwards: Vec<u8> = data.iter().rev().copied().collect();
+    let mut back = Unstructured::new(&backwards);
+    let u = &mut back;
     let mut q_stride = 0u64;
     let q: Buf<f32> = if one_in(u, 2)? && vocab > 0 {
         q_stride = match u.int_in_range(0..=9u8)? {
