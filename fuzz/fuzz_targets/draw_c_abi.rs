@@ -1278,22 +1278,25 @@ fn run(data: &[u8]) -> Result<()> {
                 assert!(w >= mp, "row {r}: token weight {} below min_p {mp} (logit {x}, max {m}, T {t})", arg.exp());
             }
         }
+        // Logprobs and ranks are of the logits as given (RAW) or of the effective row
+        // (PROCESSED): +inf values share the mass, a row without finite values has none.
+        let lrow = if logprob_mode == 0 { &x } else { &vals };
+        let n_inf = lrow.iter().filter(|&&v| v == f32::INFINITY).count();
+        let lempty = n_inf == 0 && !lrow.iter().any(|v| v.is_finite());
         let lp = outs.logprobs.given().then(|| outs.logprobs.at(r));
         if let Some(lp) = lp {
             assert!(!lp.is_nan() && lp <= 0.0, "row {r}: logprob {lp}");
-            if empty {
-                assert_eq!(lp, f32::NEG_INFINITY, "row {r}: an empty row's logprob");
-            }
-            if first_inf.is_some() {
-                let n = vals.iter().filter(|&&x| x == f32::INFINITY).count();
-                let want = -(n as f64).ln();
-                assert!((lp as f64 - want).abs() <= 1e-6, "row {r}: logprob {lp} of a +inf token among {n}");
+            if lempty || (n_inf > 0 && lrow[tok] != f32::INFINITY) {
+                assert_eq!(lp, f32::NEG_INFINITY, "row {r}: the logprob of a token without mass (mode {logprob_mode})");
+            } else if n_inf > 0 {
+                let want = -(n_inf as f64).ln();
+                assert!((lp as f64 - want).abs() <= 1e-6, "row {r}: logprob {lp} of a +inf token among {n_inf}");
             }
         }
         if outs.ranks.given() {
             let rank = outs.ranks.at(r);
             assert!(rank >= 1 && rank as usize <= vocab, "row {r}: rank {rank}");
-            if empty {
+            if lempty {
                 assert_eq!(rank as usize, vocab, "row {r}: an empty row's rank");
             }
         }

@@ -260,6 +260,16 @@ const TOKEN_SENTINEL: i32 = -0x2152_4111;
 const FLAG_SENTINEL: u32 = 0xa5a5_a5a5;
 const LP_SENTINEL: u32 = 0x7fc0_dead;
 
+/// `n` elements of `fill` (a misaligned buffer has one more, a sentinel too; NULL none).
+fn filled<T: Copy>(how: Ptr, n: usize, fill: T) -> Buf<T> {
+    let len = match how {
+        Ptr::Null => 0,
+        Ptr::Aligned => n,
+        Ptr::Misaligned => n + 1,
+    };
+    Buf { v: vec![fill; len], how }
+}
+
 /// What a verify call wrote.
 struct Outs {
     tokens: Buf<i32>,
@@ -271,10 +281,10 @@ struct Outs {
 impl Outs {
     fn new(h: [Ptr; 4], len: usize, requests: usize) -> Outs {
         Outs {
-            tokens: Buf::from_vec(h[0], vec![TOKEN_SENTINEL; len]),
-            counts: Buf::from_vec(h[1], vec![TOKEN_SENTINEL; requests]),
-            flags: Buf::from_vec(h[2], vec![FLAG_SENTINEL; requests]),
-            logprobs: Buf::from_vec(h[3], vec![LP_SENTINEL; len]),
+            tokens: filled(h[0], len, TOKEN_SENTINEL),
+            counts: filled(h[1], requests, TOKEN_SENTINEL),
+            flags: filled(h[2], requests, FLAG_SENTINEL),
+            logprobs: filled(h[3], len, LP_SENTINEL),
         }
     }
     fn untouched(&self) -> bool {
