@@ -71,10 +71,10 @@ fuzz_one() {
   args+=(${FUZZ_ARGS:-})
   echo "== $t: ${SECS}s ($bin ${args[*]} corpus/$t)"
   local rc=0
-  # A hard stop a little after SECS (-fork loads its seed corpus before its clock starts):
-  # SIGINT, on which libFuzzer prints its stats and exits.
+  # A hard stop a little after SECS (-fork loads its seed corpus before its clock starts;
+  # SIGINT 10 s after, on which libFuzzer prints its stats and exits, SIGKILL 5 s later).
   local stop=()
-  if command -v timeout >/dev/null; then stop=(timeout -s INT -k 10 $((SECS + 15))); fi
+  if command -v timeout >/dev/null; then stop=(timeout -s INT -k 5 $((SECS + 10))); fi
   "${stop[@]}" "$bin" "${args[@]}" "corpus/$t" >"logs/$t.log" 2>&1 || rc=$?
   echo "$rc" >"logs/$t.rc"
 }
