@@ -19,7 +19,8 @@
 //! but the last equal to its draft (so a placeholder is never accepted), a greedy request's
 //! tokens exactly the argmax chain, the flags the or of the rows looked at, logprobs never NaN
 //! and never above 0 for emitted tokens (NaN in the padding), and the seeded, greedy and fully
-//! given (uniforms and noise) requests the same on a sampler of another seed and thread count.
+//! given (uniforms and noise) requests the same on a sampler of another seed, thread count and
+//! SIMD level (scalar).
 //!
 //! Every sampler has a twin of the same config and seed that gets every valid call (and must
 //! write the same) and none of the refused ones; after every refusal both verify a batch of
@@ -140,14 +141,20 @@ struct Subject {
     ptr: *mut tokenrace_sampler,
     twin: *mut tokenrace_sampler,
     pools: Option<[*mut tokenrace_pool; 2]>,
-    /// A sampler of another seed and thread count, for the deterministic requests.
+    /// A sampler of another seed, thread count and SIMD level, for the deterministic requests.
     other: *mut tokenrace_sampler,
     vocab_size: usize,
     want: [u64; 3],
 }
 
 fn new_sampler(seed: u64, vocab_size: usize, threads: usize) -> *mut tokenrace_sampler {
+    new_sampler_at(seed, vocab_size, threads, 0)
+}
+
+/// A sampler at SIMD level `simd` (a `tokenrace_simd`; 0: the best this CPU has).
+fn new_sampler_at(seed: u64, vocab_size: usize, threads: usize, simd: u32) -> *mut tokenrace_sampler {
     let mut cfg = tokenrace_config_default();
+    cfg.simd = simd;
     cfg.max_rows = 16;
     cfg.vocab_size = vocab_size as u32;
     cfg.threads = threads as u32;
@@ -176,7 +183,8 @@ impl Subject {
     fn new(name: &'static str, seed: u64, vocab_size: usize, threads: usize, pool: bool) -> Subject {
         let (ptr, twin) = (new_sampler(seed, vocab_size, threads), new_sampler(seed, vocab_size, threads));
         let pools = pool.then(|| [attach_pool(ptr, vocab_size, seed ^ 5), attach_pool(twin, vocab_size, seed ^ 5)]);
-        let other = new_sampler(seed ^ 0xffff, vocab_size, if threads == 1 { 4 } else { 1 });
+        // Another seed, thread count and SIMD level (the scalar one).
+        let other = new_sampler_at(seed ^ 0xffff, vocab_size, if threads == 1 { 4 } else { 1 }, 1);
         Subject { name, ptr, twin, pools, other, vocab_size, want: [0; 3] }
     }
     /// [calls, rejected_calls, nonfinite_rows].
@@ -751,7 +759,7 @@ fn random_verify_calls_through_the_c_abi_answer_as_documented() {
         eprintln!("  {n:5}  {category}");
     }
     eprintln!(
-        "  requests checked: {} ({} greedy, {} deterministic ones against another seed and thread count); {} \
+        "  requests checked: {} ({} greedy, {} deterministic ones against another seed, thread count and level); {} \
          placeholder drafts, {} drafts accepted; twin checks after refusals [inline, pool] {:?}; {:.1?}",
         counts.requests,
         counts.greedy_requests,
