@@ -13,6 +13,25 @@
 //! vocab, a `struct_size` too small, inside a field, or larger with a nonzero tail, NULL
 //! required pointers and structs, misaligned arrays.
 //!
+//! About half the valid calls also carry the sampling step's inputs (prompt and output histories
+//! with repetition, frequency and presence penalties, logit bias with -inf bans, allowed lists for
+//! the rows `allowed_rows` marks, banned lists, a token bitmask at any row stride; lists with
+//! unread entries before the first and after the last offset), checked against the reference of
+//! the step (`rf::effective_row`, `rf::draw_pipeline`, as `tests/pipeline.rs` uses it); a batch
+//! of an older version carries them now and then too, and must not read them. Their defects, for
+//! each of the five lists (prompt, output, allowed, banned, bias): an id out of range in one row
+//! (checked by the rows' tasks, after the rows were keyed), decreasing offsets, a last offset
+//! whose entries overflow the address space (2^61 up to `u64::MAX`), entries given with NULL
+//! offsets, offsets that count entries of a NULL array; and a NaN or +inf bias, a bad penalty,
+//! `allowed_rows` without allowed lists, a bitmask stride below its words, an output array that
+//! shares memory with an input or an earlier output.
+//!
+//! Every sampler has a twin of the same config and seed that gets every valid call (and must
+//! write the same outputs) and none of the refused ones. After every refusal, both draw a valid
+//! batch of unseeded sampling rows: the same tokens, so the refusal took no key of the stream;
+//! one of the three samplers has a pool attached (and 3 threads), whose rows handed out and
+//! skipped must equal the twin's pool's, so the refusal gave back its pool rows.
+//!
 //! For every call: the status is the documented one; a failure names the field and row in
 //! `tokenrace_last_error()` and writes nothing (every output is pre-filled with sentinels, and a
 //! sentinel tail after each array catches writes past the rows); on success every id is in
@@ -38,7 +57,9 @@ use tokenrace::{Bf16, F16};
 
 /// Each seed is one reproducible run (a failure names its seed and call number).
 const SEEDS: [u64; 4] = [1, 2, 0x5eed_cafe_f00d, u64::MAX];
-const CALLS_PER_SEED: usize = 1000;
+const CALLS_PER_SEED: usize = 1500;
+/// The kinds of defect `add_defect` makes (each must be reached).
+const KINDS_OF_DEFECT: usize = 56;
 /// Small vocabularies (the rules, not the speed, are under test), around the 256-token block.
 const VOCABS: [usize; 14] = [1, 2, 3, 5, 16, 100, 255, 256, 257, 300, 511, 600, 1000, 2500];
 /// Valid temperatures: greedy (0, -0, subnormal, below the threshold), the threshold itself, tiny,
@@ -168,6 +189,93 @@ struct Case {
     null: Option<Null>,
     /// The array given through a misaligned pointer.
     misaligned: Option<&'static str>,
+    /// The sampling step's inputs (read only by a batch of the full size).
+    pipe: Pipe,
+    /// A list (`prompt`, `output`, `allowed`, `banned`, `bias`) whose offsets are passed as NULL
+    /// while its entries are given.
+    null_offsets: Option<&'static str>,
+    /// An entry array passed as NULL while its list's offsets count entries.
+    null_entries: Option<&'static str>,
+    /// An output array placed inside another array's bytes: (output, the other array, byte
+    /// offset into it).
+    overlap: Option<(&'static str, &'static str, usize)>,
+}
+
+/// A CSR list: row r's entries are `ids[offsets[r]..offsets[r + 1]]`.
+#[derive(Clone, Debug, Default)]
+struct List {
+    ids: Vec<i32>,
+    offsets: Vec<u64>,
+}
+
+impl List {
+    fn row(&self, r: usize) -> &[i32] {
+        &self.ids[self.offsets[r] as usize..self.offsets[r + 1] as usize]
+    }
+}
+
+/// The sampling step's inputs of a draw (each `None`: not given).
+#[derive(Clone, Debug, Default)]
+struct Pipe {
+    prompt: Option<List>,
+    output: Option<List>,
+    repetition: Option<Vec<f32>>,
+    frequency: Option<Vec<f32>>,
+    presence: Option<Vec<f32>>,
+    /// The pairs' ids and offsets, and their values.
+    bias: Option<(List, Vec<f32>)>,
+    allowed: Option<List>,
+    allowed_rows: Option<Vec<u8>>,
+    banned: Option<List>,
+    /// The words, and `bitmask_row_stride` (0: ceil(vocab / 32)).
+    bitmask: Option<(Vec<i32>, u64)>,
+}
+
+impl Pipe {
+    fn is_some(&self) -> bool {
+        self.prompt.is_some()
+            || self.output.is_some()
+            || self.repetition.is_some()
+            || self.frequency.is_some()
+            || self.presence.is_some()
+            || self.bias.is_some()
+            || self.allowed.is_some()
+            || self.banned.is_some()
+            || self.bitmask.is_some()
+    }
+    /// The list named `name` (`bias`: its ids).
+    fn list_mut(&mut self, name: &str) -> Option<&mut List> {
+        match name {
+            "prompt" => self.prompt.as_mut(),
+            "output" => self.output.as_mut(),
+            "allowed" => self.allowed.as_mut(),
+            "banned" => self.banned.as_mut(),
+            _ => self.bias.as_mut().map(|b| &mut b.0),
+        }
+    }
+    /// Row r's inputs as the reference takes them.
+    fn row(&self, r: usize, vocab: usize) -> rf::RowInputs<'_> {
+        let words = vocab.div_ceil(32);
+        rf::RowInputs {
+            prompt: self.prompt.as_ref().map_or(&[], |l| l.row(r)),
+            output: self.output.as_ref().map_or(&[], |l| l.row(r)),
+            repetition: self.repetition.as_ref().map_or(1.0, |v| v[r]),
+            frequency: self.frequency.as_ref().map_or(0.0, |v| v[r]),
+            presence: self.presence.as_ref().map_or(0.0, |v| v[r]),
+            bias_ids: self.bias.as_ref().map_or(&[], |b| b.0.row(r)),
+            bias_values: self.bias.as_ref().map_or(&[], |b| &b.1[b.0.offsets[r] as usize..b.0.offsets[r + 1] as usize]),
+            allowed: self
+                .allowed
+                .as_ref()
+                .filter(|_| self.allowed_rows.as_ref().is_none_or(|m| m[r] != 0))
+                .map(|l| l.row(r)),
+            banned: self.banned.as_ref().map_or(&[], |l| l.row(r)),
+            bitmask: self.bitmask.as_ref().map(|(w, stride)| {
+                let at = r * if *stride == 0 { words } else { *stride as usize };
+                &w[at..at + words]
+            }),
+        }
+    }
 }
 
 impl Case {
@@ -186,6 +294,10 @@ impl Case {
     /// older header has none of the later fields: they keep their defaults, here filters off).
     fn reads(&self, offset: usize) -> bool {
         self.batch_size >= offset + 8
+    }
+    /// Whether the sampling step's inputs are read (they came with the full batch).
+    fn reads_pipe(&self) -> bool {
+        self.batch_size >= BATCH_FULL
     }
     fn filters(&self, r: usize) -> rf::Filters {
         let mut f = rf::Filters::OFF;
@@ -209,7 +321,8 @@ impl Case {
     fn describe(&self) -> String {
         format!(
             "{} rows x vocab {} ({:?}, row_stride {}), T {:?}, seeds {:?}, offsets {:?}, seeded {:?}, noise {:?}, \
-             top_k {:?}, top_p {:?}, min_p {:?}, batch size {}, mode {}, top_n {}, outputs {:?}, out size {}",
+             top_k {:?}, top_p {:?}, min_p {:?}, batch size {}, mode {}, top_n {}, outputs {:?}, out size {}, \
+             sampling step {:?}",
             self.rows,
             self.vocab,
             self.dtype,
@@ -226,7 +339,8 @@ impl Case {
             self.logprob_mode,
             self.top_n,
             self.wants,
-            self.out_size
+            self.out_size,
+            self.pipe
         )
     }
 }
@@ -243,20 +357,58 @@ struct Subject {
     stream: rf::KeyStream,
     /// The counters the sampler must report (every failed call counts in `rejected_calls`).
     want: tokenrace_sampler_stats,
+    /// The pool attached to the sampler, if any (its noise is not the stream's).
+    pool: Option<*mut tokenrace_pool>,
+    /// A sampler of the same config and seed (and a pool of the same config) that gets every
+    /// valid call and none of the refused ones: after a refusal both must draw the same.
+    twin: *mut tokenrace_sampler,
+    twin_pool: Option<*mut tokenrace_pool>,
 }
 
 impl Subject {
     fn new(name: &'static str, seed: u64, max_rows: usize, vocab_size: usize, threads: usize) -> Subject {
+        Subject::with_pool(name, seed, max_rows, vocab_size, threads, false)
+    }
+
+    /// A sampler and its twin, each with a pool of its own attached when `pool` (then
+    /// `vocab_size` is the pool's vocab).
+    fn with_pool(
+        name: &'static str,
+        seed: u64,
+        max_rows: usize,
+        vocab_size: usize,
+        threads: usize,
+        pool: bool,
+    ) -> Subject {
         let mut cfg = tokenrace_config_default();
         cfg.max_rows = max_rows as u32;
         cfg.vocab_size = vocab_size as u32;
         cfg.threads = threads as u32;
         cfg.seed = seed;
         cfg.has_seed = 1;
-        let mut ptr = std::ptr::null_mut();
-        // SAFETY: a valid config and a writable out pointer.
-        let status = unsafe { tokenrace_sampler_new(&cfg, &mut ptr) };
-        assert_eq!(status, tokenrace_status::Ok, "{}", last_error());
+        let make = || {
+            let mut ptr = std::ptr::null_mut();
+            // SAFETY: a valid config and a writable out pointer.
+            let status = unsafe { tokenrace_sampler_new(&cfg, &mut ptr) };
+            assert_eq!(status, tokenrace_status::Ok, "{}", last_error());
+            let pool = pool.then(|| {
+                let mut pc = tokenrace_pool_config_default();
+                pc.rows = 4 * max_rows as u32;
+                pc.vocab = vocab_size as u32;
+                pc.threads = 1;
+                pc.has_seed = 1;
+                pc.seed = seed ^ 0x9001;
+                let mut p = std::ptr::null_mut();
+                // SAFETY: as above; then both handles are live.
+                unsafe {
+                    assert_eq!(tokenrace_pool_new(&pc, &mut p), tokenrace_status::Ok, "{}", last_error());
+                    assert_eq!(tokenrace_sampler_attach_pool(ptr, p), tokenrace_status::Ok, "{}", last_error());
+                }
+                p
+            });
+            (ptr, pool)
+        };
+        let ((ptr, pool), (twin, twin_pool)) = (make(), make());
         Subject {
             name,
             ptr,
@@ -265,7 +417,22 @@ impl Subject {
             greedy_below: cfg.greedy_below,
             stream: rf::KeyStream::new(seed),
             want: stats_slot(),
+            pool,
+            twin,
+            twin_pool,
         }
+    }
+
+    /// The pools' rows handed out and skipped (subject, twin).
+    fn pool_counts(&self) -> Option<[(u64, u64); 2]> {
+        let get = |p: *mut tokenrace_pool| {
+            let mut st =
+                tokenrace_pool_stats { struct_size: size_of::<tokenrace_pool_stats>() as u32, ..Default::default() };
+            // SAFETY: a live pool and a writable stats struct of its size.
+            assert_eq!(unsafe { tokenrace_pool_get_stats(p, &mut st) }, tokenrace_status::Ok);
+            (st.rows_borrowed, st.rows_skipped)
+        };
+        Some([get(self.pool?), get(self.twin_pool?)])
     }
 
     fn stats(&self) -> tokenrace_sampler_stats {
@@ -278,8 +445,14 @@ impl Subject {
 
 impl Drop for Subject {
     fn drop(&mut self) {
-        // SAFETY: made by tokenrace_sampler_new, freed once.
-        unsafe { tokenrace_sampler_free(self.ptr) };
+        // SAFETY: made by tokenrace_sampler_new / tokenrace_pool_new, freed once.
+        unsafe {
+            tokenrace_sampler_free(self.ptr);
+            tokenrace_sampler_free(self.twin);
+            for p in [self.pool, self.twin_pool].into_iter().flatten() {
+                tokenrace_pool_free(p);
+            }
+        }
     }
 }
 
@@ -372,6 +545,11 @@ fn out_ptr<T>(case: &Case, name: &'static str, want: bool, v: &mut Vec<T>, keep:
 
 /// Makes the call `case` describes on `s`.
 fn call(s: &Subject, case: &Case, out: &mut OutBufs) -> tokenrace_status {
+    call_on(s.ptr, case, out)
+}
+
+/// Makes the call `case` describes on the sampler at `sampler`.
+fn call_on(sampler: *mut tokenrace_sampler, case: &Case, out: &mut OutBufs) -> tokenrace_status {
     let mut keep = Vec::new();
     // SAFETY: all-zero is a valid value of these C structs (integers and NULL pointers).
     let mut b: Padded<tokenrace_batch> = unsafe { std::mem::zeroed() };
@@ -400,6 +578,33 @@ fn call(s: &Subject, case: &Case, out: &mut OutBufs) -> tokenrace_status {
     b.s.top_k = in_ptr(case, "top_k", case.top_k.as_ref(), &mut keep);
     b.s.top_p = in_ptr(case, "top_p", case.top_p.as_ref(), &mut keep);
     b.s.min_p = in_ptr(case, "min_p", case.min_p.as_ref(), &mut keep);
+    let p = &case.pipe;
+    // A list's entries and offsets, NULL where the case says so.
+    let list = |name: &str, l: Option<&List>| -> (*const i32, *const u64) {
+        match l {
+            None => (std::ptr::null(), std::ptr::null()),
+            Some(l) => (
+                if case.null_entries == Some(ids_field(name)) { std::ptr::null() } else { l.ids.as_ptr() },
+                if case.null_offsets == Some(name) { std::ptr::null() } else { l.offsets.as_ptr() },
+            ),
+        }
+    };
+    (b.s.prompt_ids, b.s.prompt_offsets) = list("prompt", p.prompt.as_ref());
+    (b.s.output_ids, b.s.output_offsets) = list("output", p.output.as_ref());
+    (b.s.allowed_ids, b.s.allowed_offsets) = list("allowed", p.allowed.as_ref());
+    (b.s.banned_ids, b.s.banned_offsets) = list("banned", p.banned.as_ref());
+    (b.s.bias_ids, b.s.bias_offsets) = list("bias", p.bias.as_ref().map(|b| &b.0));
+    if let Some((_, values)) = &p.bias {
+        b.s.bias_values = if case.null_entries == Some("bias_values") { std::ptr::null() } else { values.as_ptr() };
+    }
+    b.s.repetition_penalty = in_ptr(case, "repetition_penalty", p.repetition.as_ref(), &mut keep);
+    b.s.frequency_penalty = in_ptr(case, "frequency_penalty", p.frequency.as_ref(), &mut keep);
+    b.s.presence_penalty = in_ptr(case, "presence_penalty", p.presence.as_ref(), &mut keep);
+    b.s.allowed_rows = in_ptr(case, "allowed_rows", p.allowed_rows.as_ref(), &mut keep);
+    if let Some((words, stride)) = &p.bitmask {
+        b.s.token_bitmask = words.as_ptr();
+        b.s.bitmask_row_stride = *stride;
+    }
 
     // SAFETY: as above.
     let mut o: Padded<tokenrace_output> = unsafe { std::mem::zeroed() };
@@ -417,13 +622,72 @@ fn call(s: &Subject, case: &Case, out: &mut OutBufs) -> tokenrace_status {
     o.s.topn_ids = out_ptr(case, "topn_ids", ids, &mut out.topn_ids, &mut keep);
     o.s.topn_logprobs = out_ptr(case, "topn_logprobs", tlps, &mut out.topn_logprobs, &mut keep);
 
-    let sampler = if case.null == Some(Null::Sampler) { std::ptr::null_mut() } else { s.ptr };
+    if let Some((output, input, at)) = case.overlap {
+        place_overlap(&mut b.s, &mut o.s, case, (output, input, at), &mut keep);
+    }
+
+    let sampler = if case.null == Some(Null::Sampler) { std::ptr::null_mut() } else { sampler };
     let batch: *const tokenrace_batch = if case.null == Some(Null::Batch) { std::ptr::null() } else { &b.s };
     let output: *mut tokenrace_output = if case.null == Some(Null::Out) { std::ptr::null_mut() } else { &mut o.s };
     // SAFETY: every non-NULL pointer covers what the batch's sizes say (a struct larger than
     // this library's has its tail in `Padded`); a stride whose span does not fit is one the
     // call must refuse before reading, which is what is under test.
     unsafe { tokenrace_draw(sampler, batch, output) }
+}
+
+/// The bytes an output array of `case` covers.
+fn out_bytes(case: &Case, output: &str) -> usize {
+    match output {
+        "topn_ids" | "topn_logprobs" => case.rows * case.top_n * 4,
+        _ => case.rows * 4,
+    }
+}
+
+/// Moves input (or earlier output) `input` into a buffer long enough to also hold output
+/// `output` from byte `at` of it on, and points `output` there: the two arrays share memory,
+/// and every pointer still covers what the call's sizes say (nothing is written: the call must
+/// refuse it).
+fn place_overlap(
+    b: &mut tokenrace_batch,
+    o: &mut tokenrace_output,
+    case: &Case,
+    (output, input, at): (&str, &str, usize),
+    keep: &mut Vec<Vec<u64>>,
+) {
+    let (src, len): (*const u8, usize) = match input {
+        "logits" => (b.logits as *const u8, case.logits.bytes().len()),
+        "temperature" => (b.temperature as *const u8, case.rows * 4),
+        "seeds" => (b.seeds as *const u8, case.rows * 8),
+        "token_bitmask" => (b.token_bitmask as *const u8, case.pipe.bitmask.as_ref().unwrap().0.len() * 4),
+        "output_ids" => {
+            (b.output_ids as *const u8, *case.pipe.output.as_ref().unwrap().offsets.last().unwrap() as usize * 4)
+        }
+        "tokens" => (o.tokens as *const u8, case.rows * 4),
+        other => panic!("no overlap with {other}"),
+    };
+    let need = len.max(at + out_bytes(case, output));
+    let mut v = vec![0u64; need.div_ceil(8) + 1];
+    let base = v.as_mut_ptr() as *mut u8;
+    // SAFETY: `v` holds at least `len` bytes; `src` covers `len` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(src, base, len) };
+    let shared = base.wrapping_add(at);
+    keep.push(v);
+    match input {
+        "logits" => b.logits = base as *const c_void,
+        "temperature" => b.temperature = base as *const f32,
+        "seeds" => b.seeds = base as *const u64,
+        "token_bitmask" => b.token_bitmask = base as *const i32,
+        "output_ids" => b.output_ids = base as *const i32,
+        _ => o.tokens = base as *mut i32,
+    }
+    match output {
+        "tokens" => o.tokens = shared as *mut i32,
+        "flags" => o.flags = shared as *mut u32,
+        "logprobs" => o.logprobs = shared as *mut f32,
+        "ranks" => o.ranks = shared as *mut i32,
+        "topn_ids" => o.topn_ids = shared as *mut i32,
+        _ => o.topn_logprobs = shared as *mut f32,
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -557,7 +821,16 @@ fn valid_case(rng: &mut TestRng, s: &Subject, rows: usize) -> Case {
         out_tail: 0,
         null: None,
         misaligned: None,
+        pipe: Pipe::default(),
+        null_offsets: None,
+        null_entries: None,
+        overlap: None,
     };
+    // The sampling step's inputs in about half the calls (a batch of an older version carries
+    // them too now and then: it must not read them).
+    if rng.below(2) == 0 && (case.reads_pipe() || rng.below(4) == 0) {
+        case.pipe = gen_pipe(rng, rows, vocab);
+    }
     // A batch of an older version does not have the later filters: values there that would be
     // invalid must not be read.
     if rng.below(2) == 0 {
@@ -569,6 +842,80 @@ fn valid_case(rng: &mut TestRng, s: &Subject, rows: usize) -> Case {
         }
     }
     case
+}
+
+/// A CSR list of `rows` rows of up to `most` ids each in `[0, vocab)`, sometimes with entries
+/// before the first offset and after the last one (never read).
+fn gen_list(rng: &mut TestRng, rows: usize, vocab: usize, most: usize) -> List {
+    let mut ids: Vec<i32> = Vec::new();
+    if rng.below(6) == 0 {
+        ids.extend([vocab as i32, -1, i32::MIN].iter().take(1 + rng.below(3)));
+    }
+    let mut offsets = vec![ids.len() as u64];
+    for _ in 0..rows {
+        for _ in 0..rng.below(most + 1) {
+            ids.push(rng.below(vocab) as i32);
+        }
+        offsets.push(ids.len() as u64);
+    }
+    if rng.below(6) == 0 {
+        ids.extend([i32::MAX, -7, vocab as i32 + 1]);
+    }
+    List { ids, offsets }
+}
+
+/// The sampling step's inputs of a valid call: histories with penalties, logit bias, allowed
+/// lists (for some rows), banned lists and a bitmask, each given or not.
+fn gen_pipe(rng: &mut TestRng, rows: usize, vocab: usize) -> Pipe {
+    let per_row = |rng: &mut TestRng, from: &[f32]| -> Vec<f32> { (0..rows).map(|_| pick(rng, from)).collect() };
+    let mut p = Pipe::default();
+    if rng.below(3) == 0 {
+        p.prompt = Some(gen_list(rng, rows, vocab, 20));
+    }
+    if rng.below(3) == 0 {
+        p.output = Some(gen_list(rng, rows, vocab, 30));
+    }
+    if rng.below(3) == 0 {
+        p.repetition = Some(per_row(rng, &[1.0, 1.0, 1.3, 0.7, 2.0, 1e-3, 50.0]));
+    }
+    if rng.below(4) == 0 {
+        p.frequency = Some(per_row(rng, &[0.0, 0.5, -0.5, 2.0, 1e-3]));
+    }
+    if rng.below(4) == 0 {
+        p.presence = Some(per_row(rng, &[0.0, 1.0, -1.0, 0.3, -0.0]));
+    }
+    if rng.below(3) == 0 {
+        let l = gen_list(rng, rows, vocab, 8);
+        let values =
+            (0..l.ids.len()).map(|_| pick(rng, &[0.5, -1.0, 5.0, f32::NEG_INFINITY, 100.0, -0.0, -30.0])).collect();
+        p.bias = Some((l, values));
+    }
+    if rng.below(5) == 0 {
+        p.allowed = Some(gen_list(rng, rows, vocab, 12));
+        if rng.below(2) == 0 {
+            p.allowed_rows = Some((0..rows).map(|_| pick(rng, &[0u8, 1, 0xff])).collect());
+        }
+    }
+    if rng.below(4) == 0 {
+        p.banned = Some(gen_list(rng, rows, vocab, 6));
+    }
+    if rng.below(4) == 0 {
+        let words = vocab.div_ceil(32);
+        let stride = pick(rng, &[0, words as u64, words as u64 + 3]);
+        let at = if stride == 0 { words } else { stride as usize };
+        let len = if rows == 0 { 0 } else { (rows - 1) * at + words };
+        // Mostly every token allowed, some words random, some rows nearly closed.
+        let w = (0..len)
+            .map(|_| match rng.below(6) {
+                0 => rng.u64() as i32,
+                1 => 1 << rng.below(32),
+                2 => 0,
+                _ => -1,
+            })
+            .collect();
+        p.bitmask = Some((w, stride));
+    }
+    p
 }
 
 /// What a call must answer.
@@ -607,6 +954,58 @@ fn read_every_filter(case: &mut Case) {
     }
 }
 
+/// The sampling step's CSR lists, by the prefix of their fields.
+const LISTS: [&str; 5] = ["prompt", "output", "allowed", "banned", "bias"];
+
+fn ids_field(list: &str) -> &'static str {
+    match list {
+        "prompt" => "prompt_ids",
+        "output" => "output_ids",
+        "allowed" => "allowed_ids",
+        "banned" => "banned_ids",
+        _ => "bias_ids",
+    }
+}
+
+/// Gives `case` the list `name` if it has none.
+fn ensure_list(rng: &mut TestRng, case: &mut Case, name: &str) {
+    let (rows, vocab) = (case.rows, case.vocab);
+    if case.pipe.list_mut(name).is_some() {
+        return;
+    }
+    let l = gen_list(rng, rows, vocab, 4);
+    match name {
+        "prompt" => case.pipe.prompt = Some(l),
+        "output" => case.pipe.output = Some(l),
+        "allowed" => case.pipe.allowed = Some(l),
+        "banned" => case.pipe.banned = Some(l),
+        _ => {
+            let n = l.ids.len();
+            case.pipe.bias = Some((l, vec![0.5; n]));
+        }
+    }
+}
+
+/// Makes sure row `r` of list `name` has an entry (inserting a valid one at its end), and
+/// returns the position in the row of one of its entries.
+fn ensure_entry(rng: &mut TestRng, case: &mut Case, name: &str, r: usize) -> usize {
+    ensure_list(rng, case, name);
+    let id = rng.below(case.vocab) as i32;
+    let l = case.pipe.list_mut(name).unwrap();
+    let (a, b) = (l.offsets[r] as usize, l.offsets[r + 1] as usize);
+    if a < b {
+        return rng.below(b - a);
+    }
+    l.ids.insert(b, id);
+    for o in &mut l.offsets[r + 1..] {
+        *o += 1;
+    }
+    if name == "bias" {
+        case.pipe.bias.as_mut().unwrap().1.insert(b, 1.0);
+    }
+    0
+}
+
 /// Gives `case` one defect (or none) and says what the call must answer; `category` names it
 /// for the counts.
 fn add_defect(rng: &mut TestRng, s: &Subject, case: &mut Case) -> (String, Expect) {
@@ -614,7 +1013,7 @@ fn add_defect(rng: &mut TestRng, s: &Subject, case: &mut Case) -> (String, Expec
     let row = if rows > 0 { rng.below(rows) } else { 0 };
     let full = BATCH_FULL;
     loop {
-        match rng.below(24) {
+        match rng.below(33) {
             0 => {
                 case.vocab = 0;
                 return ("vocab 0".into(), invalid("batch.vocab: must be at least 1".into()));
@@ -803,6 +1202,169 @@ fn add_defect(rng: &mut TestRng, s: &Subject, case: &mut Case) -> (String, Expec
                 );
             }
             23 => return ("valid".into(), Expect::Ok),
+            24 if rows >= 1 => {
+                // A list id out of range in one row (checked by the rows' tasks, after the rows
+                // were keyed: the refusal must give the keys back).
+                let name = pick(rng, &LISTS);
+                read_every_filter(case);
+                let j = ensure_entry(rng, case, name, row);
+                let l = case.pipe.list_mut(name).unwrap();
+                let at = l.offsets[row] as usize + j;
+                let id = pick(rng, &[vocab as i32, vocab as i32 + 1, -1, i32::MIN, i32::MAX]);
+                l.ids[at] = id;
+                let want = format!(
+                    "batch.{}[{row}]: position {j} (entry {at}): {id} is not a token id in [0, {vocab})",
+                    ids_field(name)
+                );
+                return (format!("{name} id out of range"), invalid(want));
+            }
+            25 if rows >= 1 => {
+                let name = pick(rng, &LISTS);
+                read_every_filter(case);
+                ensure_list(rng, case, name);
+                let o = &mut case.pipe.list_mut(name).unwrap().offsets;
+                let k = 1 + rng.below(rows);
+                o[k - 1] = o[k] + 1 + rng.below(3) as u64;
+                let want = format!(
+                    "batch.{name}_offsets[{k}]: {} is below the previous offset {} (offsets must not decrease)",
+                    o[k],
+                    o[k - 1]
+                );
+                return (format!("{name} offsets decreasing"), invalid(want));
+            }
+            26 => {
+                // A last offset whose entries span more than the address space: refused before
+                // any slice of that length is made.
+                let name = pick(rng, &LISTS);
+                read_every_filter(case);
+                ensure_list(rng, case, name);
+                let o = &mut case.pipe.list_mut(name).unwrap().offsets;
+                let last = pick(rng, &[1u64 << 61, (1 << 62) + 3, 1 << 63, u64::MAX]);
+                o[rows] = last;
+                let want =
+                    format!("batch.{name}_offsets[{rows}]: {last} entries of 4 bytes overflow the address space");
+                return (format!("{name} last offset overflowing"), invalid(want));
+            }
+            27 => {
+                // Entries given without the offsets that say whose they are.
+                let name = pick(rng, &LISTS);
+                read_every_filter(case);
+                ensure_list(rng, case, name);
+                case.null_offsets = Some(name);
+                let given = if name == "bias" && rng.below(2) == 0 {
+                    case.null_entries = Some("bias_ids");
+                    "bias_values"
+                } else {
+                    ids_field(name)
+                };
+                let want = format!("batch.{name}_offsets: is NULL while {given} is given");
+                return (format!("{name} entries without offsets"), invalid(want));
+            }
+            28 if rows >= 1 => {
+                // Offsets that count entries, with the entries' array NULL (through C an array
+                // is as long as its last offset says: this is the last offset past the array).
+                let name = pick(rng, &LISTS);
+                read_every_filter(case);
+                ensure_entry(rng, case, name, row);
+                let field = if name == "bias" && rng.below(2) == 0 { "bias_values" } else { ids_field(name) };
+                case.null_entries = Some(field);
+                return (format!("{name} offsets past a NULL array"), invalid(format!("batch.{field}: is NULL")));
+            }
+            29 if rows >= 1 => {
+                read_every_filter(case);
+                let j = ensure_entry(rng, case, "bias", row);
+                let (l, values) = case.pipe.bias.as_mut().unwrap();
+                let at = l.offsets[row] as usize + j;
+                let v = pick(rng, &[f32::NAN, f32::INFINITY, -f32::NAN]);
+                values[at] = v;
+                let want = format!(
+                    "batch.bias_values[{row}]: position {j} (entry {at}): {v} is not a bias (finite, or -inf to ban)"
+                );
+                return ("bias NaN or +inf".into(), invalid(want));
+            }
+            30 if rows >= 1 => {
+                read_every_filter(case);
+                let p = &mut case.pipe;
+                let (field, v, want) = match rng.below(3) {
+                    0 => {
+                        let v = pick(rng, &[0.0, -0.0, -1.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY]);
+                        (
+                            "repetition_penalty",
+                            p.repetition.get_or_insert_with(|| vec![1.0; rows]),
+                            (v, "is not a finite number > 0"),
+                        )
+                    }
+                    1 => {
+                        let v = pick(rng, &[f32::NAN, f32::INFINITY, f32::NEG_INFINITY]);
+                        ("frequency_penalty", p.frequency.get_or_insert_with(|| vec![0.0; rows]), (v, "is not finite"))
+                    }
+                    _ => {
+                        let v = pick(rng, &[f32::NAN, f32::INFINITY, f32::NEG_INFINITY]);
+                        ("presence_penalty", p.presence.get_or_insert_with(|| vec![0.0; rows]), (v, "is not finite"))
+                    }
+                };
+                v[row] = want.0;
+                return ("bad penalty".into(), invalid(format!("batch.{field}[{row}]: {} {}", want.0, want.1)));
+            }
+            31 if rows >= 1 => {
+                // An output sharing memory with an input or an earlier output.
+                read_every_filter(case);
+                let mut inputs = vec!["logits", "tokens"];
+                if case.temperature.is_some() {
+                    inputs.push("temperature");
+                }
+                if case.seeds.is_some() {
+                    inputs.push("seeds");
+                }
+                if case.pipe.bitmask.is_some() {
+                    inputs.push("token_bitmask");
+                }
+                if case.pipe.output.as_ref().is_some_and(|l| l.offsets[rows] > 0) {
+                    inputs.push("output_ids");
+                }
+                let input = pick(rng, &inputs);
+                let mut outputs = vec!["tokens", "flags", "logprobs", "ranks"];
+                if case.top_n > 0 {
+                    outputs.extend(["topn_ids", "topn_logprobs"]);
+                }
+                let output = pick(rng, &outputs[if input == "tokens" { 1 } else { 0 }..]);
+                let k = ["tokens", "flags", "logprobs", "ranks", "topn_ids", "topn_logprobs"]
+                    .iter()
+                    .position(|&o| o == output)
+                    .unwrap();
+                if k > 0 {
+                    case.wants[k - 1] = true;
+                }
+                let len = match input {
+                    "logits" => case.logits.bytes().len(),
+                    "tokens" | "temperature" => rows * 4,
+                    "seeds" => rows * 8,
+                    "token_bitmask" => case.pipe.bitmask.as_ref().unwrap().0.len() * 4,
+                    _ => case.pipe.output.as_ref().unwrap().offsets[rows] as usize * 4,
+                };
+                // Anywhere from one element before the end to the start (4-byte aligned).
+                let at = 4 * rng.below((len / 4).max(1));
+                case.overlap = Some((output, input, at));
+                let owner = if input == "tokens" { "out" } else { "batch" };
+                let want = format!("out.{output}: overlaps {owner}.{input} (bytes");
+                return ("output overlapping an input".into(), invalid(want));
+            }
+            32 if rows >= 1 => {
+                read_every_filter(case);
+                let words = vocab.div_ceil(32);
+                if words >= 2 && rng.below(2) == 0 {
+                    let stride = 1 + rng.below(words - 1) as u64;
+                    case.pipe.bitmask = Some((vec![-1; rows * words], stride));
+                    let want = format!("batch.bitmask_row_stride: {stride} is smaller than ceil(vocab / 32) = {words}");
+                    return ("bitmask stride below its words".into(), invalid(want));
+                }
+                case.pipe.allowed = None;
+                case.pipe.allowed_rows = Some(vec![1; rows]);
+                return (
+                    "allowed_rows without allowed lists".into(),
+                    invalid("batch.allowed_rows: given without allowed lists".into()),
+                );
+            }
             _ => continue,
         }
     }
@@ -826,6 +1388,11 @@ struct Counts {
     ambiguous: usize,
     logprob_rows: usize,
     topn_rows: usize,
+    /// Rows drawn with the sampling step's inputs; rows drawn from an attached pool.
+    pipe_rows: usize,
+    pool_rows: usize,
+    /// The twin-sampler checks after refusals, by the sampler's noise (inline, pool).
+    twin_checks: [usize; 2],
 }
 
 /// Checks a successful call's outputs against the reference, row by row, and adds to the
@@ -864,7 +1431,15 @@ fn check_valid(s: &mut Subject, case: &Case, out: &OutBufs, counts: &mut Counts,
         } else {
             rf::Noise::Inline(0)
         };
-        let d = rf::draw(x, t, s.greedy_below, noise, case.filters(r));
+        // The sampling step's inputs make the effective row y; raw logprobs are x's, processed
+        // ones y's (tests/pipeline.rs).
+        let y = (case.reads_pipe() && case.pipe.is_some()).then(|| rf::effective_row(x, &case.pipe.row(r, vocab)));
+        let order = rf::Order::TemperatureFirst;
+        let d = match &y {
+            Some(y) => rf::draw_pipeline(x, y, t, s.greedy_below, noise, case.filters(r), order),
+            None => rf::draw(x, t, s.greedy_below, noise, case.filters(r)),
+        };
+        let from_pool = s.pool.is_some() && sampling && seeded.is_none() && case.noise.is_none();
         let at = format!("{at}, row {r} (T {t}, {:?}, {:?})", case.filters(r), noise_name(&noise, seeded.is_some()));
         let tok = out.tokens[r];
         assert!((0..vocab as i32).contains(&tok), "{at}: token {tok} is not in [0, {vocab})");
@@ -896,10 +1471,27 @@ fn check_valid(s: &mut Subject, case: &Case, out: &OutBufs, counts: &mut Counts,
             w.seeded_rows += 1;
         } else if case.noise.is_some() {
             w.external_noise_rows += 1;
+        } else if from_pool {
+            w.pool_rows += 1;
         } else {
             w.inline_rows += 1;
         }
         w.nonfinite_rows += (d.flags & 0b111 != 0) as u64;
+        counts.pipe_rows += y.is_some() as usize;
+        if from_pool && d.kept.len() == vocab {
+            // The pool's noise is not the stream's: the token is checked against the twin
+            // sampler only, and its logprobs at the token drawn.
+            counts.pool_rows += 1;
+            let lp = match &y {
+                Some(y) if mode == rf::Mode::Processed => rf::logprobs(y, &d, mode),
+                _ => rf::logprobs(x, &d, mode),
+            };
+            assert!(d.ambiguous || d.kept[tok], "{at}: pool-drawn token {tok} is not among the kept tokens");
+            if want_lps && !d.ambiguous {
+                assert!(rf::lp_close(out.logprobs[r], lp[tok]), "{at}: logprob of pool-drawn token {tok}");
+            }
+            continue;
+        }
 
         // The token, as tests/reference.rs judges it.
         if d.ambiguous {
@@ -923,7 +1515,10 @@ fn check_valid(s: &mut Subject, case: &Case, out: &OutBufs, counts: &mut Counts,
         if !(want_lps || want_ranks || (n > 0 && (want_ids || want_tlps))) {
             continue;
         }
-        let lp = rf::logprobs(x, &d, mode);
+        let lp = match &y {
+            Some(y) if mode == rf::Mode::Processed => rf::logprobs(y, &d, mode),
+            _ => rf::logprobs(x, &d, mode),
+        };
         counts.logprob_rows += 1;
         if want_lps {
             let got = out.logprobs[r];
@@ -1013,13 +1608,60 @@ fn stats_match(s: &Subject, at: &str) {
     );
 }
 
+/// Whether two calls wrote the same outputs, bit for bit.
+fn same_outputs(a: &OutBufs, b: &OutBufs) -> bool {
+    let f = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    a.tokens == b.tokens
+        && a.flags == b.flags
+        && a.ranks == b.ranks
+        && a.topn_ids == b.topn_ids
+        && f(&a.logprobs) == f(&b.logprobs)
+        && f(&a.topn_logprobs) == f(&b.topn_logprobs)
+}
+
+/// The same valid call on the twin, which must write what the subject wrote.
+fn twin_agrees(s: &Subject, case: &Case, out: &OutBufs, at: &str) {
+    let mut twin_out = OutBufs::new(case.rows, case.top_n);
+    assert_eq!(call_on(s.twin, case, &mut twin_out), tokenrace_status::Ok, "{at}: the twin: {}", last_error());
+    assert!(
+        same_outputs(out, &twin_out),
+        "{at}: the twin sampler drew otherwise: {:?} and {:?}",
+        out.tokens,
+        twin_out.tokens
+    );
+    if let Some([a, b]) = s.pool_counts() {
+        assert_eq!(a, b, "{at}: pool rows (borrowed, skipped) differ from the twin's pool");
+    }
+}
+
+/// After a refusal: a valid call of unseeded sampling rows (keyed by the stream or drawn from
+/// the pool), on the subject and on its twin, which never saw the refused call: the same
+/// tokens, and on inline noise the reference's (its copy of the stream was not advanced).
+fn twin_check(rng: &mut TestRng, s: &mut Subject, counts: &mut Counts, at: &str) {
+    let rows = 1 + rng.below(s.max_rows);
+    let mut case = valid_case(rng, s, rows);
+    case.temperature = Some((0..rows).map(|_| pick(rng, &[0.7, 1.0, 1.0, 2.0])).collect());
+    (case.seeds, case.offsets, case.seeded, case.noise) = (None, None, None, None);
+    let mut out = OutBufs::new(case.rows, case.top_n);
+    let at = format!("{at}, then the twin check [{}]", case.describe());
+    assert_eq!(call(s, &case, &mut out), tokenrace_status::Ok, "{at}: {}", last_error());
+    s.want.calls += 1;
+    twin_agrees(s, &case, &out, &at);
+    check_valid(s, &case, &out, counts, &at);
+    counts.twin_checks[s.pool.is_some() as usize] += 1;
+}
+
 fn run_seed(seed: u64, counts: &mut Counts) {
     let mut rng = TestRng::new(seed);
-    // Two samplers: any vocab and 8 rows; a fixed vocab of 97 and 3 rows.
-    let mut subjects =
-        [Subject::new("any-vocab", seed ^ 0xa11, 8, 0, 1), Subject::new("vocab-97", seed.wrapping_add(97), 3, 97, 1)];
+    // Three samplers: any vocab and 8 rows; a fixed vocab of 97 and 3 rows; a fixed vocab of 300,
+    // 4 rows and 3 threads with a pool attached.
+    let mut subjects = [
+        Subject::new("any-vocab", seed ^ 0xa11, 8, 0, 1),
+        Subject::new("vocab-97", seed.wrapping_add(97), 3, 97, 1),
+        Subject::with_pool("vocab-300-pool", seed.wrapping_add(300), 4, 300, 3, true),
+    ];
     for i in 0..CALLS_PER_SEED {
-        let s = &mut subjects[rng.below(2)];
+        let s = &mut subjects[rng.below(3)];
         // Rows above max_rows are decided first, since every per-row array must cover them.
         let too_many = rng.below(25) == 0;
         let rows = if too_many {
@@ -1048,6 +1690,7 @@ fn run_seed(seed: u64, counts: &mut Counts) {
                 assert_eq!(status, tokenrace_status::Ok, "{at}: {message}");
                 assert_eq!(message, "", "{at}: a successful call leaves no error");
                 s.want.calls += 1;
+                twin_agrees(s, &case, &out, &at);
                 check_valid(s, &case, &out, counts, &at);
                 *counts.calls.entry(valid_label(&case)).or_default() += 1;
             }
@@ -1061,6 +1704,8 @@ fn run_seed(seed: u64, counts: &mut Counts) {
                     s.want.rejected_calls += 1;
                 }
                 *counts.calls.entry(format!("invalid: {category}")).or_default() += 1;
+                stats_match(s, &at);
+                twin_check(&mut rng, s, counts, &at);
             }
         }
         stats_match(s, &at);
@@ -1085,6 +1730,9 @@ fn valid_label(case: &Case) -> String {
     if case.batch_size > BATCH_FULL || case.out_size > OUT_FULL {
         f.push("larger struct, zero tail");
     }
+    if case.pipe.is_some() {
+        f.push(if case.reads_pipe() { "sampling step" } else { "sampling step unread" });
+    }
     format!("valid: {}", if f.is_empty() { "plain".to_string() } else { f.join(", ") })
 }
 
@@ -1102,9 +1750,10 @@ fn random_calls_through_the_c_abi_answer_as_documented() {
         eprintln!("  {n:5}  {category}");
     }
     eprintln!(
-        "  rows checked against the reference: {} ({} greedy; sampling by noise [seeded, stream, E, ln E] {:?}, {} of \
+        "  rows checked against the reference: {} ({} greedy; sampling by noise [seeded, stream or pool, E, ln E] {:?}, {} of \
          them filtered; {} with NaN/+inf/empty); {} near ties and {} filter cuts within rounding skipped; logprobs \
-         checked on {} rows, top-n on {}; {:.1?}",
+         checked on {} rows, top-n on {}; {} rows with the sampling step's inputs, {} drawn from a pool; twin checks \
+         after refusals [inline, pool] {:?}; {:.1?}",
         counts.rows,
         counts.greedy,
         counts.noise,
@@ -1114,11 +1763,14 @@ fn random_calls_through_the_c_abi_answer_as_documented() {
         counts.ambiguous,
         counts.logprob_rows,
         counts.topn_rows,
+        counts.pipe_rows,
+        counts.pool_rows,
+        counts.twin_checks,
         started.elapsed()
     );
     // Every category was reached (a generator that stops producing one tests nothing of it).
     let invalid_categories = counts.calls.keys().filter(|k| k.starts_with("invalid")).count();
-    assert_eq!(invalid_categories, 26, "kinds of defect generated: {:?}", counts.calls.keys());
+    assert_eq!(invalid_categories, KINDS_OF_DEFECT, "kinds of defect generated: {:?}", counts.calls.keys());
     assert!(counts.noise.iter().all(|&n| n > 100), "too few sampling rows of some noise: {:?}", counts.noise);
     assert!(counts.near_ties + counts.ambiguous <= 5.max(counts.rows / 200), "too many rows skipped");
 }

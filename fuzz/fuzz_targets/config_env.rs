@@ -249,6 +249,11 @@ fn config_c(c: &Config) -> tokenrace_config {
         log_level: c.log_level as u32,
         noise: c.noise as u32,
         pool_rows: c.pool_rows as u32,
+        filter_order: match c.filter_order {
+            tokenrace::FilterOrder::TemperatureFirst => 0,
+            tokenrace::FilterOrder::FiltersFirst => 1,
+        },
+        reserved1: 0,
     }
 }
 
@@ -292,7 +297,9 @@ fn check_from_env<T>(
     // SAFETY: NULL or 128 writable bytes, at least struct_size (sizes are chosen <= 128).
     let st = code(unsafe { f(p) }, call);
     let err = check_last_error(st, call);
-    let full = 48usize;
+    // The struct's size, and the sizes that end on a field from the first version (48) on.
+    let full = size_of::<T>();
+    let ends: &[usize] = if full == CFG { &[48, 52, CFG] } else { &[48] };
     match (&want, size) {
         (Err(var), _) => {
             assert_eq!(st, INVALID_CONFIG, "{call}: bad {var} but status {}", status_name(st));
@@ -300,7 +307,7 @@ fn check_from_env<T>(
         }
         (Ok(_), None) => assert_eq!(st, INVALID_ARGUMENT, "{call}(NULL)"),
         (Ok(want), Some(s)) => {
-            if (s as usize) < full {
+            if (s as usize) < full && !ends.contains(&(s as usize)) {
                 assert_eq!(st, INVALID_ARGUMENT, "{call}: struct_size {s}");
             } else {
                 assert_eq!(st, OK, "{call}: struct_size {s}: {err}");
@@ -463,19 +470,22 @@ fn struct_size(u: &mut Unstructured) -> Result<u32> {
     })
 }
 
+/// The size of `tokenrace_config` (its first version ends at 48 bytes, with `pool_rows`).
+const CFG: usize = size_of::<tokenrace_config>();
+
 /// Check 3: a sampler from arbitrary config bytes.
 #[allow(clippy::if_same_then_else)] // one branch per stage of the library's checks
 fn sampler_from_bytes(u: &mut Unstructured) -> Result<()> {
     let mut raw = Raw([0; 128]);
     let size = struct_size(u)? as usize;
     let def = bytes_of(&tokenrace_config_default());
-    raw.0[..48].copy_from_slice(&def);
+    raw.0[..CFG].copy_from_slice(&def);
     // Overwrite some fields, or every byte.
     if one_in(u, 4)? {
         u.fill_buffer(&mut raw.0[4..size.max(4)])?;
     } else {
         for _ in 0..u.int_in_range(0..=4u8)? {
-            let off = [4usize, 8, 12, 16, 24, 28, 32, 36, 40, 44][u.choose_index(10)?];
+            let off = [4usize, 8, 12, 16, 24, 28, 32, 36, 40, 44, 48][u.choose_index(11)?];
             let v: u32 = match u.int_in_range(0..=3u8)? {
                 0 => u.arbitrary()?,
                 1 => u.int_in_range(0..=5)?,
@@ -484,10 +494,12 @@ fn sampler_from_bytes(u: &mut Unstructured) -> Result<()> {
             };
             raw.0[off..off + 4].copy_from_slice(&v.to_ne_bytes());
         }
-        if size > 48 && one_in(u, 3)? {
-            raw.0[u.int_in_range(48..=size - 1)?] = 1;
+        if size > CFG && one_in(u, 3)? {
+            raw.0[u.int_in_range(CFG..=size - 1)?] = 1;
         }
     }
+    // `reserved1` stays zero (what the library makes of it is not a rule).
+    raw.0[52..56].fill(0);
     raw.0[..4].copy_from_slice(&(size as u32).to_ne_bytes());
     let f = |raw: &Raw, off: usize| u32::from_ne_bytes(raw.0[off..off + 4].try_into().unwrap());
     // Tame the valid-but-expensive: many threads, a pool of megabytes to gigabytes.
@@ -508,16 +520,18 @@ fn sampler_from_bytes(u: &mut Unstructured) -> Result<()> {
     }
 
     // The rules, in the order the library applies them.
-    let extra = size > 48 && raw.0[48..size].iter().any(|&b| b != 0);
+    let extra = size > CFG && raw.0[CFG..size].iter().any(|&b| b != 0);
+    // `filter_order` (after the first version's `pool_rows`) is read when the size covers it.
+    let filter_order = if size >= 52 { f(&raw, 48) } else { 0 };
     let (vocab, max_rows, threads, pool_rows) = (f(&raw, 4), f(&raw, 8), f(&raw, 12), f(&raw, 44));
     let greedy = f32::from_bits(f(&raw, 32));
     let (simd, log_level, noise) = (f(&raw, 28), f(&raw, 36), f(&raw, 40));
     let rows_eff = if pool_rows == 0 { (4 * max_rows as u64).min(1 << 20) } else { pool_rows as u64 };
-    let expect = if size < 48 {
+    let expect = if size < 48 || (size < CFG && size != 48 && size != 52) {
         INVALID_ARGUMENT
     } else if extra {
         UNSUPPORTED
-    } else if simd > 4 || log_level > 5 || noise > 2 {
+    } else if simd > 4 || log_level > 5 || noise > 2 || filter_order > 1 {
         INVALID_CONFIG
     } else if vocab > i32::MAX as u32
         || !(1..=1 << 20).contains(&max_rows)
@@ -653,7 +667,44 @@ fn run(data: &[u8]) -> Result<()> {
     }
     let make = u.arbitrary::<bool>()?;
     run_child(&vars, sizes, make);
-    sampler_from_bytes(u)?;
-    pool_from_bytes(u)?;
+    // Making a sampler or a pool reads the environment (for the log level), which is then cached
+    // for the process: made here, it would leave every later child the parent's cache. So these
+    // run in a child too.
+    in_child("the struct checks", || {
+        let _ = sampler_from_bytes(u);
+        let _ = pool_from_bytes(u);
+    });
     Ok(())
+}
+
+/// Runs `f` in a forked child (with the panic hook of `run_child`); a panic there fails the
+/// input.
+fn in_child(what: &str, f: impl FnOnce()) {
+    // SAFETY: fork; the child only runs `f` and leaves with _exit. This process makes no
+    // sampler or pool, so no thread of it holds a lock the child needs.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        std::panic::set_hook(Box::new(|info| {
+            eprintln!("config_env child: {info}");
+            // SAFETY: leaves the child at once.
+            unsafe { libc::_exit(86) };
+        }));
+        f();
+        // SAFETY: as above.
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    let r = loop {
+        // SAFETY: our child.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r != -1 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            break r;
+        }
+    };
+    assert_eq!(r, pid, "waitpid: {}", std::io::Error::last_os_error());
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{what} failed in the child (status {status:#x})"
+    );
 }

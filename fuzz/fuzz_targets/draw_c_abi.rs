@@ -27,18 +27,24 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+#[path = "../../tests/reference/mod.rs"]
+mod reference;
 
 use arbitrary::{Result, Unstructured};
 use common::*;
 use libfuzzer_sys::fuzz_target;
+use reference as rf;
 use std::ffi::c_void;
-use std::mem::size_of;
+use std::mem::{offset_of, size_of};
 use tokenrace::internals::api::*;
 use tokenrace::internals::types::*;
 use tokenrace::SimdLevel;
 
-const BATCH_SIZE: usize = size_of::<tokenrace_batch>(); // 112
-const OUTPUT_SIZE: usize = size_of::<tokenrace_output>(); // 64
+const BATCH_SIZE: usize = size_of::<tokenrace_batch>(); // 248
+const OUTPUT_SIZE: usize = size_of::<tokenrace_output>(); // 88
+/// The first versions: the batch up to `noise_row_stride`, the output up to `topn_logprobs`.
+const BATCH_V1: usize = offset_of!(tokenrace_batch, top_k);
+const OUTPUT_V1: usize = offset_of!(tokenrace_output, full_logprobs);
 
 fuzz_target!(|data: &[u8]| {
     let _ = run(data);
@@ -282,7 +288,7 @@ fn logit_values(u: &mut Unstructured, n: usize) -> Result<Vec<f32>> {
         0 => {
             // The input's own bytes, cycled.
             let len = u.int_in_range(4..=512usize)? & !3;
-            let raw = u.bytes(len)?;
+            let raw = u.bytes(len.min(u.len()))?;
             if raw.len() < 4 {
                 vec![0.0; n]
             } else {
@@ -332,7 +338,7 @@ fn noise_values(u: &mut Unstructured, n: usize, kind: u32) -> Result<Vec<f32>> {
             .collect(),
         1 => {
             let len = u.int_in_range(4..=256usize)? & !3;
-            let raw = u.bytes(len)?;
+            let raw = u.bytes(len.min(u.len()))?;
             if raw.len() < 4 {
                 vec![1.0; n]
             } else {
@@ -359,6 +365,167 @@ fn noise_values(u: &mut Unstructured, n: usize, kind: u32) -> Result<Vec<f32>> {
     Ok(v)
 }
 
+/// One CSR list of the sampling step as handed to the library: `rows + 1` offsets and the
+/// entries they index (ids, and for the logit bias the values), each array NULL, aligned or
+/// misaligned; and whether the library must refuse it.
+struct CsrList {
+    offsets: Buf<u64>,
+    ids: Buf<i32>,
+    values: Buf<f32>,
+    invalid: bool,
+}
+
+impl CsrList {
+    fn none() -> CsrList {
+        CsrList {
+            offsets: Buf::new(Ptr::Null, 0, 0),
+            ids: Buf::new(Ptr::Null, 0, 0),
+            values: Buf::new(Ptr::Null, 0, 0.0),
+            invalid: false,
+        }
+    }
+    /// The list as the draw uses it: `None` without offsets (then nothing else is given).
+    fn rows(&self) -> Option<(&[u64], &[i32], &[f32])> {
+        self.offsets.given().then(|| (&self.offsets.v[..], &self.ids.v[..], &self.values.v[..]))
+    }
+    fn row_ids(&self, r: usize) -> &[i32] {
+        match self.rows() {
+            Some((o, ids, _)) => &ids[o[r] as usize..o[r + 1] as usize],
+            None => &[],
+        }
+    }
+    fn row_values(&self, r: usize) -> &[f32] {
+        match self.rows() {
+            Some((o, _, v)) => &v[o[r] as usize..o[r + 1] as usize],
+            None => &[],
+        }
+    }
+    fn bytes(&self) -> Vec<u8> {
+        let mut b = self.offsets.bytes();
+        b.extend(self.ids.bytes());
+        b.extend(self.values.bytes());
+        b
+    }
+}
+
+fn bias_value(u: &mut Unstructured) -> Result<f32> {
+    Ok(match u.int_in_range(0..=7u8)? {
+        0 => f32::NEG_INFINITY,
+        1 => -0.0,
+        2 => 100.0,
+        3 => -100.0,
+        4 => f32::MAX,
+        5 => special_f32(u).map(|x| if x.is_nan() || x == f32::INFINITY { 1.0 } else { x })?,
+        _ => u.int_in_range(-40..=40i32)? as f32 / 4.0,
+    })
+}
+
+/// A CSR list (`bias`: with values), or nothing (both NULL, valid). Its entries before the first
+/// offset and after the last are never read; a defect among them is no defect.
+fn csr_list(u: &mut Unstructured, rows: usize, vocab: usize, bias: bool) -> Result<CsrList> {
+    if !one_in(u, 4)? {
+        return Ok(CsrList::none());
+    }
+    // Ids and values from a PRNG keyed by the input (a few bytes for any length).
+    let mut rng = Rng(u.arbitrary()?);
+    let mut id = |_: &mut Unstructured| -> Result<i32> {
+        Ok(if vocab == 0 { 0 } else { rng.below(vocab.min(i32::MAX as usize)) as i32 })
+    };
+    let mut l = CsrList::none();
+    // (A used-up input reads 0s: the common, valid paths come first.)
+    match u.int_in_range(0..=39u8)? {
+        38 => {
+            // Entries without offsets.
+            let n = u.int_in_range(0..=4usize)?;
+            let v: Vec<i32> = (0..n).map(|_| id(u)).collect::<Result<_>>()?;
+            if !bias || u.arbitrary()? {
+                l.ids = Buf::from_vec(Ptr::Aligned, v);
+            }
+            if bias && (!l.ids.given() || u.arbitrary()?) {
+                l.values = Buf::from_vec(Ptr::Aligned, vec![0.5; n]);
+            }
+            l.invalid = true;
+            return Ok(l);
+        }
+        39 => {
+            // A last offset whose entries overflow the address space (the entries short).
+            let mut o: Vec<u64> = (0..rows).map(|r| r as u64).collect();
+            o.push(match u.int_in_range(0..=3u8)? {
+                0 => 1 << 61,
+                1 => u64::MAX,
+                2 => (1 << 62) + 1,
+                _ => u.arbitrary::<u64>()? | (1 << 61),
+            });
+            l.offsets = Buf::from_vec(Ptr::Aligned, o);
+            l.ids = Buf::from_vec(Ptr::Aligned, vec![0; rows + 1]);
+            if bias {
+                l.values = Buf::from_vec(Ptr::Aligned, vec![0.5; rows + 1]);
+            }
+            l.invalid = true;
+            return Ok(l);
+        }
+        _ => {}
+    }
+    // Offsets: junk entries before the first, a few (now and then many) per row.
+    let mut o = vec![u.int_in_range(0..=2u64)?];
+    for _ in 0..rows {
+        let n = if one_in(u, 20)? { u.int_in_range(0..=300u64)? } else { u.int_in_range(0..=6u64)? };
+        o.push(o.last().unwrap() + n);
+    }
+    let last = *o.last().unwrap() as usize;
+    let extra = u.int_in_range(0..=2usize)?;
+    let ids: Vec<i32> = (0..last + extra).map(|_| id(u)).collect::<Result<_>>()?;
+    let values: Vec<f32> = if bias {
+        // A few chosen values, cycled.
+        let pool: Vec<f32> = (0..4).map(|_| bias_value(u)).collect::<Result<_>>()?;
+        (0..last + extra).map(|i| pool[(i * 7 + i / 3) % 4]).collect()
+    } else {
+        Vec::new()
+    };
+    let read = o[0] as usize..last;
+    l.ids = Buf::from_vec(pick_ptr(u, 1000)?, ids);
+    if bias {
+        l.values = Buf::from_vec(pick_ptr(u, 1000)?, values);
+    }
+    let mut how = Ptr::Aligned;
+    if one_in(u, 150)? {
+        how = Ptr::Misaligned;
+    }
+    // At most one defect more.
+    match u.int_in_range(0..=19u8)? {
+        17 if rows >= 1 => {
+            // Decreasing offsets.
+            let k = u.int_in_range(1..=rows)?;
+            o[k - 1] = o[k] + u.int_in_range(1..=3u64)?;
+            l.invalid = true;
+        }
+        18 if !l.ids.v.is_empty() && l.ids.how == Ptr::Aligned => {
+            let at = u.int_in_range(0..=l.ids.v.len() - 1)?;
+            let bad = match u.int_in_range(0..=3u8)? {
+                0 => -1,
+                1 => vocab.min(i32::MAX as usize) as i32,
+                2 => i32::MIN,
+                _ => u.arbitrary::<i32>()?.max(vocab.min(i32::MAX as usize) as i32),
+            };
+            l.ids.v[at] = bad;
+            l.invalid |= read.contains(&at) && !(bad >= 0 && (bad as usize) < vocab);
+        }
+        19 if bias && !l.values.v.is_empty() && l.values.how == Ptr::Aligned => {
+            let at = u.int_in_range(0..=l.values.v.len() - 1)?;
+            l.values.v[at] = if u.arbitrary()? { f32::NAN } else { f32::INFINITY };
+            l.invalid |= read.contains(&at);
+        }
+        _ => {}
+    }
+    // A NULL or misaligned entry array the offsets need is a defect; one they do not is not.
+    for b in [l.ids.how, if bias { l.values.how } else { Ptr::Aligned }] {
+        l.invalid |= b == Ptr::Misaligned || (b == Ptr::Null && last > 0);
+    }
+    l.invalid |= how == Ptr::Misaligned;
+    l.offsets = Buf::from_vec(how, o);
+    Ok(l)
+}
+
 /// The batch struct in a 256-byte buffer, with `struct_size` and the bytes after the struct
 /// chosen by the input. Returns the buffer and the status the size must give (None: fine).
 fn place<T: Copy>(
@@ -371,13 +538,13 @@ fn place<T: Copy>(
     let size: usize = match u.int_in_range(0..=23u8)? {
         18 | 19 => valid_sizes[u.choose_index(valid_sizes.len())?],
         20 => full + 8 * u.int_in_range(1..=8usize)?,
-        21 => u.int_in_range(0..=256usize)?,
+        21 => u.int_in_range(0..=320usize)?,
         22 => v1 - 1,
         23 => full + 1,
         _ => full,
     };
-    let mut buf = Box::new(Aligned256([0u8; 256]));
-    // SAFETY: T is a C struct of at most 256 bytes; the buffer is 8-aligned.
+    let mut buf = Box::new(Aligned256([0u8; 512]));
+    // SAFETY: T is a C struct of at most 256 bytes; the buffer (512) is 8-aligned.
     unsafe { std::ptr::write(buf.0.as_mut_ptr() as *mut T, value) };
     buf.0[..4].copy_from_slice(&(size as u32).to_ne_bytes());
     let mut tail_set = false;
@@ -397,7 +564,7 @@ fn place<T: Copy>(
 }
 
 #[repr(C, align(8))]
-struct Aligned256([u8; 256]);
+struct Aligned256([u8; 512]);
 
 /// One row's values as f32.
 fn row_values(dtype: u32, logits_f32: &[f32], logits_u16: &[u16], start: usize, vocab: usize) -> Vec<f32> {
@@ -463,6 +630,10 @@ impl Outs {
             reserved0: 0,
             topn_ids: self.topn_ids.ptr_mut(),
             topn_logprobs: self.topn_lp.ptr_mut(),
+            full_logprobs: std::ptr::null_mut(),
+            full_row_stride: 0,
+            full_mode: 0,
+            reserved1: 0,
         }
     }
 }
@@ -645,6 +816,72 @@ fn run(data: &[u8]) -> Result<()> {
     let ps = per_row(u, rows, top_p, bad_top_p)?;
     let mps = per_row(u, rows, min_p, bad_min_p)?;
 
+    // --- The sampling step's inputs, and everything after them, from the input read backwards:
+    // a short input (libFuzzer starts short) reaches them too, instead of running out before.
+    let backwards: Vec<u8> = data.iter().rev().copied().collect();
+    let mut back = Unstructured::new(&backwards);
+    let u = &mut back;
+    let prompt = csr_list(u, rows, vocab, false)?;
+    let output_l = csr_list(u, rows, vocab, false)?;
+    let rep = per_row(
+        u,
+        rows,
+        |u| Ok([1.0f32, 1.3, 0.5, 2.0, 1e-3][u.choose_index(5)?]),
+        |u| Ok([0.0f32, -1.0, f32::NAN, f32::INFINITY, -0.0][u.choose_index(5)?]),
+    )?;
+    let freq = per_row(
+        u,
+        rows,
+        |u| Ok(u.int_in_range(-8..=8i32)? as f32 / 4.0),
+        |u| Ok([f32::NAN, f32::INFINITY, f32::NEG_INFINITY][u.choose_index(3)?]),
+    )?;
+    let pres = per_row(
+        u,
+        rows,
+        |u| Ok(u.int_in_range(-8..=8i32)? as f32 / 4.0),
+        |u| Ok([f32::NAN, f32::INFINITY, f32::NEG_INFINITY][u.choose_index(3)?]),
+    )?;
+    let bias = csr_list(u, rows, vocab, true)?;
+    let allowed = csr_list(u, rows, vocab, false)?;
+    let allowed_rows = if one_in(u, 4)? {
+        Buf::from_vec(Ptr::Aligned, (0..rows).map(|_| u.arbitrary::<u8>()).collect::<Result<Vec<u8>>>()?)
+    } else {
+        Buf::new(Ptr::Null, 0, 0)
+    };
+    let banned = csr_list(u, rows, vocab, false)?;
+    let words = vocab.div_ceil(32);
+    let mut bitmask_stride = 0u64;
+    let mut bitmask_invalid = false;
+    let bitmask: Buf<i32> = if one_in(u, 4)? {
+        bitmask_stride = match u.int_in_range(0..=9u8)? {
+            0..=3 => 0,
+            4 | 5 => words as u64,
+            6 => words as u64 + u.int_in_range(1..=5u64)?,
+            7 if words >= 2 => u.int_in_range(1..=words as u64 - 1)?, // invalid
+            8 => overflowing_stride(u, rows, words, 4)?.unwrap_or(0), // invalid
+            _ => 0,
+        };
+        let eff = if bitmask_stride == 0 { words as u64 } else { bitmask_stride };
+        let span_w = span(rows, words, eff, 4);
+        bitmask_invalid = eff < words as u64 || span_w.is_none();
+        let n = span_w.filter(|&n| n <= 1 << 20).unwrap_or(0);
+        let mut rng = Rng(u.arbitrary()?);
+        let dense = u.int_in_range(0..=3u8)?;
+        let v = (0..n)
+            .map(|_| match (dense, rng.below(8)) {
+                (0, _) => rng.next() as i32,
+                (1, 0) => 0,
+                (2, k) => 1 << (k * 4),
+                _ => -1,
+            })
+            .collect();
+        let how = if one_in(u, 150)? { Ptr::Misaligned } else { Ptr::Aligned };
+        bitmask_invalid |= how == Ptr::Misaligned;
+        Buf::from_vec(how, v)
+    } else {
+        Buf::new(Ptr::Null, 0, 0)
+    };
+
     // --- External noise.
     let mut noise_kind = 0u32;
     let mut noise_stride = 0u64;
@@ -700,12 +937,83 @@ fn run(data: &[u8]) -> Result<()> {
         top_k: ks.ptr(),
         top_p: ps.ptr(),
         min_p: mps.ptr(),
+        prompt_ids: prompt.ids.ptr(),
+        prompt_offsets: prompt.offsets.ptr(),
+        output_ids: output_l.ids.ptr(),
+        output_offsets: output_l.offsets.ptr(),
+        repetition_penalty: rep.ptr(),
+        frequency_penalty: freq.ptr(),
+        presence_penalty: pres.ptr(),
+        bias_ids: bias.ids.ptr(),
+        bias_values: bias.values.ptr(),
+        bias_offsets: bias.offsets.ptr(),
+        allowed_ids: allowed.ids.ptr(),
+        allowed_offsets: allowed.offsets.ptr(),
+        allowed_rows: allowed_rows.ptr(),
+        banned_ids: banned.ids.ptr(),
+        banned_offsets: banned.offsets.ptr(),
+        token_bitmask: bitmask.ptr(),
+        bitmask_row_stride: bitmask_stride,
     };
-    let (batch_buf, batch_size, batch_expect) = place(u, batch, &[88, 96, 104, 112], 88)?;
+    // Every 8-byte field boundary from the first version on is a valid size.
+    let sizes: Vec<usize> = (BATCH_V1..=BATCH_SIZE).step_by(8).collect();
+    let (batch_buf, batch_size, batch_expect) = place(u, batch, &sizes, BATCH_V1)?;
     let batch_size = batch_size as usize;
-    let sees_k = batch_size >= 96;
-    let sees_p = batch_size >= 104;
-    let sees_minp = batch_size >= 112;
+    let sees = |offset: usize| batch_size >= offset + 8;
+    let sees_k = sees(offset_of!(tokenrace_batch, top_k));
+    let sees_p = sees(offset_of!(tokenrace_batch, top_p));
+    let sees_minp = sees(offset_of!(tokenrace_batch, min_p));
+    // The sampling step's fields: (list, whether its ids and offsets are seen).
+    let sees_list = |ids: usize, offsets: usize| (sees(ids), sees(offsets));
+    let lists_seen = [
+        (&prompt, sees_list(offset_of!(tokenrace_batch, prompt_ids), offset_of!(tokenrace_batch, prompt_offsets))),
+        (&output_l, sees_list(offset_of!(tokenrace_batch, output_ids), offset_of!(tokenrace_batch, output_offsets))),
+        (&allowed, sees_list(offset_of!(tokenrace_batch, allowed_ids), offset_of!(tokenrace_batch, allowed_offsets))),
+        (&banned, sees_list(offset_of!(tokenrace_batch, banned_ids), offset_of!(tokenrace_batch, banned_offsets))),
+    ];
+    let bias_seen = (
+        sees(offset_of!(tokenrace_batch, bias_ids)),
+        sees(offset_of!(tokenrace_batch, bias_values)),
+        sees(offset_of!(tokenrace_batch, bias_offsets)),
+    );
+    let sees_rep = sees(offset_of!(tokenrace_batch, repetition_penalty));
+    let sees_freq = sees(offset_of!(tokenrace_batch, frequency_penalty));
+    let sees_pres = sees(offset_of!(tokenrace_batch, presence_penalty));
+    let sees_allowed_rows = sees(offset_of!(tokenrace_batch, allowed_rows));
+    let sees_bitmask = sees(offset_of!(tokenrace_batch, bitmask_row_stride));
+    // A list is what the library sees of it: the ids only when their field is inside the size
+    // (else NULL), the offsets likewise. Only a list seen whole is judged as generated; one whose
+    // offsets are unseen is judged by its entries alone (entries without offsets are refused).
+    for (l, (ids_seen, offs_seen)) in lists_seen {
+        if offs_seen {
+            invalid |= l.invalid;
+        } else if ids_seen && l.ids.given() {
+            invalid = true;
+        }
+    }
+    match bias_seen {
+        (_, _, true) => invalid |= bias.invalid,
+        (ids, values, false) => invalid |= (ids && bias.ids.given()) || (values && bias.values.given()),
+    }
+    let seen_rows = |seen: bool, b: &Buf<f32>, bad: &dyn Fn(f32) -> bool| {
+        seen && b.given() && (b.misaligned() || b.v.iter().any(|&x| bad(x)))
+    };
+    invalid |= seen_rows(sees_rep, &rep, &|r| !(r.is_finite() && r > 0.0));
+    invalid |= seen_rows(sees_freq, &freq, &|v| !v.is_finite());
+    invalid |= seen_rows(sees_pres, &pres, &|v| !v.is_finite());
+    let allowed_seen = lists_seen[2].1 .1 && allowed.offsets.given();
+    if sees_allowed_rows && allowed_rows.given() && !allowed_seen {
+        invalid = true;
+    }
+    if sees_bitmask && bitmask.given() {
+        invalid |= bitmask_invalid;
+    } else if sees(offset_of!(tokenrace_batch, token_bitmask)) && bitmask.given() {
+        // The words seen without their stride: the stride is 0 (ceil(vocab / 32)).
+        if bitmask.how == Ptr::Aligned && span(rows, words, words as u64, 4).is_none_or(|n| bitmask.v.len() < n) {
+            return Ok(()); // the buffer made for another stride is too short for this one
+        }
+        invalid |= bitmask.misaligned();
+    }
 
     // Per-row rules, on the arrays the library sees.
     for (misaligned, seen) in [
@@ -769,8 +1077,32 @@ fn run(data: &[u8]) -> Result<()> {
         invalid = true;
     }
     let mut outs = Outs::new(h, rows, if topn_alloc { topn_len } else { 0 });
-    let out = outs.c(logprob_mode, top_n);
-    let (out_buf, _, out_expect) = place(u, out, &[OUTPUT_SIZE], OUTPUT_SIZE)?;
+    let mut out = outs.c(logprob_mode, top_n);
+    // An output placed inside an input's bytes or an earlier output's (the call must refuse it
+    // before it writes anything).
+    let out_bytes = rows * 4;
+    if rows > 0 && one_in(u, 25)? {
+        let which = u.int_in_range(0..=3u8)?;
+        let (base, len): (*mut u8, usize) = match u.int_in_range(0..=2u8)? {
+            0 if elem == 4 && logits_f32.how == Ptr::Aligned => (logits_f32.ptr() as *mut u8, logits_f32.v.len() * 4),
+            1 if h[0] == Ptr::Aligned && which > 0 => (outs.tokens.ptr_mut() as *mut u8, out_bytes),
+            _ if temps.how == Ptr::Aligned => (temps.ptr() as *mut u8, rows * 4),
+            _ => (std::ptr::null_mut(), 0),
+        };
+        if len >= out_bytes && !base.is_null() {
+            let at = 4 * u.int_in_range(0..=(len - out_bytes) / 4)?;
+            let p = base.wrapping_add(at);
+            match which {
+                0 => out.tokens = p as *mut i32,
+                1 => out.flags = p as *mut u32,
+                2 => out.logprobs = p as *mut f32,
+                _ => out.ranks = p as *mut i32,
+            }
+            invalid = true;
+        }
+    }
+    let out_sizes = [OUTPUT_V1, OUTPUT_V1 + 8, OUTPUT_V1 + 16, OUTPUT_V1 + 20, OUTPUT_SIZE];
+    let (out_buf, _, out_expect) = place(u, out, &out_sizes, OUTPUT_V1)?;
 
     let expect = batch_expect.or(out_expect).or(invalid.then_some(INVALID_ARGUMENT)).unwrap_or(OK);
 
@@ -786,6 +1118,8 @@ fn run(data: &[u8]) -> Result<()> {
         ps.bytes(),
         mps.bytes(),
         noise.bytes(),
+        [prompt.bytes(), output_l.bytes(), bias.bytes(), allowed.bytes(), banned.bytes()].concat(),
+        [rep.bytes(), freq.bytes(), pres.bytes(), allowed_rows.bytes(), bitmask.bytes()].concat(),
     );
     let batch_bytes = batch_buf.0;
     let out_bytes = out_buf.0;
@@ -814,6 +1148,8 @@ fn run(data: &[u8]) -> Result<()> {
         ps.bytes(),
         mps.bytes(),
         noise.bytes(),
+        [prompt.bytes(), output_l.bytes(), bias.bytes(), allowed.bytes(), banned.bytes()].concat(),
+        [rep.bytes(), freq.bytes(), pres.bytes(), allowed_rows.bytes(), bitmask.bytes()].concat(),
     );
     assert!(inputs_before == inputs_after, "tokenrace_draw wrote into its inputs");
     assert_eq!(
@@ -826,12 +1162,23 @@ fn run(data: &[u8]) -> Result<()> {
     if verbose() {
         eprintln!(
             "draw: {} dtype {dtype} rows {rows} vocab {vocab} stride {stride} threads {threads} simd {} noise {} \
-             seeded {} ext-noise {} top_n {top_n} {err}",
+             seeded {} ext-noise {} top_n {top_n} step [prompt output bias allowed banned penalties bitmask] {:?} \
+             {err}",
             status_name(st),
             cfg.simd,
             cfg.noise,
             seeds.given(),
-            noise.given()
+            noise.given(),
+            [
+                prompt.offsets.given(),
+                output_l.offsets.given(),
+                bias.offsets.given(),
+                allowed.offsets.given(),
+                banned.offsets.given(),
+                rep.given() || freq.given() || pres.given(),
+                bitmask.given()
+            ]
+            .map(u8::from)
         );
     }
     if st != OK {
@@ -847,12 +1194,41 @@ fn run(data: &[u8]) -> Result<()> {
         let t = if temps.given() { temps.at(r) } else { 1.0 };
         let greedy = t < greedy_below;
         let is_seeded = seeds.given() && (!sees_seeded_mask || seeded.at(r) != 0);
-        let vals = row_values(dtype, &logits_f32.v, &logits_u16.v, r * stride, vocab);
+        let x = row_values(dtype, &logits_f32.v, &logits_u16.v, r * stride, vocab);
+        // The sampling step's inputs the library saw make the effective row (HAS_NAN is the
+        // logits' own, masked or not); the rules below are judged on it.
+        let has_nan = x.iter().any(|v| v.is_nan());
+        fn seen_list(l: &CsrList, seen: bool, r: usize) -> &[i32] {
+            if seen {
+                l.row_ids(r)
+            } else {
+                &[]
+            }
+        }
+        let per_row_or = |b: &Buf<f32>, seen: bool, off: f32| if seen && b.given() { b.at(r) } else { off };
+        let inputs = rf::RowInputs {
+            prompt: seen_list(&prompt, lists_seen[0].1 .1, r),
+            output: seen_list(&output_l, lists_seen[1].1 .1, r),
+            repetition: per_row_or(&rep, sees_rep, 1.0),
+            frequency: per_row_or(&freq, sees_freq, 0.0),
+            presence: per_row_or(&pres, sees_pres, 0.0),
+            bias_ids: seen_list(&bias, bias_seen.2, r),
+            bias_values: if bias_seen.2 { bias.row_values(r) } else { &[] },
+            allowed: (lists_seen[2].1 .1
+                && allowed.offsets.given()
+                && !(sees_allowed_rows && allowed_rows.given() && allowed_rows.at(r) == 0))
+                .then(|| allowed.row_ids(r)),
+            banned: seen_list(&banned, lists_seen[3].1 .1, r),
+            bitmask: (sees(offset_of!(tokenrace_batch, token_bitmask)) && bitmask.given()).then(|| {
+                let st = if sees_bitmask && bitmask_stride != 0 { bitmask_stride as usize } else { words };
+                &bitmask.v[r * st..r * st + words]
+            }),
+        };
+        let vals = rf::effective_row(&x, &inputs);
         info.push(RowInfo { greedy, deterministic: greedy || is_seeded || noise.given() });
         let tok = outs.tokens.at(r);
         assert!(tok >= 0 && (tok as usize) < vocab, "row {r}: token {tok} not in [0, {vocab})");
         let tok = tok as usize;
-        let has_nan = vals.iter().any(|x| x.is_nan());
         let first_inf = vals.iter().position(|&x| x == f32::INFINITY);
         let m = vals.iter().copied().filter(|x| x.is_finite()).fold(f32::NEG_INFINITY, f32::max);
         let empty = first_inf.is_none() && m == f32::NEG_INFINITY;
@@ -902,22 +1278,25 @@ fn run(data: &[u8]) -> Result<()> {
                 assert!(w >= mp, "row {r}: token weight {} below min_p {mp} (logit {x}, max {m}, T {t})", arg.exp());
             }
         }
+        // Logprobs and ranks are of the logits as given (RAW) or of the effective row
+        // (PROCESSED): +inf values share the mass, a row without finite values has none.
+        let lrow = if logprob_mode == 0 { &x } else { &vals };
+        let n_inf = lrow.iter().filter(|&&v| v == f32::INFINITY).count();
+        let lempty = n_inf == 0 && !lrow.iter().any(|v| v.is_finite());
         let lp = outs.logprobs.given().then(|| outs.logprobs.at(r));
         if let Some(lp) = lp {
             assert!(!lp.is_nan() && lp <= 0.0, "row {r}: logprob {lp}");
-            if empty {
-                assert_eq!(lp, f32::NEG_INFINITY, "row {r}: an empty row's logprob");
-            }
-            if first_inf.is_some() {
-                let n = vals.iter().filter(|&&x| x == f32::INFINITY).count();
-                let want = -(n as f64).ln();
-                assert!((lp as f64 - want).abs() <= 1e-6, "row {r}: logprob {lp} of a +inf token among {n}");
+            if lempty || (n_inf > 0 && lrow[tok] != f32::INFINITY) {
+                assert_eq!(lp, f32::NEG_INFINITY, "row {r}: the logprob of a token without mass (mode {logprob_mode})");
+            } else if n_inf > 0 {
+                let want = -(n_inf as f64).ln();
+                assert!((lp as f64 - want).abs() <= 1e-6, "row {r}: logprob {lp} of a +inf token among {n_inf}");
             }
         }
         if outs.ranks.given() {
             let rank = outs.ranks.at(r);
             assert!(rank >= 1 && rank as usize <= vocab, "row {r}: rank {rank}");
-            if empty {
+            if lempty {
                 assert_eq!(rank as usize, vocab, "row {r}: an empty row's rank");
             }
         }
