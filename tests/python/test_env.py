@@ -133,7 +133,10 @@ def test_vocab_size_from_env_unless_passed():
 
 
 def test_info_logging_names_the_simd_level_once_and_each_pool():
+    # The messages go to Python's logging (logger "tokenrace"): shown on stderr at info.
     done = _run_raw("""
+import logging
+logging.basicConfig(level=logging.INFO)
 import tokenrace
 a = tokenrace.Sampler(100)
 b = tokenrace.Sampler(100, simd="scalar")

@@ -22,6 +22,9 @@ from ctypes import POINTER, Structure, c_char_p, c_double, c_float, c_int32, c_u
 # Constants (#define and enums of the header)
 
 ABI_VERSION = 1
+# The version of the header this binding was written against (tokenrace.version() is the loaded
+# library's).
+VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 2, 0
 
 FLAG_HAS_NAN = 1
 FLAG_HAS_POSINF = 2
