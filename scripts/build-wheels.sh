@@ -183,8 +183,12 @@ done
 
 if [ "$sdist" = 1 ]; then
   py="python3"
-  [ -x "$tools/bin/python3" ] && py="$tools/bin/python3"
-  "$py" -c 'import build' 2>/dev/null || fail "the sdist needs the build package (pip install build)"
+  if ! "$py" -c 'import build' 2>/dev/null; then
+    [ -x "$tools/bin/python3" ] || python3 -m venv "$tools"
+    "$tools/bin/python3" -c 'import build' 2>/dev/null \
+      || "$tools/bin/pip" install --quiet --disable-pip-version-check build
+    py="$tools/bin/python3"
+  fi
   "$py" -m build --sdist --outdir "$out" . >"$tmp/sdist.log" 2>&1 || { cat "$tmp/sdist.log"; fail "python -m build --sdist"; }
   sdist_file="$out/tokenrace-$version.tar.gz"
   [ -f "$sdist_file" ] || fail "no $sdist_file"
@@ -197,8 +201,9 @@ if [ "$sdist" = 1 ]; then
     "tokenrace-$version-py3-none-linux_$(uname -m).whl") ;;
     *) fail "the sdist built $(basename "$built"), expected tokenrace-$version-py3-none-linux_$(uname -m).whl" ;;
   esac
-  "$py" -m zipfile -l "$built" | grep -q ' tokenrace/libtokenrace.so ' \
-    || { "$py" -m zipfile -l "$built"; fail "the sdist's wheel has no tokenrace/libtokenrace.so"; }
+  "$py" -m zipfile -l "$built" >"$tmp/sdist-wheel.txt"
+  grep -q '^tokenrace/libtokenrace.so ' "$tmp/sdist-wheel.txt" \
+    || { cat "$tmp/sdist-wheel.txt"; fail "the sdist's wheel has no tokenrace/libtokenrace.so"; }
   say "sdist: builds with cargo into $(basename "$built") (tokenrace/libtokenrace.so inside)"
 fi
 say "done: $(cd "$out" && ls tokenrace-"$version"* | tr '\n' ' ')"
