@@ -9,7 +9,8 @@
 # Each wheel is then checked:
 #   - `auditwheel show`: consistent with manylinux_2_28_<arch> (nothing linked but glibc, no
 #     symbol version newer than GLIBC_2.28);
-#   - installed and used: x86-64 natively, pip into a fresh venv whose PATH has no cargo; aarch64
+#   - installed and used: x86-64 natively, pip into a fresh venv whose PATH has no cargo (with
+#     python3, and again with every other python3.9 ... python3.14 on PATH); aarch64
 #     and s390x under qemu-user, with Debian bookworm's own python3 and numpy for that
 #     architecture (scripts/foreign-python.sh unpacks them into target/wheels/root-<arch>; the
 #     foreign pip installs the wheel, which also proves it accepts the tag there). Each one runs
@@ -90,9 +91,10 @@ compare_draws() {  # ARCH FILE
 }
 
 # x86-64: a fresh venv, pip install the wheel (numpy from PyPI), no cargo on PATH, from /.
-run_native() {  # WHEEL
-  local venv="$tmp/venv-x86_64" clean_path
-  python3 -m venv "$venv"
+run_native() {  # WHEEL [PYTHON]
+  local python="${2:-python3}" venv clean_path
+  venv="$tmp/venv-x86_64-$(basename "$python")"
+  "$python" -m venv "$venv"
   clean_path="$(no_cargo_path)"
   env PATH="$venv/bin:$clean_path" sh -c '! command -v cargo >/dev/null' || fail "cargo is still on PATH"
   env PATH="$venv/bin:$clean_path" "$venv/bin/pip" install --quiet --disable-pip-version-check "$1" \
@@ -102,7 +104,8 @@ run_native() {  # WHEEL
     || { cat "$tmp/draw-x86_64.txt"; fail "x86_64: scripts/wheel-draw.py with the installed wheel"; }
   grep -q "from $venv/lib/python3[.0-9]*/site-packages/tokenrace/libtokenrace.so," "$tmp/draw-x86_64.txt" \
     || fail "x86_64: the venv did not load the wheel's library: $(head -1 "$tmp/draw-x86_64.txt")"
-  compare_draws x86_64 "$tmp/draw-x86_64.txt"
+  compare_draws "x86_64 (CPython $("$venv/bin/python" -c 'import platform; print(platform.python_version())'))" \
+    "$tmp/draw-x86_64.txt"
 }
 
 # aarch64, s390x: Debian's python3 for the architecture under qemu-user; its pip installs the wheel.
@@ -173,7 +176,16 @@ for arch in "${arch_list[@]}"; do
     || { cat "$tmp/audit-$arch.txt"; fail "$arch: auditwheel does not find the wheel manylinux_2_28_$arch"; }
   say "$arch: auditwheel show: $(tr '\n' ' ' <"$tmp/audit-$arch.txt" | sed 's/  */ /g')"
   if [ "$arch" = x86_64 ]; then
-    if [ "$(uname -m)" = x86_64 ]; then run_native "$wheel"; else say "x86_64: not run (this host is $(uname -m))"; fi
+    if [ "$(uname -m)" = x86_64 ]; then
+      run_native "$wheel"
+      # One wheel for every CPython >= 3.9: the same file in each other one found on PATH.
+      for minor in 9 10 11 12 13 14; do
+        other="$(command -v "python3.$minor" || true)"
+        [ -n "$other" ] && "$other" -c 'import venv, ensurepip' 2>/dev/null || continue
+        [ "$("$other" -c 'import sys; print(sys.version_info[:2])')" = "$(python3 -c 'import sys; print(sys.version_info[:2])')" ] && continue
+        run_native "$wheel" "$other"
+      done
+    else say "x86_64: not run (this host is $(uname -m))"; fi
   elif [ "$qemu" = 1 ]; then
     run_foreign "$arch" "$wheel"
   else
