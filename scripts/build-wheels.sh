@@ -178,13 +178,17 @@ for arch in "${arch_list[@]}"; do
   if [ "$arch" = x86_64 ]; then
     if [ "$(uname -m)" = x86_64 ]; then
       run_native "$wheel"
-      # One wheel for every CPython >= 3.9: the same file in each other one found on PATH.
+      # One wheel for every CPython >= 3.9: the same file in each other one found on PATH
+      # (a pyenv shim of a version not selected fails the first command and is passed over).
+      others=""
       for minor in 9 10 11 12 13 14; do
         other="$(command -v "python3.$minor" || true)"
         [ -n "$other" ] && "$other" -c 'import venv, ensurepip' 2>/dev/null || continue
         [ "$("$other" -c 'import sys; print(sys.version_info[:2])')" = "$(python3 -c 'import sys; print(sys.version_info[:2])')" ] && continue
         run_native "$wheel" "$other"
+        others="$others 3.$minor"
       done
+      say "x86_64: other CPythons the wheel was installed into and drew with:${others:- none on PATH (put python3.9 ... python3.14 on PATH to try them)}"
     else say "x86_64: not run (this host is $(uname -m))"; fi
   elif [ "$qemu" = 1 ]; then
     run_foreign "$arch" "$wheel"
