@@ -99,3 +99,11 @@ def test_a_library_of_another_architecture_is_refused(tokenrace, tmp_path):
 def test_the_elf_reader_sees_only_glibc_and_the_loader_in_the_library(tokenrace):
     info = _make_wheel().read_elf(tokenrace.library_path())
     assert "libc.so.6" in info.needed and info.glibc_versions
+
+
+def test_the_readmes_name_the_wheel_of_this_version():
+    """The install line a user copies names the wheel build-wheels.sh makes for this version."""
+    line = f"pip install tokenrace-{_version()}-py3-none-manylinux_2_28_x86_64.whl"
+    for readme in ("README.md", os.path.join("bindings", "python", "README.md")):
+        with open(os.path.join(REPO, readme), encoding="utf-8") as f:
+            assert line in f.read(), f"{readme} lacks `{line}`"
