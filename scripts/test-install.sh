@@ -8,7 +8,9 @@
 #   3. examples/cmake (find_package(tokenrace): the C example linked to tokenrace::tokenrace, the
 #      C++ dlopen example on tokenrace::headers), built and run;
 #   4. a fresh virtualenv, `pip install .`, then the numpy example run from another directory
-#      with the library the wheel bundles.
+#      with the library the wheel bundles;
+#   5. the wheel of scripts/build-wheels.sh --from-build (from step 1's library), pip-installed
+#      into a fresh venv with no cargo on PATH, its seeded draws compared.
 # Needs cmake and pkg-config (.ci/run installs them) and PyPI (pip fetches setuptools-rust and
 # numpy). scripts/test.sh runs it last; run it alone after changing packaging.
 set -euo pipefail
@@ -83,3 +85,15 @@ case "$bundled" in
   *) fail "the venv loads $bundled, not the library bundled in its site-packages" ;;
 esac
 echo "pip: installed in a fresh venv, examples/python/numpy_draw.py ran on $(basename "$bundled") ($(( $(stat -c %s "$bundled") / 1024 )) KiB)"
+
+# 5. The wheel, as scripts/build-wheels.sh makes it, from the release library step 1 built (no
+#    second build; without zig, so tagged with this host's glibc: the manylinux_2_28 floor and the
+#    aarch64 and s390x wheels are checked by running scripts/build-wheels.sh itself), installed
+#    with pip into a fresh venv whose PATH has no cargo, and drawn with: its seeded tokens must
+#    equal tests/wheel-draw.expected, which the manylinux wheels of every architecture match.
+[ "$(basename "$bundled")" = libtokenrace.so ] \
+  || fail "pip install . bundled $(basename "$bundled"), not libtokenrace.so (setup.py names it without a Python ABI tag)"
+release_lib="${CARGO_TARGET_DIR:-target}/release/libtokenrace.so"
+case "$release_lib" in /*) ;; *) release_lib="$repo/$release_lib" ;; esac
+"$repo/scripts/build-wheels.sh" --from-build "$release_lib" --out "$work/wheels" || fail "the x86-64 wheel"
+echo "wheels: the x86-64 wheel installed without cargo and drew the expected tokens (manylinux wheels for x86_64, aarch64, s390x: scripts/build-wheels.sh)"

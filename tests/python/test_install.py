@@ -27,7 +27,7 @@ def test_the_package_declares_numpy_and_bundles_the_library():
 
 def test_the_bundled_library_is_found_first(tokenrace, tmp_path):
     """After TOKENRACE_LIBRARY, the file beside the package wins: the plain name, then the name
-    setuptools-rust gives it in a wheel."""
+    an older `pip install .` gave it (setuptools-rust's extension-module name)."""
     wheel_name = "libtokenrace.cpython-311-x86_64-linux-gnu.so"
     for name in (wheel_name, "libtokenrace.so", "libtokenrace_other.txt"):
         (tmp_path / name).write_bytes(b"")

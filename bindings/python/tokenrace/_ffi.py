@@ -394,9 +394,10 @@ def library_filename() -> str:
 
 
 def bundled_paths(here) -> list:
-    """The library shipped inside the package: ``pip install .`` puts it beside this file under
-    setuptools-rust's extension name (``libtokenrace.cpython-311-x86_64-linux-gnu.so`` and the
-    like), a manual copy keeps the plain name."""
+    """The library shipped inside the package: the wheels and ``pip install .`` put it beside
+    this file as ``libtokenrace.so`` (it has no Python ABI, so no ABI tag in its name); an older
+    ``pip install .`` named it as setuptools-rust names an extension module
+    (``libtokenrace.cpython-311-x86_64-linux-gnu.so`` and the like), which is looked for next."""
     name = library_filename()
     stem, ext = os.path.splitext(name)
     try:
