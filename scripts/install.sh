@@ -71,7 +71,7 @@ if [ "$use_cargo_c" = 1 ]; then
   cargo cinstall --release --library-type cdylib --prefix "$prefix" --libdir "$prefix/$libdir" \
     ${DESTDIR:+--destdir "$DESTDIR"}
 else
-  # The library as `cargo build --release` and the demo (`cargo run --release --example demo`)
+  # The library as `cargo build --release` and the demo (`cargo run --release --bin tokenrace-demo`)
   # build it, so that one build serves all three.
   echo "install.sh: building the release library (cargo build --release --lib; several minutes the first time)"
   build_start=$SECONDS

@@ -1,7 +1,7 @@
 //! The main job on realistic logits: draw next tokens for a batch, check the sampled
 //! frequencies against the exact probabilities, and measure throughput.
 //!
-//! cargo run --release --example demo
+//! cargo run --release --bin tokenrace-demo
 use std::time::Instant;
 use tokenrace::{Batch, Config, Logits, Output, Sampler};
 
