@@ -56,10 +56,12 @@ def main():
         for name in ("examples", "include", "target"):
             os.symlink(os.path.join(REPO, name), os.path.join(work, name))
         # One shell for all of them: an `export` reaches the lines after it.
-        script = "set -e\n"
+        script = ""
         for line in lines:
-            shown = line.replace("PREFIX", prefix)
-            script += f"echo '+ {shown}' >&2\n{shown} >/dev/null\n"
+            # The word PREFIX alone (not CMAKE_PREFIX_PATH's).
+            shown = re.sub(r"(?<![A-Za-z_])PREFIX(?![A-Za-z_])", prefix, line)
+            # A line fails when any command of it does (`a && b` included).
+            script += f"echo '+ {shown}' >&2\n{{ {shown} ; }} >/dev/null || exit 1\n"
         run = subprocess.run(["bash", "-c", script], cwd=work, capture_output=True, text=True)
         if run.returncode != 0:
             sys.exit(f"readme-commands: a README line failed as written:\n{run.stderr}")
