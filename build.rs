@@ -1,4 +1,4 @@
-//! Two jobs:
+//! Three jobs:
 //!
 //! - Gives the shared object its soname, `libtokenrace.so.0.1` for version 0.1.z: cargo-c's
 //!   scheme (0.y.z → `0.y`, x.y.z → `x` for x >= 1), so a library installed by
@@ -10,10 +10,15 @@
 //!   `include/tokenrace.h`; `ffi::tests::committed_header_is_current` fails when it differs from
 //!   what this script generates, and `scripts/gen-header.sh` rewrites it, so a change to the C
 //!   ABI always ships with its header. Users' builds need no cbindgen.
+//! - Emits the cfg `tokenrace_s390x_vector` when the compiler is Rust 1.93 or later, the first
+//!   to accept the s390x target features (`#[target_feature(enable = "vector")]`) and
+//!   `is_s390x_feature_detected!` on stable: the `vxe2` level is built only then, and an older
+//!   compiler still builds the crate, without it.
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     set_soname();
+    compiler_cfgs();
     #[cfg(feature = "header")]
     generate_header();
 }
@@ -41,6 +46,27 @@ fn set_soname() {
     // TOKENRACE_*: cargo also sets it when it runs the tests, and the library warns about every
     // TOKENRACE_* variable that is not a setting.)
     println!("cargo:rustc-env=LIBTOKENRACE_SONAME={}", soname());
+}
+
+/// The minor version of the Rust compiler cargo runs (`$RUSTC --version`: "rustc 1.MINOR.z ..."),
+/// or None when it cannot be read.
+fn rustc_minor() -> Option<u32> {
+    let rustc = std::env::var_os("RUSTC")?;
+    let out = std::process::Command::new(rustc).arg("--version").output().ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    let version = text.split_whitespace().nth(1)?;
+    let mut parts = version.split('.');
+    if parts.next()? != "1" {
+        return None;
+    }
+    parts.next()?.parse().ok()
+}
+
+fn compiler_cfgs() {
+    println!("cargo:rustc-check-cfg=cfg(tokenrace_s390x_vector)");
+    if rustc_minor().is_some_and(|minor| minor >= 93) {
+        println!("cargo:rustc-cfg=tokenrace_s390x_vector");
+    }
 }
 
 #[cfg(feature = "header")]

@@ -61,6 +61,10 @@ pub enum tokenrace_simd {
     Avx2 = 3,
     /// x86-64 AVX-512F.
     Avx512 = 4,
+    /// aarch64 NEON (the portable arrays with a NEON first pass).
+    Neon = 5,
+    /// s390x vector-enhancements 2 (z15 and later; in builds by Rust 1.93 or later).
+    Vxe2 = 6,
 }
 
 /// Where a sampler's unseeded sampling rows take their noise from.

@@ -1,12 +1,54 @@
 //! The portable path: fixed-width arrays whose element-wise loops the compiler vectorises for
-//! whatever the target has (SSE2 on baseline x86-64, NEON on aarch64, VX on s390x).
+//! whatever the functions that instantiate it are compiled for. At the `portable` level that is
+//! the target's baseline: SSE2 on x86-64, NEON on aarch64, and nothing on the default
+//! `s390x-unknown-linux-gnu` target (z10: no vector facility, so portable is scalar code there
+//! and `best_level` passes over it). The `neon` (aarch64) and `vxe2` (s390x) levels are this
+//! same code under their `#[target_feature]`s, with a hand-written first pass
+//! ([`FirstPass`]: `aarch64.rs`, `s390x.rs`).
 
 use super::simd::{bf16_to_f32, f16_to_f32, Simd};
+use std::marker::PhantomData;
 
 const W: usize = 8;
 
-#[derive(Clone, Copy)]
-pub(crate) struct Portable;
+/// The arrays of [`Portable`], with the first pass of `H`.
+pub(crate) struct PortableWith<H>(PhantomData<H>);
+
+impl<H> Clone for PortableWith<H> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<H> Copy for PortableWith<H> {}
+
+/// The portable level: the arrays with the generic first pass.
+pub(crate) type Portable = PortableWith<Generic>;
+
+/// A level's own first pass over f32 ([`Simd::max_f32_any`]).
+///
+/// # Safety
+/// As [`Simd`]: an implementation that executes instructions beyond the target's baseline may
+/// only be used in a [`PortableWith`] instantiated in its level's `#[target_feature]` entry points;
+/// `max_f32_any` keeps the contract of [`Simd::max_f32_any`].
+pub(crate) unsafe trait FirstPass {
+    const FAST: bool;
+    /// [`Simd::max_f32_any`].
+    ///
+    /// # Safety
+    /// As [`Simd::max_f32_any`].
+    unsafe fn max_f32_any(p: *const f32, n: usize) -> f32;
+}
+
+/// No first pass of its own: the generic loops.
+pub(crate) struct Generic;
+
+// SAFETY: never called (FAST is false); plain Rust.
+unsafe impl FirstPass for Generic {
+    const FAST: bool = false;
+    unsafe fn max_f32_any(_p: *const f32, _n: usize) -> f32 {
+        f32::NAN
+    }
+}
 
 /// A lane of a mask: all ones (true) or zero. Masks are `u32` lanes, as the vector units hold
 /// them: `bool` lanes made the compiler pack and unpack every compare (the portable scan was
@@ -43,10 +85,11 @@ macro_rules! lanes {
     }};
 }
 
-// SAFETY: plain Rust on arrays, no instruction-set feature beyond the target's baseline; the
-// unsafe methods touch the `W` elements at `p`.
-unsafe impl Simd for Portable {
+// SAFETY: plain Rust on arrays, no instruction-set feature beyond the target's baseline but
+// those of the first pass `H` (see `FirstPass`); the unsafe methods touch the `W` elements at `p`.
+unsafe impl<H: FirstPass> Simd for PortableWith<H> {
     const LANES: usize = W;
+    const MAX_F32_ANY: bool = H::FAST;
     type F = [f32; W];
     type U = [u32; W];
     type M = [u32; W];
@@ -240,5 +283,10 @@ unsafe impl Simd for Portable {
             j += (m[i] & 1) as usize;
         }
         j
+    }
+    #[inline(always)]
+    unsafe fn max_f32_any(p: *const f32, n: usize) -> f32 {
+        // SAFETY: forwarded (the caller's contract; `H` usable where `Self` is).
+        unsafe { H::max_f32_any(p, n) }
     }
 }

@@ -94,6 +94,18 @@ unsafe fn lanes_max_of<S: Simd, E: Elem, const MASKED: bool>(
     let mut i = start;
     let ninf = S::splat(f32::NEG_INFINITY);
     let (mut a0, mut a1, mut a2, mut a3) = (ninf, ninf, ninf, ninf);
+    // A level's hand-written loop first (see `Simd::max_f32_any`): its result is kept only when
+    // it is the exact maximum, with no NaN among the values; else the loops below redo them.
+    if !MASKED && S::MAX_F32_ANY && E::IS_F32 && end - start >= 32 {
+        let whole = (end - start) & !31;
+        // SAFETY: `E` is f32 (IS_F32); start + whole <= end values of `row`; `S` usable (the
+        // caller's contract).
+        let m = unsafe { S::max_f32_any(row.add(start) as *const f32, whole) };
+        if !m.is_nan() && m != 0.0 {
+            a0 = S::splat(m);
+            i = start + whole;
+        }
+    }
     // Four accumulators, four vectors a step.
     while i + 4 * l <= end {
         // SAFETY: i + 4 LANES <= end elements of `row`; `S` usable (the caller's contract).
