@@ -21,6 +21,7 @@ pub(crate) type Neon = PortableWith<NeonPass>;
 // SAFETY: see the module doc; the loop reads the `n` values at `p`, nothing else.
 unsafe impl FirstPass for NeonPass {
     const FAST: bool = true;
+    const MASK_BY_AND: bool = true;
     #[inline(always)]
     unsafe fn max_f32_any(p: *const f32, n: usize) -> f32 {
         // SAFETY: `p` valid for `n` reads, `n` a multiple of 32 (the caller's contract), so each

@@ -32,6 +32,9 @@ pub(crate) type Portable = PortableWith<Generic>;
 /// `max_f32_any` keeps the contract of [`Simd::max_f32_any`].
 pub(crate) unsafe trait FirstPass {
     const FAST: bool;
+    /// Whether [`Simd::bits_of`] is a vector AND and an OR across lanes (the other form's
+    /// per-lane shifts went lane by lane, through scalar compares, on s390x).
+    const MASK_BY_AND: bool = false;
     /// [`Simd::max_f32_any`].
     ///
     /// # Safety
@@ -191,11 +194,30 @@ unsafe impl<H: FirstPass> Simd for PortableWith<H> {
     }
     #[inline(always)]
     fn first(m: [u32; W]) -> usize {
-        m.iter().position(|&b| b != 0).unwrap_or(0)
+        if H::MASK_BY_AND {
+            Self::bits_of(m).trailing_zeros() as usize % W
+        } else {
+            m.iter().position(|&b| b != 0).unwrap_or(0)
+        }
     }
     #[inline(always)]
     fn bits_of(m: [u32; W]) -> u32 {
-        m.iter().enumerate().fold(0, |a, (l, &b)| a | (b & 1) << l)
+        if H::MASK_BY_AND {
+            // A vector AND with the lanes' bits and an OR across lanes, which the compiler keeps
+            // in vector registers (the shifts of the other form went lane by lane on s390x).
+            const BITS: [u32; W] = {
+                let mut b = [0; W];
+                let mut l = 0;
+                while l < W {
+                    b[l] = 1 << l;
+                    l += 1;
+                }
+                b
+            };
+            lanes!(|i| m[i] & BITS[i]).iter().fold(0, |a, &b| a | b)
+        } else {
+            m.iter().enumerate().fold(0, |a, (l, &b)| a | (b & 1) << l)
+        }
     }
     #[inline(always)]
     fn select(m: [u32; W], a: [f32; W], b: [f32; W]) -> [f32; W] {

@@ -4,7 +4,7 @@
 //! compiler leaves scalar (the per-lane unordered compare of the NaN check does not vectorise).
 //!
 //! # Safety
-//! The assembly below executes VX instructions (VLM, VFMAXSB, VGMF, VLR, VST) of the features
+//! The assembly below executes VX instructions (VLM, VFMAXSB, VGMF, VLR, VSLDB, VSTEF) of the features
 //! `vector` and `vector-enhancements-1`, which [`SimdLevel::Vxe2`](crate::SimdLevel::Vxe2)
 //! enables and detects. [`Vxe2Pass`] is instantiated only in that level's `kernel_table!` entry
 //! points (see the `Simd` trait and `kernels/mod.rs`).
@@ -18,16 +18,16 @@ pub(crate) struct Vxe2Pass;
 /// The `Simd` of the `vxe2` level.
 pub(crate) type Vxe2 = PortableWith<Vxe2Pass>;
 
-// SAFETY: see the module doc; the loop reads the `n` values at `p` and writes the four lanes of
-// `lanes`, nothing else.
+// SAFETY: see the module doc; the loop reads the `n` values at `p` and writes `m`, nothing else.
 unsafe impl FirstPass for Vxe2Pass {
     const FAST: bool = true;
+    const MASK_BY_AND: bool = true;
     #[inline(always)]
     unsafe fn max_f32_any(p: *const f32, n: usize) -> f32 {
-        let mut lanes = [0f32; 4];
+        let mut m = 0f32;
         // SAFETY: `p` valid for `n` reads, `n` a multiple of 32 and at least 32 (the caller's
-        // contract), so the loop runs n / 32 times over them; `lanes` holds 16 bytes; the VX
-        // instructions are available (see the module doc).
+        // contract), so the loop runs n / 32 times over them; `m` takes the 4 bytes written; the
+        // VX instructions are available (see the module doc).
         unsafe {
             core::arch::asm!(
                 "vgmf %v24, 0, 8", // bits 0-8 of each lane: 0xff800000, -inf
@@ -49,19 +49,20 @@ unsafe impl FirstPass for Vxe2Pass {
                 "vfmaxsb %v24, %v24, %v25, 1",
                 "vfmaxsb %v26, %v26, %v27, 1",
                 "vfmaxsb %v24, %v24, %v26, 1",
-                "vst %v24, 0({out})",
+                // Across the lanes: the vector rotated by two lanes, then by one.
+                "vsldb %v25, %v24, %v24, 8",
+                "vfmaxsb %v24, %v24, %v25, 1",
+                "vsldb %v25, %v24, %v24, 4",
+                "vfmaxsb %v24, %v24, %v25, 1",
+                "vstef %v24, 0({out}), 0",
                 p = inout(reg_addr) p => _,
                 c = inout(reg) (n / 32) as u64 => _,
-                out = in(reg_addr) lanes.as_mut_ptr(),
+                out = in(reg_addr) &mut m as *mut f32,
                 out("v16") _, out("v17") _, out("v18") _, out("v19") _,
                 out("v20") _, out("v21") _, out("v22") _, out("v23") _,
                 out("v24") _, out("v25") _, out("v26") _, out("v27") _,
                 options(nostack),
             );
-        }
-        let mut m = lanes[0];
-        for &x in &lanes[1..] {
-            m = if x.is_nan() || m.is_nan() { f32::NAN } else { m.max(x) };
         }
         m
     }
