@@ -38,7 +38,7 @@ specs_of() {
   case $1 in
     s390x) echo "max:scalar max:portable max:vxe2 max,vxeh2=off:auto" ;;
     aarch64) echo "max:scalar max:portable max:neon" ;;
-    ppc64le) echo "max:scalar max:portable" ;;
+    ppc64le) echo "power10:scalar power10:portable" ;;
   esac
 }
 

@@ -45,7 +45,7 @@ cpus_of() {
     s390x) echo "max:vxe2 max,vxeh2=off:scalar max,vx=off,vxeh=off,vxeh2=off:scalar" ;;
     # NEON is aarch64's baseline: every CPU has it.
     aarch64) echo "max:neon cortex-a72:neon" ;;
-    ppc64le) echo "max:portable power9:portable" ;;
+    ppc64le) echo "power10:portable power9:portable" ;;
   esac
 }
 # The levels each target builds, lowest first.

@@ -16,7 +16,7 @@ use std::arch::aarch64::*;
 pub(crate) struct NeonPass;
 
 /// The `Simd` of the `neon` level.
-pub(crate) type Neon = PortableWith<NeonPass>;
+pub(crate) type Neon = PortableWith<NeonPass, 8>;
 
 // SAFETY: see the module doc; the loop reads the `n` values at `p`, nothing else.
 unsafe impl FirstPass for NeonPass {

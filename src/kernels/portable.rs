@@ -9,20 +9,18 @@
 use super::simd::{bf16_to_f32, f16_to_f32, Simd};
 use std::marker::PhantomData;
 
-const W: usize = 8;
+/// The arrays of [`Portable`], `W` lanes (4 or 8), with the first pass of `H`.
+pub(crate) struct PortableWith<H, const W: usize>(PhantomData<H>);
 
-/// The arrays of [`Portable`], with the first pass of `H`.
-pub(crate) struct PortableWith<H>(PhantomData<H>);
-
-impl<H> Clone for PortableWith<H> {
+impl<H, const W: usize> Clone for PortableWith<H, W> {
     fn clone(&self) -> Self {
         *self
     }
 }
-impl<H> Copy for PortableWith<H> {}
+impl<H, const W: usize> Copy for PortableWith<H, W> {}
 
-/// The portable level: the arrays with the generic first pass.
-pub(crate) type Portable = PortableWith<Generic>;
+/// The portable level: arrays of 8 lanes with the generic first pass.
+pub(crate) type Portable = PortableWith<Generic, 8>;
 
 /// A level's own first pass over f32 ([`Simd::max_f32_any`]).
 ///
@@ -61,22 +59,35 @@ fn lane(b: bool) -> u32 {
     (b as u32).wrapping_neg()
 }
 
-/// The mask of each byte of a token mask's bits, lane `j` set where bit `j` is: one load a
-/// vector. Computed per vector (a shift per lane), it was a page of constant shifts and shuffles
-/// on baseline x86-64, which has no per-lane shift: the masked scan ran at 3x the plain one.
-const MASKS: [[u32; W]; 256] = {
-    let mut t = [[0u32; W]; 256];
-    let mut b = 0;
-    while b < 256 {
-        let mut j = 0;
-        while j < W {
-            t[b][j] = if b >> j & 1 != 0 { u32::MAX } else { 0 };
-            j += 1;
+impl<H, const W: usize> PortableWith<H, W> {
+    /// The mask of each byte of a token mask's bits, lane `j` set where bit `j` is: one load a
+    /// vector. Computed per vector (a shift per lane), it was a page of constant shifts and
+    /// shuffles on baseline x86-64, which has no per-lane shift: the masked scan ran at 3x the
+    /// plain one.
+    const MASKS: [[u32; W]; 256] = {
+        let mut t = [[0u32; W]; 256];
+        let mut b = 0;
+        while b < 256 {
+            let mut j = 0;
+            while j < W {
+                t[b][j] = if b >> j & 1 != 0 { u32::MAX } else { 0 };
+                j += 1;
+            }
+            b += 1;
         }
-        b += 1;
-    }
-    t
-};
+        t
+    };
+    /// Lane `l`'s bit, `1 << l`.
+    const BITS: [u32; W] = {
+        let mut b = [0; W];
+        let mut l = 0;
+        while l < W {
+            b[l] = 1 << l;
+            l += 1;
+        }
+        b
+    };
+}
 
 macro_rules! lanes {
     (|$i:ident| $e:expr) => {{
@@ -90,7 +101,7 @@ macro_rules! lanes {
 
 // SAFETY: plain Rust on arrays, no instruction-set feature beyond the target's baseline but
 // those of the first pass `H` (see `FirstPass`); the unsafe methods touch the `W` elements at `p`.
-unsafe impl<H: FirstPass> Simd for PortableWith<H> {
+unsafe impl<H: FirstPass, const W: usize> Simd for PortableWith<H, W> {
     const LANES: usize = W;
     const MAX_F32_ANY: bool = H::FAST;
     type F = [f32; W];
@@ -186,7 +197,7 @@ unsafe impl<H: FirstPass> Simd for PortableWith<H> {
     }
     #[inline(always)]
     fn mask_bits(bits: u32) -> [u32; W] {
-        MASKS[(bits & 0xff) as usize]
+        Self::MASKS[(bits & 0xff) as usize]
     }
     #[inline(always)]
     fn any(m: [u32; W]) -> bool {
@@ -205,16 +216,7 @@ unsafe impl<H: FirstPass> Simd for PortableWith<H> {
         if H::MASK_BY_AND {
             // A vector AND with the lanes' bits and an OR across lanes, which the compiler keeps
             // in vector registers (the shifts of the other form went lane by lane on s390x).
-            const BITS: [u32; W] = {
-                let mut b = [0; W];
-                let mut l = 0;
-                while l < W {
-                    b[l] = 1 << l;
-                    l += 1;
-                }
-                b
-            };
-            lanes!(|i| m[i] & BITS[i]).iter().fold(0, |a, &b| a | b)
+            lanes!(|i| m[i] & Self::BITS[i]).iter().fold(0, |a, &b| a | b)
         } else {
             m.iter().enumerate().fold(0, |a, (l, &b)| a | (b & 1) << l)
         }

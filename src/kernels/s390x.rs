@@ -16,7 +16,7 @@ use super::portable::{FirstPass, PortableWith};
 pub(crate) struct Vxe2Pass;
 
 /// The `Simd` of the `vxe2` level.
-pub(crate) type Vxe2 = PortableWith<Vxe2Pass>;
+pub(crate) type Vxe2 = PortableWith<Vxe2Pass, 4>;
 
 // SAFETY: see the module doc; the loop reads the `n` values at `p` and writes `m`, nothing else.
 unsafe impl FirstPass for Vxe2Pass {
