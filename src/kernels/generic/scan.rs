@@ -50,7 +50,7 @@ pub(crate) unsafe fn scan<S: Simd, E: Elem>(row: *const E, keep: *const u32, n: 
 /// `row` valid for `end` reads; `S` usable here.
 #[inline(always)]
 unsafe fn block_max_fast<S: Simd, E: Elem>(row: *const E, keep: *const u32, start: usize, end: usize) -> Option<f32> {
-    const { assert!(BLOCK % 32 == 0) };
+    const { assert!(BLOCK.is_multiple_of(32)) };
     if S::MAX_F32_ANY && E::IS_F32 && keep.is_null() && end - start == BLOCK {
         // SAFETY: `E` is f32 (IS_F32); the block's BLOCK values, a multiple of 32, are in `row`
         // (the caller's contract).
