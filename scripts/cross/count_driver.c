@@ -1,7 +1,7 @@
 /* The workloads that scripts/cross-count.sh counts instructions of, through the C API:
  *   count_driver LEVEL WORKLOAD ROWS VOCAB CALLS
  * LEVEL: auto, scalar, portable, avx2, avx512, neon or vxe2. WORKLOAD:
- *   greedy, race, topp (top-p 0.9): peaked f32 rows (a bell of values with four peaks a row),
+ *   greedy, race, topp (top-p 0.9), topk (top-k 50): peaked f32 rows (a bell of values with four peaks a row),
  *     seeded, inline noise, CALLS draws of ROWS x VOCAB;
  *   flat: the race on rows without peaks (the race then visits most blocks);
  *   poolexp, poollog: a noise pool of ROWS x VOCAB values of E or ln E, one thread, at the best
@@ -80,7 +80,7 @@ static int pool(const char *workload, uint32_t rows, uint32_t vocab) {
 
 int main(int argc, char **argv) {
   if (argc != 6 || level_of(argv[1]) < 0) {
-    fprintf(stderr, "usage: %s LEVEL greedy|race|topp|flat|poolexp|poollog ROWS VOCAB CALLS\n", argv[0]);
+    fprintf(stderr, "usage: %s LEVEL greedy|race|topp|topk|flat|poolexp|poollog ROWS VOCAB CALLS\n", argv[0]);
     return 1;
   }
   const char *workload = argv[2];
@@ -106,10 +106,11 @@ int main(int argc, char **argv) {
   size_t n = (size_t)rows * vocab;
   float *x = malloc(n * sizeof *x);
   float *temps = malloc(rows * sizeof *temps), *top_p = malloc(rows * sizeof *top_p);
+  int32_t *top_k = malloc(rows * sizeof *top_k);
   uint64_t *seeds = malloc(rows * sizeof *seeds), *offsets = malloc(rows * sizeof *offsets);
   uint8_t *seeded = malloc(rows);
   int32_t *tokens = malloc(rows * sizeof *tokens);
-  if (!x || !temps || !top_p || !seeds || !offsets || !seeded || !tokens) return 1;
+  if (!x || !temps || !top_p || !top_k || !seeds || !offsets || !seeded || !tokens) return 1;
   /* A bell of logits around 0 (the sum of four uniform draws, in steps of 1/1024)... */
   for (size_t i = 0; i < n; i++) {
     uint64_t r = next_u64();
@@ -123,6 +124,7 @@ int main(int argc, char **argv) {
   for (uint32_t r = 0; r < rows; r++) {
     temps[r] = !strcmp(workload, "greedy") ? 0.0f : 1.0f;
     top_p[r] = 0.9f;
+    top_k[r] = 50;
     seeds[r] = 77 + r;
     seeded[r] = 1;
   }
@@ -141,6 +143,7 @@ int main(int argc, char **argv) {
     b.offsets = offsets;
     b.seeded = seeded;
     if (!strcmp(workload, "topp")) b.top_p = top_p;
+    if (!strcmp(workload, "topk")) b.top_k = top_k;
     tokenrace_output o;
     memset(&o, 0, sizeof o);
     o.struct_size = sizeof o;
