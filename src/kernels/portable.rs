@@ -38,27 +38,6 @@ pub(crate) unsafe trait FirstPass {
     /// # Safety
     /// As [`Simd::max_f32_any`].
     unsafe fn max_f32_any(p: *const f32, n: usize) -> f32;
-    /// Whether the f32 compares (`ge`, `gt`, `eq`, `lt`, `max`, `is_nan`, `unord`) are integer
-    /// compares of the values' ordered images ([`ordered`]), which give the IEEE answers for
-    /// every input, NaN, infinities and zeros included: on s390x the compiler left the float
-    /// compares scalar, one condition-code read per lane, and vectorises the integer ones.
-    const INT_COMPARES: bool = false;
-}
-
-/// The ordered image of an f32 for integer compares: `|x|`'s bits for a positive sign and their
-/// negation for a negative one, so that `-0.0` and `+0.0` are both 0 and the order of the images
-/// is the order of the values (NaN aside: see [`not_nan`]).
-#[inline(always)]
-fn ordered(x: f32) -> i32 {
-    let b = x.to_bits() as i32;
-    let sign = b >> 31;
-    ((b & 0x7fff_ffff) ^ sign).wrapping_sub(sign)
-}
-
-/// Whether `x` is not NaN, from its bits.
-#[inline(always)]
-fn not_nan(x: f32) -> bool {
-    x.to_bits() & 0x7fff_ffff <= 0x7f80_0000
 }
 
 /// No first pass of its own: the generic loops.
@@ -178,59 +157,31 @@ unsafe impl<H: FirstPass, const W: usize> Simd for PortableWith<H, W> {
     }
     #[inline(always)]
     fn max(x: [f32; W], acc: [f32; W]) -> [f32; W] {
-        if H::INT_COMPARES {
-            Self::select(Self::gt(x, acc), x, acc)
-        } else {
-            lanes!(|i| if x[i] > acc[i] { x[i] } else { acc[i] })
-        }
+        lanes!(|i| if x[i] > acc[i] { x[i] } else { acc[i] })
     }
     #[inline(always)]
     fn ge(a: [f32; W], b: [f32; W]) -> [u32; W] {
-        if H::INT_COMPARES {
-            lanes!(|i| lane(not_nan(a[i]) & not_nan(b[i]) & (ordered(a[i]) >= ordered(b[i]))))
-        } else {
-            lanes!(|i| lane(a[i] >= b[i]))
-        }
+        lanes!(|i| lane(a[i] >= b[i]))
     }
     #[inline(always)]
     fn gt(a: [f32; W], b: [f32; W]) -> [u32; W] {
-        if H::INT_COMPARES {
-            lanes!(|i| lane(not_nan(a[i]) & not_nan(b[i]) & (ordered(a[i]) > ordered(b[i]))))
-        } else {
-            lanes!(|i| lane(a[i] > b[i]))
-        }
+        lanes!(|i| lane(a[i] > b[i]))
     }
     #[inline(always)]
     fn eq(a: [f32; W], b: [f32; W]) -> [u32; W] {
-        if H::INT_COMPARES {
-            lanes!(|i| lane(not_nan(a[i]) & not_nan(b[i]) & (ordered(a[i]) == ordered(b[i]))))
-        } else {
-            lanes!(|i| lane(a[i] == b[i]))
-        }
+        lanes!(|i| lane(a[i] == b[i]))
     }
     #[inline(always)]
     fn lt(a: [f32; W], b: [f32; W]) -> [u32; W] {
-        if H::INT_COMPARES {
-            Self::gt(b, a)
-        } else {
-            lanes!(|i| lane(a[i] < b[i]))
-        }
+        lanes!(|i| lane(a[i] < b[i]))
     }
     #[inline(always)]
     fn is_nan(a: [f32; W]) -> [u32; W] {
-        if H::INT_COMPARES {
-            lanes!(|i| lane(!not_nan(a[i])))
-        } else {
-            lanes!(|i| lane(a[i].is_nan()))
-        }
+        lanes!(|i| lane(a[i].is_nan()))
     }
     #[inline(always)]
     fn unord(a: [f32; W], b: [f32; W]) -> [u32; W] {
-        if H::INT_COMPARES {
-            lanes!(|i| lane(!not_nan(a[i]) | !not_nan(b[i])))
-        } else {
-            lanes!(|i| lane(a[i].is_nan() | b[i].is_nan()))
-        }
+        lanes!(|i| lane(a[i].is_nan() | b[i].is_nan()))
     }
     #[inline(always)]
     fn and_m(a: [u32; W], b: [u32; W]) -> [u32; W] {
@@ -361,44 +312,5 @@ unsafe impl<H: FirstPass, const W: usize> Simd for PortableWith<H, W> {
     unsafe fn max_f32_any(p: *const f32, n: usize) -> f32 {
         // SAFETY: forwarded (the caller's contract; `H` usable where `Self` is).
         unsafe { H::max_f32_any(p, n) }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{not_nan, ordered};
-
-    /// The integer compares of `INT_COMPARES` give IEEE's answer on every pair of special and
-    /// ordinary values.
-    #[test]
-    fn ordered_images_compare_as_ieee() {
-        let xs = [
-            f32::NAN,
-            -f32::NAN,
-            f32::from_bits(0x7f80_0001),
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            0.0,
-            -0.0,
-            f32::MIN_POSITIVE,
-            -f32::MIN_POSITIVE,
-            f32::from_bits(1),
-            f32::from_bits(0x8000_0001),
-            1.0,
-            -1.0,
-            1.5,
-            -1.5,
-            f32::MAX,
-            f32::MIN,
-        ];
-        for &a in &xs {
-            for &b in &xs {
-                let both = not_nan(a) & not_nan(b);
-                assert_eq!(both & (ordered(a) >= ordered(b)), a >= b, "{a:?} >= {b:?}");
-                assert_eq!(both & (ordered(a) > ordered(b)), a > b, "{a:?} > {b:?}");
-                assert_eq!(both & (ordered(a) == ordered(b)), a == b, "{a:?} == {b:?}");
-            }
-            assert_eq!(!not_nan(a), a.is_nan());
-        }
     }
 }

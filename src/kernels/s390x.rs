@@ -21,7 +21,6 @@ pub(crate) type Vxe2 = PortableWith<Vxe2Pass, 4>;
 // SAFETY: see the module doc; the loop reads the `n` values at `p` and writes `m`, nothing else.
 unsafe impl FirstPass for Vxe2Pass {
     const FAST: bool = true;
-    const INT_COMPARES: bool = true;
     const MASK_BY_AND: bool = true;
     #[inline(always)]
     unsafe fn max_f32_any(p: *const f32, n: usize) -> f32 {
