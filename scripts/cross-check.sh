@@ -85,7 +85,7 @@ log "x86-64 reference: $(tail -1 "$REF")"
 summary=()
 for t in "${ready[@]}"; do
   g=$(gnu_of "$t")
-  log "$t: cargo build --release --lib --target $(triple_of "$t") ($("$(rustc_for "$t")" --version 2>/dev/null || true))"
+  log "$t: cargo build --release --lib --target $(triple_of "$t") ($(rc=$(rustc_for "$t"); LD_LIBRARY_PATH="$(dirname "$(dirname "$rc")")/lib/x86_64-linux-gnu" "$rc" --version 2>/dev/null || true))"
   lib=$(cross_build_lib "$t")
   "$g-gcc" "${CFLAGS[@]}" c_tests/seeded_dump.c -L"$lib" -ltokenrace -o "$OUT/seeded_dump-$t"
   "$g-gcc" "${CFLAGS[@]}" scripts/cross/count_driver.c -L"$lib" -ltokenrace -o "$OUT/count_driver-$t"
