@@ -68,7 +68,7 @@ for t in "${TARGETS[@]}"; do
   # One counted run: prints the library's instructions per value; sets LEVEL_GOT.
   run_one() {
     local cpu=$1 level=$2 w=$3 rows=$4 calls=$5 stem
-    stem="$OUT/$t-$cpu-$level-$w"
+    stem="$OUT/$t-${cpu//,/_}-$level-$w" # no comma: qemu splits -plugin's options at commas
     "qemu-$t" -cpu "$cpu" "${SYSROOT[@]}" -E LD_LIBRARY_PATH="$lib" -plugin "$OUT/insncount.so,out=$stem.counts" \
       "$OUT/count_driver-$t" "$level" "$w" "$rows" "$VOCAB" "$calls" >"$stem.out" 2>"$stem.err" ||
       { echo "cross-count: $t -cpu $cpu $level $w failed: $(head -c 300 "$stem.err")" >&2; return 1; }
@@ -84,7 +84,7 @@ for t in "${TARGETS[@]}"; do
     cpu=${spec%%:*}
     [ -z "${pool_level[$cpu]:-}" ] || continue
     e=$(run_one "$cpu" auto poolexp "$POOL_ROWS" 1)
-    pool_level[$cpu]=$(sed -n 's/^level //p' "$OUT/$t-$cpu-auto-poolexp.out")
+    pool_level[$cpu]=$(sed -n 's/^level //p' "$OUT/$t-${cpu//,/_}-auto-poolexp.out")
     l=$(run_one "$cpu" auto poollog "$POOL_ROWS" 1)
     pool_cells[$cpu]="$e | $l"
   done
@@ -94,7 +94,7 @@ for t in "${TARGETS[@]}"; do
     for w in greedy race topp topk flat; do
       cells+=("$(run_one "$cpu" "$level" "$w" "$ROWS" "$CALLS")")
     done
-    got=$(sed -n 's/^level //p' "$OUT/$t-$cpu-$level-greedy.out")
+    got=$(sed -n 's/^level //p' "$OUT/$t-${cpu//,/_}-$level-greedy.out")
     pool=" | "
     if [ "${pool_level[$cpu]}" = "$got" ]; then pool=${pool_cells[$cpu]}; pool_level[$cpu]=shown; fi
     echo "| $t, $cpu, $got$([ "$level" = auto ] && echo " (auto)") | ${cells[0]} | ${cells[1]} | ${cells[2]} | ${cells[3]} | ${cells[4]} | $pool |"
