@@ -105,7 +105,7 @@ cross_cargo() {
 }
 
 # Builds TARGET's release library; prints its directory. The soname link is made (build.rs
-# names the library libtokenrace.so.0.1 for 0.1.z; the loader looks for that).
+# gives the library its soname, libtokenrace.so.0.y for 0.y.z; the loader looks for that).
 cross_build_lib() {
   local name=$1 dir so
   cross_cargo "$name" build --release --lib --target "$(triple_of "$name")" >&2 || return 1
