@@ -1,4 +1,4 @@
-//! Two jobs:
+//! Three jobs:
 //!
 //! - Gives the shared object its soname, `libtokenrace.so.0.2` for version 0.2.z: cargo-c's
 //!   scheme (0.y.z → `0.y`, x.y.z → `x` for x >= 1), so a library installed by
@@ -12,10 +12,15 @@
 //!   `include/tokenrace.h`; `ffi::tests::committed_header_is_current` fails when it differs from
 //!   what this script generates, and `scripts/gen-header.sh` rewrites it, so a change to the C
 //!   ABI always ships with its header. Users' builds need no cbindgen.
+//! - Emits the cfg `tokenrace_s390x_vector` when the compiler is Rust 1.93 or later, the first
+//!   to accept the s390x target features (`#[target_feature(enable = "vector")]`) and
+//!   `is_s390x_feature_detected!` on stable: the `vxe2` level is built only then, and an older
+//!   compiler still builds the crate, without it.
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     set_soname();
+    compiler_cfgs();
     #[cfg(feature = "header")]
     generate_header();
 }
@@ -63,6 +68,27 @@ fn link_soname_in_build_dir() {
             let _ = std::fs::remove_file(&link);
             let _ = std::os::unix::fs::symlink("libtokenrace.so", &link);
         }
+    }
+}
+
+/// The minor version of the Rust compiler cargo runs (`$RUSTC --version`: "rustc 1.MINOR.z ..."),
+/// or None when it cannot be read.
+fn rustc_minor() -> Option<u32> {
+    let rustc = std::env::var_os("RUSTC")?;
+    let out = std::process::Command::new(rustc).arg("--version").output().ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    let version = text.split_whitespace().nth(1)?;
+    let mut parts = version.split('.');
+    if parts.next()? != "1" {
+        return None;
+    }
+    parts.next()?.parse().ok()
+}
+
+fn compiler_cfgs() {
+    println!("cargo:rustc-check-cfg=cfg(tokenrace_s390x_vector)");
+    if rustc_minor().is_some_and(|minor| minor >= 93) {
+        println!("cargo:rustc-cfg=tokenrace_s390x_vector");
     }
 }
 

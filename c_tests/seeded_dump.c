@@ -1,6 +1,6 @@
 /* Prints the tokens, flags, logprobs (with %a), ranks and top-n of a fixed set of draws, through
  * the C API, at one SIMD level and thread count: `seeded_dump LEVEL THREADS`, LEVEL one of
- * scalar, portable, avx2, avx512. The output names neither, so that every level, thread count
+ * scalar, portable, avx2, avx512, neon, vxe2. The output names neither, so that every level, thread count
  * and machine (x86-64, s390x) can be compared byte for byte (scripts/cross-s390x.sh does).
  *
  * Rows are seeded (their tokens depend only on seed, offset and the logits) or unseeded (keys
@@ -78,6 +78,8 @@ static int simd_of(const char *name) {
   if (!strcmp(name, "portable")) return TOKENRACE_SIMD_PORTABLE;
   if (!strcmp(name, "avx2")) return TOKENRACE_SIMD_AVX2;
   if (!strcmp(name, "avx512")) return TOKENRACE_SIMD_AVX512;
+  if (!strcmp(name, "neon")) return TOKENRACE_SIMD_NEON;
+  if (!strcmp(name, "vxe2")) return TOKENRACE_SIMD_VXE2;
   return -1;
 }
 
@@ -93,7 +95,7 @@ static const float MPS[] = {0.0f, 0.0f, 0.0f, 0.05f, 0.02f};
 
 int main(int argc, char **argv) {
   if (argc != 3 || simd_of(argv[1]) < 0) {
-    fprintf(stderr, "usage: %s scalar|portable|avx2|avx512 THREADS\n", argv[0]);
+    fprintf(stderr, "usage: %s scalar|portable|avx2|avx512|neon|vxe2 THREADS\n", argv[0]);
     return 1;
   }
   tokenrace_config cfg = tokenrace_config_default();

@@ -96,12 +96,17 @@ typedef enum tokenrace_simd {
   TOKENRACE_SIMD_AUTO = 0,
   // One lane at a time (the generic kernels with a lane count of 1).
   TOKENRACE_SIMD_SCALAR = 1,
-  // Fixed-width arrays the compiler vectorises for the target (SSE2, NEON, z/Arch VX, ...).
+  // Fixed-width arrays the compiler vectorises for the target's baseline (SSE2, NEON; scalar
+  // code on the default s390x target).
   TOKENRACE_SIMD_PORTABLE = 2,
   // x86-64 AVX2 and F16C (no FMA, by design: every level rounds alike).
   TOKENRACE_SIMD_AVX2 = 3,
   // x86-64 AVX-512F.
   TOKENRACE_SIMD_AVX512 = 4,
+  // aarch64 NEON (the portable arrays with a NEON first pass).
+  TOKENRACE_SIMD_NEON = 5,
+  // s390x vector-enhancements 2 (z15 and later; in builds by Rust 1.93 or later).
+  TOKENRACE_SIMD_VXE2 = 6,
 } tokenrace_simd;
 
 // Where a sampler's unseeded sampling rows take their noise from.

@@ -19,12 +19,17 @@ pub enum SimdChoice {
     /// One lane at a time: the generic kernels with a lane count of 1 (the float64 reference
     /// of the tests, `tests/reference/`, is separate from every level).
     Scalar,
-    /// Fixed-width arrays that the compiler vectorises for the target (SSE2, NEON, VX, ...).
+    /// Fixed-width arrays that the compiler vectorises for the target's baseline (SSE2 on x86-64,
+    /// NEON on aarch64; scalar code on the default s390x target, which has no vector facility).
     Portable,
     /// x86-64 AVX2 and F16C (FMA is not used, by design: every level rounds alike).
     Avx2,
     /// x86-64 AVX-512F.
     Avx512,
+    /// aarch64 NEON (the portable arrays with a NEON first pass).
+    Neon,
+    /// s390x vector-enhancements 2 (z15 and later; builds with Rust 1.93 or later).
+    Vxe2,
 }
 
 /// Where a sampler takes the noise of its unseeded sampling rows from.
@@ -190,7 +195,7 @@ pub static SETTINGS: &[Setting] = &[
         var: "TOKENRACE_SIMD",
         field: "simd",
         default: "auto",
-        accepted: "auto, scalar, portable, avx2, avx512",
+        accepted: "auto, scalar, portable, avx2, avx512, neon, vxe2",
         doc: "Instruction set of the kernels; a level the CPU lacks fails with UNSUPPORTED.",
         apply: Apply::Sampler(|c, v| {
             Ok(c.simd = parse_choice(
@@ -201,6 +206,8 @@ pub static SETTINGS: &[Setting] = &[
                     ("portable", SimdChoice::Portable),
                     ("avx2", SimdChoice::Avx2),
                     ("avx512", SimdChoice::Avx512),
+                    ("neon", SimdChoice::Neon),
+                    ("vxe2", SimdChoice::Vxe2),
                 ],
             )?)
         }),

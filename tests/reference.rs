@@ -312,6 +312,8 @@ fn choice_of(level: SimdLevel) -> SimdChoice {
         SimdLevel::Portable => SimdChoice::Portable,
         SimdLevel::Avx2 => SimdChoice::Avx2,
         SimdLevel::Avx512 => SimdChoice::Avx512,
+        SimdLevel::Neon => SimdChoice::Neon,
+        SimdLevel::Vxe2 => SimdChoice::Vxe2,
     }
 }
 

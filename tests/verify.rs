@@ -369,6 +369,8 @@ fn sampler(level: SimdLevel, threads: usize, seed: u64) -> Sampler {
         SimdLevel::Portable => SimdChoice::Portable,
         SimdLevel::Avx2 => SimdChoice::Avx2,
         SimdLevel::Avx512 => SimdChoice::Avx512,
+        SimdLevel::Neon => SimdChoice::Neon,
+        SimdLevel::Vxe2 => SimdChoice::Vxe2,
     };
     let cfg = Config {
         simd: choice,

@@ -221,6 +221,8 @@ fn simd_value(c: SimdChoice) -> u32 {
         SimdChoice::Portable => 2,
         SimdChoice::Avx2 => 3,
         SimdChoice::Avx512 => 4,
+        SimdChoice::Neon => 5,
+        SimdChoice::Vxe2 => 6,
     }
 }
 
@@ -231,7 +233,9 @@ fn level_of(simd: u32) -> Option<SimdLevel> {
         1 => SimdLevel::Scalar,
         2 => SimdLevel::Portable,
         3 => SimdLevel::Avx2,
-        _ => SimdLevel::Avx512,
+        4 => SimdLevel::Avx512,
+        5 => SimdLevel::Neon,
+        _ => SimdLevel::Vxe2,
     };
     l.is_supported().then_some(l)
 }

@@ -337,7 +337,7 @@ macro_rules! c_enum {
 }
 
 c_enum!(tokenrace_dtype { F32, Bf16, F16 });
-c_enum!(tokenrace_simd <=> SimdChoice { Auto, Scalar, Portable, Avx2, Avx512 });
+c_enum!(tokenrace_simd <=> SimdChoice { Auto, Scalar, Portable, Avx2, Avx512, Neon, Vxe2 });
 c_enum!(tokenrace_noise_kind <=> NoiseKind { Exp, LogExp });
 c_enum!(tokenrace_noise_source <=> NoiseSource { Auto, Inline, Pool });
 c_enum!(tokenrace_pool_policy <=> DrainPolicy { Inline, Block });

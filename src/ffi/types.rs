@@ -55,12 +55,17 @@ pub enum tokenrace_simd {
     Auto = 0,
     /// One lane at a time (the generic kernels with a lane count of 1).
     Scalar = 1,
-    /// Fixed-width arrays the compiler vectorises for the target (SSE2, NEON, z/Arch VX, ...).
+    /// Fixed-width arrays the compiler vectorises for the target's baseline (SSE2, NEON; scalar
+    /// code on the default s390x target).
     Portable = 2,
     /// x86-64 AVX2 and F16C (no FMA, by design: every level rounds alike).
     Avx2 = 3,
     /// x86-64 AVX-512F.
     Avx512 = 4,
+    /// aarch64 NEON (the portable arrays with a NEON first pass).
+    Neon = 5,
+    /// s390x vector-enhancements 2 (z15 and later; in builds by Rust 1.93 or later).
+    Vxe2 = 6,
 }
 
 /// Where a sampler's unseeded sampling rows take their noise from.

@@ -12,8 +12,8 @@
 //!   `# Safety` section says how many elements must be valid; its callers (in `draw/`, the noise
 //!   pool) pass slices of at least that length.
 //! - Instructions: the `Simd` implementations of `x86_64/` execute AVX2 or AVX-512 instructions
-//!   from safe methods. `Simd` is an `unsafe trait` whose contract is that its methods run only
-//!   where their features are available. This module keeps it: the x86 types are private to it,
+//!   from safe methods, and the first passes of `aarch64.rs` and `s390x.rs` NEON or VX ones. `Simd` is an `unsafe trait` whose contract is that its methods run only
+//!   where their features are available. This module keeps it: those types are private to it,
 //!   they are instantiated only in the entry points of `kernel_table!`, each compiled with
 //!   `#[target_feature]` for exactly its level's features ([`SimdLevel::target_features`]), and
 //!   those entry points are reachable only through the table that `kernels(level)` returns after
@@ -30,6 +30,13 @@ mod x86_64 {
     pub(crate) mod avx2;
     pub(crate) mod avx512;
 }
+/// aarch64 NEON: private to this module (see the module doc, "Unsafe code").
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
+/// IBM Z vector enhancements 2 (z15+), built by compilers from 1.93 on (`build.rs`), which
+/// accept the s390x target features and detection: private to this module.
+#[cfg(all(target_arch = "s390x", tokenrace_s390x_vector))]
+mod s390x;
 
 use crate::config::{NoiseKind, SimdChoice};
 use crate::error::{Error, ErrorKind, Result};
@@ -51,10 +58,16 @@ pub enum SimdLevel {
     Avx2,
     /// x86-64 with the feature `avx512f`.
     Avx512,
+    /// aarch64 with `neon`: the portable arrays and a NEON first pass.
+    Neon,
+    /// s390x with `vector`, `vector-enhancements-1` and `vector-enhancements-2` (z15 and later):
+    /// the portable arrays compiled for them and a first pass in inline assembly. Built by
+    /// compilers from Rust 1.93 on.
+    Vxe2,
 }
 
 impl SimdLevel {
-    /// The level's name: "scalar", "portable", "avx2" or "avx512".
+    /// The level's name: "scalar", "portable", "avx2", "avx512", "neon" or "vxe2".
     pub fn name(self) -> &'static str {
         match self.c_name().to_str() {
             Ok(name) => name,
@@ -69,16 +82,20 @@ impl SimdLevel {
             SimdLevel::Portable => c"portable",
             SimdLevel::Avx2 => c"avx2",
             SimdLevel::Avx512 => c"avx512",
+            SimdLevel::Neon => c"neon",
+            SimdLevel::Vxe2 => c"vxe2",
         }
     }
 
     /// Every level, lowest first.
-    pub const ALL: [SimdLevel; 4] = [SimdLevel::Scalar, SimdLevel::Portable, SimdLevel::Avx2, SimdLevel::Avx512];
+    pub const ALL: [SimdLevel; 6] =
+        [SimdLevel::Scalar, SimdLevel::Portable, SimdLevel::Avx2, SimdLevel::Avx512, SimdLevel::Neon, SimdLevel::Vxe2];
 
     /// The CPU features the level's kernels are compiled with (`#[target_feature(enable = ...)]`
     /// on each entry point), which are exactly those [`SimdLevel::is_supported`] detects:
-    /// none for `Scalar` and `Portable`; `avx2`, `f16c` for `Avx2`; `avx512f` for `Avx512`
-    /// (empty for the x86 levels on other architectures).
+    /// none for `Scalar` and `Portable`; `avx2`, `f16c` for `Avx2`; `avx512f` for `Avx512`;
+    /// `neon` for `Neon`; `vector`, `vector-enhancements-1`, `vector-enhancements-2` for `Vxe2`
+    /// (empty for a level of another architecture).
     ///
     /// FMA is not among them, by design: every level runs the same IEEE operations in the same
     /// order, with separate roundings, so that all compute bit-identical keys and sums. (The
@@ -92,7 +109,11 @@ impl SimdLevel {
             SimdLevel::Avx2 => avx2_table::FEATURES,
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx512 => avx512_table::FEATURES,
-            #[cfg(not(target_arch = "x86_64"))]
+            #[cfg(target_arch = "aarch64")]
+            SimdLevel::Neon => neon_table::FEATURES,
+            #[cfg(all(target_arch = "s390x", tokenrace_s390x_vector))]
+            SimdLevel::Vxe2 => vxe2_table::FEATURES,
+            #[allow(unreachable_patterns)]
             _ => &[],
         }
     }
@@ -107,7 +128,11 @@ impl SimdLevel {
             SimdLevel::Avx2 => avx2_table::detected(),
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx512 => avx512_table::detected(),
-            #[cfg(not(target_arch = "x86_64"))]
+            #[cfg(target_arch = "aarch64")]
+            SimdLevel::Neon => neon_table::detected(),
+            #[cfg(all(target_arch = "s390x", tokenrace_s390x_vector))]
+            SimdLevel::Vxe2 => vxe2_table::detected(),
+            #[allow(unreachable_patterns)]
             _ => false,
         }
     }
@@ -116,7 +141,22 @@ impl SimdLevel {
 /// The best level this CPU supports, detected once.
 pub fn best_level() -> SimdLevel {
     static BEST: OnceLock<SimdLevel> = OnceLock::new();
-    *BEST.get_or_init(|| SimdLevel::ALL.into_iter().rev().find(|l| l.is_supported()).unwrap_or(SimdLevel::Scalar))
+    *BEST.get_or_init(|| {
+        SimdLevel::ALL.into_iter().rev().find(|&l| l.is_supported() && chosen_by_auto(l)).unwrap_or(SimdLevel::Scalar)
+    })
+}
+
+/// Whether `auto` may choose a supported level. Not `portable` on an s390x build without
+/// vector-enhancements-1 (the default target is z10, without even the vector facility): there
+/// its arrays compile to scalar code whose accumulators spill, 1.5-1.9x the instructions of the
+/// `scalar` level (docs/performance.md). It can still be asked for.
+fn chosen_by_auto(level: SimdLevel) -> bool {
+    #[cfg(target_arch = "s390x")]
+    if level == SimdLevel::Portable && !cfg!(target_feature = "vector-enhancements-1") {
+        return false;
+    }
+    let _ = level;
+    true
 }
 
 /// The level a configuration asks for, or an UNSUPPORTED error naming it.
@@ -127,6 +167,8 @@ pub fn resolve(choice: SimdChoice) -> Result<SimdLevel> {
         SimdChoice::Portable => SimdLevel::Portable,
         SimdChoice::Avx2 => SimdLevel::Avx2,
         SimdChoice::Avx512 => SimdLevel::Avx512,
+        SimdChoice::Neon => SimdLevel::Neon,
+        SimdChoice::Vxe2 => SimdLevel::Vxe2,
     };
     if !level.is_supported() {
         return Err(Error::new(
@@ -234,7 +276,7 @@ pub(crate) struct Kernels {
 /// contract (its `# Safety` in `generic/`); `$simd` may run here because this function enables
 /// its level's features (see the `Simd` trait).
 macro_rules! kernel_table {
-    ($module:ident, $level:expr, $simd:ty, [$($feature:tt),*]) => {
+    ($module:ident, $level:expr, $simd:ty, $detect:ident, [$($feature:tt),*]) => {
         mod $module {
             use super::generic;
             use super::simd::Elem;
@@ -245,7 +287,7 @@ macro_rules! kernel_table {
 
             /// Whether this CPU has every one of `FEATURES`.
             pub(super) fn detected() -> bool {
-                true $(&& std::is_x86_feature_detected!($feature))*
+                true $(&& std::arch::$detect!($feature))*
             }
 
             $(#[target_feature(enable = $feature)])*
@@ -383,16 +425,26 @@ macro_rules! kernel_table {
     };
 }
 
-kernel_table!(scalar_table, SimdLevel::Scalar, super::simd::Scalar, []);
-kernel_table!(portable_table, SimdLevel::Portable, super::portable::Portable, []);
+kernel_table!(scalar_table, SimdLevel::Scalar, super::simd::Scalar, is_x86_feature_detected, []);
+kernel_table!(portable_table, SimdLevel::Portable, super::portable::Portable, is_x86_feature_detected, []);
 #[cfg(target_arch = "x86_64")]
-kernel_table!(avx2_table, SimdLevel::Avx2, super::x86_64::avx2::Avx2, ["avx2", "f16c"]);
+kernel_table!(avx2_table, SimdLevel::Avx2, super::x86_64::avx2::Avx2, is_x86_feature_detected, ["avx2", "f16c"]);
 #[cfg(target_arch = "x86_64")]
-kernel_table!(avx512_table, SimdLevel::Avx512, super::x86_64::avx512::Avx512, ["avx512f"]);
+kernel_table!(avx512_table, SimdLevel::Avx512, super::x86_64::avx512::Avx512, is_x86_feature_detected, ["avx512f"]);
+#[cfg(target_arch = "aarch64")]
+kernel_table!(neon_table, SimdLevel::Neon, super::aarch64::Neon, is_aarch64_feature_detected, ["neon"]);
+#[cfg(all(target_arch = "s390x", tokenrace_s390x_vector))]
+kernel_table!(
+    vxe2_table,
+    SimdLevel::Vxe2,
+    super::s390x::Vxe2,
+    is_s390x_feature_detected,
+    ["vector", "vector-enhancements-1", "vector-enhancements-2"]
+);
 
 /// The kernels of a supported level (built once per level).
 pub(crate) fn kernels(level: SimdLevel) -> &'static Kernels {
-    static TABLES: [OnceLock<Kernels>; 4] = [OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    static TABLES: [OnceLock<Kernels>; SimdLevel::ALL.len()] = [const { OnceLock::new() }; SimdLevel::ALL.len()];
     assert!(level.is_supported(), "kernels({level:?}) on a CPU without it");
     TABLES[level as usize].get_or_init(|| match level {
         SimdLevel::Scalar => scalar_table::table(),
@@ -401,7 +453,11 @@ pub(crate) fn kernels(level: SimdLevel) -> &'static Kernels {
         SimdLevel::Avx2 => avx2_table::table(),
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx512 => avx512_table::table(),
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(target_arch = "aarch64")]
+        SimdLevel::Neon => neon_table::table(),
+        #[cfg(all(target_arch = "s390x", tokenrace_s390x_vector))]
+        SimdLevel::Vxe2 => vxe2_table::table(),
+        #[allow(unreachable_patterns)]
         _ => unreachable!(),
     })
 }

@@ -1,12 +1,55 @@
 //! The portable path: fixed-width arrays whose element-wise loops the compiler vectorises for
-//! whatever the target has (SSE2 on baseline x86-64, NEON on aarch64, VX on s390x).
+//! whatever the functions that instantiate it are compiled for. At the `portable` level that is
+//! the target's baseline: SSE2 on x86-64, NEON on aarch64, and nothing on the default
+//! `s390x-unknown-linux-gnu` target (z10: no vector facility, so portable is scalar code there
+//! and `best_level` passes over it). The `neon` (aarch64) and `vxe2` (s390x) levels are this
+//! same code under their `#[target_feature]`s, with a hand-written first pass
+//! ([`FirstPass`]: `aarch64.rs`, `s390x.rs`).
 
 use super::simd::{bf16_to_f32, f16_to_f32, Simd};
+use std::marker::PhantomData;
 
-const W: usize = 8;
+/// The arrays of [`Portable`], `W` lanes (4 or 8), with the first pass of `H`.
+pub(crate) struct PortableWith<H, const W: usize>(PhantomData<H>);
 
-#[derive(Clone, Copy)]
-pub(crate) struct Portable;
+impl<H, const W: usize> Clone for PortableWith<H, W> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<H, const W: usize> Copy for PortableWith<H, W> {}
+
+/// The portable level: arrays of 8 lanes with the generic first pass.
+pub(crate) type Portable = PortableWith<Generic, 8>;
+
+/// A level's own first pass over f32 ([`Simd::max_f32_any`]).
+///
+/// # Safety
+/// As [`Simd`]: an implementation that executes instructions beyond the target's baseline may
+/// only be used in a [`PortableWith`] instantiated in its level's `#[target_feature]` entry points;
+/// `max_f32_any` keeps the contract of [`Simd::max_f32_any`].
+pub(crate) unsafe trait FirstPass {
+    const FAST: bool;
+    /// Whether [`Simd::bits_of`] is a vector AND and an OR across lanes (the other form's
+    /// per-lane shifts went lane by lane, through scalar compares, on s390x).
+    const MASK_BY_AND: bool = false;
+    /// [`Simd::max_f32_any`].
+    ///
+    /// # Safety
+    /// As [`Simd::max_f32_any`].
+    unsafe fn max_f32_any(p: *const f32, n: usize) -> f32;
+}
+
+/// No first pass of its own: the generic loops.
+pub(crate) struct Generic;
+
+// SAFETY: never called (FAST is false); plain Rust.
+unsafe impl FirstPass for Generic {
+    const FAST: bool = false;
+    unsafe fn max_f32_any(_p: *const f32, _n: usize) -> f32 {
+        f32::NAN
+    }
+}
 
 /// A lane of a mask: all ones (true) or zero. Masks are `u32` lanes, as the vector units hold
 /// them: `bool` lanes made the compiler pack and unpack every compare (the portable scan was
@@ -16,22 +59,35 @@ fn lane(b: bool) -> u32 {
     (b as u32).wrapping_neg()
 }
 
-/// The mask of each byte of a token mask's bits, lane `j` set where bit `j` is: one load a
-/// vector. Computed per vector (a shift per lane), it was a page of constant shifts and shuffles
-/// on baseline x86-64, which has no per-lane shift: the masked scan ran at 3x the plain one.
-const MASKS: [[u32; W]; 256] = {
-    let mut t = [[0u32; W]; 256];
-    let mut b = 0;
-    while b < 256 {
-        let mut j = 0;
-        while j < W {
-            t[b][j] = if b >> j & 1 != 0 { u32::MAX } else { 0 };
-            j += 1;
+impl<H, const W: usize> PortableWith<H, W> {
+    /// The mask of each byte of a token mask's bits, lane `j` set where bit `j` is: one load a
+    /// vector. Computed per vector (a shift per lane), it was a page of constant shifts and
+    /// shuffles on baseline x86-64, which has no per-lane shift: the masked scan ran at 3x the
+    /// plain one.
+    const MASKS: [[u32; W]; 256] = {
+        let mut t = [[0u32; W]; 256];
+        let mut b = 0;
+        while b < 256 {
+            let mut j = 0;
+            while j < W {
+                t[b][j] = if b >> j & 1 != 0 { u32::MAX } else { 0 };
+                j += 1;
+            }
+            b += 1;
         }
-        b += 1;
-    }
-    t
-};
+        t
+    };
+    /// Lane `l`'s bit, `1 << l`.
+    const BITS: [u32; W] = {
+        let mut b = [0; W];
+        let mut l = 0;
+        while l < W {
+            b[l] = 1 << l;
+            l += 1;
+        }
+        b
+    };
+}
 
 macro_rules! lanes {
     (|$i:ident| $e:expr) => {{
@@ -43,10 +99,11 @@ macro_rules! lanes {
     }};
 }
 
-// SAFETY: plain Rust on arrays, no instruction-set feature beyond the target's baseline; the
-// unsafe methods touch the `W` elements at `p`.
-unsafe impl Simd for Portable {
+// SAFETY: plain Rust on arrays, no instruction-set feature beyond the target's baseline but
+// those of the first pass `H` (see `FirstPass`); the unsafe methods touch the `W` elements at `p`.
+unsafe impl<H: FirstPass, const W: usize> Simd for PortableWith<H, W> {
     const LANES: usize = W;
+    const MAX_F32_ANY: bool = H::FAST;
     type F = [f32; W];
     type U = [u32; W];
     type M = [u32; W];
@@ -140,7 +197,7 @@ unsafe impl Simd for Portable {
     }
     #[inline(always)]
     fn mask_bits(bits: u32) -> [u32; W] {
-        MASKS[(bits & 0xff) as usize]
+        Self::MASKS[(bits & 0xff) as usize]
     }
     #[inline(always)]
     fn any(m: [u32; W]) -> bool {
@@ -148,11 +205,21 @@ unsafe impl Simd for Portable {
     }
     #[inline(always)]
     fn first(m: [u32; W]) -> usize {
-        m.iter().position(|&b| b != 0).unwrap_or(0)
+        if H::MASK_BY_AND {
+            Self::bits_of(m).trailing_zeros() as usize % W
+        } else {
+            m.iter().position(|&b| b != 0).unwrap_or(0)
+        }
     }
     #[inline(always)]
     fn bits_of(m: [u32; W]) -> u32 {
-        m.iter().enumerate().fold(0, |a, (l, &b)| a | (b & 1) << l)
+        if H::MASK_BY_AND {
+            // A vector AND with the lanes' bits and an OR across lanes, which the compiler keeps
+            // in vector registers (the shifts of the other form went lane by lane on s390x).
+            lanes!(|i| m[i] & Self::BITS[i]).iter().fold(0, |a, &b| a | b)
+        } else {
+            m.iter().enumerate().fold(0, |a, (l, &b)| a | (b & 1) << l)
+        }
     }
     #[inline(always)]
     fn select(m: [u32; W], a: [f32; W], b: [f32; W]) -> [f32; W] {
@@ -240,5 +307,10 @@ unsafe impl Simd for Portable {
             j += (m[i] & 1) as usize;
         }
         j
+    }
+    #[inline(always)]
+    unsafe fn max_f32_any(p: *const f32, n: usize) -> f32 {
+        // SAFETY: forwarded (the caller's contract; `H` usable where `Self` is).
+        unsafe { H::max_f32_any(p, n) }
     }
 }

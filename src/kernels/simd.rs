@@ -111,6 +111,29 @@ pub(crate) unsafe trait Simd: Copy {
     /// Writes the lanes of `v` that `m` selects, in lane order, at `p` (writing up to `LANES`
     /// values there); returns how many `m` selects.
     unsafe fn compress_store(p: *mut f32, m: Self::M, v: Self::F) -> usize;
+
+    /// Whether the plain first pass over f32 tries [`Simd::max_f32_any`] on each block before
+    /// its exact loop (a level whose compiler leaves that loop scalar: s390x, aarch64).
+    const MAX_F32_ANY: bool = false;
+    /// The `n` f32 values at `p` (`n` a multiple of 32, at least 32), reduced with a
+    /// NaN-propagating maximum in any order: their maximum when no value is NaN and the
+    /// maximum is not a zero (a unique bit pattern, the same as the exact `x > acc` loop's),
+    /// NaN when a value is NaN, and a zero of either sign when the maximum is a zero. The first
+    /// pass takes the result only when it is neither NaN nor a zero, and otherwise runs its exact
+    /// loop over the same values, so every level still computes bit-identical block maxima.
+    ///
+    /// # Safety
+    /// `p` valid for `n` reads; `Self` usable here.
+    #[inline(always)]
+    unsafe fn max_f32_any(p: *const f32, n: usize) -> f32 {
+        let mut m = f32::NEG_INFINITY;
+        for i in 0..n {
+            // SAFETY: i < n (the caller's contract).
+            let x = unsafe { p.add(i).read_unaligned() };
+            m = if x.is_nan() || m.is_nan() { f32::NAN } else { m.max(x) };
+        }
+        m
+    }
 }
 
 /// One lane: the reference implementation, also used for the tails of rows.
@@ -348,6 +371,8 @@ pub(crate) trait Elem: Copy + Send + Sync + 'static {
     /// # Safety
     /// `p` must be valid for `S::LANES` reads, and `S` usable in the calling context.
     unsafe fn load<S: Simd>(p: *const Self) -> S::F;
+    /// Whether the type is `f32` (the first pass's [`Simd::max_f32_any`] reads f32 only).
+    const IS_F32: bool = false;
 }
 
 /// A bfloat16 value, as its bits.
@@ -361,6 +386,7 @@ pub struct Bf16(pub u16);
 pub struct F16(pub u16);
 
 impl Elem for f32 {
+    const IS_F32: bool = true;
     #[inline(always)]
     unsafe fn load<S: Simd>(p: *const f32) -> S::F {
         // SAFETY: forwarded (the caller's contract).

@@ -202,6 +202,8 @@ pub fn sampler(level: SimdLevel, seed: u64) -> Sampler {
         SimdLevel::Portable => SimdChoice::Portable,
         SimdLevel::Avx2 => SimdChoice::Avx2,
         SimdLevel::Avx512 => SimdChoice::Avx512,
+        SimdLevel::Neon => SimdChoice::Neon,
+        SimdLevel::Vxe2 => SimdChoice::Vxe2,
     };
     Sampler::new(Config { simd: choice, seed: Some(seed), max_rows: 4096, ..Config::default() }).unwrap()
 }

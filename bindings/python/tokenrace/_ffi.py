@@ -56,6 +56,8 @@ SIMD_SCALAR = 1
 SIMD_PORTABLE = 2
 SIMD_AVX2 = 3
 SIMD_AVX512 = 4
+SIMD_NEON = 5
+SIMD_VXE2 = 6
 
 # enum tokenrace_noise_source
 NOISE_SOURCE_AUTO = 0
@@ -89,7 +91,7 @@ FILTER_ORDER_FILTERS_FIRST = 1
 
 # Python spellings of the enums that the binding accepts as strings.
 SIMD_NAMES = {"auto": SIMD_AUTO, "scalar": SIMD_SCALAR, "portable": SIMD_PORTABLE,
-              "avx2": SIMD_AVX2, "avx512": SIMD_AVX512}
+              "avx2": SIMD_AVX2, "avx512": SIMD_AVX512, "neon": SIMD_NEON, "vxe2": SIMD_VXE2}
 NOISE_SOURCE_NAMES = {"auto": NOISE_SOURCE_AUTO, "inline": NOISE_SOURCE_INLINE, "pool": NOISE_SOURCE_POOL}
 NOISE_KIND_NAMES = {"exp": NOISE_KIND_EXP, "log_exp": NOISE_KIND_LOG_EXP}
 LOG_LEVEL_NAMES = {"off": LOG_LEVEL_OFF, "error": LOG_LEVEL_ERROR, "warn": LOG_LEVEL_WARN,

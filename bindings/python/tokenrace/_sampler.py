@@ -112,7 +112,7 @@ class Sampler(_Closable):
 
     @property
     def simd_level(self):
-        """The instruction set this sampler runs: "avx512", "avx2", "portable" or "scalar"."""
+        """The instruction set this sampler runs: "avx512", "avx2", "neon", "vxe2", "portable" or "scalar"."""
         h = self._live_handle()
         return _ffi.lib().tokenrace_sampler_simd_level(h.ptr).decode()
 

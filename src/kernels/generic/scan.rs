@@ -21,6 +21,11 @@ pub(crate) unsafe fn scan<S: Simd, E: Elem>(row: *const E, keep: *const u32, n: 
         let start = b * BLOCK;
         let end = (start + BLOCK).min(n);
         // SAFETY: start <= end <= n; the rest is the caller's contract.
+        if let Some(m) = unsafe { block_max_fast::<S, E>(row, keep, start, end) } {
+            *out = m;
+            continue;
+        }
+        // SAFETY: start <= end <= n; the rest is the caller's contract.
         let (lanes, mut i) = unsafe { lanes_max::<S, E>(row, keep, start, end, &mut nan) };
         let mut m = S::reduce_max(lanes);
         while i < end {
@@ -34,6 +39,27 @@ pub(crate) unsafe fn scan<S: Simd, E: Elem>(row: *const E, keep: *const u32, n: 
         *out = m;
     }
     S::any(nan) || nan_tail
+}
+
+/// The maximum of the block `row[start..end]` by the level's own loop ([`Simd::max_f32_any`]),
+/// when the level has one, the block is whole, f32 and unmasked, and the result is exact: no
+/// value is NaN and the maximum is not a zero (a unique bit pattern, which the exact loops
+/// would give too). None otherwise: the exact loops then visit the block.
+///
+/// # Safety
+/// `row` valid for `end` reads; `S` usable here.
+#[inline(always)]
+unsafe fn block_max_fast<S: Simd, E: Elem>(row: *const E, keep: *const u32, start: usize, end: usize) -> Option<f32> {
+    const { assert!(BLOCK.is_multiple_of(32)) };
+    if S::MAX_F32_ANY && E::IS_F32 && keep.is_null() && end - start == BLOCK {
+        // SAFETY: `E` is f32 (IS_F32); the block's BLOCK values, a multiple of 32, are in `row`
+        // (the caller's contract).
+        let m = unsafe { S::max_f32_any(row.add(start) as *const f32, BLOCK) };
+        if !m.is_nan() && m != 0.0 {
+            return Some(m);
+        }
+    }
+    None
 }
 
 /// The lane-wise maximum (NaN ignored) of the whole vectors of `row[start..end]` (with a
@@ -142,7 +168,17 @@ pub(crate) unsafe fn top_block<S: Simd, E: Elem>(row: *const E, n: usize) -> (f3
     let whole = n / BLOCK;
     let mut nan = S::none();
     let (mut best, mut at) = (S::splat(f32::NEG_INFINITY), S::splat(0.0));
+    // The blocks that the level's own loop took (`block_max_fast`): their largest maximum and
+    // the first of them holding it.
+    let (mut fast_best, mut fast_at) = (f32::NEG_INFINITY, 0);
     for b in 0..whole {
+        // SAFETY: (b + 1) * BLOCK <= n; `S` usable.
+        if let Some(m) = unsafe { block_max_fast::<S, E>(row, std::ptr::null(), b * BLOCK, (b + 1) * BLOCK) } {
+            if m > fast_best {
+                (fast_best, fast_at) = (m, b);
+            }
+            continue;
+        }
         // SAFETY: (b + 1) * BLOCK <= n; BLOCK is a multiple of LANES; `S` usable.
         let (m, _) = unsafe { lanes_max::<S, E>(row, std::ptr::null(), b * BLOCK, (b + 1) * BLOCK, &mut nan) };
         // Strictly greater: a lane keeps the first block where it reached its maximum.
@@ -155,6 +191,15 @@ pub(crate) unsafe fn top_block<S: Simd, E: Elem>(row: *const E, n: usize) -> (f3
     let holds = S::eq(best, S::splat(top));
     let first = -S::reduce_max(S::select(holds, S::sub(S::splat(0.0), at), S::splat(f32::NEG_INFINITY)));
     let (top, first) = (top, first as usize);
+    // Merged with the blocks of the level's own loop: their maximum is never NaN nor a zero, so
+    // an equal maximum is the same value, held first by the earlier block.
+    let (top, first) = if fast_best > top {
+        (fast_best, fast_at)
+    } else if fast_best == top {
+        (top, first.min(fast_at))
+    } else {
+        (top, first)
+    };
     if whole * BLOCK == n {
         return (top, first, S::any(nan));
     }
