@@ -505,8 +505,8 @@ const char *tokenrace_last_error(void);
 // receives the messages and the callback is never called). Since 0.2.
 void tokenrace_set_log_callback(tokenrace_log_callback callback, void *user_data);
 
-// The SIMD level a sampler made from the environment would use ("avx512", "avx2",
-// "portable" or "scalar"): `TOKENRACE_SIMD` if set and supported, else the best this CPU has.
+// The SIMD level a sampler made from the environment would use ("avx512", "avx2", "neon",
+// "vxe2", "portable" or "scalar"): `TOKENRACE_SIMD` if set and supported, else the best this CPU has.
 // Static storage.
 const char *tokenrace_simd_level(void);
 
@@ -537,7 +537,7 @@ enum tokenrace_status tokenrace_sampler_new(const struct tokenrace_config *confi
 // `sampler` is NULL or came from `tokenrace_sampler_new()` and is not used afterwards.
 void tokenrace_sampler_free(struct tokenrace_sampler *sampler);
 
-// The SIMD level this sampler runs ("avx512", "avx2", "portable", "scalar"). Static storage;
+// The SIMD level this sampler runs ("avx512", "avx2", "neon", "vxe2", "portable", "scalar"). Static storage;
 // NULL if `sampler` is NULL.
 //
 // # Safety

@@ -920,7 +920,7 @@ class Sampler {
     return st;
   }
 
-  // The instruction set this sampler runs: "avx512", "avx2", "portable" or "scalar".
+  // The instruction set this sampler runs: "avx512", "avx2", "neon", "vxe2", "portable" or "scalar".
   std::string simd_level() const { return detail::c_string(api().sampler_simd_level(live())); }
 
   // Makes the unseeded sampling rows take their noise from `pool`, which this sampler then

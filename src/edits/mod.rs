@@ -1125,7 +1125,14 @@ mod tests {
         let ln_e: Vec<f32> =
             (0..vocab).map(|i| (-((i * 2654435761usize % 1000) as f32 / 1000.0 + 1e-4).ln()).ln()).collect();
         let e_noise: Vec<f32> = ln_e.iter().map(|l| l.exp()).collect();
-        let levels = [SimdChoice::Scalar, SimdChoice::Portable, SimdChoice::Avx2, SimdChoice::Avx512];
+        let levels = [
+            SimdChoice::Scalar,
+            SimdChoice::Portable,
+            SimdChoice::Avx2,
+            SimdChoice::Avx512,
+            SimdChoice::Neon,
+            SimdChoice::Vxe2,
+        ];
         for (simd, level) in levels.into_iter().zip(crate::kernels::SimdLevel::ALL) {
             if !level.is_supported() {
                 continue;

@@ -72,8 +72,8 @@ pub extern "C" fn tokenrace_set_log_callback(callback: tokenrace_log_callback, u
     guard_void(|| crate::logging::set_callback(callback, user_data));
 }
 
-/// The SIMD level a sampler made from the environment would use ("avx512", "avx2",
-/// "portable" or "scalar"): `TOKENRACE_SIMD` if set and supported, else the best this CPU has.
+/// The SIMD level a sampler made from the environment would use ("avx512", "avx2", "neon",
+/// "vxe2", "portable" or "scalar"): `TOKENRACE_SIMD` if set and supported, else the best this CPU has.
 /// Static storage.
 #[no_mangle]
 pub extern "C" fn tokenrace_simd_level() -> *const c_char {
@@ -178,7 +178,7 @@ pub unsafe extern "C" fn tokenrace_sampler_free(sampler: *mut tokenrace_sampler)
     }
 }
 
-/// The SIMD level this sampler runs ("avx512", "avx2", "portable", "scalar"). Static storage;
+/// The SIMD level this sampler runs ("avx512", "avx2", "neon", "vxe2", "portable", "scalar"). Static storage;
 /// NULL if `sampler` is NULL.
 ///
 /// # Safety

@@ -45,6 +45,6 @@ def abi_version() -> int:
 
 
 def simd_level() -> str:
-    """The SIMD level a sampler made from the environment would use ("avx512", "avx2",
-    "portable" or "scalar")."""
+    """The SIMD level a sampler made from the environment would use ("avx512", "avx2", "neon",
+    "vxe2", "portable" or "scalar")."""
     return _ffi.lib().tokenrace_simd_level().decode()
