@@ -8,6 +8,7 @@
 //! overlap too, and its own message says more.
 
 use super::convert::slice;
+use crate::batch::Logits;
 use crate::error::{Error, Owner, Result};
 use std::mem::size_of_val;
 
@@ -25,6 +26,20 @@ impl Region {
     pub(crate) fn of<T>(owner: Owner, field: &'static str, s: &[T]) -> Region {
         let start = s.as_ptr() as usize;
         Region { owner, field, start, end: start + size_of_val(s) }
+    }
+
+    /// The bytes of an input array of the call (`None`: not given).
+    pub(crate) fn input<T>(field: &'static str, s: Option<&[T]>) -> Option<Region> {
+        s.map(|s| Region::of(Owner::Batch, field, s))
+    }
+
+    /// The bytes of the call's logits, whatever their dtype.
+    pub(crate) fn logits(logits: Logits) -> Region {
+        match logits {
+            Logits::F32(s) => Region::of(Owner::Batch, "logits", s),
+            Logits::Bf16(s) => Region::of(Owner::Batch, "logits", s),
+            Logits::F16(s) => Region::of(Owner::Batch, "logits", s),
+        }
     }
 
     fn overlaps(&self, other: &Region) -> bool {

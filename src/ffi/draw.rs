@@ -223,41 +223,33 @@ unsafe fn output_from_c<'a>(o: &tokenrace_output, b: &Batch) -> Result<(Output<'
 
 /// The arrays a draw reads, for the check that no output shares memory with them.
 fn input_regions(b: &Batch) -> [Option<Region>; 25] {
-    fn input<T>(field: &'static str, s: Option<&[T]>) -> Option<Region> {
-        s.map(|s| Region::of(Owner::Batch, field, s))
-    }
-    let logits = match b.logits {
-        Logits::F32(s) => Region::of(Owner::Batch, "logits", s),
-        Logits::Bf16(s) => Region::of(Owner::Batch, "logits", s),
-        Logits::F16(s) => Region::of(Owner::Batch, "logits", s),
-    };
     let (prompt, output, allowed, banned) = (b.prompt_tokens, b.output_tokens, b.allowed_tokens, b.banned_tokens);
     [
-        Some(logits),
-        input("temperature", b.temperature),
-        input("seeds", b.seeds),
-        input("offsets", b.offsets),
-        input("seeded", b.seeded),
-        input("noise", b.noise.map(|n| n.values)),
-        input("top_k", b.top_k),
-        input("top_p", b.top_p),
-        input("min_p", b.min_p),
-        input("repetition_penalty", b.repetition_penalty),
-        input("frequency_penalty", b.frequency_penalty),
-        input("presence_penalty", b.presence_penalty),
-        input("bias_ids", b.logit_bias.map(|l| l.ids)),
-        input("bias_values", b.logit_bias.map(|l| l.values)),
-        input("bias_offsets", b.logit_bias.map(|l| l.offsets)),
-        input("allowed_rows", b.allowed_rows),
-        input("token_bitmask", b.token_bitmask.map(|m| m.words)),
-        input("prompt_ids", prompt.map(|l| l.ids)),
-        input("prompt_offsets", prompt.map(|l| l.offsets)),
-        input("output_ids", output.map(|l| l.ids)),
-        input("output_offsets", output.map(|l| l.offsets)),
-        input("allowed_ids", allowed.map(|l| l.ids)),
-        input("allowed_offsets", allowed.map(|l| l.offsets)),
-        input("banned_ids", banned.map(|l| l.ids)),
-        input("banned_offsets", banned.map(|l| l.offsets)),
+        Some(Region::logits(b.logits)),
+        Region::input("temperature", b.temperature),
+        Region::input("seeds", b.seeds),
+        Region::input("offsets", b.offsets),
+        Region::input("seeded", b.seeded),
+        Region::input("noise", b.noise.map(|n| n.values)),
+        Region::input("top_k", b.top_k),
+        Region::input("top_p", b.top_p),
+        Region::input("min_p", b.min_p),
+        Region::input("repetition_penalty", b.repetition_penalty),
+        Region::input("frequency_penalty", b.frequency_penalty),
+        Region::input("presence_penalty", b.presence_penalty),
+        Region::input("bias_ids", b.logit_bias.map(|l| l.ids)),
+        Region::input("bias_values", b.logit_bias.map(|l| l.values)),
+        Region::input("bias_offsets", b.logit_bias.map(|l| l.offsets)),
+        Region::input("allowed_rows", b.allowed_rows),
+        Region::input("token_bitmask", b.token_bitmask.map(|m| m.words)),
+        Region::input("prompt_ids", prompt.map(|l| l.ids)),
+        Region::input("prompt_offsets", prompt.map(|l| l.offsets)),
+        Region::input("output_ids", output.map(|l| l.ids)),
+        Region::input("output_offsets", output.map(|l| l.offsets)),
+        Region::input("allowed_ids", allowed.map(|l| l.ids)),
+        Region::input("allowed_offsets", allowed.map(|l| l.offsets)),
+        Region::input("banned_ids", banned.map(|l| l.ids)),
+        Region::input("banned_offsets", banned.map(|l| l.offsets)),
     ]
 }
 

@@ -111,28 +111,20 @@ unsafe fn output_from_c<'a>(o: &tokenrace_verify_output, b: &VerifyBatch) -> Res
 
 /// The arrays a verify call reads, for the check that no output shares memory with them.
 fn input_regions(b: &VerifyBatch) -> [Option<Region>; 13] {
-    fn input<T>(field: &'static str, s: Option<&[T]>) -> Option<Region> {
-        s.map(|s| Region::of(Owner::Batch, field, s))
-    }
-    let logits = match b.logits {
-        Logits::F32(s) => Region::of(Owner::Batch, "logits", s),
-        Logits::Bf16(s) => Region::of(Owner::Batch, "logits", s),
-        Logits::F16(s) => Region::of(Owner::Batch, "logits", s),
-    };
     [
-        Some(logits),
-        input("draft_counts", Some(b.draft_counts)),
-        input("draft_tokens", Some(b.draft_tokens)),
-        input("draft_probs", b.draft_probs.map(|q| q.values)),
-        input("temperature", b.temperature),
-        input("top_k", b.top_k),
-        input("top_p", b.top_p),
-        input("min_p", b.min_p),
-        input("seeds", b.seeds),
-        input("offsets", b.offsets),
-        input("seeded", b.seeded),
-        input("uniforms", b.uniforms),
-        input("noise", b.noise.map(|n| n.values)),
+        Some(Region::logits(b.logits)),
+        Region::input("draft_counts", Some(b.draft_counts)),
+        Region::input("draft_tokens", Some(b.draft_tokens)),
+        Region::input("draft_probs", b.draft_probs.map(|q| q.values)),
+        Region::input("temperature", b.temperature),
+        Region::input("top_k", b.top_k),
+        Region::input("top_p", b.top_p),
+        Region::input("min_p", b.min_p),
+        Region::input("seeds", b.seeds),
+        Region::input("offsets", b.offsets),
+        Region::input("seeded", b.seeded),
+        Region::input("uniforms", b.uniforms),
+        Region::input("noise", b.noise.map(|n| n.values)),
     ]
 }
 
