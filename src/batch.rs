@@ -197,7 +197,7 @@ impl<'a> Batch<'a> {
 
     /// Whether the batch carries anything of the sampling step before the filters (histories,
     /// penalties, bias, allowed or banned lists, a bitmask).
-    pub(crate) fn has_edits(&self) -> bool {
+    pub(crate) fn has_step(&self) -> bool {
         self.prompt_tokens.is_some()
             || self.output_tokens.is_some()
             || self.logit_bias.is_some()

@@ -21,7 +21,6 @@ mod alloc;
 mod batch;
 mod config;
 mod draw;
-mod edits;
 mod error;
 mod ffi;
 mod filter;
@@ -35,6 +34,7 @@ mod plan;
 mod process;
 mod row;
 mod sampler;
+mod step;
 mod verify;
 
 pub use batch::{

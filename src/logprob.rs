@@ -14,11 +14,11 @@
 
 use crate::alloc;
 use crate::batch::{Batch, FullMode, LogprobMode, Output};
-use crate::edits::RowEdits;
 use crate::error::Result;
 use crate::kernels::{Kernels, BLOCK};
 use crate::mass::RowMass;
 use crate::row::{with_row, RowValues};
+use crate::step::RowStep;
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
@@ -320,10 +320,10 @@ pub(crate) fn row_logprobs<V: RowValues + ?Sized>(
 /// ones from the row as given, processed ones from its processed values, written into `y`.
 /// Fails only if `y` or the scratch cannot grow.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn edited_row_logprobs<V: RowValues + ?Sized>(
+pub(crate) fn processed_row_logprobs<V: RowValues + ?Sized>(
     k: &Kernels,
     v: &V,
-    e: &mut RowEdits,
+    e: &mut RowStep,
     y: &mut Vec<f32>,
     inv_t: Option<f32>,
     (info, token): (RowInfo, i32),
@@ -471,7 +471,7 @@ impl Logprobs {
 /// fail), and each row is materialized into one buffer when needed; with the scratch of the
 /// full-vocabulary outputs ([`Processed::reserve_full`]).
 pub(crate) struct Processed<'a> {
-    edits: Vec<Option<RowEdits<'a>>>,
+    edits: Vec<Option<RowStep<'a>>>,
     y: Vec<f32>,
     /// A row's block maxima and per-block masses, for [`write_full`].
     bmax: Vec<f32>,
@@ -483,7 +483,7 @@ impl<'a> Processed<'a> {
     pub(crate) fn build(k: &Kernels, batch: &Batch<'a>, info: &[RowInfo]) -> Result<Processed<'a>> {
         let mut edits = alloc::with_capacity(batch.rows, "the rows' edits")?;
         for (r, i) in info.iter().enumerate() {
-            let e = if i.edited { crate::edits::build(k, batch, r, false)? } else { None };
+            let e = if i.edited { crate::step::build(k, batch, r, false)? } else { None };
             edits.push(e);
         }
         let y = alloc::filled(if info.iter().any(|i| i.edited) { batch.vocab } else { 0 }, 0.0, "the processed row")?;

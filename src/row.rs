@@ -60,7 +60,7 @@ pub(crate) trait RowValues {
     /// The best key of the race over a whole row whose values are the kept tokens' (bits of
     /// `keep`, block maxima `bmax`) and the `listed` (token, value) pairs, with the row's noise.
     /// Fails only if the race's per-block scratch cannot be allocated.
-    fn race_edited(
+    fn race_processed(
         &self,
         k: &Kernels,
         keep: &[u32],
@@ -141,7 +141,7 @@ pub(crate) trait RowValues {
     ) -> Best {
         let n = self.n();
         assert!(keep.len() >= n.div_ceil(32));
-        // SAFETY: as in `race_edited`.
+        // SAFETY: as in `race_processed`.
         let mut best = unsafe { (Self::kernels(k).race_external_masked)(self.ptr(), keep.as_ptr(), noise, n, p, kind) };
         let mut listed = [(0u32, 0f32); crate::kernels::BLOCK];
         for b in 0..n.div_ceil(crate::kernels::BLOCK) {
@@ -211,7 +211,7 @@ unsafe impl Sync for RaceNoise {}
 thread_local! {
     /// The blocks' bounds and noise of the race running on this thread.
     static RACE_SCRATCH: std::cell::RefCell<RaceScratch> = std::cell::RefCell::new(RaceScratch::default());
-    /// The block noise of a row whose listed tokens race apart ([`RowValues::race_edited`]).
+    /// The block noise of a row whose listed tokens race apart ([`RowValues::race_processed`]).
     static BLOCK_NOISE: std::cell::RefCell<Vec<BlockNoise>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 

@@ -18,12 +18,12 @@ pub(crate) mod workers;
 
 use crate::alloc;
 use crate::batch::{flags, Batch, FullMode, LogprobMode, Output};
-use crate::edits::{self, DeferredRow, EditedBlocks, RowEdits};
 use crate::error::{Error, ErrorKind, Result};
 use crate::filter;
 use crate::kernels::{Best, BlockValues, Kernels, RaceParams, BLOCK};
-use crate::logprob::{edited_row_logprobs, row_logprobs, write_full, LogprobSlots, Logprobs, Processed, RowInfo};
+use crate::logprob::{processed_row_logprobs, row_logprobs, write_full, LogprobSlots, Logprobs, Processed, RowInfo};
 use crate::row::{with_row, RaceNoise, RowValues};
+use crate::step::{self, DeferredRow, RowStep, StepBlocks};
 use cells::SyncCell;
 use cost::{Mode, WorkCost};
 use std::cell::RefCell;
@@ -118,7 +118,7 @@ pub const KEPT_PER_THREAD: usize = 4 << 20;
 /// Every buffer this thread keeps from call to call.
 fn kept_buffers() -> [alloc::Kept; 7] {
     let [scratch, block_noise] = crate::row::kept();
-    let [edits, deferred] = edits::kept();
+    let [edits, deferred] = step::kept();
     [
         alloc::kept_vec(&BLOCK_MAX, || alloc::release_vec(&BLOCK_MAX)),
         alloc::kept_vec(&PROCESSED, || alloc::release_vec(&PROCESSED)),
@@ -324,7 +324,7 @@ fn draw_row(k: &Kernels, batch: &Batch, r: usize, plan: RowPlan, logprobs: Optio
     // thread that reads them next.
     crate::batch::row_ids_in_range(k, batch, r)?;
     with_row!(batch, r, |v| {
-        if batch.has_edits() && edits::row_has_edits(batch, r) {
+        if batch.has_step() && step::row_has_step(batch, r) {
             // A row raced block by block with nothing that reads the whole row (filters,
             // logprobs, external noise) may leave its histories to the blocks it visits.
             let defer = logprobs.is_none()
@@ -333,14 +333,14 @@ fn draw_row(k: &Kernels, batch: &Batch, r: usize, plan: RowPlan, logprobs: Optio
                     RowPlan::Sample { noise: RaceNoise::Inline(_), .. } => filter::Filters::of(batch, r).is_none(),
                     RowPlan::Sample { .. } => false,
                 };
-            if let Some(mut e) = edits::build(k, batch, r, defer).map_err(|e| in_row(r, e))? {
-                let d = draw_edited(k, batch, r, v, &mut e, plan)?;
+            if let Some(mut e) = step::build(k, batch, r, defer).map_err(|e| in_row(r, e))? {
+                let d = draw_processed(k, batch, r, v, &mut e, plan)?;
                 if let Some(slots) = logprobs {
                     // SAFETY: r is a row of the call, and this task draws it alone.
                     let o = unsafe { slots.row(r) };
                     PROCESSED
                         .with(|y| {
-                            edited_row_logprobs(
+                            processed_row_logprobs(
                                 k,
                                 v,
                                 &mut e,
@@ -422,12 +422,12 @@ fn draw_greedy<V: RowValues + ?Sized>(k: &Kernels, v: &V, processed: Option<bool
 /// Draws row `r` with edits `e`. A sampling row with filters is drawn from its processed values,
 /// written out (the filters read values); every other row straight from its kept tokens (masked
 /// kernels) and its edited ones (raced one by one), without a pass of its own.
-fn draw_edited<V: RowValues + ?Sized>(
+fn draw_processed<V: RowValues + ?Sized>(
     k: &Kernels,
     batch: &Batch,
     r: usize,
     v: &V,
-    e: &mut RowEdits,
+    e: &mut RowStep,
     plan: RowPlan,
 ) -> Result<Drawn> {
     if matches!(plan, RowPlan::Sample { .. }) && filter::Filters::of(batch, r).is_some() {
@@ -460,7 +460,7 @@ fn draw_edited<V: RowValues + ?Sized>(
         let won = match plan {
             RowPlan::Sample { inv_t, noise, .. } if sc.top.is_finite() => {
                 let p = RaceParams { m: sc.top, inv_t, floor: f32::NEG_INFINITY };
-                Some(v.race_edited(k, e.keep(), &bmax, &e.overrides, p, noise).map_err(|e| in_row(r, e))?)
+                Some(v.race_processed(k, e.keep(), &bmax, &e.overrides, p, noise).map_err(|e| in_row(r, e))?)
             }
             _ => None,
         };
@@ -478,14 +478,14 @@ fn draw_edited<V: RowValues + ?Sized>(
 /// without writing its processed values out, when its filters can be decided after the race as
 /// a row as given does ([`race_row`]): bounds of the blocks, the race over the kept and edited
 /// tokens ([`draw_by_blocks`]), then the filters for the winner alone, from the processed values
-/// above it (`RowEdits::values_ge`). The same token as the race of the processed row, with the
+/// above it (`RowStep::values_ge`). The same token as the race of the processed row, with the
 /// floor or without: the same values, keys and noise. `None`: not such a row, or not decided
 /// (then the row is drawn from its processed values, written out).
 fn draw_by_blocks_after_race<V: RowValues + ?Sized>(
     k: &Kernels,
     (batch, r): (&Batch, usize),
     v: &V,
-    e: &RowEdits,
+    e: &RowStep,
     plan: RowPlan,
 ) -> Result<Option<Drawn>> {
     let RowPlan::Sample { inv_t, filter_inv_t, noise: RaceNoise::Inline(key), filters_after_race: true } = plan else {
@@ -501,7 +501,7 @@ fn draw_by_blocks_after_race<V: RowValues + ?Sized>(
             return Ok(None);
         }
         let Some((f, floor)) = filter::decided_after_race(batch, r, m, filter_inv_t) else { return Ok(None) };
-        let edited = EditedBlocks { edits: e, values: v };
+        let edited = StepBlocks { edits: e, values: v };
         let won = v
             .race_blocks(k, e.keep(), &bmax, RaceParams { m, inv_t, floor }, key, &edited)
             .map_err(|e| in_row(r, e))?;
@@ -519,18 +519,18 @@ fn draw_by_blocks_after_race<V: RowValues + ?Sized>(
 }
 
 /// Draws row `r` (greedy, or sampling without filters) with edits `e` that no penalty raises
-/// ([`RowEdits::by_blocks`]): one pass over the row as given bounds every block, and only the
+/// ([`RowStep::by_blocks`]): one pass over the row as given bounds every block, and only the
 /// touched tokens the race cannot skip on their logits (or, greedy, the blocks that can hold the
 /// maximum) are worked out. On inline noise the race skips blocks too; on external noise it
 /// reads every kept token's noise, then the touched tokens', block by block. A deferred row
-/// ([`RowEdits::deferred`]) finds the touched tokens of those blocks alone, when few blocks lie
+/// ([`RowStep::deferred`]) finds the touched tokens of those blocks alone, when few blocks lie
 /// within reach of its largest value ([`DeferredRow::worth_it`]); otherwise its histories are
 /// marked once, after the scan of its bounds, which is the same either way.
 fn draw_by_blocks<V: RowValues + ?Sized>(
     k: &Kernels,
     (batch, r): (&Batch, usize),
     v: &V,
-    e: &mut RowEdits,
+    e: &mut RowStep,
     plan: RowPlan,
 ) -> Result<Drawn> {
     BLOCK_MAX.with(|cell| {
@@ -553,13 +553,13 @@ fn draw_by_blocks<V: RowValues + ?Sized>(
             e.complete(k, batch, r);
             e.refine_bounds(k, v, &mut bmax);
             let sc = summarize(&bmax, f32::NEG_INFINITY, has_nan, plan);
-            let edited = EditedBlocks { edits: e, values: v };
+            let edited = StepBlocks { edits: e, values: v };
             return race_by_blocks(k, v, (e.keep(), &bmax, &sc), plan, &edited, |top| e.first_of(v, &bmax, top))
                 .map_err(|e| in_row(r, e));
         }
         let has_nan = e.bounds(k, v, &mut bmax);
         let sc = summarize(&bmax, f32::NEG_INFINITY, has_nan, plan);
-        let edited = EditedBlocks { edits: e, values: v };
+        let edited = StepBlocks { edits: e, values: v };
         race_by_blocks(k, v, (e.keep(), &bmax, &sc), plan, &edited, |top| e.first_of(v, &bmax, top))
             .map_err(|e| in_row(r, e))
     })
@@ -603,7 +603,7 @@ fn race_by_blocks<V: RowValues + ?Sized>(
 
 /// The lowest token whose processed value is `top`: among the kept tokens (the first block whose
 /// maximum is `top`) and the edited ones.
-fn first_of_top<V: RowValues + ?Sized>(v: &V, e: &RowEdits, bmax: &[f32], top: f32) -> usize {
+fn first_of_top<V: RowValues + ?Sized>(v: &V, e: &RowStep, bmax: &[f32], top: f32) -> usize {
     let kept = bmax
         .iter()
         .position(|&b| b == top)
@@ -635,7 +635,7 @@ fn draw_rows(
     };
     let mode = Mode::of(batch, plans);
     let mut split = Split::choose(workers, rows, n, mode);
-    if split.tiles_per_row > 1 && batch.has_edits() {
+    if split.tiles_per_row > 1 && batch.has_step() {
         // Rows with edits are drawn whole (their processed values live on one thread).
         split = Split { participants: split.participants.min(rows), tiles_per_row: 1 };
     }
@@ -647,7 +647,7 @@ fn draw_rows(
         draw_by_rows(k, batch, plans, &workers.pool, split.participants, logprobs)?
     } else {
         // (Tiles never draw a row with token lists, whose ids `draw_row` checks.)
-        debug_assert!(!batch.has_edits());
+        debug_assert!(!batch.has_step());
         tiles::draw_tiled(k, batch, plans, &workers.pool, split)?
     };
     workers.work.record(mode, rows * n, work_ns);

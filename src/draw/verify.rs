@@ -319,7 +319,7 @@ fn race_without<V: RowValues + ?Sized>(
     // `d` won: race again without it (block maxima that still count it only bound the keys).
     let mut keep = alloc::filled(v.n().div_ceil(32), u32::MAX, "the mask without the draft")?;
     keep[d / 32] &= !(1u32 << (d % 32));
-    let won = v.race_edited(k, &keep, bmax, &[], p, noise)?;
+    let won = v.race_processed(k, &keep, bmax, &[], p, noise)?;
     Ok((won.token != usize::MAX).then_some(won.token as i32))
 }
 

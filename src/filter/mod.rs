@@ -115,7 +115,7 @@ pub(crate) fn decided_after_race(batch: &Batch, r: usize, m: f32, inv_t: f32) ->
 }
 
 /// The finite values `>= lo` (`lo` finite) of a row, in any order: the row as given
-/// ([`row_values_ge`]) or a row's processed values (`RowEdits::values_ge`).
+/// ([`row_values_ge`]) or a row's processed values (`RowStep::values_ge`).
 pub(crate) type ValuesGe<'a> = &'a dyn Fn(f32) -> Result<Vec<f32>>;
 
 /// [`ValuesGe`] of a row as given, with block maxima `bmax`: the SIMD gather.

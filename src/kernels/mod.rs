@@ -189,7 +189,7 @@ pub(crate) type RaceInlineMaskedFn<E> =
     unsafe fn(*const E, *const u32, usize, &[f32], RaceParams, u64, &mut RaceScratch, Option<&dyn BlockValues>) -> Best;
 
 /// The last pass of a row's edits (keep, mask or empty, seen, output, listed).
-pub(crate) type EditWordsFn = unsafe fn(&mut [u32], &mut [u32], &mut [u32], &mut [u32], &[u32]) -> generic::WordPass;
+pub(crate) type StepWordsFn = unsafe fn(&mut [u32], &mut [u32], &mut [u32], &mut [u32], &[u32]) -> generic::WordPass;
 
 /// The kernels of one logits dtype.
 pub(crate) struct DtypeKernels<E> {
@@ -254,8 +254,8 @@ pub(crate) struct Kernels {
     /// The sum of a probability row and whether a value is negative (row, n).
     pub prob_sum: unsafe fn(*const f32, usize) -> (f64, bool),
     /// The last pass of a row's edits over its words (keep, mask or empty, seen, output,
-    /// listed): see `generic::edit_words`.
-    pub edit_words: EditWordsFn,
+    /// listed): see `generic::step_words`.
+    pub step_words: StepWordsFn,
     /// Whether every id lies in `[0, vocab)` (ids, vocab below 2^31).
     pub ids_in_range: unsafe fn(&[i32], u32) -> bool,
     /// The tokens of one block in a row's histories (prompt, output, the block's first token,
@@ -394,8 +394,8 @@ macro_rules! kernel_table {
                 unsafe { generic::probs::prob_sum::<$simd>(row, n) }
             }
             $(#[target_feature(enable = $feature)])*
-            unsafe fn edit_words(keep: &mut [u32], mask: &mut [u32], seen: &mut [u32], output: &mut [u32], listed: &[u32]) -> generic::WordPass {
-                generic::edit_words(keep, mask, seen, output, listed)
+            unsafe fn step_words(keep: &mut [u32], mask: &mut [u32], seen: &mut [u32], output: &mut [u32], listed: &[u32]) -> generic::WordPass {
+                generic::step_words(keep, mask, seen, output, listed)
             }
             $(#[target_feature(enable = $feature)])*
             unsafe fn ids_in_range(ids: &[i32], vocab: u32) -> bool {
@@ -419,7 +419,7 @@ macro_rules! kernel_table {
             }
             /// The table. Only [`kernels`] calls it, once it has checked `detected()`.
             pub(super) fn table() -> Kernels {
-                Kernels { level: $level, f32: dtype(), bf16: dtype(), f16: dtype(), fill_noise, weights64, block_noise, prob_sum, edit_words, ids_in_range, block_history }
+                Kernels { level: $level, f32: dtype(), bf16: dtype(), f16: dtype(), fill_noise, weights64, block_noise, prob_sum, step_words, ids_in_range, block_history }
             }
         }
     };

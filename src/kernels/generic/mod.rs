@@ -22,7 +22,7 @@
 //!   `mass_gather`, `gather_ge`.
 //! - `mass64.rs`: f64 probability mass: `exp64`, per-block mass, `weights64`.
 //! - `words.rs`: integer loops of the sampling step: the last pass of a row's edits over its
-//!   mask words (`edit_words`), the range check of the token lists (`ids_in_range`), a block's
+//!   mask words (`step_words`), the range check of the token lists (`ids_in_range`), a block's
 //!   tokens in the histories (`block_history`).
 //! - `mod.rs` (this file): [`BLOCK`], and what the two mass files share: the last block's padding
 //!   ([`tail_block`]) and the summation trees ([`tree16`], [`sum_columns`]).
@@ -48,7 +48,7 @@ pub(crate) use race::{race_external, race_inline, Best, BlockNoise, BlockValues,
 pub(crate) use scan::{find_first, masked_copy, scan, top_block};
 #[cfg(feature = "internals")]
 pub(crate) use scan::{max_only, max_two};
-pub(crate) use words::{block_history, edit_words, ids_in_range, BlockHistory, WordPass};
+pub(crate) use words::{block_history, ids_in_range, step_words, BlockHistory, WordPass};
 
 #[cfg(doc)]
 use crate::kernels::simd::Simd;

@@ -6,7 +6,7 @@
 //! histories for one block's tokens (`block_history`), which a row drawn block by block runs
 //! for each block it visits instead of marking every token of its histories.
 
-/// What [`edit_words`] found.
+/// What [`step_words`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct WordPass {
     /// Whether the lists touch any kept token.
@@ -21,7 +21,7 @@ pub(crate) struct WordPass {
 /// `keep[w]` cleared where `seen` or `listed` holds a bit (a touched token does not keep its
 /// logit as given). Every slice but an empty `mask` has the length of `keep`.
 #[inline(always)]
-pub(crate) fn edit_words(
+pub(crate) fn step_words(
     keep: &mut [u32],
     mask: &mut [u32],
     seen: &mut [u32],
@@ -208,10 +208,10 @@ mod tests {
         }
     }
 
-    /// Every level's `edit_words` gives, word for word, what the module doc says, with and
+    /// Every level's `step_words` gives, word for word, what the module doc says, with and
     /// without a mask, on random words at lengths that end inside a vector.
     #[test]
-    fn every_level_edits_the_words_as_defined() {
+    fn every_level_applies_the_step_to_words_as_defined() {
         let mut x = 0x2545_f491_4f6c_dd1du64;
         let mut next = move || {
             x ^= x << 13;
@@ -245,7 +245,7 @@ mod tests {
                     let (mut k, mut s, mut o) = (keep.clone(), seen.clone(), output.clone());
                     let mut mask = if masked { vec![7u32; n] } else { Vec::new() };
                     // SAFETY: the level is supported.
-                    let pass = unsafe { (kernels(level).edit_words)(&mut k, &mut mask, &mut s, &mut o, &listed) };
+                    let pass = unsafe { (kernels(level).step_words)(&mut k, &mut mask, &mut s, &mut o, &listed) };
                     assert_eq!(pass, want_pass, "{level:?} n {n}");
                     assert_eq!((&k, &s, &o), (&want_keep, &want_seen, &want_output), "{level:?} n {n}");
                     if masked {

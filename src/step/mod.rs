@@ -274,8 +274,8 @@ pub(crate) fn kept() -> [alloc::Kept; 2] {
 /// say which kept tokens the lists touched, `seen` (a token of the histories: the penalties
 /// apply) and `listed` (an entry in the table: a bias); and the output's count of each token.
 /// A touched token's bit is clear in `keep`.
-pub(crate) struct RowEdits<'a> {
-    /// The row's mask and edits (see above); read it through [`RowEdits::keep`], which is the
+pub(crate) struct RowStep<'a> {
+    /// The row's mask and edits (see above); read it through [`RowStep::keep`], which is the
     /// caller's bitmask words while `given` holds them.
     keep: Vec<u32>,
     /// The caller's bitmask words of a deferred row that no other list masks, read in place
@@ -283,7 +283,7 @@ pub(crate) struct RowEdits<'a> {
     /// issue 9's rows add): `keep` of a deferred row is its mask, which they are, but for the
     /// bits past the vocabulary in the last word, which nothing reads
     /// ([`DeferredRow`](deferred::DeferredRow) clears them in the blocks it works out).
-    /// [`RowEdits::complete`] copies them into `keep` (its storage reserved) before it changes
+    /// [`RowStep::complete`] copies them into `keep` (its storage reserved) before it changes
     /// them.
     given: Option<&'a [u32]>,
     /// Whether a mask (the allowed list, the bitmask, the banned list) bans any token.
@@ -311,15 +311,15 @@ pub(crate) struct RowEdits<'a> {
     touched: usize,
     /// The histories are not marked yet: `seen`, `output_bits` and `counts` are all zero, `keep`
     /// is the mask with the histories' bits set, and a block's touched tokens are found when it
-    /// is visited ([`DeferredRow`]), until [`RowEdits::complete`] marks them.
+    /// is visited ([`DeferredRow`]), until [`RowStep::complete`] marks them.
     deferred: bool,
     /// Whether the histories touch tokens densely enough (two words of `seen` in eight hold
     /// one, or more) that the race tests a visited block's touched tokens on its own vectors
-    /// ([`RowEdits::bounded_by_row`]) rather than one by one: the vector test costs the same
+    /// ([`RowStep::bounded_by_row`]) rather than one by one: the vector test costs the same
     /// for any count, the token-by-token one a bit walk and a load a token. A bitmask thins
     /// the touched tokens (those it bans are not touched), often below that.
     dense: bool,
-    /// Scratch of [`RowEdits::resolve_words`]: the touched tokens of a range, room for
+    /// Scratch of [`RowStep::resolve_words`]: the touched tokens of a range, room for
     /// `touched + 4`.
     ids: Vec<u32>,
     /// Scratch beside `ids`: their values.
@@ -331,16 +331,16 @@ pub(crate) struct RowEdits<'a> {
     words: Vec<u32>,
     penalties: Penalties,
     /// (token, value) of the touched tokens that can still be drawn (their value is neither
-    /// -inf nor NaN), in no particular order (whoever reads them takes the lowest token of a tie); made by [`RowEdits::resolve`] or [`RowEdits::scan`].
+    /// -inf nor NaN), in no particular order (whoever reads them takes the lowest token of a tie); made by [`RowStep::resolve`] or [`RowStep::scan`].
     pub overrides: Vec<(u32, f32)>,
 }
 
-/// Tokens per call of the masked scan in [`RowEdits::scan`]: the touched tokens of each chunk
+/// Tokens per call of the masked scan in [`RowStep::scan`]: the touched tokens of each chunk
 /// are resolved right after it is scanned, from L1 (16 KiB of f32), rather than gathered from
 /// the whole row afterwards. A multiple of BLOCK and of 32.
 const CHUNK: usize = 16 * BLOCK;
 
-impl RowEdits<'_> {
+impl RowStep<'_> {
     /// The row's mask and edits: bit `i % 32` of word `i / 32` set for a token that keeps the
     /// caller's logit (see the module doc). Of a deferred row, its mask: maybe the caller's
     /// bitmask words, whose bits past the vocabulary are not cleared (see `given`).
@@ -424,8 +424,8 @@ impl RowEdits<'_> {
         nan
     }
 
-    /// Whether the edited row can be raced block by block ([`RowEdits::bounds`],
-    /// [`EditedBlocks`]): no penalty raises a value, so the row's own block maxima bound the
+    /// Whether the edited row can be raced block by block ([`RowStep::bounds`],
+    /// [`StepBlocks`]): no penalty raises a value, so the row's own block maxima bound the
     /// processed ones everywhere but in the `raised` blocks.
     pub fn by_blocks(&self) -> bool {
         self.penalties.lower_only()
@@ -495,7 +495,7 @@ impl RowEdits<'_> {
     }
 
     /// The bits of the touched tokens (`seen`), when they are dense (`dense`) and block `b`
-    /// holds no biased one: then [`RowEdits::listed_of`] would bound each by its logit
+    /// holds no biased one: then [`RowStep::listed_of`] would bound each by its logit
     /// ([`BlockValues::bounded_by_row`]).
     fn bounded_by_row(&self, b: usize) -> Option<*const u32> {
         if self.touched == 0 || !self.dense {
@@ -507,7 +507,7 @@ impl RowEdits<'_> {
     }
 
     /// Writes into `out` the touched tokens of block `b` of the row `v`, each with an upper
-    /// bound of its processed value when no penalty raises one ([`RowEdits::by_blocks`]): its
+    /// bound of its processed value when no penalty raises one ([`RowStep::by_blocks`]): its
     /// logit, or, for a biased token (a bias may raise it), its value. Returns how many.
     pub fn listed_of<V: RowValues + ?Sized>(&self, v: &V, b: usize, out: &mut [(u32, f32); BLOCK]) -> usize {
         if !self.block_touched(b) {
@@ -547,7 +547,7 @@ impl RowEdits<'_> {
         })
     }
 
-    /// The first pass of a row raced block by block ([`RowEdits::by_blocks`]): writes into
+    /// The first pass of a row raced block by block ([`RowStep::by_blocks`]): writes into
     /// `bmax` an upper bound of each block's largest processed value whose largest is the row's
     /// largest processed value, and returns whether the row holds a NaN (masked or not).
     ///
@@ -568,7 +568,7 @@ impl RowEdits<'_> {
         nan
     }
 
-    /// The end of [`RowEdits::bounds`], once `bmax` holds upper bounds of the blocks' processed
+    /// The end of [`RowStep::bounds`], once `bmax` holds upper bounds of the blocks' processed
     /// values (the scan of the row as given, or a deferred row's rough bounds): the raised blocks
     /// at their values, the largest bound made exact.
     pub fn refine_bounds<V: RowValues + ?Sized>(&self, k: &Kernels, v: &V, bmax: &mut [f32]) {
@@ -577,7 +577,7 @@ impl RowEdits<'_> {
     }
 
     /// The lowest token whose processed value is `top`, the row's largest (0 if none), given
-    /// block bounds from [`RowEdits::bounds`].
+    /// block bounds from [`RowStep::bounds`].
     pub fn first_of<V: RowValues + ?Sized>(&self, v: &V, bmax: &[f32], top: f32) -> usize {
         let mut listed = [(0, 0.0); BLOCK];
         for (b, _) in bmax.iter().enumerate().filter(|&(_, &m)| m >= top) {
@@ -606,7 +606,7 @@ impl RowEdits<'_> {
     }
 
     /// The processed values `>= lo` (`lo` finite) of the row `v`, from the blocks whose bound in
-    /// `bmax` ([`RowEdits::bounds`]) reaches `lo`: per block its kept tokens, then its touched
+    /// `bmax` ([`RowStep::bounds`]) reaches `lo`: per block its kept tokens, then its touched
     /// ones.
     pub fn values_ge<V: RowValues + ?Sized>(&self, v: &V, bmax: &[f32], lo: f32) -> Result<Vec<f32>> {
         let mut out = Vec::new();
@@ -648,7 +648,7 @@ impl RowEdits<'_> {
     }
 }
 
-/// The end of [`RowEdits::bounds`] (and of the deferred row's) once `bmax` holds the block maxima
+/// The end of [`RowStep::bounds`] (and of the deferred row's) once `bmax` holds the block maxima
 /// of the row as given, its mask applied: the blocks of the `raised` tokens raised to their
 /// values (`value`), then the block of the largest bound worked out exactly (`block_max`, where
 /// it holds a `touched` token), and every touched block whose bound is above that maximum.
@@ -682,13 +682,13 @@ fn exact_bounds(
     }
 }
 
-/// The touched tokens of a row with edits, block by block, for the race ([`RowEdits::listed_of`]).
-pub(crate) struct EditedBlocks<'a, V: ?Sized> {
-    pub edits: &'a RowEdits<'a>,
+/// The touched tokens of a row with edits, block by block, for the race ([`RowStep::listed_of`]).
+pub(crate) struct StepBlocks<'a, V: ?Sized> {
+    pub edits: &'a RowStep<'a>,
     pub values: &'a V,
 }
 
-impl<V: RowValues + ?Sized> BlockValues for EditedBlocks<'_, V> {
+impl<V: RowValues + ?Sized> BlockValues for StepBlocks<'_, V> {
     fn listed(&self, b: usize, out: &mut [(u32, f32); BLOCK]) -> usize {
         self.edits.listed_of(self.values, b, out)
     }
@@ -702,7 +702,7 @@ impl<V: RowValues + ?Sized> BlockValues for EditedBlocks<'_, V> {
     }
 }
 
-impl Drop for RowEdits<'_> {
+impl Drop for RowStep<'_> {
     /// Hands the storage back to this thread for its next row (bitsets cleared).
     fn drop(&mut self) {
         let mut spare = Spare {
@@ -755,7 +755,7 @@ impl Drop for RowEdits<'_> {
 
 /// Whether row `r` of a validated `batch` has anything before the filters to apply (the
 /// bitmask of a row counts even when all its bits are set; [`build`] then finds nothing).
-pub(crate) fn row_has_edits(batch: &Batch, r: usize) -> bool {
+pub(crate) fn row_has_step(batch: &Batch, r: usize) -> bool {
     let nonempty = |l: Option<crate::batch::TokenLists>| l.is_some_and(|l| !l.row(r).is_empty());
     let p = Penalties::of(batch, r);
     batch.token_bitmask.is_some()
@@ -774,16 +774,16 @@ fn restricted(batch: &Batch, r: usize) -> bool {
 /// The edits of row `r` of a validated `batch`, or `None` when they leave the row as given
 /// (every bit of its bitmask set, no list touching a kept token). With `defer`, a row whose
 /// histories are long (more ids than a quarter of its words) and whose penalties only lower
-/// values leaves them unmarked ([`RowEdits::deferred`]): the caller draws it block by block
-/// ([`DeferredRow`]) or completes it ([`RowEdits::complete`]).
-pub(crate) fn build<'a>(k: &Kernels, batch: &Batch<'a>, r: usize, defer: bool) -> Result<Option<RowEdits<'a>>> {
+/// values leaves them unmarked ([`RowStep::deferred`]): the caller draws it block by block
+/// ([`DeferredRow`]) or completes it ([`RowStep::complete`]).
+pub(crate) fn build<'a>(k: &Kernels, batch: &Batch<'a>, r: usize, defer: bool) -> Result<Option<RowStep<'a>>> {
     let n = batch.vocab;
     let words = n.div_ceil(32);
     let last_bits = last_word_bits(n);
     let penalties = Penalties::of(batch, r);
     let defer = defer && penalties.lower_only() && long_histories(batch, r, penalties, words);
     let spare = SPARE.with(|s| s.borrow_mut().take()).unwrap_or_default();
-    let mut e = RowEdits {
+    let mut e = RowStep {
         keep: spare.keep,
         given: None,
         masked: false,
@@ -909,9 +909,9 @@ fn histories<'a>(batch: &Batch<'a>, r: usize, p: Penalties) -> (&'a [i32], &'a [
 /// Marks the kept tokens that the histories and the bias touch (`seen`, `listed`, with their
 /// counts and biases in the table) and clears their bits in `keep`. A masked token is never
 /// touched: the mask wins over everything. With `defer` (penalties that only lower values, long
-/// histories: [`build`]), the histories are left for [`DeferredRow`] or [`RowEdits::complete`] (the bias is marked, but its
+/// histories: [`build`]), the histories are left for [`DeferredRow`] or [`RowStep::complete`] (the bias is marked, but its
 /// bits stay set in `keep`, as the histories' do).
-fn touch_lists(k: &Kernels, batch: &Batch, r: usize, e: &mut RowEdits, defer: bool) -> Result<()> {
+fn touch_lists(k: &Kernels, batch: &Batch, r: usize, e: &mut RowStep, defer: bool) -> Result<()> {
     let p = e.penalties;
     let (bias_ids, bias_values) = batch.logit_bias.map_or((&[][..], &[][..]), |b| b.row(r));
     let (prompt, output) = histories(batch, r, p);
@@ -983,7 +983,7 @@ fn touch_lists(k: &Kernels, batch: &Batch, r: usize, e: &mut RowEdits, defer: bo
 
 /// The histories' part of [`touch_lists`] (its storage reserved): their bits, the output's
 /// counts, then the pass over the words that clears every touched token's bit in `keep`.
-fn mark_histories(k: &Kernels, batch: &Batch, r: usize, e: &mut RowEdits, sparse: bool) {
+fn mark_histories(k: &Kernels, batch: &Batch, r: usize, e: &mut RowStep, sparse: bool) {
     let p = e.penalties;
     let (prompt, output) = histories(batch, r, p);
     let bias_ids = batch.logit_bias.map_or(&[][..], |b| b.row(r).0);
@@ -1030,7 +1030,7 @@ fn mark_histories(k: &Kernels, batch: &Batch, r: usize, e: &mut RowEdits, sparse
         if e.masked {
             e.mask.extend_from_slice(&e.keep);
         }
-        // The pass of `edit_words` over the touched words only. It must give the same word
+        // The pass of `step_words` over the touched words only. It must give the same word
         // however often a word comes back, so it starts from the mask (`mask`, or every bit of
         // an unmasked row), not from `keep`, which it changes.
         let n = batch.vocab;
@@ -1057,7 +1057,7 @@ fn mark_histories(k: &Kernels, batch: &Batch, r: usize, e: &mut RowEdits, sparse
         // SAFETY: the slices are the row's words (`seen`, `output_bits` and `listed_bits` hold
         // at least `words`, resized above); the level is supported (`kernels`).
         let pass = unsafe {
-            (k.edit_words)(
+            (k.step_words)(
                 &mut e.keep,
                 mask,
                 &mut e.seen[..words],

@@ -1,22 +1,22 @@
 //! A row whose histories are searched block by block: the draw of a row with penalties that
 //! only lower values needs the touched tokens of the few blocks it visits (one or two of a
-//! peaked row's hundreds), and [`RowEdits::bounds`] shows why the rest never matter: a lowered
+//! peaked row's hundreds), and [`RowStep::bounds`] shows why the rest never matter: a lowered
 //! token's logit bounds its processed value. Marking every token of a 5,000-token history in the
 //! row's bitsets, then a pass over every word, costs about as much as the race itself; the vector
 //! search of the lists for the ids of one block ([`block_history`](crate::kernels::generic::block_history))
-//! costs a few hundred nanoseconds. So a deferred row ([`RowEdits::deferred`]) keeps the mask
+//! costs a few hundred nanoseconds. So a deferred row ([`RowStep::deferred`]) keeps the mask
 //! as `keep` (the histories' bits still set) and works out each block it needs once, here:
 //! its history bits, the output's counts, and its own keep words, which the race reads instead
 //! of the row's ([`BlockValues::block_keep`]).
 //!
-//! Every value is the one [`RowEdits`] gives once the histories are marked: the same touched
+//! Every value is the one [`RowStep`] gives once the histories are marked: the same touched
 //! tokens (the histories' and the bias's, among the kept ones), the same counts, and the same
 //! [`edited`](super::edited) arithmetic; the bounds and the race see the same numbers and draw
 //! the same token.
 
 use std::cell::RefCell;
 
-use super::RowEdits;
+use super::RowStep;
 use crate::alloc;
 use crate::error::Result;
 use crate::kernels::generic::BlockHistory;
@@ -54,7 +54,7 @@ impl Entry {
 /// The deferred edits of a row with its values and histories, which work out the blocks the
 /// draw visits (see the module doc).
 pub(crate) struct DeferredRow<'a, V: ?Sized> {
-    edits: &'a RowEdits<'a>,
+    edits: &'a RowStep<'a>,
     values: &'a V,
     k: &'a Kernels,
     prompt: &'a [i32],
@@ -69,7 +69,7 @@ impl<'a, V: RowValues + ?Sized> DeferredRow<'a, V> {
         k: &'a Kernels,
         batch: &crate::batch::Batch<'a>,
         r: usize,
-        edits: &'a RowEdits<'a>,
+        edits: &'a RowStep<'a>,
         values: &'a V,
     ) -> Result<Self> {
         debug_assert!(edits.deferred);
@@ -109,7 +109,7 @@ impl<'a, V: RowValues + ?Sized> DeferredRow<'a, V> {
         unsafe { (self.k.block_history)(self.prompt, self.output, (b * BLOCK) as u32, counts, h) };
         let keep = e.keep();
         let words = b * WORDS..((b + 1) * WORDS).min(keep.len());
-        // (The caller's bitmask words may set bits past the vocabulary: `RowEdits::given`.)
+        // (The caller's bitmask words may set bits past the vocabulary: `RowStep::given`.)
         let last = super::last_word_bits(self.values.n());
         for (i, w) in words.enumerate() {
             let k = if w == keep.len() - 1 { keep[w] & last } else { keep[w] };
@@ -166,11 +166,11 @@ impl<'a, V: RowValues + ?Sized> DeferredRow<'a, V> {
         })
     }
 
-    /// The first half of [`RowEdits::bounds`] for the deferred row: upper bounds of every
+    /// The first half of [`RowStep::bounds`] for the deferred row: upper bounds of every
     /// block's processed values, from the scan of the row as given (its mask applied) and, for
     /// the blocks of a raising bias, the biased values without the penalties (which only lower
     /// them). Returns whether the row holds a NaN (masked or not). [`DeferredRow::refine`] or,
-    /// once the row is completed, [`RowEdits::refine_bounds`] makes the largest exact.
+    /// once the row is completed, [`RowStep::refine_bounds`] makes the largest exact.
     pub fn rough_bounds(&self, bmax: &mut [f32]) -> bool {
         let (e, v, n) = (self.edits, self.values, self.values.n());
         // `keep` is the mask here (no touched bit cleared).
@@ -183,7 +183,7 @@ impl<'a, V: RowValues + ?Sized> DeferredRow<'a, V> {
         nan
     }
 
-    /// The second half of [`RowEdits::bounds`]: the block of the largest bound worked out
+    /// The second half of [`RowStep::bounds`]: the block of the largest bound worked out
     /// exactly, and every block whose bound is above that maximum.
     pub fn refine(&self, bmax: &mut [f32]) {
         super::exact_bounds(&[], bmax, |_| f32::NEG_INFINITY, |b| self.block_touched(b), |b| self.block_max(b));
@@ -231,7 +231,7 @@ impl<'a, V: RowValues + ?Sized> DeferredRow<'a, V> {
         true
     }
 
-    /// [`RowEdits::first_of`] of the deferred row.
+    /// [`RowStep::first_of`] of the deferred row.
     pub fn first_of(&self, bmax: &[f32], top: f32) -> usize {
         let v = self.values;
         for (b, _) in bmax.iter().enumerate().filter(|&(_, &m)| m >= top) {
