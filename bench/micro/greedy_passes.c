@@ -1,4 +1,4 @@
-// Microbenchmark of the greedy pass variants on one hot row and on 64 rows streamed (docs/performance.md,
+// Microbenchmark of the greedy pass variants on one hot row and on 64 rows streamed (docs/performance-history.md,
 // "Greedy in one pass"): gcc -O2 -march=x86-64-v4 -o greedy_passes bench/micro/greedy_passes.c -lm && ./greedy_passes
 // Ratios are to the bare 4-accumulator max of the same row in the same round.
 // greedy microbench: variants of max/argmax passes, hot (1 row) and streamed (64 rows)

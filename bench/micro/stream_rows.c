@@ -1,4 +1,4 @@
-// The single core's read ceiling (docs/performance.md, "Greedy in one pass"): 64 rows x 163840 f32 read one at a
+// The single core's read ceiling (docs/performance-history.md, "Greedy in one pass"): 64 rows x 163840 f32 read one at a
 // time, two interleaved, or with software prefetch. gcc -O2 -march=x86-64-v4 -o stream_rows bench/micro/stream_rows.c -lm
 #include <immintrin.h>
 #include <stdio.h>
