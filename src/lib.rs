@@ -11,7 +11,9 @@
 //!
 //! The Rust API is [`Sampler`] with [`Batch`] and [`Output`], [`Config`], [`NoisePool`] and
 //! [`Error`]. The `internals` feature exposes test and benchmark seams; it is not part of the
-//! supported API.
+//! supported API. The `half` feature lets rows of `half::bf16` / `half::f16` be passed as they
+//! are (`Logits::from(&rows[..])`, no copy) and converts those types to [`Bf16`] / [`F16`] and
+//! back.
 
 // Every unsafe operation sits in its own `unsafe` block, with the contract it relies on next to
 // it (`// SAFETY:`), also inside `unsafe fn`s.
@@ -30,6 +32,8 @@ mod draw;
 mod error;
 mod ffi;
 mod filter;
+#[cfg(feature = "half")]
+mod half_interop;
 mod kernels;
 mod logging;
 mod logprob;
@@ -76,16 +80,16 @@ pub mod internals {
         pub use crate::ffi::pool_api::*;
         pub use crate::ffi::verify::*;
     }
+    /// The settings table behind [`Config::default`](crate::Config) and
+    /// [`config_from_env`](crate::config_from_env), row by row (the fuzz target and the tests
+    /// apply its rows one at a time).
+    pub use crate::config::{Apply, Setting, SETTINGS};
     pub use crate::draw::cost::force_participants;
     /// The bytes the calling thread keeps from one call for the next, and the most it keeps
     /// after a call (`docs/reliability.md`, Memory).
     pub use crate::draw::{kept_bytes as thread_kept_bytes, KEPT_PER_THREAD};
     pub use crate::ffi::pool_api;
     pub use crate::ffi::types;
-    /// The settings table behind [`Config::default`](crate::Config) and
-    /// [`config_from_env`](crate::config_from_env), row by row (the fuzz target and the tests
-    /// apply its rows one at a time).
-    pub use crate::config::{Apply, Setting, SETTINGS};
     pub use crate::filter::top_p::tier_counts;
     pub use crate::filter::{kept_floor, kept_floor_at};
     pub use crate::kernels::{read_floor, read_floor_two, scalar_noise, scan_rows};
