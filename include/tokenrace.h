@@ -525,7 +525,7 @@ typedef struct tokenrace_verify_output {
   int32_t *tokens;
   // Elements between requests in `tokens` and `logprobs`; 0 means max(draft_counts) + 1.
   uint64_t tokens_stride;
-  // `requests` emitted counts, from 1 to draft_counts[i] + 1.
+  // `requests` emitted counts, from 1 to `draft_counts[i] + 1`.
   int32_t *counts;
   // `requests` TOKENRACE_FLAG_* sets: those of every target row the request looked at, or-ed
   // (NULL: not reported).

@@ -516,7 +516,7 @@ pub struct tokenrace_verify_output {
     pub tokens: *mut i32,
     /// Elements between requests in `tokens` and `logprobs`; 0 means max(draft_counts) + 1.
     pub tokens_stride: u64,
-    /// `requests` emitted counts, from 1 to draft_counts[i] + 1.
+    /// `requests` emitted counts, from 1 to `draft_counts[i] + 1`.
     pub counts: *mut i32,
     /// `requests` TOKENRACE_FLAG_* sets: those of every target row the request looked at, or-ed
     /// (NULL: not reported).
