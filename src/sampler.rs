@@ -86,9 +86,9 @@ struct ForkedKeys {
 
 impl Sampler {
     /// Makes a sampler: checks `cfg` (INVALID_CONFIG names a bad field), chooses the kernels of
-    /// `cfg.simd` (an error if this CPU lacks that level), starts the worker threads (`threads`
-    /// - 1 beside the caller's; 0 counts the cores this process may use)
-    /// and, with `noise` = pool, the sampler's own noise pool.
+    /// `cfg.simd` (an error if this CPU lacks that level), starts its worker threads (one fewer
+    /// than `threads`, as the caller's thread is one; `threads` 0 counts the cores this process
+    /// may use) and, with `noise` = pool, the sampler's own noise pool.
     ///
     /// It installs no logger: its messages go to the process's `log` logger, if the program
     /// set one (only the C entry points install the library's own, and only when the process
