@@ -13,11 +13,13 @@
  *
  * Threads: a sampler and a pool may be used from several threads at once; only their _free
  * must not race with another call on the same handle. Configs and batches are plain values.
+ * Large calls also run on the sampler's worker threads and pools fill on their own threads; a
+ * log callback (tokenrace_set_log_callback) may be called from any of these, or the caller's.
  *
  * Errors: every fallible call returns a tokenrace_status. On anything but
- * TOKENRACE_STATUS_OK, tokenrace_last_error() names the argument, row and position that was
- * wrong, nothing was written and the sampler, its stream and its pool are as they were.
- * Non-finite logits are data, not errors (see the row flags).
+ * TOKENRACE_STATUS_OK, tokenrace_last_error() (the calling thread's own message) names the
+ * argument, row and position that was wrong, nothing was written and the sampler, its stream
+ * and its pool are as they were. Non-finite logits are data, not errors (see the row flags).
  *
  * Documentation: docs/semantics.md (the exact rules), docs/configuration.md (every setting and
  * its TOKENRACE_* variable), docs/reliability.md (threads, fork, memory, statuses),
@@ -36,13 +38,16 @@
 #define TOKENRACE_VERSION_MINOR 2
 #define TOKENRACE_VERSION_PATCH 0
 
-// Row flags written to `tokenrace_output.flags`.
+// Row flag: the row held at least one NaN logit (NaN never wins).
 #define TOKENRACE_FLAG_HAS_NAN 1
 
+// Row flag: the row held a +inf logit; the first +inf won.
 #define TOKENRACE_FLAG_HAS_POSINF 2
 
+// Row flag: the row had no finite and no +inf logit; token 0 was returned.
 #define TOKENRACE_FLAG_EMPTY 4
 
+// Row flag: the row was drawn greedily (temperature below the greedy threshold).
 #define TOKENRACE_FLAG_GREEDY 8
 
 // The version of this ABI; bumped on any incompatible change (compatible growth of a struct
@@ -58,6 +63,7 @@
 // The result of every fallible call. On anything but `TOKENRACE_STATUS_OK`,
 // `tokenrace_last_error()` says what was wrong, naming the argument, row or variable.
 typedef enum tokenrace_status {
+  // Success.
   TOKENRACE_STATUS_OK = 0,
   // An argument is wrong: a NULL pointer, a bad size, a bad per-row value.
   TOKENRACE_STATUS_INVALID_ARGUMENT = 1,
@@ -77,8 +83,11 @@ typedef enum tokenrace_status {
 
 // Element type of the logits.
 typedef enum tokenrace_dtype {
+  // IEEE binary32 (`float`).
   TOKENRACE_DTYPE_F32 = 0,
+  // bfloat16, as its 16 bits (`uint16_t`).
   TOKENRACE_DTYPE_BF16 = 1,
+  // IEEE binary16, as its 16 bits (`uint16_t`, or `_Float16`).
   TOKENRACE_DTYPE_F16 = 2,
 } tokenrace_dtype;
 
@@ -121,16 +130,26 @@ typedef enum tokenrace_noise_source {
 
 // What a noise pool does when the rows asked for are not ready.
 typedef enum tokenrace_pool_policy {
+  // Generate the rows on the borrower's thread (counted in `tokenrace_pool_stats.inline_rows`).
   TOKENRACE_POOL_POLICY_INLINE = 0,
+  // Wait for the producers up to `timeout_ms`, then fail with TIMEOUT.
   TOKENRACE_POOL_POLICY_BLOCK = 1,
 } tokenrace_pool_policy;
 
+// How much the library logs (`tokenrace_config.log_level`, `TOKENRACE_LOG_LEVEL`); also the
+// level passed to a `tokenrace_log_callback`.
 typedef enum tokenrace_log_level {
+  // No messages.
   TOKENRACE_LOG_LEVEL_OFF = 0,
+  // Errors only.
   TOKENRACE_LOG_LEVEL_ERROR = 1,
+  // Warnings (an unknown `TOKENRACE_*` variable, ...) and errors; the default.
   TOKENRACE_LOG_LEVEL_WARN = 2,
+  // The SIMD level draws run on and each pool as it starts, and the above.
   TOKENRACE_LOG_LEVEL_INFO = 3,
+  // Each sampler as it is made, and the above.
   TOKENRACE_LOG_LEVEL_DEBUG = 4,
+  // Every message.
   TOKENRACE_LOG_LEVEL_TRACE = 5,
 } tokenrace_log_level;
 
@@ -213,12 +232,15 @@ typedef struct tokenrace_config {
   uint32_t pool_rows;
   // A `tokenrace_filter_order` (since 0.2; 0, the default, is TEMPERATURE_FIRST).
   uint32_t filter_order;
+  // Padding made explicit: 0 (ignored on input, written as 0).
   uint32_t reserved1;
 } tokenrace_config;
 
 // Counters of a sampler since it was made.
 typedef struct tokenrace_sampler_stats {
+  // sizeof(tokenrace_sampler_stats) as the caller knows it; set by the caller.
   uint32_t struct_size;
+  // Padding made explicit: 0 (ignored on input, written as 0).
   uint32_t reserved0;
   // Successful draw and verify calls.
   uint64_t calls;
@@ -245,12 +267,15 @@ typedef struct tokenrace_sampler_stats {
 // fields you use; every per-row pointer may be NULL (its default then applies) or point to
 // `rows` elements.
 typedef struct tokenrace_batch {
+  // sizeof(tokenrace_batch) as the caller knows it.
   uint32_t struct_size;
   // A `tokenrace_dtype`.
   uint32_t dtype;
   // rows x row_stride elements of `dtype` (the last row needs only `vocab`).
   const void *logits;
+  // Rows of logits; at most the sampler's `max_rows`.
   uint32_t rows;
+  // Logits per row; the sampler's `vocab_size` when that is nonzero.
   uint32_t vocab;
   // Elements between the starts of consecutive rows; 0 means `vocab` (contiguous rows).
   uint64_t row_stride;
@@ -267,6 +292,7 @@ typedef struct tokenrace_batch {
   const float *noise;
   // A `tokenrace_noise_kind`: what `noise` holds.
   uint32_t noise_kind;
+  // Padding made explicit: 0 (ignored on input, written as 0).
   uint32_t reserved0;
   // Elements between noise rows; 0 broadcasts one noise row to every row.
   uint64_t noise_row_stride;
@@ -278,9 +304,11 @@ typedef struct tokenrace_batch {
   const float *min_p;
   // The prompt's token ids (repetition penalty): ids in [0, vocab).
   const int32_t *prompt_ids;
+  // CSR offsets of `prompt_ids`: rows + 1 entries.
   const uint64_t *prompt_offsets;
   // The tokens generated so far (all three penalties): ids in [0, vocab).
   const int32_t *output_ids;
+  // CSR offsets of `output_ids`: rows + 1 entries.
   const uint64_t *output_offsets;
   // Per-row repetition penalty r > 0 (NULL: off); 1 is off for the row.
   const float *repetition_penalty;
@@ -290,25 +318,33 @@ typedef struct tokenrace_batch {
   const float *presence_penalty;
   // Logit bias: (id, value) pairs; a finite value is added, -inf bans; pairs of one id add up.
   const int32_t *bias_ids;
+  // The value of each `bias_ids` entry.
   const float *bias_values;
+  // CSR offsets of the bias pairs: rows + 1 entries.
   const uint64_t *bias_offsets;
   // The only tokens a row may draw, for the rows `allowed_rows` marks (NULL: every row).
   const int32_t *allowed_ids;
+  // CSR offsets of `allowed_ids`: rows + 1 entries.
   const uint64_t *allowed_offsets;
+  // Per-row flag, nonzero = the row draws only from its allowed list (an empty list allows
+  // nothing); NULL: every row, when there are lists.
   const uint8_t *allowed_rows;
   // Tokens a row may not draw (bad words of one token, min_tokens' stop ids).
   const int32_t *banned_ids;
+  // CSR offsets of `banned_ids`: rows + 1 entries.
   const uint64_t *banned_offsets;
   // A grammar bitmask in xgrammar's layout: rows x ceil(vocab / 32) int32 words,
   // `bitmask_row_stride` words apart (0: ceil(vocab / 32)); bit j of word w set allows token
   // 32 w + j. NULL: unconstrained.
   const int32_t *token_bitmask;
+  // Words between the bitmask's rows; 0 means ceil(vocab / 32).
   uint64_t bitmask_row_stride;
 } tokenrace_batch;
 
 // Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No
 // array may share memory with an input array or another output array (refused).
 typedef struct tokenrace_output {
+  // sizeof(tokenrace_output) as the caller knows it.
   uint32_t struct_size;
   // A `tokenrace_logprob_mode` for `logprobs` and `topn_logprobs`.
   uint32_t logprob_mode;
@@ -324,15 +360,20 @@ typedef struct tokenrace_output {
   // Ids and logprobs of the `top_n` most probable tokens per row, `rows x top_n`, descending,
   // lowest id first on ties (NULL or top_n = 0: not computed).
   uint32_t top_n;
+  // Padding made explicit: 0 (ignored on input, written as 0).
   uint32_t reserved0;
+  // `rows x top_n` token ids (NULL: not computed).
   int32_t *topn_ids;
+  // `rows x top_n` logprobs of those ids, in `logprob_mode` (NULL: not computed).
   float *topn_logprobs;
   // rows x vocab values, `full_row_stride` apart (0: vocab): every token's logprob or logit,
   // as `full_mode` says (NULL: not computed).
   float *full_logprobs;
+  // Elements between the rows of `full_logprobs`; 0 means vocab.
   uint64_t full_row_stride;
   // A `tokenrace_full_mode`.
   uint32_t full_mode;
+  // Padding made explicit: 0 (ignored on input, written as 0).
   uint32_t reserved1;
 } tokenrace_output;
 
@@ -356,6 +397,7 @@ typedef struct tokenrace_pool_config {
   uint64_t seed;
   // A `tokenrace_pool_policy`: what a borrow does when its rows are not ready.
   uint32_t policy;
+  // Padding made explicit: 0 (ignored on input, written as 0).
   uint32_t reserved0;
   // How long a borrow under the BLOCK policy waits before it fails with TIMEOUT, in ms.
   uint64_t timeout_ms;
@@ -365,12 +407,15 @@ typedef struct tokenrace_pool_config {
 // `struct_size = sizeof(tokenrace_pool_lease)`; the rest is output. Give it back with
 // `tokenrace_pool_release()`.
 typedef struct tokenrace_pool_lease {
+  // sizeof(tokenrace_pool_lease) as the caller knows it; set by the caller.
   uint32_t struct_size;
   // A `tokenrace_noise_kind`: what `values` holds.
   uint32_t kind;
   // `rows x vocab` values, row after row, read-only, valid until the lease is released.
   const float *values;
+  // The number of rows lent.
   uint32_t rows;
+  // Values per row (the pool's `vocab`).
   uint32_t vocab;
   // Opaque; identifies the lease to `tokenrace_pool_release()`.
   uint64_t id;
@@ -380,12 +425,15 @@ typedef struct tokenrace_pool_lease {
   // after the release); 0 if it is a private copy that the release frees (the INLINE policy
   // makes one when a slot it needs is still held by an older lease).
   uint32_t in_ring;
+  // Padding made explicit: 0 (ignored on input, written as 0).
   uint32_t reserved0;
 } tokenrace_pool_lease;
 
 // Counters of a noise pool since it was made. The caller sets `struct_size`.
 typedef struct tokenrace_pool_stats {
+  // sizeof(tokenrace_pool_stats) as the caller knows it; set by the caller.
   uint32_t struct_size;
+  // Padding made explicit: 0 (ignored on input, written as 0).
   uint32_t reserved0;
   // Rows generated by the producer threads.
   uint64_t rows_produced;
@@ -405,6 +453,7 @@ typedef struct tokenrace_pool_stats {
 // `struct_size = sizeof(tokenrace_verify_batch)`, then the fields you use; every per-request
 // pointer may be NULL (its default then applies) or point to `requests` elements.
 typedef struct tokenrace_verify_batch {
+  // sizeof(tokenrace_verify_batch) as the caller knows it.
   uint32_t struct_size;
   // A `tokenrace_dtype`.
   uint32_t dtype;
@@ -413,10 +462,13 @@ typedef struct tokenrace_verify_batch {
   const void *logits;
   // Target rows: sum(draft_counts) + requests.
   uint32_t rows;
+  // Logits per target row; the sampler's `vocab_size` when that is nonzero.
   uint32_t vocab;
   // Elements between target rows; 0 means `vocab`.
   uint64_t row_stride;
+  // Requests (sequences) verified; their target rows follow each other in `logits`.
   uint32_t requests;
+  // Padding made explicit: 0 (ignored on input, written as 0).
   uint32_t reserved0;
   // `requests` draft counts, each >= 0.
   const int32_t *draft_counts;
@@ -428,13 +480,16 @@ typedef struct tokenrace_verify_batch {
   // 1 within 1e-3), `draft_probs_row_stride` apart (0: vocab). NULL: the drafts are
   // deterministic (q one-hot at the draft).
   const float *draft_probs;
+  // Elements between the rows of `draft_probs`; 0 means vocab.
   uint64_t draft_probs_row_stride;
   // Per-request temperature (NULL: 1.0); below the sampler's greedy threshold a request is
   // greedy.
   const float *temperature;
-  // Per-request top-k, top-p, min-p (NULL: off), as in `tokenrace_batch`.
+  // Per-request top-k (NULL: off), as in `tokenrace_batch`.
   const int32_t *top_k;
+  // Per-request top-p (NULL: off), as in `tokenrace_batch`.
   const float *top_p;
+  // Per-request min-p (NULL: off), as in `tokenrace_batch`.
   const float *min_p;
   // Per-request seed (NULL: none is seeded): a seeded request's acceptance uniforms and noise
   // at draft position j are a pure function of (seed, offset + j).
@@ -451,6 +506,7 @@ typedef struct tokenrace_verify_batch {
   const float *noise;
   // A `tokenrace_noise_kind`.
   uint32_t noise_kind;
+  // Padding made explicit: 0 (ignored on input, written as 0).
   uint32_t reserved1;
   // Elements between noise rows; 0 broadcasts one noise row to every target row.
   uint64_t noise_row_stride;
@@ -460,6 +516,7 @@ typedef struct tokenrace_verify_batch {
 // the call fails. No array may share memory with an input array or another output array
 // (refused).
 typedef struct tokenrace_verify_output {
+  // sizeof(tokenrace_verify_output) as the caller knows it.
   uint32_t struct_size;
   // A `tokenrace_logprob_mode` for `logprobs`.
   uint32_t logprob_mode;
@@ -468,7 +525,7 @@ typedef struct tokenrace_verify_output {
   int32_t *tokens;
   // Elements between requests in `tokens` and `logprobs`; 0 means max(draft_counts) + 1.
   uint64_t tokens_stride;
-  // `requests` emitted counts, from 1 to draft_counts[i] + 1.
+  // `requests` emitted counts, from 1 to `draft_counts[i] + 1`.
   int32_t *counts;
   // `requests` TOKENRACE_FLAG_* sets: those of every target row the request looked at, or-ed
   // (NULL: not reported).

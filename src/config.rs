@@ -64,11 +64,17 @@ pub enum DrainPolicy {
 /// How much tokenrace logs (to the host's log function, Python's `logging`, or stderr).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum LogLevel {
+    /// No messages.
     Off,
+    /// Errors only.
     Error,
+    /// Warnings (an unknown `TOKENRACE_*` variable, ...) and errors; the default.
     Warn,
+    /// The SIMD level draws run on and each pool as it starts, and the above.
     Info,
+    /// Each sampler as it is made, and the above.
     Debug,
+    /// Every message.
     Trace,
 }
 
@@ -83,10 +89,14 @@ pub struct Config {
     pub threads: usize,
     /// Seed of the stream that keys unseeded rows; `None` seeds it from OS entropy.
     pub seed: Option<u64>,
+    /// The instruction set of the kernels; `Auto` picks the best this CPU has.
     pub simd: SimdChoice,
     /// Rows whose temperature is below this are greedy.
     pub greedy_below: f32,
+    /// How much the library logs once its logger is installed (the C entry points install it;
+    /// a Rust host keeps its own `log` logger, which receives the messages instead).
     pub log_level: LogLevel,
+    /// Where unseeded sampling rows take their noise from.
     pub noise: NoiseSource,
     /// Capacity, in rows, of the sampler's own pool when `noise` is `Pool`; 0 means 4 x max_rows.
     pub pool_rows: usize,
@@ -112,15 +122,21 @@ pub struct PoolConfig {
     pub rows: usize,
     /// Values per row.
     pub vocab: usize,
+    /// What each noise value holds: E or ln E.
     pub kind: NoiseKind,
     /// Background producer threads.
     pub threads: usize,
     /// Seed of the pool's noise; `None` seeds it from OS entropy.
     pub seed: Option<u64>,
+    /// What a borrow does when the rows it asks for are not ready.
     pub policy: DrainPolicy,
     /// How long a BLOCK borrow waits before failing, in milliseconds.
     pub timeout_ms: u64,
 }
+
+/// The most rows a noise pool holds: the upper end of `pool_rows` and of a pool's `rows`, and
+/// the cap of a sampler's own pool sized from `max_rows`.
+pub(crate) const MAX_POOL_ROWS: usize = 1 << 20;
 
 /// The ranges of the integer settings: the table parses `TOKENRACE_*` values with them and
 /// `validate()` checks the structs with them (a test checks that each row's `accepted` text
@@ -129,19 +145,25 @@ mod range {
     pub const VOCAB: (u64, u64) = (0, i32::MAX as u64);
     pub const MAX_ROWS: (u64, u64) = (1, 1 << 20);
     pub const THREADS: (u64, u64) = (0, 1024);
-    pub const POOL_ROWS: (u64, u64) = (0, 1 << 20);
-    pub const POOL_CAPACITY: (u64, u64) = (1, 1 << 20);
+    pub const POOL_ROWS: (u64, u64) = (0, super::MAX_POOL_ROWS as u64);
+    pub const POOL_CAPACITY: (u64, u64) = (1, super::MAX_POOL_ROWS as u64);
     pub const POOL_THREADS: (u64, u64) = (1, 64);
     pub const TIMEOUT_MS: (u64, u64) = (0, 3_600_000);
 }
 
-/// The object a setting applies to.
+/// The object a setting applies to, with the function that parses a value into it (the error
+/// is the reason the value was refused, without the variable's name).
 pub enum Apply {
+    /// A field of [`Config`].
     Sampler(fn(&mut Config, &str) -> std::result::Result<(), String>),
+    /// A field of [`PoolConfig`].
     Pool(fn(&mut PoolConfig, &str) -> std::result::Result<(), String>),
 }
 
 /// One row of the settings table.
+// `field` and `doc` are read by the tests (against docs/configuration.md) and the fuzz target,
+// which see the table through `internals`; a library build alone never reads them.
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 pub struct Setting {
     /// The environment variable.
     pub var: &'static str,
@@ -151,7 +173,9 @@ pub struct Setting {
     pub default: &'static str,
     /// The values it accepts, for error messages and the docs.
     pub accepted: &'static str,
+    /// What the setting does, as `docs/configuration.md` says it.
     pub doc: &'static str,
+    /// How a value is parsed and stored.
     pub apply: Apply,
 }
 

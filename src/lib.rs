@@ -11,22 +11,34 @@
 //!
 //! The Rust API is [`Sampler`] with [`Batch`] and [`Output`], [`Config`], [`NoisePool`] and
 //! [`Error`]. The `internals` feature exposes test and benchmark seams; it is not part of the
-//! supported API.
+//! supported API. The `half` feature lets rows of `half::bf16` / `half::f16` be passed as they
+//! are (`Logits::from(&rows[..])`, no copy) and converts those types to [`Bf16`] / [`F16`] and
+//! back.
 
 // Every unsafe operation sits in its own `unsafe` block, with the contract it relies on next to
 // it (`// SAFETY:`), also inside `unsafe fn`s.
 #![deny(unsafe_op_in_unsafe_fn)]
+// Every public item is documented: the crate is used from Rust as well as through its C ABI.
+#![warn(missing_docs)]
 
 mod alloc;
+// Not all of its public items are documented yet; the lint comes on once they are.
+#[allow(missing_docs)]
 mod batch;
 mod config;
 mod draw;
+// Not all of its public items are documented yet; the lint comes on once they are.
+#[allow(missing_docs)]
 mod error;
 mod ffi;
 mod filter;
+#[cfg(feature = "half")]
+mod half_interop;
 mod kernels;
 mod logging;
 mod logprob;
+// Not all of its public items are documented yet; the lint comes on once they are.
+#[allow(missing_docs)]
 mod mass;
 mod noise;
 mod order;
@@ -35,14 +47,16 @@ mod process;
 mod row;
 mod sampler;
 mod step;
+// Not all of its public items are documented yet; the lint comes on once they are.
+#[allow(missing_docs)]
 mod verify;
 
 pub use batch::{
     flags, Batch, ExternalNoise, FullMode, LogitBias, Logits, LogprobMode, Output, TokenBitmask, TokenLists,
 };
 pub use config::{
-    from_env as config_from_env, Apply, Config, DrainPolicy, FilterOrder, LogLevel, NoiseKind, NoiseSource, PoolConfig,
-    Setting, SimdChoice, SETTINGS,
+    from_env as config_from_env, Config, DrainPolicy, FilterOrder, LogLevel, NoiseKind, NoiseSource, PoolConfig,
+    SimdChoice,
 };
 pub use error::{Error, ErrorKind, Location, Owner, Result};
 pub use kernels::{best_level, supported_levels, Bf16, SimdLevel, F16};
@@ -54,8 +68,8 @@ pub use verify::{DraftProbs, VerifyBatch, VerifyOutput};
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// Test and benchmark seams: kernel tables and read floors, the scalar noise functions, the mass
-/// kernels of one level, the filters' floor of one row, pool internals, and the C entry points
-/// as Rust functions. Not a supported API: it changes with the implementation.
+/// kernels of one level, the filters' floor of one row, pool internals, the settings table, and
+/// the C entry points as Rust functions. Not a supported API: it changes with the implementation.
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals {
@@ -66,6 +80,10 @@ pub mod internals {
         pub use crate::ffi::pool_api::*;
         pub use crate::ffi::verify::*;
     }
+    /// The settings table behind [`Config::default`](crate::Config) and
+    /// [`config_from_env`](crate::config_from_env), row by row (the fuzz target and the tests
+    /// apply its rows one at a time).
+    pub use crate::config::{Apply, Setting, SETTINGS};
     pub use crate::draw::cost::force_participants;
     /// The bytes the calling thread keeps from one call for the next, and the most it keeps
     /// after a call (`docs/reliability.md`, Memory).

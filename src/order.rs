@@ -2,19 +2,23 @@
 //! the mass bounds use to find the smallest value passing a monotone test without a pass over
 //! the row.
 
-/// The order-preserving map of f32 (no NaN) to u32.
+/// The sign bit of an f32's bits (and the top bit of its key).
+const SIGN_BIT: u32 = 1 << 31;
+
+/// The order-preserving map of f32 (no NaN) to u32: negatives have every bit flipped (so the
+/// larger magnitude sorts lower), non-negatives only their sign bit set (so they sort above).
 pub(crate) fn ord_key(x: f32) -> u32 {
     let b = x.to_bits();
-    if b >> 31 == 1 {
+    if b & SIGN_BIT != 0 {
         !b
     } else {
-        b | 0x8000_0000
+        b | SIGN_BIT
     }
 }
 
 /// The inverse of [`ord_key`].
 pub(crate) fn from_ord_key(k: u32) -> f32 {
-    f32::from_bits(if k >> 31 == 1 { k & 0x7fff_ffff } else { !k })
+    f32::from_bits(if k & SIGN_BIT != 0 { k & !SIGN_BIT } else { !k })
 }
 
 /// The smallest f32 in `(lo, hi]` passing a monotone test, given that `lo` fails and `hi`

@@ -1,7 +1,7 @@
 //! The sampler: a configuration, the chosen kernels, the key stream of unseeded rows, counters.
 
 use crate::batch::{flags, validate, validate_but_ids, Batch, Ids, Output};
-use crate::config::{Config, DrainPolicy, NoiseKind, NoiseSource, PoolConfig};
+use crate::config::{Config, DrainPolicy, NoiseKind, NoiseSource, PoolConfig, MAX_POOL_ROWS};
 use crate::draw::verify::Drafts;
 use crate::draw::Workers;
 use crate::error::{Error, Result};
@@ -15,6 +15,11 @@ use crate::verify::{self, VerifyBatch, VerifyOutput};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering, Ordering::Relaxed};
 use std::sync::Arc;
+
+/// The domain of the seed of a sampler's own pool ("samplerp"): the pool's seed is the sampler's
+/// seed mixed into this domain, so that a seeded sampler's pool and the key stream of its
+/// unseeded rows, made from the same seed, do not share noise.
+const OWN_POOL_SEED_DOMAIN: u64 = 0x7361_6d70_6c65_7270;
 
 /// Declares `SamplerStats` and the atomic counters behind it from one list of fields.
 macro_rules! sampler_stats {
@@ -80,6 +85,15 @@ struct ForkedKeys {
 }
 
 impl Sampler {
+    /// Makes a sampler: checks `cfg` (INVALID_CONFIG names a bad field), chooses the kernels of
+    /// `cfg.simd` (an error if this CPU lacks that level), starts its worker threads (one fewer
+    /// than `threads`, as the caller's thread is one; `threads` 0 counts the cores this process
+    /// may use) and, with `noise` = pool, the sampler's own noise pool.
+    ///
+    /// It installs no logger: its messages go to the process's `log` logger, if the program
+    /// set one (only the C entry points install the library's own, and only when the process
+    /// has none). Unseeded rows are keyed by a stream seeded from `cfg.seed`, or from OS entropy
+    /// when it is `None`.
     pub fn new(cfg: Config) -> Result<Sampler> {
         cfg.validate()?;
         logging::warn_unknown_vars_once();
@@ -113,7 +127,7 @@ impl Sampler {
                 "vocab_size: must be set (nonzero) when noise = pool, since the pool's rows have vocab_size values",
             ));
         }
-        let rows = if cfg.pool_rows == 0 { (4 * cfg.max_rows).min(1 << 20) } else { cfg.pool_rows };
+        let rows = if cfg.pool_rows == 0 { (4 * cfg.max_rows).min(MAX_POOL_ROWS) } else { cfg.pool_rows };
         if rows < cfg.max_rows {
             return Err(Error::invalid_config(format!(
                 "pool_rows: {rows} is smaller than max_rows {} (a draw borrows up to max_rows rows)",
@@ -125,7 +139,7 @@ impl Sampler {
             vocab: cfg.vocab_size,
             kind: NoiseKind::LogExp,
             threads: 1,
-            seed: cfg.seed.map(|s| splitmix64(s ^ 0x7361_6d70_6c65_7270)),
+            seed: cfg.seed.map(|s| splitmix64(s ^ OWN_POOL_SEED_DOMAIN)),
             policy: DrainPolicy::Inline,
             ..PoolConfig::default()
         };
@@ -197,14 +211,17 @@ impl Sampler {
         }
     }
 
+    /// The configuration the sampler was made with.
     pub fn config(&self) -> &Config {
         &self.cfg
     }
 
+    /// The SIMD level its kernels run (what `cfg.simd` resolved to on this CPU).
     pub fn simd_level(&self) -> SimdLevel {
         self.kernels.level
     }
 
+    /// A snapshot of its counters (each read on its own: a call in progress may show in some).
     pub fn stats(&self) -> SamplerStats {
         self.counters.snapshot()
     }

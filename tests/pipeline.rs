@@ -26,6 +26,7 @@ mod reference;
 
 use common::{chi2, chi2_critical, gen_row, pick_dist, Dist, TestRng};
 use reference as rf;
+use tokenrace::internals::{Apply, SETTINGS};
 use tokenrace::*;
 
 /// The seed of every sampler's key stream (so the reference can follow the unseeded rows).

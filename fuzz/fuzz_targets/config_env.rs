@@ -36,7 +36,8 @@ use std::mem::size_of;
 use std::os::unix::ffi::OsStrExt;
 use tokenrace::internals::api::*;
 use tokenrace::internals::types::*;
-use tokenrace::{Apply, Config, PoolConfig, SimdChoice, SimdLevel, SETTINGS};
+use tokenrace::internals::{Apply, SETTINGS};
+use tokenrace::{Config, PoolConfig, SimdChoice, SimdLevel};
 
 fuzz_target!(|data: &[u8]| {
     let _ = run(data);

@@ -2,11 +2,11 @@
 //! pointers, converts to the library's Rust types (`convert.rs`), and runs inside `guard`, which
 //! turns errors into a status and a thread-local message.
 
-use super::convert::{config_enum, read_versioned, write_versioned};
+use super::convert::{config_from_c, config_to_c, read_versioned, write_versioned};
 use super::panic::{guard, guard_void, last_error_ptr};
 use super::types::*;
 use crate::config::{self, Config, SimdChoice};
-use crate::error::{Error, Result};
+use crate::error::Error;
 use crate::kernels::{self, SimdLevel};
 use crate::sampler::{Sampler, SamplerStats};
 use std::ffi::{c_char, c_void};
@@ -79,39 +79,6 @@ pub extern "C" fn tokenrace_set_log_callback(callback: tokenrace_log_callback, u
 pub extern "C" fn tokenrace_simd_level() -> *const c_char {
     let choice = config::from_env().map(|(c, _)| c.simd).unwrap_or(SimdChoice::Auto);
     level_name(kernels::resolve(choice).unwrap_or_else(|_| kernels::best_level()))
-}
-
-fn config_to_c(c: &Config) -> tokenrace_config {
-    tokenrace_config {
-        struct_size: size_of::<tokenrace_config>() as u32,
-        vocab_size: c.vocab_size as u32,
-        max_rows: c.max_rows as u32,
-        threads: c.threads as u32,
-        seed: c.seed.unwrap_or(0),
-        has_seed: c.seed.is_some() as u32,
-        simd: tokenrace_simd::from(c.simd) as u32,
-        greedy_below: c.greedy_below,
-        log_level: tokenrace_log_level::from(c.log_level) as u32,
-        noise: tokenrace_noise_source::from(c.noise) as u32,
-        pool_rows: c.pool_rows as u32,
-        filter_order: tokenrace_filter_order::from(c.filter_order) as u32,
-        reserved1: 0,
-    }
-}
-
-fn config_from_c(c: &tokenrace_config) -> Result<Config> {
-    Ok(Config {
-        vocab_size: c.vocab_size as usize,
-        max_rows: c.max_rows as usize,
-        threads: c.threads as usize,
-        seed: (c.has_seed != 0).then_some(c.seed),
-        simd: config_enum::<tokenrace_simd>("simd", c.simd)?.into(),
-        greedy_below: c.greedy_below,
-        log_level: config_enum::<tokenrace_log_level>("log_level", c.log_level)?.into(),
-        noise: config_enum::<tokenrace_noise_source>("noise", c.noise)?.into(),
-        pool_rows: c.pool_rows as usize,
-        filter_order: config_enum::<tokenrace_filter_order>("filter_order", c.filter_order)?.into(),
-    })
 }
 
 /// The default settings (the defaults of docs/configuration.md), with `struct_size` set.

@@ -1,4 +1,6 @@
-//! Conversions at the C boundary: versioned structs, caller pointers into slices, and C enums.
+//! Conversions at the C boundary: versioned structs, caller pointers into slices, C enums, and
+//! the configurations. The C functions (`api.rs`, `pool_api.rs`, ...) depend on this module,
+//! never the reverse.
 //!
 //! - **Versioned structs.** Every struct a caller passes starts with `struct_size`. A size must
 //!   be at least the struct's first version ([`Versioned::V1_SIZE`], pinned: it never changes
@@ -9,10 +11,12 @@
 //!   NULL (NULL is accepted for zero elements).
 //! - **Enums.** Enum-valued fields are `uint32_t` in C, decoded through [`CEnum`] so that a bad
 //!   value is an error naming the field, and mapped to the library's Rust enums by `From`.
+//! - **Configurations.** `tokenrace_config` <-> [`Config`] and `tokenrace_pool_config` <->
+//!   [`PoolConfig`]; the C defaults are the Rust defaults converted.
 
 use super::types::*;
 use crate::batch::{FullMode, LogprobMode};
-use crate::config::{DrainPolicy, FilterOrder, LogLevel, NoiseKind, NoiseSource, SimdChoice};
+use crate::config::{Config, DrainPolicy, FilterOrder, LogLevel, NoiseKind, NoiseSource, PoolConfig, SimdChoice};
 use crate::error::{Error, ErrorKind, Owner, Result};
 use std::mem::size_of;
 
@@ -111,7 +115,7 @@ fn zeroed<T>() -> T {
     unsafe { std::mem::zeroed() }
 }
 
-versioned!(tokenrace_config, v1 ends with pool_rows, default super::api::tokenrace_config_default(), [
+versioned!(tokenrace_config, v1 ends with pool_rows, default config_to_c(&Config::default()), [
     struct_size, vocab_size, max_rows, threads, seed, has_seed, simd, greedy_below, log_level, noise, pool_rows,
     filter_order, reserved1,
 ]);
@@ -133,7 +137,7 @@ versioned!(tokenrace_verify_batch, v1 ends with noise_row_stride, default zeroed
 versioned!(tokenrace_verify_output, v1 ends with logprobs, default zeroed(), [
     struct_size, logprob_mode, tokens, tokens_stride, counts, flags, logprobs,
 ]);
-versioned!(tokenrace_pool_config, v1 ends with timeout_ms, default super::pool_api::tokenrace_pool_config_default(), [
+versioned!(tokenrace_pool_config, v1 ends with timeout_ms, default pool_config_to_c(&PoolConfig::default()), [
     struct_size, rows, vocab, kind, threads, has_seed, seed, policy, reserved0, timeout_ms,
 ]);
 versioned!(tokenrace_pool_lease, v1 ends with first_seq, default zeroed(), [
@@ -147,6 +151,74 @@ versioned!(tokenrace_sampler_stats, v1 ends with reserved0, default Default::def
 versioned!(tokenrace_pool_stats, v1 ends with reserved0, default Default::default(), [
     struct_size, reserved0, rows_produced, rows_borrowed, borrows_waited, wait_ns, inline_rows, rows_skipped,
 ]);
+
+// The configurations: the C structs and the library's `Config`/`PoolConfig`, both ways. The
+// default C configurations are these conversions of the Rust defaults, so the C functions that
+// hand them out (`api.rs`, `pool_api.rs`) and the versioned reads here share one source.
+
+/// A library configuration as the C struct, with `struct_size` set to the whole struct.
+pub(crate) fn config_to_c(c: &Config) -> tokenrace_config {
+    tokenrace_config {
+        struct_size: size_of::<tokenrace_config>() as u32,
+        vocab_size: c.vocab_size as u32,
+        max_rows: c.max_rows as u32,
+        threads: c.threads as u32,
+        seed: c.seed.unwrap_or(0),
+        has_seed: c.seed.is_some() as u32,
+        simd: tokenrace_simd::from(c.simd) as u32,
+        greedy_below: c.greedy_below,
+        log_level: tokenrace_log_level::from(c.log_level) as u32,
+        noise: tokenrace_noise_source::from(c.noise) as u32,
+        pool_rows: c.pool_rows as u32,
+        filter_order: tokenrace_filter_order::from(c.filter_order) as u32,
+        reserved1: 0,
+    }
+}
+
+/// The library configuration a caller's C struct describes (INVALID_CONFIG names a bad enum).
+pub(crate) fn config_from_c(c: &tokenrace_config) -> Result<Config> {
+    Ok(Config {
+        vocab_size: c.vocab_size as usize,
+        max_rows: c.max_rows as usize,
+        threads: c.threads as usize,
+        seed: (c.has_seed != 0).then_some(c.seed),
+        simd: config_enum::<tokenrace_simd>("simd", c.simd)?.into(),
+        greedy_below: c.greedy_below,
+        log_level: config_enum::<tokenrace_log_level>("log_level", c.log_level)?.into(),
+        noise: config_enum::<tokenrace_noise_source>("noise", c.noise)?.into(),
+        pool_rows: c.pool_rows as usize,
+        filter_order: config_enum::<tokenrace_filter_order>("filter_order", c.filter_order)?.into(),
+    })
+}
+
+/// A pool configuration as the C struct, with `struct_size` set to the whole struct.
+pub(crate) fn pool_config_to_c(c: &PoolConfig) -> tokenrace_pool_config {
+    tokenrace_pool_config {
+        struct_size: size_of::<tokenrace_pool_config>() as u32,
+        rows: c.rows as u32,
+        vocab: c.vocab as u32,
+        kind: tokenrace_noise_kind::from(c.kind) as u32,
+        threads: c.threads as u32,
+        has_seed: c.seed.is_some() as u32,
+        seed: c.seed.unwrap_or(0),
+        policy: tokenrace_pool_policy::from(c.policy) as u32,
+        reserved0: 0,
+        timeout_ms: c.timeout_ms,
+    }
+}
+
+/// The pool configuration a caller's C struct describes (INVALID_CONFIG names a bad enum).
+pub(crate) fn pool_config_from_c(c: &tokenrace_pool_config) -> Result<PoolConfig> {
+    Ok(PoolConfig {
+        rows: c.rows as usize,
+        vocab: c.vocab as usize,
+        kind: config_enum::<tokenrace_noise_kind>("kind", c.kind)?.into(),
+        threads: c.threads as usize,
+        seed: (c.has_seed != 0).then_some(c.seed),
+        policy: config_enum::<tokenrace_pool_policy>("policy", c.policy)?.into(),
+        timeout_ms: c.timeout_ms,
+    })
+}
 
 /// Checks a caller's `struct_size` against the layout of `T`; `name` is the argument.
 fn check_size<T: Versioned>(size: usize, name: &str) -> Result<()> {
@@ -425,10 +497,10 @@ mod tests {
                 f
             }
             fn default_value() -> Self {
-                Grown { v1: super::super::api::tokenrace_config_default(), added: 7 }
+                Grown { v1: config_to_c(&Config::default()), added: 7 }
             }
         }
-        let mut caller = super::super::api::tokenrace_config_default();
+        let mut caller = config_to_c(&Config::default());
         caller.struct_size = tokenrace_config::V1_SIZE as u32;
         caller.max_rows = 3;
         // SAFETY: the caller's struct has V1_SIZE bytes, which is all that is read.

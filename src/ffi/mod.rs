@@ -4,7 +4,8 @@
 //! no panic across the boundary, and nothing written by a call that fails.
 //!
 //! - `types.rs`: status codes, enums, flags, versioned structs (the header's types);
-//! - `convert.rs`: versioned structs, caller pointers into slices, C enums;
+//! - `convert.rs`: versioned structs, caller pointers into slices, C enums, the configurations
+//!   (the entry-point files use it; it uses none of them);
 //! - `disjoint.rs`: outputs that share memory with an input or another output, refused;
 //! - `panic.rs`: [`guard`](panic::guard), the last error of the thread;
 //! - `api.rs`: the library, configurations and samplers; `draw.rs`: `tokenrace_draw`;

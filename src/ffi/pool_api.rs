@@ -10,7 +10,7 @@
 //! for callers that must wake blocked borrowers while other calls may still hold it.
 
 use super::api::tokenrace_sampler;
-use super::convert::{check_struct_size, config_enum, read_versioned, write_versioned};
+use super::convert::{check_struct_size, pool_config_from_c, pool_config_to_c, read_versioned, write_versioned};
 use super::panic::{guard, guard_void};
 use super::types::*;
 use crate::config::{self, PoolConfig};
@@ -39,33 +39,6 @@ struct PoolHandle {
 /// Lease ids, unique across every pool of the process: a lease given back to a pool it did not
 /// come from is not found there, and is refused.
 static NEXT_LEASE_ID: AtomicU64 = AtomicU64::new(1);
-
-fn pool_config_to_c(c: &PoolConfig) -> tokenrace_pool_config {
-    tokenrace_pool_config {
-        struct_size: size_of::<tokenrace_pool_config>() as u32,
-        rows: c.rows as u32,
-        vocab: c.vocab as u32,
-        kind: tokenrace_noise_kind::from(c.kind) as u32,
-        threads: c.threads as u32,
-        has_seed: c.seed.is_some() as u32,
-        seed: c.seed.unwrap_or(0),
-        policy: tokenrace_pool_policy::from(c.policy) as u32,
-        reserved0: 0,
-        timeout_ms: c.timeout_ms,
-    }
-}
-
-fn pool_config_from_c(c: &tokenrace_pool_config) -> Result<PoolConfig> {
-    Ok(PoolConfig {
-        rows: c.rows as usize,
-        vocab: c.vocab as usize,
-        kind: config_enum::<tokenrace_noise_kind>("kind", c.kind)?.into(),
-        threads: c.threads as usize,
-        seed: (c.has_seed != 0).then_some(c.seed),
-        policy: config_enum::<tokenrace_pool_policy>("policy", c.policy)?.into(),
-        timeout_ms: c.timeout_ms,
-    })
-}
 
 /// The default pool settings (the `TOKENRACE_POOL_*` defaults of docs/configuration.md), with
 /// `struct_size` set. `vocab` is 0 and must be set before `tokenrace_pool_new()`.

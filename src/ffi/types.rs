@@ -11,6 +11,7 @@ use std::ffi::c_void;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum tokenrace_status {
+    /// Success.
     Ok = 0,
     /// An argument is wrong: a NULL pointer, a bad size, a bad per-row value.
     InvalidArgument = 1,
@@ -32,8 +33,11 @@ pub enum tokenrace_status {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum tokenrace_dtype {
+    /// IEEE binary32 (`float`).
     F32 = 0,
+    /// bfloat16, as its 16 bits (`uint16_t`).
     Bf16 = 1,
+    /// IEEE binary16, as its 16 bits (`uint16_t`, or `_Float16`).
     F16 = 2,
 }
 
@@ -84,18 +88,28 @@ pub enum tokenrace_noise_source {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum tokenrace_pool_policy {
+    /// Generate the rows on the borrower's thread (counted in `tokenrace_pool_stats.inline_rows`).
     Inline = 0,
+    /// Wait for the producers up to `timeout_ms`, then fail with TIMEOUT.
     Block = 1,
 }
 
+/// How much the library logs (`tokenrace_config.log_level`, `TOKENRACE_LOG_LEVEL`); also the
+/// level passed to a `tokenrace_log_callback`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum tokenrace_log_level {
+    /// No messages.
     Off = 0,
+    /// Errors only.
     Error = 1,
+    /// Warnings (an unknown `TOKENRACE_*` variable, ...) and errors; the default.
     Warn = 2,
+    /// The SIMD level draws run on and each pool as it starts, and the above.
     Info = 3,
+    /// Each sampler as it is made, and the above.
     Debug = 4,
+    /// Every message.
     Trace = 5,
 }
 
@@ -135,13 +149,16 @@ pub enum tokenrace_filter_order {
 
 // Row flags written to `tokenrace_output.flags`: the values of `crate::batch::flags`, for the
 // header (a test checks that they agree).
-/// Row flags written to `tokenrace_output.flags`.
+/// Row flag: the row held at least one NaN logit (NaN never wins).
 #[allow(dead_code)]
 pub const TOKENRACE_FLAG_HAS_NAN: u32 = 1;
+/// Row flag: the row held a +inf logit; the first +inf won.
 #[allow(dead_code)]
 pub const TOKENRACE_FLAG_HAS_POSINF: u32 = 2;
+/// Row flag: the row had no finite and no +inf logit; token 0 was returned.
 #[allow(dead_code)]
 pub const TOKENRACE_FLAG_EMPTY: u32 = 4;
+/// Row flag: the row was drawn greedily (temperature below the greedy threshold).
 #[allow(dead_code)]
 pub const TOKENRACE_FLAG_GREEDY: u32 = 8;
 
@@ -185,6 +202,7 @@ pub struct tokenrace_config {
     pub pool_rows: u32,
     /// A `tokenrace_filter_order` (since 0.2; 0, the default, is TEMPERATURE_FIRST).
     pub filter_order: u32,
+    /// Padding made explicit: 0 (ignored on input, written as 0).
     pub reserved1: u32,
 }
 
@@ -194,12 +212,15 @@ pub struct tokenrace_config {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct tokenrace_batch {
+    /// sizeof(tokenrace_batch) as the caller knows it.
     pub struct_size: u32,
     /// A `tokenrace_dtype`.
     pub dtype: u32,
     /// rows x row_stride elements of `dtype` (the last row needs only `vocab`).
     pub logits: *const c_void,
+    /// Rows of logits; at most the sampler's `max_rows`.
     pub rows: u32,
+    /// Logits per row; the sampler's `vocab_size` when that is nonzero.
     pub vocab: u32,
     /// Elements between the starts of consecutive rows; 0 means `vocab` (contiguous rows).
     pub row_stride: u64,
@@ -216,6 +237,7 @@ pub struct tokenrace_batch {
     pub noise: *const f32,
     /// A `tokenrace_noise_kind`: what `noise` holds.
     pub noise_kind: u32,
+    /// Padding made explicit: 0 (ignored on input, written as 0).
     pub reserved0: u32,
     /// Elements between noise rows; 0 broadcasts one noise row to every row.
     pub noise_row_stride: u64,
@@ -231,9 +253,11 @@ pub struct tokenrace_batch {
     // (and then its ids and values must be NULL too: a list without offsets is refused).
     /// The prompt's token ids (repetition penalty): ids in [0, vocab).
     pub prompt_ids: *const i32,
+    /// CSR offsets of `prompt_ids`: rows + 1 entries.
     pub prompt_offsets: *const u64,
     /// The tokens generated so far (all three penalties): ids in [0, vocab).
     pub output_ids: *const i32,
+    /// CSR offsets of `output_ids`: rows + 1 entries.
     pub output_offsets: *const u64,
     /// Per-row repetition penalty r > 0 (NULL: off); 1 is off for the row.
     pub repetition_penalty: *const f32,
@@ -243,19 +267,26 @@ pub struct tokenrace_batch {
     pub presence_penalty: *const f32,
     /// Logit bias: (id, value) pairs; a finite value is added, -inf bans; pairs of one id add up.
     pub bias_ids: *const i32,
+    /// The value of each `bias_ids` entry.
     pub bias_values: *const f32,
+    /// CSR offsets of the bias pairs: rows + 1 entries.
     pub bias_offsets: *const u64,
     /// The only tokens a row may draw, for the rows `allowed_rows` marks (NULL: every row).
     pub allowed_ids: *const i32,
+    /// CSR offsets of `allowed_ids`: rows + 1 entries.
     pub allowed_offsets: *const u64,
+    /// Per-row flag, nonzero = the row draws only from its allowed list (an empty list allows
+    /// nothing); NULL: every row, when there are lists.
     pub allowed_rows: *const u8,
     /// Tokens a row may not draw (bad words of one token, min_tokens' stop ids).
     pub banned_ids: *const i32,
+    /// CSR offsets of `banned_ids`: rows + 1 entries.
     pub banned_offsets: *const u64,
     /// A grammar bitmask in xgrammar's layout: rows x ceil(vocab / 32) int32 words,
     /// `bitmask_row_stride` words apart (0: ceil(vocab / 32)); bit j of word w set allows token
     /// 32 w + j. NULL: unconstrained.
     pub token_bitmask: *const i32,
+    /// Words between the bitmask's rows; 0 means ceil(vocab / 32).
     pub bitmask_row_stride: u64,
 }
 
@@ -264,6 +295,7 @@ pub struct tokenrace_batch {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct tokenrace_output {
+    /// sizeof(tokenrace_output) as the caller knows it.
     pub struct_size: u32,
     /// A `tokenrace_logprob_mode` for `logprobs` and `topn_logprobs`.
     pub logprob_mode: u32,
@@ -279,16 +311,21 @@ pub struct tokenrace_output {
     /// Ids and logprobs of the `top_n` most probable tokens per row, `rows x top_n`, descending,
     /// lowest id first on ties (NULL or top_n = 0: not computed).
     pub top_n: u32,
+    /// Padding made explicit: 0 (ignored on input, written as 0).
     pub reserved0: u32,
+    /// `rows x top_n` token ids (NULL: not computed).
     pub topn_ids: *mut i32,
+    /// `rows x top_n` logprobs of those ids, in `logprob_mode` (NULL: not computed).
     pub topn_logprobs: *mut f32,
     // Since 0.2.
     /// rows x vocab values, `full_row_stride` apart (0: vocab): every token's logprob or logit,
     /// as `full_mode` says (NULL: not computed).
     pub full_logprobs: *mut f32,
+    /// Elements between the rows of `full_logprobs`; 0 means vocab.
     pub full_row_stride: u64,
     /// A `tokenrace_full_mode`.
     pub full_mode: u32,
+    /// Padding made explicit: 0 (ignored on input, written as 0).
     pub reserved1: u32,
 }
 
@@ -296,7 +333,9 @@ pub struct tokenrace_output {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct tokenrace_sampler_stats {
+    /// sizeof(tokenrace_sampler_stats) as the caller knows it; set by the caller.
     pub struct_size: u32,
+    /// Padding made explicit: 0 (ignored on input, written as 0).
     pub reserved0: u32,
     /// Successful draw and verify calls.
     pub calls: u64,
@@ -341,6 +380,7 @@ pub struct tokenrace_pool_config {
     pub seed: u64,
     /// A `tokenrace_pool_policy`: what a borrow does when its rows are not ready.
     pub policy: u32,
+    /// Padding made explicit: 0 (ignored on input, written as 0).
     pub reserved0: u32,
     /// How long a borrow under the BLOCK policy waits before it fails with TIMEOUT, in ms.
     pub timeout_ms: u64,
@@ -352,12 +392,15 @@ pub struct tokenrace_pool_config {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct tokenrace_pool_lease {
+    /// sizeof(tokenrace_pool_lease) as the caller knows it; set by the caller.
     pub struct_size: u32,
     /// A `tokenrace_noise_kind`: what `values` holds.
     pub kind: u32,
     /// `rows x vocab` values, row after row, read-only, valid until the lease is released.
     pub values: *const f32,
+    /// The number of rows lent.
     pub rows: u32,
+    /// Values per row (the pool's `vocab`).
     pub vocab: u32,
     /// Opaque; identifies the lease to `tokenrace_pool_release()`.
     pub id: u64,
@@ -367,6 +410,7 @@ pub struct tokenrace_pool_lease {
     /// after the release); 0 if it is a private copy that the release frees (the INLINE policy
     /// makes one when a slot it needs is still held by an older lease).
     pub in_ring: u32,
+    /// Padding made explicit: 0 (ignored on input, written as 0).
     pub reserved0: u32,
 }
 
@@ -374,7 +418,9 @@ pub struct tokenrace_pool_lease {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct tokenrace_pool_stats {
+    /// sizeof(tokenrace_pool_stats) as the caller knows it; set by the caller.
     pub struct_size: u32,
+    /// Padding made explicit: 0 (ignored on input, written as 0).
     pub reserved0: u32,
     /// Rows generated by the producer threads.
     pub rows_produced: u64,
@@ -396,6 +442,7 @@ pub struct tokenrace_pool_stats {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct tokenrace_verify_batch {
+    /// sizeof(tokenrace_verify_batch) as the caller knows it.
     pub struct_size: u32,
     /// A `tokenrace_dtype`.
     pub dtype: u32,
@@ -404,10 +451,13 @@ pub struct tokenrace_verify_batch {
     pub logits: *const c_void,
     /// Target rows: sum(draft_counts) + requests.
     pub rows: u32,
+    /// Logits per target row; the sampler's `vocab_size` when that is nonzero.
     pub vocab: u32,
     /// Elements between target rows; 0 means `vocab`.
     pub row_stride: u64,
+    /// Requests (sequences) verified; their target rows follow each other in `logits`.
     pub requests: u32,
+    /// Padding made explicit: 0 (ignored on input, written as 0).
     pub reserved0: u32,
     /// `requests` draft counts, each >= 0.
     pub draft_counts: *const i32,
@@ -419,13 +469,16 @@ pub struct tokenrace_verify_batch {
     /// 1 within 1e-3), `draft_probs_row_stride` apart (0: vocab). NULL: the drafts are
     /// deterministic (q one-hot at the draft).
     pub draft_probs: *const f32,
+    /// Elements between the rows of `draft_probs`; 0 means vocab.
     pub draft_probs_row_stride: u64,
     /// Per-request temperature (NULL: 1.0); below the sampler's greedy threshold a request is
     /// greedy.
     pub temperature: *const f32,
-    /// Per-request top-k, top-p, min-p (NULL: off), as in `tokenrace_batch`.
+    /// Per-request top-k (NULL: off), as in `tokenrace_batch`.
     pub top_k: *const i32,
+    /// Per-request top-p (NULL: off), as in `tokenrace_batch`.
     pub top_p: *const f32,
+    /// Per-request min-p (NULL: off), as in `tokenrace_batch`.
     pub min_p: *const f32,
     /// Per-request seed (NULL: none is seeded): a seeded request's acceptance uniforms and noise
     /// at draft position j are a pure function of (seed, offset + j).
@@ -442,6 +495,7 @@ pub struct tokenrace_verify_batch {
     pub noise: *const f32,
     /// A `tokenrace_noise_kind`.
     pub noise_kind: u32,
+    /// Padding made explicit: 0 (ignored on input, written as 0).
     pub reserved1: u32,
     /// Elements between noise rows; 0 broadcasts one noise row to every target row.
     pub noise_row_stride: u64,
@@ -453,6 +507,7 @@ pub struct tokenrace_verify_batch {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct tokenrace_verify_output {
+    /// sizeof(tokenrace_verify_output) as the caller knows it.
     pub struct_size: u32,
     /// A `tokenrace_logprob_mode` for `logprobs`.
     pub logprob_mode: u32,
@@ -461,7 +516,7 @@ pub struct tokenrace_verify_output {
     pub tokens: *mut i32,
     /// Elements between requests in `tokens` and `logprobs`; 0 means max(draft_counts) + 1.
     pub tokens_stride: u64,
-    /// `requests` emitted counts, from 1 to draft_counts[i] + 1.
+    /// `requests` emitted counts, from 1 to `draft_counts[i] + 1`.
     pub counts: *mut i32,
     /// `requests` TOKENRACE_FLAG_* sets: those of every target row the request looked at, or-ed
     /// (NULL: not reported).

@@ -409,6 +409,7 @@ impl Elem for F16 {
 }
 
 impl Bf16 {
+    /// The value as f32 (exact: every bfloat16 is an f32).
     pub fn to_f32(self) -> f32 {
         bf16_to_f32(self.0)
     }
@@ -423,6 +424,7 @@ impl Bf16 {
 }
 
 impl F16 {
+    /// The value as f32 (exact: every binary16 is an f32).
     pub fn to_f32(self) -> f32 {
         f16_to_f32(self.0)
     }

@@ -594,12 +594,15 @@ impl Lease {
         let v = self.shared.vocab;
         &self.values()[r * v..(r + 1) * v]
     }
+    /// The number of rows lent.
     pub fn rows(&self) -> usize {
         self.rows
     }
+    /// Values per row (the pool's `vocab`).
     pub fn vocab(&self) -> usize {
         self.shared.vocab
     }
+    /// What each value holds: E or ln E (the pool's `kind`).
     pub fn kind(&self) -> NoiseKind {
         self.shared.kind
     }
@@ -720,6 +723,7 @@ impl Pool {
         self.shared.seed
     }
 
+    /// A snapshot of the pool's counters.
     pub fn stats(&self) -> PoolStats {
         self.shared.stats()
     }
@@ -728,10 +732,15 @@ impl Pool {
         &self.shared
     }
 
-    /// The pool's buffer (start, number of f32 values), for zero-copy checks.
+    /// Whether `values` lie inside the pool's ring buffer: the zero-copy check of the tests,
+    /// which need to know where a lease points but never to touch the ring themselves.
+    #[cfg(feature = "internals")]
     #[doc(hidden)]
-    pub fn buffer(&self) -> (*const f32, usize) {
-        (self.shared.buf, self.shared.cap * self.shared.vocab)
+    pub fn holds(&self, values: &[f32]) -> bool {
+        let ring_start = self.shared.buf as usize;
+        let ring_end = ring_start + self.shared.cap * self.shared.vocab * size_of::<f32>();
+        let start = values.as_ptr() as usize;
+        start >= ring_start && start + size_of_val(values) <= ring_end
     }
 
     /// Stops and joins the producers, and makes every waiting and later borrow fail with
