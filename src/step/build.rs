@@ -10,28 +10,6 @@ use crate::batch::Batch;
 use crate::error::Result;
 use crate::kernels::Kernels;
 
-impl RowStep<'_> {
-    /// Marks the histories of a deferred row (row `r` of `batch`, which built this step), as
-    /// [`build`] does for a row it does not defer: after it, the row is drawn as any other. The
-    /// storage was reserved by [`build`], so nothing here can fail.
-    pub fn complete(&mut self, k: &Kernels, batch: &Batch, r: usize) {
-        if self.deferred {
-            self.deferred = false;
-            if let Some(given) = self.given.take() {
-                // (Room was reserved by `build`: this allocates nothing.)
-                self.keep.clear();
-                self.keep.extend_from_slice(given);
-                self.keep[given.len() - 1] &= last_word_bits(batch.vocab);
-            }
-            mark_histories(k, batch, r, self, false);
-        }
-    }
-
-    fn clear(&mut self, i: usize) {
-        self.keep[i / 32] &= !(1 << (i % 32));
-    }
-}
-
 /// Whether row `r` of a validated `batch` has anything before the filters to apply (the
 /// bitmask of a row counts even when all its bits are set; [`build`] then finds nothing).
 pub(crate) fn row_has_step(batch: &Batch, r: usize) -> bool {
@@ -101,6 +79,29 @@ pub(crate) fn build<'a>(k: &Kernels, batch: &Batch<'a>, r: usize, defer: bool) -
         return Ok(None);
     }
     Ok(Some(e))
+}
+
+impl RowStep<'_> {
+    /// Marks the histories of a deferred row (row `r` of `batch`, which built this step), as
+    /// [`build`] does for a row it does not defer: after it, the row is drawn as any other. The
+    /// storage was reserved by [`build`], so nothing here can fail.
+    pub fn complete(&mut self, k: &Kernels, batch: &Batch, r: usize) {
+        if self.deferred {
+            self.deferred = false;
+            if let Some(given) = self.given.take() {
+                // (Room was reserved by `build`: this allocates nothing.)
+                self.keep.clear();
+                self.keep.extend_from_slice(given);
+                self.keep[given.len() - 1] &= last_word_bits(batch.vocab);
+            }
+            mark_histories(k, batch, r, self, false);
+        }
+    }
+
+    /// Clears token `i`'s bit in `keep` (a banned token).
+    fn clear(&mut self, i: usize) {
+        self.keep[i / 32] &= !(1 << (i % 32));
+    }
 }
 
 /// The bits of the last word of a row's bitsets that are tokens of the vocabulary (`n` tokens).

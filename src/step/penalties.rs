@@ -24,7 +24,11 @@ pub(crate) struct Penalties {
     pub presence: f32,
 }
 
+// (`#[inline]` throughout: these are read in the per-token loops of `processed.rs` and
+// `build.rs`, which may land in another codegen unit.)
 impl Penalties {
+    /// Row `r`'s penalties in `batch` (off where the batch has none).
+    #[inline]
     pub(super) fn of(batch: &Batch, r: usize) -> Penalties {
         Penalties {
             repetition: batch.repetition_penalty.map_or(1.0, |p| p[r]),
@@ -34,11 +38,13 @@ impl Penalties {
     }
 
     /// Whether the repetition penalty changes anything.
+    #[inline]
     pub(super) fn repeats(&self) -> bool {
         self.repetition != 1.0
     }
 
     /// Whether the output's counts change anything.
+    #[inline]
     pub(super) fn counts(&self) -> bool {
         self.frequency != 0.0 || self.presence != 0.0
     }
@@ -47,6 +53,7 @@ impl Penalties {
     /// penalised value is at most the logit it came from, in f32 too: `fl(y / r) <= y` for
     /// `y > 0` and `fl(y * r) <= y` for `y <= 0` (rounding never crosses a representable bound),
     /// and `fl(y - c) <= y` for `c >= 0`.
+    #[inline]
     pub(super) fn lower_only(&self) -> bool {
         self.repetition >= 1.0 && self.frequency >= 0.0 && self.presence >= 0.0
     }

@@ -15,8 +15,8 @@ use crate::row::RowValues;
 const CHUNK: usize = 16 * BLOCK;
 
 impl RowStep<'_> {
-    /// The row's mask less its touched tokens: bit `i % 32` of word `i / 32` set for a token that keeps the
-    /// caller's logit (see the module doc). Of a deferred row, its mask: maybe the caller's
+    /// The row's mask less its touched tokens: bit `i % 32` of word `i / 32` set for a token that
+    /// keeps the caller's logit (see the module doc). Of a deferred row, its mask: maybe the caller's
     /// bitmask words, whose bits past the vocabulary are not cleared (see `given`).
     #[inline(always)]
     pub fn keep(&self) -> &[u32] {

@@ -8,9 +8,8 @@ use super::penalties::Penalties;
 use super::RowStep;
 use crate::alloc;
 
-/// The storage of a row's step, kept per thread between rows: a row's bitsets and table are
-/// tens of KiB, which a fresh allocation would zero (and fault in) for every row. `seen`,
-/// `output_bits`, `listed_bits` and `counts` are all zero here.
+/// The vectors of a row's step while no row holds them. `seen`, `output_bits`, `listed_bits` and
+/// `counts` are all zero here.
 #[derive(Default)]
 struct Scratch {
     keep: Vec<u32>,
