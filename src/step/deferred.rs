@@ -11,7 +11,7 @@
 //!
 //! Every value is the one [`RowStep`] gives once the histories are marked: the same touched
 //! tokens (the histories' and the bias's, among the kept ones), the same counts, and the same
-//! [`edited`](super::edited) arithmetic; the bounds and the race see the same numbers and draw
+//! [`processed_value`](super::penalties::processed_value) arithmetic; the bounds and the race see the same numbers and draw
 //! the same token.
 
 use std::cell::RefCell;
@@ -51,10 +51,10 @@ impl Entry {
     const EMPTY: Entry = Entry { block: usize::MAX, keep: [0; WORDS], seen: [0; WORDS], history: BlockHistory::EMPTY };
 }
 
-/// The deferred edits of a row with its values and histories, which work out the blocks the
+/// The deferred step of a row with its values and histories, which work out the blocks the
 /// draw visits (see the module doc).
 pub(crate) struct DeferredRow<'a, V: ?Sized> {
-    edits: &'a RowStep<'a>,
+    step: &'a RowStep<'a>,
     values: &'a V,
     k: &'a Kernels,
     prompt: &'a [i32],
@@ -64,22 +64,22 @@ pub(crate) struct DeferredRow<'a, V: ?Sized> {
 }
 
 impl<'a, V: RowValues + ?Sized> DeferredRow<'a, V> {
-    /// The deferred `edits` of row `r` of `batch`, whose values are `values`.
+    /// The deferred `step` of row `r` of `batch`, whose values are `values`.
     pub fn new(
         k: &'a Kernels,
         batch: &crate::batch::Batch<'a>,
         r: usize,
-        edits: &'a RowStep<'a>,
+        step: &'a RowStep<'a>,
         values: &'a V,
     ) -> Result<Self> {
-        debug_assert!(edits.deferred);
-        let (prompt, output) = super::histories(batch, r, edits.penalties);
+        debug_assert!(step.deferred);
+        let (prompt, output) = super::penalties::histories(batch, r, step.penalties);
         // The thread's storage of the previous row, if any (36 KiB, which a fresh allocation
         // would fault in for every row).
         let mut cache = SPARE.with(|s| s.take());
         cache.clear();
         alloc::reserve(&mut cache, CACHED, "the row's visited blocks")?;
-        Ok(DeferredRow { edits, values, k, prompt, output, cache: RefCell::new(cache) })
+        Ok(DeferredRow { step, values, k, prompt, output, cache: RefCell::new(cache) })
     }
 
     /// Calls `f` with block `b`'s entry, worked out on first use.
@@ -98,10 +98,10 @@ impl<'a, V: RowValues + ?Sized> DeferredRow<'a, V> {
         f(&cache[i])
     }
 
-    /// Works out block `b`'s entry into `entry`, from the lists: as [`super::mark_histories`]
+    /// Works out block `b`'s entry into `entry`, from the lists: as [`super::build::mark_histories`]
     /// and the pass over the words give it.
     fn work_out(&self, b: usize, entry: &mut Entry) {
-        let e = self.edits;
+        let e = self.step;
         let counts = e.penalties.counts();
         *entry = Entry { block: b, ..Entry::EMPTY };
         let h = &mut entry.history;
@@ -110,7 +110,7 @@ impl<'a, V: RowValues + ?Sized> DeferredRow<'a, V> {
         let keep = e.keep();
         let words = b * WORDS..((b + 1) * WORDS).min(keep.len());
         // (The caller's bitmask words may set bits past the vocabulary: `RowStep::given`.)
-        let last = super::last_word_bits(self.values.n());
+        let last = super::build::last_word_bits(self.values.n());
         for (i, w) in words.enumerate() {
             let k = if w == keep.len() - 1 { keep[w] & last } else { keep[w] };
             // The output's tokens are seen; their counts are read only with `counts`.
@@ -127,12 +127,12 @@ impl<'a, V: RowValues + ?Sized> DeferredRow<'a, V> {
         let i = t - e.block * BLOCK;
         let seen = e.seen[i / 32] >> (i % 32) & 1 != 0;
         let output = e.history.output[i / 32] >> (i % 32) & 1 != 0;
-        self.edits.value_with(x, t, seen, if output { e.history.counts[i] } else { 0 })
+        self.step.value_with(x, t, seen, if output { e.history.counts[i] } else { 0 })
     }
 
     /// The touched tokens of entry `e`: its words of `seen | listed`.
     fn touched_words(&self, e: &Entry) -> [u32; WORDS] {
-        let (listed, words) = (&self.edits.listed_bits, self.edits.keep().len());
+        let (listed, words) = (&self.step.listed_bits, self.step.keep().len());
         std::array::from_fn(|i| {
             let w = e.block * WORDS + i;
             e.seen[i] | if w < words { listed[w] } else { 0 }
@@ -172,7 +172,7 @@ impl<'a, V: RowValues + ?Sized> DeferredRow<'a, V> {
     /// them). Returns whether the row holds a NaN (masked or not). [`DeferredRow::refine`] or,
     /// once the row is completed, [`RowStep::refine_bounds`] makes the largest exact.
     pub fn rough_bounds(&self, bmax: &mut [f32]) -> bool {
-        let (e, v, n) = (self.edits, self.values, self.values.n());
+        let (e, v, n) = (self.step, self.values, self.values.n());
         // `keep` is the mask here (no touched bit cleared).
         let nan = if e.masked { v.scan_masked(self.k, e.keep(), 0, n, bmax) } else { v.scan(self.k, 0, n, bmax) };
         for &t in &e.raised {
@@ -186,15 +186,22 @@ impl<'a, V: RowValues + ?Sized> DeferredRow<'a, V> {
     /// The second half of [`RowStep::bounds`]: the block of the largest bound worked out
     /// exactly, and every block whose bound is above that maximum.
     pub fn refine(&self, bmax: &mut [f32]) {
-        super::exact_bounds(&[], bmax, |_| f32::NEG_INFINITY, |b| self.block_touched(b), |b| self.block_max(b));
+        super::processed::exact_bounds(
+            &[],
+            bmax,
+            |_| f32::NEG_INFINITY,
+            |b| self.block_touched(b),
+            |b| self.block_max(b),
+        );
     }
 
     /// Whether the draw of this row, from its [`DeferredRow::rough_bounds`] (`inv_t` for a
     /// sampling row, `None` for a greedy one), should stay deferred: the race (or the search for
     /// the first maximum) is expected to visit few blocks. Each block searched reads the whole
     /// lists (about 0.5 us for 5,120 ids), while marking them costs 3-8 us once (the bits, the
-    /// pass over the words, their clearing): measured on issue 9's rows, the two tie at about six
-    /// blocks, so a row expected to visit more than [`FEW`] is marked.
+    /// pass over the words, their clearing): measured on the benchmark's step rows (32 rows of
+    /// 151,936 tokens), the two tie at about six blocks, so a row expected to visit more than
+    /// [`FEW`] is marked.
     pub fn worth_it(&self, bmax: &[f32], inv_t: Option<f32>) -> bool {
         let top = crate::kernels::largest(bmax, f32::NEG_INFINITY);
         let Some(inv_t) = inv_t else {
@@ -276,7 +283,7 @@ impl<V: ?Sized> Drop for DeferredRow<'_, V> {
 
 impl<V: RowValues + ?Sized> BlockValues for DeferredRow<'_, V> {
     fn listed(&self, b: usize, out: &mut [(u32, f32); BLOCK]) -> usize {
-        let (v, listed) = (self.values, &self.edits.listed_bits);
+        let (v, listed) = (self.values, &self.step.listed_bits);
         self.with_entry(b, |e| {
             let mut count = 0;
             for t in Self::tokens(b, self.touched_words(e)) {

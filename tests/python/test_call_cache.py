@@ -129,7 +129,7 @@ def test_the_packed_layouts_set_every_field_of_the_ctypes_structs(tokenrace):
 
     from tokenrace import _call, _ffi
 
-    parts = ((_ffi.tokenrace_batch, _call.BATCH_LAYOUT, _call.PIPELINE_LAYOUT, _call.PIPELINE_OFFSET),
+    parts = ((_ffi.tokenrace_batch, _call.BATCH_LAYOUT, _call.STEP_LAYOUT, _call.STEP_OFFSET),
              (_ffi.tokenrace_output, _call.OUTPUT_LAYOUT, _call.FULL_LAYOUT, _call.FULL_OFFSET))
     for cls, head, tail, tail_offset in parts:
         assert head.size == tail_offset and head.size + tail.size == ctypes.sizeof(cls), cls.__name__
@@ -137,7 +137,7 @@ def test_the_packed_layouts_set_every_field_of_the_ctypes_structs(tokenrace):
         values = [0x1000 * (i + 1) if issubclass(t, ctypes._Pointer) else 0.5 + i if t is ctypes.c_float else i + 1
                   for i, (_, t) in enumerate(fields)]
         split = [name for name, _ in fields].index(
-            _ffi.BATCH_PIPELINE_FIRST if cls is _ffi.tokenrace_batch else _ffi.OUTPUT_FULL_FIRST)
+            _ffi.BATCH_STEP_FIRST if cls is _ffi.tokenrace_batch else _ffi.OUTPUT_FULL_FIRST)
         obj = cls()
         head.pack_into(obj, 0, *values[:split])
         tail.pack_into(obj, tail_offset, *values[split:])
@@ -146,13 +146,13 @@ def test_the_packed_layouts_set_every_field_of_the_ctypes_structs(tokenrace):
             if issubclass(ctype, ctypes._Pointer):
                 got = ctypes.cast(got, ctypes.c_void_p).value
             assert got == want, (cls.__name__, name)
-        zeros = _call.PIPELINE_ZEROS if cls is _ffi.tokenrace_batch else _call.FULL_ZEROS
+        zeros = _call.STEP_ZEROS if cls is _ffi.tokenrace_batch else _call.FULL_ZEROS
         tail.pack_into(obj, tail_offset, *zeros)
         assert bytes(obj)[tail_offset:] == bytes(tail.size), cls.__name__
 
 
 def test_a_call_without_the_sampling_step_clears_what_the_last_one_set(tokenrace, rng):
-    """The thread's cached batch and output keep the pipeline fields of a call that set them;
+    """The thread's cached batch and output keep the step fields of a call that set them;
     the next call without them must see them cleared (the fast path packs only 0.1's fields)."""
     from tokenrace import _call
 
@@ -163,9 +163,9 @@ def test_a_call_without_the_sampling_step_clears_what_the_last_one_set(tokenrace
     assert (banned != plain).all()
     state = _call.take_state()
     _call.release_state(state)
-    assert state.pipeline_packed
+    assert state.step_packed
     np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
-    assert not state.pipeline_packed and bytes(state.batch)[_call.PIPELINE_OFFSET:] == bytes(_call.PIPELINE_LAYOUT.size)
+    assert not state.step_packed and bytes(state.batch)[_call.STEP_OFFSET:] == bytes(_call.STEP_LAYOUT.size)
     r = s.draw_full(x, temperature=0, full_logprobs="raw")
     assert r.full_logprobs.shape == (3, 64) and state.full_packed
     r = s.draw_full(x, temperature=0)

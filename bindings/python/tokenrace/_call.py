@@ -8,7 +8,7 @@ building ``ctypes`` structs and numpy arrays per call and asking numpy for their
 * ``BATCH_LAYOUT`` and ``OUTPUT_LAYOUT`` write every field of a ``tokenrace_batch`` or
   ``tokenrace_output`` of 0.1 in one ``struct.pack_into`` call, pointers as int addresses: setting
   fields one by one costs ~50 ns each, and a pointer field wants a ctypes pointer object
-  (~1.5 µs to make); the fields added since (``PIPELINE_LAYOUT``, ``FULL_LAYOUT``) are packed
+  (~1.5 µs to make); the fields added since (``STEP_LAYOUT``, ``FULL_LAYOUT``) are packed
   only by the calls that use them;
 * each thread has one ``CallState``: a batch and two output structs, typed pointers to them as the
   C function takes them (made once), the cached per-row scalars and the token buffers;
@@ -63,12 +63,12 @@ def struct_layout(cls, first=None, stop=None) -> struct.Struct:
 
 # Each struct is packed in two parts: the fields of 0.1 (every call) and the fields added in 0.2
 # (the sampling step's inputs, the full-vocabulary output), packed only by a call that uses them
-# and zeroed again by the next call that does not (``CallState.pipeline_packed``), so that a call
+# and zeroed again by the next call that does not (``CallState.step_packed``), so that a call
 # without them costs what it did before they existed.
-BATCH_LAYOUT = struct_layout(_ffi.tokenrace_batch, None, _ffi.BATCH_PIPELINE_FIRST)
-PIPELINE_LAYOUT = struct_layout(_ffi.tokenrace_batch, _ffi.BATCH_PIPELINE_FIRST)
-PIPELINE_OFFSET = getattr(_ffi.tokenrace_batch, _ffi.BATCH_PIPELINE_FIRST).offset
-PIPELINE_ZEROS = (0,) * sum(1 for c in PIPELINE_LAYOUT.format if c not in "=x")
+BATCH_LAYOUT = struct_layout(_ffi.tokenrace_batch, None, _ffi.BATCH_STEP_FIRST)
+STEP_LAYOUT = struct_layout(_ffi.tokenrace_batch, _ffi.BATCH_STEP_FIRST)
+STEP_OFFSET = getattr(_ffi.tokenrace_batch, _ffi.BATCH_STEP_FIRST).offset
+STEP_ZEROS = (0,) * sum(1 for c in STEP_LAYOUT.format if c not in "=x")
 OUTPUT_LAYOUT = struct_layout(_ffi.tokenrace_output, None, _ffi.OUTPUT_FULL_FIRST)
 FULL_LAYOUT = struct_layout(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST)
 FULL_OFFSET = getattr(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST).offset
@@ -160,9 +160,9 @@ class CallState:
         self.tokens_output = _ffi.tokenrace_output()
         self.tokens_output_fields = None  # (tokens, flags) last packed into tokens_output
         self.full_output = _ffi.tokenrace_output()
-        # Whether the batch's 0.2 fields (PIPELINE_LAYOUT) or the full output's full-vocabulary
+        # Whether the batch's 0.2 fields (STEP_LAYOUT) or the full output's full-vocabulary
         # fields (FULL_LAYOUT) may hold values of an earlier call (then zeroed before reuse).
-        self.pipeline_packed = False
+        self.step_packed = False
         self.full_packed = False
         # The arguments of tokenrace_draw, made once rather than a byref() per call.
         self.batch_ptr = ctypes.pointer(self.batch)

@@ -171,7 +171,7 @@ class tokenrace_batch(_Versioned):
         ("top_k", POINTER(c_int32)),
         ("top_p", POINTER(c_float)),
         ("min_p", POINTER(c_float)),
-        # since 0.2: the rest of the sampling step (``PIPELINE_FIELDS``)
+        # since 0.2: the rest of the sampling step (``_call.STEP_LAYOUT``)
         ("prompt_ids", POINTER(c_int32)),
         ("prompt_offsets", POINTER(c_uint64)),
         ("output_ids", POINTER(c_int32)),
@@ -212,9 +212,9 @@ class tokenrace_output(_Versioned):
     ]
 
 
-# The first field of the batch's pipeline part and of the output's full-vocabulary part: the
+# The first field of the batch's sampling-step part and of the output's full-vocabulary part: the
 # binding packs these tails apart from the fields before them (``_call.py``).
-BATCH_PIPELINE_FIRST = "prompt_ids"
+BATCH_STEP_FIRST = "prompt_ids"
 OUTPUT_FULL_FIRST = "full_logprobs"
 
 

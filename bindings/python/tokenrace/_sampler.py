@@ -13,12 +13,12 @@ from . import _ffi
 from ._arrays import (LOGITS_DTYPES, NOISE_DTYPES, arrays_in, byte_span, contiguous_rows, is_torch_tensor, per_row,
                       rows_view)
 from ._call import (BATCH_LAYOUT, BATCH_SIZE, FLAG_SCALARS, FLOAT_SCALARS, FULL_LAYOUT, FULL_OFFSET, FULL_ZEROS,
-                    INT_SCALARS, OUTPUT_LAYOUT, OUTPUT_SIZE, PIPELINE_LAYOUT, PIPELINE_OFFSET, PIPELINE_ZEROS, address,
+                    INT_SCALARS, OUTPUT_LAYOUT, OUTPUT_SIZE, STEP_LAYOUT, STEP_OFFSET, STEP_ZEROS, address,
                     pack_tokens_output, release_state, take_state)
 from ._common import (_choice, _Closable, _Default, _from_env, _Handle, _name_of, _offsets_without_seeds,
                       _unsigned)
 from ._errors import InvalidArgumentError, check
-from ._pipeline import FIELD_ARGUMENTS, pipeline_fields
+from ._step import FIELD_ARGUMENTS, step_fields
 from ._verify import verify as _verify
 
 
@@ -234,15 +234,15 @@ class Sampler(_Closable):
             _raise(status)
         del h
 
-    def _fill_pipeline(self, state, keep, rows, prompt_tokens, output_tokens, repetition_penalty,
+    def _fill_step(self, state, keep, rows, prompt_tokens, output_tokens, repetition_penalty,
                        frequency_penalty, presence_penalty, logit_bias, allowed_tokens, banned_tokens,
                        token_bitmask):
-        """Writes the batch's pipeline fields (``_pipeline.py``) for a call that passes any."""
-        fields = pipeline_fields(rows, state.batch.vocab, keep, prompt_tokens, output_tokens, repetition_penalty,
+        """Writes the batch's step fields (``_step.py``) for a call that passes any."""
+        fields = step_fields(rows, state.batch.vocab, keep, prompt_tokens, output_tokens, repetition_penalty,
                                  frequency_penalty, presence_penalty, logit_bias, allowed_tokens, banned_tokens,
                                  token_bitmask, state)
-        state.pipeline_packed = True
-        PIPELINE_LAYOUT.pack_into(state.batch, PIPELINE_OFFSET, *fields)
+        state.step_packed = True
+        STEP_LAYOUT.pack_into(state.batch, STEP_OFFSET, *fields)
 
     def draw(self, logits, *, temperature=None, seeds=None, offsets=None, seeded=None, noise=None,
              noise_kind="exp", top_k=None, top_p=None, min_p=None, return_flags=False,
@@ -303,7 +303,7 @@ class Sampler(_Closable):
 
         Speed: the CSR forms with int32 ids (and float32 bias values) go to the library as they
         are; a padded int64 array or per-row dicts are converted in numpy on every call. In
-        ``bench/compare.py --pipeline`` (32 rows x vocab 151936, 4096 + 1024 history tokens and 16
+        ``bench/compare.py --step`` (32 rows x vocab 151936, 4096 + 1024 history tokens and 16
         biases per row) that conversion added 0.35-0.45 ms a call, against 0.3-1.7 ms for the
         whole fused step (``docs/performance.md``, The whole sampling step).
         """
@@ -315,11 +315,11 @@ class Sampler(_Closable):
             if (prompt_tokens is None and output_tokens is None and repetition_penalty is None
                     and frequency_penalty is None and presence_penalty is None and logit_bias is None
                     and allowed_tokens is None and banned_tokens is None and token_bitmask is None):
-                if state.pipeline_packed:
-                    PIPELINE_LAYOUT.pack_into(state.batch, PIPELINE_OFFSET, *PIPELINE_ZEROS)
-                    state.pipeline_packed = False
+                if state.step_packed:
+                    STEP_LAYOUT.pack_into(state.batch, STEP_OFFSET, *STEP_ZEROS)
+                    state.step_packed = False
             else:
-                self._fill_pipeline(state, keep, rows, prompt_tokens, output_tokens, repetition_penalty,
+                self._fill_step(state, keep, rows, prompt_tokens, output_tokens, repetition_penalty,
                                     frequency_penalty, presence_penalty, logit_bias, allowed_tokens,
                                     banned_tokens, token_bitmask)
             pack_tokens_output(state, state.tokens.address_for(rows),
@@ -389,11 +389,11 @@ class Sampler(_Closable):
             if (prompt_tokens is None and output_tokens is None and repetition_penalty is None
                     and frequency_penalty is None and presence_penalty is None and logit_bias is None
                     and allowed_tokens is None and banned_tokens is None and token_bitmask is None):
-                if state.pipeline_packed:
-                    PIPELINE_LAYOUT.pack_into(state.batch, PIPELINE_OFFSET, *PIPELINE_ZEROS)
-                    state.pipeline_packed = False
+                if state.step_packed:
+                    STEP_LAYOUT.pack_into(state.batch, STEP_OFFSET, *STEP_ZEROS)
+                    state.step_packed = False
             else:
-                self._fill_pipeline(state, keep, rows, prompt_tokens, output_tokens, repetition_penalty,
+                self._fill_step(state, keep, rows, prompt_tokens, output_tokens, repetition_penalty,
                                     frequency_penalty, presence_penalty, logit_bias, allowed_tokens,
                                     banned_tokens, token_bitmask)
             full = None

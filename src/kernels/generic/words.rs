@@ -1,7 +1,7 @@
 //! Integer loops of the sampling step before the filters, which each level's entry point
 //! vectorises at its own width (the same loops compiled outside a target-feature function ran
-//! on SSE2): the last pass of a row's edits (`edits.rs`) over its mask words, which cost a
-//! quarter of a 5,000-token row's edits on SSE2, the range check of the token lists
+//! on SSE2): the last pass of a row's step (`src/step/build.rs`) over its mask words, which cost
+//! a quarter of the step of a row with 5,000-token histories on SSE2, the range check of the token lists
 //! (`batch.rs`), which runs on one thread for every row of a call, and the search of the
 //! histories for one block's tokens (`block_history`), which a row drawn block by block runs
 //! for each block it visits instead of marking every token of its histories.

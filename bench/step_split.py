@@ -1,10 +1,10 @@
-"""The sampling step of issue 9, one input at a time: each row of the table is a draw with only
+"""The sampling step, one input at a time: each row of the table is a draw with only
 that input (or all of them), timed against the plain draw of the same logits in the same run.
-The inputs are bench/compare.py's --pipeline inputs (32 rows x vocab 151936, 4096 prompt + 1024
+The inputs are bench/compare.py's --step inputs (32 rows x vocab 151936, 4096 prompt + 1024
 output tokens per row, 16 biased ids, a bitmask allowing 10% that keeps each row's likeliest
 tokens).
 
-  TOKENRACE_LIBRARY=$PWD/target/release/libtokenrace.so python3 bench/pipeline_split.py [--threads 1] [--reps 30]
+  TOKENRACE_LIBRARY=$PWD/target/release/libtokenrace.so python3 bench/step_split.py [--threads 1] [--reps 30]
 """
 import argparse
 import os
@@ -27,7 +27,7 @@ def main():
     rows, vocab = 32, 151936
     rng = np.random.default_rng(0)
     x = compare.peaked_logits(rows, vocab, rng)
-    prompt, output, bias_ids, bias_values, bitmask, _ = compare.pipeline_inputs(rows, vocab, 4096, 1024, 16, 0.10, rng)
+    prompt, output, bias_ids, bias_values, bitmask, _ = compare.step_inputs(rows, vocab, 4096, 1024, 16, 0.10, rng)
     x[np.arange(rows)[:, None], bias_ids[:, :2]] = 20.0  # as compare.py: allowed and likely
     sampler = tokenrace.Sampler(vocab, max_rows=256, seed=1, threads=a.threads)
     bias = (np.ascontiguousarray(bias_ids.reshape(-1), np.int32), bias_values.reshape(-1),

@@ -44,9 +44,9 @@ FIELD_ARGUMENTS = {
 _EMPTY_IDS = np.zeros(0, np.int32)
 
 
-def pipeline_fields(rows, vocab, keep, prompt_tokens, output_tokens, repetition_penalty, frequency_penalty,
+def step_fields(rows, vocab, keep, prompt_tokens, output_tokens, repetition_penalty, frequency_penalty,
                     presence_penalty, logit_bias, allowed_tokens, banned_tokens, token_bitmask, state=None):
-    """The 17 values of the batch's pipeline fields (``_call.PIPELINE_LAYOUT``, in header order:
+    """The 17 values of the batch's step fields (``_call.STEP_LAYOUT``, in header order:
     addresses, 0 for NULL, and the bitmask's row stride); every array they point into is
     appended to ``keep``. ``state`` (a ``CallState``, or None) lends its cached per-row arrays
     to scalar penalties."""

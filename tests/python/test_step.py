@@ -1,4 +1,4 @@
-"""The sampling step through ``Sampler.draw``/``draw_full`` (issue 9; docs/semantics.md, The
+"""The sampling step through ``Sampler.draw``/``draw_full`` (docs/semantics.md, The
 sampling step): token histories, penalties, logit bias, allowed and banned tokens, grammar
 bitmasks, in every input form the binding takes, against a row materialised in numpy.
 
@@ -446,14 +446,14 @@ def test_torch_bitmask_refusals(tokenrace, fake_torch):
 
 
 def test_bitmask_is_read_in_place_at_any_row_stride(tokenrace, rng):
-    from tokenrace import _pipeline
+    from tokenrace import _step
 
     rows, vocab = 4, 100  # 4 words, the last holds 4 tokens
     words = 4
     big = np.zeros((2 * rows, words + 3), np.int32)
     view = big[::2, 1:1 + words]
     keep = []
-    ptr, stride = _pipeline.bitmask_view(view, rows, vocab, "token_bitmask", keep)
+    ptr, stride = _step.bitmask_view(view, rows, vocab, "token_bitmask", keep)
     assert ptr == big.ctypes.data + 4 and stride == 2 * (words + 3) and keep[0] is view
     x = rng.standard_normal((rows, vocab)).astype(np.float32)
     s = tokenrace.Sampler(vocab)

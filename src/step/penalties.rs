@@ -1,0 +1,100 @@
+//! The penalties of a row (repetition, frequency, presence) and the value of a token the lists
+//! touched: its bias, then the penalties, in f32 as vLLM computes them.
+
+use crate::batch::Batch;
+
+/// What the lists say of one token, as [`processed_value`] reads it.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Touched {
+    /// Occurrences in the output.
+    pub count: u32,
+    /// Occurs in the prompt or the output (the repetition penalty applies).
+    pub seen: bool,
+    pub has_bias: bool,
+    /// A -inf bias bans the token.
+    pub banned: bool,
+    pub bias: f32,
+}
+
+/// The penalties of one row (defaults: off).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Penalties {
+    pub repetition: f32,
+    pub frequency: f32,
+    pub presence: f32,
+}
+
+// (`#[inline]` throughout: these are read in the per-token loops of `processed.rs` and
+// `build.rs`, which may land in another codegen unit.)
+impl Penalties {
+    /// Row `r`'s penalties in `batch` (off where the batch has none).
+    #[inline]
+    pub(super) fn of(batch: &Batch, r: usize) -> Penalties {
+        Penalties {
+            repetition: batch.repetition_penalty.map_or(1.0, |p| p[r]),
+            frequency: batch.frequency_penalty.map_or(0.0, |p| p[r]),
+            presence: batch.presence_penalty.map_or(0.0, |p| p[r]),
+        }
+    }
+
+    /// Whether the repetition penalty changes anything.
+    #[inline]
+    pub(super) fn repeats(&self) -> bool {
+        self.repetition != 1.0
+    }
+
+    /// Whether the output's counts change anything.
+    #[inline]
+    pub(super) fn counts(&self) -> bool {
+        self.frequency != 0.0 || self.presence != 0.0
+    }
+
+    /// Whether no penalty can raise a value: `r >= 1`, `f >= 0` and `p >= 0`. Then every
+    /// penalised value is at most the logit it came from, in f32 too: `fl(y / r) <= y` for
+    /// `y > 0` and `fl(y * r) <= y` for `y <= 0` (rounding never crosses a representable bound),
+    /// and `fl(y - c) <= y` for `c >= 0`.
+    #[inline]
+    pub(super) fn lower_only(&self) -> bool {
+        self.repetition >= 1.0 && self.frequency >= 0.0 && self.presence >= 0.0
+    }
+}
+
+/// The value of a token of logit `x` that the lists touched, in f32 as vLLM computes it: the
+/// bias (a -inf bias bans, even a +inf logit), then the repetition penalty (`y > 0 ? y / r :
+/// y * r`) for a token of the prompt or the output, then `y - f * count` and `y - p` for a token
+/// of the output (two subtractions, as vLLM's two in-place ones).
+#[inline(always)]
+pub(super) fn processed_value(x: f32, t: &Touched, p: Penalties) -> f32 {
+    if t.banned {
+        return f32::NEG_INFINITY;
+    }
+    let mut y = x;
+    if t.has_bias {
+        y += t.bias;
+    }
+    if t.seen && p.repeats() {
+        y = repeated(y, p.repetition);
+    }
+    if t.count > 0 {
+        y -= p.frequency * t.count as f32;
+        y -= p.presence;
+    }
+    y
+}
+
+/// `y > 0 ? y / r : y * r` (vLLM's repetition penalty), without a branch on the sign: the sign
+/// of a logit is a coin flip, which a branch would mispredict for half the tokens of a history.
+#[inline(always)]
+pub(super) fn repeated(y: f32, r: f32) -> f32 {
+    let (down, up) = (y / r, y * r);
+    let positive = 0u32.wrapping_sub((y > 0.0) as u32);
+    f32::from_bits((down.to_bits() & positive) | (up.to_bits() & !positive))
+}
+
+/// The histories of row `r` that its penalties read: the prompt (with the repetition penalty)
+/// and the output (with any penalty).
+pub(super) fn histories<'a>(batch: &Batch<'a>, r: usize, p: Penalties) -> (&'a [i32], &'a [i32]) {
+    let prompt = if p.repeats() { batch.prompt_tokens.map_or(&[][..], |l| l.row(r)) } else { &[] };
+    let output = batch.output_tokens.map_or(&[][..], |l| l.row(r));
+    (prompt, if p.repeats() || p.counts() { output } else { &[] })
+}
