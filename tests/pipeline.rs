@@ -1,6 +1,6 @@
 //! The whole sampling step (issue 9, `/work/pipeline-spec.md`): token histories and the three
 //! penalties, logit bias, allowed and banned tokens, the grammar bitmask, the filter order and
-//! full-vocabulary logprobs, against the float64 reference of `tests/reference/mod.rs`
+//! full-vocabulary logprobs, against the float64 reference of `tests/common/reference.rs`
 //! (`rf::effective_row`: steps 1-4 of the spec applied literally to a copy of the row, then the
 //! reference draw of `tests/reference.rs` on that row).
 //!
@@ -21,11 +21,9 @@
 //!
 //! `cargo test --test pipeline -- --nocapture` prints the counts.
 mod common;
-#[path = "reference/mod.rs"]
-mod reference;
 
+use common::reference as rf;
 use common::{chi2, chi2_critical, gen_row, pick_dist, Dist, TestRng};
-use reference as rf;
 use tokenrace::*;
 
 /// The seed of every sampler's key stream (so the reference can follow the unseeded rows).

@@ -1,4 +1,4 @@
-//! The library against an independent float64 reference (`tests/reference/mod.rs`): plain loops
+//! The library against an independent float64 reference (`tests/common/reference.rs`): plain loops
 //! over the rules of `docs/semantics.md`, noise construction included, with no call into the
 //! crate. Every SIMD level this machine has, 1 and 4 threads, f32/bf16/f16, vocabularies from 1
 //! to 200,000, temperatures 0 to 2, seeded, unseeded and external-noise rows, the filters, and
@@ -10,11 +10,9 @@
 //!
 //! `cargo test --test reference -- --nocapture` prints the levels exercised and the counts.
 mod common;
-#[path = "reference/mod.rs"]
-mod reference;
 
-use common::{chi2, chi2_critical, gen_row, pick_dist, softmax64, Dist, TestRng};
-use reference as rf;
+use common::reference as rf;
+use common::{chi2, chi2_critical, each_level, gen_row, pick_dist, softmax64, Dist, TestRng};
 use tokenrace::*;
 
 /// The seed of every sampler's key stream (so the reference can follow the unseeded rows).
@@ -320,7 +318,7 @@ fn choice_of(level: SimdLevel) -> SimdChoice {
 /// Every (level, threads) this machine runs, with a sampler each, all on the same key stream.
 fn samplers() -> Vec<(SimdLevel, usize, Sampler)> {
     let mut out = Vec::new();
-    for level in supported_levels() {
+    each_level(|level| {
         for threads in [1usize, 4] {
             let cfg = Config {
                 simd: choice_of(level),
@@ -333,7 +331,7 @@ fn samplers() -> Vec<(SimdLevel, usize, Sampler)> {
             assert_eq!(s.simd_level(), level);
             out.push((level, threads, s));
         }
-    }
+    });
     out
 }
 

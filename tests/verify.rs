@@ -19,11 +19,9 @@
 //!
 //! `cargo test --test verify -- --nocapture` prints the counts.
 mod common;
-#[path = "reference/mod.rs"]
-mod reference;
 
-use common::{chi2, chi2_critical, gen_row, pick_dist, TestRng};
-use reference as rf;
+use common::reference as rf;
+use common::{chi2, chi2_critical, each_level, gen_row, pick_dist, TestRng};
 use tokenrace::*;
 
 const STREAM_SEED: u64 = 0x005e_ed0f_5bec_0010;
@@ -437,7 +435,7 @@ fn random_calls_match_the_float64_reference() {
     let mut rng = TestRng::new(0x7e51_f1ed);
     let (mut compared, mut near) = (0, 0);
     for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
-        for level in supported_levels() {
+        each_level(|level| {
             for threads in [1, 2] {
                 for source in [Source::Seeded, Source::External, Source::Stream] {
                     for _ in 0..6 {
@@ -450,7 +448,7 @@ fn random_calls_match_the_float64_reference() {
                     }
                 }
             }
-        }
+        });
     }
     println!("verify: {compared} requests compared with the reference, {near} near a threshold");
     assert!(near * 50 <= compared, "{near} of {compared} requests near a threshold");
@@ -592,7 +590,7 @@ fn seeded_requests_do_not_depend_on_the_batch_threads_or_level() {
         let (t, c, w) = verify(&s, &call.batch(Logits::F32(&call.logits)));
         (0..call.counts.len()).map(|i| t[i * w..i * w + c[i] as usize].to_vec()).collect::<Vec<_>>()
     };
-    for level in supported_levels() {
+    each_level(|level| {
         for threads in [1, 2] {
             let s = sampler(level, threads, 7 + threads as u64);
             // Each request alone, then after unseeded batch mates in reverse order.
@@ -615,7 +613,7 @@ fn seeded_requests_do_not_depend_on_the_batch_threads_or_level() {
                 );
             }
         }
-    }
+    });
 }
 
 impl Call {
@@ -843,7 +841,7 @@ fn a_placeholder_draft_is_rejected_as_a_draft_of_probability_zero() {
     let q: Vec<f32> =
         q.chunks(vocab).flat_map(|row| row.iter().map(|&x| x / row.iter().sum::<f32>()).collect::<Vec<_>>()).collect();
     let seeds = [11u64, 12];
-    for level in SimdLevel::ALL.into_iter().filter(|l| l.is_supported()) {
+    each_level(|level| {
         let s = sampler(level, 1, 3);
         for temperature in [0.0f32, 0.8] {
             for with_q in [false, true] {
@@ -871,7 +869,7 @@ fn a_placeholder_draft_is_rejected_as_a_draft_of_probability_zero() {
                 }
             }
         }
-    }
+    });
 }
 
 /// The rows a verify call reads whose logits are not all finite count in `nonfinite_rows`, as a
