@@ -922,3 +922,102 @@ fn the_workers_report_the_first_bad_q_row_as_a_serial_call_would() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The cases the Python suite checks its binding against
+// ---------------------------------------------------------------------------------------------
+
+/// Where the verify cases live: seeded calls and this file's reference tokens, read by
+/// `tests/python/test_verify.py` so that the verify rule has one float64 reference, this one.
+const VERIFY_CASES: &str = "tests/fixtures/verify_cases.json";
+/// Calls per logits type; small vocabularies keep the committed file small.
+const CASES_PER_DTYPE: usize = 8;
+
+/// Random calls with every request seeded (no stream, no external randomness: the tokens are a
+/// function of the call alone), `CASES_PER_DTYPE` of each logits type.
+fn verify_case_calls() -> Vec<(Dtype, Call)> {
+    let mut rng = TestRng::new(0xf1c5_7e5);
+    let mut calls = Vec::new();
+    for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
+        for k in 0..CASES_PER_DTYPE {
+            let mut call = Call::random(&mut rng, dtype, Source::Seeded, [16, 40, 96][k % 3]);
+            call.seeded.iter_mut().for_each(|s| *s = 1);
+            calls.push((dtype, call));
+        }
+    }
+    calls
+}
+
+/// The cases and their reference tokens as JSON. Logits and q rows are hex f32 bit patterns
+/// (big-endian), so that NaN, infinities and every bit reach Python exactly; f32 scalars are
+/// written as the f64 of the same value, which Python reads back exactly.
+fn verify_cases_json() -> String {
+    let calls: Vec<String> = verify_case_calls()
+        .iter()
+        .map(|(dtype, call)| {
+            let name = match dtype {
+                Dtype::F32 => "float32",
+                Dtype::Bf16 => "bfloat16",
+                Dtype::F16 => "float16",
+            };
+            call_json(call, name, &call.reference(STREAM_SEED))
+        })
+        .collect();
+    format!(
+        "{{\n\"about\": \"seeded verify calls and the float64 reference's tokens (null: a decision within \
+         rounding of its threshold); written by tests/verify.rs: TOKENRACE_BLESS=1 cargo test --test verify \
+         committed_verify_cases\",\n\"calls\": [\n{}\n]\n}}\n",
+        calls.join(",\n")
+    )
+}
+
+fn call_json(call: &Call, dtype: &str, want: &[Option<Vec<i32>>]) -> String {
+    fn list<T: std::fmt::Display>(v: &[T]) -> String {
+        format!("[{}]", v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", "))
+    }
+    fn floats(v: &[f32]) -> String {
+        format!("[{}]", v.iter().map(|&x| format!("{:?}", x as f64)).collect::<Vec<_>>().join(", "))
+    }
+    fn hex(v: &[f32]) -> String {
+        format!("\"{}\"", v.iter().map(|x| format!("{:08x}", x.to_bits())).collect::<String>())
+    }
+    let tokens = want.iter().map(|w| w.as_ref().map_or("null".to_string(), |w| list(w))).collect::<Vec<_>>();
+    format!(
+        "{{\"dtype\": \"{dtype}\", \"vocab\": {}, \"counts\": {}, \"drafts\": {}, \"temperature\": {}, \"top_k\": {}, \
+         \"top_p\": {}, \"min_p\": {}, \"seeds\": {}, \"offsets\": {}, \"want\": [{}],\n \"logits\": {},\n \"q\": {}}}",
+        call.vocab,
+        list(&call.counts),
+        list(&call.drafts),
+        floats(&call.temperature),
+        list(&call.top_k),
+        floats(&call.top_p),
+        floats(&call.min_p),
+        list(&call.seeds),
+        list(&call.offsets),
+        tokens.join(", "),
+        hex(&call.logits),
+        call.q.as_deref().map_or("null".to_string(), hex),
+    )
+}
+
+/// The committed cases are what this file's reference says today (`TOKENRACE_BLESS=1` rewrites
+/// them), and the library emits them: a change of the rule changes the file, and the Python
+/// suite follows.
+#[test]
+fn committed_verify_cases_are_current() {
+    let text = verify_cases_json();
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(VERIFY_CASES);
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    if committed != text {
+        assert!(
+            std::env::var_os("TOKENRACE_BLESS").is_some(),
+            "{VERIFY_CASES} is not current: TOKENRACE_BLESS=1 cargo test --test verify committed_verify_cases"
+        );
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &text).unwrap();
+    }
+    // The library agrees with the cases, as the Python suite will check through its binding.
+    for (k, (dtype, call)) in verify_case_calls().iter().enumerate() {
+        check_call(call, *dtype, supported_levels()[0], 1, &format!("{dtype:?} case {k}"));
+    }
+}
