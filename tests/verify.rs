@@ -948,9 +948,7 @@ fn verify_case_calls() -> Vec<(Dtype, Call)> {
     calls
 }
 
-/// The cases and their reference tokens as JSON. Logits and q rows are hex f32 bit patterns
-/// (big-endian), so that NaN, infinities and every bit reach Python exactly; f32 scalars are
-/// written as the f64 of the same value, which Python reads back exactly.
+/// The cases and their reference tokens as JSON (the bit-exact writers of `common::fixtures`).
 fn verify_cases_json() -> String {
     let calls: Vec<String> = verify_case_calls()
         .iter()
@@ -972,16 +970,8 @@ fn verify_cases_json() -> String {
 }
 
 fn call_json(call: &Call, dtype: &str, want: &[Option<Vec<i32>>]) -> String {
-    fn list<T: std::fmt::Display>(v: &[T]) -> String {
-        format!("[{}]", v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", "))
-    }
-    fn floats(v: &[f32]) -> String {
-        format!("[{}]", v.iter().map(|&x| format!("{:?}", x as f64)).collect::<Vec<_>>().join(", "))
-    }
-    fn hex(v: &[f32]) -> String {
-        format!("\"{}\"", v.iter().map(|x| format!("{:08x}", x.to_bits())).collect::<String>())
-    }
-    let tokens = want.iter().map(|w| w.as_ref().map_or("null".to_string(), |w| list(w))).collect::<Vec<_>>();
+    use common::fixtures::{floats, hex, list, or_null};
+    let tokens = want.iter().map(|w| or_null(w.as_ref(), |w| list(w))).collect::<Vec<_>>();
     format!(
         "{{\"dtype\": \"{dtype}\", \"vocab\": {}, \"counts\": {}, \"drafts\": {}, \"temperature\": {}, \"top_k\": {}, \
          \"top_p\": {}, \"min_p\": {}, \"seeds\": {}, \"offsets\": {}, \"want\": [{}],\n \"logits\": {},\n \"q\": {}}}",
@@ -996,7 +986,7 @@ fn call_json(call: &Call, dtype: &str, want: &[Option<Vec<i32>>]) -> String {
         list(&call.offsets),
         tokens.join(", "),
         hex(&call.logits),
-        call.q.as_deref().map_or("null".to_string(), hex),
+        or_null(call.q.as_deref(), hex),
     )
 }
 
@@ -1005,17 +995,11 @@ fn call_json(call: &Call, dtype: &str, want: &[Option<Vec<i32>>]) -> String {
 /// suite follows.
 #[test]
 fn committed_verify_cases_are_current() {
-    let text = verify_cases_json();
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(VERIFY_CASES);
-    let committed = std::fs::read_to_string(&path).unwrap_or_default();
-    if committed != text {
-        assert!(
-            std::env::var_os("TOKENRACE_BLESS").is_some(),
-            "{VERIFY_CASES} is not current: TOKENRACE_BLESS=1 cargo test --test verify committed_verify_cases"
-        );
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, &text).unwrap();
-    }
+    common::fixtures::check_committed(
+        VERIFY_CASES,
+        &verify_cases_json(),
+        "cargo test --test verify committed_verify_cases",
+    );
     // The library agrees with the cases, as the Python suite will check through its binding.
     for (k, (dtype, call)) in verify_case_calls().iter().enumerate() {
         check_call(call, *dtype, supported_levels()[0], 1, &format!("{dtype:?} case {k}"));

@@ -2,6 +2,7 @@
 //! chi-square, the C ABI's last error, fork() children.
 #![allow(dead_code)]
 
+pub mod fixtures;
 pub mod reference;
 
 /// The per-level runner: a body run at every SIMD level this CPU supports, failures naming the level.

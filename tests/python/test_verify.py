@@ -18,15 +18,13 @@ vLLM's rejection sampling, ``ref_verify`` in tests/verify.rs (the one reference 
 A chi-square test of the emitted distribution is in tests/verify.rs; a light one is here too.
 """
 
-import json
 import math
-import pathlib
 import sys
 
 import numpy as np
 import pytest
 
-from reference import chi_square, inv_t, kept_set, log_softmax64, wilson_hilferty
+from reference import chi_square, f32_of_hex, fixture, inv_t, kept_set, log_softmax64, wilson_hilferty
 
 GREEDY_BELOW = 1e-5
 
@@ -35,21 +33,15 @@ GREEDY_BELOW = 1e-5
 # The reference's cases
 
 
-VERIFY_CASES = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "verify_cases.json"
-
-
 def reference_cases():
     """The calls of tests/fixtures/verify_cases.json as arrays, each with ``want``: the float64
     reference's emitted tokens of every request (None: a decision near its threshold)."""
-    def f32(bits_hex):
-        return np.frombuffer(bytes.fromhex(bits_hex), ">f4").astype(np.float32)
-
-    for c in json.loads(VERIFY_CASES.read_text())["calls"]:
+    for c in fixture("verify_cases")["calls"]:
         vocab, counts = c["vocab"], np.array(c["counts"], np.int32)
         yield dict(
-            dtype=c["dtype"], x=f32(c["logits"]).reshape(-1, vocab), counts=counts,
+            dtype=c["dtype"], x=f32_of_hex(c["logits"]).reshape(-1, vocab), counts=counts,
             drafts=np.array(c["drafts"], np.int32),
-            q=None if c["q"] is None else f32(c["q"]).reshape(-1, vocab),
+            q=None if c["q"] is None else f32_of_hex(c["q"]).reshape(-1, vocab),
             temperature=np.array(c["temperature"], np.float32), top_k=np.array(c["top_k"], np.int32),
             top_p=np.array(c["top_p"], np.float32), min_p=np.array(c["min_p"], np.float32),
             seeds=np.array(c["seeds"], np.uint64), offsets=np.array(c["offsets"], np.uint64), uniforms=None,
