@@ -873,3 +873,81 @@ fn committed_draw_cases_are_current() {
         }
     });
 }
+
+// ---------------------------------------------------------------------------------------------
+// The processed rows the C suite checks the sampling step against
+// ---------------------------------------------------------------------------------------------
+
+/// The processed rows of `c_tests/test_pipeline.c`'s two rows, written from this reference's
+/// `effective_row` so that the C suite compares the library's sampling step with the one float64
+/// reference instead of its own port of the step.
+const C_STEP_REFERENCE: &str = "c_tests/step_reference.h";
+
+/// The inputs of `c_tests/test_pipeline.c` (its `main` and the CSR lists above it), as they are
+/// there: the rows are its logits after its overrides, the bitmask its words (padding word and
+/// bits past the vocabulary included).
+fn c_pipeline_processed_rows() -> Vec<f32> {
+    const V: usize = 100;
+    let mut x: Vec<f32> = (0..2 * V).map(|k| ((k % V * 37 + k / V * 11) % 50) as f32 / 10.0 - 2.0).collect();
+    x[10] = 3.0;
+    x[20] = 2.5;
+    x[30] = 9.0;
+    x[7] = 8.0;
+    x[V + 41] = -1.0;
+    x[V + 55] = 1.0;
+    let mut mask = [-1i32; 2 * 5];
+    mask[0] &= !(1 << 30);
+    mask[3] = 0x5a5a_5a5f;
+    mask[5 + 3] = 0x0000_000f;
+    mask[5 + 4] = 0;
+    mask[5 + 1] = 0xf0f0_f0f0_u32 as i32 | 1 << (55 - 32) | 1 << (41 - 32);
+    let rows = [
+        rf::RowInputs {
+            prompt: &[10, 11, 10],
+            output: &[10, 10, 12],
+            repetition: 2.0,
+            frequency: 1.0,
+            presence: 0.5,
+            bias_ids: &[20, 20, 7],
+            bias_values: &[2.0, 1.0, f32::NEG_INFINITY],
+            bitmask: Some(&mask[0..5]),
+            ..rf::RowInputs::NONE
+        },
+        rf::RowInputs {
+            prompt: &[40, 41],
+            output: &[41],
+            repetition: 1.5,
+            frequency: 0.5,
+            presence: 0.25,
+            bias_ids: &[55],
+            bias_values: &[4.0],
+            bitmask: Some(&mask[5..10]),
+            ..rf::RowInputs::NONE
+        },
+    ];
+    rows.iter().enumerate().flat_map(|(r, p)| rf::effective_row(&x[r * V..(r + 1) * V], p)).collect()
+}
+
+/// The committed header holds the reference's processed rows of the C test's inputs
+/// (`TOKENRACE_BLESS=1` rewrites it).
+#[test]
+fn committed_c_step_reference_is_current() {
+    let rows = c_pipeline_processed_rows();
+    let words: Vec<String> = rows.iter().map(|v| format!("0x{:08x}u", v.to_bits())).collect();
+    let lines: Vec<String> = words.chunks(8).map(|c| format!("    {},", c.join(", "))).collect();
+    let text = format!(
+        "/* The processed rows of test_pipeline.c's two rows (its logits, CSR lists, penalties, bias and\n \
+         * bitmask) by the float64 reference's effective_row (tests/common/reference.rs), as f32 bit\n \
+         * patterns. Written by tests/reference.rs; do not edit: TOKENRACE_BLESS=1 cargo test --test\n \
+         * reference committed_c_step_reference */\n\
+         #include <stdint.h>\n\n\
+         static const uint32_t STEP_REFERENCE_ROWS[{}] = {{\n{}\n}};\n",
+        rows.len(),
+        lines.join("\n")
+    );
+    common::fixtures::check_committed(
+        C_STEP_REFERENCE,
+        &text,
+        "cargo test --test reference committed_c_step_reference",
+    );
+}
