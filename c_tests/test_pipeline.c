@@ -1,6 +1,6 @@
 /* The whole sampling step through the C ABI (since 0.2): CSR histories, the three penalties,
  * logit bias, a grammar bitmask and full-vocabulary output, checked against a plain draw of the
- * row materialised by hand (the spec's f32 steps); an error with its message and nothing
+ * rows the float64 reference processed (step_reference.h); an error with its message and nothing
  * written; structs of the older sizes (without these fields) still draw as before. */
 #include "tokenrace.h"
 #include <math.h>
@@ -10,12 +10,14 @@
 #include <string.h>
 
 #include "check.h"
+#include "step_reference.h"
 
 enum { ROWS = 2, V = 100, WORDS = 4, MASK_STRIDE = 5, FULL_STRIDE = 101 };
 
 static const float SENTINEL = 12345.0f;
 
-/* The CSR inputs of the two rows. */
+/* The CSR inputs of the two rows. tests/reference.rs repeats them, with main's logits and bitmask,
+ * to write step_reference.h: a change here is a change there. */
 static const int32_t prompt_ids[] = {10, 11, 10, /* row 1 */ 40, 41};
 static const uint64_t prompt_offsets[] = {0, 3, 5};
 static const int32_t output_ids[] = {10, 10, 12, /* row 1 */ 41};
@@ -27,43 +29,15 @@ static const int32_t bias_ids[] = {20, 20, 7, /* row 1 */ 55};
 static float bias_values[] = {2.0f, 1.0f, -INFINITY, /* row 1 */ 4.0f};
 static const uint64_t bias_offsets[] = {0, 3, 4};
 
-static int count_of(const int32_t *ids, const uint64_t *offsets, int row, int id) {
-  int n = 0;
-  for (uint64_t j = offsets[row]; j < offsets[row + 1]; j++) n += ids[j] == id;
-  return n;
-}
-
 static int bit_of(const int32_t *mask, int row, int i) {
   return (int)(((uint32_t)mask[row * MASK_STRIDE + i / 32] >> (i % 32)) & 1u);
 }
 
-/* The effective row, as the spec's steps 1-4 say, in f32. */
-static void materialise(const float *x, const int32_t *mask, int row, float *y) {
-  for (int i = 0; i < V; i++) {
-    float v = x[row * V + i];
-    if (!bit_of(mask, row, i)) {
-      y[i] = -INFINITY;
-      continue;
-    }
-    int biased = 0, ban = 0;
-    float b = 0.0f;
-    for (uint64_t j = bias_offsets[row]; j < bias_offsets[row + 1]; j++) {
-      if (bias_ids[j] != i) continue;
-      b = biased ? b + bias_values[j] : bias_values[j];
-      biased = 1;
-      ban |= bias_values[j] == -INFINITY;
-    }
-    if (ban) v = -INFINITY;
-    else if (biased) v = v + b;
-    int c = count_of(output_ids, output_offsets, row, i);
-    if (repetition[row] != 1.0f && (c > 0 || count_of(prompt_ids, prompt_offsets, row, i) > 0))
-      v = v > 0.0f ? v / repetition[row] : v * repetition[row];
-    if (c > 0) {
-      v = v - frequency[row] * (float)c;
-      v = v - presence[row];
-    }
-    y[i] = v;
-  }
+/* Row `row` after its sampling step, as the float64 reference of tests/common/reference.rs
+ * computes it from this file's inputs (step_reference.h, which tests/reference.rs writes and keeps
+ * current). */
+static void processed_row(int row, float *y) {
+  memcpy(y, STEP_REFERENCE_ROWS + (size_t)row * V, V * sizeof(float));
 }
 
 static tokenrace_batch batch_of(const float *logits, const float *temps, const uint64_t *seeds,
@@ -153,11 +127,11 @@ int main(void) {
   CHECK(full[0 * FULL_STRIDE + 30] == -INFINITY && full[0 * FULL_STRIDE + 7] == -INFINITY);
   CHECK(full[0 * FULL_STRIDE + V] == SENTINEL && full[1 * FULL_STRIDE + V] == SENTINEL);
 
-  /* The plain draw (no pipeline fields) of the rows materialised by hand: the same tokens, flags,
+  /* The plain draw (no pipeline fields) of the reference's processed rows: the same tokens, flags,
    * logprobs and processed logits. */
   static float y[ROWS * V];
-  materialise(x, mask, 0, y);
-  materialise(x, mask, 1, y + V);
+  processed_row(0, y);
+  processed_row(1, y + V);
   CHECK(y[1 * V + 41] == -1.0f * 1.5f - 0.5f - 0.25f);
   CHECK(y[1 * V + 55] == 5.0f);
   tokenrace_batch plain = batch_of(y, temps, seeds, offs, top_p);

@@ -17,7 +17,7 @@ pub enum SimdChoice {
     /// The best level this CPU supports.
     Auto,
     /// One lane at a time: the generic kernels with a lane count of 1 (the float64 reference
-    /// of the tests, `tests/reference/`, is separate from every level).
+    /// of the tests, `tests/common/reference.rs`, is separate from every level).
     Scalar,
     /// Fixed-width arrays that the compiler vectorises for the target's baseline (SSE2 on x86-64,
     /// NEON on aarch64; scalar code on the default s390x target, which has no vector facility).

@@ -1,10 +1,8 @@
 //! The fused draw against float64 references, across every SIMD level this machine has.
 mod common;
-#[path = "reference/mod.rs"]
-mod reference;
 
+use common::reference as rf;
 use common::*;
-use reference as rf;
 use tokenrace::internals::scalar_noise;
 use tokenrace::internals::seeded_row_key;
 use tokenrace::*;
@@ -185,7 +183,7 @@ fn every_level_draws_the_same_tokens_as_scalar() {
         let (b16, h16) = (to_bf16(&three), to_f16(&three));
         let logits = [Logits::F32(&three), Logits::Bf16(&b16), Logits::F16(&h16)];
         let mut expected: Vec<Vec<(Vec<i32>, Vec<u32>)>> = Vec::new();
-        for level in supported_levels() {
+        each_level(|level| {
             let mut got = Vec::new();
             for l in logits {
                 let s = sampler(level, 11);
@@ -203,7 +201,7 @@ fn every_level_draws_the_same_tokens_as_scalar() {
             } else {
                 assert_eq!(got, expected[0], "{level:?} differs from scalar on a row of vocab {vocab}, T {t}");
             }
-        }
+        });
     }
 }
 
@@ -218,7 +216,7 @@ fn race64_of(x: &[f32], t: f32, ln_e: impl Fn(usize) -> f64) -> rf::Race {
 fn race_matches_float64_reference_on_the_same_noise() {
     let mut rng = TestRng::new(4);
     let (mut compared, mut near_ties) = (0, 0);
-    for level in supported_levels() {
+    each_level(|level| {
         let s = sampler(level, 5);
         for case in 0..300 {
             let vocab = [50, 1000, 4099, 32000][case % 4];
@@ -254,14 +252,14 @@ fn race_matches_float64_reference_on_the_same_noise() {
                 assert_eq!(tok, r.token, "{level:?} vocab {vocab} T {t} {kind:?}: gap {} tolerances", r.gap);
             }
         }
-    }
+    });
     assert!(near_ties * 50 < compared, "{near_ties} near ties of {compared}: the test is not testing");
 }
 
 #[test]
 fn inline_race_matches_float64_reference_of_its_noise() {
     let mut rng = TestRng::new(6);
-    for level in supported_levels() {
+    each_level(|level| {
         let s = sampler(level, 5);
         for case in 0..200u64 {
             let vocab = [64, 1000, 4099, 32000][case as usize % 4];
@@ -281,7 +279,7 @@ fn inline_race_matches_float64_reference_of_its_noise() {
             let tok = tok[0] as usize;
             assert!(tok == r.token || r.near.contains(&tok), "{level:?} vocab {vocab} T {t}: gap {} tolerances", r.gap);
         }
-    }
+    });
 }
 
 /// Draws `n` tokens from one row, `per_call` rows at a time, unseeded.
@@ -303,7 +301,7 @@ fn frequencies(s: &Sampler, x: &[f32], t: f32, n: usize, per_call: usize) -> Vec
 fn sampled_frequencies_match_softmax_by_chi_square() {
     let x: Vec<f32> = vec![1.0, f32::NEG_INFINITY, 0.5, 2.0, -1.0, 2.0, f32::NEG_INFINITY, 0.0, -3.0, 1.5, 3.0, -0.5];
     let n = 100_000;
-    for level in supported_levels() {
+    each_level(|level| {
         let s = sampler(level, 77);
         for &t in &[0.5f32, 1.0, 2.0] {
             let counts = frequencies(&s, &x, t, n, 1000);
@@ -314,14 +312,14 @@ fn sampled_frequencies_match_softmax_by_chi_square() {
             let (wrong, _) = chi2(&counts, &softmax64(&x, t as f64 * 1.05));
             assert!(wrong > crit, "{level:?} T {t}: the test cannot tell T from 1.05 T ({wrong} < {crit})");
         }
-    }
+    });
 }
 
 #[test]
 fn external_noise_frequencies_match_softmax() {
     let x: Vec<f32> = vec![0.3, 1.2, f32::NEG_INFINITY, -0.7, 2.2, 0.0, 1.9, -2.0];
     let mut rng = TestRng::new(8);
-    for level in supported_levels() {
+    each_level(|level| {
         let s = sampler(level, 1);
         for kind in [NoiseKind::Exp, NoiseKind::LogExp] {
             let (rows, calls, vocab) = (500, 120, x.len());
@@ -350,7 +348,7 @@ fn external_noise_frequencies_match_softmax() {
             let (stat, dof) = chi2(&counts, &softmax64(&x, 0.8));
             assert!(stat < chi2_critical(dof, 5.0), "{level:?} {kind:?}: chi-square {stat}");
         }
-    }
+    });
 }
 
 #[test]
@@ -374,7 +372,7 @@ fn the_whole_vocabulary_is_reachable() {
 #[test]
 fn greedy_rows_are_the_exact_argmax_with_lowest_index_ties() {
     let mut rng = TestRng::new(9);
-    for level in supported_levels() {
+    each_level(|level| {
         let s = sampler(level, 0);
         for case in 0..200 {
             let vocab = 1 + rng.below(3000);
@@ -401,12 +399,12 @@ fn greedy_rows_are_the_exact_argmax_with_lowest_index_ties() {
             assert_eq!(tok[0] as usize, want.0, "{level:?}");
             assert!(fl[0] & flags::GREEDY != 0);
         }
-    }
+    });
 }
 
 #[test]
 fn non_finite_logits_follow_the_rules() {
-    for level in supported_levels() {
+    each_level(|level| {
         let s = sampler(level, 0);
         for t in [0.0f32, 1.0] {
             let mut x = vec![f32::NAN; 40];
@@ -437,13 +435,13 @@ fn non_finite_logits_follow_the_rules() {
                 assert_eq!(tok[0], 39, "masked tokens never win");
             }
         }
-    }
+    });
 }
 
 #[test]
 fn tiny_and_huge_temperatures_stay_exact() {
     let x: Vec<f32> = vec![1.0, 1.0 + 1e-6, 0.5, -3.0];
-    for level in supported_levels() {
+    each_level(|level| {
         let s = Sampler::new(Config { greedy_below: 0.0, ..common::sampler(level, 1).config().clone() }).unwrap();
         for t in [1e-30f32, f32::MIN_POSITIVE, 1e-38] {
             let (tok, _) = draw(&s, &batch_of(Logits::F32(&x), 1, 4, &[t]));
@@ -451,7 +449,7 @@ fn tiny_and_huge_temperatures_stay_exact() {
         }
         let (tok, _) = draw(&s, &batch_of(Logits::F32(&x), 1, 4, &[1e30]));
         assert!((0..4).contains(&tok[0]));
-    }
+    });
 }
 
 #[test]
@@ -460,7 +458,7 @@ fn seeded_rows_do_not_depend_on_the_rest_of_the_batch() {
     let vocab = 3000;
     let target = peaked_logits(&mut rng, vocab, 2.0, 6.0);
     let mut reference = None;
-    for level in supported_levels() {
+    each_level(|level| {
         for (pos, rows) in [(0usize, 1usize), (5, 9), (8, 9), (0, 64)] {
             let s = sampler(level, rng.u64());
             let mut all: Vec<f32> = (0..rows * vocab).map(|_| rng.normal() as f32).collect();
@@ -486,7 +484,7 @@ fn seeded_rows_do_not_depend_on_the_rest_of_the_batch() {
                 Some(r) => assert_eq!(tok, r, "{level:?}: the seeded row moved to {pos} of {rows} and changed"),
             }
         }
-    }
+    });
 }
 
 #[test]
@@ -511,9 +509,9 @@ fn unseeded_draws_are_reproducible_from_the_config_seed() {
         (0..3).flat_map(|_| draw(&s, &Batch::new(Logits::F32(&all), 8, 5000)).0).collect::<Vec<_>>()
     };
     let first = run(SimdLevel::Scalar);
-    for level in supported_levels() {
+    each_level(|level| {
         assert_eq!(run(level), first, "{level:?}");
-    }
+    });
 }
 
 #[test]
@@ -584,7 +582,7 @@ fn thread_count_never_changes_a_token() {
         let seeded: Vec<u8> = (0..rows).map(|r| (r % 3 == 0) as u8).collect();
         let noise: Vec<f32> = (0..vocab).map(|_| rng.exp() as f32).collect();
         let mut expected = None;
-        for level in supported_levels() {
+        each_level(|level| {
             // Every split of `threads` (forced: the cost model would keep small calls on one
             // thread), then the model's own choice at 7 threads.
             for (threads, forced) in
@@ -608,7 +606,7 @@ fn thread_count_never_changes_a_token() {
                     Some(e) => assert_eq!(&got, e, "{level:?}, {threads} threads ({forced}), {rows} x {vocab}"),
                 }
             }
-        }
+        });
     }
     tokenrace::internals::force_participants(0);
 }
@@ -627,7 +625,7 @@ fn half_precision_rows_draw_as_their_f32_values() {
     let h16 = to_f16(&x);
     let via_b16: Vec<f32> = b16.iter().map(|v| v.to_f32()).collect();
     let via_h16: Vec<f32> = h16.iter().map(|v| v.to_f32()).collect();
-    for level in supported_levels() {
+    each_level(|level| {
         let run = |l: Logits| {
             let s = sampler(level, 4);
             let b = Batch { seeds: Some(&seeds), seeded: Some(&seeded), ..batch_of(l, rows, vocab, &temps) };
@@ -635,7 +633,7 @@ fn half_precision_rows_draw_as_their_f32_values() {
         };
         assert_eq!(run(Logits::Bf16(&b16)), run(Logits::F32(&via_b16)), "{level:?} bf16");
         assert_eq!(run(Logits::F16(&h16)), run(Logits::F32(&via_h16)), "{level:?} f16");
-    }
+    });
 }
 
 /// Which SIMD levels the suite exercises on this machine (scripts/test.sh prints this line):
@@ -663,7 +661,7 @@ fn logits_at_the_ends_of_the_f32_range_at_the_largest_temperature() {
     // (row, the float64 probability of token 1).
     let d = (-0.3e38f64 - 3.0e38) / f32::MAX as f64; // about -0.97: a span just below FLT_MAX
     let cases = [([3.0e38f32, -0.3e38], d.exp() / (1.0 + d.exp())), ([3.0e38f32, -3.0e38], 0.0)];
-    for level in supported_levels() {
+    each_level(|level| {
         for (x, p1) in cases {
             let s = sampler(level, 5);
             let logits: Vec<f32> = (0..rows).flat_map(|_| x).collect();
@@ -692,7 +690,7 @@ fn logits_at_the_ends_of_the_f32_range_at_the_largest_temperature() {
                 lp[0]
             );
         }
-    }
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -809,7 +807,7 @@ fn large_external_e_is_never_pruned_wrongly() {
         let ln_e: Vec<f32> = e.iter().map(|&v| ((v as f64).ln()) as f32).collect();
         let reference = rf::draw(x, 1.0, 1e-5, rf::Noise::Exp(e), rf::Filters::OFF);
         assert_eq!(reference.token, r.token);
-        for level in supported_levels() {
+        each_level(|level| {
             let s = sampler(level, 1);
             for (noise, kind) in [(e, NoiseKind::Exp), (&ln_e, NoiseKind::LogExp)] {
                 let b = Batch {
@@ -819,7 +817,7 @@ fn large_external_e_is_never_pruned_wrongly() {
                 let (tok, _) = draw(&s, &b);
                 assert_eq!(tok[0] as usize, r.token, "{level:?} {kind:?}: E {:e} vs {:e}", e[0], e[r.token]);
             }
-        }
+        });
     }
 }
 
@@ -973,7 +971,7 @@ fn a_token_once_tied_to_a_block_is_drawn_at_its_rate() {
     for &i in block.iter().chain([&t_star]) {
         x[i] = 0.0;
     }
-    for level in supported_levels() {
+    each_level(|level| {
         let s = sampler(level, 1);
         for j in 0..24u64 {
             let key = seeded_row_key(0x7ace, j);
@@ -983,7 +981,7 @@ fn a_token_once_tied_to_a_block_is_drawn_at_its_rate() {
             let tok = draw(&s, &b).0[0] as usize;
             assert!(tok == r.token || r.near.contains(&tok), "{level:?} row {j}: token {tok}, reference {}", r.token);
         }
-    }
+    });
 }
 
 /// docs/semantics.md, "Resolution": the range of per-token noise and of a block minimum.
@@ -1038,7 +1036,7 @@ fn a_row_of_signed_zeros_is_uniform_at_every_level() {
                 })
                 .collect();
             let want = -(vocab as f64).ln();
-            for level in supported_levels() {
+            each_level(|level| {
                 let s = sampler(level, 3);
                 for mode in [LogprobMode::Raw, LogprobMode::Processed] {
                     let (seeds, temps) = ([7u64], [1.0f32]);
@@ -1052,7 +1050,7 @@ fn a_row_of_signed_zeros_is_uniform_at_every_level() {
                         lp[0]
                     );
                 }
-            }
+            });
         }
     }
 }

@@ -200,7 +200,7 @@ fn sampled_frequencies_match_the_filtered_distribution() {
     let per_call = 4000;
     let all: Vec<f32> = (0..per_call).flat_map(|_| x.iter().copied()).collect();
     let cases = [(0.8f32, 10i32, 1.0f32, 0.0f32), (1.0, 0, 0.8, 0.0), (1.3, 0, 1.0, 0.1), (1.0, 20, 0.9, 0.02)];
-    for level in supported_levels() {
+    each_level(|level| {
         let s = sampler(level, 77);
         for &(t, k, p, mp) in &cases {
             let want = probs_of(&x, t, &reference_kept(&x, t, k, p, mp));
@@ -224,7 +224,7 @@ fn sampled_frequencies_match_the_filtered_distribution() {
             }
             assert!(stat_u > chi2_critical(vocab - 1, 5.0), "{level:?}: unfiltered not rejected ({stat_u})");
         }
-    }
+    });
 }
 
 #[test]
@@ -241,7 +241,7 @@ fn tokens_do_not_depend_on_simd_level_or_threads() {
         let mps: Vec<f32> = (0..rows).map(|r| [0.0, 0.01, 0.001, 0.0][r % 4]).collect();
         let b = filtered_batch(&x, rows, vocab, &temps, &ks, &ps, &mps);
         let mut first: Option<Vec<i32>> = None;
-        for level in supported_levels() {
+        each_level(|level| {
             for threads in [1usize, 3] {
                 let cfg = Config { threads, ..sampler(level, 9).config().clone() };
                 let s = Sampler::new(cfg).unwrap();
@@ -259,7 +259,7 @@ fn tokens_do_not_depend_on_simd_level_or_threads() {
                     Some(f) => assert_eq!(&got, f, "{level:?} threads {threads} {rows}x{vocab}"),
                 }
             }
-        }
+        });
     }
 }
 
@@ -293,7 +293,7 @@ fn filters_decided_after_the_race_give_the_tokens_of_the_threshold() {
     let b16: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v)).collect();
     let x16: Vec<f32> = b16.iter().map(|v| v.to_f32()).collect();
     for order in [FilterOrder::TemperatureFirst, FilterOrder::FiltersFirst] {
-        for level in supported_levels() {
+        each_level(|level| {
             let s = Sampler::new(Config { filter_order: order, ..sampler(level, 3).config().clone() }).unwrap();
             for (logits, values) in [(Logits::F32(&x), &x), (Logits::Bf16(&b16), &x16)] {
                 for call in 0..12u64 {
@@ -317,7 +317,7 @@ fn filters_decided_after_the_race_give_the_tokens_of_the_threshold() {
                     }
                 }
             }
-        }
+        });
     }
 }
 
@@ -349,7 +349,7 @@ fn logprobs_ranks_and_top_n_match_float64() {
     let mps = [0.0f32, 0.0, 0.0, 0.01];
     let b = filtered_batch(&x, rows, vocab, &temps, &ks, &ps, &mps);
     let top_n = 25;
-    for level in supported_levels() {
+    each_level(|level| {
         for mode in [LogprobMode::Raw, LogprobMode::Processed] {
             let s = sampler(level, 3);
             let (mut tokens, mut lps, mut ranks) = (vec![0; rows], vec![0f32; rows], vec![0; rows]);
@@ -385,7 +385,7 @@ fn logprobs_ranks_and_top_n_match_float64() {
                 }
             }
         }
-    }
+    });
 }
 
 #[test]

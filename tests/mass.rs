@@ -98,10 +98,10 @@ fn f32_weights_are_bit_identical_across_levels_and_within_their_bound() {
             let inv_t = 1.0 / t;
             let (c, lo, _) = hooks::consts(m, inv_t, NINF).unwrap();
             let want = hooks::weights(SimdLevel::Scalar, &x, m, c, lo, f32::INFINITY);
-            for level in supported_levels() {
+            each_level(|level| {
                 let got = hooks::weights(level, &x, m, c, lo, f32::INFINITY);
                 assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{level:?}");
-            }
+            });
             for (i, &v) in x.iter().enumerate() {
                 let a = (v as f64 - m as f64) * inv_t as f64;
                 if v >= lo && v.is_finite() {
@@ -135,20 +135,20 @@ fn block_masses_are_bit_identical_across_levels() {
                 for kind in 0..5u8 {
                     for logits in [Logits::F32(&x), Logits::Bf16(&bf), Logits::F16(&hf)] {
                         let want = hooks::blocks(SimdLevel::Scalar, logits, m, c, lo, cut, kind);
-                        for level in supported_levels() {
+                        each_level(|level| {
                             let got = hooks::blocks(level, logits, m, c, lo, cut, kind);
                             assert!(
                                 got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
                                 "{level:?} kind {kind}: {got:?} vs {want:?}"
                             );
-                        }
+                        });
                     }
                 }
                 let want = hooks::blocks64(SimdLevel::Scalar, &x, m, inv_t, lo64, cut);
-                for level in supported_levels() {
+                each_level(|level| {
                     let got = hooks::blocks64(level, &x, m, inv_t, lo64, cut);
                     assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{level:?} f64");
-                }
+                });
             }
         }
     }
@@ -166,11 +166,11 @@ fn mass_and_gather_in_one_pass_match_the_separate_kernels_on_every_level() {
         for cut in [m, m - 0.5, m - 4.0] {
             let (fused, separate) = hooks::mass_gather(SimdLevel::Scalar, &x, m, c, lo, cut);
             assert_eq!(fused, separate);
-            for level in supported_levels() {
+            each_level(|level| {
                 let (f, s) = hooks::mass_gather(level, &x, m, c, lo, cut);
                 assert_eq!(f, fused, "{level:?}");
                 assert_eq!(s, separate, "{level:?}");
-            }
+            });
         }
     }
 }
@@ -361,7 +361,7 @@ fn top_p_tokens_and_logprobs_are_identical_across_levels_and_threads() {
         let mps = vec![0f32; rows];
         for mode in [LogprobMode::Raw, LogprobMode::Processed] {
             let mut first: Option<(Vec<i32>, Vec<u32>)> = None;
-            for level in supported_levels() {
+            each_level(|level| {
                 for threads in [1usize, 3] {
                     let cfg = Config { threads, ..sampler(level, 17).config().clone() };
                     let s = Sampler::new(cfg).unwrap();
@@ -381,7 +381,7 @@ fn top_p_tokens_and_logprobs_are_identical_across_levels_and_threads() {
                         Some(f) => assert_eq!(&got, f, "{level:?} threads {threads} {mode:?}"),
                     }
                 }
-            }
+            });
             // And against float64.
             let (tokens, bits) = first.unwrap();
             for r in 0..rows {
@@ -484,7 +484,7 @@ fn top_p_tokens_for_half_precision_rows_are_identical_across_levels_and_threads(
     let ps = [0.9f32, 0.97];
     for logits in [Logits::Bf16(&bf), Logits::F16(&hf)] {
         let mut first: Option<(Vec<i32>, Vec<u32>)> = None;
-        for level in supported_levels() {
+        each_level(|level| {
             for threads in [1usize, 4] {
                 let cfg = Config { threads, ..sampler(level, 23).config().clone() };
                 let s = Sampler::new(cfg).unwrap();
@@ -507,7 +507,7 @@ fn top_p_tokens_for_half_precision_rows_are_identical_across_levels_and_threads(
                     Some(f) => assert_eq!(&(got_tokens, got_lps), f, "{level:?} threads {threads}"),
                 }
             }
-        }
+        });
     }
 }
 

@@ -1,8 +1,6 @@
 //! The noise pool: no reuse, zero copy, reproducibility, its noise, the drain policies,
 //! shutdown, fork, the sampler hook and the C functions.
 mod common;
-#[path = "reference/mod.rs"]
-mod reference;
 
 use common::*;
 use std::collections::HashSet;
@@ -431,7 +429,11 @@ fn agreement_with_requests(x: &[f32], pool_seed: u64, request_seed: u64, n: usiz
         let first = lease.first_seq();
         for r in [0, rows - 1] {
             let seq = first + r as u64;
-            assert_eq!(pool_row_key(pool_seed, seq), reference::pool_key(pool_seed, seq), "the documented pool key");
+            assert_eq!(
+                pool_row_key(pool_seed, seq),
+                common::reference::pool_key(pool_seed, seq),
+                "the documented pool key"
+            );
         }
         let b = Batch {
             noise: Some(ExternalNoise { values: lease.values(), kind: NoiseKind::LogExp, row_stride: vocab }),

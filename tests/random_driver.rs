@@ -36,18 +36,16 @@
 //! `tokenrace_last_error()` and writes nothing (every output is pre-filled with sentinels, and a
 //! sentinel tail after each array catches writes past the rows); on success every id is in
 //! `[0, vocab)`, the flags are the row's, and the tokens, logprobs, ranks and top-n equal the
-//! independent float64 reference (`tests/reference/mod.rs`), unseeded rows included (the
+//! independent float64 reference (`tests/common/reference.rs`), unseeded rows included (the
 //! reference follows the sampler's key stream, which a failed call must not advance), skipping
 //! near ties and filter cuts within rounding as `tests/reference.rs` does; and the sampler's
 //! counters add up.
 //!
 //! `cargo test --test random_driver -- --nocapture` prints the count of calls per category.
 mod common;
-#[path = "reference/mod.rs"]
-mod reference;
 
+use common::reference as rf;
 use common::{gen_row, last_error, pick_dist, TestRng};
-use reference as rf;
 use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::mem::{offset_of, size_of};

@@ -29,11 +29,9 @@
 //!
 //! `cargo test --test random_verify_driver -- --nocapture` prints the count of calls per category.
 mod common;
-#[path = "reference/mod.rs"]
-mod reference;
 
+use common::reference as rf;
 use common::{gen_row, last_error, pick_dist, TestRng};
-use reference as rf;
 use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::mem::size_of;

@@ -1,4 +1,4 @@
-//! The library against an independent float64 reference (`tests/reference/mod.rs`): plain loops
+//! The library against an independent float64 reference (`tests/common/reference.rs`): plain loops
 //! over the rules of `docs/semantics.md`, noise construction included, with no call into the
 //! crate. Every SIMD level this machine has, 1 and 4 threads, f32/bf16/f16, vocabularies from 1
 //! to 200,000, temperatures 0 to 2, seeded, unseeded and external-noise rows, the filters, and
@@ -10,11 +10,9 @@
 //!
 //! `cargo test --test reference -- --nocapture` prints the levels exercised and the counts.
 mod common;
-#[path = "reference/mod.rs"]
-mod reference;
 
-use common::{chi2, chi2_critical, gen_row, pick_dist, softmax64, Dist, TestRng};
-use reference as rf;
+use common::reference as rf;
+use common::{chi2, chi2_critical, each_level, gen_row, pick_dist, softmax64, Dist, TestRng};
 use tokenrace::*;
 
 /// The seed of every sampler's key stream (so the reference can follow the unseeded rows).
@@ -320,7 +318,7 @@ fn choice_of(level: SimdLevel) -> SimdChoice {
 /// Every (level, threads) this machine runs, with a sampler each, all on the same key stream.
 fn samplers() -> Vec<(SimdLevel, usize, Sampler)> {
     let mut out = Vec::new();
-    for level in supported_levels() {
+    each_level(|level| {
         for threads in [1usize, 4] {
             let cfg = Config {
                 simd: choice_of(level),
@@ -333,7 +331,7 @@ fn samplers() -> Vec<(SimdLevel, usize, Sampler)> {
             assert_eq!(s.simd_level(), level);
             out.push((level, threads, s));
         }
-    }
+    });
     out
 }
 
@@ -701,4 +699,255 @@ fn reference_draws_follow_softmax_by_chi_square() {
         let (stat, dof) = chi2(&counts, &softmax64(&only(&keep), 1.0));
         assert!(stat < chi2_critical(dof, 5.0), "{filters:?}: chi-square {stat} on {dof} dof");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The cases the Python suite checks its binding against
+// ---------------------------------------------------------------------------------------------
+
+/// Where the draw cases live: rows on external noise and this reference's tokens and kept sets,
+/// read by `tests/python/test_sampling.py` and `test_filters.py` so that the race, its near-tie
+/// rule and the filters have one float64 reference, this one.
+const DRAW_CASES: &str = "tests/fixtures/draw_cases.json";
+const DRAW_CASE_ROWS: usize = 24;
+const DRAW_CASE_VOCAB: usize = 64;
+
+/// One group of the draw cases: rows of one logits type on one kind of external noise.
+struct DrawGroup {
+    dtype: Dtype,
+    kind: NoiseKind,
+    x: Vec<f32>,
+    noise: Vec<f32>,
+    temps: Vec<f32>,
+    filters: Vec<rf::Filters>,
+}
+
+impl DrawGroup {
+    fn random(rng: &mut TestRng, dtype: Dtype, kind: NoiseKind) -> DrawGroup {
+        let (rows, vocab) = (DRAW_CASE_ROWS, DRAW_CASE_VOCAB);
+        let mut x = Vec::with_capacity(rows * vocab);
+        for r in 0..rows {
+            let row: Vec<f32> = match r % 3 {
+                // Normal logits with a few masked tokens.
+                0 => (0..vocab)
+                    .map(|_| if rng.below(20) == 0 { f32::NEG_INFINITY } else { (rng.normal() * 3.0) as f32 })
+                    .collect(),
+                // Many ties (multiples of 1/4): top-k and top-p cut inside a run of equal logits.
+                1 => (0..vocab).map(|_| rng.below(25) as f32 * 0.25).collect(),
+                // Every logit shape of the shared generator (NaN, infinities, empty rows).
+                _ => {
+                    let dist = pick_dist(rng);
+                    gen_row(rng, dist, vocab)
+                }
+            };
+            x.extend(row.iter().map(|&v| match dtype {
+                Dtype::F16 => F16::from_f32(v).to_f32(),
+                Dtype::Bf16 => Bf16::from_f32(v).to_f32(),
+                Dtype::F32 => v,
+            }));
+        }
+        let noise = (0..rows * vocab)
+            .map(|_| {
+                let e = (rng.exp() as f32).max(1e-30);
+                match kind {
+                    NoiseKind::Exp => e,
+                    NoiseKind::LogExp => (e as f64).ln() as f32,
+                }
+            })
+            .collect();
+        let temps = (0..rows).map(|_| 0.2 + 2.8 * rng.f64() as f32).collect();
+        let filters = (0..rows)
+            .map(|_| rf::Filters {
+                top_k: [0, 0, 1, 2, 3, 5, 10, vocab as i32, vocab as i32 + 7][rng.below(9)],
+                top_p: if rng.below(3) == 0 { 0.05 + 0.94 * rng.f64() as f32 } else { 1.0 },
+                min_p: if rng.below(3) == 0 { 0.001 + 0.6 * rng.f64() as f32 } else { 0.0 },
+            })
+            .collect();
+        DrawGroup { dtype, kind, x, noise, temps, filters }
+    }
+
+    /// The reference's row `r`.
+    fn drawn(&self, r: usize) -> rf::Drawn {
+        let row = r * DRAW_CASE_VOCAB..(r + 1) * DRAW_CASE_VOCAB;
+        let noise = match self.kind {
+            NoiseKind::Exp => rf::Noise::Exp(&self.noise[row.clone()]),
+            NoiseKind::LogExp => rf::Noise::LogExp(&self.noise[row.clone()]),
+        };
+        rf::draw(&self.x[row], self.temps[r], 0.0, noise, self.filters[r])
+    }
+
+    fn json(&self) -> String {
+        use common::fixtures::{floats, hex, list, or_null};
+        let drawn: Vec<rf::Drawn> = (0..DRAW_CASE_ROWS).map(|r| self.drawn(r)).collect();
+        // A near tie or an undecided cut: the library may return another token (null).
+        let want: Vec<String> = drawn
+            .iter()
+            .map(|d| or_null((d.near.is_empty() && !d.ambiguous).then_some(d.token), |t| t.to_string()))
+            .collect();
+        // The kept set of a sampling row whose cut is decided (null otherwise).
+        let kept: Vec<String> = drawn
+            .iter()
+            .map(|d| {
+                let decided = !d.kept.is_empty() && !d.ambiguous;
+                or_null(decided.then_some(&d.kept), |k| list(&(0..k.len()).filter(|&i| k[i]).collect::<Vec<_>>()))
+            })
+            .collect();
+        let name =
+            |f: fn(&rf::Filters) -> String| format!("[{}]", self.filters.iter().map(f).collect::<Vec<_>>().join(", "));
+        format!(
+            "{{\"dtype\": \"{}\", \"kind\": \"{}\", \"vocab\": {DRAW_CASE_VOCAB}, \"temperature\": {}, \"top_k\": {}, \
+             \"top_p\": {}, \"min_p\": {},\n \"want\": [{}],\n \"kept\": [{}],\n \"logits\": {},\n \"noise\": {}}}",
+            match self.dtype {
+                Dtype::F32 => "float32",
+                Dtype::Bf16 => "bfloat16",
+                Dtype::F16 => "float16",
+            },
+            match self.kind {
+                NoiseKind::Exp => "exp",
+                NoiseKind::LogExp => "log_exp",
+            },
+            floats(&self.temps),
+            name(|f| f.top_k.to_string()),
+            name(|f| format!("{:?}", f.top_p as f64)),
+            name(|f| format!("{:?}", f.min_p as f64)),
+            want.join(", "),
+            kept.join(", "),
+            hex(&self.x),
+            hex(&self.noise),
+        )
+    }
+}
+
+fn draw_groups() -> Vec<DrawGroup> {
+    let mut rng = TestRng::new(0xd7a5_ca5e);
+    let mut groups = Vec::new();
+    for dtype in [Dtype::F32, Dtype::F16] {
+        for kind in [NoiseKind::Exp, NoiseKind::LogExp] {
+            groups.push(DrawGroup::random(&mut rng, dtype, kind));
+        }
+    }
+    groups
+}
+
+/// The committed draw cases are what the reference says today (`TOKENRACE_BLESS=1` rewrites
+/// them), they decide most rows, and the library draws them at every level.
+#[test]
+fn committed_draw_cases_are_current() {
+    let groups = draw_groups();
+    let body: Vec<String> = groups.iter().map(DrawGroup::json).collect();
+    let text = format!(
+        "{{\n\"about\": \"rows on external noise, the float64 reference's token (null: a near tie or a filter cut \
+         within rounding) and kept set (null: not a sampling row, or an undecided cut); written by \
+         tests/reference.rs: TOKENRACE_BLESS=1 cargo test --test reference committed_draw_cases\",\n\"groups\": [\n{}\n]\n}}\n",
+        body.join(",\n")
+    );
+    common::fixtures::check_committed(DRAW_CASES, &text, "cargo test --test reference committed_draw_cases");
+    each_level(|level| {
+        for g in &groups {
+            let s = Sampler::new(Config { simd: choice_of(level), max_rows: 64, ..Config::default() }).unwrap();
+            let (rows, vocab) = (DRAW_CASE_ROWS, DRAW_CASE_VOCAB);
+            let h16: Vec<F16> = g.x.iter().map(|&v| F16::from_f32(v)).collect();
+            let logits = if g.dtype == Dtype::F16 { Logits::F16(&h16) } else { Logits::F32(&g.x) };
+            let top_k: Vec<i32> = g.filters.iter().map(|f| f.top_k).collect();
+            let top_p: Vec<f32> = g.filters.iter().map(|f| f.top_p).collect();
+            let min_p: Vec<f32> = g.filters.iter().map(|f| f.min_p).collect();
+            let batch = Batch {
+                top_k: Some(&top_k),
+                top_p: Some(&top_p),
+                min_p: Some(&min_p),
+                temperature: Some(&g.temps),
+                noise: Some(ExternalNoise { values: &g.noise, kind: g.kind, row_stride: vocab }),
+                ..Batch::new(logits, rows, vocab)
+            };
+            let mut tokens = vec![-1; rows];
+            s.draw(&batch, &mut Output::new(&mut tokens)).unwrap();
+            let mut decided = 0;
+            for (r, &got) in tokens.iter().enumerate() {
+                let d = g.drawn(r);
+                if d.near.is_empty() && !d.ambiguous {
+                    decided += 1;
+                    assert_eq!(got as usize, d.token, "{:?} {:?} row {r}", g.dtype, g.kind);
+                }
+            }
+            assert!(decided + 2 >= rows, "{decided} of {rows} rows decided");
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// The processed rows the C suite checks the sampling step against
+// ---------------------------------------------------------------------------------------------
+
+/// The processed rows of `c_tests/test_pipeline.c`'s two rows, written from this reference's
+/// `effective_row` so that the C suite compares the library's sampling step with the one float64
+/// reference instead of its own port of the step.
+const C_STEP_REFERENCE: &str = "c_tests/step_reference.h";
+
+/// The inputs of `c_tests/test_pipeline.c` (its `main` and the CSR lists above it), as they are
+/// there: the rows are its logits after its overrides, the bitmask its words (padding word and
+/// bits past the vocabulary included).
+fn c_pipeline_processed_rows() -> Vec<f32> {
+    const V: usize = 100;
+    let mut x: Vec<f32> = (0..2 * V).map(|k| ((k % V * 37 + k / V * 11) % 50) as f32 / 10.0 - 2.0).collect();
+    x[10] = 3.0;
+    x[20] = 2.5;
+    x[30] = 9.0;
+    x[7] = 8.0;
+    x[V + 41] = -1.0;
+    x[V + 55] = 1.0;
+    let mut mask = [-1i32; 2 * 5];
+    mask[0] &= !(1 << 30);
+    mask[3] = 0x5a5a_5a5f;
+    mask[5 + 3] = 0x0000_000f;
+    mask[5 + 4] = 0;
+    mask[5 + 1] = 0xf0f0_f0f0_u32 as i32 | 1 << (55 - 32) | 1 << (41 - 32);
+    let rows = [
+        rf::RowInputs {
+            prompt: &[10, 11, 10],
+            output: &[10, 10, 12],
+            repetition: 2.0,
+            frequency: 1.0,
+            presence: 0.5,
+            bias_ids: &[20, 20, 7],
+            bias_values: &[2.0, 1.0, f32::NEG_INFINITY],
+            bitmask: Some(&mask[0..5]),
+            ..rf::RowInputs::NONE
+        },
+        rf::RowInputs {
+            prompt: &[40, 41],
+            output: &[41],
+            repetition: 1.5,
+            frequency: 0.5,
+            presence: 0.25,
+            bias_ids: &[55],
+            bias_values: &[4.0],
+            bitmask: Some(&mask[5..10]),
+            ..rf::RowInputs::NONE
+        },
+    ];
+    rows.iter().enumerate().flat_map(|(r, p)| rf::effective_row(&x[r * V..(r + 1) * V], p)).collect()
+}
+
+/// The committed header holds the reference's processed rows of the C test's inputs
+/// (`TOKENRACE_BLESS=1` rewrites it).
+#[test]
+fn committed_c_step_reference_is_current() {
+    let rows = c_pipeline_processed_rows();
+    let words: Vec<String> = rows.iter().map(|v| format!("0x{:08x}u", v.to_bits())).collect();
+    let lines: Vec<String> = words.chunks(8).map(|c| format!("    {},", c.join(", "))).collect();
+    let text = format!(
+        "/* The processed rows of test_pipeline.c's two rows (its logits, CSR lists, penalties, bias and\n \
+         * bitmask) by the float64 reference's effective_row (tests/common/reference.rs), as f32 bit\n \
+         * patterns. Written by tests/reference.rs; do not edit: TOKENRACE_BLESS=1 cargo test --test\n \
+         * reference committed_c_step_reference */\n\
+         #include <stdint.h>\n\n\
+         static const uint32_t STEP_REFERENCE_ROWS[{}] = {{\n{}\n}};\n",
+        rows.len(),
+        lines.join("\n")
+    );
+    common::fixtures::check_committed(
+        C_STEP_REFERENCE,
+        &text,
+        "cargo test --test reference committed_c_step_reference",
+    );
 }

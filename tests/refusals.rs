@@ -72,8 +72,11 @@ impl Inputs {
     }
 }
 
+/// A named way of making the inputs bad in one place.
+type Refusal = (&'static str, Box<dyn Fn(&mut Inputs)>);
+
 /// Each way a draw is refused: the inputs made bad in one place.
-fn refusals() -> Vec<(&'static str, Box<dyn Fn(&mut Inputs)>)> {
+fn refusals() -> Vec<Refusal> {
     vec![
         (
             "an output id past the vocabulary (checked by the rows' tasks)",

@@ -3,14 +3,10 @@
 //! lists), a signed-zero tie of raw logprobs, CSR windows, empty batches and inputs that change
 //! nothing, and the filters of a processed row decided after the race.
 mod common;
-#[path = "reference/mod.rs"]
-mod reference;
-#[path = "common/step.rs"]
-mod step_common;
 
 use common::TestRng;
-use reference as rf;
-use step_common::*;
+use common::reference as rf;
+use common::step::*;
 use tokenrace::*;
 
 /// Found by the random batches (an F16 row of N(0, 300) logits whose history tokens were set to

@@ -1,4 +1,4 @@
-//! The whole sampling step against the float64 reference of `tests/reference/mod.rs`
+//! The whole sampling step against the float64 reference of `tests/common/reference.rs`
 //! (`rf::effective_row`: the step of `docs/semantics.md` applied literally to a copy of the row,
 //! then the reference draw of `tests/reference.rs` on that row): token histories and the three
 //! penalties, logit bias, allowed and banned tokens, the grammar bitmask, the filter order and
@@ -15,14 +15,10 @@
 //!
 //! `cargo test --test step_reference -- --nocapture` prints the counts.
 mod common;
-#[path = "reference/mod.rs"]
-mod reference;
-#[path = "common/step.rs"]
-mod step_common;
 
 use common::{Dist, TestRng};
-use reference as rf;
-use step_common::*;
+use common::reference as rf;
+use common::step::*;
 use tokenrace::*;
 
 // ---------------------------------------------------------------------------------------------

@@ -2,12 +2,8 @@
 //! argument, row and position, and nothing written; bad ids that the rows' tasks find are
 //! reported in the batch's order.
 mod common;
-#[path = "reference/mod.rs"]
-mod reference;
-#[path = "common/step.rs"]
-mod step_common;
 
-use step_common::*;
+use common::step::*;
 use tokenrace::*;
 
 // ---------------------------------------------------------------------------------------------

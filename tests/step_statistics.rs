@@ -1,17 +1,13 @@
 //! The sampled distribution of rows with the sampling step: chi-square of the counts against the
-//! float64 reference of `tests/reference/mod.rs`, with power checks: the same counts reject a
+//! float64 reference of `tests/common/reference.rs`, with power checks: the same counts reject a
 //! reference with the penalty order swapped, one with the bias applied after the penalties, and
 //! (FiltersFirst) one that filters the tempered distribution. Deferred rows (histories found in
 //! the blocks the draw visits) follow the same distribution.
 mod common;
-#[path = "reference/mod.rs"]
-mod reference;
-#[path = "common/step.rs"]
-mod step_common;
 
 use common::{chi2, chi2_critical, TestRng};
-use reference as rf;
-use step_common::*;
+use common::reference as rf;
+use common::step::*;
 use tokenrace::*;
 
 // ---------------------------------------------------------------------------------------------

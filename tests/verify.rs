@@ -19,11 +19,9 @@
 //!
 //! `cargo test --test verify -- --nocapture` prints the counts.
 mod common;
-#[path = "reference/mod.rs"]
-mod reference;
 
-use common::{chi2, chi2_critical, gen_row, pick_dist, TestRng};
-use reference as rf;
+use common::reference as rf;
+use common::{chi2, chi2_critical, each_level, gen_row, pick_dist, TestRng};
 use tokenrace::*;
 
 const STREAM_SEED: u64 = 0x005e_ed0f_5bec_0010;
@@ -437,7 +435,7 @@ fn random_calls_match_the_float64_reference() {
     let mut rng = TestRng::new(0x7e51_f1ed);
     let (mut compared, mut near) = (0, 0);
     for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
-        for level in supported_levels() {
+        each_level(|level| {
             for threads in [1, 2] {
                 for source in [Source::Seeded, Source::External, Source::Stream] {
                     for _ in 0..6 {
@@ -450,7 +448,7 @@ fn random_calls_match_the_float64_reference() {
                     }
                 }
             }
-        }
+        });
     }
     println!("verify: {compared} requests compared with the reference, {near} near a threshold");
     assert!(near * 50 <= compared, "{near} of {compared} requests near a threshold");
@@ -592,7 +590,7 @@ fn seeded_requests_do_not_depend_on_the_batch_threads_or_level() {
         let (t, c, w) = verify(&s, &call.batch(Logits::F32(&call.logits)));
         (0..call.counts.len()).map(|i| t[i * w..i * w + c[i] as usize].to_vec()).collect::<Vec<_>>()
     };
-    for level in supported_levels() {
+    each_level(|level| {
         for threads in [1, 2] {
             let s = sampler(level, threads, 7 + threads as u64);
             // Each request alone, then after unseeded batch mates in reverse order.
@@ -615,7 +613,7 @@ fn seeded_requests_do_not_depend_on_the_batch_threads_or_level() {
                 );
             }
         }
-    }
+    });
 }
 
 impl Call {
@@ -843,7 +841,7 @@ fn a_placeholder_draft_is_rejected_as_a_draft_of_probability_zero() {
     let q: Vec<f32> =
         q.chunks(vocab).flat_map(|row| row.iter().map(|&x| x / row.iter().sum::<f32>()).collect::<Vec<_>>()).collect();
     let seeds = [11u64, 12];
-    for level in SimdLevel::ALL.into_iter().filter(|l| l.is_supported()) {
+    each_level(|level| {
         let s = sampler(level, 1, 3);
         for temperature in [0.0f32, 0.8] {
             for with_q in [false, true] {
@@ -871,7 +869,7 @@ fn a_placeholder_draft_is_rejected_as_a_draft_of_probability_zero() {
                 }
             }
         }
-    }
+    });
 }
 
 /// The rows a verify call reads whose logits are not all finite count in `nonfinite_rows`, as a
@@ -922,5 +920,88 @@ fn the_workers_report_the_first_bad_q_row_as_a_serial_call_would() {
         for part in ["batch.draft_probs[6]", "request 3, draft 0", "not 1 within 1e-3"] {
             assert!(e.message.contains(part), "threads {threads}: {:?} lacks {part:?}", e.message);
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The cases the Python suite checks its binding against
+// ---------------------------------------------------------------------------------------------
+
+/// Where the verify cases live: seeded calls and this file's reference tokens, read by
+/// `tests/python/test_verify.py` so that the verify rule has one float64 reference, this one.
+const VERIFY_CASES: &str = "tests/fixtures/verify_cases.json";
+/// Calls per logits type; small vocabularies keep the committed file small.
+const CASES_PER_DTYPE: usize = 8;
+
+/// Random calls with every request seeded (no stream, no external randomness: the tokens are a
+/// function of the call alone), `CASES_PER_DTYPE` of each logits type.
+fn verify_case_calls() -> Vec<(Dtype, Call)> {
+    let mut rng = TestRng::new(0x0f1c_57e5);
+    let mut calls = Vec::new();
+    for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
+        for k in 0..CASES_PER_DTYPE {
+            let mut call = Call::random(&mut rng, dtype, Source::Seeded, [16, 40, 96][k % 3]);
+            call.seeded.iter_mut().for_each(|s| *s = 1);
+            calls.push((dtype, call));
+        }
+    }
+    calls
+}
+
+/// The cases and their reference tokens as JSON (the bit-exact writers of `common::fixtures`).
+fn verify_cases_json() -> String {
+    let calls: Vec<String> = verify_case_calls()
+        .iter()
+        .map(|(dtype, call)| {
+            let name = match dtype {
+                Dtype::F32 => "float32",
+                Dtype::Bf16 => "bfloat16",
+                Dtype::F16 => "float16",
+            };
+            call_json(call, name, &call.reference(STREAM_SEED))
+        })
+        .collect();
+    format!(
+        "{{\n\"about\": \"seeded verify calls and the float64 reference's tokens (null: a decision within \
+         rounding of its threshold); written by tests/verify.rs: TOKENRACE_BLESS=1 cargo test --test verify \
+         committed_verify_cases\",\n\"calls\": [\n{}\n]\n}}\n",
+        calls.join(",\n")
+    )
+}
+
+fn call_json(call: &Call, dtype: &str, want: &[Option<Vec<i32>>]) -> String {
+    use common::fixtures::{floats, hex, list, or_null};
+    let tokens = want.iter().map(|w| or_null(w.as_ref(), |w| list(w))).collect::<Vec<_>>();
+    format!(
+        "{{\"dtype\": \"{dtype}\", \"vocab\": {}, \"counts\": {}, \"drafts\": {}, \"temperature\": {}, \"top_k\": {}, \
+         \"top_p\": {}, \"min_p\": {}, \"seeds\": {}, \"offsets\": {}, \"want\": [{}],\n \"logits\": {},\n \"q\": {}}}",
+        call.vocab,
+        list(&call.counts),
+        list(&call.drafts),
+        floats(&call.temperature),
+        list(&call.top_k),
+        floats(&call.top_p),
+        floats(&call.min_p),
+        list(&call.seeds),
+        list(&call.offsets),
+        tokens.join(", "),
+        hex(&call.logits),
+        or_null(call.q.as_deref(), hex),
+    )
+}
+
+/// The committed cases are what this file's reference says today (`TOKENRACE_BLESS=1` rewrites
+/// them), and the library emits them: a change of the rule changes the file, and the Python
+/// suite follows.
+#[test]
+fn committed_verify_cases_are_current() {
+    common::fixtures::check_committed(
+        VERIFY_CASES,
+        &verify_cases_json(),
+        "cargo test --test verify committed_verify_cases",
+    );
+    // The library agrees with the cases, as the Python suite will check through its binding.
+    for (k, (dtype, call)) in verify_case_calls().iter().enumerate() {
+        check_call(call, *dtype, supported_levels()[0], 1, &format!("{dtype:?} case {k}"));
     }
 }

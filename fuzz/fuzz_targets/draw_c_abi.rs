@@ -27,7 +27,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
-#[path = "../../tests/reference/mod.rs"]
+#[path = "../../tests/common/reference.rs"]
 mod reference;
 
 use arbitrary::{Result, Unstructured};

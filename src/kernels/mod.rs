@@ -24,6 +24,8 @@
 pub(crate) mod generic;
 pub(crate) mod portable;
 pub(crate) mod simd;
+#[cfg(any(test, feature = "internals"))]
+pub mod test_support;
 /// The x86-64 instruction sets: private to this module (see the module doc, "Unsafe code").
 #[cfg(target_arch = "x86_64")]
 mod x86_64 {

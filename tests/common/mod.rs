@@ -2,6 +2,14 @@
 //! chi-square, the C ABI's last error, fork() children.
 #![allow(dead_code)]
 
+pub mod fixtures;
+pub mod reference;
+pub mod step;
+
+/// The per-level runner: a body run at every SIMD level this CPU supports, failures naming the level.
+#[allow(unused_imports)] // not every test binary runs per level
+pub use tokenrace::internals::{at_level, each_level};
+
 use rand_xoshiro::rand_core::{Rng, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 use tokenrace::*;

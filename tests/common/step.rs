@@ -4,9 +4,10 @@
 //! the output buffers of a call. Each test binary uses part of it.
 #![allow(dead_code)]
 
-use crate::common::{gen_row, pick_dist, Dist, TestRng};
-use crate::reference as rf;
+use super::{gen_row, pick_dist, Dist, TestRng};
+use super::reference as rf;
 use tokenrace::*;
+use tokenrace::internals::{Apply, SETTINGS};
 
 /// The seed of every sampler's key stream (so the reference can follow the unseeded rows).
 pub const STREAM_SEED: u64 = 0x91be_11e5_7e9a_0009;

@@ -1,9 +1,38 @@
 """Float64 references and statistics shared by the tests (written as literally as the rules in
 docs/semantics.md read)."""
 
+import json
 import math
+import pathlib
 
 import numpy as np
+
+FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "fixtures"
+
+
+def fixture(name):
+    """The cases the Rust float64 reference wrote to tests/fixtures/<name>.json (tests/reference.rs
+    and tests/verify.rs write them and fail when they are not current): the one reference of the
+    rules, which these tests check the binding against instead of porting it."""
+    return json.loads((FIXTURES / f"{name}.json").read_text())
+
+
+def f32_of_hex(bits):
+    """The float32 values of a fixture's string of big-endian bit patterns in hex."""
+    return np.frombuffer(bytes.fromhex(bits), ">f4").astype(np.float32)
+
+
+def draw_cases():
+    """The groups of tests/fixtures/draw_cases.json as arrays: rows of one dtype on one kind of
+    external noise, with filters; ``want`` the reference's token of each row and ``kept`` its kept
+    token ids (None where the reference leaves the row undecided)."""
+    for g in fixture("draw_cases")["groups"]:
+        vocab = g["vocab"]
+        yield dict(
+            dtype=g["dtype"], kind=g["kind"], x=f32_of_hex(g["logits"]).reshape(-1, vocab),
+            noise=f32_of_hex(g["noise"]).reshape(-1, vocab), temperature=np.array(g["temperature"], np.float32),
+            top_k=np.array(g["top_k"], np.int32), top_p=np.array(g["top_p"], np.float32),
+            min_p=np.array(g["min_p"], np.float32), want=g["want"], kept=g["kept"])
 
 
 def softmax64(x, t):

@@ -1,10 +1,13 @@
-"""Sampler.verify (speculative decoding, issue 10) against a float64 reference of vLLM's
-rejection sampling written in the simplest form (port of ``ref_verify`` in tests/verify.rs):
+"""Sampler.verify (speculative decoding) through the binding against the float64 reference of
+vLLM's rejection sampling, ``ref_verify`` in tests/verify.rs (the one reference of the verify rule):
 
-* random calls with external uniforms and noise (unseeded), with and without draft_probs, greedy
-  and sampling requests, filters, draft counts including 0, float32/float16/bfloat16 logits: the
-  emitted tokens and counts equal the reference's, except requests where a decision lies within
-  rounding of its threshold (counted; a handful at most);
+* the seeded calls of tests/fixtures/verify_cases.json, which tests/verify.rs writes with that
+  reference's tokens and checks are current: with and without draft_probs, greedy and sampling
+  requests, filters, draft counts including 0, float32/float16/bfloat16 logits, 1 and 2 threads;
+  the emitted tokens and counts equal the reference's (requests where a decision lies within
+  rounding of its threshold are marked null there and skipped);
+* random calls with external uniforms and noise: strided, shared and list inputs give the tokens
+  of contiguous arrays, and the workers' split the tokens of one thread;
 * seeded requests: the same tokens alone, in any batch position, with any batch mates, on 1 and 2
   threads, with or without external uniforms and noise (which only unseeded requests use), and a
   pure function of (seed, offset + j);
@@ -21,104 +24,28 @@ import sys
 import numpy as np
 import pytest
 
-from reference import chi_square, inv_t, kept_set, log_softmax64, wilson_hilferty
+from reference import chi_square, f32_of_hex, fixture, inv_t, kept_set, log_softmax64, wilson_hilferty
 
 GREEDY_BELOW = 1e-5
 
 
-class Near(Exception):
-    """A decision of the reference lies within rounding of its threshold: an exact implementation
-    may go either way, the request is not compared."""
-
-
 # ----------------------------------------------------------------------------------------------
-# The float64 reference
+# The reference's cases
 
 
-def target(x, t, top_k, top_p, min_p):
-    """The kept mask, the target probabilities p (float64) and the race's scaled logits
-    a = (x - m) * fl32(1/T) of a sampling row."""
-    kept, gap = kept_set(x, t, top_k, top_p, min_p)
-    if gap <= 1e-9:
-        raise Near("top-p cut")
-    fin = np.isfinite(x)
-    m = float(x[fin].max())
-    w = np.zeros(x.size)
-    w[fin] = np.exp((x[fin].astype(np.float64) - m) * inv_t(t))
-    if min_p > 0:
-        mp = float(np.float32(min_p))
-        close = fin & (np.abs(w - mp) <= 1e-9 * mp) & (x.astype(np.float64) != m)
-        if close.any():
-            raise Near("min-p cut")
-    w = np.where(kept, w, 0.0)
-    a = np.where(fin, (x.astype(np.float64) - m) * inv_t(t), -np.inf)
-    return kept, w / w.sum(), a
-
-
-def race(keys, parts):
-    """The lowest index of the largest finite key, or None; ``parts[i] = |a_i| + |ln E_i|`` scale
-    the near-tie tolerance."""
-    ok = np.isfinite(keys)
-    if not ok.any():
-        return None
-    k = np.where(ok, keys, -np.inf)
-    best = int(np.argmax(k))
-    if ok.sum() >= 2:
-        second = np.partition(k, -2)[-2]
-        if k[best] - second <= 1e-5 * (1.0 + parts[best]):
-            raise Near("race")
-    return best
-
-
-def ref_verify(rows, drafts, q, u, e, t, top_k, top_p, min_p):
-    """The emitted tokens of one request (vLLM's rules, float64): ``rows`` its n + 1 target rows
-    (as float32 values), ``drafts`` its n ids, ``q`` its n draft-probability rows or None, ``u``
-    its n uniforms, ``e`` its n + 1 noise rows (E ~ Exp(1))."""
-    out = []
-    for j, x in enumerate(rows):
-        bonus = j == len(drafts)
-        if t < GREEDY_BELOW:
-            token = int(np.argmax(x))
-            out.append(token)
-            if bonus or drafts[j] != token:
-                return out
-            continue
-        kept, p, a = target(x, t, top_k, top_p, min_p)
-        ln_e = np.log(e[j].astype(np.float64))
-        keys = np.where(kept, a - ln_e, -np.inf)
-        parts = np.abs(np.where(np.isfinite(a), a, 0)) + np.abs(ln_e)
-        if bonus:
-            out.append(race(keys, parts))
-            return out
-        d = int(drafts[j])
-        qd = 1.0 if q is None else float(q[j][d])
-        pd = p[d]
-        if pd == 0:
-            accept = False
-        elif qd == 0:
-            accept = True
-        else:
-            ratio = pd / qd
-            if abs(u[j] - ratio) <= 1e-9 * ratio:
-                raise Near("acceptance")
-            accept = u[j] < ratio
-        if accept:
-            out.append(d)
-            continue
-        if q is None:  # one-hot q: the residual is p without d
-            rkeys = keys.copy()
-            rkeys[d] = -np.inf
-        else:
-            resid = p - q[j].astype(np.float64)
-            pos = resid > 0
-            rkeys = np.where(pos, np.log(np.where(pos, resid, 1.0)) - ln_e, -np.inf)
-            parts = np.abs(np.where(pos, np.log(np.where(pos, resid, 1.0)), 0)) + np.abs(ln_e)
-        token = race(rkeys, parts)
-        if token is None:  # a residual without mass: a draw from p
-            token = race(keys, np.abs(np.where(np.isfinite(a), a, 0)) + np.abs(ln_e))
-        out.append(token)
-        return out
-    raise AssertionError("the bonus row returns")
+def reference_cases():
+    """The calls of tests/fixtures/verify_cases.json as arrays, each with ``want``: the float64
+    reference's emitted tokens of every request (None: a decision near its threshold)."""
+    for c in fixture("verify_cases")["calls"]:
+        vocab, counts = c["vocab"], np.array(c["counts"], np.int32)
+        yield dict(
+            dtype=c["dtype"], x=f32_of_hex(c["logits"]).reshape(-1, vocab), counts=counts,
+            drafts=np.array(c["drafts"], np.int32),
+            q=None if c["q"] is None else f32_of_hex(c["q"]).reshape(-1, vocab),
+            temperature=np.array(c["temperature"], np.float32), top_k=np.array(c["top_k"], np.int32),
+            top_p=np.array(c["top_p"], np.float32), min_p=np.array(c["min_p"], np.float32),
+            seeds=np.array(c["seeds"], np.uint64), offsets=np.array(c["offsets"], np.uint64), uniforms=None,
+            noise=None, want=c["want"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -198,23 +125,6 @@ def starts(counts):
     return first_row, first_draft
 
 
-def reference(call):
-    """The reference's emitted tokens of each request (None: near a threshold)."""
-    out = []
-    first_row, first_draft = starts(call["counts"])
-    for i, n in enumerate(call["counts"]):
-        r, d = first_row[i], first_draft[i]
-        try:
-            out.append(ref_verify(
-                call["x"][r:r + n + 1], call["drafts"][d:d + n],
-                None if call["q"] is None else call["q"][d:d + n], call["uniforms"][d:d + n],
-                call["noise"][r:r + n + 1], float(call["temperature"][i]), int(call["top_k"][i]),
-                float(call["top_p"][i]), float(call["min_p"][i])))
-        except Near:
-            out.append(None)
-    return out
-
-
 def run(s, call, logits=None, **extra):
     kw = dict(draft_probs=call["q"], temperature=call["temperature"], top_k=call["top_k"], top_p=call["top_p"],
               min_p=call["min_p"], uniforms=call["uniforms"], noise=call["noise"])
@@ -261,32 +171,32 @@ def logits_as(dtype, x, bf16_logits):
     return x
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_random_calls_match_the_float64_reference(tokenrace, dtype, threads, bf16_logits):
-    rng = np.random.default_rng([10, threads, len(dtype)])
+def test_the_reference_cases_are_emitted(tokenrace, threads, bf16_logits):
     s = tokenrace.Sampler(0, max_rows=64, threads=threads, seed=3)
     compared = near = accepted = with_q = greedy = zero = 0
-    for trial in range(40):
-        vocab = int(rng.choice([40, 300, 1000]))
-        call = random_call(rng, vocab, dtype, with_q=[False, True][trial % 2])
-        r = run(s, call, logits_as(dtype, call["x"], bf16_logits))
+    dtypes = set()
+    for n, call in enumerate(reference_cases()):
+        dtypes.add(call["dtype"])
+        logits = logits_as(call["dtype"], call["x"], bf16_logits)
+        r = run(s, call, logits, seeds=call["seeds"], offsets=call["offsets"])
         check_shape(r, call["counts"])
-        for i, want in enumerate(reference(call)):
+        for i, want in enumerate(call["want"]):
             if want is None:
                 near += 1
                 continue
             compared += 1
             got = r.tokens[i, :r.counts[i]].tolist()
-            assert got == want, (f"trial {trial} request {i}: got {got}, reference {want} (drafts "
+            assert got == want, (f"case {n} ({call['dtype']}) request {i}: got {got}, reference {want} (drafts "
                                  f"{call['counts'][i]}, T {call['temperature'][i]}, q {call['q'] is not None}, "
                                  f"top_k {call['top_k'][i]}, top_p {call['top_p'][i]}, min_p {call['min_p'][i]})")
             accepted += len(want) - 1
             with_q += call["q"] is not None
             greedy += call["temperature"][i] < GREEDY_BELOW
             zero += call["counts"][i] == 0
+    assert dtypes == {"float32", "float16", "bfloat16"}
     assert near * 20 <= compared + near, f"{near} of {compared + near} requests near a threshold"
-    # The calls exercised what they are meant to: acceptances, q, greedy requests, zero drafts.
+    # The cases exercise what they are meant to: acceptances, q, greedy requests, zero drafts.
     assert accepted > 20 and with_q > 20 and greedy > 5 and zero > 5, (accepted, with_q, greedy, zero)
 
 
@@ -309,7 +219,8 @@ def test_strided_inputs_are_read_in_place(tokenrace):
 
 def test_a_call_large_enough_for_the_workers(tokenrace):
     """Above a million target logits the requests are spread over the sampler's threads: the
-    same tokens on 1 and 2 threads, seeded or on external randomness, and the reference's."""
+    same tokens on 1 and 2 threads, seeded or on external randomness (tests/verify.rs checks the
+    workers against the reference)."""
     rng = np.random.default_rng(19)
     call = random_call(rng, 1 << 17, with_q=True)
     while call["x"].shape[0] < 9 or len(call["counts"]) < 2:
@@ -321,8 +232,6 @@ def test_a_call_large_enough_for_the_workers(tokenrace):
         s = tokenrace.Sampler(0, max_rows=64, threads=threads)
         got[threads] = (emitted(run(s, call)), emitted(run(s, call, seeds=seeds, offsets=7)))
     assert got[1] == got[2]
-    for i, want in enumerate(reference(call)):
-        assert want is None or got[2][0][i] == want, f"request {i}"
 
 
 def test_noise_kinds_and_a_shared_noise_row(tokenrace):

@@ -214,8 +214,9 @@ pub(crate) unsafe fn fill_noise<S: Simd>(out: *mut f32, n: usize, key: u64, firs
 #[cfg(test)]
 mod tests {
     use super::{exp_noise, hash, key_words, ln};
+    use crate::kernels::kernels;
     use crate::kernels::simd::Scalar;
-    use crate::kernels::{kernels, supported_levels};
+    use crate::kernels::test_support::each_level;
 
     /// Every level writes, bit for bit, the noise of the one-lane definition: `exp_noise` of
     /// the token's hash, and its `ln` for LOG_EXP; at lengths that end inside the side-by-side
@@ -232,13 +233,13 @@ mod tests {
                         (if log { ln::<Scalar>(e) } else { e }).to_bits()
                     })
                     .collect();
-                for level in supported_levels() {
+                each_level(|level| {
                     let mut got = vec![0f32; n];
                     // SAFETY: `got` holds n values; the level is supported.
                     unsafe { (kernels(level).fill_noise)(got.as_mut_ptr(), n, key, first, log) };
                     let got: Vec<u32> = got.iter().map(|x| x.to_bits()).collect();
                     assert_eq!(got, want, "{level:?} n {n} first {first} log {log}");
-                }
+                });
             }
         }
     }

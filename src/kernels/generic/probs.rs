@@ -87,7 +87,8 @@ pub(crate) unsafe fn prob_sum<S: Simd>(row: *const f32, n: usize) -> (f64, bool)
 
 #[cfg(test)]
 mod tests {
-    use crate::kernels::{kernels, supported_levels};
+    use crate::kernels::kernels;
+    use crate::kernels::test_support::each_level;
 
     /// The module doc's definition, one value at a time.
     fn defined(row: &[f32]) -> (f64, bool) {
@@ -123,17 +124,17 @@ mod tests {
                 let want = defined(&r);
                 let exact: f64 = r.iter().map(|&x| x as f64).sum();
                 assert!((want.0 - exact).abs() <= 1e-6 * exact.abs().max(1e-30), "n {n}: {} vs {exact}", want.0);
-                for level in supported_levels() {
+                each_level(|level| {
                     // SAFETY: the row holds r.len() values; the level is supported.
                     let got = unsafe { (kernels(level).prob_sum)(r.as_ptr(), r.len()) };
                     assert_eq!((got.0.to_bits(), got.1), (want.0.to_bits(), want.1), "{level:?}, n {n}, {negative:?}");
-                }
+                });
             }
         }
         let nan = [0.5f32, f32::NAN, 0.5];
-        for level in supported_levels() {
+        each_level(|level| {
             // SAFETY: as above.
             assert!(unsafe { (kernels(level).prob_sum)(nan.as_ptr(), 3) }.0.is_nan(), "{level:?}");
-        }
+        });
     }
 }

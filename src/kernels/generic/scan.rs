@@ -410,7 +410,8 @@ pub(crate) unsafe fn find_first<S: Simd, E: Elem>(
 #[cfg(test)]
 mod tests {
     use super::BLOCK;
-    use crate::kernels::{kernels, supported_levels};
+    use crate::kernels::kernels;
+    use crate::kernels::test_support::each_level;
 
     /// The definition: the largest value (NaN ignored), the block of its first index, and
     /// whether any value is NaN.
@@ -473,13 +474,13 @@ mod tests {
                     row.iter_mut().for_each(|x| *x = f32::NAN);
                 }
                 let want = defined(&row);
-                for level in supported_levels() {
+                each_level(|level| {
                     // SAFETY: `row` holds n values; the level is supported.
                     let got = unsafe { (kernels(level).f32.top_block)(row.as_ptr(), n) };
                     let same =
                         (got.0 == want.0 || got.0.is_nan() && want.0.is_nan()) && got.1 == want.1 && got.2 == want.2;
                     assert!(same, "{level:?} n {n} case {case}: {got:?}, want {want:?}");
-                }
+                });
             }
         }
     }
@@ -530,14 +531,14 @@ mod tests {
                         .for_each(|(_, x)| *x = 9.0);
                 }
                 let want = defined_masked(&row, &keep);
-                for level in supported_levels() {
+                each_level(|level| {
                     let mut got = vec![0.5f32; n.div_ceil(BLOCK)];
                     // SAFETY: `row` holds n values, `keep` n.div_ceil(32) words; the level is supported.
                     let nan = unsafe { (kernels(level).f32.scan_masked)(row.as_ptr(), keep.as_ptr(), n, &mut got) };
                     // (Compared as values: which zero a block of both zeros reports is the lanes'
                     // order, and no bound depends on it.)
                     assert_eq!((&got, nan), (&want.0, want.1), "{level:?} n {n} case {case}");
-                }
+                });
             }
         }
     }

@@ -135,7 +135,7 @@ mod tests {
     #[test]
     fn every_level_finds_ids_out_of_range() {
         let vocab = 151_936u32;
-        for level in supported_levels() {
+        each_level(|level| {
             let ids_in_range = kernels(level).ids_in_range;
             for n in [0usize, 1, 15, 16, 17, 100, 5120] {
                 let mut ids: Vec<i32> = (0..n as i32).map(|i| (i * 7919) % vocab as i32).collect();
@@ -151,10 +151,11 @@ mod tests {
                     }
                 }
             }
-        }
+        });
     }
     use super::BlockHistory;
-    use crate::kernels::{kernels, supported_levels};
+    use crate::kernels::kernels;
+    use crate::kernels::test_support::each_level;
 
     /// Every level's `block_history` finds, for blocks at the row's start, middle and end, the
     /// tokens and counts a loop over the ids finds, with ids in chunks and remainders of every
@@ -193,7 +194,7 @@ mod tests {
                         want.counts[(t as u32 - base) as usize] += 1;
                     }
                 }
-                for level in supported_levels() {
+                each_level(|level| {
                     for count in [false, true] {
                         let mut h = BlockHistory::EMPTY;
                         // SAFETY: the level is supported.
@@ -203,7 +204,7 @@ mod tests {
                         assert_eq!((h.prompt, h.output), (want.prompt, want.output), "{what}");
                         assert_eq!(h.counts, counts, "{what}");
                     }
-                }
+                });
             }
         }
     }
@@ -240,7 +241,7 @@ mod tests {
                 seen_words += (want_seen[w] != 0) as usize;
             }
             let want_pass = WordPass { touched: any != 0, seen_words };
-            for level in supported_levels() {
+            each_level(|level| {
                 for masked in [false, true] {
                     let (mut k, mut s, mut o) = (keep.clone(), seen.clone(), output.clone());
                     let mut mask = if masked { vec![7u32; n] } else { Vec::new() };
@@ -252,7 +253,7 @@ mod tests {
                         assert_eq!(mask, keep, "{level:?} n {n}");
                     }
                 }
-            }
+            });
         }
     }
 }

@@ -5,8 +5,8 @@
 //! SplitMix64 constants, the xoshiro256++ stream of `rand_xoshiro`); every rule is re-derived
 //! from the document. Integer hashing is integer; everything else is float64.
 //!
-//! Include it with `#[path = "reference/mod.rs"] mod reference;` from any test file (a plain
-//! `mod reference;` is ambiguous beside `tests/reference.rs`).
+//! A test file reaches it through the shared test module: `mod common; use common::reference as rf;`
+//! (`tests/reference.rs` is the test binary of the reference's own checks).
 #![allow(dead_code)]
 
 /// Tokens per block of the inline noise construction.
