@@ -25,7 +25,7 @@ for simd in avx512 avx2 portable; do
     --profile peaked,flat --path greedy,race-inline,pipeline,pipeline-penalties,pipeline-bitmask --reps 15 \
     --json "$OUT/bench-$simd.json" > "$OUT/bench-$simd.txt" 2>&1 || status=1
 done
-# Issue 10: verifying 32 requests x 4 drafts against a plain draw of the 160 rows, per level.
+# Speculative verification: verifying 32 requests x 4 drafts against a plain draw of the 160 rows, per level.
 for simd in avx512 avx2 portable; do
   TOKENRACE_SIMD=$simd .device/tokenrace-bench --verify --profile peaked,flat --threads 1,16 --reps 15 \
     --json "$OUT/verify-$simd.json" > "$OUT/verify-$simd.txt" 2>&1 || status=1

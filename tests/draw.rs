@@ -651,7 +651,7 @@ fn levels_exercised() {
     assert!(tested.contains(&"scalar") && tested.contains(&"portable"));
 }
 
-/// T up to FLT_MAX with logits near the ends of the f32 range (issue 8, item 9): every finite
+/// T up to FLT_MAX with logits near the ends of the f32 range: every finite
 /// logit within FLT_MAX of the row's maximum takes part at its float64 rate; one further below
 /// (its `x - m` is not an f32) is masked, as docs/semantics.md says.
 #[test]

@@ -1,5 +1,5 @@
 //! fork(): a child of a process whose sampler threads are drawing must draw correctly and free
-//! the sampler without hanging (issue 8, item 1). The child has only the forking thread: the
+//! the sampler without hanging. The child has only the forking thread: the
 //! workers and the pool's producers are gone, and their locks may be held for ever.
 mod common;
 

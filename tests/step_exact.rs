@@ -4,9 +4,9 @@
 //! nothing, and the filters of a processed row decided after the race.
 mod common;
 
-use common::TestRng;
 use common::reference as rf;
 use common::step::*;
+use common::TestRng;
 use tokenrace::*;
 
 /// Found by the random batches (an F16 row of N(0, 300) logits whose history tokens were set to

@@ -16,9 +16,9 @@
 //! `cargo test --test step_reference -- --nocapture` prints the counts.
 mod common;
 
-use common::{Dist, TestRng};
 use common::reference as rf;
 use common::step::*;
+use common::{Dist, TestRng};
 use tokenrace::*;
 
 // ---------------------------------------------------------------------------------------------
@@ -562,7 +562,7 @@ fn touched_tokens_tied_with_untouched_ones_race_exactly() {
 /// A serving-sized row: vocabulary 151936, 4096 prompt and 1024 output tokens, the three
 /// penalties, 16 biased ids, a bitmask allowing about 10%; one row (tiled on 2 threads) and two
 /// rows, seeded and external noise, top-p, PROCESSED logprobs and the full row.
-/// A call of `rows` rows of vocabulary 151936 with issue 9's inputs: 4096 prompt and 1024
+/// A call of `rows` rows of vocabulary 151936 with the sampling step's inputs at a serving size: 4096 prompt and 1024
 /// output tokens favouring the likely tokens (as a real history does), r = 1.1, f = 0.2, p = 0.1,
 /// 16 biased ids (one -inf), a bitmask allowing about 10% (the likely tokens among them). Row
 /// `r` has the peak `peaks[r]` over N(0, 2) and temperature `temps[r]`. `filtered`: top-p 0.9 on

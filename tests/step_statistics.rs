@@ -5,9 +5,9 @@
 //! the blocks the draw visits) follow the same distribution.
 mod common;
 
-use common::{chi2, chi2_critical, TestRng};
 use common::reference as rf;
 use common::step::*;
+use common::{chi2, chi2_critical, TestRng};
 use tokenrace::*;
 
 // ---------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-//! Speculative decoding (issue 10): `Sampler::verify` against a float64 reference of vLLM's
+//! Speculative decoding: `Sampler::verify` against a float64 reference of vLLM's
 //! rejection sampling written in the simplest form (the target distribution `p` from the
 //! reference draw's kept set, the ratio and the comparison in f64, the residual race over
 //! `max(p - q, 0)` in f64 on the same noise), plus the distribution it must produce.

@@ -547,7 +547,7 @@ pub fn top_n(lp: &[f64], n: usize) -> Vec<usize> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The whole sampling step (issue 9, /work/pipeline-spec.md): masks, bias, penalties.
+// The whole sampling step (docs/semantics.md, The sampling step): masks, bias, penalties.
 // ---------------------------------------------------------------------------------------------
 
 /// What one row carries before temperature and the filters, as plain slices.

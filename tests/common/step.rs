@@ -4,10 +4,10 @@
 //! the output buffers of a call. Each test binary uses part of it.
 #![allow(dead_code)]
 
-use super::{gen_row, pick_dist, Dist, TestRng};
 use super::reference as rf;
-use tokenrace::*;
+use super::{gen_row, pick_dist, Dist, TestRng};
 use tokenrace::internals::{Apply, SETTINGS};
+use tokenrace::*;
 
 /// The seed of every sampler's key stream (so the reference can follow the unseeded rows).
 pub const STREAM_SEED: u64 = 0x91be_11e5_7e9a_0009;
