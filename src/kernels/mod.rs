@@ -190,7 +190,7 @@ pub(crate) type RaceInlineFn<E> = unsafe fn(*const E, usize, &[f32], RaceParams,
 pub(crate) type RaceInlineMaskedFn<E> =
     unsafe fn(*const E, *const u32, usize, &[f32], RaceParams, u64, &mut RaceScratch, Option<&dyn BlockValues>) -> Best;
 
-/// The last pass of a row's edits (keep, mask or empty, seen, output, listed).
+/// The last pass of a row's step (keep, mask or empty, seen, output, listed).
 pub(crate) type StepWordsFn = unsafe fn(&mut [u32], &mut [u32], &mut [u32], &mut [u32], &[u32]) -> generic::WordPass;
 
 /// The kernels of one logits dtype.
@@ -255,7 +255,7 @@ pub(crate) struct Kernels {
     pub block_noise: unsafe fn(u64, usize, &[f32], RaceParams, &mut [BlockNoise]),
     /// The sum of a probability row and whether a value is negative (row, n).
     pub prob_sum: unsafe fn(*const f32, usize) -> (f64, bool),
-    /// The last pass of a row's edits over its words (keep, mask or empty, seen, output,
+    /// The last pass of a row's step over its words (keep, mask or empty, seen, output,
     /// listed): see `generic::step_words`.
     pub step_words: StepWordsFn,
     /// Whether every id lies in `[0, vocab)` (ids, vocab below 2^31).
@@ -319,9 +319,9 @@ macro_rules! kernel_table {
             }
             $(#[target_feature(enable = $feature)])*
             #[allow(clippy::too_many_arguments)]
-            unsafe fn race_inline_masked<E: Elem>(row: *const E, keep: *const u32, n: usize, bmax: &[f32], p: RaceParams, key: u64, blocks: &mut RaceScratch, edited: Option<&dyn BlockValues>) -> Best {
+            unsafe fn race_inline_masked<E: Elem>(row: *const E, keep: *const u32, n: usize, bmax: &[f32], p: RaceParams, key: u64, blocks: &mut RaceScratch, processed: Option<&dyn BlockValues>) -> Best {
                 // SAFETY: see kernel_table!.
-                unsafe { generic::race_inline::<$simd, E>(row, keep, n, bmax, p, key, 0, blocks, edited) }
+                unsafe { generic::race_inline::<$simd, E>(row, keep, n, bmax, p, key, 0, blocks, processed) }
             }
             $(#[target_feature(enable = $feature)])*
             unsafe fn race_external<E: Elem>(row: *const E, noise: *const f32, n: usize, p: RaceParams, kind: NoiseKind, base: usize) -> Best {

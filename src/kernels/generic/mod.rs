@@ -21,7 +21,7 @@
 //! - `mass.rs`: f32 probability mass: exp2, the weight kinds, per-block mass, `mass_weights`,
 //!   `mass_gather`, `gather_ge`.
 //! - `mass64.rs`: f64 probability mass: `exp64`, per-block mass, `weights64`.
-//! - `words.rs`: integer loops of the sampling step: the last pass of a row's edits over its
+//! - `words.rs`: integer loops of the sampling step: the last pass of a row's step over its
 //!   mask words (`step_words`), the range check of the token lists (`ids_in_range`), a block's
 //!   tokens in the histories (`block_history`).
 //! - `mod.rs` (this file): [`BLOCK`], and what the two mass files share: the last block's padding

@@ -292,8 +292,8 @@ unsafe fn race_block<S: Simd, E: Elem, const TOUCHED: bool>(
     }
 }
 
-/// The tokens of a row whose values are not the row's own (a row whose edits changed them:
-/// `src/edits.rs`), handed to the race one visited block at a time, so that the tokens of the
+/// The tokens of a row whose values are not the row's own (a row whose sampling step changed them:
+/// `src/step/`), handed to the race one visited block at a time, so that the tokens of the
 /// blocks it skips are never worked out.
 pub(crate) trait BlockValues {
     /// Writes into `out` the tokens of block `b` whose values are not the row's, each with an
@@ -307,7 +307,7 @@ pub(crate) trait BlockValues {
     /// The value of listed token `t` (NaN or -inf: it is not drawn).
     fn value(&self, t: u32) -> f32;
     /// Whether the race must not read a block's bits in the row's `keep` but ask
-    /// [`BlockValues::block_keep`] for them (the edits find a block's touched tokens only when it
+    /// [`BlockValues::block_keep`] for them (the step finds a block's touched tokens only when it
     /// is visited). Asked once a race.
     fn own_keep(&self) -> bool {
         false
@@ -324,14 +324,14 @@ fn race_value(y: f32, t: u32, bn: BlockNoise, p: RaceParams, k: (u32, u32), best
     unsafe { race_inline_vec::<Scalar, f32>(&y, std::ptr::null(), 0, (t % BLOCK as u32, t), bn, p, k, best) };
 }
 
-/// Races block `(b, bn)` of [`race_inline`]: its kept tokens from the row, then, with `edited`,
+/// Races block `(b, bn)` of [`race_inline`]: its kept tokens from the row, then, with `processed`,
 /// its listed tokens, each on the same scalar code as a vector lane, so that it gets the key it
 /// would get in a row holding its value. A listed token whose bound cannot reach the best is
 /// skipped before its value is worked out: the first test of that code, on the bound, is at
 /// least its test on the value, since every rounding step is monotone. Where the bound is the
 /// token's value in the row ([`BlockValues::bounded_by_row`]), that first test is made on the
 /// race's own vectors ([`race_block`]), and only the tokens that pass are worked out. The kept
-/// tokens are those of `keep`, or of the block's own words when `edited` has them
+/// tokens are those of `keep`, or of the block's own words when `processed` has them
 /// ([`BlockValues::block_keep`]).
 ///
 /// # Safety
@@ -344,13 +344,13 @@ unsafe fn visit<S: Simd, E: Elem>(
     n: usize,
     (b, bn): (usize, BlockNoise),
     (p, k, base): (RaceParams, (u32, u32), usize),
-    (edited, listed, own_keep): (Option<&dyn BlockValues>, &mut [(u32, f32); BLOCK], bool),
+    (processed, listed, own_keep): (Option<&dyn BlockValues>, &mut [(u32, f32); BLOCK], bool),
     best: &mut Best,
 ) {
     let mut reached = [0u32; BLOCK / 32];
     let no_touched = (std::ptr::null(), &mut reached);
     let mut words = [0u32; BLOCK / 32];
-    let keep = match edited {
+    let keep = match processed {
         Some(values) if own_keep => {
             values.block_keep(b, &mut words);
             words.as_ptr()
@@ -360,7 +360,7 @@ unsafe fn visit<S: Simd, E: Elem>(
         _ if !keep.is_null() => unsafe { keep.add(b * (BLOCK / 32)) },
         _ => keep,
     };
-    let Some(values) = edited else {
+    let Some(values) = processed else {
         // SAFETY: the caller's contract.
         unsafe { race_block::<S, E, false>(row, keep, n, (b, bn), p, k, base, best, no_touched) };
         return;
@@ -567,7 +567,7 @@ impl RaceScratch {
 /// on a bound from a few integer operations ([`cheap_bound`], one vector pass over the blocks),
 /// the others on their exact noise ([`RaceScratch`]).
 /// With a non-null `keep`, only the tokens whose bit is set in `keep` race (`bmax` their maxima).
-/// With `edited`, the listed tokens of each visited block race too (`bmax` then bounds the values
+/// With `processed`, the listed tokens of each visited block race too (`bmax` then bounds the values
 /// of both from above).
 ///
 /// # Safety
@@ -585,11 +585,11 @@ pub(crate) unsafe fn race_inline<S: Simd, E: Elem>(
     key: u64,
     base: usize,
     scratch: &mut RaceScratch,
-    edited: Option<&dyn BlockValues>,
+    processed: Option<&dyn BlockValues>,
 ) -> Best {
     let (k, kb, first_block) = (key_words(key), block_keys(key), base / BLOCK);
     let mut listed = [(0u32, 0f32); BLOCK];
-    let own_keep = edited.is_some_and(|v| v.own_keep());
+    let own_keep = processed.is_some_and(|v| v.own_keep());
     scratch.reset(bmax.len(), S::LANES);
     let mut best = Best::NONE;
     // Promising blocks first, so that the best key is high early and most bounds fall short of
@@ -625,7 +625,7 @@ pub(crate) unsafe fn race_inline<S: Simd, E: Elem>(
             }
             from = b + 1;
         }
-        visit::<S, E>(row, keep, n, (first, bn), (p, k, base), (edited, &mut listed, own_keep), &mut best);
+        visit::<S, E>(row, keep, n, (first, bn), (p, k, base), (processed, &mut listed, own_keep), &mut best);
         let cut = bn.bound - PROMISING;
         // The first pass visits the blocks whose exact bound reaches `cut`, the second the others.
         for promising in [true, false] {
@@ -635,7 +635,15 @@ pub(crate) unsafe fn race_inline<S: Simd, E: Elem>(
                 if b != first {
                     let bn = scratch.block::<S>(b, first_block, kb, bmax, p);
                     if bn.bound >= best.key && (bn.bound >= cut) == promising {
-                        visit::<S, E>(row, keep, n, (b, bn), (p, k, base), (edited, &mut listed, own_keep), &mut best);
+                        visit::<S, E>(
+                            row,
+                            keep,
+                            n,
+                            (b, bn),
+                            (p, k, base),
+                            (processed, &mut listed, own_keep),
+                            &mut best,
+                        );
                     }
                 }
                 from = b + 1;
@@ -888,7 +896,7 @@ pub(crate) unsafe fn race_external<S: Simd, E: Elem>(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Listed tokens: the values a row's edits changed (`src/edits.rs`), raced one at a time with the
+// Listed tokens: the values a row's sampling step changed (`src/step/`), raced one at a time with the
 // same code as the vector races, so each gets the key it would get in a row holding that value.
 // ---------------------------------------------------------------------------------------------
 

@@ -243,7 +243,7 @@ pub(crate) unsafe fn kept<S: Simd>(x: S::F, keep: *const u32, i: usize) -> S::F 
 
 /// Writes the `n` values of `row` as f32 into `out` where their bit is set in `keep`, -inf
 /// elsewhere, and returns whether any value of `row` (kept or not) is NaN: the processed values
-/// of a row with edits before its edited tokens are written over them (`src/edits.rs`). With a
+/// of a row with a sampling step before its changed tokens are written over them (`src/step/`). With a
 /// non-empty `bmax` (one per block), also the largest value written in each block (NaN ignored),
 /// as [`scan`] of `out` would give it: the copy is then not scanned again.
 ///
