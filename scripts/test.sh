@@ -31,10 +31,12 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 command -v valgrind >/dev/null 2>&1 || echo "test.sh: valgrind is not installed: the memcheck step will be skipped"
 
+# --workspace: the benchmark crate's quick run (bench/tests) too. It needs the library with the
+# feature `internals`, which the library's own tests turn on as well: still one build.
 stamp "building the integration tests (the first build of the crate takes several minutes on 2 cores)"
-cargo test --no-run --test '*' 2>&1 | grep -v '^ *Executable' >&2
+cargo test --workspace --no-run --test '*' 2>&1 | grep -v '^ *Executable' >&2
 stamp "running the integration tests"
-cargo test --quiet --test '*'
+cargo test --workspace --quiet --test '*'
 stamp "integration tests done"
 unit_env=(env CARGO_TARGET_DIR="$PWD/target/unit" CARGO_PROFILE_TEST_OPT_LEVEL=0)
 "${unit_env[@]}" cargo test --quiet --lib --no-run >target/unit-build.log 2>&1 &
