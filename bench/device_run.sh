@@ -4,7 +4,7 @@
 set -u
 OUT=${OUT:-bench/out}
 mkdir -p "$OUT"
-BENCH=target/release/tokenrace-bench
+BENCH=target/release/tokenrace-bench   # cargo build --release -p tokenrace-bench
 export TOKENRACE_LIBRARY=$PWD/target/release/libtokenrace.so
 lscpu | grep -E "Model name|^CPU\(s\)|Flags" | cut -c1-200 > "$OUT/cpu.txt"
 # Scaling: 256 rows and 1 row of a large vocabulary, 1..16 threads, hot.

@@ -7,8 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >> .git/info/exclude
 rm -rf .device && mkdir -p .device/bin .device/lib
-cargo build --lib --release --quiet   # the command install.sh and the demo run: one build
-cargo build --release --features internals --bin tokenrace-bench --quiet
+# The benchmark first: it builds the library with the feature `internals` (its own crate's
+# dependency), and the plain library build after it leaves target/release/libtokenrace.so as
+# install.sh and the demo build it.
+cargo build --release -p tokenrace-bench --quiet
+cargo build --lib --release --quiet
 cargo test --no-run --quiet --message-format=json 2>/dev/null | python3 -c '
 import json, sys, shutil, os
 for line in sys.stdin:

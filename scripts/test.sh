@@ -31,20 +31,23 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 command -v valgrind >/dev/null 2>&1 || echo "test.sh: valgrind is not installed: the memcheck step will be skipped"
 
+# --workspace: the benchmark crate's quick run (bench/tests) too. The runs of single tests below
+# name it as well: the benchmark's derive macros add features to the build script's dependencies
+# (cbindgen's syn and proc-macro2), so a run without it would build the library a second time.
 stamp "building the integration tests (the first build of the crate takes several minutes on 2 cores)"
-cargo test --no-run --test '*' 2>&1 | grep -v '^ *Executable' >&2
+cargo test --workspace --no-run --test '*' 2>&1 | grep -v '^ *Executable' >&2
 stamp "running the integration tests"
-cargo test --quiet --test '*'
+cargo test --workspace --quiet --test '*'
 stamp "integration tests done"
 unit_env=(env CARGO_TARGET_DIR="$PWD/target/unit" CARGO_PROFILE_TEST_OPT_LEVEL=0)
 "${unit_env[@]}" cargo test --quiet --lib --no-run >target/unit-build.log 2>&1 &
 unit_build=$!
 # Which SIMD levels the Rust tests exercised on this machine (they test every supported one).
-cargo test --quiet --test draw levels_exercised -- --nocapture 2>&1 | grep '^simd levels' || true
+cargo test --workspace --quiet --test draw levels_exercised -- --nocapture 2>&1 | grep '^simd levels' || true
 # The C and C++ programs again under valgrind's memcheck (any invalid access or leak fails), in
 # the background beside the Python tests: both are mostly one thread.
 if command -v valgrind >/dev/null 2>&1; then
-  TOKENRACE_VALGRIND=1 cargo test --quiet --test c_abi >target/memcheck.log 2>&1 &
+  TOKENRACE_VALGRIND=1 cargo test --workspace --quiet --test c_abi >target/memcheck.log 2>&1 &
   memcheck=$!
 else
   echo "memcheck: skipped (valgrind is not installed; .ci/run installs it)"

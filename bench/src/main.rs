@@ -2,174 +2,46 @@
 //! of the same logits measured in the same run (these machines are shared and noisy, so only
 //! ratios measured together mean anything).
 //!
-//! [TOKENRACE_SIMD=avx2] cargo run --release --features internals --bin tokenrace-bench -- [--quick] [--json FILE]
+//! [TOKENRACE_SIMD=avx2] cargo run --release -p tokenrace-bench -- [--quick] [--json FILE]
 //!     [--threads 1,2] [--rows 1,8,32] [--vocab 163840] [--dtype f32,bf16] [--profile peaked,flat]
 //!     [--path greedy,race-inline,...] [--placement hot,cold] [--reps N]
-//!     [--threads-table] [--verify]
+//!     [--threads-table] [--verify] [--row-tail]
 //!
-//! (It needs the feature `internals`, for the read floors `kernels::read_floor*`.)
+//! (`--help` lists every option with its defaults; `src/args.rs` parses them. The crate turns on
+//! the library's feature `internals`, for the read floors `kernels::read_floor*`.)
 //!
 //! `--quick` (what CI runs) uses tiny sizes and two repetitions: it checks that every case runs,
 //! nothing about time.
 //!
 //! `--threads-table` prints, per path, vocab and rows, the median (p10-p90) us per call of hot
-//! calls for each thread count, one sampler at a time (issue 13: a thread count must never make
-//! a call slower than 1 thread). Its defaults, for the options not given: `--threads
-//! 1,2,4,8,16 --rows 1,4,32 --vocab 32000,151936,262144 --dtype f32 --profile peaked --path
-//! race-inline --reps 400`.
+//! calls for each thread count, one sampler at a time (a thread count must never make a call
+//! slower than 1 thread). Its defaults, for the options not given: `--threads 1,2,4,8,16 --rows
+//! 1,4,32 --vocab 32000,151936,262144 --dtype f32 --profile peaked --path race-inline --reps
+//! 400`.
 //!
-//! `--verify` times speculative-decoding verification (issue 10): 32 requests of 4 drafts
-//! (`--quick`: 3 of 2) against a plain draw of the same 160 target rows, without and with the
-//! draft model's q, per vocab (default 151936), profile, dtype (default f32) and thread count.
-//! The drafts are drawn from a q close to the target (`verify`, `verify+q`), or are each row's
-//! argmax without q (`verify argmax`: the most accepted, so the most target rows read); the mean
-//! emitted count of each is printed.
+//! `--verify` times speculative-decoding verification: 32 requests of 4 drafts (`--quick`: 3 of
+//! 2) against a plain draw of the same 160 target rows, without and with the draft model's q,
+//! per vocab (default 151936), profile, dtype (default f32) and thread count. The drafts are
+//! drawn from a q close to the target (`verify`, `verify+q`), or are each row's argmax without q
+//! (`verify argmax`: the most accepted, so the most target rows read); the mean emitted count of
+//! each is printed.
 //!
-//! `--row-tail` times rows one at a time (issue 11: no slow rows): `--rows` (default 1000)
-//! random rows per profile (`flat3` N(0, 3), `flat1` N(0, 1), `peaked`, `zipf` (logits of a
-//! Zipf law, shuffled), `ties` (N(0, 2) rounded to halves)) and vocabulary (default 32000,
-//! 151936, 262144), each drawn alone with top-p 0.9 (`--path top-p0.9`, the default) or another
-//! path, the fastest of 3 hot calls per row; prints p50, p99, the max and max / p50 of the
-//! per-row times, the slowest row's index, and how many rows' top-p thresholds needed the
-//! general path's second cut or every token gathered.
+//! `--row-tail` times rows one at a time (no slow rows): `--rows` (default 1000) random rows per
+//! profile (`flat3` N(0, 3), `flat1` N(0, 1), `peaked`, `zipf` (logits of a Zipf law, shuffled),
+//! `ties` (N(0, 2) rounded to halves)) and vocabulary (default 32000, 151936, 262144), each drawn
+//! alone with top-p 0.9 (`--path top-p0.9`, the default) or another path, the fastest of 3 hot
+//! calls per row; prints p50, p99, the max and max / p50 of the per-row times, the slowest row's
+//! index, and how many rows' top-p thresholds needed the general path's second cut or every token
+//! gathered.
 
-use std::io::Write;
+mod args;
+mod records;
+
+use args::{Args, Table};
+use records::{round, JsonLines, MainRecord, Provenance, RowTailRecord, ThreadsRecord, VerifyRecord};
 use std::time::Instant;
 use tokenrace::internals::{read_floor, read_floor_two};
 use tokenrace::*;
-
-struct Args {
-    quick: bool,
-    json: Option<String>,
-    threads: Vec<usize>,
-    rows: Vec<usize>,
-    vocab: Vec<usize>,
-    dtypes: Vec<String>,
-    profiles: Vec<String>,
-    paths: Vec<String>,
-    placements: Vec<String>,
-    reps: usize,
-    threads_table: bool,
-    verify: bool,
-    row_tail: bool,
-}
-
-fn list<T: std::str::FromStr>(v: &str) -> Vec<T> {
-    v.split(',').filter_map(|x| x.trim().parse().ok()).collect()
-}
-
-fn parse_args() -> Args {
-    let mut a = Args {
-        quick: false,
-        json: None,
-        threads: vec![1],
-        rows: vec![1, 8, 32, 128, 256],
-        vocab: vec![32000, 128256, 163840, 262144],
-        dtypes: list("f32,bf16,f16"),
-        profiles: list("peaked,flat"),
-        paths: list(
-            "greedy,race-inline,race-pool,race-external-logexp,race-external-exp,race-logprob,race-logprob-rank,race-logprob-top20,race-logprob-rank-top20,top-k50,top-k50-top-p0.9,top-p0.9,min-p0.05,pipeline,pipeline-penalties,pipeline-bias,pipeline-bitmask,pipeline-top-p0.9,pipeline-external-logexp,pipeline-logprob-rank-top20,pipeline-allowed,pipeline-allowed-top-p0.9",
-        ),
-        placements: list("hot,cold"),
-        reps: 30,
-        threads_table: false,
-        verify: false,
-        row_tail: false,
-    };
-    let mut given: Vec<String> = Vec::new();
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < argv.len() {
-        let val = argv.get(i + 1).cloned().unwrap_or_default();
-        match argv[i].as_str() {
-            "--quick" => {
-                a.quick = true;
-                i += 1;
-                continue;
-            }
-            "--threads-table" => {
-                a.threads_table = true;
-                i += 1;
-                continue;
-            }
-            "--verify" => {
-                a.verify = true;
-                i += 1;
-                continue;
-            }
-            "--row-tail" => {
-                a.row_tail = true;
-                i += 1;
-                continue;
-            }
-            "--json" => a.json = Some(val),
-            "--threads" => a.threads = list(&val),
-            "--rows" => a.rows = list(&val),
-            "--vocab" => a.vocab = list(&val),
-            "--dtype" => a.dtypes = list(&val),
-            "--profile" => a.profiles = list(&val),
-            "--path" => a.paths = list(&val),
-            "--placement" => a.placements = list(&val),
-            "--reps" => a.reps = val.parse().unwrap_or(30),
-            other => {
-                eprintln!("unknown argument {other}; see the comment at the top of src/bin/tokenrace-bench.rs");
-                std::process::exit(2);
-            }
-        }
-        given.push(argv[i].clone());
-        i += 2;
-    }
-    let default = |name: &str| !given.iter().any(|g| g == name);
-    if a.threads_table {
-        if default("--threads") {
-            a.threads = vec![1, 2, 4, 8, 16];
-        }
-        if default("--rows") {
-            a.rows = vec![1, 4, 32];
-        }
-        if default("--vocab") {
-            a.vocab = vec![32000, 151936, 262144];
-        }
-        if default("--dtype") {
-            a.dtypes = list("f32");
-        }
-        if default("--profile") {
-            a.profiles = list("peaked");
-        }
-        if default("--path") {
-            a.paths = list("race-inline");
-        }
-        if default("--reps") {
-            a.reps = 400;
-        }
-    }
-    if a.verify && default("--vocab") {
-        a.vocab = vec![151936];
-    }
-    if a.verify && default("--dtype") {
-        a.dtypes = list("f32");
-    }
-    if a.row_tail {
-        if default("--rows") {
-            a.rows = vec![1000];
-        }
-        if default("--vocab") {
-            a.vocab = vec![32000, 151936, 262144];
-        }
-        if default("--profile") {
-            a.profiles = list("flat3,flat1,peaked,zipf,ties");
-        }
-        if default("--path") {
-            a.paths = list("top-p0.9");
-        }
-    }
-    if a.quick {
-        a.rows = vec![1, 3];
-        a.vocab = vec![1000, 5003];
-        a.reps = 2;
-    }
-    a
-}
 
 /// xorshift64*, enough for benchmark data.
 struct Gen(u64);
@@ -197,7 +69,7 @@ fn make_row(g: &mut Gen, vocab: usize, peaked: bool) -> Vec<f32> {
     x
 }
 
-/// The sampling step of issue 9's benchmark, per row: 4096 prompt and 1024 output tokens,
+/// The sampling step of the pipeline paths, per row: 4096 prompt and 1024 output tokens,
 /// r = 1.1, f = 0.2, p = 0.1, 16 biased ids, and a grammar bitmask allowing 10% of the
 /// vocabulary.
 struct Pipeline {
@@ -412,18 +284,9 @@ fn time_hot_draws(s: &Sampler, path: &str, data: &Data, rows: usize, vocab: usiz
 }
 
 /// `--threads-table`: us per call by thread count, one line per path, vocab and rows.
-fn threads_table(a: &Args, base: &Config, json: &mut Option<std::fs::File>) {
-    // The table draws with inline noise and the filters or logprob outputs a path names; any
-    // other path (pool or external noise, the sampling step's inputs) would be timed as a plain
-    // race under its name.
-    let drawn_here = |p: &str| {
-        matches!(p, "greedy" | "race-inline" | "top-k50" | "top-k50-top-p0.9" | "top-p0.9" | "min-p0.05")
-            || p.starts_with("race-logprob")
-    };
-    if let Some(p) = a.paths.iter().find(|p| !drawn_here(p)) {
-        eprintln!("--threads-table: path {p} is not timed by the table (greedy, race-inline, top-k50, top-k50-top-p0.9, top-p0.9, min-p0.05, race-logprob*)");
-        std::process::exit(2);
-    }
+/// The table draws with inline noise and the filters or logprob outputs a path names (the
+/// command line refuses any other path).
+fn threads_table(a: &Args, base: &Config, json: &mut JsonLines) {
     let header: String = a.threads.iter().map(|t| format!(" {:>20}", format!("{t} thr"))).collect();
     println!("us per call, hot, median (p10-p90) of {} calls after 50 to warm up", a.reps);
     println!("{:<18} {:>5} {:>7} {:>5} |{header}", "path", "dtype", "vocab", "rows");
@@ -447,14 +310,19 @@ fn threads_table(a: &Args, base: &Config, json: &mut Option<std::fs::File>) {
                                 .unwrap();
                             let (med, lo, hi) = median_and_spread(time_hot_draws(&s, path, &data, rows, vocab, a.reps));
                             line += &format!(" {:>20}", format!("{med:.1} ({lo:.1}-{hi:.1})"));
-                            if let Some(f) = json.as_mut() {
-                                writeln!(
-                                    f,
-                                    "{{\"table\":\"threads\",\"path\":\"{path}\",\"dtype\":\"{dtype}\",\"profile\":\"{profile}\",\"rows\":{rows},\"vocab\":{vocab},\"threads\":{threads},\"us_per_call_median\":{med:.3},\"us_per_call_p10\":{lo:.3},\"us_per_call_p90\":{hi:.3},{}}}",
-                                    provenance()
-                                )
-                                .unwrap();
-                            }
+                            json.write(&ThreadsRecord {
+                                table: "threads",
+                                path,
+                                dtype,
+                                profile,
+                                rows,
+                                vocab,
+                                threads,
+                                us_per_call_median: round(med, 3),
+                                us_per_call_p10: round(lo, 3),
+                                us_per_call_p90: round(hi, 3),
+                                provenance: Provenance::get(),
+                            });
                         }
                         println!("{line}");
                     }
@@ -464,7 +332,7 @@ fn threads_table(a: &Args, base: &Config, json: &mut Option<std::fs::File>) {
     }
 }
 
-/// The speculative-decoding case of issue 10: `requests` requests of `drafts` draft tokens each.
+/// The speculative-decoding case: `requests` requests of `drafts` draft tokens each.
 /// Each draft row's q is the target row tempered by noise (`softmax(x + N(0, 1))`) and its draft
 /// is drawn from q, so that some drafts are accepted and some not, as with a real draft model.
 struct VerifyCase {
@@ -499,44 +367,9 @@ impl VerifyCase {
     }
 }
 
-/// The commit the records name: `BENCH_COMMIT` when set (a copy of the tree run on
-/// another host may carry a stale `.git`: pass the commit the binary was built from), else the
-/// checkout's `HEAD`.
-fn commit() -> String {
-    if let Ok(c) = std::env::var("BENCH_COMMIT") {
-        return c.replace('"', "'");
-    }
-    std::process::Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map_or_else(|| "unknown".into(), |o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-}
-
-/// The command line that made a record (quotes and backslashes escaped for JSON).
-fn command() -> String {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    format!("tokenrace-bench {}", args.join(" ")).replace('\\', "\\\\").replace('"', "\\\"")
-}
-
-/// The JSON fields every record of the main and threads tables ends with: the commit, the CPU
-/// model and the command (made once: `git` runs for the commit).
-fn provenance() -> &'static str {
-    static P: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    P.get_or_init(|| format!("\"commit\":\"{}\",\"cpu\":\"{}\",\"command\":\"{}\"", commit(), cpu_model(), command()))
-}
-
-/// The CPU's model name (Linux), for the records.
-fn cpu_model() -> String {
-    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let line = info.lines().find(|l| l.starts_with("model name")).unwrap_or("");
-    line.split(':').nth(1).unwrap_or("unknown").trim().replace('"', "'")
-}
-
-/// `--verify`: verifying 32 requests of 4 drafts (issue 10) against drawing the same 160 target
+/// `--verify`: verifying 32 requests of 4 drafts against drawing the same 160 target
 /// rows plainly, without q and with q, per vocab, profile, dtype and thread count.
-fn verify_table(a: &Args, base: &Config, json: &mut Option<std::fs::File>) {
+fn verify_table(a: &Args, base: &Config, json: &mut JsonLines) {
     let (requests, drafts) = if a.quick { (3, 2) } else { (32, 4) };
     let rows = requests * (drafts + 1);
     println!("verify: {requests} requests x {drafts} drafts ({rows} target rows), hot; us per call, median (p10-p90) of {} calls", a.reps);
@@ -598,14 +431,32 @@ fn verify_table(a: &Args, base: &Config, json: &mut Option<std::fs::File>) {
                         "{:<10} {dtype:>5} {profile:>7} {vocab:>7} {threads:>3} | {:>22} {:>22} {:>22} {:>22} | {:>6.2} {:>6.2} {:>6.2} {:>4.2}/{:.2}/{:.2}",
                         "verify", cell(p), cell(v), cell(vt), cell(vq), v.0 / p.0, vt.0 / p.0, vq.0 / p.0, mean[0], mean[1], mean[2]
                     );
-                    if let Some(f) = json.as_mut() {
-                        writeln!(
-                            f,
-                            "{{\"table\":\"verify\",\"dtype\":\"{dtype}\",\"profile\":\"{profile}\",\"vocab\":{vocab},\"threads\":{threads},\"requests\":{requests},\"drafts\":{drafts},\"plain_us_median\":{:.3},\"verify_us_median\":{:.3},\"verify_q_us_median\":{:.3},\"plain_us_p10\":{:.3},\"plain_us_p90\":{:.3},\"verify_us_p10\":{:.3},\"verify_us_p90\":{:.3},\"verify_q_us_p10\":{:.3},\"verify_q_us_p90\":{:.3},\"verify_top_us_median\":{:.3},\"verify_top_us_p10\":{:.3},\"verify_top_us_p90\":{:.3},\"mean_emitted\":{:.3},\"mean_emitted_top\":{:.3},\"mean_emitted_q\":{:.3},\"simd\":\"{}\",{}}}",
-                            p.0, v.0, vq.0, p.1, p.2, v.1, v.2, vq.1, vq.2, vt.0, vt.1, vt.2, mean[0], mean[1], mean[2], s.simd_level().name(), provenance()
-                        )
-                        .unwrap();
-                    }
+                    json.write(&VerifyRecord {
+                        table: "verify",
+                        dtype,
+                        profile,
+                        vocab,
+                        threads,
+                        requests,
+                        drafts,
+                        plain_us_median: round(p.0, 3),
+                        verify_us_median: round(v.0, 3),
+                        verify_q_us_median: round(vq.0, 3),
+                        plain_us_p10: round(p.1, 3),
+                        plain_us_p90: round(p.2, 3),
+                        verify_us_p10: round(v.1, 3),
+                        verify_us_p90: round(v.2, 3),
+                        verify_q_us_p10: round(vq.1, 3),
+                        verify_q_us_p90: round(vq.2, 3),
+                        verify_top_us_median: round(vt.0, 3),
+                        verify_top_us_p10: round(vt.1, 3),
+                        verify_top_us_p90: round(vt.2, 3),
+                        mean_emitted: round(mean[0], 3),
+                        mean_emitted_top: round(mean[1], 3),
+                        mean_emitted_q: round(mean[2], 3),
+                        simd: s.simd_level().name(),
+                        provenance: Provenance::get(),
+                    });
                 }
             }
         }
@@ -631,7 +482,7 @@ fn tail_row(g: &mut Gen, vocab: usize, profile: &str) -> Vec<f32> {
 }
 
 /// `--row-tail`: the distribution of the time of single rows (see the module doc).
-fn row_tail(a: &Args, base: &Config, json: &mut Option<std::fs::File>) {
+fn row_tail(a: &Args, base: &Config, json: &mut JsonLines) {
     let rows = a.rows.first().copied().unwrap_or(1000);
     println!(
         "{:<10} {:<8} {:>7} {:>6} | {:>9} {:>9} {:>9} {:>8} {:>6}",
@@ -649,7 +500,7 @@ fn row_tail(a: &Args, base: &Config, json: &mut Option<std::fs::File>) {
                     let logits = Logits::F32(&x);
                     let (temps, seeds) = ([1.0f32], [r as u64]);
                     let b = Batch { temperature: Some(&temps), seeds: Some(&seeds), ..Batch::new(logits, 1, vocab) };
-                    let (k, p) = path_filters(path);
+                    let (k, p) = args::row_tail_filters(path).expect("checked by the command line");
                     let (ks, ps) = ([k.unwrap_or(0)], [p.unwrap_or(1.0)]);
                     let b = Batch { top_k: k.map(|_| &ks[..]), top_p: p.map(|_| &ps[..]), ..b };
                     let mut tok = [0i32];
@@ -671,34 +522,33 @@ fn row_tail(a: &Args, base: &Config, json: &mut Option<std::fs::File>) {
                     "{path:<10} {profile:<8} {vocab:>7} {rows:>6} | {p50:>9.1} {p99:>9.1} {max:>9.1} {:>8.2} {slowest:>6} | second cut {second}, every token {all}",
                     max / p50
                 );
-                if let Some(f) = json.as_mut() {
-                    writeln!(
-                        f,
-                        "{{\"table\":\"row-tail\",\"path\":\"{path}\",\"profile\":\"{profile}\",\"vocab\":{vocab},\"rows\":{rows},\"p50_us\":{p50:.3},\"p99_us\":{p99:.3},\"max_us\":{max:.3},\"max_over_p50\":{:.3},\"slowest_row\":{slowest},\"rows_second_cut\":{second},\"rows_every_token\":{all},\"commit\":\"{}\",\"cpu\":\"{}\",\"simd\":\"{}\",\"command\":\"{}\"}}",
-                        max / p50,
-                        commit(),
-                        cpu_model(),
-                        s.simd_level().name(),
-                        command()
-                    )
-                    .expect("--json write");
-                }
+                let provenance = Provenance::get();
+                json.write(&RowTailRecord {
+                    table: "row-tail",
+                    path,
+                    profile,
+                    vocab,
+                    rows,
+                    p50_us: round(p50, 3),
+                    p99_us: round(p99, 3),
+                    max_us: round(max, 3),
+                    max_over_p50: round(max / p50, 3),
+                    slowest_row: slowest,
+                    rows_second_cut: second,
+                    rows_every_token: all,
+                    commit: &provenance.commit,
+                    cpu: &provenance.cpu,
+                    simd: s.simd_level().name(),
+                    command: &provenance.command,
+                });
             }
         }
     }
 }
 
-/// The top-k and top-p of a `--row-tail` path: `top-p0.9`, `top-k50`, `top-k50-top-p0.9`, or
-/// none (the plain race).
-fn path_filters(path: &str) -> (Option<i32>, Option<f32>) {
-    let k = path.split("top-k").nth(1).and_then(|r| r.split('-').next()).and_then(|v| v.parse().ok());
-    let p = path.split("top-p").nth(1).and_then(|v| v.parse().ok());
-    (k, p)
-}
-
 fn main() {
-    let a = parse_args();
-    let mut json = a.json.as_ref().map(|p| std::fs::File::create(p).expect("--json file"));
+    let a = args::parse();
+    let mut json = JsonLines::create(a.json.as_deref());
     // TOKENRACE_SIMD picks the level (as for any sampler made from the environment).
     let base = tokenrace::config_from_env().expect("TOKENRACE_* variables are valid").0;
     let level = Sampler::new(Config { vocab_size: 0, ..base.clone() }).expect("the level is supported").simd_level();
@@ -715,14 +565,11 @@ fn main() {
         tokenrace::internals::force_participants(n);
         println!("participants forced to {n} (BENCH_PARTICIPANTS)");
     }
-    if a.threads_table {
-        return threads_table(&a, &base, &mut json);
-    }
-    if a.verify {
-        return verify_table(&a, &base, &mut json);
-    }
-    if a.row_tail {
-        return row_tail(&a, &base, &mut json);
+    match a.table {
+        Table::Threads => return threads_table(&a, &base, &mut json),
+        Table::Verify => return verify_table(&a, &base, &mut json),
+        Table::RowTail => return row_tail(&a, &base, &mut json),
+        Table::Main => {}
     }
     println!(
         "{:<22} {:>5} {:>7} {:>5} {:>7} {:>3} {:>5} {:>10} {:>9} {:>9} {:>7} {:>8}",
@@ -896,16 +743,23 @@ fn main() {
                                     "{:<22} {:>5} {:>7} {:>5} {:>7} {:>3} {:>5} {:>10.1} {:>9.2} {:>9.2} {:>7.2} {:>8.2}",
                                     path, dtype, profile, rows, vocab, threads, placement, med, med / rows as f64, fl / rows as f64, ratio, (hi - lo) / med
                                 );
-                                if let Some(f) = json.as_mut() {
-                                    writeln!(
-                                        f,
-                                        "{{\"path\":\"{path}\",\"dtype\":\"{dtype}\",\"profile\":\"{profile}\",\"rows\":{rows},\"vocab\":{vocab},\"threads\":{threads},\"placement\":\"{placement}\",\"simd\":\"{}\",\"us_per_call_median\":{med:.3},\"us_per_call_p10\":{lo:.3},\"us_per_call_p90\":{hi:.3},\"us_per_row\":{:.4},\"floor_us_per_call\":{fl:.3},\"ratio_to_floor\":{ratio:.3},{}}}",
-                                        level.name(),
-                                        med / rows as f64,
-                                        provenance()
-                                    )
-                                    .unwrap();
-                                }
+                                json.write(&MainRecord {
+                                    path,
+                                    dtype,
+                                    profile,
+                                    rows,
+                                    vocab,
+                                    threads,
+                                    placement,
+                                    simd: level.name(),
+                                    us_per_call_median: round(med, 3),
+                                    us_per_call_p10: round(lo, 3),
+                                    us_per_call_p90: round(hi, 3),
+                                    us_per_row: round(med / rows as f64, 4),
+                                    floor_us_per_call: round(fl, 3),
+                                    ratio_to_floor: round(ratio, 3),
+                                    provenance: Provenance::get(),
+                                });
                             }
                         }
                     }

@@ -1,4 +1,5 @@
 //! CI runs the benchmark in its quick mode: every case must run; nothing about time is checked.
+//! (A test of the benchmark's crate: `cargo test --workspace`, or `-p tokenrace-bench`.)
 
 /// Runs the benchmark with `args` and `--json` into a temporary file (named after `name`);
 /// returns the records it wrote.
@@ -66,4 +67,15 @@ fn row_tail_table_runs_in_quick_mode() {
         assert!(records.lines().all(|l| l.contains(key)), "{key} missing");
     }
     assert_provenance(&records);
+}
+
+/// A value that does not parse or an option the table does not use is refused with clap's
+/// message and exit code 2, before anything is measured.
+#[test]
+fn bad_arguments_are_refused() {
+    for args in [&["--threads", "1,x"][..], &["--path", "race"], &["--row-tail", "--dtype", "f16"], &["--quik"]] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenrace-bench")).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(out.stdout.is_empty(), "{args:?} measured something");
+    }
 }
