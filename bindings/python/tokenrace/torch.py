@@ -171,9 +171,16 @@ def _check_out(out, rows):
         raise ValueError(f"out: has shape {tuple(out.shape)}, the batch needs ({rows},)")
 
 
+def _as_numpy(value):
+    """A result of ``Sampler.draw``/``draw_full`` (torch tensors for tensor logits) as numpy, over
+    the same memory."""
+    return value.numpy() if isinstance(value, torch.Tensor) else value
+
+
 def _tokens_tensor(tokens, out):
-    """The int32 numpy tokens as vLLM's int64 tensor, or written into ``out`` (checked by
-    ``_check_out`` before the call)."""
+    """The int32 tokens (numpy, or a tensor over numpy memory) as vLLM's int64 tensor, or written
+    into ``out`` (checked by ``_check_out`` before the call)."""
+    tokens = _as_numpy(tokens)
     if out is None:
         return torch.from_numpy(tokens.astype(np.int64))
     out.detach().numpy()[...] = tokens  # a view of out's memory: numpy widens int32 to int64 in place
@@ -320,15 +327,16 @@ def _top_count(logprobs, vocab):
 
 
 def _logprobs_tensors(result, rows, n) -> LogprobsTensors:
+    # vLLM's layout puts the sampled token in column 0 before the top n: one copy into it.
     ids = np.empty((rows, n + 1), dtype=np.int32)
     values = np.empty((rows, n + 1), dtype=np.float32)
-    ids[:, 0] = result.tokens
-    values[:, 0] = result.logprobs
+    ids[:, 0] = _as_numpy(result.tokens)
+    values[:, 0] = _as_numpy(result.logprobs)
     if n:
-        ids[:, 1:] = result.topn_ids
-        values[:, 1:] = result.topn_logprobs
+        ids[:, 1:] = _as_numpy(result.topn_ids)
+        values[:, 1:] = _as_numpy(result.topn_logprobs)
     return LogprobsTensors(torch.from_numpy(ids), torch.from_numpy(values),
-                           torch.from_numpy(result.ranks.astype(np.int64)))
+                           torch.from_numpy(_as_numpy(result.ranks).astype(np.int64)))
 
 
 def _draft_counts(num_draft_tokens):
