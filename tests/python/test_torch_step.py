@@ -278,6 +278,9 @@ def test_sampler_draw_returns_tensors_for_tensors_and_arrays_for_arrays(tokenrac
     assert r.tokens.tolist() == array.tolist()
     out = tensor(torch, np.zeros((ROWS, VOCAB), np.float32))
     assert s.draw_full(t, full_logprobs="raw", out=out).full_logprobs is out
+    array_out = np.zeros((ROWS, VOCAB), np.float32)
+    assert s.draw_full(t, full_logprobs="raw", out=array_out).full_logprobs is array_out  # as given
+    assert isinstance(s.draw_full(t, full_logprobs="raw").full_logprobs, torch.Tensor)
     assert type(s.draw_full(x, logprobs=1).topn_ids) is np.ndarray
 
 

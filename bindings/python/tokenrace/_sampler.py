@@ -440,7 +440,7 @@ class Sampler(_Closable):
                 _raise(status)
             del h
             if type(logits) is not np.ndarray and is_torch_tensor(logits):
-                return _result_as_torch(res)
+                return _result_as_torch(res, out)
             return res
         finally:
             state.in_use = False  # release_state(), inlined
@@ -525,12 +525,13 @@ def _raise(status):
         raise
 
 
-def _result_as_torch(res):
-    """A ``DrawResult`` of numpy arrays as one of torch tensors over the same memory (a torch
-    ``out`` given for ``full_logprobs`` is returned as it is)."""
-    return DrawResult(*(value if value is None or not isinstance(value, np.ndarray) else as_torch(value)
-                        for value in (res.tokens, res.flags, res.logprobs, res.ranks, res.topn_ids,
-                                      res.topn_logprobs, res.full_logprobs)))
+def _result_as_torch(res, out):
+    """A ``DrawResult`` of numpy arrays as one of torch tensors over the same memory; an ``out``
+    given for ``full_logprobs`` is returned as it is, array or tensor."""
+    fields = [None if value is None else as_torch(value)
+              for value in (res.tokens, res.flags, res.logprobs, res.ranks, res.topn_ids, res.topn_logprobs)]
+    full = res.full_logprobs
+    return DrawResult(*fields, full if full is None or out is not None else as_torch(full))
 
 
 def _full_output(out, rows, vocab):
