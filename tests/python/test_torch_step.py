@@ -291,3 +291,58 @@ def test_tensors_out_are_views_of_the_memory_written(tokenrace, torch, x):
     view = r.topn_ids.numpy()
     view[0, 0] = 12345
     assert int(r.topn_ids[0, 0].item()) == 12345
+
+
+# -- against vLLM V1's own rule, in torch ---------------------------------------------------------
+
+
+def vllm_processed_logits(torch, logits, prompt, output, rep, freq, pres, mask, bad_bans, bias):
+    """What vLLM V1's ``Sampler.forward`` makes of the logits before ``sample`` (its order and
+    arithmetic, written out in torch): the allowed mask, the bad words' bans, the logit bias, then
+    the penalties (``apply_penalties``: repetition on prompt or output tokens, then frequency and
+    presence on output counts)."""
+    x = logits.clone()
+    x.masked_fill_(mask, float("-inf"))
+    for row, ids in enumerate(bad_bans):
+        x[row, ids] = float("-inf")
+    for row, d in enumerate(bias):
+        for token, value in (d or {}).items():
+            x[row, token] += value
+    rows, vocab = x.shape
+    seen = torch.zeros(rows, vocab + 1, dtype=torch.bool)
+    counts = torch.zeros(rows, vocab + 1, dtype=torch.int64)
+    seen.scatter_(1, prompt, True)  # the padding id (vocab) lands in the extra column
+    counts.scatter_add_(1, output, torch.ones_like(output))
+    seen, counts = seen[:, :vocab] | (counts[:, :vocab] > 0), counts[:, :vocab]
+    r = rep[:, None].expand_as(x)
+    x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
+    x -= freq[:, None] * counts
+    x -= pres[:, None] * (counts > 0)
+    return x
+
+
+def test_greedy_tokens_are_those_of_vllms_own_rule(tt, torch, rng):
+    if not hasattr(torch, "where"):
+        pytest.skip("the stand-in torch has no tensor arithmetic to write vLLM's rule in")
+    rows, vocab = 16, 300
+    logits = torch.from_numpy((rng.standard_normal((rows, vocab)) * 3).astype(np.float32))
+    lengths = rng.integers(0, 40, size=(2, rows))
+    prompts = [rng.integers(0, vocab, n).tolist() for n in lengths[0]]
+    outputs = [rng.integers(0, vocab, n).tolist() for n in lengths[1]]
+    prompt = torch.from_numpy(padded(prompts, 40, vocab))
+    output = torch.from_numpy(padded(outputs, 40, vocab))
+    rep = torch.from_numpy(rng.uniform(0.5, 2.0, rows).astype(np.float32))
+    freq = torch.from_numpy(rng.uniform(-1, 1, rows).astype(np.float32))
+    pres = torch.from_numpy(rng.uniform(-1, 1, rows).astype(np.float32))
+    mask = torch.from_numpy(rng.random((rows, vocab)) < 0.3)
+    mask[::3] = False  # rows without allowed_token_ids
+    bias = [None if r % 4 else {int(t): float(v) for t, v in zip(rng.integers(0, vocab, 5), rng.normal(0, 3, 5))}
+            for r in range(rows)]
+    bad_words = {r: [[int(rng.integers(0, vocab))], outputs[r][-1:] + [int(rng.integers(0, vocab))]]
+                 for r in range(0, rows, 2) if outputs[r]}
+    bad_bans = [[words[0][0], words[1][-1]] if (words := bad_words.get(r)) else [] for r in range(rows)]
+    want = vllm_processed_logits(torch, logits, prompt, output, rep, freq, pres, mask, bad_bans, bias).argmax(dim=1)
+    got = tt.sample(logits, 0.0, prompt_token_ids=prompt, output_token_ids=outputs, repetition_penalties=rep,
+                    frequency_penalties=freq, presence_penalties=pres, allowed_token_ids_mask=mask,
+                    bad_words_token_ids=bad_words, logit_bias=bias)
+    assert got.tolist() == want.tolist()
