@@ -375,32 +375,37 @@ def _bad_word_bans(bad_words, rows, vocab, output):
         banned = []
         for w, word in enumerate(words):
             word = _word_ids(word, vocab, f"{name}[{w}]")
-            prefix = word.shape[0] - 1
+            prefix = len(word) - 1
             if prefix and history is None:
                 raise ValueError(f"{name}[{w}]: a word of {prefix + 1} tokens needs output_token_ids (vLLM's prefix "
                                  f"rule bans its last token after the output ends with the others)")
             if prefix > (0 if history is None else history.shape[0]):
                 continue  # the output is shorter than the prefix: nothing to ban yet
-            if prefix == 0 or np.array_equal(history[history.shape[0] - prefix:], word[:-1]):
-                banned.append(int(word[-1]))
+            # Compared as Python ints: a word is a few ids, for which numpy's call overhead dominates.
+            if prefix == 0 or history[history.shape[0] - prefix:].tolist() == word[:-1]:
+                banned.append(word[-1])
         bans[row] = np.array(banned, np.int32)
     return bans
 
 
 def _word_ids(word, vocab, name):
-    if isinstance(word, torch.Tensor):
-        word = word.detach().numpy()
-    try:
-        arr = np.asarray(word)
-    except (OverflowError, ValueError, TypeError) as error:
-        raise ValueError(f"{name}: must be a list of token ids ({error})") from None
-    if arr.ndim != 1 or arr.shape[0] == 0 or arr.dtype.kind not in "iu":
-        raise ValueError(f"{name}: must be a non-empty list of token ids, got {word!r}")
-    bad = (arr < 0) | (arr >= vocab)
-    if bad.any():
-        j = int(np.argmax(bad))
-        raise ValueError(f"{name}: position {j}: {int(arr[j])} is not a token id in [0, {vocab})")
-    return arr
+    """One bad word as a list of Python ints, each checked to be a token id."""
+    if type(word) is list and word and all(type(t) is int for t in word):
+        ids = word  # vLLM's own form, taken as it is
+    else:
+        if isinstance(word, torch.Tensor):
+            word = word.detach().numpy()
+        try:
+            arr = np.asarray(word)
+        except (OverflowError, ValueError, TypeError) as error:
+            raise ValueError(f"{name}: must be a list of token ids ({error})") from None
+        if arr.ndim != 1 or arr.shape[0] == 0 or arr.dtype.kind not in "iu":
+            raise ValueError(f"{name}: must be a non-empty list of token ids, got {word!r}")
+        ids = arr.tolist()
+    if min(ids) < 0 or max(ids) >= vocab:
+        j = next(j for j, t in enumerate(ids) if not 0 <= t < vocab)
+        raise ValueError(f"{name}: position {j}: {ids[j]} is not a token id in [0, {vocab})")
+    return ids
 
 
 _default_sampler = None
