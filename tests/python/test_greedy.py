@@ -99,9 +99,10 @@ class TestTorch:
         view = base[::2, 10:200]
         s = tokenrace.Sampler(190)
         tokens, flags = s.draw(view, temperature=0, return_flags=True)
+        assert isinstance(tokens, torch.Tensor) and isinstance(flags, torch.Tensor)  # torch in, torch out
         expected = np.argmax(view.float().numpy(), axis=1)
         np.testing.assert_array_equal(tokens, expected)
-        assert not np.any(flags & tokenrace.FLAG_HAS_POSINF)
+        assert not np.any(flags.numpy() & tokenrace.FLAG_HAS_POSINF)
 
     def test_torch_rejects_non_unit_inner_stride_and_3d(self, tokenrace):
         torch = self.torch

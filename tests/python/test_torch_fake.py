@@ -2,7 +2,8 @@
 ``torch`` module whose tensors wrap numpy arrays exposes exactly the attributes the binding may
 use (data_ptr, stride in elements, dtype, device.type, layout, dim, shape, element_size, detach,
 float, numpy, item), plus what ``tokenrace.torch`` uses: ``nn.Module``, ``Generator`` and
-``randint(..., generator=)`` (a numpy stream that counts its draws), ``from_numpy``, int dtypes.
+``randint(..., generator=)`` (a numpy stream that counts its draws), ``from_numpy``, int and
+bool dtypes (and ``tolist``/``__array__`` to read results in tests).
 What the stand-in cannot show (real zero-copy bf16 tensors, torch's own generators and
 ``log_softmax``, the distribution against torch's arithmetic) is tested in test_torch.py and
 test_greedy.py where torch is installed."""
@@ -29,10 +30,11 @@ def make_fake_torch():
     torch.float32, torch.float16, torch.bfloat16, torch.float64 = (
         DType(n) for n in ("float32", "float16", "bfloat16", "float64"))
     torch.int32, torch.int64 = DType("int32", False), DType("int64", False)
+    torch.bool = DType("bool", False)
     torch.long = torch.int64
     torch.strided, torch.sparse_coo = "strided", "sparse_coo"
     np_of = {"float32": np.float32, "float16": np.float16, "float64": np.float64,
-             "int32": np.int32, "int64": np.int64}
+             "int32": np.int32, "int64": np.int64, "bool": np.bool_}
 
     class Tensor:
         def __init__(self, arr, dtype, device="cpu", layout="strided"):
@@ -71,6 +73,12 @@ def make_fake_torch():
 
         def item(self):
             return self._a.item()
+
+        def tolist(self):
+            return self._a.tolist()
+
+        def __array__(self, dtype=None, copy=None):
+            return self._a if dtype is None else self._a.astype(dtype)
 
         def __getitem__(self, idx):
             return Tensor(self._a[idx], self.dtype, self.device.type, self.layout)
@@ -138,8 +146,9 @@ def test_tensor_views_are_read_in_place(tokenrace, rng, fake_torch, dtype):
     v = _arrays.rows_view(t)
     assert v.ptr == base.ctypes.data + 10 * base.itemsize and v.row_stride == 600 and v.vocab == 190
     tokens, flags = tokenrace.Sampler(190).draw(t, temperature=0, return_flags=True)
+    assert isinstance(tokens, fake_torch.Tensor) and isinstance(flags, fake_torch.Tensor)  # torch in, torch out
     np.testing.assert_array_equal(tokens, np.argmax(base[::2, 10:200], axis=1))
-    assert not np.any(flags & tokenrace.FLAG_HAS_POSINF)
+    assert not np.any(np.asarray(flags) & tokenrace.FLAG_HAS_POSINF)
 
 
 def test_tensor_rejections_name_the_argument(tokenrace, fake_torch):

@@ -48,6 +48,18 @@ def is_torch_tensor(obj) -> bool:
     return type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr")
 
 
+def as_torch(arr):
+    """``arr`` (a numpy array the call allocated) as a CPU torch tensor sharing its memory
+    (``torch.from_numpy``: no copy). For outputs of calls whose logits came as a tensor, so that a
+    torch caller gets tensors back. uint32 (the row flags) comes back as an int32 view of the same
+    bits, the dtype every torch version can hold."""
+    import torch
+
+    if arr.dtype == np.uint32:
+        arr = arr.view(np.int32)
+    return torch.from_numpy(arr)
+
+
 def _numpy_code(dtype):
     """The tokenrace_dtype of a numpy dtype, whatever its byte order (checked apart), or None."""
     code = _NUMPY_DTYPES.get(dtype)  # the common case first: one hash lookup

@@ -10,8 +10,8 @@ from typing import Optional
 import numpy as np
 
 from . import _ffi
-from ._arrays import (LOGITS_DTYPES, NOISE_DTYPES, arrays_in, byte_span, contiguous_rows, is_torch_tensor, per_row,
-                      rows_view)
+from ._arrays import (LOGITS_DTYPES, NOISE_DTYPES, arrays_in, as_torch, byte_span, contiguous_rows, is_torch_tensor,
+                      per_row, rows_view)
 from ._call import (BATCH_LAYOUT, BATCH_SIZE, FLAG_SCALARS, FLOAT_SCALARS, FULL_LAYOUT, FULL_OFFSET, FULL_ZEROS,
                     INT_SCALARS, OUTPUT_LAYOUT, OUTPUT_SIZE, STEP_LAYOUT, STEP_OFFSET, STEP_ZEROS, address,
                     pack_tokens_output, release_state, take_state)
@@ -249,7 +249,9 @@ class Sampler(_Closable):
              prompt_tokens=None, output_tokens=None, repetition_penalty=None, frequency_penalty=None,
              presence_penalty=None, logit_bias=None, allowed_tokens=None, banned_tokens=None,
              token_bitmask=None):
-        """Draws one token per row of ``logits``; returns an int32 array of ``rows`` tokens.
+        """Draws one token per row of ``logits``; returns an int32 array of ``rows`` tokens (a
+        torch tensor when ``logits`` is one, over the same memory: no copy; the flags of
+        ``return_flags`` then come as int32, the same bits).
 
         logits: 2-D (rows x vocab) or 1-D (one row) float32/float16 numpy array, or a CPU torch
             tensor (float32/float16/bfloat16). Read in place: rows may be any stride apart, the
@@ -331,6 +333,11 @@ class Sampler(_Closable):
                 _raise(status)
             del h
             tokens = state.tokens.take(rows)
+            if type(logits) is not np.ndarray and is_torch_tensor(logits):
+                # A torch caller gets tensors: views of the arrays just taken, no second copy.
+                if return_flags:
+                    return as_torch(tokens), as_torch(state.flags.take(rows))
+                return as_torch(tokens)
             if return_flags:
                 return tokens, state.flags.take(rows)
             return tokens
@@ -342,7 +349,8 @@ class Sampler(_Closable):
                   ranks=False, logprob_mode="raw", prompt_tokens=None, output_tokens=None, repetition_penalty=None,
                   frequency_penalty=None, presence_penalty=None, logit_bias=None, allowed_tokens=None,
                   banned_tokens=None, token_bitmask=None, full_logprobs=None, out=None):
-        """Draws like ``draw`` and also returns logprobs: a ``DrawResult`` with
+        """Draws like ``draw`` and also returns logprobs: a ``DrawResult`` (of torch tensors over
+        the same memory when ``logits`` is a tensor, flags as int32) with
 
         tokens (int32), flags (uint32), logprobs (float32: the sampled token's logprob), ranks
         (int32: the count of tokens whose logprob is >= the sampled one's; only with
@@ -431,6 +439,8 @@ class Sampler(_Closable):
             if status:
                 _raise(status)
             del h
+            if type(logits) is not np.ndarray and is_torch_tensor(logits):
+                return _result_as_torch(res, out)
             return res
         finally:
             state.in_use = False  # release_state(), inlined
@@ -513,6 +523,15 @@ def _raise(status):
                     raise InvalidArgumentError(f"{message} (argument {argument})") from None
                 break
         raise
+
+
+def _result_as_torch(res, out):
+    """A ``DrawResult`` of numpy arrays as one of torch tensors over the same memory; an ``out``
+    given for ``full_logprobs`` is returned as it is, array or tensor."""
+    fields = [None if value is None else as_torch(value)
+              for value in (res.tokens, res.flags, res.logprobs, res.ranks, res.topn_ids, res.topn_logprobs)]
+    full = res.full_logprobs
+    return DrawResult(*fields, full if full is None or out is not None else as_torch(full))
 
 
 def _full_output(out, rows, vocab):

@@ -7,10 +7,12 @@
     temperature (``Sampler.sample`` applies the temperature, then min-p, then calls it), so it
     draws at T = 1 from the logits as given, after top-k and top-p.
 ``sample(logits, temperature, ...)``
-    The fused step that replaces vLLM's ``Sampler.sample``: raw (untempered) logits in, greedy
-    rows (T < the sampler's ``greedy_below``, 1e-5 as vLLM's ``_SAMPLING_EPS``), temperature,
-    min-p, top-k, top-p and the draw in one native call, optionally with the logprobs triple of
-    vLLM's ``LogprobsTensors``.
+    The fused step that replaces vLLM's ``Sampler.sample`` (and, given the sampling step's
+    inputs in the forms of vLLM V1's ``SamplingMetadata``, everything ``Sampler.forward`` does
+    before it: the allowed-token mask, bad words, logit bias and penalties): raw logits in,
+    greedy rows (T < the sampler's ``greedy_below``, 1e-5 as vLLM's ``_SAMPLING_EPS``),
+    temperature, min-p, top-k, top-p and the draw in one native call, optionally with the
+    logprobs triple of vLLM's ``LogprobsTensors``.
 ``rejection_sample(target_logits, draft_token_ids, num_draft_tokens, temperature, ...)``
     The verification step of speculative decoding, with the shape of vLLM's
     ``RejectionSampler.forward`` output: int32 ``[batch, max_spec_len + 1]``, each request's
@@ -43,12 +45,14 @@ except ImportError as error:  # pragma: no cover - depends on the environment
         "(pip install torch); the rest of tokenrace works without it, on numpy arrays") from error
 
 import threading
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
 
 from ._arrays import int32_vector
 from ._sampler import Sampler
+from ._step import _padded, _per_row_lists, _row_of
 
 __all__ = ["LogprobsTensors", "PLACEHOLDER_TOKEN_ID", "TopKTopPSampler", "rejection_sample", "sample"]
 
@@ -171,9 +175,16 @@ def _check_out(out, rows):
         raise ValueError(f"out: has shape {tuple(out.shape)}, the batch needs ({rows},)")
 
 
+def _as_numpy(value):
+    """A result of ``Sampler.draw``/``draw_full`` (torch tensors for tensor logits) as numpy, over
+    the same memory."""
+    return value.numpy() if isinstance(value, torch.Tensor) else value
+
+
 def _tokens_tensor(tokens, out):
-    """The int32 numpy tokens as vLLM's int64 tensor, or written into ``out`` (checked by
-    ``_check_out`` before the call)."""
+    """The int32 tokens (numpy, or a tensor over numpy memory) as vLLM's int64 tensor, or written
+    into ``out`` (checked by ``_check_out`` before the call)."""
+    tokens = _as_numpy(tokens)
     if out is None:
         return torch.from_numpy(tokens.astype(np.int64))
     out.detach().numpy()[...] = tokens  # a view of out's memory: numpy widens int32 to int64 in place
@@ -236,6 +247,167 @@ class TopKTopPSampler(torch.nn.Module):
         return self.forward_native(logits, generators, k, p, out=out)
 
 
+# -- the sampling step in vLLM V1's forms -----------------------------------------------------
+
+# The keyword arguments of ``sample`` that carry the sampling step (vLLM V1's ``SamplingMetadata``
+# names), in the order their docs list them.
+STEP_ARGUMENTS = ("prompt_token_ids", "output_token_ids", "repetition_penalties", "frequency_penalties",
+                  "presence_penalties", "allowed_token_ids_mask", "bad_words_token_ids", "logit_bias",
+                  "token_bitmask")
+
+
+def _step_arguments(rows, vocab, prompt_token_ids=None, output_token_ids=None, repetition_penalties=None,
+                    frequency_penalties=None, presence_penalties=None, no_penalties=False,
+                    allowed_token_ids_mask=None, bad_words_token_ids=None, logit_bias=None, token_bitmask=None):
+    """The sampling step's keyword arguments of ``Sampler.draw`` from vLLM V1's forms, checked
+    and converted here (before any generator advances), so that errors name vLLM's arguments.
+
+    The histories go to the library as CSR (int32 ids, uint64 offsets): a padded int64 tensor is
+    read through a numpy view of its memory and compacted in a few vectorised numpy calls (the C
+    ABI takes int32 CSR, so that one conversion cannot be avoided). Penalty tensors and a
+    grammar bitmask are read in place."""
+    step = {}
+    penalised = not no_penalties and any(
+        value is not None for value in (repetition_penalties, frequency_penalties, presence_penalties))
+    output = None
+    if output_token_ids is not None and (penalised or bad_words_token_ids):
+        output = _token_rows(output_token_ids, rows, vocab, "output_token_ids")
+    if penalised:
+        step.update(repetition_penalty=repetition_penalties, frequency_penalty=frequency_penalties,
+                    presence_penalty=presence_penalties)
+        if prompt_token_ids is not None:
+            step["prompt_tokens"] = _token_rows(prompt_token_ids, rows, vocab, "prompt_token_ids")
+        if output is not None:
+            step["output_tokens"] = output
+    if logit_bias is not None:
+        if isinstance(logit_bias, Mapping) or not isinstance(logit_bias, (list, tuple)):
+            raise TypeError(f"logit_bias: must be a list of one dict {{id: bias}} (or None) per row, as "
+                            f"vLLM's SamplingMetadata holds it, got {type(logit_bias).__name__}")
+        step["logit_bias"] = list(logit_bias)  # a list: the binding reads a tuple as CSR
+    bitmask = None
+    if allowed_token_ids_mask is not None:
+        bitmask = _allowed_bitmask(allowed_token_ids_mask, rows, vocab)
+    if token_bitmask is not None:
+        if bitmask is None:
+            bitmask = token_bitmask  # read in place by the binding, which checks it
+        else:
+            bitmask &= _grammar_words(token_bitmask, bitmask.shape)
+    if bitmask is not None:
+        step["token_bitmask"] = bitmask
+    if bad_words_token_ids:
+        step["banned_tokens"] = _bad_word_bans(bad_words_token_ids, rows, vocab, output)
+    return step
+
+
+def _token_rows(value, rows, vocab, name):
+    """A token history as a CSR tuple ``(int32 ids, uint64 offsets)``: a 2-D integer tensor (or
+    numpy array) padded as vLLM pads it (entries equal to ``vocab``, or negative, are padding;
+    anything above ``vocab`` is refused, naming row and column), or a list of per-row ids
+    (vLLM's ``output_token_ids``: a list of lists), each id in ``[0, vocab)``."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+            raise ValueError(f"{name}: is a tensor on device '{value.device}'; pass {name}.cpu()")
+        return _padded(value, rows, vocab, name)
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{name}: must be a 2-D integer tensor padded with the vocabulary size {vocab}, or a "
+                        f"list of per-row id lists, got {type(value).__name__}")
+    ids, offsets, present = _per_row_lists(value, rows, name)
+    bad = (ids < 0) | (ids >= vocab)
+    if bad.any():
+        entry = int(np.argmax(bad))
+        r = _row_of(offsets, entry)
+        raise ValueError(f"{name}[{r}]: position {entry - int(offsets[r])}: {int(ids[entry])} is not a token id "
+                         f"in [0, {vocab})")
+    return ids, offsets
+
+
+def _allowed_bitmask(mask, rows, vocab):
+    """vLLM V1's ``allowed_token_ids_mask`` (bool [rows, vocab], True where a token is NOT
+    allowed; a row of a request without ``allowed_token_ids`` is all False) as a grammar bitmask
+    in xgrammar's layout (bit set: allowed), packed in one numpy call over a view of the mask."""
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"allowed_token_ids_mask: must be a torch.Tensor, got {type(mask).__name__}")
+    if mask.device.type != "cpu":
+        raise ValueError(f"allowed_token_ids_mask: is a tensor on device '{mask.device}'; pass "
+                         f"allowed_token_ids_mask.cpu()")
+    if mask.dtype != torch.bool:
+        raise ValueError(f"allowed_token_ids_mask: has dtype {mask.dtype}; vLLM's mask is torch.bool, True "
+                         f"where a token is not allowed")
+    if tuple(mask.shape) != (rows, vocab):
+        raise ValueError(f"allowed_token_ids_mask: has shape {tuple(mask.shape)}, the logits need ({rows}, {vocab})")
+    allowed = ~mask.detach().numpy()
+    words = -(-vocab // 32)
+    packed = np.zeros((rows, words * 4), np.uint8)
+    packed[:, :(vocab + 7) // 8] = np.packbits(allowed, axis=1, bitorder="little")
+    # Byte b bit j is token 8 b + j, so the little-endian words hold token 32 w + j at bit j.
+    return packed.view("<i4").astype(np.int32, copy=False)
+
+
+def _grammar_words(token_bitmask, shape):
+    """The caller's grammar bitmask as int32 numpy words of ``shape``, to combine with the allowed
+    mask's (both restrict the row: a token needs both bits)."""
+    words = token_bitmask.detach().numpy() if isinstance(token_bitmask, torch.Tensor) else token_bitmask
+    if not isinstance(words, np.ndarray) or words.dtype != np.int32:
+        raise ValueError("token_bitmask: must be int32 words (xgrammar's layout) as a CPU tensor or numpy array")
+    if tuple(words.shape) != shape:
+        raise ValueError(f"token_bitmask: has shape {tuple(words.shape)}, the logits need {shape}")
+    return words
+
+
+def _bad_word_bans(bad_words, rows, vocab, output):
+    """vLLM's bad words (``{row: [word, ...]}``, each word a list of token ids) as the banned ids
+    of each row, by vLLM's prefix rule (``vllm/v1/sample/ops/bad_words.py``): a word's last token
+    is banned when the row's output ends with the word's other tokens (a one-token word: always).
+    Computed here per row from ``output`` (the CSR history), one comparison per word; the core
+    takes multi-token words itself later, with the rest of the step."""
+    if not isinstance(bad_words, Mapping):
+        raise TypeError(f"bad_words_token_ids: must be a dict {{row: [word, ...]}} (vLLM's form), got "
+                        f"{type(bad_words).__name__}")
+    bans = [None] * rows
+    for row, words in bad_words.items():
+        if isinstance(row, bool) or not isinstance(row, (int, np.integer)) or not 0 <= row < rows:
+            raise ValueError(f"bad_words_token_ids: row {row!r} is outside the batch of {rows} rows")
+        name = f"bad_words_token_ids[{row}]"
+        history = None
+        if output is not None:
+            ids, offsets = output
+            history = ids[int(offsets[row]):int(offsets[row + 1])]
+        banned = []
+        for w, word in enumerate(words):
+            word = _word_ids(word, vocab, f"{name}[{w}]")
+            prefix = len(word) - 1
+            if prefix and history is None:
+                raise ValueError(f"{name}[{w}]: a word of {prefix + 1} tokens needs output_token_ids (vLLM's prefix "
+                                 f"rule bans its last token after the output ends with the others)")
+            if prefix > (0 if history is None else history.shape[0]):
+                continue  # the output is shorter than the prefix: nothing to ban yet
+            # Compared as Python ints: a word is a few ids, for which numpy's call overhead dominates.
+            if prefix == 0 or history[history.shape[0] - prefix:].tolist() == word[:-1]:
+                banned.append(word[-1])
+        bans[row] = np.array(banned, np.int32)
+    return bans
+
+
+def _word_ids(word, vocab, name):
+    """One bad word as a list of Python ints, each checked to be a token id."""
+    if type(word) is list and word and all(type(t) is int for t in word):
+        ids = word  # vLLM's own form, taken as it is
+    else:
+        if isinstance(word, torch.Tensor):
+            word = word.detach().numpy()
+        try:
+            arr = np.asarray(word)
+        except (OverflowError, ValueError, TypeError) as error:
+            raise ValueError(f"{name}: must be a list of token ids ({error})") from None
+        if arr.ndim != 1 or arr.shape[0] == 0 or arr.dtype.kind not in "iu":
+            raise ValueError(f"{name}: must be a non-empty list of token ids, got {word!r}")
+        ids = arr.tolist()
+    if min(ids) < 0 or max(ids) >= vocab:
+        j = next(j for j, t in enumerate(ids) if not 0 <= t < vocab)
+        raise ValueError(f"{name}: position {j}: {ids[j]} is not a token id in [0, {vocab})")
+    return ids
+
+
 _default_sampler = None
 _default_lock = threading.Lock()
 
@@ -264,12 +436,16 @@ def _seed_arguments(generators, seeds, positions, rows, unit="row"):
 
 
 def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generators=None, seeds=None,
-           positions=None, logprobs=None, out=None, sampler=None):
-    """One fused sampling step, replacing vLLM's ``Sampler.sample``.
+           positions=None, logprobs=None, out=None, sampler=None, prompt_token_ids=None, output_token_ids=None,
+           repetition_penalties=None, frequency_penalties=None, presence_penalties=None, no_penalties=False,
+           allowed_token_ids_mask=None, bad_words_token_ids=None, logit_bias=None, token_bitmask=None):
+    """One fused sampling step, replacing vLLM's ``Sampler.sample`` (and with the sampling
+    step's arguments below, the masks, bias and penalties of ``Sampler.forward`` before it).
 
-    logits: 2-D CPU tensor [rows, vocab] (float32, bfloat16 or float16), raw: before temperature
-        (penalties, biases and masks already applied, as vLLM's ``sample`` receives them). Read
-        in place, never changed.
+    logits: 2-D CPU tensor [rows, vocab] (float32, bfloat16 or float16), raw: before temperature,
+        and before the sampling step when its arguments are given (otherwise with penalties,
+        biases and masks already applied, as vLLM's ``sample`` receives them). Read in place,
+        never changed.
     temperature: float or a float tensor per row; a row below the sampler's ``greedy_below``
         (1e-5, vLLM's ``_SAMPLING_EPS``) takes the argmax, lowest index on ties.
     top_k, top_p, min_p: None or a tensor (or scalar) per row, applied after temperature in
@@ -284,21 +460,56 @@ def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generator
     out: an int64 or int32 CPU tensor [rows] to write the token ids into.
     sampler: the ``tokenrace.Sampler`` to use (default: ``default_sampler()``).
 
+    The sampling step, in the forms of vLLM V1's ``SamplingMetadata`` (all optional, None: off),
+    applied in vLLM's order (masks, bias, penalties; ``docs/semantics.md``, The sampling step)
+    in the same native call, the logits unchanged:
+
+    repetition_penalties, frequency_penalties, presence_penalties: a float tensor [rows] (or a
+        scalar) each; 1.0, 0.0 and 0.0 are off for a row. ``no_penalties=True`` (vLLM's flag:
+        no row has one) skips all three and the histories.
+    prompt_token_ids: int64 tensor [rows, max prompt length] padded with the vocabulary size, as
+        vLLM pads it (negative entries are padding too); read by the penalties only.
+    output_token_ids: the tokens each row has generated: vLLM's list of per-row lists, or a 2-D
+        integer tensor padded like the prompt's; read by the penalties and by multi-token bad
+        words. (The C ABI takes int32 CSR, so a history is converted once: a padded tensor is
+        compacted through a numpy view of its memory in a few vectorised calls.)
+    allowed_token_ids_mask: bool tensor [rows, vocab], True where a token is NOT allowed (vLLM
+        V1's mask; a row of a request without ``allowed_token_ids`` is all False). Packed into a
+        bitmask of 1 bit per token.
+    bad_words_token_ids: ``{row: [word, ...]}``, each word a list of token ids (vLLM's form). A
+        one-token word bans its id; a longer word bans its last token when the row's output ends
+        with its other tokens (vLLM's prefix rule), which needs ``output_token_ids``. Matched
+        here, one comparison per word, until the library's own step takes multi-token words.
+    logit_bias: a list of one ``{id: bias}`` dict (or None) per row; a bias adds to the logit,
+        -inf bans the token (vLLM clamps biases to [-100, 100] when it builds the request).
+    token_bitmask: a grammar bitmask in xgrammar's layout (int32 [rows, ceil(vocab / 32)], bit
+        set: allowed), read in place; with ``allowed_token_ids_mask`` too, a token needs both.
+
     Returns the int64 token ids [rows] (or ``out``), with the ``LogprobsTensors`` when
-    ``logprobs`` is given: ``(ids, logprobs_tensors)``.
+    ``logprobs`` is given: ``(ids, logprobs_tensors)``; torch tensors, the logprobs over the
+    memory the library wrote (the token ids are widened to vLLM's int64 once, or written into
+    ``out``). Raw logprobs are those of the logits as given, before the step (vLLM's default).
+    A refused call (ValueError or TypeError naming the argument, or the library's
+    InvalidArgumentError) leaves the generators as they were.
     """
     rows = _check_logits(logits)
     if sampler is not None and not isinstance(sampler, Sampler):
         raise TypeError(f"sampler: must be a tokenrace.Sampler, got {type(sampler).__name__}")
     n = None if logprobs is None else _top_count(logprobs, logits.shape[1])
     _check_out(out, rows)
+    step = _step_arguments(
+        rows, logits.shape[1], prompt_token_ids=prompt_token_ids, output_token_ids=output_token_ids,
+        repetition_penalties=repetition_penalties, frequency_penalties=frequency_penalties,
+        presence_penalties=presence_penalties, no_penalties=no_penalties,
+        allowed_token_ids_mask=allowed_token_ids_mask, bad_words_token_ids=bad_words_token_ids,
+        logit_bias=logit_bias, token_bitmask=token_bitmask)
     sampler = default_sampler() if sampler is None else sampler
     # Everything this module checks is checked above, before any generator advances; the draw's
     # own checks and the library's refusals come after the seeds are drawn, and put the
     # generators back.
     row_seeds, seeded, offsets, draws = _seed_arguments(generators, seeds, positions, rows)
     draw_args = dict(temperature=temperature, seeds=row_seeds, seeded=seeded, offsets=offsets,
-                     top_k=top_k, top_p=top_p, min_p=min_p)
+                     top_k=top_k, top_p=top_p, min_p=min_p, **step)
     try:
         if n is None:
             return _tokens_tensor(sampler.draw(logits, **draw_args), out)
@@ -320,15 +531,16 @@ def _top_count(logprobs, vocab):
 
 
 def _logprobs_tensors(result, rows, n) -> LogprobsTensors:
+    # vLLM's layout puts the sampled token in column 0 before the top n: one copy into it.
     ids = np.empty((rows, n + 1), dtype=np.int32)
     values = np.empty((rows, n + 1), dtype=np.float32)
-    ids[:, 0] = result.tokens
-    values[:, 0] = result.logprobs
+    ids[:, 0] = _as_numpy(result.tokens)
+    values[:, 0] = _as_numpy(result.logprobs)
     if n:
-        ids[:, 1:] = result.topn_ids
-        values[:, 1:] = result.topn_logprobs
+        ids[:, 1:] = _as_numpy(result.topn_ids)
+        values[:, 1:] = _as_numpy(result.topn_logprobs)
     return LogprobsTensors(torch.from_numpy(ids), torch.from_numpy(values),
-                           torch.from_numpy(result.ranks.astype(np.int64)))
+                           torch.from_numpy(_as_numpy(result.ranks).astype(np.int64)))
 
 
 def _draft_counts(num_draft_tokens):
@@ -342,7 +554,10 @@ def _draft_counts(num_draft_tokens):
 
 def rejection_sample(target_logits, draft_token_ids, num_draft_tokens, temperature, *, draft_probs=None,
                      top_k=None, top_p=None, min_p=None, generators=None, seeds=None, positions=None,
-                     max_spec_len=None, sampler=None):
+                     max_spec_len=None, sampler=None, prompt_token_ids=None, output_token_ids=None,
+                     repetition_penalties=None, frequency_penalties=None, presence_penalties=None,
+                     no_penalties=False, allowed_token_ids_mask=None, bad_words_token_ids=None, logit_bias=None,
+                     token_bitmask=None):
     """The verification step of speculative decoding, shaped as vLLM's rejection sampler
     (``RejectionSampler.forward``'s output), on ``Sampler.verify``.
 
@@ -370,6 +585,13 @@ def rejection_sample(target_logits, draft_token_ids, num_draft_tokens, temperatu
     max_spec_len: the output's width minus 1 (default: max(num_draft_tokens)); at least the
         largest draft count.
     sampler: the ``tokenrace.Sampler`` to use (default: ``default_sampler()``).
+    prompt_token_ids, output_token_ids, repetition_penalties, frequency_penalties,
+    presence_penalties, allowed_token_ids_mask, bad_words_token_ids, logit_bias, token_bitmask:
+        ``sample``'s sampling step, named for the same call shape; refused (ValueError) when
+        given: the library's verification applies no sampling step to the target rows yet, and
+        vLLM applies it per draft position with output counts that include the drafts before
+        it, which a step applied here would not reproduce exactly. ``no_penalties`` is accepted
+        (nothing to apply).
 
     Returns an int32 CPU tensor [batch, max_spec_len + 1]: request i's accepted drafts, then its
     recovered (first rejection) or bonus (every draft accepted) token, then
@@ -379,6 +601,8 @@ def rejection_sample(target_logits, draft_token_ids, num_draft_tokens, temperatu
     generators as they were (see ``_GeneratorDraws``).
     """
     _check_logits(target_logits, "target_logits")
+    _refuse_step_in_verify(prompt_token_ids, output_token_ids, repetition_penalties, frequency_penalties,
+                           presence_penalties, allowed_token_ids_mask, bad_words_token_ids, logit_bias, token_bitmask)
     if sampler is not None and not isinstance(sampler, Sampler):
         raise TypeError(f"sampler: must be a tokenrace.Sampler, got {type(sampler).__name__}")
     if temperature is None:
@@ -407,3 +631,13 @@ def rejection_sample(target_logits, draft_token_ids, num_draft_tokens, temperatu
         tokens = np.full((counts.size, int(max_spec_len) + 1), PLACEHOLDER_TOKEN_ID, dtype=np.int32)
         tokens[:, :longest + 1] = result.tokens
     return torch.from_numpy(tokens)
+
+
+def _refuse_step_in_verify(*values):
+    given = [name for name, value in zip(STEP_ARGUMENTS, values) if value is not None]
+    if given:
+        raise ValueError(
+            f"{', '.join(given)}: rejection_sample cannot apply the sampling step yet: the library's "
+            f"verification takes the target rows as given, and vLLM applies penalties, bias and masks per draft "
+            f"position with output counts that include the drafts before it; pass target logits with the step "
+            f"applied, or use vLLM's own rejection sampler for such batches")
