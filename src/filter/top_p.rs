@@ -12,7 +12,8 @@
 //!   block; the heavy blocks by maximum, descending, get their f32-exp mass until their maxima
 //!   alone reach `top_p` of the upper bound of Z, which proves `θ >= vc`, the last maximum
 //!   visited (every token `>= vc` lies in a visited block). Tiers: cheap bounds for the other
-//!   blocks, their f32-exp mass, the f64 Z.
+//!   blocks, their f32-exp mass, the f64 mass of the visited blocks with the f32-exp bounds of
+//!   the others, the f64 Z.
 //! - [`general`]: `vc` from a sample of blocks (high enough that the gathered tokens are few, low
 //!   enough that they reach the target with high probability); one pass gathers the tokens
 //!   `>= vc` and sums the f32-exp mass R of those below, block by block. Tiers: the f32-exp
@@ -32,7 +33,8 @@ use crate::row::RowValues;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// How top-p thresholds were decided, for benchmarks and tests: [peaked path with cheap bounds,
-/// f32-exp bounds, exact f64 mass, every token gathered, the general path's second cut].
+/// f32-exp bounds, exact f64 mass (of the heavy blocks or of the row), every token gathered,
+/// the general path's second cut].
 static TIERS: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
 
 fn count(tier: usize) {
@@ -485,6 +487,18 @@ fn peaked<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], top_p: f64) -> Re
     let (a, b) = exp_bounds(s_exp + s_rest, r.count());
     if let Walk::Theta(x) = c.walk(top_p * a, top_p * b)? {
         count(1);
+        return Ok(Some(x));
+    }
+    // The visited blocks, which hold nearly all of Z, in float64, and the bounds of the others
+    // alone: far tighter than the bounds of the whole (which allow each token the error of the
+    // lightest), for a few blocks of f64 exps rather than the row's.
+    let visited = bmax.iter().zip(&seen).map(|(&x, &s)| if s { x } else { f32::NEG_INFINITY });
+    let z_visited = r.exact(&alloc::collect(visited, "top-p visited blocks")?, f32::INFINITY)?;
+    let (a, b) = exp_bounds(s_rest, r.count());
+    // (The f64 sum errs by far less than 1e-12 of it.)
+    let (lo, hi) = (z_visited * (1.0 - 1e-12) + a, z_visited * (1.0 + 1e-12) + b);
+    if let Walk::Theta(x) = c.walk(top_p * lo, top_p * hi)? {
+        count(2);
         return Ok(Some(x));
     }
     // Z in float64.
