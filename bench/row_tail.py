@@ -10,8 +10,8 @@ fresh rows at 1 thread, once each as a single row and in batches of 32, and prin
 median, 99th percentile and maximum of the per-row time (a batch's per-row time is its call time
 / 32, so a batch's max is the slowest batch) and max / median; for batches also b/s, their
 median against the single rows' (a batch of ordinary rows that holds a slow one is slow
-throughout).
-Every time is the minimum of `--repeats` calls (after one warm-up call), and the rows (batches)
+throughout; single rows are timed with the row in the cache from the call before, the 32 rows
+of a batch at the larger vocabularies do not fit in it). Every time is the minimum of `--repeats` calls (after one warm-up call), and the rows (batches)
 slower than twice the median are timed again as many times, later, which keeps the noise of a
 shared machine out of the tail but not a row that is slow every time. With --check the exit
 status is 1 when some cell's max / median exceeds --limit (4).
