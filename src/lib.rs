@@ -90,7 +90,7 @@ pub mod internals {
     pub use crate::draw::{kept_bytes as thread_kept_bytes, KEPT_PER_THREAD};
     pub use crate::ffi::pool_api;
     pub use crate::ffi::types;
-    pub use crate::filter::top_p::tier_counts;
+    pub use crate::filter::top_p::{gathered_on_this_thread, tier_counts};
     pub use crate::filter::{kept_floor, kept_floor_at};
     pub use crate::kernels::test_support::{at_level, each_level};
     pub use crate::kernels::{read_floor, read_floor_two, scalar_noise, scan_rows};

@@ -12,13 +12,17 @@
 //!   block; the heavy blocks by maximum, descending, get their f32-exp mass until their maxima
 //!   alone reach `top_p` of the upper bound of Z, which proves `θ >= vc`, the last maximum
 //!   visited (every token `>= vc` lies in a visited block). Tiers: cheap bounds for the other
-//!   blocks, their f32-exp mass, the f64 Z.
+//!   blocks, their f32-exp mass, the f64 mass of the visited blocks with the f32-exp bounds of
+//!   the others, the f64 Z.
 //! - [`general`]: `vc` from a sample of blocks (high enough that the gathered tokens are few, low
 //!   enough that they reach the target with high probability); one pass gathers the tokens
-//!   `>= vc` and sums the f32-exp mass R of those below. Tiers: the f32-exp bounds of R, the f64
-//!   R. When the gathered tokens do not reach the target after all, θ is below `vc`: a second,
-//!   lower cut from a larger sample and a wider margin, one more pass; only when that one is
-//!   too high as well is every kept token gathered.
+//!   `>= vc` and sums the f32-exp mass R of those below, block by block. Tiers: the f32-exp
+//!   bounds of R, the f64 R. When the gathered tokens do not reach the target after all, θ is
+//!   below `vc`: the blocks holding most of R are weighed token by token until their heaviest
+//!   tokens make up what is missing, which gives a second cut below θ ([`refine`]); a gather
+//!   (no exps) of the tokens between the two cuts, and the same tiers, decide. Every kept token
+//!   is gathered only when not even the whole of R is shown to reach the target (rounding, with
+//!   top-p within 1e-4 of 1).
 //! - after a top-k, the few candidates are sorted ([`floor_of_candidates`]).
 
 use crate::alloc;
@@ -29,7 +33,8 @@ use crate::row::RowValues;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// How top-p thresholds were decided, for benchmarks and tests: [peaked path with cheap bounds,
-/// f32-exp bounds, exact f64 mass, every token gathered, the general path's second cut].
+/// f32-exp bounds, exact f64 mass (of the heavy blocks or of the row), every token gathered,
+/// the general path's second cut].
 static TIERS: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
 
 fn count(tier: usize) {
@@ -42,6 +47,19 @@ fn count(tier: usize) {
 #[cfg(feature = "internals")]
 pub fn tier_counts() -> [u64; 5] {
     std::array::from_fn(|i| TIERS[i].load(Relaxed))
+}
+
+thread_local! {
+    /// Tokens gathered with exact weights by this thread's top-p thresholds (what grows when a
+    /// cut is too low), for tests: unlike the tier counters, other threads do not move it.
+    static GATHERED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many tokens the top-p thresholds computed on this thread have gathered with exact
+/// weights since it started.
+#[cfg(feature = "internals")]
+pub fn gathered_on_this_thread() -> u64 {
+    GATHERED.with(|g| g.get())
 }
 
 /// Top blocks sampled exactly for the cut of a row that is not peaked.
@@ -60,18 +78,24 @@ fn gather<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], vc: f32) -> Resul
     // SAFETY: the row has n values; bmax one per block.
     unsafe { (r.dk.gather_ge)(r.v.ptr(), r.n, bmax, lo, &mut xs) };
     let ws = r.weights(&xs)?;
-    let total = sum(&ws);
-    Ok(Candidates { lo, top: r.m, xs, ws, total, sorted: None, hist: None })
+    Ok(Candidates::new(lo, r.m, xs, ws))
 }
 
-/// Every kept token `x >= vc` with its exact weight, and bounds of the mass of the kept
-/// tokens below (one pass: the f32-exp kernel that gathers).
-fn gather_below<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], vc: f32) -> Result<(Candidates, (f64, f64))> {
+/// The kept tokens below a cut: bounds of their mass, and each block's f32-exp mass of them
+/// (empty when nothing below the cut weighs 2^-125 or more).
+struct Below {
+    bounds: (f64, f64),
+    blocks: Vec<f64>,
+}
+
+/// Every kept token `x >= vc` with its exact weight, and the mass of the kept tokens below
+/// (one pass: the f32-exp kernel that gathers).
+fn gather_below<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], vc: f32) -> Result<(Candidates, Below)> {
     let lo = vc.max(r.floor).max(-f32::MAX);
     if lo <= r.mp.lo {
         // Nothing kept below but weights under 2^-125 (or nothing at all).
         let below = if lo <= r.floor.max(-f32::MAX) { 0.0 } else { r.count() as f64 * TINY };
-        return Ok((gather(r, bmax, vc)?, (0.0, below)));
+        return Ok((gather(r, bmax, vc)?, Below { bounds: (0.0, below), blocks: Vec::new() }));
     }
     let mut xs = alloc::with_capacity(super::room(bmax, lo, r.n), "top-p candidates")?;
     let mut out = alloc::filled(r.n.div_ceil(BLOCK), 0.0, "top-p block masses")?;
@@ -79,9 +103,8 @@ fn gather_below<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], vc: f32) ->
     // SAFETY: the row has n values; out and bmax one per block.
     unsafe { (r.dk.mass_gather)(r.v.ptr(), r.n, bmax, mp, &mut out, &mut xs) };
     let ws = r.weights(&xs)?;
-    let total = sum(&ws);
-    let c = Candidates { lo, top: r.m, xs, ws, total, sorted: None, hist: None };
-    Ok((c, exp_bounds(sum(&out), r.count())))
+    let bounds = exp_bounds(sum(&out), r.count());
+    Ok((Candidates::new(lo, r.m, xs, ws), Below { bounds, blocks: out }))
 }
 
 /// Gathered tokens (`x >= lo`, row order) and their exact weights.
@@ -101,10 +124,20 @@ struct Candidates {
 
 type Hist = (Vec<u16>, Vec<f64>, Vec<f64>);
 
-/// Buckets uniform in logit over `[low, top]` (which holds every candidate), the largest logits
-/// in bucket 0 (the bucket is monotone in x, which is all the walk needs), and the mass of each
-/// bucket.
-fn histogram(xs: &[f32], ws: &[f64], low: f32, top: f32) -> Result<Hist> {
+impl Candidates {
+    fn new(lo: f32, top: f32, xs: Vec<f32>, ws: Vec<f64>) -> Candidates {
+        GATHERED.with(|g| g.set(g.get() + xs.len() as u64));
+        let total = sum(&ws);
+        Candidates { lo, top, xs, ws, total, sorted: None, hist: None }
+    }
+}
+
+/// Buckets uniform in logit over `[low, top]`, the span of the candidates (not the cut below
+/// them, which may be -f32::MAX: every candidate would share bucket 0 and be sorted), the
+/// largest logits in bucket 0 (the bucket is monotone in x, which is all the walk needs), and
+/// the mass of each bucket.
+fn histogram(xs: &[f32], ws: &[f64], top: f32) -> Result<Hist> {
+    let low = xs.iter().fold(top, |a, &x| if x < a { x } else { a });
     let span = top as f64 - low as f64;
     let k = if span > 0.0 { (((BUCKETS - 1) as f64 / span) as f32).min(f32::MAX) } else { 0.0 };
     let last = (BUCKETS - 1) as f32;
@@ -176,7 +209,7 @@ impl Candidates {
             crossings(sorted, 0.0, t_lo, t_hi)
         } else {
             if self.hist.is_none() {
-                self.hist = Some(histogram(&self.xs, &self.ws, self.lo, self.top)?);
+                self.hist = Some(histogram(&self.xs, &self.ws, self.top)?);
             }
             let Some((idx, mass, group)) = &self.hist else { unreachable!("made above") };
             // Skip whole groups of 16 buckets while the target is beyond them.
@@ -303,8 +336,7 @@ impl<V: RowValues + ?Sized> RowF64<'_, V> {
         let mut ws = alloc::filled(xs.len(), 0.0, "top-p weights")?;
         // SAFETY: the level is supported.
         unsafe { (self.k.weights64)(&xs, self.m as f64, self.inv_t as f64, &mut ws) };
-        let total = sum(&ws);
-        Ok(Candidates { lo, top: self.m, xs, ws, total, sorted: None, hist: None })
+        Ok(Candidates::new(lo, self.m, xs, ws))
     }
 }
 
@@ -457,6 +489,18 @@ fn peaked<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], top_p: f64) -> Re
         count(1);
         return Ok(Some(x));
     }
+    // The visited blocks, which hold nearly all of Z, in float64, and the bounds of the others
+    // alone: far tighter than the bounds of the whole (which allow each token the error of the
+    // lightest), for a few blocks of f64 exps rather than the row's.
+    let visited = bmax.iter().zip(&seen).map(|(&x, &s)| if s { x } else { f32::NEG_INFINITY });
+    let z_visited = r.exact(&alloc::collect(visited, "top-p visited blocks")?, f32::INFINITY)?;
+    let (a, b) = exp_bounds(s_rest, r.count());
+    // (The f64 sum errs by far less than 1e-12 of it.)
+    let (lo, hi) = (z_visited * (1.0 - 1e-12) + a, z_visited * (1.0 + 1e-12) + b);
+    if let Walk::Theta(x) = c.walk(top_p * lo, top_p * hi)? {
+        count(2);
+        return Ok(Some(x));
+    }
     // Z in float64.
     let t = top_p * r.exact(&[], f32::INFINITY)?;
     Ok(match c.walk(t, t)? {
@@ -468,39 +512,125 @@ fn peaked<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], top_p: f64) -> Re
     })
 }
 
-/// How `general` samples for its cut: evenly spaced blocks, and the margin (in standard
-/// deviations of the sampled estimate) that the mass above the cut must clear. A first guess
-/// that is cheap; when it was too high after all (a row whose heavy blocks the 16 samples miss:
-/// none of 21,500 random rows of `tokenrace-bench --row-tail` was one, `tests/mass.rs` builds
-/// some), a second one four times as well informed and far more cautious, which costs one more
-/// pass; only then every kept token (issue 11: a serving step waits for its slowest row).
-const GUESSES: [(usize, f64); 2] = [(16, 3.0), (64, 8.0)];
+/// How `general` samples for its cut: about this many evenly spaced blocks besides the top ones,
+/// and the margin (in standard deviations of the sampled estimate) that the mass above the cut
+/// must clear. A guess that is cheap; when it is too high after all (a row whose heavy blocks
+/// the samples miss) [`refine`] finds a second cut from the mass below the first.
+const SAMPLES: usize = 16;
+const SIGMAS: f64 = 3.0;
+/// Blocks that [`refine`] weighs token by token first; then four times as many, and so on.
+const REFINE_BLOCKS: usize = 16;
+/// Buckets of the f32 weights, by their bits: 16 per octave, bucket 0 the zero weights.
+const WEIGHT_BUCKETS: usize = 2048;
 
-/// Any row: the cut from a sample of blocks (the top blocks, and evenly spaced others).
+fn weight_bucket(w: f32) -> usize {
+    (w.to_bits() >> 19) as usize
+}
+
+/// The least f32 weight of bucket `j`, as a power of two: `2^(t_j)`.
+fn bucket_exponent(j: usize) -> f64 {
+    (f32::from_bits((j as u32) << 19) as f64).log2()
+}
+
+/// Any row: the cut from a sample of blocks (the top blocks, and evenly spaced others); when
+/// that cut proves too high, a second one from the mass below it.
 fn general<V: RowValues + ?Sized>(r: &RowMass<V>, bmax: &[f32], top: &[usize], top_p: f64) -> Result<f32> {
-    let mut above = f32::INFINITY;
-    for (i, &(samples, sigmas)) in GUESSES.iter().enumerate() {
-        let vc = sample_cut(r, bmax, top, top_p, samples, sigmas)?;
-        if vc >= above {
-            // The sample puts the cut no lower than one already too high: it cannot be trusted.
-            break;
-        }
-        let (mut c, bounds) = gather_below(r, bmax, vc)?;
-        if let Some(x) = decide(r, &mut c, bmax, bounds, top_p)? {
-            if i > 0 {
-                count(4);
-            }
-            return Ok(x);
-        }
-        above = vc;
+    let vc = sample_cut(r, bmax, top, top_p, SAMPLES, SIGMAS)?;
+    let (mut c, below) = gather_below(r, bmax, vc)?;
+    if let Some(x) = decide(r, &mut c, bmax, below.bounds, top_p)? {
+        return Ok(x);
     }
-    // The threshold is below every cut: gather every kept token.
+    if let Some(x) = refine(r, bmax, &c, &below, top_p)? {
+        count(4);
+        return Ok(x);
+    }
+    // Not even the whole mass below the cut was shown to reach the target: every kept token.
     full(gather(r, bmax, f32::NEG_INFINITY)?, top_p)
+}
+
+/// A second cut after the cut of `c` proved too high (θ is below it), and the threshold from
+/// it. The kept tokens below the first cut must add `need`: the target at the upper bound of Z,
+/// less the candidates' mass. The blocks holding the most of their mass (`below.blocks`) are
+/// weighed token by token (f32 exps, below the first cut), more and more of them, until the
+/// heaviest of those tokens alone make up `need`: the tokens of the other blocks only add to
+/// it, so the lightest of them is at or below θ, up to the f32 weights' error (a margin covers
+/// it; were the cut too high all the same, `decide` finds out). A gather without exps brings the
+/// tokens between the two cuts, whose exact weights, taken off the bounds of the mass below the
+/// first cut, bound the mass below the second. `None`: no cut was found, or it is too high.
+fn refine<V: RowValues + ?Sized>(
+    r: &RowMass<V>,
+    bmax: &[f32],
+    c: &Candidates,
+    below: &Below,
+    top_p: f64,
+) -> Result<Option<f32>> {
+    let (r_lo, r_hi) = below.bounds;
+    let need = top_p * (c.total + r_hi) - c.total;
+    let blocks = &below.blocks;
+    let mut order = alloc::collect((0..blocks.len()).filter(|&b| blocks[b] > 0.0), "top-p blocks below the cut")?;
+    order.sort_unstable_by(|&a, &b| blocks[b].total_cmp(&blocks[a]).then(a.cmp(&b)));
+    let mp = MassParams { cut: c.lo, ..r.mp };
+    let mut mass = vec![0f64; WEIGHT_BUCKETS];
+    let mut w = [0f32; BLOCK];
+    let (mut weighed, mut want) = (0, REFINE_BLOCKS);
+    let j = loop {
+        let upto = want.min(order.len());
+        for &b in &order[weighed..upto] {
+            let start = b * BLOCK;
+            let len = BLOCK.min(r.n - start);
+            // SAFETY: the block lies inside the row; w holds BLOCK values.
+            unsafe { (r.dk.mass_weights)(r.v.ptr().add(start), len, mp, w.as_mut_ptr()) };
+            // Under a floor most weights are 0: whole chunks of them are skipped.
+            for chunk in w[..len].chunks(16) {
+                if chunk.iter().fold(0f32, |a, &x| a.max(x)) > 0.0 {
+                    for &x in chunk {
+                        mass[weight_bucket(x)] += x as f64;
+                    }
+                }
+            }
+        }
+        weighed = upto;
+        // The f32 weights are within 2e-5 of the exact ones (`crate::mass`).
+        let mut acc = 0.0;
+        let reached = (1..WEIGHT_BUCKETS).rev().find(|&j| {
+            acc += mass[j];
+            acc * (1.0 - 1e-4) >= need
+        });
+        if let Some(j) = reached {
+            break j;
+        }
+        if weighed == order.len() {
+            return Ok(None);
+        }
+        want *= 4;
+    };
+    // Every token counted has an f32 weight of at least 2^(t_j), so a logit of at least about
+    // m + t_j / c: lowered by more than the roundings of x - m, of c, of their product and of the
+    // f32 exp2 can move it.
+    let (t_j, m) = (bucket_exponent(j), r.m as f64);
+    let x = m + t_j / r.mp.c as f64;
+    let x = x - (x.abs() + m.abs() + (t_j / r.mp.c as f64).abs() + 1.0 / r.mp.c as f64) * 1e-6 - 1e-30;
+    let vc = if x > f32::MAX as f64 { r.m } else { (x as f32).max(-f32::MAX) };
+    if vc >= c.lo {
+        return Ok(None);
+    }
+    let lo = vc.max(r.floor).max(-f32::MAX);
+    let mut xs = alloc::with_capacity(super::room(bmax, lo, r.n), "top-p candidates")?;
+    // SAFETY: the row has n values; bmax one per block.
+    unsafe { (r.dk.gather_ge)(r.v.ptr(), r.n, bmax, lo, &mut xs) };
+    let ws = r.weights(&xs)?;
+    let between: f64 = xs.iter().zip(&ws).filter(|&(&x, _)| x < c.lo).map(|(_, &w)| w).sum();
+    // (The f64 weights and their sum err by far less than 1e-12 of it.)
+    let bounds = ((r_lo - between * (1.0 + 1e-12)).max(0.0), (r_hi - between * (1.0 - 1e-12)).max(0.0));
+    let mut c = Candidates::new(lo, r.m, xs, ws);
+    decide(r, &mut c, bmax, bounds, top_p)
 }
 
 /// A cut below the threshold with high probability, from the f32 weights of a sample: the top
 /// blocks (counted once) and about `samples` evenly spaced blocks (scaled up to the others),
-/// with a margin of `sigmas` standard deviations of the sampled estimate.
+/// with a margin of `sigmas` standard deviations of the sampled estimate. When no cut clears
+/// that margin (a sampled block holds a token heavy enough to swamp the estimate), the cut where
+/// the estimate alone reaches the target (`general` checks it, and goes lower if need be).
 fn sample_cut<V: RowValues + ?Sized>(
     r: &RowMass<V>,
     bmax: &[f32],
@@ -519,10 +649,8 @@ fn sample_cut<V: RowValues + ?Sized>(
     let strided: Vec<usize> = (stride / 2..nb).step_by(stride).filter(|&b| !in_top[b]).collect();
     let others = nb - top.len();
     let scale = if strided.is_empty() { 0.0 } else { others as f64 / strided.len() as f64 };
-    // Mass by bucket of the f32 weight's bits (16 per octave): exact part, sampled part and its
-    // squares.
-    const NB: usize = 2048;
-    let (mut hm, mut hq) = (vec![0f64; NB], vec![0f64; NB]);
+    // Mass by weight bucket: exact part, sampled part and its squares.
+    let (mut hm, mut hq) = (vec![0f64; WEIGHT_BUCKETS], vec![0f64; WEIGHT_BUCKETS]);
     let mut w = [0f32; BLOCK];
     let mut add = |b: usize, sc: f64, hm: &mut [f64], hq: &mut [f64]| {
         let start = b * BLOCK;
@@ -531,11 +659,11 @@ fn sample_cut<V: RowValues + ?Sized>(
         unsafe { (r.dk.mass_weights)(r.v.ptr().add(start), len, r.mp, w.as_mut_ptr()) };
         if sc == 1.0 {
             for &x in &w[..len] {
-                hm[(x.to_bits() >> 19) as usize] += x as f64;
+                hm[weight_bucket(x)] += x as f64;
             }
         } else {
             for &x in &w[..len] {
-                let j = (x.to_bits() >> 19) as usize;
+                let j = weight_bucket(x);
                 let x = x as f64 * sc;
                 hm[j] += x;
                 hq[j] += x * x;
@@ -551,21 +679,33 @@ fn sample_cut<V: RowValues + ?Sized>(
     let z = sum(&hm);
     let q = sum(&hq);
     let (mut above, mut q_above) = (0f64, 0f64);
+    let mut estimate = None;
     // (Bucket 0 holds the zero weights.)
-    for j in (1..NB).rev() {
+    for j in (1..WEIGHT_BUCKETS).rev() {
         above += hm[j];
         q_above += hq[j];
         let d = above - top_p * z;
         let var = (1.0 - top_p).powi(2) * q_above + top_p * top_p * (q - q_above);
+        if hm[j] > 0.0 && d >= 1e-9 * z && estimate.is_none() {
+            estimate = Some(j);
+        }
         if hm[j] > 0.0 && d >= sigmas * var.sqrt() + 1e-9 * z {
-            // Weights of at least 2^(t_j): logits of at least m + t_j / c, lowered a little.
-            let t_j = (f32::from_bits((j as u32) << 19) as f64).log2();
-            let x = r.m as f64 + t_j / r.mp.c as f64;
-            let x = x - x.abs() * 1e-6 - 1e-30;
-            return Ok(if x > f32::MAX as f64 { r.m } else { (x as f32).max(-f32::MAX) });
+            return Ok(sample_cut_of(r, j));
         }
     }
-    Ok(f32::NEG_INFINITY)
+    Ok(estimate.map_or(f32::NEG_INFINITY, |j| sample_cut_of(r, j)))
+}
+
+/// The cut of the sampled weight bucket `j`: weights of at least 2^(t_j) are logits of at
+/// least m + t_j / c, lowered a little.
+fn sample_cut_of<V: RowValues + ?Sized>(r: &RowMass<V>, j: usize) -> f32 {
+    let x = r.m as f64 + bucket_exponent(j) / r.mp.c as f64;
+    let x = x - x.abs() * 1e-6 - 1e-30;
+    if x > f32::MAX as f64 {
+        r.m
+    } else {
+        (x as f32).max(-f32::MAX)
+    }
 }
 
 /// top-p among the candidates `cand` that are `>= floor` (a set that holds every kept token,
