@@ -1136,7 +1136,7 @@ inline void step_errors_name_the_argument(const tokenrace::Library& lib) {
   std::vector<float> bad_repetition = in.repetition;
   bad_repetition[4] = 0.0f;
   CHECK_THROWS(sampler.draw(logits, step_options(in).repetition_penalty(bad_repetition), untouched.data()), invalid,
-               "repetition_penalty[4]");
+               "tokenrace_draw: batch.repetition_penalty[4]: 0 is not a finite number > 0");
   std::vector<int32_t> out_of_range = in.banned_ids;
   out_of_range[3] = int32_t(in.vocab);
   CHECK_THROWS(sampler.draw(logits, step_options(in).banned_tokens(out_of_range, in.banned_offsets)), invalid,

@@ -8,6 +8,12 @@
 //     std::vector<int32_t> tokens = sampler.draw(tokenrace::Logits::f32(logits, rows, vocab),
 //                                                tokenrace::DrawOptions().temperature(temps));
 //
+//   The whole sampling step (histories, penalties, bias, allowed and banned lists, a grammar
+//   bitmask) and every output of the C call go through DrawOptions; a per-row value is a span of
+//   the caller's (`temperature(temps)`) or one value for every row (`temperature(0.7f)`):
+//
+//     tokenrace::DrawOptions().temperature(0.7f).output_tokens(ids, offsets).repetition_penalty(1.1f)
+//
 //   Speculative decoding: Sampler::verify checks draft tokens against the target rows (one row
 //   per draft token and one bonus row per request, request after request).
 //
