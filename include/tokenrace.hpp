@@ -524,7 +524,7 @@ class PreparedBatch {
   // `count` copies of `value` in memory this batch owns.
   template <class T>
   const T* repeat(T value, size_t count) {
-    std::shared_ptr<T> values(new T[count ? count : 1], std::default_delete<T[]>());
+    std::shared_ptr<T> values(new T[count], std::default_delete<T[]>());
     std::fill_n(values.get(), count, value);
     buffers_.push_back(values);
     return values.get();
