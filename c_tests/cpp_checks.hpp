@@ -724,7 +724,8 @@ inline void verify_equals_the_c_api(const tokenrace::Library& lib) {
   CHECK(strided.tokens == full.tokens && strided.flags == full.flags && same_floats(strided.logprobs, full.logprobs));
 
   // The general call takes the wrapper's batch as it is.
-  const tokenrace_verify_batch batch = options.batch(target, counts, draft_tokens);
+  const tokenrace::VerifyBatch prepared = options.batch(target, counts, draft_tokens);
+  const tokenrace_verify_batch& batch = prepared.c();
   CHECK(batch.struct_size == sizeof batch && batch.requests == requests && batch.rows == rows);
   CHECK(batch.uniforms == uniforms.data() && batch.draft_probs == q.data() && batch.seeded == seeded.data());
   std::vector<int32_t> tokens(requests * 6, -7), emitted(requests, -7);
@@ -848,6 +849,338 @@ inline void log_messages_reach_the_callback(const tokenrace::Library& lib) {
   lib.set_log_callback(nullptr);
 }
 
+// ---- the sampling step and the outputs through DrawOptions ---------------------------------
+
+// Every input of the sampling step and every output, for `rows` rows of `vocab` logits, as
+// vectors that the wrapper's options and the bare C batch both point into.
+struct StepInputs {
+  uint32_t rows = 6, vocab = 300;
+  std::vector<float> logits = eighths(size_t(rows) * vocab, 31);
+  std::vector<float> temperature = {0.9f, 0.0f, 1.3f, 0.7f, 1.0f, 0.8f};  // row 1 greedy
+  std::vector<uint64_t> seeds = iota_from<uint64_t>(rows, 900, 13), offsets = iota_from<uint64_t>(rows, 40, 3);
+  std::vector<int32_t> top_k = {0, 0, 50, 0, 0, 120};
+  std::vector<float> top_p = {1.0f, 1.0f, 1.0f, 0.9f, 1.0f, 0.95f}, min_p = {0.0f, 0.0f, 0.0f, 0.0f, 0.02f, 0.0f};
+  std::vector<int32_t> prompt_ids = {1, 2, 3, 2, 10, 11, 12, 100, 200, 299};
+  std::vector<uint64_t> prompt_offsets = {0, 3, 4, 7, 7, 9, 10};
+  std::vector<int32_t> output_ids = {5, 5, 5, 6, 20, 21, 20, 150, 7, 7};
+  std::vector<uint64_t> output_offsets = {0, 4, 4, 7, 8, 10, 10};
+  std::vector<float> repetition = {1.3f, 1.0f, 2.0f, 1.1f, 1.5f, 1.2f};
+  std::vector<float> frequency = {0.5f, 0.0f, 0.25f, 1.0f, 0.0f, 0.3f};
+  std::vector<float> presence = {0.25f, 0.0f, 0.5f, 0.0f, 0.75f, 0.1f};
+  std::vector<int32_t> bias_ids = {8, 9, 8, 30, 31, 250};
+  std::vector<float> bias_values = {3.0f, -std::numeric_limits<float>::infinity(), 1.5f, 6.0f, -2.0f, 4.0f};
+  std::vector<uint64_t> bias_offsets = {0, 3, 3, 5, 5, 5, 6};
+  std::vector<int32_t> allowed_ids = {40, 41, 42, 43, 44, 45, 46, 47};
+  std::vector<uint64_t> allowed_offsets = {0, 0, 0, 4, 4, 8, 8};
+  std::vector<uint8_t> allowed_rows = {0, 0, 1, 0, 1, 0};  // rows 2 and 4 draw from their lists
+  std::vector<int32_t> banned_ids = {11, 12, 13, 42, 5};
+  std::vector<uint64_t> banned_offsets = {0, 3, 3, 4, 4, 4, 5};
+  uint64_t mask_stride = (vocab + 31) / 32 + 2;  // padded rows of bitmask words
+  std::vector<int32_t> bitmask;
+
+  StepInputs() {
+    bitmask.assign(size_t(rows) * mask_stride, -1);
+    for (uint32_t w = 0; w < 4; w++) bitmask[5 * mask_stride + w] = 0;  // row 5: no token below 128
+  }
+};
+
+inline tokenrace::DrawOptions step_options(const StepInputs& in) {
+  return tokenrace::DrawOptions()
+      .temperature(in.temperature)
+      .seeds(in.seeds)
+      .offsets(in.offsets)
+      .top_k(in.top_k)
+      .top_p(in.top_p)
+      .min_p(in.min_p)
+      .prompt_tokens(in.prompt_ids, in.prompt_offsets)
+      .output_tokens(in.output_ids, in.output_offsets)
+      .repetition_penalty(in.repetition)
+      .frequency_penalty(in.frequency)
+      .presence_penalty(in.presence)
+      .logit_bias(in.bias_ids, in.bias_values, in.bias_offsets)
+      .allowed_tokens(in.allowed_ids, in.allowed_offsets)
+      .allowed_rows(in.allowed_rows)
+      .banned_tokens(in.banned_ids, in.banned_offsets)
+      .token_bitmask(in.bitmask, in.mask_stride);
+}
+
+// The same inputs in a tokenrace_batch filled by hand, as a C caller would.
+inline tokenrace_batch c_step_batch(const StepInputs& in) {
+  tokenrace_batch b;
+  std::memset(&b, 0, sizeof b);
+  b.struct_size = sizeof b;
+  b.dtype = TOKENRACE_DTYPE_F32;
+  b.logits = in.logits.data();
+  b.rows = in.rows;
+  b.vocab = in.vocab;
+  b.temperature = in.temperature.data();
+  b.seeds = in.seeds.data();
+  b.offsets = in.offsets.data();
+  b.top_k = in.top_k.data();
+  b.top_p = in.top_p.data();
+  b.min_p = in.min_p.data();
+  b.prompt_ids = in.prompt_ids.data();
+  b.prompt_offsets = in.prompt_offsets.data();
+  b.output_ids = in.output_ids.data();
+  b.output_offsets = in.output_offsets.data();
+  b.repetition_penalty = in.repetition.data();
+  b.frequency_penalty = in.frequency.data();
+  b.presence_penalty = in.presence.data();
+  b.bias_ids = in.bias_ids.data();
+  b.bias_values = in.bias_values.data();
+  b.bias_offsets = in.bias_offsets.data();
+  b.allowed_ids = in.allowed_ids.data();
+  b.allowed_offsets = in.allowed_offsets.data();
+  b.allowed_rows = in.allowed_rows.data();
+  b.banned_ids = in.banned_ids.data();
+  b.banned_offsets = in.banned_offsets.data();
+  b.token_bitmask = in.bitmask.data();
+  b.bitmask_row_stride = in.mask_stride;
+  return b;
+}
+
+// A bare C draw of `b` with every output: the independent side of the comparisons below.
+inline tokenrace::DrawResult c_draw_all(const tokenrace::Api& api, tokenrace_sampler* sampler,
+                                        const tokenrace_batch& b, uint32_t top_n, tokenrace_logprob_mode mode,
+                                        tokenrace_full_mode full_mode) {
+  tokenrace::DrawResult r;
+  const size_t rows = b.rows;
+  r.rows = b.rows, r.top_n = top_n, r.vocab = b.vocab;
+  r.tokens.assign(rows, -7), r.flags.assign(rows, 77), r.logprobs.assign(rows, 7.0f), r.ranks.assign(rows, -7);
+  r.topn_ids.assign(rows * top_n, -7), r.topn_logprobs.assign(rows * top_n, 7.0f);
+  r.full_logprobs.assign(rows * b.vocab, 7.0f);
+  tokenrace_output o;
+  std::memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.logprob_mode = mode;
+  o.tokens = r.tokens.data(), o.flags = r.flags.data(), o.logprobs = r.logprobs.data(), o.ranks = r.ranks.data();
+  o.top_n = top_n, o.topn_ids = r.topn_ids.data(), o.topn_logprobs = r.topn_logprobs.data();
+  o.full_logprobs = r.full_logprobs.data(), o.full_mode = full_mode;
+  CHECK(api.draw(sampler, &b, &o) == TOKENRACE_STATUS_OK);
+  return r;
+}
+
+inline bool same_draws(const tokenrace::DrawResult& a, const tokenrace::DrawResult& b) {
+  return a.tokens == b.tokens && a.flags == b.flags && same_floats(a.logprobs, b.logprobs) && a.ranks == b.ranks &&
+         a.topn_ids == b.topn_ids && same_floats(a.topn_logprobs, b.topn_logprobs) &&
+         same_floats(a.full_logprobs, b.full_logprobs);
+}
+
+// The whole step through DrawOptions is the C call on the same arrays: tokens, flags, logprobs,
+// ranks, top-n and full-vocabulary values alike, bit for bit (every sampling row is seeded, so
+// two samplers of different streams agree); the outputs go into the caller's memory when it
+// gives some, and the step reaches the library (the draw differs without it).
+inline void the_whole_step_equals_the_c_api(const tokenrace::Library& lib) {
+  const StepInputs in;
+  const api_sampler raw(lib);
+  tokenrace::Sampler sampler(lib, tokenrace::Config().max_rows(in.rows).seed(5));
+  const tokenrace::Logits logits = tokenrace::Logits::f32(in.logits.data(), in.rows, in.vocab);
+  const uint32_t top_n = 4;
+  for (tokenrace_logprob_mode mode : {TOKENRACE_LOGPROB_MODE_RAW, TOKENRACE_LOGPROB_MODE_PROCESSED}) {
+    for (tokenrace_full_mode full : {TOKENRACE_FULL_MODE_RAW, TOKENRACE_FULL_MODE_PROCESSED,
+                                     TOKENRACE_FULL_MODE_PROCESSED_LOGITS}) {
+      tokenrace::DrawOptions options = step_options(in);
+      options.logprob_mode(mode).top_n(top_n).ranks(true).full_logprobs(full);
+      const tokenrace::DrawResult wrapped = sampler.draw_full(logits, options);
+      CHECK(same_draws(wrapped, c_draw_all(lib.api(), raw.sampler, c_step_batch(in), top_n, mode, full)));
+    }
+  }
+  tokenrace::DrawOptions options = step_options(in);
+  const tokenrace::DrawResult step = sampler.draw_full(logits, options.full_logprobs(TOKENRACE_FULL_MODE_PROCESSED));
+  // What each input does, seen in the processed row: the step reached the library.
+  const float minus_inf = -std::numeric_limits<float>::infinity();
+  CHECK(step.full_logprob(0, 9) == minus_inf && step.full_logprob(0, 11) == minus_inf);  // bias -inf, banned
+  CHECK(step.tokens[2] >= 40 && step.tokens[2] <= 43 && step.tokens[4] >= 44 && step.tokens[4] <= 47);  // allowed
+  CHECK(step.full_logprob(5, 127) == minus_inf && step.full_logprob(5, 128) != minus_inf);  // the bitmask
+  CHECK(step.full_logprob(3, 30) == step.full_logprobs[3 * in.vocab + 30]);
+  const tokenrace::DrawOptions without_step = tokenrace::DrawOptions()
+                                                  .temperature(in.temperature)
+                                                  .seeds(in.seeds)
+                                                  .offsets(in.offsets)
+                                                  .full_logprobs(TOKENRACE_FULL_MODE_PROCESSED);
+  CHECK(!same_floats(sampler.draw_full(logits, without_step).full_logprobs, step.full_logprobs));
+
+  // Full-vocabulary values into the caller's padded rows, by the plain draw too: no copy.
+  const uint64_t stride = in.vocab + 5;
+  std::vector<float> full(size_t(in.rows - 1) * stride + in.vocab, 7.0f);
+  tokenrace::DrawOptions into_caller = step_options(in);
+  into_caller.full_logprobs(full, TOKENRACE_FULL_MODE_PROCESSED, stride);
+  std::vector<int32_t> tokens(in.rows, -7);
+  sampler.draw(logits, into_caller, tokens.data());
+  CHECK(tokens == step.tokens && full[in.vocab] == 7.0f);  // the padding untouched
+  for (uint32_t r = 0; r < in.rows; r++)
+    CHECK(std::equal(full.begin() + std::ptrdiff_t(r * stride), full.begin() + std::ptrdiff_t(r * stride + in.vocab),
+                     step.full_logprobs.begin() + std::ptrdiff_t(r * in.vocab)));
+  const tokenrace::DrawResult into_caller_full = sampler.draw_full(logits, into_caller);
+  CHECK(into_caller_full.full_logprobs.empty() && into_caller_full.tokens == step.tokens);
+
+  // Spans of a pointer and a length, and bare pointers, are the vectors' draw.
+  tokenrace::DrawOptions spans = step_options(in);
+  spans.prompt_tokens({in.prompt_ids.data(), in.prompt_ids.size()}, in.prompt_offsets.data())
+      .logit_bias(in.bias_ids.data(), {in.bias_values.data(), in.bias_values.size()}, in.bias_offsets.data())
+      .token_bitmask(in.bitmask.data(), in.mask_stride)
+      .repetition_penalty(in.repetition.data())
+      .full_logprobs(TOKENRACE_FULL_MODE_PROCESSED);
+  CHECK(same_draws(sampler.draw_full(logits, spans), step));
+}
+
+// One value for every row is that value in a per-row array, for each per-row option.
+inline void scalars_equal_per_row_values(const tokenrace::Library& lib) {
+  const StepInputs in;
+  tokenrace::Sampler sampler(lib, tokenrace::Config().max_rows(16).seed(6));
+  const tokenrace::Logits logits = tokenrace::Logits::f32(in.logits.data(), in.rows, in.vocab);
+  const std::vector<float> temperature(in.rows, 0.8f), top_p(in.rows, 0.9f), min_p(in.rows, 0.01f);
+  const std::vector<float> repetition(in.rows, 1.4f), frequency(in.rows, 0.3f), presence(in.rows, 0.6f);
+  const std::vector<int32_t> top_k(in.rows, 60);
+  const std::vector<uint64_t> seeds(in.rows, 77), offsets(in.rows, 12);
+  const std::vector<uint8_t> ones(in.rows, 1);
+  tokenrace::DrawOptions per_row = step_options(in);
+  per_row.temperature(temperature)
+      .seeds(seeds)
+      .offsets(offsets)
+      .seeded(ones)
+      .top_k(top_k)
+      .top_p(top_p)
+      .min_p(min_p)
+      .repetition_penalty(repetition)
+      .frequency_penalty(frequency)
+      .presence_penalty(presence)
+      .allowed_rows(ones)
+      .top_n(3)
+      .full_logprobs(TOKENRACE_FULL_MODE_PROCESSED);
+  tokenrace::DrawOptions scalars = per_row;
+  scalars.temperature(0.8f)
+      .seeds(77)
+      .offsets(12)
+      .seeded(true)
+      .top_k(60)
+      .top_p(0.9f)
+      .min_p(0.01f)
+      .repetition_penalty(1.4f)
+      .frequency_penalty(0.3f)
+      .presence_penalty(0.6f)
+      .allowed_rows(1);
+  const tokenrace::DrawResult expected = sampler.draw_full(logits, per_row);
+  CHECK(same_draws(sampler.draw_full(logits, scalars), expected));
+  // A span after a scalar replaces it, and the other way round.
+  scalars.temperature(in.temperature);
+  CHECK(same_draws(sampler.draw_full(logits, scalars), sampler.draw_full(logits, per_row.temperature(in.temperature))));
+  // A scalar batch owns its expanded values: its copies and the C call can use them.
+  const tokenrace::DrawBatch prepared = tokenrace::DrawOptions().temperature(0.0f).batch(logits);
+  const tokenrace::DrawBatch copy = prepared;
+  CHECK(copy.c().temperature == prepared.c().temperature && copy.c().temperature[in.rows - 1] == 0.0f);
+
+  // Verify's per-request scalars.
+  const uint32_t vocab = 64;
+  const std::vector<int32_t> counts = {2, 0, 3};
+  const uint32_t requests = 3, rows = 5 + requests;
+  const std::vector<float> target = eighths(size_t(rows) * vocab, 32);
+  const std::vector<int32_t> drafts = {4, 9, 17, 3, 60};
+  const std::vector<float> v_temperature(requests, 0.9f), v_top_p(requests, 0.95f), v_min_p(requests, 0.01f);
+  const std::vector<int32_t> v_top_k(requests, 40);
+  const std::vector<uint64_t> v_seeds(requests, 5), v_offsets(requests, 100);
+  const std::vector<uint8_t> v_seeded(requests, 1);
+  const tokenrace::Logits target_rows = tokenrace::Logits::f32(target.data(), rows, vocab);
+  const tokenrace::VerifyResult by_request = sampler.verify_full(
+      target_rows, counts, drafts,
+      tokenrace::VerifyOptions().temperature(v_temperature).seeds(v_seeds).offsets(v_offsets).seeded(v_seeded)
+          .top_k(v_top_k).top_p(v_top_p).min_p(v_min_p));
+  const tokenrace::VerifyResult by_scalar = sampler.verify_full(
+      target_rows, counts, drafts,
+      tokenrace::VerifyOptions().temperature(0.9f).seeds(5).offsets(100).seeded(1).top_k(40).top_p(0.95f).min_p(
+          0.01f));
+  CHECK(by_scalar.tokens == by_request.tokens && by_scalar.counts == by_request.counts &&
+        same_floats(by_scalar.logprobs, by_request.logprobs));
+}
+
+// Spans of known length that do not fit the rows or the lists' offsets are refused by the
+// wrapper (the library cannot know their length), nothing written; the rest is the library's to
+// judge, and its messages come through as they are.
+inline void step_errors_name_the_argument(const tokenrace::Library& lib) {
+  const StepInputs in;
+  tokenrace::Sampler sampler(lib, tokenrace::Config().max_rows(in.rows).seed(7));
+  const tokenrace::Logits logits = tokenrace::Logits::f32(in.logits.data(), in.rows, in.vocab);
+  const auto invalid = TOKENRACE_STATUS_INVALID_ARGUMENT;
+  std::vector<int32_t> untouched(in.rows, -7);
+  const std::vector<uint64_t> short_offsets(in.prompt_offsets.begin(), in.prompt_offsets.end() - 1);
+  CHECK_THROWS(sampler.draw(logits, step_options(in).prompt_tokens(in.prompt_ids, short_offsets), untouched.data()),
+               invalid, "tokenrace::DrawOptions: prompt_offsets has 6 values for 6 rows (rows + 1 wanted)");
+  CHECK(std::all_of(untouched.begin(), untouched.end(), [](int32_t t) { return t == -7; }));
+  const std::vector<int32_t> few_ids(in.output_ids.begin(), in.output_ids.end() - 2);
+  CHECK_THROWS(sampler.draw(logits, step_options(in).output_tokens(few_ids, in.output_offsets)), invalid,
+               "output_ids has 8 values, output_offsets[6] says 10");
+  const std::vector<float> few_values(in.bias_values.begin(), in.bias_values.end() - 1);
+  CHECK_THROWS(sampler.draw(logits, step_options(in).logit_bias(in.bias_ids, few_values, in.bias_offsets)), invalid,
+               "bias_values has 5 values, bias_offsets[6] says 6");
+  CHECK_THROWS(sampler.draw(logits, step_options(in).banned_tokens(in.banned_ids, {in.banned_offsets.data(), 3})),
+               invalid, "banned_offsets has 3 values");
+  const std::vector<float> two_penalties = {1.0f, 1.0f};
+  CHECK_THROWS(sampler.draw(logits, step_options(in).presence_penalty(two_penalties)), invalid,
+               "presence_penalty has 2 values for 6 rows");
+  const std::vector<uint8_t> nine_flags(9, 1);
+  CHECK_THROWS(sampler.draw(logits, step_options(in).allowed_rows(nine_flags), untouched.data()), invalid,
+               "allowed_rows has 9 values for 6 rows");
+  // The last row needs only its own words, not the padding after them.
+  const size_t mask_words = (in.rows - 1) * in.mask_stride + (in.vocab + 31) / 32;
+  CHECK(sampler.draw(logits, step_options(in).token_bitmask({in.bitmask.data(), mask_words}, in.mask_stride)) ==
+        sampler.draw(logits, step_options(in)));
+  CHECK_THROWS(sampler.draw(logits, step_options(in).token_bitmask({in.bitmask.data(), mask_words - 1},
+                                                                   in.mask_stride)),
+               invalid, "token_bitmask has 69 words for 6 rows of 10 words, 12 apart");
+  std::vector<float> small(in.vocab * in.rows - 1);
+  CHECK_THROWS(sampler.draw(logits, tokenrace::DrawOptions().full_logprobs(small, TOKENRACE_FULL_MODE_RAW)), invalid,
+               "full_logprobs has 1799 values for 6 rows of 300 values");
+  CHECK(sampler.stats().rejected_calls == 0 && sampler.stats().calls == 2);  // none reached the library
+
+  // The library's own checks, named as it names them.
+  std::vector<float> bad_repetition = in.repetition;
+  bad_repetition[4] = 0.0f;
+  CHECK_THROWS(sampler.draw(logits, step_options(in).repetition_penalty(bad_repetition), untouched.data()), invalid,
+               "tokenrace_draw: batch.repetition_penalty[4]: 0 is not a finite number > 0");
+  std::vector<int32_t> out_of_range = in.banned_ids;
+  out_of_range[3] = int32_t(in.vocab);
+  CHECK_THROWS(sampler.draw(logits, step_options(in).banned_tokens(out_of_range, in.banned_offsets)), invalid,
+               "banned_ids");
+  std::vector<uint64_t> unordered = in.bias_offsets;
+  std::swap(unordered[2], unordered[3]);
+  CHECK_THROWS(sampler.draw(logits, step_options(in).logit_bias(in.bias_ids, in.bias_values, unordered)), invalid,
+               "bias_offsets");
+  CHECK_THROWS(sampler.draw(logits, step_options(in).prompt_tokens(in.prompt_ids, nullptr)), invalid,
+               "prompt_offsets: is NULL while prompt_ids is given");
+  CHECK_THROWS(sampler.draw(logits, step_options(in).token_bitmask(in.bitmask, 3)), invalid, "bitmask_row_stride");
+  CHECK(std::all_of(untouched.begin(), untouched.end(), [](int32_t t) { return t == -7; }));
+  CHECK(sampler.stats().rejected_calls == 5);
+}
+
+// The filter order set in Config reaches the sampler: its draws are a C sampler's of that
+// order, and the kept sets differ from the other order's.
+inline void filter_order_reaches_the_sampler(const tokenrace::Library& lib) {
+  const tokenrace_config c = tokenrace::Config().filter_order(TOKENRACE_FILTER_ORDER_FILTERS_FIRST).resolve(lib);
+  CHECK(c.filter_order == TOKENRACE_FILTER_ORDER_FILTERS_FIRST);
+  CHECK(tokenrace::Config().resolve(lib).filter_order == lib.api().config_default().filter_order);
+  const StepInputs in;
+  const tokenrace::Logits logits = tokenrace::Logits::f32(in.logits.data(), in.rows, in.vocab);
+  const tokenrace::DrawOptions options =
+      tokenrace::DrawOptions().temperature(2.0f).top_p(0.5f).seeds(in.seeds).full_logprobs(
+          TOKENRACE_FULL_MODE_PROCESSED);
+  tokenrace::Sampler filters_first(lib, tokenrace::Config().max_rows(in.rows).filter_order(
+                                            TOKENRACE_FILTER_ORDER_FILTERS_FIRST));
+  tokenrace::Sampler temperature_first(lib, tokenrace::Config().max_rows(in.rows));
+  const tokenrace::DrawResult first = filters_first.draw_full(logits, options);
+  CHECK(!same_floats(first.full_logprobs, temperature_first.draw_full(logits, options).full_logprobs));
+
+  tokenrace_config raw_config = lib.api().config_default();
+  raw_config.max_rows = in.rows;
+  raw_config.filter_order = TOKENRACE_FILTER_ORDER_FILTERS_FIRST;
+  tokenrace_sampler* raw = nullptr;
+  CHECK(lib.api().sampler_new(&raw_config, &raw) == TOKENRACE_STATUS_OK);
+  const tokenrace::DrawBatch prepared = options.batch(logits);
+  const tokenrace::DrawResult bare =
+      c_draw_all(lib.api(), raw, prepared.c(), 0, TOKENRACE_LOGPROB_MODE_RAW, TOKENRACE_FULL_MODE_PROCESSED);
+  lib.api().sampler_free(raw);
+  CHECK(bare.tokens == first.tokens && same_floats(bare.full_logprobs, first.full_logprobs));
+}
+
 // Every check above on `lib`; returns the number of failures (an unexpected exception is one).
 inline int run_wrapper_checks(const tokenrace::Library& lib) {
   const std::pair<const char*, void (*)(const tokenrace::Library&)> all[] = {
@@ -861,6 +1194,10 @@ inline int run_wrapper_checks(const tokenrace::Library& lib) {
       {"a_sampler_is_shared_by_threads", a_sampler_is_shared_by_threads},
       {"verify_equals_the_c_api", verify_equals_the_c_api},
       {"verify_greedy_and_errors", verify_greedy_and_errors},
+      {"the_whole_step_equals_the_c_api", the_whole_step_equals_the_c_api},
+      {"scalars_equal_per_row_values", scalars_equal_per_row_values},
+      {"step_errors_name_the_argument", step_errors_name_the_argument},
+      {"filter_order_reaches_the_sampler", filter_order_reaches_the_sampler},
   };
   for (const auto& [name, check] : all) {
     try {

@@ -8,6 +8,12 @@
 //     std::vector<int32_t> tokens = sampler.draw(tokenrace::Logits::f32(logits, rows, vocab),
 //                                                tokenrace::DrawOptions().temperature(temps));
 //
+//   The whole sampling step (histories, penalties, bias, allowed and banned lists, a grammar
+//   bitmask) and every output of the C call go through DrawOptions; a per-row value is a span of
+//   the caller's (`temperature(temps)`) or one value for every row (`temperature(0.7f)`):
+//
+//     tokenrace::DrawOptions().temperature(0.7f).output_tokens(ids, offsets).repetition_penalty(1.1f)
+//
 //   Speculative decoding: Sampler::verify checks draft tokens against the target rows (one row
 //   per draft token and one bonus row per request, request after request).
 //
@@ -44,6 +50,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -53,6 +60,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -328,6 +336,9 @@ class Config {
   Config& log_level(tokenrace_log_level v) { return set(log_level_, v); }
   Config& noise(tokenrace_noise_source v) { return set(noise_, v); }
   Config& pool_rows(uint32_t v) { return set(pool_rows_, v); }
+  // Whether top-k, top-p and min-p judge the tempered distribution (TEMPERATURE_FIRST, vLLM's,
+  // the default) or the untempered one (FILTERS_FIRST, llama.cpp's chain).
+  Config& filter_order(tokenrace_filter_order v) { return set(filter_order_, v); }
   // false: start from tokenrace_config_default(), ignoring the TOKENRACE_* variables.
   Config& use_environment(bool v) { use_environment_ = v; return *this; }
 
@@ -347,6 +358,7 @@ class Config {
     if (log_level_) c.log_level = *log_level_;
     if (noise_) c.noise = *noise_;
     if (pool_rows_) c.pool_rows = *pool_rows_;
+    if (filter_order_) c.filter_order = *filter_order_;
     return c;
   }
 #ifndef TOKENRACE_HPP_NO_LINK
@@ -374,6 +386,7 @@ class Config {
   std::optional<float> greedy_below_;
   std::optional<tokenrace_log_level> log_level_;
   std::optional<tokenrace_noise_source> noise_;
+  std::optional<tokenrace_filter_order> filter_order_;
   bool use_environment_ = true;
 };
 
@@ -453,38 +466,220 @@ struct Logits {
 
 class Lease;
 
-// The optional per-row inputs of a draw (tokenrace_batch's fields), each unset (its default for
-// every row) or one value per row: a pointer to `rows` values, or a vector, whose size the
-// draw checks. They point into the caller's arrays, which must live until the draw returns (a
-// temporary vector is refused at compile time: it would be gone before the draw).
+namespace detail {
+
+// Whether a setter's argument is one value for every row (a number) rather than a span: the
+// scalar overloads are templates so that a literal 0 is a number, not a null pointer.
+template <class V>
+using if_number = std::enable_if_t<std::is_arithmetic<V>::value, int>;
+
+// The spans of the C structs have no length: the wrapper's checks say "unknown" for a bare
+// pointer, whose length the library then trusts as a C caller's.
+inline constexpr size_t unknown_size = static_cast<size_t>(-1);
+
+}  // namespace detail
+
+// Read-only values in the caller's memory: a pointer and, when the wrapper can know it, how many
+// values it holds (a vector, or a pointer and a length). A bare pointer is passed on as it is
+// (the library reads the values the batch's sizes say); a known length is checked before the
+// call. A temporary vector is refused at compile time: it would be gone before the draw.
+template <class T>
+class Span {
+ public:
+  // Implicit, so that a setter takes a pointer or a vector as it is.
+  Span() = default;
+  Span(std::nullptr_t) {}
+  // A bare pointer: its length is unknown to the wrapper.
+  Span(const T* data) : data_(data) {}
+  Span(const T* data, size_t size) : data_(data), size_(size) {}
+  Span(const std::vector<T>& values) : data_(values.data()), size_(values.size()) {}
+  Span(std::vector<T>&&) = delete;
+
+  const T* data() const noexcept { return data_; }
+  // Whether size() is known (a vector, or a pointer and a length).
+  bool has_size() const noexcept { return size_ != detail::unknown_size; }
+  size_t size() const noexcept { return size_; }
+
+ private:
+  const T* data_ = nullptr;
+  size_t size_ = detail::unknown_size;
+};
+
+// A C batch struct with the memory its scalar options were expanded into (one value per row,
+// allocated for this call): pass c() to the C call while the PreparedBatch lives. Copies share
+// that memory. c() of a temporary is refused at compile time, as its pointers would dangle.
+template <class CBatch>
+class PreparedBatch {
+ public:
+  const CBatch& c() const& noexcept { return c_; }
+  const CBatch& c() const&& = delete;
+  // Usable where the C struct is, as the general draw and verify calls take it.
+  operator const CBatch&() const& noexcept { return c_; }
+  operator const CBatch&() const&& = delete;
+
+ private:
+  friend class DrawOptions;
+  friend class VerifyOptions;
+
+  // `count` copies of `value` in memory this batch owns.
+  template <class T>
+  const T* repeat(T value, size_t count) {
+    std::shared_ptr<T> values(new T[count], std::default_delete<T[]>());
+    std::fill_n(values.get(), count, value);
+    buffers_.push_back(values);
+    return values.get();
+  }
+
+  CBatch c_{};
+  std::vector<std::shared_ptr<void>> buffers_;
+};
+
+// A draw's batch (tokenrace_batch) with its expanded scalars.
+using DrawBatch = PreparedBatch<tokenrace_batch>;
+// A verify call's batch (tokenrace_verify_batch) with its expanded scalars.
+using VerifyBatch = PreparedBatch<tokenrace_verify_batch>;
+
+namespace detail {
+
+// An option of one value per row (or per request): unset (the library's default for every
+// row), a span of one value each, or one value for every row (expanded at the call).
+template <class T>
+struct PerRow {
+  Span<T> values;
+  std::optional<T> every_row;
+};
+
+template <class T>
+void set_values(PerRow<T>& field, Span<T> values) {
+  field.values = values;
+  field.every_row.reset();
+}
+template <class T, class V>
+void set_every_row(PerRow<T>& field, V value) {
+  field.values = Span<T>();
+  field.every_row = static_cast<T>(value);
+}
+
+inline Error invalid_argument(const char* owner, const std::string& what) {
+  return Error(TOKENRACE_STATUS_INVALID_ARGUMENT, std::string(owner) + ": " + what);
+}
+
+// The pointer the C struct gets for a span of `want` values (null when unset): a known length
+// must be `want`.
+template <class T>
+const T* checked_span(Span<T> values, const char* owner, const char* name, size_t want, const char* unit) {
+  if (values.data() && values.has_size() && values.size() != want) {
+    throw invalid_argument(owner, std::string(name) + " has " + std::to_string(values.size()) + " values for " +
+                                      std::to_string(want) + " " + unit);
+  }
+  return values.data();
+}
+
+// Whether (count - 1) x stride + width elements fit in `available`: the extent of `count` rows
+// of `width` values `stride` apart (stride >= width).
+inline bool rows_fit(size_t available, uint64_t count, uint64_t width, uint64_t stride) {
+  if (count == 0) return true;
+  const uint64_t gaps = count - 1;
+  if (stride && gaps > (UINT64_MAX - width) / stride) return false;
+  return available >= gaps * stride + width;
+}
+
+}  // namespace detail
+
+// The optional inputs and outputs of a draw: every field of tokenrace_batch, and the outputs of
+// tokenrace_output besides the tokens and flags. Per-row values are unset (their default for
+// every row), one value for every row (`temperature(0.7f)`), or a Span of one value per row
+// (a pointer, or a vector whose length the draw checks). Token lists are CSR, as in the C
+// batch: ids of every row one after the other and rows + 1 offsets, row r's entries at
+// offsets[r] .. offsets[r + 1]. Nothing is copied: the options point into the caller's arrays,
+// which must live until the draw returns.
 class DrawOptions {
  public:
+  // ---- temperature, seeds, filters: per row ---------------------------------------------------
+
   // Temperature (default 1.0); below the sampler's greedy_below the row is greedy.
-  DrawOptions& temperature(const float* v) { return set(temperature_, v); }
-  DrawOptions& temperature(const std::vector<float>& v) { return set(temperature_, v); }
-  DrawOptions& temperature(std::vector<float>&&) = delete;
+  DrawOptions& temperature(Span<float> v) { return values(temperature_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& temperature(V every_row) { return scalar(temperature_, every_row); }
   // Seed: a seeded row draws the same token whatever else is in the batch.
-  DrawOptions& seeds(const uint64_t* v) { return set(seeds_, v); }
-  DrawOptions& seeds(const std::vector<uint64_t>& v) { return set(seeds_, v); }
-  DrawOptions& seeds(std::vector<uint64_t>&&) = delete;
+  DrawOptions& seeds(Span<uint64_t> v) { return values(seeds_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& seeds(V every_row) { return scalar(seeds_, every_row); }
   // Offset mixed into the seed, e.g. the token's position (default 0).
-  DrawOptions& offsets(const uint64_t* v) { return set(offsets_, v); }
-  DrawOptions& offsets(const std::vector<uint64_t>& v) { return set(offsets_, v); }
-  DrawOptions& offsets(std::vector<uint64_t>&&) = delete;
+  DrawOptions& offsets(Span<uint64_t> v) { return values(offsets_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& offsets(V every_row) { return scalar(offsets_, every_row); }
   // Nonzero: the row uses its seed (default: every row, when seeds are set).
-  DrawOptions& seeded(const uint8_t* v) { return set(seeded_, v); }
-  DrawOptions& seeded(const std::vector<uint8_t>& v) { return set(seeded_, v); }
-  DrawOptions& seeded(std::vector<uint8_t>&&) = delete;
-  // top-k (k <= 0 or k >= vocab: off), top-p in (0, 1] (1: off), min-p in [0, 1] (0: off).
-  DrawOptions& top_k(const int32_t* v) { return set(top_k_, v); }
-  DrawOptions& top_k(const std::vector<int32_t>& v) { return set(top_k_, v); }
-  DrawOptions& top_k(std::vector<int32_t>&&) = delete;
-  DrawOptions& top_p(const float* v) { return set(top_p_, v); }
-  DrawOptions& top_p(const std::vector<float>& v) { return set(top_p_, v); }
-  DrawOptions& top_p(std::vector<float>&&) = delete;
-  DrawOptions& min_p(const float* v) { return set(min_p_, v); }
-  DrawOptions& min_p(const std::vector<float>& v) { return set(min_p_, v); }
-  DrawOptions& min_p(std::vector<float>&&) = delete;
+  DrawOptions& seeded(Span<uint8_t> v) { return values(seeded_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& seeded(V every_row) { return scalar(seeded_, every_row); }
+  // top-k (k <= 0 or k >= vocab: off), top-p in (0, 1] (1: off), min-p in [0, 1] (0: off). The
+  // sampler's filter_order (Config) says whether they judge the tempered distribution.
+  DrawOptions& top_k(Span<int32_t> v) { return values(top_k_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& top_k(V every_row) { return scalar(top_k_, every_row); }
+  DrawOptions& top_p(Span<float> v) { return values(top_p_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& top_p(V every_row) { return scalar(top_p_, every_row); }
+  DrawOptions& min_p(Span<float> v) { return values(min_p_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& min_p(V every_row) { return scalar(min_p_, every_row); }
+
+  // ---- the sampling step: histories, penalties, bias, allowed and banned lists, bitmask -------
+
+  // The prompt's token ids, CSR (the repetition penalty counts them).
+  DrawOptions& prompt_tokens(Span<int32_t> ids, Span<uint64_t> offsets) {
+    prompt_ = {ids, offsets};
+    return *this;
+  }
+  // The tokens generated so far, CSR (all three penalties count them).
+  DrawOptions& output_tokens(Span<int32_t> ids, Span<uint64_t> offsets) {
+    output_ = {ids, offsets};
+    return *this;
+  }
+  // Repetition penalty r > 0 (1: off): a logit of a token in the row's prompt or output is
+  // divided by r when positive, multiplied when negative.
+  DrawOptions& repetition_penalty(Span<float> v) { return values(repetition_penalty_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& repetition_penalty(V every_row) { return scalar(repetition_penalty_, every_row); }
+  // Frequency penalty, finite (0: off): subtracted once per occurrence in the row's output.
+  DrawOptions& frequency_penalty(Span<float> v) { return values(frequency_penalty_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& frequency_penalty(V every_row) { return scalar(frequency_penalty_, every_row); }
+  // Presence penalty, finite (0: off): subtracted once from a token present in the row's output.
+  DrawOptions& presence_penalty(Span<float> v) { return values(presence_penalty_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& presence_penalty(V every_row) { return scalar(presence_penalty_, every_row); }
+  // Logit bias, CSR of (id, value) pairs: a finite value is added, -inf bans; pairs of one id
+  // add up.
+  DrawOptions& logit_bias(Span<int32_t> ids, Span<float> values, Span<uint64_t> offsets) {
+    bias_ = {ids, offsets};
+    bias_values_ = values;
+    return *this;
+  }
+  // The only tokens a row may draw, CSR, for the rows allowed_rows marks (default: every row).
+  DrawOptions& allowed_tokens(Span<int32_t> ids, Span<uint64_t> offsets) {
+    allowed_ = {ids, offsets};
+    return *this;
+  }
+  // Nonzero: the row draws only from its allowed list (an empty list allows nothing).
+  DrawOptions& allowed_rows(Span<uint8_t> v) { return values(allowed_rows_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& allowed_rows(V every_row) { return scalar(allowed_rows_, every_row); }
+  // Tokens a row may not draw, CSR (bad words of one token, min_tokens' stop ids).
+  DrawOptions& banned_tokens(Span<int32_t> ids, Span<uint64_t> offsets) {
+    banned_ = {ids, offsets};
+    return *this;
+  }
+  // A grammar bitmask in xgrammar's layout: rows x ceil(vocab / 32) int32 words, `row_stride`
+  // words apart (0: ceil(vocab / 32)); bit j of word w set allows token 32 w + j.
+  DrawOptions& token_bitmask(Span<int32_t> words, uint64_t row_stride = 0) {
+    bitmask_ = words;
+    bitmask_row_stride_ = row_stride;
+    return *this;
+  }
+
+  // ---- noise --------------------------------------------------------------------------------
 
   // Noise for the unseeded sampling rows: one value per token, rows `row_stride` apart (0: one
   // row for every row), holding E or ln E as `kind` says.
@@ -492,88 +687,213 @@ class DrawOptions {
     noise_ = values;
     noise_kind_ = kind;
     noise_row_stride_ = row_stride;
-    noise_rows_ = unknown_count;
-    noise_vocab_ = unknown_count;
+    noise_rows_ = detail::unknown_size;
+    noise_vocab_ = detail::unknown_size;
     return *this;
   }
   // The noise of a lease: one lease row per batch row (a lease of one row: that row for all).
   inline DrawOptions& noise(const Lease& lease);
 
-  // The tokenrace_batch of `logits` with these options. Throws Error (INVALID_ARGUMENT) when
-  // a vector or a lease does not match the rows or the vocabulary.
-  tokenrace_batch batch(const Logits& logits) const {
-    tokenrace_batch b{};
+  // ---- outputs besides the tokens and flags -------------------------------------------------
+
+  // Which logprobs Sampler::draw_full reports (default RAW: log_softmax of the logits as given).
+  DrawOptions& logprob_mode(tokenrace_logprob_mode mode) {
+    logprob_mode_ = mode;
+    return *this;
+  }
+  // How many of the most probable tokens of each row Sampler::draw_full reports (default 0).
+  DrawOptions& top_n(uint32_t n) {
+    top_n_ = n;
+    return *this;
+  }
+  // Whether Sampler::draw_full reports each sampled token's rank (a count over the row: it
+  // costs a pass, so only when asked).
+  DrawOptions& ranks(bool on) {
+    ranks_ = on;
+    return *this;
+  }
+  // Every token's logprob or logit, as `mode` says, into DrawResult::full_logprobs (rows x vocab).
+  DrawOptions& full_logprobs(tokenrace_full_mode mode) {
+    full_mode_ = mode;
+    full_out_ = nullptr;
+    full_out_size_ = detail::unknown_size;
+    full_row_stride_ = 0;
+    return *this;
+  }
+  // The same into the caller's memory, rows `row_stride` apart (0: vocab), by every draw call
+  // (no copy): a vector must hold (rows - 1) x stride + vocab values.
+  DrawOptions& full_logprobs(float* out, tokenrace_full_mode mode, uint64_t row_stride = 0) {
+    full_mode_ = mode;
+    full_out_ = out;
+    full_out_size_ = detail::unknown_size;
+    full_row_stride_ = row_stride;
+    return *this;
+  }
+  DrawOptions& full_logprobs(std::vector<float>& out, tokenrace_full_mode mode, uint64_t row_stride = 0) {
+    full_logprobs(out.data(), mode, row_stride);
+    full_out_size_ = out.size();
+    return *this;
+  }
+
+  // The tokenrace_batch of `logits` with these options (scalars expanded into the returned
+  // batch's memory). Throws Error (INVALID_ARGUMENT) when a span of known length, or a lease,
+  // does not match the rows, the lists' offsets or the vocabulary; the library checks the rest.
+  DrawBatch batch(const Logits& logits) const {
+    DrawBatch prepared;
+    tokenrace_batch& b = prepared.c_;
+    const uint32_t rows = logits.rows;
     b.struct_size = sizeof b;
     b.dtype = logits.dtype;
     b.logits = logits.data;
-    b.rows = logits.rows;
+    b.rows = rows;
     b.vocab = logits.vocab;
     b.row_stride = logits.row_stride;
-    b.temperature = per_row(temperature_, "temperature", logits.rows);
-    b.seeds = per_row(seeds_, "seeds", logits.rows);
-    b.offsets = per_row(offsets_, "offsets", logits.rows);
-    b.seeded = per_row(seeded_, "seeded", logits.rows);
-    b.top_k = per_row(top_k_, "top_k", logits.rows);
-    b.top_p = per_row(top_p_, "top_p", logits.rows);
-    b.min_p = per_row(min_p_, "min_p", logits.rows);
+    b.temperature = row_values(temperature_, prepared, "temperature", rows);
+    b.seeds = row_values(seeds_, prepared, "seeds", rows);
+    b.offsets = row_values(offsets_, prepared, "offsets", rows);
+    b.seeded = row_values(seeded_, prepared, "seeded", rows);
+    b.top_k = row_values(top_k_, prepared, "top_k", rows);
+    b.top_p = row_values(top_p_, prepared, "top_p", rows);
+    b.min_p = row_values(min_p_, prepared, "min_p", rows);
     check_noise_shape(logits);
     b.noise = noise_;
     b.noise_kind = noise_kind_;
     b.noise_row_stride = noise_row_stride_;
-    return b;
+    b.prompt_ids = list(prompt_, "prompt_ids", "prompt_offsets", rows, &b.prompt_offsets);
+    b.output_ids = list(output_, "output_ids", "output_offsets", rows, &b.output_offsets);
+    b.repetition_penalty = row_values(repetition_penalty_, prepared, "repetition_penalty", rows);
+    b.frequency_penalty = row_values(frequency_penalty_, prepared, "frequency_penalty", rows);
+    b.presence_penalty = row_values(presence_penalty_, prepared, "presence_penalty", rows);
+    b.bias_ids = list(bias_, "bias_ids", "bias_offsets", rows, &b.bias_offsets);
+    check_list_entries(bias_values_, "bias_values", bias_.offsets, "bias_offsets", rows);
+    b.bias_values = bias_values_.data();
+    b.allowed_ids = list(allowed_, "allowed_ids", "allowed_offsets", rows, &b.allowed_offsets);
+    b.allowed_rows = row_values(allowed_rows_, prepared, "allowed_rows", rows);
+    b.banned_ids = list(banned_, "banned_ids", "banned_offsets", rows, &b.banned_offsets);
+    check_bitmask(logits);
+    b.token_bitmask = bitmask_.data();
+    b.bitmask_row_stride = bitmask_row_stride_;
+    return prepared;
   }
 
  private:
-  static constexpr size_t unknown_count = static_cast<size_t>(-1);
+  friend class Sampler;
+  static constexpr const char* owner = "tokenrace::DrawOptions";
 
-  template <class T>
-  struct PerRow {
-    const T* data = nullptr;
-    size_t count = unknown_count;  // known for a vector
+  // A CSR list: entries of every row one after the other, and rows + 1 offsets.
+  struct Lists {
+    Span<int32_t> ids;
+    Span<uint64_t> offsets;
   };
 
   template <class T>
-  DrawOptions& set(PerRow<T>& field, const T* data) {
-    field = {data, unknown_count};
+  DrawOptions& values(detail::PerRow<T>& field, Span<T> v) {
+    detail::set_values(field, v);
     return *this;
   }
-  template <class T>
-  DrawOptions& set(PerRow<T>& field, const std::vector<T>& values) {
-    field = {values.data(), values.size()};
+  template <class T, class V>
+  DrawOptions& scalar(detail::PerRow<T>& field, V value) {
+    detail::set_every_row(field, value);
     return *this;
   }
 
   template <class T>
-  static const T* per_row(const PerRow<T>& field, const char* name, uint32_t rows) {
-    if (field.count != unknown_count && field.count != rows) {
-      throw Error(TOKENRACE_STATUS_INVALID_ARGUMENT, std::string("tokenrace::DrawOptions: ") + name + " has " +
-                                                         std::to_string(field.count) + " values for " +
-                                                         std::to_string(rows) + " rows");
+  static const T* row_values(const detail::PerRow<T>& field, DrawBatch& prepared, const char* name, uint32_t rows) {
+    if (field.every_row) return prepared.repeat(*field.every_row, rows);
+    return detail::checked_span(field.values, owner, name, rows, "rows");
+  }
+
+  // The library reads rows + 1 offsets and as many entries as the last offset says: a span of
+  // known length must hold them (the order of the offsets is the library's to judge).
+  static void check_offsets(Span<uint64_t> offsets, const char* offsets_name, uint32_t rows) {
+    if (offsets.data() && offsets.has_size() && offsets.size() != size_t(rows) + 1) {
+      throw detail::invalid_argument(owner, std::string(offsets_name) + " has " + std::to_string(offsets.size()) +
+                                                " values for " + std::to_string(rows) + " rows (rows + 1 wanted)");
     }
-    return field.data;
+  }
+  template <class T>
+  static void check_list_entries(Span<T> entries, const char* name, Span<uint64_t> offsets, const char* offsets_name,
+                                 uint32_t rows) {
+    if (!entries.data() || !entries.has_size() || !offsets.data()) return;
+    const uint64_t last = offsets.data()[rows];
+    if (entries.size() < last) {
+      throw detail::invalid_argument(owner, std::string(name) + " has " + std::to_string(entries.size()) +
+                                                " values, " + offsets_name + "[" + std::to_string(rows) +
+                                                "] says " + std::to_string(last));
+    }
+  }
+  static const int32_t* list(const Lists& lists, const char* ids_name, const char* offsets_name, uint32_t rows,
+                             const uint64_t** offsets_out) {
+    check_offsets(lists.offsets, offsets_name, rows);
+    check_list_entries(lists.ids, ids_name, lists.offsets, offsets_name, rows);
+    *offsets_out = lists.offsets.data();
+    return lists.ids.data();
+  }
+
+  void check_bitmask(const Logits& logits) const {
+    if (!bitmask_.data() || !bitmask_.has_size()) return;
+    const uint64_t words = (uint64_t(logits.vocab) + 31) / 32;
+    const uint64_t stride = bitmask_row_stride_ ? bitmask_row_stride_ : words;
+    if (stride < words) return;  // the library names the stride
+    if (!detail::rows_fit(bitmask_.size(), logits.rows, words, stride)) {
+      throw detail::invalid_argument(owner, "token_bitmask has " + std::to_string(bitmask_.size()) + " words for " +
+                                                std::to_string(logits.rows) + " rows of " + std::to_string(words) +
+                                                " words, " + std::to_string(stride) + " apart");
+    }
+  }
+
+  void check_full_output(const Logits& logits) const {
+    if (!full_out_ || full_out_size_ == detail::unknown_size) return;
+    const uint64_t stride = full_row_stride_ ? full_row_stride_ : logits.vocab;
+    if (stride < logits.vocab) return;  // the library names the stride
+    if (!detail::rows_fit(full_out_size_, logits.rows, logits.vocab, stride)) {
+      throw detail::invalid_argument(owner, "full_logprobs has " + std::to_string(full_out_size_) + " values for " +
+                                                std::to_string(logits.rows) + " rows of " +
+                                                std::to_string(logits.vocab) + " values, " + std::to_string(stride) +
+                                                " apart");
+    }
+  }
+
+  // The full-vocabulary output as every draw call writes it: into the caller's memory, if any.
+  void caller_outputs(const Logits& logits, tokenrace_output& out) const {
+    if (!full_out_) return;
+    check_full_output(logits);
+    out.full_logprobs = full_out_;
+    out.full_row_stride = full_row_stride_;
+    out.full_mode = *full_mode_;
   }
 
   void check_noise_shape(const Logits& logits) const {
-    if (noise_vocab_ != unknown_count && noise_vocab_ != logits.vocab) {
-      throw Error(TOKENRACE_STATUS_INVALID_ARGUMENT, "tokenrace::DrawOptions: the noise lease has " +
-                                                         std::to_string(noise_vocab_) + " values per row, the logits " +
-                                                         std::to_string(logits.vocab));
+    if (noise_vocab_ != detail::unknown_size && noise_vocab_ != logits.vocab) {
+      throw detail::invalid_argument(owner, "the noise lease has " + std::to_string(noise_vocab_) +
+                                                " values per row, the logits " + std::to_string(logits.vocab));
     }
-    if (noise_rows_ != unknown_count && noise_rows_ != 1 && noise_rows_ < logits.rows) {
-      throw Error(TOKENRACE_STATUS_INVALID_ARGUMENT, "tokenrace::DrawOptions: the noise lease has " +
-                                                         std::to_string(noise_rows_) + " rows for " +
-                                                         std::to_string(logits.rows) + " rows of logits");
+    if (noise_rows_ != detail::unknown_size && noise_rows_ != 1 && noise_rows_ < logits.rows) {
+      throw detail::invalid_argument(owner, "the noise lease has " + std::to_string(noise_rows_) + " rows for " +
+                                                std::to_string(logits.rows) + " rows of logits");
     }
   }
 
-  PerRow<float> temperature_, top_p_, min_p_;
-  PerRow<uint64_t> seeds_, offsets_;
-  PerRow<uint8_t> seeded_;
-  PerRow<int32_t> top_k_;
+  detail::PerRow<float> temperature_, top_p_, min_p_;
+  detail::PerRow<uint64_t> seeds_, offsets_;
+  detail::PerRow<uint8_t> seeded_, allowed_rows_;
+  detail::PerRow<int32_t> top_k_;
+  detail::PerRow<float> repetition_penalty_, frequency_penalty_, presence_penalty_;
+  Lists prompt_, output_, bias_, allowed_, banned_;
+  Span<float> bias_values_;
+  Span<int32_t> bitmask_;
+  uint64_t bitmask_row_stride_ = 0;
   const float* noise_ = nullptr;
   tokenrace_noise_kind noise_kind_ = TOKENRACE_NOISE_KIND_EXP;
   uint64_t noise_row_stride_ = 0;
-  size_t noise_rows_ = unknown_count, noise_vocab_ = unknown_count;  // known for a lease
+  size_t noise_rows_ = detail::unknown_size, noise_vocab_ = detail::unknown_size;  // known for a lease
+  tokenrace_logprob_mode logprob_mode_ = TOKENRACE_LOGPROB_MODE_RAW;
+  uint32_t top_n_ = 0;
+  bool ranks_ = false;
+  std::optional<tokenrace_full_mode> full_mode_;
+  float* full_out_ = nullptr;  // null: DrawResult::full_logprobs, when full_mode_ is set
+  size_t full_out_size_ = detail::unknown_size;
+  uint64_t full_row_stride_ = 0;
 };
 
 // What Sampler::draw_full returns: one entry per row; topn_* hold rows x top_n values, row
@@ -581,75 +901,74 @@ class DrawOptions {
 struct DrawResult {
   uint32_t rows = 0;
   uint32_t top_n = 0;
+  uint32_t vocab = 0;
   std::vector<int32_t> tokens;
   std::vector<uint32_t> flags;    // TOKENRACE_FLAG_* bits
   std::vector<float> logprobs;    // of the sampled token
   std::vector<int32_t> ranks;     // the count of tokens whose logprob is >= the sampled one's
-                                  // (empty unless draw_full was asked for ranks)
+                                  // (empty unless the options asked for ranks)
   std::vector<int32_t> topn_ids;
   std::vector<float> topn_logprobs;
+  std::vector<float> full_logprobs;  // rows x vocab, when the options asked for them without
+                                     // memory of their own (DrawOptions::full_logprobs(mode))
 
   int32_t topn_id(uint32_t row, uint32_t j) const { return topn_ids[size_t(row) * top_n + j]; }
   float topn_logprob(uint32_t row, uint32_t j) const { return topn_logprobs[size_t(row) * top_n + j]; }
+  float full_logprob(uint32_t row, uint32_t token) const { return full_logprobs[size_t(row) * vocab + token]; }
 };
 
 // The inputs of a verify call besides the target rows and the drafts (tokenrace_verify_batch's
-// fields), each unset (its default) or given as a pointer, or as a vector whose size the call
-// checks: per request (temperature, filters, seeds, offsets, seeded: one value per request),
-// per draft token (uniforms: one value each; draft_probs: one row of `vocab` each) or per target
-// row (noise). They point into the caller's arrays, which must live until the call returns (a
+// fields), each unset (its default), one value for every request (`temperature(0.7f)`), or a
+// Span: per request (temperature, filters, seeds, offsets, seeded: one value per request), per
+// draft token (uniforms: one value each; draft_probs: one row of `vocab` each) or per target row
+// (noise). Spans point into the caller's arrays, which must live until the call returns (a
 // temporary vector is refused at compile time).
 class VerifyOptions {
  public:
   // Temperature (default 1.0); below the sampler's greedy_below the request is greedy: its drafts
   // are accepted while each is its row's argmax (uniforms and draft_probs are then ignored).
-  VerifyOptions& temperature(const float* v) { return set(temperature_, v); }
-  VerifyOptions& temperature(const std::vector<float>& v) { return set(temperature_, v); }
-  VerifyOptions& temperature(std::vector<float>&&) = delete;
+  VerifyOptions& temperature(Span<float> v) { return values(temperature_, v); }
+  template <class V, detail::if_number<V> = 0>
+  VerifyOptions& temperature(V every_request) { return scalar(temperature_, every_request); }
   // Seed: a seeded request's acceptance uniforms and noise at draft position j are a pure
   // function of (seed, offset + j), whatever else is in the call.
-  VerifyOptions& seeds(const uint64_t* v) { return set(seeds_, v); }
-  VerifyOptions& seeds(const std::vector<uint64_t>& v) { return set(seeds_, v); }
-  VerifyOptions& seeds(std::vector<uint64_t>&&) = delete;
+  VerifyOptions& seeds(Span<uint64_t> v) { return values(seeds_, v); }
+  template <class V, detail::if_number<V> = 0>
+  VerifyOptions& seeds(V every_request) { return scalar(seeds_, every_request); }
   // The position of the request's first draft token (default 0).
-  VerifyOptions& offsets(const uint64_t* v) { return set(offsets_, v); }
-  VerifyOptions& offsets(const std::vector<uint64_t>& v) { return set(offsets_, v); }
-  VerifyOptions& offsets(std::vector<uint64_t>&&) = delete;
+  VerifyOptions& offsets(Span<uint64_t> v) { return values(offsets_, v); }
+  template <class V, detail::if_number<V> = 0>
+  VerifyOptions& offsets(V every_request) { return scalar(offsets_, every_request); }
   // Nonzero: the request uses its seed (default: every request, when seeds are set).
-  VerifyOptions& seeded(const uint8_t* v) { return set(seeded_, v); }
-  VerifyOptions& seeded(const std::vector<uint8_t>& v) { return set(seeded_, v); }
-  VerifyOptions& seeded(std::vector<uint8_t>&&) = delete;
+  VerifyOptions& seeded(Span<uint8_t> v) { return values(seeded_, v); }
+  template <class V, detail::if_number<V> = 0>
+  VerifyOptions& seeded(V every_request) { return scalar(seeded_, every_request); }
   // The filters of every target row of the request, as in DrawOptions.
-  VerifyOptions& top_k(const int32_t* v) { return set(top_k_, v); }
-  VerifyOptions& top_k(const std::vector<int32_t>& v) { return set(top_k_, v); }
-  VerifyOptions& top_k(std::vector<int32_t>&&) = delete;
-  VerifyOptions& top_p(const float* v) { return set(top_p_, v); }
-  VerifyOptions& top_p(const std::vector<float>& v) { return set(top_p_, v); }
-  VerifyOptions& top_p(std::vector<float>&&) = delete;
-  VerifyOptions& min_p(const float* v) { return set(min_p_, v); }
-  VerifyOptions& min_p(const std::vector<float>& v) { return set(min_p_, v); }
-  VerifyOptions& min_p(std::vector<float>&&) = delete;
+  VerifyOptions& top_k(Span<int32_t> v) { return values(top_k_, v); }
+  template <class V, detail::if_number<V> = 0>
+  VerifyOptions& top_k(V every_request) { return scalar(top_k_, every_request); }
+  VerifyOptions& top_p(Span<float> v) { return values(top_p_, v); }
+  template <class V, detail::if_number<V> = 0>
+  VerifyOptions& top_p(V every_request) { return scalar(top_p_, every_request); }
+  VerifyOptions& min_p(Span<float> v) { return values(min_p_, v); }
+  template <class V, detail::if_number<V> = 0>
+  VerifyOptions& min_p(V every_request) { return scalar(min_p_, every_request); }
 
   // Acceptance uniforms in (0, 1), one per draft token, for the unseeded sampling requests
   // (default: from the sampler's stream).
-  VerifyOptions& uniforms(const double* v) { return set(uniforms_, v); }
-  VerifyOptions& uniforms(const std::vector<double>& v) { return set(uniforms_, v); }
-  VerifyOptions& uniforms(std::vector<double>&&) = delete;
+  VerifyOptions& uniforms(Span<double> v) {
+    uniforms_ = v;
+    return *this;
+  }
 
   // The draft model's probabilities: one row of `vocab` f32 per draft token (>= 0, summing to 1
   // within 1e-3), `row_stride` apart (0: vocab). Unset: the drafts are deterministic (q is
   // one-hot at each draft).
-  VerifyOptions& draft_probs(const float* values, uint64_t row_stride = 0) {
-    draft_probs_ = {values, unknown_count};
+  VerifyOptions& draft_probs(Span<float> values, uint64_t row_stride = 0) {
+    draft_probs_ = values;
     draft_probs_row_stride_ = row_stride;
     return *this;
   }
-  VerifyOptions& draft_probs(const std::vector<float>& values, uint64_t row_stride = 0) {
-    draft_probs_ = {values.data(), values.size()};
-    draft_probs_row_stride_ = row_stride;
-    return *this;
-  }
-  VerifyOptions& draft_probs(std::vector<float>&&, uint64_t = 0) = delete;
 
   // Noise of the recovered and bonus draws of the unseeded sampling requests: one row per target
   // row (a draw uses its own row's), `row_stride` apart (0: one row for every row), holding E or
@@ -658,8 +977,8 @@ class VerifyOptions {
     noise_ = values;
     noise_kind_ = kind;
     noise_row_stride_ = row_stride;
-    noise_rows_ = unknown_count;
-    noise_vocab_ = unknown_count;
+    noise_rows_ = detail::unknown_size;
+    noise_vocab_ = detail::unknown_size;
     return *this;
   }
   // The noise of a lease: one lease row per target row (a lease of one row: that row for all).
@@ -667,11 +986,12 @@ class VerifyOptions {
 
   // The tokenrace_verify_batch of `target` (sum(draft_counts) + draft_counts.size() rows: each
   // request's draft positions, then its bonus position) and the drafts (sum(draft_counts) ids,
-  // request after request) with these options; it points into the vectors. Throws Error
-  // (INVALID_ARGUMENT) when a vector or a lease does not match the requests, the drafts or the
-  // vocabulary (the library checks the rest, the target's row count included).
-  tokenrace_verify_batch batch(const Logits& target, const std::vector<int32_t>& draft_counts,
-                               const std::vector<int32_t>& draft_tokens) const {
+  // request after request) with these options; it points into the vectors, and scalars are
+  // expanded into its own memory. Throws Error (INVALID_ARGUMENT) when a span or a lease does
+  // not match the requests, the drafts or the vocabulary (the library checks the rest, the
+  // target's row count included).
+  VerifyBatch batch(const Logits& target, const std::vector<int32_t>& draft_counts,
+                    const std::vector<int32_t>& draft_tokens) const {
     if (draft_counts.size() > UINT32_MAX) throw invalid("draft_counts has more than 2^32 - 1 requests");
     const uint32_t requests = uint32_t(draft_counts.size());
     size_t drafts = 0;
@@ -686,7 +1006,8 @@ class VerifyOptions {
       throw invalid("draft_tokens has " + std::to_string(draft_tokens.size()) + " values, draft_counts add up to " +
                     std::to_string(drafts));
     }
-    tokenrace_verify_batch b{};
+    VerifyBatch prepared;
+    tokenrace_verify_batch& b = prepared.c_;
     b.struct_size = sizeof b;
     b.dtype = target.dtype;
     b.logits = target.data;
@@ -696,90 +1017,82 @@ class VerifyOptions {
     b.requests = requests;
     b.draft_counts = draft_counts.data();
     b.draft_tokens = draft_tokens.data();
-    b.temperature = checked(temperature_, "temperature", requests, "requests");
-    b.seeds = checked(seeds_, "seeds", requests, "requests");
-    b.offsets = checked(offsets_, "offsets", requests, "requests");
-    b.seeded = checked(seeded_, "seeded", requests, "requests");
-    b.top_k = checked(top_k_, "top_k", requests, "requests");
-    b.top_p = checked(top_p_, "top_p", requests, "requests");
-    b.min_p = checked(min_p_, "min_p", requests, "requests");
-    b.uniforms = checked(uniforms_, "uniforms", drafts, "draft tokens");
-    b.draft_probs = draft_probs_.data;
-    b.draft_probs_row_stride = draft_probs_row_stride_;
+    b.temperature = per_request(temperature_, prepared, "temperature", requests);
+    b.seeds = per_request(seeds_, prepared, "seeds", requests);
+    b.offsets = per_request(offsets_, prepared, "offsets", requests);
+    b.seeded = per_request(seeded_, prepared, "seeded", requests);
+    b.top_k = per_request(top_k_, prepared, "top_k", requests);
+    b.top_p = per_request(top_p_, prepared, "top_p", requests);
+    b.min_p = per_request(min_p_, prepared, "min_p", requests);
+    b.uniforms = detail::checked_span(uniforms_, owner, "uniforms", drafts, "draft tokens");
     check_draft_probs(target.vocab, drafts);
+    b.draft_probs = draft_probs_.data();
+    b.draft_probs_row_stride = draft_probs_row_stride_;
     check_noise_shape(target);
     b.noise = noise_;
     b.noise_kind = noise_kind_;
     b.noise_row_stride = noise_row_stride_;
-    return b;
+    return prepared;
   }
 
  private:
-  static constexpr size_t unknown_count = static_cast<size_t>(-1);
+  static constexpr const char* owner = "tokenrace::VerifyOptions";
 
   template <class T>
-  struct Values {
-    const T* data = nullptr;
-    size_t count = unknown_count;  // known for a vector
-  };
-
-  template <class T>
-  VerifyOptions& set(Values<T>& field, const T* data) {
-    field = {data, unknown_count};
+  VerifyOptions& values(detail::PerRow<T>& field, Span<T> v) {
+    detail::set_values(field, v);
     return *this;
   }
-  template <class T>
-  VerifyOptions& set(Values<T>& field, const std::vector<T>& values) {
-    field = {values.data(), values.size()};
+  template <class T, class V>
+  VerifyOptions& scalar(detail::PerRow<T>& field, V value) {
+    detail::set_every_row(field, value);
     return *this;
   }
 
-  static Error invalid(const std::string& what) {
-    return Error(TOKENRACE_STATUS_INVALID_ARGUMENT, "tokenrace::VerifyOptions: " + what);
-  }
+  static Error invalid(const std::string& what) { return detail::invalid_argument(owner, what); }
 
   template <class T>
-  static const T* checked(const Values<T>& field, const char* name, size_t want, const char* unit) {
-    if (field.count != unknown_count && field.count != want) {
-      throw invalid(std::string(name) + " has " + std::to_string(field.count) + " values for " + std::to_string(want) +
-                    " " + unit);
-    }
-    return field.data;
+  static const T* per_request(const detail::PerRow<T>& field, VerifyBatch& prepared, const char* name,
+                              uint32_t requests) {
+    if (field.every_row) return prepared.repeat(*field.every_row, requests);
+    return detail::checked_span(field.values, owner, name, requests, "requests");
   }
 
-  // A vector of q rows must cover the rows the library reads: (drafts - 1) x stride + vocab.
+  // A span of q rows of known length must cover the rows the library reads: (drafts - 1) x
+  // stride + vocab.
   void check_draft_probs(uint32_t vocab, size_t drafts) const {
-    if (draft_probs_.count == unknown_count || drafts == 0) return;
+    if (!draft_probs_.data() || !draft_probs_.has_size()) return;
     const uint64_t stride = draft_probs_row_stride_ ? draft_probs_row_stride_ : vocab;
     if (stride < vocab) return;  // the library names the stride
-    const uint64_t rows = drafts - 1;
-    if (rows > (UINT64_MAX - vocab) / stride || draft_probs_.count < rows * stride + vocab) {
-      throw invalid("draft_probs has " + std::to_string(draft_probs_.count) + " values for " + std::to_string(drafts) +
-                    " draft rows of " + std::to_string(vocab) + " values, " + std::to_string(stride) + " apart");
+    if (!detail::rows_fit(draft_probs_.size(), drafts, vocab, stride)) {
+      throw invalid("draft_probs has " + std::to_string(draft_probs_.size()) + " values for " +
+                    std::to_string(drafts) + " draft rows of " + std::to_string(vocab) + " values, " +
+                    std::to_string(stride) + " apart");
     }
   }
 
   void check_noise_shape(const Logits& target) const {
-    if (noise_vocab_ != unknown_count && noise_vocab_ != target.vocab) {
+    if (noise_vocab_ != detail::unknown_size && noise_vocab_ != target.vocab) {
       throw invalid("the noise lease has " + std::to_string(noise_vocab_) + " values per row, the target rows " +
                     std::to_string(target.vocab));
     }
-    if (noise_rows_ != unknown_count && noise_rows_ != 1 && noise_rows_ < target.rows) {
+    if (noise_rows_ != detail::unknown_size && noise_rows_ != 1 && noise_rows_ < target.rows) {
       throw invalid("the noise lease has " + std::to_string(noise_rows_) + " rows for " + std::to_string(target.rows) +
                     " target rows");
     }
   }
 
-  Values<float> temperature_, top_p_, min_p_, draft_probs_;
-  Values<uint64_t> seeds_, offsets_;
-  Values<uint8_t> seeded_;
-  Values<int32_t> top_k_;
-  Values<double> uniforms_;
+  detail::PerRow<float> temperature_, top_p_, min_p_;
+  detail::PerRow<uint64_t> seeds_, offsets_;
+  detail::PerRow<uint8_t> seeded_;
+  detail::PerRow<int32_t> top_k_;
+  Span<double> uniforms_;
+  Span<float> draft_probs_;
   uint64_t draft_probs_row_stride_ = 0;
   const float* noise_ = nullptr;
   tokenrace_noise_kind noise_kind_ = TOKENRACE_NOISE_KIND_EXP;
   uint64_t noise_row_stride_ = 0;
-  size_t noise_rows_ = unknown_count, noise_vocab_ = unknown_count;  // known for a lease
+  size_t noise_rows_ = detail::unknown_size, noise_vocab_ = detail::unknown_size;  // known for a lease
 };
 
 // What Sampler::verify and verify_full return: per request, a row of `width` tokens (width =
@@ -833,13 +1146,15 @@ class Sampler {
     library_.check(api().draw(live(), &batch, &out));
   }
 
-  // One token per row, into `tokens` (rows of them) and, unless null, the row flags.
+  // One token per row, into `tokens` (rows of them) and, unless null, the row flags; and the
+  // full-vocabulary logprobs when the options give memory for them.
   void draw(const Logits& logits, const DrawOptions& options, int32_t* tokens, uint32_t* flags = nullptr) {
-    const tokenrace_batch batch = options.batch(logits);
+    const DrawBatch batch = options.batch(logits);
     tokenrace_output out{};
     out.struct_size = sizeof out;
     out.tokens = tokens;
     out.flags = flags;
+    options.caller_outputs(logits, out);
     draw(batch, out);
   }
 
@@ -854,36 +1169,51 @@ class Sampler {
     return draw(Logits::f32(logits, rows, vocab), DrawOptions().temperature(temperatures));
   }
 
-  // Draws like draw() and also reports the logprobs (docs/semantics.md, Logprobs): `mode` RAW
-  // (log_softmax of the logits) or PROCESSED (after temperature and the filters), the `top_n`
-  // most probable tokens of each row (none for 0; at most the vocabulary size), and with
-  // `ranks` each sampled token's rank (a count over the row: it costs a pass, so only when
-  // asked, as Python's draw_full(..., ranks=True)).
-  DrawResult draw_full(const Logits& logits, const DrawOptions& options = DrawOptions(), uint32_t top_n = 0,
-                       tokenrace_logprob_mode mode = TOKENRACE_LOGPROB_MODE_RAW, bool ranks = false) {
-    const tokenrace_batch batch = options.batch(logits);
+  // Draws like draw() and also reports the logprobs (docs/semantics.md, Logprobs) that the
+  // options ask for: each sampled token's in DrawOptions::logprob_mode (RAW: log_softmax of the
+  // logits; PROCESSED: after the sampling step, temperature and the filters), the top_n most
+  // probable tokens of each row (none for 0; at most the vocabulary size), with ranks each
+  // sampled token's rank, and the full-vocabulary values (into DrawResult::full_logprobs unless
+  // the options give memory for them).
+  DrawResult draw_full(const Logits& logits, const DrawOptions& options = DrawOptions()) {
+    const DrawBatch batch = options.batch(logits);
     const size_t rows = logits.rows;
+    const uint32_t top_n = options.top_n_;
     DrawResult result;
     result.rows = logits.rows;
     result.top_n = top_n;
+    result.vocab = logits.vocab;
     result.tokens.resize(rows);
     result.flags.resize(rows);
     result.logprobs.resize(rows);
-    if (ranks) result.ranks.resize(rows);
+    if (options.ranks_) result.ranks.resize(rows);
     result.topn_ids.resize(rows * top_n);
     result.topn_logprobs.resize(rows * top_n);
     tokenrace_output out{};
     out.struct_size = sizeof out;
-    out.logprob_mode = mode;
+    out.logprob_mode = options.logprob_mode_;
     out.tokens = result.tokens.data();
     out.flags = result.flags.data();
     out.logprobs = result.logprobs.data();
-    out.ranks = ranks ? result.ranks.data() : nullptr;
+    out.ranks = options.ranks_ ? result.ranks.data() : nullptr;
     out.top_n = top_n;
     out.topn_ids = top_n ? result.topn_ids.data() : nullptr;
     out.topn_logprobs = top_n ? result.topn_logprobs.data() : nullptr;
+    options.caller_outputs(logits, out);
+    if (options.full_mode_ && !options.full_out_) {
+      result.full_logprobs.resize(rows * logits.vocab);
+      out.full_logprobs = result.full_logprobs.data();
+      out.full_mode = *options.full_mode_;
+    }
     draw(batch, out);
     return result;
+  }
+
+  // draw_full with the options' top_n, logprob mode and ranks replaced by these.
+  DrawResult draw_full(const Logits& logits, const DrawOptions& options, uint32_t top_n,
+                       tokenrace_logprob_mode mode = TOKENRACE_LOGPROB_MODE_RAW, bool ranks = false) {
+    DrawOptions asked = options;
+    return draw_full(logits, asked.top_n(top_n).logprob_mode(mode).ranks(ranks));
   }
 
   // The general verify call: a tokenrace_verify_batch and tokenrace_verify_output filled by the
@@ -943,11 +1273,11 @@ class Sampler {
   VerifyResult verify_into_result(const Logits& target, const std::vector<int32_t>& draft_counts,
                                   const std::vector<int32_t>& draft_tokens, const VerifyOptions& options,
                                   const tokenrace_logprob_mode* mode) {
-    const tokenrace_verify_batch batch = options.batch(target, draft_counts, draft_tokens);
+    const VerifyBatch batch = options.batch(target, draft_counts, draft_tokens);
     int32_t most = 0;
     for (int32_t c : draft_counts) most = c > most ? c : most;
     VerifyResult result;
-    result.requests = batch.requests;
+    result.requests = batch.c().requests;
     result.width = uint32_t(most) + 1;
     const size_t cells = size_t(result.requests) * result.width;
     result.tokens.resize(cells);
