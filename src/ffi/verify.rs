@@ -11,7 +11,7 @@ use super::types::*;
 use crate::batch::{noise_span, span, ExternalNoise, Logits};
 use crate::error::{Error, Owner, Result};
 use crate::kernels::{Bf16, F16};
-use crate::verify::{DraftProbs, VerifyBatch, VerifyOutput};
+use crate::batch::{DraftProbs, VerifyBatch, VerifyOutput};
 
 /// A `u64` size or stride as `usize` (saturating: a huge value then fails its span check).
 fn size(v: u64) -> usize {
