@@ -38,8 +38,8 @@ mod step;
 mod verify;
 
 pub use batch::{
-    flags, Batch, DraftProbs, ExternalNoise, FullMode, LogitBias, Logits, LogprobMode, Output, TokenBitmask, TokenLists,
-    VerifyBatch, VerifyOutput,
+    flags, Batch, DraftProbs, ExternalNoise, FullMode, LogitBias, Logits, LogprobMode, Output, TokenBitmask,
+    TokenLists, VerifyBatch, VerifyOutput,
 };
 pub use config::{
     from_env as config_from_env, Apply, Config, DrainPolicy, FilterOrder, LogLevel, NoiseKind, NoiseSource, PoolConfig,

@@ -1,6 +1,6 @@
 //! The sampler: a configuration, the chosen kernels, the key stream of unseeded rows, counters.
 
-use crate::batch::{validate, validate_but_ids, Batch, Ids, Output};
+use crate::batch::{validate, validate_but_ids, Batch, Ids, Output, VerifyBatch, VerifyOutput};
 use crate::config::{Config, DrainPolicy, NoiseKind, NoiseSource, PoolConfig};
 use crate::draw::verify::Drafts;
 use crate::draw::Workers;
@@ -11,7 +11,6 @@ use crate::noise::pool::{Pool, PoolOptions};
 use crate::noise::{entropy_seed, splitmix64, KeyStream};
 use crate::plan::{plan, RowCounts};
 use crate::process::{current_pid, Birthplace};
-use crate::batch::{VerifyBatch, VerifyOutput};
 use crate::verify;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering, Ordering::Relaxed};

@@ -308,4 +308,3 @@ impl<'a> Output<'a> {
             || (self.top_n > 0 && (self.topn_ids.is_some() || self.topn_logprobs.is_some()))
     }
 }
-

@@ -150,7 +150,8 @@ impl<'a> Processed<'a> {
             let e = if i.processed { crate::step::build(k, batch, r, false)? } else { None };
             steps.push(e);
         }
-        let y = alloc::filled(if info.iter().any(|i| i.processed) { batch.vocab } else { 0 }, 0.0, "the processed row")?;
+        let y =
+            alloc::filled(if info.iter().any(|i| i.processed) { batch.vocab } else { 0 }, 0.0, "the processed row")?;
         Ok(Processed { steps, y, bmax: Vec::new(), mass: Vec::new() })
     }
 

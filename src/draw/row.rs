@@ -2,6 +2,7 @@
 //! the row without a step: its first pass, its filters' floor, its race, its token.
 
 use super::kept::BLOCK_MAX;
+use super::output::LogprobSlots;
 use super::stepped;
 use super::{Drawn, RowPlan};
 use crate::alloc;
@@ -9,7 +10,6 @@ use crate::batch::{flags, Batch};
 use crate::error::Result;
 use crate::filter;
 use crate::kernels::{Best, Kernels, RaceParams, BLOCK};
-use super::output::LogprobSlots;
 use crate::logprob::{row_logprobs, RowInfo};
 use crate::row::{with_row, RaceNoise, RowValues};
 use crate::step::{self, RowStep};

@@ -2,6 +2,7 @@
 //! its processed values, by the way [`super::row::path`] chose, and its logprobs.
 
 use super::kept::{BLOCK_MAX, PROCESSED};
+use super::output::LogprobSlots;
 use super::row::{draw_scanned, summarize, Scanned};
 use super::{Drawn, RowPlan};
 use crate::alloc;
@@ -9,7 +10,6 @@ use crate::batch::{flags, Batch, LogprobMode};
 use crate::error::Result;
 use crate::filter;
 use crate::kernels::{BlockValues, Kernels, RaceParams, BLOCK};
-use super::output::LogprobSlots;
 use crate::logprob::{block_maxima, row_logprobs, RowInfo, RowOut};
 use crate::row::{RaceNoise, RowValues};
 use crate::step::{DeferredRow, RowStep, StepBlocks};
@@ -76,9 +76,8 @@ fn draw_by_blocks_after_race<V: RowValues + ?Sized>(
         }
         let Some((f, floor)) = filter::decided_after_race(batch, r, m, filter_inv_t) else { return Ok(None) };
         let touched = StepBlocks { edits: e, values: v };
-        let won = v
-            .race_blocks(k, e.keep(), bmax, RaceParams { m, inv_t, floor }, key, &touched)
-            .map_err(|e| e.in_row(r))?;
+        let won =
+            v.race_blocks(k, e.keep(), bmax, RaceParams { m, inv_t, floor }, key, &touched).map_err(|e| e.in_row(r))?;
         if won.token == usize::MAX {
             return Ok(None);
         }

@@ -3,9 +3,9 @@
 //! known, each tile's best), and the tiles' bests are merged per row.
 
 use super::cells::{SyncCell, SyncPtr};
-use super::workers::WorkerPool;
 use super::row::{finish, race_params, summarize, Scanned};
 use super::split::{worker_panicked, FirstError, Split};
+use super::workers::WorkerPool;
 use super::{Drawn, RowPlan};
 use crate::alloc;
 use crate::batch::Batch;
