@@ -154,7 +154,7 @@ thread_local! {
     static COUNTED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// What this thread keeps for the ranks, for `draw::kept::KEPT_PER_THREAD`.
+/// What this thread keeps for the ranks, for `draw::KEPT_PER_THREAD`.
 pub(crate) fn kept() -> crate::alloc::Kept {
     alloc::kept_vec(&COUNTED, || alloc::release_vec(&COUNTED))
 }
