@@ -34,10 +34,9 @@ use crate::error::{Error, Result};
 use crate::kernels::Kernels;
 use crate::logprob::RowInfo;
 use crate::row::RaceNoise;
-#[cfg(feature = "internals")]
-pub use kept::kept_bytes;
 pub(crate) use kept::trim_kept;
-pub use kept::KEPT_PER_THREAD;
+#[cfg(feature = "internals")]
+pub use kept::{kept_bytes, KEPT_PER_THREAD};
 use output::{write_full, Logprobs, Processed};
 pub(crate) use split::Workers;
 
@@ -91,7 +90,7 @@ pub(crate) struct Drawn {
 
 /// Draws a validated, planned call into `out`. On error nothing is written. Returns the count of
 /// rows whose flags reported NaN, +inf or an empty row. Either way this thread then keeps at
-/// most [`KEPT_PER_THREAD`] (the workers trim theirs as they leave a job).
+/// most [`kept::KEPT_PER_THREAD`] (the workers trim theirs as they leave a job).
 pub(crate) fn run(
     k: &Kernels,
     batch: &Batch,

@@ -534,7 +534,7 @@ fn checks_q(plans: &[RowPlan], d: &Drafts) -> bool {
 /// tokens' row stride, resolved), spread over `workers` by requests when the call is large
 /// enough to be worth it. Fails with the lowest failing request's error, and then writes
 /// nothing. Returns the count of target rows read whose flags reported NaN, +inf or an empty
-/// row. Either way this thread then keeps at most [`super::KEPT_PER_THREAD`].
+/// row. Either way this thread then keeps at most [`super::kept::KEPT_PER_THREAD`].
 pub(crate) fn run(
     k: &Kernels,
     batch: &Batch,
