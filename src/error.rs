@@ -89,6 +89,17 @@ impl Error {
         let location = Location { owner, field, row };
         Error { kind: ErrorKind::InvalidArgument, location: Some(location), message: format!("{location}: {what}") }
     }
+    /// This error as one of row `r` of a call that failed (an allocation for that row), named
+    /// so: a call that fails writes nothing.
+    pub(crate) fn in_row(self, r: usize) -> Self {
+        let message = format!("row {r}: {}; nothing was written", self.message);
+        Error { message, ..self }
+    }
+    /// This error as one of the whole call (an allocation for every row): it writes nothing.
+    pub(crate) fn nothing_written(self) -> Self {
+        let message = format!("{}; nothing was written", self.message);
+        Error { message, ..self }
+    }
 }
 
 impl fmt::Display for Error {

@@ -52,7 +52,8 @@ mod step;
 mod verify;
 
 pub use batch::{
-    flags, Batch, ExternalNoise, FullMode, LogitBias, Logits, LogprobMode, Output, TokenBitmask, TokenLists,
+    flags, Batch, DraftProbs, ExternalNoise, FullMode, LogitBias, Logits, LogprobMode, Output, TokenBitmask,
+    TokenLists, VerifyBatch, VerifyOutput,
 };
 pub use config::{
     from_env as config_from_env, Config, DrainPolicy, FilterOrder, LogLevel, NoiseKind, NoiseSource, PoolConfig,
@@ -62,7 +63,6 @@ pub use error::{Error, ErrorKind, Location, Owner, Result};
 pub use kernels::{best_level, supported_levels, Bf16, SimdLevel, F16};
 pub use noise::pool::{Lease, Pool as NoisePool, PoolStats};
 pub use sampler::{Sampler, SamplerStats};
-pub use verify::{DraftProbs, VerifyBatch, VerifyOutput};
 
 /// The library version, from Cargo.toml.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -85,7 +85,7 @@ pub(crate) trait RowValues {
                     let blocks = &mut *bn.borrow_mut();
                     blocks.clear();
                     let none = BlockNoise { e_min: 0.0, j_min: 0, g_max: 0.0, bound: 0.0 };
-                    crate::alloc::resize(blocks, bmax.len(), none, "the block noise of the edited tokens")?;
+                    crate::alloc::resize(blocks, bmax.len(), none, "the block noise of the touched tokens")?;
                     // SAFETY: `blocks` has bmax.len() elements; `k` is the table of a supported level.
                     unsafe { (k.block_noise)(key, 0, bmax, p, blocks) };
                     Ok(race_listed_inline(listed, p, key, blocks, best))
@@ -102,7 +102,7 @@ pub(crate) trait RowValues {
 
     /// The best key of the inline race over a whole row whose kept tokens (bits of `keep`) race
     /// with their own values and whose listed tokens, in each block the race visits, with the
-    /// values `edited` works out; `bmax` bounds each block's values (kept and listed) from above
+    /// values `touched` works out; `bmax` bounds each block's values (kept and listed) from above
     /// and its largest value is the row's (`p.m`). Fails only if the race's per-block scratch
     /// cannot be allocated.
     fn race_blocks(
@@ -112,7 +112,7 @@ pub(crate) trait RowValues {
         bmax: &[f32],
         p: RaceParams,
         key: u64,
-        edited: &dyn BlockValues,
+        touched: &dyn BlockValues,
     ) -> Result<Best> {
         let n = self.n();
         assert!(keep.len() >= n.div_ceil(32) && bmax.len() >= n.div_ceil(crate::kernels::BLOCK));
@@ -120,13 +120,13 @@ pub(crate) trait RowValues {
         // SAFETY: as in `scan_masked`; the scratch is this thread's, with room for bmax.len()
         // blocks.
         with_scratch(bmax.len(), |b| unsafe {
-            (dk.race_inline_masked)(row, keep.as_ptr(), n, bmax, p, key, b, Some(edited))
+            (dk.race_inline_masked)(row, keep.as_ptr(), n, bmax, p, key, b, Some(touched))
         })
     }
 
     /// The best key of the race on external noise of `kind` (one value per token at `noise`)
     /// over a whole row whose kept tokens (bits of `keep`) race with their own values and whose
-    /// listed tokens, block by block, with the values `edited` works out; `p.m` is the row's
+    /// listed tokens, block by block, with the values `touched` works out; `p.m` is the row's
     /// largest value.
     ///
     /// # Safety
@@ -137,7 +137,7 @@ pub(crate) trait RowValues {
         keep: &[u32],
         p: RaceParams,
         (noise, kind): (*const f32, NoiseKind),
-        edited: &dyn BlockValues,
+        touched: &dyn BlockValues,
     ) -> Best {
         let n = self.n();
         assert!(keep.len() >= n.div_ceil(32));
@@ -145,9 +145,9 @@ pub(crate) trait RowValues {
         let mut best = unsafe { (Self::kernels(k).race_external_masked)(self.ptr(), keep.as_ptr(), noise, n, p, kind) };
         let mut listed = [(0u32, 0f32); crate::kernels::BLOCK];
         for b in 0..n.div_ceil(crate::kernels::BLOCK) {
-            let count = edited.listed(b, &mut listed);
+            let count = touched.listed(b, &mut listed);
             // SAFETY: every listed token is below n (a token of block b), where `noise` reads.
-            best = unsafe { race_bounded_external(&listed[..count], edited, noise, p, kind, best) };
+            best = unsafe { race_bounded_external(&listed[..count], touched, noise, p, kind, best) };
         }
         best
     }
@@ -215,7 +215,7 @@ thread_local! {
     static BLOCK_NOISE: std::cell::RefCell<Vec<BlockNoise>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// What this thread keeps in the race's scratch and the block noise of edited tokens, for
+/// What this thread keeps in the race's scratch and the block noise of touched tokens, for
 /// `draw::KEPT_PER_THREAD`.
 pub(crate) fn kept() -> [crate::alloc::Kept; 2] {
     let bytes = RACE_SCRATCH.try_with(|b| b.try_borrow().map_or(0, |s| s.capacity_bytes())).unwrap_or(0);

@@ -1,6 +1,6 @@
 //! The sampler: a configuration, the chosen kernels, the key stream of unseeded rows, counters.
 
-use crate::batch::{flags, validate, validate_but_ids, Batch, Ids, Output};
+use crate::batch::{validate, validate_but_ids, Batch, Ids, Output, VerifyBatch, VerifyOutput};
 use crate::config::{Config, DrainPolicy, NoiseKind, NoiseSource, PoolConfig, MAX_POOL_ROWS};
 use crate::draw::verify::Drafts;
 use crate::draw::Workers;
@@ -9,9 +9,9 @@ use crate::kernels::{self, Kernels, SimdLevel};
 use crate::logging;
 use crate::noise::pool::{Pool, PoolOptions};
 use crate::noise::{entropy_seed, splitmix64, KeyStream};
-use crate::plan::plan;
+use crate::plan::{plan, RowCounts};
 use crate::process::{current_pid, Birthplace};
-use crate::verify::{self, VerifyBatch, VerifyOutput};
+use crate::verify;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering, Ordering::Relaxed};
 use std::sync::Arc;
@@ -38,6 +38,19 @@ macro_rules! sampler_stats {
         impl Counters {
             fn snapshot(&self) -> SamplerStats {
                 SamplerStats { $($field: self.$field.load(Relaxed),)* }
+            }
+
+            /// Counts a draw or verify call that succeeded (once nothing can fail any more): its
+            /// rows by how they were planned, and `nonfinite` rows whose flags reported NaN, +inf
+            /// or an empty row.
+            fn count_call(&self, rows: RowCounts, nonfinite: u64) {
+                self.greedy_rows.fetch_add(rows.greedy, Relaxed);
+                self.seeded_rows.fetch_add(rows.seeded, Relaxed);
+                self.external_noise_rows.fetch_add(rows.external, Relaxed);
+                self.inline_rows.fetch_add(rows.inline, Relaxed);
+                self.pool_rows.fetch_add(rows.pool, Relaxed);
+                self.nonfinite_rows.fetch_add(nonfinite, Relaxed);
+                self.calls.fetch_add(1, Relaxed);
             }
         }
     };
@@ -257,23 +270,14 @@ impl Sampler {
         let keys = if self.birthplace.elsewhere() { self.forked_keys() } else { &self.keys };
         let pool = self.pool();
         let plan = plan(batch, (self.cfg.greedy_below, self.cfg.filter_order), keys, pool.as_deref())?;
-        let drawn = match crate::draw::run(self.kernels, batch, &plan.rows, self.workers.as_ref(), out) {
-            Ok(drawn) => drawn,
+        let nonfinite = match crate::draw::run(self.kernels, batch, &plan.rows, self.workers.as_ref(), out) {
+            Ok(nonfinite) => nonfinite,
             Err(e) => {
                 plan.give_back(keys);
                 return Err(e);
             }
         };
-        // Counted only once nothing can fail any more.
-        let (c, n) = (&self.counters, plan.counts);
-        c.greedy_rows.fetch_add(n.greedy, Relaxed);
-        c.seeded_rows.fetch_add(n.seeded, Relaxed);
-        c.external_noise_rows.fetch_add(n.external, Relaxed);
-        c.inline_rows.fetch_add(n.inline, Relaxed);
-        c.pool_rows.fetch_add(n.pool, Relaxed);
-        let nonfinite = drawn.iter().filter(|d| d.flags & flags::NONFINITE != 0).count() as u64;
-        c.nonfinite_rows.fetch_add(nonfinite, Relaxed);
-        c.calls.fetch_add(1, Relaxed);
+        self.counters.count_call(plan.counts, nonfinite);
         Ok(())
     }
 }
@@ -315,44 +319,20 @@ impl Sampler {
                 uniforms: &uniforms[r.first_draft..r.first_draft + r.drafts],
             })
             .collect();
-        let logprobs = out.logprobs.is_some().then_some(out.logprob_mode);
-        let verified =
-            match crate::draw::verify::run(self.kernels, &rows, &plan.rows, &drafts, self.workers.as_ref(), logprobs) {
-                Ok(verified) => verified,
-                Err(e) => {
-                    // Given back in the reverse order of their taking.
-                    if let Some(taken) = uniform_keys {
-                        keys.give_back(taken);
-                    }
-                    plan.give_back(keys);
-                    return Err(e);
+        let workers = self.workers.as_ref();
+        let called = crate::draw::verify::run(self.kernels, &rows, &plan.rows, &drafts, workers, (out, target.width));
+        let nonfinite = match called {
+            Ok(nonfinite) => nonfinite,
+            Err(e) => {
+                // Given back in the reverse order of their taking.
+                if let Some(taken) = uniform_keys {
+                    keys.give_back(taken);
                 }
-            };
-        let w = target.width;
-        for (i, v) in verified.iter().enumerate() {
-            let emitted = v.tokens.len();
-            let row = &mut out.tokens[i * w..(i + 1) * w];
-            row[..emitted].copy_from_slice(&v.tokens);
-            row[emitted..].fill(-1);
-            out.counts[i] = emitted as i32;
-            if let Some(f) = out.flags.as_deref_mut() {
-                f[i] = v.flags;
+                plan.give_back(keys);
+                return Err(e);
             }
-            if let Some(l) = out.logprobs.as_deref_mut() {
-                let row = &mut l[i * w..(i + 1) * w];
-                row[..emitted].copy_from_slice(&v.logprobs);
-                row[emitted..].fill(f32::NAN);
-            }
-        }
-        let (c, n) = (&self.counters, plan.counts);
-        c.greedy_rows.fetch_add(n.greedy, Relaxed);
-        c.seeded_rows.fetch_add(n.seeded, Relaxed);
-        c.external_noise_rows.fetch_add(n.external, Relaxed);
-        c.inline_rows.fetch_add(n.inline, Relaxed);
-        c.pool_rows.fetch_add(n.pool, Relaxed);
-        let nonfinite: u64 = verified.iter().map(|v| v.nonfinite_rows as u64).sum();
-        c.nonfinite_rows.fetch_add(nonfinite, Relaxed);
-        c.calls.fetch_add(1, Relaxed);
+        };
+        self.counters.count_call(plan.counts, nonfinite);
         Ok(())
     }
 }

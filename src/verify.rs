@@ -1,5 +1,5 @@
-//! Speculative decoding: what a verify call takes and gives back, its checks, and the per-row
-//! target batch it becomes.
+//! Speculative decoding: a verify call's checks, and the per-row target batch it becomes (what
+//! it takes and gives back is `batch/verify.rs`).
 //!
 //! A verify call checks `n_i` draft tokens of each request against the target model's logits at
 //! `n_i + 1` positions (the drafts' and a bonus one), by vLLM's rejection sampling
@@ -8,104 +8,11 @@
 //! drawn exactly as a draw of that row would be: a seeded request's row `j` takes the key of
 //! (seed, offset + j). The algorithm itself is `draw/verify.rs`.
 
-use crate::batch::{span, validate, validate_params, Batch, ExternalNoise, Logits, LogprobMode, Output};
+use crate::batch::{span, validate, validate_params, Batch, Logits, Output, VerifyBatch, VerifyOutput};
 use crate::draw::verify::PLACEHOLDER_DRAFT;
 use crate::error::{bail_batch, bail_out, Error, Owner, Result};
 use crate::kernels::Kernels;
 use crate::noise::{seeded_row_key, splitmix64, KeyStream, TakenKeys};
-
-/// The draft model's probabilities: one row of `vocab` f32 per draft token, `row_stride` apart.
-#[derive(Clone, Copy, Debug)]
-pub struct DraftProbs<'a> {
-    pub values: &'a [f32],
-    /// Elements between rows (>= vocab).
-    pub row_stride: usize,
-}
-
-/// One verify call's inputs. Per-request slices have at least `requests` elements.
-#[derive(Clone, Copy, Debug)]
-pub struct VerifyBatch<'a> {
-    /// The target logits: `rows = sum(draft_counts) + requests` rows, request after request
-    /// (its draft positions, then its bonus position).
-    pub logits: Logits<'a>,
-    pub rows: usize,
-    pub vocab: usize,
-    /// Elements between target rows (>= vocab).
-    pub row_stride: usize,
-    pub requests: usize,
-    /// Draft tokens per request (>= 0).
-    pub draft_counts: &'a [i32],
-    /// Every request's draft tokens, one after the other (`sum(draft_counts)` ids).
-    pub draft_tokens: &'a [i32],
-    /// The draft model's probabilities; `None`: drafts are deterministic (one-hot q).
-    pub draft_probs: Option<DraftProbs<'a>>,
-    /// Per-request temperature (`None`: 1.0); below the sampler's `greedy_below`: greedy.
-    pub temperature: Option<&'a [f32]>,
-    pub top_k: Option<&'a [i32]>,
-    pub top_p: Option<&'a [f32]>,
-    pub min_p: Option<&'a [f32]>,
-    /// Per-request seeds: a seeded request's randomness at draft position `j` is a pure
-    /// function of (seed, offset + j).
-    pub seeds: Option<&'a [u64]>,
-    /// Per-request position of the first draft token (`None`: 0).
-    pub offsets: Option<&'a [u64]>,
-    /// Which requests use their seed (nonzero); `None` with `seeds`: every request.
-    pub seeded: Option<&'a [u8]>,
-    /// Acceptance uniforms in (0, 1), one per draft token, for the unseeded sampling requests.
-    pub uniforms: Option<&'a [f64]>,
-    /// Noise of the recovered and bonus draws, one row per target row, for the unseeded
-    /// sampling requests.
-    pub noise: Option<ExternalNoise<'a>>,
-}
-
-impl<'a> VerifyBatch<'a> {
-    /// A call with contiguous target rows, deterministic drafts and no per-request options.
-    pub fn new(logits: Logits<'a>, vocab: usize, draft_counts: &'a [i32], draft_tokens: &'a [i32]) -> Self {
-        let drafts: i64 = draft_counts.iter().map(|&c| c.max(0) as i64).sum();
-        VerifyBatch {
-            logits,
-            rows: drafts as usize + draft_counts.len(),
-            vocab,
-            row_stride: vocab,
-            requests: draft_counts.len(),
-            draft_counts,
-            draft_tokens,
-            draft_probs: None,
-            temperature: None,
-            top_k: None,
-            top_p: None,
-            min_p: None,
-            seeds: None,
-            offsets: None,
-            seeded: None,
-            uniforms: None,
-            noise: None,
-        }
-    }
-}
-
-/// Where a verify call writes; nothing is written unless it succeeds.
-#[derive(Debug)]
-pub struct VerifyOutput<'a> {
-    /// `requests` rows of `tokens_stride` int32: the emitted tokens, then -1 (vLLM's
-    /// placeholder).
-    pub tokens: &'a mut [i32],
-    /// Elements between requests' rows of `tokens` (and `logprobs`); 0: `max(draft_counts) + 1`.
-    pub tokens_stride: usize,
-    /// Emitted tokens per request (accepted drafts + 1).
-    pub counts: &'a mut [i32],
-    /// Per request: the `flags` of every target row it looked at, or-ed.
-    pub flags: Option<&'a mut [u32]>,
-    /// The logprob of each emitted token in its target row, in `logprob_mode` (NaN padding).
-    pub logprobs: Option<&'a mut [f32]>,
-    pub logprob_mode: LogprobMode,
-}
-
-impl<'a> VerifyOutput<'a> {
-    pub fn new(tokens: &'a mut [i32], counts: &'a mut [i32]) -> Self {
-        VerifyOutput { tokens, tokens_stride: 0, counts, flags: None, logprobs: None, logprob_mode: LogprobMode::Raw }
-    }
-}
 
 /// One request of a validated call: its target rows start at `first_row`, its drafts (and q
 /// rows, and uniforms) at `first_draft`.

@@ -3,8 +3,10 @@
 //! known, each tile's best), and the tiles' bests are merged per row.
 
 use super::cells::{SyncCell, SyncPtr};
+use super::row::{finish, race_params, summarize, Scanned};
+use super::split::{worker_panicked, FirstError, Split};
 use super::workers::WorkerPool;
-use super::{finish, in_row, race_params, summarize, worker_panicked, Drawn, FirstError, RowPlan, Scanned, Split};
+use super::{Drawn, RowPlan};
 use crate::alloc;
 use crate::batch::Batch;
 use crate::error::Result;
@@ -67,7 +69,7 @@ pub(super) fn draw_tiled(
             match with_row!(batch, r, |v| v.race(k, start, len, bm, p, noise)) {
                 // SAFETY: task `task` is the one writer of its cell; it is read after the job.
                 Ok(b) => unsafe { best[task].set(b) },
-                Err(e) => failed.record(task, in_row(r, e)),
+                Err(e) => failed.record(task, e.in_row(r)),
             }
         }
     });
@@ -90,7 +92,7 @@ pub(super) fn draw_tiled(
                 info: RowInfo {
                     top: sc.top,
                     floor: params[r].map_or(f32::NEG_INFINITY, |(p, _)| p.floor),
-                    edited: false,
+                    processed: false,
                 },
                 logprobs_done: false,
             }

@@ -18,9 +18,12 @@
 //!
 //! Rows after a request's first rejection are not read.
 
-use super::{finish, in_row, race_params, summarize, RowPlan, BLOCK_MAX};
+use super::kept::BLOCK_MAX;
+use super::row::{finish, race_params, summarize};
+use super::split::{worker_panicked, FirstError, Workers};
+use super::RowPlan;
 use crate::alloc;
-use crate::batch::{flags, Batch, LogprobMode};
+use crate::batch::{flags, Batch, LogprobMode, VerifyOutput};
 use crate::config::NoiseKind;
 use crate::error::{Error, Owner, Result};
 use crate::kernels::generic::noise::key_words;
@@ -113,7 +116,7 @@ fn verify_row<V: RowValues + ?Sized>(
 ) -> Result<RowVerdict> {
     BLOCK_MAX.with(|cell| {
         let mut bmax = cell.borrow_mut();
-        alloc::resize(&mut bmax, v.n().div_ceil(BLOCK), f32::NEG_INFINITY, "block maxima").map_err(|e| in_row(r, e))?;
+        alloc::resize(&mut bmax, v.n().div_ceil(BLOCK), f32::NEG_INFINITY, "block maxima").map_err(|e| e.in_row(r))?;
         let has_nan = v.scan(k, 0, v.n(), &mut bmax);
         let sc = summarize(&bmax, f32::NEG_INFINITY, has_nan, plan);
         let params = race_params(k, batch, r, v, &bmax, &sc, plan)?;
@@ -124,13 +127,13 @@ fn verify_row<V: RowValues + ?Sized>(
                 (draft.is_some_and(|(d, ..)| d == Some(t as usize)), t)
             }
             (None, Some((p, noise))) => {
-                let won = v.race(k, 0, v.n(), &bmax, p, noise).map_err(|e| in_row(r, e))?;
+                let won = v.race(k, 0, v.n(), &bmax, p, noise).map_err(|e| e.in_row(r))?;
                 (false, finish(k, v, &bmax, &sc, Some(won)))
             }
             (Some((d, q, u)), Some((p, noise))) => {
                 let (accept, z) = match d {
                     Some(d) => {
-                        accepts(k, v, &bmax, p, d, q.map_or(1.0, |q| q[d] as f64), u).map_err(|e| in_row(r, e))?
+                        accepts(k, v, &bmax, p, d, q.map_or(1.0, |q| q[d] as f64), u).map_err(|e| e.in_row(r))?
                     }
                     None => (false, KnownZ::Nothing),
                 };
@@ -138,15 +141,15 @@ fn verify_row<V: RowValues + ?Sized>(
                     (true, d as i32)
                 } else {
                     let t = match (q, d) {
-                        (None, Some(d)) => race_without(k, v, &bmax, p, noise, d).map_err(|e| in_row(r, e))?,
+                        (None, Some(d)) => race_without(k, v, &bmax, p, noise, d).map_err(|e| e.in_row(r))?,
                         (None, None) => None,
-                        (Some(q), _) => residual_token(k, v, &bmax, p, z, q, noise).map_err(|e| in_row(r, e))?,
+                        (Some(q), _) => residual_token(k, v, &bmax, p, z, q, noise).map_err(|e| e.in_row(r))?,
                     };
                     // A residual with no mass falls back to a draw from p.
                     let t = match t {
                         Some(t) => t,
                         None => {
-                            let won = v.race(k, 0, v.n(), &bmax, p, noise).map_err(|e| in_row(r, e))?;
+                            let won = v.race(k, 0, v.n(), &bmax, p, noise).map_err(|e| e.in_row(r))?;
                             finish(k, v, &bmax, &sc, Some(won))
                         }
                     };
@@ -159,7 +162,7 @@ fn verify_row<V: RowValues + ?Sized>(
             let floor = params.map_or(f32::NEG_INFINITY, |(p, _)| p.floor);
             let (mut rank, out) = (0, &mut logprob);
             let o = RowOut { logprob: out, rank: &mut rank, ids: &mut [], lps: &mut [], want_rank: false };
-            row_logprobs(k, v, &bmax, plan.inv_t(), mode, sc.top, floor, token, o).map_err(|e| in_row(r, e))?;
+            row_logprobs(k, v, &bmax, plan.inv_t(), mode, sc.top, floor, token, o).map_err(|e| e.in_row(r))?;
         }
         Ok(RowVerdict { accepted: accepted && draft.is_some(), token, flags: sc.flags, logprob })
     })
@@ -527,21 +530,45 @@ fn checks_q(plans: &[RowPlan], d: &Drafts) -> bool {
     d.q.is_some() && matches!(plans[d.first_row], RowPlan::Sample { .. })
 }
 
-/// Verifies every request (`drafts`, with their validated q rows), spread over `workers` by
-/// requests when the call is large enough to be worth it. Fails with the lowest failing
-/// request's error; nothing is written here. Either way this thread then keeps at most
-/// [`super::KEPT_PER_THREAD`].
+/// Verifies every request (`drafts`, with their validated q rows) into `out` (`width`: its
+/// tokens' row stride, resolved), spread over `workers` by requests when the call is large
+/// enough to be worth it. Fails with the lowest failing request's error, and then writes
+/// nothing. Returns the count of target rows read whose flags reported NaN, +inf or an empty
+/// row. Either way this thread then keeps at most [`super::kept::KEPT_PER_THREAD`].
 pub(crate) fn run(
     k: &Kernels,
     batch: &Batch,
     plans: &[RowPlan],
     drafts: &[Drafts],
-    workers: Option<&super::Workers>,
-    logprobs: Option<LogprobMode>,
-) -> Result<Vec<Verified>> {
+    workers: Option<&Workers>,
+    (out, width): (&mut VerifyOutput, usize),
+) -> Result<u64> {
+    let logprobs = out.logprobs.is_some().then_some(out.logprob_mode);
     let verified = run_call(k, batch, plans, drafts, workers, logprobs);
     super::trim_kept();
-    verified
+    let verified = verified?;
+    write(&verified, out, width);
+    Ok(verified.iter().map(|v| v.nonfinite_rows as u64).sum())
+}
+
+/// Writes every request's emitted tokens (then -1, vLLM's placeholder), their count, flags and
+/// logprobs (then NaN) into `out`, whose rows are `width` apart.
+fn write(verified: &[Verified], out: &mut VerifyOutput, width: usize) {
+    for (i, v) in verified.iter().enumerate() {
+        let emitted = v.tokens.len();
+        let row = &mut out.tokens[i * width..(i + 1) * width];
+        row[..emitted].copy_from_slice(&v.tokens);
+        row[emitted..].fill(-1);
+        out.counts[i] = emitted as i32;
+        if let Some(f) = out.flags.as_deref_mut() {
+            f[i] = v.flags;
+        }
+        if let Some(l) = out.logprobs.as_deref_mut() {
+            let row = &mut l[i * width..(i + 1) * width];
+            row[..emitted].copy_from_slice(&v.logprobs);
+            row[emitted..].fill(f32::NAN);
+        }
+    }
 }
 
 fn run_call(
@@ -549,7 +576,7 @@ fn run_call(
     batch: &Batch,
     plans: &[RowPlan],
     drafts: &[Drafts],
-    workers: Option<&super::Workers>,
+    workers: Option<&Workers>,
     logprobs: Option<LogprobMode>,
 ) -> Result<Vec<Verified>> {
     let vocab = batch.vocab;
@@ -582,7 +609,7 @@ fn run_call(
     )?;
     let requests = drafts.len();
     let out: Vec<parking_lot::Mutex<Option<Verified>>> = (0..requests).map(|_| Default::default()).collect();
-    let (failed, q_failed) = (super::FirstError::default(), super::FirstError::default());
+    let (failed, q_failed) = (FirstError::default(), FirstError::default());
     let done = pool.run(requests + q_rows.len(), pool.useful_width(), &|t| {
         if t < requests {
             match verify_request(k, batch, plans, &drafts[t], logprobs) {
@@ -597,7 +624,7 @@ fn run_call(
         }
     });
     if !done.ok {
-        return Err(super::worker_panicked());
+        return Err(worker_panicked());
     }
     match (failed.into_first(), q_failed.into_first()) {
         (Some((i, _)), Some((t, e))) if q_rows[t].0 <= i => return Err(e),

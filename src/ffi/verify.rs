@@ -8,10 +8,9 @@ use super::convert::{arg_enum, opt_slice, read_versioned, slice};
 use super::disjoint::{Disjoint, Region};
 use super::panic::guard;
 use super::types::*;
-use crate::batch::{noise_span, span, ExternalNoise, Logits};
+use crate::batch::{noise_span, span, DraftProbs, ExternalNoise, Logits, VerifyBatch, VerifyOutput};
 use crate::error::{Error, Owner, Result};
 use crate::kernels::{Bf16, F16};
-use crate::verify::{DraftProbs, VerifyBatch, VerifyOutput};
 
 /// A `u64` size or stride as `usize` (saturating: a huge value then fails its span check).
 fn size(v: u64) -> usize {

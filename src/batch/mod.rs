@@ -1,0 +1,310 @@
+//! What a call takes and gives back: a draw's [`Batch`] and [`Output`] here, a verify call's
+//! [`VerifyBatch`] and [`VerifyOutput`] in `verify.rs`, and the checks that run before anything
+//! is written in `validate.rs`.
+//!
+//! [`validate`] is the one place a draw's arguments are checked; the C layer only turns raw
+//! pointers into slices (with [`span`], the one overflow check of a strided layout) and leaves
+//! every other rule to it. Errors carry their location (`batch.top_p[3]`) as data.
+
+mod validate;
+mod verify;
+
+pub use validate::{noise_span, span};
+pub(crate) use validate::{row_ids_in_range, span_of, validate, validate_but_ids, validate_params, Ids};
+pub use verify::{DraftProbs, VerifyBatch, VerifyOutput};
+
+use crate::config::NoiseKind;
+use crate::kernels::{Bf16, F16};
+
+/// Which logprobs a draw reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogprobMode {
+    /// log_softmax of the logits as given (vLLM's default).
+    #[default]
+    Raw,
+    /// log_softmax of `(x - m) / T` over the tokens the filters keep (-inf elsewhere), `x` the
+    /// row after the sampling step's inputs (penalties, bias, masks); greedy rows: log_softmax
+    /// of that row at temperature 1 without the filters (RAW when it has no such inputs).
+    Processed,
+}
+
+/// 1/T of a sampling row as the race and the filters use it, capped at the largest f32 so that
+/// a tiny T never turns `0 * inv_t` into NaN.
+pub(crate) fn inv_temperature(t: f32) -> f32 {
+    let inv = 1.0 / t;
+    if inv.is_finite() {
+        inv
+    } else {
+        f32::MAX
+    }
+}
+
+/// The logits of a batch: `rows` rows of `vocab` values, `row_stride` elements apart.
+#[derive(Clone, Copy, Debug)]
+pub enum Logits<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [Bf16]),
+    F16(&'a [F16]),
+}
+
+impl Logits<'_> {
+    /// Bytes per element.
+    pub fn elem_size(&self) -> usize {
+        match self {
+            Logits::F32(_) => 4,
+            Logits::Bf16(_) | Logits::F16(_) => 2,
+        }
+    }
+    pub fn len(&self) -> usize {
+        match self {
+            Logits::F32(s) => s.len(),
+            Logits::Bf16(s) => s.len(),
+            Logits::F16(s) => s.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The value at `index`, as f32.
+    pub fn get(&self, index: usize) -> f32 {
+        match self {
+            Logits::F32(s) => s[index],
+            Logits::Bf16(s) => s[index].to_f32(),
+            Logits::F16(s) => s[index].to_f32(),
+        }
+    }
+}
+
+/// Noise supplied by the caller: one value per token, E or ln E.
+#[derive(Clone, Copy, Debug)]
+pub struct ExternalNoise<'a> {
+    pub values: &'a [f32],
+    pub kind: NoiseKind,
+    /// Elements between rows; 0 broadcasts one row to every row.
+    pub row_stride: usize,
+}
+
+/// One draw call's inputs. Every per-row slice is optional and, when given, has at least `rows`
+/// elements.
+#[derive(Clone, Copy, Debug)]
+pub struct Batch<'a> {
+    pub logits: Logits<'a>,
+    pub rows: usize,
+    pub vocab: usize,
+    /// Elements between the starts of consecutive rows (>= vocab).
+    pub row_stride: usize,
+    /// Per-row temperature; `None` means 1.0 for every row.
+    pub temperature: Option<&'a [f32]>,
+    /// Per-row seeds; a seeded row's noise is a pure function of (seed, offset, token).
+    pub seeds: Option<&'a [u64]>,
+    /// Per-row offsets (e.g. the position of the token in its sequence); `None` means 0.
+    pub offsets: Option<&'a [u64]>,
+    /// Which rows use their seed (nonzero = seeded); `None` with `seeds` means every row.
+    pub seeded: Option<&'a [u8]>,
+    /// Noise for the unseeded sampling rows.
+    pub noise: Option<ExternalNoise<'a>>,
+    /// Per-row top-k; k <= 0 or k >= vocab is off. Sampling rows only.
+    pub top_k: Option<&'a [i32]>,
+    /// Per-row top-p in (0, 1]; 1 is off. Sampling rows only.
+    pub top_p: Option<&'a [f32]>,
+    /// Per-row min-p in [0, 1]; 0 is off. Sampling rows only.
+    pub min_p: Option<&'a [f32]>,
+    /// The prompt's tokens of each row (repetition penalty).
+    pub prompt_tokens: Option<TokenLists<'a>>,
+    /// The tokens generated so far of each row (all three penalties).
+    pub output_tokens: Option<TokenLists<'a>>,
+    /// Per-row repetition penalty r > 0; 1 is off.
+    pub repetition_penalty: Option<&'a [f32]>,
+    /// Per-row frequency penalty, any finite value; 0 is off.
+    pub frequency_penalty: Option<&'a [f32]>,
+    /// Per-row presence penalty, any finite value; 0 is off.
+    pub presence_penalty: Option<&'a [f32]>,
+    /// Sparse (id, bias) pairs of each row.
+    pub logit_bias: Option<LogitBias<'a>>,
+    /// The only tokens each row may draw (rows that `allowed_rows` leaves out are unrestricted).
+    pub allowed_tokens: Option<TokenLists<'a>>,
+    /// Which rows carry an allowed list (nonzero); `None` with `allowed_tokens`: every row.
+    pub allowed_rows: Option<&'a [u8]>,
+    /// Tokens each row may not draw.
+    pub banned_tokens: Option<TokenLists<'a>>,
+    /// A grammar bitmask (xgrammar's packed layout).
+    pub token_bitmask: Option<TokenBitmask<'a>>,
+}
+
+/// Per-row lists of token ids in CSR form: row `r`'s ids are `ids[offsets[r]..offsets[r + 1]]`
+/// (`offsets` has `rows + 1` non-decreasing entries, the last at most `ids.len()`).
+#[derive(Clone, Copy, Debug)]
+pub struct TokenLists<'a> {
+    pub ids: &'a [i32],
+    pub offsets: &'a [u64],
+}
+
+impl<'a> TokenLists<'a> {
+    /// The ids of row `r` (of a validated batch).
+    pub fn row(&self, r: usize) -> &'a [i32] {
+        &self.ids[self.offsets[r] as usize..self.offsets[r + 1] as usize]
+    }
+}
+
+/// Sparse per-row logit bias in CSR form: row `r`'s pairs are `(ids[j], values[j])` for `j` in
+/// `offsets[r]..offsets[r + 1]`. A finite bias is added, -inf bans the token; pairs of one id
+/// add up.
+#[derive(Clone, Copy, Debug)]
+pub struct LogitBias<'a> {
+    pub ids: &'a [i32],
+    pub values: &'a [f32],
+    pub offsets: &'a [u64],
+}
+
+impl<'a> LogitBias<'a> {
+    /// The (ids, values) of row `r` (of a validated batch).
+    pub fn row(&self, r: usize) -> (&'a [i32], &'a [f32]) {
+        let (a, b) = (self.offsets[r] as usize, self.offsets[r + 1] as usize);
+        (&self.ids[a..b], &self.values[a..b])
+    }
+}
+
+/// A grammar bitmask in xgrammar's layout: row `r` is `words[r * row_stride..]`, at least
+/// `ceil(vocab / 32)` words; bit `j` of word `w` set means token `32 w + j` is allowed. Bits past
+/// `vocab` in the last word are ignored.
+#[derive(Clone, Copy, Debug)]
+pub struct TokenBitmask<'a> {
+    pub words: &'a [i32],
+    /// Words between the starts of consecutive rows (>= ceil(vocab / 32)).
+    pub row_stride: usize,
+}
+
+impl<'a> Batch<'a> {
+    /// A batch of contiguous rows with no per-row options.
+    pub fn new(logits: Logits<'a>, rows: usize, vocab: usize) -> Self {
+        Batch {
+            logits,
+            rows,
+            vocab,
+            row_stride: vocab,
+            temperature: None,
+            seeds: None,
+            offsets: None,
+            seeded: None,
+            noise: None,
+            top_k: None,
+            top_p: None,
+            min_p: None,
+            prompt_tokens: None,
+            output_tokens: None,
+            repetition_penalty: None,
+            frequency_penalty: None,
+            presence_penalty: None,
+            logit_bias: None,
+            allowed_tokens: None,
+            allowed_rows: None,
+            banned_tokens: None,
+            token_bitmask: None,
+        }
+    }
+
+    /// Whether the batch carries anything of the sampling step before the filters (histories,
+    /// penalties, bias, allowed or banned lists, a bitmask).
+    pub(crate) fn has_step(&self) -> bool {
+        self.prompt_tokens.is_some()
+            || self.output_tokens.is_some()
+            || self.logit_bias.is_some()
+            || self.allowed_tokens.is_some()
+            || self.banned_tokens.is_some()
+            || self.token_bitmask.is_some()
+    }
+
+    pub fn temperature(&self, row: usize) -> f32 {
+        self.temperature.map_or(1.0, |t| t[row])
+    }
+
+    /// The seed of `row` if it is seeded.
+    pub fn seed_of(&self, row: usize) -> Option<(u64, u64)> {
+        let seeds = self.seeds?;
+        if let Some(mask) = self.seeded {
+            if mask[row] == 0 {
+                return None;
+            }
+        }
+        Some((seeds[row], self.offsets.map_or(0, |o| o[row])))
+    }
+}
+
+/// Row flags reported in `Output::flags`.
+pub mod flags {
+    /// The row held at least one NaN logit (NaN never wins).
+    pub const HAS_NAN: u32 = 1;
+    /// The row held a +inf logit; the first +inf won.
+    pub const HAS_POSINF: u32 = 2;
+    /// The row had no finite and no +inf logit; token 0 was returned.
+    pub const EMPTY: u32 = 4;
+    /// The row was drawn greedily (temperature below the greedy threshold).
+    pub const GREEDY: u32 = 8;
+    /// The flags of a row whose logits were not all finite (the sampler's `nonfinite_rows`).
+    pub const NONFINITE: u32 = HAS_NAN | HAS_POSINF | EMPTY;
+}
+
+/// Where a draw writes. Nothing is written unless the call succeeds. Every output but `tokens`
+/// is optional; make one with [`Output::new`] and set the fields you want.
+#[derive(Debug)]
+pub struct Output<'a> {
+    pub tokens: &'a mut [i32],
+    pub flags: Option<&'a mut [u32]>,
+    /// `rows` logprobs of the sampled tokens, in `logprob_mode`.
+    pub logprobs: Option<&'a mut [f32]>,
+    /// `rows` ranks of the sampled tokens: the count of tokens whose logprob is >= its own.
+    pub ranks: Option<&'a mut [i32]>,
+    /// Entries per row of `topn_ids` / `topn_logprobs` (at most vocab); 0: none.
+    pub top_n: usize,
+    /// `rows x top_n` ids of the most probable tokens, descending, lowest id first on ties.
+    pub topn_ids: Option<&'a mut [i32]>,
+    /// `rows x top_n` logprobs of those tokens, in `logprob_mode`.
+    pub topn_logprobs: Option<&'a mut [f32]>,
+    pub logprob_mode: LogprobMode,
+    /// `rows` rows of `vocab` values, `full_row_stride` apart: the logprob (or logit) of every
+    /// token, in `full_mode`.
+    pub full_logprobs: Option<&'a mut [f32]>,
+    /// Elements between rows of `full_logprobs` (>= vocab).
+    pub full_row_stride: usize,
+    pub full_mode: FullMode,
+}
+
+/// What `Output::full_logprobs` receives for every token.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FullMode {
+    /// log_softmax of the logits as given.
+    #[default]
+    Raw,
+    /// log_softmax of the processed row (masks, bias, penalties, temperature, filters), -inf
+    /// outside the kept tokens; greedy rows: of the penalised row at temperature 1.
+    Processed,
+    /// The processed logits themselves: the penalised logit divided by T for the kept tokens
+    /// (greedy rows: not divided), -inf elsewhere (vLLM's `processed_logits`).
+    ProcessedLogits,
+}
+
+impl<'a> Output<'a> {
+    /// Tokens only.
+    pub fn new(tokens: &'a mut [i32]) -> Self {
+        Output {
+            tokens,
+            flags: None,
+            logprobs: None,
+            ranks: None,
+            top_n: 0,
+            topn_ids: None,
+            topn_logprobs: None,
+            logprob_mode: LogprobMode::Raw,
+            full_logprobs: None,
+            full_row_stride: 0,
+            full_mode: FullMode::Raw,
+        }
+    }
+
+    /// Whether any logprob output is asked for.
+    pub(crate) fn wants_logprobs(&self) -> bool {
+        self.logprobs.is_some()
+            || self.ranks.is_some()
+            || (self.top_n > 0 && (self.topn_ids.is_some() || self.topn_logprobs.is_some()))
+    }
+}

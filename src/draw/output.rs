@@ -1,0 +1,253 @@
+//! What a draw call writes, computed before anything is written: the logprob outputs of every
+//! row ([`Logprobs`], filled through [`LogprobSlots`] by the tasks that draw the rows) and the
+//! full-vocabulary output ([`write_full`], from the rows' processed values in [`Processed`]).
+
+use crate::alloc;
+use crate::batch::{Batch, FullMode, LogprobMode, Output};
+use crate::error::Result;
+use crate::kernels::{Kernels, BLOCK};
+use crate::logprob::{block_maxima, logprob_fn, row_logprobs, scale_and_floor, RowInfo, RowOut};
+use crate::row::{with_row, RowValues};
+use crate::step::RowStep;
+
+/// Every row's logprob outputs, computed into scratch so that nothing is written on failure:
+/// by the task that drew the row, while its block maxima are at hand ([`LogprobSlots`]), or,
+/// for the rows split into vocabulary tiles, after the draw ([`Logprobs::compute_rest`]).
+pub(crate) struct Logprobs {
+    mode: LogprobMode,
+    want_rank: bool,
+    top_n: usize,
+    logprobs: Vec<f32>,
+    ranks: Vec<i32>,
+    ids: Vec<i32>,
+    lps: Vec<f32>,
+}
+
+/// Where the task that draws row `r` writes its logprobs: disjoint parts of [`Logprobs`]'
+/// scratch, one row per task.
+pub(crate) struct LogprobSlots {
+    pub mode: LogprobMode,
+    want_rank: bool,
+    top_n: usize,
+    logprobs: *mut f32,
+    ranks: *mut i32,
+    ids: *mut i32,
+    lps: *mut f32,
+}
+
+// SAFETY: each row's slots are written by the one task that draws it (`row`'s contract), and
+// read only after the draw's job ended.
+unsafe impl Sync for LogprobSlots {}
+
+impl LogprobSlots {
+    /// Row `r`'s outputs.
+    ///
+    /// # Safety
+    /// `r` is below the call's rows, and no other live `RowOut` is of row `r`.
+    pub(crate) unsafe fn row(&self, r: usize) -> RowOut<'_> {
+        let n = self.top_n;
+        // SAFETY: the scratch has rows logprobs and ranks and rows x top_n ids and logprobs;
+        // row r's are used by this caller alone (the contract).
+        unsafe {
+            RowOut {
+                logprob: &mut *self.logprobs.add(r),
+                rank: &mut *self.ranks.add(r),
+                ids: std::slice::from_raw_parts_mut(self.ids.add(r * n), n),
+                lps: std::slice::from_raw_parts_mut(self.lps.add(r * n), n),
+                want_rank: self.want_rank,
+            }
+        }
+    }
+}
+
+impl Logprobs {
+    /// The scratch for what `out` asks for, or `None` if it asks for no logprob.
+    pub(crate) fn new(out: &Output, rows: usize) -> Option<Logprobs> {
+        let top_n = if out.topn_ids.is_some() || out.topn_logprobs.is_some() { out.top_n } else { 0 };
+        out.wants_logprobs().then(|| Logprobs {
+            mode: out.logprob_mode,
+            want_rank: out.ranks.is_some(),
+            top_n,
+            logprobs: vec![0.0; rows],
+            ranks: vec![0; rows],
+            ids: vec![0; rows * top_n],
+            lps: vec![0.0; rows * top_n],
+        })
+    }
+
+    /// The slots the drawing tasks write through (valid while `self` is neither moved nor
+    /// touched otherwise).
+    pub(crate) fn slots(&mut self) -> LogprobSlots {
+        LogprobSlots {
+            mode: self.mode,
+            want_rank: self.want_rank,
+            top_n: self.top_n,
+            logprobs: self.logprobs.as_mut_ptr(),
+            ranks: self.ranks.as_mut_ptr(),
+            ids: self.ids.as_mut_ptr(),
+            lps: self.lps.as_mut_ptr(),
+        }
+    }
+
+    /// Computes the rows whose drawing task did not (`done[r]` false: rows split into vocabulary
+    /// tiles, which have no step), on this thread: each row's block maxima are read again.
+    pub(crate) fn compute_rest(
+        &mut self,
+        k: &Kernels,
+        batch: &Batch,
+        inv_t: &[Option<f32>],
+        info: &[RowInfo],
+        tokens: &[i32],
+        done: &[bool],
+    ) -> Result<()> {
+        let slots = self.slots();
+        let mut bmax = Vec::new();
+        for r in (0..batch.rows).filter(|&r| !done[r]) {
+            // SAFETY: r < rows, and this loop holds row r's outputs alone.
+            let o = unsafe { slots.row(r) };
+            let RowInfo { top, floor, .. } = info[r];
+            with_row!(batch, r, |v| block_maxima(k, v, &mut bmax)
+                .and_then(|_| row_logprobs(k, v, &bmax, inv_t[r], self.mode, top, floor, tokens[r], o)))
+            .map_err(|e| e.in_row(r))?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn write(&self, out: &mut Output, rows: usize) {
+        if let Some(d) = out.logprobs.as_deref_mut() {
+            d[..rows].copy_from_slice(&self.logprobs);
+        }
+        if let Some(d) = out.ranks.as_deref_mut() {
+            d[..rows].copy_from_slice(&self.ranks);
+        }
+        let n = rows * self.top_n;
+        if let Some(d) = out.topn_ids.as_deref_mut() {
+            d[..n].copy_from_slice(&self.ids);
+        }
+        if let Some(d) = out.topn_logprobs.as_deref_mut() {
+            d[..n].copy_from_slice(&self.lps);
+        }
+    }
+}
+
+/// The processed values of the rows of a call drawn with a step, for the outputs computed after
+/// the draw: every row's step is built before anything is written (it is the only part that can
+/// fail), and each row is materialized into one buffer when needed; with the scratch of the
+/// full-vocabulary outputs ([`Processed::reserve_full`]).
+pub(crate) struct Processed<'a> {
+    steps: Vec<Option<RowStep<'a>>>,
+    y: Vec<f32>,
+    /// A row's block maxima and per-block masses, for [`write_full`].
+    bmax: Vec<f32>,
+    mass: Vec<f64>,
+}
+
+impl<'a> Processed<'a> {
+    /// The step of every row of `batch` that `info` says was drawn from processed values.
+    pub(crate) fn build(k: &Kernels, batch: &Batch<'a>, info: &[RowInfo]) -> Result<Processed<'a>> {
+        let mut steps = alloc::with_capacity(batch.rows, "the rows' sampling steps")?;
+        for (r, i) in info.iter().enumerate() {
+            let e = if i.processed { crate::step::build(k, batch, r, false)? } else { None };
+            steps.push(e);
+        }
+        let y =
+            alloc::filled(if info.iter().any(|i| i.processed) { batch.vocab } else { 0 }, 0.0, "the processed row")?;
+        Ok(Processed { steps, y, bmax: Vec::new(), mass: Vec::new() })
+    }
+
+    /// No processed values (no output that needs them).
+    pub(crate) fn none(rows: usize) -> Processed<'a> {
+        Processed { steps: (0..rows).map(|_| None).collect(), y: Vec::new(), bmax: Vec::new(), mass: Vec::new() }
+    }
+
+    /// Room for what [`write_full`] needs for rows of `vocab` values (a slot per block), so that
+    /// it cannot fail once it writes.
+    pub(crate) fn reserve_full(&mut self, vocab: usize) -> Result<()> {
+        let blocks = vocab.div_ceil(BLOCK);
+        alloc::reserve(&mut self.bmax, blocks, "the full output's block maxima")?;
+        alloc::reserve(&mut self.mass, blocks, "the full output's block masses")
+    }
+}
+
+/// Writes every row's full-vocabulary output of `out.full_mode` into `out.full_logprobs`
+/// (nothing can fail here: every allocation was made by [`Processed::build`] and
+/// [`Processed::reserve_full`]).
+pub(crate) fn write_full(
+    k: &Kernels,
+    batch: &Batch,
+    inv_t: &[Option<f32>],
+    info: &[RowInfo],
+    out: &mut Output,
+    processed: &mut Processed,
+) {
+    let (mode, stride, vocab) = (out.full_mode, out.full_row_stride, batch.vocab);
+    let Some(full) = out.full_logprobs.as_deref_mut() else { return };
+    let Processed { steps, y, bmax, mass } = processed;
+    let scratch = &mut (bmax, mass);
+    for r in 0..batch.rows {
+        let dest = &mut full[r * stride..r * stride + vocab];
+        let RowInfo { top, floor, processed } = info[r];
+        with_row!(batch, r, |v| {
+            if mode == FullMode::Raw {
+                let row_top = block_maxima(k, v, scratch.0).expect(RESERVED);
+                let top = if processed { row_top } else { top };
+                full_logprobs(k, v, (1.0, f32::NEG_INFINITY, top), scratch, dest);
+            } else if let Some(e) = &mut steps[r] {
+                // The buffer already has the row's length, so this allocates nothing.
+                e.materialize(k, v, y, &mut []).expect("the buffer has the row's length");
+                full_processed(k, batch, r, &y[..], (inv_t[r], floor, top), mode, scratch, dest);
+            } else {
+                full_processed(k, batch, r, v, (inv_t[r], floor, top), mode, scratch, dest);
+            }
+        });
+    }
+}
+
+/// Why [`write_full`]'s scratch does not fail: [`Processed::reserve_full`] made room for a row.
+const RESERVED: &str = "reserve_full made room for a row's blocks";
+
+/// The logprob of every token of `v` at scale `s` over the tokens `>= floor` (block maxima and
+/// per-block masses in `scratch`, its block maxima already there).
+fn full_logprobs<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    (s, floor, top): (f64, f32, f32),
+    scratch: &mut (&mut Vec<f32>, &mut Vec<f64>),
+    dest: &mut [f32],
+) {
+    let lp = logprob_fn(k, v, scratch.0, (s, floor, top), scratch.1).expect(RESERVED);
+    for (i, d) in dest.iter_mut().enumerate() {
+        *d = lp.of(v.at(i));
+    }
+}
+
+/// The processed logprobs or logits of every token of the processed values `v` of row `r`,
+/// drawn with `inv_t` (`None`: greedy), floor `floor`, maximum `top`.
+#[allow(clippy::too_many_arguments)]
+fn full_processed<V: RowValues + ?Sized>(
+    k: &Kernels,
+    batch: &Batch,
+    r: usize,
+    v: &V,
+    (inv_t, floor, top): (Option<f32>, f32, f32),
+    mode: FullMode,
+    scratch: &mut (&mut Vec<f32>, &mut Vec<f64>),
+    dest: &mut [f32],
+) {
+    let (s, floor) = scale_and_floor(LogprobMode::Processed, inv_t, floor);
+    if mode == FullMode::Processed {
+        block_maxima(k, v, scratch.0).expect(RESERVED);
+        return full_logprobs(k, v, (s, floor, top), scratch, dest);
+    }
+    // Processed logits: the value divided by T (greedy rows: not divided) for the kept tokens.
+    let t = inv_t.map(|_| batch.temperature(r));
+    for (i, d) in dest.iter_mut().enumerate() {
+        let y = v.at(i);
+        let kept = if top == f32::INFINITY { y == f32::INFINITY } else { y >= floor && y.is_finite() };
+        *d = match (kept, t) {
+            (false, _) => f32::NEG_INFINITY,
+            (true, Some(t)) => y / t,
+            (true, None) => y,
+        };
+    }
+}
