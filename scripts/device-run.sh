@@ -23,7 +23,7 @@ python3 -m pytest -q tests/python > "$OUT/pytest.log" 2>&1 || status=1
 tail -n 3 "$OUT/pytest.log"
 for simd in avx512 avx2 portable; do
   TOKENRACE_SIMD=$simd .device/tokenrace-bench --vocab 151936 --rows 1,32 --dtype f32 --threads 1 --placement hot \
-    --profile peaked,flat --path greedy,race-inline,pipeline,pipeline-penalties,pipeline-bitmask --reps 15 \
+    --profile peaked,flat --path greedy,race-inline,step,step-penalties,step-bitmask --reps 15 \
     --json "$OUT/bench-$simd.json" > "$OUT/bench-$simd.txt" 2>&1 || status=1
 done
 # Speculative verification: verifying 32 requests x 4 drafts against a plain draw of the 160 rows, per level.

@@ -21,15 +21,15 @@ pub const MAIN_PATHS: [&str; 22] = [
     "top-k50-top-p0.9",
     "top-p0.9",
     "min-p0.05",
-    "pipeline",
-    "pipeline-penalties",
-    "pipeline-bias",
-    "pipeline-bitmask",
-    "pipeline-top-p0.9",
-    "pipeline-external-logexp",
-    "pipeline-logprob-rank-top20",
-    "pipeline-allowed",
-    "pipeline-allowed-top-p0.9",
+    "step",
+    "step-penalties",
+    "step-bias",
+    "step-bitmask",
+    "step-top-p0.9",
+    "step-external-logexp",
+    "step-logprob-rank-top20",
+    "step-allowed",
+    "step-allowed-top-p0.9",
 ];
 
 /// The paths `--threads-table` times (inline noise, with the filters or logprob outputs a path
@@ -221,7 +221,12 @@ impl Cli {
             vocab: self.vocab.unwrap_or_else(|| d.vocab.to_vec()),
             dtypes: self.dtypes.unwrap_or_else(|| strings(d.dtypes)),
             profiles: self.profiles.unwrap_or_else(|| strings(d.profiles)),
-            paths: self.paths.unwrap_or_else(|| strings(d.paths)),
+            // The step's paths were named `pipeline*` before the sampling step had one name;
+            // the old names still select them, so earlier commands keep working.
+            paths: self
+                .paths
+                .map(|ps| ps.into_iter().map(|p| step_path(&p)).collect())
+                .unwrap_or_else(|| strings(d.paths)),
             placements: self.placements.unwrap_or_else(|| strings(&["hot", "cold"])),
             reps: self.reps.unwrap_or(d.reps),
         };
@@ -231,6 +236,14 @@ impl Cli {
             args.reps = 2;
         }
         args
+    }
+}
+
+/// A path by its current name (`pipeline*` is the step's former name).
+fn step_path(p: &str) -> String {
+    match p.strip_prefix("pipeline") {
+        Some(rest) => format!("step{rest}"),
+        None => p.to_string(),
     }
 }
 
@@ -358,6 +371,13 @@ mod tests {
     fn lists_split_on_commas_and_the_last_option_wins() {
         let a = args(&["--rows", "1, 8", "--threads", "1", "--threads", "2,4"]).unwrap();
         assert_eq!((a.rows, a.threads), (vec![1, 8], vec![2, 4]));
+    }
+
+    #[test]
+    fn the_step_paths_answer_to_their_former_name() {
+        let a = args(&["--path", "pipeline,pipeline-allowed,race-inline"]).unwrap();
+        assert_eq!(a.paths, ["step", "step-allowed", "race-inline"]);
+        assert!(args(&["--path", "pipeline-frobnicate"]).is_err());
     }
 
     #[test]

@@ -69,7 +69,7 @@ fn make_row(g: &mut Gen, vocab: usize, peaked: bool) -> Vec<f32> {
     x
 }
 
-/// The sampling step of the pipeline paths, per row: 4096 prompt and 1024 output tokens,
+/// The sampling step of the step paths, per row: 4096 prompt and 1024 output tokens,
 /// r = 1.1, f = 0.2, p = 0.1, 16 biased ids, and a grammar bitmask allowing 10% of the
 /// vocabulary.
 struct Pipeline {
@@ -105,7 +105,7 @@ impl Pipeline {
 
     /// The bitmask with each row's largest logit allowed too, for the rows of `tokens` (each
     /// row's greedy token): the case of a grammar that allows the model's likeliest token, which
-    /// is the common one and bench/compare.py's (`pipeline-allowed`). The plain bitmask removes
+    /// is the common one and bench/compare.py's (`step-allowed`). The plain bitmask removes
     /// the peak of most peaked rows.
     fn allowing(&self, tokens: &[i32], vocab: usize) -> Vec<i32> {
         let words = vocab.div_ceil(32);
@@ -116,29 +116,29 @@ impl Pipeline {
         mask
     }
 
-    /// `b` with this step's inputs: all of them (`pipeline`), the penalties alone
-    /// (`pipeline-penalties`), the bias alone (`pipeline-bias`), or the bitmask alone
-    /// (`pipeline-bitmask`).
+    /// `b` with this step's inputs: all of them (`step`), the penalties alone
+    /// (`step-penalties`), the bias alone (`step-bias`), or the bitmask alone
+    /// (`step-bitmask`).
     fn apply<'a>(&'a self, path: &str, b: Batch<'a>) -> Batch<'a> {
-        // `pipeline-logprob-rank-top20`: everything, and the logprob outputs of the race path;
-        // `pipeline-allowed`: everything, with the bitmask of `allowed` (the caller's);
-        // `pipeline-top-p0.9`: everything, and top-p 0.9 (`pipeline-allowed-top-p0.9`: with the
-        // bitmask of `allowed`); `pipeline-external-logexp`: everything,
+        // `step-logprob-rank-top20`: everything, and the logprob outputs of the race path;
+        // `step-allowed`: everything, with the bitmask of `allowed` (the caller's);
+        // `step-top-p0.9`: everything, and top-p 0.9 (`step-allowed-top-p0.9`: with the
+        // bitmask of `allowed`); `step-external-logexp`: everything,
         // on the caller's ln-E noise (as a pool's rows reach the draw).
-        let all = path == "pipeline"
-            || path.starts_with("pipeline-allowed")
-            || path.starts_with("pipeline-logprob")
-            || path == "pipeline-top-p0.9"
-            || path == "pipeline-external-logexp";
-        let penalties = all || path == "pipeline-penalties";
-        let bitmask = all || path == "pipeline-bitmask";
+        let all = path == "step"
+            || path.starts_with("step-allowed")
+            || path.starts_with("step-logprob")
+            || path == "step-top-p0.9"
+            || path == "step-external-logexp";
+        let penalties = all || path == "step-penalties";
+        let bitmask = all || path == "step-bitmask";
         Batch {
             prompt_tokens: penalties.then(|| TokenLists { ids: &self.prompt.0, offsets: &self.prompt.1 }),
             output_tokens: penalties.then(|| TokenLists { ids: &self.output.0, offsets: &self.output.1 }),
             repetition_penalty: penalties.then_some(&self.penalties[0][..]),
             frequency_penalty: penalties.then_some(&self.penalties[1][..]),
             presence_penalty: penalties.then_some(&self.penalties[2][..]),
-            logit_bias: (all || path == "pipeline-bias").then(|| LogitBias {
+            logit_bias: (all || path == "step-bias").then(|| LogitBias {
                 ids: &self.bias.0,
                 values: &self.bias.1,
                 offsets: &self.bias.2,
@@ -205,7 +205,7 @@ fn median_and_spread(mut t: Vec<f64>) -> (f64, f64, f64) {
     (q(0.5), q(0.1), q(0.9))
 }
 
-/// The logprob outputs a path asks for: `race-logprob` (or `pipeline-logprob`) the sampled
+/// The logprob outputs a path asks for: `race-logprob` (or `step-logprob`) the sampled
 /// token's logprob, with `-rank` its rank too, with `-top20` the row's 20 most probable tokens
 /// too.
 struct LogprobBuffers {
@@ -226,7 +226,7 @@ impl LogprobBuffers {
     /// `tokens` with the outputs `path` asks for.
     fn output<'a>(&'a mut self, path: &str, tokens: &'a mut [i32]) -> Output<'a> {
         let mut out = Output::new(tokens);
-        if !path.starts_with("race-logprob") && !path.starts_with("pipeline-logprob") {
+        if !path.starts_with("race-logprob") && !path.starts_with("step-logprob") {
             return out;
         }
         out.logprobs = Some(&mut self.logprobs);
@@ -657,15 +657,15 @@ fn main() {
                             let mut tokens = vec![0i32; rows];
                             let mut lp = LogprobBuffers::new(rows);
                             let (k50, p09, mp) = (vec![50i32; rows], vec![0.9f32; rows], vec![0.05f32; rows]);
-                            let pipeline = a
+                            let step_inputs = a
                                 .paths
                                 .iter()
-                                .any(|p| p.starts_with("pipeline"))
+                                .any(|p| p.starts_with("step"))
                                 .then(|| Pipeline::new(&mut Gen(0x5eed), rows, vocab));
                             for path in &a.paths {
                                 let temps = vec![if path == "greedy" { 0.0f32 } else { 1.0 }; rows];
                                 let (noise, two_streams) = match path.as_str() {
-                                    "race-external-logexp" | "pipeline-external-logexp" => (
+                                    "race-external-logexp" | "step-external-logexp" => (
                                         Some(ExternalNoise {
                                             values: &noise_ln,
                                             kind: NoiseKind::LogExp,
@@ -686,7 +686,7 @@ fn main() {
                                 let (top_k, top_p, min_p) = match path.as_str() {
                                     "top-k50" => (Some(&k50[..]), None, None),
                                     "top-k50-top-p0.9" => (Some(&k50[..]), Some(&p09[..]), None),
-                                    "top-p0.9" | "pipeline-top-p0.9" | "pipeline-allowed-top-p0.9" => {
+                                    "top-p0.9" | "step-top-p0.9" | "step-allowed-top-p0.9" => {
                                         (None, Some(&p09[..]), None)
                                     }
                                     "min-p0.05" => (None, None, Some(&mp[..])),
@@ -697,10 +697,10 @@ fn main() {
                                     ("race-pool", None) => continue, // too large to pre-fill
                                     _ => &s,
                                 };
-                                // `pipeline-allowed`: per batch, the bitmask that allows each row's
+                                // `step-allowed`: per batch, the bitmask that allows each row's
                                 // greedy token.
-                                let allowed: Vec<Vec<i32>> = match (path.as_str(), pipeline.as_ref()) {
-                                    ("pipeline-allowed" | "pipeline-allowed-top-p0.9", Some(p)) => (0..batches)
+                                let allowed: Vec<Vec<i32>> = match (path.as_str(), step_inputs.as_ref()) {
+                                    ("step-allowed" | "step-allowed-top-p0.9", Some(p)) => (0..batches)
                                         .map(|b| {
                                             let greedy = vec![0.0f32; rows];
                                             let batch = Batch {
@@ -722,7 +722,7 @@ fn main() {
                                         min_p,
                                         ..Batch::new(data.logits(b * span, span), rows, vocab)
                                     };
-                                    if let Some(p) = pipeline.as_ref().filter(|_| path.starts_with("pipeline")) {
+                                    if let Some(p) = step_inputs.as_ref().filter(|_| path.starts_with("step")) {
                                         batch = p.apply(path, batch);
                                         if let Some(mask) = allowed.get(b) {
                                             batch.token_bitmask =
