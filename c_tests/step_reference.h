@@ -1,4 +1,4 @@
-/* The processed rows of test_pipeline.c's two rows (its logits, CSR lists, penalties, bias and
+/* The processed rows of test_step.c's two rows (its logits, CSR lists, penalties, bias and
  * bitmask) by the float64 reference's effective_row (tests/common/reference.rs), as f32 bit
  * patterns. Written by tests/reference.rs; do not edit: TOKENRACE_BLESS=1 cargo test --test
  * reference committed_c_step_reference */

@@ -252,7 +252,7 @@ fn c_caller_sees_statuses_messages_and_results() {
 /// message and nothing written; structs of the older sizes draw as before.
 #[test]
 fn c_caller_uses_the_sampling_step_fields_and_older_struct_sizes() {
-    build_and_run("test_pipeline.c", false, true, &[], QUICK);
+    build_and_run("test_step.c", false, true, &[], QUICK);
 }
 
 /// `tokenrace_verify` (speculative decoding, since 0.2): greedy acceptance, seeded requests alone,

@@ -17,7 +17,7 @@
 //! with repetition, frequency and presence penalties, logit bias with -inf bans, allowed lists for
 //! the rows `allowed_rows` marks, banned lists, a token bitmask at any row stride; lists with
 //! unread entries before the first and after the last offset), checked against the reference of
-//! the step (`rf::effective_row`, `rf::draw_pipeline`, as `tests/pipeline.rs` uses it); a batch
+//! the step (`rf::effective_row`, `rf::draw_step`, as `tests/step_reference.rs` uses it); a batch
 //! of an older version carries them now and then too, and must not read them. Their defects, for
 //! each of the five lists (prompt, output, allowed, banned, bias): an id out of range in one row
 //! (checked by the rows' tasks, after the rows were keyed), decreasing offsets, a last offset
@@ -1430,11 +1430,11 @@ fn check_valid(s: &mut Subject, case: &Case, out: &OutBufs, counts: &mut Counts,
             rf::Noise::Inline(0)
         };
         // The sampling step's inputs make the effective row y; raw logprobs are x's, processed
-        // ones y's (tests/pipeline.rs).
+        // ones y's (tests/step_reference.rs).
         let y = (case.reads_pipe() && case.pipe.is_some()).then(|| rf::effective_row(x, &case.pipe.row(r, vocab)));
         let order = rf::Order::TemperatureFirst;
         let d = match &y {
-            Some(y) => rf::draw_pipeline(x, y, t, s.greedy_below, noise, case.filters(r), order),
+            Some(y) => rf::draw_step(x, y, t, s.greedy_below, noise, case.filters(r), order),
             None => rf::draw(x, t, s.greedy_below, noise, case.filters(r)),
         };
         let from_pool = s.pool.is_some() && sampling && seeded.is_none() && case.noise.is_none();

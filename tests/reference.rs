@@ -878,15 +878,15 @@ fn committed_draw_cases_are_current() {
 // The processed rows the C suite checks the sampling step against
 // ---------------------------------------------------------------------------------------------
 
-/// The processed rows of `c_tests/test_pipeline.c`'s two rows, written from this reference's
+/// The processed rows of `c_tests/test_step.c`'s two rows, written from this reference's
 /// `effective_row` so that the C suite compares the library's sampling step with the one float64
 /// reference instead of its own port of the step.
 const C_STEP_REFERENCE: &str = "c_tests/step_reference.h";
 
-/// The inputs of `c_tests/test_pipeline.c` (its `main` and the CSR lists above it), as they are
+/// The inputs of `c_tests/test_step.c` (its `main` and the CSR lists above it), as they are
 /// there: the rows are its logits after its overrides, the bitmask its words (padding word and
 /// bits past the vocabulary included).
-fn c_pipeline_processed_rows() -> Vec<f32> {
+fn c_step_processed_rows() -> Vec<f32> {
     const V: usize = 100;
     let mut x: Vec<f32> = (0..2 * V).map(|k| ((k % V * 37 + k / V * 11) % 50) as f32 / 10.0 - 2.0).collect();
     x[10] = 3.0;
@@ -932,11 +932,11 @@ fn c_pipeline_processed_rows() -> Vec<f32> {
 /// (`TOKENRACE_BLESS=1` rewrites it).
 #[test]
 fn committed_c_step_reference_is_current() {
-    let rows = c_pipeline_processed_rows();
+    let rows = c_step_processed_rows();
     let words: Vec<String> = rows.iter().map(|v| format!("0x{:08x}u", v.to_bits())).collect();
     let lines: Vec<String> = words.chunks(8).map(|c| format!("    {},", c.join(", "))).collect();
     let text = format!(
-        "/* The processed rows of test_pipeline.c's two rows (its logits, CSR lists, penalties, bias and\n \
+        "/* The processed rows of test_step.c's two rows (its logits, CSR lists, penalties, bias and\n \
          * bitmask) by the float64 reference's effective_row (tests/common/reference.rs), as f32 bit\n \
          * patterns. Written by tests/reference.rs; do not edit: TOKENRACE_BLESS=1 cargo test --test\n \
          * reference committed_c_step_reference */\n\

@@ -281,7 +281,7 @@ fn hand_made_rows_follow_the_spec_exactly() {
     for (what, x, p, t, token, fl) in &rows {
         let vocab = x.len();
         let y = rf::effective_row(x, p);
-        let d = rf::draw_pipeline(
+        let d = rf::draw_step(
             x,
             &y,
             *t,

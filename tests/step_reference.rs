@@ -74,7 +74,7 @@ fn reference_rows(case: &Case, greedy_below: f32, stream: &mut rf::KeyStream) ->
             let orders = ORDERS
                 .iter()
                 .map(|&order| {
-                    let d = rf::draw_pipeline(x, &y, t, greedy_below, noises[r], case.filters(r), order);
+                    let d = rf::draw_step(x, &y, t, greedy_below, noises[r], case.filters(r), order);
                     let lp = match case.mode {
                         LogprobMode::Raw => rf::logprobs(x, &d, rf::Mode::Raw),
                         LogprobMode::Processed => rf::logprobs(&y, &d, rf::Mode::Processed),
@@ -780,7 +780,7 @@ fn pool_noise_rows_match_the_reference_and_the_plain_draw() {
                     None => rf::Noise::Inline(0),
                 };
                 let yr = &y[r * vocab..(r + 1) * vocab];
-                let d = rf::draw_pipeline(
+                let d = rf::draw_step(
                     case.row(r),
                     yr,
                     case.temps[r],

@@ -657,9 +657,9 @@ pub fn effective_row(x: &[f32], p: &RowInputs) -> Vec<f32> {
         .collect()
 }
 
-/// The reference draw of a row with pipeline inputs: [`draw_ordered`] on the effective row `y`,
+/// The reference draw of a row with step inputs: [`draw_ordered`] on the effective row `y`,
 /// with HAS_NAN taken from the logits as given (`x`, masked or not).
-pub fn draw_pipeline(
+pub fn draw_step(
     x: &[f32],
     y: &[f32],
     t: f32,

@@ -127,7 +127,7 @@ int main(void) {
   CHECK(full[0 * FULL_STRIDE + 30] == -INFINITY && full[0 * FULL_STRIDE + 7] == -INFINITY);
   CHECK(full[0 * FULL_STRIDE + V] == SENTINEL && full[1 * FULL_STRIDE + V] == SENTINEL);
 
-  /* The plain draw (no pipeline fields) of the reference's processed rows: the same tokens, flags,
+  /* The plain draw (no step fields) of the reference's processed rows: the same tokens, flags,
    * logprobs and processed logits. */
   static float y[ROWS * V];
   processed_row(0, y);
@@ -307,6 +307,6 @@ int main(void) {
   tokenrace_sampler_free(s_old);
 
   tokenrace_sampler_free(s);
-  if (failures == 0) printf("test_pipeline: ok\n");
+  if (failures == 0) printf("test_step: ok\n");
   return failures != 0;
 }
