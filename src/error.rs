@@ -46,8 +46,11 @@ impl Owner {
 /// Where in the arguments an error is: a field of a struct, and the row when it is per row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Location {
+    /// The struct the field belongs to (the config, the batch, the output).
     pub owner: Owner,
+    /// The field's name, as the C struct spells it.
     pub field: &'static str,
+    /// The row (or request) of a per-row field.
     pub row: Option<usize>,
 }
 
@@ -64,23 +67,29 @@ impl fmt::Display for Location {
 /// An error with a message meant for a person: it names the argument, row or variable.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Error {
+    /// The status the C API returns for it.
     pub kind: ErrorKind,
     /// The argument the error is about, when it is about one; the message then starts with it
     /// (`batch.top_p[3]: 1.5 is not in (0, 1]`).
     pub location: Option<Location>,
+    /// The whole message, as `tokenrace_last_error` gives it.
     pub message: String,
 }
 
 impl Error {
+    /// An error of `kind` about nothing in particular.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         Error { kind, location: None, message: message.into() }
     }
+    /// A refused argument (the call's inputs or outputs).
     pub fn invalid_argument(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::InvalidArgument, message)
     }
+    /// A refused configuration (a sampler's or a pool's settings).
     pub fn invalid_config(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::InvalidConfig, message)
     }
+    /// A broken promise inside the library (a bug): never the caller's doing.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Internal, message)
     }
@@ -110,6 +119,7 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+/// The library's results: a value, or an [`Error`] that says what was wrong and where.
 pub type Result<T> = std::result::Result<T, Error>;
 
 /// Returns an INVALID_ARGUMENT error about a field of the batch: `bail_batch!(field, row, fmt...)`

@@ -22,13 +22,9 @@
 #![warn(missing_docs)]
 
 mod alloc;
-// Not all of its public items are documented yet; the lint comes on once they are.
-#[allow(missing_docs)]
 mod batch;
 mod config;
 mod draw;
-// Not all of its public items are documented yet; the lint comes on once they are.
-#[allow(missing_docs)]
 mod error;
 mod ffi;
 mod filter;
@@ -37,8 +33,6 @@ mod half_interop;
 mod kernels;
 mod logging;
 mod logprob;
-// Not all of its public items are documented yet; the lint comes on once they are.
-#[allow(missing_docs)]
 mod mass;
 mod noise;
 mod order;
@@ -47,8 +41,6 @@ mod process;
 mod row;
 mod sampler;
 mod step;
-// Not all of its public items are documented yet; the lint comes on once they are.
-#[allow(missing_docs)]
 mod verify;
 
 pub use batch::{

@@ -282,10 +282,12 @@ pub mod hooks {
         crate::kernels::generic::exp64(a)
     }
 
+    /// Bounds of the true mass of at most `count` tokens whose f32-exp kernel mass is `s`.
     pub fn exp_bounds(s: f64, count: usize) -> (f64, f64) {
         super::exp_bounds(s, count)
     }
 
+    /// Bounds of the true mass of at most `count` tokens whose cheap-kernel mass is `s`.
     pub fn cheap_bounds(s: f64, count: usize) -> (f64, f64) {
         super::cheap_bounds(s, count)
     }

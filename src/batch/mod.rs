@@ -42,8 +42,11 @@ pub(crate) fn inv_temperature(t: f32) -> f32 {
 /// The logits of a batch: `rows` rows of `vocab` values, `row_stride` elements apart.
 #[derive(Clone, Copy, Debug)]
 pub enum Logits<'a> {
+    /// IEEE single precision.
     F32(&'a [f32]),
+    /// bfloat16 (the upper half of an f32), read as its exact f32 value.
     Bf16(&'a [Bf16]),
+    /// IEEE half precision, read as its exact f32 value.
     F16(&'a [F16]),
 }
 
@@ -55,6 +58,7 @@ impl Logits<'_> {
             Logits::Bf16(_) | Logits::F16(_) => 2,
         }
     }
+    /// Elements in the slice (at least `(rows - 1) * row_stride + vocab` in a valid batch).
     pub fn len(&self) -> usize {
         match self {
             Logits::F32(s) => s.len(),
@@ -62,6 +66,7 @@ impl Logits<'_> {
             Logits::F16(s) => s.len(),
         }
     }
+    /// Whether the slice holds no element.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -78,7 +83,9 @@ impl Logits<'_> {
 /// Noise supplied by the caller: one value per token, E or ln E.
 #[derive(Clone, Copy, Debug)]
 pub struct ExternalNoise<'a> {
+    /// One value per token of each row, `row_stride` elements between rows.
     pub values: &'a [f32],
+    /// Whether the values are E (exponential draws, raced as `x / T - ln E`) or ln E.
     pub kind: NoiseKind,
     /// Elements between rows; 0 broadcasts one row to every row.
     pub row_stride: usize,
@@ -88,8 +95,11 @@ pub struct ExternalNoise<'a> {
 /// elements.
 #[derive(Clone, Copy, Debug)]
 pub struct Batch<'a> {
+    /// The logits, in their dtype; read, never written.
     pub logits: Logits<'a>,
+    /// Rows drawn by the call (one token each).
     pub rows: usize,
+    /// Tokens per row; every id the call reads or writes is below it.
     pub vocab: usize,
     /// Elements between the starts of consecutive rows (>= vocab).
     pub row_stride: usize,
@@ -135,7 +145,9 @@ pub struct Batch<'a> {
 /// (`offsets` has `rows + 1` non-decreasing entries, the last at most `ids.len()`).
 #[derive(Clone, Copy, Debug)]
 pub struct TokenLists<'a> {
+    /// The ids of every row, one after the other; each in `[0, vocab)`.
     pub ids: &'a [i32],
+    /// `rows + 1` non-decreasing positions into `ids`.
     pub offsets: &'a [u64],
 }
 
@@ -151,8 +163,11 @@ impl<'a> TokenLists<'a> {
 /// add up.
 #[derive(Clone, Copy, Debug)]
 pub struct LogitBias<'a> {
+    /// The biased ids of every row, one after the other; each in `[0, vocab)`.
     pub ids: &'a [i32],
+    /// One bias per id: finite (added to the logit, before the temperature) or -inf (a ban).
     pub values: &'a [f32],
+    /// `rows + 1` non-decreasing positions into `ids` and `values`.
     pub offsets: &'a [u64],
 }
 
@@ -169,6 +184,7 @@ impl<'a> LogitBias<'a> {
 /// `vocab` in the last word are ignored.
 #[derive(Clone, Copy, Debug)]
 pub struct TokenBitmask<'a> {
+    /// The packed bits of every row (32 tokens a word, little end first).
     pub words: &'a [i32],
     /// Words between the starts of consecutive rows (>= ceil(vocab / 32)).
     pub row_stride: usize,
@@ -214,6 +230,7 @@ impl<'a> Batch<'a> {
             || self.token_bitmask.is_some()
     }
 
+    /// The temperature of `row` (1.0 without a temperature array).
     pub fn temperature(&self, row: usize) -> f32 {
         self.temperature.map_or(1.0, |t| t[row])
     }
@@ -248,7 +265,9 @@ pub mod flags {
 /// is optional; make one with [`Output::new`] and set the fields you want.
 #[derive(Debug)]
 pub struct Output<'a> {
+    /// `rows` sampled token ids.
     pub tokens: &'a mut [i32],
+    /// `rows` row flags ([`flags`]: NaN, +inf, empty, greedy).
     pub flags: Option<&'a mut [u32]>,
     /// `rows` logprobs of the sampled tokens, in `logprob_mode`.
     pub logprobs: Option<&'a mut [f32]>,
@@ -260,12 +279,15 @@ pub struct Output<'a> {
     pub topn_ids: Option<&'a mut [i32]>,
     /// `rows x top_n` logprobs of those tokens, in `logprob_mode`.
     pub topn_logprobs: Option<&'a mut [f32]>,
+    /// Which distribution `logprobs`, `ranks` and the top-n describe: the raw row's or the
+    /// processed one's (after the step, the temperature and the filters).
     pub logprob_mode: LogprobMode,
     /// `rows` rows of `vocab` values, `full_row_stride` apart: the logprob (or logit) of every
     /// token, in `full_mode`.
     pub full_logprobs: Option<&'a mut [f32]>,
     /// Elements between rows of `full_logprobs` (>= vocab).
     pub full_row_stride: usize,
+    /// What `full_logprobs` receives for every token.
     pub full_mode: FullMode,
 }
 

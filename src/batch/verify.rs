@@ -6,6 +6,7 @@ use super::{ExternalNoise, Logits, LogprobMode};
 /// The draft model's probabilities: one row of `vocab` f32 per draft token, `row_stride` apart.
 #[derive(Clone, Copy, Debug)]
 pub struct DraftProbs<'a> {
+    /// q of every draft token, row after row (each row a distribution over the vocabulary).
     pub values: &'a [f32],
     /// Elements between rows (>= vocab).
     pub row_stride: usize,
@@ -17,10 +18,13 @@ pub struct VerifyBatch<'a> {
     /// The target logits: `rows = sum(draft_counts) + requests` rows, request after request
     /// (its draft positions, then its bonus position).
     pub logits: Logits<'a>,
+    /// Target rows: `sum(draft_counts) + requests`.
     pub rows: usize,
+    /// Tokens per row; every draft token is below it.
     pub vocab: usize,
     /// Elements between target rows (>= vocab).
     pub row_stride: usize,
+    /// Requests verified by the call; each emits its accepted drafts and one more token.
     pub requests: usize,
     /// Draft tokens per request (>= 0).
     pub draft_counts: &'a [i32],
@@ -30,8 +34,11 @@ pub struct VerifyBatch<'a> {
     pub draft_probs: Option<DraftProbs<'a>>,
     /// Per-request temperature (`None`: 1.0); below the sampler's `greedy_below`: greedy.
     pub temperature: Option<&'a [f32]>,
+    /// Per-request top-k of the target distribution (0: off), as in a draw.
     pub top_k: Option<&'a [i32]>,
+    /// Per-request top-p of the target distribution (1: off), as in a draw.
     pub top_p: Option<&'a [f32]>,
+    /// Per-request min-p of the target distribution (0: off), as in a draw.
     pub min_p: Option<&'a [f32]>,
     /// Per-request seeds: a seeded request's randomness at draft position `j` is a pure
     /// function of (seed, offset + j).
@@ -87,10 +94,13 @@ pub struct VerifyOutput<'a> {
     pub flags: Option<&'a mut [u32]>,
     /// The logprob of each emitted token in its target row, in `logprob_mode` (NaN padding).
     pub logprobs: Option<&'a mut [f32]>,
+    /// Whether `logprobs` are of the raw target row or of the processed one.
     pub logprob_mode: LogprobMode,
 }
 
 impl<'a> VerifyOutput<'a> {
+    /// An output of the emitted `tokens` (`requests x (max drafts + 1)`, contiguous) and their
+    /// `counts`, without flags or logprobs.
     pub fn new(tokens: &'a mut [i32], counts: &'a mut [i32]) -> Self {
         VerifyOutput { tokens, tokens_stride: 0, counts, flags: None, logprobs: None, logprob_mode: LogprobMode::Raw }
     }
