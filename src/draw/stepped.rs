@@ -75,7 +75,7 @@ fn draw_by_blocks_after_race<V: RowValues + ?Sized>(
             return Ok(None);
         }
         let Some((f, floor)) = filter::decided_after_race(batch, r, m, filter_inv_t) else { return Ok(None) };
-        let touched = StepBlocks { edits: e, values: v };
+        let touched = StepBlocks { step: e, values: v };
         let won =
             v.race_blocks(k, e.keep(), bmax, RaceParams { m, inv_t, floor }, key, &touched).map_err(|e| e.in_row(r))?;
         if won.token == usize::MAX {
@@ -106,7 +106,7 @@ pub(super) fn draw_by_blocks<V: RowValues + ?Sized>(
     with_block_maxima(r, v.n(), |bmax| {
         let has_nan = e.bounds(k, v, bmax);
         let sc = summarize(bmax, f32::NEG_INFINITY, has_nan, plan);
-        let touched = StepBlocks { edits: e, values: v };
+        let touched = StepBlocks { step: e, values: v };
         race_by_blocks(k, v, (e.keep(), bmax, &sc), plan, &touched, |top| e.first_of(v, bmax, top))
             .map_err(|e| e.in_row(r))
     })
@@ -136,7 +136,7 @@ pub(super) fn draw_deferred<V: RowValues + ?Sized>(
         e.complete(k, batch, r);
         e.refine_bounds(k, v, bmax);
         let sc = summarize(bmax, f32::NEG_INFINITY, has_nan, plan);
-        let touched = StepBlocks { edits: e, values: v };
+        let touched = StepBlocks { step: e, values: v };
         race_by_blocks(k, v, (e.keep(), bmax, &sc), plan, &touched, |top| e.first_of(v, bmax, top))
             .map_err(|e| e.in_row(r))
     })

@@ -106,6 +106,6 @@ pub(crate) struct RowStep<'a> {
 
 /// The touched tokens of a row with a step, block by block, for the race ([`RowStep::listed_of`]).
 pub(crate) struct StepBlocks<'a, V: ?Sized> {
-    pub edits: &'a RowStep<'a>,
+    pub step: &'a RowStep<'a>,
     pub values: &'a V,
 }

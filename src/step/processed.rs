@@ -338,15 +338,15 @@ pub(super) fn exact_bounds(
 
 impl<V: RowValues + ?Sized> BlockValues for StepBlocks<'_, V> {
     fn listed(&self, b: usize, out: &mut [(u32, f32); BLOCK]) -> usize {
-        self.edits.listed_of(self.values, b, out)
+        self.step.listed_of(self.values, b, out)
     }
 
     fn bounded_by_row(&self, b: usize) -> Option<*const u32> {
-        self.edits.bounded_by_row(b)
+        self.step.bounded_by_row(b)
     }
 
     fn value(&self, t: u32) -> f32 {
-        self.edits.touched_value(self.values.at(t as usize), t as usize)
+        self.step.touched_value(self.values.at(t as usize), t as usize)
     }
 }
 
