@@ -339,6 +339,9 @@ typedef struct tokenrace_batch {
   const int32_t *token_bitmask;
   // Words between the bitmask's rows; 0 means ceil(vocab / 32).
   uint64_t bitmask_row_stride;
+  // Per-row top-nσ n, finite (NULL: off); n <= 0 disables it for the row. Keeps the tokens
+  // with logit >= max - n * sigma over the row's finite logits.
+  const float *top_n_sigma;
 } tokenrace_batch;
 
 // Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No

@@ -624,6 +624,11 @@ class DrawOptions {
   DrawOptions& min_p(Span<float> v) { return values(min_p_, v); }
   template <class V, detail::if_number<V> = 0>
   DrawOptions& min_p(V every_row) { return scalar(min_p_, every_row); }
+  // llama.cpp's top-nσ, finite (<= 0: off): keeps the logits >= max - n * sigma of the row's
+  // finite logits; the same set before and after the temperature.
+  DrawOptions& top_n_sigma(Span<float> v) { return values(top_n_sigma_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& top_n_sigma(V every_row) { return scalar(top_n_sigma_, every_row); }
 
   // ---- the sampling step: histories, penalties, bias, allowed and banned lists, bitmask -------
 
@@ -773,6 +778,7 @@ class DrawOptions {
     check_bitmask(logits);
     b.token_bitmask = bitmask_.data();
     b.bitmask_row_stride = bitmask_row_stride_;
+    b.top_n_sigma = row_values(top_n_sigma_, prepared, "top_n_sigma", rows);
     return prepared;
   }
 
@@ -874,7 +880,7 @@ class DrawOptions {
     }
   }
 
-  detail::PerRow<float> temperature_, top_p_, min_p_;
+  detail::PerRow<float> temperature_, top_p_, min_p_, top_n_sigma_;
   detail::PerRow<uint64_t> seeds_, offsets_;
   detail::PerRow<uint8_t> seeded_, allowed_rows_;
   detail::PerRow<int32_t> top_k_;

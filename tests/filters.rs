@@ -503,3 +503,258 @@ fn c_abi_draw_with_filters_and_logprobs() {
         tokenrace_sampler_free(s);
     }
 }
+
+// ---- top-nσ (llama.cpp's `top_n_sigma`) ----
+
+use common::reference as rf;
+use tokenrace::internals::kept_floor_with_sigma_at;
+
+/// The reference's kept set with top-nσ `n` and the other filters `(k, p, min_p)`, judged at
+/// temperature `t` (the vLLM order), and whether a cut lies within rounding of a threshold.
+fn sigma_reference(x: &[f32], t: f32, (k, p, mp): (i32, f32, f32), n: f32) -> (Vec<bool>, bool) {
+    let m = rf::finite_max(x);
+    if !m.is_finite() {
+        return (x.iter().map(|v| v.is_finite()).collect(), false);
+    }
+    rf::filter_set_with_sigma(x, m, inv_t(t), rf::Filters { top_k: k, top_p: p, min_p: mp }, n)
+}
+
+fn sigma_rows() -> Vec<Vec<f32>> {
+    let mut rows = hand_rows();
+    rows.push(vec![1.0, NINF, 3.0, f32::NAN]); // mean 2, sigma 1: n = 1.5 keeps x >= 1.5
+    let mut rng = TestRng::new(37);
+    for &n in &[40usize, 255, 256, 257, 1000, 5000] {
+        rows.push((0..n).map(|_| (rng.normal() * 2.0) as f32).collect());
+        let mut x = peaked_logits(&mut rng, n, 3.0, 12.0);
+        for i in (0..n).step_by(5) {
+            x[i] = NINF; // masked tokens stay out of the mean and sigma
+        }
+        rows.push(x);
+    }
+    rows
+}
+
+/// The kept set equals the float64 reference's (one with sigma summed in index order), alone and
+/// with the other filters, and the floor is the same bit for bit at every SIMD level.
+#[test]
+fn top_n_sigma_kept_sets_match_the_float64_reference_at_every_level() {
+    let levels = supported_levels();
+    let mut checked = 0;
+    for x in &sigma_rows() {
+        for &n in &[0.0f32, -1.0, 0.25, 1.0, 1.5, 2.0, 3.0, 1e6] {
+            for &t in &[1.0f32, 0.5, 2.0] {
+                for &(k, p, mp) in &[(0, 1.0f32, 0.0f32), (3, 1.0, 0.0), (0, 0.9, 0.0), (0, 1.0, 0.05), (50, 0.8, 0.01)]
+                {
+                    let floors: Vec<f32> =
+                        levels.iter().map(|&l| kept_floor_with_sigma_at(l, x, t, (k, p, mp), n)).collect();
+                    assert!(floors.iter().all(|f| f.to_bits() == floors[0].to_bits()), "levels disagree: {floors:?}");
+                    let (want, ambiguous) = sigma_reference(x, t, (k, p, mp), n);
+                    if ambiguous {
+                        continue;
+                    }
+                    let got: Vec<bool> = x.iter().map(|&v| v.is_finite() && v >= floors[0]).collect();
+                    assert_eq!(got, want, "n {n} t {t} k {k} p {p} min_p {mp} x {:?}", &x[..x.len().min(12)]);
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked > 1000, "{checked}");
+    // The hand-checked row: mean 2, sigma 1 over {1, 3}.
+    let x = [1.0f32, NINF, 3.0, f32::NAN];
+    assert_eq!(kept_floor_with_sigma_at(best_level(), &x, 1.0, (0, 1.0, 0.0), 1.5), 1.5);
+    assert_eq!(kept_floor_with_sigma_at(best_level(), &x, 1.0, (0, 1.0, 0.0), 0.0), NINF);
+}
+
+fn sigma_batch<'a>(x: &'a [f32], rows: usize, vocab: usize, temps: &'a [f32], n: &'a [f32]) -> Batch<'a> {
+    Batch { temperature: Some(temps), top_n_sigma: Some(n), ..Batch::new(Logits::F32(x), rows, vocab) }
+}
+
+fn sampler_with(level: SimdLevel, seed: u64, threads: usize, order: FilterOrder) -> Sampler {
+    Sampler::new(Config { threads, filter_order: order, ..sampler(level, seed).config().clone() }).unwrap()
+}
+
+#[test]
+fn top_n_sigma_tokens_do_not_depend_on_simd_level_threads_or_order() {
+    let mut rng = TestRng::new(41);
+    for &(rows, vocab) in &[(4usize, 50_000usize), (8, 3001)] {
+        let mut x = Vec::new();
+        for _ in 0..rows {
+            x.extend((0..vocab).map(|_| (rng.normal() * 2.5) as f32));
+        }
+        let temps: Vec<f32> = (0..rows).map(|r| [1.0, 0.7, 1.5, 0.0][r % 4]).collect();
+        let n: Vec<f32> = (0..rows).map(|r| [2.0, 3.0, 1.0, 2.5][r % 4]).collect();
+        let b = sigma_batch(&x, rows, vocab, &temps, &n);
+        let mut first: Option<Vec<i32>> = None;
+        each_level(|level| {
+            for threads in [1usize, 4] {
+                // top-nσ is in logit units: both orders keep one set, and draw one token.
+                for order in [FilterOrder::TemperatureFirst, FilterOrder::FiltersFirst] {
+                    let s = sampler_with(level, 9, threads, order);
+                    let got: Vec<i32> = (0..4).flat_map(|_| draw(&s, &b).0).collect();
+                    for (j, &tok) in got.iter().enumerate() {
+                        let r = j % rows;
+                        let row = &x[r * vocab..(r + 1) * vocab];
+                        let (kept, _) = sigma_reference(row, temps[r].max(1.0), (0, 1.0, 0.0), n[r]);
+                        assert!(temps[r] == 0.0 || kept[tok as usize], "row {r} token {tok}");
+                    }
+                    match &first {
+                        None => first = Some(got),
+                        Some(f) => assert_eq!(&got, f, "{level:?} threads {threads} {order:?} {rows}x{vocab}"),
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// The frequencies match softmax(x / T) over the reference's kept set in both orders (in
+/// `filters_first`, llama.cpp's chain `top_n_sigma -> temp -> dist`), and reject the set a wrong
+/// sigma (the variance, without the square root) would keep.
+#[test]
+fn top_n_sigma_frequencies_match_the_reference_and_reject_a_wrong_sigma() {
+    let mut rng = TestRng::new(43);
+    let vocab = 40;
+    let x: Vec<f32> = (0..vocab).map(|_| (rng.normal() * 2.0) as f32).collect();
+    let per_call = 4000;
+    let all: Vec<f32> = (0..per_call).flat_map(|_| x.iter().copied()).collect();
+    let kept_at = |threshold: f64| -> Vec<bool> { x.iter().map(|&v| v as f64 >= threshold).collect() };
+    each_level(|level| {
+        for &(t, n) in &[(0.8f32, 1.0f32), (1.3, 0.7)] {
+            let right = kept_at(rf::top_n_sigma_threshold(&x, n as f64).unwrap());
+            let wrong = kept_at(rf::top_n_sigma_threshold_with(&x, n as f64, |v| v).unwrap());
+            assert_ne!(right, wrong, "the wrong sigma must keep another set for the power check");
+            assert!(right.iter().zip(&wrong).all(|(r, w)| !r || *w), "a sigma > 1: the wrong set holds the right one");
+            let (want, unwanted) = (probs_of(&x, t, &right), probs_of(&x, t, &wrong));
+            for order in [FilterOrder::TemperatureFirst, FilterOrder::FiltersFirst] {
+                let s = sampler_with(level, 77, 1, order);
+                let (temps, ns) = (vec![t; per_call], vec![n; per_call]);
+                let b = sigma_batch(&all, per_call, vocab, &temps, &ns);
+                let mut counts = vec![0u64; vocab];
+                for _ in 0..20 {
+                    for tok in draw(&s, &b).0 {
+                        counts[tok as usize] += 1;
+                    }
+                }
+                let (stat, dof) = chi2(&counts, &want);
+                assert!(stat < chi2_critical(dof, 5.0), "{level:?} {order:?} t {t} n {n}: chi2 {stat} dof {dof}");
+                let (stat_wrong, dof_wrong) = chi2(&counts, &unwanted);
+                assert!(stat_wrong > chi2_critical(dof_wrong, 5.0), "{level:?} {order:?}: wrong sigma not rejected");
+            }
+        }
+    });
+}
+
+/// Masked tokens (banned: -inf after the sampling step) are left out of the mean and sigma, as
+/// llama.cpp leaves out -inf: the kept set is the reference's over the processed row.
+#[test]
+fn top_n_sigma_judges_the_processed_row() {
+    let mut rng = TestRng::new(47);
+    let vocab = 600;
+    let x: Vec<f32> = (0..vocab).map(|_| (rng.normal() * 2.0) as f32).collect();
+    let banned: Vec<i32> = (0..vocab as i32).filter(|i| i % 3 == 0).collect();
+    let offsets = [0u64, banned.len() as u64];
+    let (temps, n) = ([1.0f32], [1.0f32]);
+    let b = Batch {
+        banned_tokens: Some(TokenLists { ids: &banned, offsets: &offsets }),
+        ..sigma_batch(&x, 1, vocab, &temps, &n)
+    };
+    let mut processed = x.clone();
+    for &i in &banned {
+        processed[i as usize] = NINF;
+    }
+    let (kept, ambiguous) = sigma_reference(&processed, 1.0, (0, 1.0, 0.0), 1.0);
+    let (with_masked, _) = sigma_reference(&x, 1.0, (0, 1.0, 0.0), 1.0);
+    assert!(!ambiguous);
+    let mut seen = vec![false; vocab];
+    each_level(|level| {
+        let s = sampler(level, 3);
+        for _ in 0..2000 {
+            let tok = draw(&s, &b).0[0] as usize;
+            assert!(kept[tok], "{level:?}: token {tok} outside the kept set");
+            seen[tok] = true;
+        }
+    });
+    // The sigma of the whole row would keep other tokens: some drawn tokens tell the two apart,
+    // or the kept sets differ at least.
+    let unmasked_kept: Vec<bool> = (0..vocab).map(|i| with_masked[i] && processed[i].is_finite()).collect();
+    assert!(unmasked_kept != kept || seen.iter().filter(|&&s| s).count() > 1);
+}
+
+#[test]
+fn bad_top_n_sigma_values_name_the_row_and_write_nothing() {
+    let s = sampler(best_level(), 0);
+    let x: Vec<f32> = (0..40).map(|i| (i % 7) as f32).collect();
+    let t = [1.0f32; 4];
+    for (n, needle) in [
+        ([1.0f32, f32::NAN, 1.0, 1.0], "top_n_sigma[1]"),
+        ([1.0, 1.0, 1.0, f32::INFINITY], "top_n_sigma[3]"),
+        ([f32::NEG_INFINITY, 1.0, 1.0, 1.0], "top_n_sigma[0]"),
+    ] {
+        let b = sigma_batch(&x, 4, 10, &t, &n);
+        let (mut tokens, mut lps) = (vec![-7; 4], vec![5f32; 4]);
+        let mut out = Output { logprobs: Some(&mut lps), ..Output::new(&mut tokens) };
+        let err = s.draw(&b, &mut out).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::InvalidArgument);
+        assert!(err.message.contains(needle), "{:?} does not name {needle}", err.message);
+        assert!(tokens.iter().all(|&v| v == -7) && lps.iter().all(|&v| v == 5.0), "a failed call wrote");
+    }
+    // A negative n (or 0) is off, as in llama.cpp: the same tokens as without top-nσ.
+    let b = sigma_batch(&x, 4, 10, &t, &[-1.0, 0.0, -0.5, 0.0]);
+    let plain = Batch { temperature: Some(&t), ..Batch::new(Logits::F32(&x), 4, 10) };
+    assert_eq!(draw(&sampler(best_level(), 5), &b).0, draw(&sampler(best_level(), 5), &plain).0);
+}
+
+/// The C field: applied at the full struct size, ignored by a caller whose struct_size ends
+/// before it, and a size ending inside it is refused naming it.
+#[test]
+fn c_abi_top_n_sigma_and_its_struct_size() {
+    use tokenrace::internals::api::*;
+    use tokenrace::internals::types::*;
+    let vocab = 4u32;
+    let x = [0.0f32, 1.0, 2.0, 3.0]; // mean 1.5, sigma sqrt(1.25): n = 1 keeps 2 and 3
+    let n = [1.0f32];
+    unsafe {
+        let mut cfg = tokenrace_config_default();
+        cfg.has_seed = 1;
+        cfg.seed = 5;
+        let mut s = std::ptr::null_mut();
+        assert_eq!(tokenrace_sampler_new(&cfg, &mut s), tokenrace_status::Ok);
+        let mut b: tokenrace_batch = std::mem::zeroed();
+        b.struct_size = std::mem::size_of::<tokenrace_batch>() as u32;
+        b.logits = x.as_ptr() as *const _;
+        b.rows = 1;
+        b.vocab = vocab;
+        b.top_n_sigma = n.as_ptr();
+        let mut tokens = [0i32; 1];
+        let mut o: tokenrace_output = std::mem::zeroed();
+        o.struct_size = std::mem::size_of::<tokenrace_output>() as u32;
+        o.tokens = tokens.as_mut_ptr();
+        let mut seen_low = false;
+        for _ in 0..200 {
+            assert_eq!(tokenrace_draw(s, &b, &mut o), tokenrace_status::Ok);
+            assert!(tokens[0] >= 2, "{tokens:?}");
+        }
+        // An older caller's struct ends before the field: it is not read.
+        b.struct_size = std::mem::offset_of!(tokenrace_batch, top_n_sigma) as u32;
+        for _ in 0..200 {
+            assert_eq!(tokenrace_draw(s, &b, &mut o), tokenrace_status::Ok);
+            seen_low |= tokens[0] < 2;
+        }
+        assert!(seen_low, "the field was read past struct_size");
+        b.struct_size = std::mem::offset_of!(tokenrace_batch, top_n_sigma) as u32 + 4;
+        tokens = [-9];
+        assert_eq!(tokenrace_draw(s, &b, &mut o), tokenrace_status::InvalidArgument);
+        let msg = std::ffi::CStr::from_ptr(tokenrace_last_error()).to_string_lossy().into_owned();
+        assert!(msg.contains("inside field top_n_sigma"), "{msg}");
+        // A bad value names the field and row; nothing is written.
+        b.struct_size = std::mem::size_of::<tokenrace_batch>() as u32;
+        let bad = [f32::NAN];
+        b.top_n_sigma = bad.as_ptr();
+        assert_eq!(tokenrace_draw(s, &b, &mut o), tokenrace_status::InvalidArgument);
+        let msg = std::ffi::CStr::from_ptr(tokenrace_last_error()).to_string_lossy().into_owned();
+        assert!(msg.contains("top_n_sigma[0]"), "{msg}");
+        assert_eq!(tokens, [-9]);
+        tokenrace_sampler_free(s);
+    }
+}

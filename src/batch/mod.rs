@@ -119,6 +119,8 @@ pub struct Batch<'a> {
     pub top_p: Option<&'a [f32]>,
     /// Per-row min-p in [0, 1]; 0 is off. Sampling rows only.
     pub min_p: Option<&'a [f32]>,
+    /// Per-row top-nσ n, finite; n <= 0 is off. Sampling rows only.
+    pub top_n_sigma: Option<&'a [f32]>,
     /// The prompt's tokens of each row (repetition penalty).
     pub prompt_tokens: Option<TokenLists<'a>>,
     /// The tokens generated so far of each row (all three penalties).
@@ -206,6 +208,7 @@ impl<'a> Batch<'a> {
             top_k: None,
             top_p: None,
             min_p: None,
+            top_n_sigma: None,
             prompt_tokens: None,
             output_tokens: None,
             repetition_penalty: None,

@@ -148,6 +148,9 @@ pub(crate) fn validate_params(batch: &Batch) -> Result<()> {
     check_each("min_p", batch.min_p, rows, |p: f32| {
         (!(0.0..=1.0).contains(&p)).then(|| format!("{p} is not in [0, 1]"))
     })?;
+    check_each("top_n_sigma", batch.top_n_sigma, rows, |n: f32| {
+        (!n.is_finite()).then(|| format!("{n} is not a finite number"))
+    })?;
     check_each("temperature", batch.temperature, rows, |t: f32| {
         (!(t.is_finite() && t >= 0.0)).then(|| format!("{t} is not a finite number >= 0"))
     })?;

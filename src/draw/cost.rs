@@ -88,7 +88,7 @@ pub(crate) enum Mode {
 
 impl Mode {
     pub(crate) fn of(batch: &Batch, plans: &[RowPlan]) -> Mode {
-        if batch.top_k.is_some() || batch.top_p.is_some() || batch.min_p.is_some() {
+        if batch.top_k.is_some() || batch.top_p.is_some() || batch.min_p.is_some() || batch.top_n_sigma.is_some() {
             Mode::Filtered
         } else if plans.iter().all(|p| matches!(p, RowPlan::Greedy)) {
             Mode::Greedy

@@ -53,6 +53,7 @@ unsafe fn batch_from_c<'a>(b: &tokenrace_batch) -> Result<Batch<'a>> {
         top_k: unsafe { opt_slice(Owner::Batch, "top_k", b.top_k, rows)? },
         top_p: unsafe { opt_slice(Owner::Batch, "top_p", b.top_p, rows)? },
         min_p: unsafe { opt_slice(Owner::Batch, "min_p", b.min_p, rows)? },
+        top_n_sigma: unsafe { opt_slice(Owner::Batch, "top_n_sigma", b.top_n_sigma, rows)? },
         prompt_tokens: unsafe { lists(rows, ("prompt_ids", b.prompt_ids), ("prompt_offsets", b.prompt_offsets))? },
         output_tokens: unsafe { lists(rows, ("output_ids", b.output_ids), ("output_offsets", b.output_offsets))? },
         repetition_penalty: unsafe { opt_slice(Owner::Batch, "repetition_penalty", b.repetition_penalty, rows)? },
@@ -222,7 +223,7 @@ unsafe fn output_from_c<'a>(o: &tokenrace_output, b: &Batch) -> Result<(Output<'
 }
 
 /// The arrays a draw reads, for the check that no output shares memory with them.
-fn input_regions(b: &Batch) -> [Option<Region>; 25] {
+fn input_regions(b: &Batch) -> [Option<Region>; 26] {
     let (prompt, output, allowed, banned) = (b.prompt_tokens, b.output_tokens, b.allowed_tokens, b.banned_tokens);
     [
         Some(Region::logits(b.logits)),
@@ -234,6 +235,7 @@ fn input_regions(b: &Batch) -> [Option<Region>; 25] {
         Region::input("top_k", b.top_k),
         Region::input("top_p", b.top_p),
         Region::input("min_p", b.min_p),
+        Region::input("top_n_sigma", b.top_n_sigma),
         Region::input("repetition_penalty", b.repetition_penalty),
         Region::input("frequency_penalty", b.frequency_penalty),
         Region::input("presence_penalty", b.presence_penalty),

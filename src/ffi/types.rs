@@ -288,6 +288,11 @@ pub struct tokenrace_batch {
     pub token_bitmask: *const i32,
     /// Words between the bitmask's rows; 0 means ceil(vocab / 32).
     pub bitmask_row_stride: u64,
+    // Added after the sampling step: llama.cpp's top-nσ (docs/semantics.md, Filters); a caller
+    // whose struct_size ends before it gets NULL.
+    /// Per-row top-nσ n, finite (NULL: off); n <= 0 disables it for the row. Keeps the tokens
+    /// with logit >= max - n * sigma over the row's finite logits.
+    pub top_n_sigma: *const f32,
 }
 
 /// Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No

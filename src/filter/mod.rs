@@ -1,13 +1,16 @@
 //! min-p, top-k and top-p without sorting the vocabulary.
 //!
 //! Every filter keeps a set `{i : x_i >= θ}` (ties kept), and renormalising does not change the
-//! order of the tokens, so the composition (min-p, then top-k, then top-p, each on what the
+//! order of the tokens, so the composition (top-nσ and min-p, then top-k, then top-p, each on what the
 //! previous one left) is one threshold: the race's `RaceParams::floor`.
 //!
 //! Probabilities are `p_i ∝ w_i = exp((x_i - m) * inv_t)` computed in f64 by the one f64 weight
 //! of the crate ([`crate::mass::weight64`]; `m` the row's finite maximum, `inv_t` the f32 `1/T`
 //! of the race), over the finite logits; NaN and -inf are never kept.
 //!
+//! - [`top_n_sigma`]: keep `x_i >= max - n * sigma` over the finite logits (in logit units, so
+//!   the same before and after the temperature): one f64 pass for the mean, one for the
+//!   variance.
 //! - [`min_p`]: keep `w_i >= min_p` (that is `p_i >= min_p * p_max`; `w` is 1 at the maximum),
 //!   found by a bisection over the values, no pass over the row.
 //! - [`top_k`]: the k-th largest finite logit, selected among the values above a bound taken
@@ -22,6 +25,7 @@
 
 mod min_p;
 mod top_k;
+pub(crate) mod top_n_sigma;
 pub(crate) mod top_p;
 
 use crate::batch::Batch;
@@ -45,6 +49,8 @@ pub(crate) struct Filters {
     pub top_p: f64,
     /// 0: off.
     pub min_p: f64,
+    /// 0: off (a row's value <= 0 is off).
+    pub top_n_sigma: f64,
 }
 
 impl Filters {
@@ -54,8 +60,9 @@ impl Filters {
         let top_k = if k <= 0 || k as usize >= batch.vocab { 0 } else { k as usize };
         let top_p = batch.top_p.map_or(1.0, |p| p[r] as f64);
         let min_p = batch.min_p.map_or(0.0, |p| p[r] as f64);
-        let f = Filters { top_k, top_p, min_p };
-        (top_k != 0 || top_p < 1.0 || min_p > 0.0).then_some(f)
+        let top_n_sigma = batch.top_n_sigma.map_or(0.0, |n| (n[r] as f64).max(0.0));
+        let f = Filters { top_k, top_p, min_p, top_n_sigma };
+        (top_k != 0 || top_p < 1.0 || min_p > 0.0 || top_n_sigma > 0.0).then_some(f)
     }
 }
 
@@ -72,6 +79,11 @@ pub(crate) fn floor_of<V: RowValues + ?Sized>(
     let mut floor = f32::NEG_INFINITY;
     if f.min_p > 0.0 {
         floor = min_p::floor(m, inv_t, f.min_p);
+    }
+    // Both keep a top set relative to the maximum, so their order does not matter; top-k and
+    // top-p then work on what they left.
+    if f.top_n_sigma > 0.0 {
+        floor = floor.max(top_n_sigma::floor(v, m, f.top_n_sigma));
     }
     let mut top_k_candidates = None;
     if f.top_k > 0 {
@@ -104,10 +116,10 @@ pub(crate) fn few_heavy_blocks(bmax: &[f32], m: f32, inv_t: f32) -> bool {
 
 /// For a row with top-k or top-p (with or without min-p): min-p's floor (-inf when off). Such a
 /// row may race over what min-p keeps and decide top-k and top-p after the race, for its winner
-/// alone ([`surely_keeps`]).
+/// alone ([`surely_keeps`]). Not a row with top-nσ, whose floor reads the whole row anyway.
 pub(crate) fn decided_after_race(batch: &Batch, r: usize, m: f32, inv_t: f32) -> Option<(Filters, f32)> {
     let f = Filters::of(batch, r)?;
-    if f.top_k == 0 && f.top_p >= 1.0 {
+    if (f.top_k == 0 && f.top_p >= 1.0) || f.top_n_sigma > 0.0 {
         return None;
     }
     let floor = if f.min_p > 0.0 { min_p::floor(m, inv_t, f.min_p) } else { f32::NEG_INFINITY };
@@ -163,6 +175,18 @@ pub(crate) fn row_floor<V: RowValues + ?Sized>(
 /// filtered or the row has no finite maximum.
 #[cfg(feature = "internals")]
 pub fn kept_floor_at(level: crate::SimdLevel, x: &[f32], t: f32, top_k: i32, top_p: f32, min_p: f32) -> f32 {
+    kept_floor_with_sigma_at(level, x, t, (top_k, top_p, min_p), 0.0)
+}
+
+/// [`kept_floor_at`] with top-nσ too (`top_n_sigma <= 0`: off).
+#[cfg(feature = "internals")]
+pub fn kept_floor_with_sigma_at(
+    level: crate::SimdLevel,
+    x: &[f32],
+    t: f32,
+    (top_k, top_p, min_p): (i32, f32, f32),
+    top_n_sigma: f32,
+) -> f32 {
     let bmax: Vec<f32> =
         x.chunks(BLOCK).map(|c| c.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a })).collect();
     let m = bmax.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a }) + 0.0; // as `draw::summarize`
@@ -170,7 +194,8 @@ pub fn kept_floor_at(level: crate::SimdLevel, x: &[f32], t: f32, top_k: i32, top
         return f32::NEG_INFINITY;
     }
     let top_k = if top_k <= 0 || top_k as usize >= x.len() { 0 } else { top_k as usize };
-    let f = Filters { top_k, top_p: top_p as f64, min_p: min_p as f64 };
+    let top_n_sigma = (top_n_sigma as f64).max(0.0);
+    let f = Filters { top_k, top_p: top_p as f64, min_p: min_p as f64, top_n_sigma };
     floor_of(crate::kernels::kernels(level), x, &bmax, m, crate::batch::inv_temperature(t), f)
         .expect("the test rows fit in memory")
 }

@@ -250,10 +250,54 @@ const FILTER_EPS: f64 = 1e-9;
 /// on what the previous one left, with probabilities `w_i = exp((x_i - m) * inv_t)` (unnormalised)
 /// over the finite logits. Returns the set and whether a cut lies within rounding of a threshold.
 pub fn filter_set(x: &[f32], m: f64, inv_t: f64, f: Filters) -> (Vec<bool>, bool) {
+    filter_set_with_sigma(x, m, inv_t, f, 0.0)
+}
+
+/// top-nσ's threshold `m - n * sigma` of a row, `m` and `sigma` the maximum and the population
+/// standard deviation of its finite logits, summed in index order; `None` without a finite
+/// logit. `sigma` stays a parameter of [`top_n_sigma_threshold_with`] so a test can check that
+/// a wrong one (the variance) is told apart.
+pub fn top_n_sigma_threshold(x: &[f32], n: f64) -> Option<f64> {
+    top_n_sigma_threshold_with(x, n, f64::sqrt)
+}
+
+/// [`top_n_sigma_threshold`] with `sigma = spread(variance)`.
+pub fn top_n_sigma_threshold_with(x: &[f32], n: f64, spread: impl Fn(f64) -> f64) -> Option<f64> {
+    let finite: Vec<f64> = x.iter().filter(|v| v.is_finite()).map(|&v| v as f64).collect();
+    if finite.is_empty() {
+        return None;
+    }
+    let count = finite.len() as f64;
+    let mean = finite.iter().sum::<f64>() / count;
+    let variance = finite.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / count;
+    let max = finite.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    Some(max - n * spread(variance))
+}
+
+/// [`filter_set`] with top-nσ (`top_n_sigma <= 0`: off) applied with min-p, before top-k and
+/// top-p: keep the finite `x_i >= m - n * sigma` ([`top_n_sigma_threshold`]), in logit units
+/// whatever `inv_t`.
+pub fn filter_set_with_sigma(x: &[f32], m: f64, inv_t: f64, f: Filters, top_n_sigma: f32) -> (Vec<bool>, bool) {
     let n = x.len();
     let mut kept: Vec<bool> = x.iter().map(|v| v.is_finite()).collect();
     let w: Vec<f64> = x.iter().map(|&v| if v.is_finite() { ((v as f64 - m) * inv_t).exp() } else { 0.0 }).collect();
     let mut ambiguous = false;
+
+    if top_n_sigma > 0.0 {
+        if let Some(threshold) = top_n_sigma_threshold(x, top_n_sigma as f64) {
+            let scale = m.abs().max((m - threshold).abs()).max(1.0);
+            for i in 0..n {
+                if kept[i] {
+                    if (x[i] as f64 - threshold).abs() <= FILTER_EPS * scale {
+                        ambiguous = true;
+                    }
+                    if (x[i] as f64) < threshold {
+                        kept[i] = false;
+                    }
+                }
+            }
+        }
+    }
 
     // min-p: drop p_i < min_p * p_max; p_max belongs to the maximum, whose w is 1.
     if f.min_p > 0.0 {

@@ -121,34 +121,42 @@ def test_out_of_range_scalar_seed_and_temperature(tokenrace):
 
 
 def test_the_packed_layouts_set_every_field_of_the_ctypes_structs(tokenrace):
-    """The two layouts of each struct (the fields of 0.1, then those packed only by the calls
-    that use them, at their offset) must write each field where ctypes (checked against the C
-    compiler by test_abi.py) has it, and together cover every field and every byte: distinct
-    values in, the same values read back field by field."""
+    """The layouts of each struct (the fields of 0.1, then those packed only by the calls that
+    use them, at their offset: the batch's sampling step and its top-nσ pointer, the output's
+    full-vocabulary fields) must write each field where ctypes (checked against the C compiler by
+    test_abi.py) has it, and together cover every field and every byte: distinct values in, the
+    same values read back field by field."""
     import ctypes
 
     from tokenrace import _call, _ffi
 
-    parts = ((_ffi.tokenrace_batch, _call.BATCH_LAYOUT, _call.STEP_LAYOUT, _call.STEP_OFFSET),
-             (_ffi.tokenrace_output, _call.OUTPUT_LAYOUT, _call.FULL_LAYOUT, _call.FULL_OFFSET))
-    for cls, head, tail, tail_offset in parts:
-        assert head.size == tail_offset and head.size + tail.size == ctypes.sizeof(cls), cls.__name__
+    # Each struct: its parts as (layout, offset, first field), in order.
+    parts = ((_ffi.tokenrace_batch, ((_call.BATCH_LAYOUT, 0, "struct_size"),
+                                     (_call.STEP_LAYOUT, _call.STEP_OFFSET, _ffi.BATCH_STEP_FIRST),
+                                     (_call.POINTER_LAYOUT, _call.TOP_N_SIGMA_OFFSET, _ffi.BATCH_STEP_END))),
+             (_ffi.tokenrace_output, ((_call.OUTPUT_LAYOUT, 0, "struct_size"),
+                                      (_call.FULL_LAYOUT, _call.FULL_OFFSET, _ffi.OUTPUT_FULL_FIRST))))
+    for cls, layouts in parts:
+        ends = [offset for _, offset, _ in layouts[1:]] + [ctypes.sizeof(cls)]
+        for (layout, offset, _), end in zip(layouts, ends):
+            assert offset + layout.size == end, (cls.__name__, offset)
         fields = cls._fields_
+        names = [name for name, _ in fields]
         values = [0x1000 * (i + 1) if issubclass(t, ctypes._Pointer) else 0.5 + i if t is ctypes.c_float else i + 1
                   for i, (_, t) in enumerate(fields)]
-        split = [name for name, _ in fields].index(
-            _ffi.BATCH_STEP_FIRST if cls is _ffi.tokenrace_batch else _ffi.OUTPUT_FULL_FIRST)
+        splits = [names.index(first) for _, _, first in layouts] + [len(fields)]
         obj = cls()
-        head.pack_into(obj, 0, *values[:split])
-        tail.pack_into(obj, tail_offset, *values[split:])
+        for (layout, offset, _), lo, hi in zip(layouts, splits, splits[1:]):
+            layout.pack_into(obj, offset, *values[lo:hi])
         for (name, ctype), want in zip(fields, values):
             got = getattr(obj, name)
             if issubclass(ctype, ctypes._Pointer):
                 got = ctypes.cast(got, ctypes.c_void_p).value
             assert got == want, (cls.__name__, name)
+        tail, tail_offset = layouts[1][0], layouts[1][1]
         zeros = _call.STEP_ZEROS if cls is _ffi.tokenrace_batch else _call.FULL_ZEROS
         tail.pack_into(obj, tail_offset, *zeros)
-        assert bytes(obj)[tail_offset:] == bytes(tail.size), cls.__name__
+        assert bytes(obj)[tail_offset:tail_offset + tail.size] == bytes(tail.size), cls.__name__
 
 
 def test_a_call_without_the_sampling_step_clears_what_the_last_one_set(tokenrace, rng):
@@ -165,7 +173,13 @@ def test_a_call_without_the_sampling_step_clears_what_the_last_one_set(tokenrace
     _call.release_state(state)
     assert state.step_packed
     np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
-    assert not state.step_packed and bytes(state.batch)[_call.STEP_OFFSET:] == bytes(_call.STEP_LAYOUT.size)
+    step_end = _call.STEP_OFFSET + _call.STEP_LAYOUT.size
+    assert not state.step_packed and bytes(state.batch)[_call.STEP_OFFSET:step_end] == bytes(_call.STEP_LAYOUT.size)
+    # The same for top-nσ's pointer, packed apart.
+    s.draw(x, temperature=1.0, top_n_sigma=1.0)
+    assert state.sigma_packed and bytes(state.batch)[_call.TOP_N_SIGMA_OFFSET:] != bytes(8)
+    np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
+    assert not state.sigma_packed and bytes(state.batch)[_call.TOP_N_SIGMA_OFFSET:] == bytes(8)
     r = s.draw_full(x, temperature=0, full_logprobs="raw")
     assert r.full_logprobs.shape == (3, 64) and state.full_packed
     r = s.draw_full(x, temperature=0)

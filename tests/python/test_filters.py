@@ -231,3 +231,90 @@ def test_processed_logprobs_after_temperature_and_filters(tokenrace, rng):
         np.testing.assert_allclose(full, ref, rtol=1e-6, atol=1e-5, err_msg=f"row {i}")
         np.testing.assert_allclose(r.logprobs[i], ref[r.tokens[i]], rtol=1e-6, atol=1e-5)
         assert r.ranks[i] == (full >= r.logprobs[i]).sum()
+
+
+# ---- top-nσ (llama.cpp's top_n_sigma) ----
+
+def sigma_threshold(x, n, spread=np.sqrt):
+    """max - n * sigma over the finite logits, sigma the population standard deviation."""
+    v = x[np.isfinite(x)].astype(np.float64)
+    return v.max() - n * spread(((v - v.mean()) ** 2).mean())
+
+
+def test_top_n_sigma_keeps_the_reference_set(tokenrace, rng):
+    rows, vocab = 16, 300
+    x = (rng.standard_normal((rows, vocab)) * 2).astype(np.float32)
+    x[:, ::7] = -np.inf  # masked tokens stay out of the mean and sigma
+    s = tokenrace.Sampler(vocab, max_rows=rows)
+    for n in (0.5, 1.0, 2.5):
+        for t in (0.7, 1.0, 1.6):  # the same set at every temperature: it is in logit units
+            kept = kept_by_logprobs(s, x, temperature=t, top_n_sigma=n)
+            for i in range(rows):
+                np.testing.assert_array_equal(kept[i], x[i] >= sigma_threshold(x[i], n), f"row {i} n {n}")
+    # Per row, with the other filters: the intersection, top-p over what top-nσ left.
+    ns = np.array([1.0, -1.0, 0.0, 2.0] * 4, np.float32)
+    kept = kept_by_logprobs(s, x, top_n_sigma=ns, top_k=np.full(rows, 5))
+    for i in range(rows):
+        want = np.isfinite(x[i]) if ns[i] <= 0 else x[i] >= sigma_threshold(x[i], ns[i])
+        fifth = np.sort(x[i][want])[::-1][min(4, want.sum() - 1)]
+        np.testing.assert_array_equal(kept[i], want & (x[i] >= fifth), f"row {i}")
+
+
+def test_top_n_sigma_frequencies_and_a_wrong_sigma_rejected(tokenrace, rng):
+    vocab, rows = 40, 4000
+    x = (rng.standard_normal(vocab) * 2).astype(np.float32)
+    right = x >= sigma_threshold(x, 1.0)
+    wrong = x >= sigma_threshold(x, 1.0, spread=lambda v: v)  # the variance as sigma
+    assert (right != wrong).any() and (wrong | ~right).all()
+    s = tokenrace.Sampler(vocab, max_rows=rows, seed=3)
+    counts = np.zeros(vocab, np.int64)
+    for _ in range(10):
+        counts += np.bincount(s.draw(np.tile(x, (rows, 1)), temperature=0.8, top_n_sigma=1.0), minlength=vocab)
+
+    def probs(kept):
+        inv_t = np.float64(np.float32(1 / 0.8))
+        w = np.where(kept, np.exp((x.astype(np.float64) - x.max()) * inv_t), 0.0)
+        return w / w.sum()
+
+    def statistic(p):
+        """Chi-square over the cells of nonzero probability, those expecting under 5 pooled."""
+        assert counts[p == 0].sum() == 0, "a token of probability 0 was drawn"
+        e, c = p * counts.sum(), counts.astype(np.float64)
+        big = e >= 5
+        stat = ((c[big] - e[big]) ** 2 / e[big]).sum()
+        small = (~big) & (p > 0)
+        cells = big.sum() + (1 if small.any() else 0)
+        if small.any():
+            stat += (c[small].sum() - e[small].sum()) ** 2 / e[small].sum()
+        return stat, max(cells - 1, 1)
+
+    stat, dof = statistic(probs(right))
+    assert stat < wilson_hilferty(dof, 5.0), (stat, dof)
+    stat, dof = statistic(probs(wrong))
+    assert stat > wilson_hilferty(dof, 5.0), ("the wrong sigma was not rejected", stat, dof)
+
+
+@pytest.mark.parametrize("kw,where", [
+    ({"top_n_sigma": np.nan}, r"top_n_sigma\[0\]: NaN is not a finite number"),
+    ({"top_n_sigma": np.inf}, r"top_n_sigma\[0\]"),
+    ({"top_n_sigma": [1.0, 1.0, -np.inf, 1.0]}, r"top_n_sigma\[2\]"),
+])
+def test_bad_top_n_sigma_names_the_row(tokenrace, kw, where):
+    s = tokenrace.Sampler(10)
+    with pytest.raises(ValueError, match=where):
+        s.draw(X, **kw)
+    with pytest.raises(ValueError, match=where):
+        s.draw_full(X, logprobs=2, **kw)
+    assert s.stats()["calls"] == 0
+
+
+def test_top_n_sigma_off_and_left_out_of_the_next_call(tokenrace, rng):
+    rows, vocab = 32, 50
+    x = (rng.standard_normal((rows, vocab)) * 2).astype(np.float32)
+    s = tokenrace.Sampler(vocab, max_rows=rows)
+    seeds = np.arange(rows, dtype=np.uint64)
+    plain = s.draw(x, seeds=seeds)
+    np.testing.assert_array_equal(s.draw(x, seeds=seeds, top_n_sigma=-1.0), plain)  # <= 0 is off
+    assert not (s.draw(x, seeds=seeds, top_n_sigma=0.1) == plain).all()
+    # The thread's cached batch forgets the pointer: the next call without it draws as before.
+    np.testing.assert_array_equal(s.draw(x, seeds=seeds), plain)

@@ -66,10 +66,13 @@ def struct_layout(cls, first=None, stop=None) -> struct.Struct:
 # and zeroed again by the next call that does not (``CallState.step_packed``), so that a call
 # without them costs what it did before they existed.
 BATCH_LAYOUT = struct_layout(_ffi.tokenrace_batch, None, _ffi.BATCH_STEP_FIRST)
-STEP_LAYOUT = struct_layout(_ffi.tokenrace_batch, _ffi.BATCH_STEP_FIRST)
+STEP_LAYOUT = struct_layout(_ffi.tokenrace_batch, _ffi.BATCH_STEP_FIRST, _ffi.BATCH_STEP_END)
 STEP_OFFSET = getattr(_ffi.tokenrace_batch, _ffi.BATCH_STEP_FIRST).offset
 STEP_ZEROS = (0,) * sum(1 for c in STEP_LAYOUT.format if c not in "=x")
 OUTPUT_LAYOUT = struct_layout(_ffi.tokenrace_output, None, _ffi.OUTPUT_FULL_FIRST)
+# top-nσ's per-row pointer, written alone by a call that passes it (``CallState.sigma_packed``).
+TOP_N_SIGMA_OFFSET = _ffi.tokenrace_batch.top_n_sigma.offset
+POINTER_LAYOUT = struct.Struct("=Q")
 FULL_LAYOUT = struct_layout(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST)
 FULL_OFFSET = getattr(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST).offset
 FULL_ZEROS = (0,) * sum(1 for c in FULL_LAYOUT.format if c not in "=x")
@@ -164,6 +167,7 @@ class CallState:
         # fields (FULL_LAYOUT) may hold values of an earlier call (then zeroed before reuse).
         self.step_packed = False
         self.full_packed = False
+        self.sigma_packed = False
         # The arguments of tokenrace_draw, made once rather than a byref() per call.
         self.batch_ptr = ctypes.pointer(self.batch)
         self.tokens_output_ptr = ctypes.pointer(self.tokens_output)
@@ -175,6 +179,7 @@ class CallState:
         self.top_k = RepeatedValue(c_int32)
         self.top_p = RepeatedValue(c_float)
         self.min_p = RepeatedValue(c_float)
+        self.top_n_sigma = RepeatedValue(c_float)
         self.repetition_penalty = RepeatedValue(c_float)
         self.frequency_penalty = RepeatedValue(c_float)
         self.presence_penalty = RepeatedValue(c_float)

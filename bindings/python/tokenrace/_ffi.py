@@ -189,6 +189,8 @@ class tokenrace_batch(_Versioned):
         ("banned_offsets", POINTER(c_uint64)),
         ("token_bitmask", POINTER(c_int32)),
         ("bitmask_row_stride", c_uint64),
+        # added after the sampling step: llama.cpp's top-nσ (``_call.TOP_N_SIGMA_OFFSET``)
+        ("top_n_sigma", POINTER(c_float)),
     ]
 
 
@@ -215,6 +217,8 @@ class tokenrace_output(_Versioned):
 # The first field of the batch's sampling-step part and of the output's full-vocabulary part: the
 # binding packs these tails apart from the fields before them (``_call.py``).
 BATCH_STEP_FIRST = "prompt_ids"
+# The first field after the sampling step's part (the step's layout stops there).
+BATCH_STEP_END = "top_n_sigma"
 OUTPUT_FULL_FIRST = "full_logprobs"
 
 

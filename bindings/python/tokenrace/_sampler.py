@@ -13,8 +13,8 @@ from . import _ffi
 from ._arrays import (LOGITS_DTYPES, NOISE_DTYPES, arrays_in, as_torch, byte_span, contiguous_rows, is_torch_tensor,
                       per_row, rows_view)
 from ._call import (BATCH_LAYOUT, BATCH_SIZE, FLAG_SCALARS, FLOAT_SCALARS, FULL_LAYOUT, FULL_OFFSET, FULL_ZEROS,
-                    INT_SCALARS, OUTPUT_LAYOUT, OUTPUT_SIZE, STEP_LAYOUT, STEP_OFFSET, STEP_ZEROS, address,
-                    pack_tokens_output, release_state, take_state)
+                    INT_SCALARS, OUTPUT_LAYOUT, OUTPUT_SIZE, POINTER_LAYOUT, STEP_LAYOUT, STEP_OFFSET, STEP_ZEROS,
+                    TOP_N_SIGMA_OFFSET, address, pack_tokens_output, release_state, take_state)
 from ._common import (_choice, _Closable, _Default, _from_env, _Handle, _name_of, _offsets_without_seeds,
                       _unsigned)
 from ._errors import InvalidArgumentError, check
@@ -164,7 +164,7 @@ class Sampler(_Closable):
     # -- drawing -------------------------------------------------------------------------------
 
     def _fill_batch(self, b, keep, state, logits, temperature, seeds, offsets, seeded, noise, noise_kind,
-                    top_k, top_p, min_p):
+                    top_k, top_p, min_p, top_n_sigma=None):
         """Writes every field of ``b`` (a ``tokenrace_batch``) for the call; returns the row
         count. ``keep`` receives the objects the struct points into; ``state`` (a ``CallState``,
         or None) lends its cached per-row arrays to scalar arguments."""
@@ -212,16 +212,24 @@ class Sampler(_Closable):
         BATCH_LAYOUT.pack_into(b, 0, BATCH_SIZE, dtype, logits_ptr, rows, vocab, row_stride,
                                temperature or 0, seeds or 0, offsets or 0, seeded or 0, noise_ptr, kind, 0,
                                noise_row_stride, top_k or 0, top_p or 0, min_p or 0)
+        if top_n_sigma is not None:
+            top_n_sigma = _float_rows(state and state.top_n_sigma, top_n_sigma, rows, "top_n_sigma", keep)
+            POINTER_LAYOUT.pack_into(b, TOP_N_SIGMA_OFFSET, top_n_sigma)
+            if state is not None:
+                state.sigma_packed = True
+        elif state is not None and state.sigma_packed:
+            POINTER_LAYOUT.pack_into(b, TOP_N_SIGMA_OFFSET, 0)
+            state.sigma_packed = False
         return rows
 
     def _batch(self, logits, temperature, seeds, offsets, seeded, noise, noise_kind,
-               top_k=None, top_p=None, min_p=None):
+               top_k=None, top_p=None, min_p=None, top_n_sigma=None):
         """A ``tokenrace_batch`` of its own (not the thread's cached one) and the objects to keep
         alive with it, for callers that hold a batch beyond one call."""
         keep = []
         batch = _ffi.tokenrace_batch()
         self._fill_batch(batch, keep, None, logits, temperature, seeds, offsets, seeded, noise,
-                         noise_kind, top_k, top_p, min_p)
+                         noise_kind, top_k, top_p, min_p, top_n_sigma)
         return batch, keep
 
     def _run(self, batch_ptr, output_ptr):
@@ -245,7 +253,7 @@ class Sampler(_Closable):
         STEP_LAYOUT.pack_into(state.batch, STEP_OFFSET, *fields)
 
     def draw(self, logits, *, temperature=None, seeds=None, offsets=None, seeded=None, noise=None,
-             noise_kind="exp", top_k=None, top_p=None, min_p=None, return_flags=False,
+             noise_kind="exp", top_k=None, top_p=None, min_p=None, top_n_sigma=None, return_flags=False,
              prompt_tokens=None, output_tokens=None, repetition_penalty=None, frequency_penalty=None,
              presence_penalty=None, logit_bias=None, allowed_tokens=None, banned_tokens=None,
              token_bitmask=None):
@@ -269,8 +277,11 @@ class Sampler(_Closable):
         top_k: scalar or one int32 per row; k <= 0 or k >= vocab is off for the row.
         top_p: scalar or one float per row, in (0, 1]; 1 is off for the row.
         min_p: scalar or one float per row, in [0, 1]; 0 is off for the row.
-            The filters (``docs/semantics.md``, Filters) apply to sampling rows only, min-p, then
-            top-k, then top-p; None (the default) is off for every row. A value out of range
+        top_n_sigma: scalar or one float per row, finite; <= 0 is off for the row (llama.cpp's
+            top-nσ: keeps the tokens with logit >= max - n * sigma over the row's finite logits,
+            the same set before and after the temperature).
+            The filters (``docs/semantics.md``, Filters) apply to sampling rows only, min-p and
+            top-nσ, then top-k, then top-p; None (the default) is off for every row. A value out of range
             raises ValueError naming the row (``top_p[3]: 0 is not in (0, 1]``).
         return_flags: also return the uint32 row flags (``FLAG_*`` bits).
 
@@ -313,7 +324,7 @@ class Sampler(_Closable):
         try:
             keep = []
             rows = self._fill_batch(state.batch, keep, state, logits, temperature, seeds, offsets, seeded,
-                                    noise, noise_kind, top_k, top_p, min_p)
+                                    noise, noise_kind, top_k, top_p, min_p, top_n_sigma)
             if (prompt_tokens is None and output_tokens is None and repetition_penalty is None
                     and frequency_penalty is None and presence_penalty is None and logit_bias is None
                     and allowed_tokens is None and banned_tokens is None and token_bitmask is None):
@@ -345,7 +356,7 @@ class Sampler(_Closable):
             state.in_use = False  # release_state(), inlined
 
     def draw_full(self, logits, *, temperature=None, seeds=None, offsets=None, seeded=None,
-                  noise=None, noise_kind="exp", top_k=None, top_p=None, min_p=None, logprobs=0,
+                  noise=None, noise_kind="exp", top_k=None, top_p=None, min_p=None, top_n_sigma=None, logprobs=0,
                   ranks=False, logprob_mode="raw", prompt_tokens=None, output_tokens=None, repetition_penalty=None,
                   frequency_penalty=None, presence_penalty=None, logit_bias=None, allowed_tokens=None,
                   banned_tokens=None, token_bitmask=None, full_logprobs=None, out=None):
@@ -393,7 +404,7 @@ class Sampler(_Closable):
         try:
             keep = []
             rows = self._fill_batch(state.batch, keep, state, logits, temperature, seeds, offsets, seeded,
-                                    noise, noise_kind, top_k, top_p, min_p)
+                                    noise, noise_kind, top_k, top_p, min_p, top_n_sigma)
             if (prompt_tokens is None and output_tokens is None and repetition_penalty is None
                     and frequency_penalty is None and presence_penalty is None and logit_bias is None
                     and allowed_tokens is None and banned_tokens is None and token_bitmask is None):
@@ -411,7 +422,8 @@ class Sampler(_Closable):
                     _refuse_overlap(out, (
                         ("logits", logits), ("noise", noise), ("token_bitmask", token_bitmask),
                         ("temperature", temperature), ("seeds", seeds), ("offsets", offsets), ("seeded", seeded),
-                        ("top_k", top_k), ("top_p", top_p), ("min_p", min_p), ("prompt_tokens", prompt_tokens),
+                        ("top_k", top_k), ("top_p", top_p), ("min_p", min_p), ("top_n_sigma", top_n_sigma),
+                        ("prompt_tokens", prompt_tokens),
                         ("output_tokens", output_tokens), ("repetition_penalty", repetition_penalty),
                         ("frequency_penalty", frequency_penalty), ("presence_penalty", presence_penalty),
                         ("logit_bias", logit_bias), ("allowed_tokens", allowed_tokens),
