@@ -339,6 +339,12 @@ typedef struct tokenrace_batch {
   const int32_t *token_bitmask;
   // Words between the bitmask's rows; 0 means ceil(vocab / 32).
   uint64_t bitmask_row_stride;
+  // Per-row penalty window n >= 0 (NULL: 0 for every row): only the last n tokens of the
+  // row's prompt ++ output count for the penalties (repetition for the prompt's part and the
+  // output's, frequency and presence for the output's). 0 counts every token; unlike
+  // llama.cpp's `penalty_last_n`, 0 does not turn the penalties off (set them to their
+  // neutral values for that), and -1 is refused (0 is the whole history).
+  const int32_t *penalty_last_n;
 } tokenrace_batch;
 
 // Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No

@@ -302,6 +302,7 @@ fn hand_made_rows_follow_the_spec_exactly() {
             repetition: Some(vec![p.repetition]),
             frequency: Some(vec![p.frequency]),
             presence: Some(vec![p.presence]),
+            last_n: Some(vec![p.last_n]),
             bias: Some(bias),
             allowed: p.allowed.map(lists),
             allowed_rows: None,

@@ -637,6 +637,7 @@ fn realistic_case(
             repetition: Some(vec![1.1; rows]),
             frequency: Some(vec![0.2; rows]),
             presence: Some(vec![0.1; rows]),
+            last_n: None,
             bias: Some(bias),
             allowed: None,
             allowed_rows: None,

@@ -114,6 +114,7 @@ fn sample_counts(
         repetition: step.repetition.as_ref().map(|v| vec![v[0]; per_call]),
         frequency: step.frequency.as_ref().map(|v| vec![v[0]; per_call]),
         presence: step.presence.as_ref().map(|v| vec![v[0]; per_call]),
+        last_n: step.last_n.as_ref().map(|v| vec![v[0]; per_call]),
         bias,
         allowed: rep(&step.allowed),
         allowed_rows: None,
@@ -187,6 +188,7 @@ fn chi_square_row(vocab: usize) -> (Vec<f32>, StepInputs) {
         repetition: Some(vec![1.8]),
         frequency: Some(vec![0.6]),
         presence: Some(vec![0.4]),
+        last_n: None,
         bias: Some({
             let mut b = BiasCsr::new();
             b.push(&b_row);

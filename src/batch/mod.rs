@@ -119,6 +119,9 @@ pub struct Batch<'a> {
     pub frequency_penalty: Option<&'a [f32]>,
     /// Per-row presence penalty, any finite value; 0 is off.
     pub presence_penalty: Option<&'a [f32]>,
+    /// Per-row penalty window n >= 0: only the last n tokens of (prompt ++ output) count for
+    /// the penalties; 0 (and `None`) counts every token.
+    pub penalty_last_n: Option<&'a [i32]>,
     /// Sparse (id, bias) pairs of each row.
     pub logit_bias: Option<LogitBias<'a>>,
     /// The only tokens each row may draw (rows that `allowed_rows` leaves out are unrestricted).
@@ -195,6 +198,7 @@ impl<'a> Batch<'a> {
             repetition_penalty: None,
             frequency_penalty: None,
             presence_penalty: None,
+            penalty_last_n: None,
             logit_bias: None,
             allowed_tokens: None,
             allowed_rows: None,

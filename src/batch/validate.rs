@@ -181,6 +181,9 @@ fn validate_step(k: &Kernels, batch: &Batch, out: &Output, ids: Ids) -> Result<(
         let s = if field == "frequency_penalty" { batch.frequency_penalty } else { batch.presence_penalty };
         check_each(field, s, rows, |v: f32| (!v.is_finite()).then(|| format!("{v} is not finite")))?;
     }
+    check_each("penalty_last_n", batch.penalty_last_n, rows, |n: i32| {
+        (n < 0).then(|| format!("{n} is negative (0 counts the whole history)"))
+    })?;
     if let Some(b) = batch.logit_bias {
         check_offsets(b.ids.len().min(b.values.len()), b.offsets, rows, "bias_offsets")?;
         let list = TokenLists { ids: b.ids, offsets: b.offsets };

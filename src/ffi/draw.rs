@@ -58,6 +58,7 @@ unsafe fn batch_from_c<'a>(b: &tokenrace_batch) -> Result<Batch<'a>> {
         repetition_penalty: unsafe { opt_slice(Owner::Batch, "repetition_penalty", b.repetition_penalty, rows)? },
         frequency_penalty: unsafe { opt_slice(Owner::Batch, "frequency_penalty", b.frequency_penalty, rows)? },
         presence_penalty: unsafe { opt_slice(Owner::Batch, "presence_penalty", b.presence_penalty, rows)? },
+        penalty_last_n: unsafe { opt_slice(Owner::Batch, "penalty_last_n", b.penalty_last_n, rows)? },
         logit_bias: unsafe { bias(b, rows)? },
         allowed_tokens: unsafe { lists(rows, ("allowed_ids", b.allowed_ids), ("allowed_offsets", b.allowed_offsets))? },
         allowed_rows: unsafe { opt_slice(Owner::Batch, "allowed_rows", b.allowed_rows, rows)? },
@@ -222,7 +223,7 @@ unsafe fn output_from_c<'a>(o: &tokenrace_output, b: &Batch) -> Result<(Output<'
 }
 
 /// The arrays a draw reads, for the check that no output shares memory with them.
-fn input_regions(b: &Batch) -> [Option<Region>; 25] {
+fn input_regions(b: &Batch) -> [Option<Region>; 26] {
     let (prompt, output, allowed, banned) = (b.prompt_tokens, b.output_tokens, b.allowed_tokens, b.banned_tokens);
     [
         Some(Region::logits(b.logits)),
@@ -237,6 +238,7 @@ fn input_regions(b: &Batch) -> [Option<Region>; 25] {
         Region::input("repetition_penalty", b.repetition_penalty),
         Region::input("frequency_penalty", b.frequency_penalty),
         Region::input("presence_penalty", b.presence_penalty),
+        Region::input("penalty_last_n", b.penalty_last_n),
         Region::input("bias_ids", b.logit_bias.map(|l| l.ids)),
         Region::input("bias_values", b.logit_bias.map(|l| l.values)),
         Region::input("bias_offsets", b.logit_bias.map(|l| l.offsets)),

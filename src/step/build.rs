@@ -14,13 +14,14 @@ use crate::kernels::Kernels;
 /// bitmask of a row counts even when all its bits are set; [`build`] then finds nothing).
 pub(crate) fn row_has_step(batch: &Batch, r: usize) -> bool {
     let nonempty = |l: Option<crate::batch::TokenLists>| l.is_some_and(|l| !l.row(r).is_empty());
-    let p = Penalties::of(batch, r);
+    // (The histories the penalties read: none where they are off, the window's part else.)
+    let (prompt, output) = histories(batch, r, Penalties::of(batch, r));
     batch.token_bitmask.is_some()
         || restricted(batch, r)
         || nonempty(batch.banned_tokens)
         || batch.logit_bias.is_some_and(|b| !b.row(r).0.is_empty())
-        || (p.repeats() && (nonempty(batch.prompt_tokens) || nonempty(batch.output_tokens)))
-        || (p.counts() && nonempty(batch.output_tokens))
+        || !prompt.is_empty()
+        || !output.is_empty()
 }
 
 /// Whether row `r` may only draw from its allowed list.

@@ -90,6 +90,7 @@ pub struct StepInputs {
     pub repetition: Option<Vec<f32>>,
     pub frequency: Option<Vec<f32>>,
     pub presence: Option<Vec<f32>>,
+    pub last_n: Option<Vec<i32>>,
     pub bias: Option<BiasCsr>,
     pub allowed: Option<Csr>,
     pub allowed_rows: Option<Vec<u8>>,
@@ -106,6 +107,7 @@ impl StepInputs {
             repetition_penalty: self.repetition.as_deref(),
             frequency_penalty: self.frequency.as_deref(),
             presence_penalty: self.presence.as_deref(),
+            penalty_last_n: self.last_n.as_deref(),
             logit_bias: self.bias.as_ref().map(BiasCsr::bias),
             allowed_tokens: self.allowed.as_ref().map(Csr::lists),
             allowed_rows: self.allowed_rows.as_deref(),
@@ -129,6 +131,7 @@ impl StepInputs {
             repetition: self.repetition.as_ref().map_or(1.0, |v| v[r]),
             frequency: self.frequency.as_ref().map_or(0.0, |v| v[r]),
             presence: self.presence.as_ref().map_or(0.0, |v| v[r]),
+            last_n: self.last_n.as_ref().map_or(0, |v| v[r]),
             bias_ids,
             bias_values,
             allowed: if self.restricted(r) { Some(self.allowed.as_ref().unwrap().row(r)) } else { None },
@@ -146,6 +149,7 @@ impl StepInputs {
             repetition: self.repetition.as_ref().map(|v| vec![v[r]]),
             frequency: self.frequency.as_ref().map(|v| vec![v[r]]),
             presence: self.presence.as_ref().map(|v| vec![v[r]]),
+            last_n: self.last_n.as_ref().map(|v| vec![v[r]]),
             bias: self.bias.as_ref().map(|b| {
                 let (ids, values) = b.row(r);
                 let mut one = BiasCsr::new();
@@ -299,12 +303,16 @@ pub fn make_step_inputs(rng: &mut TestRng, x: &mut [f32], rows: usize, vocab: us
         banned.push(&ban_row);
         allowed.push(&a_row);
     }
+    // The penalty window, on a third of the calls: none, inside the output, across the two
+    // histories, or longer than both.
+    let last_n = (rng.below(3) == 0).then(|| (0..rows).map(|_| [0, 1, 2, 5, 20, 60, 1000][rng.below(7)]).collect());
     StepInputs {
         prompt: has_prompt.then_some(prompt),
         output: has_output.then_some(output),
         repetition: has_rep.then_some(rep),
         frequency: has_freq.then_some(freq),
         presence: has_pres.then_some(pres),
+        last_n,
         bias: has_bias.then_some(bias),
         allowed: has_allowed.then_some(allowed),
         allowed_rows: (has_allowed && has_allowed_rows).then_some(allowed_rows),
