@@ -444,3 +444,41 @@ fn verify_with_zero_requests_needs_no_pointers() {
     assert_eq!(f.verify(&b, &mut o), tokenrace_status::InvalidArgument);
     assert!(last_error().contains("batch.logits: is NULL"), "{}", last_error());
 }
+
+/// The penalty window is the batch's last field (after the 0.2 batch of 248 bytes): a caller
+/// whose `struct_size` ends before it gets no window (its pointer is not read), one that
+/// reaches it gets the window, and a negative value is refused naming its row, nothing written.
+#[test]
+fn the_penalty_window_is_read_only_by_callers_whose_struct_reaches_it() {
+    use std::mem::{offset_of, size_of};
+    assert_eq!(offset_of!(tokenrace_batch, penalty_last_n), 248);
+    assert_eq!(size_of::<tokenrace_batch>(), 256);
+    let mut f = Fixture::new();
+    // Token 0 leads; in the output it falls below token 1 (repetition 4), unless the window of
+    // one token leaves it out.
+    for (i, v) in f.logits.iter_mut().enumerate() {
+        *v = match i % 1000 {
+            0 => 5.0,
+            1 => 4.0,
+            _ => 0.0,
+        };
+    }
+    let (output_ids, output_offsets) = ([0i32, 2, 0, 2], [0u64, 2, 4]);
+    let (temperature, repetition) = ([0.0f32; 2], [4.0f32; 2]);
+    let mut greedy = |size: usize, last_n: [i32; 2]| {
+        let (mut b, mut o) = f.args();
+        b.struct_size = size as u32;
+        b.temperature = temperature.as_ptr();
+        b.output_ids = output_ids.as_ptr();
+        b.output_offsets = output_offsets.as_ptr();
+        b.repetition_penalty = repetition.as_ptr();
+        b.penalty_last_n = last_n.as_ptr();
+        f.tokens = [-1; 2];
+        let status = f.draw(&b, &mut o);
+        (status, f.tokens)
+    };
+    assert_eq!(greedy(256, [1, 0]), (tokenrace_status::Ok, [0, 1]), "{}", last_error());
+    assert_eq!(greedy(248, [1, 0]), (tokenrace_status::Ok, [1, 1]), "a 0.2 caller: no window");
+    assert_eq!(greedy(256, [0, -1]), (tokenrace_status::InvalidArgument, [-1, -1]));
+    assert!(last_error().contains("batch.penalty_last_n[1]: -1 is negative"), "{}", last_error());
+}
