@@ -650,6 +650,12 @@ class DrawOptions {
   DrawOptions& presence_penalty(Span<float> v) { return values(presence_penalty_, v); }
   template <class V, detail::if_number<V> = 0>
   DrawOptions& presence_penalty(V every_row) { return scalar(presence_penalty_, every_row); }
+  // Penalty window n >= 0 (0: every token): only the last n tokens of the row's prompt ++
+  // output count for the three penalties. Unlike llama.cpp's penalty_last_n, 0 does not turn
+  // the penalties off, and -1 is refused.
+  DrawOptions& penalty_last_n(Span<int32_t> v) { return values(penalty_last_n_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& penalty_last_n(V every_row) { return scalar(penalty_last_n_, every_row); }
   // Logit bias, CSR of (id, value) pairs: a finite value is added, -inf bans; pairs of one id
   // add up.
   DrawOptions& logit_bias(Span<int32_t> ids, Span<float> values, Span<uint64_t> offsets) {
@@ -764,6 +770,7 @@ class DrawOptions {
     b.repetition_penalty = row_values(repetition_penalty_, prepared, "repetition_penalty", rows);
     b.frequency_penalty = row_values(frequency_penalty_, prepared, "frequency_penalty", rows);
     b.presence_penalty = row_values(presence_penalty_, prepared, "presence_penalty", rows);
+    b.penalty_last_n = row_values(penalty_last_n_, prepared, "penalty_last_n", rows);
     b.bias_ids = list(bias_, "bias_ids", "bias_offsets", rows, &b.bias_offsets);
     check_list_entries(bias_values_, "bias_values", bias_.offsets, "bias_offsets", rows);
     b.bias_values = bias_values_.data();
@@ -877,7 +884,7 @@ class DrawOptions {
   detail::PerRow<float> temperature_, top_p_, min_p_;
   detail::PerRow<uint64_t> seeds_, offsets_;
   detail::PerRow<uint8_t> seeded_, allowed_rows_;
-  detail::PerRow<int32_t> top_k_;
+  detail::PerRow<int32_t> top_k_, penalty_last_n_;
   detail::PerRow<float> repetition_penalty_, frequency_penalty_, presence_penalty_;
   Lists prompt_, output_, bias_, allowed_, banned_;
   Span<float> bias_values_;

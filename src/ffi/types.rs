@@ -288,8 +288,8 @@ pub struct tokenrace_batch {
     pub token_bitmask: *const i32,
     /// Words between the bitmask's rows; 0 means ceil(vocab / 32).
     pub bitmask_row_stride: u64,
-    // Since 0.3: the penalty window (penalty_last_n). A caller built against 0.2 sets a
-    // struct_size that ends before it, and gets its default (NULL).
+    // Added after 0.2.0: the penalty window (penalty_last_n). A caller built against 0.2.0 sets
+    // a struct_size (248) that ends before it, and gets its default (NULL).
     /// Per-row penalty window n >= 0 (NULL: 0 for every row): only the last n tokens of the
     /// row's prompt ++ output count for the penalties (repetition for the prompt's part and the
     /// output's, frequency and presence for the output's). 0 counts every token; unlike

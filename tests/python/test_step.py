@@ -29,12 +29,18 @@ def bitmask_allows(words, vocab):
 
 
 def effective_row(x, *, prompt=(), output=(), r=1.0, f=0.0, p=0.0, bias=(), allowed=None, banned=(),
-                  bitmask=None):
+                  bitmask=None, last_n=0):
     """The processed row y of one row of logits ``x`` (spec steps 1-4, float32, every token).
 
     ``bias``: (id, value) pairs in list order; ``allowed``: None (unrestricted) or ids;
-    ``bitmask``: None or the row's int32 words."""
+    ``bitmask``: None or the row's int32 words; ``last_n``: the penalty window (0: every token),
+    the last ``last_n`` tokens of prompt + output, each keeping the list it came from."""
     vocab = x.shape[0]
+    if last_n:
+        history = [(False, t) for t in prompt] + [(True, t) for t in output]
+        window = history[max(0, len(history) - last_n):]
+        prompt = [t for from_output, t in window if not from_output]
+        output = [t for from_output, t in window if from_output]
     y = np.asarray(x, np.float32).astype(np.float32, copy=True)
     masked = np.zeros(vocab, bool)
     if allowed is not None:
@@ -78,7 +84,8 @@ def effective_rows(x, case):
         out[i] = effective_row(
             x[i].astype(np.float32), prompt=case.prompt[i] or (), output=case.output[i] or (), r=case.r[i],
             f=case.f[i], p=case.p[i], bias=list((case.bias[i] or {}).items()), allowed=case.allowed[i],
-            banned=case.banned[i] or (), bitmask=None if case.bitmask is None else case.bitmask[i])
+            banned=case.banned[i] or (), bitmask=None if case.bitmask is None else case.bitmask[i],
+            last_n=case.last_n[i])
     return out
 
 
@@ -151,12 +158,15 @@ class Case:
                 np.uint32).view(np.int32).reshape(rows, words)
         self.temperature = np.array([[0.0, 0.7, 1.0, 1.5][i % 4] for i in range(rows)], np.float32)
         self.seeds = np.arange(rows, dtype=np.uint64) * 7919 + 11
+        # The penalty window: none, inside the output, across both histories, longer than both.
+        self.last_n = [int(v) for v in rng.choice([0, 1, 5, 20, 1000], rows)]
 
     def kwargs(self):
         """The step's arguments in the canonical form (lists and dicts)."""
         return dict(prompt_tokens=self.prompt, output_tokens=self.output, repetition_penalty=self.r,
                     frequency_penalty=self.f, presence_penalty=self.p, logit_bias=self.bias,
-                    allowed_tokens=self.allowed, banned_tokens=self.banned, token_bitmask=self.bitmask)
+                    allowed_tokens=self.allowed, banned_tokens=self.banned, token_bitmask=self.bitmask,
+                    penalty_last_n=self.last_n)
 
 
 def test_bitmask_helper_matches_the_layout(rng):
@@ -590,6 +600,9 @@ ERRORS = [
     (dict(frequency_penalty=[0.0, np.inf]), r"batch\.frequency_penalty\[1\]: inf is not finite"),
     (dict(presence_penalty=[np.nan, 0.0]), r"batch\.presence_penalty\[0\]: NaN is not finite"),
     (dict(presence_penalty=[1.0, 2.0, 3.0]), r"^presence_penalty: has 3 elements, the batch has 2 rows"),
+    (dict(penalty_last_n=[0, -1]), r"batch\.penalty_last_n\[1\]: -1 is negative"),
+    (dict(penalty_last_n=[1, 2, 3]), r"^penalty_last_n: has 3 elements, the batch has 2 rows"),
+    (dict(penalty_last_n=[1.5, 2]), r"^penalty_last_n: must be integers"),
 ]
 
 
@@ -751,3 +764,19 @@ def test_out_overlapping_any_input_is_refused(tokenrace, rng):
     r = s.draw_full(buf[:rows], temperature=0.7, seeds=3, full_logprobs="processed", out=buf[rows:])
     assert r.full_logprobs is not None and np.shares_memory(r.full_logprobs, buf)
     np.testing.assert_array_equal(buf[rows:], want)
+
+
+def test_the_penalty_window_counts_the_last_tokens_of_prompt_then_output(tokenrace):
+    # Token 0 in the prompt, token 1 in the output; halved by the repetition penalty, both fall
+    # below token 2. Window 1 holds the output's token alone.
+    s = tokenrace.Sampler(4)
+    x = np.array([[5.0, 4.9, 3.0, 0.0]], np.float32)
+    kwargs = dict(temperature=0.0, prompt_tokens=[[0]], output_tokens=[[1]], repetition_penalty=2.0)
+    assert s.draw(x, penalty_last_n=1, **kwargs)[0] == 0
+    assert s.draw(x, penalty_last_n=2, **kwargs)[0] == 2
+    assert s.draw(x, penalty_last_n=0, **kwargs)[0] == 2
+    assert s.draw(x, **kwargs)[0] == 2
+    # A window alone (no history) changes nothing, and a later call without it has none.
+    assert s.draw(x, temperature=0.0, penalty_last_n=[3])[0] == 0
+    assert s.draw_full(x, penalty_last_n=np.array([1], np.int32), **kwargs).tokens[0] == 0
+    assert s.draw_full(x, **kwargs).tokens[0] == 2

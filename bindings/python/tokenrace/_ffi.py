@@ -189,6 +189,8 @@ class tokenrace_batch(_Versioned):
         ("banned_offsets", POINTER(c_uint64)),
         ("token_bitmask", POINTER(c_int32)),
         ("bitmask_row_stride", c_uint64),
+        # added after 0.2.0: the penalty window (part of ``_call.STEP_LAYOUT``)
+        ("penalty_last_n", POINTER(c_int32)),
     ]
 
 
