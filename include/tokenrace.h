@@ -345,6 +345,14 @@ typedef struct tokenrace_batch {
   // llama.cpp's `penalty_last_n`, 0 does not turn the penalties off (set them to their
   // neutral values for that), and -1 is refused (0 is the whole history).
   const int32_t *penalty_last_n;
+  // Per-row minimum output length n >= 0 (NULL: 0 for every row): while the row's output list
+  // (`output_ids`, in this call) holds fewer than n tokens, its stop tokens are banned, as
+  // the banned list's are.
+  const int32_t *min_tokens;
+  // The stop tokens of each row (CSR, ids in [0, vocab)), banned before `min_tokens`.
+  const int32_t *stop_ids;
+  // CSR offsets of `stop_ids`: rows + 1 entries.
+  const uint64_t *stop_offsets;
 } tokenrace_batch;
 
 // Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No

@@ -273,6 +273,8 @@ impl Pipe {
                 let at = r * if *stride == 0 { words } else { *stride as usize };
                 &w[at..at + words]
             }),
+            stop: &[],
+            min_tokens: 0,
         }
     }
 }

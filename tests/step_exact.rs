@@ -308,6 +308,8 @@ fn hand_made_rows_follow_the_spec_exactly() {
             allowed_rows: None,
             banned: Some(lists(p.banned)),
             bitmask: p.bitmask.map(|w| (w.to_vec(), 1)),
+            min_tokens: Some(vec![p.min_tokens]),
+            stop: Some(lists(p.stop)),
         };
         for setup in &setups {
             let b = step.apply(Batch {

@@ -643,6 +643,8 @@ fn realistic_case(
             allowed_rows: None,
             banned: None,
             bitmask: Some((bitmask, words)),
+            min_tokens: None,
+            stop: None,
         },
     }
 }

@@ -120,6 +120,8 @@ fn sample_counts(
         allowed_rows: None,
         banned: rep(&step.banned),
         bitmask: step.bitmask.as_ref().map(|(w, _)| (w[..words].repeat(per_call), words)),
+        min_tokens: step.min_tokens.as_ref().map(|v| vec![v[0]; per_call]),
+        stop: rep(&step.stop),
     };
     let temps = vec![t; per_call];
     let (top_k, top_p, min_p) =
@@ -198,6 +200,8 @@ fn chi_square_row(vocab: usize) -> (Vec<f32>, StepInputs) {
         allowed_rows: None,
         banned: Some(Csr::from_rows(&[vec![23]])),
         bitmask: Some((mask, words)),
+        min_tokens: None,
+        stop: None,
     };
     (x, step)
 }

@@ -296,6 +296,15 @@ pub struct tokenrace_batch {
     /// llama.cpp's `penalty_last_n`, 0 does not turn the penalties off (set them to their
     /// neutral values for that), and -1 is refused (0 is the whole history).
     pub penalty_last_n: *const i32,
+    // Added after 0.2.0: min_tokens (min_tokens, stop_ids, stop_offsets).
+    /// Per-row minimum output length n >= 0 (NULL: 0 for every row): while the row's output list
+    /// (`output_ids`, in this call) holds fewer than n tokens, its stop tokens are banned, as
+    /// the banned list's are.
+    pub min_tokens: *const i32,
+    /// The stop tokens of each row (CSR, ids in [0, vocab)), banned before `min_tokens`.
+    pub stop_ids: *const i32,
+    /// CSR offsets of `stop_ids`: rows + 1 entries.
+    pub stop_offsets: *const u64,
 }
 
 /// Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No

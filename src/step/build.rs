@@ -19,6 +19,7 @@ pub(crate) fn row_has_step(batch: &Batch, r: usize) -> bool {
     batch.token_bitmask.is_some()
         || restricted(batch, r)
         || nonempty(batch.banned_tokens)
+        || !batch.banned_stops(r).is_empty()
         || batch.logit_bias.is_some_and(|b| !b.row(r).0.is_empty())
         || !prompt.is_empty()
         || !output.is_empty()
@@ -47,7 +48,10 @@ pub(crate) fn build<'a>(k: &Kernels, batch: &Batch<'a>, r: usize, defer: bool) -
     alloc::reserve(&mut e.keep, words, "the row's token mask")?;
     let mut masked = false;
     let banned = batch.banned_tokens.map_or(&[][..], |l| l.row(r));
-    if let Some(m) = batch.token_bitmask.filter(|_| defer && !restricted(batch, r) && banned.is_empty()) {
+    // Stop tokens before the minimum output length: banned as the banned list's are.
+    let stops = batch.banned_stops(r);
+    let bitmask_alone = !restricted(batch, r) && banned.is_empty() && stops.is_empty();
+    if let Some(m) = batch.token_bitmask.filter(|_| defer && bitmask_alone) {
         // A deferred row masked by the bitmask alone: its words as they are.
         let given = as_u32(&m.words[r * m.row_stride..r * m.row_stride + words]);
         masked = !all_set(given, last_bits);
@@ -70,7 +74,7 @@ pub(crate) fn build<'a>(k: &Kernels, batch: &Batch<'a>, r: usize, defer: bool) -
         e.keep = only;
         masked = true;
     }
-    for &id in banned {
+    for &id in banned.iter().chain(stops) {
         e.clear(id as usize);
         masked = true;
     }

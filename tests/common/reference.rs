@@ -574,6 +574,9 @@ pub struct RowInputs<'a> {
     pub banned: &'a [i32],
     /// The row's bitmask words (xgrammar: bit j of word w allows token 32 w + j).
     pub bitmask: Option<&'a [i32]>,
+    /// The stop tokens, banned while `output` holds fewer than `min_tokens` tokens.
+    pub stop: &'a [i32],
+    pub min_tokens: i32,
 }
 
 impl RowInputs<'_> {
@@ -590,6 +593,8 @@ impl RowInputs<'_> {
         allowed: None,
         banned: &[],
         bitmask: None,
+        stop: &[],
+        min_tokens: 0,
     };
 }
 
@@ -610,6 +615,11 @@ pub fn masked(p: &RowInputs, n: usize) -> Vec<bool> {
     }
     for &id in p.banned {
         out[id as usize] = true;
+    }
+    if (p.output.len() as i64) < p.min_tokens as i64 {
+        for &id in p.stop {
+            out[id as usize] = true;
+        }
     }
     out
 }
