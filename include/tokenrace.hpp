@@ -677,6 +677,15 @@ class DrawOptions {
     banned_ = {ids, offsets};
     return *this;
   }
+  // min_tokens n >= 0 (0: off): while the row's output (output_tokens, in this call) holds
+  // fewer than n tokens, its stop tokens (CSR) are banned as banned_tokens' are.
+  DrawOptions& min_tokens(Span<int32_t> v) { return values(min_tokens_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& min_tokens(V every_row) { return scalar(min_tokens_, every_row); }
+  DrawOptions& stop_tokens(Span<int32_t> ids, Span<uint64_t> offsets) {
+    stop_ = {ids, offsets};
+    return *this;
+  }
   // A grammar bitmask in xgrammar's layout: rows x ceil(vocab / 32) int32 words, `row_stride`
   // words apart (0: ceil(vocab / 32)); bit j of word w set allows token 32 w + j.
   DrawOptions& token_bitmask(Span<int32_t> words, uint64_t row_stride = 0) {
@@ -771,6 +780,8 @@ class DrawOptions {
     b.frequency_penalty = row_values(frequency_penalty_, prepared, "frequency_penalty", rows);
     b.presence_penalty = row_values(presence_penalty_, prepared, "presence_penalty", rows);
     b.penalty_last_n = row_values(penalty_last_n_, prepared, "penalty_last_n", rows);
+    b.min_tokens = row_values(min_tokens_, prepared, "min_tokens", rows);
+    b.stop_ids = list(stop_, "stop_ids", "stop_offsets", rows, &b.stop_offsets);
     b.bias_ids = list(bias_, "bias_ids", "bias_offsets", rows, &b.bias_offsets);
     check_list_entries(bias_values_, "bias_values", bias_.offsets, "bias_offsets", rows);
     b.bias_values = bias_values_.data();
@@ -884,9 +895,9 @@ class DrawOptions {
   detail::PerRow<float> temperature_, top_p_, min_p_;
   detail::PerRow<uint64_t> seeds_, offsets_;
   detail::PerRow<uint8_t> seeded_, allowed_rows_;
-  detail::PerRow<int32_t> top_k_, penalty_last_n_;
+  detail::PerRow<int32_t> top_k_, penalty_last_n_, min_tokens_;
   detail::PerRow<float> repetition_penalty_, frequency_penalty_, presence_penalty_;
-  Lists prompt_, output_, bias_, allowed_, banned_;
+  Lists prompt_, output_, bias_, allowed_, banned_, stop_;
   Span<float> bias_values_;
   Span<int32_t> bitmask_;
   uint64_t bitmask_row_stride_ = 0;

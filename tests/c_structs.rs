@@ -482,3 +482,45 @@ fn the_penalty_window_is_read_only_by_callers_whose_struct_reaches_it() {
     assert_eq!(greedy(whole, [0, -1]), (tokenrace_status::InvalidArgument, [-1, -1]));
     assert!(last_error().contains("batch.penalty_last_n[1]: -1 is negative"), "{}", last_error());
 }
+
+/// min_tokens' fields follow the penalty window: a caller whose `struct_size` ends before them
+/// bans no stop token; one that reaches them does, and a stop id out of range is refused naming
+/// its row and position, nothing written.
+#[test]
+fn min_tokens_is_read_only_by_callers_whose_struct_reaches_it() {
+    use std::mem::{offset_of, size_of};
+    let (min_at, whole) = (offset_of!(tokenrace_batch, min_tokens), size_of::<tokenrace_batch>());
+    assert_eq!(min_at, offset_of!(tokenrace_batch, penalty_last_n) + 8);
+    assert_eq!(offset_of!(tokenrace_batch, stop_ids), min_at + 8);
+    assert_eq!(offset_of!(tokenrace_batch, stop_offsets), min_at + 16);
+    let mut f = Fixture::new();
+    for (i, v) in f.logits.iter_mut().enumerate() {
+        *v = match i % 1000 {
+            0 => 5.0,
+            1 => 4.0,
+            _ => 0.0,
+        };
+    }
+    let temperature = [0.0f32; 2];
+    let (min_tokens, stop_offsets) = ([1i32, 0], [0u64, 1, 2]);
+    let mut greedy = |size: usize, stop_ids: [i32; 2]| {
+        let (mut b, mut o) = f.args();
+        b.struct_size = size as u32;
+        b.temperature = temperature.as_ptr();
+        b.min_tokens = min_tokens.as_ptr();
+        b.stop_ids = stop_ids.as_ptr();
+        b.stop_offsets = stop_offsets.as_ptr();
+        f.tokens = [-1; 2];
+        let status = f.draw(&b, &mut o);
+        (status, f.tokens)
+    };
+    // Row 0 (no output yet, min 1) may not stop; row 1 (min 0) may.
+    assert_eq!(greedy(whole, [0, 0]), (tokenrace_status::Ok, [1, 0]), "{}", last_error());
+    assert_eq!(greedy(min_at, [0, 0]), (tokenrace_status::Ok, [0, 0]), "a caller before min_tokens");
+    assert_eq!(greedy(whole, [0, 1000]), (tokenrace_status::InvalidArgument, [-1, -1]));
+    assert!(
+        last_error().contains("batch.stop_ids[1]: position 0 (entry 1): 1000 is not a token id"),
+        "{}",
+        last_error()
+    );
+}

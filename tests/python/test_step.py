@@ -29,13 +29,16 @@ def bitmask_allows(words, vocab):
 
 
 def effective_row(x, *, prompt=(), output=(), r=1.0, f=0.0, p=0.0, bias=(), allowed=None, banned=(),
-                  bitmask=None, last_n=0):
+                  bitmask=None, last_n=0, stop=(), min_tokens=0):
     """The processed row y of one row of logits ``x`` (spec steps 1-4, float32, every token).
 
     ``bias``: (id, value) pairs in list order; ``allowed``: None (unrestricted) or ids;
     ``bitmask``: None or the row's int32 words; ``last_n``: the penalty window (0: every token),
-    the last ``last_n`` tokens of prompt + output, each keeping the list it came from."""
+    the last ``last_n`` tokens of prompt + output, each keeping the list it came from; ``stop``
+    tokens are banned while ``output`` is shorter than ``min_tokens``."""
     vocab = x.shape[0]
+    if len(output) < min_tokens:
+        banned = list(banned) + list(stop)
     if last_n:
         history = [(False, t) for t in prompt] + [(True, t) for t in output]
         window = history[max(0, len(history) - last_n):]
@@ -85,7 +88,7 @@ def effective_rows(x, case):
             x[i].astype(np.float32), prompt=case.prompt[i] or (), output=case.output[i] or (), r=case.r[i],
             f=case.f[i], p=case.p[i], bias=list((case.bias[i] or {}).items()), allowed=case.allowed[i],
             banned=case.banned[i] or (), bitmask=None if case.bitmask is None else case.bitmask[i],
-            last_n=case.last_n[i])
+            last_n=case.last_n[i], stop=case.stop[i] or (), min_tokens=case.min_tokens[i])
     return out
 
 
@@ -160,13 +163,17 @@ class Case:
         self.seeds = np.arange(rows, dtype=np.uint64) * 7919 + 11
         # The penalty window: none, inside the output, across both histories, longer than both.
         self.last_n = [int(v) for v in rng.choice([0, 1, 5, 20, 1000], rows)]
+        # min_tokens around each row's output length; stop lists holding likely tokens.
+        self.min_tokens = [max(0, len(self.output[i] or ()) + int(rng.integers(-1, 2))) for i in range(rows)]
+        self.stop = [some(i, 3, hot=0.9) for i in range(rows)]
+        self.stop[5] = None
 
     def kwargs(self):
         """The step's arguments in the canonical form (lists and dicts)."""
         return dict(prompt_tokens=self.prompt, output_tokens=self.output, repetition_penalty=self.r,
                     frequency_penalty=self.f, presence_penalty=self.p, logit_bias=self.bias,
                     allowed_tokens=self.allowed, banned_tokens=self.banned, token_bitmask=self.bitmask,
-                    penalty_last_n=self.last_n)
+                    penalty_last_n=self.last_n, min_tokens=self.min_tokens, stop_token_ids=self.stop)
 
 
 def test_bitmask_helper_matches_the_layout(rng):
@@ -603,6 +610,9 @@ ERRORS = [
     (dict(penalty_last_n=[0, -1]), r"batch\.penalty_last_n\[1\]: -1 is negative"),
     (dict(penalty_last_n=[1, 2, 3]), r"^penalty_last_n: has 3 elements, the batch has 2 rows"),
     (dict(penalty_last_n=[1.5, 2]), r"^penalty_last_n: must be integers"),
+    (dict(min_tokens=[-2, 0]), r"batch\.min_tokens\[0\]: -2 is negative"),
+    (dict(min_tokens=3, stop_token_ids=[[1], [2, 64]]),
+     r"batch\.stop_ids\[1\]: position 1 \(entry 2\): 64 is not a token id.*stop_token_ids"),
 ]
 
 
@@ -780,3 +790,17 @@ def test_the_penalty_window_counts_the_last_tokens_of_prompt_then_output(tokenra
     assert s.draw(x, temperature=0.0, penalty_last_n=[3])[0] == 0
     assert s.draw_full(x, penalty_last_n=np.array([1], np.int32), **kwargs).tokens[0] == 0
     assert s.draw_full(x, **kwargs).tokens[0] == 2
+
+
+def test_min_tokens_bans_the_stop_tokens_until_the_output_is_long_enough(tokenrace):
+    s = tokenrace.Sampler(4)
+    x = np.array([[1.0, 5.0, 4.0, 3.0]], np.float32)
+    for output, want in (([], 2), ([0, 0], 2), ([0, 0, 0], 1)):
+        got = s.draw(x, temperature=0.0, output_tokens=[output], min_tokens=3, stop_token_ids=[[1]])
+        assert got[0] == want, output
+    r = s.draw_full(x, temperature=0.0, min_tokens=[1], stop_token_ids=[[1]], full_logprobs="processed")
+    assert r.tokens[0] == 2 and r.full_logprobs[0, 1] == -np.inf
+    # The CSR form, and a later call without the arguments bans nothing.
+    got = s.draw(x, temperature=0.0, min_tokens=1, stop_token_ids=(np.array([1], np.int32), np.array([0, 1], np.uint64)))
+    assert got[0] == 2
+    assert s.draw(x, temperature=0.0)[0] == 1

@@ -191,6 +191,10 @@ class tokenrace_batch(_Versioned):
         ("bitmask_row_stride", c_uint64),
         # added after 0.2.0: the penalty window (part of ``_call.STEP_LAYOUT``)
         ("penalty_last_n", POINTER(c_int32)),
+        # added after 0.2.0: min_tokens
+        ("min_tokens", POINTER(c_int32)),
+        ("stop_ids", POINTER(c_int32)),
+        ("stop_offsets", POINTER(c_uint64)),
     ]
 
 
