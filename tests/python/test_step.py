@@ -432,7 +432,8 @@ def test_torch_tensors_for_every_argument(tokenrace, rng, fake_torch):
                 repetition_penalty=T(np.array(case.r, np.float32)), frequency_penalty=T(np.array(case.f, np.float32)),
                 presence_penalty=T(np.array(case.p, np.float32)), logit_bias=tuple(T(a) for a in bias),
                 allowed_tokens=tensors(case.allowed), banned_tokens=tensors(case.banned),
-                token_bitmask=T(case.bitmask))
+                token_bitmask=T(case.bitmask), penalty_last_n=T(np.array(case.last_n, np.int32)),
+                min_tokens=T(np.array(case.min_tokens, np.int64)), stop_token_ids=tensors(case.stop))
     got = s.draw(T(case.x), temperature=T(case.temperature), seeds=T(case.seeds.astype(np.int64)), **args)
     np.testing.assert_array_equal(got, want)
     out = T(np.full((8, 260), 7.0, np.float32))
@@ -708,7 +709,8 @@ def test_a_seeded_row_with_the_step_ignores_its_batch_mates(tokenrace, rng):
     for r in (0, 3, 7):
         one = dict(prompt_tokens=[case.prompt[r]], output_tokens=[case.output[r]], repetition_penalty=case.r[r],
                    frequency_penalty=case.f[r], presence_penalty=case.p[r], logit_bias=[case.bias[r]],
-                   allowed_tokens=[case.allowed[r]], banned_tokens=[case.banned[r]], token_bitmask=case.bitmask[r])
+                   allowed_tokens=[case.allowed[r]], banned_tokens=[case.banned[r]], token_bitmask=case.bitmask[r],
+                   penalty_last_n=case.last_n[r], min_tokens=case.min_tokens[r], stop_token_ids=[case.stop[r]])
         alone = s.draw(case.x[r], temperature=0.9, seeds=case.seeds[r], **one)
         assert alone[0] == batch[r], f"row {r}"
 
