@@ -314,8 +314,8 @@ fn the_penalty_window_is_exact_to_the_token() {
     let (p_row, o_row) = (vec![0, 1, 2, 3], vec![4, 5, 5, 6, 7]);
     let last_n = 6;
     let step = |n: i32| StepInputs {
-        prompt: Some(Csr::from_rows(&[p_row.clone()])),
-        output: Some(Csr::from_rows(&[o_row.clone()])),
+        prompt: Some(Csr::from_rows(std::slice::from_ref(&p_row))),
+        output: Some(Csr::from_rows(std::slice::from_ref(&o_row))),
         repetition: Some(vec![2.0]),
         frequency: Some(vec![0.5]),
         presence: Some(vec![0.5]),
