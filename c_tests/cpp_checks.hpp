@@ -1031,7 +1031,7 @@ inline void scalars_equal_per_row_values(const tokenrace::Library& lib) {
   const tokenrace::Logits logits = tokenrace::Logits::f32(in.logits.data(), in.rows, in.vocab);
   const std::vector<float> temperature(in.rows, 0.8f), top_p(in.rows, 0.9f), min_p(in.rows, 0.01f);
   const std::vector<float> repetition(in.rows, 1.4f), frequency(in.rows, 0.3f), presence(in.rows, 0.6f);
-  const std::vector<int32_t> top_k(in.rows, 60);
+  const std::vector<int32_t> top_k(in.rows, 60), last_n(in.rows, 3), min_tokens(in.rows, 50);
   const std::vector<uint64_t> seeds(in.rows, 77), offsets(in.rows, 12);
   const std::vector<uint8_t> ones(in.rows, 1);
   tokenrace::DrawOptions per_row = step_options(in);
@@ -1045,6 +1045,9 @@ inline void scalars_equal_per_row_values(const tokenrace::Library& lib) {
       .repetition_penalty(repetition)
       .frequency_penalty(frequency)
       .presence_penalty(presence)
+      .penalty_last_n(last_n)
+      .min_tokens(min_tokens)
+      .stop_tokens(in.banned_ids, in.banned_offsets)
       .allowed_rows(ones)
       .top_n(3)
       .full_logprobs(TOKENRACE_FULL_MODE_PROCESSED);
@@ -1059,6 +1062,8 @@ inline void scalars_equal_per_row_values(const tokenrace::Library& lib) {
       .repetition_penalty(1.4f)
       .frequency_penalty(0.3f)
       .presence_penalty(0.6f)
+      .penalty_last_n(3)
+      .min_tokens(50)
       .allowed_rows(1);
   const tokenrace::DrawResult expected = sampler.draw_full(logits, per_row);
   CHECK(same_draws(sampler.draw_full(logits, scalars), expected));

@@ -263,6 +263,7 @@ int main(void) {
    * are never read: set them to things that would change the draw (a bitmask allowing nothing, a
    * full buffer that must stay untouched). */
   CHECK(offsetof(tokenrace_batch, prompt_ids) == 112 && offsetof(tokenrace_batch, top_k) == 88);
+  CHECK(offsetof(tokenrace_batch, penalty_last_n) == 248); /* the batch of 0.2 ends before it */
   CHECK(offsetof(tokenrace_output, full_logprobs) == 64);
   static int32_t nothing[ROWS * MASK_STRIDE];
   memset(nothing, 0, sizeof nothing);

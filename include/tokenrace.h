@@ -339,6 +339,20 @@ typedef struct tokenrace_batch {
   const int32_t *token_bitmask;
   // Words between the bitmask's rows; 0 means ceil(vocab / 32).
   uint64_t bitmask_row_stride;
+  // Per-row penalty window n >= 0 (NULL: 0 for every row): only the last n tokens of the
+  // row's prompt ++ output count for the penalties (repetition for the prompt's part and the
+  // output's, frequency and presence for the output's). 0 counts every token; unlike
+  // llama.cpp's `penalty_last_n`, 0 does not turn the penalties off (set them to their
+  // neutral values for that), and -1 is refused (0 is the whole history).
+  const int32_t *penalty_last_n;
+  // Per-row minimum output length n >= 0 (NULL: 0 for every row): while the row's output list
+  // (`output_ids`, in this call) holds fewer than n tokens, its stop tokens are banned, as
+  // the banned list's are.
+  const int32_t *min_tokens;
+  // The stop tokens of each row (CSR, ids in [0, vocab)), banned before `min_tokens`.
+  const int32_t *stop_ids;
+  // CSR offsets of `stop_ids`: rows + 1 entries.
+  const uint64_t *stop_offsets;
   // Per-row top-nσ n, finite (NULL: off); n <= 0 disables it for the row. Keeps the tokens
   // with logit >= max - n * sigma over the row's finite logits.
   const float *top_n_sigma;

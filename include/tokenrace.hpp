@@ -655,6 +655,12 @@ class DrawOptions {
   DrawOptions& presence_penalty(Span<float> v) { return values(presence_penalty_, v); }
   template <class V, detail::if_number<V> = 0>
   DrawOptions& presence_penalty(V every_row) { return scalar(presence_penalty_, every_row); }
+  // Penalty window n >= 0 (0: every token): only the last n tokens of the row's prompt ++
+  // output count for the three penalties. Unlike llama.cpp's penalty_last_n, 0 does not turn
+  // the penalties off, and -1 is refused.
+  DrawOptions& penalty_last_n(Span<int32_t> v) { return values(penalty_last_n_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& penalty_last_n(V every_row) { return scalar(penalty_last_n_, every_row); }
   // Logit bias, CSR of (id, value) pairs: a finite value is added, -inf bans; pairs of one id
   // add up.
   DrawOptions& logit_bias(Span<int32_t> ids, Span<float> values, Span<uint64_t> offsets) {
@@ -674,6 +680,15 @@ class DrawOptions {
   // Tokens a row may not draw, CSR (bad words of one token, min_tokens' stop ids).
   DrawOptions& banned_tokens(Span<int32_t> ids, Span<uint64_t> offsets) {
     banned_ = {ids, offsets};
+    return *this;
+  }
+  // min_tokens n >= 0 (0: off): while the row's output (output_tokens, in this call) holds
+  // fewer than n tokens, its stop tokens (CSR) are banned as banned_tokens' are.
+  DrawOptions& min_tokens(Span<int32_t> v) { return values(min_tokens_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& min_tokens(V every_row) { return scalar(min_tokens_, every_row); }
+  DrawOptions& stop_tokens(Span<int32_t> ids, Span<uint64_t> offsets) {
+    stop_ = {ids, offsets};
     return *this;
   }
   // A grammar bitmask in xgrammar's layout: rows x ceil(vocab / 32) int32 words, `row_stride`
@@ -769,6 +784,9 @@ class DrawOptions {
     b.repetition_penalty = row_values(repetition_penalty_, prepared, "repetition_penalty", rows);
     b.frequency_penalty = row_values(frequency_penalty_, prepared, "frequency_penalty", rows);
     b.presence_penalty = row_values(presence_penalty_, prepared, "presence_penalty", rows);
+    b.penalty_last_n = row_values(penalty_last_n_, prepared, "penalty_last_n", rows);
+    b.min_tokens = row_values(min_tokens_, prepared, "min_tokens", rows);
+    b.stop_ids = list(stop_, "stop_ids", "stop_offsets", rows, &b.stop_offsets);
     b.bias_ids = list(bias_, "bias_ids", "bias_offsets", rows, &b.bias_offsets);
     check_list_entries(bias_values_, "bias_values", bias_.offsets, "bias_offsets", rows);
     b.bias_values = bias_values_.data();
@@ -883,9 +901,9 @@ class DrawOptions {
   detail::PerRow<float> temperature_, top_p_, min_p_, top_n_sigma_;
   detail::PerRow<uint64_t> seeds_, offsets_;
   detail::PerRow<uint8_t> seeded_, allowed_rows_;
-  detail::PerRow<int32_t> top_k_;
+  detail::PerRow<int32_t> top_k_, penalty_last_n_, min_tokens_;
   detail::PerRow<float> repetition_penalty_, frequency_penalty_, presence_penalty_;
-  Lists prompt_, output_, bias_, allowed_, banned_;
+  Lists prompt_, output_, bias_, allowed_, banned_, stop_;
   Span<float> bias_values_;
   Span<int32_t> bitmask_;
   uint64_t bitmask_row_stride_ = 0;

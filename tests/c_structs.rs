@@ -444,3 +444,83 @@ fn verify_with_zero_requests_needs_no_pointers() {
     assert_eq!(f.verify(&b, &mut o), tokenrace_status::InvalidArgument);
     assert!(last_error().contains("batch.logits: is NULL"), "{}", last_error());
 }
+
+/// The penalty window is the first field after the 0.2 batch of 248 bytes: a caller
+/// whose `struct_size` ends before it gets no window (its pointer is not read), one that
+/// reaches it gets the window, and a negative value is refused naming its row, nothing written.
+#[test]
+fn the_penalty_window_is_read_only_by_callers_whose_struct_reaches_it() {
+    use std::mem::{offset_of, size_of};
+    let (window_at, whole) = (offset_of!(tokenrace_batch, penalty_last_n), size_of::<tokenrace_batch>());
+    assert_eq!(window_at, 248);
+    let mut f = Fixture::new();
+    // Token 0 leads; in the output it falls below token 1 (repetition 4), unless the window of
+    // one token leaves it out.
+    for (i, v) in f.logits.iter_mut().enumerate() {
+        *v = match i % 1000 {
+            0 => 5.0,
+            1 => 4.0,
+            _ => 0.0,
+        };
+    }
+    let (output_ids, output_offsets) = ([0i32, 2, 0, 2], [0u64, 2, 4]);
+    let (temperature, repetition) = ([0.0f32; 2], [4.0f32; 2]);
+    let mut greedy = |size: usize, last_n: [i32; 2]| {
+        let (mut b, mut o) = f.args();
+        b.struct_size = size as u32;
+        b.temperature = temperature.as_ptr();
+        b.output_ids = output_ids.as_ptr();
+        b.output_offsets = output_offsets.as_ptr();
+        b.repetition_penalty = repetition.as_ptr();
+        b.penalty_last_n = last_n.as_ptr();
+        f.tokens = [-1; 2];
+        let status = f.draw(&b, &mut o);
+        (status, f.tokens)
+    };
+    assert_eq!(greedy(whole, [1, 0]), (tokenrace_status::Ok, [0, 1]), "{}", last_error());
+    assert_eq!(greedy(window_at, [1, 0]), (tokenrace_status::Ok, [1, 1]), "a 0.2 caller: no window");
+    assert_eq!(greedy(whole, [0, -1]), (tokenrace_status::InvalidArgument, [-1, -1]));
+    assert!(last_error().contains("batch.penalty_last_n[1]: -1 is negative"), "{}", last_error());
+}
+
+/// min_tokens' fields follow the penalty window: a caller whose `struct_size` ends before them
+/// bans no stop token; one that reaches them does, and a stop id out of range is refused naming
+/// its row and position, nothing written.
+#[test]
+fn min_tokens_is_read_only_by_callers_whose_struct_reaches_it() {
+    use std::mem::{offset_of, size_of};
+    let (min_at, whole) = (offset_of!(tokenrace_batch, min_tokens), size_of::<tokenrace_batch>());
+    assert_eq!(min_at, offset_of!(tokenrace_batch, penalty_last_n) + 8);
+    assert_eq!(offset_of!(tokenrace_batch, stop_ids), min_at + 8);
+    assert_eq!(offset_of!(tokenrace_batch, stop_offsets), min_at + 16);
+    let mut f = Fixture::new();
+    for (i, v) in f.logits.iter_mut().enumerate() {
+        *v = match i % 1000 {
+            0 => 5.0,
+            1 => 4.0,
+            _ => 0.0,
+        };
+    }
+    let temperature = [0.0f32; 2];
+    let (min_tokens, stop_offsets) = ([1i32, 0], [0u64, 1, 2]);
+    let mut greedy = |size: usize, stop_ids: [i32; 2]| {
+        let (mut b, mut o) = f.args();
+        b.struct_size = size as u32;
+        b.temperature = temperature.as_ptr();
+        b.min_tokens = min_tokens.as_ptr();
+        b.stop_ids = stop_ids.as_ptr();
+        b.stop_offsets = stop_offsets.as_ptr();
+        f.tokens = [-1; 2];
+        let status = f.draw(&b, &mut o);
+        (status, f.tokens)
+    };
+    // Row 0 (no output yet, min 1) may not stop; row 1 (min 0) may.
+    assert_eq!(greedy(whole, [0, 0]), (tokenrace_status::Ok, [1, 0]), "{}", last_error());
+    assert_eq!(greedy(min_at, [0, 0]), (tokenrace_status::Ok, [0, 0]), "a caller before min_tokens");
+    assert_eq!(greedy(whole, [0, 1000]), (tokenrace_status::InvalidArgument, [-1, -1]));
+    assert!(
+        last_error().contains("batch.stop_ids[1]: position 0 (entry 1): 1000 is not a token id"),
+        "{}",
+        last_error()
+    );
+}

@@ -260,6 +260,7 @@ impl Pipe {
             repetition: self.repetition.as_ref().map_or(1.0, |v| v[r]),
             frequency: self.frequency.as_ref().map_or(0.0, |v| v[r]),
             presence: self.presence.as_ref().map_or(0.0, |v| v[r]),
+            last_n: 0,
             bias_ids: self.bias.as_ref().map_or(&[], |b| b.0.row(r)),
             bias_values: self.bias.as_ref().map_or(&[], |b| &b.1[b.0.offsets[r] as usize..b.0.offsets[r + 1] as usize]),
             allowed: self
@@ -272,6 +273,8 @@ impl Pipe {
                 let at = r * if *stride == 0 { words } else { *stride as usize };
                 &w[at..at + words]
             }),
+            stop: &[],
+            min_tokens: 0,
         }
     }
 }

@@ -302,11 +302,14 @@ fn hand_made_rows_follow_the_spec_exactly() {
             repetition: Some(vec![p.repetition]),
             frequency: Some(vec![p.frequency]),
             presence: Some(vec![p.presence]),
+            last_n: Some(vec![p.last_n]),
             bias: Some(bias),
             allowed: p.allowed.map(lists),
             allowed_rows: None,
             banned: Some(lists(p.banned)),
             bitmask: p.bitmask.map(|w| (w.to_vec(), 1)),
+            min_tokens: Some(vec![p.min_tokens]),
+            stop: Some(lists(p.stop)),
         };
         for setup in &setups {
             let b = step.apply(Batch {

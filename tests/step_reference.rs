@@ -637,11 +637,14 @@ fn realistic_case(
             repetition: Some(vec![1.1; rows]),
             frequency: Some(vec![0.2; rows]),
             presence: Some(vec![0.1; rows]),
+            last_n: None,
             bias: Some(bias),
             allowed: None,
             allowed_rows: None,
             banned: None,
             bitmask: Some((bitmask, words)),
+            min_tokens: None,
+            stop: None,
         },
     }
 }

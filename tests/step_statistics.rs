@@ -114,11 +114,14 @@ fn sample_counts(
         repetition: step.repetition.as_ref().map(|v| vec![v[0]; per_call]),
         frequency: step.frequency.as_ref().map(|v| vec![v[0]; per_call]),
         presence: step.presence.as_ref().map(|v| vec![v[0]; per_call]),
+        last_n: step.last_n.as_ref().map(|v| vec![v[0]; per_call]),
         bias,
         allowed: rep(&step.allowed),
         allowed_rows: None,
         banned: rep(&step.banned),
         bitmask: step.bitmask.as_ref().map(|(w, _)| (w[..words].repeat(per_call), words)),
+        min_tokens: step.min_tokens.as_ref().map(|v| vec![v[0]; per_call]),
+        stop: rep(&step.stop),
     };
     let temps = vec![t; per_call];
     let (top_k, top_p, min_p) =
@@ -187,6 +190,7 @@ fn chi_square_row(vocab: usize) -> (Vec<f32>, StepInputs) {
         repetition: Some(vec![1.8]),
         frequency: Some(vec![0.6]),
         presence: Some(vec![0.4]),
+        last_n: None,
         bias: Some({
             let mut b = BiasCsr::new();
             b.push(&b_row);
@@ -196,6 +200,8 @@ fn chi_square_row(vocab: usize) -> (Vec<f32>, StepInputs) {
         allowed_rows: None,
         banned: Some(Csr::from_rows(&[vec![23]])),
         bitmask: Some((mask, words)),
+        min_tokens: None,
+        stop: None,
     };
     (x, step)
 }
@@ -293,4 +299,52 @@ fn filters_first_filters_the_untempered_distribution() {
     let counts = sample_counts(&s, &x, &step, t, filters, n, 78);
     let (stat, dof) = chi2_or_reject(&counts, &tempered);
     assert!(stat < chi2_critical(dof, 5.0), "TemperatureFirst draws: chi-square {stat} on {dof} dof");
+}
+
+/// The penalty window, by its distribution: a row whose likely tokens sit on either side of
+/// the window's first token (the prompt's last token, the output's first), so that a window
+/// one token shorter or longer moves a tenth of the mass; the counts follow the reference of
+/// the right window and reject both neighbours, deferred (no filters) or not (top-p).
+#[test]
+fn the_penalty_window_is_exact_to_the_token() {
+    let vocab = 64;
+    let mut rng = TestRng::new(606);
+    let x: Vec<f32> = (0..vocab).map(|i| if i < 8 { 2.0 } else { (rng.normal() - 1.0) as f32 }).collect();
+    // prompt ++ output = [0, 1, 2, 3 | 4, 5, 5, 6, 7]: window 6 starts at the prompt's 3.
+    let (p_row, o_row) = (vec![0, 1, 2, 3], vec![4, 5, 5, 6, 7]);
+    let last_n = 6;
+    let step = |n: i32| StepInputs {
+        prompt: Some(Csr::from_rows(std::slice::from_ref(&p_row))),
+        output: Some(Csr::from_rows(std::slice::from_ref(&o_row))),
+        repetition: Some(vec![2.0]),
+        frequency: Some(vec![0.5]),
+        presence: Some(vec![0.5]),
+        last_n: Some(vec![n]),
+        ..StepInputs::default()
+    };
+    let t = 0.9f32;
+    let n = 20_000;
+    let level = supported_levels()[supported_levels().len() - 1];
+    let s = Sampler::new(config(level, 1, rf::Order::TemperatureFirst)).unwrap();
+    for filters in [rf::Filters { top_k: 0, top_p: 1.0, min_p: 0.0 }, rf::Filters { top_k: 0, top_p: 0.97, min_p: 0.0 }]
+    {
+        let counts = sample_counts(&s, &x, &step(last_n), t, filters, n, 31);
+        let want_of = |w: i32| {
+            let y = rf::effective_row(&x, &step(w).row(0, vocab));
+            probabilities(&y, t, filters, rf::inv_t32(t))
+        };
+        let want = want_of(last_n);
+        let (stat, dof) = chi2_or_reject(&counts, &want);
+        let crit = chi2_critical(dof, 5.0);
+        eprintln!("window {last_n}, {filters:?}: chi-square {stat:.1} on {dof} dof (critical {crit:.1})");
+        assert!(stat < crit, "window {last_n}: chi-square {stat} >= {crit} on {dof} dof");
+        for off_by_one in [last_n - 1, last_n + 1] {
+            let wrong = want_of(off_by_one);
+            let tv: f64 = want.iter().zip(&wrong).map(|(a, b)| (a - b).abs()).sum::<f64>() / 2.0;
+            let (ws, wd) = chi2_or_reject(&counts, &wrong);
+            eprintln!("window {off_by_one}: total variation {tv:.3}, chi-square {ws:.1} on {wd} dof");
+            assert!(tv > 0.05, "window {off_by_one} is too close to {last_n} to test (TV {tv})");
+            assert!(ws > chi2_critical(wd, 5.0), "the counts cannot tell window {off_by_one} from {last_n} ({ws})");
+        }
+    }
 }

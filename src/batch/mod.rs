@@ -131,6 +131,9 @@ pub struct Batch<'a> {
     pub frequency_penalty: Option<&'a [f32]>,
     /// Per-row presence penalty, any finite value; 0 is off.
     pub presence_penalty: Option<&'a [f32]>,
+    /// Per-row penalty window n >= 0: only the last n tokens of (prompt ++ output) count for
+    /// the penalties; 0 (and `None`) counts every token.
+    pub penalty_last_n: Option<&'a [i32]>,
     /// Sparse (id, bias) pairs of each row.
     pub logit_bias: Option<LogitBias<'a>>,
     /// The only tokens each row may draw (rows that `allowed_rows` leaves out are unrestricted).
@@ -141,6 +144,11 @@ pub struct Batch<'a> {
     pub banned_tokens: Option<TokenLists<'a>>,
     /// A grammar bitmask (xgrammar's packed layout).
     pub token_bitmask: Option<TokenBitmask<'a>>,
+    /// Per-row minimum output length n >= 0: while the row's output list holds fewer than n
+    /// tokens, its stop tokens are banned; `None` is 0 for every row.
+    pub min_tokens: Option<&'a [i32]>,
+    /// The stop tokens of each row, banned while its output is shorter than `min_tokens`.
+    pub stop_tokens: Option<TokenLists<'a>>,
 }
 
 /// Per-row lists of token ids in CSR form: row `r`'s ids are `ids[offsets[r]..offsets[r + 1]]`
@@ -214,11 +222,14 @@ impl<'a> Batch<'a> {
             repetition_penalty: None,
             frequency_penalty: None,
             presence_penalty: None,
+            penalty_last_n: None,
             logit_bias: None,
             allowed_tokens: None,
             allowed_rows: None,
             banned_tokens: None,
             token_bitmask: None,
+            min_tokens: None,
+            stop_tokens: None,
         }
     }
 
@@ -231,6 +242,19 @@ impl<'a> Batch<'a> {
             || self.allowed_tokens.is_some()
             || self.banned_tokens.is_some()
             || self.token_bitmask.is_some()
+            || (self.min_tokens.is_some() && self.stop_tokens.is_some())
+    }
+
+    /// The stop tokens that row `r` (of a validated batch) may not draw yet: its whole stop list
+    /// while its output list holds fewer than `min_tokens[r]` tokens, else none.
+    pub(crate) fn banned_stops(&self, r: usize) -> &'a [i32] {
+        let (Some(min), Some(stops)) = (self.min_tokens, self.stop_tokens) else { return &[] };
+        let produced = self.output_tokens.map_or(0, |l| l.row(r).len());
+        if (produced as u64) < min[r].max(0) as u64 {
+            stops.row(r)
+        } else {
+            &[]
+        }
     }
 
     /// The temperature of `row` (1.0 without a temperature array).

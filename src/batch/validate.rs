@@ -184,6 +184,10 @@ fn validate_step(k: &Kernels, batch: &Batch, out: &Output, ids: Ids) -> Result<(
         let s = if field == "frequency_penalty" { batch.frequency_penalty } else { batch.presence_penalty };
         check_each(field, s, rows, |v: f32| (!v.is_finite()).then(|| format!("{v} is not finite")))?;
     }
+    check_each("penalty_last_n", batch.penalty_last_n, rows, |n: i32| {
+        (n < 0).then(|| format!("{n} is negative (0 counts the whole history)"))
+    })?;
+    check_each("min_tokens", batch.min_tokens, rows, |n: i32| (n < 0).then(|| format!("{n} is negative")))?;
     if let Some(b) = batch.logit_bias {
         check_offsets(b.ids.len().min(b.values.len()), b.offsets, rows, "bias_offsets")?;
         let list = TokenLists { ids: b.ids, offsets: b.offsets };
@@ -227,12 +231,13 @@ fn validate_step(k: &Kernels, batch: &Batch, out: &Output, ids: Ids) -> Result<(
 }
 
 /// The token lists of `batch` whose ids the draw reads, with the names of their fields.
-fn token_lists<'a>(batch: &Batch<'a>) -> [(Option<TokenLists<'a>>, &'static str, &'static str); 4] {
+fn token_lists<'a>(batch: &Batch<'a>) -> [(Option<TokenLists<'a>>, &'static str, &'static str); 5] {
     [
         (batch.prompt_tokens, "prompt_ids", "prompt_offsets"),
         (batch.output_tokens, "output_ids", "output_offsets"),
         (batch.allowed_tokens, "allowed_ids", "allowed_offsets"),
         (batch.banned_tokens, "banned_ids", "banned_offsets"),
+        (batch.stop_tokens, "stop_ids", "stop_offsets"),
     ]
 }
 

@@ -59,11 +59,14 @@ unsafe fn batch_from_c<'a>(b: &tokenrace_batch) -> Result<Batch<'a>> {
         repetition_penalty: unsafe { opt_slice(Owner::Batch, "repetition_penalty", b.repetition_penalty, rows)? },
         frequency_penalty: unsafe { opt_slice(Owner::Batch, "frequency_penalty", b.frequency_penalty, rows)? },
         presence_penalty: unsafe { opt_slice(Owner::Batch, "presence_penalty", b.presence_penalty, rows)? },
+        penalty_last_n: unsafe { opt_slice(Owner::Batch, "penalty_last_n", b.penalty_last_n, rows)? },
         logit_bias: unsafe { bias(b, rows)? },
         allowed_tokens: unsafe { lists(rows, ("allowed_ids", b.allowed_ids), ("allowed_offsets", b.allowed_offsets))? },
         allowed_rows: unsafe { opt_slice(Owner::Batch, "allowed_rows", b.allowed_rows, rows)? },
         banned_tokens: unsafe { lists(rows, ("banned_ids", b.banned_ids), ("banned_offsets", b.banned_offsets))? },
         token_bitmask: unsafe { bitmask(b, rows, vocab)? },
+        min_tokens: unsafe { opt_slice(Owner::Batch, "min_tokens", b.min_tokens, rows)? },
+        stop_tokens: unsafe { lists(rows, ("stop_ids", b.stop_ids), ("stop_offsets", b.stop_offsets))? },
     })
 }
 
@@ -223,7 +226,7 @@ unsafe fn output_from_c<'a>(o: &tokenrace_output, b: &Batch) -> Result<(Output<'
 }
 
 /// The arrays a draw reads, for the check that no output shares memory with them.
-fn input_regions(b: &Batch) -> [Option<Region>; 26] {
+fn input_regions(b: &Batch) -> [Option<Region>; 30] {
     let (prompt, output, allowed, banned) = (b.prompt_tokens, b.output_tokens, b.allowed_tokens, b.banned_tokens);
     [
         Some(Region::logits(b.logits)),
@@ -239,6 +242,7 @@ fn input_regions(b: &Batch) -> [Option<Region>; 26] {
         Region::input("repetition_penalty", b.repetition_penalty),
         Region::input("frequency_penalty", b.frequency_penalty),
         Region::input("presence_penalty", b.presence_penalty),
+        Region::input("penalty_last_n", b.penalty_last_n),
         Region::input("bias_ids", b.logit_bias.map(|l| l.ids)),
         Region::input("bias_values", b.logit_bias.map(|l| l.values)),
         Region::input("bias_offsets", b.logit_bias.map(|l| l.offsets)),
@@ -252,6 +256,9 @@ fn input_regions(b: &Batch) -> [Option<Region>; 26] {
         Region::input("allowed_offsets", allowed.map(|l| l.offsets)),
         Region::input("banned_ids", banned.map(|l| l.ids)),
         Region::input("banned_offsets", banned.map(|l| l.offsets)),
+        Region::input("min_tokens", b.min_tokens),
+        Region::input("stop_ids", b.stop_tokens.map(|l| l.ids)),
+        Region::input("stop_offsets", b.stop_tokens.map(|l| l.offsets)),
     ]
 }
 

@@ -288,8 +288,25 @@ pub struct tokenrace_batch {
     pub token_bitmask: *const i32,
     /// Words between the bitmask's rows; 0 means ceil(vocab / 32).
     pub bitmask_row_stride: u64,
-    // Added after the sampling step: llama.cpp's top-nσ (docs/semantics.md, Filters); a caller
-    // whose struct_size ends before it gets NULL.
+    // Added after 0.2.0: the penalty window (penalty_last_n). A caller built against 0.2.0 sets
+    // a struct_size (248) that ends before it, and gets its default (NULL).
+    /// Per-row penalty window n >= 0 (NULL: 0 for every row): only the last n tokens of the
+    /// row's prompt ++ output count for the penalties (repetition for the prompt's part and the
+    /// output's, frequency and presence for the output's). 0 counts every token; unlike
+    /// llama.cpp's `penalty_last_n`, 0 does not turn the penalties off (set them to their
+    /// neutral values for that), and -1 is refused (0 is the whole history).
+    pub penalty_last_n: *const i32,
+    // Added after 0.2.0: min_tokens (min_tokens, stop_ids, stop_offsets).
+    /// Per-row minimum output length n >= 0 (NULL: 0 for every row): while the row's output list
+    /// (`output_ids`, in this call) holds fewer than n tokens, its stop tokens are banned, as
+    /// the banned list's are.
+    pub min_tokens: *const i32,
+    /// The stop tokens of each row (CSR, ids in [0, vocab)), banned before `min_tokens`.
+    pub stop_ids: *const i32,
+    /// CSR offsets of `stop_ids`: rows + 1 entries.
+    pub stop_offsets: *const u64,
+    // Added after 0.2.0: llama.cpp's top-nσ (docs/semantics.md, Filters); a caller whose
+    // struct_size ends before it gets NULL.
     /// Per-row top-nσ n, finite (NULL: off); n <= 0 disables it for the row. Keeps the tokens
     /// with logit >= max - n * sigma over the row's finite logits.
     pub top_n_sigma: *const f32,

@@ -14,13 +14,15 @@ use crate::kernels::Kernels;
 /// bitmask of a row counts even when all its bits are set; [`build`] then finds nothing).
 pub(crate) fn row_has_step(batch: &Batch, r: usize) -> bool {
     let nonempty = |l: Option<crate::batch::TokenLists>| l.is_some_and(|l| !l.row(r).is_empty());
-    let p = Penalties::of(batch, r);
+    // (The histories the penalties read: none where they are off, the window's part else.)
+    let (prompt, output) = histories(batch, r, Penalties::of(batch, r));
     batch.token_bitmask.is_some()
         || restricted(batch, r)
         || nonempty(batch.banned_tokens)
+        || !batch.banned_stops(r).is_empty()
         || batch.logit_bias.is_some_and(|b| !b.row(r).0.is_empty())
-        || (p.repeats() && (nonempty(batch.prompt_tokens) || nonempty(batch.output_tokens)))
-        || (p.counts() && nonempty(batch.output_tokens))
+        || !prompt.is_empty()
+        || !output.is_empty()
 }
 
 /// Whether row `r` may only draw from its allowed list.
@@ -46,7 +48,10 @@ pub(crate) fn build<'a>(k: &Kernels, batch: &Batch<'a>, r: usize, defer: bool) -
     alloc::reserve(&mut e.keep, words, "the row's token mask")?;
     let mut masked = false;
     let banned = batch.banned_tokens.map_or(&[][..], |l| l.row(r));
-    if let Some(m) = batch.token_bitmask.filter(|_| defer && !restricted(batch, r) && banned.is_empty()) {
+    // Stop tokens before the minimum output length: banned as the banned list's are.
+    let stops = batch.banned_stops(r);
+    let bitmask_alone = !restricted(batch, r) && banned.is_empty() && stops.is_empty();
+    if let Some(m) = batch.token_bitmask.filter(|_| defer && bitmask_alone) {
         // A deferred row masked by the bitmask alone: its words as they are.
         let given = as_u32(&m.words[r * m.row_stride..r * m.row_stride + words]);
         masked = !all_set(given, last_bits);
@@ -69,7 +74,7 @@ pub(crate) fn build<'a>(k: &Kernels, batch: &Batch<'a>, r: usize, defer: bool) -
         e.keep = only;
         masked = true;
     }
-    for &id in banned {
+    for &id in banned.iter().chain(stops) {
         e.clear(id as usize);
         masked = true;
     }

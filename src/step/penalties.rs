@@ -92,9 +92,23 @@ pub(super) fn repeated(y: f32, r: f32) -> f32 {
 }
 
 /// The histories of row `r` that its penalties read: the prompt (with the repetition penalty)
-/// and the output (with any penalty).
+/// and the output (with any penalty), both within the row's penalty window.
 pub(super) fn histories<'a>(batch: &Batch<'a>, r: usize, p: Penalties) -> (&'a [i32], &'a [i32]) {
-    let prompt = if p.repeats() { batch.prompt_tokens.map_or(&[][..], |l| l.row(r)) } else { &[] };
+    let prompt = batch.prompt_tokens.map_or(&[][..], |l| l.row(r));
     let output = batch.output_tokens.map_or(&[][..], |l| l.row(r));
-    (prompt, if p.repeats() || p.counts() { output } else { &[] })
+    let (prompt, output) = windowed(prompt, output, batch.penalty_last_n.map_or(0, |n| n[r]));
+    (if p.repeats() { prompt } else { &[] }, if p.repeats() || p.counts() { output } else { &[] })
+}
+
+/// The last `last_n` tokens of `prompt ++ output`, as the part of each that they cover; 0 (or
+/// a window at least as long as both) keeps them whole. Slicing, not copying: the step's cost
+/// is the window's length, not the history's.
+pub(super) fn windowed<'a>(prompt: &'a [i32], output: &'a [i32], last_n: i32) -> (&'a [i32], &'a [i32]) {
+    let Ok(n) = usize::try_from(last_n) else { return (prompt, output) };
+    if n == 0 {
+        return (prompt, output);
+    }
+    let output = &output[output.len().saturating_sub(n)..];
+    let from_prompt = n - output.len();
+    (&prompt[prompt.len().saturating_sub(from_prompt)..], output)
 }

@@ -607,6 +607,9 @@ pub struct RowInputs<'a> {
     pub frequency: f32,
     /// p; 0 is off.
     pub presence: f32,
+    /// The penalty window: only the last `last_n` tokens of prompt ++ output count for the
+    /// penalties; 0 counts every token.
+    pub last_n: i32,
     /// (id, bias) pairs; pairs of one id add up, a -inf among them bans.
     pub bias_ids: &'a [i32],
     pub bias_values: &'a [f32],
@@ -615,6 +618,9 @@ pub struct RowInputs<'a> {
     pub banned: &'a [i32],
     /// The row's bitmask words (xgrammar: bit j of word w allows token 32 w + j).
     pub bitmask: Option<&'a [i32]>,
+    /// The stop tokens, banned while `output` holds fewer than `min_tokens` tokens.
+    pub stop: &'a [i32],
+    pub min_tokens: i32,
 }
 
 impl RowInputs<'_> {
@@ -625,11 +631,14 @@ impl RowInputs<'_> {
         repetition: 1.0,
         frequency: 0.0,
         presence: 0.0,
+        last_n: 0,
         bias_ids: &[],
         bias_values: &[],
         allowed: None,
         banned: &[],
         bitmask: None,
+        stop: &[],
+        min_tokens: 0,
     };
 }
 
@@ -651,6 +660,11 @@ pub fn masked(p: &RowInputs, n: usize) -> Vec<bool> {
     for &id in p.banned {
         out[id as usize] = true;
     }
+    if (p.output.len() as i64) < p.min_tokens as i64 {
+        for &id in p.stop {
+            out[id as usize] = true;
+        }
+    }
     out
 }
 
@@ -659,6 +673,9 @@ pub fn masked(p: &RowInputs, n: usize) -> Vec<bool> {
 /// 2. `y = x + b` with `b` the f32 sum of the token's biases in list order (-inf if any is -inf);
 /// 3. tokens of the prompt or the output, when r != 1: `y > 0 ? y / r : y * r`;
 /// 4. tokens of the output, count c: `y = y - f * c`, then `y = y - p`.
+///
+/// Steps 3 and 4 read only the tokens of the penalty window (`last_n`): of the history
+/// prompt ++ output, the last `last_n` tokens, each remembering which list it came from.
 pub fn effective_row(x: &[f32], p: &RowInputs) -> Vec<f32> {
     let n = x.len();
     let masked = masked(p, n);
@@ -671,12 +688,13 @@ pub fn effective_row(x: &[f32], p: &RowInputs) -> Vec<f32> {
         ban[i] |= v == f32::NEG_INFINITY;
     }
     let mut in_prompt = vec![false; n];
-    for &id in p.prompt {
-        in_prompt[id as usize] = true;
-    }
     let mut count = vec![0usize; n];
-    for &id in p.output {
-        count[id as usize] += 1;
+    for (from_output, id) in penalty_window(p) {
+        if from_output {
+            count[id as usize] += 1;
+        } else {
+            in_prompt[id as usize] = true;
+        }
     }
     (0..n)
         .map(|i| {
@@ -699,6 +717,15 @@ pub fn effective_row(x: &[f32], p: &RowInputs) -> Vec<f32> {
             y
         })
         .collect()
+}
+
+/// The tokens of the row's history that its penalties read, as (from the output, id): the
+/// whole of prompt ++ output, or its last `last_n` tokens.
+pub fn penalty_window(p: &RowInputs) -> Vec<(bool, i32)> {
+    let history: Vec<(bool, i32)> =
+        p.prompt.iter().map(|&id| (false, id)).chain(p.output.iter().map(|&id| (true, id))).collect();
+    let skip = if p.last_n == 0 { 0 } else { history.len().saturating_sub(p.last_n as usize) };
+    history[skip..].to_vec()
 }
 
 /// The reference draw of a row with step inputs: [`draw_ordered`] on the effective row `y`,

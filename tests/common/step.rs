@@ -90,12 +90,15 @@ pub struct StepInputs {
     pub repetition: Option<Vec<f32>>,
     pub frequency: Option<Vec<f32>>,
     pub presence: Option<Vec<f32>>,
+    pub last_n: Option<Vec<i32>>,
     pub bias: Option<BiasCsr>,
     pub allowed: Option<Csr>,
     pub allowed_rows: Option<Vec<u8>>,
     pub banned: Option<Csr>,
     /// Words and row stride in words.
     pub bitmask: Option<(Vec<i32>, usize)>,
+    pub min_tokens: Option<Vec<i32>>,
+    pub stop: Option<Csr>,
 }
 
 impl StepInputs {
@@ -106,11 +109,14 @@ impl StepInputs {
             repetition_penalty: self.repetition.as_deref(),
             frequency_penalty: self.frequency.as_deref(),
             presence_penalty: self.presence.as_deref(),
+            penalty_last_n: self.last_n.as_deref(),
             logit_bias: self.bias.as_ref().map(BiasCsr::bias),
             allowed_tokens: self.allowed.as_ref().map(Csr::lists),
             allowed_rows: self.allowed_rows.as_deref(),
             banned_tokens: self.banned.as_ref().map(Csr::lists),
             token_bitmask: self.bitmask.as_ref().map(|(w, s)| TokenBitmask { words: w, row_stride: *s }),
+            min_tokens: self.min_tokens.as_deref(),
+            stop_tokens: self.stop.as_ref().map(Csr::lists),
             ..b
         }
     }
@@ -129,11 +135,14 @@ impl StepInputs {
             repetition: self.repetition.as_ref().map_or(1.0, |v| v[r]),
             frequency: self.frequency.as_ref().map_or(0.0, |v| v[r]),
             presence: self.presence.as_ref().map_or(0.0, |v| v[r]),
+            last_n: self.last_n.as_ref().map_or(0, |v| v[r]),
             bias_ids,
             bias_values,
             allowed: if self.restricted(r) { Some(self.allowed.as_ref().unwrap().row(r)) } else { None },
             banned: self.banned.as_ref().map_or(empty, |c| c.row(r)),
             bitmask: self.bitmask.as_ref().map(|(w, s)| &w[r * s..r * s + vocab.div_ceil(32)]),
+            stop: self.stop.as_ref().map_or(empty, |c| c.row(r)),
+            min_tokens: self.min_tokens.as_ref().map_or(0, |v| v[r]),
         }
     }
 
@@ -146,6 +155,7 @@ impl StepInputs {
             repetition: self.repetition.as_ref().map(|v| vec![v[r]]),
             frequency: self.frequency.as_ref().map(|v| vec![v[r]]),
             presence: self.presence.as_ref().map(|v| vec![v[r]]),
+            last_n: self.last_n.as_ref().map(|v| vec![v[r]]),
             bias: self.bias.as_ref().map(|b| {
                 let (ids, values) = b.row(r);
                 let mut one = BiasCsr::new();
@@ -159,6 +169,8 @@ impl StepInputs {
                 let words = vocab.div_ceil(32);
                 (w[r * s..r * s + words].to_vec(), words)
             }),
+            min_tokens: self.min_tokens.as_ref().map(|v| vec![v[r]]),
+            stop: one(&self.stop),
         }
     }
 }
@@ -299,17 +311,41 @@ pub fn make_step_inputs(rng: &mut TestRng, x: &mut [f32], rows: usize, vocab: us
         banned.push(&ban_row);
         allowed.push(&a_row);
     }
+    // The penalty window, on a third of the calls: none, inside the output, across the two
+    // histories, or longer than both.
+    let last_n = (rng.below(3) == 0).then(|| (0..rows).map(|_| [0, 1, 2, 5, 20, 60, 1000][rng.below(7)]).collect());
+    // min_tokens on a third of the calls: the stop tokens (likely ones among them) banned in the
+    // rows whose output is shorter than the minimum.
+    let (min_tokens, stop) = if rng.below(3) == 0 {
+        let min: Vec<i32> = (0..rows).map(|r| [0, 1, 10, 100][(r + rng.below(4)) % 4]).collect();
+        let mut stop = Csr::new();
+        for r in 0..rows {
+            let row = &x[r * vocab..(r + 1) * vocab];
+            let best = (0..vocab).fold(0, |b, i| if row[i] > row[b] { i } else { b }) as i32;
+            let mut ids: Vec<i32> = (0..rng.below(4)).map(|_| rng.below(vocab) as i32).collect();
+            if rng.below(2) == 0 {
+                ids.push(best);
+            }
+            stop.push(&ids);
+        }
+        (Some(min), Some(stop))
+    } else {
+        (None, None)
+    };
     StepInputs {
         prompt: has_prompt.then_some(prompt),
         output: has_output.then_some(output),
         repetition: has_rep.then_some(rep),
         frequency: has_freq.then_some(freq),
         presence: has_pres.then_some(pres),
+        last_n,
         bias: has_bias.then_some(bias),
         allowed: has_allowed.then_some(allowed),
         allowed_rows: (has_allowed && has_allowed_rows).then_some(allowed_rows),
         banned: has_banned.then_some(banned),
         bitmask: has_bitmask.then_some((bitmask, stride)),
+        min_tokens,
+        stop,
     }
 }
 

@@ -29,12 +29,21 @@ def bitmask_allows(words, vocab):
 
 
 def effective_row(x, *, prompt=(), output=(), r=1.0, f=0.0, p=0.0, bias=(), allowed=None, banned=(),
-                  bitmask=None):
+                  bitmask=None, last_n=0, stop=(), min_tokens=0):
     """The processed row y of one row of logits ``x`` (spec steps 1-4, float32, every token).
 
     ``bias``: (id, value) pairs in list order; ``allowed``: None (unrestricted) or ids;
-    ``bitmask``: None or the row's int32 words."""
+    ``bitmask``: None or the row's int32 words; ``last_n``: the penalty window (0: every token),
+    the last ``last_n`` tokens of prompt + output, each keeping the list it came from; ``stop``
+    tokens are banned while ``output`` is shorter than ``min_tokens``."""
     vocab = x.shape[0]
+    if len(output) < min_tokens:
+        banned = list(banned) + list(stop)
+    if last_n:
+        history = [(False, t) for t in prompt] + [(True, t) for t in output]
+        window = history[max(0, len(history) - last_n):]
+        prompt = [t for from_output, t in window if not from_output]
+        output = [t for from_output, t in window if from_output]
     y = np.asarray(x, np.float32).astype(np.float32, copy=True)
     masked = np.zeros(vocab, bool)
     if allowed is not None:
@@ -78,7 +87,8 @@ def effective_rows(x, case):
         out[i] = effective_row(
             x[i].astype(np.float32), prompt=case.prompt[i] or (), output=case.output[i] or (), r=case.r[i],
             f=case.f[i], p=case.p[i], bias=list((case.bias[i] or {}).items()), allowed=case.allowed[i],
-            banned=case.banned[i] or (), bitmask=None if case.bitmask is None else case.bitmask[i])
+            banned=case.banned[i] or (), bitmask=None if case.bitmask is None else case.bitmask[i],
+            last_n=case.last_n[i], stop=case.stop[i] or (), min_tokens=case.min_tokens[i])
     return out
 
 
@@ -151,12 +161,19 @@ class Case:
                 np.uint32).view(np.int32).reshape(rows, words)
         self.temperature = np.array([[0.0, 0.7, 1.0, 1.5][i % 4] for i in range(rows)], np.float32)
         self.seeds = np.arange(rows, dtype=np.uint64) * 7919 + 11
+        # The penalty window: none, inside the output, across both histories, longer than both.
+        self.last_n = [int(v) for v in rng.choice([0, 1, 5, 20, 1000], rows)]
+        # min_tokens around each row's output length; stop lists holding likely tokens.
+        self.min_tokens = [max(0, len(self.output[i] or ()) + int(rng.integers(-1, 2))) for i in range(rows)]
+        self.stop = [some(i, 3, hot=0.9) for i in range(rows)]
+        self.stop[5] = None
 
     def kwargs(self):
         """The step's arguments in the canonical form (lists and dicts)."""
         return dict(prompt_tokens=self.prompt, output_tokens=self.output, repetition_penalty=self.r,
                     frequency_penalty=self.f, presence_penalty=self.p, logit_bias=self.bias,
-                    allowed_tokens=self.allowed, banned_tokens=self.banned, token_bitmask=self.bitmask)
+                    allowed_tokens=self.allowed, banned_tokens=self.banned, token_bitmask=self.bitmask,
+                    penalty_last_n=self.last_n, min_tokens=self.min_tokens, stop_token_ids=self.stop)
 
 
 def test_bitmask_helper_matches_the_layout(rng):
@@ -415,7 +432,8 @@ def test_torch_tensors_for_every_argument(tokenrace, rng, fake_torch):
                 repetition_penalty=T(np.array(case.r, np.float32)), frequency_penalty=T(np.array(case.f, np.float32)),
                 presence_penalty=T(np.array(case.p, np.float32)), logit_bias=tuple(T(a) for a in bias),
                 allowed_tokens=tensors(case.allowed), banned_tokens=tensors(case.banned),
-                token_bitmask=T(case.bitmask))
+                token_bitmask=T(case.bitmask), penalty_last_n=T(np.array(case.last_n, np.int32)),
+                min_tokens=T(np.array(case.min_tokens, np.int64)), stop_token_ids=tensors(case.stop))
     got = s.draw(T(case.x), temperature=T(case.temperature), seeds=T(case.seeds.astype(np.int64)), **args)
     np.testing.assert_array_equal(got, want)
     out = T(np.full((8, 260), 7.0, np.float32))
@@ -590,6 +608,12 @@ ERRORS = [
     (dict(frequency_penalty=[0.0, np.inf]), r"batch\.frequency_penalty\[1\]: inf is not finite"),
     (dict(presence_penalty=[np.nan, 0.0]), r"batch\.presence_penalty\[0\]: NaN is not finite"),
     (dict(presence_penalty=[1.0, 2.0, 3.0]), r"^presence_penalty: has 3 elements, the batch has 2 rows"),
+    (dict(penalty_last_n=[0, -1]), r"batch\.penalty_last_n\[1\]: -1 is negative"),
+    (dict(penalty_last_n=[1, 2, 3]), r"^penalty_last_n: has 3 elements, the batch has 2 rows"),
+    (dict(penalty_last_n=[1.5, 2]), r"^penalty_last_n: must be integers"),
+    (dict(min_tokens=[-2, 0]), r"batch\.min_tokens\[0\]: -2 is negative"),
+    (dict(min_tokens=3, stop_token_ids=[[1], [2, 64]]),
+     r"batch\.stop_ids\[1\]: position 1 \(entry 2\): 64 is not a token id.*stop_token_ids"),
 ]
 
 
@@ -685,7 +709,8 @@ def test_a_seeded_row_with_the_step_ignores_its_batch_mates(tokenrace, rng):
     for r in (0, 3, 7):
         one = dict(prompt_tokens=[case.prompt[r]], output_tokens=[case.output[r]], repetition_penalty=case.r[r],
                    frequency_penalty=case.f[r], presence_penalty=case.p[r], logit_bias=[case.bias[r]],
-                   allowed_tokens=[case.allowed[r]], banned_tokens=[case.banned[r]], token_bitmask=case.bitmask[r])
+                   allowed_tokens=[case.allowed[r]], banned_tokens=[case.banned[r]], token_bitmask=case.bitmask[r],
+                   penalty_last_n=case.last_n[r], min_tokens=case.min_tokens[r], stop_token_ids=[case.stop[r]])
         alone = s.draw(case.x[r], temperature=0.9, seeds=case.seeds[r], **one)
         assert alone[0] == batch[r], f"row {r}"
 
@@ -751,3 +776,33 @@ def test_out_overlapping_any_input_is_refused(tokenrace, rng):
     r = s.draw_full(buf[:rows], temperature=0.7, seeds=3, full_logprobs="processed", out=buf[rows:])
     assert r.full_logprobs is not None and np.shares_memory(r.full_logprobs, buf)
     np.testing.assert_array_equal(buf[rows:], want)
+
+
+def test_the_penalty_window_counts_the_last_tokens_of_prompt_then_output(tokenrace):
+    # Token 0 in the prompt, token 1 in the output; halved by the repetition penalty, both fall
+    # below token 2. Window 1 holds the output's token alone.
+    s = tokenrace.Sampler(4)
+    x = np.array([[5.0, 4.9, 3.0, 0.0]], np.float32)
+    kwargs = dict(temperature=0.0, prompt_tokens=[[0]], output_tokens=[[1]], repetition_penalty=2.0)
+    assert s.draw(x, penalty_last_n=1, **kwargs)[0] == 0
+    assert s.draw(x, penalty_last_n=2, **kwargs)[0] == 2
+    assert s.draw(x, penalty_last_n=0, **kwargs)[0] == 2
+    assert s.draw(x, **kwargs)[0] == 2
+    # A window alone (no history) changes nothing, and a later call without it has none.
+    assert s.draw(x, temperature=0.0, penalty_last_n=[3])[0] == 0
+    assert s.draw_full(x, penalty_last_n=np.array([1], np.int32), **kwargs).tokens[0] == 0
+    assert s.draw_full(x, **kwargs).tokens[0] == 2
+
+
+def test_min_tokens_bans_the_stop_tokens_until_the_output_is_long_enough(tokenrace):
+    s = tokenrace.Sampler(4)
+    x = np.array([[1.0, 5.0, 4.0, 3.0]], np.float32)
+    for output, want in (([], 2), ([0, 0], 2), ([0, 0, 0], 1)):
+        got = s.draw(x, temperature=0.0, output_tokens=[output], min_tokens=3, stop_token_ids=[[1]])
+        assert got[0] == want, output
+    r = s.draw_full(x, temperature=0.0, min_tokens=[1], stop_token_ids=[[1]], full_logprobs="processed")
+    assert r.tokens[0] == 2 and r.full_logprobs[0, 1] == -np.inf
+    # The CSR form, and a later call without the arguments bans nothing.
+    got = s.draw(x, temperature=0.0, min_tokens=1, stop_token_ids=(np.array([1], np.int32), np.array([0, 1], np.uint64)))
+    assert got[0] == 2
+    assert s.draw(x, temperature=0.0)[0] == 1

@@ -96,6 +96,19 @@ def test_penalties_with_padded_histories(tt, torch, x, temperature):
                                       **vllm_forms), expected(x, temperature))
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_the_penalty_window_reaches_the_draw(tt, torch, x, temperature):
+    rep = np.array([1.5, 1.0, 2.0, 0.8], np.float32)
+    freq = np.array([0.5, 0.0, 1.0, 0.2], np.float32)
+    for last_n in (2, np.array([1, 0, 3, 2], np.int32)):
+        want = expected(x, temperature, prompt_tokens=PROMPTS, output_tokens=OUTPUTS, repetition_penalty=rep,
+                        frequency_penalty=freq, penalty_last_n=last_n)
+        tokens = got(tt, torch, x, temperature, prompt_token_ids=tensor(torch, padded(PROMPTS, 6)),
+                     output_token_ids=OUTPUTS, repetition_penalties=tensor(torch, rep),
+                     frequency_penalties=tensor(torch, freq), penalty_last_n=last_n)
+        np.testing.assert_array_equal(tokens, want)
+
+
 def test_a_greedy_row_sees_the_penalty(tt, torch, x):
     top = int(np.argmax(x[0]))
     tokens = got(tt, torch, x, 0.0, output_token_ids=[[top], [], [], []],

@@ -189,7 +189,13 @@ class tokenrace_batch(_Versioned):
         ("banned_offsets", POINTER(c_uint64)),
         ("token_bitmask", POINTER(c_int32)),
         ("bitmask_row_stride", c_uint64),
-        # added after the sampling step: llama.cpp's top-nσ (``_call.TOP_N_SIGMA_OFFSET``)
+        # added after 0.2.0: the penalty window (part of ``_call.STEP_LAYOUT``)
+        ("penalty_last_n", POINTER(c_int32)),
+        # added after 0.2.0: min_tokens
+        ("min_tokens", POINTER(c_int32)),
+        ("stop_ids", POINTER(c_int32)),
+        ("stop_offsets", POINTER(c_uint64)),
+        # added after 0.2.0: llama.cpp's top-nσ (``_call.TOP_N_SIGMA_OFFSET``)
         ("top_n_sigma", POINTER(c_float)),
     ]
 

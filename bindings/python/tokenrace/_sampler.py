@@ -244,11 +244,11 @@ class Sampler(_Closable):
 
     def _fill_step(self, state, keep, rows, prompt_tokens, output_tokens, repetition_penalty,
                        frequency_penalty, presence_penalty, logit_bias, allowed_tokens, banned_tokens,
-                       token_bitmask):
+                       token_bitmask, penalty_last_n, min_tokens, stop_token_ids):
         """Writes the batch's step fields (``_step.py``) for a call that passes any."""
         fields = step_fields(rows, state.batch.vocab, keep, prompt_tokens, output_tokens, repetition_penalty,
                                  frequency_penalty, presence_penalty, logit_bias, allowed_tokens, banned_tokens,
-                                 token_bitmask, state)
+                                 token_bitmask, state, penalty_last_n, min_tokens, stop_token_ids)
         state.step_packed = True
         STEP_LAYOUT.pack_into(state.batch, STEP_OFFSET, *fields)
 
@@ -256,7 +256,7 @@ class Sampler(_Closable):
              noise_kind="exp", top_k=None, top_p=None, min_p=None, top_n_sigma=None, return_flags=False,
              prompt_tokens=None, output_tokens=None, repetition_penalty=None, frequency_penalty=None,
              presence_penalty=None, logit_bias=None, allowed_tokens=None, banned_tokens=None,
-             token_bitmask=None):
+             token_bitmask=None, penalty_last_n=None, min_tokens=None, stop_token_ids=None):
         """Draws one token per row of ``logits``; returns an int32 array of ``rows`` tokens (a
         torch tensor when ``logits`` is one, over the same memory: no copy; the flags of
         ``return_flags`` then come as int32, the same bits).
@@ -299,6 +299,14 @@ class Sampler(_Closable):
             token in the prompt or the output by r, multiplies any other by r.
         frequency_penalty, presence_penalty: scalar or one per row, finite (0: off); subtract
             ``f * count + p`` from a token that occurs ``count > 0`` times in the output.
+        penalty_last_n: scalar or one int per row, n >= 0 (0, the default: every token): only the
+            last n tokens of the row's prompt followed by its output count for the three
+            penalties (llama.cpp's ``penalty_last_n``, except that 0 does not turn the penalties
+            off and -1 is refused).
+        min_tokens, stop_token_ids: min_tokens a scalar or one int per row, n >= 0 (0: off), and
+            each row's stop tokens in the forms of ``prompt_tokens``: while the row's
+            ``output_tokens`` (in this call; none: length 0) hold fewer than n tokens, its stop
+            tokens are banned as ``banned_tokens`` bans them (vLLM's and SGLang's min_tokens).
         logit_bias: one dict ``{id: bias}`` for every row, a list of dicts (None: no bias for the
             row), or CSR ``(ids, values, offsets)``; a finite bias is added, -inf bans the token;
             biases of one id add up.
@@ -327,14 +335,16 @@ class Sampler(_Closable):
                                     noise, noise_kind, top_k, top_p, min_p, top_n_sigma)
             if (prompt_tokens is None and output_tokens is None and repetition_penalty is None
                     and frequency_penalty is None and presence_penalty is None and logit_bias is None
-                    and allowed_tokens is None and banned_tokens is None and token_bitmask is None):
+                    and allowed_tokens is None and banned_tokens is None and token_bitmask is None
+                    and penalty_last_n is None and min_tokens is None and stop_token_ids is None):
                 if state.step_packed:
                     STEP_LAYOUT.pack_into(state.batch, STEP_OFFSET, *STEP_ZEROS)
                     state.step_packed = False
             else:
                 self._fill_step(state, keep, rows, prompt_tokens, output_tokens, repetition_penalty,
                                     frequency_penalty, presence_penalty, logit_bias, allowed_tokens,
-                                    banned_tokens, token_bitmask)
+                                    banned_tokens, token_bitmask, penalty_last_n, min_tokens,
+                                    stop_token_ids)
             pack_tokens_output(state, state.tokens.address_for(rows),
                                state.flags.address_for(rows) if return_flags else 0)
             # self._run(), inlined (a method call less: the fast path's cost, see _call.py)
@@ -359,7 +369,8 @@ class Sampler(_Closable):
                   noise=None, noise_kind="exp", top_k=None, top_p=None, min_p=None, top_n_sigma=None, logprobs=0,
                   ranks=False, logprob_mode="raw", prompt_tokens=None, output_tokens=None, repetition_penalty=None,
                   frequency_penalty=None, presence_penalty=None, logit_bias=None, allowed_tokens=None,
-                  banned_tokens=None, token_bitmask=None, full_logprobs=None, out=None):
+                  banned_tokens=None, token_bitmask=None, full_logprobs=None, out=None, penalty_last_n=None,
+                  min_tokens=None, stop_token_ids=None):
         """Draws like ``draw`` and also returns logprobs: a ``DrawResult`` (of torch tensors over
         the same memory when ``logits`` is a tensor, flags as int32) with
 
@@ -407,14 +418,16 @@ class Sampler(_Closable):
                                     noise, noise_kind, top_k, top_p, min_p, top_n_sigma)
             if (prompt_tokens is None and output_tokens is None and repetition_penalty is None
                     and frequency_penalty is None and presence_penalty is None and logit_bias is None
-                    and allowed_tokens is None and banned_tokens is None and token_bitmask is None):
+                    and allowed_tokens is None and banned_tokens is None and token_bitmask is None
+                    and penalty_last_n is None and min_tokens is None and stop_token_ids is None):
                 if state.step_packed:
                     STEP_LAYOUT.pack_into(state.batch, STEP_OFFSET, *STEP_ZEROS)
                     state.step_packed = False
             else:
                 self._fill_step(state, keep, rows, prompt_tokens, output_tokens, repetition_penalty,
                                     frequency_penalty, presence_penalty, logit_bias, allowed_tokens,
-                                    banned_tokens, token_bitmask)
+                                    banned_tokens, token_bitmask, penalty_last_n, min_tokens,
+                                    stop_token_ids)
             full = None
             if full_logprobs is not None:
                 full, full_ptr, full_stride = _full_output(out, rows, state.batch.vocab)
@@ -427,7 +440,8 @@ class Sampler(_Closable):
                         ("output_tokens", output_tokens), ("repetition_penalty", repetition_penalty),
                         ("frequency_penalty", frequency_penalty), ("presence_penalty", presence_penalty),
                         ("logit_bias", logit_bias), ("allowed_tokens", allowed_tokens),
-                        ("banned_tokens", banned_tokens)))
+                        ("banned_tokens", banned_tokens), ("penalty_last_n", penalty_last_n),
+                        ("min_tokens", min_tokens), ("stop_token_ids", stop_token_ids)))
                 state.full_packed = True
                 FULL_LAYOUT.pack_into(state.full_output, FULL_OFFSET, full_ptr, full_stride, full_mode, 0)
             elif state.full_packed:

@@ -38,16 +38,19 @@ FIELD_ARGUMENTS = {
     "banned_ids": "banned_tokens", "banned_offsets": "banned_tokens",
     "token_bitmask": "token_bitmask", "bitmask_row_stride": "token_bitmask",
     "repetition_penalty": "repetition_penalty", "frequency_penalty": "frequency_penalty",
-    "presence_penalty": "presence_penalty",
+    "presence_penalty": "presence_penalty", "penalty_last_n": "penalty_last_n",
+    "min_tokens": "min_tokens", "stop_ids": "stop_token_ids", "stop_offsets": "stop_token_ids",
 }
 
 _EMPTY_IDS = np.zeros(0, np.int32)
 
 
 def step_fields(rows, vocab, keep, prompt_tokens, output_tokens, repetition_penalty, frequency_penalty,
-                    presence_penalty, logit_bias, allowed_tokens, banned_tokens, token_bitmask, state=None):
-    """The 17 values of the batch's step fields (``_call.STEP_LAYOUT``, in header order:
-    addresses, 0 for NULL, and the bitmask's row stride); every array they point into is
+                    presence_penalty, logit_bias, allowed_tokens, banned_tokens, token_bitmask, state=None,
+                    penalty_last_n=None, min_tokens=None, stop_token_ids=None):
+    """The 21 values of the batch's step fields (``_call.STEP_LAYOUT``, in header order:
+    addresses, 0 for NULL, the bitmask's row stride, then the penalty window and min_tokens'
+    fields); every array they point into is
     appended to ``keep``. ``state`` (a ``CallState``, or None) lends its cached per-row arrays
     to scalar penalties."""
     prompt = token_lists(prompt_tokens, rows, vocab, "prompt_tokens", keep)
@@ -59,8 +62,21 @@ def step_fields(rows, vocab, keep, prompt_tokens, output_tokens, repetition_pena
     allowed = token_lists(allowed_tokens, rows, vocab, "allowed_tokens", keep, rows_mask=True)
     banned = token_lists(banned_tokens, rows, vocab, "banned_tokens", keep)
     mask_ptr, mask_stride = bitmask_view(token_bitmask, rows, vocab, "token_bitmask", keep)
+    last_n = _int32_per_row(penalty_last_n, rows, "penalty_last_n", keep)
+    min_n = _int32_per_row(min_tokens, rows, "min_tokens", keep)
+    stops = token_lists(stop_token_ids, rows, vocab, "stop_token_ids", keep)
     return (prompt[0], prompt[1], output[0], output[1], rep, freq, pres, bias[0], bias[1], bias[2],
-            allowed[0], allowed[1], allowed[2], banned[0], banned[1], mask_ptr, mask_stride)
+            allowed[0], allowed[1], allowed[2], banned[0], banned[1], mask_ptr, mask_stride, last_n,
+            min_n, stops[0], stops[1])
+
+
+def _int32_per_row(value, rows, name, keep):
+    """The address of a per-row int32 argument (``penalty_last_n``, ``min_tokens``: the library
+    refuses negative values, naming the row), 0 for None."""
+    if value is None:
+        return 0
+    arr = per_row(value, rows, np.int32, name)
+    return _addr(arr, keep)
 
 
 def _penalty(value, rows, name, keep, cache=None):

@@ -258,7 +258,8 @@ STEP_ARGUMENTS = ("prompt_token_ids", "output_token_ids", "repetition_penalties"
 
 def _step_arguments(rows, vocab, prompt_token_ids=None, output_token_ids=None, repetition_penalties=None,
                     frequency_penalties=None, presence_penalties=None, no_penalties=False,
-                    allowed_token_ids_mask=None, bad_words_token_ids=None, logit_bias=None, token_bitmask=None):
+                    allowed_token_ids_mask=None, bad_words_token_ids=None, logit_bias=None, token_bitmask=None,
+                    penalty_last_n=None):
     """The sampling step's keyword arguments of ``Sampler.draw`` from vLLM V1's forms, checked
     and converted here (before any generator advances), so that errors name vLLM's arguments.
 
@@ -275,6 +276,8 @@ def _step_arguments(rows, vocab, prompt_token_ids=None, output_token_ids=None, r
     if penalised:
         step.update(repetition_penalty=repetition_penalties, frequency_penalty=frequency_penalties,
                     presence_penalty=presence_penalties)
+        if penalty_last_n is not None:
+            step["penalty_last_n"] = penalty_last_n
         if prompt_token_ids is not None:
             step["prompt_tokens"] = _token_rows(prompt_token_ids, rows, vocab, "prompt_token_ids")
         if output is not None:
@@ -438,7 +441,8 @@ def _seed_arguments(generators, seeds, positions, rows, unit="row"):
 def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generators=None, seeds=None,
            positions=None, logprobs=None, out=None, sampler=None, prompt_token_ids=None, output_token_ids=None,
            repetition_penalties=None, frequency_penalties=None, presence_penalties=None, no_penalties=False,
-           allowed_token_ids_mask=None, bad_words_token_ids=None, logit_bias=None, token_bitmask=None):
+           allowed_token_ids_mask=None, bad_words_token_ids=None, logit_bias=None, token_bitmask=None,
+           penalty_last_n=None):
     """One fused sampling step, replacing vLLM's ``Sampler.sample`` (and with the sampling
     step's arguments below, the masks, bias and penalties of ``Sampler.forward`` before it).
 
@@ -467,6 +471,9 @@ def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generator
     repetition_penalties, frequency_penalties, presence_penalties: a float tensor [rows] (or a
         scalar) each; 1.0, 0.0 and 0.0 are off for a row. ``no_penalties=True`` (vLLM's flag:
         no row has one) skips all three and the histories.
+    penalty_last_n: None, or an int (or an int tensor [rows]) n >= 0: only the last n tokens of
+        a row's prompt followed by its output count for the penalties (llama.cpp's window; 0
+        counts every token, it does not turn the penalties off).
     prompt_token_ids: int64 tensor [rows, max prompt length] padded with the vocabulary size, as
         vLLM pads it (negative entries are padding too); read by the penalties only.
     output_token_ids: the tokens each row has generated: vLLM's list of per-row lists, or a 2-D
@@ -502,7 +509,7 @@ def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generator
         repetition_penalties=repetition_penalties, frequency_penalties=frequency_penalties,
         presence_penalties=presence_penalties, no_penalties=no_penalties,
         allowed_token_ids_mask=allowed_token_ids_mask, bad_words_token_ids=bad_words_token_ids,
-        logit_bias=logit_bias, token_bitmask=token_bitmask)
+        logit_bias=logit_bias, token_bitmask=token_bitmask, penalty_last_n=penalty_last_n)
     sampler = default_sampler() if sampler is None else sampler
     # Everything this module checks is checked above, before any generator advances; the draw's
     # own checks and the library's refusals come after the seeds are drawn, and put the
