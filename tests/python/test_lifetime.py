@@ -28,13 +28,18 @@ def lib(tokenrace):
     return tokenrace._ffi.lib()
 
 
-def spy_free(monkeypatch, lib, name, on_free):
+def spy_free(monkeypatch, lib, name, on_free, only):
     """Replaces ``lib.<name>`` (a ``tokenrace_*_free``) by a wrapper that calls ``on_free(ptr)``
-    and then the real function."""
+    when ``ptr`` is the native object ``only`` (a pointer value), then the real function.
+
+    Frees of other objects are not reported: the collector may free, in any thread and at any
+    moment, an object that an earlier test left unclosed in a reference cycle (as
+    ``with pytest.raises(...) as e`` does with the test's locals)."""
     real = getattr(lib, name)
 
     def free(ptr):
-        on_free(ptr)
+        if pointer_value(ptr) == only:
+            on_free(ptr)
         real(ptr)
 
     monkeypatch.setattr(lib, name, free)
@@ -49,7 +54,8 @@ def test_close_during_a_draw_frees_the_sampler_only_after_the_draw(tokenrace, li
 
     s = tokenrace.Sampler(500)
     freed, drawn = [], []
-    spy_free(monkeypatch, lib, "tokenrace_sampler_free", lambda ptr: freed.append(pointer_value(ptr)))
+    spy_free(monkeypatch, lib, "tokenrace_sampler_free", lambda ptr: freed.append(pointer_value(ptr)),
+             only=pointer_value(s._handle.ptr))
     real_draw = lib.tokenrace_draw
 
     def draw(ptr, batch, out):
@@ -76,8 +82,9 @@ def test_close_during_a_draw_frees_the_sampler_only_after_the_draw(tokenrace, li
 
 def test_closing_an_idle_sampler_frees_it_at_once(tokenrace, lib, monkeypatch):
     freed = []
-    spy_free(monkeypatch, lib, "tokenrace_sampler_free", lambda ptr: freed.append(pointer_value(ptr)))
     s = tokenrace.Sampler(16)
+    spy_free(monkeypatch, lib, "tokenrace_sampler_free", lambda ptr: freed.append(pointer_value(ptr)),
+             only=pointer_value(s._handle.ptr))
     s.draw(np.zeros((1, 16), np.float32))
     s.close()
     assert len(freed) == 1
@@ -92,9 +99,10 @@ def test_close_while_threads_draw(tokenrace, lib, monkeypatch, rng, sampler_thre
     freed once, with no draw in progress."""
     x = rng.standard_normal((ROWS, V)).astype(np.float32)
     s = tokenrace.Sampler(V, max_rows=ROWS, threads=sampler_threads, seed=1)
+    mine = pointer_value(s._handle.ptr)
     lock = threading.Lock()
     in_flight = [0]
-    frees = []  # the number of draws in progress at each free
+    frees = []  # the number of draws in progress at each free of this sampler
     real_draw = lib.tokenrace_draw
 
     def draw(ptr, batch, out):
@@ -111,7 +119,7 @@ def test_close_while_threads_draw(tokenrace, lib, monkeypatch, rng, sampler_thre
             frees.append(in_flight[0])
 
     monkeypatch.setattr(lib, "tokenrace_draw", draw)
-    spy_free(monkeypatch, lib, "tokenrace_sampler_free", on_free)
+    spy_free(monkeypatch, lib, "tokenrace_sampler_free", on_free, only=mine)
 
     n_threads = 4
     done = [0] * n_threads
@@ -144,6 +152,129 @@ def test_close_while_threads_draw(tokenrace, lib, monkeypatch, rng, sampler_thre
     for k, e in enumerate(endings):
         assert isinstance(e, tokenrace.ClosedError), f"thread {k} ended with {e!r}, not ClosedError"
     assert frees == [0], f"the native sampler was freed {len(frees)} times, with {frees} draws in progress"
+
+
+class SamplerLedger:
+    """Watches every native sampler made by a test: the draws of each in progress, and each free.
+
+    Records a problem (instead of crashing the process) for a draw of a sampler already freed, a
+    free of one already freed, and a free while draws of it are in progress. Frees of samplers it
+    was not told about (earlier tests' garbage, freed by the collector) pass through."""
+
+    def __init__(self, lib, monkeypatch):
+        # Reentrant: a free may run inside a locked section, when an allocation there triggers
+        # the collector in this thread.
+        self.lock = threading.RLock()
+        self.in_flight = {}  # pointer -> draws in progress, for each watched sampler not freed
+        self.freed = set()  # watched pointers freed (forgotten again when the address is reused)
+        self.problems = []
+        real_draw, real_free = lib.tokenrace_draw, lib.tokenrace_sampler_free
+
+        def draw(ptr, batch, out):
+            key = pointer_value(ptr)
+            with self.lock:
+                if key in self.freed:
+                    self.problems.append("a draw of a freed sampler")
+                    raise AssertionError("a draw of a freed sampler")
+                if key in self.in_flight:
+                    self.in_flight[key] += 1
+            try:
+                return real_draw(ptr, batch, out)
+            finally:
+                with self.lock:
+                    if key in self.in_flight:
+                        self.in_flight[key] -= 1
+
+        def free(ptr):
+            key = pointer_value(ptr)
+            with self.lock:
+                if key in self.freed:
+                    self.problems.append("a sampler freed twice")
+                    return
+                draws = self.in_flight.pop(key, 0)
+                if draws:
+                    self.problems.append(f"a sampler freed with {draws} draws of it in progress")
+                    return  # leaked rather than freed under the draws: the test fails anyway
+                if key is not None:
+                    self.freed.add(key)
+            real_free(ptr)
+
+        monkeypatch.setattr(lib, "tokenrace_draw", draw)
+        monkeypatch.setattr(lib, "tokenrace_sampler_free", free)
+
+    def watch(self, sampler):
+        key = pointer_value(sampler._handle.ptr)
+        with self.lock:
+            self.freed.discard(key)
+            self.in_flight[key] = 0
+        return sampler
+
+    def unfreed(self):
+        with self.lock:
+            return len(self.in_flight)
+
+
+def test_samplers_closed_by_many_threads_while_many_draw_are_freed_once(tokenrace, lib, monkeypatch, rng):
+    """Round after round, drawing threads and closing threads start together on one sampler while
+    another thread runs the collector over unclosed samplers left in reference cycles: every
+    sampler is freed exactly once, never under a draw of it, and every draw either completes or
+    raises ClosedError."""
+    vocab, rows, rounds, n_drawers, n_closers = 2048, 8, 40, 4, 3
+    x = rng.standard_normal((rows, vocab)).astype(np.float32)
+    ledger = SamplerLedger(lib, monkeypatch)
+
+    def garbage_sampler():
+        # Unclosed and in a cycle, as a test's ``pytest.raises(...) as e`` leaves its sampler:
+        # only the collector frees it, at a moment no one chooses.
+        cycle = [ledger.watch(tokenrace.Sampler(16))]
+        cycle.append(cycle)
+
+    for r in range(rounds):
+        s = ledger.watch(tokenrace.Sampler(vocab, max_rows=rows, threads=1 + r % 2, seed=r))
+        garbage_sampler()
+        start = threading.Barrier(n_drawers + n_closers + 1)
+        drew = threading.Event()
+        endings = [None] * n_drawers
+        out_of_range = []
+
+        def drawer(k):
+            start.wait()
+            try:
+                while True:
+                    tokens = s.draw(x, temperature=1.0)
+                    if not ((tokens >= 0) & (tokens < vocab)).all():
+                        out_of_range.append(tokens)
+                    drew.set()
+                    s.stats()
+            except BaseException as e:  # ClosedError is expected; anything else is reported below
+                endings[k] = e
+
+        def closer():
+            start.wait()
+            drew.wait(5)
+            s.close()
+
+        def collector():
+            start.wait()
+            drew.wait(5)
+            gc.collect()
+
+        threads = [threading.Thread(target=drawer, args=(k,), daemon=True) for k in range(n_drawers)]
+        threads += [threading.Thread(target=closer, daemon=True) for _ in range(n_closers)]
+        threads.append(threading.Thread(target=collector, daemon=True))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        assert not any(t.is_alive() for t in threads), f"round {r}: a thread did not stop after close()"
+        assert not out_of_range, f"round {r}: a draw returned a token out of range"
+        for k, e in enumerate(endings):
+            assert isinstance(e, tokenrace.ClosedError), f"round {r}: thread {k} ended with {e!r}, not ClosedError"
+        assert not ledger.problems, f"round {r}: {ledger.problems}"
+        del s, threads
+    gc.collect()
+    assert not ledger.problems, ledger.problems
+    assert ledger.unfreed() == 0, f"{ledger.unfreed()} samplers were never freed"
 
 
 def test_close_wakes_a_borrower_blocked_under_block(tokenrace):
@@ -188,11 +319,11 @@ def test_a_closed_pool_is_shut_down_while_a_lease_is_out(tokenrace, lib, monkeyp
     """close() shuts the native pool down at once (no more borrows, even through a handle still
     held), while a lease still out keeps its memory readable and is freed with the last of them."""
     freed = []
-    spy_free(monkeypatch, lib, "tokenrace_pool_free", lambda ptr: freed.append(pointer_value(ptr)))
     pool = tokenrace.NoisePool(32, 4, seed=2)
     lease = pool.borrow(2)
     handle = pool._handle
     mine = pointer_value(handle.ptr)
+    spy_free(monkeypatch, lib, "tokenrace_pool_free", lambda ptr: freed.append(pointer_value(ptr)), only=mine)
     noise = lease.array
     pool.close()
     # The handle is alive (the lease holds it), but the native pool refuses borrows: shut down.

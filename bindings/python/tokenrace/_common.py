@@ -75,7 +75,13 @@ def _from_env(cls, function):
 
 class _Handle:
     """A native pointer and the function that frees it, called once, when this object is garbage
-    (or at interpreter exit, by ``weakref.finalize``). See the module doc."""
+    (or at interpreter exit, by ``weakref.finalize``). See the module doc.
+
+    This finalizer is the only place that frees the pointer, which makes a double free
+    impossible: ``weakref.finalize`` takes its entry out of its registry (one atomic ``dict.pop``)
+    before calling, so of the collector, the last reference going away and the exit hook only the
+    first calls ``free``. ``close()`` therefore only drops a reference and never frees itself:
+    any number of threads may close at once, each draw holding the handle."""
 
     __slots__ = ("ptr", "__weakref__")
 
