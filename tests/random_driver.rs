@@ -1477,7 +1477,8 @@ fn check_valid(s: &mut Subject, case: &Case, out: &OutBufs, counts: &mut Counts,
         } else {
             w.inline_rows += 1;
         }
-        w.nonfinite_rows += (d.flags & 0b111 != 0) as u64;
+        w.nonfinite_rows +=
+            (d.flags & (TOKENRACE_FLAG_HAS_NAN | TOKENRACE_FLAG_HAS_POSINF | TOKENRACE_FLAG_EMPTY) != 0) as u64;
         counts.pipe_rows += y.is_some() as usize;
         if from_pool && d.kept.len() == vocab {
             // The pool's noise is not the stream's: the token is checked against the twin
