@@ -149,16 +149,6 @@ pub(crate) fn scale_and_floor(mode: LogprobMode, inv_t: Option<f32>, floor: f32)
     }
 }
 
-thread_local! {
-    /// The values a rank counts, reused from row to row on this thread.
-    static COUNTED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// What this thread keeps for the ranks, for `draw::KEPT_PER_THREAD`.
-pub(crate) fn kept() -> crate::alloc::Kept {
-    alloc::kept_vec(&COUNTED, || alloc::release_vec(&COUNTED))
-}
-
 impl LogprobFn {
     /// The smallest value whose logprob is at least `target` (finite), given that `x`'s is.
     /// The map is monotone in the value (an f64 subtraction, a product by `s > 0`, a
@@ -173,24 +163,10 @@ impl LogprobFn {
 /// The rank of a token whose logprob `own` (finite) is that of value `x`: the count of the
 /// values at or above the least one whose logprob reaches `own`, read from the blocks whose
 /// maximum reaches it.
-fn rank_by_count<V: RowValues + ?Sized>(
-    k: &Kernels,
-    v: &V,
-    bmax: &[f32],
-    lp: &LogprobFn,
-    own: f32,
-    x: f32,
-) -> Result<i32> {
+fn rank_by_count<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], lp: &LogprobFn, own: f32, x: f32) -> i32 {
     let lo = lp.least_value_reaching(own, x);
-    COUNTED.with(|cell| {
-        let xs = &mut *cell.borrow_mut();
-        xs.clear();
-        // Room for every value and the kernel's one block of slack, so that it never grows.
-        alloc::reserve(xs, v.n() + 2 * BLOCK, "the rank's values")?;
-        // SAFETY: the row has n values and bmax one maximum per block.
-        unsafe { (V::kernels(k).gather_ge)(v.ptr(), v.n(), bmax, lo, xs) };
-        Ok(xs.len() as i32)
-    })
+    // SAFETY: the row has n values and bmax one maximum per block.
+    unsafe { (V::kernels(k).count_ge)(v.ptr(), v.n(), bmax, lo) as i32 }
 }
 
 /// The `ids.len().max(lps.len())` most probable tokens from the blocks that can hold them: every
@@ -306,7 +282,7 @@ pub(crate) fn row_logprobs<V: RowValues + ?Sized>(
     let finite = matches!(lp, LogprobFn::Finite { .. }) && own > f32::NEG_INFINITY;
     let rank_by_scan = out.want_rank && !finite;
     if out.want_rank && finite {
-        *out.rank = rank_by_count(k, v, bmax, &lp, own, x)?;
+        *out.rank = rank_by_count(k, v, bmax, &lp, own, x);
     }
     let top_by_scan = wants_top && !(finite && top_by_blocks(v, bmax, &lp, out.ids, out.lps)?);
     if rank_by_scan || top_by_scan {

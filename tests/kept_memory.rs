@@ -42,7 +42,7 @@ fn draw_with_history(sampler: &Sampler, vocab: usize, rows: usize, history: usiz
 
 /// A frequency penalty with a 10M-id output history kept about 200 MB on the calling thread
 /// (the output's repeats and the touched tokens' scratch, sized by the history); a row of 2^22
-/// tokens with logprobs and ranks kept its processed values and the rank's values (16 MiB each).
+/// tokens with logprobs and ranks kept its processed values (16 MiB).
 #[test]
 fn the_calling_thread_keeps_at_most_the_cap_after_a_huge_call() {
     let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());

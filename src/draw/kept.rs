@@ -4,11 +4,11 @@ use crate::alloc;
 use std::cell::RefCell;
 
 /// The most a thread keeps, after a call, of the buffers it reuses from call to call (block
-/// maxima, the race's per-block scratch, a row's step and processed values, the rank's values):
+/// maxima, the race's per-block scratch, a row's step and processed values):
 /// what exceeds it is given back at the end of the call, largest buffer first, on the calling
 /// thread and on each worker that took part. At the largest vocabularies in use (262,144 tokens)
-/// a row with every input keeps about 3.3 MiB (1 MiB each for the processed row, the rank's
-/// values and the output's counts, and the bitsets and per-block arrays), so that such rows keep
+/// a row with every input keeps about 2.3 MiB (1 MiB each for the processed row and the output's
+/// counts, and the bitsets and per-block arrays), so that such rows keep
 /// reusing their buffers; a history of millions of ids or a vocabulary of tens of millions gives
 /// its buffers back after the call (their allocation then costs far less than reading the row).
 pub const KEPT_PER_THREAD: usize = 4 << 20;
@@ -21,7 +21,7 @@ thread_local! {
 }
 
 /// Every buffer this thread keeps from call to call.
-fn kept_buffers() -> [alloc::Kept; 7] {
+fn kept_buffers() -> [alloc::Kept; 6] {
     let [scratch, block_noise] = crate::row::kept();
     let [step, deferred] = crate::step::kept();
     [
@@ -31,7 +31,6 @@ fn kept_buffers() -> [alloc::Kept; 7] {
         block_noise,
         step,
         deferred,
-        crate::logprob::kept(),
     ]
 }
 

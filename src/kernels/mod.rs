@@ -226,6 +226,8 @@ pub(crate) struct DtypeKernels<E> {
     pub mass_weights: unsafe fn(*const E, usize, MassParams, *mut f32),
     /// The values `>= lo` in row order (row, n, block maxima, lo, out).
     pub gather_ge: unsafe fn(*const E, usize, &[f32], f32, &mut Vec<f32>),
+    /// The count of the values `>= lo` (row, n, block maxima, lo).
+    pub count_ge: unsafe fn(*const E, usize, &[f32], f32) -> usize,
     /// Per-block exp mass below the cut and the values at or above it (row, n, block maxima,
     /// params, out, values).
     pub mass_gather: MassGatherFn<E>,
@@ -371,6 +373,11 @@ macro_rules! kernel_table {
                 unsafe { generic::gather_ge::<$simd, E>(row, n, bmax, lo, out) }
             }
             $(#[target_feature(enable = $feature)])*
+            unsafe fn count_ge<E: Elem>(row: *const E, n: usize, bmax: &[f32], lo: f32) -> usize {
+                // SAFETY: see kernel_table!.
+                unsafe { generic::count_ge::<$simd, E>(row, n, bmax, lo) }
+            }
+            $(#[target_feature(enable = $feature)])*
             unsafe fn mass_gather<E: Elem>(row: *const E, n: usize, bmax: &[f32], p: MassParams, out: &mut [f64], cands: &mut Vec<f32>) {
                 // SAFETY: see kernel_table!.
                 unsafe { generic::mass_gather::<$simd, E>(row, n, bmax, p, out, cands) }
@@ -416,7 +423,7 @@ macro_rules! kernel_table {
                     max_only: max_only::<E>,
                     #[cfg(feature = "internals")]
                     max_two: max_two::<E>,
-                    mass: mass::<E>, mass_weights: mass_weights::<E>, gather_ge: gather_ge::<E>, mass_gather: mass_gather::<E>, mass64: mass64::<E>,
+                    mass: mass::<E>, mass_weights: mass_weights::<E>, gather_ge: gather_ge::<E>, count_ge: count_ge::<E>, mass_gather: mass_gather::<E>, mass64: mass64::<E>,
                 }
             }
             /// The table. Only [`kernels`] calls it, once it has checked `detected()`.

@@ -574,6 +574,43 @@ pub(crate) unsafe fn mass_weights<S: Simd, E: Elem>(row: *const E, n: usize, mp:
     }
 }
 
+/// The count of the values `x >= lo` (`lo` finite) of a row: those of the blocks whose maximum
+/// in `bmax` reaches `lo` (the other blocks hold none). A rank is such a count: counting, not
+/// gathering, writes nothing per value and needs no room for the row.
+///
+/// # Safety
+/// `row` valid for `n` reads; `bmax` has `n.div_ceil(BLOCK)` elements; `S` usable here.
+#[inline(always)]
+pub(crate) unsafe fn count_ge<S: Simd, E: Elem>(row: *const E, n: usize, bmax: &[f32], lo: f32) -> usize {
+    let (l, vlo, one) = (S::LANES, S::splat(lo), S::splat_u(1));
+    let mut count = 0usize;
+    for (b, &bm) in bmax.iter().enumerate() {
+        if bm < lo {
+            continue;
+        }
+        let (mut i, end) = (b * BLOCK, ((b + 1) * BLOCK).min(n));
+        // Per-lane counts (at most BLOCK / LANES each), added up once a block: a mask's bits
+        // counted per vector cost a dozen scalar operations where no popcnt is enabled.
+        let mut lanes = S::splat_u(0);
+        while i + l <= end {
+            // SAFETY: i + LANES <= end <= n; `S` usable (the caller's contract).
+            let x = unsafe { E::load::<S>(row.add(i)) };
+            lanes = S::add_u(lanes, S::select_u(S::ge(x, vlo), one, S::splat_u(0)));
+            i += l;
+        }
+        let mut per_lane = [0u32; 64];
+        // SAFETY: LANES <= 64 slots.
+        unsafe { S::store_u(per_lane.as_mut_ptr(), lanes) };
+        count += per_lane[..l].iter().map(|&c| c as usize).sum::<usize>();
+        while i < end {
+            // SAFETY: i < n; Scalar runs anywhere.
+            count += (unsafe { E::load::<Scalar>(row.add(i)) } >= lo) as usize;
+            i += 1;
+        }
+    }
+    count
+}
+
 /// Appends to `out`, in row order, every value `x >= lo` (`lo` finite) of the blocks whose
 /// maximum in `bmax` reaches `lo`.
 ///
