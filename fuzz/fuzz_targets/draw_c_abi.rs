@@ -849,6 +849,16 @@ fn run(data: &[u8]) -> Result<()> {
         Buf::new(Ptr::Null, 0, 0)
     };
     let banned = csr_list(u, rows, vocab, false)?;
+    // The fields after the 0.2 batch: the penalty window, min_tokens with its stop lists, top-nσ.
+    let last_n = per_row(u, rows, |u| Ok([0i32, 1, 3, 64, i32::MAX][u.choose_index(5)?]), |u| Ok([-1i32, i32::MIN][u.choose_index(2)?]))?;
+    let min_tokens = per_row(u, rows, |u| Ok([0i32, 1, 2, 5, i32::MAX][u.choose_index(5)?]), |u| Ok([-1i32, i32::MIN][u.choose_index(2)?]))?;
+    let stop = csr_list(u, rows, vocab, false)?;
+    let nsigma = per_row(
+        u,
+        rows,
+        |u| Ok([0.0f32, -1.0, 0.5, 1.0, 2.5, 1e-3][u.choose_index(6)?]),
+        |u| Ok([f32::NAN, f32::INFINITY, f32::NEG_INFINITY][u.choose_index(3)?]),
+    )?;
     let words = vocab.div_ceil(32);
     let mut bitmask_stride = 0u64;
     let mut bitmask_invalid = false;
@@ -954,6 +964,11 @@ fn run(data: &[u8]) -> Result<()> {
         banned_offsets: banned.offsets.ptr(),
         token_bitmask: bitmask.ptr(),
         bitmask_row_stride: bitmask_stride,
+        penalty_last_n: last_n.ptr(),
+        min_tokens: min_tokens.ptr(),
+        stop_ids: stop.ids.ptr(),
+        stop_offsets: stop.offsets.ptr(),
+        top_n_sigma: nsigma.ptr(),
     };
     // Every 8-byte field boundary from the first version on is a valid size.
     let sizes: Vec<usize> = (BATCH_V1..=BATCH_SIZE).step_by(8).collect();
@@ -970,6 +985,7 @@ fn run(data: &[u8]) -> Result<()> {
         (&output_l, sees_list(offset_of!(tokenrace_batch, output_ids), offset_of!(tokenrace_batch, output_offsets))),
         (&allowed, sees_list(offset_of!(tokenrace_batch, allowed_ids), offset_of!(tokenrace_batch, allowed_offsets))),
         (&banned, sees_list(offset_of!(tokenrace_batch, banned_ids), offset_of!(tokenrace_batch, banned_offsets))),
+        (&stop, sees_list(offset_of!(tokenrace_batch, stop_ids), offset_of!(tokenrace_batch, stop_offsets))),
     ];
     let bias_seen = (
         sees(offset_of!(tokenrace_batch, bias_ids)),
@@ -981,6 +997,9 @@ fn run(data: &[u8]) -> Result<()> {
     let sees_pres = sees(offset_of!(tokenrace_batch, presence_penalty));
     let sees_allowed_rows = sees(offset_of!(tokenrace_batch, allowed_rows));
     let sees_bitmask = sees(offset_of!(tokenrace_batch, bitmask_row_stride));
+    let sees_last_n = sees(offset_of!(tokenrace_batch, penalty_last_n));
+    let sees_min_tokens = sees(offset_of!(tokenrace_batch, min_tokens));
+    let sees_nsigma = sees(offset_of!(tokenrace_batch, top_n_sigma));
     // A list is what the library sees of it: the ids only when their field is inside the size
     // (else NULL), the offsets likewise. Only a list seen whole is judged as generated; one whose
     // offsets are unseen is judged by its entries alone (entries without offsets are refused).
@@ -1001,6 +1020,9 @@ fn run(data: &[u8]) -> Result<()> {
     invalid |= seen_rows(sees_rep, &rep, &|r| !(r.is_finite() && r > 0.0));
     invalid |= seen_rows(sees_freq, &freq, &|v| !v.is_finite());
     invalid |= seen_rows(sees_pres, &pres, &|v| !v.is_finite());
+    invalid |= seen_rows(sees_nsigma, &nsigma, &|n| !n.is_finite());
+    let seen_ints = |seen: bool, b: &Buf<i32>| seen && b.given() && (b.misaligned() || b.v.iter().any(|&n| n < 0));
+    invalid |= seen_ints(sees_last_n, &last_n) || seen_ints(sees_min_tokens, &min_tokens);
     let allowed_seen = lists_seen[2].1 .1 && allowed.offsets.given();
     if sees_allowed_rows && allowed_rows.given() && !allowed_seen {
         invalid = true;
@@ -1219,6 +1241,9 @@ fn run(data: &[u8]) -> Result<()> {
                 && !(sees_allowed_rows && allowed_rows.given() && allowed_rows.at(r) == 0))
                 .then(|| allowed.row_ids(r)),
             banned: seen_list(&banned, lists_seen[3].1 .1, r),
+            last_n: if sees_last_n && last_n.given() { last_n.at(r) } else { 0 },
+            stop: seen_list(&stop, lists_seen[4].1 .1, r),
+            min_tokens: if sees_min_tokens && min_tokens.given() { min_tokens.at(r) } else { 0 },
             bitmask: (sees(offset_of!(tokenrace_batch, token_bitmask)) && bitmask.given()).then(|| {
                 let st = if sees_bitmask && bitmask_stride != 0 { bitmask_stride as usize } else { words };
                 &bitmask.v[r * st..r * st + words]
@@ -1260,6 +1285,17 @@ fn run(data: &[u8]) -> Result<()> {
                         assert!(x >= kth, "row {r}: token logit {x} below the top-{k} cut {kth}");
                     }
                 }
+            }
+            if sees_nsigma && nsigma.given() && nsigma.at(r) > 0.0 {
+                // top-nσ over the effective row's finite values, with room for the f64 sums.
+                let fin: Vec<f64> = vals.iter().filter(|x| x.is_finite()).map(|&x| x as f64).collect();
+                let mean = fin.iter().sum::<f64>() / fin.len() as f64;
+                let sigma = (fin.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / fin.len() as f64).sqrt();
+                let cut = m as f64 - nsigma.at(r) as f64 * sigma;
+                assert!(
+                    x as f64 >= cut - 1e-9 * (1.0 + cut.abs() + sigma),
+                    "row {r}: token logit {x} below the top-nσ cut {cut} (max {m}, sigma {sigma})"
+                );
             }
             if sees_minp && mps.given() {
                 let mp = mps.at(r) as f64;
