@@ -7,3 +7,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+# The fuzz targets are their own crate (fuzz/, built with nightly by cargo-fuzz); a check build
+# on stable keeps them compiling as the C structs grow.
+cargo check --manifest-path fuzz/Cargo.toml --bins --quiet
