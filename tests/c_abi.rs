@@ -369,6 +369,18 @@ fn the_cpp_wrapper_compiles_as_cpp20() {
     }
 }
 
+/// `include/tokenrace_llama.h`, the llama.cpp sampler over the fused draw, on a stand-in of
+/// llama.h: llama.cpp's greedy and "keep one" cases, penalties over the accepted window,
+/// candidates out of id order, seeded sequences, the distribution (chi-square with a power
+/// check), refused parameters; and the same source compiles as C++ (the header is for both).
+#[test]
+fn the_llama_adapter_follows_llama_cpps_rules() {
+    build_and_run("test_llama_adapter.c", false, true, &[], QUICK);
+    let mut as_cpp = Program::new("c_tests/test_llama_adapter.c", true, true);
+    as_cpp.cpp_std = "c++17";
+    as_cpp.compiles();
+}
+
 #[test]
 fn pool_shutdown_wakes_blocked_borrowers_and_keeps_the_handle() {
     build_and_run("test_pool_shutdown.c", false, true, &[], QUICK);
