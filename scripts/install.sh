@@ -3,7 +3,7 @@
 #
 #   PREFIX/lib/libtokenrace.so.0.2.0                 the shared object, stripped, soname libtokenrace.so.0.2
 #   PREFIX/lib/libtokenrace.so.0.2, libtokenrace.so  symlinks (the loader's name, the linker's name)
-#   PREFIX/include/tokenrace/tokenrace.h, tokenrace.hpp
+#   PREFIX/include/tokenrace/tokenrace.h, tokenrace.hpp, tokenrace_llama.h (llama.cpp sampler)
 #   PREFIX/lib/pkgconfig/tokenrace.pc                pkg-config --cflags --libs tokenrace
 #   PREFIX/lib/cmake/tokenrace/tokenraceConfig*.cmake  find_package(tokenrace) -> tokenrace::tokenrace
 #
@@ -82,7 +82,7 @@ else
   install -m 0755 "$built" "$lib_dest/libtokenrace.so.$version"
   ln -sf "libtokenrace.so.$version" "$lib_dest/$soname"
   ln -sf "libtokenrace.so.$version" "$lib_dest/libtokenrace.so"
-  install -m 0644 include/tokenrace.h include/tokenrace.hpp "$inc_dest/"
+  install -m 0644 include/tokenrace.h include/tokenrace.hpp include/tokenrace_llama.h "$inc_dest/"
   # Relocatable: the .pc file finds the prefix from its own place (${pcfiledir}).
   pc_up=".."
   for _ in $(echo "$libdir" | tr '/' ' '); do pc_up="$pc_up/.."; done
@@ -109,7 +109,7 @@ size="$(stat -c %s "$lib_dest/libtokenrace.so.$version")"
 cat <<EOF
 tokenrace $version installed under $prefix${DESTDIR:+ (staged in $DESTDIR)}:
   $prefix/$libdir/libtokenrace.so.$version ($((size / 1024)) KiB, soname $soname)
-  $prefix/include/tokenrace/tokenrace.h, tokenrace.hpp
+  $prefix/include/tokenrace/tokenrace.h, tokenrace.hpp, tokenrace_llama.h
   $prefix/$libdir/pkgconfig/tokenrace.pc, $prefix/$libdir/cmake/tokenrace/tokenraceConfig.cmake
 Build against it:
   PKG_CONFIG_PATH=$prefix/$libdir/pkgconfig cc app.c \$(pkg-config --cflags --libs tokenrace) -Wl,-rpath,$prefix/$libdir

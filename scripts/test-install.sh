@@ -36,7 +36,7 @@ for link in libtokenrace.so.0.2 libtokenrace.so; do
   [ "$(readlink "$prefix/lib/$link")" = "libtokenrace.so.$version" ] || fail "$link is not a symlink to the library"
 done
 if readelf -S "$lib" | grep -q '\.debug_'; then fail "$lib has debug sections (it should be stripped)"; fi
-for f in include/tokenrace/tokenrace.h include/tokenrace/tokenrace.hpp lib/pkgconfig/tokenrace.pc \
+for f in include/tokenrace/tokenrace.h include/tokenrace/tokenrace.hpp include/tokenrace/tokenrace_llama.h lib/pkgconfig/tokenrace.pc \
          lib/cmake/tokenrace/tokenraceConfig.cmake lib/cmake/tokenrace/tokenraceConfigVersion.cmake; do
   [ -f "$prefix/$f" ] || fail "no $prefix/$f"
 done
