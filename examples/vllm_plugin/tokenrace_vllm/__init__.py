@@ -1,5 +1,8 @@
 """A vLLM plugin that samples with tokenrace on the CPU.
 
+vLLM 0.34 (model runner V2's CPU backend): ``cpu_sampler.py`` patches ``CPUSampler``. Older vLLM
+(V1, up to the releases that still have ``TopKTopPSampler``): the rest of this module.
+
 vLLM calls ``register()`` in every process it starts (the engine and each worker) through the
 ``vllm.general_plugins`` entry point of ``pyproject.toml``, before it builds the model runner and
 its ``Sampler``. ``register()`` patches vLLM's ``TopKTopPSampler`` (the top-k/top-p step and the
@@ -48,11 +51,22 @@ def patch(sampler_class):
 
 
 def register():
-    """The ``vllm.general_plugins`` entry point."""
+    """The ``vllm.general_plugins`` entry point: vLLM 0.34's CPU backend (``CPUSampler``,
+    ``cpu_sampler.py``) and, in the vLLM versions that have it, V1's ``TopKTopPSampler``."""
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():  # GPU platforms keep their own samplers
         return
-    from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
+    try:
+        from vllm.v1.worker.cpu.sampler import CPUSampler
+    except ImportError:
+        pass
+    else:
+        from . import cpu_sampler
 
+        cpu_sampler.patch(CPUSampler)
+    try:
+        from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
+    except ImportError:
+        return
     patch(TopKTopPSampler)
