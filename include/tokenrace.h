@@ -527,6 +527,11 @@ typedef struct tokenrace_verify_batch {
   uint32_t reserved1;
   // Elements between noise rows; 0 broadcasts one noise row to every target row.
   uint64_t noise_row_stride;
+  // sum(draft_counts) int32, request-local: each draft node's parent, -1 for a child of the
+  // request's context, else an earlier node of the same request (a draft tree per request,
+  // judged by recursive rejection sampling: docs/semantics.md, "Draft trees"). Target row 0
+  // of a request is its root's, row 1 + i node i's. NULL: chains (node i's parent is i - 1).
+  const int32_t *draft_parents;
 } tokenrace_verify_batch;
 
 // Where `tokenrace_verify()` writes. `tokens` and `counts` are required. Nothing is written if
@@ -550,6 +555,9 @@ typedef struct tokenrace_verify_output {
   // As `tokens`: the logprob of each emitted token in its target row, in `logprob_mode`; NaN
   // in the padding (NULL: not computed).
   float *logprobs;
+  // As `tokens`: the request-local index of each accepted draft node in path order, then -1
+  // (NULL: not reported).
+  int32_t *accepted_nodes;
 } tokenrace_verify_output;
 
 #ifdef __cplusplus
