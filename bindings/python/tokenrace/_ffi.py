@@ -298,6 +298,7 @@ class tokenrace_verify_batch(_Versioned):
         ("noise_kind", c_uint32),
         ("reserved1", c_uint32),
         ("noise_row_stride", c_uint64),
+        ("draft_parents", POINTER(c_int32)),
     ]
 
 
@@ -312,6 +313,7 @@ class tokenrace_verify_output(_Versioned):
         ("counts", POINTER(c_int32)),
         ("flags", POINTER(c_uint32)),
         ("logprobs", POINTER(c_float)),
+        ("accepted_nodes", POINTER(c_int32)),
     ]
 
 
