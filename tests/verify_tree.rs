@@ -5,7 +5,7 @@
 //!   flags and logprobs, on random calls of every kind (seeded, external uniforms and noise, the
 //!   sampler's stream; greedy and sampling; with and without q; filters), at every SIMD level,
 //!   on 1 and 4 threads; its accepted nodes are 0, 1, ...
-//! - Random trees of seeded requests match a float64 reference of recursive rejection sampling
+//! - Random trees (seeded requests, or the caller's uniforms and noise) match a float64 reference of recursive rejection sampling
 //!   (the residual kept dense in f64, the recovered race over it on the row's noise), except
 //!   requests with a decision within rounding of its threshold (counted).
 //! - The first emitted token follows p (chi-square), with q (siblings drawn from q) and with
@@ -327,7 +327,7 @@ fn a_chain_given_as_a_tree_verifies_bit_for_bit_as_today() {
     println!("chains as trees: {requests} requests bit-identical");
 }
 
-/// The reference of one seeded request's tree: its emitted tokens and accepted nodes, or `None`
+/// The reference of one request's tree (seeded, or on the caller's uniforms and noise): its emitted tokens and accepted nodes, or `None`
 /// when a decision lies within rounding of its threshold.
 fn ref_tree(call: &Call, i: usize) -> Option<(Vec<i32>, Vec<i32>)> {
     let v = call.vocab;
@@ -350,7 +350,12 @@ fn ref_tree(call: &Call, i: usize) -> Option<(Vec<i32>, Vec<i32>)> {
         let row = (node + 1) as usize;
         let x = &call.logits[(r0 + row) * v..(r0 + row + 1) * v];
         let key = rf::row_key(call.seeds[i], call.offsets[i] + depth(node));
-        let noise = rf::Noise::Inline(key);
+        // Unseeded requests of these calls take the caller's noise (one row per target row).
+        let external = call.noise.as_ref().filter(|_| call.seeded[i] == 0);
+        let noise = match external {
+            Some(e) => rf::Noise::Exp(&e[(r0 + row) * v..(r0 + row + 1) * v]),
+            None => rf::Noise::Inline(key),
+        };
         let drawn = rf::draw(x, t, GREEDY_BELOW, noise, filters);
         if drawn.ambiguous {
             return None;
@@ -384,7 +389,10 @@ fn ref_tree(call: &Call, i: usize) -> Option<(Vec<i32>, Vec<i32>)> {
         let mut accepted = None;
         for (rank, &c) in children.iter().enumerate() {
             let d = call.drafts[d0 + c];
-            let u = ref_sibling_uniform(key, rank);
+            let u = match (&call.uniforms, call.seeded[i]) {
+                (Some(u), 0) => u[d0 + c],
+                _ => ref_sibling_uniform(key, rank),
+            };
             if d >= 0 {
                 let d = d as usize;
                 let (rd, qd) = (r[d], q.map_or(1.0, |q| q[d] as f64));
@@ -419,7 +427,11 @@ fn ref_tree(call: &Call, i: usize) -> Option<(Vec<i32>, Vec<i32>)> {
             node = c as i32;
             continue;
         }
-        let ln_e = |k: usize| rf::inline_noise(key, k).ln();
+        let ln_e = |k: usize| match noise {
+            rf::Noise::Exp(e) if e[k] > 0.0 => (e[k] as f64).ln(),
+            rf::Noise::Exp(_) => f64::NAN,
+            _ => rf::inline_noise(key, k).ln(),
+        };
         let race = match q {
             // One-hot q: the row's own race over what is left of r.
             None => rf::race64(x, |k| r[k] > 0.0, |k| ((x[k] as f64 - m) * drawn.inv_t, ln_e(k))),
@@ -448,7 +460,9 @@ fn random_trees_match_the_float64_reference() {
         for threads in [1, 4] {
             for _ in 0..12 {
                 let vocab = [40, 300, 1000, 2500][rng.below(4)];
-                let call = Call::random(&mut rng, Source::Seeded, vocab, false);
+                // Seeded requests, or the caller's uniforms (one per node) and noise.
+                let source = if rng.below(2) == 0 { Source::Seeded } else { Source::External };
+                let call = Call::random(&mut rng, source, vocab, false);
                 let got = verify(&sampler(level, threads, 5), &call.batch(true));
                 for i in 0..call.counts.len() {
                     compared += 1;
