@@ -765,6 +765,46 @@ enum tokenrace_status tokenrace_verify(struct tokenrace_sampler *sampler,
                                        const struct tokenrace_verify_batch *batch,
                                        struct tokenrace_verify_output *out);
 
+// The seeds of `rows` watermarked positions (docs/semantics.md, "Watermarking"): row `r`'s
+// context is the last `k` tokens of its history, its prompt (`prompt_ids`, CSR by
+// `prompt_offsets`) then its output so far (`output_ids`, CSR by `output_offsets`), as the
+// sampling step's lists; fewer when the history is shorter. `seeds[r]` is then the seed of that
+// position under `secrets[r]`: draw row `r` with it and offset 0 (and `seeded` set) to
+// watermark it; each token's distribution is the row's own. NULL offsets (and ids): no list.
+// On failure nothing is written.
+//
+// # Safety
+// `secrets` and `seeds` hold `rows` elements; non-NULL offsets `rows + 1` and their ids as many
+// as the last offset says.
+enum tokenrace_status tokenrace_watermark_seeds(uint32_t rows,
+                                                const uint64_t *secrets,
+                                                uint32_t k,
+                                                const int32_t *prompt_ids,
+                                                const uint64_t *prompt_offsets,
+                                                const int32_t *output_ids,
+                                                const uint64_t *output_offsets,
+                                                uint64_t *seeds);
+
+// Scores `tokens` (`n_tokens` ids, the text to test) written after `prefix` (`prefix_len` ids:
+// the prompt, whose tail gives the first contexts) for the watermark of `secret` with context
+// window `k`: `*score` = the sum of `-ln(1 - U_t)` over the tokens whose (context, token) pair
+// was not seen before in the text, `U_t = exp(-E_t)` the race's uniform of token `t` at its
+// position's key; `*scored` = how many; `*p_value` = P(Gamma(scored, 1) >= score), the chance of
+// that score without the watermark (1 when nothing was scored). Negative ids are refused naming
+// the position. Any output pointer may be NULL (not reported).
+//
+// # Safety
+// `prefix` and `tokens` hold the elements their lengths say.
+enum tokenrace_status tokenrace_watermark_detect(uint64_t secret,
+                                                 uint32_t k,
+                                                 const int32_t *prefix,
+                                                 uint64_t prefix_len,
+                                                 const int32_t *tokens,
+                                                 uint64_t n_tokens,
+                                                 double *score,
+                                                 uint64_t *scored,
+                                                 double *p_value);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus
