@@ -870,6 +870,73 @@ static void draft_trees(tokenrace_sampler *s) {
   CHECK(error_has("batch.draft_parents[2]", "request 0, node 2", "parent 2") && untouched(&r));
 }
 
+/* ---- watermarking ----------------------------------------------------------------------------- */
+
+/* Seeds: rows whose last k = 2 tokens of prompt then output agree share a seed (the prompt's tail
+ * counts while the output is shorter than k); a draw seeded with them gives tokens the detector
+ * scores; bad arguments are refused naming them, with nothing written. */
+static void watermark(tokenrace_sampler *s) {
+  /* Row 0: prompt {4, 5}, output {6, 7}; row 1: prompt {9}, output {6, 7}; row 2: prompt {5},
+   * output {6}; row 3: prompt {4, 5, 6}, no output. Rows 0 and 1 share the context {6, 7}, rows 2
+   * and 3 the context {5, 6}. */
+  const int32_t prompt[7] = {4, 5, 9, 5, 4, 5, 6};
+  const uint64_t prompt_off[5] = {0, 2, 3, 4, 7};
+  const int32_t output[5] = {6, 7, 6, 7, 6};
+  const uint64_t output_off[5] = {0, 2, 4, 5, 5};
+  const uint64_t secrets[4] = {11, 11, 11, 11};
+  uint64_t seeds[4] = {0, 0, 0, 0};
+  CHECK(tokenrace_watermark_seeds(4, secrets, 2, prompt, prompt_off, output, output_off, seeds) ==
+        TOKENRACE_STATUS_OK);
+  CHECK(seeds[0] == seeds[1] && seeds[2] == seeds[3] && seeds[0] != seeds[2]);
+  const uint64_t bad_off[5] = {0, 2, 1, 4, 7};
+  uint64_t untouched_seeds[4] = {1, 2, 3, 4};
+  CHECK(tokenrace_watermark_seeds(4, secrets, 2, prompt, bad_off, output, output_off, untouched_seeds) ==
+        TOKENRACE_STATUS_INVALID_ARGUMENT);
+  CHECK(strstr(tokenrace_last_error(), "prompt_offsets[2]") != NULL);
+  CHECK(untouched_seeds[0] == 1 && untouched_seeds[3] == 4);
+
+  /* 64 positions of a flat row (every token equally likely) drawn with their seeds: the detector
+   * scores them far above chance (each U is the largest of 64). */
+  static float flat[V]; /* zero: every token equally likely */
+  int32_t text[64];
+  uint64_t seed_of[64], zero[64];
+  int32_t history[66] = {1, 2};
+  for (int t = 0; t < 64; t++) {
+    /* One position at a time: its context is the last two tokens so far. */
+    uint64_t off[2] = {0, (uint64_t)t + 2};
+    CHECK(tokenrace_watermark_seeds(1, secrets, 2, NULL, NULL, history, off, &seed_of[t]) == TOKENRACE_STATUS_OK);
+    zero[t] = 0;
+    tokenrace_batch b;
+    memset(&b, 0, sizeof b);
+    b.struct_size = sizeof b;
+    b.dtype = TOKENRACE_DTYPE_F32;
+    b.logits = flat;
+    b.rows = 1;
+    b.vocab = V;
+    b.seeds = &seed_of[t];
+    b.offsets = &zero[t];
+    int32_t token = -1;
+    tokenrace_output o;
+    memset(&o, 0, sizeof o);
+    o.struct_size = sizeof o;
+    o.tokens = &token;
+    CHECK(tokenrace_draw(s, &b, &o) == TOKENRACE_STATUS_OK);
+    text[t] = token;
+    history[t + 2] = token;
+  }
+  double score = -1, p = -1;
+  uint64_t scored = 0;
+  CHECK(tokenrace_watermark_detect(11, 2, history, 2, text, 64, &score, &scored, &p) == TOKENRACE_STATUS_OK);
+  CHECK(scored >= 1 && scored <= 64 && p < 1e-6 && score > (double)scored);
+  double other = -1;
+  CHECK(tokenrace_watermark_detect(12, 2, history, 2, text, 64, NULL, NULL, &other) == TOKENRACE_STATUS_OK);
+  CHECK(other > 1e-6);
+  const int32_t negative[2] = {3, -4};
+  p = -1;
+  CHECK(tokenrace_watermark_detect(11, 2, NULL, 0, negative, 2, NULL, NULL, &p) == TOKENRACE_STATUS_INVALID_ARGUMENT);
+  CHECK(strstr(tokenrace_last_error(), "tokens[1]: -4 is not a token id") != NULL && p == -1);
+}
+
 int main(void) {
   tokenrace_sampler *s1 = sampler_of(1, 1), *s2 = sampler_of(2, 2);
   greedy_requests(s1);
@@ -881,6 +948,7 @@ int main(void) {
   errors_name_the_field(s2);
   struct_sizes(s1);
   draft_trees(s1);
+  watermark(s1);
   tokenrace_sampler_free(s1);
   tokenrace_sampler_free(s2);
   if (failures == 0) printf("test_verify: ok\n");
