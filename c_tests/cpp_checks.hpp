@@ -691,6 +691,18 @@ inline void verify_equals_the_c_api(const tokenrace::Library& lib) {
   CHECK(c.status == TOKENRACE_STATUS_OK);
   CHECK(full.tokens == c.tokens && full.counts == c.counts && full.flags == c.flags);
   CHECK(same_floats(full.logprobs, c.logprobs));
+  // The chains given as trees (parent i - 1): the same outputs; the accepted nodes 0, 1, ...
+  std::vector<int32_t> chain;
+  for (int32_t n : counts)
+    for (int32_t j = 0; j < n; j++) chain.push_back(j - 1);
+  tokenrace::VerifyOptions as_tree = options;
+  as_tree.draft_parents(chain);
+  const tokenrace::VerifyResult tree =
+      sampler.verify_full(target, counts, draft_tokens, as_tree, TOKENRACE_LOGPROB_MODE_PROCESSED);
+  CHECK(tree.tokens == full.tokens && tree.counts == full.counts && same_floats(tree.logprobs, full.logprobs));
+  for (uint32_t i = 0; i < requests; i++)
+    for (uint32_t j = 0; j < full.width; j++)
+      CHECK(tree.accepted_nodes[size_t(i) * full.width + j] == (int32_t(j) < tree.accepted(i) ? int32_t(j) : -1));
   // The greedy request accepted its drafts (the argmax of each row) and then the bonus row's.
   CHECK(full.counts[0] == 4 && full.accepted(0) == 3 && (full.flags[0] & TOKENRACE_FLAG_GREEDY));
   CHECK(full.token(0, 3) == argmax_of(&logits[3 * vocab], vocab));
@@ -739,7 +751,7 @@ inline void verify_equals_the_c_api(const tokenrace::Library& lib) {
   for (uint32_t i = 0; i < requests; i++)
     CHECK(std::equal(tokens.begin() + i * 6, tokens.begin() + i * 6 + 5, full.tokens.begin() + i * 5) &&
           tokens[i * 6 + 5] == -1);
-  CHECK(sampler.stats().calls == 6);
+  CHECK(sampler.stats().calls == 7);  // six verify calls and the chains given as trees
 }
 
 // Greedy requests through the wrapper, its own checks of the vectors, and the library's

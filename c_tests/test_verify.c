@@ -747,8 +747,10 @@ static void errors_name_the_field(tokenrace_sampler *s) {
 /* ---- struct sizes ------------------------------------------------------------------------------ */
 
 static void struct_sizes(tokenrace_sampler *s) {
-  /* The first (and so far only) layouts, pinned. */
-  CHECK(sizeof(tokenrace_verify_batch) == 160 && sizeof(tokenrace_verify_output) == 48);
+  /* The layouts, pinned: the first versions (160 and 48 bytes), then the draft trees' fields. */
+  CHECK(sizeof(tokenrace_verify_batch) == 168 && sizeof(tokenrace_verify_output) == 56);
+  CHECK(offsetof(tokenrace_verify_batch, draft_parents) == 160);
+  CHECK(offsetof(tokenrace_verify_output, accepted_nodes) == 48);
   CHECK(offsetof(tokenrace_verify_batch, requests) == 32 && offsetof(tokenrace_verify_batch, draft_counts) == 40);
   CHECK(offsetof(tokenrace_verify_batch, draft_probs_row_stride) == 64);
   CHECK(offsetof(tokenrace_verify_batch, uniforms) == 128 && offsetof(tokenrace_verify_batch, noise) == 136);
@@ -761,7 +763,7 @@ static void struct_sizes(tokenrace_sampler *s) {
   tokenrace_verify_batch b = batch_of(X, 2, counts, drafts);
   static result r;
   /* Smaller than the first version (160 bytes), also a size ending inside a field (every size
-   * below 160 is: the first version is the whole struct): refused, naming the argument. */
+   * below 160 is: the first version ends at a field's end): refused, naming the argument. */
   const uint32_t small[5] = {0, 4, 100, 156, 159};
   for (int k = 0; k < 5; k++) {
     tokenrace_verify_batch old = b;
@@ -807,13 +809,132 @@ static void struct_sizes(tokenrace_sampler *s) {
   big_o.o = r.o;
   big_o.o.struct_size = sizeof big_o;
   CHECK(tokenrace_verify(s, &big_b.b, &big_o.o) == TOKENRACE_STATUS_UNSUPPORTED);
-  CHECK(strstr(tokenrace_last_error(), "batch: sets fields beyond the 160 bytes of tokenrace_verify_batch") != NULL);
+  CHECK(strstr(tokenrace_last_error(), "batch: sets fields beyond the 168 bytes of tokenrace_verify_batch") != NULL);
   CHECK(untouched(&r));
   big_b.newer = 0;
   big_o.newer = 9;
   CHECK(tokenrace_verify(s, &big_b.b, &big_o.o) == TOKENRACE_STATUS_UNSUPPORTED);
-  CHECK(strstr(tokenrace_last_error(), "out: sets fields beyond the 48 bytes of tokenrace_verify_output") != NULL);
+  CHECK(strstr(tokenrace_last_error(), "out: sets fields beyond the 56 bytes of tokenrace_verify_output") != NULL);
   CHECK(untouched(&r));
+}
+
+/* ---- draft trees ----------------------------------------------------------------------------- */
+
+/* A greedy tree: the root's children are a wrong token, the argmax, the argmax again; node 1 is
+ * accepted (the first equal child), its child node 3 (the argmax of node 1's row, row 2) too, and
+ * node 3's row (row 4) gives the bonus token. A chain given as a tree is the chain; a parent that
+ * is not an earlier node is refused naming the node, with nothing written. */
+static void draft_trees(tokenrace_sampler *s) {
+  rows_of(X, 40, 5);
+  int a0 = argmax_of(X), a2 = argmax_of(X + 2 * V), a4 = argmax_of(X + 4 * V);
+  const int32_t counts[1] = {4};
+  const int32_t drafts[4] = {(a0 + 1) % V, a0, a0, a2};
+  const int32_t parents[4] = {-1, -1, -1, 1};
+  const float temps[1] = {0.0f};
+  tokenrace_verify_batch b = batch_of(X, 1, counts, drafts);
+  b.temperature = temps;
+  b.draft_parents = parents;
+  static result r;
+  int32_t nodes[REQ * WIDTH];
+  for (int k = 0; k < REQ * WIDTH; k++) nodes[k] = -7;
+  result_init(&r, 5);
+  r.o.accepted_nodes = nodes;
+  CHECK(tokenrace_verify(s, &b, &r.o) == TOKENRACE_STATUS_OK);
+  const int32_t want[3] = {a0, a2, a4};
+  CHECK(emitted_are(&r, 0, want, 3));
+  CHECK(nodes[0] == 1 && nodes[1] == 3 && nodes[2] == -1 && nodes[3] == -1 && nodes[4] == -1 && nodes[5] == -7);
+
+  /* Seeded sampling chains, with and without parents i - 1: the same tokens and logprobs. */
+  rows_of(X, 50, 6);
+  const int32_t cc[2] = {3, 1};
+  int32_t cd[4] = {argmax_of(X), argmax_of(X + V), second_of(X + 2 * V), argmax_of(X + 4 * V)};
+  const int32_t chain[4] = {-1, 0, 1, -1};
+  const uint64_t seeds[2] = {7, 8}, offsets[2] = {3, 40};
+  tokenrace_verify_batch c = batch_of(X, 2, cc, cd);
+  c.seeds = seeds, c.offsets = offsets;
+  static result plain, tree;
+  result_init(&plain, 0);
+  CHECK(tokenrace_verify(s, &c, &plain.o) == TOKENRACE_STATUS_OK);
+  c.draft_parents = chain;
+  result_init(&tree, 0);
+  CHECK(tokenrace_verify(s, &c, &tree.o) == TOKENRACE_STATUS_OK);
+  CHECK(memcmp(plain.tokens, tree.tokens, sizeof plain.tokens) == 0);
+  CHECK(memcmp(plain.counts, tree.counts, sizeof plain.counts) == 0);
+  CHECK(memcmp(plain.logprobs, tree.logprobs, sizeof plain.logprobs) == 0);
+
+  /* Node 2 of request 0 naming itself as its parent: refused, nothing written. */
+  const int32_t bad[4] = {-1, 0, 2, -1};
+  c.draft_parents = bad;
+  result_init(&r, 0);
+  CHECK(tokenrace_verify(s, &c, &r.o) == TOKENRACE_STATUS_INVALID_ARGUMENT);
+  CHECK(error_has("batch.draft_parents[2]", "request 0, node 2", "parent 2") && untouched(&r));
+}
+
+/* ---- watermarking ----------------------------------------------------------------------------- */
+
+/* Seeds: rows whose last k = 2 tokens of prompt then output agree share a seed (the prompt's tail
+ * counts while the output is shorter than k); a draw seeded with them gives tokens the detector
+ * scores; bad arguments are refused naming them, with nothing written. */
+static void watermark(tokenrace_sampler *s) {
+  /* Row 0: prompt {4, 5}, output {6, 7}; row 1: prompt {9}, output {6, 7}; row 2: prompt {5},
+   * output {6}; row 3: prompt {4, 5, 6}, no output. Rows 0 and 1 share the context {6, 7}, rows 2
+   * and 3 the context {5, 6}. */
+  const int32_t prompt[7] = {4, 5, 9, 5, 4, 5, 6};
+  const uint64_t prompt_off[5] = {0, 2, 3, 4, 7};
+  const int32_t output[5] = {6, 7, 6, 7, 6};
+  const uint64_t output_off[5] = {0, 2, 4, 5, 5};
+  const uint64_t secrets[4] = {11, 11, 11, 11};
+  uint64_t seeds[4] = {0, 0, 0, 0};
+  CHECK(tokenrace_watermark_seeds(4, secrets, 2, prompt, prompt_off, output, output_off, seeds) ==
+        TOKENRACE_STATUS_OK);
+  CHECK(seeds[0] == seeds[1] && seeds[2] == seeds[3] && seeds[0] != seeds[2]);
+  const uint64_t bad_off[5] = {0, 2, 1, 4, 7};
+  uint64_t untouched_seeds[4] = {1, 2, 3, 4};
+  CHECK(tokenrace_watermark_seeds(4, secrets, 2, prompt, bad_off, output, output_off, untouched_seeds) ==
+        TOKENRACE_STATUS_INVALID_ARGUMENT);
+  CHECK(strstr(tokenrace_last_error(), "prompt_offsets[2]") != NULL);
+  CHECK(untouched_seeds[0] == 1 && untouched_seeds[3] == 4);
+
+  /* 64 positions of a flat row (every token equally likely) drawn with their seeds: the detector
+   * scores them far above chance (each U is the largest of 64). */
+  static float flat[V]; /* zero: every token equally likely */
+  int32_t text[64];
+  uint64_t seed_of[64], zero[64];
+  int32_t history[66] = {1, 2};
+  for (int t = 0; t < 64; t++) {
+    /* One position at a time: its context is the last two tokens so far. */
+    uint64_t off[2] = {0, (uint64_t)t + 2};
+    CHECK(tokenrace_watermark_seeds(1, secrets, 2, NULL, NULL, history, off, &seed_of[t]) == TOKENRACE_STATUS_OK);
+    zero[t] = 0;
+    tokenrace_batch b;
+    memset(&b, 0, sizeof b);
+    b.struct_size = sizeof b;
+    b.dtype = TOKENRACE_DTYPE_F32;
+    b.logits = flat;
+    b.rows = 1;
+    b.vocab = V;
+    b.seeds = &seed_of[t];
+    b.offsets = &zero[t];
+    int32_t token = -1;
+    tokenrace_output o;
+    memset(&o, 0, sizeof o);
+    o.struct_size = sizeof o;
+    o.tokens = &token;
+    CHECK(tokenrace_draw(s, &b, &o) == TOKENRACE_STATUS_OK);
+    text[t] = token;
+    history[t + 2] = token;
+  }
+  double score = -1, p = -1;
+  uint64_t scored = 0;
+  CHECK(tokenrace_watermark_detect(11, 2, history, 2, text, 64, &score, &scored, &p) == TOKENRACE_STATUS_OK);
+  CHECK(scored >= 1 && scored <= 64 && p < 1e-6 && score > (double)scored);
+  double other = -1;
+  CHECK(tokenrace_watermark_detect(12, 2, history, 2, text, 64, NULL, NULL, &other) == TOKENRACE_STATUS_OK);
+  CHECK(other > 1e-6);
+  const int32_t negative[2] = {3, -4};
+  p = -1;
+  CHECK(tokenrace_watermark_detect(11, 2, NULL, 0, negative, 2, NULL, NULL, &p) == TOKENRACE_STATUS_INVALID_ARGUMENT);
+  CHECK(strstr(tokenrace_last_error(), "tokens[1]: -4 is not a token id") != NULL && p == -1);
 }
 
 int main(void) {
@@ -826,6 +947,8 @@ int main(void) {
   zero_requests_need_no_pointers(s1);
   errors_name_the_field(s2);
   struct_sizes(s1);
+  draft_trees(s1);
+  watermark(s1);
   tokenrace_sampler_free(s1);
   tokenrace_sampler_free(s2);
   if (failures == 0) printf("test_verify: ok\n");

@@ -527,6 +527,11 @@ typedef struct tokenrace_verify_batch {
   uint32_t reserved1;
   // Elements between noise rows; 0 broadcasts one noise row to every target row.
   uint64_t noise_row_stride;
+  // sum(draft_counts) int32, request-local: each draft node's parent, -1 for a child of the
+  // request's context, else an earlier node of the same request (a draft tree per request,
+  // judged by recursive rejection sampling: docs/semantics.md, "Draft trees"). Target row 0
+  // of a request is its root's, row 1 + i node i's. NULL: chains (node i's parent is i - 1).
+  const int32_t *draft_parents;
 } tokenrace_verify_batch;
 
 // Where `tokenrace_verify()` writes. `tokens` and `counts` are required. Nothing is written if
@@ -550,6 +555,9 @@ typedef struct tokenrace_verify_output {
   // As `tokens`: the logprob of each emitted token in its target row, in `logprob_mode`; NaN
   // in the padding (NULL: not computed).
   float *logprobs;
+  // As `tokens`: the request-local index of each accepted draft node in path order, then -1
+  // (NULL: not reported).
+  int32_t *accepted_nodes;
 } tokenrace_verify_output;
 
 #ifdef __cplusplus
@@ -756,6 +764,46 @@ enum tokenrace_status tokenrace_sampler_attach_pool(struct tokenrace_sampler *sa
 enum tokenrace_status tokenrace_verify(struct tokenrace_sampler *sampler,
                                        const struct tokenrace_verify_batch *batch,
                                        struct tokenrace_verify_output *out);
+
+// The seeds of `rows` watermarked positions (docs/semantics.md, "Watermarking"): row `r`'s
+// context is the last `k` tokens of its history, its prompt (`prompt_ids`, CSR by
+// `prompt_offsets`) then its output so far (`output_ids`, CSR by `output_offsets`), as the
+// sampling step's lists; fewer when the history is shorter. `seeds[r]` is then the seed of that
+// position under `secrets[r]`: draw row `r` with it and offset 0 (and `seeded` set) to
+// watermark it; each token's distribution is the row's own. NULL offsets (and ids): no list.
+// On failure nothing is written.
+//
+// # Safety
+// `secrets` and `seeds` hold `rows` elements; non-NULL offsets `rows + 1` and their ids as many
+// as the last offset says.
+enum tokenrace_status tokenrace_watermark_seeds(uint32_t rows,
+                                                const uint64_t *secrets,
+                                                uint32_t k,
+                                                const int32_t *prompt_ids,
+                                                const uint64_t *prompt_offsets,
+                                                const int32_t *output_ids,
+                                                const uint64_t *output_offsets,
+                                                uint64_t *seeds);
+
+// Scores `tokens` (`n_tokens` ids, the text to test) written after `prefix` (`prefix_len` ids:
+// the prompt, whose tail gives the first contexts) for the watermark of `secret` with context
+// window `k`: `*score` = the sum of `-ln(1 - U_t)` over the tokens whose (context, token) pair
+// was not seen before in the text, `U_t = exp(-E_t)` the race's uniform of token `t` at its
+// position's key; `*scored` = how many; `*p_value` = P(Gamma(scored, 1) >= score), the chance of
+// that score without the watermark (1 when nothing was scored). Negative ids are refused naming
+// the position. Any output pointer may be NULL (not reported).
+//
+// # Safety
+// `prefix` and `tokens` hold the elements their lengths say.
+enum tokenrace_status tokenrace_watermark_detect(uint64_t secret,
+                                                 uint32_t k,
+                                                 const int32_t *prefix,
+                                                 uint64_t prefix_len,
+                                                 const int32_t *tokens,
+                                                 uint64_t n_tokens,
+                                                 double *score,
+                                                 uint64_t *scored,
+                                                 double *p_value);
 
 #ifdef __cplusplus
 }  // extern "C"

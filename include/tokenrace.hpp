@@ -91,7 +91,9 @@ namespace tokenrace {
   X(pool_release)                  \
   X(pool_get_stats)                \
   X(sampler_attach_pool)           \
-  X(verify)
+  X(verify)                        \
+  X(watermark_seeds)               \
+  X(watermark_detect)
 
 // The C functions as a table of pointers: api.draw is tokenrace_draw, and so on. The types come
 // from the declarations in tokenrace.h through decltype, which does not refer to the symbols.
@@ -994,6 +996,16 @@ class VerifyOptions {
     return *this;
   }
 
+  // A draft tree per request (EAGLE-style; docs/semantics.md, "Draft trees"): one parent per
+  // draft node, request-local, -1 for a child of the request's context, else an earlier node of
+  // the same request. Row 0 of a request is then its root's target row, row 1 + i node i's; a
+  // node's children are judged at its row by recursive rejection sampling; with draft_probs,
+  // siblings' rows must be equal. Unset: chains (node i's parent is i - 1).
+  VerifyOptions& draft_parents(Span<int32_t> v) {
+    draft_parents_ = v;
+    return *this;
+  }
+
   // Noise of the recovered and bonus draws of the unseeded sampling requests: one row per target
   // row (a draw uses its own row's), `row_stride` apart (0: one row for every row), holding E or
   // ln E as `kind` says.
@@ -1056,6 +1068,7 @@ class VerifyOptions {
     b.noise = noise_;
     b.noise_kind = noise_kind_;
     b.noise_row_stride = noise_row_stride_;
+    b.draft_parents = detail::checked_span(draft_parents_, owner, "draft_parents", drafts, "draft tokens");
     return prepared;
   }
 
@@ -1111,6 +1124,7 @@ class VerifyOptions {
   detail::PerRow<uint8_t> seeded_;
   detail::PerRow<int32_t> top_k_;
   Span<double> uniforms_;
+  Span<int32_t> draft_parents_;
   Span<float> draft_probs_;
   uint64_t draft_probs_row_stride_ = 0;
   const float* noise_ = nullptr;
@@ -1129,6 +1143,9 @@ struct VerifyResult {
   std::vector<int32_t> counts;   // emitted tokens per request
   std::vector<uint32_t> flags;   // TOKENRACE_FLAG_* bits of the target rows a request looked at
   std::vector<float> logprobs;   // verify_full: requests x width, each emitted token's, NaN padded
+  // requests x width: the request-local index of each accepted draft node in path order, then -1
+  // (for a chain 0, 1, ...; with VerifyOptions::draft_parents the path through the tree).
+  std::vector<int32_t> accepted_nodes;
 
   int32_t token(uint32_t request, uint32_t j) const { return tokens[size_t(request) * width + j]; }
   float logprob(uint32_t request, uint32_t j) const { return logprobs[size_t(request) * width + j]; }
@@ -1313,6 +1330,8 @@ class Sampler {
     out.tokens_stride = result.width;
     out.counts = result.counts.data();
     out.flags = result.flags.data();
+    result.accepted_nodes.resize(cells);
+    out.accepted_nodes = result.accepted_nodes.data();
     if (mode) {
       result.logprobs.resize(cells);
       out.logprobs = result.logprobs.data();

@@ -42,6 +42,7 @@ mod row;
 mod sampler;
 mod step;
 mod verify;
+mod watermark;
 
 pub use batch::{
     flags, Batch, DraftProbs, ExternalNoise, FullMode, LogitBias, Logits, LogprobMode, Output, TokenBitmask,
@@ -55,6 +56,10 @@ pub use error::{Error, ErrorKind, Location, Owner, Result};
 pub use kernels::{best_level, supported_levels, Bf16, SimdLevel, F16};
 pub use noise::pool::{Lease, Pool as NoisePool, PoolStats};
 pub use sampler::{Sampler, SamplerStats};
+pub use watermark::{
+    context_of as watermark_context, detect as detect_watermark, gamma_upper_tail, token_noise, watermark_seed,
+    Detection,
+};
 
 /// The library version, from Cargo.toml.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -71,6 +76,7 @@ pub mod internals {
         pub use crate::ffi::draw::*;
         pub use crate::ffi::pool_api::*;
         pub use crate::ffi::verify::*;
+        pub use crate::ffi::watermark::*;
     }
     /// The settings table behind [`Config::default`](crate::Config) and
     /// [`config_from_env`](crate::config_from_env), row by row (the fuzz target and the tests

@@ -317,6 +317,7 @@ impl Sampler {
                     (&q.values[start..], q.row_stride)
                 }),
                 uniforms: &uniforms[r.first_draft..r.first_draft + r.drafts],
+                parents: target.tree.as_ref().map(|t| &t.parents[r.first_draft..r.first_draft + r.drafts]),
             })
             .collect();
         let workers = self.workers.as_ref();

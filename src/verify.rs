@@ -35,6 +35,26 @@ pub(crate) struct Target {
     seeded: Option<Vec<u8>>,
     /// `tokens_stride` resolved.
     pub width: usize,
+    /// The draft trees' shape (`None`: chains).
+    pub tree: Option<Tree>,
+}
+
+/// The shape of a call's draft trees, per draft node (flat, as `draft_tokens`).
+pub(crate) struct Tree {
+    /// Request-local parent (-1: the root).
+    pub parents: Vec<i32>,
+    /// Depth: 1 for a child of the root.
+    pub depth: Vec<u32>,
+    /// Rank among its siblings, in index order (0: the first child).
+    pub rank: Vec<u32>,
+}
+
+impl Tree {
+    /// The request-local target row of node `node`'s parent (0: the root's row), the row its
+    /// acceptance is judged at.
+    pub fn parent_row(&self, first_draft: usize, node: usize) -> usize {
+        (self.parents[first_draft + node] + 1) as usize
+    }
 }
 
 /// The request layout of a call: checks the counts and the draft ids.
@@ -84,6 +104,68 @@ fn requests(b: &VerifyBatch) -> Result<Vec<Request>> {
     Ok(out)
 }
 
+/// Checks the draft trees' parents (each -1 or an earlier node of its request, so a tree has no
+/// cycle and no forward reference) and records every node's depth and sibling rank.
+fn tree(b: &VerifyBatch, reqs: &[Request]) -> Result<Option<Tree>> {
+    let Some(parents) = b.draft_parents else { return Ok(None) };
+    let drafts = reqs.last().map_or(0, |r| r.first_draft + r.drafts);
+    if parents.len() < drafts {
+        bail_batch!("draft_parents", None, "has {} elements, draft_counts add up to {drafts}", parents.len());
+    }
+    let (mut depth, mut rank) = (vec![0u32; drafts], vec![0u32; drafts]);
+    for (i, r) in reqs.iter().enumerate() {
+        // Children so far of the root (index 0) and of every node (index node + 1).
+        let mut children = vec![0u32; r.drafts + 1];
+        for j in 0..r.drafts {
+            let (at, parent) = (r.first_draft + j, parents[r.first_draft + j]);
+            if parent < -1 || parent >= j as i32 {
+                bail_batch!(
+                    "draft_parents",
+                    Some(at),
+                    "request {i}, node {j}: parent {parent} is neither -1 (the root) nor an earlier node of the request (0..{j})"
+                );
+            }
+            let slot = (parent + 1) as usize;
+            depth[at] = if parent < 0 { 1 } else { depth[r.first_draft + parent as usize] + 1 };
+            rank[at] = children[slot];
+            children[slot] += 1;
+        }
+    }
+    Ok(Some(Tree { parents: parents[..drafts].to_vec(), depth, rank }))
+}
+
+/// Refuses siblings whose q rows differ: siblings are independent draws from their parent's
+/// one distribution, which every sibling's own q row must hold (bit for bit). Checked for the
+/// sampling requests only (greedy ones ignore q).
+fn check_sibling_q(b: &VerifyBatch, reqs: &[Request], tree: &Tree, sampling: impl Fn(usize) -> bool) -> Result<()> {
+    let Some(q) = &b.draft_probs else { return Ok(()) };
+    let row = |at: usize| &q.values[at * q.row_stride..at * q.row_stride + b.vocab];
+    for (i, r) in reqs.iter().enumerate().filter(|&(i, _)| sampling(i)) {
+        // The first child of each parent (the root's at index 0), whose row the others match.
+        let mut first = vec![usize::MAX; r.drafts + 1];
+        for j in 0..r.drafts {
+            let at = r.first_draft + j;
+            let slot = (tree.parents[at] + 1) as usize;
+            if first[slot] == usize::MAX {
+                first[slot] = j;
+                continue;
+            }
+            let (a, c) = (row(r.first_draft + first[slot]), row(at));
+            if let Some(t) = (0..b.vocab).find(|&t| a[t].to_bits() != c[t].to_bits()) {
+                bail_batch!(
+                    "draft_probs",
+                    Some(at),
+                    "request {i}, node {j}: token {t}'s probability {} differs from its sibling node {}'s {} (siblings are drawn from one distribution)",
+                    c[t],
+                    first[slot],
+                    a[t]
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Checks a verify call and expands its per-request parameters; `greedy_below`, `max_rows` and
 /// `vocab_size` come from the sampler.
 pub(crate) fn prepare(
@@ -93,6 +175,7 @@ pub(crate) fn prepare(
     (greedy_below, max_rows, vocab_size): (f32, usize, usize),
 ) -> Result<Target> {
     let reqs = requests(b)?;
+    let tree = tree(b, &reqs)?;
     // The per-request parameters, checked by the draw's own rules as a batch of `requests` rows
     // (errors then name the request: `batch.top_p[3]`).
     let mut view = Batch::new(Logits::F32(&[]), b.requests, b.vocab);
@@ -125,6 +208,9 @@ pub(crate) fn prepare(
             bail_batch!("draft_probs", None, "has {} elements, {drafts} draft rows span {need}", q.values.len());
         }
     }
+    if let Some(t) = &tree {
+        check_sibling_q(b, &reqs, t, sampling)?;
+    }
     let max_n = reqs.iter().map(|r| r.drafts).max().unwrap_or(0);
     let width = if out.tokens_stride == 0 { max_n + 1 } else { out.tokens_stride };
     if width < max_n + 1 {
@@ -134,7 +220,12 @@ pub(crate) fn prepare(
         .requests
         .checked_mul(width)
         .ok_or_else(|| Error::arg(Owner::Output, "tokens_stride", None, "requests x tokens_stride overflows"))?;
-    for (field, len) in [("tokens", Some(out.tokens.len())), ("logprobs", out.logprobs.as_ref().map(|l| l.len()))] {
+    let lens = [
+        ("tokens", Some(out.tokens.len())),
+        ("logprobs", out.logprobs.as_ref().map(|l| l.len())),
+        ("accepted_nodes", out.accepted_nodes.as_ref().map(|a| a.len())),
+    ];
+    for (field, len) in lens {
         if let Some(len) = len.filter(|&l| l < need) {
             bail_out!(field, None, "has {len} elements, requests x tokens_stride is {need}");
         }
@@ -144,7 +235,7 @@ pub(crate) fn prepare(
             bail_out!(field, None, "has {len} elements, the call has {} requests", b.requests);
         }
     }
-    let target = expand(b, reqs, width);
+    let target = expand(b, reqs, width, tree);
     // The target rows' own checks (their count, the logits' span, the noise).
     let mut tokens = vec![0i32; b.rows];
     validate(k, &target.batch(b), &Output::new(&mut tokens), max_rows, vocab_size)?;
@@ -156,16 +247,22 @@ fn per_row<T: Copy>(reqs: &[Request], s: Option<&[T]>) -> Option<Vec<T>> {
     s.map(|s| reqs.iter().enumerate().flat_map(|(i, r)| std::iter::repeat_n(s[i], r.drafts + 1)).collect())
 }
 
-fn expand(b: &VerifyBatch, requests: Vec<Request>, width: usize) -> Target {
+/// The position of each target row of request `r` past its offset: row `j`'s depth (the root's
+/// row 0, node `j - 1`'s row its depth), which is `j` for a chain.
+fn positions<'a>(r: &'a Request, tree: Option<&'a Tree>) -> impl Iterator<Item = u64> + 'a {
+    (0..=r.drafts).map(move |j| match (tree, j) {
+        (Some(t), 1..) => t.depth[r.first_draft + j - 1] as u64,
+        _ => j as u64,
+    })
+}
+
+fn expand(b: &VerifyBatch, requests: Vec<Request>, width: usize, tree: Option<Tree>) -> Target {
+    let t = tree.as_ref();
     let offsets = b.offsets.map(|o| {
-        requests
-            .iter()
-            .enumerate()
-            .flat_map(|(i, r)| (0..=r.drafts as u64).map(move |j| o[i].wrapping_add(j)))
-            .collect()
+        requests.iter().enumerate().flat_map(|(i, r)| positions(r, t).map(move |j| o[i].wrapping_add(j))).collect()
     });
-    // Offsets are per row even without per-request ones: row j of a request is position j.
-    let offsets = offsets.or_else(|| b.seeds.map(|_| requests.iter().flat_map(|r| 0..=r.drafts as u64).collect()));
+    // Offsets are per row even without per-request ones: row j of a request is at its depth.
+    let offsets = offsets.or_else(|| b.seeds.map(|_| requests.iter().flat_map(|r| positions(r, t)).collect()));
     Target {
         temperature: per_row(&requests, b.temperature),
         top_k: per_row(&requests, b.top_k),
@@ -176,6 +273,7 @@ fn expand(b: &VerifyBatch, requests: Vec<Request>, width: usize) -> Target {
         offsets,
         requests,
         width,
+        tree,
     }
 }
 
@@ -202,6 +300,19 @@ const UNIFORM_DOMAIN: u64 = 0x6163_6365_7074;
 /// The acceptance uniform of the draft position keyed by `key` (the key of its target row).
 pub(crate) fn uniform_of_key(key: u64) -> f64 {
     uniform_of_bits(splitmix64(key ^ UNIFORM_DOMAIN) >> 11)
+}
+
+/// The domain of the uniforms of a tree node's later siblings: "sibling".
+const SIBLING_DOMAIN: u64 = 0x73_6962_6c69_6e67;
+
+/// The acceptance uniform of the sibling of rank `rank` judged at the row keyed by `key`: the
+/// first child's is the chain's, [`uniform_of_key`]; a later one's from the row key mixed with
+/// its rank.
+pub(crate) fn sibling_uniform(key: u64, rank: u32) -> f64 {
+    match rank {
+        0 => uniform_of_key(key),
+        _ => uniform_of_key(splitmix64(key ^ SIBLING_DOMAIN).wrapping_add(rank as u64)),
+    }
 }
 
 /// A uniform in (0, 1) from 53 random bits: `(bits + 0.5) 2^-53`, centred in its cell. Above
@@ -232,8 +343,13 @@ pub(crate) fn uniforms(
         }
         for j in 0..r.drafts {
             let at = r.first_draft + j;
-            if let Some((seed, offset)) = target.seed_of(r.first_row + j) {
-                u[at] = uniform_of_key(seeded_row_key(seed, offset));
+            // A node is judged at its parent's row (a chain's draft j at row j).
+            let (row, rank) = match &t.tree {
+                Some(tree) => (tree.parent_row(r.first_draft, j), tree.rank[at]),
+                None => (j, 0),
+            };
+            if let Some((seed, offset)) = target.seed_of(r.first_row + row) {
+                u[at] = sibling_uniform(seeded_row_key(seed, offset), rank);
             } else if let Some(ext) = b.uniforms {
                 u[at] = ext[at];
             } else {

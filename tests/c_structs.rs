@@ -235,8 +235,8 @@ fn the_valid_verify_fixture_verifies() {
 #[test]
 fn the_verify_structs_have_the_layout_of_the_header() {
     use std::mem::{offset_of, size_of};
-    assert_eq!(size_of::<tokenrace_verify_batch>(), 160);
-    assert_eq!(size_of::<tokenrace_verify_output>(), 48);
+    assert_eq!(size_of::<tokenrace_verify_batch>(), 168);
+    assert_eq!(size_of::<tokenrace_verify_output>(), 56);
     let b = [
         (offset_of!(tokenrace_verify_batch, struct_size), 0),
         (offset_of!(tokenrace_verify_batch, dtype), 4),
@@ -262,6 +262,7 @@ fn the_verify_structs_have_the_layout_of_the_header() {
         (offset_of!(tokenrace_verify_batch, noise_kind), 144),
         (offset_of!(tokenrace_verify_batch, reserved1), 148),
         (offset_of!(tokenrace_verify_batch, noise_row_stride), 152),
+        (offset_of!(tokenrace_verify_batch, draft_parents), 160),
     ];
     let o = [
         (offset_of!(tokenrace_verify_output, struct_size), 0),
@@ -271,6 +272,7 @@ fn the_verify_structs_have_the_layout_of_the_header() {
         (offset_of!(tokenrace_verify_output, counts), 24),
         (offset_of!(tokenrace_verify_output, flags), 32),
         (offset_of!(tokenrace_verify_output, logprobs), 40),
+        (offset_of!(tokenrace_verify_output, accepted_nodes), 48),
     ];
     for (i, (got, want)) in b.iter().chain(o.iter()).enumerate() {
         assert_eq!(got, want, "field {i}");
@@ -321,7 +323,7 @@ fn verify_struct_sizes_below_the_first_version_are_refused() {
     nb.extra = 1;
     assert_eq!(f.verify(&nb.known, &mut no.known), tokenrace_status::Unsupported);
     assert!(
-        last_error().contains("batch: sets fields beyond the 160 bytes of tokenrace_verify_batch"),
+        last_error().contains("batch: sets fields beyond the 168 bytes of tokenrace_verify_batch"),
         "{}",
         last_error()
     );
@@ -329,7 +331,7 @@ fn verify_struct_sizes_below_the_first_version_are_refused() {
     no.extra = 1;
     assert_eq!(f.verify(&nb.known, &mut no.known), tokenrace_status::Unsupported);
     assert!(
-        last_error().contains("out: sets fields beyond the 48 bytes of tokenrace_verify_output"),
+        last_error().contains("out: sets fields beyond the 56 bytes of tokenrace_verify_output"),
         "{}",
         last_error()
     );

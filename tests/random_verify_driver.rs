@@ -289,6 +289,7 @@ fn call(sampler: *mut tokenrace_sampler, case: &Case, out: &mut Outs) -> tokenra
         noise_kind: tokenrace_noise_kind::Exp as u32,
         reserved1: 0,
         noise_row_stride: case.noise.as_ref().map_or(0, |n| n.1),
+        draft_parents: std::ptr::null(),
     };
     let mut o = tokenrace_verify_output {
         struct_size: size_of::<tokenrace_verify_output>() as u32,
@@ -298,6 +299,7 @@ fn call(sampler: *mut tokenrace_sampler, case: &Case, out: &mut Outs) -> tokenra
         counts: out.counts.as_mut_ptr(),
         flags: if case.want_flags { out.flags.as_mut_ptr() } else { std::ptr::null_mut() },
         logprobs: if case.logprobs.is_some() { out.logprobs.as_mut_ptr() as *mut f32 } else { std::ptr::null_mut() },
+        accepted_nodes: std::ptr::null_mut(),
     };
     let mut keep: Vec<u64> = Vec::new();
     if let Some((output, input, at)) = case.overlap {

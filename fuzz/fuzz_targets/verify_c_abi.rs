@@ -301,6 +301,7 @@ impl Outs {
             counts: self.counts.ptr() as *mut i32,
             flags: self.flags.ptr() as *mut u32,
             logprobs: self.logprobs.ptr() as *mut f32,
+            accepted_nodes: std::ptr::null_mut(),
         }
     }
 }
@@ -686,6 +687,7 @@ fn run(data: &[u8]) -> Result<()> {
         noise_kind,
         reserved1: 0,
         noise_row_stride: noise_stride,
+        draft_parents: std::ptr::null(),
     };
     let (batch_buf, batch_expect) = place(u, batch)?;
     let (out_buf, out_expect) = place(u, out)?;
@@ -846,6 +848,7 @@ fn check_refused_only(
         counts: n.as_mut_ptr(),
         flags: std::ptr::null_mut(),
         logprobs: std::ptr::null_mut(),
+        accepted_nodes: std::ptr::null_mut(),
     };
     // SAFETY: the logits' span overflows (refused unread); the rest covers what it claims.
     let st = code(unsafe { tokenrace_verify(a.0, &b, &mut o) }, "tokenrace_verify");

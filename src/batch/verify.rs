@@ -52,6 +52,11 @@ pub struct VerifyBatch<'a> {
     /// Noise of the recovered and bonus draws, one row per target row, for the unseeded
     /// sampling requests.
     pub noise: Option<ExternalNoise<'a>>,
+    /// A draft tree per request (`docs/semantics.md`, "Draft trees"): one parent per draft
+    /// node, request-local, `-1` for a child of the request's context, else the index of an
+    /// earlier node of the same request. `None`: each request's drafts are a chain (node `i`'s
+    /// parent is `i - 1`).
+    pub draft_parents: Option<&'a [i32]>,
 }
 
 impl<'a> VerifyBatch<'a> {
@@ -76,6 +81,7 @@ impl<'a> VerifyBatch<'a> {
             seeded: None,
             uniforms: None,
             noise: None,
+            draft_parents: None,
         }
     }
 }
@@ -96,12 +102,23 @@ pub struct VerifyOutput<'a> {
     pub logprobs: Option<&'a mut [f32]>,
     /// Whether `logprobs` are of the raw target row or of the processed one.
     pub logprob_mode: LogprobMode,
+    /// As `tokens`: the request-local index of each accepted draft node, in path order, then -1
+    /// (the recovered or bonus token is no node).
+    pub accepted_nodes: Option<&'a mut [i32]>,
 }
 
 impl<'a> VerifyOutput<'a> {
     /// An output of the emitted `tokens` (`requests x (max drafts + 1)`, contiguous) and their
     /// `counts`, without flags or logprobs.
     pub fn new(tokens: &'a mut [i32], counts: &'a mut [i32]) -> Self {
-        VerifyOutput { tokens, tokens_stride: 0, counts, flags: None, logprobs: None, logprob_mode: LogprobMode::Raw }
+        VerifyOutput {
+            tokens,
+            tokens_stride: 0,
+            counts,
+            flags: None,
+            logprobs: None,
+            logprob_mode: LogprobMode::Raw,
+            accepted_nodes: None,
+        }
     }
 }

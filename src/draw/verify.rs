@@ -46,6 +46,8 @@ pub(crate) struct Drafts<'a> {
     /// The q rows of these drafts (`vocab` values each, `stride` apart).
     pub q: Option<(&'a [f32], usize)>,
     pub uniforms: &'a [f64],
+    /// The request's draft tree: each node's parent (-1: the root); `None`: a chain.
+    pub parents: Option<&'a [i32]>,
 }
 
 /// What verifying one request gave: the emitted tokens (accepted drafts, then one more), their
@@ -58,6 +60,8 @@ pub(crate) struct Verified {
     /// The target rows read whose logits were not all finite (rows after the first rejection
     /// are never read).
     pub nonfinite_rows: u32,
+    /// The accepted draft nodes, in path order.
+    pub nodes: Vec<i32>,
 }
 
 /// One draft as its row judges it: the id (`None` for a placeholder), its q row (`None`:
@@ -80,6 +84,9 @@ pub(crate) fn verify_request(
     d: &Drafts,
     logprobs: Option<LogprobMode>,
 ) -> Result<Verified> {
+    if let Some(parents) = d.parents {
+        return verify_tree(k, batch, plans, d, parents, logprobs);
+    }
     let mut v = Verified::default();
     for j in 0..=d.ids.len() {
         let r = d.first_row + j;
@@ -97,8 +104,213 @@ pub(crate) fn verify_request(
         if !verdict.accepted {
             break;
         }
+        v.nodes.push(j as i32);
     }
     Ok(v)
+}
+
+/// The draft `node` of request `d` as its parent's row judges it.
+fn draft_of<'a>(batch: &Batch, d: &Drafts<'a>, node: usize) -> Draft<'a> {
+    let id = d.ids[node];
+    let q = d.q.map(|(q, stride)| &q[node * stride..node * stride + batch.vocab]);
+    ((id != PLACEHOLDER_DRAFT).then_some(id as usize), q, d.uniforms[node])
+}
+
+/// Verifies one request's draft tree: from the root, the children of the node reached are
+/// judged at its row in index order (recursive rejection sampling), until one is rejected
+/// everywhere (the recovered token) or a leaf is accepted (the bonus token of its row). A node
+/// with one child is judged exactly as a chain's draft.
+fn verify_tree(
+    k: &Kernels,
+    batch: &Batch,
+    plans: &[RowPlan],
+    d: &Drafts,
+    parents: &[i32],
+    logprobs: Option<LogprobMode>,
+) -> Result<Verified> {
+    let mut v = Verified::default();
+    // The node reached (-1: the root), whose row judges its children.
+    let mut node = -1i32;
+    loop {
+        let r = d.first_row + (node + 1) as usize;
+        let first = (node + 1) as usize;
+        let children: Vec<usize> = (first..d.ids.len()).filter(|&c| parents[c] == node).collect();
+        let (chosen, verdict) = match children.len() {
+            0 | 1 => {
+                let draft = children.first().map(|&c| draft_of(batch, d, c));
+                let verdict = with_row!(batch, r, |row| verify_row(k, batch, r, row, plans[r], draft, logprobs))?;
+                (children.first().copied().filter(|_| verdict.accepted), verdict)
+            }
+            _ => {
+                let drafts: Vec<Draft> = children.iter().map(|&c| draft_of(batch, d, c)).collect();
+                let (chosen, verdict) =
+                    with_row!(batch, r, |row| verify_siblings(k, batch, r, row, plans[r], &drafts, logprobs))?;
+                (chosen.map(|c| children[c]), verdict)
+            }
+        };
+        v.flags |= verdict.flags;
+        v.nonfinite_rows += u32::from(verdict.flags & flags::NONFINITE != 0);
+        v.tokens.push(verdict.token);
+        if logprobs.is_some() {
+            v.logprobs.push(verdict.logprob);
+        }
+        match chosen {
+            Some(c) => {
+                v.nodes.push(c as i32);
+                node = c as i32;
+            }
+            None => return Ok(v),
+        }
+    }
+}
+
+/// Judges the children `drafts` (at least two, in index order) of one node at its row `r` by
+/// recursive rejection sampling (`docs/semantics.md`, "Draft trees"): the residual `r` starts
+/// as the row's `p`; each child `x` in turn is accepted when `u < r(x) / q(x)`, else `r`
+/// becomes `max(r - q, 0)` normalized (one-hot q: `x` leaves it). Gives the accepted child's
+/// position in `drafts` and its token, or `None` and the token raced over the last residual.
+fn verify_siblings<V: RowValues + ?Sized>(
+    k: &Kernels,
+    batch: &Batch,
+    r: usize,
+    v: &V,
+    plan: RowPlan,
+    drafts: &[Draft],
+    logprobs: Option<LogprobMode>,
+) -> Result<(Option<usize>, RowVerdict)> {
+    BLOCK_MAX.with(|cell| {
+        let mut bmax = cell.borrow_mut();
+        alloc::resize(&mut bmax, v.n().div_ceil(BLOCK), f32::NEG_INFINITY, "block maxima").map_err(|e| e.in_row(r))?;
+        let has_nan = v.scan(k, 0, v.n(), &mut bmax);
+        let sc = summarize(&bmax, f32::NEG_INFINITY, has_nan, plan);
+        let params = race_params(k, batch, r, v, &bmax, &sc, plan)?;
+        let (chosen, token) = match params {
+            // Greedy, +inf or empty: p is a point mass; the first child holding it is accepted.
+            None => {
+                let t = finish(k, v, &bmax, &sc, None);
+                (drafts.iter().position(|&(d, ..)| d == Some(t as usize)), t)
+            }
+            Some((p, noise)) => {
+                let judged = match drafts[0].1 {
+                    None => siblings_one_hot(k, v, &bmax, p, noise, drafts),
+                    Some(q) => siblings_with_q(k, v, &bmax, p, noise, drafts, q),
+                };
+                match judged.map_err(|e| e.in_row(r))? {
+                    (chosen, Some(t)) => (chosen, t),
+                    // A residual with no mass falls back to a draw from p.
+                    (_, None) => {
+                        let won = v.race(k, 0, v.n(), &bmax, p, noise).map_err(|e| e.in_row(r))?;
+                        (None, finish(k, v, &bmax, &sc, Some(won)))
+                    }
+                }
+            }
+        };
+        let mut logprob = f32::NAN;
+        if let Some(mode) = logprobs {
+            let floor = params.map_or(f32::NEG_INFINITY, |(p, _)| p.floor);
+            let (mut rank, out) = (0, &mut logprob);
+            let o = RowOut { logprob: out, rank: &mut rank, ids: &mut [], lps: &mut [], want_rank: false };
+            row_logprobs(k, v, &bmax, plan.inv_t(), mode, sc.top, floor, token, o).map_err(|e| e.in_row(r))?;
+        }
+        Ok((chosen, RowVerdict { accepted: chosen.is_some(), token, flags: sc.flags, logprob }))
+    })
+}
+
+/// Deterministic siblings: child `x` is accepted when `u < w_x / (Z - W)`, `W` the weight of
+/// the children rejected before it (a repeated token has no residual left: rejected); when all
+/// are rejected, the row's race with every rejected token left out.
+fn siblings_one_hot<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    bmax: &[f32],
+    p: RaceParams,
+    noise: RaceNoise,
+    drafts: &[Draft],
+) -> Result<(Option<usize>, Option<i32>)> {
+    let z = mass(k, v, bmax, p)?;
+    let (mut gone, mut rejected) = (0.0f64, Vec::with_capacity(drafts.len()));
+    for (c, &(d, _, u)) in drafts.iter().enumerate() {
+        // A placeholder is rejected without changing the residual (as a chain's draws from p).
+        let Some(d) = d else { continue };
+        let x = v.at(d);
+        let kept = x >= p.floor && x.is_finite() && !rejected.contains(&d);
+        let w = if kept { weight64(x, p.m, p.inv_t) } else { 0.0 };
+        // The residual's mass is at least `w`: a rounding below it cannot reject.
+        if w > 0.0 && u < w / (z - gone).max(w) {
+            return Ok((Some(c), Some(d as i32)));
+        }
+        gone += w;
+        rejected.push(d);
+    }
+    Ok((None, race_without_all(k, v, bmax, p, noise, &rejected)?))
+}
+
+/// Siblings drawn from `q`: the residual kept dense in f64 (`p(x) = w_x / Z` with the exact
+/// `Z`); the recovered token is the lowest of the largest `ln r(x) - ln E_x` over `r(x) > 0`,
+/// with the row's own noise E.
+fn siblings_with_q<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    bmax: &[f32],
+    p: RaceParams,
+    noise: RaceNoise,
+    drafts: &[Draft],
+    q: &[f32],
+) -> Result<(Option<usize>, Option<i32>)> {
+    let z = mass(k, v, bmax, p)?;
+    let n = v.n();
+    let mut r = alloc::filled(n, 0.0f64, "the siblings' residual")?;
+    for (i, ri) in r.iter_mut().enumerate() {
+        let x = v.at(i);
+        if x >= p.floor && x.is_finite() {
+            *ri = weight64(x, p.m, p.inv_t) / z;
+        }
+    }
+    for (c, &(d, _, u)) in drafts.iter().enumerate() {
+        if let Some(d) = d {
+            let (rd, qd) = (r[d], q[d] as f64);
+            // As a chain's test: `u < r(x) / q(x)`; a q(x) of 0 accepts any r(x) > 0.
+            if rd > 0.0 && (qd == 0.0 || u < rd / qd) {
+                return Ok((Some(c), Some(d as i32)));
+            }
+        }
+        // A residual with no mass (r = q up to rounding) is left as it was.
+        let s: f64 = r.iter().zip(q).map(|(&ri, &qi)| (ri - qi as f64).max(0.0)).sum();
+        if s > 0.0 {
+            r.iter_mut().zip(q).for_each(|(ri, &qi)| *ri = (*ri - qi as f64).max(0.0) / s);
+        }
+    }
+    let noise_at = block_noise_reader(k, noise, bmax, p)?;
+    let mut best = (f64::NEG_INFINITY, usize::MAX);
+    for (i, &ri) in r.iter().enumerate().filter(|&(_, &ri)| ri > 0.0) {
+        let key = ri.ln() - noise_at.ln_e(i);
+        if key > best.0 {
+            best = (key, i);
+        }
+    }
+    Ok((None, (best.1 != usize::MAX).then_some(best.1 as i32)))
+}
+
+/// The token of the row's race with every token of `left_out` left out, or `None` if no other
+/// token races.
+fn race_without_all<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    bmax: &[f32],
+    p: RaceParams,
+    noise: RaceNoise,
+    left_out: &[usize],
+) -> Result<Option<i32>> {
+    let won = v.race(k, 0, v.n(), bmax, p, noise)?;
+    if !left_out.contains(&won.token) && won.token != usize::MAX {
+        return Ok(Some(won.token as i32));
+    }
+    let mut keep = alloc::filled(v.n().div_ceil(32), u32::MAX, "the mask without the drafts")?;
+    for &d in left_out {
+        keep[d / 32] &= !(1u32 << (d % 32));
+    }
+    let won = v.race_processed(k, &keep, bmax, &[], p, noise)?;
+    Ok((won.token != usize::MAX).then_some(won.token as i32))
 }
 
 /// Verifies draft `draft` (id, q row, uniform) at row `r`, or draws the bonus token (`None`).
@@ -567,6 +779,11 @@ fn write(verified: &[Verified], out: &mut VerifyOutput, width: usize) {
             let row = &mut l[i * width..(i + 1) * width];
             row[..emitted].copy_from_slice(&v.logprobs);
             row[emitted..].fill(f32::NAN);
+        }
+        if let Some(a) = out.accepted_nodes.as_deref_mut() {
+            let row = &mut a[i * width..(i + 1) * width];
+            row[..v.nodes.len()].copy_from_slice(&v.nodes);
+            row[v.nodes.len()..].fill(-1);
         }
     }
 }

@@ -133,10 +133,10 @@ versioned!(tokenrace_output, v1 ends with topn_logprobs, default zeroed(), [
 versioned!(tokenrace_verify_batch, v1 ends with noise_row_stride, default zeroed(), [
     struct_size, dtype, logits, rows, vocab, row_stride, requests, reserved0, draft_counts, draft_tokens, draft_probs,
     draft_probs_row_stride, temperature, top_k, top_p, min_p, seeds, offsets, seeded, uniforms, noise, noise_kind,
-    reserved1, noise_row_stride,
+    reserved1, noise_row_stride, draft_parents,
 ]);
 versioned!(tokenrace_verify_output, v1 ends with logprobs, default zeroed(), [
-    struct_size, logprob_mode, tokens, tokens_stride, counts, flags, logprobs,
+    struct_size, logprob_mode, tokens, tokens_stride, counts, flags, logprobs, accepted_nodes,
 ]);
 versioned!(tokenrace_pool_config, v1 ends with timeout_ms, default pool_config_to_c(&PoolConfig::default()), [
     struct_size, rows, vocab, kind, threads, has_seed, seed, policy, reserved0, timeout_ms,

@@ -25,6 +25,7 @@ pub(crate) mod panic;
 pub mod pool_api;
 pub mod types;
 pub mod verify;
+pub mod watermark;
 
 #[cfg(test)]
 mod tests {

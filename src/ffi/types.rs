@@ -521,6 +521,11 @@ pub struct tokenrace_verify_batch {
     pub reserved1: u32,
     /// Elements between noise rows; 0 broadcasts one noise row to every target row.
     pub noise_row_stride: u64,
+    /// sum(draft_counts) int32, request-local: each draft node's parent, -1 for a child of the
+    /// request's context, else an earlier node of the same request (a draft tree per request,
+    /// judged by recursive rejection sampling: docs/semantics.md, "Draft trees"). Target row 0
+    /// of a request is its root's, row 1 + i node i's. NULL: chains (node i's parent is i - 1).
+    pub draft_parents: *const i32,
 }
 
 /// Where `tokenrace_verify()` writes. `tokens` and `counts` are required. Nothing is written if
@@ -546,4 +551,7 @@ pub struct tokenrace_verify_output {
     /// As `tokens`: the logprob of each emitted token in its target row, in `logprob_mode`; NaN
     /// in the padding (NULL: not computed).
     pub logprobs: *mut f32,
+    /// As `tokens`: the request-local index of each accepted draft node in path order, then -1
+    /// (NULL: not reported).
+    pub accepted_nodes: *mut i32,
 }

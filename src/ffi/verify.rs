@@ -73,6 +73,7 @@ unsafe fn batch_from_c<'a>(b: &tokenrace_verify_batch) -> Result<VerifyBatch<'a>
         seeded: unsafe { opt_slice(Owner::Batch, "seeded", b.seeded, requests)? },
         uniforms: unsafe { opt_slice(Owner::Batch, "uniforms", b.uniforms, drafts)? },
         noise,
+        draft_parents: unsafe { opt_slice(Owner::Batch, "draft_parents", b.draft_parents, drafts)? },
     })
 }
 
@@ -104,12 +105,13 @@ unsafe fn output_from_c<'a>(o: &tokenrace_verify_output, b: &VerifyBatch) -> Res
         flags: unsafe { d.opt_slice_mut(out, "flags", o.flags, b.requests)? },
         logprobs: unsafe { d.opt_slice_mut(out, "logprobs", o.logprobs, len)? },
         logprob_mode: logprob_mode.into(),
+        accepted_nodes: unsafe { d.opt_slice_mut(out, "accepted_nodes", o.accepted_nodes, len)? },
     };
     Ok((output, d))
 }
 
 /// The arrays a verify call reads, for the check that no output shares memory with them.
-fn input_regions(b: &VerifyBatch) -> [Option<Region>; 13] {
+fn input_regions(b: &VerifyBatch) -> [Option<Region>; 14] {
     [
         Some(Region::logits(b.logits)),
         Region::input("draft_counts", Some(b.draft_counts)),
@@ -124,6 +126,7 @@ fn input_regions(b: &VerifyBatch) -> [Option<Region>; 13] {
         Region::input("seeded", b.seeded),
         Region::input("uniforms", b.uniforms),
         Region::input("noise", b.noise.map(|n| n.values)),
+        Region::input("draft_parents", b.draft_parents),
     ]
 }
 

@@ -127,7 +127,7 @@ def test_declared_signatures_match_the_header(tokenrace):
     ffi = tokenrace._ffi
     text = _strip_comments(_header())
     scalar = {"uint32_t": ctypes.c_uint32, "uint64_t": ctypes.c_uint64, "int32_t": ctypes.c_int32,
-              "uint8_t": ctypes.c_uint8, "float": ctypes.c_float, "void": None,
+              "uint8_t": ctypes.c_uint8, "float": ctypes.c_float, "double": ctypes.c_double, "void": None,
               "enum tokenrace_status": ffi.status}
 
     def ctype_of(decl):
@@ -148,6 +148,8 @@ def test_declared_signatures_match_the_header(tokenrace):
             inner = ffi.pool_p
         elif base.startswith("struct "):
             inner = ctypes.POINTER(ffi.STRUCTS[base[len("struct "):]])
+        elif scalar.get(base) is not None:
+            inner = ctypes.POINTER(scalar[base])  # an array of numbers (the watermark calls')
         else:
             raise AssertionError(f"unexpected C type {decl!r}")
         for _ in range(stars - 1):

@@ -298,6 +298,7 @@ class tokenrace_verify_batch(_Versioned):
         ("noise_kind", c_uint32),
         ("reserved1", c_uint32),
         ("noise_row_stride", c_uint64),
+        ("draft_parents", POINTER(c_int32)),
     ]
 
 
@@ -312,6 +313,7 @@ class tokenrace_verify_output(_Versioned):
         ("counts", POINTER(c_int32)),
         ("flags", POINTER(c_uint32)),
         ("logprobs", POINTER(c_float)),
+        ("accepted_nodes", POINTER(c_int32)),
     ]
 
 
@@ -360,6 +362,12 @@ _SIGNATURES = {
     "tokenrace_sampler_attach_pool": (status, [sampler_p, pool_p]),
     "tokenrace_verify": (status, [sampler_p, POINTER(tokenrace_verify_batch), POINTER(tokenrace_verify_output)]),
     "tokenrace_set_log_callback": (None, [ctypes.c_void_p, ctypes.c_void_p]),
+    "tokenrace_watermark_seeds": (status, [c_uint32, POINTER(c_uint64), c_uint32, POINTER(c_int32),
+                                           POINTER(c_uint64), POINTER(c_int32), POINTER(c_uint64),
+                                           POINTER(c_uint64)]),
+    "tokenrace_watermark_detect": (status, [c_uint64, c_uint32, POINTER(c_int32), c_uint64, POINTER(c_int32),
+                                            c_uint64, POINTER(ctypes.c_double), POINTER(c_uint64),
+                                            POINTER(ctypes.c_double)]),
 }
 
 # ----------------------------------------------------------------------------------------------
@@ -446,7 +454,8 @@ def candidate_paths() -> list:
 # Functions added since 0.1: a library without them still loads (same ABI version), and the
 # binding's calls that need one raise UnsupportedError naming it (``Sampler.verify``); without
 # tokenrace_set_log_callback, messages stay on stderr.
-SINCE_0_2 = frozenset({"tokenrace_verify", "tokenrace_set_log_callback"})
+SINCE_0_2 = frozenset({"tokenrace_verify", "tokenrace_set_log_callback", "tokenrace_watermark_seeds",
+                       "tokenrace_watermark_detect"})
 
 
 def _declare(handle):

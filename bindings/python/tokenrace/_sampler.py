@@ -475,7 +475,7 @@ class Sampler(_Closable):
 
     def verify(self, target_logits, draft_tokens, draft_counts, *, draft_probs=None, temperature=None,
                top_k=None, top_p=None, min_p=None, seeds=None, offsets=None, seeded=None, uniforms=None,
-               noise=None, noise_kind="exp", logprobs=False, logprob_mode="raw"):
+               noise=None, noise_kind="exp", logprobs=False, logprob_mode="raw", draft_parents=None):
         """Verifies draft tokens (speculative decoding) by vLLM's rejection sampling; returns a
         ``VerifyResult``. See ``docs/semantics.md``, Verifying draft tokens.
 
@@ -520,6 +520,14 @@ class Sampler(_Closable):
             row; ``noise_kind`` "exp" (E ~ Exp(1)) or "log_exp" (ln E), as in ``draw``.
         logprobs: also return ``r.logprobs``, each emitted token's logprob in its target row, in
             ``logprob_mode`` ("raw" or "processed", as ``draw_full``).
+        draft_parents: None (each request's drafts are a chain), or a draft tree per request
+            (EAGLE-style): one integer per draft node (``sum(draft_counts)``), request-local, -1
+            for a child of the request's context, else the index of an earlier node of the same
+            request. Row 0 of a request is then its root's target row and row ``1 + i`` node i's
+            (the target after node i's path). A node's children are judged at its row in index
+            order by recursive rejection sampling (``docs/semantics.md``, Draft trees); with
+            ``draft_probs`` each node's row is the distribution it was drawn from, equal among
+            siblings. ``r.accepted_nodes`` holds the accepted nodes in path order, then -1.
 
         Returns a ``VerifyResult``: ``tokens`` (int32, requests x (max(draft_counts) + 1), each
         request's emitted tokens then -1, vLLM's placeholder), ``counts`` (int32 per request),
@@ -532,7 +540,8 @@ class Sampler(_Closable):
         draft 0: sums to 0.5, not 1 within 1e-3``). Nothing is returned from a failed call.
         """
         return _verify(self, target_logits, draft_tokens, draft_counts, draft_probs, temperature, top_k, top_p,
-                      min_p, seeds, offsets, seeded, uniforms, noise, noise_kind, logprobs, logprob_mode)
+                      min_p, seeds, offsets, seeded, uniforms, noise, noise_kind, logprobs, logprob_mode,
+                      draft_parents)
 
 
 def _raise(status):

@@ -51,6 +51,8 @@ class VerifyResult:
     counts: np.ndarray  # int32 per request, in [1, draft_counts[i] + 1]
     flags: np.ndarray  # uint32 per request: the FLAG_* bits of every target row it looked at, or-ed
     logprobs: Optional[np.ndarray] = None  # float32 as tokens (NaN padded), with logprobs=True
+    # int32 as tokens: the request-local index of each accepted draft node in path order, then -1
+    accepted_nodes: Optional[np.ndarray] = None
 
     @property
     def accepted(self) -> np.ndarray:
@@ -88,8 +90,21 @@ def _per_request(value, requests, dtype, name, keep):
     return address(arr)
 
 
+def _parents(draft_parents, counts, drafts, keep):
+    """The address of ``draft_parents`` as int32 (0: chains), its length checked; the library
+    checks each parent (-1 or an earlier node of its request) and names the node."""
+    if draft_parents is None:
+        return 0
+    parents = int32_vector(draft_parents, "draft_parents")
+    if parents.size != drafts:
+        raise ValueError(f"draft_parents: has {parents.size} values, draft_counts add up to {drafts} "
+                         f"(one parent per draft node: -1 for a child of the root, else an earlier node)")
+    keep.append(parents)
+    return address(parents)
+
+
 def verify(sampler, target_logits, draft_tokens, draft_counts, draft_probs, temperature, top_k, top_p, min_p,
-           seeds, offsets, seeded, uniforms, noise, noise_kind, logprobs, logprob_mode):
+           seeds, offsets, seeded, uniforms, noise, noise_kind, logprobs, logprob_mode, draft_parents=None):
     """The body of ``Sampler.verify`` (see its docstring)."""
     mode = _choice("logprob_mode", logprob_mode, _ffi.LOGPROB_MODE_NAMES)
     if not isinstance(logprobs, (bool, np.bool_)):
@@ -177,20 +192,25 @@ def verify(sampler, target_logits, draft_tokens, draft_counts, draft_probs, temp
     offsets = _per_request(offsets, requests, np.uint64, "offsets", keep)
     seeded = _per_request(seeded, requests, np.uint8, "seeded", keep)
 
+    parents = _parents(draft_parents, counts, drafts, keep)
+
     width = int(counts.max()) + 1 if requests else 1
     res = VerifyResult(
         np.empty((requests, width), dtype=np.int32),
         np.empty(requests, dtype=np.int32),
         np.zeros(requests, dtype=np.uint32),
         np.empty((requests, width), dtype=np.float32) if logprobs else None,
+        np.empty((requests, width), dtype=np.int32),
     )
     batch = _ffi.tokenrace_verify_batch()
     VERIFY_BATCH_LAYOUT.pack_into(batch, 0, VERIFY_BATCH_SIZE, view.dtype, view.ptr, rows, vocab, view.row_stride,
                                   requests, 0, address(counts), address(ids), q_ptr, q_stride, temperature, top_k,
-                                  top_p, min_p, seeds, offsets, seeded, u_ptr, noise_ptr, kind, 0, noise_stride)
+                                  top_p, min_p, seeds, offsets, seeded, u_ptr, noise_ptr, kind, 0, noise_stride,
+                                  parents)
     out = _ffi.tokenrace_verify_output()
     VERIFY_OUTPUT_LAYOUT.pack_into(out, 0, VERIFY_OUTPUT_SIZE, mode, address(res.tokens), 0, address(res.counts),
-                                   address(res.flags), address(res.logprobs) if logprobs else 0)
+                                   address(res.flags), address(res.logprobs) if logprobs else 0,
+                                   address(res.accepted_nodes))
     h = sampler._live_handle()  # held for the call: a close() meanwhile cannot free the sampler
     status = fn(h.ptr, byref(batch), byref(out))
     if status:

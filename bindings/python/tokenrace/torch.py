@@ -564,7 +564,7 @@ def rejection_sample(target_logits, draft_token_ids, num_draft_tokens, temperatu
                      max_spec_len=None, sampler=None, prompt_token_ids=None, output_token_ids=None,
                      repetition_penalties=None, frequency_penalties=None, presence_penalties=None,
                      no_penalties=False, allowed_token_ids_mask=None, bad_words_token_ids=None, logit_bias=None,
-                     token_bitmask=None):
+                     token_bitmask=None, draft_parents=None):
     """The verification step of speculative decoding, shaped as vLLM's rejection sampler
     (``RejectionSampler.forward``'s output), on ``Sampler.verify``.
 
@@ -599,6 +599,10 @@ def rejection_sample(target_logits, draft_token_ids, num_draft_tokens, temperatu
         vLLM applies it per draft position with output counts that include the drafts before
         it, which a step applied here would not reproduce exactly. ``no_penalties`` is accepted
         (nothing to apply).
+    draft_parents: None (chains), or an integer tensor [num_tokens] making each request's drafts
+        a tree (EAGLE-style), as ``Sampler.verify``'s ``draft_parents``: request-local, -1 for a
+        child of the context, else an earlier node; target rows: the root's, then one per node.
+        The output row is then the emitted path (``Sampler.verify`` also gives its node indices).
 
     Returns an int32 CPU tensor [batch, max_spec_len + 1]: request i's accepted drafts, then its
     recovered (first rejection) or bonus (every draft accepted) token, then
@@ -629,7 +633,7 @@ def rejection_sample(target_logits, draft_token_ids, num_draft_tokens, temperatu
     try:
         result = sampler.verify(target_logits, draft_token_ids, counts, draft_probs=draft_probs,
                                 temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seeds=req_seeds,
-                                seeded=seeded, offsets=offsets)
+                                seeded=seeded, offsets=offsets, draft_parents=draft_parents)
     except BaseException:
         draws.restore()
         raise
