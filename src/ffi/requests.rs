@@ -3,6 +3,7 @@
 //! batch's `requests` and `request_ids`.
 
 use super::panic::{guard, guard_void};
+use super::types::tokenrace_status;
 use crate::error::{Error, Result};
 use crate::requests::Requests;
 use parking_lot::RwLock;
@@ -53,7 +54,7 @@ unsafe fn state<'a>(requests: *const tokenrace_requests) -> Result<&'a tokenrace
 /// # Safety
 /// `out` is NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn tokenrace_requests_new(out: *mut *mut tokenrace_requests) -> super::types::tokenrace_status {
+pub unsafe extern "C" fn tokenrace_requests_new(out: *mut *mut tokenrace_requests) -> tokenrace_status {
     guard("tokenrace_requests_new", || {
         if out.is_null() {
             return Err(Error::invalid_argument("out: is NULL"));
@@ -94,7 +95,7 @@ pub unsafe extern "C" fn tokenrace_requests_add(
     prompt_len: u64,
     output: *const i32,
     output_len: u64,
-) -> super::types::tokenrace_status {
+) -> tokenrace_status {
     guard("tokenrace_requests_add", || {
         // SAFETY: the caller's contract for every pointer.
         unsafe {
@@ -114,7 +115,7 @@ pub unsafe extern "C" fn tokenrace_requests_add(
 pub unsafe extern "C" fn tokenrace_requests_remove(
     requests: *mut tokenrace_requests,
     id: u64,
-) -> super::types::tokenrace_status {
+) -> tokenrace_status {
     guard("tokenrace_requests_remove", || {
         // SAFETY: the caller's contract.
         unsafe { state(requests) }?.inner.write().remove(id)
@@ -126,7 +127,7 @@ pub unsafe extern "C" fn tokenrace_requests_remove(
 /// # Safety
 /// `requests` is NULL or live.
 #[no_mangle]
-pub unsafe extern "C" fn tokenrace_requests_reset(requests: *mut tokenrace_requests) -> super::types::tokenrace_status {
+pub unsafe extern "C" fn tokenrace_requests_reset(requests: *mut tokenrace_requests) -> tokenrace_status {
     guard("tokenrace_requests_reset", || {
         // SAFETY: the caller's contract.
         unsafe { state(requests) }?.inner.write().reset();
@@ -151,7 +152,7 @@ pub unsafe extern "C" fn tokenrace_requests_append(
     ids: *const u64,
     tokens: *const i32,
     offsets: *const u64,
-) -> super::types::tokenrace_status {
+) -> tokenrace_status {
     guard("tokenrace_requests_append", || {
         // SAFETY: the caller's contract for every pointer.
         unsafe {
@@ -177,7 +178,7 @@ pub unsafe extern "C" fn tokenrace_requests_append(
 pub unsafe extern "C" fn tokenrace_requests_len(
     requests: *const tokenrace_requests,
     out: *mut u64,
-) -> super::types::tokenrace_status {
+) -> tokenrace_status {
     guard("tokenrace_requests_len", || {
         // SAFETY: the caller's contract.
         let s = unsafe { state(requests) }?;
@@ -199,7 +200,7 @@ pub unsafe extern "C" fn tokenrace_requests_output_len(
     requests: *const tokenrace_requests,
     id: u64,
     out: *mut u64,
-) -> super::types::tokenrace_status {
+) -> tokenrace_status {
     guard("tokenrace_requests_output_len", || {
         // SAFETY: the caller's contract.
         let s = unsafe { state(requests) }?;

@@ -197,6 +197,9 @@ class tokenrace_batch(_Versioned):
         ("stop_offsets", POINTER(c_uint64)),
         # added after 0.2.0: llama.cpp's top-nσ (``_call.TOP_N_SIGMA_OFFSET``)
         ("top_n_sigma", POINTER(c_float)),
+        # added after 0.2.0: the request state (``_call.REQUESTS_OFFSET``)
+        ("requests", ctypes.c_void_p),
+        ("request_ids", POINTER(c_uint64)),
     ]
 
 
@@ -323,8 +326,13 @@ class tokenrace_pool(Structure):
     """Opaque; only ever handled through a pointer."""
 
 
+class tokenrace_requests(Structure):
+    """Opaque; only ever handled through a pointer."""
+
+
 sampler_p = POINTER(tokenrace_sampler)
 pool_p = POINTER(tokenrace_pool)
+requests_p = POINTER(tokenrace_requests)
 
 # Every struct of the header, by its C name (the ABI test walks this).
 STRUCTS = {cls.__name__: cls for cls in (tokenrace_config, tokenrace_sampler_stats,
@@ -360,6 +368,14 @@ _SIGNATURES = {
     "tokenrace_sampler_attach_pool": (status, [sampler_p, pool_p]),
     "tokenrace_verify": (status, [sampler_p, POINTER(tokenrace_verify_batch), POINTER(tokenrace_verify_output)]),
     "tokenrace_set_log_callback": (None, [ctypes.c_void_p, ctypes.c_void_p]),
+    "tokenrace_requests_new": (status, [POINTER(requests_p)]),
+    "tokenrace_requests_free": (None, [requests_p]),
+    "tokenrace_requests_add": (status, [requests_p, c_uint64, ctypes.c_void_p, c_uint64, ctypes.c_void_p, c_uint64]),
+    "tokenrace_requests_remove": (status, [requests_p, c_uint64]),
+    "tokenrace_requests_reset": (status, [requests_p]),
+    "tokenrace_requests_append": (status, [requests_p, c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]),
+    "tokenrace_requests_len": (status, [requests_p, POINTER(c_uint64)]),
+    "tokenrace_requests_output_len": (status, [requests_p, c_uint64, POINTER(c_uint64)]),
 }
 
 # ----------------------------------------------------------------------------------------------
@@ -446,7 +462,10 @@ def candidate_paths() -> list:
 # Functions added since 0.1: a library without them still loads (same ABI version), and the
 # binding's calls that need one raise UnsupportedError naming it (``Sampler.verify``); without
 # tokenrace_set_log_callback, messages stay on stderr.
-SINCE_0_2 = frozenset({"tokenrace_verify", "tokenrace_set_log_callback"})
+SINCE_0_2 = frozenset({"tokenrace_verify", "tokenrace_set_log_callback", "tokenrace_requests_new",
+                       "tokenrace_requests_free", "tokenrace_requests_add", "tokenrace_requests_remove",
+                       "tokenrace_requests_reset", "tokenrace_requests_append", "tokenrace_requests_len",
+                       "tokenrace_requests_output_len"})
 
 
 def _declare(handle):
