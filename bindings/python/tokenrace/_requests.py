@@ -81,6 +81,14 @@ def _ids(value, name):
     return np.ascontiguousarray(arr, dtype=np.uint64)
 
 
+def _int32_ptr(arr):
+    return arr.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+
+
+def _uint64_ptr(arr):
+    return arr.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64))
+
+
 def _request_id(value, name="request_id"):
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name}: must be an int, got {type(value).__name__}")
@@ -118,7 +126,7 @@ class Requests(_Closable):
         p = _tokens(prompt, "prompt", pad_id)
         o = _tokens(output if output is not None else (), "output", pad_id)
         h = self._live_handle()
-        check(_ffi.lib().tokenrace_requests_add(h.ptr, request_id, p.ctypes.data, p.size, o.ctypes.data, o.size))
+        check(_ffi.lib().tokenrace_requests_add(h.ptr, request_id, _int32_ptr(p), p.size, _int32_ptr(o), o.size))
 
     def add_rows(self, request_ids, prompts, outputs=None, *, pad_id=None):
         """Adds one request per row of 2-D ``prompts`` (and ``outputs``), padded with ``pad_id``
@@ -157,13 +165,13 @@ class Requests(_Closable):
             flat = np.concatenate(parts) if parts else np.empty(0, np.int32)
             offsets = np.zeros(ids.size + 1, np.uint64)
             np.cumsum([p.size for p in parts], out=offsets[1:])
-            status = _ffi.lib().tokenrace_requests_append(h.ptr, ids.size, ids.ctypes.data, flat.ctypes.data,
-                                                         offsets.ctypes.data)
+            status = _ffi.lib().tokenrace_requests_append(h.ptr, ids.size, _uint64_ptr(ids), _int32_ptr(flat),
+                                                         _uint64_ptr(offsets))
         else:
             flat = _tokens(tokens, "tokens")
             if flat.size != ids.size:
                 raise ValueError(f"tokens: has {flat.size} ids, one per request id is {ids.size}")
-            status = _ffi.lib().tokenrace_requests_append(h.ptr, ids.size, ids.ctypes.data, flat.ctypes.data, None)
+            status = _ffi.lib().tokenrace_requests_append(h.ptr, ids.size, _uint64_ptr(ids), _int32_ptr(flat), None)
         check(status)
 
     def output_len(self, request_id):
