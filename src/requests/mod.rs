@@ -53,9 +53,16 @@ impl Request {
 ///
 /// Not locked: a draw reads it through a shared borrow ([`RequestRows`]), the operations that
 /// change it take `&mut self` (the C handle wraps it in a lock).
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Requests {
     live: HashMap<u64, Request>,
+}
+
+impl std::fmt::Debug for Requests {
+    /// The count alone: a batch's debug print would otherwise hold every history.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Requests({} requests)", self.live.len())
+    }
 }
 
 /// The rows of a draw named by request id: row `r`'s prompt and output are those of request
