@@ -550,10 +550,20 @@ fn the_request_state_is_read_only_by_callers_whose_struct_reaches_it() {
         assert_eq!(tokenrace_requests_new(&mut state), tokenrace_status::Ok);
         assert_eq!(tokenrace_requests_add(state, 70, [0i32, 3].as_ptr(), 2, std::ptr::null(), 0), tokenrace_status::Ok);
         assert_eq!(tokenrace_requests_add(state, 71, std::ptr::null(), 0, std::ptr::null(), 0), tokenrace_status::Ok);
-        assert_eq!(tokenrace_requests_add(state, 71, std::ptr::null(), 0, std::ptr::null(), 0), tokenrace_status::InvalidArgument);
-        assert!(last_error().contains("tokenrace_requests_add: id: request 71 is already in the state"), "{}", last_error());
+        assert_eq!(
+            tokenrace_requests_add(state, 71, std::ptr::null(), 0, std::ptr::null(), 0),
+            tokenrace_status::InvalidArgument
+        );
+        assert!(
+            last_error().contains("tokenrace_requests_add: id: request 71 is already in the state"),
+            "{}",
+            last_error()
+        );
         // Request 71 draws token 0 (below): its output now holds it.
-        assert_eq!(tokenrace_requests_append(state, 1, [71u64].as_ptr(), [0i32].as_ptr(), std::ptr::null()), tokenrace_status::Ok);
+        assert_eq!(
+            tokenrace_requests_append(state, 1, [71u64].as_ptr(), [0i32].as_ptr(), std::ptr::null()),
+            tokenrace_status::Ok
+        );
         let mut len = 0u64;
         assert_eq!(tokenrace_requests_len(state, &mut len), tokenrace_status::Ok);
         assert_eq!(len, 2);
@@ -589,7 +599,10 @@ fn the_request_state_is_read_only_by_callers_whose_struct_reaches_it() {
         assert_eq!(tokenrace_requests_remove(state, 70), tokenrace_status::Ok);
         assert_eq!(tokenrace_requests_remove(state, 70), tokenrace_status::InvalidArgument);
         assert_eq!(tokenrace_requests_reset(state), tokenrace_status::Ok);
-        assert_eq!(tokenrace_requests_append(std::ptr::null_mut(), 0, std::ptr::null(), std::ptr::null(), std::ptr::null()), tokenrace_status::InvalidArgument);
+        assert_eq!(
+            tokenrace_requests_append(std::ptr::null_mut(), 0, std::ptr::null(), std::ptr::null(), std::ptr::null()),
+            tokenrace_status::InvalidArgument
+        );
         assert!(last_error().contains("requests: is NULL"), "{}", last_error());
         tokenrace_requests_free(state);
     }

@@ -28,10 +28,12 @@ fn named<'a>(b: Batch<'a>, state: &'a Requests, ids: &'a [u64]) -> Batch<'a> {
     Batch { prompt_tokens: None, output_tokens: None, requests: Some(RequestRows { state, ids }), ..b }
 }
 
-/// Every value as bits (a NaN is compared by its bits, not unequal to itself).
-fn bits(g: &Got) -> (Vec<i32>, Vec<u32>, Vec<u32>, Vec<i32>, Vec<i32>, Vec<u32>, Vec<u32>) {
-    let b = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    (g.tokens.clone(), g.flags.clone(), b(&g.lps), g.ranks.clone(), g.ids.clone(), b(&g.tlps), b(&g.full))
+/// Every output as bits, one vector each (a NaN is compared by its bits, not unequal to
+/// itself).
+fn bits(g: &Got) -> [Vec<u32>; 7] {
+    let f = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let i = |v: &[i32]| v.iter().map(|&x| x as u32).collect::<Vec<_>>();
+    [i(&g.tokens), g.flags.clone(), f(&g.lps), i(&g.ranks), i(&g.ids), f(&g.tlps), f(&g.full)]
 }
 
 /// Two samplers of one setting see the same calls (one with lists, one with the state), so
@@ -145,7 +147,8 @@ fn histories_built_step_by_step_draw_the_same() {
         assert_eq!((&a, &fa), (&b, &fb), "step {step}");
         if step % 4 == 3 {
             // Several tokens per request (a verify call's accepted tokens), request 0 twice.
-            let each: Vec<Vec<i32>> = (0..rows + 1).map(|_| (0..rng.below(4)).map(|_| rng.below(vocab) as i32).collect()).collect();
+            let each: Vec<Vec<i32>> =
+                (0..rows + 1).map(|_| (0..rng.below(4)).map(|_| rng.below(vocab) as i32).collect()).collect();
             let names: Vec<u64> = ids.iter().copied().chain([ids[0]]).collect();
             let lists = Csr::from_rows(&each);
             state.append(&names, &lists.ids, Some(&lists.offsets)).unwrap();
@@ -190,9 +193,15 @@ fn bad_request_rows_are_refused_naming_the_row_and_id() {
     expect_error(&rows(&[1, 2, 3]), "batch.request_ids[2]: request 3's histories hold token 10, outside vocab 10");
     expect_error(&rows(&[1, 2]), "batch.request_ids: has 2 elements");
     let output = TokenLists { ids: &[1, 2, 3], offsets: &[0, 1, 2, 3] };
-    expect_error(&Batch { output_tokens: Some(output), ..rows(&[1, 2, 2]) }, "batch.request_ids: given with output_ids");
+    expect_error(
+        &Batch { output_tokens: Some(output), ..rows(&[1, 2, 2]) },
+        "batch.request_ids: given with output_ids",
+    );
     let prompt = output;
-    expect_error(&Batch { prompt_tokens: Some(prompt), ..rows(&[1, 2, 2]) }, "batch.request_ids: given with prompt_ids");
+    expect_error(
+        &Batch { prompt_tokens: Some(prompt), ..rows(&[1, 2, 2]) },
+        "batch.request_ids: given with prompt_ids",
+    );
 }
 
 #[test]

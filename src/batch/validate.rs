@@ -236,7 +236,8 @@ fn validate_step(k: &Kernels, batch: &Batch, out: &Output, ids: Ids) -> Result<(
 /// `O(rows)`, not `O(history)`).
 fn validate_requests(batch: &Batch) -> Result<()> {
     let Some(q) = batch.requests else { return Ok(()) };
-    for (given, field) in [(batch.prompt_tokens.is_some(), "prompt_ids"), (batch.output_tokens.is_some(), "output_ids")] {
+    for (given, field) in [(batch.prompt_tokens.is_some(), "prompt_ids"), (batch.output_tokens.is_some(), "output_ids")]
+    {
         if given {
             bail_batch!(
                 "request_ids",

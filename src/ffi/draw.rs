@@ -79,7 +79,11 @@ unsafe fn batch_from_c<'a>(b: &tokenrace_batch, state: Option<&'a Requests>) -> 
 ///
 /// # Safety
 /// A non-NULL `b.request_ids` covers `rows` ids.
-unsafe fn request_rows<'a>(b: &tokenrace_batch, rows: usize, state: Option<&'a Requests>) -> Result<Option<RequestRows<'a>>> {
+unsafe fn request_rows<'a>(
+    b: &tokenrace_batch,
+    rows: usize,
+    state: Option<&'a Requests>,
+) -> Result<Option<RequestRows<'a>>> {
     // SAFETY: the caller's contract.
     let ids = unsafe { opt_slice(Owner::Batch, "request_ids", b.request_ids, rows)? };
     match (state, ids) {

@@ -112,10 +112,7 @@ pub unsafe extern "C" fn tokenrace_requests_add(
 /// # Safety
 /// `requests` is NULL or live.
 #[no_mangle]
-pub unsafe extern "C" fn tokenrace_requests_remove(
-    requests: *mut tokenrace_requests,
-    id: u64,
-) -> tokenrace_status {
+pub unsafe extern "C" fn tokenrace_requests_remove(requests: *mut tokenrace_requests, id: u64) -> tokenrace_status {
     guard("tokenrace_requests_remove", || {
         // SAFETY: the caller's contract.
         unsafe { state(requests) }?.inner.write().remove(id)

@@ -204,7 +204,8 @@ impl Requests {
         }
         // Room first, for each request's total (a request may be named twice), so that the
         // pushes below cannot fail.
-        let mut totals = alloc::collect(ids.iter().enumerate().map(|(i, &id)| (id, span(i).len())), "the append's totals")?;
+        let mut totals =
+            alloc::collect(ids.iter().enumerate().map(|(i, &id)| (id, span(i).len())), "the append's totals")?;
         totals.sort_unstable_by_key(|&(id, _)| id);
         let mut at = 0;
         while at < totals.len() {

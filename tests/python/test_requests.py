@@ -142,3 +142,26 @@ def test_torch_histories_are_converted_at_add(tokenrace):
                    prompt_tokens=[[1, 2, 2], [5, 6, 7, 8, 9]], output_tokens=[[3], [4]], seeds=[1, 2])
     got = s2.draw(x, repetition_penalty=1.5, presence_penalty=0.5, requests=state, request_ids=[7, 8], seeds=[1, 2])
     assert torch.equal(want, got)
+
+
+def test_torch_sample_takes_the_state(tokenrace):
+    torch = pytest.importorskip("torch")
+    import tokenrace.torch as tt
+
+    vocab, rows = 300, 4
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, vocab, generator=g) * 3
+    prompts = torch.randint(0, vocab, (rows, 50), generator=g, dtype=torch.int64)
+    prompts[1, 40:] = vocab  # vLLM's padding
+    outputs = [[int(t) for t in torch.randint(0, vocab, (n,), generator=g)] for n in (0, 3, 7, 1)]
+    state = tokenrace.Requests()
+    state.add_rows(range(rows), prompts, pad_id=vocab)
+    state.append(list(range(rows)), [list(o) for o in outputs])
+    penalties = dict(repetition_penalties=torch.full((rows,), 1.4), frequency_penalties=torch.full((rows,), 0.3),
+                     presence_penalties=torch.full((rows,), 0.2))
+    a, b = tokenrace.Sampler(vocab, seed=4), tokenrace.Sampler(vocab, seed=4)
+    want = tt.sample(x, 0.8, seeds=list(range(rows)), sampler=a, prompt_token_ids=prompts, output_token_ids=outputs,
+                     **penalties)
+    got = tt.sample(x, 0.8, seeds=list(range(rows)), sampler=b, requests=state, request_ids=torch.arange(rows),
+                    **penalties)
+    assert torch.equal(want, got)
