@@ -116,6 +116,7 @@ fn generate_header() {
         .with_src(crate_dir.join("src/ffi/api.rs"))
         .with_src(crate_dir.join("src/ffi/draw.rs"))
         .with_src(crate_dir.join("src/ffi/pool_api.rs"))
+        .with_src(crate_dir.join("src/ffi/requests.rs"))
         .with_src(crate_dir.join("src/ffi/verify.rs"))
         .with_src(crate_dir.join("src/ffi/watermark.rs"))
         .generate()

@@ -36,6 +36,14 @@ The whole sampling step, with --step (instead of the table above):
                           the two subtractions), the temperature division, then random_sample
                           (softmax, q.exponential_(), probs.div_(q).argmax), in place on the
                           logits as vLLM does (restored, untimed, before each call)
+With --requests, the histories are also held in a tokenrace.Requests state (added once, before
+timing, from the padded int64 rows) and --history sets each row's history length (default 5120:
+4096 prompt + 1024 output; 28000: 26976 + 1024):
+  tokenrace-fused-requests  one draw naming the rows by request id (no history passed)
+  tokenrace-requests-append  Requests.append of one drawn token per row (on a second state, so
+                          that the timed draws keep the list draws' inputs); the ratios
+                          requests_over_plain (the goal: at most 1.3), fused_over_requests and
+                          padded_over_requests take the draw plus the append
 Each is timed --reps times (wall clock, after a warm-up): median, p10 and p90, and the ratios
 fused/plain (the goal: at most 1.3) and torch/fused (the goal: at least 50). torch is
 optional: without it the torch row is skipped, with the reason printed and in the JSON.
@@ -294,7 +302,8 @@ def print_versions(sampler, threads):
 def step_main(a):
     rows = 32 if a.rows is None else int(a.rows.split(",")[0])
     vocab = 151936 if a.vocab is None else a.vocab
-    prompt_len, output_len, biased, allowed_fraction = 4096, 1024, 16, 0.10
+    output_len, biased, allowed_fraction = 1024, 16, 0.10
+    prompt_len = a.history - output_len
     r, f, p, t = 1.1, 0.2, 0.1, 1.0
     rng = np.random.default_rng(0)
     x = peaked_logits(rows, vocab, rng)
@@ -315,6 +324,25 @@ def step_main(a):
     assert allowed[np.arange(rows), tokens].all(), "a fused draw returned a token the bitmask forbids"
     np.testing.assert_array_equal(sampler.draw(x, seeds=np.arange(rows), **fused_args),
                                   sampler.draw(x, seeds=np.arange(rows), **padded_args))
+    if a.requests:
+        # The histories held by a state: added once (vLLM's padded int64 rows, converted here),
+        # then each timed step names the rows and appends the drawn tokens.
+        state = tokenrace.Requests()
+        ids = np.arange(rows, dtype=np.uint64) + np.uint64(1 << 40)
+        state.add_rows(ids, prompt, output, pad_id=vocab)
+        requests_args = dict(fused_args, prompt_tokens=None, output_tokens=None, requests=state, request_ids=ids)
+        np.testing.assert_array_equal(sampler.draw(x, seeds=np.arange(rows), **fused_args),
+                                      sampler.draw(x, seeds=np.arange(rows), **requests_args))
+
+        # The per-step append, timed apart on a second state: appending the drawn tokens to the
+        # timed state would change its histories (the drawn tokens are the peaks the penalties
+        # then lower), so that its draws would no longer race the inputs of the list draws.
+        scratch = tokenrace.Requests()
+        scratch.add_rows(ids, prompt, output, pad_id=vocab)
+        drawn = sampler.draw(x, **requests_args)
+
+        def requests_step():
+            sampler.draw(x, **requests_args)
     setting = (f"{rows} rows x vocab {vocab}, {prompt_len} prompt + {output_len} output tokens per row, "
                f"r={r} f={f} p={p}, {biased} biased ids, bitmask allowing {allowed_fraction:.0%}, T={t}")
     print_versions(sampler, a.threads)
@@ -334,15 +362,22 @@ def step_main(a):
     # visits more blocks than the plain race of the given logits.
     processed = processed_logits(x, prompt, output, bias_ids, bias_values, allowed, r, f, p)
     # Interleaved in rounds so that a load on the machine weighs on both alike.
-    fused, padded, plain, plain_processed = [], [], [], []
+    fused, padded, plain, plain_processed, held = [], [], [], [], []
     rounds = 5
     per = max(1, a.reps // rounds)
     for _ in range(rounds):
+        if a.requests:
+            held.append(timings_us(requests_step, per))
         fused.append(timings_us(lambda: sampler.draw(x, **fused_args), per))
         plain.append(timings_us(lambda: sampler.draw(x, temperature=t), per))
         plain_processed.append(timings_us(lambda: sampler.draw(processed, temperature=t), per))
         padded.append(timings_us(lambda: sampler.draw(x, **padded_args), max(1, per // 2)))
     report("tokenrace-fused", np.concatenate(fused))
+    if a.requests:
+        report("tokenrace-fused-requests", np.concatenate(held),
+               note="histories held in a Requests state, the rows named by request id")
+        report("tokenrace-requests-append", timings_us(lambda: scratch.append(ids, drawn), a.reps),
+               note="Requests.append of one drawn token per row (the state's per-step bookkeeping)")
     report("tokenrace-fused-padded", np.concatenate(padded))
     report("tokenrace-plain", np.concatenate(plain))
     report("tokenrace-plain-processed", np.concatenate(plain_processed),
@@ -375,6 +410,12 @@ def step_main(a):
               "padded_over_fused": records["tokenrace-fused-padded"]["us_per_call_median"] / fused_us,
               "processed_over_plain": records["tokenrace-plain-processed"]["us_per_call_median"]
               / records["tokenrace-plain"]["us_per_call_median"]}
+    if a.requests:
+        held_us = (records["tokenrace-fused-requests"]["us_per_call_median"]
+                   + records["tokenrace-requests-append"]["us_per_call_median"])
+        ratios["requests_over_plain"] = held_us / records["tokenrace-plain"]["us_per_call_median"]
+        ratios["fused_over_requests"] = fused_us / held_us
+        ratios["padded_over_requests"] = records["tokenrace-fused-padded"]["us_per_call_median"] / held_us
     if "torch-vllm-step" in records:
         ratios["torch_over_fused"] = records["torch-vllm-step"]["us_per_call_median"] / fused_us
     print("ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items())
@@ -581,6 +622,10 @@ def main():
                     help="measure the whole sampling step instead (see the module doc; --rows and --vocab "
                          "default to 32 and 151936 there)")
     ap.add_argument("--step-json", help="with --step: write the results here")
+    ap.add_argument("--requests", action="store_true",
+                    help="with --step: also time the draw with the histories held in a tokenrace.Requests state")
+    ap.add_argument("--history", type=int, default=5120,
+                    help="with --step: history tokens per row (the last 1024 of them the output)")
     # The former names of --step and --step-json, still taken (deprecated, not listed).
     ap.add_argument("--pipeline", dest="step", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--pipeline-json", dest="step_json", help=argparse.SUPPRESS)

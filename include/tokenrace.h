@@ -8,6 +8,8 @@
  * Handles: a tokenrace_sampler (tokenrace_sampler_new / _free) draws (tokenrace_draw) and
  * verifies (tokenrace_verify); a tokenrace_pool (tokenrace_pool_new / _free) fills noise in the
  * background for samplers (tokenrace_sampler_attach_pool) and callers (tokenrace_pool_borrow).
+ * A tokenrace_requests (tokenrace_requests_new / _free) keeps the histories of live requests
+ * between draws, which a batch names by request id instead of passing them as lists.
  * Every struct passed in starts with struct_size: set it to sizeof the struct and zero the rest,
  * and a program built against this header keeps working with later versions of the library.
  *
@@ -184,6 +186,13 @@ typedef enum tokenrace_filter_order {
 // An opaque noise pool. Safe to use from several threads at once.
 typedef struct tokenrace_pool tokenrace_pool;
 
+// An opaque request state: the prompt and output histories of the live requests, keyed by a
+// caller-chosen `uint64_t` id. Safe to use from several threads at once: it holds a
+// reader-writer lock, which draws that name it take shared (any number at once) and
+// `tokenrace_requests_add`, `_remove`, `_append` and `_reset` take exclusive (each waits for the
+// draws in progress). A host that appends after each draw on one thread never waits.
+typedef struct tokenrace_requests tokenrace_requests;
+
 // An opaque sampler. Safe to use from several threads at once.
 //
 // After `fork()`, the child may keep using a sampler made before the fork: it draws on the
@@ -356,6 +365,13 @@ typedef struct tokenrace_batch {
   // Per-row top-nσ n, finite (NULL: off); n <= 0 disables it for the row. Keeps the tokens
   // with logit >= max - n * sigma over the row's finite logits.
   const float *top_n_sigma;
+  // A request state (NULL: off) whose histories the rows take instead of `prompt_ids` and
+  // `output_ids` (which must then be NULL): row r's prompt and output are those of request
+  // `request_ids[r]`, as if passed as lists. The draw only reads it (a shared lock while it
+  // runs); it never appends its tokens: call `tokenrace_requests_append` with them.
+  const struct tokenrace_requests *requests;
+  // `rows` request ids (with `requests`), each live in it; several rows may name one request.
+  const uint64_t *request_ids;
 } tokenrace_batch;
 
 // Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No
@@ -752,6 +768,77 @@ enum tokenrace_status tokenrace_pool_get_stats(const struct tokenrace_pool *pool
 // noise source it started with.
 enum tokenrace_status tokenrace_sampler_attach_pool(struct tokenrace_sampler *sampler,
                                                     struct tokenrace_pool *pool);
+
+// Makes an empty request state into `*out`.
+//
+// # Safety
+// `out` is NULL or writable.
+enum tokenrace_status tokenrace_requests_new(struct tokenrace_requests **out);
+
+// Releases a request state and every request it holds (NULL is ignored). No call may be using
+// it.
+//
+// # Safety
+// `requests` is NULL or came from `tokenrace_requests_new()` and is not used afterwards.
+void tokenrace_requests_free(struct tokenrace_requests *requests);
+
+// Adds request `id` with its prompt (`prompt_len` token ids) and the output it has so far
+// (`output_len` ids; 0 for a new request), copied. Ids are >= 0; each draw that names the
+// request checks them against its vocab. Refused (INVALID_ARGUMENT) when `id` is already live.
+// Costs O(prompt_len + output_len).
+//
+// # Safety
+// `requests` is NULL or live; non-NULL `prompt` and `output` cover their lengths.
+enum tokenrace_status tokenrace_requests_add(struct tokenrace_requests *requests,
+                                             uint64_t id,
+                                             const int32_t *prompt,
+                                             uint64_t prompt_len,
+                                             const int32_t *output,
+                                             uint64_t output_len);
+
+// Removes request `id` and frees its histories. Refused (INVALID_ARGUMENT) when `id` is not
+// live.
+//
+// # Safety
+// `requests` is NULL or live.
+enum tokenrace_status tokenrace_requests_remove(struct tokenrace_requests *requests, uint64_t id);
+
+// Removes every request.
+//
+// # Safety
+// `requests` is NULL or live.
+enum tokenrace_status tokenrace_requests_reset(struct tokenrace_requests *requests);
+
+// Appends new output tokens to `n` requests at once: request `ids[i]` gets
+// `tokens[offsets[i] .. offsets[i + 1]]` (`offsets`: n + 1 non-decreasing entries; a verify
+// call's accepted tokens), or `tokens[i]` alone when `offsets` is NULL (a draw's `out.tokens`).
+// A request named twice gets both, in order. Every id must be live and every token >= 0: a
+// refused call appends nothing. Costs O(n + new tokens). A draw never appends by itself: call
+// this with its tokens once the host keeps them (a host may also drop a drawn token).
+//
+// # Safety
+// `requests` is NULL or live; `ids` covers `n` entries, `offsets` (if not NULL) `n + 1`, and
+// `tokens` `n` (NULL offsets) or `offsets[n]`.
+enum tokenrace_status tokenrace_requests_append(struct tokenrace_requests *requests,
+                                                uint64_t n,
+                                                const uint64_t *ids,
+                                                const int32_t *tokens,
+                                                const uint64_t *offsets);
+
+// Writes how many requests the state holds into `*out`.
+//
+// # Safety
+// `requests` is NULL or live; `out` is NULL or writable.
+enum tokenrace_status tokenrace_requests_len(const struct tokenrace_requests *requests,
+                                             uint64_t *out);
+
+// Writes the output length of request `id` into `*out`, or `UINT64_MAX` when `id` is not live.
+//
+// # Safety
+// `requests` is NULL or live; `out` is NULL or writable.
+enum tokenrace_status tokenrace_requests_output_len(const struct tokenrace_requests *requests,
+                                                    uint64_t id,
+                                                    uint64_t *out);
 
 // Verifies draft tokens (speculative decoding) by vLLM's rejection sampling: for each request,
 // its accepted drafts and one more token (recovered or bonus) into `out`. See

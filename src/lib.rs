@@ -38,6 +38,7 @@ mod noise;
 mod order;
 mod plan;
 mod process;
+mod requests;
 mod row;
 mod sampler;
 mod step;
@@ -55,6 +56,7 @@ pub use config::{
 pub use error::{Error, ErrorKind, Location, Owner, Result};
 pub use kernels::{best_level, supported_levels, Bf16, SimdLevel, F16};
 pub use noise::pool::{Lease, Pool as NoisePool, PoolStats};
+pub use requests::{RequestRows, Requests};
 pub use sampler::{Sampler, SamplerStats};
 pub use watermark::{
     context_of as watermark_context, detect as detect_watermark, gamma_upper_tail, token_noise, watermark_seed,
@@ -75,6 +77,7 @@ pub mod internals {
         pub use crate::ffi::api::*;
         pub use crate::ffi::draw::*;
         pub use crate::ffi::pool_api::*;
+        pub use crate::ffi::requests::*;
         pub use crate::ffi::verify::*;
         pub use crate::ffi::watermark::*;
     }

@@ -264,6 +264,13 @@ fn c_caller_verifies_draft_tokens() {
     build_and_run("test_verify.c", false, true, &[], QUICK);
 }
 
+/// The request state: requests added once and appended to after each draw, drawn by id, give
+/// the tokens and logprobs of the same draws with CSR lists; refusals that write nothing.
+#[test]
+fn c_caller_draws_rows_named_by_request_id() {
+    build_and_run("test_requests.c", false, true, &[], QUICK);
+}
+
 #[test]
 fn the_library_works_through_dlopen() {
     let lib = lib_dir().join("libtokenrace.so");

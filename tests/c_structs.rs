@@ -526,3 +526,86 @@ fn min_tokens_is_read_only_by_callers_whose_struct_reaches_it() {
         last_error()
     );
 }
+
+/// The request state's fields follow top-nσ: a caller whose `struct_size` ends before them
+/// reads no state (its rows have no histories); one that reaches them takes each row's
+/// histories from the state, as if passed as lists; one field without the other, or an unknown
+/// id, is refused naming it, nothing written.
+#[test]
+fn the_request_state_is_read_only_by_callers_whose_struct_reaches_it() {
+    use std::mem::{offset_of, size_of};
+    let requests_at = offset_of!(tokenrace_batch, requests);
+    assert_eq!(requests_at, offset_of!(tokenrace_batch, top_n_sigma) + 8);
+    assert_eq!(offset_of!(tokenrace_batch, request_ids), requests_at + 8);
+    assert_eq!(size_of::<tokenrace_batch>(), requests_at + 16);
+    let mut f = Fixture::new();
+    for (i, v) in f.logits.iter_mut().enumerate() {
+        *v = match i % 1000 {
+            0 => 5.0,
+            1 => 4.0,
+            _ => 0.0,
+        };
+    }
+    let mut state = std::ptr::null_mut();
+    // SAFETY: a writable out pointer; then a live handle and arrays of the lengths given.
+    unsafe {
+        assert_eq!(tokenrace_requests_new(&mut state), tokenrace_status::Ok);
+        assert_eq!(tokenrace_requests_add(state, 70, [0i32, 3].as_ptr(), 2, std::ptr::null(), 0), tokenrace_status::Ok);
+        assert_eq!(tokenrace_requests_add(state, 71, std::ptr::null(), 0, std::ptr::null(), 0), tokenrace_status::Ok);
+        assert_eq!(
+            tokenrace_requests_add(state, 71, std::ptr::null(), 0, std::ptr::null(), 0),
+            tokenrace_status::InvalidArgument
+        );
+        assert!(
+            last_error().contains("tokenrace_requests_add: id: request 71 is already in the state"),
+            "{}",
+            last_error()
+        );
+        // Request 71 draws token 0 (below): its output now holds it.
+        assert_eq!(
+            tokenrace_requests_append(state, 1, [71u64].as_ptr(), [0i32].as_ptr(), std::ptr::null()),
+            tokenrace_status::Ok
+        );
+        let mut len = 0u64;
+        assert_eq!(tokenrace_requests_len(state, &mut len), tokenrace_status::Ok);
+        assert_eq!(len, 2);
+        assert_eq!(tokenrace_requests_output_len(state, 71, &mut len), tokenrace_status::Ok);
+        assert_eq!(len, 1);
+    }
+    let temperature = [0.0f32; 2];
+    let repetition = [4.0f32; 2];
+    let mut greedy = |size: usize, ids: Option<[u64; 2]>, with_state: bool| {
+        let (mut b, mut o) = f.args();
+        b.struct_size = size as u32;
+        b.temperature = temperature.as_ptr();
+        b.repetition_penalty = repetition.as_ptr();
+        b.requests = if with_state { state } else { std::ptr::null() };
+        let ids_storage = ids.unwrap_or([0; 2]);
+        b.request_ids = if ids.is_some() { ids_storage.as_ptr() } else { std::ptr::null() };
+        f.tokens = [-1; 2];
+        let status = f.draw(&b, &mut o);
+        (status, f.tokens)
+    };
+    let whole = size_of::<tokenrace_batch>();
+    // Both requests hold token 0 in a history: the repetition penalty lowers it below token 1.
+    assert_eq!(greedy(whole, Some([70, 71]), true), (tokenrace_status::Ok, [1, 1]), "{}", last_error());
+    assert_eq!(greedy(requests_at, Some([70, 71]), true), (tokenrace_status::Ok, [0, 0]), "a caller before the state");
+    assert_eq!(greedy(whole, Some([70, 72]), true), (tokenrace_status::InvalidArgument, [-1, -1]));
+    assert!(last_error().contains("batch.request_ids[1]: request 72 is not in the requests state"), "{}", last_error());
+    assert_eq!(greedy(whole, None, true), (tokenrace_status::InvalidArgument, [-1, -1]));
+    assert!(last_error().contains("batch.request_ids: is NULL while requests is given"), "{}", last_error());
+    assert_eq!(greedy(whole, Some([70, 71]), false), (tokenrace_status::InvalidArgument, [-1, -1]));
+    assert!(last_error().contains("batch.requests: is NULL while request_ids is given"), "{}", last_error());
+    // SAFETY: a live handle, then freed once.
+    unsafe {
+        assert_eq!(tokenrace_requests_remove(state, 70), tokenrace_status::Ok);
+        assert_eq!(tokenrace_requests_remove(state, 70), tokenrace_status::InvalidArgument);
+        assert_eq!(tokenrace_requests_reset(state), tokenrace_status::Ok);
+        assert_eq!(
+            tokenrace_requests_append(std::ptr::null_mut(), 0, std::ptr::null(), std::ptr::null(), std::ptr::null()),
+            tokenrace_status::InvalidArgument
+        );
+        assert!(last_error().contains("requests: is NULL"), "{}", last_error());
+        tokenrace_requests_free(state);
+    }
+}

@@ -149,6 +149,9 @@ pub struct Batch<'a> {
     pub min_tokens: Option<&'a [i32]>,
     /// The stop tokens of each row, banned while its output is shorter than `min_tokens`.
     pub stop_tokens: Option<TokenLists<'a>>,
+    /// The rows named by request id: their histories come from a [`Requests`](crate::Requests)
+    /// state instead of `prompt_tokens` and `output_tokens` (which must then be `None`).
+    pub requests: Option<crate::requests::RequestRows<'a>>,
 }
 
 /// Per-row lists of token ids in CSR form: row `r`'s ids are `ids[offsets[r]..offsets[r + 1]]`
@@ -230,6 +233,7 @@ impl<'a> Batch<'a> {
             token_bitmask: None,
             min_tokens: None,
             stop_tokens: None,
+            requests: None,
         }
     }
 
@@ -238,6 +242,7 @@ impl<'a> Batch<'a> {
     pub(crate) fn has_step(&self) -> bool {
         self.prompt_tokens.is_some()
             || self.output_tokens.is_some()
+            || self.requests.is_some()
             || self.logit_bias.is_some()
             || self.allowed_tokens.is_some()
             || self.banned_tokens.is_some()
@@ -249,11 +254,27 @@ impl<'a> Batch<'a> {
     /// while its output list holds fewer than `min_tokens[r]` tokens, else none.
     pub(crate) fn banned_stops(&self, r: usize) -> &'a [i32] {
         let (Some(min), Some(stops)) = (self.min_tokens, self.stop_tokens) else { return &[] };
-        let produced = self.output_tokens.map_or(0, |l| l.row(r).len());
+        let produced = self.output_row(r).len();
         if (produced as u64) < min[r].max(0) as u64 {
             stops.row(r)
         } else {
             &[]
+        }
+    }
+
+    /// The prompt of row `r` (of a validated batch), whole: its list's, or its request's.
+    pub(crate) fn prompt_row(&self, r: usize) -> &'a [i32] {
+        match self.requests {
+            Some(q) => q.row(r).map_or(&[][..], |q| q.prompt()),
+            None => self.prompt_tokens.map_or(&[][..], |l| l.row(r)),
+        }
+    }
+
+    /// The output of row `r` (of a validated batch), whole: its list's, or its request's.
+    pub(crate) fn output_row(&self, r: usize) -> &'a [i32] {
+        match self.requests {
+            Some(q) => q.row(r).map_or(&[][..], |q| q.output()),
+            None => self.output_tokens.map_or(&[][..], |l| l.row(r)),
         }
     }
 

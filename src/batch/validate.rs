@@ -167,6 +167,7 @@ pub(crate) fn validate_params(batch: &Batch) -> Result<()> {
 /// allowed and banned lists, bitmask) and the full-vocabulary output.
 fn validate_step(k: &Kernels, batch: &Batch, out: &Output, ids: Ids) -> Result<()> {
     let (rows, vocab) = (batch.rows, batch.vocab);
+    validate_requests(batch)?;
     for (list, ids_field, offsets_field) in token_lists(batch) {
         if let Some(l) = list {
             check_offsets(l.ids.len(), l.offsets, rows, offsets_field)?;
@@ -226,6 +227,40 @@ fn validate_step(k: &Kernels, batch: &Batch, out: &Output, ids: Ids) -> Result<(
         }
         let need = span_of(Owner::Output, rows, vocab, out.full_row_stride, 4, "full_row_stride")?;
         check_len(Owner::Output, "full_logprobs", full.len(), need, "rows/vocab/full_row_stride's span")?;
+    }
+    Ok(())
+}
+
+/// Checks the rows named by request id: not with the history lists, one id a row, each a
+/// request of the state whose tokens lie in the vocabulary (its largest, kept by the state:
+/// `O(rows)`, not `O(history)`).
+fn validate_requests(batch: &Batch) -> Result<()> {
+    let Some(q) = batch.requests else { return Ok(()) };
+    for (given, field) in [(batch.prompt_tokens.is_some(), "prompt_ids"), (batch.output_tokens.is_some(), "output_ids")]
+    {
+        if given {
+            bail_batch!(
+                "request_ids",
+                None,
+                "given with {field}: a row's histories come from the requests state or from the lists, not both"
+            );
+        }
+    }
+    check_rows(Owner::Batch, "request_ids", Some(q.ids), batch.rows)?;
+    for r in 0..batch.rows {
+        let id = q.ids[r];
+        let Some(request) = q.row(r) else {
+            bail_batch!("request_ids", Some(r), "request {id} is not in the requests state");
+        };
+        if request.largest() >= 0 && request.largest() as usize >= batch.vocab {
+            bail_batch!(
+                "request_ids",
+                Some(r),
+                "request {id}'s histories hold token {}, outside vocab {}",
+                request.largest(),
+                batch.vocab
+            );
+        }
     }
     Ok(())
 }

@@ -13,12 +13,16 @@ use crate::batch::{
 };
 use crate::error::{Error, Owner, Result};
 use crate::kernels::{Bf16, F16};
+use crate::requests::{RequestRows, Requests};
 
 /// The Rust view of a C batch.
 ///
+/// `state` is the request state that `b.requests` points to, locked for reading by the caller
+/// for as long as the batch lives.
+///
 /// # Safety
 /// Every non-NULL pointer of `b` covers the elements its sizes say, for `'a`.
-unsafe fn batch_from_c<'a>(b: &tokenrace_batch) -> Result<Batch<'a>> {
+unsafe fn batch_from_c<'a>(b: &tokenrace_batch, state: Option<&'a Requests>) -> Result<Batch<'a>> {
     let (rows, vocab) = (b.rows as usize, b.vocab as usize);
     let stride = if b.row_stride == 0 { vocab } else { usize::try_from(b.row_stride).unwrap_or(usize::MAX) };
     let dtype: tokenrace_dtype = arg_enum(Owner::Batch, "dtype", b.dtype)?;
@@ -67,7 +71,27 @@ unsafe fn batch_from_c<'a>(b: &tokenrace_batch) -> Result<Batch<'a>> {
         token_bitmask: unsafe { bitmask(b, rows, vocab)? },
         min_tokens: unsafe { opt_slice(Owner::Batch, "min_tokens", b.min_tokens, rows)? },
         stop_tokens: unsafe { lists(rows, ("stop_ids", b.stop_ids), ("stop_offsets", b.stop_offsets))? },
+        requests: unsafe { request_rows(b, rows, state)? },
     })
+}
+
+/// The rows named by request id: both fields or neither.
+///
+/// # Safety
+/// A non-NULL `b.request_ids` covers `rows` ids.
+unsafe fn request_rows<'a>(
+    b: &tokenrace_batch,
+    rows: usize,
+    state: Option<&'a Requests>,
+) -> Result<Option<RequestRows<'a>>> {
+    // SAFETY: the caller's contract.
+    let ids = unsafe { opt_slice(Owner::Batch, "request_ids", b.request_ids, rows)? };
+    match (state, ids) {
+        (Some(state), Some(ids)) => Ok(Some(RequestRows { state, ids })),
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(Error::arg(Owner::Batch, "request_ids", None, "is NULL while requests is given")),
+        (None, Some(_)) => Err(Error::arg(Owner::Batch, "requests", None, "is NULL while request_ids is given")),
+    }
 }
 
 /// The `rows + 1` offsets of a CSR list whose arrays have `elem_size`-byte entries, and how many
@@ -226,7 +250,7 @@ unsafe fn output_from_c<'a>(o: &tokenrace_output, b: &Batch) -> Result<(Output<'
 }
 
 /// The arrays a draw reads, for the check that no output shares memory with them.
-fn input_regions(b: &Batch) -> [Option<Region>; 30] {
+fn input_regions(b: &Batch) -> [Option<Region>; 31] {
     let (prompt, output, allowed, banned) = (b.prompt_tokens, b.output_tokens, b.allowed_tokens, b.banned_tokens);
     [
         Some(Region::logits(b.logits)),
@@ -259,6 +283,7 @@ fn input_regions(b: &Batch) -> [Option<Region>; 30] {
         Region::input("min_tokens", b.min_tokens),
         Region::input("stop_ids", b.stop_tokens.map(|l| l.ids)),
         Region::input("stop_offsets", b.stop_tokens.map(|l| l.offsets)),
+        Region::input("request_ids", b.requests.map(|q| q.ids)),
     ]
 }
 
@@ -285,7 +310,10 @@ pub unsafe extern "C" fn tokenrace_draw(
                 Ok((b, o))
             };
             let (b, o) = read().inspect_err(|_| s.inner.count_rejected())?;
-            let batch = batch_from_c(&b).inspect_err(|_| s.inner.count_rejected())?;
+            // A draw that names a request state reads it under its shared lock, held until the
+            // draw returns: the state's operations wait for it, never change it under the draw.
+            let state = b.requests.as_ref().map(|q| q.inner.read());
+            let batch = batch_from_c(&b, state.as_deref()).inspect_err(|_| s.inner.count_rejected())?;
             let (mut output, arrays) = output_from_c(&o, &batch).inspect_err(|_| s.inner.count_rejected())?;
             if let Some(overlap) = arrays.overlap() {
                 // A wrong size makes arrays overlap too: its own message says more.

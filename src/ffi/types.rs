@@ -310,6 +310,15 @@ pub struct tokenrace_batch {
     /// Per-row top-nσ n, finite (NULL: off); n <= 0 disables it for the row. Keeps the tokens
     /// with logit >= max - n * sigma over the row's finite logits.
     pub top_n_sigma: *const f32,
+    // Added after 0.2.0: the request state (docs/semantics.md, Request state); a caller whose
+    // struct_size ends before it gets NULL.
+    /// A request state (NULL: off) whose histories the rows take instead of `prompt_ids` and
+    /// `output_ids` (which must then be NULL): row r's prompt and output are those of request
+    /// `request_ids[r]`, as if passed as lists. The draw only reads it (a shared lock while it
+    /// runs); it never appends its tokens: call `tokenrace_requests_append` with them.
+    pub requests: *const super::requests::tokenrace_requests,
+    /// `rows` request ids (with `requests`), each live in it; several rows may name one request.
+    pub request_ids: *const u64,
 }
 
 /// Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No

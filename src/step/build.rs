@@ -3,7 +3,7 @@
 //! deferred row), their bits cleared in `keep`.
 
 use super::listed::Listed;
-use super::penalties::{histories, Penalties};
+use super::penalties::{histories, histories_of, Penalties};
 use super::RowStep;
 use crate::alloc;
 use crate::batch::Batch;
@@ -242,7 +242,7 @@ fn touch_lists(k: &Kernels, batch: &Batch, r: usize, e: &mut RowStep, defer: boo
 /// counts, then the pass over the words that clears every touched token's bit in `keep`.
 pub(super) fn mark_histories(k: &Kernels, batch: &Batch, r: usize, e: &mut RowStep, sparse: bool) {
     let p = e.penalties;
-    let (prompt, output) = histories(batch, r, p);
+    let (prompt, output, set_of) = histories_of(batch, r, p);
     let bias_ids = batch.logit_bias.map_or(&[][..], |b| b.row(r).0);
     let words = e.keep.len();
     let most = prompt.len() + output.len() + bias_ids.len();
@@ -251,10 +251,17 @@ pub(super) fn mark_histories(k: &Kernels, batch: &Batch, r: usize, e: &mut RowSt
     // no branch, and no bounds check (two compares a token of a 4096-token prompt).
     // (Local slices: through `e`, the loops reloaded each vector's pointer after every store.)
     let seen = &mut e.seen[..words];
-    for &id in prompt {
-        // SAFETY: the batch's ids were checked to lie in [0, vocab) (`batch::check_row_ids`), so
-        // id / 32 < words, the length of `seen`.
-        unsafe { *seen.get_unchecked_mut(id as usize / 32) |= bit(id) };
+    match set_of.filter(|_| !sparse) {
+        // A request's whole prompt: its bits, kept by the state, set the same bits as its
+        // tokens, in a pass over the words (the sparse pass below needs the ids).
+        Some(request) => seen.iter_mut().zip(request.prompt_bits()).for_each(|(s, &b)| *s |= b),
+        None => {
+            for &id in prompt {
+                // SAFETY: the batch's ids were checked to lie in [0, vocab)
+                // (`batch::check_row_ids`), so id / 32 < words, the length of `seen`.
+                unsafe { *seen.get_unchecked_mut(id as usize / 32) |= bit(id) };
+            }
+        }
     }
     if p.counts() {
         let (output_bits, counts) = (&mut e.output_bits[..words], &mut e.counts[..words * 32]);

@@ -93,11 +93,33 @@ pub(super) fn repeated(y: f32, r: f32) -> f32 {
 
 /// The histories of row `r` that its penalties read: the prompt (with the repetition penalty)
 /// and the output (with any penalty), both within the row's penalty window.
+///
+/// A row named by request id whose window keeps its whole prompt reads the prompt's distinct
+/// tokens instead ([`Requests`](crate::Requests) keeps them): the prompt only marks which
+/// tokens it holds, so its set marks the same bits as its list, in a pass a fraction as long.
 pub(super) fn histories<'a>(batch: &Batch<'a>, r: usize, p: Penalties) -> (&'a [i32], &'a [i32]) {
-    let prompt = batch.prompt_tokens.map_or(&[][..], |l| l.row(r));
-    let output = batch.output_tokens.map_or(&[][..], |l| l.row(r));
-    let (prompt, output) = windowed(prompt, output, batch.penalty_last_n.map_or(0, |n| n[r]));
-    (if p.repeats() { prompt } else { &[] }, if p.repeats() || p.counts() { output } else { &[] })
+    let (prompt, output, _) = histories_of(batch, r, p);
+    (prompt, output)
+}
+
+/// [`histories`], and the request whose distinct tokens the prompt is, when it is (a nonempty
+/// prompt read by the repetition penalty): the prompt is then increasing, so the ids of one
+/// block of tokens are a range of it, and the request holds its bits.
+pub(super) fn histories_of<'a>(
+    batch: &Batch<'a>,
+    r: usize,
+    p: Penalties,
+) -> (&'a [i32], &'a [i32], Option<&'a crate::requests::Request>) {
+    let whole = batch.prompt_row(r);
+    let output = batch.output_row(r);
+    let (mut prompt, output) = windowed(whole, output, batch.penalty_last_n.map_or(0, |n| n[r]));
+    let mut set_of = None;
+    if let Some(request) = batch.requests.and_then(|q| q.row(r)) {
+        if prompt.len() == whole.len() && p.repeats() {
+            (prompt, set_of) = (request.prompt_set(), Some(request));
+        }
+    }
+    (if p.repeats() { prompt } else { &[] }, if p.repeats() || p.counts() { output } else { &[] }, set_of)
 }
 
 /// The last `last_n` tokens of `prompt ++ output`, as the part of each that they cover; 0 (or

@@ -146,6 +146,10 @@ def test_declared_signatures_match_the_header(tokenrace):
             inner = ffi.sampler_p
         elif base == "struct tokenrace_pool":
             inner = ffi.pool_p
+        elif base == "struct tokenrace_requests":
+            inner = ffi.requests_p
+        elif scalar.get(base) is not None:
+            inner = ctypes.POINTER(scalar[base])  # an array of scalars (the request state's)
         elif base.startswith("struct "):
             inner = ctypes.POINTER(ffi.STRUCTS[base[len("struct "):]])
         elif scalar.get(base) is not None:

@@ -122,8 +122,8 @@ def test_out_of_range_scalar_seed_and_temperature(tokenrace):
 
 def test_the_packed_layouts_set_every_field_of_the_ctypes_structs(tokenrace):
     """The layouts of each struct (the fields of 0.1, then those packed only by the calls that
-    use them, at their offset: the batch's sampling step and its top-nσ pointer, the output's
-    full-vocabulary fields) must write each field where ctypes (checked against the C compiler by
+    use them, at their offset: the batch's sampling step, its top-nσ pointer and the request
+    state's two pointers, the output's full-vocabulary fields) must write each field where ctypes (checked against the C compiler by
     test_abi.py) has it, and together cover every field and every byte: distinct values in, the
     same values read back field by field."""
     import ctypes
@@ -133,7 +133,8 @@ def test_the_packed_layouts_set_every_field_of_the_ctypes_structs(tokenrace):
     # Each struct: its parts as (layout, offset, first field), in order.
     parts = ((_ffi.tokenrace_batch, ((_call.BATCH_LAYOUT, 0, "struct_size"),
                                      (_call.STEP_LAYOUT, _call.STEP_OFFSET, _ffi.BATCH_STEP_FIRST),
-                                     (_call.POINTER_LAYOUT, _call.TOP_N_SIGMA_OFFSET, _ffi.BATCH_STEP_END))),
+                                     (_call.POINTER_LAYOUT, _call.TOP_N_SIGMA_OFFSET, _ffi.BATCH_STEP_END),
+                                     (_call.REQUESTS_LAYOUT, _call.REQUESTS_OFFSET, "requests"))),
              (_ffi.tokenrace_output, ((_call.OUTPUT_LAYOUT, 0, "struct_size"),
                                       (_call.FULL_LAYOUT, _call.FULL_OFFSET, _ffi.OUTPUT_FULL_FIRST))))
     for cls, layouts in parts:
@@ -176,10 +177,18 @@ def test_a_call_without_the_sampling_step_clears_what_the_last_one_set(tokenrace
     step_end = _call.STEP_OFFSET + _call.STEP_LAYOUT.size
     assert not state.step_packed and bytes(state.batch)[_call.STEP_OFFSET:step_end] == bytes(_call.STEP_LAYOUT.size)
     # The same for top-nσ's pointer, packed apart.
+    sigma = slice(_call.TOP_N_SIGMA_OFFSET, _call.TOP_N_SIGMA_OFFSET + 8)
     s.draw(x, temperature=1.0, top_n_sigma=1.0)
-    assert state.sigma_packed and bytes(state.batch)[_call.TOP_N_SIGMA_OFFSET:] != bytes(8)
+    assert state.sigma_packed and bytes(state.batch)[sigma] != bytes(8)
     np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
-    assert not state.sigma_packed and bytes(state.batch)[_call.TOP_N_SIGMA_OFFSET:] == bytes(8)
+    assert not state.sigma_packed and bytes(state.batch)[sigma] == bytes(8)
+    # And for the request state's two pointers.
+    requests = tokenrace.Requests()
+    requests.add(1, [])
+    s.draw(x, temperature=0, requests=requests, request_ids=[1, 1, 1])
+    assert state.requests_packed and bytes(state.batch)[_call.REQUESTS_OFFSET:] != bytes(16)
+    np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
+    assert not state.requests_packed and bytes(state.batch)[_call.REQUESTS_OFFSET:] == bytes(16)
     r = s.draw_full(x, temperature=0, full_logprobs="raw")
     assert r.full_logprobs.shape == (3, 64) and state.full_packed
     r = s.draw_full(x, temperature=0)

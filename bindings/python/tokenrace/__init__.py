@@ -22,6 +22,7 @@ from ._errors import (
 )
 from ._ffi import ABI_VERSION, FLAG_EMPTY, FLAG_GREEDY, FLAG_HAS_NAN, FLAG_HAS_POSINF, library_path
 from ._pool import NoiseLease, NoisePool
+from ._requests import Requests
 from ._sampler import DrawResult, Sampler
 from ._verify import VerifyResult
 from ._watermark import Detection, detect_watermark, watermark_seeds
@@ -29,7 +30,7 @@ from ._watermark import Detection, detect_watermark, watermark_seeds
 __all__ = [
     "ABI_VERSION", "FLAG_EMPTY", "FLAG_GREEDY", "FLAG_HAS_NAN", "FLAG_HAS_POSINF",
     "ClosedError", "DrawResult", "InternalError", "InvalidArgumentError", "InvalidConfigError",
-    "NoiseLease", "NoisePool", "OutOfMemoryError", "Sampler", "TokenraceError", "TokenraceTimeoutError", "UnsupportedError",
+    "NoiseLease", "NoisePool", "OutOfMemoryError", "Requests", "Sampler", "TokenraceError", "TokenraceTimeoutError", "UnsupportedError",
     "VerifyResult",
     "Detection", "detect_watermark", "watermark_seeds",
     "abi_version", "library_path", "simd_level", "version",

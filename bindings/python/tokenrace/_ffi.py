@@ -197,6 +197,9 @@ class tokenrace_batch(_Versioned):
         ("stop_offsets", POINTER(c_uint64)),
         # added after 0.2.0: llama.cpp's top-nσ (``_call.TOP_N_SIGMA_OFFSET``)
         ("top_n_sigma", POINTER(c_float)),
+        # added after 0.2.0: the request state (``_call.REQUESTS_OFFSET``)
+        ("requests", ctypes.c_void_p),
+        ("request_ids", POINTER(c_uint64)),
     ]
 
 
@@ -325,8 +328,13 @@ class tokenrace_pool(Structure):
     """Opaque; only ever handled through a pointer."""
 
 
+class tokenrace_requests(Structure):
+    """Opaque; only ever handled through a pointer."""
+
+
 sampler_p = POINTER(tokenrace_sampler)
 pool_p = POINTER(tokenrace_pool)
+requests_p = POINTER(tokenrace_requests)
 
 # Every struct of the header, by its C name (the ABI test walks this).
 STRUCTS = {cls.__name__: cls for cls in (tokenrace_config, tokenrace_sampler_stats,
@@ -368,6 +376,16 @@ _SIGNATURES = {
     "tokenrace_watermark_detect": (status, [c_uint64, c_uint32, POINTER(c_int32), c_uint64, POINTER(c_int32),
                                             c_uint64, POINTER(ctypes.c_double), POINTER(c_uint64),
                                             POINTER(ctypes.c_double)]),
+    "tokenrace_requests_new": (status, [POINTER(requests_p)]),
+    "tokenrace_requests_free": (None, [requests_p]),
+    "tokenrace_requests_add": (status, [requests_p, c_uint64, POINTER(c_int32), c_uint64, POINTER(c_int32),
+                                        c_uint64]),
+    "tokenrace_requests_remove": (status, [requests_p, c_uint64]),
+    "tokenrace_requests_reset": (status, [requests_p]),
+    "tokenrace_requests_append": (status, [requests_p, c_uint64, POINTER(c_uint64), POINTER(c_int32),
+                                           POINTER(c_uint64)]),
+    "tokenrace_requests_len": (status, [requests_p, POINTER(c_uint64)]),
+    "tokenrace_requests_output_len": (status, [requests_p, c_uint64, POINTER(c_uint64)]),
 }
 
 # ----------------------------------------------------------------------------------------------
@@ -455,7 +473,9 @@ def candidate_paths() -> list:
 # binding's calls that need one raise UnsupportedError naming it (``Sampler.verify``); without
 # tokenrace_set_log_callback, messages stay on stderr.
 SINCE_0_2 = frozenset({"tokenrace_verify", "tokenrace_set_log_callback", "tokenrace_watermark_seeds",
-                       "tokenrace_watermark_detect"})
+                       "tokenrace_watermark_detect", "tokenrace_requests_new", "tokenrace_requests_free",
+                       "tokenrace_requests_add", "tokenrace_requests_remove", "tokenrace_requests_reset",
+                       "tokenrace_requests_append", "tokenrace_requests_len", "tokenrace_requests_output_len"})
 
 
 def _declare(handle):

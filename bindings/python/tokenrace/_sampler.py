@@ -13,11 +13,13 @@ from . import _ffi
 from ._arrays import (LOGITS_DTYPES, NOISE_DTYPES, arrays_in, as_torch, byte_span, contiguous_rows, is_torch_tensor,
                       per_row, rows_view)
 from ._call import (BATCH_LAYOUT, BATCH_SIZE, FLAG_SCALARS, FLOAT_SCALARS, FULL_LAYOUT, FULL_OFFSET, FULL_ZEROS,
-                    INT_SCALARS, OUTPUT_LAYOUT, OUTPUT_SIZE, POINTER_LAYOUT, STEP_LAYOUT, STEP_OFFSET, STEP_ZEROS,
-                    TOP_N_SIGMA_OFFSET, address, pack_tokens_output, release_state, take_state)
+                    INT_SCALARS, OUTPUT_LAYOUT, OUTPUT_SIZE, POINTER_LAYOUT, REQUESTS_LAYOUT, REQUESTS_OFFSET,
+                    STEP_LAYOUT, STEP_OFFSET, STEP_ZEROS, TOP_N_SIGMA_OFFSET, address, pack_tokens_output,
+                    release_state, take_state)
 from ._common import (_choice, _Closable, _Default, _from_env, _Handle, _name_of, _offsets_without_seeds,
                       _unsigned)
 from ._errors import InvalidArgumentError, check
+from ._requests import pack_requests
 from ._step import FIELD_ARGUMENTS, step_fields
 from ._verify import verify as _verify
 
@@ -164,7 +166,7 @@ class Sampler(_Closable):
     # -- drawing -------------------------------------------------------------------------------
 
     def _fill_batch(self, b, keep, state, logits, temperature, seeds, offsets, seeded, noise, noise_kind,
-                    top_k, top_p, min_p, top_n_sigma=None):
+                    top_k, top_p, min_p, top_n_sigma=None, requests=None, request_ids=None):
         """Writes every field of ``b`` (a ``tokenrace_batch``) for the call; returns the row
         count. ``keep`` receives the objects the struct points into; ``state`` (a ``CallState``,
         or None) lends its cached per-row arrays to scalar arguments."""
@@ -220,6 +222,13 @@ class Sampler(_Closable):
         elif state is not None and state.sigma_packed:
             POINTER_LAYOUT.pack_into(b, TOP_N_SIGMA_OFFSET, 0)
             state.sigma_packed = False
+        if requests is not None or request_ids is not None:
+            pack_requests(b, keep, requests, request_ids, rows, REQUESTS_OFFSET, REQUESTS_LAYOUT)
+            if state is not None:
+                state.requests_packed = True
+        elif state is not None and state.requests_packed:
+            REQUESTS_LAYOUT.pack_into(b, REQUESTS_OFFSET, 0, 0)
+            state.requests_packed = False
         return rows
 
     def _batch(self, logits, temperature, seeds, offsets, seeded, noise, noise_kind,
@@ -256,7 +265,8 @@ class Sampler(_Closable):
              noise_kind="exp", top_k=None, top_p=None, min_p=None, top_n_sigma=None, return_flags=False,
              prompt_tokens=None, output_tokens=None, repetition_penalty=None, frequency_penalty=None,
              presence_penalty=None, logit_bias=None, allowed_tokens=None, banned_tokens=None,
-             token_bitmask=None, penalty_last_n=None, min_tokens=None, stop_token_ids=None):
+             token_bitmask=None, penalty_last_n=None, min_tokens=None, stop_token_ids=None, requests=None,
+             request_ids=None):
         """Draws one token per row of ``logits``; returns an int32 array of ``rows`` tokens (a
         torch tensor when ``logits`` is one, over the same memory: no copy; the flags of
         ``return_flags`` then come as int32, the same bits).
@@ -318,6 +328,10 @@ class Sampler(_Closable):
         token_bitmask: a grammar bitmask in xgrammar's layout, read in place: int32 numpy array
             or CPU torch tensor, rows x ceil(vocab / 32) words (1-D for one row), rows any whole
             number of words apart; bit j of word w set allows token 32 w + j.
+        requests, request_ids: a ``tokenrace.Requests`` state and one request id per row: row r's
+            prompt and output are those of request ``request_ids[r]`` (instead of
+            ``prompt_tokens``/``output_tokens``, which must then be None), with the same result
+            bit for bit. The draw does not append its tokens: call ``requests.append``.
 
         Errors (ValueError) name the argument, the row and the position: the column of a padded
         array, the index in a row's list or dict, and the entry of a CSR array.
@@ -332,7 +346,7 @@ class Sampler(_Closable):
         try:
             keep = []
             rows = self._fill_batch(state.batch, keep, state, logits, temperature, seeds, offsets, seeded,
-                                    noise, noise_kind, top_k, top_p, min_p, top_n_sigma)
+                                    noise, noise_kind, top_k, top_p, min_p, top_n_sigma, requests, request_ids)
             if (prompt_tokens is None and output_tokens is None and repetition_penalty is None
                     and frequency_penalty is None and presence_penalty is None and logit_bias is None
                     and allowed_tokens is None and banned_tokens is None and token_bitmask is None
@@ -370,7 +384,7 @@ class Sampler(_Closable):
                   ranks=False, logprob_mode="raw", prompt_tokens=None, output_tokens=None, repetition_penalty=None,
                   frequency_penalty=None, presence_penalty=None, logit_bias=None, allowed_tokens=None,
                   banned_tokens=None, token_bitmask=None, full_logprobs=None, out=None, penalty_last_n=None,
-                  min_tokens=None, stop_token_ids=None):
+                  min_tokens=None, stop_token_ids=None, requests=None, request_ids=None):
         """Draws like ``draw`` and also returns logprobs: a ``DrawResult`` (of torch tensors over
         the same memory when ``logits`` is a tensor, flags as int32) with
 
@@ -415,7 +429,7 @@ class Sampler(_Closable):
         try:
             keep = []
             rows = self._fill_batch(state.batch, keep, state, logits, temperature, seeds, offsets, seeded,
-                                    noise, noise_kind, top_k, top_p, min_p, top_n_sigma)
+                                    noise, noise_kind, top_k, top_p, min_p, top_n_sigma, requests, request_ids)
             if (prompt_tokens is None and output_tokens is None and repetition_penalty is None
                     and frequency_penalty is None and presence_penalty is None and logit_bias is None
                     and allowed_tokens is None and banned_tokens is None and token_bitmask is None

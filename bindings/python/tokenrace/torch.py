@@ -442,7 +442,7 @@ def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generator
            positions=None, logprobs=None, out=None, sampler=None, prompt_token_ids=None, output_token_ids=None,
            repetition_penalties=None, frequency_penalties=None, presence_penalties=None, no_penalties=False,
            allowed_token_ids_mask=None, bad_words_token_ids=None, logit_bias=None, token_bitmask=None,
-           penalty_last_n=None):
+           penalty_last_n=None, requests=None, request_ids=None):
     """One fused sampling step, replacing vLLM's ``Sampler.sample`` (and with the sampling
     step's arguments below, the masks, bias and penalties of ``Sampler.forward`` before it).
 
@@ -491,6 +491,10 @@ def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generator
         -inf bans the token (vLLM clamps biases to [-100, 100] when it builds the request).
     token_bitmask: a grammar bitmask in xgrammar's layout (int32 [rows, ceil(vocab / 32)], bit
         set: allowed), read in place; with ``allowed_token_ids_mask`` too, a token needs both.
+    requests, request_ids: a ``tokenrace.Requests`` holding the histories (added once per
+        request, appended to after each step) and one request id per row (a list or an integer
+        tensor [rows]), instead of ``prompt_token_ids``/``output_token_ids`` (then None): the
+        same tokens, bit for bit, without converting the histories every step.
 
     Returns the int64 token ids [rows] (or ``out``), with the ``LogprobsTensors`` when
     ``logprobs`` is given: ``(ids, logprobs_tensors)``; torch tensors, the logprobs over the
@@ -516,7 +520,7 @@ def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generator
     # generators back.
     row_seeds, seeded, offsets, draws = _seed_arguments(generators, seeds, positions, rows)
     draw_args = dict(temperature=temperature, seeds=row_seeds, seeded=seeded, offsets=offsets,
-                     top_k=top_k, top_p=top_p, min_p=min_p, **step)
+                     top_k=top_k, top_p=top_p, min_p=min_p, requests=requests, request_ids=request_ids, **step)
     try:
         if n is None:
             return _tokens_tensor(sampler.draw(logits, **draw_args), out)

@@ -1,0 +1,279 @@
+//! The histories of the live requests, kept between draws (`docs/semantics.md`, Request state).
+//!
+//! A runtime's histories grow by a token or a few per request and step; passing every row's
+//! whole prompt and output to each draw (and converting them there) costs more than the draw.
+//! [`Requests`] holds them instead, keyed by a request id the caller chooses: a request is
+//! added once (`O(its history)`), its new tokens appended each step (`O(new tokens)`), and a
+//! draw names its rows by request id ([`RequestRows`]).
+//!
+//! Each request keeps its prompt and output in order (the penalty window reads their last
+//! tokens), the prompt's distinct tokens sorted (what the repetition penalty reads of a whole
+//! prompt: its set, a tenth or less of a long prompt's length, marked in increasing word order),
+//! and the largest token of both (a draw checks it against its vocabulary in `O(1)`).
+//!
+//! Every operation checks its whole input and makes its room before it changes anything: a
+//! failed one (a refused argument, `OUT_OF_MEMORY`) leaves the state as it was.
+
+use std::collections::HashMap;
+
+use crate::alloc;
+use crate::error::{Error, ErrorKind, Result};
+
+/// The histories of one live request.
+#[derive(Debug)]
+pub(crate) struct Request {
+    prompt: Vec<i32>,
+    /// The prompt's distinct tokens, increasing.
+    prompt_set: Vec<i32>,
+    /// The prompt's tokens as bits (bit `t % 32` of word `t / 32`), up to the word of its
+    /// largest token: what the repetition penalty reads of a whole prompt, ORed into a row's
+    /// bitset in `O(vocab / 32)` instead of a load and a store per token of a long prompt.
+    prompt_bits: Vec<u32>,
+    output: Vec<i32>,
+    /// The largest token of the prompt and the output (-1 while both are empty).
+    largest: i32,
+}
+
+impl Request {
+    /// The prompt, in order.
+    pub(crate) fn prompt(&self) -> &[i32] {
+        &self.prompt
+    }
+    /// The prompt's distinct tokens, increasing.
+    pub(crate) fn prompt_set(&self) -> &[i32] {
+        &self.prompt_set
+    }
+    /// The prompt's tokens as bits, up to the word of its largest token.
+    pub(crate) fn prompt_bits(&self) -> &[u32] {
+        &self.prompt_bits
+    }
+    /// The output, in order.
+    pub(crate) fn output(&self) -> &[i32] {
+        &self.output
+    }
+    /// The largest token of the histories, -1 when they are empty.
+    pub(crate) fn largest(&self) -> i32 {
+        self.largest
+    }
+}
+
+/// The prompt and output histories of the live requests, keyed by a caller-chosen `u64` id.
+///
+/// Not locked: a draw reads it through a shared borrow ([`RequestRows`]), the operations that
+/// change it take `&mut self` (the C handle wraps it in a lock).
+#[derive(Default)]
+pub struct Requests {
+    live: HashMap<u64, Request>,
+}
+
+impl std::fmt::Debug for Requests {
+    /// The count alone: a batch's debug print would otherwise hold every history.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Requests({} requests)", self.live.len())
+    }
+}
+
+/// The rows of a draw named by request id: row `r`'s prompt and output are those of request
+/// `ids[r]` of `state` (instead of the batch's `prompt_tokens` and `output_tokens`).
+#[derive(Clone, Copy, Debug)]
+pub struct RequestRows<'a> {
+    /// The state that holds the requests.
+    pub state: &'a Requests,
+    /// One request id per row (`rows` entries); a request may be named by several rows.
+    pub ids: &'a [u64],
+}
+
+impl<'a> RequestRows<'a> {
+    /// The request of row `r`, when the state holds it (always, in a validated batch).
+    pub(crate) fn row(&self, r: usize) -> Option<&'a Request> {
+        self.state.live.get(&self.ids[r])
+    }
+}
+
+fn out_of_memory(what: &str) -> Error {
+    Error::new(ErrorKind::OutOfMemory, format!("{what}: cannot allocate"))
+}
+
+/// The first token of `tokens` that is not an id (negative), as an error naming `what`.
+fn check_tokens(tokens: &[i32], what: &str) -> Result<()> {
+    match tokens.iter().position(|&t| t < 0) {
+        Some(j) => Err(Error::invalid_argument(format!("{what}[{j}]: {} is not a token id (>= 0)", tokens[j]))),
+        None => Ok(()),
+    }
+}
+
+impl Requests {
+    /// An empty state.
+    pub fn new() -> Requests {
+        Requests::default()
+    }
+
+    /// How many requests it holds.
+    pub fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Whether it holds no request.
+    pub fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+
+    /// Whether it holds request `id`.
+    pub fn contains(&self, id: u64) -> bool {
+        self.live.contains_key(&id)
+    }
+
+    /// The prompt of request `id`, in order.
+    pub fn prompt(&self, id: u64) -> Option<&[i32]> {
+        self.live.get(&id).map(|q| &q.prompt[..])
+    }
+
+    /// The output of request `id`, in order.
+    pub fn output(&self, id: u64) -> Option<&[i32]> {
+        self.live.get(&id).map(|q| &q.output[..])
+    }
+
+    /// Adds request `id` with its `prompt` and the `output` it has so far (token ids >= 0; the
+    /// vocabulary is checked by each draw that names it). Refused when `id` is live.
+    pub fn add(&mut self, id: u64, prompt: &[i32], output: &[i32]) -> Result<()> {
+        if self.live.contains_key(&id) {
+            return Err(Error::invalid_argument(format!("id: request {id} is already in the state")));
+        }
+        check_tokens(prompt, "prompt")?;
+        check_tokens(output, "output")?;
+        let mut prompt_set = alloc::collect(prompt.iter().copied(), "the request's prompt tokens")?;
+        prompt_set.sort_unstable();
+        prompt_set.dedup();
+        let words = prompt_set.last().map_or(0, |&t| t as usize / 32 + 1);
+        let mut prompt_bits = alloc::filled(words, 0u32, "the request's prompt bits")?;
+        for &t in &prompt_set {
+            prompt_bits[t as usize / 32] |= 1 << (t % 32);
+        }
+        let request = Request {
+            prompt: alloc::collect(prompt.iter().copied(), "the request's prompt")?,
+            prompt_set,
+            prompt_bits,
+            output: alloc::collect(output.iter().copied(), "the request's output")?,
+            largest: prompt.iter().chain(output).copied().max().unwrap_or(-1),
+        };
+        self.live.try_reserve(1).map_err(|_| out_of_memory("the requests' table"))?;
+        self.live.insert(id, request);
+        Ok(())
+    }
+
+    /// Removes request `id` (its storage is freed). Refused when `id` is not live.
+    pub fn remove(&mut self, id: u64) -> Result<()> {
+        match self.live.remove(&id) {
+            Some(_) => Ok(()),
+            None => Err(Error::invalid_argument(format!("id: request {id} is not in the state"))),
+        }
+    }
+
+    /// Removes every request.
+    pub fn reset(&mut self) {
+        self.live = HashMap::new();
+    }
+
+    /// Appends new output tokens to several requests at once: request `ids[i]` gets
+    /// `tokens[offsets[i]..offsets[i + 1]]` (`offsets` has `ids.len() + 1` non-decreasing
+    /// entries), or `tokens[i]` alone without `offsets` (a step's drawn tokens). A request named
+    /// twice gets both lists, in order. Every id must be live and every token >= 0; a refused
+    /// call appends nothing.
+    pub fn append(&mut self, ids: &[u64], tokens: &[i32], offsets: Option<&[u64]>) -> Result<()> {
+        let span = |i: usize| match offsets {
+            Some(o) => o[i] as usize..o[i + 1] as usize,
+            None => i..i + 1,
+        };
+        match offsets {
+            Some(o) => check_offsets(o, ids.len(), tokens.len())?,
+            None if tokens.len() < ids.len() => {
+                return Err(Error::invalid_argument(format!(
+                    "tokens: has {} entries, one per id is {}",
+                    tokens.len(),
+                    ids.len()
+                )))
+            }
+            None => {}
+        }
+        for (i, &id) in ids.iter().enumerate() {
+            if !self.live.contains_key(&id) {
+                return Err(Error::invalid_argument(format!("ids[{i}]: request {id} is not in the state")));
+            }
+            let s = span(i);
+            check_tokens(&tokens[s.clone()], &format!("tokens (of ids[{i}], from entry {})", s.start))?;
+        }
+        // Room first, for each request's total (a request may be named twice), so that the
+        // pushes below cannot fail.
+        let mut totals =
+            alloc::collect(ids.iter().enumerate().map(|(i, &id)| (id, span(i).len())), "the append's totals")?;
+        totals.sort_unstable_by_key(|&(id, _)| id);
+        let mut at = 0;
+        while at < totals.len() {
+            let id = totals[at].0;
+            let mut more = 0;
+            while at < totals.len() && totals[at].0 == id {
+                more += totals[at].1;
+                at += 1;
+            }
+            let q = self.live.get_mut(&id).expect("checked above");
+            // (`try_reserve`, not exact: one token a step must grow the output geometrically.)
+            q.output.try_reserve(more).map_err(|_| out_of_memory("the request's output"))?;
+        }
+        for (i, &id) in ids.iter().enumerate() {
+            let q = self.live.get_mut(&id).expect("checked above");
+            let new = &tokens[span(i)];
+            q.output.extend_from_slice(new);
+            q.largest = new.iter().copied().fold(q.largest, i32::max);
+        }
+        Ok(())
+    }
+}
+
+/// Checks `offsets` of an append: `n + 1` non-decreasing entries, the last within `have` tokens.
+fn check_offsets(offsets: &[u64], n: usize, have: usize) -> Result<()> {
+    if offsets.len() < n + 1 {
+        return Err(Error::invalid_argument(format!("offsets: has {} entries, ids + 1 is {}", offsets.len(), n + 1)));
+    }
+    for i in 0..n {
+        if offsets[i] > offsets[i + 1] {
+            return Err(Error::invalid_argument(format!(
+                "offsets[{}]: {} is below the previous offset {} (offsets must not decrease)",
+                i + 1,
+                offsets[i + 1],
+                offsets[i]
+            )));
+        }
+    }
+    if offsets[n] > have as u64 {
+        return Err(Error::invalid_argument(format!("offsets[{n}]: {} exceeds the {have} tokens", offsets[n])));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn add_append_remove_keep_the_histories() {
+        let mut s = Requests::new();
+        s.add(7, &[3, 1, 3, 2], &[5]).unwrap();
+        s.add(9, &[], &[]).unwrap();
+        assert!(s.add(7, &[1], &[]).is_err());
+        s.append(&[9, 7, 9], &[4, 6, 8, 8], Some(&[0, 1, 2, 4])).unwrap();
+        s.append(&[7, 9], &[0, 2], None).unwrap();
+        assert_eq!(s.output(7).unwrap(), &[5, 6, 0]);
+        assert_eq!(s.output(9).unwrap(), &[4, 8, 8, 2]);
+        let q = s.live.get(&7).unwrap();
+        assert_eq!((q.prompt_set(), q.largest(), q.prompt_bits()), (&[1, 2, 3][..], 6, &[0b1110][..]));
+        // A refused append changes nothing.
+        assert!(s.append(&[7, 8], &[1, 1], None).unwrap_err().message.contains("ids[1]: request 8"));
+        assert!(s.append(&[7, 9], &[1, -1], None).unwrap_err().message.contains("-1"));
+        assert_eq!(s.output(7).unwrap(), &[5, 6, 0]);
+        s.remove(7).unwrap();
+        assert!(s.remove(7).is_err());
+        assert_eq!(s.len(), 1);
+        s.reset();
+        assert!(s.is_empty());
+    }
+}

@@ -1,0 +1,223 @@
+//! The request state (`Requests`): a draw whose rows name requests gives exactly what the same
+//! draw with the requests' histories passed as lists gives (tokens, flags, logprobs, ranks,
+//! top-n and full logprobs, bit for bit), at every SIMD level, on 1 and 2 threads, in both filter
+//! orders, over random calls mixing every input of the step; long histories under every window
+//! (rows that defer their histories and rows that do not, the prompt's distinct tokens read in
+//! place of the prompt); histories built step by step; refusals that write nothing.
+mod common;
+
+use common::step::*;
+use common::TestRng;
+use tokenrace::*;
+
+/// A state holding row r's histories of `step` as request `ids[r]`, and those ids.
+fn state_of(step: &StepInputs, rows: usize, rng: &mut TestRng) -> (Requests, Vec<u64>) {
+    let mut state = Requests::new();
+    // Ids anywhere in the u64 range, distinct.
+    let ids: Vec<u64> = (0..rows as u64).map(|r| (rng.u64() & !0xff) | r).collect();
+    for (r, &id) in ids.iter().enumerate() {
+        let prompt = step.prompt.as_ref().map_or(&[][..], |l| l.row(r));
+        let output = step.output.as_ref().map_or(&[][..], |l| l.row(r));
+        state.add(id, prompt, output).unwrap();
+    }
+    (state, ids)
+}
+
+/// `b` with its rows' histories taken from `state` instead of its lists.
+fn named<'a>(b: Batch<'a>, state: &'a Requests, ids: &'a [u64]) -> Batch<'a> {
+    Batch { prompt_tokens: None, output_tokens: None, requests: Some(RequestRows { state, ids }), ..b }
+}
+
+/// Every output as bits, one vector each (a NaN is compared by its bits, not unequal to
+/// itself).
+fn bits(g: &Got) -> [Vec<u32>; 7] {
+    let f = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let i = |v: &[i32]| v.iter().map(|&x| x as u32).collect::<Vec<_>>();
+    [i(&g.tokens), g.flags.clone(), f(&g.lps), i(&g.ranks), i(&g.ids), f(&g.tlps), f(&g.full)]
+}
+
+/// Two samplers of one setting see the same calls (one with lists, one with the state), so
+/// their unseeded rows take the same keys.
+fn same_draws(cases: &[Case], seed: u64) {
+    tokenrace::internals::force_participants(usize::MAX);
+    let mut rng = TestRng::new(seed);
+    let states: Vec<(Requests, Vec<u64>)> = cases.iter().map(|c| state_of(&c.step, c.rows, &mut rng)).collect();
+    for order in ORDERS {
+        common::each_level(|level| {
+            for threads in [1usize, 2] {
+                let lists = Sampler::new(config(level, threads, order)).unwrap();
+                let requests = Sampler::new(config(level, threads, order)).unwrap();
+                for (case, (state, ids)) in cases.iter().zip(&states) {
+                    let with_lists = case.batch();
+                    let with_state = named(case.batch(), state, ids);
+                    let what = format!("{}: {threads} threads {order:?}", case.label);
+                    let (a, b) = (run_batch(&lists, &with_lists, case), run_batch(&requests, &with_state, case));
+                    assert_eq!(bits(&a), bits(&b), "{what}");
+                    // Tokens and flags alone: a row may then leave its histories to the blocks
+                    // it visits.
+                    let lean = |s: &Sampler, b: &Batch| {
+                        let (mut tokens, mut flags) = (vec![-7; b.rows], vec![0; b.rows]);
+                        s.draw(b, &mut Output { flags: Some(&mut flags), ..Output::new(&mut tokens) }).unwrap();
+                        (tokens, flags)
+                    };
+                    assert_eq!(lean(&lists, &with_lists), lean(&requests, &with_state), "{what}, lean");
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn random_calls_draw_the_same_from_the_state_as_from_lists() {
+    let mut edges = Edges::default();
+    let mut all = cases(Dtype::F32, 0x5eed_0001, &mut edges);
+    all.extend(cases(Dtype::Bf16, 0x5eed_0002, &mut edges).into_iter().step_by(3));
+    same_draws(&all, 11);
+}
+
+/// Rows of long histories (thousands of tokens, with repeats) under windows around both
+/// histories' boundaries, with only-lowering penalties (deferred rows) and a negative frequency
+/// penalty (marked up front), seeded and unseeded, with and without the repetition penalty.
+#[test]
+fn long_histories_under_every_window_draw_the_same() {
+    let mut rng = TestRng::new(77);
+    let mut out = Vec::new();
+    for (vocab, prompt_len, output_len) in [(300usize, 40usize, 30usize), (4096, 2500, 1500), (20000, 5000, 120)] {
+        let (p, o) = (prompt_len as i32, output_len as i32);
+        let windows = [0, 1, o - 1, o, o + 1, p + o - 1, p + o, p + o + 1, 100_000];
+        let rows = windows.len();
+        let mut case = make_case(&mut rng, Dtype::F32, out.len(), vocab, rows, &mut Edges::default());
+        let (mut prompt, mut output) = (Csr::new(), Csr::new());
+        for _ in 0..rows {
+            let hot: Vec<i32> = (0..8).map(|_| rng.below(vocab) as i32).collect();
+            let mut pick = || if rng.below(2) == 0 { hot[rng.below(8)] } else { rng.below(vocab) as i32 };
+            prompt.push(&(0..prompt_len).map(|_| pick()).collect::<Vec<_>>());
+            output.push(&(0..output_len).map(|_| pick()).collect::<Vec<_>>());
+        }
+        let pick3 = |rng: &mut TestRng, v: [f32; 3]| (0..rows).map(|_| v[rng.below(3)]).collect::<Vec<f32>>();
+        case.step = StepInputs {
+            prompt: Some(prompt),
+            output: Some(output),
+            repetition: Some(pick3(&mut rng, [1.0, 1.5, 0.8])),
+            frequency: Some(pick3(&mut rng, [0.0, 0.4, -0.3])),
+            presence: Some(pick3(&mut rng, [0.0, 0.2, 0.5])),
+            last_n: Some(windows.to_vec()),
+            ..StepInputs::default()
+        };
+        out.push(case);
+    }
+    same_draws(&out, 12);
+}
+
+/// A state built as a runtime builds it (a request added with its prompt, then a token or a
+/// few appended each step, some by a list per request) holds the histories the lists hold, and
+/// draws the same.
+#[test]
+fn histories_built_step_by_step_draw_the_same() {
+    let (vocab, rows) = (1000usize, 5usize);
+    let mut rng = TestRng::new(3);
+    let mut state = Requests::new();
+    let ids: Vec<u64> = (0..rows as u64).map(|r| 1000 + 17 * r).collect();
+    let mut histories: Vec<(Vec<i32>, Vec<i32>)> = Vec::new();
+    for &id in &ids {
+        let prompt: Vec<i32> = (0..rng.below(300)).map(|_| rng.below(vocab) as i32).collect();
+        state.add(id, &prompt, &[]).unwrap();
+        histories.push((prompt, Vec::new()));
+    }
+    let s_lists = Sampler::new(Config { seed: Some(5), ..Config::default() }).unwrap();
+    let s_state = Sampler::new(Config { seed: Some(5), ..Config::default() }).unwrap();
+    let x: Vec<f32> = (0..rows * vocab).map(|_| rng.normal() as f32 * 2.0).collect();
+    let rep = vec![1.3f32; rows];
+    let freq = vec![0.2f32; rows];
+    let last_n: Vec<i32> = vec![0, 5, 50, 400, 0];
+    for step in 0..40 {
+        let (prompt, output) = (
+            Csr::from_rows(&histories.iter().map(|h| h.0.clone()).collect::<Vec<_>>()),
+            Csr::from_rows(&histories.iter().map(|h| h.1.clone()).collect::<Vec<_>>()),
+        );
+        let base = Batch {
+            repetition_penalty: Some(&rep),
+            frequency_penalty: Some(&freq),
+            penalty_last_n: Some(&last_n),
+            ..Batch::new(Logits::F32(&x), rows, vocab)
+        };
+        let with_lists = Batch { prompt_tokens: Some(prompt.lists()), output_tokens: Some(output.lists()), ..base };
+        let (a, fa) = common::draw(&s_lists, &with_lists);
+        let (b, fb) = common::draw(&s_state, &named(base, &state, &ids));
+        assert_eq!((&a, &fa), (&b, &fb), "step {step}");
+        if step % 4 == 3 {
+            // Several tokens per request (a verify call's accepted tokens), request 0 twice.
+            let each: Vec<Vec<i32>> =
+                (0..rows + 1).map(|_| (0..rng.below(4)).map(|_| rng.below(vocab) as i32).collect()).collect();
+            let names: Vec<u64> = ids.iter().copied().chain([ids[0]]).collect();
+            let lists = Csr::from_rows(&each);
+            state.append(&names, &lists.ids, Some(&lists.offsets)).unwrap();
+            for (i, new) in each.iter().enumerate() {
+                histories[i % rows].1.extend_from_slice(new);
+            }
+        } else {
+            state.append(&ids, &a, None).unwrap();
+            for (h, &t) in histories.iter_mut().zip(&a) {
+                h.1.push(t);
+            }
+        }
+        for (r, &id) in ids.iter().enumerate() {
+            assert_eq!(state.output(id).unwrap(), &histories[r].1[..]);
+        }
+    }
+}
+
+/// Draws `b` into sentinel-filled tokens and expects INVALID_ARGUMENT naming `want`, with
+/// nothing written.
+fn expect_error(b: &Batch, want: &str) {
+    let s = Sampler::new(Config { seed: Some(1), ..Config::default() }).unwrap();
+    let mut tokens = vec![-7; b.rows];
+    let err = s.draw(b, &mut Output::new(&mut tokens)).expect_err(want);
+    assert_eq!(err.kind, ErrorKind::InvalidArgument, "{want}: {err}");
+    assert!(err.message.contains(want), "expected a message containing {want:?}, got {:?}", err.message);
+    assert!(tokens.iter().all(|&t| t == -7), "{want}: a failed call wrote tokens");
+}
+
+#[test]
+fn bad_request_rows_are_refused_naming_the_row_and_id() {
+    let x = vec![0.5f32; 3 * 10];
+    let mut state = Requests::new();
+    state.add(1, &[1, 2], &[3]).unwrap();
+    state.add(2, &[], &[9]).unwrap();
+    state.add(3, &[10], &[]).unwrap();
+    let base = Batch { repetition_penalty: Some(&[1.5, 1.5, 1.5]), ..Batch::new(Logits::F32(&x), 3, 10) };
+    let rows = |ids| Batch { requests: Some(RequestRows { state: &state, ids }), ..base };
+    // Every row naming live requests within the vocabulary draws.
+    common::draw(&Sampler::new(Config::default()).unwrap(), &rows(&[1, 2, 2]));
+    expect_error(&rows(&[1, 4, 2]), "batch.request_ids[1]: request 4 is not in the requests state");
+    expect_error(&rows(&[1, 2, 3]), "batch.request_ids[2]: request 3's histories hold token 10, outside vocab 10");
+    expect_error(&rows(&[1, 2]), "batch.request_ids: has 2 elements");
+    let output = TokenLists { ids: &[1, 2, 3], offsets: &[0, 1, 2, 3] };
+    expect_error(
+        &Batch { output_tokens: Some(output), ..rows(&[1, 2, 2]) },
+        "batch.request_ids: given with output_ids",
+    );
+    let prompt = output;
+    expect_error(
+        &Batch { prompt_tokens: Some(prompt), ..rows(&[1, 2, 2]) },
+        "batch.request_ids: given with prompt_ids",
+    );
+}
+
+#[test]
+fn refused_operations_change_nothing() {
+    let mut state = Requests::new();
+    state.add(5, &[1, 2, 3], &[4]).unwrap();
+    let err = state.add(5, &[9], &[]).unwrap_err();
+    assert!(err.message.contains("request 5 is already in the state"), "{err}");
+    assert!(state.add(6, &[1, -2], &[]).unwrap_err().message.contains("prompt[1]: -2 is not a token id"));
+    assert!(!state.contains(6));
+    assert!(state.append(&[5, 6], &[7, 8], None).unwrap_err().message.contains("ids[1]: request 6"));
+    assert!(state.append(&[5], &[7], Some(&[0, 2])).unwrap_err().message.contains("offsets[1]: 2 exceeds"));
+    assert!(state.append(&[5, 5], &[7], Some(&[1, 0, 1])).unwrap_err().message.contains("offsets[1]: 0 is below"));
+    assert!(state.append(&[5, 5], &[7], None).unwrap_err().message.contains("tokens: has 1 entries"));
+    assert_eq!(state.output(5).unwrap(), &[4]);
+    assert_eq!(state.prompt(5).unwrap(), &[1, 2, 3]);
+    assert!(state.remove(6).unwrap_err().message.contains("request 6 is not in the state"));
+    assert_eq!(state.len(), 1);
+}
