@@ -1,0 +1,237 @@
+//! What a rank computes from its slice: round 1 (the slice's maximum, its first id, the row's
+//! key) and round 2 (the race of the slice with the row's global maximum).
+
+use super::{race_fingerprint, ShardPartial, ShardRow, ShardRows, ROUND_RACE, ROUND_TOP};
+use crate::alloc;
+use crate::batch::{flags, inv_temperature, validate, Batch, Logits, Output};
+use crate::config::FilterOrder;
+use crate::draw::RowPlan;
+use crate::error::{Error, Result};
+use crate::filter;
+use crate::kernels::{Best, Kernels, RaceParams, BLOCK};
+use crate::noise::splitmix64;
+use crate::plan::plan;
+use crate::row::{race_inline_at, RaceNoise, RowValues};
+use crate::sampler::Sampler;
+
+impl Sampler {
+    /// Round 1 of a sharded call on this rank: one [`ShardPartial`] per row of `rows` into
+    /// `out` (at least `rows.rows` long). Unseeded sampling rows take one key each from the
+    /// sampler's stream, in row order, exactly as [`Sampler::draw`] of the same rows would: so
+    /// ranks whose samplers share a seed and make the same calls agree on them. On error
+    /// nothing is written and no key is taken.
+    pub fn shard_top(&self, rows: &ShardRows, out: &mut [ShardPartial]) -> Result<()> {
+        let (k, keys, has_pool) = self.shard_parts();
+        let batch = self.shard_batch(k, rows)?;
+        check_out_len("out", out.len(), rows.rows)?;
+        if has_pool {
+            return Err(Error::invalid_argument(
+                "sampler: takes unseeded rows' noise from a pool; sharded rows use inline noise \
+                 (make the sampler with noise = inline, or auto without a pool)",
+            ));
+        }
+        let cfg = self.config();
+        let planned = plan(&batch, (cfg.greedy_below, cfg.filter_order), keys, None)?;
+        let partials = alloc::collect(
+            (0..rows.rows).map(|r| self.top_of_row(k, rows, &batch, r, planned.rows[r])),
+            "the shard partials",
+        );
+        match partials {
+            Ok(p) => {
+                out[..rows.rows].copy_from_slice(&p);
+                Ok(())
+            }
+            Err(e) => {
+                planned.give_back(keys);
+                Err(e)
+            }
+        }
+    }
+
+    /// Round 2 of a sharded call on this rank: the race of its slice of each row with the row's
+    /// combined first round (`combined`, from [`super::combine_top`]), one [`ShardPartial`] per
+    /// row into `out`. `rows` must be the same rows (settings and slice) as in round 1. Rows
+    /// that do not race ([`ShardRow::races`]) get a partial with no winner. Takes no key. On
+    /// error nothing is written.
+    pub fn shard_race(&self, rows: &ShardRows, combined: &[ShardRow], out: &mut [ShardPartial]) -> Result<()> {
+        let (k, _, _) = self.shard_parts();
+        let batch = self.shard_batch(k, rows)?;
+        check_out_len("combined", combined.len(), rows.rows)?;
+        check_out_len("out", out.len(), rows.rows)?;
+        let mut partials = alloc::filled(rows.rows, ShardPartial::default(), "the shard partials")?;
+        for (r, p) in partials.iter_mut().enumerate() {
+            let row = combined[r];
+            let fingerprint = self.row_fingerprint(rows, &batch, r);
+            if row.fingerprint != fingerprint {
+                return Err(Error::invalid_argument(format!(
+                    "combined[{r}]: its fingerprint {:#010x} is not this rank's row {r}'s {fingerprint:#010x} \
+                     (another call, row or settings)",
+                    row.fingerprint
+                )));
+            }
+            let best = if row.races() { self.race_row(k, rows, &batch, r, &row)? } else { Best::NONE };
+            *p = ShardPartial {
+                value: best.key,
+                token: if best.token == usize::MAX { -1 } else { best.token as i32 },
+                flags: 0,
+                round: ROUND_RACE,
+                fingerprint: race_fingerprint(&row),
+                vocab_start: rows.vocab_start as u32,
+                slice_len: rows.slice_len as u32,
+                vocab_size: rows.vocab_size as u32,
+                key: row.key,
+            };
+        }
+        out[..rows.rows].copy_from_slice(&partials);
+        Ok(())
+    }
+
+    /// `rows` checked and seen as a batch of the slice's rows (the draw's checks of its
+    /// settings, by the draw's validation).
+    fn shard_batch<'a>(&self, k: &Kernels, rows: &ShardRows<'a>) -> Result<Batch<'a>> {
+        let limit = i32::MAX as usize;
+        if rows.vocab_size == 0 || rows.vocab_size > limit {
+            return Err(Error::invalid_argument(format!(
+                "rows.vocab_size: {} is not in [1, 2^31 - 1]",
+                rows.vocab_size
+            )));
+        }
+        let cfg = self.config();
+        if cfg.vocab_size != 0 && cfg.vocab_size != rows.vocab_size {
+            return Err(Error::invalid_argument(format!(
+                "rows.vocab_size: {} differs from the sampler's vocab_size {}",
+                rows.vocab_size, cfg.vocab_size
+            )));
+        }
+        if rows.slice_len == 0 {
+            return Err(Error::invalid_argument("rows.slice_len: is 0 (every rank holds at least one token)"));
+        }
+        if rows.vocab_start >= rows.vocab_size || rows.slice_len > rows.vocab_size - rows.vocab_start {
+            return Err(Error::invalid_argument(format!(
+                "rows.vocab_start: the slice [{}, {} + {}) is not inside the row [0, {})",
+                rows.vocab_start, rows.vocab_start, rows.slice_len, rows.vocab_size
+            )));
+        }
+        let mut batch = Batch::new(Logits::F32(rows.logits), rows.rows, rows.slice_len);
+        batch.row_stride = rows.row_stride;
+        batch.temperature = rows.temperature;
+        batch.seeds = rows.seeds;
+        batch.offsets = rows.offsets;
+        batch.seeded = rows.seeded;
+        batch.min_p = rows.min_p;
+        let mut tokens = alloc::filled(rows.rows, 0i32, "the shard check")?;
+        validate(k, &batch, &Output::new(&mut tokens), cfg.max_rows, 0).map_err(|e| {
+            // The batch's names are the rows' names here.
+            let message = e.message.replacen("batch.", "rows.", 1).replacen("batch.vocab", "rows.slice_len", 1);
+            Error { message, ..e }
+        })?;
+        Ok(batch)
+    }
+
+    /// Round 1 of row `r` of `rows` planned as `plan`.
+    fn top_of_row(&self, k: &Kernels, rows: &ShardRows, batch: &Batch, r: usize, plan: RowPlan) -> ShardPartial {
+        let v = &rows.logits[r * rows.row_stride..][..rows.slice_len];
+        let (top, b, has_nan) = v.top_block(k);
+        let token = if top == f32::NEG_INFINITY {
+            -1
+        } else {
+            let first = v.find_first(k, b * BLOCK, ((b + 1) * BLOCK).min(v.len()), top).unwrap_or(0);
+            (rows.vocab_start + first) as i32
+        };
+        let (greedy, key) = match plan {
+            RowPlan::Greedy => (flags::GREEDY, 0),
+            RowPlan::Sample { noise: RaceNoise::Inline(key), .. } => (0, key),
+            RowPlan::Sample { .. } => unreachable!("sharded rows are planned without external noise"),
+        };
+        ShardPartial {
+            value: top,
+            token,
+            flags: greedy | if has_nan { flags::HAS_NAN } else { 0 },
+            round: ROUND_TOP,
+            fingerprint: self.row_fingerprint(rows, batch, r),
+            vocab_start: rows.vocab_start as u32,
+            slice_len: rows.slice_len as u32,
+            vocab_size: rows.vocab_size as u32,
+            key,
+        }
+    }
+
+    /// The round-1 fingerprint of row `r`: its index, the call's size and the row's settings
+    /// (temperature, whether it is greedy, seed, offset, min-p).
+    fn row_fingerprint(&self, rows: &ShardRows, batch: &Batch, r: usize) -> u32 {
+        let t = batch.temperature(r);
+        let greedy = t < self.config().greedy_below;
+        let (seeded, seed, offset) = batch.seed_of(r).map_or((0, 0, 0), |(s, o)| (1, s, o));
+        let min_p = rows.min_p.map_or(0, |p| p[r].to_bits());
+        let parts = [
+            rows.vocab_size as u64,
+            rows.rows as u64,
+            r as u64,
+            u64::from(t.to_bits()) << 1 | u64::from(greedy),
+            seeded,
+            seed,
+            offset,
+            u64::from(min_p),
+        ];
+        (parts.iter().fold(0x7368_6172_64u64, |h, &x| splitmix64(h ^ x)) >> 32) as u32
+    }
+
+    /// Round 2 of row `r` of `rows`, a sampling row whose combined first round is `row` (a finite
+    /// maximum): the best key of the slice's race, with its global id.
+    fn race_row(&self, k: &Kernels, rows: &ShardRows, batch: &Batch, r: usize, row: &ShardRow) -> Result<Best> {
+        let v = &rows.logits[r * rows.row_stride..][..rows.slice_len];
+        let inv_t = inv_temperature(batch.temperature(r));
+        let filter_inv_t = if self.config().filter_order == FilterOrder::FiltersFirst { 1.0 } else { inv_t };
+        // Only min-p is allowed here: its floor is a function of the row's maximum alone.
+        let floor = filter::row_floor(k, batch, r, v, &[], row.top, filter_inv_t).map_err(|e| e.in_row(r))?;
+        let p = RaceParams { m: row.top, inv_t, floor };
+        race_slice(k, v, (rows.vocab_start, rows.vocab_size), p, row.key).map_err(|e| e.in_row(r))
+    }
+}
+
+/// The race of the slice `v` of tokens `[start, start + v.len())` of a row of `vocab` tokens,
+/// with the keys the whole row's race computes. The kernels race whole blocks of BLOCK tokens
+/// (a token's noise depends on its block's minimum), so a slice whose ends cut a block races
+/// that block from a copy padded with -inf (which never races): the middle, whole blocks (and a
+/// last block cut by the row's end), from the slice itself.
+fn race_slice(k: &Kernels, v: &[f32], (start, vocab): (usize, usize), p: RaceParams, key: u64) -> Result<Best> {
+    let end = start + v.len();
+    let mut best = Best::NONE;
+    // The whole blocks: from the first block boundary at or after `start` to the last at or
+    // before `end` (or to `end` itself at the row's end).
+    let middle_start = start.next_multiple_of(BLOCK);
+    let middle_end = if end == vocab { end } else { end / BLOCK * BLOCK };
+    if middle_start < middle_end {
+        let part = &v[middle_start - start..middle_end - start];
+        let mut bmax = alloc::filled(part.len().div_ceil(BLOCK), f32::NEG_INFINITY, "block maxima")?;
+        part.scan(k, 0, part.len(), &mut bmax);
+        best = best.merge(race_inline_at(k, part, &bmax, p, key, middle_start)?);
+    }
+    // The cut blocks: the one holding `start` if the slice starts inside it, the one holding
+    // `end` if the slice ends inside it (the same block when the slice lies inside one).
+    let mut cut = Vec::with_capacity(2);
+    if !start.is_multiple_of(BLOCK) {
+        cut.push(start / BLOCK);
+    }
+    if end != vocab && !end.is_multiple_of(BLOCK) && middle_start <= end && cut.last() != Some(&(end / BLOCK)) {
+        cut.push(end / BLOCK);
+    }
+    for b in cut {
+        let (block_start, block_end) = (b * BLOCK, ((b + 1) * BLOCK).min(vocab));
+        let mut padded = [f32::NEG_INFINITY; BLOCK];
+        let (from, to) = (start.max(block_start), end.min(block_end));
+        padded[from - block_start..to - block_start].copy_from_slice(&v[from - start..to - start]);
+        let padded = &padded[..block_end - block_start];
+        let bmax = [padded.iter().fold(f32::NEG_INFINITY, |a, &x| if x > a { x } else { a })];
+        best = best.merge(race_inline_at(k, padded, &bmax, p, key, block_start)?);
+    }
+    Ok(best)
+}
+
+/// A length argument: at least `rows`.
+fn check_out_len(name: &str, len: usize, rows: usize) -> Result<()> {
+    if len < rows {
+        return Err(Error::invalid_argument(format!("{name}: {len} elements for {rows} rows")));
+    }
+    Ok(())
+}
