@@ -91,7 +91,11 @@ namespace tokenrace {
   X(pool_release)                  \
   X(pool_get_stats)                \
   X(sampler_attach_pool)           \
-  X(verify)
+  X(verify)                        \
+  X(shard_top)                     \
+  X(shard_combine_top)             \
+  X(shard_race)                    \
+  X(shard_finish)
 
 // The C functions as a table of pointers: api.draw is tokenrace_draw, and so on. The types come
 // from the declarations in tokenrace.h through decltype, which does not refer to the symbols.

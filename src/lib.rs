@@ -72,6 +72,7 @@ pub mod internals {
         pub use crate::ffi::api::*;
         pub use crate::ffi::draw::*;
         pub use crate::ffi::pool_api::*;
+        pub use crate::ffi::shard::*;
         pub use crate::ffi::verify::*;
     }
     /// The settings table behind [`Config::default`](crate::Config) and

@@ -330,3 +330,136 @@ fn bad_input_is_refused_naming_it_and_writes_nothing() {
     let err = pooled.shard_top(&a, &mut out).unwrap_err();
     assert!(err.message.contains("pool"), "{}", err.message);
 }
+
+mod c_abi {
+    //! The same calls through the C functions: the same tokens as the unsharded draw, the
+    //! records' layout, and a refused call that writes nothing.
+    use super::*;
+    use std::mem::{offset_of, size_of};
+    use tokenrace::internals::api::*;
+    use tokenrace::internals::types::tokenrace_status;
+
+    fn c_sampler(seed: u64) -> *mut tokenrace_sampler {
+        let mut cfg = tokenrace_config_default();
+        cfg.seed = seed;
+        cfg.has_seed = 1;
+        cfg.max_rows = 64;
+        let mut s = std::ptr::null_mut();
+        // SAFETY: a valid config and out pointer.
+        assert_eq!(unsafe { tokenrace_sampler_new(&cfg, &mut s) }, tokenrace_status::Ok, "{}", last_error());
+        s
+    }
+
+    fn c_rows(
+        x: &[f32],
+        rows: usize,
+        vocab: usize,
+        (start, end): (usize, usize),
+        st: &Settings,
+    ) -> tokenrace_shard_rows {
+        tokenrace_shard_rows {
+            struct_size: size_of::<tokenrace_shard_rows>() as u32,
+            reserved0: 0,
+            logits: x[start..].as_ptr(),
+            rows,
+            row_stride: vocab,
+            vocab_start: start,
+            slice_len: end - start,
+            vocab_size: vocab,
+            temperature: st.temps.as_ptr(),
+            seeds: st.seeds.as_ptr(),
+            offsets: std::ptr::null(),
+            seeded: st.seeded.as_ptr(),
+            min_p: st.min_p.as_ptr(),
+        }
+    }
+
+    #[test]
+    fn the_records_are_laid_out_as_the_header_says() {
+        assert_eq!(size_of::<tokenrace_shard_partial>(), 40);
+        assert_eq!(offset_of!(tokenrace_shard_partial, fingerprint), 16);
+        assert_eq!(offset_of!(tokenrace_shard_partial, vocab_size), 28);
+        assert_eq!(offset_of!(tokenrace_shard_partial, key), 32);
+        assert_eq!(size_of::<tokenrace_shard_row>(), 24);
+        assert_eq!(offset_of!(tokenrace_shard_row, key), 16);
+        assert_eq!(offset_of!(tokenrace_shard_rows, logits), 8);
+        assert_eq!(offset_of!(tokenrace_shard_rows, min_p), 88);
+        assert_eq!(size_of::<tokenrace_shard_rows>(), 96);
+    }
+
+    #[test]
+    fn c_sharded_draws_equal_the_unsharded_draw() {
+        let mut rng = TestRng::new(31);
+        let (vocab, rows) = (1500, 10);
+        for ranks in [1, 3, 5] {
+            let x: Vec<f32> = (0..rows)
+                .flat_map(|_| {
+                    let d = pick_dist(&mut rng);
+                    gen_row(&mut rng, d, vocab)
+                })
+                .collect();
+            let st = Settings::random(&mut rng, rows);
+            let cuts = random_cuts(&mut rng, vocab, ranks);
+            let want = whole(
+                &Sampler::new(Config { seed: Some(12), max_rows: 64, ..Config::default() }).unwrap(),
+                &x,
+                rows,
+                vocab,
+                &st,
+            );
+            let samplers: Vec<_> = (0..ranks).map(|_| c_sampler(12)).collect();
+            let mut gathered = vec![tokenrace_shard_partial::default(); ranks * rows];
+            for q in 0..ranks {
+                let r = c_rows(&x, rows, vocab, (cuts[q], cuts[q + 1]), &st);
+                // SAFETY: valid structs, `rows` records of output.
+                let status = unsafe { tokenrace_shard_top(samplers[q], &r, gathered[q * rows..].as_mut_ptr()) };
+                assert_eq!(status, tokenrace_status::Ok, "{}", last_error());
+            }
+            let mut combined = vec![tokenrace_shard_row::default(); rows];
+            // SAFETY: `ranks * rows` records in, `rows` out.
+            let status = unsafe {
+                tokenrace_shard_combine_top(gathered.as_ptr(), ranks as u32, rows as u32, combined.as_mut_ptr())
+            };
+            assert_eq!(status, tokenrace_status::Ok, "{}", last_error());
+            for q in 0..ranks {
+                let r = c_rows(&x, rows, vocab, (cuts[q], cuts[q + 1]), &st);
+                // SAFETY: as above.
+                let status = unsafe {
+                    tokenrace_shard_race(samplers[q], &r, combined.as_ptr(), gathered[q * rows..].as_mut_ptr())
+                };
+                assert_eq!(status, tokenrace_status::Ok, "{}", last_error());
+            }
+            let (mut tokens, mut fl) = (vec![-1; rows], vec![0u32; rows]);
+            // SAFETY: as above.
+            let status = unsafe {
+                tokenrace_shard_finish(
+                    combined.as_ptr(),
+                    rows as u32,
+                    gathered.as_ptr(),
+                    ranks as u32,
+                    tokens.as_mut_ptr(),
+                    fl.as_mut_ptr(),
+                )
+            };
+            assert_eq!(status, tokenrace_status::Ok, "{}", last_error());
+            assert_eq!((tokens, fl), want, "ranks {ranks} cuts {cuts:?}");
+            // A mixed call (rank 0's round-2 partials given as round 1's) is refused, nothing written.
+            let mut untouched = vec![tokenrace_shard_row { token: 77, ..Default::default() }; rows];
+            // SAFETY: as above.
+            let status = unsafe {
+                tokenrace_shard_combine_top(gathered.as_ptr(), ranks as u32, rows as u32, untouched.as_mut_ptr())
+            };
+            assert_eq!(status, tokenrace_status::InvalidArgument);
+            assert!(
+                last_error().starts_with("tokenrace_shard_combine_top: partials[0][0] (rank 0, row 0)"),
+                "{}",
+                last_error()
+            );
+            assert!(untouched.iter().all(|r| r.token == 77));
+            for s in samplers {
+                // SAFETY: made above, freed once.
+                unsafe { tokenrace_sampler_free(s) };
+            }
+        }
+    }
+}

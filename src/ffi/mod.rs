@@ -9,7 +9,8 @@
 //! - `disjoint.rs`: outputs that share memory with an input or another output, refused;
 //! - `panic.rs`: [`guard`](panic::guard), the last error of the thread;
 //! - `api.rs`: the library, configurations and samplers; `draw.rs`: `tokenrace_draw`;
-//!   `pool_api.rs`: noise pools; `verify.rs`: `tokenrace_verify`.
+//!   `pool_api.rs`: noise pools; `verify.rs`: `tokenrace_verify`; `shard.rs`: vocabulary-sharded
+//!   sampling.
 //!
 //! `#![deny(unsafe_op_in_unsafe_fn)]`: each unsafe operation sits in its own block, with the
 //! caller's contract it relies on stated next to it.
@@ -23,6 +24,7 @@ pub(crate) mod disjoint;
 pub mod draw;
 pub(crate) mod panic;
 pub mod pool_api;
+pub mod shard;
 pub mod types;
 pub mod verify;
 

@@ -10,6 +10,7 @@ the crate's ``target/{release,debug}`` (``CARGO_TARGET_DIR`` first, if set).
 """
 
 from . import _ffi
+from . import _shard as shard
 from ._errors import (
     ClosedError,
     InternalError,
@@ -30,6 +31,7 @@ __all__ = [
     "ClosedError", "DrawResult", "InternalError", "InvalidArgumentError", "InvalidConfigError",
     "NoiseLease", "NoisePool", "OutOfMemoryError", "Sampler", "TokenraceError", "TokenraceTimeoutError", "UnsupportedError",
     "VerifyResult",
+    "shard",
     "abi_version", "library_path", "simd_level", "version",
 ]
 
