@@ -176,7 +176,7 @@ fn rows_named(e: Error) -> Error {
 ///
 /// # Safety
 /// A non-NULL `partials` points to `ranks * rows` records.
-unsafe fn per_rank<'a>(
+unsafe fn per_rank(
     partials: *const tokenrace_shard_partial,
     ranks: usize,
     rows: usize,

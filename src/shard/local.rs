@@ -173,7 +173,7 @@ impl Sampler {
             offset,
             u64::from(min_p),
         ];
-        (parts.iter().fold(0x7368_6172_64u64, |h, &x| splitmix64(h ^ x)) >> 32) as u32
+        (parts.iter().fold(0x0073_6861_7264_u64, |h, &x| splitmix64(h ^ x)) >> 32) as u32
     }
 
     /// Round 2 of row `r` of `rows`, a sampling row whose combined first round is `row` (a finite
