@@ -56,7 +56,10 @@ pub use error::{Error, ErrorKind, Location, Owner, Result};
 pub use kernels::{best_level, supported_levels, Bf16, SimdLevel, F16};
 pub use noise::pool::{Lease, Pool as NoisePool, PoolStats};
 pub use sampler::{Sampler, SamplerStats};
-pub use shard::{combine_top as shard_combine_top, finish as shard_finish, ShardPartial, ShardRow, ShardRows};
+pub use shard::{
+    combine_top as shard_combine_top, finish as shard_finish, top_k_candidates as shard_top_k_candidates, ShardPartial,
+    ShardRow, ShardRows,
+};
 
 /// The library version, from Cargo.toml.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -463,3 +463,61 @@ mod c_abi {
         }
     }
 }
+
+#[test]
+fn top_k_rows_equal_the_unsharded_draw() {
+    // Each rank sends its slice's `width` largest finite values; the k-th largest of their union
+    // is the row's, so the race keeps the unsharded draw's set. k at 1, inside the row, at and past
+    // the count of finite values, and off (>= vocab).
+    each_level(|level| {
+        let mut rng = TestRng::new(41);
+        for ranks in [1, 2, 3, 6] {
+            let (vocab, rows) = (900, 16);
+            let x: Vec<f32> = (0..rows)
+                .flat_map(|_| {
+                    let d = pick_dist(&mut rng);
+                    gen_row(&mut rng, d, vocab)
+                })
+                .collect();
+            let st = Settings::random(&mut rng, rows);
+            let top_k: Vec<i32> = (0..rows).map(|_| [0, 1, 2, 5, 40, 450, 899, 900, -3][rng.below(9)]).collect();
+            let want = draw(
+                &sampler(level, 6),
+                &Batch {
+                    temperature: Some(&st.temps),
+                    seeds: Some(&st.seeds),
+                    seeded: Some(&st.seeded),
+                    min_p: Some(&st.min_p),
+                    top_k: Some(&top_k),
+                    ..Batch::new(Logits::F32(&x), rows, vocab)
+                },
+            );
+            let cuts = random_cuts(&mut rng, vocab, ranks);
+            let shards: Vec<Sampler> = (0..ranks).map(|_| sampler(level, 6)).collect();
+            let rows_of = |q: usize| ShardRows { top_k: Some(&top_k), ..rank_rows(&x, rows, vocab, &cuts, q, &st) };
+            let width = 899;
+            let mut tops = vec![vec![ShardPartial::default(); rows]; ranks];
+            let mut cands = vec![vec![0f32; rows * width]; ranks];
+            for q in 0..ranks {
+                shards[q].shard_top(&rows_of(q), &mut tops[q]).unwrap();
+                shard_top_k_candidates(&rows_of(q), width, &mut cands[q]).unwrap();
+            }
+            let mut combined = vec![ShardRow::default(); rows];
+            shard_combine_top(&tops.iter().map(|p| &p[..]).collect::<Vec<_>>(), &mut combined).unwrap();
+            let gathered: Vec<&[f32]> = cands.iter().rev().map(|c| &c[..]).collect();
+            let mut races = vec![vec![ShardPartial::default(); rows]; ranks];
+            for q in 0..ranks {
+                shards[q].shard_race_top_k(&rows_of(q), &combined, &gathered, &mut races[q]).unwrap();
+            }
+            let (mut tokens, mut fl) = (vec![0; rows], vec![0; rows]);
+            shard_finish(&combined, &races.iter().map(|p| &p[..]).collect::<Vec<_>>(), &mut tokens, Some(&mut fl))
+                .unwrap();
+            assert_eq!((tokens, fl), want, "{level:?} ranks {ranks} cuts {cuts:?} top_k {top_k:?}");
+            // Without the candidates, a top-k row is refused; a width below a row's k too.
+            let err = shards[0].shard_race(&rows_of(0), &combined, &mut races[0]).unwrap_err();
+            assert!(err.message.contains("candidates") || !combined.iter().any(|r| r.races()), "{}", err.message);
+            let err = shard_top_k_candidates(&rows_of(0), 3, &mut cands[0]).unwrap_err();
+            assert!(err.message.contains("width: 3 is below rows.top_k["), "{}", err.message);
+        }
+    });
+}

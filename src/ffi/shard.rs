@@ -162,6 +162,7 @@ unsafe fn rows_from_c<'a>(c: &tokenrace_shard_rows) -> Result<ShardRows<'a>> {
             offsets: opt_slice(o, "offsets", c.offsets, n).map_err(rows_named)?,
             seeded: opt_slice(o, "seeded", c.seeded, n).map_err(rows_named)?,
             min_p: opt_slice(o, "min_p", c.min_p, n).map_err(rows_named)?,
+            top_k: None,
         })
     }
 }

@@ -54,6 +54,21 @@ impl Sampler {
     /// that do not race ([`ShardRow::races`]) get a partial with no winner. Takes no key. On
     /// error nothing is written.
     pub fn shard_race(&self, rows: &ShardRows, combined: &[ShardRow], out: &mut [ShardPartial]) -> Result<()> {
+        self.shard_race_top_k(rows, combined, &[], out)
+    }
+
+    /// [`Sampler::shard_race`] for rows with top-k: `candidates[rank]` is what
+    /// [`top_k_candidates`] wrote on each rank (any order, the same width on every rank). The
+    /// `top_k`-th largest finite value of the row is the `top_k`-th largest of the union of the
+    /// ranks' candidates, since each rank sent its slice's largest ones; every rank computes it
+    /// from the same gathered values, and it raises the row's floor as in the unsharded draw.
+    pub fn shard_race_top_k(
+        &self,
+        rows: &ShardRows,
+        combined: &[ShardRow],
+        candidates: &[&[f32]],
+        out: &mut [ShardPartial],
+    ) -> Result<()> {
         let (k, _, _) = self.shard_parts();
         let batch = self.shard_batch(k, rows)?;
         check_out_len("combined", combined.len(), rows.rows)?;
@@ -69,7 +84,12 @@ impl Sampler {
                     row.fingerprint
                 )));
             }
-            let best = if row.races() { self.race_row(k, rows, &batch, r, &row)? } else { Best::NONE };
+            let kth = match effective_top_k(rows, r) {
+                0 => None,
+                top_k if row.races() => kth_of_candidates(candidates, rows.rows, r, top_k)?,
+                _ => None,
+            };
+            let best = if row.races() { self.race_row(k, rows, &batch, r, &row, kth)? } else { Best::NONE };
             *p = ShardPartial {
                 value: best.key,
                 token: if best.token == usize::MAX { -1 } else { best.token as i32 },
@@ -163,6 +183,7 @@ impl Sampler {
         let greedy = t < self.config().greedy_below;
         let (seeded, seed, offset) = batch.seed_of(r).map_or((0, 0, 0), |(s, o)| (1, s, o));
         let min_p = rows.min_p.map_or(0, |p| p[r].to_bits());
+        let top_k = effective_top_k(rows, r) as u64;
         let parts = [
             rows.vocab_size as u64,
             rows.rows as u64,
@@ -172,18 +193,29 @@ impl Sampler {
             seed,
             offset,
             u64::from(min_p),
+            top_k,
         ];
         (parts.iter().fold(0x0073_6861_7264_u64, |h, &x| splitmix64(h ^ x)) >> 32) as u32
     }
 
     /// Round 2 of row `r` of `rows`, a sampling row whose combined first round is `row` (a finite
     /// maximum): the best key of the slice's race, with its global id.
-    fn race_row(&self, k: &Kernels, rows: &ShardRows, batch: &Batch, r: usize, row: &ShardRow) -> Result<Best> {
+    fn race_row(
+        &self,
+        k: &Kernels,
+        rows: &ShardRows,
+        batch: &Batch,
+        r: usize,
+        row: &ShardRow,
+        kth: Option<f32>,
+    ) -> Result<Best> {
         let v = &rows.logits[r * rows.row_stride..][..rows.slice_len];
         let inv_t = inv_temperature(batch.temperature(r));
         let filter_inv_t = if self.config().filter_order == FilterOrder::FiltersFirst { 1.0 } else { inv_t };
-        // Only min-p is allowed here: its floor is a function of the row's maximum alone.
+        // The batch holds min-p alone: its floor is a function of the row's maximum. Top-k's
+        // k-th value raises it, as `filter::floor_of` does.
         let floor = filter::row_floor(k, batch, r, v, &[], row.top, filter_inv_t).map_err(|e| e.in_row(r))?;
+        let floor = kth.map_or(floor, |kth| floor.max(kth));
         let p = RaceParams { m: row.top, inv_t, floor };
         race_slice(k, v, (rows.vocab_start, rows.vocab_size), p, row.key).map_err(|e| e.in_row(r))
     }
@@ -226,6 +258,79 @@ fn race_slice(k: &Kernels, v: &[f32], (start, vocab): (usize, usize), p: RacePar
         best = best.merge(race_inline_at(k, padded, &bmax, p, key, block_start)?);
     }
     Ok(best)
+}
+
+/// Row `r`'s top-k, 0 when off (as `filter::Filters::of` judges it against the whole row).
+fn effective_top_k(rows: &ShardRows, r: usize) -> usize {
+    let k = rows.top_k.map_or(0, |k| k[r]);
+    if k <= 0 || k as usize >= rows.vocab_size {
+        0
+    } else {
+        k as usize
+    }
+}
+
+/// The candidates of a rank for top-k: per row of `rows`, the `width` largest finite values of
+/// its slice, in descending order, padded with -inf, into `out` (`rows.rows * width` values).
+/// `width` must be at least every row's top-k. Round 1 of a call with top-k (sent with the
+/// partials: `4 * width` bytes per row).
+pub fn top_k_candidates(rows: &ShardRows, width: usize, out: &mut [f32]) -> Result<()> {
+    if let Some(r) = (0..rows.rows).find(|&r| effective_top_k(rows, r) > width) {
+        return Err(Error::invalid_argument(format!(
+            "width: {width} is below rows.top_k[{r}] = {}",
+            effective_top_k(rows, r)
+        )));
+    }
+    let total = rows.rows.checked_mul(width).ok_or_else(|| Error::invalid_argument("width: rows x width overflows"))?;
+    check_out_len("out", out.len(), total)?;
+    if rows.rows > 0
+        && (rows.row_stride < rows.slice_len || rows.logits.len() < (rows.rows - 1) * rows.row_stride + rows.slice_len)
+    {
+        return Err(Error::invalid_argument("rows.logits: shorter than rows x row_stride"));
+    }
+    let mut values = Vec::new();
+    let mut all = alloc::filled(total, f32::NEG_INFINITY, "top-k candidates")?;
+    for (r, dst) in all.chunks_mut(width.max(1)).take(rows.rows).enumerate() {
+        if width == 0 {
+            break;
+        }
+        let v = &rows.logits[r * rows.row_stride..][..rows.slice_len];
+        values.clear();
+        values.extend(v.iter().copied().filter(|x| x.is_finite()));
+        let n = width.min(values.len());
+        if n > 0 && n < values.len() {
+            values.select_nth_unstable_by(n - 1, |a, b| b.total_cmp(a));
+        }
+        values[..n].sort_unstable_by(|a, b| b.total_cmp(a));
+        dst[..n].copy_from_slice(&values[..n]);
+    }
+    out[..total].copy_from_slice(&all);
+    Ok(())
+}
+
+/// The `top_k`-th largest finite value of row `r` from the ranks' candidates (`rows` rows of an
+/// equal width each), or `None` when the row has fewer finite values (then top-k keeps them all).
+fn kth_of_candidates(candidates: &[&[f32]], rows: usize, r: usize, top_k: usize) -> Result<Option<f32>> {
+    if candidates.is_empty() {
+        return Err(Error::invalid_argument(format!(
+            "candidates: none given, but row {r} has top-k {top_k} (gather the ranks' top_k_candidates)"
+        )));
+    }
+    let width = candidates[0].len() / rows.max(1);
+    if let Some(q) = candidates.iter().position(|c| c.len() != width * rows || width < top_k) {
+        return Err(Error::invalid_argument(format!(
+            "candidates[{q}]: {} values for {rows} rows of width {width} (at least top_k {top_k} per row)",
+            candidates[q].len()
+        )));
+    }
+    let mut union: Vec<f32> = candidates
+        .iter()
+        .flat_map(|c| c[r * width..(r + 1) * width].iter().copied().filter(|x| x.is_finite()))
+        .collect();
+    if union.len() < top_k {
+        return Ok(None);
+    }
+    Ok(Some(*union.select_nth_unstable_by(top_k - 1, |a, b| b.total_cmp(a)).1))
 }
 
 /// A length argument: at least `rows`.

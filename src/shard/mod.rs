@@ -25,6 +25,7 @@ mod combine;
 mod local;
 
 pub use combine::{combine_top, finish};
+pub use local::top_k_candidates;
 
 /// One rank's rows of a sharded call: the f32 logits of its slice of the vocabulary, tokens
 /// `[vocab_start, vocab_start + slice_len)` of rows of `vocab_size` tokens, and the rows'
@@ -53,6 +54,9 @@ pub struct ShardRows<'a> {
     pub seeded: Option<&'a [u8]>,
     /// Per row, as `Batch::min_p` (None, or 0: off).
     pub min_p: Option<&'a [f32]>,
+    /// Per row, as `Batch::top_k` (None, 0, negative or at least `vocab_size`: off). A row with
+    /// top-k races with the ranks' candidates ([`top_k_candidates`], [`crate::Sampler::shard_race_top_k`]).
+    pub top_k: Option<&'a [i32]>,
 }
 
 impl<'a> ShardRows<'a> {
@@ -70,6 +74,7 @@ impl<'a> ShardRows<'a> {
             offsets: None,
             seeded: None,
             min_p: None,
+            top_k: None,
         }
     }
 }
