@@ -119,6 +119,7 @@ fn generate_header() {
         .with_src(crate_dir.join("src/ffi/requests.rs"))
         .with_src(crate_dir.join("src/ffi/verify.rs"))
         .with_src(crate_dir.join("src/ffi/watermark.rs"))
+        .with_src(crate_dir.join("src/ffi/shard.rs"))
         .generate()
         .expect("cbindgen generates the header");
     bindings.write_to_file(out_dir.join("tokenrace.h"));

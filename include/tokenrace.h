@@ -576,6 +576,77 @@ typedef struct tokenrace_verify_output {
   int32_t *accepted_nodes;
 } tokenrace_verify_output;
 
+// One rank's rows of a sharded call (docs/semantics.md, "Sharded rows"): the f32 logits of
+// tokens `[vocab_start, vocab_start + slice_len)` of rows of `vocab_size` tokens, and the rows'
+// settings, the same on every rank. Starts with `struct_size`; zero the fields you do not set.
+typedef struct tokenrace_shard_rows {
+  // sizeof(tokenrace_shard_rows) as the caller knows it.
+  uint32_t struct_size;
+  // Must be 0.
+  uint32_t reserved0;
+  // `rows` runs of `slice_len` f32 values, `row_stride` apart.
+  const float *logits;
+  // The call's rows.
+  size_t rows;
+  // Elements between the starts of two rows (at least `slice_len`; 0: `slice_len`).
+  size_t row_stride;
+  // The global id of the slice's first token.
+  size_t vocab_start;
+  // The slice's length (at least 1).
+  size_t slice_len;
+  // The whole row's length.
+  size_t vocab_size;
+  // `rows` temperatures (NULL: 1), as `tokenrace_batch.temperature`.
+  const float *temperature;
+  // `rows` seeds (NULL: every row unseeded), as `tokenrace_batch.seeds`.
+  const uint64_t *seeds;
+  // `rows` offsets (NULL: 0), as `tokenrace_batch.offsets`.
+  const uint64_t *offsets;
+  // `rows` flags (NULL: every row with a seed is seeded), as `tokenrace_batch.seeded`.
+  const uint8_t *seeded;
+  // `rows` min-p values (NULL: off), as `tokenrace_batch.min_p`.
+  const float *min_p;
+} tokenrace_shard_rows;
+
+// What one rank sends for one row in either round: 40 bytes, a plain record to move between
+// ranks as bytes (no `struct_size`).
+typedef struct tokenrace_shard_partial {
+  // Round 1: the slice's largest value (NaN ignored; -inf: none). Round 2: the best key of
+  // the slice's race (-inf: none).
+  float value;
+  // The global id of round 1's first maximum or of round 2's winner; -1: none.
+  int32_t token;
+  // Round 1: TOKENRACE_FLAG_HAS_NAN and TOKENRACE_FLAG_GREEDY. Round 2: 0.
+  uint32_t flags;
+  // 1 or 2.
+  uint32_t round;
+  // A hash of the row and call: partials of other rows or calls are refused when combined.
+  uint32_t fingerprint;
+  // The global id of the rank's slice's first token.
+  uint32_t vocab_start;
+  // The rank's slice's length.
+  uint32_t slice_len;
+  // The whole row's length.
+  uint32_t vocab_size;
+  // The row's noise key (0 for greedy rows), the same on every rank.
+  uint64_t key;
+} tokenrace_shard_partial;
+
+// One row combined from the first round of all ranks: 24 bytes, the same on every rank that
+// combines the same partials.
+typedef struct tokenrace_shard_row {
+  // The row's largest value (NaN ignored; -inf: empty).
+  float top;
+  // The lowest global id holding `top` (0 for an empty row).
+  int32_t token;
+  // The row's TOKENRACE_FLAG_* set.
+  uint32_t flags;
+  // The row's round-1 fingerprint.
+  uint32_t fingerprint;
+  // The row's noise key.
+  uint64_t key;
+} tokenrace_shard_row;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -891,6 +962,56 @@ enum tokenrace_status tokenrace_watermark_detect(uint64_t secret,
                                                  double *score,
                                                  uint64_t *scored,
                                                  double *p_value);
+
+// Round 1 on this rank: one `tokenrace_shard_partial` per row of `rows` into `out`
+// (`rows->rows` records). Unseeded sampling rows take one key each from the sampler's stream,
+// in row order, as `tokenrace_draw` of the same rows would, so ranks whose samplers were made
+// with the same seed and make the same calls agree. The sampler must not have a noise pool.
+// On failure nothing is written and no key is taken.
+//
+// # Safety
+// `sampler` is a live sampler; `rows` a valid struct whose pointers cover their elements; `out`
+// points to `rows->rows` writable records.
+enum tokenrace_status tokenrace_shard_top(struct tokenrace_sampler *sampler,
+                                          const struct tokenrace_shard_rows *rows,
+                                          struct tokenrace_shard_partial *out);
+
+// Combines the round-1 partials of `ranks` ranks (`partials`: `ranks * rows` records,
+// rank-major, the ranks in any order) into one `tokenrace_shard_row` per row in `out`. Refuses
+// partials of other rounds, rows or calls, and slices that do not tile the row.
+//
+// # Safety
+// `partials` points to `ranks * rows` records; `out` to `rows` writable ones.
+enum tokenrace_status tokenrace_shard_combine_top(const struct tokenrace_shard_partial *partials,
+                                                  uint32_t ranks,
+                                                  uint32_t rows,
+                                                  struct tokenrace_shard_row *out);
+
+// Round 2 on this rank: the race of its slice of each row with the combined first round
+// (`combined`, `rows->rows` records from `tokenrace_shard_combine_top`), into `out`. `rows`
+// describes the same rows as in round 1. Takes no key.
+//
+// # Safety
+// As `tokenrace_shard_top`; `combined` points to `rows->rows` records.
+enum tokenrace_status tokenrace_shard_race(struct tokenrace_sampler *sampler,
+                                           const struct tokenrace_shard_rows *rows,
+                                           const struct tokenrace_shard_row *combined,
+                                           struct tokenrace_shard_partial *out);
+
+// The tokens (and, with non-NULL `flags`, the TOKENRACE_FLAG_* sets) of `rows` rows from their
+// combined first round and the round-2 partials of `ranks` ranks (`ranks * rows` records,
+// rank-major, any order; `ranks` 0 and `partials` NULL when no row races): what
+// `tokenrace_draw` of the whole rows returns, bit for bit. On failure nothing is written.
+//
+// # Safety
+// `combined` points to `rows` records, `partials` to `ranks * rows`, `tokens` (and a non-NULL
+// `flags`) to `rows` writable elements.
+enum tokenrace_status tokenrace_shard_finish(const struct tokenrace_shard_row *combined,
+                                             uint32_t rows,
+                                             const struct tokenrace_shard_partial *partials,
+                                             uint32_t ranks,
+                                             int32_t *tokens,
+                                             uint32_t *flags);
 
 #ifdef __cplusplus
 }  // extern "C"

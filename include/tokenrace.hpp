@@ -93,7 +93,11 @@ namespace tokenrace {
   X(sampler_attach_pool)           \
   X(verify)                        \
   X(watermark_seeds)               \
-  X(watermark_detect)
+  X(watermark_detect)              \
+  X(shard_top)                     \
+  X(shard_combine_top)             \
+  X(shard_race)                    \
+  X(shard_finish)
 
 // The C functions as a table of pointers: api.draw is tokenrace_draw, and so on. The types come
 // from the declarations in tokenrace.h through decltype, which does not refer to the symbols.

@@ -41,6 +41,7 @@ mod process;
 mod requests;
 mod row;
 mod sampler;
+mod shard;
 mod step;
 mod verify;
 mod watermark;
@@ -58,6 +59,10 @@ pub use kernels::{best_level, supported_levels, Bf16, SimdLevel, F16};
 pub use noise::pool::{Lease, Pool as NoisePool, PoolStats};
 pub use requests::{RequestRows, Requests};
 pub use sampler::{Sampler, SamplerStats};
+pub use shard::{
+    combine_top as shard_combine_top, finish as shard_finish, top_k_candidates as shard_top_k_candidates, ShardPartial,
+    ShardRow, ShardRows,
+};
 pub use watermark::{
     context_of as watermark_context, detect as detect_watermark, gamma_upper_tail, token_noise, watermark_seed,
     Detection,
@@ -78,6 +83,7 @@ pub mod internals {
         pub use crate::ffi::draw::*;
         pub use crate::ffi::pool_api::*;
         pub use crate::ffi::requests::*;
+        pub use crate::ffi::shard::*;
         pub use crate::ffi::verify::*;
         pub use crate::ffi::watermark::*;
     }

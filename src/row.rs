@@ -195,6 +195,25 @@ pub(crate) trait RowValues {
     }
 }
 
+/// The best key of the race over `row`, an f32 run of whole blocks of a longer row that starts
+/// at token `base` (a multiple of BLOCK), whose block maxima are `bmax`, with the inline noise
+/// of `key`: the keys of the tokens of the longer row, as [`RowValues::race`] over the same
+/// range of it computes them. Fails only if the race's per-block scratch cannot be allocated.
+pub(crate) fn race_inline_at(
+    k: &Kernels,
+    row: &[f32],
+    bmax: &[f32],
+    p: RaceParams,
+    key: u64,
+    base: usize,
+) -> Result<Best> {
+    assert!(base.is_multiple_of(crate::kernels::BLOCK) && bmax.len() >= row.len().div_ceil(crate::kernels::BLOCK));
+    let dk = <[f32]>::kernels(k);
+    // SAFETY: `row.len()` values and a block maximum per block of them (checked above); the
+    // scratch is this thread's, with room for bmax.len() blocks.
+    with_scratch(bmax.len(), |b| unsafe { (dk.race_inline)(row.as_ptr(), row.len(), bmax, p, key, base, b) })
+}
+
 /// The noise a race reads: the counter-based noise of a row key, or one value per token.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum RaceNoise {

@@ -234,6 +234,14 @@ impl Sampler {
         self.kernels.level
     }
 
+    /// What a vocabulary-sharded call (`crate::shard`) needs from the sampler: its kernels, the
+    /// key stream of its unseeded rows (the fork child's own in a `fork()` child, as a draw
+    /// takes it), and whether unseeded rows would take pool noise.
+    pub(crate) fn shard_parts(&self) -> (&'static Kernels, &KeyStream, bool) {
+        let keys = if self.birthplace.elsewhere() { self.forked_keys() } else { &self.keys };
+        (self.kernels, keys, self.pool().is_some())
+    }
+
     /// A snapshot of its counters (each read on its own: a call in progress may show in some).
     pub fn stats(&self) -> SamplerStats {
         self.counters.snapshot()

@@ -14,6 +14,7 @@
 //! - **Configurations.** `tokenrace_config` <-> [`Config`] and `tokenrace_pool_config` <->
 //!   [`PoolConfig`]; the C defaults are the Rust defaults converted.
 
+use super::shard::tokenrace_shard_rows;
 use super::types::*;
 use crate::batch::{FullMode, LogprobMode};
 use crate::config::{Config, DrainPolicy, FilterOrder, LogLevel, NoiseKind, NoiseSource, PoolConfig, SimdChoice};
@@ -151,6 +152,10 @@ versioned!(tokenrace_sampler_stats, v1 ends with reserved0, default Default::def
 ]);
 versioned!(tokenrace_pool_stats, v1 ends with reserved0, default Default::default(), [
     struct_size, reserved0, rows_produced, rows_borrowed, borrows_waited, wait_ns, inline_rows, rows_skipped,
+]);
+versioned!(tokenrace_shard_rows, v1 ends with min_p, default zeroed(), [
+    struct_size, reserved0, logits, rows, row_stride, vocab_start, slice_len, vocab_size, temperature, seeds, offsets,
+    seeded, min_p,
 ]);
 
 // The configurations: the C structs and the library's `Config`/`PoolConfig`, both ways. The

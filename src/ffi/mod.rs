@@ -10,7 +10,7 @@
 //! - `panic.rs`: [`guard`](panic::guard), the last error of the thread;
 //! - `api.rs`: the library, configurations and samplers; `draw.rs`: `tokenrace_draw`;
 //!   `pool_api.rs`: noise pools; `requests.rs`: request states; `verify.rs`:
-//!   `tokenrace_verify`.
+//!   `tokenrace_verify`; `shard.rs`: vocabulary-sharded sampling; `watermark.rs`: watermarks.
 //!
 //! `#![deny(unsafe_op_in_unsafe_fn)]`: each unsafe operation sits in its own block, with the
 //! caller's contract it relies on stated next to it.
@@ -25,6 +25,7 @@ pub mod draw;
 pub(crate) mod panic;
 pub mod pool_api;
 pub mod requests;
+pub mod shard;
 pub mod types;
 pub mod verify;
 pub mod watermark;

@@ -152,8 +152,8 @@ def test_declared_signatures_match_the_header(tokenrace):
             inner = ctypes.POINTER(scalar[base])  # an array of scalars (the request state's)
         elif base.startswith("struct "):
             inner = ctypes.POINTER(ffi.STRUCTS[base[len("struct "):]])
-        elif scalar.get(base) is not None:
-            inner = ctypes.POINTER(scalar[base])  # an array of numbers (the watermark calls')
+        elif scalar.get(base) is not None:  # an output array of scalars (the watermark calls', the shard tokens and flags)
+            inner = ctypes.POINTER(scalar[base])
         else:
             raise AssertionError(f"unexpected C type {decl!r}")
         for _ in range(stars - 1):
@@ -176,4 +176,5 @@ def test_struct_size_is_set_to_the_ctypes_size(tokenrace):
     import ctypes
 
     for cls in tokenrace._ffi.STRUCTS.values():
-        assert cls().struct_size == ctypes.sizeof(cls)
+        if cls._fields_[0][0] == "struct_size":  # the shard records are moved as bytes, unversioned
+            assert cls().struct_size == ctypes.sizeof(cls)

@@ -10,6 +10,7 @@ the crate's ``target/{release,debug}`` (``CARGO_TARGET_DIR`` first, if set).
 """
 
 from . import _ffi
+from . import _shard as shard
 from ._errors import (
     ClosedError,
     InternalError,
@@ -33,6 +34,7 @@ __all__ = [
     "NoiseLease", "NoisePool", "OutOfMemoryError", "Requests", "Sampler", "TokenraceError", "TokenraceTimeoutError", "UnsupportedError",
     "VerifyResult",
     "Detection", "detect_watermark", "watermark_seeds",
+    "shard",
     "abi_version", "library_path", "simd_level", "version",
 ]
 

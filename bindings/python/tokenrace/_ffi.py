@@ -320,6 +320,28 @@ class tokenrace_verify_output(_Versioned):
     ]
 
 
+class tokenrace_shard_rows(_Versioned):
+    _fields_ = [
+        ("struct_size", c_uint32), ("reserved0", c_uint32), ("logits", POINTER(c_float)), ("rows", ctypes.c_size_t),
+        ("row_stride", ctypes.c_size_t), ("vocab_start", ctypes.c_size_t), ("slice_len", ctypes.c_size_t), ("vocab_size", ctypes.c_size_t),
+        ("temperature", POINTER(c_float)), ("seeds", POINTER(c_uint64)), ("offsets", POINTER(c_uint64)),
+        ("seeded", POINTER(c_uint8)), ("min_p", POINTER(c_float)),
+    ]
+
+
+class tokenrace_shard_partial(Structure):
+    """A record moved between ranks as bytes: no struct_size."""
+    _fields_ = [
+        ("value", c_float), ("token", c_int32), ("flags", c_uint32), ("round", c_uint32), ("fingerprint", c_uint32),
+        ("vocab_start", c_uint32), ("slice_len", c_uint32), ("vocab_size", c_uint32), ("key", c_uint64),
+    ]
+
+
+class tokenrace_shard_row(Structure):
+    """A record every rank computes from the gathered partials: no struct_size."""
+    _fields_ = [("top", c_float), ("token", c_int32), ("flags", c_uint32), ("fingerprint", c_uint32), ("key", c_uint64)]
+
+
 class tokenrace_sampler(Structure):
     """Opaque; only ever handled through a pointer."""
 
@@ -340,7 +362,8 @@ requests_p = POINTER(tokenrace_requests)
 STRUCTS = {cls.__name__: cls for cls in (tokenrace_config, tokenrace_sampler_stats,
                                          tokenrace_batch, tokenrace_output, tokenrace_pool_config,
                                          tokenrace_pool_lease, tokenrace_pool_stats, tokenrace_verify_batch,
-                                         tokenrace_verify_output)}
+                                         tokenrace_verify_output, tokenrace_shard_rows, tokenrace_shard_partial,
+                                         tokenrace_shard_row)}
 
 # ----------------------------------------------------------------------------------------------
 # Functions: name -> (restype, argtypes). ``status`` marks functions returning tokenrace_status.
@@ -386,6 +409,13 @@ _SIGNATURES = {
                                            POINTER(c_uint64)]),
     "tokenrace_requests_len": (status, [requests_p, POINTER(c_uint64)]),
     "tokenrace_requests_output_len": (status, [requests_p, c_uint64, POINTER(c_uint64)]),
+    "tokenrace_shard_top": (status, [sampler_p, POINTER(tokenrace_shard_rows), POINTER(tokenrace_shard_partial)]),
+    "tokenrace_shard_combine_top": (status, [POINTER(tokenrace_shard_partial), c_uint32, c_uint32,
+                                             POINTER(tokenrace_shard_row)]),
+    "tokenrace_shard_race": (status, [sampler_p, POINTER(tokenrace_shard_rows), POINTER(tokenrace_shard_row),
+                                      POINTER(tokenrace_shard_partial)]),
+    "tokenrace_shard_finish": (status, [POINTER(tokenrace_shard_row), c_uint32, POINTER(tokenrace_shard_partial),
+                                        c_uint32, POINTER(c_int32), POINTER(c_uint32)]),
 }
 
 # ----------------------------------------------------------------------------------------------
@@ -475,7 +505,9 @@ def candidate_paths() -> list:
 SINCE_0_2 = frozenset({"tokenrace_verify", "tokenrace_set_log_callback", "tokenrace_watermark_seeds",
                        "tokenrace_watermark_detect", "tokenrace_requests_new", "tokenrace_requests_free",
                        "tokenrace_requests_add", "tokenrace_requests_remove", "tokenrace_requests_reset",
-                       "tokenrace_requests_append", "tokenrace_requests_len", "tokenrace_requests_output_len"})
+                       "tokenrace_requests_append", "tokenrace_requests_len", "tokenrace_requests_output_len",
+                       "tokenrace_shard_top", "tokenrace_shard_combine_top", "tokenrace_shard_race",
+                       "tokenrace_shard_finish"})
 
 
 def _declare(handle):

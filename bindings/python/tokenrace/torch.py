@@ -54,7 +54,7 @@ from ._arrays import int32_vector
 from ._sampler import Sampler
 from ._step import _padded, _per_row_lists, _row_of
 
-__all__ = ["LogprobsTensors", "PLACEHOLDER_TOKEN_ID", "TopKTopPSampler", "rejection_sample", "sample"]
+__all__ = ["LogprobsTensors", "PLACEHOLDER_TOKEN_ID", "TopKTopPSampler", "rejection_sample", "sample", "sample_sharded"]
 
 # vLLM's padding of the rejection sampler's output (``rejection_sampler.PLACEHOLDER_TOKEN_ID``).
 PLACEHOLDER_TOKEN_ID = -1
@@ -656,3 +656,47 @@ def _refuse_step_in_verify(*values):
             f"verification takes the target rows as given, and vLLM applies penalties, bias and masks per draft "
             f"position with output counts that include the drafts before it; pass target logits with the step "
             f"applied, or use vLLM's own rejection sampler for such batches")
+
+
+def _all_gather_bytes(data: bytes, group):
+    """Every rank's ``data`` (the same length on every rank), in rank order, through
+    ``torch.distributed.all_gather`` (gloo on CPU)."""
+    import torch.distributed as dist
+
+    mine = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, mine, group=group)
+    return [t.numpy().tobytes() for t in gathered]
+
+
+def sample_sharded(logits_slice, vocab_start, vocab_size, temperature, *, min_p=None, seeds=None, positions=None,
+                   seeded=None, sampler=None, group=None):
+    """One token per row from a vocabulary-parallel LM head's output, exactly as ``sample`` of the
+    gathered rows would draw it (docs/semantics.md, "Sharded rows"): this rank holds
+    ``logits_slice`` [rows, slice] float32, tokens ``[vocab_start, vocab_start + slice)`` of rows of
+    ``vocab_size``; every rank of ``group`` calls this with its own slice and the same per-row
+    ``temperature``, ``min_p``, ``seeds`` (with ``positions`` as offsets, ``seeded`` as a mask).
+    Two ``all_gather`` rounds of 40 bytes per row and rank (one when no row samples): the rows'
+    maxima, then the slices' race winners. Returns int64 tokens [rows], the same on every rank.
+
+    ``sampler``: a ``tokenrace.Sampler`` per rank, made with the same seed on every rank (its
+    stream keys the unseeded rows; ranks whose streams differ are refused, not mixed); default
+    ``default_sampler()`` (seeded from ``TOKENRACE_SEED``)."""
+    from . import _shard as shard
+
+    if not isinstance(logits_slice, torch.Tensor) or logits_slice.device.type != "cpu":
+        raise TypeError("logits_slice: must be a CPU torch.Tensor")
+    if logits_slice.dtype != torch.float32:
+        raise TypeError(f"logits_slice: sharded rows are float32, got {logits_slice.dtype}")
+    x = logits_slice.detach().numpy()
+    s = default_sampler() if sampler is None else sampler
+    settings = dict(temperature=_as_numpy(temperature), min_p=_as_numpy(min_p), seeds=_as_numpy(seeds),
+                    offsets=_as_numpy(positions), seeded=_as_numpy(seeded))
+    mine = shard.top(s, x, vocab_start, vocab_size, **settings)
+    rows = shard.combine_top(_all_gather_bytes(mine.tobytes(), group))
+    partials = []
+    if shard.races(rows):  # the same answer on every rank: every rank skips or none does
+        won = shard.race(s, x, vocab_start, vocab_size, rows, **settings)
+        partials = _all_gather_bytes(won.tobytes(), group)
+    tokens, _flags = shard.finish(rows, partials)
+    return torch.from_numpy(tokens.astype(np.int64))

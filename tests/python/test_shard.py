@@ -1,0 +1,192 @@
+"""Vocabulary-sharded sampling from Python (tokenrace.shard, tokenrace.torch.sample_sharded):
+the tokens and flags of ``Sampler.draw_full`` over the whole rows, bit for bit, with the ranks
+in one process, in separate processes exchanging partials through shared memory, and over
+torch.distributed (gloo)."""
+
+import multiprocessing as mp
+import os
+from multiprocessing import shared_memory
+
+import numpy as np
+import pytest
+
+import tokenrace
+from tokenrace import shard
+
+VOCAB = 3000
+
+
+def batch(rows, seed=0):
+    g = np.random.default_rng(seed)
+    x = (g.standard_normal((rows, VOCAB)) * 3).astype(np.float32)
+    x[0, 17] = np.nan
+    x[1 % rows, 2999] = np.inf
+    x[2 % rows, :] = -np.inf
+    x[3 % rows, 1500:] = np.nan
+    settings = dict(
+        temperature=g.choice([0.0, 0.6, 1.0, 1.4], size=rows).astype(np.float32),
+        seeds=g.integers(0, 2**63, size=rows, dtype=np.uint64),
+        seeded=(g.random(rows) < 0.5).astype(np.uint8),
+        min_p=g.choice([0.0, 0.1], size=rows).astype(np.float32),
+    )
+    return x, settings
+
+
+def unsharded(x, settings, seed):
+    s = tokenrace.Sampler(VOCAB, max_rows=64, seed=seed)
+    r = s.draw_full(x, **settings)
+    return np.asarray(r.tokens), np.asarray(r.flags)
+
+
+def sharded_in_process(x, settings, cuts, seed, order):
+    ranks = [tokenrace.Sampler(VOCAB, max_rows=64, seed=seed) for _ in range(len(cuts) - 1)]
+    sl = [x[:, cuts[q]:cuts[q + 1]] for q in range(len(ranks))]
+    p1 = [shard.top(ranks[q], sl[q], cuts[q], VOCAB, **settings).tobytes() for q in range(len(ranks))]
+    rows = shard.combine_top([p1[q] for q in order])
+    p2 = [shard.race(ranks[q], sl[q], cuts[q], VOCAB, rows, **settings) for q in range(len(ranks))]
+    return shard.finish(rows, [p2[q] for q in reversed(order)])
+
+
+@pytest.mark.parametrize("cuts", [[0, 3000], [0, 1000, 3000], [0, 1, 256, 1999, 3000], [0, 300, 301, 700, 2048, 2900, 3000]])
+def test_numpy_shards_equal_the_unsharded_draw(cuts):
+    for call in range(3):
+        x, st = batch(9, seed=call)
+        order = list(np.random.default_rng(call).permutation(len(cuts) - 1))
+        tokens, flags = sharded_in_process(x, st, cuts, 5, order)
+        want_t, want_f = unsharded(x, st, 5)
+        assert np.array_equal(tokens, want_t) and np.array_equal(flags, want_f), (cuts, call)
+
+
+def test_partials_of_another_call_are_refused():
+    x, st = batch(4)
+    a, b = tokenrace.Sampler(VOCAB, seed=1), tokenrace.Sampler(VOCAB, seed=2)
+    p0 = shard.top(a, x[:, :1000], 0, VOCAB, **st)
+    p1 = shard.top(b, x[:, 1000:], 1000, VOCAB, **st)  # another stream: other keys
+    if (st["seeded"] == 1).all() or (st["temperature"] == 0).all():
+        pytest.skip("every row keyed by its seed")
+    with pytest.raises(tokenrace.InvalidArgumentError, match=r"rank 1, row \d+\): its key"):
+        shard.combine_top([p0, p1])
+    with pytest.raises(tokenrace.InvalidArgumentError, match="rows.vocab_start"):
+        shard.top(a, x[:, :1000], 2500, VOCAB, **st)
+
+
+# --- ranks in separate processes, partials exchanged through shared memory -------------------
+
+PARTIAL = shard.PARTIAL_DTYPE.itemsize
+
+
+def _rank(q, ranks, cuts, rows, seed, names, barrier):
+    xs = shared_memory.SharedMemory(name=names["x"])
+    ex = shared_memory.SharedMemory(name=names["exchange"])
+    res = shared_memory.SharedMemory(name=names["result"])
+    try:
+        x = np.ndarray((rows, VOCAB), np.float32, buffer=xs.buf)
+        _, st = batch(rows)  # the settings are the runtime's, the same on every rank
+        mine = np.array(x[:, cuts[q]:cuts[q + 1]])  # this rank's slice only
+        s = tokenrace.Sampler(VOCAB, max_rows=64, seed=seed)
+        slot = lambda r: slice(r * rows * PARTIAL, (r + 1) * rows * PARTIAL)  # noqa: E731
+        ex.buf[slot(q)] = shard.top(s, mine, cuts[q], VOCAB, **st).tobytes()
+        barrier.wait()
+        combined = shard.combine_top([bytes(ex.buf[slot(r)]) for r in range(ranks)])
+        barrier.wait()  # every rank read round 1 before any overwrites it
+        ex.buf[slot(q)] = shard.race(s, mine, cuts[q], VOCAB, combined, **st).tobytes()
+        barrier.wait()
+        tokens, flags = shard.finish(combined, [bytes(ex.buf[slot(r)]) for r in range(ranks)])
+        out = np.ndarray((ranks, 2, rows), np.int64, buffer=res.buf)
+        out[q, 0], out[q, 1] = tokens, flags
+    finally:
+        for m in (xs, ex, res):
+            m.close()
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_ranks_in_processes_over_shared_memory(ranks):
+    rows, seed = 8, 77
+    x, st = batch(rows)
+    cuts = [0, 1111, 3000] if ranks == 2 else [0, 700, 2049, 3000]
+    shms = {
+        "x": shared_memory.SharedMemory(create=True, size=x.nbytes),
+        "exchange": shared_memory.SharedMemory(create=True, size=ranks * rows * PARTIAL),
+        "result": shared_memory.SharedMemory(create=True, size=ranks * 2 * rows * 8),
+    }
+    try:
+        np.ndarray(x.shape, np.float32, buffer=shms["x"].buf)[:] = x
+        ctx = mp.get_context("spawn")
+        barrier = ctx.Barrier(ranks)
+        names = {k: m.name for k, m in shms.items()}
+        procs = [ctx.Process(target=_rank, args=(q, ranks, cuts, rows, seed, names, barrier)) for q in range(ranks)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+        got = np.ndarray((ranks, 2, rows), np.int64, buffer=shms["result"].buf).copy()
+    finally:
+        for m in shms.values():
+            m.close()
+            m.unlink()
+    want_t, want_f = unsharded(x, st, seed)
+    for q in range(ranks):
+        assert np.array_equal(got[q, 0], want_t) and np.array_equal(got[q, 1], want_f), q
+
+
+# --- torch.distributed (gloo) ------------------------------------------------------------------
+
+def _torch_rank(q, ranks, cuts, port, result_name):
+    import torch
+    import torch.distributed as dist
+
+    import tokenrace.torch as ttorch
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=q, world_size=ranks)
+    res = shared_memory.SharedMemory(name=result_name)
+    try:
+        x, st = batch(8)
+        s = tokenrace.Sampler(VOCAB, max_rows=64, seed=31)
+        out = np.ndarray((ranks, 2, 8), np.int64, buffer=res.buf)
+        for call in range(2):
+            temps = st["temperature"] if call == 0 else np.zeros(8, np.float32)  # the second call: greedy only
+            tokens = ttorch.sample_sharded(torch.from_numpy(x[:, cuts[q]:cuts[q + 1]].copy()), cuts[q], VOCAB, temps,
+                                           min_p=st["min_p"], seeds=st["seeds"], seeded=st["seeded"], sampler=s)
+            assert tokens.dtype == torch.int64
+            out[q, call] = tokens.numpy()
+    finally:
+        res.close()
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_sample_sharded_over_gloo(ranks):
+    try:
+        import torch  # noqa: F401
+        import torch.distributed as dist
+    except ImportError:
+        pytest.skip("torch is not installed: tokenrace.torch.sample_sharded needs torch.distributed "
+                    "(run with /work/venv-torch)")
+    if not dist.is_available():
+        pytest.skip("this torch build has no torch.distributed")
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cuts = [0, 1500, 3000] if ranks == 2 else [0, 999, 2100, 3000]
+    res = shared_memory.SharedMemory(create=True, size=ranks * 2 * 8 * 8)
+    try:
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=_torch_rank, args=(q, ranks, cuts, port, res.name)) for q in range(ranks)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(180)
+        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+        got = np.ndarray((ranks, 2, 8), np.int64, buffer=res.buf).copy()
+    finally:
+        res.close()
+        res.unlink()
+    x, st = batch(8)
+    s = tokenrace.Sampler(VOCAB, max_rows=64, seed=31)
+    want0 = np.asarray(s.draw_full(x, **st).tokens)
+    want1 = np.asarray(s.draw_full(x, **dict(st, temperature=np.zeros(8, np.float32))).tokens)
+    for q in range(ranks):
+        assert np.array_equal(got[q, 0], want0) and np.array_equal(got[q, 1], want1), q

@@ -1,0 +1,523 @@
+//! Vocabulary-sharded sampling (`Sampler::shard_top`, `shard_combine_top`, `Sampler::shard_race`,
+//! `shard_finish`) against the unsharded draw of the whole rows: the same tokens and flags, bit
+//! for bit, at 1 to 8 ranks with uneven slices, on every SIMD level and thread count.
+mod common;
+
+use common::*;
+use tokenrace::*;
+
+/// The settings of a call's rows.
+struct Settings {
+    temps: Vec<f32>,
+    seeds: Vec<u64>,
+    seeded: Vec<u8>,
+    min_p: Vec<f32>,
+}
+
+impl Settings {
+    fn random(rng: &mut TestRng, rows: usize) -> Settings {
+        let temps = (0..rows).map(|_| [0.0, 0.3, 0.7, 1.0, 1.0, 1.6][rng.below(6)]).collect();
+        let seeds = (0..rows).map(|_| rng.u64()).collect();
+        let seeded = (0..rows).map(|_| rng.below(2) as u8).collect();
+        let min_p = (0..rows).map(|_| [0.0, 0.0, 0.05, 0.3][rng.below(4)]).collect();
+        Settings { temps, seeds, seeded, min_p }
+    }
+}
+
+/// The unsharded draw of `rows` rows of `x` (each `vocab` long).
+fn whole(s: &Sampler, x: &[f32], rows: usize, vocab: usize, st: &Settings) -> (Vec<i32>, Vec<u32>) {
+    let b = Batch {
+        temperature: Some(&st.temps),
+        seeds: Some(&st.seeds),
+        seeded: Some(&st.seeded),
+        min_p: Some(&st.min_p),
+        ..Batch::new(Logits::F32(x), rows, vocab)
+    };
+    draw(s, &b)
+}
+
+/// Rank `q`'s rows: tokens `[cuts[q], cuts[q + 1])` of every row of `x`, read in place (a row
+/// stride of `vocab`).
+fn rank_rows<'a>(x: &'a [f32], rows: usize, vocab: usize, cuts: &[usize], q: usize, st: &'a Settings) -> ShardRows<'a> {
+    let (start, end) = (cuts[q], cuts[q + 1]);
+    ShardRows {
+        row_stride: vocab,
+        temperature: Some(&st.temps),
+        seeds: Some(&st.seeds),
+        seeded: Some(&st.seeded),
+        min_p: Some(&st.min_p),
+        ..ShardRows::new(&x[start..], rows, start, end - start, vocab)
+    }
+}
+
+/// The sharded draw: rank q on `ranks[q]`, with the slices `cuts`; the partials combined with
+/// the ranks in `order`.
+fn sharded(
+    ranks: &[Sampler],
+    x: &[f32],
+    rows: usize,
+    vocab: usize,
+    cuts: &[usize],
+    order: &[usize],
+    st: &Settings,
+) -> (Vec<i32>, Vec<u32>) {
+    let n = ranks.len();
+    let tops: Vec<Vec<ShardPartial>> = (0..n)
+        .map(|q| {
+            let mut p = vec![ShardPartial::default(); rows];
+            ranks[q].shard_top(&rank_rows(x, rows, vocab, cuts, q, st), &mut p).unwrap();
+            p
+        })
+        .collect();
+    let gathered: Vec<&[ShardPartial]> = order.iter().map(|&q| &tops[q][..]).collect();
+    let mut combined = vec![ShardRow::default(); rows];
+    shard_combine_top(&gathered, &mut combined).unwrap();
+    let races: Vec<Vec<ShardPartial>> = (0..n)
+        .map(|q| {
+            let mut p = vec![ShardPartial::default(); rows];
+            ranks[q].shard_race(&rank_rows(x, rows, vocab, cuts, q, st), &combined, &mut p).unwrap();
+            p
+        })
+        .collect();
+    let gathered: Vec<&[ShardPartial]> = order.iter().rev().map(|&q| &races[q][..]).collect();
+    let (mut tokens, mut fl) = (vec![-7; rows], vec![0; rows]);
+    shard_finish(&combined, &gathered, &mut tokens, Some(&mut fl)).unwrap();
+    (tokens, fl)
+}
+
+/// `n` uneven slices of `[0, vocab)`: cut points at random, some on block boundaries, each
+/// slice at least one token.
+fn random_cuts(rng: &mut TestRng, vocab: usize, n: usize) -> Vec<usize> {
+    loop {
+        let mut cuts: Vec<usize> = (1..n)
+            .map(|_| {
+                if rng.below(3) == 0 {
+                    (rng.below(vocab / 256 + 1) * 256).clamp(1, vocab - 1)
+                } else {
+                    1 + rng.below(vocab - 1)
+                }
+            })
+            .collect();
+        cuts.push(0);
+        cuts.push(vocab);
+        cuts.sort_unstable();
+        cuts.dedup();
+        if cuts.len() == n + 1 {
+            return cuts;
+        }
+    }
+}
+
+fn shuffled(rng: &mut TestRng, n: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        order.swap(i, rng.below(i + 1));
+    }
+    order
+}
+
+fn with_threads(level: SimdLevel, seed: u64, threads: usize) -> Sampler {
+    Sampler::new(Config { threads, ..sampler(level, seed).config().clone() }).unwrap()
+}
+
+#[test]
+fn sharded_draws_equal_the_unsharded_draw_bit_for_bit() {
+    each_level(|level| {
+        for threads in [1, 4] {
+            let mut rng = TestRng::new(17 + threads as u64);
+            for ranks in 1..=8 {
+                for vocab in [1000, 2 * 256 + 37, 4096] {
+                    let rows = 12;
+                    let x: Vec<f32> = (0..rows)
+                        .flat_map(|_| {
+                            let d = pick_dist(&mut rng);
+                            gen_row(&mut rng, d, vocab)
+                        })
+                        .collect();
+                    let cuts = random_cuts(&mut rng, vocab, ranks);
+                    let order = shuffled(&mut rng, ranks);
+                    let seed = rng.u64();
+                    let plain = with_threads(level, seed, threads);
+                    let shards: Vec<Sampler> = (0..ranks).map(|_| with_threads(level, seed, threads)).collect();
+                    // Two calls: the second shows that the first advanced every stream alike.
+                    for call in 0..2 {
+                        let st = Settings::random(&mut rng, rows);
+                        let want = whole(&plain, &x, rows, vocab, &st);
+                        let got = sharded(&shards, &x, rows, vocab, &cuts, &order, &st);
+                        assert_eq!(
+                            got, want,
+                            "{level:?} threads {threads} ranks {ranks} vocab {vocab} cuts {cuts:?} call {call}"
+                        );
+                    }
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn every_kind_of_row_in_every_slice() {
+    // Every distribution (NaN, +inf, empty, masked, ties) in every row, at slices cut inside
+    // one block and at the row's ragged end.
+    each_level(|level| {
+        let mut rng = TestRng::new(5);
+        let vocab = 777;
+        for dist in DISTS {
+            for cuts in [
+                vec![0, 777],
+                vec![0, 3, 777],
+                vec![0, 100, 200, 777],
+                vec![0, 256, 512, 776, 777],
+                vec![0, 1, 2, 3, 700, 777],
+            ] {
+                let rows = 8;
+                let x: Vec<f32> = (0..rows).flat_map(|_| gen_row(&mut rng, dist, vocab)).collect();
+                let st = Settings::random(&mut rng, rows);
+                let n = cuts.len() - 1;
+                let shards: Vec<Sampler> = (0..n).map(|_| sampler(level, 3)).collect();
+                let order = shuffled(&mut rng, n);
+                let want = whole(&sampler(level, 3), &x, rows, vocab, &st);
+                assert_eq!(sharded(&shards, &x, rows, vocab, &cuts, &order, &st), want, "{level:?} {dist:?} {cuts:?}");
+            }
+        }
+    });
+}
+
+#[test]
+fn ties_at_the_maximum_go_to_the_lowest_global_id_across_ranks() {
+    let vocab = 600;
+    let mut x = vec![-1.0f32; vocab];
+    for i in [450, 310, 599] {
+        x[i] = 2.0;
+    }
+    x[300] = -0.0; // a -0 in a rank whose maximum is lower does not matter
+    let st = Settings { temps: vec![0.0], seeds: vec![0], seeded: vec![0], min_p: vec![0.0] };
+    let shards: Vec<Sampler> = (0..3).map(|_| sampler(SimdLevel::Scalar, 1)).collect();
+    let (t, f) = sharded(&shards, &x, 1, vocab, &[0, 305, 451, 600], &[2, 0, 1], &st);
+    assert_eq!((t[0], f[0]), (310, flags::GREEDY));
+    // Zeros of both signs at the maximum: the lowest id of either.
+    let mut z = vec![f32::NEG_INFINITY; vocab];
+    z[500] = 0.0;
+    z[20] = -0.0;
+    let (t, _) = sharded(&shards, &z, 1, vocab, &[0, 305, 451, 600], &[1, 2, 0], &st);
+    assert_eq!(t[0], 20);
+}
+
+/// Chi-square of the sharded draw's counts against `p` over its support.
+fn chi_square(counts: &[u64], p: &[f64]) -> f64 {
+    let n: u64 = counts.iter().sum();
+    counts
+        .iter()
+        .zip(p)
+        .filter(|(_, &p)| p > 0.0)
+        .map(|(&c, &p)| (c as f64 - n as f64 * p).powi(2) / (n as f64 * p))
+        .sum()
+}
+
+#[test]
+fn unseeded_sharded_draws_follow_the_softmax() {
+    // A few heavy tokens spread over three ranks (one slice cut inside a block), unseeded rows:
+    // the counts follow softmax(x / T); the same counts reject the softmax at another temperature.
+    let (vocab, t) = (700usize, 0.8f32);
+    let mut x = vec![f32::NEG_INFINITY; vocab];
+    let heavy = [(5usize, 1.0f32), (255, 0.2), (256, 0.9), (300, -0.5), (511, 0.0), (699, 0.4)];
+    for &(i, v) in &heavy {
+        x[i] = v;
+    }
+    let rows = 500;
+    let xs: Vec<f32> = (0..rows).flat_map(|_| x.iter().copied()).collect();
+    let st = Settings { temps: vec![t; rows], seeds: vec![0; rows], seeded: vec![0; rows], min_p: vec![0.0; rows] };
+    let shards: Vec<Sampler> = (0..3).map(|_| sampler(best_level(), 99)).collect();
+    let mut counts = vec![0u64; heavy.len()];
+    for _ in 0..40 {
+        let (tokens, _) = sharded(&shards, &xs, rows, vocab, &[0, 255, 400, 700], &[1, 0, 2], &st);
+        for tok in tokens {
+            counts[heavy.iter().position(|&(i, _)| i == tok as usize).unwrap()] += 1;
+        }
+    }
+    let softmax = |t: f64| {
+        let w: Vec<f64> = heavy.iter().map(|&(_, v)| (v as f64 / t).exp()).collect();
+        let s: f64 = w.iter().sum();
+        w.iter().map(|w| w / s).collect::<Vec<f64>>()
+    };
+    // 5 degrees of freedom: 20.5 is the 0.999 quantile.
+    let fit = chi_square(&counts, &softmax(t as f64));
+    assert!(fit < 20.5, "chi-square {fit} for {counts:?}");
+    let wrong = chi_square(&counts, &softmax(1.2 * t as f64));
+    assert!(wrong > 20.5, "the test cannot tell T from 1.2 T: chi-square {wrong}");
+}
+
+#[test]
+fn a_sharded_call_advances_the_key_stream_as_the_unsharded_draw() {
+    // Alternating sharded and unsharded calls on one sampler per rank gives the tokens of a
+    // sampler that only draws whole rows.
+    let (vocab, rows) = (900, 6);
+    let mut rng = TestRng::new(8);
+    let plain = sampler(SimdLevel::Scalar, 4);
+    let shards: Vec<Sampler> = (0..2).map(|_| sampler(SimdLevel::Scalar, 4)).collect();
+    for call in 0..6 {
+        let x: Vec<f32> = (0..rows).flat_map(|_| gen_row(&mut rng, Dist::Normal3, vocab)).collect();
+        let st = Settings { seeded: vec![0; rows], ..Settings::random(&mut rng, rows) };
+        let want = whole(&plain, &x, rows, vocab, &st);
+        let got = if call % 2 == 0 {
+            sharded(&shards, &x, rows, vocab, &[0, 450, 900], &[0, 1], &st)
+        } else {
+            let got = whole(&shards[0], &x, rows, vocab, &st);
+            assert_eq!(whole(&shards[1], &x, rows, vocab, &st), got);
+            got
+        };
+        assert_eq!(got, want, "call {call}");
+    }
+}
+
+#[test]
+fn bad_input_is_refused_naming_it_and_writes_nothing() {
+    let (vocab, rows) = (600, 2);
+    let x: Vec<f32> = (0..rows * vocab).map(|i| (i % 97) as f32 * 0.01).collect();
+    let s = sampler(SimdLevel::Scalar, 2);
+    let twin = sampler(SimdLevel::Scalar, 2);
+    let sentinel = ShardPartial { token: 1234, ..ShardPartial::default() };
+    let mut out = vec![sentinel; rows];
+    // A slice past the row's end: refused, nothing written, no key taken.
+    let past = ShardRows { row_stride: vocab, ..ShardRows::new(&x[500..], rows, 500, 200, vocab) };
+    let err = s.shard_top(&past, &mut out).unwrap_err();
+    assert!(err.message.contains("rows.vocab_start") && err.message.contains("[500, 500 + 200)"), "{}", err.message);
+    assert_eq!(out, vec![sentinel; rows]);
+    let err = s.shard_top(&ShardRows::new(&x, rows, 0, 0, vocab), &mut out).unwrap_err();
+    assert!(err.message.contains("rows.slice_len"), "{}", err.message);
+    let bad_t = [1.0, f32::NAN];
+    let err = s
+        .shard_top(&ShardRows { temperature: Some(&bad_t), ..ShardRows::new(&x, rows, 0, vocab, vocab) }, &mut out)
+        .unwrap_err();
+    assert!(err.message.contains("rows.temperature[1]"), "{}", err.message);
+    assert_eq!(out, vec![sentinel; rows]);
+    let a = ShardRows { row_stride: vocab, ..ShardRows::new(&x, rows, 0, 300, vocab) };
+    let b = ShardRows { row_stride: vocab, ..ShardRows::new(&x[300..], rows, 300, 300, vocab) };
+    let (mut pa, mut pb, mut pt) = (vec![sentinel; rows], vec![sentinel; rows], vec![sentinel; rows]);
+    s.shard_top(&a, &mut pa).unwrap();
+    twin.shard_top(&b, &mut pb).unwrap();
+    // The refusals above took no key: the twin that never saw them agrees.
+    assert_eq!(pa[0].key, pb[0].key);
+    let mut combined = vec![ShardRow::default(); rows];
+    let untouched = combined.clone();
+    // Overlapping and missing slices.
+    let err = shard_combine_top(&[&pa, &pa], &mut combined).unwrap_err();
+    assert!(err.message.contains("overlaps") && err.message.contains("rank 1, row 0"), "{}", err.message);
+    let err = shard_combine_top(&[&pa], &mut combined).unwrap_err();
+    assert!(err.message.contains("cover [0, 300)"), "{}", err.message);
+    // Partials of different rows, and of another call (its keys differ).
+    let swapped = [pb[1], pb[0]];
+    let err = shard_combine_top(&[&pa, &swapped], &mut combined).unwrap_err();
+    assert!(err.message.contains("fingerprint") && err.message.contains("rank 1, row 0"), "{}", err.message);
+    twin.shard_top(&b, &mut pt).unwrap();
+    let err = shard_combine_top(&[&pa, &pt], &mut combined).unwrap_err();
+    assert!(err.message.contains("key"), "{}", err.message);
+    assert_eq!(combined, untouched);
+    shard_combine_top(&[&pb, &pa], &mut combined).unwrap();
+    // Round 1 partials where round 2's belong; a race over rows of other settings.
+    let (mut tokens, mut fl) = (vec![-5; rows], vec![9; rows]);
+    let err = shard_finish(&combined, &[&pa, &pb], &mut tokens, Some(&mut fl)).unwrap_err();
+    assert!(err.message.contains("round 1, not 2"), "{}", err.message);
+    let err = shard_finish(&combined, &[], &mut tokens, None).unwrap_err();
+    assert!(err.message.contains("row 0 races"), "{}", err.message);
+    let hot = [0.5, 1.0];
+    let err = s.shard_race(&ShardRows { temperature: Some(&hot), ..a }, &combined, &mut pa).unwrap_err();
+    assert!(err.message.contains("combined[0]") && err.message.contains("fingerprint"), "{}", err.message);
+    assert_eq!((tokens, fl), (vec![-5; rows], vec![9; rows]));
+    // A sampler with a pool is refused (sharded rows use inline noise).
+    let pooled =
+        Sampler::new(Config { noise: NoiseSource::Pool, vocab_size: vocab, max_rows: 4, ..Config::default() }).unwrap();
+    let err = pooled.shard_top(&a, &mut out).unwrap_err();
+    assert!(err.message.contains("pool"), "{}", err.message);
+}
+
+mod c_abi {
+    //! The same calls through the C functions: the same tokens as the unsharded draw, the
+    //! records' layout, and a refused call that writes nothing.
+    use super::*;
+    use std::mem::{offset_of, size_of};
+    use tokenrace::internals::api::*;
+    use tokenrace::internals::types::tokenrace_status;
+
+    fn c_sampler(seed: u64) -> *mut tokenrace_sampler {
+        let mut cfg = tokenrace_config_default();
+        cfg.seed = seed;
+        cfg.has_seed = 1;
+        cfg.max_rows = 64;
+        let mut s = std::ptr::null_mut();
+        // SAFETY: a valid config and out pointer.
+        assert_eq!(unsafe { tokenrace_sampler_new(&cfg, &mut s) }, tokenrace_status::Ok, "{}", last_error());
+        s
+    }
+
+    fn c_rows(
+        x: &[f32],
+        rows: usize,
+        vocab: usize,
+        (start, end): (usize, usize),
+        st: &Settings,
+    ) -> tokenrace_shard_rows {
+        tokenrace_shard_rows {
+            struct_size: size_of::<tokenrace_shard_rows>() as u32,
+            reserved0: 0,
+            logits: x[start..].as_ptr(),
+            rows,
+            row_stride: vocab,
+            vocab_start: start,
+            slice_len: end - start,
+            vocab_size: vocab,
+            temperature: st.temps.as_ptr(),
+            seeds: st.seeds.as_ptr(),
+            offsets: std::ptr::null(),
+            seeded: st.seeded.as_ptr(),
+            min_p: st.min_p.as_ptr(),
+        }
+    }
+
+    #[test]
+    fn the_records_are_laid_out_as_the_header_says() {
+        assert_eq!(size_of::<tokenrace_shard_partial>(), 40);
+        assert_eq!(offset_of!(tokenrace_shard_partial, fingerprint), 16);
+        assert_eq!(offset_of!(tokenrace_shard_partial, vocab_size), 28);
+        assert_eq!(offset_of!(tokenrace_shard_partial, key), 32);
+        assert_eq!(size_of::<tokenrace_shard_row>(), 24);
+        assert_eq!(offset_of!(tokenrace_shard_row, key), 16);
+        assert_eq!(offset_of!(tokenrace_shard_rows, logits), 8);
+        assert_eq!(offset_of!(tokenrace_shard_rows, min_p), 88);
+        assert_eq!(size_of::<tokenrace_shard_rows>(), 96);
+    }
+
+    #[test]
+    fn c_sharded_draws_equal_the_unsharded_draw() {
+        let mut rng = TestRng::new(31);
+        let (vocab, rows) = (1500, 10);
+        for ranks in [1, 3, 5] {
+            let x: Vec<f32> = (0..rows)
+                .flat_map(|_| {
+                    let d = pick_dist(&mut rng);
+                    gen_row(&mut rng, d, vocab)
+                })
+                .collect();
+            let st = Settings::random(&mut rng, rows);
+            let cuts = random_cuts(&mut rng, vocab, ranks);
+            let want = whole(
+                &Sampler::new(Config { seed: Some(12), max_rows: 64, ..Config::default() }).unwrap(),
+                &x,
+                rows,
+                vocab,
+                &st,
+            );
+            let samplers: Vec<_> = (0..ranks).map(|_| c_sampler(12)).collect();
+            let mut gathered = vec![tokenrace_shard_partial::default(); ranks * rows];
+            for q in 0..ranks {
+                let r = c_rows(&x, rows, vocab, (cuts[q], cuts[q + 1]), &st);
+                // SAFETY: valid structs, `rows` records of output.
+                let status = unsafe { tokenrace_shard_top(samplers[q], &r, gathered[q * rows..].as_mut_ptr()) };
+                assert_eq!(status, tokenrace_status::Ok, "{}", last_error());
+            }
+            let mut combined = vec![tokenrace_shard_row::default(); rows];
+            // SAFETY: `ranks * rows` records in, `rows` out.
+            let status = unsafe {
+                tokenrace_shard_combine_top(gathered.as_ptr(), ranks as u32, rows as u32, combined.as_mut_ptr())
+            };
+            assert_eq!(status, tokenrace_status::Ok, "{}", last_error());
+            for q in 0..ranks {
+                let r = c_rows(&x, rows, vocab, (cuts[q], cuts[q + 1]), &st);
+                // SAFETY: as above.
+                let status = unsafe {
+                    tokenrace_shard_race(samplers[q], &r, combined.as_ptr(), gathered[q * rows..].as_mut_ptr())
+                };
+                assert_eq!(status, tokenrace_status::Ok, "{}", last_error());
+            }
+            let (mut tokens, mut fl) = (vec![-1; rows], vec![0u32; rows]);
+            // SAFETY: as above.
+            let status = unsafe {
+                tokenrace_shard_finish(
+                    combined.as_ptr(),
+                    rows as u32,
+                    gathered.as_ptr(),
+                    ranks as u32,
+                    tokens.as_mut_ptr(),
+                    fl.as_mut_ptr(),
+                )
+            };
+            assert_eq!(status, tokenrace_status::Ok, "{}", last_error());
+            assert_eq!((tokens, fl), want, "ranks {ranks} cuts {cuts:?}");
+            // A mixed call (rank 0's round-2 partials given as round 1's) is refused, nothing written.
+            let mut untouched = vec![tokenrace_shard_row { token: 77, ..Default::default() }; rows];
+            // SAFETY: as above.
+            let status = unsafe {
+                tokenrace_shard_combine_top(gathered.as_ptr(), ranks as u32, rows as u32, untouched.as_mut_ptr())
+            };
+            assert_eq!(status, tokenrace_status::InvalidArgument);
+            assert!(
+                last_error().starts_with("tokenrace_shard_combine_top: partials[0][0] (rank 0, row 0)"),
+                "{}",
+                last_error()
+            );
+            assert!(untouched.iter().all(|r| r.token == 77));
+            for s in samplers {
+                // SAFETY: made above, freed once.
+                unsafe { tokenrace_sampler_free(s) };
+            }
+        }
+    }
+}
+
+#[test]
+fn top_k_rows_equal_the_unsharded_draw() {
+    // Each rank sends its slice's `width` largest finite values; the k-th largest of their union
+    // is the row's, so the race keeps the unsharded draw's set. k at 1, inside the row, at and past
+    // the count of finite values, and off (>= vocab).
+    each_level(|level| {
+        let mut rng = TestRng::new(41);
+        for ranks in [1, 2, 3, 6] {
+            let (vocab, rows) = (900, 16);
+            let x: Vec<f32> = (0..rows)
+                .flat_map(|_| {
+                    let d = pick_dist(&mut rng);
+                    gen_row(&mut rng, d, vocab)
+                })
+                .collect();
+            let st = Settings::random(&mut rng, rows);
+            let top_k: Vec<i32> = (0..rows).map(|_| [0, 1, 2, 5, 40, 450, 899, 900, -3][rng.below(9)]).collect();
+            let want = draw(
+                &sampler(level, 6),
+                &Batch {
+                    temperature: Some(&st.temps),
+                    seeds: Some(&st.seeds),
+                    seeded: Some(&st.seeded),
+                    min_p: Some(&st.min_p),
+                    top_k: Some(&top_k),
+                    ..Batch::new(Logits::F32(&x), rows, vocab)
+                },
+            );
+            let cuts = random_cuts(&mut rng, vocab, ranks);
+            let shards: Vec<Sampler> = (0..ranks).map(|_| sampler(level, 6)).collect();
+            let rows_of = |q: usize| ShardRows { top_k: Some(&top_k), ..rank_rows(&x, rows, vocab, &cuts, q, &st) };
+            let width = 899;
+            let mut tops = vec![vec![ShardPartial::default(); rows]; ranks];
+            let mut cands = vec![vec![0f32; rows * width]; ranks];
+            for q in 0..ranks {
+                shards[q].shard_top(&rows_of(q), &mut tops[q]).unwrap();
+                shard_top_k_candidates(&rows_of(q), width, &mut cands[q]).unwrap();
+            }
+            let mut combined = vec![ShardRow::default(); rows];
+            shard_combine_top(&tops.iter().map(|p| &p[..]).collect::<Vec<_>>(), &mut combined).unwrap();
+            let gathered: Vec<&[f32]> = cands.iter().rev().map(|c| &c[..]).collect();
+            let mut races = vec![vec![ShardPartial::default(); rows]; ranks];
+            for q in 0..ranks {
+                shards[q].shard_race_top_k(&rows_of(q), &combined, &gathered, &mut races[q]).unwrap();
+            }
+            let (mut tokens, mut fl) = (vec![0; rows], vec![0; rows]);
+            shard_finish(&combined, &races.iter().map(|p| &p[..]).collect::<Vec<_>>(), &mut tokens, Some(&mut fl))
+                .unwrap();
+            assert_eq!((tokens, fl), want, "{level:?} ranks {ranks} cuts {cuts:?} top_k {top_k:?}");
+            // Without the candidates, a top-k row is refused; a width below a row's k too.
+            let err = shards[0].shard_race(&rows_of(0), &combined, &mut races[0]).unwrap_err();
+            assert!(err.message.contains("candidates") || !combined.iter().any(|r| r.races()), "{}", err.message);
+            let err = shard_top_k_candidates(&rows_of(0), 3, &mut cands[0]).unwrap_err();
+            assert!(err.message.contains("width: 3 is below rows.top_k["), "{}", err.message);
+        }
+    });
+}
