@@ -356,6 +356,19 @@ typedef struct tokenrace_batch {
   // Per-row top-nσ n, finite (NULL: off); n <= 0 disables it for the row. Keeps the tokens
   // with logit >= max - n * sigma over the row's finite logits.
   const float *top_n_sigma;
+  // Per-row min_keep n >= 0 (NULL: 0): top-p, min-p, typical sampling and XTC each keep at
+  // least n tokens of what they are given (llama.cpp's `min_keep`; not top-k's).
+  const int32_t *min_keep;
+  // Per-row locally typical sampling p in (0, 1] (NULL: off); 1 disables it for the row.
+  // Keeps the tokens whose surprise -ln p is nearest the entropy, up to a mass > p.
+  const float *typical_p;
+  // Per-row XTC probability in [0, 1] (NULL: off); <= 0 disables it for the row. The coin is
+  // drawn from the row's key (seeded rows: a pure function of seed and offset).
+  const float *xtc_probability;
+  // Per-row XTC threshold in [0, 1] (NULL: off); > 0.5 disables it for the row. When the coin
+  // falls below the probability and at least two tokens have p >= threshold, every one of them
+  // but the least probable is removed.
+  const float *xtc_threshold;
 } tokenrace_batch;
 
 // Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No

@@ -149,6 +149,16 @@ pub struct Batch<'a> {
     pub min_tokens: Option<&'a [i32]>,
     /// The stop tokens of each row, banned while its output is shorter than `min_tokens`.
     pub stop_tokens: Option<TokenLists<'a>>,
+    /// Per-row min_keep n >= 0 (llama.cpp's): top-p, min-p, locally typical sampling and XTC
+    /// each keep at least n tokens of what they are given; 0 and 1 change nothing. Sampling
+    /// rows only.
+    pub min_keep: Option<&'a [i32]>,
+    /// Per-row locally typical sampling p in (0, 1]; 1 is off. Sampling rows only.
+    pub typical_p: Option<&'a [f32]>,
+    /// Per-row XTC probability in [0, 1]; <= 0 is off. Sampling rows only.
+    pub xtc_probability: Option<&'a [f32]>,
+    /// Per-row XTC threshold in [0, 1]; > 0.5 is off. Sampling rows only.
+    pub xtc_threshold: Option<&'a [f32]>,
 }
 
 /// Per-row lists of token ids in CSR form: row `r`'s ids are `ids[offsets[r]..offsets[r + 1]]`
@@ -230,6 +240,10 @@ impl<'a> Batch<'a> {
             token_bitmask: None,
             min_tokens: None,
             stop_tokens: None,
+            min_keep: None,
+            typical_p: None,
+            xtc_probability: None,
+            xtc_threshold: None,
         }
     }
 
@@ -243,6 +257,12 @@ impl<'a> Batch<'a> {
             || self.banned_tokens.is_some()
             || self.token_bitmask.is_some()
             || (self.min_tokens.is_some() && self.stop_tokens.is_some())
+    }
+
+    /// Whether some row may keep a range of values (typical sampling or XTC given): such rows are
+    /// drawn whole, from their values written out.
+    pub(crate) fn keeps_ranges(&self) -> bool {
+        self.typical_p.is_some() || self.xtc_probability.is_some()
     }
 
     /// The stop tokens that row `r` (of a validated batch) may not draw yet: its whole stop list

@@ -67,6 +67,10 @@ unsafe fn batch_from_c<'a>(b: &tokenrace_batch) -> Result<Batch<'a>> {
         token_bitmask: unsafe { bitmask(b, rows, vocab)? },
         min_tokens: unsafe { opt_slice(Owner::Batch, "min_tokens", b.min_tokens, rows)? },
         stop_tokens: unsafe { lists(rows, ("stop_ids", b.stop_ids), ("stop_offsets", b.stop_offsets))? },
+        min_keep: unsafe { opt_slice(Owner::Batch, "min_keep", b.min_keep, rows)? },
+        typical_p: unsafe { opt_slice(Owner::Batch, "typical_p", b.typical_p, rows)? },
+        xtc_probability: unsafe { opt_slice(Owner::Batch, "xtc_probability", b.xtc_probability, rows)? },
+        xtc_threshold: unsafe { opt_slice(Owner::Batch, "xtc_threshold", b.xtc_threshold, rows)? },
     })
 }
 
@@ -226,7 +230,7 @@ unsafe fn output_from_c<'a>(o: &tokenrace_output, b: &Batch) -> Result<(Output<'
 }
 
 /// The arrays a draw reads, for the check that no output shares memory with them.
-fn input_regions(b: &Batch) -> [Option<Region>; 30] {
+fn input_regions(b: &Batch) -> [Option<Region>; 34] {
     let (prompt, output, allowed, banned) = (b.prompt_tokens, b.output_tokens, b.allowed_tokens, b.banned_tokens);
     [
         Some(Region::logits(b.logits)),
@@ -259,6 +263,10 @@ fn input_regions(b: &Batch) -> [Option<Region>; 30] {
         Region::input("min_tokens", b.min_tokens),
         Region::input("stop_ids", b.stop_tokens.map(|l| l.ids)),
         Region::input("stop_offsets", b.stop_tokens.map(|l| l.offsets)),
+        Region::input("min_keep", b.min_keep),
+        Region::input("typical_p", b.typical_p),
+        Region::input("xtc_probability", b.xtc_probability),
+        Region::input("xtc_threshold", b.xtc_threshold),
     ]
 }
 
