@@ -73,6 +73,10 @@ OUTPUT_LAYOUT = struct_layout(_ffi.tokenrace_output, None, _ffi.OUTPUT_FULL_FIRS
 # top-nσ's per-row pointer, written alone by a call that passes it (``CallState.sigma_packed``).
 TOP_N_SIGMA_OFFSET = _ffi.tokenrace_batch.top_n_sigma.offset
 POINTER_LAYOUT = struct.Struct("=Q")
+# llama.cpp's filters' four per-row pointers (min_keep, typical_p, xtc_probability,
+# xtc_threshold), written together by a call that passes one of them (``CallState.llama_packed``).
+LLAMA_OFFSET = getattr(_ffi.tokenrace_batch, _ffi.BATCH_LLAMA_FIRST).offset
+LLAMA_LAYOUT = struct.Struct("=QQQQ")
 FULL_LAYOUT = struct_layout(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST)
 FULL_OFFSET = getattr(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST).offset
 FULL_ZEROS = (0,) * sum(1 for c in FULL_LAYOUT.format if c not in "=x")
@@ -168,6 +172,7 @@ class CallState:
         self.step_packed = False
         self.full_packed = False
         self.sigma_packed = False
+        self.llama_packed = False
         # The arguments of tokenrace_draw, made once rather than a byref() per call.
         self.batch_ptr = ctypes.pointer(self.batch)
         self.tokens_output_ptr = ctypes.pointer(self.tokens_output)
@@ -180,6 +185,10 @@ class CallState:
         self.top_p = RepeatedValue(c_float)
         self.min_p = RepeatedValue(c_float)
         self.top_n_sigma = RepeatedValue(c_float)
+        self.min_keep = RepeatedValue(c_int32)
+        self.typical_p = RepeatedValue(c_float)
+        self.xtc_probability = RepeatedValue(c_float)
+        self.xtc_threshold = RepeatedValue(c_float)
         self.repetition_penalty = RepeatedValue(c_float)
         self.frequency_penalty = RepeatedValue(c_float)
         self.presence_penalty = RepeatedValue(c_float)
