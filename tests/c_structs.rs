@@ -524,3 +524,24 @@ fn min_tokens_is_read_only_by_callers_whose_struct_reaches_it() {
         last_error()
     );
 }
+
+/// llama.cpp's filters' fields (min_keep, typical_p, xtc_probability, xtc_threshold) are one
+/// block after top_n_sigma, at the end of the struct (their behaviour: tests/llama_samplers.rs).
+#[test]
+fn the_llama_filters_block_follows_top_n_sigma_at_the_end() {
+    use std::mem::{offset_of, size_of};
+    let at = offset_of!(tokenrace_batch, top_n_sigma);
+    assert_eq!(at, 288);
+    for (i, field) in [
+        offset_of!(tokenrace_batch, min_keep),
+        offset_of!(tokenrace_batch, typical_p),
+        offset_of!(tokenrace_batch, xtc_probability),
+        offset_of!(tokenrace_batch, xtc_threshold),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        assert_eq!(field, at + 8 * (i + 1));
+    }
+    assert_eq!(size_of::<tokenrace_batch>(), at + 40);
+}

@@ -103,7 +103,7 @@ fn typical(c: &[Candidate], typical_p: f64, min_keep: usize) -> Result<(usize, u
     let bound = score(&c[order[last]]);
     let kept = || (0..c.len()).filter(|&i| score(&c[i]) <= bound);
     let a = kept().next().unwrap_or(0);
-    let b = kept().last().map_or(c.len(), |i| i + 1);
+    let b = kept().next_back().map_or(c.len(), |i| i + 1);
     Ok((a, b))
 }
 
