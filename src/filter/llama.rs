@@ -55,19 +55,17 @@ pub(crate) fn kept_range<V: RowValues + ?Sized>(
     f: Filters,
     xtc_applies: bool,
 ) -> Result<KeptRange> {
-    let mut c = alloc::collect(
-        (0..v.n()).map(|i| v.at(i)).filter(|x| x.is_finite() && *x >= floor).map(|x| Candidate {
-            x,
-            w: weight64(x, m, inv_t),
-            ln_w: (x as f64 - m as f64) * inv_t as f64,
-        }),
-        "typical/XTC candidates",
-    )?;
-    c.sort_unstable_by(|a, b| b.x.total_cmp(&a.x));
+    // Sorted as bare f32 values (a quarter of the bytes of the candidates), then weighed.
+    let mut values =
+        alloc::collect((0..v.n()).map(|i| v.at(i)).filter(|x| x.is_finite() && *x >= floor), "candidates")?;
+    values.sort_unstable_by(|a, b| b.total_cmp(a));
+    let weigh = |&x: &f32| Candidate { x, w: weight64(x, m, inv_t), ln_w: (x as f64 - m as f64) * inv_t as f64 };
+    let c = alloc::collect(values.iter().map(weigh), "typical/XTC candidates")?;
+    drop(values);
     // The kept candidates are always `c[a..b]` (sorted by value, descending).
     let (mut a, mut b) = (0, c.len());
     if f.typical_p < 1.0 {
-        (a, b) = typical(&c, f.typical_p, f.min_keep)?;
+        (a, b) = typical(&c, f.typical_p, f.min_keep);
     }
     if f.top_p < 1.0 {
         b = a + top_p_len(&c[a..b], f.top_p, f.min_keep);
@@ -80,31 +78,46 @@ pub(crate) fn kept_range<V: RowValues + ?Sized>(
 
 /// Locally typical sampling over the candidates `c` (sorted by value, descending; not empty):
 /// with `p_i = w_i / Z`, `H = -sum p_i ln p_i`, the tokens in increasing order of
-/// `|-ln p_i - H|`, up to the first at which their mass exceeds `typical_p` and at least
-/// `min_keep` are kept; every token whose score equals the last one's is kept too. Returns the
-/// kept range `c[a..b]` (the kept scores form one range of values: `-ln p` falls as `x` rises).
-fn typical(c: &[Candidate], typical_p: f64, min_keep: usize) -> Result<(usize, usize)> {
+/// `|-ln p_i - H|` (lower index first on ties), up to the first at which their mass exceeds
+/// `typical_p` and at least `min_keep` are kept; every token whose score equals the last one's
+/// is kept too. Returns the kept range `c[a..b]`.
+///
+/// `-ln p_i = ln Z - ln w_i` rises with `i`, so the scores fall up to the first token whose
+/// surprise reaches `H` and rise after it: the increasing order is a merge walking outwards from
+/// there, and the kept tokens are one range.
+fn typical(c: &[Candidate], typical_p: f64, min_keep: usize) -> (usize, usize) {
     let z: f64 = c.iter().map(|t| t.w).sum();
     let ln_z = z.ln();
     // p ln p = (w / Z) (ln w - ln Z); a weight of 0 (under e^-700) adds nothing.
     let entropy: f64 = -c.iter().filter(|t| t.w > 0.0).map(|t| t.w / z * (t.ln_w - ln_z)).sum::<f64>();
-    let score = |t: &Candidate| (ln_z - t.ln_w - entropy).abs();
-    let mut order = alloc::collect(0..c.len(), "typical order")?;
-    order.sort_by(|&i, &j| score(&c[i]).total_cmp(&score(&c[j])).then(i.cmp(&j)));
+    let shifted = |i: usize| ln_z - c[i].ln_w - entropy;
+    let score = |i: usize| shifted(i).abs();
+    let split = c.partition_point(|t| ln_z - t.ln_w - entropy < 0.0);
+    // Taken: c[left..right], growing outwards from `split`.
+    let (mut left, mut right) = (split, split);
     let mut mass = 0.0;
-    let mut last = order.len() - 1;
-    for (n, &i) in order.iter().enumerate() {
+    let mut bound = f64::INFINITY;
+    while left > 0 || right < c.len() {
+        let take_left = right == c.len() || (left > 0 && score(left - 1) <= score(right));
+        let i = if take_left { left - 1 } else { right };
+        if take_left {
+            left -= 1;
+        } else {
+            right += 1;
+        }
         mass += c[i].w / z;
-        if mass > typical_p && n + 1 >= min_keep {
-            last = n;
+        if mass > typical_p && right - left >= min_keep {
+            bound = score(i);
             break;
         }
     }
-    let bound = score(&c[order[last]]);
-    let kept = || (0..c.len()).filter(|&i| score(&c[i]) <= bound);
-    let a = kept().next().unwrap_or(0);
-    let b = kept().next_back().map_or(c.len(), |i| i + 1);
-    Ok((a, b))
+    while left > 0 && score(left - 1) <= bound {
+        left -= 1;
+    }
+    while right < c.len() && score(right) <= bound {
+        right += 1;
+    }
+    (left, right)
 }
 
 /// How many of the candidates `c` (sorted by value, descending; not empty) top-p keeps: the
