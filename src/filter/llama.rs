@@ -76,6 +76,38 @@ pub(crate) fn kept_range<V: RowValues + ?Sized>(
     Ok(KeptRange { lo: c[b - 1].x, hi: c[a].x })
 }
 
+/// XTC over the finite values `>= floor` of a row `v` (finite maximum `m`, at `inv_t`) when no
+/// typical sampling comes before it: what [`xtc_removed`] removes of them, found in two passes
+/// (their sum of weights, then the values with `p >= threshold`), without sorting.
+pub(crate) fn xtc_above<V: RowValues + ?Sized>(
+    v: &V,
+    (m, inv_t, floor): (f32, f32, f32),
+    f: Filters,
+    xtc_applies: bool,
+) -> Result<KeptRange> {
+    let all = KeptRange { lo: floor, hi: m };
+    if !(xtc_applies && f.xtc_on()) {
+        return Ok(all);
+    }
+    let kept = || (0..v.n()).map(|i| v.at(i)).filter(|x| x.is_finite() && *x >= floor);
+    let (mut z, mut count) = (0.0f64, 0usize);
+    for x in kept() {
+        z += weight64(x, m, inv_t);
+        count += 1;
+    }
+    // The tokens with p >= threshold, and the least probable of them: the smallest value (the
+    // ones above it go, ties with it stay).
+    let (mut above, mut least) = (0usize, f32::INFINITY);
+    for x in kept().filter(|&x| weight64(x, m, inv_t) / z >= f.xtc_threshold) {
+        above += 1;
+        least = least.min(x);
+    }
+    if above < 2 || count - (above - 1) < f.min_keep {
+        return Ok(all);
+    }
+    Ok(KeptRange { lo: floor, hi: least })
+}
+
 /// Locally typical sampling over the candidates `c` (sorted by value, descending; not empty):
 /// with `p_i = w_i / Z`, `H = -sum p_i ln p_i`, the tokens in increasing order of
 /// `|-ln p_i - H|` (lower index first on ties), up to the first at which their mass exceeds

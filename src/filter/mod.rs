@@ -174,6 +174,12 @@ pub(crate) fn kept_range<V: RowValues + ?Sized>(
     f: Filters,
     xtc_applies: bool,
 ) -> Result<llama::KeptRange> {
+    if f.typical_p >= 1.0 {
+        // XTC after top sets only: their floor (top-p's too), then XTC over what it keeps,
+        // without sorting it.
+        let floor = floor_of(k, v, bmax, m, inv_t, f)?;
+        return llama::xtc_above(v, (m, inv_t, floor), f, xtc_applies);
+    }
     let before_typical = Filters { top_p: 1.0, typical_p: 1.0, xtc_probability: 0.0, ..f };
     let floor = floor_of(k, v, bmax, m, inv_t, before_typical)?;
     llama::kept_range(v, (m, inv_t, floor), f, xtc_applies)
