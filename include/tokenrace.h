@@ -369,6 +369,13 @@ typedef struct tokenrace_batch {
   // falls below the probability and at least two tokens have p >= threshold, every one of them
   // but the least probable is removed.
   const float *xtc_threshold;
+  // Per-row dynamic temperature range >= 0 (NULL: off); 0 disables it for the row. The row's
+  // temperature becomes `min_T + (max_T - min_T) * (H / ln N)^exponent`, `min_T =
+  // max(0, T - range)`, `max_T = T + range`, H the entropy of softmax(x) over the N tokens its
+  // filters keep (llama.cpp's `dynatemp_range`).
+  const float *dynatemp_range;
+  // Per-row dynamic temperature exponent >= 0 (NULL: 1 for every row).
+  const float *dynatemp_exponent;
 } tokenrace_batch;
 
 // Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No

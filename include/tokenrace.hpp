@@ -645,6 +645,13 @@ class DrawOptions {
   DrawOptions& xtc_threshold(Span<float> v) { return values(xtc_threshold_, v); }
   template <class V, detail::if_number<V> = 0>
   DrawOptions& xtc_threshold(V every_row) { return scalar(xtc_threshold_, every_row); }
+  // llama.cpp's dynamic temperature: range >= 0 (0: off) and exponent >= 0 (default 1).
+  DrawOptions& dynatemp_range(Span<float> v) { return values(dynatemp_range_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& dynatemp_range(V every_row) { return scalar(dynatemp_range_, every_row); }
+  DrawOptions& dynatemp_exponent(Span<float> v) { return values(dynatemp_exponent_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& dynatemp_exponent(V every_row) { return scalar(dynatemp_exponent_, every_row); }
 
   // ---- the sampling step: histories, penalties, bias, allowed and banned lists, bitmask -------
 
@@ -817,6 +824,8 @@ class DrawOptions {
     b.typical_p = row_values(typical_p_, prepared, "typical_p", rows);
     b.xtc_probability = row_values(xtc_probability_, prepared, "xtc_probability", rows);
     b.xtc_threshold = row_values(xtc_threshold_, prepared, "xtc_threshold", rows);
+    b.dynatemp_range = row_values(dynatemp_range_, prepared, "dynatemp_range", rows);
+    b.dynatemp_exponent = row_values(dynatemp_exponent_, prepared, "dynatemp_exponent", rows);
     return prepared;
   }
 
@@ -918,7 +927,8 @@ class DrawOptions {
     }
   }
 
-  detail::PerRow<float> temperature_, top_p_, min_p_, top_n_sigma_, typical_p_, xtc_probability_, xtc_threshold_;
+  detail::PerRow<float> temperature_, top_p_, min_p_, top_n_sigma_, typical_p_, xtc_probability_, xtc_threshold_,
+      dynatemp_range_, dynatemp_exponent_;
   detail::PerRow<int32_t> min_keep_;
   detail::PerRow<uint64_t> seeds_, offsets_;
   detail::PerRow<uint8_t> seeded_, allowed_rows_;

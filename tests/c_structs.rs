@@ -525,7 +525,8 @@ fn min_tokens_is_read_only_by_callers_whose_struct_reaches_it() {
     );
 }
 
-/// llama.cpp's filters' fields (min_keep, typical_p, xtc_probability, xtc_threshold) are one
+/// llama.cpp's filters' fields (min_keep, typical_p, xtc_probability, xtc_threshold,
+/// dynatemp_range, dynatemp_exponent) are one
 /// block after top_n_sigma, at the end of the struct (their behaviour: tests/llama_samplers.rs).
 #[test]
 fn the_llama_filters_block_follows_top_n_sigma_at_the_end() {
@@ -543,5 +544,7 @@ fn the_llama_filters_block_follows_top_n_sigma_at_the_end() {
     {
         assert_eq!(field, at + 8 * (i + 1));
     }
-    assert_eq!(size_of::<tokenrace_batch>(), at + 40);
+    assert_eq!(offset_of!(tokenrace_batch, dynatemp_range), at + 40);
+    assert_eq!(offset_of!(tokenrace_batch, dynatemp_exponent), at + 48);
+    assert_eq!(size_of::<tokenrace_batch>(), at + 56);
 }

@@ -515,7 +515,9 @@ fn c_fields_follow_top_n_sigma_and_older_callers_do_not_read_them() {
     assert_eq!(offset_of!(tokenrace_batch, typical_p), at + 16);
     assert_eq!(offset_of!(tokenrace_batch, xtc_probability), at + 24);
     assert_eq!(offset_of!(tokenrace_batch, xtc_threshold), at + 32);
-    assert_eq!(size_of::<tokenrace_batch>(), at + 40);
+    assert_eq!(offset_of!(tokenrace_batch, dynatemp_range), at + 40);
+    assert_eq!(offset_of!(tokenrace_batch, dynatemp_exponent), at + 48);
+    assert_eq!(size_of::<tokenrace_batch>(), at + 56);
     let x = [0.0f32, 0.5, 1.0, 3.0];
     let (xp, xt) = ([1.0f32], [0.03f32]); // every p >= 0.03: XTC keeps the least probable alone
     unsafe {
@@ -547,5 +549,99 @@ fn c_fields_follow_top_n_sigma_and_older_callers_do_not_read_them() {
         }
         assert!(seen_other, "the fields were read past struct_size");
         tokenrace_sampler_free(s);
+    }
+}
+
+/// llama.cpp's dynamic temperature in float64: the kept set's entropy at T = 1, normalised by
+/// ln N; `normalise`: false for the wrong rule of the power check (H not divided by ln N).
+fn dynamic_temperature(x: &[f32], kept: &[bool], t: f64, range: f64, exponent: f64, normalise: bool) -> f64 {
+    let m = x.iter().zip(kept).filter(|(_, &k)| k).fold(f64::NEG_INFINITY, |a, (&v, _)| a.max(v as f64));
+    let w: Vec<f64> = x.iter().zip(kept).filter(|(_, &k)| k).map(|(&v, _)| (v as f64 - m).exp()).collect();
+    let z: f64 = w.iter().sum();
+    let h: f64 = -w.iter().map(|w| w / z).filter(|&p| p > 0.0).map(|p| p * p.ln()).sum::<f64>();
+    let n = w.len() as f64;
+    let normalised = if normalise { h / n.ln() } else { h };
+    let low = (t - range).max(0.0);
+    low + (t + range - low) * normalised.powf(exponent)
+}
+
+/// The dynamic temperature's frequencies match softmax(x / T') over the kept set (`filters_first`:
+/// llama.cpp's chain `top_k -> temp_ext -> dist`), and reject the base temperature and an
+/// entropy not normalised by ln N.
+#[test]
+fn dynamic_temperature_frequencies_match_and_wrong_rules_are_rejected() {
+    let mut rng = TestRng::new(131);
+    let vocab = 30;
+    let x: Vec<f32> = (0..vocab).map(|_| (rng.normal() * 1.5) as f32).collect();
+    let per_call = 4000;
+    let all: Vec<f32> = (0..per_call).flat_map(|_| x.iter().copied()).collect();
+    let (t, range, exponent) = (0.8f32, 0.6f32, 1.3f32);
+    let kept = reference(&x, 1.0, LlamaFilters { top_k: 10, ..OFF }, 0, Xtc::KeepLeast);
+    let at = |t: f64| probs_over(&x, t as f32, &kept);
+    let right = dynamic_temperature(&x, &kept, t as f64, range as f64, exponent as f64, true);
+    let unnormalised = dynamic_temperature(&x, &kept, t as f64, range as f64, exponent as f64, false);
+    let v = LlamaRows::same(per_call, t, OFF);
+    let (k, r, e) = (vec![10i32; per_call], vec![range; per_call], vec![exponent; per_call]);
+    let b = Batch {
+        top_k: Some(&k),
+        dynatemp_range: Some(&r),
+        dynatemp_exponent: Some(&e),
+        ..llama_batch(&all, per_call, vocab, &v)
+    };
+    each_level(|level| {
+        let counts = counts_of(&sampler_with(level, 13, 1, FilterOrder::FiltersFirst), &b, vocab, 20);
+        let (stat, dof) = chi2(&counts, &at(right));
+        assert!(stat < chi2_critical(dof, 5.0), "{level:?}: T' {right}: chi2 {stat} dof {dof}");
+        for (wrong, what) in [(t as f64, "the base temperature"), (unnormalised, "an unnormalised entropy")] {
+            let (stat, dof) = chi2(&counts, &at(wrong));
+            assert!(stat > chi2_critical(dof, 5.0), "{level:?}: {what} ({wrong} vs {right}) not rejected");
+        }
+    });
+}
+
+/// Dynamic temperature rows: the same seeded tokens at every level and thread count, range 0 is
+/// off, and bad values are refused naming the row.
+#[test]
+fn dynamic_temperature_rows_are_seeded_and_checked() {
+    let mut rng = TestRng::new(137);
+    let (rows, vocab) = (4usize, 20_000usize);
+    let x: Vec<f32> = (0..rows * vocab).map(|_| (rng.normal() * 2.0) as f32).collect();
+    let seeds: Vec<u64> = (0..rows as u64).collect();
+    let v = LlamaRows::same(rows, 0.9, LlamaFilters { typical_p: 0.95, ..OFF });
+    let (range, exponent) = ([0.5f32, 1.0, 0.0, 2.0], [1.0f32, 0.5, 1.0, 2.0]);
+    let b = Batch {
+        seeds: Some(&seeds),
+        dynatemp_range: Some(&range),
+        dynatemp_exponent: Some(&exponent),
+        ..llama_batch(&x, rows, vocab, &v)
+    };
+    let mut first: Option<Vec<i32>> = None;
+    each_level(|level| {
+        for threads in [1usize, 4] {
+            let got = draw(&sampler_with(level, 3, threads, FilterOrder::TemperatureFirst), &b).0;
+            match &first {
+                None => first = Some(got),
+                Some(f) => assert_eq!(&got, f, "{level:?} threads {threads}"),
+            }
+        }
+    });
+    let without = Batch { dynatemp_range: None, dynatemp_exponent: None, ..b };
+    assert_eq!(draw(&sampler(best_level(), 3), &without).0[2], first.unwrap()[2], "range 0 is off");
+    let s = sampler(best_level(), 0);
+    for (field, values, row) in [
+        ("dynatemp_range", [0.5f32, f32::NAN, 0.5, 0.5], 1),
+        ("dynatemp_range", [0.5, 0.5, -0.1, 0.5], 2),
+        ("dynatemp_exponent", [1.0, 1.0, 1.0, f32::INFINITY], 3),
+        ("dynatemp_exponent", [-1.0, 1.0, 1.0, 1.0], 0),
+    ] {
+        let bad = if field == "dynatemp_range" {
+            Batch { dynatemp_range: Some(&values), ..b }
+        } else {
+            Batch { dynatemp_exponent: Some(&values), ..b }
+        };
+        let mut tokens = vec![-7; rows];
+        let err = s.draw(&bad, &mut Output::new(&mut tokens)).unwrap_err();
+        assert!(err.message.contains(&format!("{field}[{row}]")), "{}", err.message);
+        assert_eq!(tokens, vec![-7; rows], "a failed call wrote");
     }
 }

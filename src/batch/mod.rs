@@ -159,6 +159,11 @@ pub struct Batch<'a> {
     pub xtc_probability: Option<&'a [f32]>,
     /// Per-row XTC threshold in [0, 1]; > 0.5 is off. Sampling rows only.
     pub xtc_threshold: Option<&'a [f32]>,
+    /// Per-row dynamic temperature range >= 0 (llama.cpp's `dynatemp_range`); 0 is off. Sampling
+    /// rows only.
+    pub dynatemp_range: Option<&'a [f32]>,
+    /// Per-row dynamic temperature exponent >= 0; `None` is 1 for every row.
+    pub dynatemp_exponent: Option<&'a [f32]>,
 }
 
 /// Per-row lists of token ids in CSR form: row `r`'s ids are `ids[offsets[r]..offsets[r + 1]]`
@@ -244,6 +249,8 @@ impl<'a> Batch<'a> {
             typical_p: None,
             xtc_probability: None,
             xtc_threshold: None,
+            dynatemp_range: None,
+            dynatemp_exponent: None,
         }
     }
 
@@ -259,10 +266,11 @@ impl<'a> Batch<'a> {
             || (self.min_tokens.is_some() && self.stop_tokens.is_some())
     }
 
-    /// Whether some row may keep a range of values (typical sampling or XTC given): such rows are
-    /// drawn whole, from their values written out.
+    /// Whether some row may keep a range of values or set its temperature from what it keeps
+    /// (typical sampling, XTC or a dynamic temperature given): such rows are drawn whole, from
+    /// their values written out.
     pub(crate) fn keeps_ranges(&self) -> bool {
-        self.typical_p.is_some() || self.xtc_probability.is_some()
+        self.typical_p.is_some() || self.xtc_probability.is_some() || self.dynatemp_range.is_some()
     }
 
     /// The stop tokens that row `r` (of a validated batch) may not draw yet: its whole stop list

@@ -177,6 +177,11 @@ fn validate_llama_filters(batch: &Batch) -> Result<()> {
     for (field, values) in [("xtc_probability", batch.xtc_probability), ("xtc_threshold", batch.xtc_threshold)] {
         check_each(field, values, rows, |v: f32| (!(0.0..=1.0).contains(&v)).then(|| format!("{v} is not in [0, 1]")))?;
     }
+    for (field, values) in [("dynatemp_range", batch.dynatemp_range), ("dynatemp_exponent", batch.dynatemp_exponent)] {
+        check_each(field, values, rows, |v: f32| {
+            (!(v.is_finite() && v >= 0.0)).then(|| format!("{v} is not a finite number >= 0"))
+        })?;
+    }
     if batch.noise.is_some() {
         if let Some(r) = (0..rows).find(|&r| crate::filter::xtc_on(batch, r) && batch.seed_of(r).is_none()) {
             bail_batch!(
@@ -209,7 +214,7 @@ fn validate_range_outputs(batch: &Batch, out: &Output) -> Result<()> {
             Owner::Output,
             owner_field,
             Some(r),
-            format!("{what} are not available for a row with typical_p or XTC on (raw ones are)"),
+            format!("{what} are not available for a row with typical_p, XTC or dynatemp on (raw ones are)"),
         ));
     }
     Ok(())

@@ -10,7 +10,7 @@ use super::output::LogprobSlots;
 use super::row::{draw_scanned, finish, summarize};
 use super::{Drawn, RowPlan};
 use crate::alloc;
-use crate::batch::Batch;
+use crate::batch::{inv_temperature, Batch};
 use crate::error::Result;
 use crate::filter::{self, llama::xtc_coin, Filters};
 use crate::kernels::{Kernels, RaceParams, BLOCK};
@@ -85,8 +85,17 @@ fn race_in_range(
         y.scan(k, 0, y.len(), bmax);
     }
     let kept = summarize(bmax, f32::NEG_INFINITY, has_nan, plan);
-    let won = y.race(k, 0, y.len(), bmax, RaceParams { m: kept.top, inv_t, floor: range.lo }, noise)?;
-    let token = finish(k, &y[..], bmax, &kept, Some(won));
+    let t = batch.temperature(r);
+    let won = match filter::llama::dynamic_temperature(&y[..], range, t, f) {
+        // A temperature of 0 takes the first maximum of the kept tokens (`finish`), as llama.cpp's
+        // temperature sampler does at `t <= 0`.
+        Some(t) if t <= 0.0 => None,
+        dynamic => {
+            let inv_t = dynamic.map_or(inv_t, |t| inv_temperature(t as f32));
+            Some(y.race(k, 0, y.len(), bmax, RaceParams { m: kept.top, inv_t, floor: range.lo }, noise)?)
+        }
+    };
+    let token = finish(k, &y[..], bmax, &kept, won);
     let info = RowInfo { top: sc.top, floor: range.lo, processed };
     Ok(Drawn { token, flags: sc.flags, info, logprobs_done: false })
 }

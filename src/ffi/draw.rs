@@ -71,6 +71,8 @@ unsafe fn batch_from_c<'a>(b: &tokenrace_batch) -> Result<Batch<'a>> {
         typical_p: unsafe { opt_slice(Owner::Batch, "typical_p", b.typical_p, rows)? },
         xtc_probability: unsafe { opt_slice(Owner::Batch, "xtc_probability", b.xtc_probability, rows)? },
         xtc_threshold: unsafe { opt_slice(Owner::Batch, "xtc_threshold", b.xtc_threshold, rows)? },
+        dynatemp_range: unsafe { opt_slice(Owner::Batch, "dynatemp_range", b.dynatemp_range, rows)? },
+        dynatemp_exponent: unsafe { opt_slice(Owner::Batch, "dynatemp_exponent", b.dynatemp_exponent, rows)? },
     })
 }
 
@@ -230,7 +232,7 @@ unsafe fn output_from_c<'a>(o: &tokenrace_output, b: &Batch) -> Result<(Output<'
 }
 
 /// The arrays a draw reads, for the check that no output shares memory with them.
-fn input_regions(b: &Batch) -> [Option<Region>; 34] {
+fn input_regions(b: &Batch) -> [Option<Region>; 36] {
     let (prompt, output, allowed, banned) = (b.prompt_tokens, b.output_tokens, b.allowed_tokens, b.banned_tokens);
     [
         Some(Region::logits(b.logits)),
@@ -267,6 +269,8 @@ fn input_regions(b: &Batch) -> [Option<Region>; 34] {
         Region::input("typical_p", b.typical_p),
         Region::input("xtc_probability", b.xtc_probability),
         Region::input("xtc_threshold", b.xtc_threshold),
+        Region::input("dynatemp_range", b.dynatemp_range),
+        Region::input("dynatemp_exponent", b.dynatemp_exponent),
     ]
 }
 

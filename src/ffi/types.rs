@@ -325,6 +325,13 @@ pub struct tokenrace_batch {
     /// falls below the probability and at least two tokens have p >= threshold, every one of them
     /// but the least probable is removed.
     pub xtc_threshold: *const f32,
+    /// Per-row dynamic temperature range >= 0 (NULL: off); 0 disables it for the row. The row's
+    /// temperature becomes `min_T + (max_T - min_T) * (H / ln N)^exponent`, `min_T =
+    /// max(0, T - range)`, `max_T = T + range`, H the entropy of softmax(x) over the N tokens its
+    /// filters keep (llama.cpp's `dynatemp_range`).
+    pub dynatemp_range: *const f32,
+    /// Per-row dynamic temperature exponent >= 0 (NULL: 1 for every row).
+    pub dynatemp_exponent: *const f32,
 }
 
 /// Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No

@@ -108,6 +108,38 @@ pub(crate) fn xtc_above<V: RowValues + ?Sized>(
     Ok(KeptRange { lo: floor, hi: least })
 }
 
+/// llama.cpp's dynamic temperature of a row of base temperature `t` whose filters `f` keep the
+/// finite values of `v` in `range`: `min_t + (max_t - min_t) * (H / ln N)^exponent`, with
+/// `min_t = max(0, t - dynatemp_range)`, `max_t = t + dynatemp_range`, `H` the entropy of
+/// softmax(x) (at temperature 1) over the N kept tokens. `None` when off, or when N <= 1 (the
+/// temperature does not matter then).
+pub(crate) fn dynamic_temperature<V: RowValues + ?Sized>(v: &V, range: KeptRange, t: f32, f: Filters) -> Option<f64> {
+    if f.dynatemp_range <= 0.0 {
+        return None;
+    }
+    let kept = || (0..v.n()).map(|i| v.at(i)).filter(|x| x.is_finite() && *x >= range.lo && *x <= range.hi);
+    let (mut z, mut count) = (0.0f64, 0usize);
+    for x in kept() {
+        z += weight64(x, range.hi, 1.0);
+        count += 1;
+    }
+    if count <= 1 {
+        return None;
+    }
+    let ln_z = z.ln();
+    // p ln p = (w / Z) (ln w - ln Z); a weight of 0 adds nothing.
+    let mut entropy = 0.0f64;
+    for x in kept() {
+        let w = weight64(x, range.hi, 1.0);
+        if w > 0.0 {
+            entropy -= w / z * ((x as f64 - range.hi as f64) - ln_z);
+        }
+    }
+    let normalized = (entropy / (count as f64).ln()).max(0.0);
+    let (low, high) = ((t as f64 - f.dynatemp_range).max(0.0), t as f64 + f.dynatemp_range);
+    Some(low + (high - low) * normalized.powf(f.dynatemp_exponent))
+}
+
 /// Locally typical sampling over the candidates `c` (sorted by value, descending; not empty):
 /// with `p_i = w_i / Z`, `H = -sum p_i ln p_i`, the tokens in increasing order of
 /// `|-ln p_i - H|` (lower index first on ties), up to the first at which their mass exceeds

@@ -59,6 +59,9 @@ pub(crate) struct Filters {
     /// XTC is on when `xtc_probability > 0` and `xtc_threshold <= 0.5`.
     pub xtc_probability: f64,
     pub xtc_threshold: f64,
+    /// 0: off.
+    pub dynatemp_range: f64,
+    pub dynatemp_exponent: f64,
 }
 
 impl Default for Filters {
@@ -78,6 +81,8 @@ impl Filters {
         typical_p: 1.0,
         xtc_probability: 0.0,
         xtc_threshold: 1.0,
+        dynatemp_range: 0.0,
+        dynatemp_exponent: 1.0,
     };
 
     /// The filters of row `r`, or `None` if none is on.
@@ -91,7 +96,20 @@ impl Filters {
         let typical_p = batch.typical_p.map_or(1.0, |p| p[r] as f64);
         let xtc_probability = batch.xtc_probability.map_or(0.0, |p| p[r] as f64);
         let xtc_threshold = batch.xtc_threshold.map_or(1.0, |t| t[r] as f64);
-        let f = Filters { top_k, top_p, min_p, top_n_sigma, min_keep, typical_p, xtc_probability, xtc_threshold };
+        let dynatemp_range = batch.dynatemp_range.map_or(0.0, |d| d[r] as f64);
+        let dynatemp_exponent = batch.dynatemp_exponent.map_or(1.0, |e| e[r] as f64);
+        let f = Filters {
+            top_k,
+            top_p,
+            min_p,
+            top_n_sigma,
+            min_keep,
+            typical_p,
+            xtc_probability,
+            xtc_threshold,
+            dynatemp_range,
+            dynatemp_exponent,
+        };
         // min_keep alone filters nothing: it only holds the other filters back.
         (top_k != 0 || top_p < 1.0 || min_p > 0.0 || top_n_sigma > 0.0 || f.keeps_range()).then_some(f)
     }
@@ -101,10 +119,11 @@ impl Filters {
         self.xtc_probability > 0.0 && self.xtc_threshold <= 0.5
     }
 
-    /// Whether the row keeps a range of values rather than a top set (typical sampling or XTC):
-    /// its filters are computed by [`llama::kept_range`].
+    /// Whether the row keeps a range of values rather than a top set (typical sampling or XTC),
+    /// or sets its temperature from what its filters keep (a dynamic temperature): its filters
+    /// are computed by [`llama::kept_range`], its draw by `draw::range`.
     pub(crate) fn keeps_range(&self) -> bool {
-        self.typical_p < 1.0 || self.xtc_on()
+        self.typical_p < 1.0 || self.xtc_on() || self.dynatemp_range > 0.0
     }
 }
 

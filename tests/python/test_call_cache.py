@@ -184,9 +184,9 @@ def test_a_call_without_the_sampling_step_clears_what_the_last_one_set(tokenrace
     assert not state.sigma_packed and bytes(state.batch)[_call.TOP_N_SIGMA_OFFSET:sigma_end] == bytes(8)
     # And for llama.cpp's filters' block.
     s.draw(x, temperature=1.0, typical_p=0.5)
-    assert state.llama_packed and bytes(state.batch)[_call.LLAMA_OFFSET:] != bytes(32)
+    assert state.llama_packed and bytes(state.batch)[_call.LLAMA_OFFSET:] != bytes(48)
     np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
-    assert not state.llama_packed and bytes(state.batch)[_call.LLAMA_OFFSET:] == bytes(32)
+    assert not state.llama_packed and bytes(state.batch)[_call.LLAMA_OFFSET:] == bytes(48)
     r = s.draw_full(x, temperature=0, full_logprobs="raw")
     assert r.full_logprobs.shape == (3, 64) and state.full_packed
     r = s.draw_full(x, temperature=0)

@@ -165,3 +165,44 @@ def test_off_values_and_the_next_call_forget_the_fields(tokenrace, rng):
     np.testing.assert_array_equal(s.draw(x, seeds=seeds, typical_p=1.0, xtc_probability=0.0, min_keep=5), plain)
     assert not (s.draw(x, seeds=seeds, typical_p=0.2) == plain).all()
     np.testing.assert_array_equal(s.draw(x, seeds=seeds), plain)
+
+
+def test_dynamic_temperature_frequencies_and_the_base_temperature_rejected(tokenrace, rng):
+    vocab, rows = 30, 4000
+    x = (rng.standard_normal(vocab) * 1.5).astype(np.float32)
+    kept = x >= np.sort(x)[-10]
+    x64 = x.astype(np.float64)
+    w = np.exp(x64[kept] - x64[kept].max())
+    p = w / w.sum()
+    h = -(p * np.log(p)).sum()
+    t, rng_, e = 0.8, 0.6, 1.3
+    low = max(0.0, t - rng_)
+    t_dyn = low + (t + rng_ - low) * (h / np.log(kept.sum())) ** e
+    s = tokenrace.Sampler(vocab, max_rows=rows, seed=5, filter_order="filters_first")
+    counts = np.zeros(vocab, np.int64)
+    for _ in range(10):
+        counts += np.bincount(s.draw(np.tile(x, (rows, 1)), temperature=t, top_k=10, dynatemp_range=rng_,
+                                     dynatemp_exponent=e), minlength=vocab)
+    assert counts[~kept].sum() == 0
+
+    def stat(temperature):
+        q = softmax_over(x, kept, temperature)
+        ex = q * counts.sum()
+        big = ex >= 5
+        return ((counts[big] - ex[big]) ** 2 / ex[big]).sum(), big.sum() - 1
+
+    value, dof = stat(t_dyn)
+    assert value < wilson_hilferty(dof, 5.0), (value, t_dyn)
+    value, dof = stat(t)
+    assert value > wilson_hilferty(dof, 5.0), ("the base temperature was not rejected", value)
+
+
+@pytest.mark.parametrize("kw,where", [
+    ({"dynatemp_range": -1.0}, r"dynatemp_range\[0\]"),
+    ({"dynatemp_range": 0.5, "dynatemp_exponent": np.nan}, r"dynatemp_exponent\[0\]"),
+])
+def test_bad_dynamic_temperature_names_the_row(tokenrace, kw, where):
+    s = tokenrace.Sampler(10)
+    with pytest.raises(ValueError, match=where):
+        s.draw(np.zeros((2, 10), np.float32), **kw)
+    assert s.stats()["calls"] == 0

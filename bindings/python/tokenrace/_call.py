@@ -73,10 +73,11 @@ OUTPUT_LAYOUT = struct_layout(_ffi.tokenrace_output, None, _ffi.OUTPUT_FULL_FIRS
 # top-nσ's per-row pointer, written alone by a call that passes it (``CallState.sigma_packed``).
 TOP_N_SIGMA_OFFSET = _ffi.tokenrace_batch.top_n_sigma.offset
 POINTER_LAYOUT = struct.Struct("=Q")
-# llama.cpp's filters' four per-row pointers (min_keep, typical_p, xtc_probability,
-# xtc_threshold), written together by a call that passes one of them (``CallState.llama_packed``).
+# llama.cpp's filters' six per-row pointers (min_keep, typical_p, xtc_probability,
+# xtc_threshold, dynatemp_range, dynatemp_exponent), written together by a call that passes one of
+# them (``CallState.llama_packed``).
 LLAMA_OFFSET = getattr(_ffi.tokenrace_batch, _ffi.BATCH_LLAMA_FIRST).offset
-LLAMA_LAYOUT = struct.Struct("=QQQQ")
+LLAMA_LAYOUT = struct.Struct("=QQQQQQ")
 FULL_LAYOUT = struct_layout(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST)
 FULL_OFFSET = getattr(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST).offset
 FULL_ZEROS = (0,) * sum(1 for c in FULL_LAYOUT.format if c not in "=x")
@@ -189,6 +190,8 @@ class CallState:
         self.typical_p = RepeatedValue(c_float)
         self.xtc_probability = RepeatedValue(c_float)
         self.xtc_threshold = RepeatedValue(c_float)
+        self.dynatemp_range = RepeatedValue(c_float)
+        self.dynatemp_exponent = RepeatedValue(c_float)
         self.repetition_penalty = RepeatedValue(c_float)
         self.frequency_penalty = RepeatedValue(c_float)
         self.presence_penalty = RepeatedValue(c_float)

@@ -225,7 +225,7 @@ class Sampler(_Closable):
             if state is not None:
                 state.llama_packed = True
         elif state is not None and state.llama_packed:
-            LLAMA_LAYOUT.pack_into(b, LLAMA_OFFSET, 0, 0, 0, 0)
+            LLAMA_LAYOUT.pack_into(b, LLAMA_OFFSET, 0, 0, 0, 0, 0, 0)
             state.llama_packed = False
         return rows
 
@@ -264,7 +264,8 @@ class Sampler(_Closable):
              prompt_tokens=None, output_tokens=None, repetition_penalty=None, frequency_penalty=None,
              presence_penalty=None, logit_bias=None, allowed_tokens=None, banned_tokens=None,
              token_bitmask=None, penalty_last_n=None, min_tokens=None, stop_token_ids=None, min_keep=None,
-             typical_p=None, xtc_probability=None, xtc_threshold=None):
+             typical_p=None, xtc_probability=None, xtc_threshold=None, dynatemp_range=None,
+             dynatemp_exponent=None):
         """Draws one token per row of ``logits``; returns an int32 array of ``rows`` tokens (a
         torch tensor when ``logits`` is one, over the same memory: no copy; the flags of
         ``return_flags`` then come as int32, the same bits).
@@ -299,7 +300,12 @@ class Sampler(_Closable):
             probable are removed). The coin comes from the row's key: a seeded row's is a pure
             function of its seed and offset; an unseeded row's comes from the sampler's stream,
             and such a row may not take ``noise``.
-            Rows with typical sampling or XTC give raw logprobs only.
+        dynatemp_range, dynatemp_exponent: scalars or one float per row, finite and >= 0 (range
+            0: off; exponent default 1): llama.cpp's dynamic temperature, the row's temperature
+            becomes ``min_T + (max_T - min_T) * (H / ln N) ** exponent`` with ``min_T = max(0,
+            T - range)``, ``max_T = T + range``, H the entropy of softmax(logits) over the N tokens
+            the filters keep.
+            Rows with typical sampling, XTC or a dynamic temperature give raw logprobs only.
             The filters (``docs/semantics.md``, Filters) apply to sampling rows only, min-p and
             top-nσ, then top-k, then typical, then top-p, then XTC; None (the default) is off for
             every row. A value out of range
@@ -354,7 +360,8 @@ class Sampler(_Closable):
             keep = []
             rows = self._fill_batch(state.batch, keep, state, logits, temperature, seeds, offsets, seeded,
                                     noise, noise_kind, top_k, top_p, min_p, top_n_sigma,
-                                    (min_keep, typical_p, xtc_probability, xtc_threshold))
+                                    (min_keep, typical_p, xtc_probability, xtc_threshold, dynatemp_range,
+                                     dynatemp_exponent))
             if (prompt_tokens is None and output_tokens is None and repetition_penalty is None
                     and frequency_penalty is None and presence_penalty is None and logit_bias is None
                     and allowed_tokens is None and banned_tokens is None and token_bitmask is None
@@ -393,7 +400,7 @@ class Sampler(_Closable):
                   frequency_penalty=None, presence_penalty=None, logit_bias=None, allowed_tokens=None,
                   banned_tokens=None, token_bitmask=None, full_logprobs=None, out=None, penalty_last_n=None,
                   min_tokens=None, stop_token_ids=None, min_keep=None, typical_p=None, xtc_probability=None,
-                  xtc_threshold=None):
+                  xtc_threshold=None, dynatemp_range=None, dynatemp_exponent=None):
         """Draws like ``draw`` and also returns logprobs: a ``DrawResult`` (of torch tensors over
         the same memory when ``logits`` is a tensor, flags as int32) with
 
@@ -439,7 +446,8 @@ class Sampler(_Closable):
             keep = []
             rows = self._fill_batch(state.batch, keep, state, logits, temperature, seeds, offsets, seeded,
                                     noise, noise_kind, top_k, top_p, min_p, top_n_sigma,
-                                    (min_keep, typical_p, xtc_probability, xtc_threshold))
+                                    (min_keep, typical_p, xtc_probability, xtc_threshold, dynatemp_range,
+                                     dynatemp_exponent))
             if (prompt_tokens is None and output_tokens is None and repetition_penalty is None
                     and frequency_penalty is None and presence_penalty is None and logit_bias is None
                     and allowed_tokens is None and banned_tokens is None and token_bitmask is None
@@ -467,7 +475,8 @@ class Sampler(_Closable):
                         ("banned_tokens", banned_tokens), ("penalty_last_n", penalty_last_n),
                         ("min_tokens", min_tokens), ("stop_token_ids", stop_token_ids), ("min_keep", min_keep),
                         ("typical_p", typical_p), ("xtc_probability", xtc_probability),
-                        ("xtc_threshold", xtc_threshold)))
+                        ("xtc_threshold", xtc_threshold), ("dynatemp_range", dynatemp_range),
+                        ("dynatemp_exponent", dynatemp_exponent)))
                 state.full_packed = True
                 FULL_LAYOUT.pack_into(state.full_output, FULL_OFFSET, full_ptr, full_stride, full_mode, 0)
             elif state.full_packed:
@@ -647,12 +656,12 @@ def _float_rows(cache, value, rows, name, keep):
     return _slow_rows(value, rows, np.float32, name, keep)
 
 
-_NO_LLAMA = (None, None, None, None)
+_NO_LLAMA = (None, None, None, None, None, None)
 
 
 def _llama_rows(state, llama, rows, keep):
     """The four pointers of llama.cpp's filters' block (0: not given)."""
-    min_keep, typical_p, xtc_probability, xtc_threshold = llama
+    min_keep, typical_p, xtc_probability, xtc_threshold, dynatemp_range, dynatemp_exponent = llama
     return (
         0 if min_keep is None else _int32_rows(state and state.min_keep, min_keep, rows, "min_keep", keep),
         0 if typical_p is None else _float_rows(state and state.typical_p, typical_p, rows, "typical_p", keep),
@@ -660,6 +669,10 @@ def _llama_rows(state, llama, rows, keep):
                                                       "xtc_probability", keep),
         0 if xtc_threshold is None else _float_rows(state and state.xtc_threshold, xtc_threshold, rows,
                                                     "xtc_threshold", keep),
+        0 if dynatemp_range is None else _float_rows(state and state.dynatemp_range, dynatemp_range, rows,
+                                                     "dynatemp_range", keep),
+        0 if dynatemp_exponent is None else _float_rows(state and state.dynatemp_exponent, dynatemp_exponent,
+                                                        rows, "dynatemp_exponent", keep),
     )
 
 
