@@ -290,6 +290,24 @@ inline void draws_equal_the_c_api(const tokenrace::Library& lib) {
   CHECK(filtered_tokens == raw.draw(TOKENRACE_DTYPE_F32, logits.data(), rows, vocab, filtered_rows));
   CHECK(filtered_tokens != f32_tokens);  // the filters reached the library
 
+  // llama.cpp's XTC at threshold 0 (every token is above it) keeps the least probable tokens
+  // alone: each sampling row draws one of its smallest logits. typical_p and min_keep reach the
+  // library too (a bad min_keep is refused).
+  tokenrace::DrawOptions xtc = plain;
+  xtc.xtc_probability(1.0f).xtc_threshold(0.0f).typical_p(1.0f).min_keep(0);
+  const std::vector<int32_t> least = sampler.draw(tokenrace::Logits::f32(logits.data(), rows, vocab), xtc);
+  for (uint32_t r = 0; r < rows; r++) {
+    if (temps[r] == 0.0f) continue;
+    const float* row = &logits[size_t(r) * vocab];
+    CHECK(row[least[r]] == *std::min_element(row, row + vocab));
+  }
+  tokenrace::DrawOptions bad_keep = plain;
+  bad_keep.min_keep(-1);
+  CHECK_THROWS(sampler.draw(tokenrace::Logits::f32(logits.data(), rows, vocab), bad_keep), TOKENRACE_STATUS_INVALID_ARGUMENT,
+               "min_keep[0]");
+  CHECK(sampler.draw(tokenrace::Logits::f32(logits.data(), rows, vocab), tokenrace::DrawOptions(plain).typical_p(0.3f)) !=
+        f32_tokens);
+
   // Strided rows: the same rows with padding between them.
   const uint64_t stride = vocab + 24;
   std::vector<float> padded(rows * stride, std::numeric_limits<float>::infinity());

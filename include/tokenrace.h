@@ -372,6 +372,26 @@ typedef struct tokenrace_batch {
   const struct tokenrace_requests *requests;
   // `rows` request ids (with `requests`), each live in it; several rows may name one request.
   const uint64_t *request_ids;
+  // Per-row min_keep n >= 0 (NULL: 0): top-p, min-p, typical sampling and XTC each keep at
+  // least n tokens of what they are given (llama.cpp's `min_keep`; not top-k's).
+  const int32_t *min_keep;
+  // Per-row locally typical sampling p in (0, 1] (NULL: off); 1 disables it for the row.
+  // Keeps the tokens whose surprise -ln p is nearest the entropy, up to a mass > p.
+  const float *typical_p;
+  // Per-row XTC probability in [0, 1] (NULL: off); <= 0 disables it for the row. The coin is
+  // drawn from the row's key (seeded rows: a pure function of seed and offset).
+  const float *xtc_probability;
+  // Per-row XTC threshold in [0, 1] (NULL: off); > 0.5 disables it for the row. When the coin
+  // falls below the probability and at least two tokens have p >= threshold, every one of them
+  // but the least probable is removed.
+  const float *xtc_threshold;
+  // Per-row dynamic temperature range >= 0 (NULL: off); 0 disables it for the row. The row's
+  // temperature becomes `min_T + (max_T - min_T) * (H / ln N)^exponent`, `min_T =
+  // max(0, T - range)`, `max_T = T + range`, H the entropy of softmax(x) over the N tokens its
+  // filters keep (llama.cpp's `dynatemp_range`).
+  const float *dynatemp_range;
+  // Per-row dynamic temperature exponent >= 0 (NULL: 1 for every row).
+  const float *dynatemp_exponent;
 } tokenrace_batch;
 
 // Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No

@@ -635,6 +635,29 @@ class DrawOptions {
   DrawOptions& top_n_sigma(Span<float> v) { return values(top_n_sigma_, v); }
   template <class V, detail::if_number<V> = 0>
   DrawOptions& top_n_sigma(V every_row) { return scalar(top_n_sigma_, every_row); }
+  // llama.cpp's min_keep (>= 0): top-p, min-p, typical and XTC keep at least that many tokens.
+  DrawOptions& min_keep(Span<int32_t> v) { return values(min_keep_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& min_keep(V every_row) { return scalar(min_keep_, every_row); }
+  // llama.cpp's locally typical sampling, in (0, 1] (1: off).
+  DrawOptions& typical_p(Span<float> v) { return values(typical_p_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& typical_p(V every_row) { return scalar(typical_p_, every_row); }
+  // llama.cpp's XTC: probability and threshold in [0, 1] (off: probability 0 or threshold > 0.5).
+  // The coin comes from the row's key (its seed and offset, or the sampler's stream).
+  DrawOptions& xtc_probability(Span<float> v) { return values(xtc_probability_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& xtc_probability(V every_row) { return scalar(xtc_probability_, every_row); }
+  DrawOptions& xtc_threshold(Span<float> v) { return values(xtc_threshold_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& xtc_threshold(V every_row) { return scalar(xtc_threshold_, every_row); }
+  // llama.cpp's dynamic temperature: range >= 0 (0: off) and exponent >= 0 (default 1).
+  DrawOptions& dynatemp_range(Span<float> v) { return values(dynatemp_range_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& dynatemp_range(V every_row) { return scalar(dynatemp_range_, every_row); }
+  DrawOptions& dynatemp_exponent(Span<float> v) { return values(dynatemp_exponent_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& dynatemp_exponent(V every_row) { return scalar(dynatemp_exponent_, every_row); }
 
   // ---- the sampling step: histories, penalties, bias, allowed and banned lists, bitmask -------
 
@@ -803,6 +826,12 @@ class DrawOptions {
     b.token_bitmask = bitmask_.data();
     b.bitmask_row_stride = bitmask_row_stride_;
     b.top_n_sigma = row_values(top_n_sigma_, prepared, "top_n_sigma", rows);
+    b.min_keep = row_values(min_keep_, prepared, "min_keep", rows);
+    b.typical_p = row_values(typical_p_, prepared, "typical_p", rows);
+    b.xtc_probability = row_values(xtc_probability_, prepared, "xtc_probability", rows);
+    b.xtc_threshold = row_values(xtc_threshold_, prepared, "xtc_threshold", rows);
+    b.dynatemp_range = row_values(dynatemp_range_, prepared, "dynatemp_range", rows);
+    b.dynatemp_exponent = row_values(dynatemp_exponent_, prepared, "dynatemp_exponent", rows);
     return prepared;
   }
 
@@ -904,7 +933,9 @@ class DrawOptions {
     }
   }
 
-  detail::PerRow<float> temperature_, top_p_, min_p_, top_n_sigma_;
+  detail::PerRow<float> temperature_, top_p_, min_p_, top_n_sigma_, typical_p_, xtc_probability_, xtc_threshold_,
+      dynatemp_range_, dynatemp_exponent_;
+  detail::PerRow<int32_t> min_keep_;
   detail::PerRow<uint64_t> seeds_, offsets_;
   detail::PerRow<uint8_t> seeded_, allowed_rows_;
   detail::PerRow<int32_t> top_k_, penalty_last_n_, min_tokens_;

@@ -61,6 +61,8 @@ pub(crate) fn plan(
 ) -> Result<Plan> {
     let mut rows = Vec::with_capacity(batch.rows);
     let mut unseeded = Vec::new();
+    // Unseeded rows keyed from the stream although a pool is given (XTC rows).
+    let mut keyed = Vec::new();
     let mut counts = RowCounts::default();
     for r in 0..batch.rows {
         let t = batch.temperature(r);
@@ -80,6 +82,12 @@ pub(crate) fn plan(
             unseeded.push(r);
             RaceNoise::Inline(0) // keyed below, in row order
         };
+        if pool.is_some() && unseeded.last() == Some(&r) && crate::filter::xtc_on(batch, r) {
+            // XTC's coin comes from the row's key: such a row is keyed from the stream even when
+            // the other unseeded rows take pool rows.
+            unseeded.pop();
+            keyed.push(r);
+        }
         let inv_t = inv_temperature(t);
         let filter_inv_t = if order == FilterOrder::FiltersFirst { 1.0 } else { inv_t };
         rows.push(RowPlan::Sample { inv_t, filter_inv_t, noise, filters_after_race: false });
@@ -97,15 +105,16 @@ pub(crate) fn plan(
             counts.pool = unseeded.len() as u64;
             lease = Some(l);
         }
-        _ if unseeded.is_empty() => {}
-        _ => {
-            let mut row_keys = vec![0u64; unseeded.len()];
-            taken = Some(keys.take_keys(&mut row_keys));
-            for (&r, &key) in unseeded.iter().zip(&row_keys) {
-                set_noise(&mut rows[r], RaceNoise::Inline(key));
-            }
-            counts.inline = unseeded.len() as u64;
+        _ => keyed.append(&mut unseeded),
+    }
+    if !keyed.is_empty() {
+        keyed.sort_unstable();
+        let mut row_keys = vec![0u64; keyed.len()];
+        taken = Some(keys.take_keys(&mut row_keys));
+        for (&r, &key) in keyed.iter().zip(&row_keys) {
+            set_noise(&mut rows[r], RaceNoise::Inline(key));
         }
+        counts.inline = keyed.len() as u64;
     }
     Ok(Plan { rows, counts, lease, keys: taken })
 }

@@ -537,7 +537,7 @@ fn the_request_state_is_read_only_by_callers_whose_struct_reaches_it() {
     let requests_at = offset_of!(tokenrace_batch, requests);
     assert_eq!(requests_at, offset_of!(tokenrace_batch, top_n_sigma) + 8);
     assert_eq!(offset_of!(tokenrace_batch, request_ids), requests_at + 8);
-    assert_eq!(size_of::<tokenrace_batch>(), requests_at + 16);
+    assert_eq!(offset_of!(tokenrace_batch, min_keep), requests_at + 16);
     let mut f = Fixture::new();
     for (i, v) in f.logits.iter_mut().enumerate() {
         *v = match i % 1000 {
@@ -608,4 +608,28 @@ fn the_request_state_is_read_only_by_callers_whose_struct_reaches_it() {
         assert!(last_error().contains("requests: is NULL"), "{}", last_error());
         tokenrace_requests_free(state);
     }
+}
+
+/// llama.cpp's filters' fields (min_keep, typical_p, xtc_probability, xtc_threshold,
+/// dynatemp_range, dynatemp_exponent) are one block after the request state's fields, from the
+/// struct's former end (304) to its new one (their behaviour: tests/llama_samplers.rs).
+#[test]
+fn the_llama_filters_block_follows_the_request_state_at_the_end() {
+    use std::mem::{offset_of, size_of};
+    let at = offset_of!(tokenrace_batch, request_ids);
+    assert_eq!(at + 8, 304);
+    for (i, field) in [
+        offset_of!(tokenrace_batch, min_keep),
+        offset_of!(tokenrace_batch, typical_p),
+        offset_of!(tokenrace_batch, xtc_probability),
+        offset_of!(tokenrace_batch, xtc_threshold),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        assert_eq!(field, at + 8 * (i + 1));
+    }
+    assert_eq!(offset_of!(tokenrace_batch, dynatemp_range), at + 40);
+    assert_eq!(offset_of!(tokenrace_batch, dynatemp_exponent), at + 48);
+    assert_eq!(size_of::<tokenrace_batch>(), at + 56);
 }

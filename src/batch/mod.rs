@@ -152,6 +152,21 @@ pub struct Batch<'a> {
     /// The rows named by request id: their histories come from a [`Requests`](crate::Requests)
     /// state instead of `prompt_tokens` and `output_tokens` (which must then be `None`).
     pub requests: Option<crate::requests::RequestRows<'a>>,
+    /// Per-row min_keep n >= 0 (llama.cpp's): top-p, min-p, locally typical sampling and XTC
+    /// each keep at least n tokens of what they are given; 0 and 1 change nothing. Sampling
+    /// rows only.
+    pub min_keep: Option<&'a [i32]>,
+    /// Per-row locally typical sampling p in (0, 1]; 1 is off. Sampling rows only.
+    pub typical_p: Option<&'a [f32]>,
+    /// Per-row XTC probability in [0, 1]; <= 0 is off. Sampling rows only.
+    pub xtc_probability: Option<&'a [f32]>,
+    /// Per-row XTC threshold in [0, 1]; > 0.5 is off. Sampling rows only.
+    pub xtc_threshold: Option<&'a [f32]>,
+    /// Per-row dynamic temperature range >= 0 (llama.cpp's `dynatemp_range`); 0 is off. Sampling
+    /// rows only.
+    pub dynatemp_range: Option<&'a [f32]>,
+    /// Per-row dynamic temperature exponent >= 0; `None` is 1 for every row.
+    pub dynatemp_exponent: Option<&'a [f32]>,
 }
 
 /// Per-row lists of token ids in CSR form: row `r`'s ids are `ids[offsets[r]..offsets[r + 1]]`
@@ -234,6 +249,12 @@ impl<'a> Batch<'a> {
             min_tokens: None,
             stop_tokens: None,
             requests: None,
+            min_keep: None,
+            typical_p: None,
+            xtc_probability: None,
+            xtc_threshold: None,
+            dynatemp_range: None,
+            dynatemp_exponent: None,
         }
     }
 
@@ -248,6 +269,13 @@ impl<'a> Batch<'a> {
             || self.banned_tokens.is_some()
             || self.token_bitmask.is_some()
             || (self.min_tokens.is_some() && self.stop_tokens.is_some())
+    }
+
+    /// Whether some row may keep a range of values or set its temperature from what it keeps
+    /// (typical sampling, XTC or a dynamic temperature given): such rows are drawn whole, from
+    /// their values written out.
+    pub(crate) fn keeps_ranges(&self) -> bool {
+        self.typical_p.is_some() || self.xtc_probability.is_some() || self.dynatemp_range.is_some()
     }
 
     /// The stop tokens that row `r` (of a validated batch) may not draw yet: its whole stop list

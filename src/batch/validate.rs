@@ -129,6 +129,7 @@ pub(crate) fn validate_but_ids(
         }
     }
     validate_params(batch)?;
+    validate_range_outputs(batch, out)?;
     if let Some(n) = &batch.noise {
         if n.row_stride != 0 && n.row_stride < vocab {
             bail_batch!("noise_row_stride", None, "{} is neither 0 (broadcast) nor >= vocab {vocab}", n.row_stride);
@@ -151,6 +152,7 @@ pub(crate) fn validate_params(batch: &Batch) -> Result<()> {
     check_each("top_n_sigma", batch.top_n_sigma, rows, |n: f32| {
         (!n.is_finite()).then(|| format!("{n} is not a finite number"))
     })?;
+    validate_llama_filters(batch)?;
     check_each("temperature", batch.temperature, rows, |t: f32| {
         (!(t.is_finite() && t >= 0.0)).then(|| format!("{t} is not a finite number >= 0"))
     })?;
@@ -160,6 +162,61 @@ pub(crate) fn validate_params(batch: &Batch) -> Result<()> {
         bail_batch!("seeded", None, "given without seeds");
     }
     check_rows(Owner::Batch, "seeded", batch.seeded, rows)?;
+    Ok(())
+}
+
+/// Checks llama.cpp's filters: min_keep, locally typical sampling and XTC. An unseeded row with
+/// XTC on may not take the caller's noise: its coin is drawn from the row's key, which such a row
+/// does not have.
+fn validate_llama_filters(batch: &Batch) -> Result<()> {
+    let rows = batch.rows;
+    check_each("min_keep", batch.min_keep, rows, |n: i32| (n < 0).then(|| format!("{n} is negative")))?;
+    check_each("typical_p", batch.typical_p, rows, |p: f32| {
+        (!(p > 0.0 && p <= 1.0)).then(|| format!("{p} is not in (0, 1]"))
+    })?;
+    for (field, values) in [("xtc_probability", batch.xtc_probability), ("xtc_threshold", batch.xtc_threshold)] {
+        check_each(field, values, rows, |v: f32| (!(0.0..=1.0).contains(&v)).then(|| format!("{v} is not in [0, 1]")))?;
+    }
+    for (field, values) in [("dynatemp_range", batch.dynatemp_range), ("dynatemp_exponent", batch.dynatemp_exponent)] {
+        check_each(field, values, rows, |v: f32| {
+            (!(v.is_finite() && v >= 0.0)).then(|| format!("{v} is not a finite number >= 0"))
+        })?;
+    }
+    if batch.noise.is_some() {
+        if let Some(r) = (0..rows).find(|&r| crate::filter::xtc_on(batch, r) && batch.seed_of(r).is_none()) {
+            bail_batch!(
+                "xtc_probability",
+                Some(r),
+                "XTC on an unseeded row with caller-supplied noise (its coin comes from the row's key: seed the row)"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Refuses processed logprobs and processed full-vocabulary outputs for a row whose filters keep
+/// a range (typical sampling, XTC): those outputs know a floor, not a range.
+fn validate_range_outputs(batch: &Batch, out: &Output) -> Result<()> {
+    let per_token = out.logprobs.is_some() || out.ranks.is_some() || out.top_n > 0;
+    let processed_logprobs = per_token && out.logprob_mode == crate::batch::LogprobMode::Processed;
+    let processed_full = out.full_logprobs.is_some() && out.full_mode != crate::batch::FullMode::Raw;
+    if !(processed_logprobs || processed_full) || !batch.keeps_ranges() {
+        return Ok(());
+    }
+    let ranged = |r: &usize| crate::filter::Filters::of(batch, *r).is_some_and(|f| f.keeps_range());
+    if let Some(r) = (0..batch.rows).find(ranged) {
+        let (owner_field, what) = if processed_logprobs {
+            ("logprob_mode", "processed logprobs")
+        } else {
+            ("full_mode", "a processed full output")
+        };
+        return Err(Error::arg(
+            Owner::Output,
+            owner_field,
+            Some(r),
+            format!("{what} are not available for a row with typical_p, XTC or dynatemp on (raw ones are)"),
+        ));
+    }
     Ok(())
 }
 

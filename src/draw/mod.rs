@@ -21,6 +21,7 @@ mod cells;
 pub(crate) mod cost;
 mod kept;
 mod output;
+mod range;
 mod row;
 mod split;
 mod stepped;

@@ -3,6 +3,7 @@
 
 use super::kept::BLOCK_MAX;
 use super::output::LogprobSlots;
+use super::range;
 use super::stepped;
 use super::{Drawn, RowPlan};
 use crate::alloc;
@@ -38,6 +39,10 @@ pub(super) enum RowPath<'a> {
     /// Any other row with a step (a penalty raises values): a masked pass over the kept tokens,
     /// the touched ones raced one by one ([`stepped::draw_masked`]).
     Masked(RowStep<'a>),
+    /// A sampling row whose filters keep a range of values (typical sampling, XTC), with its
+    /// step if it has one: its values written out and raced over that range
+    /// ([`range::draw_range`]).
+    Range(Option<RowStep<'a>>),
 }
 
 /// Which way row `r` of `batch` is drawn with `plan` (`logprobs`: its task computes its
@@ -45,10 +50,15 @@ pub(super) enum RowPath<'a> {
 /// allocated.
 pub(super) fn path<'a>(k: &Kernels, batch: &Batch<'a>, r: usize, plan: RowPlan, logprobs: bool) -> Result<RowPath<'a>> {
     let as_given = if matches!(plan, RowPlan::Greedy) && !logprobs { RowPath::Greedy } else { RowPath::Race };
+    let sampling = matches!(plan, RowPlan::Sample { .. });
+    if sampling && filter::Filters::of(batch, r).is_some_and(|f| f.keeps_range()) {
+        let has_step = batch.has_step() && step::row_has_step(batch, r);
+        let e = if has_step { step::build(k, batch, r, false).map_err(|e| e.in_row(r))? } else { None };
+        return Ok(RowPath::Range(e));
+    }
     if !(batch.has_step() && step::row_has_step(batch, r)) {
         return Ok(as_given);
     }
-    let sampling = matches!(plan, RowPlan::Sample { .. });
     let filters = sampling && filter::Filters::of(batch, r).is_some();
     // A row raced block by block with nothing that reads the whole row (filters, logprobs,
     // external noise) may leave its histories to the blocks it visits.
@@ -88,6 +98,7 @@ pub(super) fn draw_row(
         let (drawn, mut e) = match path {
             RowPath::Greedy => return Ok(draw_greedy(k, v)),
             RowPath::Race => return draw_race(k, (batch, r), v, plan, logprobs),
+            RowPath::Range(mut e) => return range::draw_range(k, (batch, r), v, e.as_mut(), plan, logprobs),
             RowPath::Filtered(mut e) => (stepped::draw_filtered(k, (batch, r), v, &mut e, plan)?, e),
             RowPath::ByBlocks(mut e) => (stepped::draw_by_blocks(k, r, v, &mut e, plan)?, e),
             RowPath::Deferred(mut e) => (stepped::draw_deferred(k, (batch, r), v, &mut e, plan)?, e),

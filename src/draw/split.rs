@@ -108,8 +108,9 @@ pub(super) fn draw_rows(
     };
     let mode = Mode::of(batch, plans);
     let mut split = Split::choose(workers, rows, n, mode);
-    if split.tiles_per_row > 1 && batch.has_step() {
-        // Rows with a step are drawn whole (their processed values live on one thread).
+    if split.tiles_per_row > 1 && (batch.has_step() || batch.keeps_ranges()) {
+        // Rows with a step, or whose filters keep a range, are drawn whole (their processed
+        // values live on one thread).
         split = Split { participants: split.participants.min(rows), tiles_per_row: 1 };
     }
     let (drawn, work_ns) = if split == Split::ONE_THREAD {

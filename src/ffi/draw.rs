@@ -72,6 +72,12 @@ unsafe fn batch_from_c<'a>(b: &tokenrace_batch, state: Option<&'a Requests>) -> 
         min_tokens: unsafe { opt_slice(Owner::Batch, "min_tokens", b.min_tokens, rows)? },
         stop_tokens: unsafe { lists(rows, ("stop_ids", b.stop_ids), ("stop_offsets", b.stop_offsets))? },
         requests: unsafe { request_rows(b, rows, state)? },
+        min_keep: unsafe { opt_slice(Owner::Batch, "min_keep", b.min_keep, rows)? },
+        typical_p: unsafe { opt_slice(Owner::Batch, "typical_p", b.typical_p, rows)? },
+        xtc_probability: unsafe { opt_slice(Owner::Batch, "xtc_probability", b.xtc_probability, rows)? },
+        xtc_threshold: unsafe { opt_slice(Owner::Batch, "xtc_threshold", b.xtc_threshold, rows)? },
+        dynatemp_range: unsafe { opt_slice(Owner::Batch, "dynatemp_range", b.dynatemp_range, rows)? },
+        dynatemp_exponent: unsafe { opt_slice(Owner::Batch, "dynatemp_exponent", b.dynatemp_exponent, rows)? },
     })
 }
 
@@ -250,7 +256,7 @@ unsafe fn output_from_c<'a>(o: &tokenrace_output, b: &Batch) -> Result<(Output<'
 }
 
 /// The arrays a draw reads, for the check that no output shares memory with them.
-fn input_regions(b: &Batch) -> [Option<Region>; 31] {
+fn input_regions(b: &Batch) -> [Option<Region>; 37] {
     let (prompt, output, allowed, banned) = (b.prompt_tokens, b.output_tokens, b.allowed_tokens, b.banned_tokens);
     [
         Some(Region::logits(b.logits)),
@@ -284,6 +290,12 @@ fn input_regions(b: &Batch) -> [Option<Region>; 31] {
         Region::input("stop_ids", b.stop_tokens.map(|l| l.ids)),
         Region::input("stop_offsets", b.stop_tokens.map(|l| l.offsets)),
         Region::input("request_ids", b.requests.map(|q| q.ids)),
+        Region::input("min_keep", b.min_keep),
+        Region::input("typical_p", b.typical_p),
+        Region::input("xtc_probability", b.xtc_probability),
+        Region::input("xtc_threshold", b.xtc_threshold),
+        Region::input("dynatemp_range", b.dynatemp_range),
+        Region::input("dynatemp_exponent", b.dynatemp_exponent),
     ]
 }
 

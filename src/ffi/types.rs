@@ -319,6 +319,28 @@ pub struct tokenrace_batch {
     pub requests: *const super::requests::tokenrace_requests,
     /// `rows` request ids (with `requests`), each live in it; several rows may name one request.
     pub request_ids: *const u64,
+    // Added after 0.2.0: llama.cpp's min_keep, locally typical sampling and XTC
+    // (docs/semantics.md, Filters); a caller whose struct_size ends before them gets NULL.
+    /// Per-row min_keep n >= 0 (NULL: 0): top-p, min-p, typical sampling and XTC each keep at
+    /// least n tokens of what they are given (llama.cpp's `min_keep`; not top-k's).
+    pub min_keep: *const i32,
+    /// Per-row locally typical sampling p in (0, 1] (NULL: off); 1 disables it for the row.
+    /// Keeps the tokens whose surprise -ln p is nearest the entropy, up to a mass > p.
+    pub typical_p: *const f32,
+    /// Per-row XTC probability in [0, 1] (NULL: off); <= 0 disables it for the row. The coin is
+    /// drawn from the row's key (seeded rows: a pure function of seed and offset).
+    pub xtc_probability: *const f32,
+    /// Per-row XTC threshold in [0, 1] (NULL: off); > 0.5 disables it for the row. When the coin
+    /// falls below the probability and at least two tokens have p >= threshold, every one of them
+    /// but the least probable is removed.
+    pub xtc_threshold: *const f32,
+    /// Per-row dynamic temperature range >= 0 (NULL: off); 0 disables it for the row. The row's
+    /// temperature becomes `min_T + (max_T - min_T) * (H / ln N)^exponent`, `min_T =
+    /// max(0, T - range)`, `max_T = T + range`, H the entropy of softmax(x) over the N tokens its
+    /// filters keep (llama.cpp's `dynatemp_range`).
+    pub dynatemp_range: *const f32,
+    /// Per-row dynamic temperature exponent >= 0 (NULL: 1 for every row).
+    pub dynatemp_exponent: *const f32,
 }
 
 /// Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No

@@ -23,6 +23,7 @@
 //! The thresholds do not depend on the SIMD level (every mass kernel gives bit-identical sums on
 //! every level) or on the number of threads.
 
+pub(crate) mod llama;
 mod min_p;
 mod top_k;
 pub(crate) mod top_n_sigma;
@@ -41,7 +42,7 @@ fn room(bmax: &[f32], lo: f32, n: usize) -> usize {
 }
 
 /// One row's filter settings, already normalised: `None`/off values removed.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Filters {
     /// 0: off.
     pub top_k: usize,
@@ -51,9 +52,39 @@ pub(crate) struct Filters {
     pub min_p: f64,
     /// 0: off (a row's value <= 0 is off).
     pub top_n_sigma: f64,
+    /// Top-p, min-p, typical and XTC keep at least this many tokens (0 and 1: no effect).
+    pub min_keep: usize,
+    /// 1: off.
+    pub typical_p: f64,
+    /// XTC is on when `xtc_probability > 0` and `xtc_threshold <= 0.5`.
+    pub xtc_probability: f64,
+    pub xtc_threshold: f64,
+    /// 0: off.
+    pub dynatemp_range: f64,
+    pub dynatemp_exponent: f64,
+}
+
+impl Default for Filters {
+    fn default() -> Self {
+        Filters::OFF
+    }
 }
 
 impl Filters {
+    /// Every filter off.
+    pub(crate) const OFF: Filters = Filters {
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        top_n_sigma: 0.0,
+        min_keep: 0,
+        typical_p: 1.0,
+        xtc_probability: 0.0,
+        xtc_threshold: 1.0,
+        dynatemp_range: 0.0,
+        dynatemp_exponent: 1.0,
+    };
+
     /// The filters of row `r`, or `None` if none is on.
     pub(crate) fn of(batch: &Batch, r: usize) -> Option<Filters> {
         let k = batch.top_k.map_or(0, |k| k[r]);
@@ -61,9 +92,44 @@ impl Filters {
         let top_p = batch.top_p.map_or(1.0, |p| p[r] as f64);
         let min_p = batch.min_p.map_or(0.0, |p| p[r] as f64);
         let top_n_sigma = batch.top_n_sigma.map_or(0.0, |n| (n[r] as f64).max(0.0));
-        let f = Filters { top_k, top_p, min_p, top_n_sigma };
-        (top_k != 0 || top_p < 1.0 || min_p > 0.0 || top_n_sigma > 0.0).then_some(f)
+        let min_keep = batch.min_keep.map_or(0, |n| n[r].max(0) as usize);
+        let typical_p = batch.typical_p.map_or(1.0, |p| p[r] as f64);
+        let xtc_probability = batch.xtc_probability.map_or(0.0, |p| p[r] as f64);
+        let xtc_threshold = batch.xtc_threshold.map_or(1.0, |t| t[r] as f64);
+        let dynatemp_range = batch.dynatemp_range.map_or(0.0, |d| d[r] as f64);
+        let dynatemp_exponent = batch.dynatemp_exponent.map_or(1.0, |e| e[r] as f64);
+        let f = Filters {
+            top_k,
+            top_p,
+            min_p,
+            top_n_sigma,
+            min_keep,
+            typical_p,
+            xtc_probability,
+            xtc_threshold,
+            dynatemp_range,
+            dynatemp_exponent,
+        };
+        // min_keep alone filters nothing: it only holds the other filters back.
+        (top_k != 0 || top_p < 1.0 || min_p > 0.0 || top_n_sigma > 0.0 || f.keeps_range()).then_some(f)
     }
+
+    /// Whether XTC is on (llama.cpp: a probability > 0 and a threshold <= 0.5).
+    pub(crate) fn xtc_on(&self) -> bool {
+        self.xtc_probability > 0.0 && self.xtc_threshold <= 0.5
+    }
+
+    /// Whether the row keeps a range of values rather than a top set (typical sampling or XTC),
+    /// or sets its temperature from what its filters keep (a dynamic temperature): its filters
+    /// are computed by [`llama::kept_range`], its draw by `draw::range`.
+    pub(crate) fn keeps_range(&self) -> bool {
+        self.typical_p < 1.0 || self.xtc_on() || self.dynatemp_range > 0.0
+    }
+}
+
+/// Whether row `r` of `batch` has XTC on (its coin is drawn from the row's key).
+pub(crate) fn xtc_on(batch: &Batch, r: usize) -> bool {
+    Filters::of(batch, r).is_some_and(|f| f.xtc_on())
 }
 
 /// The floor of a sampling row `v` with block maxima `bmax` and finite maximum `m` under
@@ -77,8 +143,18 @@ pub(crate) fn floor_of<V: RowValues + ?Sized>(
     f: Filters,
 ) -> Result<f32> {
     let mut floor = f32::NEG_INFINITY;
+    // min_keep's value: the min_keep-th largest finite value, -inf when the row has fewer
+    // (min-p and top-p keep every token at or above it); `None` when min_keep filters nothing.
+    let keep_floor = if f.min_keep > 1 && (f.min_p > 0.0 || f.top_p < 1.0) {
+        Some(top_k::kth_largest(k, v, bmax, f.min_keep)?.map_or(f32::NEG_INFINITY, |(kth, _)| kth))
+    } else {
+        None
+    };
     if f.min_p > 0.0 {
         floor = min_p::floor(m, inv_t, f.min_p);
+        if let Some(keep) = keep_floor {
+            floor = floor.min(keep);
+        }
     }
     // Both keep a top set relative to the maximum, so their order does not matter; top-k and
     // top-p then work on what they left.
@@ -93,12 +169,39 @@ pub(crate) fn floor_of<V: RowValues + ?Sized>(
         }
     }
     if f.top_p < 1.0 {
+        let before = floor;
         floor = match top_k_candidates {
             Some(cand) => top_p::floor_of_candidates(&cand, floor, m, inv_t, f.top_p)?,
             None => top_p::floor(k, v, bmax, m, inv_t, floor, f.top_p)?,
         };
+        // What top-p is given is a top set, so its min_keep largest are the row's (or all of it).
+        if let Some(keep) = keep_floor {
+            floor = floor.min(keep.max(before));
+        }
     }
     Ok(floor)
+}
+
+/// The floor of the filters before typical sampling (min-p, top-nσ, top-k) of a row whose
+/// filters `f` keep a range ([`Filters::keeps_range`]), and the range kept by the rest
+/// ([`llama::kept_range`]); `xtc_applies`: the row's XTC coin fell below its probability.
+pub(crate) fn kept_range<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    bmax: &[f32],
+    (m, inv_t): (f32, f32),
+    f: Filters,
+    xtc_applies: bool,
+) -> Result<llama::KeptRange> {
+    if f.typical_p >= 1.0 {
+        // XTC after top sets only: their floor (top-p's too), then XTC over what it keeps,
+        // without sorting it.
+        let floor = floor_of(k, v, bmax, m, inv_t, f)?;
+        return llama::xtc_above(v, (m, inv_t, floor), f, xtc_applies);
+    }
+    let before_typical = Filters { top_p: 1.0, typical_p: 1.0, xtc_probability: 0.0, ..f };
+    let floor = floor_of(k, v, bmax, m, inv_t, before_typical)?;
+    llama::kept_range(v, (m, inv_t, floor), f, xtc_applies)
 }
 
 /// Most blocks within a factor 1000 of the maximum's weight for the filters to be decided
@@ -119,7 +222,7 @@ pub(crate) fn few_heavy_blocks(bmax: &[f32], m: f32, inv_t: f32) -> bool {
 /// alone ([`surely_keeps`]). Not a row with top-nσ, whose floor reads the whole row anyway.
 pub(crate) fn decided_after_race(batch: &Batch, r: usize, m: f32, inv_t: f32) -> Option<(Filters, f32)> {
     let f = Filters::of(batch, r)?;
-    if (f.top_k == 0 && f.top_p >= 1.0) || f.top_n_sigma > 0.0 {
+    if (f.top_k == 0 && f.top_p >= 1.0) || f.top_n_sigma > 0.0 || f.min_keep > 1 || f.keeps_range() {
         return None;
     }
     let floor = if f.min_p > 0.0 { min_p::floor(m, inv_t, f.min_p) } else { f32::NEG_INFINITY };
@@ -195,7 +298,7 @@ pub fn kept_floor_with_sigma_at(
     }
     let top_k = if top_k <= 0 || top_k as usize >= x.len() { 0 } else { top_k as usize };
     let top_n_sigma = (top_n_sigma as f64).max(0.0);
-    let f = Filters { top_k, top_p: top_p as f64, min_p: min_p as f64, top_n_sigma };
+    let f = Filters { top_k, top_p: top_p as f64, min_p: min_p as f64, top_n_sigma, ..Filters::OFF };
     floor_of(crate::kernels::kernels(level), x, &bmax, m, crate::batch::inv_temperature(t), f)
         .expect("the test rows fit in memory")
 }
@@ -204,4 +307,56 @@ pub fn kept_floor_with_sigma_at(
 #[cfg(feature = "internals")]
 pub fn kept_floor(x: &[f32], t: f32, top_k: i32, top_p: f32, min_p: f32) -> f32 {
     kept_floor_at(crate::kernels::best_level(), x, t, top_k, top_p, min_p)
+}
+
+/// llama.cpp's filters of one row for [`kept_range_at`]: `min_keep`, typical sampling and XTC
+/// (off: 0, 1.0, 0.0 and 1.0), with top-k, top-p and min-p (off: 0, 1.0 and 0.0).
+#[cfg(feature = "internals")]
+#[derive(Clone, Copy, Debug)]
+pub struct LlamaFilters {
+    /// top-k (<= 0 or >= vocab: off).
+    pub top_k: i32,
+    /// top-p in (0, 1].
+    pub top_p: f32,
+    /// min-p in [0, 1].
+    pub min_p: f32,
+    /// min_keep >= 0.
+    pub min_keep: i32,
+    /// typical p in (0, 1].
+    pub typical_p: f32,
+    /// XTC probability in [0, 1]; the test seam applies XTC whenever it is on.
+    pub xtc_probability: f32,
+    /// XTC threshold in [0, 1].
+    pub xtc_threshold: f32,
+}
+
+/// Test seam: the values `[lo, hi]` the filters `lf` keep of one f32 row at temperature `t`
+/// (> 0) with the kernels of `level` (the kept set is the finite values in it), XTC applied
+/// when on. For a row whose filters keep a top set, `hi` is the row's maximum and `lo` its
+/// floor. `None` when the row has no finite maximum.
+#[cfg(feature = "internals")]
+pub fn kept_range_at(level: crate::SimdLevel, x: &[f32], t: f32, lf: LlamaFilters) -> Option<(f32, f32)> {
+    let bmax: Vec<f32> =
+        x.chunks(BLOCK).map(|c| c.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a })).collect();
+    let m = bmax.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a }) + 0.0;
+    if !m.is_finite() {
+        return None;
+    }
+    let f = Filters {
+        top_k: if lf.top_k <= 0 || lf.top_k as usize >= x.len() { 0 } else { lf.top_k as usize },
+        top_p: lf.top_p as f64,
+        min_p: lf.min_p as f64,
+        min_keep: lf.min_keep.max(0) as usize,
+        typical_p: lf.typical_p as f64,
+        xtc_probability: lf.xtc_probability as f64,
+        xtc_threshold: lf.xtc_threshold as f64,
+        ..Filters::OFF
+    };
+    let (k, inv_t) = (crate::kernels::kernels(level), crate::batch::inv_temperature(t));
+    Some(if f.keeps_range() {
+        let r = kept_range(k, x, &bmax, (m, inv_t), f, true).expect("the test rows fit in memory");
+        (r.lo, r.hi)
+    } else {
+        (floor_of(k, x, &bmax, m, inv_t, f).expect("the test rows fit in memory"), m)
+    })
 }

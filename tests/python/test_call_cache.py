@@ -134,7 +134,8 @@ def test_the_packed_layouts_set_every_field_of_the_ctypes_structs(tokenrace):
     parts = ((_ffi.tokenrace_batch, ((_call.BATCH_LAYOUT, 0, "struct_size"),
                                      (_call.STEP_LAYOUT, _call.STEP_OFFSET, _ffi.BATCH_STEP_FIRST),
                                      (_call.POINTER_LAYOUT, _call.TOP_N_SIGMA_OFFSET, _ffi.BATCH_STEP_END),
-                                     (_call.REQUESTS_LAYOUT, _call.REQUESTS_OFFSET, "requests"))),
+                                     (_call.REQUESTS_LAYOUT, _call.REQUESTS_OFFSET, "requests"),
+                                     (_call.LLAMA_LAYOUT, _call.LLAMA_OFFSET, _ffi.BATCH_LLAMA_FIRST))),
              (_ffi.tokenrace_output, ((_call.OUTPUT_LAYOUT, 0, "struct_size"),
                                       (_call.FULL_LAYOUT, _call.FULL_OFFSET, _ffi.OUTPUT_FULL_FIRST))))
     for cls, layouts in parts:
@@ -183,12 +184,18 @@ def test_a_call_without_the_sampling_step_clears_what_the_last_one_set(tokenrace
     np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
     assert not state.sigma_packed and bytes(state.batch)[sigma] == bytes(8)
     # And for the request state's two pointers.
+    req = slice(_call.REQUESTS_OFFSET, _call.REQUESTS_OFFSET + 16)
     requests = tokenrace.Requests()
     requests.add(1, [])
     s.draw(x, temperature=0, requests=requests, request_ids=[1, 1, 1])
-    assert state.requests_packed and bytes(state.batch)[_call.REQUESTS_OFFSET:] != bytes(16)
+    assert state.requests_packed and bytes(state.batch)[req] != bytes(16)
     np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
-    assert not state.requests_packed and bytes(state.batch)[_call.REQUESTS_OFFSET:] == bytes(16)
+    assert not state.requests_packed and bytes(state.batch)[req] == bytes(16)
+    # And for llama.cpp's filters' block.
+    s.draw(x, temperature=1.0, typical_p=0.5)
+    assert state.llama_packed and bytes(state.batch)[_call.LLAMA_OFFSET:] != bytes(48)
+    np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
+    assert not state.llama_packed and bytes(state.batch)[_call.LLAMA_OFFSET:] == bytes(48)
     r = s.draw_full(x, temperature=0, full_logprobs="raw")
     assert r.full_logprobs.shape == (3, 64) and state.full_packed
     r = s.draw_full(x, temperature=0)

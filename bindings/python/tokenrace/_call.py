@@ -77,6 +77,11 @@ POINTER_LAYOUT = struct.Struct("=Q")
 # (``CallState.requests_packed``).
 REQUESTS_OFFSET = _ffi.tokenrace_batch.requests.offset
 REQUESTS_LAYOUT = struct.Struct("=QQ")
+# llama.cpp's filters' six per-row pointers (min_keep, typical_p, xtc_probability,
+# xtc_threshold, dynatemp_range, dynatemp_exponent), written together by a call that passes one of
+# them (``CallState.llama_packed``).
+LLAMA_OFFSET = getattr(_ffi.tokenrace_batch, _ffi.BATCH_LLAMA_FIRST).offset
+LLAMA_LAYOUT = struct.Struct("=QQQQQQ")
 FULL_LAYOUT = struct_layout(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST)
 FULL_OFFSET = getattr(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST).offset
 FULL_ZEROS = (0,) * sum(1 for c in FULL_LAYOUT.format if c not in "=x")
@@ -173,6 +178,7 @@ class CallState:
         self.full_packed = False
         self.sigma_packed = False
         self.requests_packed = False
+        self.llama_packed = False
         # The arguments of tokenrace_draw, made once rather than a byref() per call.
         self.batch_ptr = ctypes.pointer(self.batch)
         self.tokens_output_ptr = ctypes.pointer(self.tokens_output)
@@ -185,6 +191,12 @@ class CallState:
         self.top_p = RepeatedValue(c_float)
         self.min_p = RepeatedValue(c_float)
         self.top_n_sigma = RepeatedValue(c_float)
+        self.min_keep = RepeatedValue(c_int32)
+        self.typical_p = RepeatedValue(c_float)
+        self.xtc_probability = RepeatedValue(c_float)
+        self.xtc_threshold = RepeatedValue(c_float)
+        self.dynatemp_range = RepeatedValue(c_float)
+        self.dynatemp_exponent = RepeatedValue(c_float)
         self.repetition_penalty = RepeatedValue(c_float)
         self.frequency_penalty = RepeatedValue(c_float)
         self.presence_penalty = RepeatedValue(c_float)

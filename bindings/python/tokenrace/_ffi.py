@@ -200,6 +200,14 @@ class tokenrace_batch(_Versioned):
         # added after 0.2.0: the request state (``_call.REQUESTS_OFFSET``)
         ("requests", ctypes.c_void_p),
         ("request_ids", POINTER(c_uint64)),
+        # added after 0.2.0: llama.cpp's min_keep, typical sampling, XTC and dynamic temperature
+        # (``_call.LLAMA_LAYOUT``)
+        ("min_keep", POINTER(c_int32)),
+        ("typical_p", POINTER(c_float)),
+        ("xtc_probability", POINTER(c_float)),
+        ("xtc_threshold", POINTER(c_float)),
+        ("dynatemp_range", POINTER(c_float)),
+        ("dynatemp_exponent", POINTER(c_float)),
     ]
 
 
@@ -228,6 +236,9 @@ class tokenrace_output(_Versioned):
 BATCH_STEP_FIRST = "prompt_ids"
 # The first field after the sampling step's part (the step's layout stops there).
 BATCH_STEP_END = "top_n_sigma"
+# The first of llama.cpp's filters' block (min_keep, typical_p, xtc_probability, xtc_threshold,
+# dynatemp_range, dynatemp_exponent).
+BATCH_LLAMA_FIRST = "min_keep"
 OUTPUT_FULL_FIRST = "full_logprobs"
 
 

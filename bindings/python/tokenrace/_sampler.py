@@ -13,9 +13,9 @@ from . import _ffi
 from ._arrays import (LOGITS_DTYPES, NOISE_DTYPES, arrays_in, as_torch, byte_span, contiguous_rows, is_torch_tensor,
                       per_row, rows_view)
 from ._call import (BATCH_LAYOUT, BATCH_SIZE, FLAG_SCALARS, FLOAT_SCALARS, FULL_LAYOUT, FULL_OFFSET, FULL_ZEROS,
-                    INT_SCALARS, OUTPUT_LAYOUT, OUTPUT_SIZE, POINTER_LAYOUT, REQUESTS_LAYOUT, REQUESTS_OFFSET,
-                    STEP_LAYOUT, STEP_OFFSET, STEP_ZEROS, TOP_N_SIGMA_OFFSET, address, pack_tokens_output,
-                    release_state, take_state)
+                    INT_SCALARS, LLAMA_LAYOUT, LLAMA_OFFSET, OUTPUT_LAYOUT, OUTPUT_SIZE, POINTER_LAYOUT,
+                    REQUESTS_LAYOUT, REQUESTS_OFFSET, STEP_LAYOUT, STEP_OFFSET, STEP_ZEROS, TOP_N_SIGMA_OFFSET,
+                    address, pack_tokens_output, release_state, take_state)
 from ._common import (_choice, _Closable, _Default, _from_env, _Handle, _name_of, _offsets_without_seeds,
                       _unsigned)
 from ._errors import InvalidArgumentError, check
@@ -166,7 +166,7 @@ class Sampler(_Closable):
     # -- drawing -------------------------------------------------------------------------------
 
     def _fill_batch(self, b, keep, state, logits, temperature, seeds, offsets, seeded, noise, noise_kind,
-                    top_k, top_p, min_p, top_n_sigma=None, requests=None, request_ids=None):
+                    top_k, top_p, min_p, top_n_sigma=None, requests=None, request_ids=None, llama=None):
         """Writes every field of ``b`` (a ``tokenrace_batch``) for the call; returns the row
         count. ``keep`` receives the objects the struct points into; ``state`` (a ``CallState``,
         or None) lends its cached per-row arrays to scalar arguments."""
@@ -229,16 +229,23 @@ class Sampler(_Closable):
         elif state is not None and state.requests_packed:
             REQUESTS_LAYOUT.pack_into(b, REQUESTS_OFFSET, 0, 0)
             state.requests_packed = False
+        if llama is not None and llama != _NO_LLAMA:
+            LLAMA_LAYOUT.pack_into(b, LLAMA_OFFSET, *_llama_rows(state, llama, rows, keep))
+            if state is not None:
+                state.llama_packed = True
+        elif state is not None and state.llama_packed:
+            LLAMA_LAYOUT.pack_into(b, LLAMA_OFFSET, 0, 0, 0, 0, 0, 0)
+            state.llama_packed = False
         return rows
 
     def _batch(self, logits, temperature, seeds, offsets, seeded, noise, noise_kind,
-               top_k=None, top_p=None, min_p=None, top_n_sigma=None):
+               top_k=None, top_p=None, min_p=None, top_n_sigma=None, llama=None):
         """A ``tokenrace_batch`` of its own (not the thread's cached one) and the objects to keep
         alive with it, for callers that hold a batch beyond one call."""
         keep = []
         batch = _ffi.tokenrace_batch()
         self._fill_batch(batch, keep, None, logits, temperature, seeds, offsets, seeded, noise,
-                         noise_kind, top_k, top_p, min_p, top_n_sigma)
+                         noise_kind, top_k, top_p, min_p, top_n_sigma, llama)
         return batch, keep
 
     def _run(self, batch_ptr, output_ptr):
@@ -266,7 +273,8 @@ class Sampler(_Closable):
              prompt_tokens=None, output_tokens=None, repetition_penalty=None, frequency_penalty=None,
              presence_penalty=None, logit_bias=None, allowed_tokens=None, banned_tokens=None,
              token_bitmask=None, penalty_last_n=None, min_tokens=None, stop_token_ids=None, requests=None,
-             request_ids=None):
+             request_ids=None, min_keep=None, typical_p=None, xtc_probability=None, xtc_threshold=None,
+             dynatemp_range=None, dynatemp_exponent=None):
         """Draws one token per row of ``logits``; returns an int32 array of ``rows`` tokens (a
         torch tensor when ``logits`` is one, over the same memory: no copy; the flags of
         ``return_flags`` then come as int32, the same bits).
@@ -290,8 +298,26 @@ class Sampler(_Closable):
         top_n_sigma: scalar or one float per row, finite; <= 0 is off for the row (llama.cpp's
             top-nσ: keeps the tokens with logit >= max - n * sigma over the row's finite logits,
             the same set before and after the temperature).
+        min_keep: scalar or one int per row, n >= 0 (llama.cpp's ``min_keep``): top-p, min-p,
+            typical sampling and XTC each keep at least n tokens (not top-k).
+        typical_p: scalar or one float per row, in (0, 1]; 1 is off for the row (llama.cpp's
+            locally typical sampling: the tokens whose -ln p is nearest the entropy, up to a mass
+            above p).
+        xtc_probability, xtc_threshold: scalars or one float per row, in [0, 1]; XTC is off for a
+            row whose probability is 0 or threshold above 0.5 (llama.cpp's XTC: with that
+            probability, when at least two tokens have p >= threshold, all of them but the least
+            probable are removed). The coin comes from the row's key: a seeded row's is a pure
+            function of its seed and offset; an unseeded row's comes from the sampler's stream,
+            and such a row may not take ``noise``.
+        dynatemp_range, dynatemp_exponent: scalars or one float per row, finite and >= 0 (range
+            0: off; exponent default 1): llama.cpp's dynamic temperature, the row's temperature
+            becomes ``min_T + (max_T - min_T) * (H / ln N) ** exponent`` with ``min_T = max(0,
+            T - range)``, ``max_T = T + range``, H the entropy of softmax(logits) over the N tokens
+            the filters keep.
+            Rows with typical sampling, XTC or a dynamic temperature give raw logprobs only.
             The filters (``docs/semantics.md``, Filters) apply to sampling rows only, min-p and
-            top-nσ, then top-k, then top-p; None (the default) is off for every row. A value out of range
+            top-nσ, then top-k, then typical, then top-p, then XTC; None (the default) is off for
+            every row. A value out of range
             raises ValueError naming the row (``top_p[3]: 0 is not in (0, 1]``).
         return_flags: also return the uint32 row flags (``FLAG_*`` bits).
 
@@ -346,7 +372,9 @@ class Sampler(_Closable):
         try:
             keep = []
             rows = self._fill_batch(state.batch, keep, state, logits, temperature, seeds, offsets, seeded,
-                                    noise, noise_kind, top_k, top_p, min_p, top_n_sigma, requests, request_ids)
+                                    noise, noise_kind, top_k, top_p, min_p, top_n_sigma, requests, request_ids,
+                                    (min_keep, typical_p, xtc_probability, xtc_threshold, dynatemp_range,
+                                     dynatemp_exponent))
             if (prompt_tokens is None and output_tokens is None and repetition_penalty is None
                     and frequency_penalty is None and presence_penalty is None and logit_bias is None
                     and allowed_tokens is None and banned_tokens is None and token_bitmask is None
@@ -384,7 +412,9 @@ class Sampler(_Closable):
                   ranks=False, logprob_mode="raw", prompt_tokens=None, output_tokens=None, repetition_penalty=None,
                   frequency_penalty=None, presence_penalty=None, logit_bias=None, allowed_tokens=None,
                   banned_tokens=None, token_bitmask=None, full_logprobs=None, out=None, penalty_last_n=None,
-                  min_tokens=None, stop_token_ids=None, requests=None, request_ids=None):
+                  min_tokens=None, stop_token_ids=None, requests=None, request_ids=None, min_keep=None,
+                  typical_p=None, xtc_probability=None, xtc_threshold=None, dynatemp_range=None,
+                  dynatemp_exponent=None):
         """Draws like ``draw`` and also returns logprobs: a ``DrawResult`` (of torch tensors over
         the same memory when ``logits`` is a tensor, flags as int32) with
 
@@ -429,7 +459,9 @@ class Sampler(_Closable):
         try:
             keep = []
             rows = self._fill_batch(state.batch, keep, state, logits, temperature, seeds, offsets, seeded,
-                                    noise, noise_kind, top_k, top_p, min_p, top_n_sigma, requests, request_ids)
+                                    noise, noise_kind, top_k, top_p, min_p, top_n_sigma, requests, request_ids,
+                                    (min_keep, typical_p, xtc_probability, xtc_threshold, dynatemp_range,
+                                     dynatemp_exponent))
             if (prompt_tokens is None and output_tokens is None and repetition_penalty is None
                     and frequency_penalty is None and presence_penalty is None and logit_bias is None
                     and allowed_tokens is None and banned_tokens is None and token_bitmask is None
@@ -455,7 +487,10 @@ class Sampler(_Closable):
                         ("frequency_penalty", frequency_penalty), ("presence_penalty", presence_penalty),
                         ("logit_bias", logit_bias), ("allowed_tokens", allowed_tokens),
                         ("banned_tokens", banned_tokens), ("penalty_last_n", penalty_last_n),
-                        ("min_tokens", min_tokens), ("stop_token_ids", stop_token_ids)))
+                        ("min_tokens", min_tokens), ("stop_token_ids", stop_token_ids), ("min_keep", min_keep),
+                        ("typical_p", typical_p), ("xtc_probability", xtc_probability),
+                        ("xtc_threshold", xtc_threshold), ("dynatemp_range", dynatemp_range),
+                        ("dynatemp_exponent", dynatemp_exponent)))
                 state.full_packed = True
                 FULL_LAYOUT.pack_into(state.full_output, FULL_OFFSET, full_ptr, full_stride, full_mode, 0)
             elif state.full_packed:
@@ -642,6 +677,26 @@ def _float_rows(cache, value, rows, name, keep):
     if cache is not None and type(value) in FLOAT_SCALARS and -_F32_MAX <= value <= _F32_MAX:
         return cache.address_for(float(value), rows)
     return _slow_rows(value, rows, np.float32, name, keep)
+
+
+_NO_LLAMA = (None, None, None, None, None, None)
+
+
+def _llama_rows(state, llama, rows, keep):
+    """The four pointers of llama.cpp's filters' block (0: not given)."""
+    min_keep, typical_p, xtc_probability, xtc_threshold, dynatemp_range, dynatemp_exponent = llama
+    return (
+        0 if min_keep is None else _int32_rows(state and state.min_keep, min_keep, rows, "min_keep", keep),
+        0 if typical_p is None else _float_rows(state and state.typical_p, typical_p, rows, "typical_p", keep),
+        0 if xtc_probability is None else _float_rows(state and state.xtc_probability, xtc_probability, rows,
+                                                      "xtc_probability", keep),
+        0 if xtc_threshold is None else _float_rows(state and state.xtc_threshold, xtc_threshold, rows,
+                                                    "xtc_threshold", keep),
+        0 if dynatemp_range is None else _float_rows(state and state.dynatemp_range, dynatemp_range, rows,
+                                                     "dynatemp_range", keep),
+        0 if dynatemp_exponent is None else _float_rows(state and state.dynatemp_exponent, dynatemp_exponent,
+                                                        rows, "dynatemp_exponent", keep),
+    )
 
 
 def _int32_rows(cache, value, rows, name, keep):

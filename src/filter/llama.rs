@@ -1,0 +1,274 @@
+//! llama.cpp's filters that keep a range of values rather than a top set: locally typical
+//! sampling and XTC (exclude top choices), with `min_keep`.
+//!
+//! Both keep the tokens whose logit lies in `[lo, hi]`: typical sampling keeps the tokens whose
+//! surprise `-ln p` is nearest the entropy, and `-ln p` falls as the logit rises, so they form a
+//! range of logits around the entropy's; XTC removes the most probable tokens. A row with either
+//! ([`Filters::keeps_range`]) computes its whole chain here, exactly, over its candidates sorted
+//! by value (the tokens at or above the floor of min-p, top-nσ and top-k), in the order
+//! `min-p, top-nσ -> top-k -> typical -> top-p -> XTC`.
+//!
+//! Probabilities are `w_i / Z` with `w_i = exp((x_i - m) * inv_t)` in f64 ([`weight64`]), `Z`
+//! the sum over what the previous filter left, as in llama.cpp, where each filter renormalises
+//! what it is given. Tokens tied in value are kept or removed together (the race cannot tell
+//! them apart), which llama.cpp's unstable sorts leave to chance.
+
+use super::Filters;
+use crate::alloc;
+use crate::error::Result;
+use crate::mass::weight64;
+use crate::noise::splitmix64;
+use crate::row::RowValues;
+
+/// Mixed into a row's key for XTC's coin, so that the coin is independent of every token's noise
+/// (which the row's key gives through block keys of small indices).
+const XTC_COIN_DOMAIN: u64 = 0x7874_635f_636f_696e; // "xtc_coin"
+
+/// XTC's coin of a row keyed `key`: a uniform value in [0, 1) from the top 53 bits of
+/// `splitmix64(splitmix64(key ^ XTC_COIN_DOMAIN))`. XTC applies when it is below the row's
+/// `xtc_probability` (so always at 1, never at 0).
+pub(crate) fn xtc_coin(key: u64) -> f64 {
+    (splitmix64(splitmix64(key ^ XTC_COIN_DOMAIN)) >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+}
+
+/// What a row keeps: the finite values in `[lo, hi]`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct KeptRange {
+    pub lo: f32,
+    pub hi: f32,
+}
+
+/// One candidate: its value, weight and the log of its weight.
+#[derive(Clone, Copy)]
+struct Candidate {
+    x: f32,
+    w: f64,
+    ln_w: f64,
+}
+
+/// The range of a row `v` (finite maximum `m`, at `inv_t`) kept by its filters `f` once the
+/// floor of min-p, top-nσ and top-k is `floor`; `xtc_applies`: XTC's coin fell below its
+/// probability. Fails only if the candidates cannot be allocated.
+pub(crate) fn kept_range<V: RowValues + ?Sized>(
+    v: &V,
+    (m, inv_t, floor): (f32, f32, f32),
+    f: Filters,
+    xtc_applies: bool,
+) -> Result<KeptRange> {
+    // Sorted as bare f32 values (a quarter of the bytes of the candidates), then weighed.
+    let mut values =
+        alloc::collect((0..v.n()).map(|i| v.at(i)).filter(|x| x.is_finite() && *x >= floor), "candidates")?;
+    values.sort_unstable_by(|a, b| b.total_cmp(a));
+    let weigh = |&x: &f32| Candidate { x, w: weight64(x, m, inv_t), ln_w: (x as f64 - m as f64) * inv_t as f64 };
+    let c = alloc::collect(values.iter().map(weigh), "typical/XTC candidates")?;
+    drop(values);
+    // The kept candidates are always `c[a..b]` (sorted by value, descending).
+    let (mut a, mut b) = (0, c.len());
+    if f.typical_p < 1.0 {
+        (a, b) = typical(&c, f.typical_p, f.min_keep);
+    }
+    if f.top_p < 1.0 {
+        b = a + top_p_len(&c[a..b], f.top_p, f.min_keep);
+    }
+    if xtc_applies && f.xtc_on() {
+        a += xtc_removed(&c[a..b], f.xtc_threshold, f.min_keep);
+    }
+    Ok(KeptRange { lo: c[b - 1].x, hi: c[a].x })
+}
+
+/// XTC over the finite values `>= floor` of a row `v` (finite maximum `m`, at `inv_t`) when no
+/// typical sampling comes before it: what [`xtc_removed`] removes of them, found in two passes
+/// (their sum of weights, then the values with `p >= threshold`), without sorting.
+pub(crate) fn xtc_above<V: RowValues + ?Sized>(
+    v: &V,
+    (m, inv_t, floor): (f32, f32, f32),
+    f: Filters,
+    xtc_applies: bool,
+) -> Result<KeptRange> {
+    let all = KeptRange { lo: floor, hi: m };
+    if !(xtc_applies && f.xtc_on()) {
+        return Ok(all);
+    }
+    let kept = || (0..v.n()).map(|i| v.at(i)).filter(|x| x.is_finite() && *x >= floor);
+    let (mut z, mut count) = (0.0f64, 0usize);
+    for x in kept() {
+        z += weight64(x, m, inv_t);
+        count += 1;
+    }
+    // The tokens with p >= threshold, and the least probable of them: the smallest value (the
+    // ones above it go, ties with it stay).
+    let (mut above, mut least) = (0usize, f32::INFINITY);
+    for x in kept().filter(|&x| weight64(x, m, inv_t) / z >= f.xtc_threshold) {
+        above += 1;
+        least = least.min(x);
+    }
+    if above < 2 || count - (above - 1) < f.min_keep {
+        return Ok(all);
+    }
+    Ok(KeptRange { lo: floor, hi: least })
+}
+
+/// llama.cpp's dynamic temperature of a row of base temperature `t` whose filters `f` keep the
+/// finite values of `v` in `range`: `min_t + (max_t - min_t) * (H / ln N)^exponent`, with
+/// `min_t = max(0, t - dynatemp_range)`, `max_t = t + dynatemp_range`, `H` the entropy of
+/// softmax(x) (at temperature 1) over the N kept tokens. `None` when off, or when N <= 1 (the
+/// temperature does not matter then).
+pub(crate) fn dynamic_temperature<V: RowValues + ?Sized>(v: &V, range: KeptRange, t: f32, f: Filters) -> Option<f64> {
+    if f.dynatemp_range <= 0.0 {
+        return None;
+    }
+    let kept = || (0..v.n()).map(|i| v.at(i)).filter(|x| x.is_finite() && *x >= range.lo && *x <= range.hi);
+    let (mut z, mut count) = (0.0f64, 0usize);
+    for x in kept() {
+        z += weight64(x, range.hi, 1.0);
+        count += 1;
+    }
+    if count <= 1 {
+        return None;
+    }
+    let ln_z = z.ln();
+    // p ln p = (w / Z) (ln w - ln Z); a weight of 0 adds nothing.
+    let mut entropy = 0.0f64;
+    for x in kept() {
+        let w = weight64(x, range.hi, 1.0);
+        if w > 0.0 {
+            entropy -= w / z * ((x as f64 - range.hi as f64) - ln_z);
+        }
+    }
+    let normalized = (entropy / (count as f64).ln()).max(0.0);
+    let (low, high) = ((t as f64 - f.dynatemp_range).max(0.0), t as f64 + f.dynatemp_range);
+    Some(low + (high - low) * normalized.powf(f.dynatemp_exponent))
+}
+
+/// Locally typical sampling over the candidates `c` (sorted by value, descending; not empty):
+/// with `p_i = w_i / Z`, `H = -sum p_i ln p_i`, the tokens in increasing order of
+/// `|-ln p_i - H|` (lower index first on ties), up to the first at which their mass exceeds
+/// `typical_p` and at least `min_keep` are kept; every token whose score equals the last one's
+/// is kept too. Returns the kept range `c[a..b]`.
+///
+/// `-ln p_i = ln Z - ln w_i` rises with `i`, so the scores fall up to the first token whose
+/// surprise reaches `H` and rise after it: the increasing order is a merge walking outwards from
+/// there, and the kept tokens are one range.
+fn typical(c: &[Candidate], typical_p: f64, min_keep: usize) -> (usize, usize) {
+    let z: f64 = c.iter().map(|t| t.w).sum();
+    let ln_z = z.ln();
+    // p ln p = (w / Z) (ln w - ln Z); a weight of 0 (under e^-700) adds nothing.
+    let entropy: f64 = -c.iter().filter(|t| t.w > 0.0).map(|t| t.w / z * (t.ln_w - ln_z)).sum::<f64>();
+    let shifted = |i: usize| ln_z - c[i].ln_w - entropy;
+    let score = |i: usize| shifted(i).abs();
+    let split = c.partition_point(|t| ln_z - t.ln_w - entropy < 0.0);
+    // Taken: c[left..right], growing outwards from `split`.
+    let (mut left, mut right) = (split, split);
+    let mut mass = 0.0;
+    let mut bound = f64::INFINITY;
+    while left > 0 || right < c.len() {
+        let take_left = right == c.len() || (left > 0 && score(left - 1) <= score(right));
+        let i = if take_left { left - 1 } else { right };
+        if take_left {
+            left -= 1;
+        } else {
+            right += 1;
+        }
+        mass += c[i].w / z;
+        if mass > typical_p && right - left >= min_keep {
+            bound = score(i);
+            break;
+        }
+    }
+    while left > 0 && score(left - 1) <= bound {
+        left -= 1;
+    }
+    while right < c.len() && score(right) <= bound {
+        right += 1;
+    }
+    (left, right)
+}
+
+/// How many of the candidates `c` (sorted by value, descending; not empty) top-p keeps: the
+/// fewest most probable whose mass reaches `top_p` of their sum and at least `min_keep`, then
+/// every token tied with the last.
+fn top_p_len(c: &[Candidate], top_p: f64, min_keep: usize) -> usize {
+    let z: f64 = c.iter().map(|t| t.w).sum();
+    let mut mass = 0.0;
+    let mut len = c.len();
+    for (n, t) in c.iter().enumerate() {
+        mass += t.w / z;
+        if mass >= top_p && n + 1 >= min_keep {
+            len = n + 1;
+            break;
+        }
+    }
+    while len < c.len() && c[len].x == c[len - 1].x {
+        len += 1;
+    }
+    len
+}
+
+/// How many of the most probable candidates `c` (sorted by value, descending; not empty) XTC
+/// removes: with `p_i = w_i / Z`, when at least two tokens have `p >= threshold`, all of them but
+/// the least probable, provided at least `min_keep` tokens remain; and never a token tied with the
+/// least probable of them.
+fn xtc_removed(c: &[Candidate], threshold: f64, min_keep: usize) -> usize {
+    let z: f64 = c.iter().map(|t| t.w).sum();
+    let above = c.iter().take_while(|t| t.w / z >= threshold).count();
+    if above < 2 || c.len() - (above - 1) < min_keep {
+        return 0;
+    }
+    let least = c[above - 1].x;
+    c.iter().take_while(|t| t.x > least).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn range_of(probs: &[f32], f: Filters) -> Vec<f32> {
+        let x: Vec<f32> = probs.iter().map(|p| p.ln()).collect();
+        let m = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let r = kept_range(&x[..], (m, 1.0, f32::NEG_INFINITY), f, true).unwrap();
+        let mut kept: Vec<f32> =
+            probs.iter().zip(&x).filter(|(_, &x)| x >= r.lo && x <= r.hi).map(|(&p, _)| p).collect();
+        kept.sort_by(|a, b| b.total_cmp(a));
+        kept
+    }
+
+    fn typical_p(p: f64) -> Filters {
+        Filters { typical_p: p, ..Filters::default() }
+    }
+
+    fn xtc(probability: f64, threshold: f64) -> Filters {
+        Filters { xtc_probability: probability, xtc_threshold: threshold, ..Filters::default() }
+    }
+
+    #[test]
+    fn typical_keeps_llama_cpp_expected_sets() {
+        assert_eq!(range_of(&[0.97, 0.01, 0.01, 0.01], typical_p(0.5)), [0.97]);
+        assert_eq!(range_of(&[0.4, 0.2, 0.2, 0.2], typical_p(0.5)), [0.2, 0.2, 0.2]);
+    }
+
+    #[test]
+    fn xtc_keeps_llama_cpp_expected_sets() {
+        let p = [0.4, 0.3, 0.2, 0.1];
+        assert_eq!(range_of(&p, xtc(0.99, 0.09)), [0.1]);
+        assert_eq!(range_of(&p, xtc(0.99, 0.19)), [0.2, 0.1]);
+        assert_eq!(range_of(&p, xtc(0.99, 0.29)), [0.3, 0.2, 0.1]);
+        assert_eq!(range_of(&p, xtc(0.99, 0.39)), [0.4, 0.3, 0.2, 0.1]);
+    }
+
+    #[test]
+    fn min_keep_holds_typical_and_xtc_back() {
+        let p = [0.97, 0.01, 0.01, 0.01];
+        assert_eq!(range_of(&p, Filters { min_keep: 2, ..typical_p(0.5) }).len(), 4); // ties with the 2nd
+        let p = [0.4, 0.3, 0.2, 0.1];
+        assert_eq!(range_of(&p, Filters { min_keep: 2, ..xtc(1.0, 0.09) }), [0.4, 0.3, 0.2, 0.1]);
+        assert_eq!(range_of(&p, Filters { min_keep: 2, ..xtc(1.0, 0.19) }), [0.2, 0.1]);
+    }
+
+    #[test]
+    fn the_coin_is_uniform_in_the_unit_interval() {
+        let coins: Vec<f64> = (0..10_000u64).map(xtc_coin).collect();
+        assert!(coins.iter().all(|&u| (0.0..1.0).contains(&u)));
+        let below_half = coins.iter().filter(|&&u| u < 0.5).count();
+        assert!((4_800..5_200).contains(&below_half), "{below_half}");
+    }
+}
