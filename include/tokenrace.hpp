@@ -91,6 +91,14 @@ namespace tokenrace {
   X(pool_release)                  \
   X(pool_get_stats)                \
   X(sampler_attach_pool)           \
+  X(requests_new)                  \
+  X(requests_free)                 \
+  X(requests_add)                  \
+  X(requests_remove)               \
+  X(requests_reset)                \
+  X(requests_append)               \
+  X(requests_len)                  \
+  X(requests_output_len)           \
   X(verify)                        \
   X(watermark_seeds)               \
   X(watermark_detect)              \
