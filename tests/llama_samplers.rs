@@ -503,14 +503,14 @@ fn off_values_draw_what_the_plain_call_draws() {
     }
 }
 
-/// The C fields: one block after top_n_sigma, read only by callers whose struct_size reaches
-/// them.
+/// The C fields: one block at the end, after the request state's, read only by callers whose
+/// struct_size reaches them.
 #[test]
-fn c_fields_follow_top_n_sigma_and_older_callers_do_not_read_them() {
+fn c_fields_follow_the_request_state_and_older_callers_do_not_read_them() {
     use std::mem::{offset_of, size_of};
     use tokenrace::internals::api::*;
     use tokenrace::internals::types::*;
-    let at = offset_of!(tokenrace_batch, top_n_sigma);
+    let at = offset_of!(tokenrace_batch, request_ids);
     assert_eq!(offset_of!(tokenrace_batch, min_keep), at + 8);
     assert_eq!(offset_of!(tokenrace_batch, typical_p), at + 16);
     assert_eq!(offset_of!(tokenrace_batch, xtc_probability), at + 24);
