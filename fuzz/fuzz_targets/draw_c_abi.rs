@@ -969,6 +969,16 @@ fn run(data: &[u8]) -> Result<()> {
         stop_ids: stop.ids.ptr(),
         stop_offsets: stop.offsets.ptr(),
         top_n_sigma: nsigma.ptr(),
+        // Not fuzzed yet: the request state (a handle) and llama.cpp's typical, XTC, dynamic
+        // temperature and min_keep (the oracle below has no rule for their kept sets).
+        requests: std::ptr::null(),
+        request_ids: std::ptr::null(),
+        min_keep: std::ptr::null(),
+        typical_p: std::ptr::null(),
+        xtc_probability: std::ptr::null(),
+        xtc_threshold: std::ptr::null(),
+        dynatemp_range: std::ptr::null(),
+        dynatemp_exponent: std::ptr::null(),
     };
     // Every 8-byte field boundary from the first version on is a valid size.
     let sizes: Vec<usize> = (BATCH_V1..=BATCH_SIZE).step_by(8).collect();
