@@ -50,6 +50,10 @@
 // Row flag: the row was drawn greedily (temperature below the greedy threshold).
 #define TOKENRACE_FLAG_GREEDY 8
 
+// Row flag: the row's forced token is one its sampling step bans (a mask or a -inf bias):
+// returned all the same, with a processed logprob of -inf.
+#define TOKENRACE_FLAG_FORCED_BANNED 16
+
 // The version of this ABI; bumped on any incompatible change (compatible growth of a struct
 // keeps it: callers set `struct_size`). A struct passed in is read up to its `struct_size`, which
 // must be at least the size of the struct's first version and must not end inside a field
@@ -356,6 +360,23 @@ typedef struct tokenrace_batch {
   // Per-row top-nσ n, finite (NULL: off); n <= 0 disables it for the row. Keeps the tokens
   // with logit >= max - n * sigma over the row's finite logits.
   const float *top_n_sigma;
+  // The tokens of every row's bad words, one word after the other (ids in [0, vocab); NULL:
+  // no bad words). A word bans its last token where the row's output list (`output_ids`)
+  // ends with the rest of the word; a word of one token always bans it.
+  const int32_t *bad_words_ids;
+  // Word k is `bad_words_ids[bad_word_offsets[k]..bad_word_offsets[k + 1]]`, at least one
+  // token: `bad_words_row_offsets[rows] + 1` non-decreasing entries.
+  const uint64_t *bad_word_offsets;
+  // Row r's words are words `bad_words_row_offsets[r]..bad_words_row_offsets[r + 1]`: rows + 1
+  // non-decreasing entries.
+  const uint64_t *bad_words_row_offsets;
+  // Per-row forced token (NULL: none forced): a row whose entry is in [0, vocab) returns
+  // that token, with its logprob, rank and top-n as if it had been drawn (in the chosen
+  // logprob mode), and its noise consumed as a drawn row's, so that every other row draws
+  // what it would have drawn; -1 draws the row; anything else is refused. A forced token the
+  // step bans (a mask or a -inf bias) is returned all the same, flagged
+  // TOKENRACE_FLAG_FORCED_BANNED (its processed logprob is -inf).
+  const int32_t *forced_tokens;
 } tokenrace_batch;
 
 // Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No

@@ -44,7 +44,7 @@ mod step;
 mod verify;
 
 pub use batch::{
-    flags, Batch, DraftProbs, ExternalNoise, FullMode, LogitBias, Logits, LogprobMode, Output, TokenBitmask,
+    flags, BadWords, Batch, DraftProbs, ExternalNoise, FullMode, LogitBias, Logits, LogprobMode, Output, TokenBitmask,
     TokenLists, VerifyBatch, VerifyOutput,
 };
 pub use config::{

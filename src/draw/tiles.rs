@@ -86,7 +86,7 @@ pub(super) fn draw_tiled(
                 })
             });
             let sc = &scanned[r];
-            Drawn {
+            super::row::forced(batch, r, Drawn {
                 token: with_row!(batch, r, |v| finish(k, v, row_bmax(r), sc, won)),
                 flags: sc.flags,
                 info: RowInfo {
@@ -95,7 +95,7 @@ pub(super) fn draw_tiled(
                     processed: false,
                 },
                 logprobs_done: false,
-            }
+            })
         })
         .collect();
     Ok((drawn, scanned_tiles.work_ns + raced_tiles.work_ns))

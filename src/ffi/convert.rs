@@ -124,7 +124,8 @@ versioned!(tokenrace_batch, v1 ends with noise_row_stride, default zeroed(), [
     reserved0, noise_row_stride, top_k, top_p, min_p, prompt_ids, prompt_offsets, output_ids, output_offsets,
     repetition_penalty, frequency_penalty, presence_penalty, bias_ids, bias_values, bias_offsets, allowed_ids,
     allowed_offsets, allowed_rows, banned_ids, banned_offsets, token_bitmask, bitmask_row_stride, penalty_last_n,
-    min_tokens, stop_ids, stop_offsets, top_n_sigma,
+    min_tokens, stop_ids, stop_offsets, top_n_sigma, bad_words_ids, bad_word_offsets, bad_words_row_offsets,
+    forced_tokens,
 ]);
 versioned!(tokenrace_output, v1 ends with topn_logprobs, default zeroed(), [
     struct_size, logprob_mode, tokens, flags, logprobs, ranks, top_n, reserved0, topn_ids, topn_logprobs,

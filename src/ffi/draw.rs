@@ -9,7 +9,7 @@ use super::disjoint::{Disjoint, Region};
 use super::panic::guard;
 use super::types::*;
 use crate::batch::{
-    noise_span, span, span_of, Batch, ExternalNoise, LogitBias, Logits, Output, TokenBitmask, TokenLists,
+    noise_span, span, span_of, BadWords, Batch, ExternalNoise, LogitBias, Logits, Output, TokenBitmask, TokenLists,
 };
 use crate::error::{Error, Owner, Result};
 use crate::kernels::{Bf16, F16};
@@ -67,7 +67,34 @@ unsafe fn batch_from_c<'a>(b: &tokenrace_batch) -> Result<Batch<'a>> {
         token_bitmask: unsafe { bitmask(b, rows, vocab)? },
         min_tokens: unsafe { opt_slice(Owner::Batch, "min_tokens", b.min_tokens, rows)? },
         stop_tokens: unsafe { lists(rows, ("stop_ids", b.stop_ids), ("stop_offsets", b.stop_offsets))? },
+        bad_words: unsafe { bad_words(b, rows)? },
+        forced_tokens: unsafe { opt_slice(Owner::Batch, "forced_tokens", b.forced_tokens, rows)? },
     })
+}
+
+/// The bad words of a C batch: the rows' offsets, as many word offsets as their last says (plus
+/// one), then as many ids as the last word offset says.
+///
+/// # Safety
+/// Non-NULL pointers cover those counts.
+unsafe fn bad_words<'a>(b: &tokenrace_batch, rows: usize) -> Result<Option<BadWords<'a>>> {
+    // SAFETY: the caller's contract (a word offset is 8 bytes).
+    let Some((row_offsets, words)) =
+        (unsafe { offsets(rows, "bad_words_row_offsets", b.bad_words_row_offsets, size_of::<u64>())? })
+    else {
+        let given = [("bad_words_ids", !b.bad_words_ids.is_null()), ("bad_word_offsets", !b.bad_word_offsets.is_null())];
+        needs_offsets(&given, "bad_words_row_offsets")?;
+        return Ok(None);
+    };
+    // SAFETY: as above.
+    let Some((word_offsets, len)) =
+        (unsafe { offsets(words, "bad_word_offsets", b.bad_word_offsets, size_of::<i32>())? })
+    else {
+        return Err(Error::arg(Owner::Batch, "bad_word_offsets", None, "is NULL while bad_words_row_offsets is given"));
+    };
+    // SAFETY: as above.
+    let ids = unsafe { slice(Owner::Batch, "bad_words_ids", b.bad_words_ids, len)? };
+    Ok(Some(BadWords { ids, word_offsets, row_offsets }))
 }
 
 /// The `rows + 1` offsets of a CSR list whose arrays have `elem_size`-byte entries, and how many
@@ -226,7 +253,7 @@ unsafe fn output_from_c<'a>(o: &tokenrace_output, b: &Batch) -> Result<(Output<'
 }
 
 /// The arrays a draw reads, for the check that no output shares memory with them.
-fn input_regions(b: &Batch) -> [Option<Region>; 30] {
+fn input_regions(b: &Batch) -> [Option<Region>; 34] {
     let (prompt, output, allowed, banned) = (b.prompt_tokens, b.output_tokens, b.allowed_tokens, b.banned_tokens);
     [
         Some(Region::logits(b.logits)),
@@ -259,6 +286,10 @@ fn input_regions(b: &Batch) -> [Option<Region>; 30] {
         Region::input("min_tokens", b.min_tokens),
         Region::input("stop_ids", b.stop_tokens.map(|l| l.ids)),
         Region::input("stop_offsets", b.stop_tokens.map(|l| l.offsets)),
+        Region::input("bad_words_ids", b.bad_words.map(|w| w.ids)),
+        Region::input("bad_word_offsets", b.bad_words.map(|w| w.word_offsets)),
+        Region::input("bad_words_row_offsets", b.bad_words.map(|w| w.row_offsets)),
+        Region::input("forced_tokens", b.forced_tokens),
     ]
 }
 
