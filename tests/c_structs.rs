@@ -524,3 +524,50 @@ fn min_tokens_is_read_only_by_callers_whose_struct_reaches_it() {
         last_error()
     );
 }
+
+/// The parity fields (bad words, forced tokens) follow top-nσ as one block: a caller whose
+/// `struct_size` ends before them bans no bad word and forces nothing; one that reaches them
+/// does, and a forced token out of range is refused naming its row, nothing written.
+#[test]
+fn bad_words_and_forced_tokens_are_read_only_by_callers_whose_struct_reaches_them() {
+    use std::mem::{offset_of, size_of};
+    let (at, whole) = (offset_of!(tokenrace_batch, bad_words_ids), size_of::<tokenrace_batch>());
+    assert_eq!(offset_of!(tokenrace_batch, top_n_sigma), 280);
+    assert_eq!(at, 288);
+    assert_eq!(offset_of!(tokenrace_batch, bad_word_offsets), at + 8);
+    assert_eq!(offset_of!(tokenrace_batch, bad_words_row_offsets), at + 16);
+    assert_eq!(offset_of!(tokenrace_batch, forced_tokens), at + 24);
+    assert_eq!(whole, at + 32);
+    let mut f = Fixture::new();
+    for (i, v) in f.logits.iter_mut().enumerate() {
+        *v = match i % 1000 {
+            0 => 5.0,
+            1 => 4.0,
+            _ => 0.0,
+        };
+    }
+    let temperature = [0.0f32; 2];
+    // Row 0's output ends with 7: its word [7, 0] bans 0. Row 1's word [8, 0] does not.
+    let (output_ids, output_offsets) = ([7i32, 7], [0u64, 1, 2]);
+    let (word_ids, word_offsets, row_offsets) = ([7i32, 0, 8, 0], [0u64, 2, 4], [0u64, 1, 2]);
+    let mut greedy = |size: usize, forced: Option<[i32; 2]>| {
+        let (mut b, mut o) = f.args();
+        b.struct_size = size as u32;
+        b.temperature = temperature.as_ptr();
+        b.output_ids = output_ids.as_ptr();
+        b.output_offsets = output_offsets.as_ptr();
+        b.bad_words_ids = word_ids.as_ptr();
+        b.bad_word_offsets = word_offsets.as_ptr();
+        b.bad_words_row_offsets = row_offsets.as_ptr();
+        let forced = forced.unwrap_or([-1, -1]);
+        b.forced_tokens = forced.as_ptr();
+        f.tokens = [-1; 2];
+        let status = f.draw(&b, &mut o);
+        (status, f.tokens)
+    };
+    assert_eq!(greedy(whole, None), (tokenrace_status::Ok, [1, 0]), "{}", last_error());
+    assert_eq!(greedy(at, None), (tokenrace_status::Ok, [0, 0]), "a caller before the bad words");
+    assert_eq!(greedy(whole, Some([-1, 9])), (tokenrace_status::Ok, [1, 9]), "{}", last_error());
+    assert_eq!(greedy(whole, Some([1000, -1])), (tokenrace_status::InvalidArgument, [-1, -1]));
+    assert!(last_error().contains("batch.forced_tokens[0]: 1000 is not a token id"), "{}", last_error());
+}

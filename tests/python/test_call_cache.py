@@ -133,7 +133,8 @@ def test_the_packed_layouts_set_every_field_of_the_ctypes_structs(tokenrace):
     # Each struct: its parts as (layout, offset, first field), in order.
     parts = ((_ffi.tokenrace_batch, ((_call.BATCH_LAYOUT, 0, "struct_size"),
                                      (_call.STEP_LAYOUT, _call.STEP_OFFSET, _ffi.BATCH_STEP_FIRST),
-                                     (_call.POINTER_LAYOUT, _call.TOP_N_SIGMA_OFFSET, _ffi.BATCH_STEP_END))),
+                                     (_call.POINTER_LAYOUT, _call.TOP_N_SIGMA_OFFSET, _ffi.BATCH_STEP_END),
+                                     (_call.PARITY_LAYOUT, _call.PARITY_OFFSET, _ffi.BATCH_PARITY_FIRST))),
              (_ffi.tokenrace_output, ((_call.OUTPUT_LAYOUT, 0, "struct_size"),
                                       (_call.FULL_LAYOUT, _call.FULL_OFFSET, _ffi.OUTPUT_FULL_FIRST))))
     for cls, layouts in parts:
@@ -177,9 +178,16 @@ def test_a_call_without_the_sampling_step_clears_what_the_last_one_set(tokenrace
     assert not state.step_packed and bytes(state.batch)[_call.STEP_OFFSET:step_end] == bytes(_call.STEP_LAYOUT.size)
     # The same for top-nσ's pointer, packed apart.
     s.draw(x, temperature=1.0, top_n_sigma=1.0)
-    assert state.sigma_packed and bytes(state.batch)[_call.TOP_N_SIGMA_OFFSET:] != bytes(8)
+    sigma = slice(_call.TOP_N_SIGMA_OFFSET, _call.TOP_N_SIGMA_OFFSET + 8)
+    assert state.sigma_packed and bytes(state.batch)[sigma] != bytes(8)
     np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
-    assert not state.sigma_packed and bytes(state.batch)[_call.TOP_N_SIGMA_OFFSET:] == bytes(8)
+    assert not state.sigma_packed and bytes(state.batch)[sigma] == bytes(8)
+    # The same for the parity block (bad words, forced tokens), packed apart.
+    forced = s.draw(x, temperature=0, forced_tokens=[int(t + 1) % 64 for t in plain])
+    assert (forced != plain).all() and state.parity_packed
+    assert bytes(state.batch)[_call.PARITY_OFFSET:] != bytes(_call.PARITY_LAYOUT.size)
+    np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
+    assert not state.parity_packed and bytes(state.batch)[_call.PARITY_OFFSET:] == bytes(_call.PARITY_LAYOUT.size)
     r = s.draw_full(x, temperature=0, full_logprobs="raw")
     assert r.full_logprobs.shape == (3, 64) and state.full_packed
     r = s.draw_full(x, temperature=0)

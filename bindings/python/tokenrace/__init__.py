@@ -20,13 +20,13 @@ from ._errors import (
     TokenraceTimeoutError,
     UnsupportedError,
 )
-from ._ffi import ABI_VERSION, FLAG_EMPTY, FLAG_GREEDY, FLAG_HAS_NAN, FLAG_HAS_POSINF, library_path
+from ._ffi import ABI_VERSION, FLAG_EMPTY, FLAG_FORCED_BANNED, FLAG_GREEDY, FLAG_HAS_NAN, FLAG_HAS_POSINF, library_path
 from ._pool import NoiseLease, NoisePool
 from ._sampler import DrawResult, Sampler
 from ._verify import VerifyResult
 
 __all__ = [
-    "ABI_VERSION", "FLAG_EMPTY", "FLAG_GREEDY", "FLAG_HAS_NAN", "FLAG_HAS_POSINF",
+    "ABI_VERSION", "FLAG_EMPTY", "FLAG_FORCED_BANNED", "FLAG_GREEDY", "FLAG_HAS_NAN", "FLAG_HAS_POSINF",
     "ClosedError", "DrawResult", "InternalError", "InvalidArgumentError", "InvalidConfigError",
     "NoiseLease", "NoisePool", "OutOfMemoryError", "Sampler", "TokenraceError", "TokenraceTimeoutError", "UnsupportedError",
     "VerifyResult",

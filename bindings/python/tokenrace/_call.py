@@ -73,6 +73,11 @@ OUTPUT_LAYOUT = struct_layout(_ffi.tokenrace_output, None, _ffi.OUTPUT_FULL_FIRS
 # top-nσ's per-row pointer, written alone by a call that passes it (``CallState.sigma_packed``).
 TOP_N_SIGMA_OFFSET = _ffi.tokenrace_batch.top_n_sigma.offset
 POINTER_LAYOUT = struct.Struct("=Q")
+# The parity block (bad words, forced tokens), written by a call that passes either
+# (``CallState.parity_packed``).
+PARITY_LAYOUT = struct_layout(_ffi.tokenrace_batch, _ffi.BATCH_PARITY_FIRST)
+PARITY_OFFSET = getattr(_ffi.tokenrace_batch, _ffi.BATCH_PARITY_FIRST).offset
+PARITY_ZEROS = (0,) * sum(1 for c in PARITY_LAYOUT.format if c not in "=x")
 FULL_LAYOUT = struct_layout(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST)
 FULL_OFFSET = getattr(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST).offset
 FULL_ZEROS = (0,) * sum(1 for c in FULL_LAYOUT.format if c not in "=x")
@@ -168,6 +173,7 @@ class CallState:
         self.step_packed = False
         self.full_packed = False
         self.sigma_packed = False
+        self.parity_packed = False
         # The arguments of tokenrace_draw, made once rather than a byref() per call.
         self.batch_ptr = ctypes.pointer(self.batch)
         self.tokens_output_ptr = ctypes.pointer(self.tokens_output)

@@ -30,6 +30,7 @@ FLAG_HAS_NAN = 1
 FLAG_HAS_POSINF = 2
 FLAG_EMPTY = 4
 FLAG_GREEDY = 8
+FLAG_FORCED_BANNED = 16
 
 # enum tokenrace_status
 STATUS_OK = 0
@@ -197,6 +198,11 @@ class tokenrace_batch(_Versioned):
         ("stop_offsets", POINTER(c_uint64)),
         # added after 0.2.0: llama.cpp's top-nσ (``_call.TOP_N_SIGMA_OFFSET``)
         ("top_n_sigma", POINTER(c_float)),
+        # added after 0.2.0: multi-token bad words and forced tokens (``_call.PARITY_LAYOUT``)
+        ("bad_words_ids", POINTER(c_int32)),
+        ("bad_word_offsets", POINTER(c_uint64)),
+        ("bad_words_row_offsets", POINTER(c_uint64)),
+        ("forced_tokens", POINTER(c_int32)),
     ]
 
 
@@ -226,6 +232,8 @@ BATCH_STEP_FIRST = "prompt_ids"
 # The first field after the sampling step's part (the step's layout stops there).
 BATCH_STEP_END = "top_n_sigma"
 OUTPUT_FULL_FIRST = "full_logprobs"
+# The first field of the batch's parity block (bad words, forced tokens), packed apart.
+BATCH_PARITY_FIRST = "bad_words_ids"
 
 
 class tokenrace_pool_config(_Versioned):

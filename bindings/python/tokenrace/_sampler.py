@@ -13,12 +13,13 @@ from . import _ffi
 from ._arrays import (LOGITS_DTYPES, NOISE_DTYPES, arrays_in, as_torch, byte_span, contiguous_rows, is_torch_tensor,
                       per_row, rows_view)
 from ._call import (BATCH_LAYOUT, BATCH_SIZE, FLAG_SCALARS, FLOAT_SCALARS, FULL_LAYOUT, FULL_OFFSET, FULL_ZEROS,
-                    INT_SCALARS, OUTPUT_LAYOUT, OUTPUT_SIZE, POINTER_LAYOUT, STEP_LAYOUT, STEP_OFFSET, STEP_ZEROS,
+                    INT_SCALARS, OUTPUT_LAYOUT, OUTPUT_SIZE, PARITY_LAYOUT, PARITY_OFFSET, PARITY_ZEROS,
+                    POINTER_LAYOUT, STEP_LAYOUT, STEP_OFFSET, STEP_ZEROS,
                     TOP_N_SIGMA_OFFSET, address, pack_tokens_output, release_state, take_state)
 from ._common import (_choice, _Closable, _Default, _from_env, _Handle, _name_of, _offsets_without_seeds,
                       _unsigned)
 from ._errors import InvalidArgumentError, check
-from ._step import FIELD_ARGUMENTS, step_fields
+from ._step import FIELD_ARGUMENTS, parity_fields, step_fields
 from ._verify import verify as _verify
 
 
@@ -252,11 +253,22 @@ class Sampler(_Closable):
         state.step_packed = True
         STEP_LAYOUT.pack_into(state.batch, STEP_OFFSET, *fields)
 
+    def _fill_parity(self, state, keep, rows, bad_words, forced_tokens):
+        """Writes the batch's parity block (bad words, forced tokens), or zeroes it again after a
+        call that wrote it."""
+        if bad_words is None and forced_tokens is None:
+            PARITY_LAYOUT.pack_into(state.batch, PARITY_OFFSET, *PARITY_ZEROS)
+            state.parity_packed = False
+            return
+        PARITY_LAYOUT.pack_into(state.batch, PARITY_OFFSET, *parity_fields(rows, keep, bad_words, forced_tokens))
+        state.parity_packed = True
+
     def draw(self, logits, *, temperature=None, seeds=None, offsets=None, seeded=None, noise=None,
              noise_kind="exp", top_k=None, top_p=None, min_p=None, top_n_sigma=None, return_flags=False,
              prompt_tokens=None, output_tokens=None, repetition_penalty=None, frequency_penalty=None,
              presence_penalty=None, logit_bias=None, allowed_tokens=None, banned_tokens=None,
-             token_bitmask=None, penalty_last_n=None, min_tokens=None, stop_token_ids=None):
+             token_bitmask=None, penalty_last_n=None, min_tokens=None, stop_token_ids=None, bad_words=None,
+             forced_tokens=None):
         """Draws one token per row of ``logits``; returns an int32 array of ``rows`` tokens (a
         torch tensor when ``logits`` is one, over the same memory: no copy; the flags of
         ``return_flags`` then come as int32, the same bits).
@@ -318,6 +330,13 @@ class Sampler(_Closable):
         token_bitmask: a grammar bitmask in xgrammar's layout, read in place: int32 numpy array
             or CPU torch tensor, rows x ceil(vocab / 32) words (1-D for one row), rows any whole
             number of words apart; bit j of word w set allows token 32 w + j.
+        bad_words: one entry per row, None or a list of words, each a non-empty list of token ids
+            (vLLM's rule): a word bans its last token when the row's ``output_tokens`` end with
+            the word's other tokens; a word of one token always bans it.
+        forced_tokens: None, or one int per row: a token in [0, vocab) that the row returns (its
+            logprobs, rank and top-n as if drawn; its noise consumed as a drawn row's, so the
+            other rows draw what they would), or -1 to draw the row. A forced token the step bans
+            is returned flagged ``FLAG_FORCED_BANNED`` (processed logprob -inf).
 
         Errors (ValueError) name the argument, the row and the position: the column of a padded
         array, the index in a row's list or dict, and the entry of a CSR array.
@@ -345,6 +364,8 @@ class Sampler(_Closable):
                                     frequency_penalty, presence_penalty, logit_bias, allowed_tokens,
                                     banned_tokens, token_bitmask, penalty_last_n, min_tokens,
                                     stop_token_ids)
+            if bad_words is not None or forced_tokens is not None or state.parity_packed:
+                self._fill_parity(state, keep, rows, bad_words, forced_tokens)
             pack_tokens_output(state, state.tokens.address_for(rows),
                                state.flags.address_for(rows) if return_flags else 0)
             # self._run(), inlined (a method call less: the fast path's cost, see _call.py)
@@ -370,7 +391,7 @@ class Sampler(_Closable):
                   ranks=False, logprob_mode="raw", prompt_tokens=None, output_tokens=None, repetition_penalty=None,
                   frequency_penalty=None, presence_penalty=None, logit_bias=None, allowed_tokens=None,
                   banned_tokens=None, token_bitmask=None, full_logprobs=None, out=None, penalty_last_n=None,
-                  min_tokens=None, stop_token_ids=None):
+                  min_tokens=None, stop_token_ids=None, bad_words=None, forced_tokens=None):
         """Draws like ``draw`` and also returns logprobs: a ``DrawResult`` (of torch tensors over
         the same memory when ``logits`` is a tensor, flags as int32) with
 
@@ -428,6 +449,8 @@ class Sampler(_Closable):
                                     frequency_penalty, presence_penalty, logit_bias, allowed_tokens,
                                     banned_tokens, token_bitmask, penalty_last_n, min_tokens,
                                     stop_token_ids)
+            if bad_words is not None or forced_tokens is not None or state.parity_packed:
+                self._fill_parity(state, keep, rows, bad_words, forced_tokens)
             full = None
             if full_logprobs is not None:
                 full, full_ptr, full_stride = _full_output(out, rows, state.batch.vocab)
@@ -441,7 +464,8 @@ class Sampler(_Closable):
                         ("frequency_penalty", frequency_penalty), ("presence_penalty", presence_penalty),
                         ("logit_bias", logit_bias), ("allowed_tokens", allowed_tokens),
                         ("banned_tokens", banned_tokens), ("penalty_last_n", penalty_last_n),
-                        ("min_tokens", min_tokens), ("stop_token_ids", stop_token_ids)))
+                        ("min_tokens", min_tokens), ("stop_token_ids", stop_token_ids),
+                        ("forced_tokens", forced_tokens)))
                 state.full_packed = True
                 FULL_LAYOUT.pack_into(state.full_output, FULL_OFFSET, full_ptr, full_stride, full_mode, 0)
             elif state.full_packed:
