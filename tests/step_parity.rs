@@ -63,19 +63,26 @@ fn greedy_with_words(x: &[f32], output: &[i32], words: &[Vec<i32>]) -> (i32, Vec
         ..Batch::new(Logits::F32(x), 1, vocab)
     };
     let (mut tokens, mut full) = ([-1], vec![0f32; vocab]);
-    let mut out =
-        Output { full_logprobs: Some(&mut full), full_row_stride: vocab, full_mode: FullMode::Processed, ..Output::new(&mut tokens) };
+    let mut out = Output {
+        full_logprobs: Some(&mut full),
+        full_row_stride: vocab,
+        full_mode: FullMode::Processed,
+        ..Output::new(&mut tokens)
+    };
     s.draw(&b, &mut out).unwrap();
     assert_eq!(tokens[0] as usize, rf::argmax(&processed(x, output, words)), "the reference's greedy token");
     (tokens[0], full)
 }
+
+/// (output, words, the greedy token) of a hand-made row.
+type PrefixCase = (&'static [i32], Vec<Vec<i32>>, i32);
 
 #[test]
 fn a_bad_word_bans_its_last_token_only_after_its_prefix() {
     let x = [0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
     let top = 6;
     // (output, words, the token drawn)
-    let cases: [(&[i32], Vec<Vec<i32>>, i32); 10] = [
+    let cases: [PrefixCase; 10] = [
         // A word of one token always bans it, with or without an output.
         (&[], vec![vec![top]], 5),
         (&[1, 2], vec![vec![top]], 5),
@@ -139,8 +146,7 @@ fn seeded_rows_with_bad_words_draw_their_processed_row() {
             all_words.push(words);
         }
         let w = Words::of(&all_words);
-        let banned_rows =
-            (0..rows).filter(|&r| !rf::bad_word_bans(output.row(r), &all_words[r]).is_empty()).count();
+        let banned_rows = (0..rows).filter(|&r| !rf::bad_word_bans(output.row(r), &all_words[r]).is_empty()).count();
         assert!(banned_rows >= rows / 2, "too few rows ban anything: {banned_rows}");
         let words32 = vocab.div_ceil(32);
         let bitmask: Vec<i32> = (0..rows * words32).map(|_| (rng.u64() | rng.u64()) as i32).collect();
@@ -281,10 +287,7 @@ fn sampled_distribution_follows_the_bad_word_rule_and_rejects_wrong_rules() {
     assert!(stat < crit, "the sampled distribution is not the reference's: {stat} >= {crit}");
     assert!(dof >= 20, "too few cells: {dof}");
     let every_last: Vec<i32> = words.iter().map(|w| *w.last().unwrap()).collect();
-    let wrong_rules = [
-        ("every word's last token banned", every_last),
-        ("multi-token words ignored", vec![3]),
-    ];
+    let wrong_rules = [("every word's last token banned", every_last), ("multi-token words ignored", vec![3])];
     for (name, bans) in wrong_rules {
         let y = rf::effective_row(&x, &rf::RowInputs { banned: &bans, ..rf::RowInputs::NONE });
         let wrong = softmax64(&y, t as f64);
@@ -323,9 +326,15 @@ fn bad_words_that_break_the_rules_are_refused_naming_row_word_and_position() {
         &batch(&[1, 2, 3, 10], &[0, 1, 4], &[0, 1, 1, 2]),
         "batch.bad_words_ids[2]: word 0 position 2 (entry 3): 10 is not a token id in [0, 10)",
     );
-    expect_error(&batch(&[1, -1], &[0, 1, 2], &[0, 0, 2, 2]), "batch.bad_words_ids[1]: word 1 position 0 (entry 1): -1");
+    expect_error(
+        &batch(&[1, -1], &[0, 1, 2], &[0, 0, 2, 2]),
+        "batch.bad_words_ids[1]: word 1 position 0 (entry 1): -1",
+    );
     expect_error(&batch(&[1, 2], &[0, 1, 1, 2], &[0, 1, 2, 3]), "batch.bad_word_offsets[1]: word 1 is empty");
-    expect_error(&batch(&[1, 2], &[0, 2, 1], &[0, 1, 2, 2]), "batch.bad_word_offsets[2]: 1 is below the previous offset 2");
+    expect_error(
+        &batch(&[1, 2], &[0, 2, 1], &[0, 1, 2, 2]),
+        "batch.bad_word_offsets[2]: 1 is below the previous offset 2",
+    );
     expect_error(&batch(&[1, 2], &[0, 1, 3], &[0, 1, 2, 2]), "batch.bad_word_offsets[2]: 3 is past the end");
     expect_error(&batch(&[1, 2], &[0, 1, 2], &[0, 2, 1, 2]), "batch.bad_words_row_offsets[2]: 1 is below the previous");
     expect_error(&batch(&[1, 2], &[0, 1, 2], &[0, 1, 2, 3]), "batch.bad_words_row_offsets[3]: 3 is past the end");
@@ -424,7 +433,8 @@ fn a_forced_token_reports_its_logprobs_as_if_drawn() {
             forced_tokens: Some(&forced),
             ..Batch::new(Logits::F32(&x), rows, vocab)
         };
-        let (mut tokens, mut flags, mut lps, mut ranks) = (vec![-1; rows], vec![0u32; rows], vec![0f32; rows], vec![0; rows]);
+        let (mut tokens, mut flags, mut lps, mut ranks) =
+            (vec![-1; rows], vec![0u32; rows], vec![0f32; rows], vec![0; rows]);
         let (mut ids, mut tlps) = (vec![0; rows * top_n], vec![0f32; rows * top_n]);
         let mut out = Output {
             flags: Some(&mut flags),
@@ -451,7 +461,12 @@ fn a_forced_token_reports_its_logprobs_as_if_drawn() {
             };
             let token = if forced[r] >= 0 { forced[r] } else { tokens[r] };
             assert_eq!(tokens[r], token, "row {r}");
-            assert!(lp_close(lps[r], want_lp[token as usize]), "row {r} {mode:?}: {} vs {}", lps[r], want_lp[token as usize]);
+            assert!(
+                lp_close(lps[r], want_lp[token as usize]),
+                "row {r} {mode:?}: {} vs {}",
+                lps[r],
+                want_lp[token as usize]
+            );
             let (lo, hi) = rf::rank_range(&want_lp, token as usize);
             assert!((lo..=hi).contains(&(ranks[r] as usize)), "row {r} {mode:?}: rank {} not in {lo}..={hi}", ranks[r]);
             let top = rf::top_n(&want_lp, top_n);

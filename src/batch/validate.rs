@@ -192,7 +192,8 @@ fn validate_step(k: &Kernels, batch: &Batch, out: &Output, ids: Ids) -> Result<(
         check_bad_words(k, w, rows, vocab, ids)?;
     }
     check_each("forced_tokens", batch.forced_tokens, rows, |t: i32| {
-        (t < -1 || t as i64 >= vocab as i64).then(|| format!("{t} is not a token id in [0, {vocab}) nor -1 (not forced)"))
+        (t < -1 || t as i64 >= vocab as i64)
+            .then(|| format!("{t} is not a token id in [0, {vocab}) nor -1 (not forced)"))
     })?;
     if let Some(b) = batch.logit_bias {
         check_offsets(b.ids.len().min(b.values.len()), b.offsets, rows, "bias_offsets")?;

@@ -82,7 +82,8 @@ unsafe fn bad_words<'a>(b: &tokenrace_batch, rows: usize) -> Result<Option<BadWo
     let Some((row_offsets, words)) =
         (unsafe { offsets(rows, "bad_words_row_offsets", b.bad_words_row_offsets, size_of::<u64>())? })
     else {
-        let given = [("bad_words_ids", !b.bad_words_ids.is_null()), ("bad_word_offsets", !b.bad_word_offsets.is_null())];
+        let given =
+            [("bad_words_ids", !b.bad_words_ids.is_null()), ("bad_word_offsets", !b.bad_word_offsets.is_null())];
         needs_offsets(&given, "bad_words_row_offsets")?;
         return Ok(None);
     };
