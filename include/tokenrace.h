@@ -377,6 +377,12 @@ typedef struct tokenrace_batch {
   // step bans (a mask or a -inf bias) is returned all the same, flagged
   // TOKENRACE_FLAG_FORCED_BANNED (its processed logprob is -inf).
   const int32_t *forced_tokens;
+  // Per-row token ids whose logprobs the output's `token_logprobs` (and ranks its
+  // `token_ranks`) receive, CSR (ids in [0, vocab); NULL: none): vLLM's `logprob_token_ids`,
+  // SGLang's `token_ids_logprobs`.
+  const int32_t *logprob_token_ids;
+  // CSR offsets of `logprob_token_ids`: rows + 1 entries.
+  const uint64_t *logprob_token_offsets;
 } tokenrace_batch;
 
 // Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No
@@ -413,6 +419,12 @@ typedef struct tokenrace_output {
   uint32_t full_mode;
   // Padding made explicit: 0 (ignored on input, written as 0).
   uint32_t reserved1;
+  // One logprob per entry of the batch's `logprob_token_ids` (row r's at its offsets), in
+  // `logprob_mode`, computed in the pass of the sampled token's (NULL: not computed).
+  float *token_logprobs;
+  // One rank per entry of the batch's `logprob_token_ids`: the count of tokens whose logprob
+  // is >= the id's (NULL: not computed; each costs a count over the row).
+  int32_t *token_ranks;
 } tokenrace_output;
 
 // Noise pool settings. Get one from `tokenrace_pool_config_default()` or

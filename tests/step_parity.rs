@@ -496,3 +496,164 @@ fn forced_tokens_out_of_range_are_refused_naming_the_row() {
     expect_error(&batch(&[-2, 0, 0]), "batch.forced_tokens[0]: -2 is not a token id");
     expect_error(&batch(&[0, 1]), "batch.forced_tokens: has 2 elements");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Logprobs of given token ids.
+// ---------------------------------------------------------------------------------------------
+
+/// What one call reports: tokens, the sampled logprobs, the given ids' logprobs and ranks.
+type GivenDraw = (Vec<i32>, Vec<f32>, Vec<f32>, Vec<i32>);
+
+/// Draws `b` with the logprobs of the ids `given` in `mode`.
+fn draw_given(s: &Sampler, b: &Batch, given: &Csr, mode: LogprobMode) -> GivenDraw {
+    let rows = b.rows;
+    let n = given.row_offsets_end();
+    let (mut tokens, mut lps, mut glps, mut granks) = (vec![-1; rows], vec![0f32; rows], vec![0f32; n], vec![0; n]);
+    let mut out = Output {
+        logprobs: Some(&mut lps),
+        logprob_mode: mode,
+        token_logprobs: Some(&mut glps),
+        token_ranks: Some(&mut granks),
+        ..Output::new(&mut tokens)
+    };
+    s.draw(&Batch { logprob_token_ids: Some(given.lists()), ..*b }, &mut out).unwrap();
+    (tokens, lps, glps, granks)
+}
+
+trait CsrEnd {
+    fn row_offsets_end(&self) -> usize;
+}
+
+impl CsrEnd for Csr {
+    fn row_offsets_end(&self) -> usize {
+        self.lists().ids.len()
+    }
+}
+
+/// Rows with a step (penalties, a banned token) and filters, and ids that are likely, unlikely,
+/// banned, filtered out, repeated or the sampled one: each id's logprob and rank in both modes
+/// are the float64 reference's, the sampled token's entry is bit-identical to its logprob, and
+/// every level and thread count reports the same bits, a row split into tiles among them.
+#[test]
+fn logprobs_of_given_ids_follow_the_reference() {
+    tokenrace::internals::force_participants(usize::MAX);
+    for (rows, vocab, with_step) in [(6usize, 700usize, true), (6, 700, false), (1, 60_000, false)] {
+        let mut rng = TestRng::new(vocab as u64 + rows as u64);
+        let x: Vec<f32> = (0..rows * vocab).map(|_| (rng.normal() * 2.0) as f32).collect();
+        let temps: Vec<f32> = (0..rows).map(|r| [1.0, 0.0, 0.7, 1.3, 0.9, 1.0][r % 6]).collect();
+        let top_k: Vec<i32> = (0..rows).map(|r| if r % 3 == 2 { 30 } else { 0 }).collect();
+        let seeds = vec![4u64; rows];
+        let offsets: Vec<u64> = (0..rows as u64).collect();
+        let outputs = Csr::from_rows(&(0..rows).map(|r| vec![(r * 5 % vocab) as i32, 3, 3]).collect::<Vec<_>>());
+        let banned = Csr::from_rows(&(0..rows).map(|r| vec![(r * 11 % vocab) as i32]).collect::<Vec<_>>());
+        let freq = vec![0.5f32; rows];
+        let given = Csr::from_rows(
+            &(0..rows)
+                .map(|r| {
+                    if r == 4 {
+                        return vec![];
+                    }
+                    let row = &x[r * vocab..(r + 1) * vocab];
+                    let best = rf::argmax(row) as i32;
+                    vec![best, 0, (r * 11 % vocab) as i32, 3, best, (vocab - 1) as i32, rng.below(vocab) as i32]
+                })
+                .collect::<Vec<_>>(),
+        );
+        let step = if with_step {
+            StepInputs {
+                output: Some(outputs.clone()),
+                frequency: Some(freq.clone()),
+                banned: Some(banned.clone()),
+                ..StepInputs::default()
+            }
+        } else {
+            StepInputs::default()
+        };
+        let batch = || {
+            step.apply(Batch {
+                temperature: Some(&temps),
+                seeds: Some(&seeds),
+                offsets: Some(&offsets),
+                top_k: Some(&top_k),
+                ..Batch::new(Logits::F32(&x), rows, vocab)
+            })
+        };
+        for mode in [LogprobMode::Raw, LogprobMode::Processed] {
+            let s = Sampler::new(config(SimdLevel::Scalar, 1, rf::Order::TemperatureFirst)).unwrap();
+            let first = draw_given(&s, &batch(), &given, mode);
+            let greedy_below = Config::default().greedy_below;
+            for r in 0..rows {
+                let row = &x[r * vocab..(r + 1) * vocab];
+                let y = rf::effective_row(row, &step.row(r, vocab));
+                let filters = rf::Filters { top_k: top_k[r], top_p: 1.0, min_p: 0.0 };
+                let d = rf::draw(&y, temps[r], greedy_below, rf::Noise::Inline(rf::row_key(4, r as u64)), filters);
+                let want = match mode {
+                    LogprobMode::Raw => rf::logprobs(row, &d, rf::Mode::Raw),
+                    LogprobMode::Processed => rf::logprobs(&y, &d, rf::Mode::Processed),
+                };
+                let at = given.lists().offsets[r] as usize;
+                for (j, &id) in given.row(r).iter().enumerate() {
+                    let (got, rank) = (first.2[at + j], first.3[at + j] as usize);
+                    let what = format!("vocab {vocab}, step {with_step}, {mode:?}, row {r}, id {id}");
+                    assert!(rf::lp_close(got, want[id as usize]), "{what}: {got} vs {}", want[id as usize]);
+                    let (lo, hi) = rf::rank_range(&want, id as usize);
+                    assert!((lo..=hi).contains(&rank), "{what}: rank {rank} not in {lo}..={hi}");
+                    if id == first.0[r] {
+                        assert_eq!(got.to_bits(), first.1[r].to_bits(), "{what}: the sampled token's own logprob");
+                    }
+                }
+            }
+            common::each_level(|level| {
+                for threads in [1, 4] {
+                    let s = Sampler::new(config(level, threads, rf::Order::TemperatureFirst)).unwrap();
+                    let got = draw_given(&s, &batch(), &given, mode);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    let what = format!("vocab {vocab}, step {with_step}, {mode:?}, {threads} threads");
+                    assert_eq!(got.0, first.0, "{what}: tokens");
+                    assert_eq!(bits(&got.2), bits(&first.2), "{what}: the given ids' logprobs");
+                    assert_eq!(got.3, first.3, "{what}: the given ids' ranks");
+                }
+            });
+        }
+    }
+}
+
+#[test]
+fn logprobs_of_given_ids_that_break_the_rules_are_refused() {
+    let x = vec![0.5f32; 3 * 10];
+    let s = Sampler::new(Config { seed: Some(1), ..Config::default() }).unwrap();
+    let refuse = |ids: &'static [i32], offsets: &'static [u64], n: usize, ranks: bool, want: &str| {
+        let b = Batch { logprob_token_ids: Some(TokenLists { ids, offsets }), ..Batch::new(Logits::F32(&x), 3, 10) };
+        let (mut tokens, mut lps, mut rk) = (vec![-7; 3], vec![7f32; n], vec![7; n]);
+        let mut out = Output { token_logprobs: Some(&mut lps), ..Output::new(&mut tokens) };
+        if ranks {
+            out.token_ranks = Some(&mut rk);
+        }
+        let err = s.draw(&b, &mut out).expect_err(want);
+        assert!(err.message.contains(want), "expected {want:?}, got {:?}", err.message);
+        assert!(tokens.iter().all(|&t| t == -7) && lps.iter().all(|&v| v == 7.0), "{want}: a failed call wrote");
+    };
+    refuse(
+        &[1, 2, 10],
+        &[0, 1, 1, 3],
+        3,
+        false,
+        "batch.logprob_token_ids[2]: position 1 (entry 2): 10 is not a token id",
+    );
+    refuse(
+        &[1, 2, 3],
+        &[0, 1, 1, 3],
+        2,
+        false,
+        "out.token_logprobs: has 2 elements, the count of the batch's logprob_token_ids is 3",
+    );
+    refuse(&[1, 2, 3], &[0, 2, 1, 3], 3, false, "batch.logprob_token_offsets[2]: 1 is below the previous");
+    let b = Batch::new(Logits::F32(&x), 3, 10);
+    let (mut tokens, mut lps) = (vec![-7; 3], vec![7f32; 3]);
+    let err = s.draw(&b, &mut Output { token_logprobs: Some(&mut lps), ..Output::new(&mut tokens) }).unwrap_err();
+    assert!(err.message.contains("out.token_logprobs: given without the batch's logprob_token_ids"), "{err}");
+    let b = Batch { logprob_token_ids: Some(TokenLists { ids: &[1], offsets: &[0, 1, 1, 1] }), ..b };
+    let err = s.draw(&b, &mut Output::new(&mut tokens)).unwrap_err();
+    assert!(err.message.contains("batch.logprob_token_ids: given without the output's token_logprobs"), "{err}");
+    assert!(tokens.iter().all(|&t| t == -7));
+}

@@ -155,6 +155,9 @@ pub struct Batch<'a> {
     /// Per-row forced token: a row whose entry is in `[0, vocab)` returns that token (its
     /// logprobs as if drawn, its noise consumed as if drawn); -1 draws the row.
     pub forced_tokens: Option<&'a [i32]>,
+    /// Per-row token ids whose logprobs (and ranks) the call reports in
+    /// `Output::token_logprobs` / `Output::token_ranks`, one entry per id.
+    pub logprob_token_ids: Option<TokenLists<'a>>,
 }
 
 /// Per-row lists of words, each a sequence of token ids (two-level CSR): word `k` is
@@ -274,6 +277,7 @@ impl<'a> Batch<'a> {
             stop_tokens: None,
             bad_words: None,
             forced_tokens: None,
+            logprob_token_ids: None,
         }
     }
 
@@ -395,6 +399,12 @@ pub struct Output<'a> {
     pub full_row_stride: usize,
     /// What `full_logprobs` receives for every token.
     pub full_mode: FullMode,
+    /// One logprob per entry of the batch's `logprob_token_ids` (row `r`'s at its offsets), in
+    /// `logprob_mode`.
+    pub token_logprobs: Option<&'a mut [f32]>,
+    /// One rank per entry of the batch's `logprob_token_ids`: the count of tokens whose
+    /// logprob is >= the id's.
+    pub token_ranks: Option<&'a mut [i32]>,
 }
 
 /// What `Output::full_logprobs` receives for every token.
@@ -426,6 +436,8 @@ impl<'a> Output<'a> {
             full_logprobs: None,
             full_row_stride: 0,
             full_mode: FullMode::Raw,
+            token_logprobs: None,
+            token_ranks: None,
         }
     }
 
@@ -434,5 +446,7 @@ impl<'a> Output<'a> {
         self.logprobs.is_some()
             || self.ranks.is_some()
             || (self.top_n > 0 && (self.topn_ids.is_some() || self.topn_logprobs.is_some()))
+            || self.token_logprobs.is_some()
+            || self.token_ranks.is_some()
     }
 }

@@ -227,6 +227,7 @@ fn validate_step(k: &Kernels, batch: &Batch, out: &Output, ids: Ids) -> Result<(
         let need = span(rows, words, m.row_stride, 4, "bitmask_row_stride")?;
         check_len(Owner::Batch, "token_bitmask", m.words.len(), need, "rows x ceil(vocab / 32) words at its stride")?;
     }
+    check_token_logprobs(batch, out)?;
     if let Some(full) = out.full_logprobs.as_deref() {
         if out.full_row_stride < vocab {
             bail_out!("full_row_stride", None, "{} is smaller than vocab {vocab}", out.full_row_stride);
@@ -237,14 +238,40 @@ fn validate_step(k: &Kernels, batch: &Batch, out: &Output, ids: Ids) -> Result<(
     Ok(())
 }
 
+/// Checks the logprobs of given ids: the batch's ids (offsets checked) and the output's arrays
+/// come together, each array holding one entry per id.
+fn check_token_logprobs(batch: &Batch, out: &Output) -> Result<()> {
+    let wanted = out.token_logprobs.is_some() || out.token_ranks.is_some();
+    let Some(ids) = batch.logprob_token_ids else {
+        if wanted {
+            let field = if out.token_logprobs.is_some() { "token_logprobs" } else { "token_ranks" };
+            bail_out!(field, None, "given without the batch's logprob_token_ids");
+        }
+        return Ok(());
+    };
+    if !wanted {
+        bail_batch!("logprob_token_ids", None, "given without the output's token_logprobs or token_ranks");
+    }
+    let need = ids.offsets[batch.rows] as usize;
+    let what = "the count of the batch's logprob_token_ids";
+    if let Some(l) = out.token_logprobs.as_deref() {
+        check_len(Owner::Output, "token_logprobs", l.len(), need, what)?;
+    }
+    if let Some(r) = out.token_ranks.as_deref() {
+        check_len(Owner::Output, "token_ranks", r.len(), need, what)?;
+    }
+    Ok(())
+}
+
 /// The token lists of `batch` whose ids the draw reads, with the names of their fields.
-fn token_lists<'a>(batch: &Batch<'a>) -> [(Option<TokenLists<'a>>, &'static str, &'static str); 5] {
+fn token_lists<'a>(batch: &Batch<'a>) -> [(Option<TokenLists<'a>>, &'static str, &'static str); 6] {
     [
         (batch.prompt_tokens, "prompt_ids", "prompt_offsets"),
         (batch.output_tokens, "output_ids", "output_offsets"),
         (batch.allowed_tokens, "allowed_ids", "allowed_offsets"),
         (batch.banned_tokens, "banned_ids", "banned_offsets"),
         (batch.stop_tokens, "stop_ids", "stop_offsets"),
+        (batch.logprob_token_ids, "logprob_token_ids", "logprob_token_offsets"),
     ]
 }
 

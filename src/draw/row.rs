@@ -10,7 +10,7 @@ use crate::batch::{flags, Batch};
 use crate::error::Result;
 use crate::filter;
 use crate::kernels::{Best, Kernels, RaceParams, BLOCK};
-use crate::logprob::{row_logprobs, RowInfo};
+use crate::logprob::{row_logprobs_given, RowInfo};
 use crate::row::{with_row, RaceNoise, RowValues};
 use crate::step::{self, RowStep};
 
@@ -236,8 +236,9 @@ pub(super) fn draw_scanned<V: RowValues + ?Sized>(
     let token = batch.forced(r).unwrap_or_else(|| finish(k, v, bmax, &sc, won));
     if let Some(slots) = logprobs {
         // SAFETY: r is a row of the call, and this task draws it alone.
-        let o = unsafe { slots.row(r) };
-        row_logprobs(k, v, bmax, plan.inv_t(), slots.mode, sc.top, floor, token, o).map_err(|e| e.in_row(r))?;
+        let (o, given) = unsafe { (slots.row(r), slots.given(r)) };
+        row_logprobs_given(k, v, bmax, plan.inv_t(), slots.mode, (sc.top, floor), token, o, given)
+            .map_err(|e| e.in_row(r))?;
     }
     Ok(Drawn { token, flags: sc.flags, info, logprobs_done: logprobs.is_some() })
 }

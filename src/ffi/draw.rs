@@ -69,6 +69,9 @@ unsafe fn batch_from_c<'a>(b: &tokenrace_batch) -> Result<Batch<'a>> {
         stop_tokens: unsafe { lists(rows, ("stop_ids", b.stop_ids), ("stop_offsets", b.stop_offsets))? },
         bad_words: unsafe { bad_words(b, rows)? },
         forced_tokens: unsafe { opt_slice(Owner::Batch, "forced_tokens", b.forced_tokens, rows)? },
+        logprob_token_ids: unsafe {
+            lists(rows, ("logprob_token_ids", b.logprob_token_ids), ("logprob_token_offsets", b.logprob_token_offsets))?
+        },
     })
 }
 
@@ -230,6 +233,9 @@ unsafe fn output_from_c<'a>(o: &tokenrace_output, b: &Batch) -> Result<(Output<'
         true => 0,
         false => span_of(Owner::Output, rows, vocab, full_stride, 4, "full_row_stride")?,
     };
+    // One logprob and rank per given id (validate checks the offsets' order; the last says how
+    // many ids there are, at most the ids' span, which `lists` made a slice of).
+    let given = b.logprob_token_ids.map_or(0, |l| l.ids.len());
     let mut d = Disjoint::new(input_regions(b));
     let out = Owner::Output;
     // SAFETY (every slice below): the caller's contract for the output's pointers.
@@ -249,12 +255,14 @@ unsafe fn output_from_c<'a>(o: &tokenrace_output, b: &Batch) -> Result<(Output<'
         full_logprobs: unsafe { d.opt_slice_mut(out, "full_logprobs", o.full_logprobs, full_len)? },
         full_row_stride: full_stride,
         full_mode: full_mode.into(),
+        token_logprobs: unsafe { d.opt_slice_mut(out, "token_logprobs", o.token_logprobs, given)? },
+        token_ranks: unsafe { d.opt_slice_mut(out, "token_ranks", o.token_ranks, given)? },
     };
     Ok((output, d))
 }
 
 /// The arrays a draw reads, for the check that no output shares memory with them.
-fn input_regions(b: &Batch) -> [Option<Region>; 34] {
+fn input_regions(b: &Batch) -> [Option<Region>; 36] {
     let (prompt, output, allowed, banned) = (b.prompt_tokens, b.output_tokens, b.allowed_tokens, b.banned_tokens);
     [
         Some(Region::logits(b.logits)),
@@ -291,6 +299,8 @@ fn input_regions(b: &Batch) -> [Option<Region>; 34] {
         Region::input("bad_word_offsets", b.bad_words.map(|w| w.word_offsets)),
         Region::input("bad_words_row_offsets", b.bad_words.map(|w| w.row_offsets)),
         Region::input("forced_tokens", b.forced_tokens),
+        Region::input("logprob_token_ids", b.logprob_token_ids.map(|l| l.ids)),
+        Region::input("logprob_token_offsets", b.logprob_token_ids.map(|l| l.offsets)),
     ]
 }
 

@@ -333,6 +333,12 @@ pub struct tokenrace_batch {
     /// step bans (a mask or a -inf bias) is returned all the same, flagged
     /// TOKENRACE_FLAG_FORCED_BANNED (its processed logprob is -inf).
     pub forced_tokens: *const i32,
+    /// Per-row token ids whose logprobs the output's `token_logprobs` (and ranks its
+    /// `token_ranks`) receive, CSR (ids in [0, vocab); NULL: none): vLLM's `logprob_token_ids`,
+    /// SGLang's `token_ids_logprobs`.
+    pub logprob_token_ids: *const i32,
+    /// CSR offsets of `logprob_token_ids`: rows + 1 entries.
+    pub logprob_token_offsets: *const u64,
 }
 
 /// Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No
@@ -372,6 +378,14 @@ pub struct tokenrace_output {
     pub full_mode: u32,
     /// Padding made explicit: 0 (ignored on input, written as 0).
     pub reserved1: u32,
+    // Added after 0.2.0: the logprobs of given ids (the batch's `logprob_token_ids`); a caller
+    // whose struct_size ends before them gets NULL.
+    /// One logprob per entry of the batch's `logprob_token_ids` (row r's at its offsets), in
+    /// `logprob_mode`, computed in the pass of the sampled token's (NULL: not computed).
+    pub token_logprobs: *mut f32,
+    /// One rank per entry of the batch's `logprob_token_ids`: the count of tokens whose logprob
+    /// is >= the id's (NULL: not computed; each costs a count over the row).
+    pub token_ranks: *mut i32,
 }
 
 /// Counters of a sampler since it was made.

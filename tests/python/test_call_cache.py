@@ -136,7 +136,8 @@ def test_the_packed_layouts_set_every_field_of_the_ctypes_structs(tokenrace):
                                      (_call.POINTER_LAYOUT, _call.TOP_N_SIGMA_OFFSET, _ffi.BATCH_STEP_END),
                                      (_call.PARITY_LAYOUT, _call.PARITY_OFFSET, _ffi.BATCH_PARITY_FIRST))),
              (_ffi.tokenrace_output, ((_call.OUTPUT_LAYOUT, 0, "struct_size"),
-                                      (_call.FULL_LAYOUT, _call.FULL_OFFSET, _ffi.OUTPUT_FULL_FIRST))))
+                                      (_call.FULL_LAYOUT, _call.FULL_OFFSET, _ffi.OUTPUT_FULL_FIRST),
+                                      (_call.GIVEN_LAYOUT, _call.GIVEN_OFFSET, _ffi.OUTPUT_GIVEN_FIRST))))
     for cls, layouts in parts:
         ends = [offset for _, offset, _ in layouts[1:]] + [ctypes.sizeof(cls)]
         for (layout, offset, _), end in zip(layouts, ends):
@@ -192,4 +193,11 @@ def test_a_call_without_the_sampling_step_clears_what_the_last_one_set(tokenrace
     assert r.full_logprobs.shape == (3, 64) and state.full_packed
     r = s.draw_full(x, temperature=0)
     assert r.full_logprobs is None and not state.full_packed
-    assert bytes(state.full_output)[_call.FULL_OFFSET:] == bytes(_call.FULL_LAYOUT.size)
+    full_end = _call.FULL_OFFSET + _call.FULL_LAYOUT.size
+    assert bytes(state.full_output)[_call.FULL_OFFSET:full_end] == bytes(_call.FULL_LAYOUT.size)
+    # The same for the logprobs of given ids, packed apart.
+    r = s.draw_full(x, temperature=0, logprob_token_ids=[[1], [2], [3]])
+    assert r.token_logprobs.shape == (3,) and state.given_packed
+    r = s.draw_full(x, temperature=0)
+    assert r.token_logprobs is None and not state.given_packed
+    assert bytes(state.full_output)[_call.GIVEN_OFFSET:] == bytes(_call.GIVEN_LAYOUT.size)

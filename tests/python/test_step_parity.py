@@ -130,3 +130,33 @@ def test_forced_tokens_out_of_range_are_refused(tokenrace):
     assert tokens is None
     assert s.draw(x, temperature=0.0, forced_tokens=[3, -1]).tolist() == [3, 0]
     assert s.draw(x, temperature=0.0).tolist() == [0, 0]
+
+
+def test_logprobs_of_given_ids(tokenrace, rows):
+    n, vocab = rows.shape
+    ids = [[0, 5, 5], [], [63], [1, 2, 3, 4], [7], [9, 10]]
+    s = tokenrace.Sampler(0, seed=4)
+    for mode in ("raw", "processed"):
+        r = s.draw_full(rows, temperature=[1.0, 0.0, 0.7, 1.0, 1.2, 0.9], banned_tokens=[[5], [], [], [], [], [10]],
+                        logprob_token_ids=ids, ranks=True, logprob_mode=mode, full_logprobs=mode)
+        assert r.token_logprobs.shape == (sum(map(len, ids)),) and r.token_ranks.dtype == np.int32
+        at = 0
+        for row in range(n):
+            full = r.full_logprobs[row].astype(np.float64)
+            for token in ids[row]:
+                want = full[token]
+                if np.isneginf(want):
+                    assert np.isneginf(r.token_logprobs[at])
+                else:
+                    assert abs(r.token_logprobs[at] - want) <= 1e-5 + 1e-6 * abs(want), (mode, row, token)
+                    lo, hi = np.count_nonzero(full >= want + 1e-6), np.count_nonzero(full >= want - 1e-6)
+                    assert lo <= r.token_ranks[at] <= hi, (mode, row, token)
+                at += 1
+        assert np.isneginf(r.token_logprobs[2]) == (mode == "processed")  # row 0's banned 5
+    # Without ranks, only the logprobs; a later call without ids returns none.
+    r = s.draw_full(rows, logprob_token_ids=ids)
+    assert r.token_ranks is None and r.token_logprobs.shape == (11,)
+    r = s.draw_full(rows, logprobs=1)
+    assert r.token_logprobs is None
+    with pytest.raises(ValueError, match=r"batch\.logprob_token_ids\[2\]: position 0 \(entry 3\): 64 is not a token id"):
+        s.draw_full(rows, logprob_token_ids=[[0, 5, 5], [], [64], [], [], []])

@@ -203,6 +203,8 @@ class tokenrace_batch(_Versioned):
         ("bad_word_offsets", POINTER(c_uint64)),
         ("bad_words_row_offsets", POINTER(c_uint64)),
         ("forced_tokens", POINTER(c_int32)),
+        ("logprob_token_ids", POINTER(c_int32)),
+        ("logprob_token_offsets", POINTER(c_uint64)),
     ]
 
 
@@ -223,6 +225,9 @@ class tokenrace_output(_Versioned):
         ("full_row_stride", c_uint64),
         ("full_mode", c_uint32),
         ("reserved1", c_uint32),
+        # added after 0.2.0: the logprobs of given ids (``_call.GIVEN_LAYOUT``)
+        ("token_logprobs", POINTER(c_float)),
+        ("token_ranks", POINTER(c_int32)),
     ]
 
 
@@ -232,6 +237,8 @@ BATCH_STEP_FIRST = "prompt_ids"
 # The first field after the sampling step's part (the step's layout stops there).
 BATCH_STEP_END = "top_n_sigma"
 OUTPUT_FULL_FIRST = "full_logprobs"
+# The first field after the full-vocabulary part: the logprobs of given ids, packed apart.
+OUTPUT_GIVEN_FIRST = "token_logprobs"
 # The first field of the batch's parity block (bad words, forced tokens), packed apart.
 BATCH_PARITY_FIRST = "bad_words_ids"
 

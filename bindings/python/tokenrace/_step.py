@@ -19,6 +19,7 @@ What is converted and what is checked where:
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Mapping
 
 import numpy as np
@@ -42,6 +43,7 @@ FIELD_ARGUMENTS = {
     "min_tokens": "min_tokens", "stop_ids": "stop_token_ids", "stop_offsets": "stop_token_ids",
     "bad_words_ids": "bad_words", "bad_word_offsets": "bad_words", "bad_words_row_offsets": "bad_words",
     "forced_tokens": "forced_tokens",
+    "logprob_token_ids": "logprob_token_ids", "logprob_token_offsets": "logprob_token_ids",
 }
 
 _EMPTY_IDS = np.zeros(0, np.int32)
@@ -72,13 +74,21 @@ def step_fields(rows, vocab, keep, prompt_tokens, output_tokens, repetition_pena
             min_n, stops[0], stops[1])
 
 
-def parity_fields(rows, keep, bad_words=None, forced_tokens=None):
-    """The 4 values of the batch's parity block (``_call.PARITY_LAYOUT``: bad words' ids, word
-    offsets, row offsets, forced tokens), addresses or 0 for NULL; the arrays are appended to
-    ``keep``."""
+def parity_fields(rows, vocab, keep, bad_words=None, forced_tokens=None, logprob_token_ids=None):
+    """The 6 values of the batch's parity block (``_call.PARITY_LAYOUT``: bad words' ids, word
+    offsets, row offsets, forced tokens, the ids and offsets of ``logprob_token_ids``),
+    addresses or 0 for NULL; the arrays are appended to ``keep``."""
     words = bad_words_csr(bad_words, rows) if bad_words is not None else None
     fields = (0, 0, 0) if words is None else tuple(_addr(a, keep) for a in words)
-    return (*fields, _int32_per_row(forced_tokens, rows, "forced_tokens", keep))
+    forced = _int32_per_row(forced_tokens, rows, "forced_tokens", keep)
+    given = token_lists(logprob_token_ids, rows, vocab, "logprob_token_ids", keep)
+    return (*fields, forced, *given)
+
+
+def list_entries(offsets_address, rows):
+    """The entry count of a CSR list (its last offset) from the address of its ``rows + 1``
+    offsets, as ``token_lists`` gave it (the array is kept alive by the caller)."""
+    return ctypes.c_uint64.from_address(offsets_address + 8 * rows).value
 
 
 def bad_words_csr(value, rows, name="bad_words"):
