@@ -769,6 +769,16 @@ class DrawOptions {
     return *this;
   }
 
+  // The logprobs (and, when `ranks` is given, the ranks) of given token ids, CSR per row (vLLM's
+  // logprob_token_ids), written by every draw call into the caller's memory: one entry per id,
+  // in the logprob mode; each array must hold offsets[rows] entries (ranks: null, none).
+  DrawOptions& token_logprobs(Span<int32_t> ids, Span<uint64_t> offsets, float* logprobs, int32_t* ranks = nullptr) {
+    given_ = {ids, offsets};
+    given_logprobs_ = logprobs;
+    given_ranks_ = ranks;
+    return *this;
+  }
+
   // The tokenrace_batch of `logits` with these options (scalars expanded into the returned
   // batch's memory). Throws Error (INVALID_ARGUMENT) when a span of known length, or a lease,
   // does not match the rows, the lists' offsets or the vocabulary; the library checks the rest.
@@ -816,6 +826,7 @@ class DrawOptions {
     b.bad_word_offsets = bad_word_offsets_.data();
     b.bad_words_row_offsets = bad_words_row_offsets_.data();
     b.forced_tokens = row_values(forced_tokens_, prepared, "forced_tokens", rows);
+    b.logprob_token_ids = list(given_, "logprob_token_ids", "logprob_token_offsets", rows, &b.logprob_token_offsets);
     return prepared;
   }
 
@@ -919,6 +930,10 @@ class DrawOptions {
 
   // The full-vocabulary output as every draw call writes it: into the caller's memory, if any.
   void caller_outputs(const Logits& logits, tokenrace_output& out) const {
+    if (given_.offsets.data()) {
+      out.token_logprobs = given_logprobs_;
+      out.token_ranks = given_ranks_;
+    }
     if (!full_out_) return;
     check_full_output(logits);
     out.full_logprobs = full_out_;
@@ -948,6 +963,9 @@ class DrawOptions {
   uint64_t bitmask_row_stride_ = 0;
   Span<int32_t> bad_words_ids_;
   Span<uint64_t> bad_word_offsets_, bad_words_row_offsets_;
+  Lists given_;
+  float* given_logprobs_ = nullptr;
+  int32_t* given_ranks_ = nullptr;
   const float* noise_ = nullptr;
   tokenrace_noise_kind noise_kind_ = TOKENRACE_NOISE_KIND_EXP;
   uint64_t noise_row_stride_ = 0;
