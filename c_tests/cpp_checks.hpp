@@ -1216,6 +1216,46 @@ inline void filter_order_reaches_the_sampler(const tokenrace::Library& lib) {
   CHECK(bare.tokens == first.tokens && same_floats(bare.full_logprobs, first.full_logprobs));
 }
 
+// Bad words, forced tokens and the logprobs of given ids through DrawOptions: a one-token bad word
+// draws what the banned list draws, a forced row returns its token and leaves the other row as
+// drawn, and a given id's logprob is the sampled one's when it is the sampled token.
+inline void parity_options_reach_the_library(const tokenrace::Library& lib) {
+  const uint32_t rows = 2, vocab = 40;
+  std::vector<float> x(rows * vocab);
+  for (size_t i = 0; i < x.size(); i++) x[i] = float((i * 7) % 13) * 0.5f;
+  const tokenrace::Logits logits = tokenrace::Logits::f32(x.data(), rows, vocab);
+  const std::vector<int32_t> words = {5, 6, 7}, banned = {7, 7};
+  const std::vector<uint64_t> word_offsets = {0, 1, 3}, row_offsets = {0, 1, 2}, banned_offsets = {0, 1, 2};
+  const std::vector<int32_t> output = {6, 6};
+  const std::vector<uint64_t> output_offsets = {0, 1, 2};
+  tokenrace::Sampler sampler(lib, tokenrace::Config().max_rows(4).seed(9));
+  tokenrace::DrawOptions base;
+  base.temperature(0.9f).seeds(3).output_tokens(output, output_offsets);
+  // Row 0's word [5] bans 5 (not 7); row 1's word [6, 7] bans 7 after its output 6.
+  tokenrace::DrawOptions with_words = base;
+  with_words.bad_words(words, word_offsets, row_offsets);
+  const std::vector<int32_t> bans = {5, 7};
+  tokenrace::DrawOptions with_bans = base;
+  with_bans.banned_tokens(bans, banned_offsets);
+  CHECK(same_draws(sampler.draw_full(logits, with_words), sampler.draw_full(logits, with_bans)));
+  const tokenrace::DrawResult drawn = sampler.draw_full(logits, base);
+  const std::vector<int32_t> forced = {int32_t((drawn.tokens[0] + 1) % vocab), -1};
+  tokenrace::DrawOptions with_forced = base;
+  with_forced.forced_tokens(forced);
+  const tokenrace::DrawResult got = sampler.draw_full(logits, with_forced);
+  CHECK(got.tokens[0] == forced[0] && got.tokens[1] == drawn.tokens[1]);
+  const std::vector<int32_t> ids = {drawn.tokens[0], drawn.tokens[1]};
+  const std::vector<uint64_t> id_offsets = {0, 1, 2};
+  std::vector<float> id_logprobs(2, 1.0f);
+  std::vector<int32_t> id_ranks(2, -1);
+  tokenrace::DrawOptions with_ids = base;
+  with_ids.token_logprobs(ids, id_offsets, id_logprobs.data(), id_ranks.data()).ranks(true);
+  const tokenrace::DrawResult again = sampler.draw_full(logits, with_ids);
+  CHECK(again.tokens == drawn.tokens);
+  CHECK(id_logprobs[0] == again.logprobs[0] && id_logprobs[1] == again.logprobs[1]);
+  CHECK(id_ranks[0] == again.ranks[0] && id_ranks[1] == again.ranks[1]);
+}
+
 // Every check above on `lib`; returns the number of failures (an unexpected exception is one).
 inline int run_wrapper_checks(const tokenrace::Library& lib) {
   const std::pair<const char*, void (*)(const tokenrace::Library&)> all[] = {
@@ -1233,6 +1273,7 @@ inline int run_wrapper_checks(const tokenrace::Library& lib) {
       {"scalars_equal_per_row_values", scalars_equal_per_row_values},
       {"step_errors_name_the_argument", step_errors_name_the_argument},
       {"filter_order_reaches_the_sampler", filter_order_reaches_the_sampler},
+      {"parity_options_reach_the_library", parity_options_reach_the_library},
   };
   for (const auto& [name, check] : all) {
     try {

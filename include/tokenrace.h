@@ -52,6 +52,10 @@
 // Row flag: the row was drawn greedily (temperature below the greedy threshold).
 #define TOKENRACE_FLAG_GREEDY 8
 
+// Row flag: the row's forced token is one its sampling step bans (a mask or a -inf bias):
+// returned all the same, with a processed logprob of -inf.
+#define TOKENRACE_FLAG_FORCED_BANNED 16
+
 // The version of this ABI; bumped on any incompatible change (compatible growth of a struct
 // keeps it: callers set `struct_size`). A struct passed in is read up to its `struct_size`, which
 // must be at least the size of the struct's first version and must not end inside a field
@@ -392,6 +396,29 @@ typedef struct tokenrace_batch {
   const float *dynatemp_range;
   // Per-row dynamic temperature exponent >= 0 (NULL: 1 for every row).
   const float *dynatemp_exponent;
+  // The tokens of every row's bad words, one word after the other (ids in [0, vocab); NULL:
+  // no bad words). A word bans its last token where the row's output list (`output_ids`)
+  // ends with the rest of the word; a word of one token always bans it.
+  const int32_t *bad_words_ids;
+  // Word k is `bad_words_ids[bad_word_offsets[k]..bad_word_offsets[k + 1]]`, at least one
+  // token: `bad_words_row_offsets[rows] + 1` non-decreasing entries.
+  const uint64_t *bad_word_offsets;
+  // Row r's words are words `bad_words_row_offsets[r]..bad_words_row_offsets[r + 1]`: rows + 1
+  // non-decreasing entries.
+  const uint64_t *bad_words_row_offsets;
+  // Per-row forced token (NULL: none forced): a row whose entry is in [0, vocab) returns
+  // that token, with its logprob, rank and top-n as if it had been drawn (in the chosen
+  // logprob mode), and its noise consumed as a drawn row's, so that every other row draws
+  // what it would have drawn; -1 draws the row; anything else is refused. A forced token the
+  // step bans (a mask or a -inf bias) is returned all the same, flagged
+  // TOKENRACE_FLAG_FORCED_BANNED (its processed logprob is -inf).
+  const int32_t *forced_tokens;
+  // Per-row token ids whose logprobs the output's `token_logprobs` (and ranks its
+  // `token_ranks`) receive, CSR (ids in [0, vocab); NULL: none): vLLM's `logprob_token_ids`,
+  // SGLang's `token_ids_logprobs`.
+  const int32_t *logprob_token_ids;
+  // CSR offsets of `logprob_token_ids`: rows + 1 entries.
+  const uint64_t *logprob_token_offsets;
 } tokenrace_batch;
 
 // Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No
@@ -428,6 +455,12 @@ typedef struct tokenrace_output {
   uint32_t full_mode;
   // Padding made explicit: 0 (ignored on input, written as 0).
   uint32_t reserved1;
+  // One logprob per entry of the batch's `logprob_token_ids` (row r's at its offsets), in
+  // `logprob_mode`, computed in the pass of the sampled token's (NULL: not computed).
+  float *token_logprobs;
+  // One rank per entry of the batch's `logprob_token_ids`: the count of tokens whose logprob
+  // is >= the id's (NULL: not computed; each costs a count over the row).
+  int32_t *token_ranks;
 } tokenrace_output;
 
 // Noise pool settings. Get one from `tokenrace_pool_config_default()` or

@@ -728,6 +728,20 @@ class DrawOptions {
     stop_ = {ids, offsets};
     return *this;
   }
+  // Bad words, a two-level CSR: word k is ids[word_offsets[k]..word_offsets[k + 1]] (at least
+  // one token), row r's words are words row_offsets[r]..row_offsets[r + 1]. A word bans its last
+  // token where the row's output (output_tokens, in this call) ends with its other tokens; a
+  // word of one token always bans it (vLLM's rule).
+  DrawOptions& bad_words(Span<int32_t> ids, Span<uint64_t> word_offsets, Span<uint64_t> row_offsets) {
+    bad_words_ids_ = ids;
+    bad_word_offsets_ = word_offsets;
+    bad_words_row_offsets_ = row_offsets;
+    return *this;
+  }
+  // Forced tokens: a row whose entry is in [0, vocab) returns it (logprobs, rank and top-n as if
+  // drawn; its noise consumed as a drawn row's, so the other rows draw what they would), -1
+  // draws the row. A forced token the step bans is flagged TOKENRACE_FLAG_FORCED_BANNED.
+  DrawOptions& forced_tokens(Span<int32_t> v) { return values(forced_tokens_, v); }
   // A grammar bitmask in xgrammar's layout: rows x ceil(vocab / 32) int32 words, `row_stride`
   // words apart (0: ceil(vocab / 32)); bit j of word w set allows token 32 w + j.
   DrawOptions& token_bitmask(Span<int32_t> words, uint64_t row_stride = 0) {
@@ -792,6 +806,16 @@ class DrawOptions {
     return *this;
   }
 
+  // The logprobs (and, when `ranks` is given, the ranks) of given token ids, CSR per row (vLLM's
+  // logprob_token_ids), written by every draw call into the caller's memory: one entry per id,
+  // in the logprob mode; each array must hold offsets[rows] entries (ranks: null, none).
+  DrawOptions& token_logprobs(Span<int32_t> ids, Span<uint64_t> offsets, float* logprobs, int32_t* ranks = nullptr) {
+    given_ = {ids, offsets};
+    given_logprobs_ = logprobs;
+    given_ranks_ = ranks;
+    return *this;
+  }
+
   // The tokenrace_batch of `logits` with these options (scalars expanded into the returned
   // batch's memory). Throws Error (INVALID_ARGUMENT) when a span of known length, or a lease,
   // does not match the rows, the lists' offsets or the vocabulary; the library checks the rest.
@@ -840,6 +864,12 @@ class DrawOptions {
     b.xtc_threshold = row_values(xtc_threshold_, prepared, "xtc_threshold", rows);
     b.dynatemp_range = row_values(dynatemp_range_, prepared, "dynatemp_range", rows);
     b.dynatemp_exponent = row_values(dynatemp_exponent_, prepared, "dynatemp_exponent", rows);
+    check_bad_words(rows);
+    b.bad_words_ids = bad_words_ids_.data();
+    b.bad_word_offsets = bad_word_offsets_.data();
+    b.bad_words_row_offsets = bad_words_row_offsets_.data();
+    b.forced_tokens = row_values(forced_tokens_, prepared, "forced_tokens", rows);
+    b.logprob_token_ids = list(given_, "logprob_token_ids", "logprob_token_offsets", rows, &b.logprob_token_offsets);
     return prepared;
   }
 
@@ -909,6 +939,26 @@ class DrawOptions {
     }
   }
 
+  // The library reads rows + 1 row offsets, as many word offsets as the last says (plus one),
+  // and as many ids as the last word offset says: spans of known length must hold them.
+  void check_bad_words(uint32_t rows) const {
+    check_offsets(bad_words_row_offsets_, "bad_words_row_offsets", rows);
+    if (!bad_words_row_offsets_.data()) return;
+    const uint64_t words = bad_words_row_offsets_.data()[rows];
+    if (bad_word_offsets_.data() && bad_word_offsets_.has_size() && bad_word_offsets_.size() <= words) {
+      throw detail::invalid_argument(owner, "bad_word_offsets has " + std::to_string(bad_word_offsets_.size()) +
+                                                " values, bad_words_row_offsets[" + std::to_string(rows) + "] says " +
+                                                std::to_string(words) + " words (words + 1 wanted)");
+    }
+    if (!bad_word_offsets_.data()) return;
+    const uint64_t last = bad_word_offsets_.data()[words];
+    if (bad_words_ids_.data() && bad_words_ids_.has_size() && bad_words_ids_.size() < last) {
+      throw detail::invalid_argument(owner, "bad_words_ids has " + std::to_string(bad_words_ids_.size()) +
+                                                " values, bad_word_offsets[" + std::to_string(words) + "] says " +
+                                                std::to_string(last));
+    }
+  }
+
   void check_full_output(const Logits& logits) const {
     if (!full_out_ || full_out_size_ == detail::unknown_size) return;
     const uint64_t stride = full_row_stride_ ? full_row_stride_ : logits.vocab;
@@ -923,6 +973,10 @@ class DrawOptions {
 
   // The full-vocabulary output as every draw call writes it: into the caller's memory, if any.
   void caller_outputs(const Logits& logits, tokenrace_output& out) const {
+    if (given_.offsets.data()) {
+      out.token_logprobs = given_logprobs_;
+      out.token_ranks = given_ranks_;
+    }
     if (!full_out_) return;
     check_full_output(logits);
     out.full_logprobs = full_out_;
@@ -946,12 +1000,17 @@ class DrawOptions {
   detail::PerRow<int32_t> min_keep_;
   detail::PerRow<uint64_t> seeds_, offsets_;
   detail::PerRow<uint8_t> seeded_, allowed_rows_;
-  detail::PerRow<int32_t> top_k_, penalty_last_n_, min_tokens_;
+  detail::PerRow<int32_t> top_k_, penalty_last_n_, min_tokens_, forced_tokens_;
   detail::PerRow<float> repetition_penalty_, frequency_penalty_, presence_penalty_;
   Lists prompt_, output_, bias_, allowed_, banned_, stop_;
   Span<float> bias_values_;
   Span<int32_t> bitmask_;
   uint64_t bitmask_row_stride_ = 0;
+  Span<int32_t> bad_words_ids_;
+  Span<uint64_t> bad_word_offsets_, bad_words_row_offsets_;
+  Lists given_;
+  float* given_logprobs_ = nullptr;
+  int32_t* given_ranks_ = nullptr;
   const float* noise_ = nullptr;
   tokenrace_noise_kind noise_kind_ = TOKENRACE_NOISE_KIND_EXP;
   uint64_t noise_row_stride_ = 0;

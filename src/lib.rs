@@ -47,7 +47,7 @@ mod verify;
 mod watermark;
 
 pub use batch::{
-    flags, Batch, DraftProbs, ExternalNoise, FullMode, LogitBias, Logits, LogprobMode, Output, TokenBitmask,
+    flags, BadWords, Batch, DraftProbs, ExternalNoise, FullMode, LogitBias, Logits, LogprobMode, Output, TokenBitmask,
     TokenLists, VerifyBatch, VerifyOutput,
 };
 pub use config::{

@@ -57,6 +57,14 @@ pub(crate) struct RowOut<'a> {
     pub want_rank: bool,
 }
 
+/// Where a row's logprobs of given token ids go: one logprob (and, when asked, one rank) per id.
+pub(crate) struct GivenOut<'a> {
+    pub ids: &'a [i32],
+    pub lps: &'a mut [f32],
+    /// Empty when ranks are not asked for.
+    pub ranks: &'a mut [i32],
+}
+
 /// The monotone map from a logit to its logprob.
 #[derive(Clone, Copy)]
 pub(crate) enum LogprobFn {
@@ -271,10 +279,30 @@ pub(crate) fn row_logprobs<V: RowValues + ?Sized>(
     top: f32,
     floor: f32,
     token: i32,
+    out: RowOut,
+) -> Result<()> {
+    row_logprobs_given(k, v, bmax, inv_t, mode, (top, floor), token, out, None)
+}
+
+/// [`row_logprobs`], with the logprobs (and ranks) of the given ids of `given` from the same
+/// map from a value to its logprob (no second sum over the row).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn row_logprobs_given<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    bmax: &[f32],
+    inv_t: Option<f32>,
+    mode: LogprobMode,
+    (top, floor): (f32, f32),
+    token: i32,
     mut out: RowOut,
+    given: Option<GivenOut>,
 ) -> Result<()> {
     let (s, floor) = scale_and_floor(mode, inv_t, floor);
     let lp = logprob_fn(k, v, bmax, (s, floor, top), &mut Vec::new())?;
+    if let Some(g) = given {
+        given_logprobs(k, v, bmax, &lp, g)?;
+    }
     let x = v.at(token as usize);
     let own = lp.of(x);
     *out.logprob = own;
@@ -287,6 +315,26 @@ pub(crate) fn row_logprobs<V: RowValues + ?Sized>(
     let top_by_scan = wants_top && !(finite && top_by_blocks(v, bmax, &lp, out.ids, out.lps)?);
     if rank_by_scan || top_by_scan {
         rank_and_top_by_scan(v, &lp, own, &mut out, rank_by_scan, top_by_scan)?;
+    }
+    Ok(())
+}
+
+/// The logprob of each id of `g` under `lp`, and its rank when asked: counted from the blocks
+/// for a finite logprob of a finite map, else by a scan of the row (a row with +inf values,
+/// or an id of logprob -inf, whose rank counts every token at or above it).
+fn given_logprobs<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], lp: &LogprobFn, g: GivenOut) -> Result<()> {
+    let finite_map = matches!(lp, LogprobFn::Finite { .. });
+    for (j, &id) in g.ids.iter().enumerate() {
+        let x = v.at(id as usize);
+        let own = lp.of(x);
+        g.lps[j] = own;
+        if let Some(rank) = g.ranks.get_mut(j) {
+            *rank = if finite_map && own > f32::NEG_INFINITY {
+                rank_by_count(k, v, bmax, lp, own, x)
+            } else {
+                (0..v.n()).filter(|&i| lp.of(v.at(i)) >= own).count() as i32
+            };
+        }
     }
     Ok(())
 }

@@ -615,7 +615,7 @@ fn the_request_state_is_read_only_by_callers_whose_struct_reaches_it() {
 /// struct's former end (304) to its new one (their behaviour: tests/llama_samplers.rs).
 #[test]
 fn the_llama_filters_block_follows_the_request_state_at_the_end() {
-    use std::mem::{offset_of, size_of};
+    use std::mem::offset_of;
     let at = offset_of!(tokenrace_batch, request_ids);
     assert_eq!(at + 8, 304);
     for (i, field) in [
@@ -631,5 +631,92 @@ fn the_llama_filters_block_follows_the_request_state_at_the_end() {
     }
     assert_eq!(offset_of!(tokenrace_batch, dynatemp_range), at + 40);
     assert_eq!(offset_of!(tokenrace_batch, dynatemp_exponent), at + 48);
-    assert_eq!(size_of::<tokenrace_batch>(), at + 56);
+    assert_eq!(offset_of!(tokenrace_batch, bad_words_ids), at + 56);
+}
+
+/// The parity fields (bad words, forced tokens, the ids whose logprobs are asked) are one block
+/// at the end, after llama.cpp's filters': a caller whose
+/// `struct_size` ends before them bans no bad word and forces nothing; one that reaches them
+/// does, and a forced token out of range is refused naming its row, nothing written.
+#[test]
+fn bad_words_and_forced_tokens_are_read_only_by_callers_whose_struct_reaches_them() {
+    use std::mem::{offset_of, size_of};
+    let (at, whole) = (offset_of!(tokenrace_batch, bad_words_ids), size_of::<tokenrace_batch>());
+    assert_eq!(offset_of!(tokenrace_batch, dynatemp_exponent), 344);
+    assert_eq!(at, 352);
+    assert_eq!(offset_of!(tokenrace_batch, bad_word_offsets), at + 8);
+    assert_eq!(offset_of!(tokenrace_batch, bad_words_row_offsets), at + 16);
+    assert_eq!(offset_of!(tokenrace_batch, forced_tokens), at + 24);
+    assert_eq!(offset_of!(tokenrace_batch, logprob_token_ids), at + 32);
+    assert_eq!(offset_of!(tokenrace_batch, logprob_token_offsets), at + 40);
+    assert_eq!(whole, at + 48);
+    let mut f = Fixture::new();
+    for (i, v) in f.logits.iter_mut().enumerate() {
+        *v = match i % 1000 {
+            0 => 5.0,
+            1 => 4.0,
+            _ => 0.0,
+        };
+    }
+    let temperature = [0.0f32; 2];
+    // Row 0's output ends with 7: its word [7, 0] bans 0. Row 1's word [8, 0] does not.
+    let (output_ids, output_offsets) = ([7i32, 7], [0u64, 1, 2]);
+    let (word_ids, word_offsets, row_offsets) = ([7i32, 0, 8, 0], [0u64, 2, 4], [0u64, 1, 2]);
+    let mut greedy = |size: usize, forced: Option<[i32; 2]>| {
+        let (mut b, mut o) = f.args();
+        b.struct_size = size as u32;
+        b.temperature = temperature.as_ptr();
+        b.output_ids = output_ids.as_ptr();
+        b.output_offsets = output_offsets.as_ptr();
+        b.bad_words_ids = word_ids.as_ptr();
+        b.bad_word_offsets = word_offsets.as_ptr();
+        b.bad_words_row_offsets = row_offsets.as_ptr();
+        let forced = forced.unwrap_or([-1, -1]);
+        b.forced_tokens = forced.as_ptr();
+        f.tokens = [-1; 2];
+        let status = f.draw(&b, &mut o);
+        (status, f.tokens)
+    };
+    assert_eq!(greedy(whole, None), (tokenrace_status::Ok, [1, 0]), "{}", last_error());
+    assert_eq!(greedy(at, None), (tokenrace_status::Ok, [0, 0]), "a caller before the bad words");
+    assert_eq!(greedy(whole, Some([-1, 9])), (tokenrace_status::Ok, [1, 9]), "{}", last_error());
+    assert_eq!(greedy(whole, Some([1000, -1])), (tokenrace_status::InvalidArgument, [-1, -1]));
+    assert!(last_error().contains("batch.forced_tokens[0]: 1000 is not a token id"), "{}", last_error());
+}
+
+/// The logprobs of given ids: the batch's ids follow the forced tokens, the output's arrays follow
+/// its full-vocabulary fields. A caller whose output ends before them is refused when its batch
+/// names ids (nothing would receive them); one that reaches them gets each id's logprob.
+#[test]
+fn logprobs_of_given_ids_are_written_only_where_the_output_reaches_them() {
+    use std::mem::{offset_of, size_of};
+    let at = offset_of!(tokenrace_output, token_logprobs);
+    assert_eq!(at, offset_of!(tokenrace_output, reserved1) + 4);
+    assert_eq!(offset_of!(tokenrace_output, token_ranks), at + 8);
+    assert_eq!(size_of::<tokenrace_output>(), at + 16);
+    let mut f = Fixture::new();
+    let temperature = [0.0f32; 2];
+    let offsets = [0u64, 2, 3];
+    let (mut lps, mut ranks) = ([7f32; 3], [7i32; 3]);
+    let mut draw = |size: usize, ids: &[i32; 3], lps: &mut [f32; 3], ranks: &mut [i32; 3]| {
+        let (mut b, mut o) = f.args();
+        o.struct_size = size as u32;
+        b.temperature = temperature.as_ptr();
+        b.logprob_token_ids = ids.as_ptr();
+        b.logprob_token_offsets = offsets.as_ptr();
+        o.token_logprobs = lps.as_mut_ptr();
+        o.token_ranks = ranks.as_mut_ptr();
+        f.tokens = [-1; 2];
+        (f.draw(&b, &mut o), f.tokens)
+    };
+    let whole = size_of::<tokenrace_output>();
+    assert_eq!(draw(whole, &[3, 6, 1000], &mut lps, &mut ranks).0, tokenrace_status::InvalidArgument);
+    assert!(last_error().contains("batch.logprob_token_ids[1]: position 0 (entry 2): 1000 is not a token id"));
+    assert_eq!((lps, ranks), ([7.0; 3], [7; 3]), "a failed call wrote");
+    assert_eq!(draw(at, &[3, 6, 999], &mut lps, &mut ranks).0, tokenrace_status::InvalidArgument);
+    assert!(last_error().contains("batch.logprob_token_ids: given without the output's token_logprobs"));
+    assert_eq!(draw(whole, &[3, 6, 999], &mut lps, &mut ranks), (tokenrace_status::Ok, [6, 0]), "{}", last_error());
+    // Logits i % 7 over both rows: row 0's token 6 (and every 7th) holds the maximum 6, 142
+    // tokens of it; token 3 is below; row 1's token 999 holds 4.
+    assert!(lps[0] < lps[1] && lps[2] < lps[1] && ranks[1] == 142 && ranks[0] > 142, "{lps:?} {ranks:?}");
 }

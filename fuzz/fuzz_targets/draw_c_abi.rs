@@ -634,6 +634,9 @@ impl Outs {
             full_row_stride: 0,
             full_mode: 0,
             reserved1: 0,
+            // Not fuzzed yet: the logprobs of given ids.
+            token_logprobs: std::ptr::null_mut(),
+            token_ranks: std::ptr::null_mut(),
         }
     }
 }
@@ -979,6 +982,13 @@ fn run(data: &[u8]) -> Result<()> {
         xtc_threshold: std::ptr::null(),
         dynatemp_range: std::ptr::null(),
         dynatemp_exponent: std::ptr::null(),
+        // Not fuzzed yet: multi-token bad words, forced tokens, the ids whose logprobs are asked.
+        bad_words_ids: std::ptr::null(),
+        bad_word_offsets: std::ptr::null(),
+        bad_words_row_offsets: std::ptr::null(),
+        forced_tokens: std::ptr::null(),
+        logprob_token_ids: std::ptr::null(),
+        logprob_token_offsets: std::ptr::null(),
     };
     // Every 8-byte field boundary from the first version on is a valid size.
     let sizes: Vec<usize> = (BATCH_V1..=BATCH_SIZE).step_by(8).collect();

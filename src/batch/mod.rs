@@ -167,6 +167,51 @@ pub struct Batch<'a> {
     pub dynatemp_range: Option<&'a [f32]>,
     /// Per-row dynamic temperature exponent >= 0; `None` is 1 for every row.
     pub dynatemp_exponent: Option<&'a [f32]>,
+    /// The bad words of each row, each a token sequence: a word bans its last token where the
+    /// row's output list ends with the rest of it (a word of one token: always).
+    pub bad_words: Option<BadWords<'a>>,
+    /// Per-row forced token: a row whose entry is in `[0, vocab)` returns that token (its
+    /// logprobs as if drawn, its noise consumed as if drawn); -1 draws the row.
+    pub forced_tokens: Option<&'a [i32]>,
+    /// Per-row token ids whose logprobs (and ranks) the call reports in
+    /// `Output::token_logprobs` / `Output::token_ranks`, one entry per id.
+    pub logprob_token_ids: Option<TokenLists<'a>>,
+}
+
+/// Per-row lists of words, each a sequence of token ids (two-level CSR): word `k` is
+/// `ids[word_offsets[k]..word_offsets[k + 1]]`, and row `r`'s words are those from
+/// `row_offsets[r]` to `row_offsets[r + 1]`.
+#[derive(Clone, Copy, Debug)]
+pub struct BadWords<'a> {
+    /// The tokens of every word, one word after the other; each in `[0, vocab)`.
+    pub ids: &'a [i32],
+    /// One more entry than there are words: non-decreasing positions into `ids`, each word at
+    /// least one token long.
+    pub word_offsets: &'a [u64],
+    /// `rows + 1` non-decreasing positions into the words.
+    pub row_offsets: &'a [u64],
+}
+
+impl<'a> BadWords<'a> {
+    /// The words of row `r` (of a validated batch), in order.
+    pub fn row(&self, r: usize) -> impl Iterator<Item = &'a [i32]> + 'a {
+        let (ids, words) = (self.ids, self.word_offsets);
+        (self.row_offsets[r] as usize..self.row_offsets[r + 1] as usize)
+            .map(move |k| &ids[words[k] as usize..words[k + 1] as usize])
+    }
+
+    /// The tokens that row `r`'s words ban after `output` (the row's output list), in word
+    /// order (a token may repeat): each word whose all-but-last tokens end `output` bans its
+    /// last token (a word of one token always does; a word longer than `output` + 1 never).
+    pub fn banned_after<'o>(&self, r: usize, output: &'o [i32]) -> impl Iterator<Item = i32> + 'o
+    where
+        'a: 'o,
+    {
+        self.row(r).filter_map(move |w| {
+            let (prefix, last) = w.split_at(w.len() - 1);
+            output.ends_with(prefix).then_some(last[0])
+        })
+    }
 }
 
 /// Per-row lists of token ids in CSR form: row `r`'s ids are `ids[offsets[r]..offsets[r + 1]]`
@@ -255,6 +300,9 @@ impl<'a> Batch<'a> {
             xtc_threshold: None,
             dynatemp_range: None,
             dynatemp_exponent: None,
+            bad_words: None,
+            forced_tokens: None,
+            logprob_token_ids: None,
         }
     }
 
@@ -269,6 +317,38 @@ impl<'a> Batch<'a> {
             || self.banned_tokens.is_some()
             || self.token_bitmask.is_some()
             || (self.min_tokens.is_some() && self.stop_tokens.is_some())
+            || self.bad_words.is_some()
+    }
+
+    /// The token row `r` (of a validated batch) is forced to return, if any.
+    pub(crate) fn forced(&self, r: usize) -> Option<i32> {
+        self.forced_tokens.map(|f| f[r]).filter(|&t| t >= 0)
+    }
+
+    /// Whether the sampling step of row `r` (of a validated batch) bans token `t` outright: a
+    /// mask (allowed list, bitmask, banned list, stop tokens before `min_tokens`, bad words) or
+    /// a -inf bias. (The penalties and finite biases only move a value.)
+    pub(crate) fn step_bans(&self, r: usize, t: i32) -> bool {
+        let i = t as usize;
+        let in_list = |l: Option<TokenLists>| l.is_some_and(|l| l.row(r).contains(&t));
+        let restricted = self.allowed_tokens.is_some() && self.allowed_rows.is_none_or(|a| a[r] != 0);
+        let bitmask_bans = self.token_bitmask.is_some_and(|m| m.words[r * m.row_stride + i / 32] >> (i % 32) & 1 == 0);
+        let bias_bans = self.logit_bias.is_some_and(|b| {
+            let (ids, values) = b.row(r);
+            ids.iter().zip(values).any(|(&id, &v)| id == t && v == f32::NEG_INFINITY)
+        });
+        (restricted && !in_list(self.allowed_tokens))
+            || bitmask_bans
+            || in_list(self.banned_tokens)
+            || self.banned_stops(r).contains(&t)
+            || self.banned_by_words(r).any(|b| b == t)
+            || bias_bans
+    }
+
+    /// The tokens that row `r`'s bad words ban ([`BadWords::banned_after`] of its output list).
+    pub(crate) fn banned_by_words(&self, r: usize) -> impl Iterator<Item = i32> + 'a {
+        let output = self.output_tokens.map_or(&[][..], |l| l.row(r));
+        self.bad_words.into_iter().flat_map(move |b| b.banned_after(r, output))
     }
 
     /// Whether some row may keep a range of values or set its temperature from what it keeps
@@ -333,6 +413,9 @@ pub mod flags {
     pub const EMPTY: u32 = 4;
     /// The row was drawn greedily (temperature below the greedy threshold).
     pub const GREEDY: u32 = 8;
+    /// The row's forced token is one its sampling step bans (a mask or a -inf bias): it was
+    /// returned all the same, with a processed logprob of -inf.
+    pub const FORCED_BANNED: u32 = 16;
     /// The flags of a row whose logits were not all finite (the sampler's `nonfinite_rows`).
     pub const NONFINITE: u32 = HAS_NAN | HAS_POSINF | EMPTY;
 }
@@ -365,6 +448,12 @@ pub struct Output<'a> {
     pub full_row_stride: usize,
     /// What `full_logprobs` receives for every token.
     pub full_mode: FullMode,
+    /// One logprob per entry of the batch's `logprob_token_ids` (row `r`'s at its offsets), in
+    /// `logprob_mode`.
+    pub token_logprobs: Option<&'a mut [f32]>,
+    /// One rank per entry of the batch's `logprob_token_ids`: the count of tokens whose
+    /// logprob is >= the id's.
+    pub token_ranks: Option<&'a mut [i32]>,
 }
 
 /// What `Output::full_logprobs` receives for every token.
@@ -396,6 +485,8 @@ impl<'a> Output<'a> {
             full_logprobs: None,
             full_row_stride: 0,
             full_mode: FullMode::Raw,
+            token_logprobs: None,
+            token_ranks: None,
         }
     }
 
@@ -404,5 +495,7 @@ impl<'a> Output<'a> {
         self.logprobs.is_some()
             || self.ranks.is_some()
             || (self.top_n > 0 && (self.topn_ids.is_some() || self.topn_logprobs.is_some()))
+            || self.token_logprobs.is_some()
+            || self.token_ranks.is_some()
     }
 }

@@ -1,6 +1,6 @@
 //! The checks of a draw's arguments, before anything is written.
 
-use super::{Batch, Output, TokenLists};
+use super::{BadWords, Batch, Output, TokenLists};
 use crate::error::{bail_batch, bail_out, Error, Owner, Result};
 use crate::kernels::Kernels;
 
@@ -246,6 +246,13 @@ fn validate_step(k: &Kernels, batch: &Batch, out: &Output, ids: Ids) -> Result<(
         (n < 0).then(|| format!("{n} is negative (0 counts the whole history)"))
     })?;
     check_each("min_tokens", batch.min_tokens, rows, |n: i32| (n < 0).then(|| format!("{n} is negative")))?;
+    if let Some(w) = batch.bad_words {
+        check_bad_words(k, w, rows, vocab, ids)?;
+    }
+    check_each("forced_tokens", batch.forced_tokens, rows, |t: i32| {
+        (t < -1 || t as i64 >= vocab as i64)
+            .then(|| format!("{t} is not a token id in [0, {vocab}) nor -1 (not forced)"))
+    })?;
     if let Some(b) = batch.logit_bias {
         check_offsets(b.ids.len().min(b.values.len()), b.offsets, rows, "bias_offsets")?;
         let list = TokenLists { ids: b.ids, offsets: b.offsets };
@@ -278,6 +285,7 @@ fn validate_step(k: &Kernels, batch: &Batch, out: &Output, ids: Ids) -> Result<(
         let need = span(rows, words, m.row_stride, 4, "bitmask_row_stride")?;
         check_len(Owner::Batch, "token_bitmask", m.words.len(), need, "rows x ceil(vocab / 32) words at its stride")?;
     }
+    check_token_logprobs(batch, out)?;
     if let Some(full) = out.full_logprobs.as_deref() {
         if out.full_row_stride < vocab {
             bail_out!("full_row_stride", None, "{} is smaller than vocab {vocab}", out.full_row_stride);
@@ -322,15 +330,90 @@ fn validate_requests(batch: &Batch) -> Result<()> {
     Ok(())
 }
 
+/// Checks the logprobs of given ids: the batch's ids (offsets checked) and the output's arrays
+/// come together, each array holding one entry per id.
+fn check_token_logprobs(batch: &Batch, out: &Output) -> Result<()> {
+    let wanted = out.token_logprobs.is_some() || out.token_ranks.is_some();
+    let Some(ids) = batch.logprob_token_ids else {
+        if wanted {
+            let field = if out.token_logprobs.is_some() { "token_logprobs" } else { "token_ranks" };
+            bail_out!(field, None, "given without the batch's logprob_token_ids");
+        }
+        return Ok(());
+    };
+    if !wanted {
+        bail_batch!("logprob_token_ids", None, "given without the output's token_logprobs or token_ranks");
+    }
+    let need = ids.offsets[batch.rows] as usize;
+    let what = "the count of the batch's logprob_token_ids";
+    if let Some(l) = out.token_logprobs.as_deref() {
+        check_len(Owner::Output, "token_logprobs", l.len(), need, what)?;
+    }
+    if let Some(r) = out.token_ranks.as_deref() {
+        check_len(Owner::Output, "token_ranks", r.len(), need, what)?;
+    }
+    Ok(())
+}
+
 /// The token lists of `batch` whose ids the draw reads, with the names of their fields.
-fn token_lists<'a>(batch: &Batch<'a>) -> [(Option<TokenLists<'a>>, &'static str, &'static str); 5] {
+fn token_lists<'a>(batch: &Batch<'a>) -> [(Option<TokenLists<'a>>, &'static str, &'static str); 6] {
     [
         (batch.prompt_tokens, "prompt_ids", "prompt_offsets"),
         (batch.output_tokens, "output_ids", "output_offsets"),
         (batch.allowed_tokens, "allowed_ids", "allowed_offsets"),
         (batch.banned_tokens, "banned_ids", "banned_offsets"),
         (batch.stop_tokens, "stop_ids", "stop_offsets"),
+        (batch.logprob_token_ids, "logprob_token_ids", "logprob_token_offsets"),
     ]
+}
+
+/// Checks the bad words: the rows' offsets into the words, the words' offsets into the ids
+/// (each word at least one token: a word bans its last token), and, with [`Ids::Here`], every
+/// id (named by its row, word and position).
+fn check_bad_words(k: &Kernels, w: BadWords, rows: usize, vocab: usize, ids: Ids) -> Result<()> {
+    let words = w.word_offsets.len().saturating_sub(1);
+    check_offsets(words, w.row_offsets, rows, "bad_words_row_offsets")?;
+    let words = w.row_offsets[rows] as usize;
+    check_offsets(w.ids.len(), w.word_offsets, words, "bad_word_offsets")?;
+    for r in 0..rows {
+        for j in w.row_offsets[r] as usize..w.row_offsets[r + 1] as usize {
+            if w.word_offsets[j] == w.word_offsets[j + 1] {
+                bail_batch!("bad_word_offsets", Some(r), "word {j} is empty (a bad word holds at least one token)");
+            }
+        }
+    }
+    if ids == Ids::Here {
+        for r in 0..rows {
+            bad_word_ids_in_range(k, w, r, vocab)?;
+        }
+    }
+    Ok(())
+}
+
+/// Checks that the ids of row `r`'s bad words (offsets checked) lie in `[0, vocab)`, naming the
+/// word and the position of the first that does not.
+fn bad_word_ids_in_range(k: &Kernels, w: BadWords, r: usize, vocab: usize) -> Result<()> {
+    let (first, last) = (w.row_offsets[r] as usize, w.row_offsets[r + 1] as usize);
+    let (a, b) = (w.word_offsets[first] as usize, w.word_offsets[last] as usize);
+    // SAFETY: `k` is the table of a supported level; vocab < 2^31 was checked first.
+    if unsafe { (k.ids_in_range)(&w.ids[a..b], vocab as u32) } {
+        return Ok(());
+    }
+    for j in first..last {
+        let start = w.word_offsets[j] as usize;
+        for (p, &id) in w.ids[start..w.word_offsets[j + 1] as usize].iter().enumerate() {
+            if id < 0 || id as usize >= vocab {
+                bail_batch!(
+                    "bad_words_ids",
+                    Some(r),
+                    "word {} position {p} (entry {}): {id} is not a token id in [0, {vocab})",
+                    j - first,
+                    start + p
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Checks a CSR list's offsets: `rows + 1` of them, non-decreasing, the last within the `have`
@@ -381,6 +464,9 @@ pub(crate) fn row_ids_in_range(k: &Kernels, batch: &Batch, r: usize) -> Result<(
         if let Some(l) = list {
             check_row_ids(k, l, r, batch.vocab, ids_field)?;
         }
+    }
+    if let Some(w) = batch.bad_words {
+        bad_word_ids_in_range(k, w, r, batch.vocab)?;
     }
     Ok(())
 }

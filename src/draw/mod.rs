@@ -111,7 +111,7 @@ fn run_call(
     workers: Option<&Workers>,
     out: &mut Output,
 ) -> Result<Vec<Drawn>> {
-    let mut logprobs = Logprobs::new(out, batch.rows);
+    let mut logprobs = Logprobs::new(out, batch);
     let slots = logprobs.as_mut().map(Logprobs::slots);
     let after_race;
     // Only processed logprobs and processed full outputs read the filters' floor.

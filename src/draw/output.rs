@@ -6,7 +6,7 @@ use crate::alloc;
 use crate::batch::{Batch, FullMode, LogprobMode, Output};
 use crate::error::Result;
 use crate::kernels::{Kernels, BLOCK};
-use crate::logprob::{block_maxima, logprob_fn, row_logprobs, scale_and_floor, RowInfo, RowOut};
+use crate::logprob::{block_maxima, logprob_fn, row_logprobs_given, scale_and_floor, GivenOut, RowInfo, RowOut};
 use crate::row::{with_row, RowValues};
 use crate::step::RowStep;
 
@@ -21,6 +21,12 @@ pub(crate) struct Logprobs {
     ranks: Vec<i32>,
     ids: Vec<i32>,
     lps: Vec<f32>,
+    /// The batch's `logprob_token_ids` (ids and `rows + 1` offsets; empty when not asked for),
+    /// and their logprobs and ranks (ranks empty unless asked for).
+    given_ids: Vec<i32>,
+    given_offsets: Vec<u64>,
+    given_lps: Vec<f32>,
+    given_ranks: Vec<i32>,
 }
 
 /// Where the task that draws row `r` writes its logprobs: disjoint parts of [`Logprobs`]'
@@ -33,6 +39,12 @@ pub(crate) struct LogprobSlots {
     ranks: *mut i32,
     ids: *mut i32,
     lps: *mut f32,
+    given_ids: *const i32,
+    /// Null when no given ids are asked for.
+    given_offsets: *const u64,
+    given_lps: *mut f32,
+    given_ranks: *mut i32,
+    want_given_rank: bool,
 }
 
 // SAFETY: each row's slots are written by the one task that draws it (`row`'s contract), and
@@ -58,12 +70,43 @@ impl LogprobSlots {
             }
         }
     }
+
+    /// Row `r`'s logprobs of given ids, if asked for.
+    ///
+    /// # Safety
+    /// As [`LogprobSlots::row`].
+    pub(crate) unsafe fn given(&self, r: usize) -> Option<GivenOut<'_>> {
+        if self.given_offsets.is_null() {
+            return None;
+        }
+        // SAFETY: the offsets have rows + 1 entries (validated: non-decreasing, within the ids);
+        // the scratch holds one logprob (and rank, when asked) per id; row r's entries are used
+        // by this caller alone (the contract).
+        unsafe {
+            let a = *self.given_offsets.add(r) as usize;
+            let n = *self.given_offsets.add(r + 1) as usize - a;
+            let ranks: &mut [i32] =
+                if self.want_given_rank { std::slice::from_raw_parts_mut(self.given_ranks.add(a), n) } else { &mut [] };
+            Some(GivenOut {
+                ids: std::slice::from_raw_parts(self.given_ids.add(a), n),
+                lps: std::slice::from_raw_parts_mut(self.given_lps.add(a), n),
+                ranks,
+            })
+        }
+    }
 }
 
 impl Logprobs {
     /// The scratch for what `out` asks for, or `None` if it asks for no logprob.
-    pub(crate) fn new(out: &Output, rows: usize) -> Option<Logprobs> {
+    pub(crate) fn new(out: &Output, batch: &Batch) -> Option<Logprobs> {
+        let rows = batch.rows;
         let top_n = if out.topn_ids.is_some() || out.topn_logprobs.is_some() { out.top_n } else { 0 };
+        let given = batch.logprob_token_ids.filter(|_| out.token_logprobs.is_some() || out.token_ranks.is_some());
+        let (given_ids, given_offsets) = given.map_or((Vec::new(), Vec::new()), |g| {
+            let end = g.offsets[rows] as usize;
+            (g.ids[..end].to_vec(), g.offsets[..=rows].to_vec())
+        });
+        let given_ranks = if out.token_ranks.is_some() { given_ids.len() } else { 0 };
         out.wants_logprobs().then(|| Logprobs {
             mode: out.logprob_mode,
             want_rank: out.ranks.is_some(),
@@ -72,6 +115,10 @@ impl Logprobs {
             ranks: vec![0; rows],
             ids: vec![0; rows * top_n],
             lps: vec![0.0; rows * top_n],
+            given_lps: vec![0.0; given_ids.len()],
+            given_ranks: vec![0; given_ranks],
+            given_ids,
+            given_offsets,
         })
     }
 
@@ -86,6 +133,11 @@ impl Logprobs {
             ranks: self.ranks.as_mut_ptr(),
             ids: self.ids.as_mut_ptr(),
             lps: self.lps.as_mut_ptr(),
+            given_ids: self.given_ids.as_ptr(),
+            given_offsets: if self.given_offsets.is_empty() { std::ptr::null() } else { self.given_offsets.as_ptr() },
+            given_lps: self.given_lps.as_mut_ptr(),
+            given_ranks: self.given_ranks.as_mut_ptr(),
+            want_given_rank: !self.given_ranks.is_empty(),
         }
     }
 
@@ -104,10 +156,19 @@ impl Logprobs {
         let mut bmax = Vec::new();
         for r in (0..batch.rows).filter(|&r| !done[r]) {
             // SAFETY: r < rows, and this loop holds row r's outputs alone.
-            let o = unsafe { slots.row(r) };
+            let (o, given) = unsafe { (slots.row(r), slots.given(r)) };
             let RowInfo { top, floor, .. } = info[r];
-            with_row!(batch, r, |v| block_maxima(k, v, &mut bmax)
-                .and_then(|_| row_logprobs(k, v, &bmax, inv_t[r], self.mode, top, floor, tokens[r], o)))
+            with_row!(batch, r, |v| block_maxima(k, v, &mut bmax).and_then(|_| row_logprobs_given(
+                k,
+                v,
+                &bmax,
+                inv_t[r],
+                self.mode,
+                (top, floor),
+                tokens[r],
+                o,
+                given
+            )))
             .map_err(|e| e.in_row(r))?;
         }
         Ok(())
@@ -126,6 +187,12 @@ impl Logprobs {
         }
         if let Some(d) = out.topn_logprobs.as_deref_mut() {
             d[..n].copy_from_slice(&self.lps);
+        }
+        if let Some(d) = out.token_logprobs.as_deref_mut() {
+            d[..self.given_lps.len()].copy_from_slice(&self.given_lps);
+        }
+        if let Some(d) = out.token_ranks.as_deref_mut() {
+            d[..self.given_ranks.len()].copy_from_slice(&self.given_ranks);
         }
     }
 }

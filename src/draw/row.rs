@@ -11,7 +11,7 @@ use crate::batch::{flags, Batch};
 use crate::error::Result;
 use crate::filter;
 use crate::kernels::{Best, Kernels, RaceParams, BLOCK};
-use crate::logprob::{row_logprobs, RowInfo};
+use crate::logprob::{row_logprobs_given, RowInfo};
 use crate::row::{with_row, RaceNoise, RowValues};
 use crate::step::{self, RowStep};
 
@@ -96,16 +96,28 @@ pub(super) fn draw_row(
     let path = path(k, batch, r, plan, logprobs.is_some())?;
     with_row!(batch, r, |v| {
         let (drawn, mut e) = match path {
-            RowPath::Greedy => return Ok(draw_greedy(k, v)),
-            RowPath::Race => return draw_race(k, (batch, r), v, plan, logprobs),
-            RowPath::Range(mut e) => return range::draw_range(k, (batch, r), v, e.as_mut(), plan, logprobs),
+            RowPath::Greedy => return Ok(forced(batch, r, draw_greedy(k, v))),
+            RowPath::Race => return draw_race(k, (batch, r), v, plan, logprobs).map(|d| forced(batch, r, d)),
+            RowPath::Range(mut e) => {
+                return range::draw_range(k, (batch, r), v, e.as_mut(), plan, logprobs).map(|d| forced(batch, r, d))
+            }
             RowPath::Filtered(mut e) => (stepped::draw_filtered(k, (batch, r), v, &mut e, plan)?, e),
             RowPath::ByBlocks(mut e) => (stepped::draw_by_blocks(k, r, v, &mut e, plan)?, e),
             RowPath::Deferred(mut e) => (stepped::draw_deferred(k, (batch, r), v, &mut e, plan)?, e),
             RowPath::Masked(mut e) => (stepped::draw_masked(k, r, v, &mut e, plan)?, e),
         };
-        stepped::with_logprobs(k, r, v, &mut e, plan, drawn, logprobs)
+        stepped::with_logprobs(k, r, v, &mut e, plan, forced(batch, r, drawn), logprobs)
     })
+}
+
+/// Row `r`'s draw `drawn` with its token replaced by the row's forced token, if it has one
+/// (flagged when its step bans it). The row was drawn all the same: its noise, a pure function
+/// of the row's key, is consumed as a drawn row's is, and the rows after it draw what they
+/// would draw had it not been forced.
+pub(super) fn forced(batch: &Batch, r: usize, drawn: Drawn) -> Drawn {
+    let Some(t) = batch.forced(r) else { return drawn };
+    let banned = if batch.step_bans(r, t) { flags::FORCED_BANNED } else { 0 };
+    Drawn { token: t, flags: drawn.flags | banned, ..drawn }
 }
 
 /// What the first pass found in a row.
@@ -233,11 +245,13 @@ pub(super) fn draw_scanned<V: RowValues + ?Sized>(
     let sc = summarize(bmax, f32::NEG_INFINITY, has_nan, plan);
     let (won, floor) = race_row(k, (batch, r), (v, bmax, &sc), plan)?;
     let info = RowInfo { top: sc.top, floor, processed };
-    let token = finish(k, v, bmax, &sc, won);
+    // A forced row's logprobs are its forced token's.
+    let token = batch.forced(r).unwrap_or_else(|| finish(k, v, bmax, &sc, won));
     if let Some(slots) = logprobs {
         // SAFETY: r is a row of the call, and this task draws it alone.
-        let o = unsafe { slots.row(r) };
-        row_logprobs(k, v, bmax, plan.inv_t(), slots.mode, sc.top, floor, token, o).map_err(|e| e.in_row(r))?;
+        let (o, given) = unsafe { (slots.row(r), slots.given(r)) };
+        row_logprobs_given(k, v, bmax, plan.inv_t(), slots.mode, (sc.top, floor), token, o, given)
+            .map_err(|e| e.in_row(r))?;
     }
     Ok(Drawn { token, flags: sc.flags, info, logprobs_done: logprobs.is_some() })
 }

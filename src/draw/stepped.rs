@@ -10,7 +10,7 @@ use crate::batch::{flags, Batch, LogprobMode};
 use crate::error::Result;
 use crate::filter;
 use crate::kernels::{BlockValues, Kernels, RaceParams, BLOCK};
-use crate::logprob::{block_maxima, row_logprobs, RowInfo, RowOut};
+use crate::logprob::{block_maxima, row_logprobs_given, GivenOut, RowInfo, RowOut};
 use crate::row::{RaceNoise, RowValues};
 use crate::step::{DeferredRow, RowStep, StepBlocks};
 
@@ -235,10 +235,10 @@ pub(super) fn with_logprobs<V: RowValues + ?Sized>(
 ) -> Result<Drawn> {
     let Some(slots) = logprobs else { return Ok(drawn) };
     // SAFETY: r is a row of the call, and this task draws it alone.
-    let o = unsafe { slots.row(r) };
+    let (o, given) = unsafe { (slots.row(r), slots.given(r)) };
     let at = (drawn.info, drawn.token);
     PROCESSED
-        .with(|y| processed_row_logprobs(k, v, e, &mut y.borrow_mut(), plan.inv_t(), at, slots.mode, o))
+        .with(|y| processed_row_logprobs(k, v, e, &mut y.borrow_mut(), plan.inv_t(), at, slots.mode, (o, given)))
         .map_err(|e| e.in_row(r))?;
     Ok(Drawn { logprobs_done: true, ..drawn })
 }
@@ -255,20 +255,20 @@ fn processed_row_logprobs<V: RowValues + ?Sized>(
     inv_t: Option<f32>,
     (info, token): (RowInfo, i32),
     mode: LogprobMode,
-    out: RowOut,
+    (out, given): (RowOut, Option<GivenOut>),
 ) -> Result<()> {
     let RowInfo { top, floor, .. } = info;
     match mode {
         LogprobMode::Raw => {
             let mut bmax = Vec::new();
             let top = block_maxima(k, v, &mut bmax)?;
-            row_logprobs(k, v, &bmax, inv_t, mode, top, floor, token, out)
+            row_logprobs_given(k, v, &bmax, inv_t, mode, (top, floor), token, out, given)
         }
         LogprobMode::Processed => {
             // The copy records its block maxima as it writes (no second scan of it).
             let mut bmax = alloc::filled(v.n().div_ceil(BLOCK), f32::NEG_INFINITY, "block maxima")?;
             e.materialize(k, v, y, &mut bmax)?;
-            row_logprobs(k, &y[..], &bmax, inv_t, mode, top, floor, token, out)
+            row_logprobs_given(k, &y[..], &bmax, inv_t, mode, (top, floor), token, out, given)
         }
     }
 }

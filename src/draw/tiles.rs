@@ -86,16 +86,20 @@ pub(super) fn draw_tiled(
                 })
             });
             let sc = &scanned[r];
-            Drawn {
-                token: with_row!(batch, r, |v| finish(k, v, row_bmax(r), sc, won)),
-                flags: sc.flags,
-                info: RowInfo {
-                    top: sc.top,
-                    floor: params[r].map_or(f32::NEG_INFINITY, |(p, _)| p.floor),
-                    processed: false,
+            super::row::forced(
+                batch,
+                r,
+                Drawn {
+                    token: with_row!(batch, r, |v| finish(k, v, row_bmax(r), sc, won)),
+                    flags: sc.flags,
+                    info: RowInfo {
+                        top: sc.top,
+                        floor: params[r].map_or(f32::NEG_INFINITY, |(p, _)| p.floor),
+                        processed: false,
+                    },
+                    logprobs_done: false,
                 },
-                logprobs_done: false,
-            }
+            )
         })
         .collect();
     Ok((drawn, scanned_tiles.work_ns + raced_tiles.work_ns))

@@ -126,11 +126,12 @@ versioned!(tokenrace_batch, v1 ends with noise_row_stride, default zeroed(), [
     repetition_penalty, frequency_penalty, presence_penalty, bias_ids, bias_values, bias_offsets, allowed_ids,
     allowed_offsets, allowed_rows, banned_ids, banned_offsets, token_bitmask, bitmask_row_stride, penalty_last_n,
     min_tokens, stop_ids, stop_offsets, top_n_sigma, requests, request_ids, min_keep, typical_p, xtc_probability,
-    xtc_threshold, dynatemp_range, dynatemp_exponent,
+    xtc_threshold, dynatemp_range, dynatemp_exponent, bad_words_ids, bad_word_offsets, bad_words_row_offsets,
+    forced_tokens, logprob_token_ids, logprob_token_offsets,
 ]);
 versioned!(tokenrace_output, v1 ends with topn_logprobs, default zeroed(), [
     struct_size, logprob_mode, tokens, flags, logprobs, ranks, top_n, reserved0, topn_ids, topn_logprobs,
-    full_logprobs, full_row_stride, full_mode, reserved1,
+    full_logprobs, full_row_stride, full_mode, reserved1, token_logprobs, token_ranks,
 ]);
 versioned!(tokenrace_verify_batch, v1 ends with noise_row_stride, default zeroed(), [
     struct_size, dtype, logits, rows, vocab, row_stride, requests, reserved0, draft_counts, draft_tokens, draft_probs,

@@ -9,7 +9,7 @@ use super::disjoint::{Disjoint, Region};
 use super::panic::guard;
 use super::types::*;
 use crate::batch::{
-    noise_span, span, span_of, Batch, ExternalNoise, LogitBias, Logits, Output, TokenBitmask, TokenLists,
+    noise_span, span, span_of, BadWords, Batch, ExternalNoise, LogitBias, Logits, Output, TokenBitmask, TokenLists,
 };
 use crate::error::{Error, Owner, Result};
 use crate::kernels::{Bf16, F16};
@@ -78,6 +78,11 @@ unsafe fn batch_from_c<'a>(b: &tokenrace_batch, state: Option<&'a Requests>) -> 
         xtc_threshold: unsafe { opt_slice(Owner::Batch, "xtc_threshold", b.xtc_threshold, rows)? },
         dynatemp_range: unsafe { opt_slice(Owner::Batch, "dynatemp_range", b.dynatemp_range, rows)? },
         dynatemp_exponent: unsafe { opt_slice(Owner::Batch, "dynatemp_exponent", b.dynatemp_exponent, rows)? },
+        bad_words: unsafe { bad_words(b, rows)? },
+        forced_tokens: unsafe { opt_slice(Owner::Batch, "forced_tokens", b.forced_tokens, rows)? },
+        logprob_token_ids: unsafe {
+            lists(rows, ("logprob_token_ids", b.logprob_token_ids), ("logprob_token_offsets", b.logprob_token_offsets))?
+        },
     })
 }
 
@@ -98,6 +103,32 @@ unsafe fn request_rows<'a>(
         (Some(_), None) => Err(Error::arg(Owner::Batch, "request_ids", None, "is NULL while requests is given")),
         (None, Some(_)) => Err(Error::arg(Owner::Batch, "requests", None, "is NULL while request_ids is given")),
     }
+}
+
+/// The bad words of a C batch: the rows' offsets, as many word offsets as their last says (plus
+/// one), then as many ids as the last word offset says.
+///
+/// # Safety
+/// Non-NULL pointers cover those counts.
+unsafe fn bad_words<'a>(b: &tokenrace_batch, rows: usize) -> Result<Option<BadWords<'a>>> {
+    // SAFETY: the caller's contract (a word offset is 8 bytes).
+    let Some((row_offsets, words)) =
+        (unsafe { offsets(rows, "bad_words_row_offsets", b.bad_words_row_offsets, size_of::<u64>())? })
+    else {
+        let given =
+            [("bad_words_ids", !b.bad_words_ids.is_null()), ("bad_word_offsets", !b.bad_word_offsets.is_null())];
+        needs_offsets(&given, "bad_words_row_offsets")?;
+        return Ok(None);
+    };
+    // SAFETY: as above.
+    let Some((word_offsets, len)) =
+        (unsafe { offsets(words, "bad_word_offsets", b.bad_word_offsets, size_of::<i32>())? })
+    else {
+        return Err(Error::arg(Owner::Batch, "bad_word_offsets", None, "is NULL while bad_words_row_offsets is given"));
+    };
+    // SAFETY: as above.
+    let ids = unsafe { slice(Owner::Batch, "bad_words_ids", b.bad_words_ids, len)? };
+    Ok(Some(BadWords { ids, word_offsets, row_offsets }))
 }
 
 /// The `rows + 1` offsets of a CSR list whose arrays have `elem_size`-byte entries, and how many
@@ -232,6 +263,9 @@ unsafe fn output_from_c<'a>(o: &tokenrace_output, b: &Batch) -> Result<(Output<'
         true => 0,
         false => span_of(Owner::Output, rows, vocab, full_stride, 4, "full_row_stride")?,
     };
+    // One logprob and rank per given id (validate checks the offsets' order; the last says how
+    // many ids there are, at most the ids' span, which `lists` made a slice of).
+    let given = b.logprob_token_ids.map_or(0, |l| l.ids.len());
     let mut d = Disjoint::new(input_regions(b));
     let out = Owner::Output;
     // SAFETY (every slice below): the caller's contract for the output's pointers.
@@ -251,12 +285,14 @@ unsafe fn output_from_c<'a>(o: &tokenrace_output, b: &Batch) -> Result<(Output<'
         full_logprobs: unsafe { d.opt_slice_mut(out, "full_logprobs", o.full_logprobs, full_len)? },
         full_row_stride: full_stride,
         full_mode: full_mode.into(),
+        token_logprobs: unsafe { d.opt_slice_mut(out, "token_logprobs", o.token_logprobs, given)? },
+        token_ranks: unsafe { d.opt_slice_mut(out, "token_ranks", o.token_ranks, given)? },
     };
     Ok((output, d))
 }
 
 /// The arrays a draw reads, for the check that no output shares memory with them.
-fn input_regions(b: &Batch) -> [Option<Region>; 37] {
+fn input_regions(b: &Batch) -> [Option<Region>; 43] {
     let (prompt, output, allowed, banned) = (b.prompt_tokens, b.output_tokens, b.allowed_tokens, b.banned_tokens);
     [
         Some(Region::logits(b.logits)),
@@ -296,6 +332,12 @@ fn input_regions(b: &Batch) -> [Option<Region>; 37] {
         Region::input("xtc_threshold", b.xtc_threshold),
         Region::input("dynatemp_range", b.dynatemp_range),
         Region::input("dynatemp_exponent", b.dynatemp_exponent),
+        Region::input("bad_words_ids", b.bad_words.map(|w| w.ids)),
+        Region::input("bad_word_offsets", b.bad_words.map(|w| w.word_offsets)),
+        Region::input("bad_words_row_offsets", b.bad_words.map(|w| w.row_offsets)),
+        Region::input("forced_tokens", b.forced_tokens),
+        Region::input("logprob_token_ids", b.logprob_token_ids.map(|l| l.ids)),
+        Region::input("logprob_token_offsets", b.logprob_token_ids.map(|l| l.offsets)),
     ]
 }
 

@@ -161,6 +161,10 @@ pub const TOKENRACE_FLAG_EMPTY: u32 = 4;
 /// Row flag: the row was drawn greedily (temperature below the greedy threshold).
 #[allow(dead_code)]
 pub const TOKENRACE_FLAG_GREEDY: u32 = 8;
+/// Row flag: the row's forced token is one its sampling step bans (a mask or a -inf bias):
+/// returned all the same, with a processed logprob of -inf.
+#[allow(dead_code)]
+pub const TOKENRACE_FLAG_FORCED_BANNED: u32 = 16;
 
 /// The version of this ABI; bumped on any incompatible change (compatible growth of a struct
 /// keeps it: callers set `struct_size`). A struct passed in is read up to its `struct_size`, which
@@ -341,6 +345,31 @@ pub struct tokenrace_batch {
     pub dynatemp_range: *const f32,
     /// Per-row dynamic temperature exponent >= 0 (NULL: 1 for every row).
     pub dynatemp_exponent: *const f32,
+    // Added after 0.2.0: the sampling step's parity inputs (multi-token bad words); a caller
+    // whose struct_size ends before them gets NULL.
+    /// The tokens of every row's bad words, one word after the other (ids in [0, vocab); NULL:
+    /// no bad words). A word bans its last token where the row's output list (`output_ids`)
+    /// ends with the rest of the word; a word of one token always bans it.
+    pub bad_words_ids: *const i32,
+    /// Word k is `bad_words_ids[bad_word_offsets[k]..bad_word_offsets[k + 1]]`, at least one
+    /// token: `bad_words_row_offsets[rows] + 1` non-decreasing entries.
+    pub bad_word_offsets: *const u64,
+    /// Row r's words are words `bad_words_row_offsets[r]..bad_words_row_offsets[r + 1]`: rows + 1
+    /// non-decreasing entries.
+    pub bad_words_row_offsets: *const u64,
+    /// Per-row forced token (NULL: none forced): a row whose entry is in [0, vocab) returns
+    /// that token, with its logprob, rank and top-n as if it had been drawn (in the chosen
+    /// logprob mode), and its noise consumed as a drawn row's, so that every other row draws
+    /// what it would have drawn; -1 draws the row; anything else is refused. A forced token the
+    /// step bans (a mask or a -inf bias) is returned all the same, flagged
+    /// TOKENRACE_FLAG_FORCED_BANNED (its processed logprob is -inf).
+    pub forced_tokens: *const i32,
+    /// Per-row token ids whose logprobs the output's `token_logprobs` (and ranks its
+    /// `token_ranks`) receive, CSR (ids in [0, vocab); NULL: none): vLLM's `logprob_token_ids`,
+    /// SGLang's `token_ids_logprobs`.
+    pub logprob_token_ids: *const i32,
+    /// CSR offsets of `logprob_token_ids`: rows + 1 entries.
+    pub logprob_token_offsets: *const u64,
 }
 
 /// Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No
@@ -380,6 +409,14 @@ pub struct tokenrace_output {
     pub full_mode: u32,
     /// Padding made explicit: 0 (ignored on input, written as 0).
     pub reserved1: u32,
+    // Added after 0.2.0: the logprobs of given ids (the batch's `logprob_token_ids`); a caller
+    // whose struct_size ends before them gets NULL.
+    /// One logprob per entry of the batch's `logprob_token_ids` (row r's at its offsets), in
+    /// `logprob_mode`, computed in the pass of the sampled token's (NULL: not computed).
+    pub token_logprobs: *mut f32,
+    /// One rank per entry of the batch's `logprob_token_ids`: the count of tokens whose logprob
+    /// is >= the id's (NULL: not computed; each costs a count over the row).
+    pub token_ranks: *mut i32,
 }
 
 /// Counters of a sampler since it was made.

@@ -20,6 +20,7 @@ pub(crate) fn row_has_step(batch: &Batch, r: usize) -> bool {
         || restricted(batch, r)
         || nonempty(batch.banned_tokens)
         || !batch.banned_stops(r).is_empty()
+        || batch.banned_by_words(r).next().is_some()
         || batch.logit_bias.is_some_and(|b| !b.row(r).0.is_empty())
         || !prompt.is_empty()
         || !output.is_empty()
@@ -50,7 +51,11 @@ pub(crate) fn build<'a>(k: &Kernels, batch: &Batch<'a>, r: usize, defer: bool) -
     let banned = batch.banned_tokens.map_or(&[][..], |l| l.row(r));
     // Stop tokens before the minimum output length: banned as the banned list's are.
     let stops = batch.banned_stops(r);
-    let bitmask_alone = !restricted(batch, r) && banned.is_empty() && stops.is_empty();
+    // A bad word bans its last token where the output ends with the rest of it: as the banned
+    // list bans.
+    let by_words = batch.banned_by_words(r);
+    let bitmask_alone =
+        !restricted(batch, r) && banned.is_empty() && stops.is_empty() && batch.banned_by_words(r).next().is_none();
     if let Some(m) = batch.token_bitmask.filter(|_| defer && bitmask_alone) {
         // A deferred row masked by the bitmask alone: its words as they are.
         let given = as_u32(&m.words[r * m.row_stride..r * m.row_stride + words]);
@@ -74,7 +79,7 @@ pub(crate) fn build<'a>(k: &Kernels, batch: &Batch<'a>, r: usize, defer: bool) -
         e.keep = only;
         masked = true;
     }
-    for &id in banned.iter().chain(stops) {
+    for id in banned.iter().chain(stops).copied().chain(by_words) {
         e.clear(id as usize);
         masked = true;
     }

@@ -766,3 +766,20 @@ pub fn processed_logits(y: &[f32], d: &Drawn, t: f32) -> Option<Vec<f32>> {
     }
     Some((0..y.len()).map(|i| if d.kept[i] { y[i] / t } else { ninf }).collect())
 }
+
+/// The tokens a row's bad words ban after its `output` (vLLM's rule): each word's last token
+/// when the output's last `len - 1` tokens are the word's others (a word of one token always;
+/// a word longer than the output plus one never), in word order.
+pub fn bad_word_bans(output: &[i32], words: &[Vec<i32>]) -> Vec<i32> {
+    let mut bans = Vec::new();
+    for word in words {
+        let others = word.len() - 1;
+        if others > output.len() {
+            continue;
+        }
+        if output[output.len() - others..] == word[..others] {
+            bans.push(word[others]);
+        }
+    }
+    bans
+}

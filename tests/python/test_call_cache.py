@@ -135,9 +135,11 @@ def test_the_packed_layouts_set_every_field_of_the_ctypes_structs(tokenrace):
                                      (_call.STEP_LAYOUT, _call.STEP_OFFSET, _ffi.BATCH_STEP_FIRST),
                                      (_call.POINTER_LAYOUT, _call.TOP_N_SIGMA_OFFSET, _ffi.BATCH_STEP_END),
                                      (_call.REQUESTS_LAYOUT, _call.REQUESTS_OFFSET, "requests"),
-                                     (_call.LLAMA_LAYOUT, _call.LLAMA_OFFSET, _ffi.BATCH_LLAMA_FIRST))),
+                                     (_call.LLAMA_LAYOUT, _call.LLAMA_OFFSET, _ffi.BATCH_LLAMA_FIRST),
+                                     (_call.PARITY_LAYOUT, _call.PARITY_OFFSET, _ffi.BATCH_PARITY_FIRST))),
              (_ffi.tokenrace_output, ((_call.OUTPUT_LAYOUT, 0, "struct_size"),
-                                      (_call.FULL_LAYOUT, _call.FULL_OFFSET, _ffi.OUTPUT_FULL_FIRST))))
+                                      (_call.FULL_LAYOUT, _call.FULL_OFFSET, _ffi.OUTPUT_FULL_FIRST),
+                                      (_call.GIVEN_LAYOUT, _call.GIVEN_OFFSET, _ffi.OUTPUT_GIVEN_FIRST))))
     for cls, layouts in parts:
         ends = [offset for _, offset, _ in layouts[1:]] + [ctypes.sizeof(cls)]
         for (layout, offset, _), end in zip(layouts, ends):
@@ -192,12 +194,26 @@ def test_a_call_without_the_sampling_step_clears_what_the_last_one_set(tokenrace
     np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
     assert not state.requests_packed and bytes(state.batch)[req] == bytes(16)
     # And for llama.cpp's filters' block.
+    llama = slice(_call.LLAMA_OFFSET, _call.LLAMA_OFFSET + 48)
     s.draw(x, temperature=1.0, typical_p=0.5)
-    assert state.llama_packed and bytes(state.batch)[_call.LLAMA_OFFSET:] != bytes(48)
+    assert state.llama_packed and bytes(state.batch)[llama] != bytes(48)
     np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
-    assert not state.llama_packed and bytes(state.batch)[_call.LLAMA_OFFSET:] == bytes(48)
+    assert not state.llama_packed and bytes(state.batch)[llama] == bytes(48)
+    # The same for the parity block (bad words, forced tokens), packed apart.
+    forced = s.draw(x, temperature=0, forced_tokens=[int(t + 1) % 64 for t in plain])
+    assert (forced != plain).all() and state.parity_packed
+    assert bytes(state.batch)[_call.PARITY_OFFSET:] != bytes(_call.PARITY_LAYOUT.size)
+    np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
+    assert not state.parity_packed and bytes(state.batch)[_call.PARITY_OFFSET:] == bytes(_call.PARITY_LAYOUT.size)
     r = s.draw_full(x, temperature=0, full_logprobs="raw")
     assert r.full_logprobs.shape == (3, 64) and state.full_packed
     r = s.draw_full(x, temperature=0)
     assert r.full_logprobs is None and not state.full_packed
-    assert bytes(state.full_output)[_call.FULL_OFFSET:] == bytes(_call.FULL_LAYOUT.size)
+    full_end = _call.FULL_OFFSET + _call.FULL_LAYOUT.size
+    assert bytes(state.full_output)[_call.FULL_OFFSET:full_end] == bytes(_call.FULL_LAYOUT.size)
+    # The same for the logprobs of given ids, packed apart.
+    r = s.draw_full(x, temperature=0, logprob_token_ids=[[1], [2], [3]])
+    assert r.token_logprobs.shape == (3,) and state.given_packed
+    r = s.draw_full(x, temperature=0)
+    assert r.token_logprobs is None and not state.given_packed
+    assert bytes(state.full_output)[_call.GIVEN_OFFSET:] == bytes(_call.GIVEN_LAYOUT.size)

@@ -21,7 +21,7 @@ from ._errors import (
     TokenraceTimeoutError,
     UnsupportedError,
 )
-from ._ffi import ABI_VERSION, FLAG_EMPTY, FLAG_GREEDY, FLAG_HAS_NAN, FLAG_HAS_POSINF, library_path
+from ._ffi import ABI_VERSION, FLAG_EMPTY, FLAG_FORCED_BANNED, FLAG_GREEDY, FLAG_HAS_NAN, FLAG_HAS_POSINF, library_path
 from ._pool import NoiseLease, NoisePool
 from ._requests import Requests
 from ._sampler import DrawResult, Sampler
@@ -29,7 +29,7 @@ from ._verify import VerifyResult
 from ._watermark import Detection, detect_watermark, watermark_seeds
 
 __all__ = [
-    "ABI_VERSION", "FLAG_EMPTY", "FLAG_GREEDY", "FLAG_HAS_NAN", "FLAG_HAS_POSINF",
+    "ABI_VERSION", "FLAG_EMPTY", "FLAG_FORCED_BANNED", "FLAG_GREEDY", "FLAG_HAS_NAN", "FLAG_HAS_POSINF",
     "ClosedError", "DrawResult", "InternalError", "InvalidArgumentError", "InvalidConfigError",
     "NoiseLease", "NoisePool", "OutOfMemoryError", "Requests", "Sampler", "TokenraceError", "TokenraceTimeoutError", "UnsupportedError",
     "VerifyResult",

@@ -82,9 +82,17 @@ REQUESTS_LAYOUT = struct.Struct("=QQ")
 # them (``CallState.llama_packed``).
 LLAMA_OFFSET = getattr(_ffi.tokenrace_batch, _ffi.BATCH_LLAMA_FIRST).offset
 LLAMA_LAYOUT = struct.Struct("=QQQQQQ")
-FULL_LAYOUT = struct_layout(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST)
+# The parity block (bad words, forced tokens), written by a call that passes either
+# (``CallState.parity_packed``).
+PARITY_LAYOUT = struct_layout(_ffi.tokenrace_batch, _ffi.BATCH_PARITY_FIRST)
+PARITY_OFFSET = getattr(_ffi.tokenrace_batch, _ffi.BATCH_PARITY_FIRST).offset
+PARITY_ZEROS = (0,) * sum(1 for c in PARITY_LAYOUT.format if c not in "=x")
+FULL_LAYOUT = struct_layout(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST, _ffi.OUTPUT_GIVEN_FIRST)
 FULL_OFFSET = getattr(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST).offset
 FULL_ZEROS = (0,) * sum(1 for c in FULL_LAYOUT.format if c not in "=x")
+# The logprobs of given ids (``CallState.given_packed``).
+GIVEN_LAYOUT = struct_layout(_ffi.tokenrace_output, _ffi.OUTPUT_GIVEN_FIRST)
+GIVEN_OFFSET = getattr(_ffi.tokenrace_output, _ffi.OUTPUT_GIVEN_FIRST).offset
 BATCH_SIZE = ctypes.sizeof(_ffi.tokenrace_batch)
 OUTPUT_SIZE = ctypes.sizeof(_ffi.tokenrace_output)
 # A verify call (``Sampler.verify``) packs its structs whole, in one call each.
@@ -179,6 +187,8 @@ class CallState:
         self.sigma_packed = False
         self.requests_packed = False
         self.llama_packed = False
+        self.parity_packed = False
+        self.given_packed = False
         # The arguments of tokenrace_draw, made once rather than a byref() per call.
         self.batch_ptr = ctypes.pointer(self.batch)
         self.tokens_output_ptr = ctypes.pointer(self.tokens_output)

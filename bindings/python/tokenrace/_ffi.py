@@ -30,6 +30,7 @@ FLAG_HAS_NAN = 1
 FLAG_HAS_POSINF = 2
 FLAG_EMPTY = 4
 FLAG_GREEDY = 8
+FLAG_FORCED_BANNED = 16
 
 # enum tokenrace_status
 STATUS_OK = 0
@@ -208,6 +209,13 @@ class tokenrace_batch(_Versioned):
         ("xtc_threshold", POINTER(c_float)),
         ("dynatemp_range", POINTER(c_float)),
         ("dynatemp_exponent", POINTER(c_float)),
+        # added after 0.2.0: multi-token bad words and forced tokens (``_call.PARITY_LAYOUT``)
+        ("bad_words_ids", POINTER(c_int32)),
+        ("bad_word_offsets", POINTER(c_uint64)),
+        ("bad_words_row_offsets", POINTER(c_uint64)),
+        ("forced_tokens", POINTER(c_int32)),
+        ("logprob_token_ids", POINTER(c_int32)),
+        ("logprob_token_offsets", POINTER(c_uint64)),
     ]
 
 
@@ -228,6 +236,9 @@ class tokenrace_output(_Versioned):
         ("full_row_stride", c_uint64),
         ("full_mode", c_uint32),
         ("reserved1", c_uint32),
+        # added after 0.2.0: the logprobs of given ids (``_call.GIVEN_LAYOUT``)
+        ("token_logprobs", POINTER(c_float)),
+        ("token_ranks", POINTER(c_int32)),
     ]
 
 
@@ -240,6 +251,10 @@ BATCH_STEP_END = "top_n_sigma"
 # dynatemp_range, dynatemp_exponent).
 BATCH_LLAMA_FIRST = "min_keep"
 OUTPUT_FULL_FIRST = "full_logprobs"
+# The first field after the full-vocabulary part: the logprobs of given ids, packed apart.
+OUTPUT_GIVEN_FIRST = "token_logprobs"
+# The first field of the batch's parity block (bad words, forced tokens), packed apart.
+BATCH_PARITY_FIRST = "bad_words_ids"
 
 
 class tokenrace_pool_config(_Versioned):

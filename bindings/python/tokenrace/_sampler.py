@@ -13,14 +13,15 @@ from . import _ffi
 from ._arrays import (LOGITS_DTYPES, NOISE_DTYPES, arrays_in, as_torch, byte_span, contiguous_rows, is_torch_tensor,
                       per_row, rows_view)
 from ._call import (BATCH_LAYOUT, BATCH_SIZE, FLAG_SCALARS, FLOAT_SCALARS, FULL_LAYOUT, FULL_OFFSET, FULL_ZEROS,
-                    INT_SCALARS, LLAMA_LAYOUT, LLAMA_OFFSET, OUTPUT_LAYOUT, OUTPUT_SIZE, POINTER_LAYOUT,
-                    REQUESTS_LAYOUT, REQUESTS_OFFSET, STEP_LAYOUT, STEP_OFFSET, STEP_ZEROS, TOP_N_SIGMA_OFFSET,
-                    address, pack_tokens_output, release_state, take_state)
+                    GIVEN_LAYOUT, GIVEN_OFFSET, INT_SCALARS, LLAMA_LAYOUT, LLAMA_OFFSET, OUTPUT_LAYOUT, OUTPUT_SIZE,
+                    PARITY_LAYOUT, PARITY_OFFSET, PARITY_ZEROS, POINTER_LAYOUT, REQUESTS_LAYOUT, REQUESTS_OFFSET,
+                    STEP_LAYOUT, STEP_OFFSET, STEP_ZEROS, TOP_N_SIGMA_OFFSET, address, pack_tokens_output,
+                    release_state, take_state)
 from ._common import (_choice, _Closable, _Default, _from_env, _Handle, _name_of, _offsets_without_seeds,
                       _unsigned)
 from ._errors import InvalidArgumentError, check
 from ._requests import pack_requests
-from ._step import FIELD_ARGUMENTS, step_fields
+from ._step import FIELD_ARGUMENTS, list_entries, parity_fields, step_fields
 from ._verify import verify as _verify
 
 
@@ -268,13 +269,26 @@ class Sampler(_Closable):
         state.step_packed = True
         STEP_LAYOUT.pack_into(state.batch, STEP_OFFSET, *fields)
 
+    def _fill_parity(self, state, keep, rows, bad_words, forced_tokens, logprob_token_ids=None):
+        """Writes the batch's parity block (bad words, forced tokens, the ids of
+        ``logprob_token_ids``), or zeroes it again after a call that wrote it; returns the count
+        of ``logprob_token_ids`` entries."""
+        if bad_words is None and forced_tokens is None and logprob_token_ids is None:
+            PARITY_LAYOUT.pack_into(state.batch, PARITY_OFFSET, *PARITY_ZEROS)
+            state.parity_packed = False
+            return 0
+        fields = parity_fields(rows, state.batch.vocab, keep, bad_words, forced_tokens, logprob_token_ids)
+        PARITY_LAYOUT.pack_into(state.batch, PARITY_OFFSET, *fields)
+        state.parity_packed = True
+        return list_entries(fields[-1], rows) if logprob_token_ids is not None else 0
+
     def draw(self, logits, *, temperature=None, seeds=None, offsets=None, seeded=None, noise=None,
              noise_kind="exp", top_k=None, top_p=None, min_p=None, top_n_sigma=None, return_flags=False,
              prompt_tokens=None, output_tokens=None, repetition_penalty=None, frequency_penalty=None,
              presence_penalty=None, logit_bias=None, allowed_tokens=None, banned_tokens=None,
              token_bitmask=None, penalty_last_n=None, min_tokens=None, stop_token_ids=None, requests=None,
              request_ids=None, min_keep=None, typical_p=None, xtc_probability=None, xtc_threshold=None,
-             dynatemp_range=None, dynatemp_exponent=None):
+             dynatemp_range=None, dynatemp_exponent=None, bad_words=None, forced_tokens=None):
         """Draws one token per row of ``logits``; returns an int32 array of ``rows`` tokens (a
         torch tensor when ``logits`` is one, over the same memory: no copy; the flags of
         ``return_flags`` then come as int32, the same bits).
@@ -358,6 +372,13 @@ class Sampler(_Closable):
             prompt and output are those of request ``request_ids[r]`` (instead of
             ``prompt_tokens``/``output_tokens``, which must then be None), with the same result
             bit for bit. The draw does not append its tokens: call ``requests.append``.
+        bad_words: one entry per row, None or a list of words, each a non-empty list of token ids
+            (vLLM's rule): a word bans its last token when the row's ``output_tokens`` end with
+            the word's other tokens; a word of one token always bans it.
+        forced_tokens: None, or one int per row: a token in [0, vocab) that the row returns (its
+            logprobs, rank and top-n as if drawn; its noise consumed as a drawn row's, so the
+            other rows draw what they would), or -1 to draw the row. A forced token the step bans
+            is returned flagged ``FLAG_FORCED_BANNED`` (processed logprob -inf).
 
         Errors (ValueError) name the argument, the row and the position: the column of a padded
         array, the index in a row's list or dict, and the entry of a CSR array.
@@ -387,6 +408,8 @@ class Sampler(_Closable):
                                     frequency_penalty, presence_penalty, logit_bias, allowed_tokens,
                                     banned_tokens, token_bitmask, penalty_last_n, min_tokens,
                                     stop_token_ids)
+            if bad_words is not None or forced_tokens is not None or state.parity_packed:
+                self._fill_parity(state, keep, rows, bad_words, forced_tokens)
             pack_tokens_output(state, state.tokens.address_for(rows),
                                state.flags.address_for(rows) if return_flags else 0)
             # self._run(), inlined (a method call less: the fast path's cost, see _call.py)
@@ -414,7 +437,7 @@ class Sampler(_Closable):
                   banned_tokens=None, token_bitmask=None, full_logprobs=None, out=None, penalty_last_n=None,
                   min_tokens=None, stop_token_ids=None, requests=None, request_ids=None, min_keep=None,
                   typical_p=None, xtc_probability=None, xtc_threshold=None, dynatemp_range=None,
-                  dynatemp_exponent=None):
+                  dynatemp_exponent=None, bad_words=None, forced_tokens=None, logprob_token_ids=None):
         """Draws like ``draw`` and also returns logprobs: a ``DrawResult`` (of torch tensors over
         the same memory when ``logits`` is a tensor, flags as int32) with
 
@@ -440,6 +463,11 @@ class Sampler(_Closable):
             memory with the inputs: an ``out`` whose address range (data pointer to the last
             element its strides reach) meets that of the logits or of any array or tensor
             argument raises ValueError naming both.
+
+        logprob_token_ids: None, or per row the token ids whose logprobs (in ``logprob_mode``)
+            ``r.token_logprobs`` receives, one per id, row after row (vLLM's ``logprob_token_ids``,
+            SGLang's ``token_ids_logprobs``), in the forms of ``prompt_tokens``; with
+            ``ranks=True``, ``r.token_ranks`` their ranks.
 
         The sampling step's arguments are ``draw``'s.
         """
@@ -474,6 +502,10 @@ class Sampler(_Closable):
                                     frequency_penalty, presence_penalty, logit_bias, allowed_tokens,
                                     banned_tokens, token_bitmask, penalty_last_n, min_tokens,
                                     stop_token_ids)
+            given = 0
+            if (bad_words is not None or forced_tokens is not None or logprob_token_ids is not None
+                    or state.parity_packed):
+                given = self._fill_parity(state, keep, rows, bad_words, forced_tokens, logprob_token_ids)
             full = None
             if full_logprobs is not None:
                 full, full_ptr, full_stride = _full_output(out, rows, state.batch.vocab)
@@ -490,7 +522,8 @@ class Sampler(_Closable):
                         ("min_tokens", min_tokens), ("stop_token_ids", stop_token_ids), ("min_keep", min_keep),
                         ("typical_p", typical_p), ("xtc_probability", xtc_probability),
                         ("xtc_threshold", xtc_threshold), ("dynatemp_range", dynatemp_range),
-                        ("dynatemp_exponent", dynatemp_exponent)))
+                        ("dynatemp_exponent", dynatemp_exponent,
+                        ("forced_tokens", forced_tokens)))
                 state.full_packed = True
                 FULL_LAYOUT.pack_into(state.full_output, FULL_OFFSET, full_ptr, full_stride, full_mode, 0)
             elif state.full_packed:
@@ -505,7 +538,16 @@ class Sampler(_Closable):
                 np.empty((rows, n), dtype=np.int32) if n else None,  # topn_ids
                 np.empty((rows, n), dtype=np.float32) if n else None,  # topn_logprobs
                 full,  # full_logprobs
+                np.empty(given, dtype=np.float32) if logprob_token_ids is not None else None,  # token_logprobs
+                np.empty(given, dtype=np.int32) if logprob_token_ids is not None and ranks else None,  # token_ranks
             )
+            if logprob_token_ids is not None:
+                GIVEN_LAYOUT.pack_into(state.full_output, GIVEN_OFFSET, address(res.token_logprobs),
+                                       address(res.token_ranks) if ranks else 0)
+                state.given_packed = True
+            elif state.given_packed:
+                GIVEN_LAYOUT.pack_into(state.full_output, GIVEN_OFFSET, 0, 0)
+                state.given_packed = False
             OUTPUT_LAYOUT.pack_into(state.full_output, 0, OUTPUT_SIZE, mode, address(res.tokens), address(res.flags),
                                     address(res.logprobs), address(res.ranks) if ranks else 0, n, 0,
                                     address(res.topn_ids) if n else 0, address(res.topn_logprobs) if n else 0)
@@ -615,7 +657,8 @@ def _result_as_torch(res, out):
     fields = [None if value is None else as_torch(value)
               for value in (res.tokens, res.flags, res.logprobs, res.ranks, res.topn_ids, res.topn_logprobs)]
     full = res.full_logprobs
-    return DrawResult(*fields, full if full is None or out is not None else as_torch(full))
+    given = [None if value is None else as_torch(value) for value in (res.token_logprobs, res.token_ranks)]
+    return DrawResult(*fields, full if full is None or out is not None else as_torch(full), *given)
 
 
 def _full_output(out, rows, vocab):
@@ -728,6 +771,10 @@ class DrawResult:
     topn_ids: Optional[np.ndarray] = None
     topn_logprobs: Optional[np.ndarray] = None
     full_logprobs: Optional[np.ndarray] = None  # rows x vocab float32, with ``full_logprobs=`` (``out`` if given)
+    # With ``logprob_token_ids=``: one logprob (float32) per id, row after row, and with
+    # ``ranks=True`` one rank (int32) per id.
+    token_logprobs: Optional[np.ndarray] = None
+    token_ranks: Optional[np.ndarray] = None
 
 
 def _config_from_env():

@@ -19,6 +19,7 @@ What is converted and what is checked where:
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Mapping
 
 import numpy as np
@@ -40,6 +41,9 @@ FIELD_ARGUMENTS = {
     "repetition_penalty": "repetition_penalty", "frequency_penalty": "frequency_penalty",
     "presence_penalty": "presence_penalty", "penalty_last_n": "penalty_last_n",
     "min_tokens": "min_tokens", "stop_ids": "stop_token_ids", "stop_offsets": "stop_token_ids",
+    "bad_words_ids": "bad_words", "bad_word_offsets": "bad_words", "bad_words_row_offsets": "bad_words",
+    "forced_tokens": "forced_tokens",
+    "logprob_token_ids": "logprob_token_ids", "logprob_token_offsets": "logprob_token_ids",
 }
 
 _EMPTY_IDS = np.zeros(0, np.int32)
@@ -68,6 +72,50 @@ def step_fields(rows, vocab, keep, prompt_tokens, output_tokens, repetition_pena
     return (prompt[0], prompt[1], output[0], output[1], rep, freq, pres, bias[0], bias[1], bias[2],
             allowed[0], allowed[1], allowed[2], banned[0], banned[1], mask_ptr, mask_stride, last_n,
             min_n, stops[0], stops[1])
+
+
+def parity_fields(rows, vocab, keep, bad_words=None, forced_tokens=None, logprob_token_ids=None):
+    """The 6 values of the batch's parity block (``_call.PARITY_LAYOUT``: bad words' ids, word
+    offsets, row offsets, forced tokens, the ids and offsets of ``logprob_token_ids``),
+    addresses or 0 for NULL; the arrays are appended to ``keep``."""
+    words = bad_words_csr(bad_words, rows) if bad_words is not None else None
+    fields = (0, 0, 0) if words is None else tuple(_addr(a, keep) for a in words)
+    forced = _int32_per_row(forced_tokens, rows, "forced_tokens", keep)
+    given = token_lists(logprob_token_ids, rows, vocab, "logprob_token_ids", keep)
+    return (*fields, forced, *given)
+
+
+def list_entries(offsets_address, rows):
+    """The entry count of a CSR list (its last offset) from the address of its ``rows + 1``
+    offsets, as ``token_lists`` gave it (the array is kept alive by the caller)."""
+    return ctypes.c_uint64.from_address(offsets_address + 8 * rows).value
+
+
+def bad_words_csr(value, rows, name="bad_words"):
+    """``bad_words`` (one entry per row: None or a list of words, each a non-empty list of token
+    ids) as the library's two-level CSR: ``(int32 ids, uint64 word offsets, uint64 row offsets)``.
+    The library checks each id against the vocabulary, naming row, word and position."""
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, (list, tuple)):
+        raise TypeError(f"{name}: must be a list of one list of words (or None) per row, got "
+                        f"{type(value).__name__}")
+    if len(value) != rows:
+        raise ValueError(f"{name}: has {len(value)} rows, the batch has {rows}")
+    ids, word_offsets, row_offsets = [], [0], [0]
+    for r, words in enumerate(value):
+        for w, word in enumerate(words or ()):
+            if is_torch_tensor(word):
+                word = _torch_to_numpy(word, f"{name}[{r}][{w}]")
+            word = np.asarray(word)
+            if word.ndim != 1 or word.size == 0 or not np.issubdtype(word.dtype, np.integer):
+                raise ValueError(f"{name}[{r}][{w}]: must be a non-empty list of token ids")
+            wide = (word < _I32_MIN) | (word > _I32_MAX)
+            if wide.any():
+                p = int(np.argmax(wide))
+                raise ValueError(f"{name}[{r}][{w}]: position {p}: {int(word[p])} does not fit an int32 token id")
+            ids.extend(int(t) for t in word)
+            word_offsets.append(len(ids))
+        row_offsets.append(len(word_offsets) - 1)
+    return (np.array(ids, np.int32), np.array(word_offsets, np.uint64), np.array(row_offsets, np.uint64))
 
 
 def _int32_per_row(value, rows, name, keep):

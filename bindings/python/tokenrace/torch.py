@@ -298,7 +298,10 @@ def _step_arguments(rows, vocab, prompt_token_ids=None, output_token_ids=None, r
     if bitmask is not None:
         step["token_bitmask"] = bitmask
     if bad_words_token_ids:
-        step["banned_tokens"] = _bad_word_bans(bad_words_token_ids, rows, vocab, output)
+        step["bad_words"] = _bad_words(bad_words_token_ids, rows, vocab, output)
+        if output is not None:
+            # The prefix rule reads the whole output (the penalties' window does not apply).
+            step["output_tokens"] = output
     return step
 
 
@@ -357,38 +360,29 @@ def _grammar_words(token_bitmask, shape):
     return words
 
 
-def _bad_word_bans(bad_words, rows, vocab, output):
-    """vLLM's bad words (``{row: [word, ...]}``, each word a list of token ids) as the banned ids
-    of each row, by vLLM's prefix rule (``vllm/v1/sample/ops/bad_words.py``): a word's last token
-    is banned when the row's output ends with the word's other tokens (a one-token word: always).
-    Computed here per row from ``output`` (the CSR history), one comparison per word; the core
-    takes multi-token words itself later, with the rest of the step."""
+def _bad_words(bad_words, rows, vocab, output):
+    """vLLM's bad words (``{row: [word, ...]}``, each word a list of token ids) as the per-row
+    word lists of ``Sampler.draw``'s ``bad_words``, which the library applies by vLLM's prefix
+    rule (``vllm/v1/sample/ops/bad_words.py``): a word's last token is banned when the row's
+    output ends with the word's other tokens (a one-token word: always). Each word is checked
+    here, so that errors name vLLM's argument and the row's word."""
     if not isinstance(bad_words, Mapping):
         raise TypeError(f"bad_words_token_ids: must be a dict {{row: [word, ...]}} (vLLM's form), got "
                         f"{type(bad_words).__name__}")
-    bans = [None] * rows
+    per_row = [None] * rows
     for row, words in bad_words.items():
         if isinstance(row, bool) or not isinstance(row, (int, np.integer)) or not 0 <= row < rows:
             raise ValueError(f"bad_words_token_ids: row {row!r} is outside the batch of {rows} rows")
         name = f"bad_words_token_ids[{row}]"
-        history = None
-        if output is not None:
-            ids, offsets = output
-            history = ids[int(offsets[row]):int(offsets[row + 1])]
-        banned = []
+        checked = []
         for w, word in enumerate(words):
             word = _word_ids(word, vocab, f"{name}[{w}]")
-            prefix = len(word) - 1
-            if prefix and history is None:
-                raise ValueError(f"{name}[{w}]: a word of {prefix + 1} tokens needs output_token_ids (vLLM's prefix "
+            if len(word) > 1 and output is None:
+                raise ValueError(f"{name}[{w}]: a word of {len(word)} tokens needs output_token_ids (vLLM's prefix "
                                  f"rule bans its last token after the output ends with the others)")
-            if prefix > (0 if history is None else history.shape[0]):
-                continue  # the output is shorter than the prefix: nothing to ban yet
-            # Compared as Python ints: a word is a few ids, for which numpy's call overhead dominates.
-            if prefix == 0 or history[history.shape[0] - prefix:].tolist() == word[:-1]:
-                banned.append(word[-1])
-        bans[row] = np.array(banned, np.int32)
-    return bans
+            checked.append(word)
+        per_row[int(row)] = checked
+    return per_row
 
 
 def _word_ids(word, vocab, name):
