@@ -517,7 +517,7 @@ fn c_fields_follow_the_request_state_and_older_callers_do_not_read_them() {
     assert_eq!(offset_of!(tokenrace_batch, xtc_threshold), at + 32);
     assert_eq!(offset_of!(tokenrace_batch, dynatemp_range), at + 40);
     assert_eq!(offset_of!(tokenrace_batch, dynatemp_exponent), at + 48);
-    assert_eq!(size_of::<tokenrace_batch>(), at + 56);
+    assert_eq!(offset_of!(tokenrace_batch, bad_words_ids), at + 56);
     let x = [0.0f32, 0.5, 1.0, 3.0];
     let (xp, xt) = ([1.0f32], [0.03f32]); // every p >= 0.03: XTC keeps the least probable alone
     unsafe {
