@@ -522,8 +522,7 @@ class Sampler(_Closable):
                         ("min_tokens", min_tokens), ("stop_token_ids", stop_token_ids), ("min_keep", min_keep),
                         ("typical_p", typical_p), ("xtc_probability", xtc_probability),
                         ("xtc_threshold", xtc_threshold), ("dynatemp_range", dynatemp_range),
-                        ("dynatemp_exponent", dynatemp_exponent,
-                        ("forced_tokens", forced_tokens)))
+                        ("dynatemp_exponent", dynatemp_exponent), ("forced_tokens", forced_tokens)))
                 state.full_packed = True
                 FULL_LAYOUT.pack_into(state.full_output, FULL_OFFSET, full_ptr, full_stride, full_mode, 0)
             elif state.full_packed:
