@@ -14,7 +14,7 @@ use crate::batch::{inv_temperature, Batch};
 use crate::error::Result;
 use crate::filter::{self, llama::xtc_coin, Filters};
 use crate::kernels::{Kernels, RaceParams, BLOCK};
-use crate::logprob::{block_maxima, row_logprobs, RowInfo};
+use crate::logprob::{block_maxima, row_logprobs_given, RowInfo};
 use crate::row::{RaceNoise, RowValues};
 use crate::step::RowStep;
 
@@ -51,10 +51,12 @@ pub(super) fn draw_range<V: RowValues + ?Sized>(
         .map_err(|e| e.in_row(r))?;
     let Some(slots) = logprobs else { return Ok(drawn) };
     // SAFETY: r is a row of the call, and this task draws it alone.
-    let o = unsafe { slots.row(r) };
+    let (o, given) = unsafe { (slots.row(r), slots.given(r)) };
     let mut bmax = Vec::new();
     let top = block_maxima(k, v, &mut bmax).map_err(|e| e.in_row(r))?;
-    row_logprobs(k, v, &bmax, plan.inv_t(), slots.mode, top, f32::NEG_INFINITY, drawn.token, o)
+    // A forced row's logprobs are its forced token's, as on every other path.
+    let token = batch.forced(r).unwrap_or(drawn.token);
+    row_logprobs_given(k, v, &bmax, plan.inv_t(), slots.mode, (top, f32::NEG_INFINITY), token, o, given)
         .map_err(|e| e.in_row(r))?;
     Ok(Drawn { logprobs_done: true, ..drawn })
 }

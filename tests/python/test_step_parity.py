@@ -160,3 +160,26 @@ def test_logprobs_of_given_ids(tokenrace, rows):
     assert r.token_logprobs is None
     with pytest.raises(ValueError, match=r"batch\.logprob_token_ids\[2\]: position 0 \(entry 3\): 64 is not a token id"):
         s.draw_full(rows, logprob_token_ids=[[0, 5, 5], [], [64], [], [], []])
+
+
+def test_rows_with_typical_or_xtc_report_forced_and_given_logprobs(tokenrace, rows):
+    # Typical sampling and XTC draw a row by a range of values (a path of their own): a forced
+    # token's logprob and the given ids' logprobs are still theirs (RAW: the only mode those rows
+    # report), as on every other path.
+    n, vocab = rows.shape
+    forced = [5, -1, 63, 0, 17, 9]
+    ids = [[0, 5], [1], [63, 2], [], [7], [9, 10]]
+    s = tokenrace.Sampler(0, seed=3)
+    r = s.draw_full(rows, temperature=1.0, typical_p=[0.5, 0.9, 0.7, 1.0, 0.6, 0.8],
+                    xtc_probability=[0.0, 1.0, 0.0, 1.0, 0.0, 1.0], xtc_threshold=0.05,
+                    forced_tokens=np.array(forced, np.int32), logprob_token_ids=ids, ranks=True,
+                    full_logprobs="raw")
+    at = 0
+    for row in range(n):
+        full = r.full_logprobs[row].astype(np.float64)
+        token = forced[row] if forced[row] >= 0 else r.tokens[row]
+        assert r.tokens[row] == token
+        assert abs(r.logprobs[row] - full[token]) <= 1e-5 + 1e-6 * abs(full[token]), row
+        for t in ids[row]:
+            assert abs(r.token_logprobs[at] - full[t]) <= 1e-5 + 1e-6 * abs(full[t]), (row, t)
+            at += 1
