@@ -221,3 +221,53 @@ fn refused_operations_change_nothing() {
     assert!(state.remove(6).unwrap_err().message.contains("request 6 is not in the state"));
     assert_eq!(state.len(), 1);
 }
+
+/// A bad word's prefix is matched against the output the row names: with the state, its
+/// request's output (found by fuzzing: the state's rows once matched against no output at all,
+/// so a word longer than one token never banned anything there).
+#[test]
+fn bad_words_match_the_requests_output() {
+    let vocab = 8usize;
+    // Token 5 is by far the most probable; every row but the first has it banned by a word
+    // whose prefix ends its output.
+    let mut x = vec![0.0f32; 4 * vocab];
+    for r in 0..4 {
+        x[r * vocab + 5] = 30.0;
+    }
+    let mut state = Requests::new();
+    let outputs: [&[i32]; 4] = [&[1, 3], &[1, 2], &[7, 1, 2], &[2]];
+    for (r, o) in outputs.iter().enumerate() {
+        state.add(r as u64, &[4], o).unwrap();
+    }
+    let ids = [0u64, 1, 2, 3];
+    // Row r's words: [1, 2, 5] (bans 5 after ..1, 2), and for row 3 [2, 5].
+    let words = [1, 2, 5, 1, 2, 5, 1, 2, 5, 2, 5];
+    let word_offsets = [0u64, 3, 6, 9, 11];
+    let row_offsets = [0u64, 1, 2, 3, 4];
+    let bad = BadWords { ids: &words, word_offsets: &word_offsets, row_offsets: &row_offsets };
+    let (out_ids, out_offsets): (Vec<i32>, Vec<u64>) = {
+        let mut offs = vec![0u64];
+        let mut ids = Vec::new();
+        for o in outputs {
+            ids.extend_from_slice(o);
+            offs.push(ids.len() as u64);
+        }
+        (ids, offs)
+    };
+    let base = Batch {
+        temperature: Some(&[0.0, 0.0, 1.0, 1.0]),
+        seeds: Some(&[1, 2, 3, 4]),
+        bad_words: Some(bad),
+        ..Batch::new(Logits::F32(&x), 4, vocab)
+    };
+    let with_lists = Batch { output_tokens: Some(TokenLists { ids: &out_ids, offsets: &out_offsets }), ..base };
+    let with_state = Batch { requests: Some(RequestRows { state: &state, ids: &ids }), ..base };
+    common::each_level(|level| {
+        let s = Sampler::new(config(level, 1, ORDERS[0])).unwrap();
+        let a = common::draw(&s, &with_lists);
+        let b = common::draw(&s, &with_state);
+        assert_eq!(a, b, "{level:?}: the state and the lists drew differently");
+        assert_eq!(a.0[0], 5, "{level:?}: row 0's output does not end with the prefix");
+        assert!(a.0[1..].iter().all(|&t| t != 5), "{level:?}: a banned token was drawn: {a:?}");
+    });
+}

@@ -345,9 +345,10 @@ impl<'a> Batch<'a> {
             || bias_bans
     }
 
-    /// The tokens that row `r`'s bad words ban ([`BadWords::banned_after`] of its output list).
+    /// The tokens that row `r`'s bad words ban ([`BadWords::banned_after`] of its output: its
+    /// list's, or its request's).
     pub(crate) fn banned_by_words(&self, r: usize) -> impl Iterator<Item = i32> + 'a {
-        let output = self.output_tokens.map_or(&[][..], |l| l.row(r));
+        let output = self.output_row(r);
         self.bad_words.into_iter().flat_map(move |b| b.banned_after(r, output))
     }
 
