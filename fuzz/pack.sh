@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 SRC=${FUZZ_BIN_DIR:-target/x86_64-unknown-linux-gnu/release}
-TARGETS=${FUZZ_TARGETS:-"draw_c_abi verify_c_abi config_env pool_sequence"}
+TARGETS=${FUZZ_TARGETS:-"draw_c_abi verify_c_abi step_state_c_abi config_env pool_sequence"}
 rm -rf bin && mkdir -p bin
 for t in $TARGETS; do
   strip --strip-debug -o "bin/$t" "$SRC/$t"

@@ -8,7 +8,7 @@
 #   FUZZ_NO_BUILD=1     use the binaries already in FUZZ_BIN_DIR (e.g. copied from another machine;
 #                       a NAME.gz there is unpacked to NAME first)
 #   FUZZ_BIN_DIR=DIR    where the binaries are (default target/x86_64-unknown-linux-gnu/release)
-#   FUZZ_TARGETS="..."  which targets (default: draw_c_abi verify_c_abi config_env pool_sequence)
+#   FUZZ_TARGETS="..."  which targets (default: draw_c_abi verify_c_abi step_state_c_abi config_env pool_sequence)
 #   FUZZ_FORK=N         run each target as N libFuzzer processes (-fork=N; crashes do not stop it)
 #   FUZZ_PARALLEL=1     run every target at once (else one after another)
 #   FUZZ_OUT=DIR        also copy the summary, each log's tail and final stats, and the crash
@@ -21,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 SECS=${1:-600}
-TARGETS=${FUZZ_TARGETS:-"draw_c_abi verify_c_abi config_env pool_sequence"}
+TARGETS=${FUZZ_TARGETS:-"draw_c_abi verify_c_abi step_state_c_abi config_env pool_sequence"}
 BIN_DIR=${FUZZ_BIN_DIR:-target/x86_64-unknown-linux-gnu/release}
 FORK=${FUZZ_FORK:-0}
 

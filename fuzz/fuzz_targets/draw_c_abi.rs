@@ -972,8 +972,9 @@ fn run(data: &[u8]) -> Result<()> {
         stop_ids: stop.ids.ptr(),
         stop_offsets: stop.offsets.ptr(),
         top_n_sigma: nsigma.ptr(),
-        // Not fuzzed yet: the request state (a handle) and llama.cpp's typical, XTC, dynamic
-        // temperature and min_keep (the oracle below has no rule for their kept sets).
+        // The request state, llama.cpp's typical, XTC, dynamic temperature and min_keep, bad
+        // words, forced tokens and given-id logprobs are fuzzed by step_state_c_abi (against
+        // the same draw with lists; the oracle here has no rule for their kept sets).
         requests: std::ptr::null(),
         request_ids: std::ptr::null(),
         min_keep: std::ptr::null(),
@@ -982,7 +983,6 @@ fn run(data: &[u8]) -> Result<()> {
         xtc_threshold: std::ptr::null(),
         dynatemp_range: std::ptr::null(),
         dynatemp_exponent: std::ptr::null(),
-        // Not fuzzed yet: multi-token bad words, forced tokens, the ids whose logprobs are asked.
         bad_words_ids: std::ptr::null(),
         bad_word_offsets: std::ptr::null(),
         bad_words_row_offsets: std::ptr::null(),

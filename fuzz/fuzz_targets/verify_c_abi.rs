@@ -29,7 +29,7 @@ use arbitrary::{Result, Unstructured};
 use common::*;
 use libfuzzer_sys::fuzz_target;
 use std::ffi::c_void;
-use std::mem::size_of;
+use std::mem::{offset_of, size_of};
 use tokenrace::internals::api::*;
 use tokenrace::internals::types::*;
 use tokenrace::SimdLevel;
@@ -193,11 +193,14 @@ fn q_row(u: &mut Unstructured, vocab: usize, at: Option<usize>) -> Result<Vec<f3
 #[repr(C, align(8))]
 struct Aligned512([u8; 512]);
 
-/// The struct in a 512-byte buffer with `struct_size` and bytes after it chosen by the input, and
-/// the status that gives (None: fine).
-fn place<T: Copy>(u: &mut Unstructured, value: T) -> Result<(Box<Aligned512>, Option<u32>)> {
+/// The struct in a 512-byte buffer with `struct_size` and bytes after it chosen by the input,
+/// the status that gives (None: fine) and the size. `v1` is the size of the struct's first
+/// version: a size from it to the whole struct is valid when it ends a field (the fields after
+/// the first version are 8 bytes each), and the fields past it are not seen.
+fn place<T: Copy>(u: &mut Unstructured, value: T, v1: usize) -> Result<(Box<Aligned512>, Option<u32>, usize)> {
     let full = size_of::<T>();
     let size: usize = match u.int_in_range(0..=15u8)? {
+        11 => v1 + 8 * u.int_in_range(0..=(full - v1) / 8)?,
         12 => full + 8 * u.int_in_range(1..=8usize)?,
         13 => u.int_in_range(0..=full)?,
         14 => full - 1,
@@ -214,14 +217,14 @@ fn place<T: Copy>(u: &mut Unstructured, value: T) -> Result<(Box<Aligned512>, Op
         buf.0[at] = u.int_in_range(1..=255u8)?;
         tail_set = true;
     }
-    let expect = if size < full {
-        Some(INVALID_ARGUMENT) // the first version is the whole struct
+    let expect = if size < v1 || (size < full && (size - v1) % 8 != 0) {
+        Some(INVALID_ARGUMENT) // before the first version's end, or inside a later field
     } else if tail_set {
         Some(UNSUPPORTED)
     } else {
         None
     };
-    Ok((buf, expect))
+    Ok((buf, expect, size))
 }
 
 struct Sampler(*mut tokenrace_sampler);
@@ -276,19 +279,21 @@ struct Outs {
     counts: Buf<i32>,
     flags: Buf<u32>,
     logprobs: Buf<u32>,
+    nodes: Buf<i32>,
 }
 
 impl Outs {
-    fn new(h: [Ptr; 4], len: usize, requests: usize) -> Outs {
+    fn new(h: [Ptr; 5], len: usize, requests: usize) -> Outs {
         Outs {
             tokens: filled(h[0], len, TOKEN_SENTINEL),
             counts: filled(h[1], requests, TOKEN_SENTINEL),
             flags: filled(h[2], requests, FLAG_SENTINEL),
             logprobs: filled(h[3], len, LP_SENTINEL),
+            nodes: filled(h[4], len, TOKEN_SENTINEL),
         }
     }
     fn untouched(&self) -> bool {
-        self.tokens.v.iter().chain(&self.counts.v).all(|&x| x == TOKEN_SENTINEL)
+        self.tokens.v.iter().chain(&self.counts.v).chain(&self.nodes.v).all(|&x| x == TOKEN_SENTINEL)
             && self.flags.v.iter().all(|&x| x == FLAG_SENTINEL)
             && self.logprobs.v.iter().all(|&x| x == LP_SENTINEL)
     }
@@ -301,7 +306,7 @@ impl Outs {
             counts: self.counts.ptr() as *mut i32,
             flags: self.flags.ptr() as *mut u32,
             logprobs: self.logprobs.ptr() as *mut f32,
-            accepted_nodes: std::ptr::null_mut(),
+            accepted_nodes: self.nodes.ptr() as *mut i32,
         }
     }
 }
@@ -496,6 +501,44 @@ fn run(data: &[u8]) -> Result<()> {
             _ => u.int_in_range(0..=vocab.max(1) as u32 - 1)? as i32,
         });
     }
+    // --- A draft tree (a third of the calls): node j's parent is -1 (the root) or an earlier node
+    // of its request; rarely one that breaks that rule.
+    let mut tree_invalid = false;
+    let parents: Option<Vec<i32>> = if one_in(u, 3)? {
+        let mut p = Vec::with_capacity(n_drafts);
+        for &c in &counts {
+            let c = c.max(0);
+            for j in 0..c {
+                p.push(if one_in(u, 100)? {
+                    tree_invalid = true;
+                    [j, c, -2, i32::MAX][u.choose_index(4)?]
+                } else {
+                    match u.int_in_range(0..=3u8)? {
+                        0 | 1 => j - 1,
+                        2 => -1,
+                        _ => u.int_in_range(-1..=j - 1)?,
+                    }
+                });
+            }
+        }
+        Some(p)
+    } else {
+        None
+    };
+    let parents_buf = match &parents {
+        Some(p) => {
+            let how = if one_in(u, 150)? { Ptr::Misaligned } else { Ptr::Aligned };
+            tree_invalid |= how == Ptr::Misaligned;
+            Buf::from_vec(how, p.clone())
+        }
+        None => Buf::null(),
+    };
+    // The earlier sibling (global index) of node `d`, in a tree.
+    let first_sibling = |d: usize| -> Option<usize> {
+        let p = parents.as_ref()?;
+        let i = req_of(d);
+        (first_draft[i]..d).find(|&e| p[e] == p[d])
+    };
     let drafts_how = pick_ptr(u, 200)?;
     invalid |= drafts_how == Ptr::Misaligned || (drafts_how == Ptr::Null && n_drafts > 0);
     let drafts_buf = Buf::from_vec(drafts_how, drafts.clone());
@@ -528,6 +571,11 @@ fn run(data: &[u8]) -> Result<()> {
                 let mut v = vec![f32::NAN; n];
                 let st = eff.max(vocab as u64) as usize;
                 for (d, &id) in drafts.iter().enumerate() {
+                    // A tree's siblings are draws from one q: mostly its first sibling's row.
+                    if let Some(e) = first_sibling(d).filter(|_| !one_in(u, 5).unwrap_or(false)) {
+                        v.copy_within(e * st..e * st + vocab, d * st);
+                        continue;
+                    }
                     let r = q_row(u, vocab, (id >= 0 && (id as usize) < vocab).then_some(id as usize))?;
                     v[d * st..d * st + vocab].copy_from_slice(&r);
                 }
@@ -544,6 +592,15 @@ fn run(data: &[u8]) -> Result<()> {
                     invalid |= planned_sampling;
                     if !planned_sampling && sampling(i) {
                         return Ok(()); // whether such a row's q is read is not the rules' to say
+                    }
+                }
+                // Siblings of a sampling request whose rows differ (bit for bit) are refused.
+                if counts.iter().all(|&c| c >= 0) {
+                    for d in 0..n_drafts {
+                        if let Some(e) = first_sibling(d) {
+                            let differ = (0..vocab).any(|t| v[e * st + t].to_bits() != v[d * st + t].to_bits());
+                            tree_invalid |= differ && sampling(req_of(d));
+                        }
                     }
                 }
                 let how = if one_in(u, 150)? { Ptr::Misaligned } else { Ptr::Aligned };
@@ -631,11 +688,11 @@ fn run(data: &[u8]) -> Result<()> {
     let alloc = if len_ok { len } else { 4 };
     let mode = if one_in(u, 30)? { u.int_in_range(2..=5u32)? } else { u.int_in_range(0..=1u32)? };
     invalid |= mode > 1;
-    let mut h = [pick_ptr(u, 60)?, pick_ptr(u, 60)?, pick_ptr(u, 2)?, pick_ptr(u, 2)?];
+    let mut h = [pick_ptr(u, 60)?, pick_ptr(u, 60)?, pick_ptr(u, 2)?, pick_ptr(u, 2)?, pick_ptr(u, 2)?];
     if !len_ok && h[0] == Ptr::Misaligned {
         h[0] = Ptr::Aligned;
     }
-    invalid |= h.contains(&Ptr::Misaligned);
+    invalid |= h[..4].contains(&Ptr::Misaligned); // the accepted nodes' when the struct shows them
     invalid |= (h[0] == Ptr::Null && len > 0) || (h[1] == Ptr::Null && requests > 0);
     let outs = Outs::new(h, alloc, requests);
     let mut out = outs.c(mode, tokens_stride);
@@ -687,10 +744,15 @@ fn run(data: &[u8]) -> Result<()> {
         noise_kind,
         reserved1: 0,
         noise_row_stride: noise_stride,
-        draft_parents: std::ptr::null(),
+        draft_parents: parents_buf.ptr(),
     };
-    let (batch_buf, batch_expect) = place(u, batch)?;
-    let (out_buf, out_expect) = place(u, out)?;
+    let (batch_buf, batch_expect, batch_size) = place(u, batch, offset_of!(tokenrace_verify_batch, draft_parents))?;
+    let (out_buf, out_expect, out_size) = place(u, out, offset_of!(tokenrace_verify_output, accepted_nodes))?;
+    // The tree and the accepted nodes only where the structs' sizes show them.
+    let tree_seen = batch_size >= BATCH_SIZE && parents.is_some();
+    let nodes_seen = out_size >= OUTPUT_SIZE && outs.nodes.given();
+    invalid |= tree_seen && tree_invalid;
+    invalid |= nodes_seen && outs.nodes.misaligned();
     let expect = batch_expect.or(out_expect).or(invalid.then_some(INVALID_ARGUMENT)).unwrap_or(OK);
 
     let inputs = || {
@@ -709,6 +771,7 @@ fn run(data: &[u8]) -> Result<()> {
             seeded.bytes(),
             uniforms.bytes(),
             noise.bytes(),
+            parents_buf.bytes(),
         ]
         .concat()
     };
@@ -726,7 +789,7 @@ fn run(data: &[u8]) -> Result<()> {
     assert!(batch_buf.0 == bb && out_buf.0 == ob, "tokenrace_verify wrote into a struct");
     assert!(inputs() == before, "tokenrace_verify wrote into its inputs");
     if verbose() {
-        eprintln!("verify: {} requests {requests} drafts {n_drafts} vocab {vocab} {err}", status_name(st));
+        eprintln!("verify: {} requests {requests} drafts {n_drafts} vocab {vocab} tree {tree_seen} nodes {nodes_seen} {err}", status_name(st));
     }
     assert_eq!(
         st,
@@ -756,15 +819,47 @@ fn run(data: &[u8]) -> Result<()> {
                 assert_eq!(t, -1, "request {i}: position {j} after the {n} emitted tokens");
             }
         }
-        assert_eq!(&toks[..n - 1], &ds[..n - 1], "request {i}: accepted tokens are not the drafts");
-        if !sampling(i) {
-            for j in 0..n {
-                let want = argmax(row(first_row[i] + j));
-                assert_eq!(toks[j] as usize, want, "greedy request {i}: token {j} is not the argmax");
-                if j + 1 == n && j < c {
-                    assert_ne!(ds[j], want as i32, "greedy request {i}: the argmax draft {j} was rejected");
+        // Node j's parent: the tree's, or a chain's j - 1.
+        let parent = |j: usize| match (&parents, tree_seen) {
+            (Some(p), true) => p[first_draft[i] + j],
+            _ => j as i32 - 1,
+        };
+        // The accepted path: the nodes output, or (without it) some path whose drafts are the
+        // emitted tokens.
+        if nodes_seen {
+            let nodes = &outs.nodes.v[i * w..(i + 1) * w];
+            let mut at = -1i32;
+            for (k, &node) in nodes.iter().enumerate().take(c + 1) {
+                if k + 1 < n {
+                    assert!(node >= 0 && (node as usize) < c, "request {i}: accepted node {k} is {node}");
+                    assert_eq!(parent(node as usize), at, "request {i}: accepted node {k} is not a child of the last");
+                    assert_eq!(toks[k], ds[node as usize], "request {i}: token {k} is not its node's draft");
+                    at = node;
+                } else {
+                    assert_eq!(node, -1, "request {i}: accepted nodes position {k} after the path");
                 }
             }
+        } else {
+            let mut frontier = vec![-1i32];
+            for (k, &t) in toks.iter().enumerate().take(n - 1) {
+                frontier = (0..c).filter(|&j| frontier.contains(&parent(j)) && ds[j] == t).map(|j| j as i32).collect();
+                assert!(!frontier.is_empty(), "request {i}: token {k} ({t}) ends no path of drafts");
+            }
+        }
+        if !sampling(i) {
+            // From the root, the first child whose draft is the row's argmax, until none is;
+            // then that argmax. A node's row is the request's first row + 1 + its index.
+            let (mut at, mut r, mut k) = (-1i32, first_row[i], 0usize);
+            loop {
+                let want = argmax(row(r));
+                assert!(k < n, "greedy request {i}: fewer tokens than its argmax path");
+                assert_eq!(toks[k] as usize, want, "greedy request {i}: token {k} is not the argmax");
+                match (0..c).find(|&j| parent(j) == at && ds[j] == want as i32) {
+                    Some(j) => (at, r, k) = (j as i32, first_row[i] + 1 + j, k + 1),
+                    None => break,
+                }
+            }
+            assert_eq!(k + 1, n, "greedy request {i}: more tokens than its argmax path");
         }
         if outs.logprobs.given() {
             for (j, &l) in outs.logprobs.v[i * w..(i + 1) * w].iter().enumerate() {
@@ -784,10 +879,13 @@ fn run(data: &[u8]) -> Result<()> {
             assert_eq!(outs.counts.at(i), o.counts.at(i), "{what}: request {i}: count");
             assert_eq!(outs.tokens.v[r.clone()], o.tokens.v[r.clone()], "{what}: request {i}: tokens");
             if outs.logprobs.given() {
-                assert_eq!(outs.logprobs.v[r.clone()], o.logprobs.v[r], "{what}: request {i}: logprobs");
+                assert_eq!(outs.logprobs.v[r.clone()], o.logprobs.v[r.clone()], "{what}: request {i}: logprobs");
             }
             if outs.flags.given() {
                 assert_eq!(outs.flags.at(i), o.flags.at(i), "{what}: request {i}: flags");
+            }
+            if nodes_seen {
+                assert_eq!(outs.nodes.v[r.clone()], o.nodes.v[r], "{what}: request {i}: accepted nodes");
             }
         }
     };
