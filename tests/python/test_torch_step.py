@@ -202,6 +202,70 @@ def test_every_input_at_once_with_logprobs_and_generators(tt, torch, x):
     np.testing.assert_array_equal(np.asarray(lp.selected_token_ranks), want.ranks)
 
 
+def log_softmax64(x):
+    z = x.astype(np.float64)
+    z = z - z.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
+
+def test_forced_tokens_return_their_token_with_its_logprob(tt, torch, x):
+    forced = np.array([-1, 7, -1, 0], np.int64)
+    tokens, lp = tt.sample(tensor(torch, x), 0.8, seeds=tensor(torch, SEEDS.astype(np.int64)),
+                           forced_tokens=tensor(torch, forced), logprobs=1)
+    tokens = np.asarray(tokens)
+    # The forced rows return their token, the drawn rows what they draw without any forced row.
+    free = expected(x, temperature=0.8)
+    np.testing.assert_array_equal(tokens, np.where(forced >= 0, forced, free))
+    # Raw logprobs: of the logits as given, the forced token's as if it had been drawn.
+    ref = log_softmax64(x)
+    np.testing.assert_allclose(np.asarray(lp.logprobs)[:, 0], ref[np.arange(ROWS), tokens], atol=1e-5)
+    ranks = np.asarray(lp.selected_token_ranks)
+    for r in range(ROWS):
+        assert ranks[r] == 1 + int((x[r] > x[r, tokens[r]]).sum()), r
+
+
+def test_logprob_token_ids_in_vllms_layout(tt, torch, x):
+    given = [[3, 5, 3], None, [39], []]
+    tokens, lp = tt.sample(tensor(torch, x), 1.0, seeds=tensor(torch, SEEDS.astype(np.int64)), logprobs=2,
+                           logprob_token_ids=given)
+    ids, values = np.asarray(lp.logprob_token_ids), np.asarray(lp.logprobs)
+    assert ids.shape == (ROWS, 4) and values.shape == (ROWS, 4)
+    ref = log_softmax64(x)
+    np.testing.assert_array_equal(ids[:, 0], np.asarray(tokens))
+    np.testing.assert_array_equal(np.asarray(tokens), expected(x))
+    for r, g in enumerate(given):
+        if g:
+            np.testing.assert_array_equal(ids[r, 1:1 + len(g)], g)
+            np.testing.assert_allclose(values[r, 1:1 + len(g)], ref[r, g], atol=1e-5)
+            assert (ids[r, 1 + len(g):] == 0).all() and np.isneginf(values[r, 1 + len(g):]).all()
+        else:
+            top = np.argsort(-x[r], kind="stable")[:2]
+            np.testing.assert_array_equal(ids[r, 1:3], top)
+            np.testing.assert_allclose(values[r, 1:3], ref[r, top], atol=1e-5)
+            assert ids[r, 3] == 0 and np.isneginf(values[r, 3])
+    # The dict form and no top-n: width 1 + the longest list.
+    _, lp2 = tt.sample(tensor(torch, x), 1.0, seeds=tensor(torch, SEEDS.astype(np.int64)),
+                       logprob_token_ids={2: [1, 2]})
+    assert np.asarray(lp2.logprob_token_ids).shape == (ROWS, 3)
+    np.testing.assert_allclose(np.asarray(lp2.logprobs)[2, 1:], ref[2, [1, 2]], atol=1e-5)
+    assert np.isneginf(np.asarray(lp2.logprobs)[[0, 1, 3], 1:]).all()
+
+
+def test_bad_forced_tokens_and_given_ids_are_refused_and_put_the_generators_back(tt, torch, tokenrace, x):
+    for kwargs, error, message in [
+        (dict(forced_tokens=[-1, VOCAB, -1, -1]), tokenrace.InvalidArgumentError, r"forced_tokens\[1\]"),
+        (dict(logprob_token_ids=[[1], [VOCAB], [], []]), tokenrace.InvalidArgumentError, r"logprob_token_ids"),
+        (dict(logprob_token_ids=[[1]]), ValueError, r"logprob_token_ids: has 1 rows, logits have 4"),
+        (dict(logprob_token_ids={4: [1]}), ValueError, r"logprob_token_ids: key 4 is not a row"),
+    ]:
+        gens = {1: torch.Generator().manual_seed(5)}
+        twin = torch.Generator().manual_seed(5)
+        with pytest.raises(error, match=message):
+            tt.sample(tensor(torch, x), 1.0, generators=gens, **kwargs)
+        assert torch.randint(0, 2**31, (1,), generator=gens[1], dtype=torch.long).item() == \
+            torch.randint(0, 2**31, (1,), generator=twin, dtype=torch.long).item(), kwargs
+
+
 # -- refusals -----------------------------------------------------------------------------------
 
 

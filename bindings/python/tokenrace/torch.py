@@ -436,7 +436,7 @@ def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generator
            positions=None, logprobs=None, out=None, sampler=None, prompt_token_ids=None, output_token_ids=None,
            repetition_penalties=None, frequency_penalties=None, presence_penalties=None, no_penalties=False,
            allowed_token_ids_mask=None, bad_words_token_ids=None, logit_bias=None, token_bitmask=None,
-           penalty_last_n=None, requests=None, request_ids=None):
+           penalty_last_n=None, requests=None, request_ids=None, forced_tokens=None, logprob_token_ids=None):
     """One fused sampling step, replacing vLLM's ``Sampler.sample`` (and with the sampling
     step's arguments below, the masks, bias and penalties of ``Sampler.forward`` before it).
 
@@ -489,6 +489,16 @@ def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generator
         request, appended to after each step) and one request id per row (a list or an integer
         tensor [rows]), instead of ``prompt_token_ids``/``output_token_ids`` (then None): the
         same tokens, bit for bit, without converting the histories every step.
+    forced_tokens: None, or an int tensor (or list) [rows]: a token id that the row returns
+        instead of drawing (a thinking budget's end marker, a replayed trace), -1 to draw; its
+        logprobs and rank are reported as if it had been drawn, and its noise is consumed as a
+        drawn row's, so the other rows are unchanged (docs/semantics.md, forced tokens).
+    logprob_token_ids: None, or per row the token ids whose logprobs are wanted (vLLM's
+        ``logprob_token_ids``): a list with a list (or None) per row, or ``{row: [ids]}``. The
+        ``LogprobsTensors`` then has vLLM's layout: column 0 the sampled token, then per row its
+        given ids (in order) or, for a row without any, the top ``logprobs``; ``1 + max(logprobs,
+        longest list)`` columns, unused cells id 0 with logprob -inf. Implies ``logprobs=0`` when
+        ``logprobs`` is None.
 
     Returns the int64 token ids [rows] (or ``out``), with the ``LogprobsTensors`` when
     ``logprobs`` is given: ``(ids, logprobs_tensors)``; torch tensors, the logprobs over the
@@ -501,6 +511,10 @@ def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generator
     if sampler is not None and not isinstance(sampler, Sampler):
         raise TypeError(f"sampler: must be a tokenrace.Sampler, got {type(sampler).__name__}")
     n = None if logprobs is None else _top_count(logprobs, logits.shape[1])
+    given = None if logprob_token_ids is None else _given_lists(logprob_token_ids, rows)
+    if given is not None and n is None:
+        n = 0
+    forced = None if forced_tokens is None else _as_numpy(forced_tokens)
     _check_out(out, rows)
     step = _step_arguments(
         rows, logits.shape[1], prompt_token_ids=prompt_token_ids, output_token_ids=output_token_ids,
@@ -514,15 +528,63 @@ def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generator
     # generators back.
     row_seeds, seeded, offsets, draws = _seed_arguments(generators, seeds, positions, rows)
     draw_args = dict(temperature=temperature, seeds=row_seeds, seeded=seeded, offsets=offsets,
-                     top_k=top_k, top_p=top_p, min_p=min_p, requests=requests, request_ids=request_ids, **step)
+                     top_k=top_k, top_p=top_p, min_p=min_p, requests=requests, request_ids=request_ids,
+                     forced_tokens=forced, **step)
     try:
         if n is None:
             return _tokens_tensor(sampler.draw(logits, **draw_args), out)
+        if given is not None:
+            draw_args["logprob_token_ids"] = given
         result = sampler.draw_full(logits, logprobs=n, ranks=True, logprob_mode="raw", **draw_args)
     except BaseException:
         draws.restore()
         raise
+    if given is not None:
+        return _tokens_tensor(result.tokens, out), _logprobs_with_given(result, rows, n, given)
     return _tokens_tensor(result.tokens, out), _logprobs_tensors(result, rows, n)
+
+
+def _given_lists(value, rows):
+    """``logprob_token_ids`` as one list of ints per row (an empty one: none)."""
+    if isinstance(value, Mapping):
+        lists = [[] for _ in range(rows)]
+        for row, ids in value.items():
+            if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < rows:
+                raise ValueError(f"logprob_token_ids: key {row!r} is not a row in [0, {rows})")
+            lists[row] = [] if ids is None else [int(t) for t in ids]
+        return lists
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+        raise TypeError("logprob_token_ids: must be a list of per-row id lists or {row: [ids]}, got "
+                        f"{type(value).__name__}")
+    if len(value) != rows:
+        raise ValueError(f"logprob_token_ids: has {len(value)} rows, logits have {rows}")
+    return [[] if ids is None else [int(t) for t in ids] for ids in value]
+
+
+def _logprobs_with_given(result, rows, n, given) -> LogprobsTensors:
+    """vLLM's layout with per-request token ids: the sampled token, then a row's given ids in
+    place of its top n (a row without any keeps its top n); cells past a row's entries hold id 0
+    and -inf."""
+    lengths = np.fromiter((len(g) for g in given), dtype=np.int64, count=rows)
+    width = 1 + max(n, int(lengths.max(initial=0)))
+    ids = np.zeros((rows, width), dtype=np.int32)
+    values = np.full((rows, width), -np.inf, dtype=np.float32)
+    ids[:, 0] = _as_numpy(result.tokens)
+    values[:, 0] = _as_numpy(result.logprobs)
+    token_logprobs = _as_numpy(result.token_logprobs)
+    topn_ids, topn_lps = (_as_numpy(result.topn_ids), _as_numpy(result.topn_logprobs)) if n else (None, None)
+    start = 0
+    for r in range(rows):
+        k = int(lengths[r])
+        if k:
+            ids[r, 1:1 + k] = given[r]
+            values[r, 1:1 + k] = token_logprobs[start:start + k]
+            start += k
+        elif n:
+            ids[r, 1:1 + n] = topn_ids[r]
+            values[r, 1:1 + n] = topn_lps[r]
+    return LogprobsTensors(torch.from_numpy(ids), torch.from_numpy(values),
+                           torch.from_numpy(_as_numpy(result.ranks).astype(np.int64)))
 
 
 def _top_count(logprobs, vocab):
