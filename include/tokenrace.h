@@ -785,6 +785,21 @@ enum tokenrace_status tokenrace_draw(struct tokenrace_sampler *sampler,
                                      const struct tokenrace_batch *batch,
                                      struct tokenrace_output *out);
 
+// Scores given tokens without drawing (prompt logprobs): row r's `targets[r]` takes the place
+// of the drawn token, and `out` receives its logprob, rank, top-n, given-id logprobs and flags
+// exactly as `tokenrace_draw()` reports a drawn token's; `out->tokens` receives the targets.
+// No noise is used: the sampler's stream and pool, and every later draw, are as if the call
+// had not happened. The batch takes every input of a draw but `seeds`, `offsets`, `seeded`,
+// `noise` and `forced_tokens` (refused: they choose a draw's noise or token). On failure
+// nothing is written to `out`'s arrays, and `tokenrace_last_error()` names the argument.
+//
+// # Safety
+// As `tokenrace_draw()`; `targets` points to `batch->rows` readable int32 ids.
+enum tokenrace_status tokenrace_score(struct tokenrace_sampler *sampler,
+                                      const struct tokenrace_batch *batch,
+                                      const int32_t *targets,
+                                      struct tokenrace_output *out);
+
 // The default pool settings (the `TOKENRACE_POOL_*` defaults of docs/configuration.md), with
 // `struct_size` set. `vocab` is 0 and must be set before `tokenrace_pool_new()`.
 struct tokenrace_pool_config tokenrace_pool_config_default(void);

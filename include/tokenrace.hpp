@@ -82,6 +82,7 @@ namespace tokenrace {
   X(sampler_simd_level)            \
   X(sampler_get_stats)             \
   X(draw)                          \
+  X(score)                         \
   X(pool_config_default)           \
   X(pool_config_from_env)          \
   X(pool_new)                      \
@@ -1319,6 +1320,39 @@ class Sampler {
   // sampled token's rank, and the full-vocabulary values (into DrawResult::full_logprobs unless
   // the options give memory for them).
   DrawResult draw_full(const Logits& logits, const DrawOptions& options = DrawOptions()) {
+    return full(logits, options, [this](const tokenrace_batch& batch, tokenrace_output& out) { draw(batch, out); });
+  }
+
+  // The general score call: a tokenrace_batch and tokenrace_output filled by the caller.
+  void score(const tokenrace_batch& batch, const int32_t* targets, tokenrace_output& out) {
+    library_.check(api().score(live(), &batch, targets, &out));
+  }
+
+  // Scores the given tokens without drawing (prompt logprobs): `targets` holds one id per row,
+  // and the result is what draw_full reports for those tokens as if drawn (tokens = targets),
+  // with no noise used (docs/semantics.md, "Scoring given tokens"). The options' seeds,
+  // offsets, seeded rows, noise and forced tokens are refused.
+  DrawResult score_full(const Logits& logits, Span<int32_t> targets, const DrawOptions& options = DrawOptions()) {
+    return full(logits, options, [this, &targets](const tokenrace_batch& batch, tokenrace_output& out) {
+      if (targets.has_size() && targets.size() != batch.rows) {
+        throw Error(TOKENRACE_STATUS_INVALID_ARGUMENT, "tokenrace_score: targets: has " + std::to_string(targets.size()) +
+                                                           " elements, the logits have " + std::to_string(batch.rows) + " rows");
+      }
+      score(batch, targets.data(), out);
+    });
+  }
+
+  // score_full with the options' top_n, logprob mode and ranks replaced by these.
+  DrawResult score_full(const Logits& logits, Span<int32_t> targets, const DrawOptions& options,
+                        uint32_t top_n, tokenrace_logprob_mode mode = TOKENRACE_LOGPROB_MODE_RAW, bool ranks = false) {
+    DrawOptions asked = options;
+    return score_full(logits, targets, asked.top_n(top_n).logprob_mode(mode).ranks(ranks));
+  }
+
+ private:
+  // The outputs of draw_full and score_full, filled by `call` on the prepared batch.
+  template <class Call>
+  DrawResult full(const Logits& logits, const DrawOptions& options, Call call) {
     const DrawBatch batch = options.batch(logits);
     const size_t rows = logits.rows;
     const uint32_t top_n = options.top_n_;
@@ -1348,9 +1382,11 @@ class Sampler {
       out.full_logprobs = result.full_logprobs.data();
       out.full_mode = *options.full_mode_;
     }
-    draw(batch, out);
+    call(batch, out);
     return result;
   }
+
+ public:
 
   // draw_full with the options' top_n, logprob mode and ranks replaced by these.
   DrawResult draw_full(const Logits& logits, const DrawOptions& options, uint32_t top_n,

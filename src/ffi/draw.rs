@@ -378,3 +378,60 @@ pub unsafe extern "C" fn tokenrace_draw(
         }
     })
 }
+
+/// Scores given tokens without drawing (prompt logprobs): row r's `targets[r]` takes the place
+/// of the drawn token, and `out` receives its logprob, rank, top-n, given-id logprobs and flags
+/// exactly as `tokenrace_draw()` reports a drawn token's; `out->tokens` receives the targets.
+/// No noise is used: the sampler's stream and pool, and every later draw, are as if the call
+/// had not happened. The batch takes every input of a draw but `seeds`, `offsets`, `seeded`,
+/// `noise` and `forced_tokens` (refused: they choose a draw's noise or token). On failure
+/// nothing is written to `out`'s arrays, and `tokenrace_last_error()` names the argument.
+///
+/// # Safety
+/// As `tokenrace_draw()`; `targets` points to `batch->rows` readable int32 ids.
+#[no_mangle]
+pub unsafe extern "C" fn tokenrace_score(
+    sampler: *mut tokenrace_sampler,
+    batch: *const tokenrace_batch,
+    targets: *const i32,
+    out: *mut tokenrace_output,
+) -> tokenrace_status {
+    guard("tokenrace_score", || {
+        // SAFETY: the caller's contract for `sampler`, `batch`, `targets` and `out`.
+        unsafe {
+            let s = sampler.as_ref().ok_or_else(|| Error::invalid_argument("sampler: is NULL"))?;
+            let read = || -> Result<_> {
+                let b = read_versioned(batch, "batch")?;
+                let o = read_versioned(out as *const tokenrace_output, "out")?;
+                Ok((b, o))
+            };
+            let (b, o) = read().inspect_err(|_| s.inner.count_rejected())?;
+            let state = b.requests.as_ref().map(|q| q.inner.read());
+            let batch = batch_from_c(&b, state.as_deref()).inspect_err(|_| s.inner.count_rejected())?;
+            let targets = score_targets(targets, batch.rows).inspect_err(|_| s.inner.count_rejected())?;
+            // The targets are read as the draw reads forced tokens: no output may overlap them.
+            let seen = Batch { forced_tokens: batch.forced_tokens.or(Some(targets)), ..batch };
+            let (mut output, arrays) = output_from_c(&o, &seen).inspect_err(|_| s.inner.count_rejected())?;
+            if let Some(overlap) = arrays.overlap() {
+                s.inner.count_rejected();
+                return Err(overlap);
+            }
+            s.inner.score(&batch, targets, &mut output)
+        }
+    })
+}
+
+/// The score call's targets: `rows` ids from the caller's pointer (NULL only for no rows).
+///
+/// # Safety
+/// A non-NULL `targets` points to `rows` readable ids.
+unsafe fn score_targets<'a>(targets: *const i32, rows: usize) -> Result<&'a [i32]> {
+    if targets.is_null() {
+        return if rows == 0 { Ok(&[]) } else { Err(Error::invalid_argument("targets: is NULL")) };
+    }
+    if !(targets as usize).is_multiple_of(4) {
+        return Err(Error::invalid_argument("targets: is not aligned to 4 bytes"));
+    }
+    // SAFETY: non-NULL, aligned, `rows` ids by the caller's contract (rows < 2^32).
+    Ok(unsafe { std::slice::from_raw_parts(targets, rows) })
+}

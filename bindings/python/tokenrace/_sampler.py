@@ -561,6 +561,36 @@ class Sampler(_Closable):
         finally:
             state.in_use = False  # release_state(), inlined
 
+    def score(self, logits, targets, **options):
+        """Scores given tokens without drawing (prompt logprobs over many positions in one call):
+        row r's ``targets[r]`` (one id per row, in [0, vocab)) takes the place of the drawn token,
+        and the result is ``draw_full``'s for those tokens as if drawn: ``r.tokens`` the
+        targets, their logprobs in ``logprob_mode``, ranks, top-n, given-id logprobs and flags,
+        bit for bit (docs/semantics.md, "Scoring given tokens"). No noise is used: this
+        sampler's stream and pool, and every later draw, are as if the call had not happened.
+        ``options`` are ``draw_full``'s but ``seeds``, ``offsets``, ``seeded``, ``noise`` and
+        ``forced_tokens``, which choose a draw's noise or token (TypeError). The C function is
+        ``tokenrace_score``."""
+        for name in ("seeds", "offsets", "seeded", "noise", "forced_tokens"):
+            if options.get(name) is not None:
+                raise TypeError(f"score: {name} is not read by a score call (its tokens are the targets, "
+                                "drawn with no noise)")
+        rows = logits.shape[0] if len(logits.shape) == 2 else 1
+        vocab = logits.shape[-1]
+        ids = np.asarray(targets.numpy() if is_torch_tensor(targets) else targets)
+        if ids.ndim != 1 or ids.shape[0] != rows:
+            raise ValueError(f"targets: has shape {ids.shape}, the logits have {rows} rows")
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"targets: must hold integers, got {ids.dtype}")
+        bad = (ids < 0) | (ids >= vocab)
+        if bad.any():
+            r = int(np.argmax(bad))
+            raise ValueError(f"targets[{r}]: {int(ids[r])} is not a token id in [0, {vocab})")
+        # Every row seeded (any seed): a seeded row takes no key from the stream, and a forced
+        # row reports its token as drawn, so the scores are the draw's own (as tokenrace_score).
+        return self.draw_full(logits, forced_tokens=ids.astype(np.int32), seeds=np.zeros(rows, np.uint64),
+                              **options)
+
     # -- speculative decoding ------------------------------------------------------------------
 
     def verify(self, target_logits, draft_tokens, draft_counts, *, draft_probs=None, temperature=None,
