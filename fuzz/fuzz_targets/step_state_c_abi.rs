@@ -20,6 +20,8 @@
 //!   the row was left empty), logprobs are never NaN nor above 0, ranks lie in [1, vocab];
 //! - after the last step, one more valid call on A, B and C gives the same tokens: a refused call
 //!   moved no sampler's noise stream.
+//! - `tokenrace_score` of A's drawn tokens on a fourth sampler D reports what A reported for them
+//!   (flags, logprobs, ranks, top-n, given-id logprobs), and D's stream never moves.
 
 #![no_main]
 
@@ -287,10 +289,24 @@ impl Call {
     }
 
     fn draw(&self, s: &Sampler, vocab: usize, state: Option<&State>) -> (u32, Outputs) {
+        self.call(s, vocab, state, None)
+    }
+
+    /// `tokenrace_score` of `targets` with this call's other inputs (no seeds, offsets or
+    /// forced tokens: the score refuses them).
+    fn score(&self, s: &Sampler, vocab: usize, targets: &[i32]) -> (u32, Outputs) {
+        self.call(s, vocab, None, Some(targets))
+    }
+
+    fn call(&self, s: &Sampler, vocab: usize, state: Option<&State>, targets: Option<&[i32]>) -> (u32, Outputs) {
         let rows = self.rows.temperature.len();
         let given = *self.given.1.last().unwrap() as usize;
         let mut o = Outputs::new(rows, self.top_n as usize, given);
-        let batch = self.batch(vocab, state);
+        let mut batch = self.batch(vocab, state);
+        if targets.is_some() {
+            (batch.seeds, batch.offsets, batch.seeded, batch.forced_tokens) =
+                (std::ptr::null(), std::ptr::null(), std::ptr::null(), std::ptr::null());
+        }
         // SAFETY: all-zero is "every output off"; the arrays set below hold what the call writes.
         let mut out: tokenrace_output = unsafe { std::mem::zeroed() };
         out.struct_size = std::mem::size_of::<tokenrace_output>() as u32;
@@ -304,11 +320,15 @@ impl Call {
         out.topn_logprobs = o.topn_logprobs.as_mut_ptr().cast();
         out.token_logprobs = o.token_logprobs.as_mut_ptr().cast();
         out.token_ranks = o.token_ranks.as_mut_ptr();
-        // SAFETY: every pointer covers what the batch claims.
-        let st = code(unsafe { tokenrace_draw(s.0, &batch, &mut out) }, "tokenrace_draw");
-        check_last_error(st, "tokenrace_draw");
+        // SAFETY: every pointer covers what the batch claims; targets hold one id a row.
+        let (st, name) = match targets {
+            None => (unsafe { tokenrace_draw(s.0, &batch, &mut out) }, "tokenrace_draw"),
+            Some(t) => (unsafe { tokenrace_score(s.0, &batch, t.as_ptr(), &mut out) }, "tokenrace_score"),
+        };
+        let st = code(st, name);
+        check_last_error(st, name);
         if st != OK {
-            assert_eq!(o, Outputs::new(rows, self.top_n as usize, given), "a refused draw wrote its output");
+            assert_eq!(o, Outputs::new(rows, self.top_n as usize, given), "a refused {name} wrote its output");
         }
         (st, o)
     }
@@ -465,9 +485,10 @@ fn run(data: &[u8]) -> Result<()> {
         return Ok(());
     }
     let max_rows = 8;
-    let (Some(a), Some(b), Some(c)) = (
+    let (Some(a), Some(b), Some(c), Some(d)) = (
         new_sampler(seed, 0, 1, max_rows),
         new_sampler(seed, simd_b, threads_b, max_rows),
+        new_sampler(seed, 0, 1, max_rows),
         new_sampler(seed, 0, 1, max_rows),
     ) else {
         panic!("a valid config was refused: {}", last_error());
@@ -580,6 +601,28 @@ fn run(data: &[u8]) -> Result<()> {
         check_success(&out_a, &call, &reqs, &row_req, vocab);
         let (st_c, out_c) = call.draw(&c, vocab, None);
         assert_eq!((st_c, &out_c.tokens), (OK, &out_a.tokens), "the shadow sampler drew other tokens");
+        // The score of the drawn tokens reports what the draw reported for them (a row left
+        // empty aside: its token 0 is scored as a banned forced token), on a sampler whose
+        // stream no score moves.
+        let (st_d, out_d) = call.score(&d, vocab, &out_a.tokens);
+        assert_eq!(st_d, OK, "score: {}", last_error());
+        for i in 0..n_rows {
+            if out_a.flags[i] & FLAG_EMPTY != 0 {
+                continue;
+            }
+            let n = call.top_n as usize;
+            let what = format!("score of row {i}'s drawn token");
+            assert_eq!(out_d.tokens[i], out_a.tokens[i], "{what}");
+            assert_eq!(out_d.flags[i], out_a.flags[i], "{what}: flags");
+            assert_eq!(out_d.logprobs[i], out_a.logprobs[i], "{what}: logprob");
+            assert_eq!(out_d.ranks[i], out_a.ranks[i], "{what}: rank");
+            assert_eq!(out_d.topn_ids[i * n..(i + 1) * n], out_a.topn_ids[i * n..(i + 1) * n], "{what}: top-n");
+            assert_eq!(out_d.topn_logprobs[i * n..(i + 1) * n], out_a.topn_logprobs[i * n..(i + 1) * n], "{what}");
+        }
+        if out_a.flags.iter().all(|f| f & FLAG_EMPTY == 0) {
+            assert_eq!(out_d.token_logprobs, out_a.token_logprobs, "score: the given ids' logprobs");
+            assert_eq!(out_d.token_ranks, out_a.token_ranks, "score: the given ids' ranks");
+        }
 
         // Keep the drawn tokens: the lists on the host, the state through append, one token a
         // row (a draw's tokens) or as a list per row (a verify call's accepted tokens).
@@ -628,6 +671,9 @@ fn run(data: &[u8]) -> Result<()> {
         assert_eq!((sa, sb, sc), (OK, OK, OK), "{}", last_error());
         assert_eq!(oa, ob, "final call: the state and the lists differ");
         assert_eq!(oa, oc, "final call: a refused call moved a noise stream");
+        // D only scored: its stream is where a fresh sampler's is.
+        let fresh = new_sampler(seed, 0, 1, max_rows).unwrap();
+        assert_eq!(call.draw(&d, vocab, None), call.draw(&fresh, vocab, None), "a score moved the stream");
     }
     Ok(())
 }
