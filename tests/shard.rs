@@ -377,6 +377,124 @@ mod c_abi {
     }
 
     #[test]
+    fn c_filtered_sharded_draws_equal_the_unsharded_draw() {
+        // top-k candidates, the cut's rounds and the race with its floors through the C calls.
+        let mut rng = TestRng::new(37);
+        let (vocab, rows) = (3000, 12);
+        for ranks in [1, 2, 4, 7] {
+            let x: Vec<f32> = (0..rows)
+                .flat_map(|_| {
+                    let d = pick_dist(&mut rng);
+                    gen_row(&mut rng, d, vocab)
+                })
+                .collect();
+            let st = Settings::random(&mut rng, rows);
+            let f = Filters::random(&mut rng, rows, vocab);
+            let cuts = random_cuts(&mut rng, vocab, ranks);
+            let base = Sampler::new(Config { seed: Some(12), max_rows: 64, ..Config::default() }).unwrap();
+            let want = whole_filtered(&base, &x, rows, vocab, &st, &f);
+            let samplers: Vec<_> = (0..ranks).map(|_| c_sampler(12)).collect();
+            let rows_of = |q: usize| tokenrace_shard_rows {
+                top_k: f.top_k.as_ptr(),
+                top_p: f.top_p.as_ptr(),
+                ..c_rows(&x, rows, vocab, (cuts[q], cuts[q + 1]), &st)
+            };
+            let ok = |status: tokenrace_status| assert_eq!(status, tokenrace_status::Ok, "{}", last_error());
+            let width = vocab / 2;
+            let mut tops = vec![tokenrace_shard_partial::default(); ranks * rows];
+            let mut cands = vec![0f32; ranks * rows * width];
+            for q in 0..ranks {
+                // SAFETY: valid structs, outputs of the sizes the calls write.
+                unsafe {
+                    ok(tokenrace_shard_top(samplers[q], &rows_of(q), tops[q * rows..].as_mut_ptr()));
+                    ok(tokenrace_shard_top_k_candidates(
+                        &rows_of(q),
+                        width as u32,
+                        cands[q * rows * width..].as_mut_ptr(),
+                    ));
+                }
+            }
+            let mut combined = vec![tokenrace_shard_row::default(); rows];
+            // SAFETY: as above.
+            ok(unsafe { tokenrace_shard_combine_top(tops.as_ptr(), ranks as u32, rows as u32, combined.as_mut_ptr()) });
+            let mut state = vec![tokenrace_shard_cut::default(); rows];
+            // SAFETY: as above.
+            ok(unsafe {
+                tokenrace_shard_cut_start(
+                    samplers[0],
+                    &rows_of(0),
+                    combined.as_ptr(),
+                    cands.as_ptr(),
+                    ranks as u32,
+                    width as u32,
+                    state.as_mut_ptr(),
+                )
+            });
+            let mut rounds = 0;
+            loop {
+                let mut pending = 7u32;
+                // SAFETY: as above.
+                ok(unsafe { tokenrace_shard_cut_pending(state.as_ptr(), rows as u32, &mut pending) });
+                if pending == 0 {
+                    break;
+                }
+                rounds += 1;
+                assert!(rounds <= 8);
+                let mut masses: Vec<tokenrace_shard_mass> = Vec::with_capacity(ranks * rows);
+                for q in 0..ranks {
+                    let mut m = vec![
+                        tokenrace_shard_mass {
+                            head: Default::default(),
+                            mass: [0.0; 64],
+                            count: [0; 64],
+                            low: [0.0; 64],
+                            high: [0.0; 64]
+                        };
+                        rows
+                    ];
+                    // SAFETY: as above.
+                    ok(unsafe { tokenrace_shard_cut_round(samplers[q], &rows_of(q), state.as_ptr(), m.as_mut_ptr()) });
+                    masses.extend(m);
+                }
+                // SAFETY: as above.
+                ok(unsafe {
+                    tokenrace_shard_cut_advance(state.as_mut_ptr(), rows as u32, masses.as_ptr(), ranks as u32)
+                });
+            }
+            let mut races = vec![tokenrace_shard_partial::default(); ranks * rows];
+            for q in 0..ranks {
+                // SAFETY: as above.
+                ok(unsafe {
+                    tokenrace_shard_race_cut(
+                        samplers[q],
+                        &rows_of(q),
+                        combined.as_ptr(),
+                        state.as_ptr(),
+                        races[q * rows..].as_mut_ptr(),
+                    )
+                });
+            }
+            let (mut tokens, mut fl) = (vec![-1; rows], vec![0u32; rows]);
+            // SAFETY: as above.
+            ok(unsafe {
+                tokenrace_shard_finish(
+                    combined.as_ptr(),
+                    rows as u32,
+                    races.as_ptr(),
+                    ranks as u32,
+                    tokens.as_mut_ptr(),
+                    fl.as_mut_ptr(),
+                )
+            });
+            assert_eq!((tokens, fl), want, "ranks {ranks} cuts {cuts:?}");
+            for s in samplers {
+                // SAFETY: made above, freed once.
+                unsafe { tokenrace_sampler_free(s) };
+            }
+        }
+    }
+
+    #[test]
     fn the_records_are_laid_out_as_the_header_says() {
         assert_eq!(size_of::<tokenrace_shard_partial>(), 40);
         assert_eq!(offset_of!(tokenrace_shard_partial, fingerprint), 16);

@@ -373,7 +373,7 @@ pub struct tokenrace_shard_cut {
 }
 
 /// Bins per row of a `tokenrace_shard_mass` (and the most values of a values round).
-pub const TOKENRACE_SHARD_CUT_BINS: usize = CUT_BINS;
+pub const TOKENRACE_SHARD_CUT_BINS: usize = 64;
 
 /// What one rank sends for one row in a round of the cut: 1320 bytes, a plain record to move
 /// between ranks as bytes. In a values round `count[0]` is the number of values, in `low`.
@@ -395,7 +395,7 @@ pub struct tokenrace_shard_mass {
 // Field for field the library's records (same fields, same order, repr(C)).
 const _: () = assert!(size_of::<tokenrace_shard_cut>() == size_of::<ShardCut>() && size_of::<ShardCut>() == 56);
 const _: () = assert!(size_of::<tokenrace_shard_mass>() == size_of::<ShardMass>() && size_of::<ShardMass>() == 1320);
-const _: () = assert!(TOKENRACE_SHARD_CUT_BINS == 64);
+const _: () = assert!(TOKENRACE_SHARD_CUT_BINS == CUT_BINS);
 
 fn cut_to_c(c: ShardCut) -> tokenrace_shard_cut {
     let ShardCut { floor, lo, hi, top_p, m, inv_t, phase, step, fingerprint, row, above, z } = c;
