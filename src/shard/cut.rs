@@ -195,6 +195,7 @@ impl Sampler {
         let (k, _, _) = self.shard_parts();
         self.shard_batch(k, rows)?;
         let mut all = alloc::filled(rows.rows, ShardMass::default(), "the shard histograms")?;
+        let (mut xs, mut ws): (Vec<f32>, Vec<f64>) = (Vec::new(), Vec::new());
         for (r, (o, c)) in all.iter_mut().zip(cuts).enumerate() {
             o.head = ShardPartial {
                 round: ROUND_CUT,
@@ -224,9 +225,17 @@ impl Sampler {
                 }
                 continue;
             }
-            for x in inside {
+            xs.clear();
+            alloc::reserve(&mut xs, v.len(), "the cut's values")?;
+            xs.extend(inside);
+            ws.clear();
+            alloc::resize(&mut ws, xs.len(), 0.0, "the cut's weights")?;
+            // SAFETY: the level is supported; `ws` is as long as `xs`. (The kernel computes
+            // `weight64` of each value.)
+            unsafe { (k.weights64)(&xs, c.m as f64, c.inv_t as f64, &mut ws) };
+            for (&x, &w) in xs.iter().zip(&ws) {
                 let j = bin_of(c, x);
-                o.mass[j] += weight64(x, c.m, c.inv_t);
+                o.mass[j] += w;
                 o.count[j] += 1;
                 o.low[j] = o.low[j].min(x);
                 o.high[j] = o.high[j].max(x);
