@@ -24,10 +24,12 @@
 mod combine;
 mod cut;
 mod local;
+mod logprob;
 
 pub use combine::{combine_top, finish};
 pub use cut::{cut_advance, cut_pending, phase as cut_phase, ShardCut, ShardMass, CUT_BINS};
 pub use local::top_k_candidates;
+pub use logprob::{shard_logprobs, ShardLogprobPartial, ShardTopEntry};
 
 /// One rank's rows of a sharded call: the f32 logits of its slice of the vocabulary, tokens
 /// `[vocab_start, vocab_start + slice_len)` of rows of `vocab_size` tokens, and the rows'
@@ -141,6 +143,7 @@ impl ShardRow {
 const ROUND_TOP: u32 = 1;
 const ROUND_RACE: u32 = 2;
 const ROUND_CUT: u32 = 3;
+const ROUND_LOGPROB: u32 = 4;
 
 /// The round-2 fingerprint of a combined row.
 fn race_fingerprint(row: &ShardRow) -> u32 {
