@@ -123,7 +123,7 @@ def _proc_rank(q, ranks, rows, vocab, kind, reps, names, barrier, room):
             stats = {}
             barrier.wait()
             t = time.perf_counter()
-            tokens, _ = shard.draw(s, mine, cuts[q], vocab, all_gather, stats=stats, **settings)
+            tokens = shard.draw(s, mine, cuts[q], vocab, all_gather, stats=stats, **settings).tokens
             t_sharded = time.perf_counter() - t
             barrier.wait()
             t = time.perf_counter()

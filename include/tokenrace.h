@@ -755,6 +755,31 @@ typedef struct tokenrace_shard_mass {
   float high[64];
 } tokenrace_shard_mass;
 
+// One rank's part of a row's logprobs: 64 bytes, a plain record sent with the race partials.
+typedef struct tokenrace_shard_logprob_partial {
+  // Round (4), fingerprint, slice and key as a partial; `value`, `token`: this rank's race
+  // winner (-1: none).
+  struct tokenrace_shard_partial head;
+  // The slice's mass over the logprobs' set.
+  double z;
+  // The logprobs' scale.
+  float s;
+  // The set's floor.
+  float floor;
+  // The slice's count of +inf values.
+  uint32_t posinf;
+  // 0.
+  uint32_t reserved;
+} tokenrace_shard_logprob_partial;
+
+// A top-n candidate: a value and its global id (-1: none). 8 bytes.
+typedef struct tokenrace_shard_top_entry {
+  // The token's value.
+  float value;
+  // Its global id.
+  int32_t token;
+} tokenrace_shard_top_entry;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -1186,6 +1211,46 @@ enum tokenrace_status tokenrace_shard_race_cut(struct tokenrace_sampler *sampler
                                                const struct tokenrace_shard_row *combined,
                                                const struct tokenrace_shard_cut *cuts,
                                                struct tokenrace_shard_partial *out);
+
+// This rank's logprob partials (`out`, `rows->rows` records) and its `top_n` best tokens per
+// row (`top`, `rows->rows * top_n` entries) for the logprobs of `mode` (a
+// `tokenrace_logprob_mode`), from the combined rows, the rows' finished cuts and this rank's
+// own race partials (`races`: what `tokenrace_shard_race_cut` wrote here; NULL when no row
+// races). Sent with the race partials.
+//
+// # Safety
+// As `tokenrace_shard_race_cut`; `races` points to `rows->rows` records or is NULL; `out` and
+// `top` to as many writable records as said.
+enum tokenrace_status tokenrace_shard_logprob_partials(struct tokenrace_sampler *sampler,
+                                                       const struct tokenrace_shard_rows *rows,
+                                                       const struct tokenrace_shard_row *combined,
+                                                       const struct tokenrace_shard_cut *cuts,
+                                                       const struct tokenrace_shard_partial *races,
+                                                       uint32_t mode,
+                                                       uint32_t top_n,
+                                                       struct tokenrace_shard_logprob_partial *out,
+                                                       struct tokenrace_shard_top_entry *top);
+
+// The logprob of each row's sampled token (`tokens`, from `tokenrace_shard_finish`) into
+// `logprobs` (`rows` floats), and, with `top_n > 0`, the top-n ids and logprobs into `top_ids`
+// and `top_logprobs` (`rows * top_n` each), from the logprob partials and top-n candidates of
+// `ranks` ranks (`ranks * rows` and `ranks * rows * top_n` records, rank-major, any order).
+// Within 1e-5 of `tokenrace_draw`'s logprobs (docs/semantics.md). On failure nothing is written.
+//
+// # Safety
+// The pointers cover the records said; `top_ids` and `top_logprobs` may be NULL when `top_n`
+// is 0.
+enum tokenrace_status tokenrace_shard_logprobs(const struct tokenrace_shard_row *combined,
+                                               uint32_t rows,
+                                               const int32_t *tokens,
+                                               const struct tokenrace_shard_logprob_partial *partials,
+                                               const struct tokenrace_shard_top_entry *tops,
+                                               uint32_t ranks,
+                                               uint32_t mode,
+                                               uint32_t top_n,
+                                               float *logprobs,
+                                               int32_t *top_ids,
+                                               float *top_logprobs);
 
 #ifdef __cplusplus
 }  // extern "C"

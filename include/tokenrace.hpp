@@ -111,7 +111,9 @@ namespace tokenrace {
   X(shard_cut_pending)             \
   X(shard_cut_round)               \
   X(shard_cut_advance)             \
-  X(shard_race_cut)
+  X(shard_race_cut)                \
+  X(shard_logprob_partials)        \
+  X(shard_logprobs)
 
 // The C functions as a table of pointers: api.draw is tokenrace_draw, and so on. The types come
 // from the declarations in tokenrace.h through decltype, which does not refer to the symbols.

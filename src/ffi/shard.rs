@@ -4,13 +4,16 @@
 //! all_gather of `ranks * rows` records, rank-major) and passes them back.
 
 use super::api::tokenrace_sampler;
+use super::convert::arg_enum;
 use super::convert::{opt_slice, read_versioned, slice};
 use super::panic::guard;
+use super::types::tokenrace_logprob_mode;
 use super::types::tokenrace_status;
+use crate::batch::LogprobMode;
 use crate::error::{Error, Owner, Result};
 use crate::shard::{
-    combine_top, cut_advance, finish, top_k_candidates, ShardCut, ShardMass, ShardPartial, ShardRow, ShardRows,
-    CUT_BINS,
+    combine_top, cut_advance, finish, shard_logprobs, top_k_candidates, ShardCut, ShardLogprobPartial, ShardMass,
+    ShardPartial, ShardRow, ShardRows, ShardTopEntry, CUT_BINS,
 };
 
 /// One rank's rows of a sharded call (docs/semantics.md, "Sharded rows"): the f32 logits of
@@ -587,6 +590,152 @@ pub unsafe extern "C" fn tokenrace_shard_race_cut(
             s.inner.shard_race_cut(&r, &c, &k, &mut p)?;
             let o: Vec<tokenrace_shard_partial> = p.into_iter().map(Into::into).collect();
             write_out("out", out, &o)
+        }
+    })
+}
+
+/// One rank's part of a row's logprobs: 64 bytes, a plain record sent with the race partials.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct tokenrace_shard_logprob_partial {
+    /// Round (4), fingerprint, slice and key as a partial; `value`, `token`: this rank's race
+    /// winner (-1: none).
+    pub head: tokenrace_shard_partial,
+    /// The slice's mass over the logprobs' set.
+    pub z: f64,
+    /// The logprobs' scale.
+    pub s: f32,
+    /// The set's floor.
+    pub floor: f32,
+    /// The slice's count of +inf values.
+    pub posinf: u32,
+    /// 0.
+    pub reserved: u32,
+}
+
+/// A top-n candidate: a value and its global id (-1: none). 8 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct tokenrace_shard_top_entry {
+    /// The token's value.
+    pub value: f32,
+    /// Its global id.
+    pub token: i32,
+}
+
+const _: () = assert!(size_of::<tokenrace_shard_logprob_partial>() == size_of::<ShardLogprobPartial>());
+const _: () = assert!(size_of::<ShardLogprobPartial>() == 64 && size_of::<ShardTopEntry>() == 8);
+
+fn lp_to_c(p: ShardLogprobPartial) -> tokenrace_shard_logprob_partial {
+    let ShardLogprobPartial { head, z, s, floor, posinf, reserved } = p;
+    tokenrace_shard_logprob_partial { head: head.into(), z, s, floor, posinf, reserved }
+}
+
+fn lp_from_c(p: tokenrace_shard_logprob_partial) -> ShardLogprobPartial {
+    let tokenrace_shard_logprob_partial { head, z, s, floor, posinf, reserved } = p;
+    ShardLogprobPartial { head: head.into(), z, s, floor, posinf, reserved }
+}
+
+fn mode_of(mode: u32) -> Result<LogprobMode> {
+    let m: tokenrace_logprob_mode = arg_enum(Owner::Output, "mode", mode).map_err(|e| {
+        let message = e.message.replacen("output.", "", 1);
+        Error { message, ..e }
+    })?;
+    Ok(m.into())
+}
+
+/// This rank's logprob partials (`out`, `rows->rows` records) and its `top_n` best tokens per
+/// row (`top`, `rows->rows * top_n` entries) for the logprobs of `mode` (a
+/// `tokenrace_logprob_mode`), from the combined rows, the rows' finished cuts and this rank's
+/// own race partials (`races`: what `tokenrace_shard_race_cut` wrote here; NULL when no row
+/// races). Sent with the race partials.
+///
+/// # Safety
+/// As `tokenrace_shard_race_cut`; `races` points to `rows->rows` records or is NULL; `out` and
+/// `top` to as many writable records as said.
+#[no_mangle]
+pub unsafe extern "C" fn tokenrace_shard_logprob_partials(
+    sampler: *mut tokenrace_sampler,
+    rows: *const tokenrace_shard_rows,
+    combined: *const tokenrace_shard_row,
+    cuts: *const tokenrace_shard_cut,
+    races: *const tokenrace_shard_partial,
+    mode: u32,
+    top_n: u32,
+    out: *mut tokenrace_shard_logprob_partial,
+    top: *mut tokenrace_shard_top_entry,
+) -> tokenrace_status {
+    guard("tokenrace_shard_logprob_partials", || {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let s = sampler.as_ref().ok_or_else(|| Error::invalid_argument("sampler: is NULL"))?;
+            let mode = mode_of(mode)?;
+            let r = rows_from_c(&read_versioned(rows, "rows")?)?;
+            let c: Vec<ShardRow> = records("combined", combined, r.rows)?.iter().map(|&x| x.into()).collect();
+            let k: Vec<ShardCut> = records("cuts", cuts, r.rows)?.iter().map(|&x| cut_from_c(x)).collect();
+            let mine: Vec<ShardPartial> = if races.is_null() {
+                vec![ShardPartial { token: -1, ..Default::default() }; r.rows]
+            } else {
+                records("races", races, r.rows)?.iter().map(|&x| x.into()).collect()
+            };
+            let n = top_n as usize;
+            let total = r.rows.checked_mul(n).ok_or_else(|| Error::invalid_argument("top_n: overflows"))?;
+            let mut p = vec![ShardLogprobPartial::default(); r.rows];
+            let mut t = vec![ShardTopEntry::default(); total];
+            s.inner.shard_logprob_partials(&r, &c, &k, &mine, mode, n, &mut p, &mut t)?;
+            let p: Vec<tokenrace_shard_logprob_partial> = p.into_iter().map(lp_to_c).collect();
+            let t: Vec<tokenrace_shard_top_entry> =
+                t.into_iter().map(|e| tokenrace_shard_top_entry { value: e.value, token: e.token }).collect();
+            write_out("out", out, &p)?;
+            write_out("top", top, &t)
+        }
+    })
+}
+
+/// The logprob of each row's sampled token (`tokens`, from `tokenrace_shard_finish`) into
+/// `logprobs` (`rows` floats), and, with `top_n > 0`, the top-n ids and logprobs into `top_ids`
+/// and `top_logprobs` (`rows * top_n` each), from the logprob partials and top-n candidates of
+/// `ranks` ranks (`ranks * rows` and `ranks * rows * top_n` records, rank-major, any order).
+/// Within 1e-5 of `tokenrace_draw`'s logprobs (docs/semantics.md). On failure nothing is written.
+///
+/// # Safety
+/// The pointers cover the records said; `top_ids` and `top_logprobs` may be NULL when `top_n`
+/// is 0.
+#[no_mangle]
+pub unsafe extern "C" fn tokenrace_shard_logprobs(
+    combined: *const tokenrace_shard_row,
+    rows: u32,
+    tokens: *const i32,
+    partials: *const tokenrace_shard_logprob_partial,
+    tops: *const tokenrace_shard_top_entry,
+    ranks: u32,
+    mode: u32,
+    top_n: u32,
+    logprobs: *mut f32,
+    top_ids: *mut i32,
+    top_logprobs: *mut f32,
+) -> tokenrace_status {
+    let (rows, ranks, n) = (rows as usize, ranks as usize, top_n as usize);
+    guard("tokenrace_shard_logprobs", || {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let mode = mode_of(mode)?;
+            let c: Vec<ShardRow> = records("combined", combined, rows)?.iter().map(|&x| x.into()).collect();
+            let t = records("tokens", tokens, rows)?;
+            let per = rows.checked_mul(n).ok_or_else(|| Error::invalid_argument("top_n: overflows"))?;
+            let all_p: Vec<ShardLogprobPartial> =
+                records("partials", partials, ranks * rows)?.iter().map(|&x| lp_from_c(x)).collect();
+            let all_t: Vec<ShardTopEntry> = records("tops", tops, ranks * per)?
+                .iter()
+                .map(|e| ShardTopEntry { value: e.value, token: e.token })
+                .collect();
+            let pv: Vec<&[ShardLogprobPartial]> = (0..ranks).map(|q| &all_p[q * rows..(q + 1) * rows]).collect();
+            let tv: Vec<&[ShardTopEntry]> = (0..ranks).map(|q| &all_t[q * per..(q + 1) * per]).collect();
+            let (mut lps, mut ids, mut tl) = (vec![0f32; rows], vec![0i32; per], vec![0f32; per]);
+            shard_logprobs(&c, t, &pv, &tv, mode, n, &mut lps, &mut ids, &mut tl)?;
+            write_out("logprobs", logprobs, &lps)?;
+            write_out("top_ids", top_ids, &ids)?;
+            write_out("top_logprobs", top_logprobs, &tl)
         }
     })
 }

@@ -114,11 +114,52 @@ def test_top_k_top_p_and_min_p_shards_equal_the_unsharded_draw(simd, threads):
         make = lambda: tokenrace.Sampler(VOCAB, max_rows=64, seed=9, simd=simd, threads=threads)  # noqa: E731
         want = make().draw_full(x, **settings)
         results, stats = threaded_draws(x, settings, cuts, make)
-        for q, (tokens, flags) in enumerate(results):
+        for q, (tokens, flags, *_) in enumerate(results):
             assert np.array_equal(tokens, np.asarray(want.tokens)), (ranks, q, cuts)
             assert np.array_equal(flags, np.asarray(want.flags)), (ranks, q, cuts)
         most = max(most, stats["rounds"])
     assert most >= 4, most  # top, a cut round or more, race
+
+
+@pytest.mark.parametrize("mode", ["raw", "processed"])
+def test_sharded_logprobs_are_within_1e5_of_the_unsharded(mode):
+    rng = np.random.default_rng(11)
+    for ranks in (1, 2, 3, 5, 8):
+        x, st = batch(10, seed=20 + ranks)
+        settings = dict(st, **filters(10, seed=ranks))
+        inner = np.sort(rng.choice(np.arange(1, VOCAB), size=ranks - 1, replace=False))
+        cuts = [0, *map(int, inner), VOCAB]
+        make = lambda: tokenrace.Sampler(VOCAB, max_rows=64, seed=4)  # noqa: E731
+        want = make().draw_full(x, logprobs=6, logprob_mode=mode, **settings)
+        import threading
+
+        barrier, board, results = threading.Barrier(ranks), [None] * ranks, [None] * ranks
+
+        def run(q):
+            def all_gather(data):
+                board[q] = data
+                barrier.wait()
+                got = list(board)
+                barrier.wait()
+                return got
+            results[q] = shard.draw(make(), x[:, cuts[q]:cuts[q + 1]], cuts[q], VOCAB, all_gather,
+                                    logprob_mode=mode, top_n=6, **settings)
+
+        threads = [threading.Thread(target=run, args=(q,)) for q in range(ranks)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        for r in results:
+            assert np.array_equal(r.tokens, np.asarray(want.tokens))
+            a, b = r.logprobs, np.asarray(want.logprobs)
+            fin = np.isfinite(b)
+            assert np.array_equal(fin, np.isfinite(a)) and np.array_equal(a[~fin], b[~fin])
+            assert np.all(np.abs(a[fin] - b[fin]) <= 1e-5 + 4 * np.finfo(np.float32).eps * np.abs(b[fin]))
+            ta, tb = r.topn_logprobs, np.asarray(want.topn_logprobs)
+            fin = np.isfinite(tb)
+            assert np.all(np.abs(ta[fin] - tb[fin]) <= 1e-5 + 4 * np.finfo(np.float32).eps * np.abs(tb[fin]))
+            assert np.mean(r.topn_ids == np.asarray(want.topn_ids)) > 0.98
 
 
 def test_partials_of_another_call_are_refused():
@@ -218,7 +259,7 @@ def _filtered_rank(q, ranks, cuts, rows, seed, names, barrier, room):
             return got
 
         s = tokenrace.Sampler(VOCAB, max_rows=64, seed=seed)
-        tokens, flags = shard.draw(s, mine, cuts[q], VOCAB, all_gather, **settings)
+        tokens, flags, *_ = shard.draw(s, mine, cuts[q], VOCAB, all_gather, **settings)
         out = np.ndarray((ranks, 2, rows), np.int64, buffer=res.buf)
         out[q, 0], out[q, 1] = tokens, flags
     finally:

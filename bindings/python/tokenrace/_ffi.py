@@ -376,6 +376,17 @@ class tokenrace_shard_cut(Structure):
                 ("row", c_uint32), ("above", ctypes.c_double), ("z", ctypes.c_double)]
 
 
+class tokenrace_shard_logprob_partial(Structure):
+    """One rank's part of a row's logprobs, moved between ranks as bytes: no struct_size."""
+    _fields_ = [("head", tokenrace_shard_partial), ("z", ctypes.c_double), ("s", c_float), ("floor", c_float),
+                ("posinf", c_uint32), ("reserved", c_uint32)]
+
+
+class tokenrace_shard_top_entry(Structure):
+    """A top-n candidate of a rank: no struct_size."""
+    _fields_ = [("value", c_float), ("token", c_int32)]
+
+
 class tokenrace_shard_mass(Structure):
     """A record of a round of the cut, moved between ranks as bytes: no struct_size."""
     _fields_ = [("head", tokenrace_shard_partial), ("mass", ctypes.c_double * 64), ("count", c_uint32 * 64),
@@ -403,7 +414,8 @@ STRUCTS = {cls.__name__: cls for cls in (tokenrace_config, tokenrace_sampler_sta
                                          tokenrace_batch, tokenrace_output, tokenrace_pool_config,
                                          tokenrace_pool_lease, tokenrace_pool_stats, tokenrace_verify_batch,
                                          tokenrace_verify_output, tokenrace_shard_rows, tokenrace_shard_partial,
-                                         tokenrace_shard_row, tokenrace_shard_cut, tokenrace_shard_mass)}
+                                         tokenrace_shard_row, tokenrace_shard_cut, tokenrace_shard_mass,
+                                         tokenrace_shard_logprob_partial, tokenrace_shard_top_entry)}
 
 # ----------------------------------------------------------------------------------------------
 # Functions: name -> (restype, argtypes). ``status`` marks functions returning tokenrace_status.
@@ -466,6 +478,14 @@ _SIGNATURES = {
                                              c_uint32]),
     "tokenrace_shard_race_cut": (status, [sampler_p, POINTER(tokenrace_shard_rows), POINTER(tokenrace_shard_row),
                                           POINTER(tokenrace_shard_cut), POINTER(tokenrace_shard_partial)]),
+    "tokenrace_shard_logprob_partials": (status, [sampler_p, POINTER(tokenrace_shard_rows), POINTER(tokenrace_shard_row),
+                                                  POINTER(tokenrace_shard_cut), POINTER(tokenrace_shard_partial),
+                                                  c_uint32, c_uint32, POINTER(tokenrace_shard_logprob_partial),
+                                                  POINTER(tokenrace_shard_top_entry)]),
+    "tokenrace_shard_logprobs": (status, [POINTER(tokenrace_shard_row), c_uint32, POINTER(c_int32),
+                                          POINTER(tokenrace_shard_logprob_partial), POINTER(tokenrace_shard_top_entry),
+                                          c_uint32, c_uint32, c_uint32, POINTER(c_float), POINTER(c_int32),
+                                          POINTER(c_float)]),
 }
 
 # ----------------------------------------------------------------------------------------------
@@ -559,7 +579,7 @@ SINCE_0_2 = frozenset({"tokenrace_verify", "tokenrace_set_log_callback", "tokenr
                        "tokenrace_shard_top", "tokenrace_shard_combine_top", "tokenrace_shard_race",
                        "tokenrace_shard_finish", "tokenrace_shard_top_k_candidates", "tokenrace_shard_cut_start",
                        "tokenrace_shard_cut_pending", "tokenrace_shard_cut_round", "tokenrace_shard_cut_advance",
-                       "tokenrace_shard_race_cut"})
+                       "tokenrace_shard_race_cut", "tokenrace_shard_logprob_partials", "tokenrace_shard_logprobs"})
 
 
 def _declare(handle):

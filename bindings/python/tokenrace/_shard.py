@@ -39,6 +39,12 @@ CUT_DTYPE = np.dtype([
 ])
 MASS_DTYPE = np.dtype([("head", PARTIAL_DTYPE), ("mass", "<f8", 64), ("count", "<u4", 64), ("low", "<f4", 64),
                        ("high", "<f4", 64)])
+LOGPROB_DTYPE = np.dtype([("head", PARTIAL_DTYPE), ("z", "<f8"), ("s", "<f4"), ("floor", "<f4"), ("posinf", "<u4"),
+                          ("reserved", "<u4")])
+TOP_DTYPE = np.dtype([("value", "<f4"), ("token", "<i4")])
+LOGPROB_MODES = {"raw": 0, "processed": 1}
+assert LOGPROB_DTYPE.itemsize == ctypes.sizeof(_ffi.tokenrace_shard_logprob_partial)
+assert TOP_DTYPE.itemsize == ctypes.sizeof(_ffi.tokenrace_shard_top_entry)
 assert CUT_DTYPE.itemsize == ctypes.sizeof(_ffi.tokenrace_shard_cut)
 assert MASS_DTYPE.itemsize == ctypes.sizeof(_ffi.tokenrace_shard_mass)
 assert PARTIAL_DTYPE.itemsize == ctypes.sizeof(_ffi.tokenrace_shard_partial)
@@ -249,10 +255,77 @@ def cut_advance(cuts, masses):
     return cu
 
 
-def draw(sampler, logits, vocab_start, vocab_size, all_gather, *, stats=None, **settings):
+def _mode(mode):
+    if mode not in LOGPROB_MODES:
+        raise ValueError(f"logprobs: {mode!r} is not one of {sorted(LOGPROB_MODES)}")
+    return LOGPROB_MODES[mode]
+
+
+def logprob_partials(sampler, logits, vocab_start, vocab_size, rows, cuts, own_races, mode, top_n=0, **settings):
+    """This rank's logprob partials (``LOGPROB_DTYPE``, one per row) and its ``top_n`` best tokens
+    per row (``TOP_DTYPE`` [rows, top_n]) for the logprobs of ``mode`` ("raw" or "processed"),
+    from the combined rows, the finished cuts and this rank's own ``race`` partials (None when no
+    row races). Sent with the race partials."""
+    c, keep = _rows(logits, vocab_start, vocab_size, *_settings(settings))
+    combined = _combined(rows, c.rows)
+    cu = _cuts(cuts, c.rows)
+    mine = None if own_races is None else np.ascontiguousarray(from_bytes(own_races))
+    out = np.zeros(c.rows, LOGPROB_DTYPE)
+    top = np.zeros((c.rows, int(top_n)), TOP_DTYPE)
+    h = _handle(sampler)
+    check(_fn("tokenrace_shard_logprob_partials")(
+        h.ptr, byref(c), _recs(combined, _ffi.tokenrace_shard_row), _recs(cu, _ffi.tokenrace_shard_cut),
+        _recs(mine, _ffi.tokenrace_shard_partial), _mode(mode), int(top_n),
+        _recs(out, _ffi.tokenrace_shard_logprob_partial), _recs(top, _ffi.tokenrace_shard_top_entry)))
+    del keep
+    return out, top
+
+
+def logprobs(rows, tokens, partials, tops, mode, top_n=0):
+    """The sampled tokens' logprobs (float32 [rows]) and the top-n ids (int32) and logprobs
+    (float32) [rows, top_n] from every rank's ``logprob_partials`` (lists, any order, the same
+    order in both): within 1e-5 of ``Sampler.draw_full``'s (docs/semantics.md)."""
+    combined = np.ascontiguousarray(from_bytes(rows, ROW_DTYPE))
+    n = len(combined)
+    tok = np.ascontiguousarray(np.asarray(tokens, np.int32))
+    parts = [from_bytes(p, LOGPROB_DTYPE) for p in partials]
+    tp = [from_bytes(t, TOP_DTYPE).reshape(-1) for t in tops]
+    if len(parts) != len(tp) or any(len(p) != n for p in parts) or any(len(t) != n * top_n for t in tp):
+        raise ValueError("partials, tops: one of each per rank, for every row")
+    sp = np.ascontiguousarray(np.concatenate(parts)) if parts else None
+    st = np.ascontiguousarray(np.concatenate(tp)) if tp else None
+    lps = np.zeros(n, np.float32)
+    ids, tl = np.zeros((n, top_n), np.int32), np.zeros((n, top_n), np.float32)
+    check(_fn("tokenrace_shard_logprobs")(
+        _recs(combined, _ffi.tokenrace_shard_row), n, tok.ctypes.data_as(POINTER(ctypes.c_int32)),
+        _recs(sp, _ffi.tokenrace_shard_logprob_partial), _recs(st, _ffi.tokenrace_shard_top_entry), len(parts),
+        _mode(mode), int(top_n), _ptr(lps, c_float), ids.ctypes.data_as(POINTER(ctypes.c_int32)), _ptr(tl, c_float)))
+    return lps, ids, tl
+
+
+class ShardDraw(tuple):
+    """What ``draw`` returns: tokens, flags and, when asked for, logprobs, topn_ids,
+    topn_logprobs (else None)."""
+
+    __slots__ = ()
+
+    def __new__(cls, tokens, flags, logprobs=None, topn_ids=None, topn_logprobs=None):
+        return tuple.__new__(cls, (tokens, flags, logprobs, topn_ids, topn_logprobs))
+
+    tokens = property(lambda self: self[0])
+    flags = property(lambda self: self[1])
+    logprobs = property(lambda self: self[2])
+    topn_ids = property(lambda self: self[3])
+    topn_logprobs = property(lambda self: self[4])
+
+
+def draw(sampler, logits, vocab_start, vocab_size, all_gather, *, logprob_mode=None, top_n=0, stats=None,
+         **settings):
     """Every round of a sharded call on this rank: ``all_gather(data: bytes) -> [bytes of every
     rank]`` (the same length on every rank, called the same number of times on every rank)
-    moves the bytes. Returns the tokens and flags of ``finish``. ``stats``, a dict, receives the
+    moves the bytes. Returns a ``ShardDraw``: the tokens and flags of ``finish`` and, with
+    ``logprob_mode`` ("raw" or "processed"), the sampled tokens' logprobs and the ``top_n``
+    (their partials travel with the race's: no extra round). ``stats``, a dict, receives the
     rounds and the bytes this rank sent per round."""
     sent = []
 
@@ -273,22 +346,35 @@ def draw(sampler, logits, vocab_start, vocab_size, all_gather, *, stats=None, **
     head = rows * PARTIAL_DTYPE.itemsize
     combined = combine_top([g[:head] for g in gathered])
     cands = [g[head:] for g in gathered] if width else []
-    filtered = settings.get("top_p") is not None or width
-    partials = []
-    if races(combined):  # the same answer on every rank: every rank skips or none does
-        if filtered:
-            cuts = cut_start(sampler, x, vocab_start, vocab_size, combined, cands, **settings)
-            while cut_pending(cuts):
-                m = cut_round(sampler, x, vocab_start, vocab_size, cuts, **settings)
-                cuts = cut_advance(cuts, gather(m.tobytes()))
-            won = race(sampler, x, vocab_start, vocab_size, combined, cuts=cuts, **settings)
-        else:
-            won = race(sampler, x, vocab_start, vocab_size, combined, **settings)
-        partials = gather(won.tobytes())
+    filtered = settings.get("top_p") is not None or width or logprob_mode is not None
+    racing = races(combined)  # the same answer on every rank: every rank skips or none does
+    partials, won, cuts = [], None, None
+    if filtered and (racing or logprob_mode is not None):
+        cuts = cut_start(sampler, x, vocab_start, vocab_size, combined, cands, **settings)
+        while cut_pending(cuts):
+            m = cut_round(sampler, x, vocab_start, vocab_size, cuts, **settings)
+            cuts = cut_advance(cuts, gather(m.tobytes()))
+    if racing:
+        won = race(sampler, x, vocab_start, vocab_size, combined, cuts=cuts, **settings)
+    if racing or logprob_mode is not None:
+        mine = b"" if won is None else won.tobytes()
+        if logprob_mode is not None:
+            lp, tp = logprob_partials(sampler, x, vocab_start, vocab_size, combined, cuts, won, logprob_mode, top_n,
+                                      **settings)
+            mine += lp.tobytes() + tp.tobytes()
+        gathered = gather(mine)
+        cut_at = len(won.tobytes()) if won is not None else 0
+        partials = [g[:cut_at] for g in gathered] if racing else []
     if stats is not None:
         stats["rounds"] = len(sent)
         stats["bytes_per_round"] = sent
-    return finish(combined, partials)
+    tokens, flags = finish(combined, partials)
+    if logprob_mode is None:
+        return ShardDraw(tokens, flags)
+    lp_len = rows * LOGPROB_DTYPE.itemsize
+    lps, ids, tl = logprobs(combined, tokens, [g[cut_at:cut_at + lp_len] for g in gathered],
+                            [g[cut_at + lp_len:] for g in gathered], logprob_mode, top_n)
+    return ShardDraw(tokens, flags, lps, ids, tl)
 
 
 def races(rows):

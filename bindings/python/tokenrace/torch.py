@@ -664,7 +664,7 @@ def _all_gather_bytes(data: bytes, group):
 
 
 def sample_sharded(logits_slice, vocab_start, vocab_size, temperature, *, min_p=None, top_k=None, top_p=None,
-                   seeds=None, positions=None, seeded=None, sampler=None, group=None):
+                   seeds=None, positions=None, seeded=None, sampler=None, group=None, logprob_mode=None, top_n=0):
     """One token per row from a vocabulary-parallel LM head's output, exactly as ``sample`` of the
     gathered rows would draw it (docs/semantics.md, "Sharded rows"): this rank holds
     ``logits_slice`` [rows, slice] float32, tokens ``[vocab_start, vocab_start + slice)`` of rows of
@@ -673,7 +673,9 @@ def sample_sharded(logits_slice, vocab_start, vocab_size, temperature, *, min_p=
     ``seeded`` as a mask). ``all_gather`` rounds: the rows' maxima (40 bytes per row and rank,
     plus 4 per top-k candidate), for top-p the rounds of the cut (1320 bytes per row; usually
     two), then the slices' race winners (40 bytes). Returns int64 tokens [rows], the same on
-    every rank.
+    every rank; with ``logprob_mode`` ("raw" or "processed") also the sampled tokens' logprobs
+    [rows] and the ``top_n`` ids [rows, top_n] and logprobs, their partials sent with the race's
+    (64 bytes plus 8 per top-n entry per row), within 1e-5 of ``sample``'s.
 
     ``sampler``: a ``tokenrace.Sampler`` per rank, made with the same seed on every rank (its
     stream keys the unseeded rows; ranks whose streams differ are refused, not mixed); default
@@ -689,6 +691,10 @@ def sample_sharded(logits_slice, vocab_start, vocab_size, temperature, *, min_p=
     settings = dict(temperature=_as_numpy(temperature), min_p=_as_numpy(min_p), top_k=_as_numpy(top_k),
                     top_p=_as_numpy(top_p), seeds=_as_numpy(seeds), offsets=_as_numpy(positions),
                     seeded=_as_numpy(seeded))
-    tokens, _flags = shard.draw(s, x, vocab_start, vocab_size, lambda data: _all_gather_bytes(data, group),
-                                **settings)
+    drawn = shard.draw(s, x, vocab_start, vocab_size, lambda data: _all_gather_bytes(data, group),
+                       logprob_mode=logprob_mode, top_n=top_n, **settings)
+    tokens = drawn.tokens
+    if logprob_mode is not None:
+        return (torch.from_numpy(tokens.astype(np.int64)), torch.from_numpy(drawn.logprobs),
+                torch.from_numpy(drawn.topn_ids), torch.from_numpy(drawn.topn_logprobs))
     return torch.from_numpy(tokens.astype(np.int64))
