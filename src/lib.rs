@@ -66,8 +66,8 @@ pub use shard::{
     ShardLogprobPartial, ShardMass, ShardPartial, ShardRow, ShardRows, ShardTopEntry, CUT_BINS as SHARD_CUT_BINS,
 };
 pub use watermark::{
-    context_of as watermark_context, detect as detect_watermark, gamma_upper_tail, token_noise, watermark_seed,
-    Detection,
+    context_of as watermark_context, detect as detect_watermark, gamma_upper_tail, token_noise, watermark_accept,
+    watermark_seed, watermark_verify_seeds, Detection,
 };
 
 /// The library version, from Cargo.toml.
