@@ -1096,6 +1096,30 @@ enum tokenrace_status tokenrace_watermark_detect(uint64_t secret,
                                                  uint64_t *scored,
                                                  double *p_value);
 
+// The seeds of the target rows of a watermarked verification (docs/semantics.md,
+// "Watermarking", "Verification"): request `i` has `draft_counts[i]` drafts (in `draft_tokens`,
+// request after request) and `draft_counts[i] + 1` target rows, laid out as `tokenrace_verify`
+// lays them out; row `j` of request `i` gets the seed of the position after its history (the
+// last `k` tokens of its prompt then its output, CSR lists as in `tokenrace_watermark_seeds`)
+// followed by its drafts `0 .. j`. Draw the target rows with these seeds (offset 0, seeded) and
+// keep each request's drafts while they equal the drawn tokens, then its first other drawn
+// token: the position-by-position watermarked text. `seeds` receives `sum(draft_counts) +
+// requests` seeds. On failure nothing is written.
+//
+// # Safety
+// `secrets` and `draft_counts` hold `requests` elements, `draft_tokens` their sum, `seeds`
+// their sum plus `requests`; the lists as in `tokenrace_watermark_seeds`.
+enum tokenrace_status tokenrace_watermark_verify_seeds(uint32_t requests,
+                                                       const uint64_t *secrets,
+                                                       uint32_t k,
+                                                       const int32_t *prompt_ids,
+                                                       const uint64_t *prompt_offsets,
+                                                       const int32_t *output_ids,
+                                                       const uint64_t *output_offsets,
+                                                       const int32_t *draft_counts,
+                                                       const int32_t *draft_tokens,
+                                                       uint64_t *seeds);
+
 // Round 1 on this rank: one `tokenrace_shard_partial` per row of `rows` into `out`
 // (`rows->rows` records). Unseeded sampling rows take one key each from the sampler's stream,
 // in row order, as `tokenrace_draw` of the same rows would, so ranks whose samplers were made

@@ -102,6 +102,7 @@ namespace tokenrace {
   X(verify)                        \
   X(watermark_seeds)               \
   X(watermark_detect)              \
+  X(watermark_verify_seeds)        \
   X(shard_top)                     \
   X(shard_combine_top)             \
   X(shard_race)                    \

@@ -319,3 +319,54 @@ fn verified_watermarked_texts_are_detected() {
     }
     println!("20 verified watermarked texts of {len} tokens: the largest p-value {worst:.3e}");
 }
+
+#[test]
+fn c_verify_seeds_are_the_rust_ones_and_bad_counts_are_refused() {
+    use tokenrace::internals::types::tokenrace_status;
+    use tokenrace::internals::api::tokenrace_watermark_verify_seeds;
+    let secrets = [5u64, 6];
+    let (prompt, prompt_off) = ([1, 2, 3, 4, 5], [0u64, 3, 5]);
+    let (output, output_off) = ([7, 8], [0u64, 2, 2]);
+    let (counts, drafts) = ([2, 0], [9, 10]);
+    let mut seeds = [0u64; 4];
+    // SAFETY: every array as long as the call says.
+    let status = unsafe {
+        tokenrace_watermark_verify_seeds(
+            2,
+            secrets.as_ptr(),
+            3,
+            prompt.as_ptr(),
+            prompt_off.as_ptr(),
+            output.as_ptr(),
+            output_off.as_ptr(),
+            counts.as_ptr(),
+            drafts.as_ptr(),
+            seeds.as_mut_ptr(),
+        )
+    };
+    assert_eq!(status, tokenrace_status::Ok);
+    let mut want = watermark_verify_seeds(5, 3, &[1, 2, 3, 7, 8], &[9, 10]);
+    want.extend(watermark_verify_seeds(6, 3, &[4, 5], &[]));
+    assert_eq!(seeds.to_vec(), want);
+    // Row j's seed is the seed of the position after history ++ drafts[..j].
+    assert_eq!(want[2], watermark_seed(5, &[8, 9, 10]));
+    let bad = [2, -1];
+    let mut untouched = [7u64; 4];
+    // SAFETY: as above.
+    let status = unsafe {
+        tokenrace_watermark_verify_seeds(
+            2,
+            secrets.as_ptr(),
+            3,
+            prompt.as_ptr(),
+            prompt_off.as_ptr(),
+            output.as_ptr(),
+            output_off.as_ptr(),
+            bad.as_ptr(),
+            drafts.as_ptr(),
+            untouched.as_mut_ptr(),
+        )
+    };
+    assert_eq!(status, tokenrace_status::InvalidArgument);
+    assert_eq!(untouched, [7; 4]);
+}

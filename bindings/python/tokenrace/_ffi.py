@@ -448,6 +448,9 @@ _SIGNATURES = {
     "tokenrace_watermark_seeds": (status, [c_uint32, POINTER(c_uint64), c_uint32, POINTER(c_int32),
                                            POINTER(c_uint64), POINTER(c_int32), POINTER(c_uint64),
                                            POINTER(c_uint64)]),
+    "tokenrace_watermark_verify_seeds": (status, [c_uint32, POINTER(c_uint64), c_uint32, POINTER(c_int32),
+                                                  POINTER(c_uint64), POINTER(c_int32), POINTER(c_uint64),
+                                                  POINTER(c_int32), POINTER(c_int32), POINTER(c_uint64)]),
     "tokenrace_watermark_detect": (status, [c_uint64, c_uint32, POINTER(c_int32), c_uint64, POINTER(c_int32),
                                             c_uint64, POINTER(ctypes.c_double), POINTER(c_uint64),
                                             POINTER(ctypes.c_double)]),
@@ -579,7 +582,8 @@ SINCE_0_2 = frozenset({"tokenrace_verify", "tokenrace_set_log_callback", "tokenr
                        "tokenrace_shard_top", "tokenrace_shard_combine_top", "tokenrace_shard_race",
                        "tokenrace_shard_finish", "tokenrace_shard_top_k_candidates", "tokenrace_shard_cut_start",
                        "tokenrace_shard_cut_pending", "tokenrace_shard_cut_round", "tokenrace_shard_cut_advance",
-                       "tokenrace_shard_race_cut", "tokenrace_shard_logprob_partials", "tokenrace_shard_logprobs"})
+                       "tokenrace_shard_race_cut", "tokenrace_shard_logprob_partials", "tokenrace_shard_logprobs",
+                       "tokenrace_watermark_verify_seeds"})
 
 
 def _declare(handle):
