@@ -377,6 +377,7 @@ mod c_abi {
     }
 
     #[test]
+    #[allow(clippy::needless_range_loop)] // ranks index several arrays
     fn c_filtered_sharded_draws_equal_the_unsharded_draw() {
         // top-k candidates, the cut's rounds and the race with its floors through the C calls.
         let mut rng = TestRng::new(37);
@@ -847,6 +848,7 @@ fn top_p_top_k_and_min_p_rows_equal_the_unsharded_draw() {
 }
 
 #[test]
+#[allow(clippy::needless_range_loop)] // ranks index several arrays
 fn the_cut_refuses_records_of_another_round_and_a_race_before_it_is_done() {
     let mut rng = TestRng::new(3);
     let (vocab, rows) = (1000, 4);

@@ -322,8 +322,8 @@ fn verified_watermarked_texts_are_detected() {
 
 #[test]
 fn c_verify_seeds_are_the_rust_ones_and_bad_counts_are_refused() {
-    use tokenrace::internals::types::tokenrace_status;
     use tokenrace::internals::api::tokenrace_watermark_verify_seeds;
+    use tokenrace::internals::types::tokenrace_status;
     let secrets = [5u64, 6];
     let (prompt, prompt_off) = ([1, 2, 3, 4, 5], [0u64, 3, 5]);
     let (output, output_off) = ([7, 8], [0u64, 2, 2]);

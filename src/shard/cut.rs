@@ -135,7 +135,7 @@ fn bin_of(c: &ShardCut, x: f32) -> usize {
 
 fn step_fingerprint(c: &ShardCut) -> u32 {
     let parts = [c.fingerprint, c.lo.to_bits(), c.hi.to_bits(), c.floor.to_bits(), c.phase, c.step];
-    (parts.iter().fold(0x6375_74, |h: u64, &x| splitmix64(h ^ u64::from(x))) >> 32) as u32
+    (parts.iter().fold(0x0063_7574, |h: u64, &x| splitmix64(h ^ u64::from(x))) >> 32) as u32
 }
 
 impl Sampler {

@@ -234,7 +234,7 @@ pub fn shard_logprobs(
                 let count: u32 = order.iter().map(|&q| partials[q][r].posinf).sum();
                 return if x == f32::INFINITY { -(count as f32).ln() } else { f32::NEG_INFINITY };
             }
-            if !row.top.is_finite() || !(x.is_finite() && x >= first.floor) {
+            if !(row.top.is_finite() && x.is_finite() && x >= first.floor) {
                 return f32::NEG_INFINITY;
             }
             let z: f64 = order.iter().map(|&q| partials[q][r].z).sum();
