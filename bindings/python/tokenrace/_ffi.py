@@ -32,6 +32,9 @@ FLAG_EMPTY = 4
 FLAG_GREEDY = 8
 FLAG_FORCED_BANNED = 16
 
+# Bins of a tokenrace_shard_mass record (sharded top-p's cut).
+SHARD_CUT_BINS = 64
+
 # enum tokenrace_status
 STATUS_OK = 0
 STATUS_INVALID_ARGUMENT = 1
