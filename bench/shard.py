@@ -17,6 +17,15 @@ collectives on a real host is not measured here.
 
 Times are CPU time of the calling thread (time.thread_time), the median of --reps steps, so a
 loaded machine inflates them less than wall time; the samplers run with threads=1.
+
+  --processes  R real processes instead (spawned, one sampler each at threads=1), the bytes moved
+           through shared memory by an all-gather of a barrier and a copy: the wall time of a step
+           (the median over --reps, measured on rank 0 from a barrier before the step to the end of
+           its last exchange) for the sharded path (``shard.draw``: every round, top-k candidates
+           and top-p's cut included) and for gathering (each rank copies its slice into rank 0's
+           rows, rank 0 draws, the tokens go back). Kinds: sample (T = 1), greedy, top-p 0.9 with
+           top-k 50 on peaked rows, top-p 0.9 on flat rows. On a machine with fewer cores than
+           ranks the processes are oversubscribed: the times then include the waits for a core.
 """
 
 import argparse
@@ -80,6 +89,129 @@ def step(x, temps, ranks, seed):
     }
 
 
+def _proc_rank(q, ranks, rows, vocab, kind, reps, names, barrier, room):
+    from multiprocessing import shared_memory
+
+    shm = {k: shared_memory.SharedMemory(name=v) for k, v in names.items()}
+    try:
+        x = np.ndarray((rows, vocab), np.float32, buffer=shm["x"].buf)
+        gathered = np.ndarray((rows, vocab), np.float32, buffer=shm["gathered"].buf)
+        tokens_out = np.ndarray(rows, np.int32, buffer=shm["tokens"].buf)
+        times = np.ndarray((2, reps), np.float64, buffer=shm["times"].buf)
+        info = np.ndarray(8, np.int64, buffer=shm["info"].buf)
+        cuts = cuts_of(vocab, ranks)
+        mine = np.ascontiguousarray(x[:, cuts[q]:cuts[q + 1]])
+        settings = KINDS[kind](rows)
+        sent = []
+
+        def all_gather(data):
+            sent.append(len(data))
+            base = q * room
+            shm["exchange"].buf[base:base + 8] = len(data).to_bytes(8, "little")
+            shm["exchange"].buf[base + 8:base + 8 + len(data)] = data
+            barrier.wait()
+            got = []
+            for r in range(ranks):
+                n = int.from_bytes(shm["exchange"].buf[r * room:r * room + 8], "little")
+                got.append(bytes(shm["exchange"].buf[r * room + 8:r * room + 8 + n]))
+            barrier.wait()
+            return got
+
+        for rep in range(reps):
+            s = tokenrace.Sampler(vocab, max_rows=1024, seed=rep, threads=1)
+            sent.clear()
+            stats = {}
+            barrier.wait()
+            t = time.perf_counter()
+            tokens = shard.draw(s, mine, cuts[q], vocab, all_gather, stats=stats, **settings).tokens
+            t_sharded = time.perf_counter() - t
+            barrier.wait()
+            t = time.perf_counter()
+            gathered[:, cuts[q]:cuts[q + 1]] = mine  # this rank's slice to rank 0
+            barrier.wait()
+            if q == 0:
+                whole = tokenrace.Sampler(vocab, max_rows=1024, seed=rep, threads=1)
+                tokens_out[:] = whole.draw(gathered, **settings)
+            barrier.wait()
+            back = tokens_out.copy()  # the tokens broadcast
+            t_gather = time.perf_counter() - t
+            assert np.array_equal(back, tokens), "the sharded tokens differ from the gathered draw's"
+            if q == 0:
+                times[0, rep], times[1, rep] = t_sharded, t_gather
+                info[0] = stats["rounds"]
+                info[1] = sum(stats["bytes_per_round"])
+                info[2:2 + min(6, len(sent))] = sent[:6]
+    finally:
+        for m in shm.values():
+            m.close()
+
+
+def _peaked(rows, g):
+    x = (g.standard_normal((rows, 151936)) * 2).astype(np.float32)
+    for r in range(rows):
+        x[r, g.integers(0, x.shape[1], 8)] = 12 + 3 * g.random(8)
+    return x
+
+
+KINDS = {
+    "sample": lambda rows: dict(temperature=np.ones(rows, np.float32)),
+    "greedy": lambda rows: dict(temperature=np.zeros(rows, np.float32)),
+    "topp_peaked": lambda rows: dict(temperature=np.ones(rows, np.float32), top_p=np.full(rows, 0.9, np.float32),
+                                     top_k=np.full(rows, 50, np.int32)),
+    "topp_flat": lambda rows: dict(temperature=np.ones(rows, np.float32), top_p=np.full(rows, 0.9, np.float32)),
+}
+
+
+def processes(a):
+    import multiprocessing as mp
+    from multiprocessing import shared_memory
+
+    g = np.random.default_rng(0)
+    ctx = mp.get_context("spawn")
+    print(f"{'kind':12} {'R':>2} {'rows':>4} {'rounds':>6} {'sharded B/rank':>14} {'gather B':>12} "
+          f"{'sharded ms':>10} {'gather ms':>9}")
+    results = []
+    for kind in a.kinds.split(","):
+        for rows in (int(r) for r in a.rows.split(",")):
+            if kind == "topp_peaked":
+                x = _peaked(rows, g)[:, :a.vocab]
+            else:
+                x = (g.standard_normal((rows, a.vocab)) * 2).astype(np.float32)
+            for ranks in (int(r) for r in a.ranks.split(",")):
+                room = 8 + rows * (shard.MASS_DTYPE.itemsize + 4 * 64)
+                sizes = {"x": x.nbytes, "gathered": x.nbytes, "tokens": 4 * rows, "times": 16 * a.reps,
+                         "info": 64, "exchange": ranks * room}
+                shm = {k: shared_memory.SharedMemory(create=True, size=v) for k, v in sizes.items()}
+                try:
+                    np.ndarray(x.shape, np.float32, buffer=shm["x"].buf)[:] = x
+                    barrier = ctx.Barrier(ranks)
+                    names = {k: m.name for k, m in shm.items()}
+                    procs = [ctx.Process(target=_proc_rank,
+                                         args=(q, ranks, rows, a.vocab, kind, a.reps, names, barrier, room))
+                             for q in range(ranks)]
+                    for p in procs:
+                        p.start()
+                    for p in procs:
+                        p.join()
+                    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+                    times = np.ndarray((2, a.reps), np.float64, buffer=shm["times"].buf).copy()
+                    info = np.ndarray(8, np.int64, buffer=shm["info"].buf).copy()
+                finally:
+                    for m in shm.values():
+                        m.close()
+                        m.unlink()
+                cuts = cuts_of(a.vocab, ranks)
+                r = {"kind": kind, "ranks": ranks, "rows": rows, "vocab": a.vocab, "rounds": int(info[0]),
+                     "sharded_sent_per_rank": int(info[1]), "bytes_per_round": [int(b) for b in info[2:2 + info[0]]],
+                     "gather_bytes": rows * 4 * (a.vocab - (cuts[1] - cuts[0])) + rows * 4 * (ranks - 1),
+                     "sharded_s": float(np.median(times[0])), "gather_s": float(np.median(times[1]))}
+                results.append(r)
+                print(f"{kind:12} {ranks:>2} {rows:>4} {r['rounds']:>6} {r['sharded_sent_per_rank']:>14} "
+                      f"{r['gather_bytes']:>12} {1e3 * r['sharded_s']:>10.2f} {1e3 * r['gather_s']:>9.2f}",
+                      flush=True)
+    return results
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", default="2,4,8")
@@ -87,7 +219,15 @@ def main():
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json")
+    ap.add_argument("--processes", action="store_true", help="ranks as processes over shared memory")
+    ap.add_argument("--kinds", default="sample,greedy,topp_peaked,topp_flat")
     a = ap.parse_args()
+    if a.processes:
+        results = processes(a)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return
     g = np.random.default_rng(0)
     results = []
     print(f"{'kind':7} {'R':>2} {'rows':>4} {'rounds':>6} {'sharded B/rank':>14} {'gather B rank0':>15} "

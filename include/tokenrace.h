@@ -66,6 +66,9 @@
 // the two sizes.
 #define TOKENRACE_ABI_VERSION 1
 
+// Bins per row of a `tokenrace_shard_mass` (and the most values of a values round).
+#define TOKENRACE_SHARD_CUT_BINS 64
+
 // The result of every fallible call. On anything but `TOKENRACE_STATUS_OK`,
 // `tokenrace_last_error()` says what was wrong, naming the argument, row or variable.
 typedef enum tokenrace_status {
@@ -659,6 +662,12 @@ typedef struct tokenrace_shard_rows {
   const uint8_t *seeded;
   // `rows` min-p values (NULL: off), as `tokenrace_batch.min_p`.
   const float *min_p;
+  // `rows` top-k values (NULL: off), as `tokenrace_batch.top_k`: the race needs the ranks'
+  // `tokenrace_shard_top_k_candidates` through `tokenrace_shard_cut_start`.
+  const int32_t *top_k;
+  // `rows` top-p values (NULL: off), as `tokenrace_batch.top_p`: the race needs the rows' cuts
+  // (`tokenrace_shard_cut_start`, `_cut_round`, `_cut_advance`, `_race_cut`).
+  const float *top_p;
 } tokenrace_shard_rows;
 
 // What one rank sends for one row in either round: 40 bytes, a plain record to move between
@@ -699,6 +708,77 @@ typedef struct tokenrace_shard_row {
   // The row's noise key.
   uint64_t key;
 } tokenrace_shard_row;
+
+// The state of one row's filter floor (min-p, top-k, top-p) in a sharded call, the same on every
+// rank: 56 bytes, made by `tokenrace_shard_cut_start`, advanced by `tokenrace_shard_cut_advance`
+// while `phase` is not 0 (TOKENRACE_SHARD_CUT_DONE), then raced with by `tokenrace_shard_race_cut`.
+typedef struct tokenrace_shard_cut {
+  // The row's floor (min-p's, top-k's, then top-p's threshold once found).
+  float floor;
+  // The least value of the interval that holds the top-p threshold.
+  float lo;
+  // The largest value of that interval.
+  float hi;
+  // The row's top-p (1: off).
+  float top_p;
+  // The row's maximum.
+  float m;
+  // The 1/T the filters weigh at.
+  float inv_t;
+  // 0: done; 1: a round binning by weight next; 2: a round splitting [lo, hi] by value; 3: a
+  // round sending the values in [lo, hi].
+  uint32_t phase;
+  // Rounds done.
+  uint32_t step;
+  // A hash of the row and of each round's outcome.
+  uint32_t fingerprint;
+  // The combined row's round-2 fingerprint.
+  uint32_t row;
+  // The kept mass above `hi`.
+  double above;
+  // The kept mass.
+  double z;
+} tokenrace_shard_cut;
+
+// What one rank sends for one row in a round of the cut: 1320 bytes, a plain record to move
+// between ranks as bytes. In a values round `count[0]` is the number of values, in `low`.
+typedef struct tokenrace_shard_mass {
+  // Round (3), fingerprint, slice and key, as a partial.
+  struct tokenrace_shard_partial head;
+  // Per bin, the f64 mass of the rank's kept tokens in it.
+  double mass[64];
+  // Per bin, their count.
+  uint32_t count[64];
+  // Per bin, their least value (+inf: none).
+  float low[64];
+  // Per bin, their largest value (-inf: none).
+  float high[64];
+} tokenrace_shard_mass;
+
+// One rank's part of a row's logprobs: 64 bytes, a plain record sent with the race partials.
+typedef struct tokenrace_shard_logprob_partial {
+  // Round (4), fingerprint, slice and key as a partial; `value`, `token`: this rank's race
+  // winner (-1: none).
+  struct tokenrace_shard_partial head;
+  // The slice's mass over the logprobs' set.
+  double z;
+  // The logprobs' scale.
+  float s;
+  // The set's floor.
+  float floor;
+  // The slice's count of +inf values.
+  uint32_t posinf;
+  // 0.
+  uint32_t reserved;
+} tokenrace_shard_logprob_partial;
+
+// A top-n candidate: a value and its global id (-1: none). 8 bytes.
+typedef struct tokenrace_shard_top_entry {
+  // The token's value.
+  float value;
+  // Its global id.
+  int32_t token;
+} tokenrace_shard_top_entry;
 
 #ifdef __cplusplus
 extern "C" {
@@ -1031,6 +1111,30 @@ enum tokenrace_status tokenrace_watermark_detect(uint64_t secret,
                                                  uint64_t *scored,
                                                  double *p_value);
 
+// The seeds of the target rows of a watermarked verification (docs/semantics.md,
+// "Watermarking", "Verification"): request `i` has `draft_counts[i]` drafts (in `draft_tokens`,
+// request after request) and `draft_counts[i] + 1` target rows, laid out as `tokenrace_verify`
+// lays them out; row `j` of request `i` gets the seed of the position after its history (the
+// last `k` tokens of its prompt then its output, CSR lists as in `tokenrace_watermark_seeds`)
+// followed by its drafts `0 .. j`. Draw the target rows with these seeds (offset 0, seeded) and
+// keep each request's drafts while they equal the drawn tokens, then its first other drawn
+// token: the position-by-position watermarked text. `seeds` receives `sum(draft_counts) +
+// requests` seeds. On failure nothing is written.
+//
+// # Safety
+// `secrets` and `draft_counts` hold `requests` elements, `draft_tokens` their sum, `seeds`
+// their sum plus `requests`; the lists as in `tokenrace_watermark_seeds`.
+enum tokenrace_status tokenrace_watermark_verify_seeds(uint32_t requests,
+                                                       const uint64_t *secrets,
+                                                       uint32_t k,
+                                                       const int32_t *prompt_ids,
+                                                       const uint64_t *prompt_offsets,
+                                                       const int32_t *output_ids,
+                                                       const uint64_t *output_offsets,
+                                                       const int32_t *draft_counts,
+                                                       const int32_t *draft_tokens,
+                                                       uint64_t *seeds);
+
 // Round 1 on this rank: one `tokenrace_shard_partial` per row of `rows` into `out`
 // (`rows->rows` records). Unseeded sampling rows take one key each from the sampler's stream,
 // in row order, as `tokenrace_draw` of the same rows would, so ranks whose samplers were made
@@ -1080,6 +1184,112 @@ enum tokenrace_status tokenrace_shard_finish(const struct tokenrace_shard_row *c
                                              uint32_t ranks,
                                              int32_t *tokens,
                                              uint32_t *flags);
+
+// The top-k candidates of this rank (round 1 of a call with top-k, sent with the partials): per
+// row its slice's `width` largest finite values, descending, padded with -inf, into `out`
+// (`rows->rows * width` floats). `width` is at least every row's top-k, the same on every rank.
+//
+// # Safety
+// `rows` is a valid struct whose pointers cover their elements; `out` points to
+// `rows->rows * width` writable floats.
+enum tokenrace_status tokenrace_shard_top_k_candidates(const struct tokenrace_shard_rows *rows,
+                                                       uint32_t width,
+                                                       float *out);
+
+// The first state of each row's floor (`out`, `rows->rows` records), the same on every rank:
+// min-p's floor, top-k's k-th value from the ranks' candidates (`candidates`: `ranks` ranks'
+// `tokenrace_shard_top_k_candidates` of `width` per row, rank-major; NULL with `ranks` 0 when no
+// row has top-k) and, for rows with top-p, the interval to search. Takes no key.
+//
+// # Safety
+// As `tokenrace_shard_race`; `candidates` points to `ranks * rows->rows * width` floats; `out` to
+// `rows->rows` writable records.
+enum tokenrace_status tokenrace_shard_cut_start(struct tokenrace_sampler *sampler,
+                                                const struct tokenrace_shard_rows *rows,
+                                                const struct tokenrace_shard_row *combined,
+                                                const float *candidates,
+                                                uint32_t ranks,
+                                                uint32_t width,
+                                                struct tokenrace_shard_cut *out);
+
+// Whether any of `rows` cuts needs another round: 1 if so, 0 if not (then race), into `pending`.
+//
+// # Safety
+// `cuts` points to `rows` records; `pending` to one writable u32.
+enum tokenrace_status tokenrace_shard_cut_pending(const struct tokenrace_shard_cut *cuts,
+                                                  uint32_t rows,
+                                                  uint32_t *pending);
+
+// One round of the cut on this rank: per row the histogram (or values) of its slice in the cut's
+// interval, into `out` (`rows->rows` records; rows whose cut is done get an empty one).
+//
+// # Safety
+// As `tokenrace_shard_race`; `cuts` points to `rows->rows` records, `out` to as many writable.
+enum tokenrace_status tokenrace_shard_cut_round(struct tokenrace_sampler *sampler,
+                                                const struct tokenrace_shard_rows *rows,
+                                                const struct tokenrace_shard_cut *cuts,
+                                                struct tokenrace_shard_mass *out);
+
+// Advances the `rows` cuts (in place, the same on every rank) by the round's records of `ranks`
+// ranks (`masses`: `ranks * rows`, rank-major, any order). On failure nothing changes.
+//
+// # Safety
+// `cuts` points to `rows` records (read and written), `masses` to `ranks * rows`.
+enum tokenrace_status tokenrace_shard_cut_advance(struct tokenrace_shard_cut *cuts,
+                                                  uint32_t rows,
+                                                  const struct tokenrace_shard_mass *masses,
+                                                  uint32_t ranks);
+
+// Round 2 with the floors of the rows' finished cuts (`cuts`, every one done): as
+// `tokenrace_shard_race`, for rows with min-p, top-k and top-p.
+//
+// # Safety
+// As `tokenrace_shard_race`; `cuts` points to `rows->rows` records.
+enum tokenrace_status tokenrace_shard_race_cut(struct tokenrace_sampler *sampler,
+                                               const struct tokenrace_shard_rows *rows,
+                                               const struct tokenrace_shard_row *combined,
+                                               const struct tokenrace_shard_cut *cuts,
+                                               struct tokenrace_shard_partial *out);
+
+// This rank's logprob partials (`out`, `rows->rows` records) and its `top_n` best tokens per
+// row (`top`, `rows->rows * top_n` entries) for the logprobs of `mode` (a
+// `tokenrace_logprob_mode`), from the combined rows, the rows' finished cuts and this rank's
+// own race partials (`races`: what `tokenrace_shard_race_cut` wrote here; NULL when no row
+// races). Sent with the race partials.
+//
+// # Safety
+// As `tokenrace_shard_race_cut`; `races` points to `rows->rows` records or is NULL; `out` and
+// `top` to as many writable records as said.
+enum tokenrace_status tokenrace_shard_logprob_partials(struct tokenrace_sampler *sampler,
+                                                       const struct tokenrace_shard_rows *rows,
+                                                       const struct tokenrace_shard_row *combined,
+                                                       const struct tokenrace_shard_cut *cuts,
+                                                       const struct tokenrace_shard_partial *races,
+                                                       uint32_t mode,
+                                                       uint32_t top_n,
+                                                       struct tokenrace_shard_logprob_partial *out,
+                                                       struct tokenrace_shard_top_entry *top);
+
+// The logprob of each row's sampled token (`tokens`, from `tokenrace_shard_finish`) into
+// `logprobs` (`rows` floats), and, with `top_n > 0`, the top-n ids and logprobs into `top_ids`
+// and `top_logprobs` (`rows * top_n` each), from the logprob partials and top-n candidates of
+// `ranks` ranks (`ranks * rows` and `ranks * rows * top_n` records, rank-major, any order).
+// Within 1e-5 of `tokenrace_draw`'s logprobs (docs/semantics.md). On failure nothing is written.
+//
+// # Safety
+// The pointers cover the records said; `top_ids` and `top_logprobs` may be NULL when `top_n`
+// is 0.
+enum tokenrace_status tokenrace_shard_logprobs(const struct tokenrace_shard_row *combined,
+                                               uint32_t rows,
+                                               const int32_t *tokens,
+                                               const struct tokenrace_shard_logprob_partial *partials,
+                                               const struct tokenrace_shard_top_entry *tops,
+                                               uint32_t ranks,
+                                               uint32_t mode,
+                                               uint32_t top_n,
+                                               float *logprobs,
+                                               int32_t *top_ids,
+                                               float *top_logprobs);
 
 #ifdef __cplusplus
 }  // extern "C"

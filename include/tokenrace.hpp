@@ -103,10 +103,19 @@ namespace tokenrace {
   X(verify)                        \
   X(watermark_seeds)               \
   X(watermark_detect)              \
+  X(watermark_verify_seeds)        \
   X(shard_top)                     \
   X(shard_combine_top)             \
   X(shard_race)                    \
-  X(shard_finish)
+  X(shard_finish)                  \
+  X(shard_top_k_candidates)        \
+  X(shard_cut_start)               \
+  X(shard_cut_pending)             \
+  X(shard_cut_round)               \
+  X(shard_cut_advance)             \
+  X(shard_race_cut)                \
+  X(shard_logprob_partials)        \
+  X(shard_logprobs)
 
 // The C functions as a table of pointers: api.draw is tokenrace_draw, and so on. The types come
 // from the declarations in tokenrace.h through decltype, which does not refer to the symbols.

@@ -125,6 +125,33 @@ pub fn gamma_upper_tail(n: u64, x: f64) -> f64 {
     (top + sum.ln()).exp().min(1.0)
 }
 
+/// The seeds of the target rows of one request's watermarked verification: row `j` (draft
+/// position `j`, then the bonus row `drafts.len()`) has the seed of the position after
+/// `history ++ drafts[..j]`, so that each row is keyed exactly as the position-by-position
+/// watermarked draw of that text would key it. Draw the rows with these seeds (offset 0) and
+/// keep the drafts while they equal the drawn tokens ([`watermark_accept`]).
+pub fn watermark_verify_seeds(secret: u64, k: usize, history: &[i32], drafts: &[i32]) -> Vec<u64> {
+    // Only the last k tokens of history ++ drafts[..j] matter.
+    let tail = &history[history.len().saturating_sub(k)..];
+    let text: Vec<i32> = tail.iter().chain(drafts).copied().collect();
+    (0..=drafts.len()).map(|j| watermark_seed(secret, context_of(&text[..tail.len() + j], k))).collect()
+}
+
+/// The tokens one request emits from its drafts and the tokens drawn at its target rows with
+/// [`watermark_verify_seeds`]: the drafts while each equals its row's drawn token, then the
+/// drawn token of the first row that differs (the bonus row's when every draft matched). Each
+/// emitted token is the token of the position-by-position watermarked draw: an accepted draft
+/// is that draw's token, and the first other drawn token is drawn with the seed of the text
+/// accepted so far. So the text, its distribution and its watermark are the sequential ones.
+pub fn watermark_accept(drafts: &[i32], drawn: &[i32]) -> Vec<i32> {
+    let matched = drafts.iter().zip(drawn).take_while(|(d, t)| d == t).count();
+    let mut out = drafts[..matched].to_vec();
+    if let Some(&t) = drawn.get(matched) {
+        out.push(t);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -371,6 +371,127 @@ mod c_abi {
             offsets: std::ptr::null(),
             seeded: st.seeded.as_ptr(),
             min_p: st.min_p.as_ptr(),
+            top_k: std::ptr::null(),
+            top_p: std::ptr::null(),
+        }
+    }
+
+    #[test]
+    #[allow(clippy::needless_range_loop)] // ranks index several arrays
+    fn c_filtered_sharded_draws_equal_the_unsharded_draw() {
+        // top-k candidates, the cut's rounds and the race with its floors through the C calls.
+        let mut rng = TestRng::new(37);
+        let (vocab, rows) = (3000, 12);
+        for ranks in [1, 2, 4, 7] {
+            let x: Vec<f32> = (0..rows)
+                .flat_map(|_| {
+                    let d = pick_dist(&mut rng);
+                    gen_row(&mut rng, d, vocab)
+                })
+                .collect();
+            let st = Settings::random(&mut rng, rows);
+            let f = Filters::random(&mut rng, rows, vocab);
+            let cuts = random_cuts(&mut rng, vocab, ranks);
+            let base = Sampler::new(Config { seed: Some(12), max_rows: 64, ..Config::default() }).unwrap();
+            let want = whole_filtered(&base, &x, rows, vocab, &st, &f);
+            let samplers: Vec<_> = (0..ranks).map(|_| c_sampler(12)).collect();
+            let rows_of = |q: usize| tokenrace_shard_rows {
+                top_k: f.top_k.as_ptr(),
+                top_p: f.top_p.as_ptr(),
+                ..c_rows(&x, rows, vocab, (cuts[q], cuts[q + 1]), &st)
+            };
+            let ok = |status: tokenrace_status| assert_eq!(status, tokenrace_status::Ok, "{}", last_error());
+            let width = vocab / 2;
+            let mut tops = vec![tokenrace_shard_partial::default(); ranks * rows];
+            let mut cands = vec![0f32; ranks * rows * width];
+            for q in 0..ranks {
+                // SAFETY: valid structs, outputs of the sizes the calls write.
+                unsafe {
+                    ok(tokenrace_shard_top(samplers[q], &rows_of(q), tops[q * rows..].as_mut_ptr()));
+                    ok(tokenrace_shard_top_k_candidates(
+                        &rows_of(q),
+                        width as u32,
+                        cands[q * rows * width..].as_mut_ptr(),
+                    ));
+                }
+            }
+            let mut combined = vec![tokenrace_shard_row::default(); rows];
+            // SAFETY: as above.
+            ok(unsafe { tokenrace_shard_combine_top(tops.as_ptr(), ranks as u32, rows as u32, combined.as_mut_ptr()) });
+            let mut state = vec![tokenrace_shard_cut::default(); rows];
+            // SAFETY: as above.
+            ok(unsafe {
+                tokenrace_shard_cut_start(
+                    samplers[0],
+                    &rows_of(0),
+                    combined.as_ptr(),
+                    cands.as_ptr(),
+                    ranks as u32,
+                    width as u32,
+                    state.as_mut_ptr(),
+                )
+            });
+            let mut rounds = 0;
+            loop {
+                let mut pending = 7u32;
+                // SAFETY: as above.
+                ok(unsafe { tokenrace_shard_cut_pending(state.as_ptr(), rows as u32, &mut pending) });
+                if pending == 0 {
+                    break;
+                }
+                rounds += 1;
+                assert!(rounds <= 8);
+                let mut masses: Vec<tokenrace_shard_mass> = Vec::with_capacity(ranks * rows);
+                for q in 0..ranks {
+                    let mut m = vec![
+                        tokenrace_shard_mass {
+                            head: Default::default(),
+                            mass: [0.0; 64],
+                            count: [0; 64],
+                            low: [0.0; 64],
+                            high: [0.0; 64]
+                        };
+                        rows
+                    ];
+                    // SAFETY: as above.
+                    ok(unsafe { tokenrace_shard_cut_round(samplers[q], &rows_of(q), state.as_ptr(), m.as_mut_ptr()) });
+                    masses.extend(m);
+                }
+                // SAFETY: as above.
+                ok(unsafe {
+                    tokenrace_shard_cut_advance(state.as_mut_ptr(), rows as u32, masses.as_ptr(), ranks as u32)
+                });
+            }
+            let mut races = vec![tokenrace_shard_partial::default(); ranks * rows];
+            for q in 0..ranks {
+                // SAFETY: as above.
+                ok(unsafe {
+                    tokenrace_shard_race_cut(
+                        samplers[q],
+                        &rows_of(q),
+                        combined.as_ptr(),
+                        state.as_ptr(),
+                        races[q * rows..].as_mut_ptr(),
+                    )
+                });
+            }
+            let (mut tokens, mut fl) = (vec![-1; rows], vec![0u32; rows]);
+            // SAFETY: as above.
+            ok(unsafe {
+                tokenrace_shard_finish(
+                    combined.as_ptr(),
+                    rows as u32,
+                    races.as_ptr(),
+                    ranks as u32,
+                    tokens.as_mut_ptr(),
+                    fl.as_mut_ptr(),
+                )
+            });
+            assert_eq!((tokens, fl), want, "ranks {ranks} cuts {cuts:?}");
+            for s in samplers {
+                // SAFETY: made above, freed once.
+                unsafe { tokenrace_sampler_free(s) };
+            }
         }
     }
 
@@ -384,7 +505,16 @@ mod c_abi {
         assert_eq!(offset_of!(tokenrace_shard_row, key), 16);
         assert_eq!(offset_of!(tokenrace_shard_rows, logits), 8);
         assert_eq!(offset_of!(tokenrace_shard_rows, min_p), 88);
-        assert_eq!(size_of::<tokenrace_shard_rows>(), 96);
+        assert_eq!(offset_of!(tokenrace_shard_rows, top_k), 96);
+        assert_eq!(offset_of!(tokenrace_shard_rows, top_p), 104);
+        assert_eq!(size_of::<tokenrace_shard_rows>(), 112);
+        assert_eq!(size_of::<tokenrace_shard_cut>(), 56);
+        assert_eq!(offset_of!(tokenrace_shard_cut, above), 40);
+        assert_eq!(size_of::<tokenrace_shard_mass>(), 1320);
+        assert_eq!(offset_of!(tokenrace_shard_mass, mass), 40);
+        assert_eq!(offset_of!(tokenrace_shard_mass, count), 552);
+        assert_eq!(offset_of!(tokenrace_shard_mass, low), 808);
+        assert_eq!(offset_of!(tokenrace_shard_mass, high), 1064);
     }
 
     #[test]
@@ -520,4 +650,338 @@ fn top_k_rows_equal_the_unsharded_draw() {
             assert!(err.message.contains("width: 3 is below rows.top_k["), "{}", err.message);
         }
     });
+}
+
+/// The rows' filters: top-k, top-p and min-p, each on or off per row.
+struct Filters {
+    top_k: Vec<i32>,
+    top_p: Vec<f32>,
+}
+
+impl Filters {
+    fn random(rng: &mut TestRng, rows: usize, vocab: usize) -> Filters {
+        let top_k = (0..rows).map(|_| [0, 0, 1, 3, 40, (vocab / 2) as i32, vocab as i32][rng.below(7)]).collect();
+        let top_p = (0..rows).map(|_| [1.0, 0.1, 0.5, 0.9, 0.95, 0.999, 0.99999][rng.below(7)]).collect();
+        Filters { top_k, top_p }
+    }
+}
+
+/// The sharded draw of rows with filters through the cut (top-k candidates in round 1, then
+/// rounds of the cut until every row's floor is known, then the race); also the rounds of the
+/// cut it took.
+fn sharded_filtered(
+    ranks: &[Sampler],
+    x: &[f32],
+    (rows, vocab): (usize, usize),
+    cuts: &[usize],
+    order: &[usize],
+    st: &Settings,
+    f: &Filters,
+) -> ((Vec<i32>, Vec<u32>), usize) {
+    let (drawn, rounds, _) = sharded_with_logprobs(ranks, x, (rows, vocab), cuts, order, st, f, None);
+    (drawn, rounds)
+}
+
+/// The logprobs of the sampled tokens and the top-n ids and logprobs, rows after rows.
+type Logprobs = (Vec<f32>, Vec<i32>, Vec<f32>);
+
+/// [`sharded_filtered`], with the logprobs of `mode` and the top `top_n` when asked for (their
+/// partials sent with the race's).
+#[allow(clippy::too_many_arguments)]
+fn sharded_with_logprobs(
+    ranks: &[Sampler],
+    x: &[f32],
+    (rows, vocab): (usize, usize),
+    cuts: &[usize],
+    order: &[usize],
+    st: &Settings,
+    f: &Filters,
+    logprobs: Option<(LogprobMode, usize)>,
+) -> ((Vec<i32>, Vec<u32>), usize, Option<Logprobs>) {
+    let n = ranks.len();
+    let rows_of =
+        |q: usize| ShardRows { top_k: Some(&f.top_k), top_p: Some(&f.top_p), ..rank_rows(x, rows, vocab, cuts, q, st) };
+    let width = f.top_k.iter().map(|&k| k.max(0) as usize).filter(|&k| k < vocab).max().unwrap_or(0);
+    let mut tops = vec![vec![ShardPartial::default(); rows]; n];
+    let mut cands = vec![vec![0f32; rows * width]; n];
+    for q in 0..n {
+        ranks[q].shard_top(&rows_of(q), &mut tops[q]).unwrap();
+        shard_top_k_candidates(&rows_of(q), width, &mut cands[q]).unwrap();
+    }
+    let mut combined = vec![ShardRow::default(); rows];
+    shard_combine_top(&order.iter().map(|&q| &tops[q][..]).collect::<Vec<_>>(), &mut combined).unwrap();
+    let gathered: Vec<&[f32]> = order.iter().map(|&q| &cands[q][..]).collect();
+    // Every rank computes the same states: each rank's own copy, compared.
+    let mut states = vec![vec![ShardCut::default(); rows]; n];
+    for q in 0..n {
+        ranks[q].shard_cut_start(&rows_of(q), &combined, &gathered, &mut states[q]).unwrap();
+    }
+    let mut rounds = 0;
+    while shard_cut_pending(&states[0]) {
+        rounds += 1;
+        assert!(rounds <= 9, "the cut takes at most 8 rounds");
+        let masses: Vec<Vec<ShardMass>> = (0..n)
+            .map(|q| {
+                let mut m = vec![ShardMass::default(); rows];
+                ranks[q].shard_cut_round(&rows_of(q), &states[q], &mut m).unwrap();
+                m
+            })
+            .collect();
+        for (q, state) in states.iter_mut().enumerate() {
+            // Each rank gathers in its own order: the ranks' states must agree all the same.
+            let view: Vec<&[ShardMass]> = (0..n).map(|i| &masses[order[(i + q) % n]][..]).collect();
+            shard_cut_advance(state, &view).unwrap();
+        }
+        assert!(states.iter().all(|s| s == &states[0]), "the ranks' cuts differ");
+    }
+    let races: Vec<Vec<ShardPartial>> = (0..n)
+        .map(|q| {
+            let mut p = vec![ShardPartial::default(); rows];
+            ranks[q].shard_race_cut(&rows_of(q), &combined, &states[q], &mut p).unwrap();
+            p
+        })
+        .collect();
+    let (mut tokens, mut fl) = (vec![-7; rows], vec![0; rows]);
+    shard_finish(&combined, &races.iter().map(|p| &p[..]).collect::<Vec<_>>(), &mut tokens, Some(&mut fl)).unwrap();
+    let lps = logprobs.map(|(mode, top_n)| {
+        let mut parts = vec![vec![ShardLogprobPartial::default(); rows]; n];
+        let mut tops = vec![vec![ShardTopEntry::default(); rows * top_n]; n];
+        for q in 0..n {
+            ranks[q]
+                .shard_logprob_partials(
+                    &rows_of(q),
+                    &combined,
+                    &states[q],
+                    &races[q],
+                    mode,
+                    top_n,
+                    &mut parts[q],
+                    &mut tops[q],
+                )
+                .unwrap();
+        }
+        let (mut lps, mut ids, mut tlps) = (vec![0f32; rows], vec![0; rows * top_n], vec![0f32; rows * top_n]);
+        shard_logprobs(
+            &combined,
+            &tokens,
+            &order.iter().map(|&q| &parts[q][..]).collect::<Vec<_>>(),
+            &order.iter().map(|&q| &tops[q][..]).collect::<Vec<_>>(),
+            mode,
+            top_n,
+            &mut lps,
+            &mut ids,
+            &mut tlps,
+        )
+        .unwrap();
+        (lps, ids, tlps)
+    });
+    ((tokens, fl), rounds, lps)
+}
+
+fn whole_filtered(
+    s: &Sampler,
+    x: &[f32],
+    rows: usize,
+    vocab: usize,
+    st: &Settings,
+    f: &Filters,
+) -> (Vec<i32>, Vec<u32>) {
+    let b = Batch {
+        temperature: Some(&st.temps),
+        seeds: Some(&st.seeds),
+        seeded: Some(&st.seeded),
+        min_p: Some(&st.min_p),
+        top_k: Some(&f.top_k),
+        top_p: Some(&f.top_p),
+        ..Batch::new(Logits::F32(x), rows, vocab)
+    };
+    draw(s, &b)
+}
+
+#[test]
+fn top_p_top_k_and_min_p_rows_equal_the_unsharded_draw() {
+    // top-p's threshold from rounds of histograms over the ranks, top-k's from their candidates,
+    // min-p's from the maximum: the floors of the unsharded draw, so the same tokens and flags.
+    // Rows of every kind (ties, NaN, masked, peaked), large flat rows whose cut needs the value
+    // splits, seeded and unseeded, 1 to 8 ranks, every level, 1 and 4 threads.
+    let (mut most_rounds, mut filtered_differ) = (0, 0);
+    each_level(|level| {
+        for threads in [1, 4] {
+            let mut rng = TestRng::new(53 + threads as u64);
+            for ranks in 1..=8 {
+                for vocab in [700, 5000] {
+                    let rows = 14;
+                    let mut x: Vec<f32> = (0..rows)
+                        .flat_map(|_| {
+                            let d = pick_dist(&mut rng);
+                            gen_row(&mut rng, d, vocab)
+                        })
+                        .collect();
+                    // A flat row of many near ties (thousands of tokens inside one bin).
+                    for v in &mut x[..vocab] {
+                        *v = (rng.f64() * 1e-3) as f32;
+                    }
+                    let st = Settings::random(&mut rng, rows);
+                    let f = Filters::random(&mut rng, rows, vocab);
+                    let cuts = random_cuts(&mut rng, vocab, ranks);
+                    let order = shuffled(&mut rng, ranks);
+                    let seed = rng.u64();
+                    let want = whole_filtered(&with_threads(level, seed, threads), &x, rows, vocab, &st, &f);
+                    let shards: Vec<Sampler> = (0..ranks).map(|_| with_threads(level, seed, threads)).collect();
+                    let (got, rounds) = sharded_filtered(&shards, &x, (rows, vocab), &cuts, &order, &st, &f);
+                    most_rounds = most_rounds.max(rounds);
+                    // Power: the filters change tokens, so a wrong floor would show.
+                    let off = Filters { top_k: vec![0; rows], top_p: vec![1.0; rows] };
+                    let unfiltered = whole_filtered(&with_threads(level, seed, threads), &x, rows, vocab, &st, &off);
+                    filtered_differ += unfiltered.0.iter().zip(&want.0).filter(|(a, b)| a != b).count();
+                    assert_eq!(
+                        got, want,
+                        "{level:?} threads {threads} ranks {ranks} vocab {vocab} cuts {cuts:?} top_k {:?} top_p {:?}",
+                        f.top_k, f.top_p
+                    );
+                }
+            }
+        }
+    });
+    assert!(most_rounds >= 3, "some row needed a split round ({most_rounds} rounds at most)");
+    assert!(filtered_differ > 100, "the filters changed only {filtered_differ} tokens");
+}
+
+#[test]
+#[allow(clippy::needless_range_loop)] // ranks index several arrays
+fn the_cut_refuses_records_of_another_round_and_a_race_before_it_is_done() {
+    let mut rng = TestRng::new(3);
+    let (vocab, rows) = (1000, 4);
+    let x: Vec<f32> = (0..rows * vocab).map(|_| rng.normal() as f32).collect();
+    let st = Settings { temps: vec![1.0; rows], seeds: vec![5; rows], seeded: vec![1; rows], min_p: vec![0.0; rows] };
+    let f = Filters { top_k: vec![0; rows], top_p: vec![0.9; rows] };
+    let cuts = [0, 400, vocab];
+    let s = sampler(SimdLevel::Scalar, 1);
+    let rows_of = |q: usize| ShardRows {
+        top_k: Some(&f.top_k),
+        top_p: Some(&f.top_p),
+        ..rank_rows(&x, rows, vocab, &cuts, q, &st)
+    };
+    let mut tops = vec![vec![ShardPartial::default(); rows]; 2];
+    for q in 0..2 {
+        s.shard_top(&rows_of(q), &mut tops[q]).unwrap();
+    }
+    let mut combined = vec![ShardRow::default(); rows];
+    shard_combine_top(&[&tops[0][..], &tops[1][..]], &mut combined).unwrap();
+    let mut state = vec![ShardCut::default(); rows];
+    s.shard_cut_start(&rows_of(0), &combined, &[], &mut state).unwrap();
+    // A top-p row races only with its cut, and only once it is done.
+    let mut out = vec![ShardPartial::default(); rows];
+    let err = s.shard_race(&rows_of(0), &combined, &mut out).unwrap_err();
+    assert!(err.message.contains("rows.top_p[0]: a row with top-p races with its cut"), "{}", err.message);
+    let err = s.shard_race_cut(&rows_of(0), &combined, &state, &mut out).unwrap_err();
+    assert!(err.message.contains("cuts[0]: its cut is not done"), "{}", err.message);
+    let mut m = vec![vec![ShardMass::default(); rows]; 2];
+    for q in 0..2 {
+        s.shard_cut_round(&rows_of(q), &state, &mut m[q]).unwrap();
+    }
+    let before = state.clone();
+    // Rank 1's record of row 2 in row 1's place: another row's fingerprint.
+    let mut wrong = m[1].clone();
+    wrong.swap(1, 2);
+    let err = shard_cut_advance(&mut state, &[&m[0][..], &wrong[..]]).unwrap_err();
+    assert!(err.message.contains("(rank 1, row 1)") && err.message.contains("fingerprint"), "{}", err.message);
+    // A missing rank leaves a gap.
+    let err = shard_cut_advance(&mut state, &[&m[0][..]]).unwrap_err();
+    assert!(err.message.contains("row 0") && err.message.contains("cover [0, 400)"), "{}", err.message);
+    assert_eq!(state, before, "a failed advance changes nothing");
+    shard_cut_advance(&mut state, &[&m[1][..], &m[0][..]]).unwrap();
+    // The records of the round before are refused now.
+    let err = shard_cut_advance(&mut state.clone(), &[&m[0][..], &m[1][..]]).unwrap_err();
+    assert!(err.message.contains("fingerprint"), "{}", err.message);
+}
+
+#[test]
+fn sharded_logprobs_and_top_n_equal_the_unsharded_within_the_mass_error() {
+    // The sampled token's logprob and the top-n, RAW and PROCESSED: the unsharded draw sums Z
+    // from f32 exps (relative error below 1e-5), the sharded one from exact f64 weights, so the
+    // logprobs agree within 1e-5 (plus the f32 rounding of the result); the top-n ids are the
+    // same. Filters on, 1 to 8 ranks, every level.
+    let mut worst = 0f64;
+    each_level(|level| {
+        let mut rng = TestRng::new(61);
+        for ranks in 1..=8 {
+            let (vocab, rows, top_n) = (2000, 12, 7);
+            let x: Vec<f32> = (0..rows)
+                .flat_map(|_| {
+                    let d = pick_dist(&mut rng);
+                    gen_row(&mut rng, d, vocab)
+                })
+                .collect();
+            let st = Settings::random(&mut rng, rows);
+            let f = Filters::random(&mut rng, rows, vocab);
+            let cuts = random_cuts(&mut rng, vocab, ranks);
+            let order = shuffled(&mut rng, ranks);
+            for mode in [LogprobMode::Raw, LogprobMode::Processed] {
+                let whole_s = sampler(level, 8);
+                let (mut tokens, mut lps) = (vec![0; rows], vec![0f32; rows]);
+                let (mut ids, mut tlps) = (vec![0; rows * top_n], vec![0f32; rows * top_n]);
+                let b = Batch {
+                    temperature: Some(&st.temps),
+                    seeds: Some(&st.seeds),
+                    seeded: Some(&st.seeded),
+                    min_p: Some(&st.min_p),
+                    top_k: Some(&f.top_k),
+                    top_p: Some(&f.top_p),
+                    ..Batch::new(Logits::F32(&x), rows, vocab)
+                };
+                let mut out = Output {
+                    logprobs: Some(&mut lps),
+                    top_n,
+                    topn_ids: Some(&mut ids),
+                    topn_logprobs: Some(&mut tlps),
+                    logprob_mode: mode,
+                    ..Output::new(&mut tokens)
+                };
+                whole_s.draw(&b, &mut out).unwrap();
+                let shards: Vec<Sampler> = (0..ranks).map(|_| sampler(level, 8)).collect();
+                let ((got_tokens, _), _, got) =
+                    sharded_with_logprobs(&shards, &x, (rows, vocab), &cuts, &order, &st, &f, Some((mode, top_n)));
+                let (got_lps, got_ids, got_tlps) = got.unwrap();
+                assert_eq!(got_tokens, tokens, "{level:?} ranks {ranks}");
+                let mut close = |a: f32, b: f32| {
+                    if a == b {
+                        return true;
+                    }
+                    let d = (a as f64 - b as f64).abs();
+                    worst = worst.max(d);
+                    d <= 1e-5 + 4.0 * (a.abs().max(b.abs()) as f64) * f32::EPSILON as f64
+                };
+                for r in 0..rows {
+                    assert!(
+                        close(got_lps[r], lps[r]),
+                        "{level:?} {mode:?} ranks {ranks} row {r}: {} vs {}",
+                        got_lps[r],
+                        lps[r]
+                    );
+                    for j in 0..top_n {
+                        let i = r * top_n + j;
+                        assert!(
+                            close(got_tlps[i], tlps[i]),
+                            "{level:?} {mode:?} ranks {ranks} row {r} top {j}: {} vs {}",
+                            got_tlps[i],
+                            tlps[i]
+                        );
+                        // The same ids, but for ties of logprobs that the two sums round apart.
+                        if got_ids[i] != ids[i] {
+                            assert!((tlps[i] as f64 - got_tlps[i] as f64).abs() <= 1e-5, "row {r} top {j}");
+                            assert!(
+                                (r * top_n..(r + 1) * top_n)
+                                    .any(|k| (tlps[k] - tlps[i]).abs() <= 2e-5 && ids[k] == got_ids[i]),
+                                "{level:?} {mode:?} ranks {ranks} row {r} top {j}: id {} vs {}",
+                                got_ids[i],
+                                ids[i]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    });
+    eprintln!("largest difference of a sharded logprob from the unsharded one: {worst:e}");
 }

@@ -138,6 +138,16 @@ impl Toy {
         history.into_iter().map(|h| (h[..4].to_vec(), h[4..].to_vec())).collect()
     }
 
+    /// The watermarked text of `len` tokens after `prompt`, drawn position by position.
+    fn watermarked_from(&self, s: &Sampler, secret: u64, k: usize, prompt: &[i32], len: usize) -> Vec<i32> {
+        let mut h = prompt.to_vec();
+        for _ in 0..len {
+            let seed = watermark_seed(secret, watermark_context(&h, k));
+            h.push(draw_seeded(s, self.row(*h.last().unwrap()), self.vocab, &[seed])[0]);
+        }
+        h[prompt.len()..].to_vec()
+    }
+
     /// A text sampled exactly from the model by the test's own generator (no watermark).
     fn plain(&self, rng: &mut TestRng, len: usize) -> (Vec<i32>, Vec<i32>) {
         let prompt: Vec<i32> = (0..4).map(|_| rng.below(self.vocab) as i32).collect();
@@ -215,4 +225,148 @@ fn repeated_context_token_pairs_are_scored_once() {
     // The same text after a prompt ending in 5: the first context is [5] too, one pair scored.
     assert_eq!(detect_watermark(secret, k, &[7, 5], &text).scored, 1);
     assert_eq!(detect_watermark(secret, k, &[], &[]).p_value, 1.0);
+}
+
+/// Speculative decoding of `len` tokens after `prompt` with watermarked verification: the
+/// drafter (`draft`, another model) proposes `n` tokens position by position, keyed by the same
+/// watermark seeds; the target rows of the drafts and the bonus row are drawn in one call with
+/// `watermark_verify_seeds` (or, for the power check, `wrong_seeds`), and `watermark_accept`
+/// keeps the matching drafts. Returns the text and the count of accepted drafts.
+#[allow(clippy::too_many_arguments)]
+fn speculative(
+    s: &Sampler,
+    target: &Toy,
+    draft: &Toy,
+    (secret, k): (u64, usize),
+    prompt: &[i32],
+    n: usize,
+    len: usize,
+    wrong_seeds: bool,
+) -> (Vec<i32>, usize) {
+    let mut history = prompt.to_vec();
+    let mut accepted = 0;
+    while history.len() < prompt.len() + len {
+        let mut drafts = Vec::new();
+        let mut ctx = history.clone();
+        for _ in 0..n {
+            let seed = watermark_seed(secret, watermark_context(&ctx, k));
+            let t = draw_seeded(s, draft.row(*ctx.last().unwrap()), draft.vocab, &[seed])[0];
+            drafts.push(t);
+            ctx.push(t);
+        }
+        let mut seeds = watermark_verify_seeds(secret, k, &history, &drafts);
+        if wrong_seeds {
+            // One seed per request, as a seeded verify would key its rows: every row alike.
+            let first = seeds[0];
+            seeds.iter_mut().for_each(|x| *x = first);
+        }
+        let prevs: Vec<i32> = std::iter::once(*history.last().unwrap()).chain(drafts.iter().copied()).collect();
+        let logits: Vec<f32> = prevs.iter().flat_map(|&p| target.row(p).iter().copied()).collect();
+        let drawn = draw_seeded(s, &logits, target.vocab, &seeds);
+        let emitted = watermark_accept(&drafts, &drawn);
+        accepted += emitted.len() - 1;
+        history.extend(emitted);
+    }
+    history.truncate(prompt.len() + len);
+    (history[prompt.len()..].to_vec(), accepted)
+}
+
+#[test]
+fn watermarked_verification_emits_the_sequential_watermarked_text() {
+    // The target rows of the drafts keyed by the contexts prompt ++ output ++ drafts[..j]: the
+    // speculative text is, token for token, the position-by-position watermarked draw (so it has
+    // its distribution and its watermark), at every level; keying every row of a request with one
+    // seed (a per-request seed, as a seeded verify) gives other texts.
+    let (secret, k, len) = (0x5eed_u64, 4, 120);
+    let mut rng = TestRng::new(0x3a7e_0003);
+    let target = Toy::new(&mut rng, 1000);
+    let draft = Toy { vocab: 1000, table: target.table.iter().map(|r| r.iter().map(|&x| x * 0.8).collect()).collect() };
+    each_level(|level| {
+        let s = sampler(level, 2);
+        let mut rng = TestRng::new(91);
+        let (mut accepted, mut differ) = (0, 0);
+        for _ in 0..10 {
+            let prompt: Vec<i32> = (0..4).map(|_| rng.below(1000) as i32).collect();
+            let sequential = target.watermarked_from(&s, secret, k, &prompt, len);
+            let (text, a) = speculative(&s, &target, &draft, (secret, k), &prompt, 4, len, false);
+            assert_eq!(text, sequential, "{level:?}");
+            accepted += a;
+            let (wrong, _) = speculative(&s, &target, &draft, (secret, k), &prompt, 4, len, true);
+            differ += (wrong != sequential) as usize;
+        }
+        println!("{level:?}: {accepted} drafts accepted of {} tokens", 10 * len);
+        assert!(accepted > 10 * len / 4, "the drafter keyed by the same seeds agrees often");
+        assert_eq!(differ, 10, "a per-request seed does not give the sequential text");
+    });
+}
+
+#[test]
+fn verified_watermarked_texts_are_detected() {
+    let (secret, k, len) = (0xddba_115e_c2e7_u64, 4, 200);
+    let mut rng = TestRng::new(0x3a7e_0004);
+    let target = Toy::new(&mut rng, 1000);
+    let draft = Toy { vocab: 1000, table: target.table.iter().map(|r| r.iter().map(|&x| x * 0.8).collect()).collect() };
+    let s = sampler(best_level(), 3);
+    let mut worst: f64 = 0.0;
+    for i in 0..20 {
+        let prompt: Vec<i32> = (0..4).map(|_| rng.below(1000) as i32).collect();
+        let (text, _) = speculative(&s, &target, &draft, (secret, k), &prompt, 4, len, false);
+        let d = detect_watermark(secret, k, &prompt, &text);
+        worst = worst.max(d.p_value);
+        assert!(d.p_value < 1e-6, "a verified watermarked text: {d:?}");
+        let other = detect_watermark(secret ^ (i + 1), k, &prompt, &text);
+        assert!(other.p_value > 1e-6, "another secret: {other:?}");
+    }
+    println!("20 verified watermarked texts of {len} tokens: the largest p-value {worst:.3e}");
+}
+
+#[test]
+fn c_verify_seeds_are_the_rust_ones_and_bad_counts_are_refused() {
+    use tokenrace::internals::api::tokenrace_watermark_verify_seeds;
+    use tokenrace::internals::types::tokenrace_status;
+    let secrets = [5u64, 6];
+    let (prompt, prompt_off) = ([1, 2, 3, 4, 5], [0u64, 3, 5]);
+    let (output, output_off) = ([7, 8], [0u64, 2, 2]);
+    let (counts, drafts) = ([2, 0], [9, 10]);
+    let mut seeds = [0u64; 4];
+    // SAFETY: every array as long as the call says.
+    let status = unsafe {
+        tokenrace_watermark_verify_seeds(
+            2,
+            secrets.as_ptr(),
+            3,
+            prompt.as_ptr(),
+            prompt_off.as_ptr(),
+            output.as_ptr(),
+            output_off.as_ptr(),
+            counts.as_ptr(),
+            drafts.as_ptr(),
+            seeds.as_mut_ptr(),
+        )
+    };
+    assert_eq!(status, tokenrace_status::Ok);
+    let mut want = watermark_verify_seeds(5, 3, &[1, 2, 3, 7, 8], &[9, 10]);
+    want.extend(watermark_verify_seeds(6, 3, &[4, 5], &[]));
+    assert_eq!(seeds.to_vec(), want);
+    // Row j's seed is the seed of the position after history ++ drafts[..j].
+    assert_eq!(want[2], watermark_seed(5, &[8, 9, 10]));
+    let bad = [2, -1];
+    let mut untouched = [7u64; 4];
+    // SAFETY: as above.
+    let status = unsafe {
+        tokenrace_watermark_verify_seeds(
+            2,
+            secrets.as_ptr(),
+            3,
+            prompt.as_ptr(),
+            prompt_off.as_ptr(),
+            output.as_ptr(),
+            output_off.as_ptr(),
+            bad.as_ptr(),
+            drafts.as_ptr(),
+            untouched.as_mut_ptr(),
+        )
+    };
+    assert_eq!(status, tokenrace_status::InvalidArgument);
+    assert_eq!(untouched, [7; 4]);
 }

@@ -157,7 +157,7 @@ versioned!(tokenrace_pool_stats, v1 ends with reserved0, default Default::defaul
 ]);
 versioned!(tokenrace_shard_rows, v1 ends with min_p, default zeroed(), [
     struct_size, reserved0, logits, rows, row_stride, vocab_start, slice_len, vocab_size, temperature, seeds, offsets,
-    seeded, min_p,
+    seeded, min_p, top_k, top_p,
 ]);
 
 // The configurations: the C structs and the library's `Config`/`PoolConfig`, both ways. The

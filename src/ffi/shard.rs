@@ -4,11 +4,17 @@
 //! all_gather of `ranks * rows` records, rank-major) and passes them back.
 
 use super::api::tokenrace_sampler;
+use super::convert::arg_enum;
 use super::convert::{opt_slice, read_versioned, slice};
 use super::panic::guard;
+use super::types::tokenrace_logprob_mode;
 use super::types::tokenrace_status;
+use crate::batch::LogprobMode;
 use crate::error::{Error, Owner, Result};
-use crate::shard::{combine_top, finish, ShardPartial, ShardRow, ShardRows};
+use crate::shard::{
+    combine_top, cut_advance, finish, shard_logprobs, top_k_candidates, ShardCut, ShardLogprobPartial, ShardMass,
+    ShardPartial, ShardRow, ShardRows, ShardTopEntry, CUT_BINS,
+};
 
 /// One rank's rows of a sharded call (docs/semantics.md, "Sharded rows"): the f32 logits of
 /// tokens `[vocab_start, vocab_start + slice_len)` of rows of `vocab_size` tokens, and the rows'
@@ -42,6 +48,12 @@ pub struct tokenrace_shard_rows {
     pub seeded: *const u8,
     /// `rows` min-p values (NULL: off), as `tokenrace_batch.min_p`.
     pub min_p: *const f32,
+    /// `rows` top-k values (NULL: off), as `tokenrace_batch.top_k`: the race needs the ranks'
+    /// `tokenrace_shard_top_k_candidates` through `tokenrace_shard_cut_start`.
+    pub top_k: *const i32,
+    /// `rows` top-p values (NULL: off), as `tokenrace_batch.top_p`: the race needs the rows' cuts
+    /// (`tokenrace_shard_cut_start`, `_cut_round`, `_cut_advance`, `_race_cut`).
+    pub top_p: *const f32,
 }
 
 /// What one rank sends for one row in either round: 40 bytes, a plain record to move between
@@ -162,7 +174,8 @@ unsafe fn rows_from_c<'a>(c: &tokenrace_shard_rows) -> Result<ShardRows<'a>> {
             offsets: opt_slice(o, "offsets", c.offsets, n).map_err(rows_named)?,
             seeded: opt_slice(o, "seeded", c.seeded, n).map_err(rows_named)?,
             min_p: opt_slice(o, "min_p", c.min_p, n).map_err(rows_named)?,
-            top_k: None,
+            top_k: opt_slice(o, "top_k", c.top_k, n).map_err(rows_named)?,
+            top_p: opt_slice(o, "top_p", c.top_p, n).map_err(rows_named)?,
         })
     }
 }
@@ -325,6 +338,404 @@ pub unsafe extern "C" fn tokenrace_shard_finish(
                 write_out("flags", flags, &f)?;
             }
             Ok(())
+        }
+    })
+}
+
+/// The state of one row's filter floor (min-p, top-k, top-p) in a sharded call, the same on every
+/// rank: 56 bytes, made by `tokenrace_shard_cut_start`, advanced by `tokenrace_shard_cut_advance`
+/// while `phase` is not 0 (TOKENRACE_SHARD_CUT_DONE), then raced with by `tokenrace_shard_race_cut`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct tokenrace_shard_cut {
+    /// The row's floor (min-p's, top-k's, then top-p's threshold once found).
+    pub floor: f32,
+    /// The least value of the interval that holds the top-p threshold.
+    pub lo: f32,
+    /// The largest value of that interval.
+    pub hi: f32,
+    /// The row's top-p (1: off).
+    pub top_p: f32,
+    /// The row's maximum.
+    pub m: f32,
+    /// The 1/T the filters weigh at.
+    pub inv_t: f32,
+    /// 0: done; 1: a round binning by weight next; 2: a round splitting [lo, hi] by value; 3: a
+    /// round sending the values in [lo, hi].
+    pub phase: u32,
+    /// Rounds done.
+    pub step: u32,
+    /// A hash of the row and of each round's outcome.
+    pub fingerprint: u32,
+    /// The combined row's round-2 fingerprint.
+    pub row: u32,
+    /// The kept mass above `hi`.
+    pub above: f64,
+    /// The kept mass.
+    pub z: f64,
+}
+
+/// Bins per row of a `tokenrace_shard_mass` (and the most values of a values round).
+pub const TOKENRACE_SHARD_CUT_BINS: usize = 64;
+
+/// What one rank sends for one row in a round of the cut: 1320 bytes, a plain record to move
+/// between ranks as bytes. In a values round `count[0]` is the number of values, in `low`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct tokenrace_shard_mass {
+    /// Round (3), fingerprint, slice and key, as a partial.
+    pub head: tokenrace_shard_partial,
+    /// Per bin, the f64 mass of the rank's kept tokens in it.
+    pub mass: [f64; 64],
+    /// Per bin, their count.
+    pub count: [u32; 64],
+    /// Per bin, their least value (+inf: none).
+    pub low: [f32; 64],
+    /// Per bin, their largest value (-inf: none).
+    pub high: [f32; 64],
+}
+
+// Field for field the library's records (same fields, same order, repr(C)).
+const _: () = assert!(size_of::<tokenrace_shard_cut>() == size_of::<ShardCut>() && size_of::<ShardCut>() == 56);
+const _: () = assert!(size_of::<tokenrace_shard_mass>() == size_of::<ShardMass>() && size_of::<ShardMass>() == 1320);
+const _: () = assert!(TOKENRACE_SHARD_CUT_BINS == CUT_BINS);
+
+fn cut_to_c(c: ShardCut) -> tokenrace_shard_cut {
+    let ShardCut { floor, lo, hi, top_p, m, inv_t, phase, step, fingerprint, row, above, z } = c;
+    tokenrace_shard_cut { floor, lo, hi, top_p, m, inv_t, phase, step, fingerprint, row, above, z }
+}
+
+fn cut_from_c(c: tokenrace_shard_cut) -> ShardCut {
+    let tokenrace_shard_cut { floor, lo, hi, top_p, m, inv_t, phase, step, fingerprint, row, above, z } = c;
+    ShardCut { floor, lo, hi, top_p, m, inv_t, phase, step, fingerprint, row, above, z }
+}
+
+fn mass_to_c(x: ShardMass) -> tokenrace_shard_mass {
+    let ShardMass { head, mass, count, low, high } = x;
+    tokenrace_shard_mass { head: head.into(), mass, count, low, high }
+}
+
+fn mass_from_c(x: tokenrace_shard_mass) -> ShardMass {
+    let tokenrace_shard_mass { head, mass, count, low, high } = x;
+    ShardMass { head: head.into(), mass, count, low, high }
+}
+
+/// `n` records at `ptr` (non-NULL when `n > 0`) under `name`.
+///
+/// # Safety
+/// A non-NULL `ptr` points to `n` records.
+unsafe fn records<'a, T>(name: &'static str, ptr: *const T, n: usize) -> Result<&'a [T]> {
+    // SAFETY: the caller's contract.
+    unsafe { slice(Owner::Batch, name, ptr, n) }.map_err(|e| {
+        let message = e.message.replacen("batch.", "", 1);
+        Error { message, ..e }
+    })
+}
+
+/// The top-k candidates of this rank (round 1 of a call with top-k, sent with the partials): per
+/// row its slice's `width` largest finite values, descending, padded with -inf, into `out`
+/// (`rows->rows * width` floats). `width` is at least every row's top-k, the same on every rank.
+///
+/// # Safety
+/// `rows` is a valid struct whose pointers cover their elements; `out` points to
+/// `rows->rows * width` writable floats.
+#[no_mangle]
+pub unsafe extern "C" fn tokenrace_shard_top_k_candidates(
+    rows: *const tokenrace_shard_rows,
+    width: u32,
+    out: *mut f32,
+) -> tokenrace_status {
+    guard("tokenrace_shard_top_k_candidates", || {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let r = rows_from_c(&read_versioned(rows, "rows")?)?;
+            let mut c = crate::alloc::filled(r.rows * width as usize, 0f32, "top-k candidates")?;
+            top_k_candidates(&r, width as usize, &mut c)?;
+            write_out("out", out, &c)
+        }
+    })
+}
+
+/// The first state of each row's floor (`out`, `rows->rows` records), the same on every rank:
+/// min-p's floor, top-k's k-th value from the ranks' candidates (`candidates`: `ranks` ranks'
+/// `tokenrace_shard_top_k_candidates` of `width` per row, rank-major; NULL with `ranks` 0 when no
+/// row has top-k) and, for rows with top-p, the interval to search. Takes no key.
+///
+/// # Safety
+/// As `tokenrace_shard_race`; `candidates` points to `ranks * rows->rows * width` floats; `out` to
+/// `rows->rows` writable records.
+#[no_mangle]
+pub unsafe extern "C" fn tokenrace_shard_cut_start(
+    sampler: *mut tokenrace_sampler,
+    rows: *const tokenrace_shard_rows,
+    combined: *const tokenrace_shard_row,
+    candidates: *const f32,
+    ranks: u32,
+    width: u32,
+    out: *mut tokenrace_shard_cut,
+) -> tokenrace_status {
+    guard("tokenrace_shard_cut_start", || {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let s = sampler.as_ref().ok_or_else(|| Error::invalid_argument("sampler: is NULL"))?;
+            let r = rows_from_c(&read_versioned(rows, "rows")?)?;
+            let c = records("combined", combined, r.rows)?;
+            let c: Vec<ShardRow> = c.iter().map(|&x| x.into()).collect();
+            let per = r.rows.checked_mul(width as usize).ok_or_else(|| Error::invalid_argument("width: overflows"))?;
+            let total = per.checked_mul(ranks as usize).ok_or_else(|| Error::invalid_argument("ranks: overflows"))?;
+            let all = records("candidates", candidates, total)?;
+            let views: Vec<&[f32]> = (0..ranks as usize).map(|q| &all[q * per..(q + 1) * per]).collect();
+            let mut cuts = vec![ShardCut::default(); r.rows];
+            s.inner.shard_cut_start(&r, &c, &views, &mut cuts)?;
+            let o: Vec<tokenrace_shard_cut> = cuts.into_iter().map(cut_to_c).collect();
+            write_out("out", out, &o)
+        }
+    })
+}
+
+/// Whether any of `rows` cuts needs another round: 1 if so, 0 if not (then race), into `pending`.
+///
+/// # Safety
+/// `cuts` points to `rows` records; `pending` to one writable u32.
+#[no_mangle]
+pub unsafe extern "C" fn tokenrace_shard_cut_pending(
+    cuts: *const tokenrace_shard_cut,
+    rows: u32,
+    pending: *mut u32,
+) -> tokenrace_status {
+    guard("tokenrace_shard_cut_pending", || {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let c = records("cuts", cuts, rows as usize)?;
+            let any = c.iter().any(|c| c.phase != 0) as u32;
+            write_out("pending", pending, &[any])
+        }
+    })
+}
+
+/// One round of the cut on this rank: per row the histogram (or values) of its slice in the cut's
+/// interval, into `out` (`rows->rows` records; rows whose cut is done get an empty one).
+///
+/// # Safety
+/// As `tokenrace_shard_race`; `cuts` points to `rows->rows` records, `out` to as many writable.
+#[no_mangle]
+pub unsafe extern "C" fn tokenrace_shard_cut_round(
+    sampler: *mut tokenrace_sampler,
+    rows: *const tokenrace_shard_rows,
+    cuts: *const tokenrace_shard_cut,
+    out: *mut tokenrace_shard_mass,
+) -> tokenrace_status {
+    guard("tokenrace_shard_cut_round", || {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let s = sampler.as_ref().ok_or_else(|| Error::invalid_argument("sampler: is NULL"))?;
+            let r = rows_from_c(&read_versioned(rows, "rows")?)?;
+            let c: Vec<ShardCut> = records("cuts", cuts, r.rows)?.iter().map(|&x| cut_from_c(x)).collect();
+            let mut m = vec![ShardMass::default(); r.rows];
+            s.inner.shard_cut_round(&r, &c, &mut m)?;
+            let o: Vec<tokenrace_shard_mass> = m.into_iter().map(mass_to_c).collect();
+            write_out("out", out, &o)
+        }
+    })
+}
+
+/// Advances the `rows` cuts (in place, the same on every rank) by the round's records of `ranks`
+/// ranks (`masses`: `ranks * rows`, rank-major, any order). On failure nothing changes.
+///
+/// # Safety
+/// `cuts` points to `rows` records (read and written), `masses` to `ranks * rows`.
+#[no_mangle]
+pub unsafe extern "C" fn tokenrace_shard_cut_advance(
+    cuts: *mut tokenrace_shard_cut,
+    rows: u32,
+    masses: *const tokenrace_shard_mass,
+    ranks: u32,
+) -> tokenrace_status {
+    let (rows, ranks) = (rows as usize, ranks as usize);
+    guard("tokenrace_shard_cut_advance", || {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let mut c: Vec<ShardCut> = records("cuts", cuts, rows)?.iter().map(|&x| cut_from_c(x)).collect();
+            let total = ranks.checked_mul(rows).ok_or_else(|| Error::invalid_argument("ranks: overflows"))?;
+            let all: Vec<ShardMass> = records("masses", masses, total)?.iter().map(|&x| mass_from_c(x)).collect();
+            let views: Vec<&[ShardMass]> = (0..ranks).map(|q| &all[q * rows..(q + 1) * rows]).collect();
+            cut_advance(&mut c, &views)?;
+            let o: Vec<tokenrace_shard_cut> = c.into_iter().map(cut_to_c).collect();
+            write_out("cuts", cuts, &o)
+        }
+    })
+}
+
+/// Round 2 with the floors of the rows' finished cuts (`cuts`, every one done): as
+/// `tokenrace_shard_race`, for rows with min-p, top-k and top-p.
+///
+/// # Safety
+/// As `tokenrace_shard_race`; `cuts` points to `rows->rows` records.
+#[no_mangle]
+pub unsafe extern "C" fn tokenrace_shard_race_cut(
+    sampler: *mut tokenrace_sampler,
+    rows: *const tokenrace_shard_rows,
+    combined: *const tokenrace_shard_row,
+    cuts: *const tokenrace_shard_cut,
+    out: *mut tokenrace_shard_partial,
+) -> tokenrace_status {
+    guard("tokenrace_shard_race_cut", || {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let s = sampler.as_ref().ok_or_else(|| Error::invalid_argument("sampler: is NULL"))?;
+            let r = rows_from_c(&read_versioned(rows, "rows")?)?;
+            let c: Vec<ShardRow> = records("combined", combined, r.rows)?.iter().map(|&x| x.into()).collect();
+            let k: Vec<ShardCut> = records("cuts", cuts, r.rows)?.iter().map(|&x| cut_from_c(x)).collect();
+            let mut p = vec![ShardPartial::default(); r.rows];
+            s.inner.shard_race_cut(&r, &c, &k, &mut p)?;
+            let o: Vec<tokenrace_shard_partial> = p.into_iter().map(Into::into).collect();
+            write_out("out", out, &o)
+        }
+    })
+}
+
+/// One rank's part of a row's logprobs: 64 bytes, a plain record sent with the race partials.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct tokenrace_shard_logprob_partial {
+    /// Round (4), fingerprint, slice and key as a partial; `value`, `token`: this rank's race
+    /// winner (-1: none).
+    pub head: tokenrace_shard_partial,
+    /// The slice's mass over the logprobs' set.
+    pub z: f64,
+    /// The logprobs' scale.
+    pub s: f32,
+    /// The set's floor.
+    pub floor: f32,
+    /// The slice's count of +inf values.
+    pub posinf: u32,
+    /// 0.
+    pub reserved: u32,
+}
+
+/// A top-n candidate: a value and its global id (-1: none). 8 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct tokenrace_shard_top_entry {
+    /// The token's value.
+    pub value: f32,
+    /// Its global id.
+    pub token: i32,
+}
+
+const _: () = assert!(size_of::<tokenrace_shard_logprob_partial>() == size_of::<ShardLogprobPartial>());
+const _: () = assert!(size_of::<ShardLogprobPartial>() == 64 && size_of::<ShardTopEntry>() == 8);
+
+fn lp_to_c(p: ShardLogprobPartial) -> tokenrace_shard_logprob_partial {
+    let ShardLogprobPartial { head, z, s, floor, posinf, reserved } = p;
+    tokenrace_shard_logprob_partial { head: head.into(), z, s, floor, posinf, reserved }
+}
+
+fn lp_from_c(p: tokenrace_shard_logprob_partial) -> ShardLogprobPartial {
+    let tokenrace_shard_logprob_partial { head, z, s, floor, posinf, reserved } = p;
+    ShardLogprobPartial { head: head.into(), z, s, floor, posinf, reserved }
+}
+
+fn mode_of(mode: u32) -> Result<LogprobMode> {
+    let m: tokenrace_logprob_mode = arg_enum(Owner::Output, "mode", mode).map_err(|e| {
+        let message = e.message.replacen("output.", "", 1);
+        Error { message, ..e }
+    })?;
+    Ok(m.into())
+}
+
+/// This rank's logprob partials (`out`, `rows->rows` records) and its `top_n` best tokens per
+/// row (`top`, `rows->rows * top_n` entries) for the logprobs of `mode` (a
+/// `tokenrace_logprob_mode`), from the combined rows, the rows' finished cuts and this rank's
+/// own race partials (`races`: what `tokenrace_shard_race_cut` wrote here; NULL when no row
+/// races). Sent with the race partials.
+///
+/// # Safety
+/// As `tokenrace_shard_race_cut`; `races` points to `rows->rows` records or is NULL; `out` and
+/// `top` to as many writable records as said.
+#[no_mangle]
+pub unsafe extern "C" fn tokenrace_shard_logprob_partials(
+    sampler: *mut tokenrace_sampler,
+    rows: *const tokenrace_shard_rows,
+    combined: *const tokenrace_shard_row,
+    cuts: *const tokenrace_shard_cut,
+    races: *const tokenrace_shard_partial,
+    mode: u32,
+    top_n: u32,
+    out: *mut tokenrace_shard_logprob_partial,
+    top: *mut tokenrace_shard_top_entry,
+) -> tokenrace_status {
+    guard("tokenrace_shard_logprob_partials", || {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let s = sampler.as_ref().ok_or_else(|| Error::invalid_argument("sampler: is NULL"))?;
+            let mode = mode_of(mode)?;
+            let r = rows_from_c(&read_versioned(rows, "rows")?)?;
+            let c: Vec<ShardRow> = records("combined", combined, r.rows)?.iter().map(|&x| x.into()).collect();
+            let k: Vec<ShardCut> = records("cuts", cuts, r.rows)?.iter().map(|&x| cut_from_c(x)).collect();
+            let mine: Vec<ShardPartial> = if races.is_null() {
+                vec![ShardPartial { token: -1, ..Default::default() }; r.rows]
+            } else {
+                records("races", races, r.rows)?.iter().map(|&x| x.into()).collect()
+            };
+            let n = top_n as usize;
+            let total = r.rows.checked_mul(n).ok_or_else(|| Error::invalid_argument("top_n: overflows"))?;
+            let mut p = vec![ShardLogprobPartial::default(); r.rows];
+            let mut t = vec![ShardTopEntry::default(); total];
+            s.inner.shard_logprob_partials(&r, &c, &k, &mine, mode, n, &mut p, &mut t)?;
+            let p: Vec<tokenrace_shard_logprob_partial> = p.into_iter().map(lp_to_c).collect();
+            let t: Vec<tokenrace_shard_top_entry> =
+                t.into_iter().map(|e| tokenrace_shard_top_entry { value: e.value, token: e.token }).collect();
+            write_out("out", out, &p)?;
+            write_out("top", top, &t)
+        }
+    })
+}
+
+/// The logprob of each row's sampled token (`tokens`, from `tokenrace_shard_finish`) into
+/// `logprobs` (`rows` floats), and, with `top_n > 0`, the top-n ids and logprobs into `top_ids`
+/// and `top_logprobs` (`rows * top_n` each), from the logprob partials and top-n candidates of
+/// `ranks` ranks (`ranks * rows` and `ranks * rows * top_n` records, rank-major, any order).
+/// Within 1e-5 of `tokenrace_draw`'s logprobs (docs/semantics.md). On failure nothing is written.
+///
+/// # Safety
+/// The pointers cover the records said; `top_ids` and `top_logprobs` may be NULL when `top_n`
+/// is 0.
+#[no_mangle]
+pub unsafe extern "C" fn tokenrace_shard_logprobs(
+    combined: *const tokenrace_shard_row,
+    rows: u32,
+    tokens: *const i32,
+    partials: *const tokenrace_shard_logprob_partial,
+    tops: *const tokenrace_shard_top_entry,
+    ranks: u32,
+    mode: u32,
+    top_n: u32,
+    logprobs: *mut f32,
+    top_ids: *mut i32,
+    top_logprobs: *mut f32,
+) -> tokenrace_status {
+    let (rows, ranks, n) = (rows as usize, ranks as usize, top_n as usize);
+    guard("tokenrace_shard_logprobs", || {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let mode = mode_of(mode)?;
+            let c: Vec<ShardRow> = records("combined", combined, rows)?.iter().map(|&x| x.into()).collect();
+            let t = records("tokens", tokens, rows)?;
+            let per = rows.checked_mul(n).ok_or_else(|| Error::invalid_argument("top_n: overflows"))?;
+            let all_p: Vec<ShardLogprobPartial> =
+                records("partials", partials, ranks * rows)?.iter().map(|&x| lp_from_c(x)).collect();
+            let all_t: Vec<ShardTopEntry> = records("tops", tops, ranks * per)?
+                .iter()
+                .map(|e| ShardTopEntry { value: e.value, token: e.token })
+                .collect();
+            let pv: Vec<&[ShardLogprobPartial]> = (0..ranks).map(|q| &all_p[q * rows..(q + 1) * rows]).collect();
+            let tv: Vec<&[ShardTopEntry]> = (0..ranks).map(|q| &all_t[q * per..(q + 1) * per]).collect();
+            let (mut lps, mut ids, mut tl) = (vec![0f32; rows], vec![0i32; per], vec![0f32; per]);
+            shard_logprobs(&c, t, &pv, &tv, mode, n, &mut lps, &mut ids, &mut tl)?;
+            write_out("logprobs", logprobs, &lps)?;
+            write_out("top_ids", top_ids, &ids)?;
+            write_out("top_logprobs", top_logprobs, &tl)
         }
     })
 }

@@ -164,3 +164,61 @@ pub unsafe extern "C" fn tokenrace_watermark_detect(
         Ok(())
     })
 }
+
+/// The seeds of the target rows of a watermarked verification (docs/semantics.md,
+/// "Watermarking", "Verification"): request `i` has `draft_counts[i]` drafts (in `draft_tokens`,
+/// request after request) and `draft_counts[i] + 1` target rows, laid out as `tokenrace_verify`
+/// lays them out; row `j` of request `i` gets the seed of the position after its history (the
+/// last `k` tokens of its prompt then its output, CSR lists as in `tokenrace_watermark_seeds`)
+/// followed by its drafts `0 .. j`. Draw the target rows with these seeds (offset 0, seeded) and
+/// keep each request's drafts while they equal the drawn tokens, then its first other drawn
+/// token: the position-by-position watermarked text. `seeds` receives `sum(draft_counts) +
+/// requests` seeds. On failure nothing is written.
+///
+/// # Safety
+/// `secrets` and `draft_counts` hold `requests` elements, `draft_tokens` their sum, `seeds`
+/// their sum plus `requests`; the lists as in `tokenrace_watermark_seeds`.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn tokenrace_watermark_verify_seeds(
+    requests: u32,
+    secrets: *const u64,
+    k: u32,
+    prompt_ids: *const i32,
+    prompt_offsets: *const u64,
+    output_ids: *const i32,
+    output_offsets: *const u64,
+    draft_counts: *const i32,
+    draft_tokens: *const i32,
+    seeds: *mut u64,
+) -> tokenrace_status {
+    guard("tokenrace_watermark_verify_seeds", || {
+        let n = requests as usize;
+        // SAFETY (every array): the caller's contract.
+        let secrets = unsafe { array("secrets", secrets, n)? };
+        let counts = unsafe { array("draft_counts", draft_counts, n)? };
+        if let Some(i) = counts.iter().position(|&c| c < 0) {
+            return Err(Error::invalid_argument(format!("draft_counts[{i}]: {} is negative", counts[i])));
+        }
+        let total: usize = counts.iter().map(|&c| c as usize).sum();
+        let drafts = unsafe { array("draft_tokens", draft_tokens, total)? };
+        let prompt = unsafe { lists(("prompt_ids", "prompt_offsets"), prompt_ids, prompt_offsets, n)? };
+        let output = unsafe { lists(("output_ids", "output_offsets"), output_ids, output_offsets, n)? };
+        if seeds.is_null() && total + n > 0 {
+            return Err(Error::invalid_argument("seeds: is NULL"));
+        }
+        let mut out = Vec::with_capacity(total + n);
+        let (mut at, mut history) = (0, Vec::new());
+        for (i, &secret) in secrets.iter().enumerate() {
+            let mine = &drafts[at..at + counts[i] as usize];
+            at += mine.len();
+            history.clear();
+            history.extend_from_slice(row_of(prompt, i));
+            history.extend_from_slice(row_of(output, i));
+            out.extend(crate::watermark::watermark_verify_seeds(secret, k as usize, &history, mine));
+        }
+        // SAFETY: `seeds` holds `total + requests` elements (the caller's contract).
+        unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), seeds, out.len()) };
+        Ok(())
+    })
+}

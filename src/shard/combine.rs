@@ -128,7 +128,7 @@ fn check_ranks(partials: &[&[ShardPartial]], rows: usize) -> Result<()> {
 
 /// Checks that the partials of row `r` are of `round`, carry `fingerprint`, one key and one
 /// vocabulary size, and that their slices tile `[0, vocab_size)`; returns rank 0's.
-fn check_row(partials: &[&[ShardPartial]], r: usize, round: u32, fingerprint: u32) -> Result<ShardPartial> {
+pub(super) fn check_row(partials: &[&[ShardPartial]], r: usize, round: u32, fingerprint: u32) -> Result<ShardPartial> {
     let first = partials[0][r];
     for (q, p) in partials.iter().enumerate() {
         let p = p[r];

@@ -69,6 +69,29 @@ impl Sampler {
         candidates: &[&[f32]],
         out: &mut [ShardPartial],
     ) -> Result<()> {
+        if let Some(r) = (0..rows.rows)
+            .find(|&r| rows.top_p.is_some_and(|p| p[r] < 1.0) && combined.get(r).is_some_and(ShardRow::races))
+        {
+            return Err(Error::invalid_argument(format!(
+                "rows.top_p[{r}]: a row with top-p races with its cut (shard_cut_start, cut_advance, shard_race_cut)"
+            )));
+        }
+        let kth = |r: usize| match effective_top_k(rows, r) {
+            0 => Ok(None),
+            top_k => kth_of_candidates(candidates, rows.rows, r, top_k),
+        };
+        self.shard_race_floors(rows, combined, &kth, out)
+    }
+
+    /// Round 2 with each racing row's floor raised to `extra_floor(r)` (top-k's k-th value, or
+    /// the floor of a finished cut).
+    pub(super) fn shard_race_floors(
+        &self,
+        rows: &ShardRows,
+        combined: &[ShardRow],
+        extra_floor: &dyn Fn(usize) -> Result<Option<f32>>,
+        out: &mut [ShardPartial],
+    ) -> Result<()> {
         let (k, _, _) = self.shard_parts();
         let batch = self.shard_batch(k, rows)?;
         check_out_len("combined", combined.len(), rows.rows)?;
@@ -76,20 +99,9 @@ impl Sampler {
         let mut partials = alloc::filled(rows.rows, ShardPartial::default(), "the shard partials")?;
         for (r, p) in partials.iter_mut().enumerate() {
             let row = combined[r];
-            let fingerprint = self.row_fingerprint(rows, &batch, r);
-            if row.fingerprint != fingerprint {
-                return Err(Error::invalid_argument(format!(
-                    "combined[{r}]: its fingerprint {:#010x} is not this rank's row {r}'s {fingerprint:#010x} \
-                     (another call, row or settings)",
-                    row.fingerprint
-                )));
-            }
-            let kth = match effective_top_k(rows, r) {
-                0 => None,
-                top_k if row.races() => kth_of_candidates(candidates, rows.rows, r, top_k)?,
-                _ => None,
-            };
-            let best = if row.races() { self.race_row(k, rows, &batch, r, &row, kth)? } else { Best::NONE };
+            self.check_combined(rows, &batch, r, &row)?;
+            let extra = if row.races() { extra_floor(r)? } else { None };
+            let best = if row.races() { self.race_row(k, rows, &batch, r, &row, extra)? } else { Best::NONE };
             *p = ShardPartial {
                 value: best.key,
                 token: if best.token == usize::MAX { -1 } else { best.token as i32 },
@@ -106,9 +118,22 @@ impl Sampler {
         Ok(())
     }
 
+    /// Checks that `row` is the combination of this rank's row `r` (its round-1 fingerprint).
+    pub(super) fn check_combined(&self, rows: &ShardRows, batch: &Batch, r: usize, row: &ShardRow) -> Result<()> {
+        let fingerprint = self.row_fingerprint(rows, batch, r);
+        if row.fingerprint != fingerprint {
+            return Err(Error::invalid_argument(format!(
+                "combined[{r}]: its fingerprint {:#010x} is not this rank's row {r}'s {fingerprint:#010x} \
+                 (another call, row or settings)",
+                row.fingerprint
+            )));
+        }
+        Ok(())
+    }
+
     /// `rows` checked and seen as a batch of the slice's rows (the draw's checks of its
     /// settings, by the draw's validation).
-    fn shard_batch<'a>(&self, k: &Kernels, rows: &ShardRows<'a>) -> Result<Batch<'a>> {
+    pub(super) fn shard_batch<'a>(&self, k: &Kernels, rows: &ShardRows<'a>) -> Result<Batch<'a>> {
         let limit = i32::MAX as usize;
         if rows.vocab_size == 0 || rows.vocab_size > limit {
             return Err(Error::invalid_argument(format!(
@@ -139,12 +164,16 @@ impl Sampler {
         batch.offsets = rows.offsets;
         batch.seeded = rows.seeded;
         batch.min_p = rows.min_p;
+        batch.top_p = rows.top_p;
         let mut tokens = alloc::filled(rows.rows, 0i32, "the shard check")?;
         validate(k, &batch, &Output::new(&mut tokens), cfg.max_rows, 0).map_err(|e| {
             // The batch's names are the rows' names here.
             let message = e.message.replacen("batch.", "rows.", 1).replacen("batch.vocab", "rows.slice_len", 1);
             Error { message, ..e }
         })?;
+        // top-p was checked as the draw checks it; its threshold comes from the cut, never from
+        // one slice.
+        batch.top_p = None;
         Ok(batch)
     }
 
@@ -184,6 +213,9 @@ impl Sampler {
         let (seeded, seed, offset) = batch.seed_of(r).map_or((0, 0, 0), |(s, o)| (1, s, o));
         let min_p = rows.min_p.map_or(0, |p| p[r].to_bits());
         let top_k = effective_top_k(rows, r) as u64;
+        // (Rows without top-p keep the fingerprints they had before top-p was sharded.)
+        let top_p = rows.top_p.map_or(1.0, |p| p[r]);
+        let top_p = if top_p < 1.0 { u64::from(top_p.to_bits()) } else { 0 };
         let parts = [
             rows.vocab_size as u64,
             rows.rows as u64,
@@ -195,12 +227,14 @@ impl Sampler {
             u64::from(min_p),
             top_k,
         ];
-        (parts.iter().fold(0x0073_6861_7264_u64, |h, &x| splitmix64(h ^ x)) >> 32) as u32
+        let h = parts.iter().fold(0x0073_6861_7264_u64, |h, &x| splitmix64(h ^ x));
+        let h = if top_p == 0 { h } else { splitmix64(h ^ top_p) };
+        (h >> 32) as u32
     }
 
     /// Round 2 of row `r` of `rows`, a sampling row whose combined first round is `row` (a finite
     /// maximum): the best key of the slice's race, with its global id.
-    fn race_row(
+    pub(super) fn race_row(
         &self,
         k: &Kernels,
         rows: &ShardRows,
@@ -261,7 +295,7 @@ fn race_slice(k: &Kernels, v: &[f32], (start, vocab): (usize, usize), p: RacePar
 }
 
 /// Row `r`'s top-k, 0 when off (as `filter::Filters::of` judges it against the whole row).
-fn effective_top_k(rows: &ShardRows, r: usize) -> usize {
+pub(super) fn effective_top_k(rows: &ShardRows, r: usize) -> usize {
     let k = rows.top_k.map_or(0, |k| k[r]);
     if k <= 0 || k as usize >= rows.vocab_size {
         0
@@ -310,7 +344,7 @@ pub fn top_k_candidates(rows: &ShardRows, width: usize, out: &mut [f32]) -> Resu
 
 /// The `top_k`-th largest finite value of row `r` from the ranks' candidates (`rows` rows of an
 /// equal width each), or `None` when the row has fewer finite values (then top-k keeps them all).
-fn kth_of_candidates(candidates: &[&[f32]], rows: usize, r: usize, top_k: usize) -> Result<Option<f32>> {
+pub(super) fn kth_of_candidates(candidates: &[&[f32]], rows: usize, r: usize, top_k: usize) -> Result<Option<f32>> {
     if candidates.is_empty() {
         return Err(Error::invalid_argument(format!(
             "candidates: none given, but row {r} has top-k {top_k} (gather the ranks' top_k_candidates)"
@@ -334,7 +368,7 @@ fn kth_of_candidates(candidates: &[&[f32]], rows: usize, r: usize, top_k: usize)
 }
 
 /// A length argument: at least `rows`.
-fn check_out_len(name: &str, len: usize, rows: usize) -> Result<()> {
+pub(super) fn check_out_len(name: &str, len: usize, rows: usize) -> Result<()> {
     if len < rows {
         return Err(Error::invalid_argument(format!("{name}: {len} elements for {rows} rows")));
     }

@@ -22,10 +22,14 @@
 //!   together.
 
 mod combine;
+mod cut;
 mod local;
+mod logprob;
 
 pub use combine::{combine_top, finish};
+pub use cut::{cut_advance, cut_pending, phase as cut_phase, ShardCut, ShardMass, CUT_BINS};
 pub use local::top_k_candidates;
+pub use logprob::{shard_logprobs, ShardLogprobPartial, ShardTopEntry};
 
 /// One rank's rows of a sharded call: the f32 logits of its slice of the vocabulary, tokens
 /// `[vocab_start, vocab_start + slice_len)` of rows of `vocab_size` tokens, and the rows'
@@ -57,6 +61,9 @@ pub struct ShardRows<'a> {
     /// Per row, as `Batch::top_k` (None, 0, negative or at least `vocab_size`: off). A row with
     /// top-k races with the ranks' candidates ([`top_k_candidates`], [`crate::Sampler::shard_race_top_k`]).
     pub top_k: Option<&'a [i32]>,
+    /// Per row, as `Batch::top_p` (None, or 1: off). A row with top-p races with the floor of its
+    /// cut ([`crate::Sampler::shard_cut_start`], [`cut_advance`], [`crate::Sampler::shard_race_cut`]).
+    pub top_p: Option<&'a [f32]>,
 }
 
 impl<'a> ShardRows<'a> {
@@ -75,6 +82,7 @@ impl<'a> ShardRows<'a> {
             seeded: None,
             min_p: None,
             top_k: None,
+            top_p: None,
         }
     }
 }
@@ -134,6 +142,8 @@ impl ShardRow {
 /// The fingerprint's domains.
 const ROUND_TOP: u32 = 1;
 const ROUND_RACE: u32 = 2;
+const ROUND_CUT: u32 = 3;
+const ROUND_LOGPROB: u32 = 4;
 
 /// The round-2 fingerprint of a combined row.
 fn race_fingerprint(row: &ShardRow) -> u32 {

@@ -57,6 +57,111 @@ def test_numpy_shards_equal_the_unsharded_draw(cuts):
         assert np.array_equal(tokens, want_t) and np.array_equal(flags, want_f), (cuts, call)
 
 
+def filters(rows, seed=0):
+    """Per-row top-k and top-p, each on or off, for ``batch``'s rows."""
+    g = np.random.default_rng(100 + seed)
+    return dict(top_k=g.choice([0, 1, 5, 50, 1500], size=rows).astype(np.int32),
+                top_p=g.choice([1.0, 0.3, 0.9, 0.99, 0.99999], size=rows).astype(np.float32))
+
+
+def threaded_draws(x, settings, cuts, make_sampler):
+    """``shard.draw`` on every rank, each in a thread, gathering through a barrier: the tokens
+    and flags of every rank, and rank 0's stats."""
+    import threading
+
+    ranks = len(cuts) - 1
+    barrier = threading.Barrier(ranks)
+    board = [None] * ranks
+    results, stats = [None] * ranks, {}
+
+    def run(q):
+        def all_gather(data):
+            board[q] = data
+            barrier.wait()
+            got = list(board)
+            barrier.wait()  # every rank read before any writes the next round
+            return got
+
+        s = make_sampler()
+        results[q] = shard.draw(s, x[:, cuts[q]:cuts[q + 1]], cuts[q], VOCAB, all_gather,
+                                stats=stats if q == 0 else None, **settings)
+
+    threads = [threading.Thread(target=run, args=(q,)) for q in range(ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results, stats
+
+
+@pytest.mark.parametrize("simd", ["scalar", "portable", "avx2", "avx512"])
+@pytest.mark.parametrize("threads", [1, 4])
+def test_top_k_top_p_and_min_p_shards_equal_the_unsharded_draw(simd, threads):
+    # The cut's rounds (top-p), the ranks' candidates (top-k) and min-p's floor: the unsharded
+    # draw's tokens and flags, seeded and unseeded rows, 1 to 8 ranks, every level.
+    try:
+        tokenrace.Sampler(VOCAB, simd=simd)
+    except tokenrace.TokenraceError:
+        pytest.skip(f"{simd} is not supported here")
+    rng = np.random.default_rng(7)
+    most = 0
+    for ranks in range(1, 9):
+        x, st = batch(12, seed=ranks)
+        x[4] = (rng.random(VOCAB) * 1e-3).astype(np.float32)  # thousands of tokens in one bin
+        settings = dict(st, **filters(12, seed=ranks))
+        inner = np.sort(rng.choice(np.arange(1, VOCAB), size=ranks - 1, replace=False))
+        cuts = [0, *map(int, inner), VOCAB]
+        make = lambda: tokenrace.Sampler(VOCAB, max_rows=64, seed=9, simd=simd, threads=threads)  # noqa: E731
+        want = make().draw_full(x, **settings)
+        results, stats = threaded_draws(x, settings, cuts, make)
+        for q, (tokens, flags, *_) in enumerate(results):
+            assert np.array_equal(tokens, np.asarray(want.tokens)), (ranks, q, cuts)
+            assert np.array_equal(flags, np.asarray(want.flags)), (ranks, q, cuts)
+        most = max(most, stats["rounds"])
+    assert most >= 4, most  # top, a cut round or more, race
+
+
+@pytest.mark.parametrize("mode", ["raw", "processed"])
+def test_sharded_logprobs_are_within_1e5_of_the_unsharded(mode):
+    rng = np.random.default_rng(11)
+    for ranks in (1, 2, 3, 5, 8):
+        x, st = batch(10, seed=20 + ranks)
+        settings = dict(st, **filters(10, seed=ranks))
+        inner = np.sort(rng.choice(np.arange(1, VOCAB), size=ranks - 1, replace=False))
+        cuts = [0, *map(int, inner), VOCAB]
+        make = lambda: tokenrace.Sampler(VOCAB, max_rows=64, seed=4)  # noqa: E731
+        want = make().draw_full(x, logprobs=6, logprob_mode=mode, **settings)
+        import threading
+
+        barrier, board, results = threading.Barrier(ranks), [None] * ranks, [None] * ranks
+
+        def run(q):
+            def all_gather(data):
+                board[q] = data
+                barrier.wait()
+                got = list(board)
+                barrier.wait()
+                return got
+            results[q] = shard.draw(make(), x[:, cuts[q]:cuts[q + 1]], cuts[q], VOCAB, all_gather,
+                                    logprob_mode=mode, top_n=6, **settings)
+
+        threads = [threading.Thread(target=run, args=(q,)) for q in range(ranks)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        for r in results:
+            assert np.array_equal(r.tokens, np.asarray(want.tokens))
+            a, b = r.logprobs, np.asarray(want.logprobs)
+            fin = np.isfinite(b)
+            assert np.array_equal(fin, np.isfinite(a)) and np.array_equal(a[~fin], b[~fin])
+            assert np.all(np.abs(a[fin] - b[fin]) <= 1e-5 + 4 * np.finfo(np.float32).eps * np.abs(b[fin]))
+            ta, tb = r.topn_logprobs, np.asarray(want.topn_logprobs)
+            fin = np.isfinite(tb)
+            assert np.all(np.abs(ta[fin] - tb[fin]) <= 1e-5 + 4 * np.finfo(np.float32).eps * np.abs(tb[fin]))
+            assert np.mean(r.topn_ids == np.asarray(want.topn_ids)) > 0.98
+
+
 def test_partials_of_another_call_are_refused():
     x, st = batch(4)
     a, b = tokenrace.Sampler(VOCAB, seed=1), tokenrace.Sampler(VOCAB, seed=2)
@@ -130,6 +235,71 @@ def test_ranks_in_processes_over_shared_memory(ranks):
         assert np.array_equal(got[q, 0], want_t) and np.array_equal(got[q, 1], want_f), q
 
 
+def _filtered_rank(q, ranks, cuts, rows, seed, names, barrier, room):
+    xs = shared_memory.SharedMemory(name=names["x"])
+    ex = shared_memory.SharedMemory(name=names["exchange"])
+    res = shared_memory.SharedMemory(name=names["result"])
+    try:
+        x = np.ndarray((rows, VOCAB), np.float32, buffer=xs.buf)
+        _, st = batch(rows)
+        settings = dict(st, **filters(rows))
+        mine = np.array(x[:, cuts[q]:cuts[q + 1]])
+
+        def all_gather(data):
+            # Each rank's slot: its length, then its bytes.
+            base = q * room
+            ex.buf[base:base + 8] = len(data).to_bytes(8, "little")
+            ex.buf[base + 8:base + 8 + len(data)] = data
+            barrier.wait()
+            got = []
+            for r in range(ranks):
+                n = int.from_bytes(ex.buf[r * room:r * room + 8], "little")
+                got.append(bytes(ex.buf[r * room + 8:r * room + 8 + n]))
+            barrier.wait()
+            return got
+
+        s = tokenrace.Sampler(VOCAB, max_rows=64, seed=seed)
+        tokens, flags, *_ = shard.draw(s, mine, cuts[q], VOCAB, all_gather, **settings)
+        out = np.ndarray((ranks, 2, rows), np.int64, buffer=res.buf)
+        out[q, 0], out[q, 1] = tokens, flags
+    finally:
+        for m in (xs, ex, res):
+            m.close()
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_filtered_ranks_in_processes_over_shared_memory(ranks):
+    rows, seed = 8, 78
+    x, st = batch(rows)
+    room = 8 + rows * (shard.MASS_DTYPE.itemsize + 4 * 1500)
+    cuts = [0, 1111, 3000] if ranks == 2 else [0, 700, 2049, 2050, 3000]
+    shms = {
+        "x": shared_memory.SharedMemory(create=True, size=x.nbytes),
+        "exchange": shared_memory.SharedMemory(create=True, size=ranks * room),
+        "result": shared_memory.SharedMemory(create=True, size=ranks * 2 * rows * 8),
+    }
+    try:
+        np.ndarray(x.shape, np.float32, buffer=shms["x"].buf)[:] = x
+        ctx = mp.get_context("spawn")
+        barrier = ctx.Barrier(ranks)
+        names = {k: m.name for k, m in shms.items()}
+        procs = [ctx.Process(target=_filtered_rank, args=(q, ranks, cuts, rows, seed, names, barrier, room))
+                 for q in range(ranks)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+        got = np.ndarray((ranks, 2, rows), np.int64, buffer=shms["result"].buf).copy()
+    finally:
+        for m in shms.values():
+            m.close()
+            m.unlink()
+    want_t, want_f = unsharded(x, dict(st, **filters(rows)), seed)
+    for q in range(ranks):
+        assert np.array_equal(got[q, 0], want_t) and np.array_equal(got[q, 1], want_f), q
+
+
 # --- torch.distributed (gloo) ------------------------------------------------------------------
 
 def _torch_rank(q, ranks, cuts, port, result_name):
@@ -144,10 +314,12 @@ def _torch_rank(q, ranks, cuts, port, result_name):
         x, st = batch(8)
         s = tokenrace.Sampler(VOCAB, max_rows=64, seed=31)
         out = np.ndarray((ranks, 2, 8), np.int64, buffer=res.buf)
+        f = filters(8)
         for call in range(2):
             temps = st["temperature"] if call == 0 else np.zeros(8, np.float32)  # the second call: greedy only
             tokens = ttorch.sample_sharded(torch.from_numpy(x[:, cuts[q]:cuts[q + 1]].copy()), cuts[q], VOCAB, temps,
-                                           min_p=st["min_p"], seeds=st["seeds"], seeded=st["seeded"], sampler=s)
+                                           min_p=st["min_p"], top_k=f["top_k"], top_p=f["top_p"], seeds=st["seeds"],
+                                           seeded=st["seeded"], sampler=s)
             assert tokens.dtype == torch.int64
             out[q, call] = tokens.numpy()
     finally:
@@ -186,6 +358,7 @@ def test_sample_sharded_over_gloo(ranks):
         res.unlink()
     x, st = batch(8)
     s = tokenrace.Sampler(VOCAB, max_rows=64, seed=31)
+    st = dict(st, **filters(8))
     want0 = np.asarray(s.draw_full(x, **st).tokens)
     want1 = np.asarray(s.draw_full(x, **dict(st, temperature=np.zeros(8, np.float32))).tokens)
     for q in range(ranks):

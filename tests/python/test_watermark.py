@@ -57,6 +57,57 @@ def test_seeds_match_the_context_rule(tokenrace):
     assert d.scored == 2
 
 
+def test_verified_text_is_the_sequential_watermarked_text(tokenrace):
+    # Speculative decoding with watermark_verify_seeds and watermark_accept: the drafter proposes
+    # 3 tokens (a scaled copy of the target, keyed by the same seeds), the target rows of a batch
+    # of requests are drawn in one call; each request's text is its position-by-position
+    # watermarked text, and is detected.
+    rng = np.random.default_rng(41)
+    table = toy(rng)
+    drafter = 0.8 * table
+    secret, k, length, n = 99, 3, 150, 3
+    s = tokenrace.Sampler(table.shape[1], seed=1)
+    prompts = [list(map(int, rng.integers(0, 500, 4))) for _ in range(6)]
+    hist = [list(p) for p in prompts]
+    accepted = 0
+    while min(len(h) for h in hist) < 4 + length:
+        drafts = []
+        for h in hist:
+            ctx, d = list(h), []
+            for _ in range(n):
+                seed = tokenrace.watermark_seeds(secret, k, [ctx])
+                t = int(s.draw(drafter[ctx[-1] % 64][None, :], seeds=seed, offsets=0)[0])
+                d.append(t)
+                ctx.append(t)
+            drafts.append(d)
+        seeds = tokenrace.watermark_verify_seeds(secret, k, hist, drafts)
+        rows = np.stack([table[p % 64] for h, d in zip(hist, drafts) for p in [h[-1], *d]])
+        drawn = s.draw(rows, seeds=seeds, offsets=0)
+        at = 0
+        for h, d in zip(hist, drafts):
+            emitted = tokenrace.watermark_accept(d, drawn[at:at + n + 1])
+            at += n + 1
+            accepted += len(emitted) - 1
+            h.extend(int(t) for t in emitted)
+    sequential = generate_from(tokenrace, table, secret, k, prompts, length)
+    for h, want in zip(hist, sequential):
+        assert h[4:4 + length] == want
+        assert tokenrace.detect_watermark(secret, k, h[4:4 + length], prefix=h[:4]).p_value < 1e-6
+    assert accepted > len(prompts) * length // 4, accepted
+
+
+def generate_from(tokenrace, table, secret, k, prompts, length):
+    s = tokenrace.Sampler(table.shape[1], seed=1)
+    out = []
+    for p in prompts:
+        h = list(p)
+        for _ in range(length):
+            seed = tokenrace.watermark_seeds(secret, k, [h])
+            h.append(int(s.draw(table[h[-1] % 64][None, :], seeds=seed, offsets=0)[0]))
+        out.append(h[4:])
+    return out
+
+
 def test_bad_arguments_are_refused(tokenrace):
     with pytest.raises(ValueError, match=r"k: must be an integer"):
         tokenrace.watermark_seeds(1, -1, [[1]])

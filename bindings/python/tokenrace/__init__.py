@@ -26,14 +26,14 @@ from ._pool import NoiseLease, NoisePool
 from ._requests import Requests
 from ._sampler import DrawResult, Sampler
 from ._verify import VerifyResult
-from ._watermark import Detection, detect_watermark, watermark_seeds
+from ._watermark import Detection, detect_watermark, watermark_accept, watermark_seeds, watermark_verify_seeds
 
 __all__ = [
     "ABI_VERSION", "FLAG_EMPTY", "FLAG_FORCED_BANNED", "FLAG_GREEDY", "FLAG_HAS_NAN", "FLAG_HAS_POSINF",
     "ClosedError", "DrawResult", "InternalError", "InvalidArgumentError", "InvalidConfigError",
     "NoiseLease", "NoisePool", "OutOfMemoryError", "Requests", "Sampler", "TokenraceError", "TokenraceTimeoutError", "UnsupportedError",
     "VerifyResult",
-    "Detection", "detect_watermark", "watermark_seeds",
+    "Detection", "detect_watermark", "watermark_seeds", "watermark_verify_seeds", "watermark_accept",
     "shard",
     "abi_version", "library_path", "simd_level", "version",
 ]

@@ -32,6 +32,9 @@ FLAG_EMPTY = 4
 FLAG_GREEDY = 8
 FLAG_FORCED_BANNED = 16
 
+# Bins of a tokenrace_shard_mass record (sharded top-p's cut).
+SHARD_CUT_BINS = 64
+
 # enum tokenrace_status
 STATUS_OK = 0
 STATUS_INVALID_ARGUMENT = 1
@@ -351,7 +354,8 @@ class tokenrace_shard_rows(_Versioned):
         ("struct_size", c_uint32), ("reserved0", c_uint32), ("logits", POINTER(c_float)), ("rows", ctypes.c_size_t),
         ("row_stride", ctypes.c_size_t), ("vocab_start", ctypes.c_size_t), ("slice_len", ctypes.c_size_t), ("vocab_size", ctypes.c_size_t),
         ("temperature", POINTER(c_float)), ("seeds", POINTER(c_uint64)), ("offsets", POINTER(c_uint64)),
-        ("seeded", POINTER(c_uint8)), ("min_p", POINTER(c_float)),
+        ("seeded", POINTER(c_uint8)), ("min_p", POINTER(c_float)), ("top_k", POINTER(c_int32)),
+        ("top_p", POINTER(c_float)),
     ]
 
 
@@ -366,6 +370,30 @@ class tokenrace_shard_partial(Structure):
 class tokenrace_shard_row(Structure):
     """A record every rank computes from the gathered partials: no struct_size."""
     _fields_ = [("top", c_float), ("token", c_int32), ("flags", c_uint32), ("fingerprint", c_uint32), ("key", c_uint64)]
+
+
+class tokenrace_shard_cut(Structure):
+    """A row's filter floor in a sharded call, the same on every rank: no struct_size."""
+    _fields_ = [("floor", c_float), ("lo", c_float), ("hi", c_float), ("top_p", c_float), ("m", c_float),
+                ("inv_t", c_float), ("phase", c_uint32), ("step", c_uint32), ("fingerprint", c_uint32),
+                ("row", c_uint32), ("above", ctypes.c_double), ("z", ctypes.c_double)]
+
+
+class tokenrace_shard_logprob_partial(Structure):
+    """One rank's part of a row's logprobs, moved between ranks as bytes: no struct_size."""
+    _fields_ = [("head", tokenrace_shard_partial), ("z", ctypes.c_double), ("s", c_float), ("floor", c_float),
+                ("posinf", c_uint32), ("reserved", c_uint32)]
+
+
+class tokenrace_shard_top_entry(Structure):
+    """A top-n candidate of a rank: no struct_size."""
+    _fields_ = [("value", c_float), ("token", c_int32)]
+
+
+class tokenrace_shard_mass(Structure):
+    """A record of a round of the cut, moved between ranks as bytes: no struct_size."""
+    _fields_ = [("head", tokenrace_shard_partial), ("mass", ctypes.c_double * 64), ("count", c_uint32 * 64),
+                ("low", c_float * 64), ("high", c_float * 64)]
 
 
 class tokenrace_sampler(Structure):
@@ -389,7 +417,8 @@ STRUCTS = {cls.__name__: cls for cls in (tokenrace_config, tokenrace_sampler_sta
                                          tokenrace_batch, tokenrace_output, tokenrace_pool_config,
                                          tokenrace_pool_lease, tokenrace_pool_stats, tokenrace_verify_batch,
                                          tokenrace_verify_output, tokenrace_shard_rows, tokenrace_shard_partial,
-                                         tokenrace_shard_row)}
+                                         tokenrace_shard_row, tokenrace_shard_cut, tokenrace_shard_mass,
+                                         tokenrace_shard_logprob_partial, tokenrace_shard_top_entry)}
 
 # ----------------------------------------------------------------------------------------------
 # Functions: name -> (restype, argtypes). ``status`` marks functions returning tokenrace_status.
@@ -423,6 +452,9 @@ _SIGNATURES = {
     "tokenrace_watermark_seeds": (status, [c_uint32, POINTER(c_uint64), c_uint32, POINTER(c_int32),
                                            POINTER(c_uint64), POINTER(c_int32), POINTER(c_uint64),
                                            POINTER(c_uint64)]),
+    "tokenrace_watermark_verify_seeds": (status, [c_uint32, POINTER(c_uint64), c_uint32, POINTER(c_int32),
+                                                  POINTER(c_uint64), POINTER(c_int32), POINTER(c_uint64),
+                                                  POINTER(c_int32), POINTER(c_int32), POINTER(c_uint64)]),
     "tokenrace_watermark_detect": (status, [c_uint64, c_uint32, POINTER(c_int32), c_uint64, POINTER(c_int32),
                                             c_uint64, POINTER(ctypes.c_double), POINTER(c_uint64),
                                             POINTER(ctypes.c_double)]),
@@ -443,6 +475,24 @@ _SIGNATURES = {
                                       POINTER(tokenrace_shard_partial)]),
     "tokenrace_shard_finish": (status, [POINTER(tokenrace_shard_row), c_uint32, POINTER(tokenrace_shard_partial),
                                         c_uint32, POINTER(c_int32), POINTER(c_uint32)]),
+    "tokenrace_shard_top_k_candidates": (status, [POINTER(tokenrace_shard_rows), c_uint32, POINTER(c_float)]),
+    "tokenrace_shard_cut_start": (status, [sampler_p, POINTER(tokenrace_shard_rows), POINTER(tokenrace_shard_row),
+                                           POINTER(c_float), c_uint32, c_uint32, POINTER(tokenrace_shard_cut)]),
+    "tokenrace_shard_cut_pending": (status, [POINTER(tokenrace_shard_cut), c_uint32, POINTER(c_uint32)]),
+    "tokenrace_shard_cut_round": (status, [sampler_p, POINTER(tokenrace_shard_rows), POINTER(tokenrace_shard_cut),
+                                           POINTER(tokenrace_shard_mass)]),
+    "tokenrace_shard_cut_advance": (status, [POINTER(tokenrace_shard_cut), c_uint32, POINTER(tokenrace_shard_mass),
+                                             c_uint32]),
+    "tokenrace_shard_race_cut": (status, [sampler_p, POINTER(tokenrace_shard_rows), POINTER(tokenrace_shard_row),
+                                          POINTER(tokenrace_shard_cut), POINTER(tokenrace_shard_partial)]),
+    "tokenrace_shard_logprob_partials": (status, [sampler_p, POINTER(tokenrace_shard_rows), POINTER(tokenrace_shard_row),
+                                                  POINTER(tokenrace_shard_cut), POINTER(tokenrace_shard_partial),
+                                                  c_uint32, c_uint32, POINTER(tokenrace_shard_logprob_partial),
+                                                  POINTER(tokenrace_shard_top_entry)]),
+    "tokenrace_shard_logprobs": (status, [POINTER(tokenrace_shard_row), c_uint32, POINTER(c_int32),
+                                          POINTER(tokenrace_shard_logprob_partial), POINTER(tokenrace_shard_top_entry),
+                                          c_uint32, c_uint32, c_uint32, POINTER(c_float), POINTER(c_int32),
+                                          POINTER(c_float)]),
 }
 
 # ----------------------------------------------------------------------------------------------
@@ -534,7 +584,10 @@ SINCE_0_2 = frozenset({"tokenrace_verify", "tokenrace_set_log_callback", "tokenr
                        "tokenrace_requests_add", "tokenrace_requests_remove", "tokenrace_requests_reset",
                        "tokenrace_requests_append", "tokenrace_requests_len", "tokenrace_requests_output_len",
                        "tokenrace_shard_top", "tokenrace_shard_combine_top", "tokenrace_shard_race",
-                       "tokenrace_shard_finish"})
+                       "tokenrace_shard_finish", "tokenrace_shard_top_k_candidates", "tokenrace_shard_cut_start",
+                       "tokenrace_shard_cut_pending", "tokenrace_shard_cut_round", "tokenrace_shard_cut_advance",
+                       "tokenrace_shard_race_cut", "tokenrace_shard_logprob_partials", "tokenrace_shard_logprobs",
+                       "tokenrace_watermark_verify_seeds"})
 
 
 def _declare(handle):

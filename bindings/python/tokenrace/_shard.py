@@ -8,6 +8,10 @@ the library moves no bytes, the caller gathers each round's partials from every 
     >>> p2 = shard.race(sampler, logits_slice, vocab_start, vocab_size, rows, temperature=t)
     >>> tokens, flags = shard.finish(rows, [p2 of every rank])
 
+Rows with top-k or top-p (``top_k=``, ``top_p=``) race with the floor of their cut: round 1 also
+sends ``candidates`` (top-k), then ``cut_start``, rounds of ``cut_round`` / ``cut_advance`` while
+``cut_pending``, and ``race(..., cuts=)``. ``draw`` runs every round given an all-gather of bytes.
+
 The tokens and flags are those of ``sampler.draw`` over the whole rows, bit for bit. A partial
 is a numpy structured array (``PARTIAL_DTYPE``, 40 bytes a row); ``bytes(p)`` / ``p.tobytes()``
 and back with ``from_bytes`` for a transport of bytes. Every rank passes the same per-row
@@ -29,6 +33,20 @@ PARTIAL_DTYPE = np.dtype([
     ("vocab_start", "<u4"), ("slice_len", "<u4"), ("vocab_size", "<u4"), ("key", "<u8"),
 ])
 ROW_DTYPE = np.dtype([("top", "<f4"), ("token", "<i4"), ("flags", "<u4"), ("fingerprint", "<u4"), ("key", "<u8")])
+CUT_DTYPE = np.dtype([
+    ("floor", "<f4"), ("lo", "<f4"), ("hi", "<f4"), ("top_p", "<f4"), ("m", "<f4"), ("inv_t", "<f4"),
+    ("phase", "<u4"), ("step", "<u4"), ("fingerprint", "<u4"), ("row", "<u4"), ("above", "<f8"), ("z", "<f8"),
+])
+MASS_DTYPE = np.dtype([("head", PARTIAL_DTYPE), ("mass", "<f8", 64), ("count", "<u4", 64), ("low", "<f4", 64),
+                       ("high", "<f4", 64)])
+LOGPROB_DTYPE = np.dtype([("head", PARTIAL_DTYPE), ("z", "<f8"), ("s", "<f4"), ("floor", "<f4"), ("posinf", "<u4"),
+                          ("reserved", "<u4")])
+TOP_DTYPE = np.dtype([("value", "<f4"), ("token", "<i4")])
+LOGPROB_MODES = {"raw": 0, "processed": 1}
+assert LOGPROB_DTYPE.itemsize == ctypes.sizeof(_ffi.tokenrace_shard_logprob_partial)
+assert TOP_DTYPE.itemsize == ctypes.sizeof(_ffi.tokenrace_shard_top_entry)
+assert CUT_DTYPE.itemsize == ctypes.sizeof(_ffi.tokenrace_shard_cut)
+assert MASS_DTYPE.itemsize == ctypes.sizeof(_ffi.tokenrace_shard_mass)
 assert PARTIAL_DTYPE.itemsize == ctypes.sizeof(_ffi.tokenrace_shard_partial)
 assert ROW_DTYPE.itemsize == ctypes.sizeof(_ffi.tokenrace_shard_row)
 tokenrace_shard_rows = _ffi.tokenrace_shard_rows
@@ -60,7 +78,7 @@ def _per_row(name, values, rows, dtype):
     return np.ascontiguousarray(np.broadcast_to(a, (rows,)))
 
 
-def _rows(logits, vocab_start, vocab_size, temperature, seeds, offsets, seeded, min_p):
+def _rows(logits, vocab_start, vocab_size, temperature, seeds, offsets, seeded, min_p, top_k=None, top_p=None):
     x = np.asarray(logits)
     if x.dtype != np.float32:
         raise TypeError(f"logits: sharded rows are float32, got {x.dtype}")
@@ -78,6 +96,8 @@ def _rows(logits, vocab_start, vocab_size, temperature, seeds, offsets, seeded, 
         "o": _per_row("offsets", offsets, rows, np.uint64),
         "m": _per_row("seeded", seeded, rows, np.uint8),
         "p": _per_row("min_p", min_p, rows, np.float32),
+        "k": _per_row("top_k", top_k, rows, np.int32),
+        "tp": _per_row("top_p", top_p, rows, np.float32),
     }
     c = tokenrace_shard_rows()
     c.logits = _ptr(x, c_float)
@@ -86,6 +106,7 @@ def _rows(logits, vocab_start, vocab_size, temperature, seeds, offsets, seeded, 
     c.vocab_start, c.vocab_size = int(vocab_start), int(vocab_size)
     c.temperature, c.seeds, c.offsets = _ptr(keep["t"], c_float), _ptr(keep["s"], c_uint64), _ptr(keep["o"], c_uint64)
     c.seeded, c.min_p = _ptr(keep["m"], c_uint8), _ptr(keep["p"], c_float)
+    c.top_k, c.top_p = _ptr(keep["k"], ctypes.c_int32), _ptr(keep["tp"], c_float)
     return c, keep
 
 
@@ -103,11 +124,11 @@ def from_bytes(data, dtype=PARTIAL_DTYPE):
 
 
 def top(sampler, logits, vocab_start, vocab_size, *, temperature=None, seeds=None, offsets=None, seeded=None,
-        min_p=None):
+        min_p=None, top_k=None, top_p=None):
     """Round 1 on this rank: one partial per row of ``logits`` (rows x slice, float32: tokens
     ``[vocab_start, vocab_start + slice)`` of rows of ``vocab_size``). Unseeded sampling rows take
     their keys from ``sampler``'s stream here, as ``sampler.draw`` of the same rows would."""
-    c, keep = _rows(logits, vocab_start, vocab_size, temperature, seeds, offsets, seeded, min_p)
+    c, keep = _rows(logits, vocab_start, vocab_size, temperature, seeds, offsets, seeded, min_p, top_k, top_p)
     out = np.zeros(c.rows, PARTIAL_DTYPE)
     h = _handle(sampler)
     check(_fn("tokenrace_shard_top")(h.ptr, byref(c), _recs(out, _ffi.tokenrace_shard_partial)))
@@ -129,20 +150,231 @@ def combine_top(partials):
     return out
 
 
-def race(sampler, logits, vocab_start, vocab_size, rows, *, temperature=None, seeds=None, offsets=None, seeded=None,
-         min_p=None):
+def race(sampler, logits, vocab_start, vocab_size, rows, *, cuts=None, temperature=None, seeds=None, offsets=None,
+         seeded=None, min_p=None, top_k=None, top_p=None):
     """Round 2 on this rank: the race of its slice with the combined rows ``rows`` (from
-    ``combine_top``); the same rows and settings as in round 1."""
-    c, keep = _rows(logits, vocab_start, vocab_size, temperature, seeds, offsets, seeded, min_p)
-    combined = np.ascontiguousarray(from_bytes(rows, ROW_DTYPE))
-    if len(combined) != c.rows:
-        raise ValueError(f"rows: {len(combined)} combined rows for {c.rows} rows of logits")
+    ``combine_top``) and, for rows with top-k or top-p, the floors of their finished ``cuts``;
+    the same rows and settings as in round 1."""
+    c, keep = _rows(logits, vocab_start, vocab_size, temperature, seeds, offsets, seeded, min_p, top_k, top_p)
+    combined = _combined(rows, c.rows)
     out = np.zeros(c.rows, PARTIAL_DTYPE)
     h = _handle(sampler)
-    check(_fn("tokenrace_shard_race")(h.ptr, byref(c), _recs(combined, _ffi.tokenrace_shard_row),
-                                      _recs(out, _ffi.tokenrace_shard_partial)))
+    if cuts is None:
+        check(_fn("tokenrace_shard_race")(h.ptr, byref(c), _recs(combined, _ffi.tokenrace_shard_row),
+                                          _recs(out, _ffi.tokenrace_shard_partial)))
+    else:
+        cu = _cuts(cuts, c.rows)
+        check(_fn("tokenrace_shard_race_cut")(h.ptr, byref(c), _recs(combined, _ffi.tokenrace_shard_row),
+                                              _recs(cu, _ffi.tokenrace_shard_cut),
+                                              _recs(out, _ffi.tokenrace_shard_partial)))
     del keep
     return out
+
+
+def _combined(rows, n):
+    combined = np.ascontiguousarray(from_bytes(rows, ROW_DTYPE))
+    if len(combined) != n:
+        raise ValueError(f"rows: {len(combined)} combined rows for {n} rows of logits")
+    return combined
+
+
+def _cuts(cuts, n):
+    cu = np.array(from_bytes(cuts, CUT_DTYPE))  # a writable copy
+    if len(cu) != n:
+        raise ValueError(f"cuts: {len(cu)} cuts for {n} rows")
+    return cu
+
+
+def candidates(logits, vocab_start, vocab_size, width, *, top_k=None, **settings):
+    """The top-k candidates of this rank (sent with round 1 when a row has top-k): per row the
+    slice's ``width`` largest finite values, descending, -inf padded (float32 [rows, width]);
+    ``width`` is at least every row's top-k and the same on every rank."""
+    c, keep = _rows(logits, vocab_start, vocab_size, settings.get("temperature"), settings.get("seeds"),
+                    settings.get("offsets"), settings.get("seeded"), settings.get("min_p"), top_k,
+                    settings.get("top_p"))
+    out = np.zeros((c.rows, int(width)), np.float32)
+    check(_fn("tokenrace_shard_top_k_candidates")(byref(c), int(width), _ptr(out, c_float)))
+    del keep
+    return out
+
+
+def cut_start(sampler, logits, vocab_start, vocab_size, rows, gathered_candidates=(), **settings):
+    """The first state of every row's floor (``CUT_DTYPE``, the same on every rank) from the
+    combined rows and every rank's ``candidates`` (a list, any order; empty when no row has
+    top-k)."""
+    c, keep = _rows(logits, vocab_start, vocab_size, *_settings(settings))
+    combined = _combined(rows, c.rows)
+    cands = [np.asarray(from_bytes(g, np.float32)).reshape(-1) for g in gathered_candidates]
+    width = (len(cands[0]) // c.rows if c.rows else 0) if cands else 0
+    if any(len(g) != width * c.rows for g in cands):
+        raise ValueError(f"candidates: the ranks sent {[len(g) for g in cands]} values for {c.rows} rows")
+    stacked = np.ascontiguousarray(np.concatenate(cands)) if cands else None
+    out = np.zeros(c.rows, CUT_DTYPE)
+    h = _handle(sampler)
+    check(_fn("tokenrace_shard_cut_start")(h.ptr, byref(c), _recs(combined, _ffi.tokenrace_shard_row),
+                                           _ptr(stacked, c_float), len(cands), width,
+                                           _recs(out, _ffi.tokenrace_shard_cut)))
+    del keep
+    return out
+
+
+def _settings(settings):
+    names = ("temperature", "seeds", "offsets", "seeded", "min_p", "top_k", "top_p")
+    unknown = set(settings) - set(names)
+    if unknown:
+        raise TypeError(f"unknown settings: {sorted(unknown)}")
+    return [settings.get(n) for n in names]
+
+
+def cut_pending(cuts):
+    """Whether any row's cut needs another round (the same answer on every rank)."""
+    return bool(np.any(from_bytes(cuts, CUT_DTYPE)["phase"] != 0))
+
+
+def cut_round(sampler, logits, vocab_start, vocab_size, cuts, **settings):
+    """One round of the cut on this rank: a ``MASS_DTYPE`` record per row (1320 bytes)."""
+    c, keep = _rows(logits, vocab_start, vocab_size, *_settings(settings))
+    cu = _cuts(cuts, c.rows)
+    out = np.zeros(c.rows, MASS_DTYPE)
+    h = _handle(sampler)
+    check(_fn("tokenrace_shard_cut_round")(h.ptr, byref(c), _recs(cu, _ffi.tokenrace_shard_cut),
+                                           _recs(out, _ffi.tokenrace_shard_mass)))
+    del keep
+    return out
+
+
+def cut_advance(cuts, masses):
+    """The cuts after a round, from the ``cut_round`` records of every rank (any order)."""
+    parts = [from_bytes(m, MASS_DTYPE) for m in masses]
+    cu = _cuts(cuts, len(from_bytes(cuts, CUT_DTYPE)))
+    if any(len(p) != len(cu) for p in parts):
+        raise ValueError(f"masses: the ranks sent {[len(p) for p in parts]} rows for {len(cu)}")
+    stacked = np.ascontiguousarray(np.concatenate(parts)) if parts else None
+    check(_fn("tokenrace_shard_cut_advance")(_recs(cu, _ffi.tokenrace_shard_cut), len(cu),
+                                             _recs(stacked, _ffi.tokenrace_shard_mass), len(parts)))
+    return cu
+
+
+def _mode(mode):
+    if mode not in LOGPROB_MODES:
+        raise ValueError(f"logprobs: {mode!r} is not one of {sorted(LOGPROB_MODES)}")
+    return LOGPROB_MODES[mode]
+
+
+def logprob_partials(sampler, logits, vocab_start, vocab_size, rows, cuts, own_races, mode, top_n=0, **settings):
+    """This rank's logprob partials (``LOGPROB_DTYPE``, one per row) and its ``top_n`` best tokens
+    per row (``TOP_DTYPE`` [rows, top_n]) for the logprobs of ``mode`` ("raw" or "processed"),
+    from the combined rows, the finished cuts and this rank's own ``race`` partials (None when no
+    row races). Sent with the race partials."""
+    c, keep = _rows(logits, vocab_start, vocab_size, *_settings(settings))
+    combined = _combined(rows, c.rows)
+    cu = _cuts(cuts, c.rows)
+    mine = None if own_races is None else np.ascontiguousarray(from_bytes(own_races))
+    out = np.zeros(c.rows, LOGPROB_DTYPE)
+    top = np.zeros((c.rows, int(top_n)), TOP_DTYPE)
+    h = _handle(sampler)
+    check(_fn("tokenrace_shard_logprob_partials")(
+        h.ptr, byref(c), _recs(combined, _ffi.tokenrace_shard_row), _recs(cu, _ffi.tokenrace_shard_cut),
+        _recs(mine, _ffi.tokenrace_shard_partial), _mode(mode), int(top_n),
+        _recs(out, _ffi.tokenrace_shard_logprob_partial), _recs(top, _ffi.tokenrace_shard_top_entry)))
+    del keep
+    return out, top
+
+
+def logprobs(rows, tokens, partials, tops, mode, top_n=0):
+    """The sampled tokens' logprobs (float32 [rows]) and the top-n ids (int32) and logprobs
+    (float32) [rows, top_n] from every rank's ``logprob_partials`` (lists, any order, the same
+    order in both): within 1e-5 of ``Sampler.draw_full``'s (docs/semantics.md)."""
+    combined = np.ascontiguousarray(from_bytes(rows, ROW_DTYPE))
+    n = len(combined)
+    tok = np.ascontiguousarray(np.asarray(tokens, np.int32))
+    parts = [from_bytes(p, LOGPROB_DTYPE) for p in partials]
+    tp = [from_bytes(t, TOP_DTYPE).reshape(-1) for t in tops]
+    if len(parts) != len(tp) or any(len(p) != n for p in parts) or any(len(t) != n * top_n for t in tp):
+        raise ValueError("partials, tops: one of each per rank, for every row")
+    sp = np.ascontiguousarray(np.concatenate(parts)) if parts else None
+    st = np.ascontiguousarray(np.concatenate(tp)) if tp else None
+    lps = np.zeros(n, np.float32)
+    ids, tl = np.zeros((n, top_n), np.int32), np.zeros((n, top_n), np.float32)
+    check(_fn("tokenrace_shard_logprobs")(
+        _recs(combined, _ffi.tokenrace_shard_row), n, tok.ctypes.data_as(POINTER(ctypes.c_int32)),
+        _recs(sp, _ffi.tokenrace_shard_logprob_partial), _recs(st, _ffi.tokenrace_shard_top_entry), len(parts),
+        _mode(mode), int(top_n), _ptr(lps, c_float), ids.ctypes.data_as(POINTER(ctypes.c_int32)), _ptr(tl, c_float)))
+    return lps, ids, tl
+
+
+class ShardDraw(tuple):
+    """What ``draw`` returns: tokens, flags and, when asked for, logprobs, topn_ids,
+    topn_logprobs (else None)."""
+
+    __slots__ = ()
+
+    def __new__(cls, tokens, flags, logprobs=None, topn_ids=None, topn_logprobs=None):
+        return tuple.__new__(cls, (tokens, flags, logprobs, topn_ids, topn_logprobs))
+
+    tokens = property(lambda self: self[0])
+    flags = property(lambda self: self[1])
+    logprobs = property(lambda self: self[2])
+    topn_ids = property(lambda self: self[3])
+    topn_logprobs = property(lambda self: self[4])
+
+
+def draw(sampler, logits, vocab_start, vocab_size, all_gather, *, logprob_mode=None, top_n=0, stats=None,
+         **settings):
+    """Every round of a sharded call on this rank: ``all_gather(data: bytes) -> [bytes of every
+    rank]`` (the same length on every rank, called the same number of times on every rank)
+    moves the bytes. Returns a ``ShardDraw``: the tokens and flags of ``finish`` and, with
+    ``logprob_mode`` ("raw" or "processed"), the sampled tokens' logprobs and the ``top_n``
+    (their partials travel with the race's: no extra round). ``stats``, a dict, receives the
+    rounds and the bytes this rank sent per round."""
+    sent = []
+
+    def gather(data):
+        sent.append(len(data))
+        return all_gather(data)
+
+    x = np.asarray(logits)
+    rows = 1 if x.ndim == 1 else x.shape[0]
+    top_k = settings.get("top_k")
+    k = np.zeros(rows, np.int64) if top_k is None else np.broadcast_to(np.asarray(top_k, np.int64), (rows,))
+    k = k[(k > 0) & (k < vocab_size)]
+    width = int(k.max()) if len(k) else 0
+    mine = top(sampler, x, vocab_start, vocab_size, **settings).tobytes()
+    if width:
+        mine += candidates(x, vocab_start, vocab_size, width, **settings).tobytes()
+    gathered = gather(mine)
+    head = rows * PARTIAL_DTYPE.itemsize
+    combined = combine_top([g[:head] for g in gathered])
+    cands = [g[head:] for g in gathered] if width else []
+    filtered = settings.get("top_p") is not None or width or logprob_mode is not None
+    racing = races(combined)  # the same answer on every rank: every rank skips or none does
+    partials, won, cuts = [], None, None
+    if filtered and (racing or logprob_mode is not None):
+        cuts = cut_start(sampler, x, vocab_start, vocab_size, combined, cands, **settings)
+        while cut_pending(cuts):
+            m = cut_round(sampler, x, vocab_start, vocab_size, cuts, **settings)
+            cuts = cut_advance(cuts, gather(m.tobytes()))
+    if racing:
+        won = race(sampler, x, vocab_start, vocab_size, combined, cuts=cuts, **settings)
+    if racing or logprob_mode is not None:
+        mine = b"" if won is None else won.tobytes()
+        if logprob_mode is not None:
+            lp, tp = logprob_partials(sampler, x, vocab_start, vocab_size, combined, cuts, won, logprob_mode, top_n,
+                                      **settings)
+            mine += lp.tobytes() + tp.tobytes()
+        gathered = gather(mine)
+        cut_at = len(won.tobytes()) if won is not None else 0
+        partials = [g[:cut_at] for g in gathered] if racing else []
+    if stats is not None:
+        stats["rounds"] = len(sent)
+        stats["bytes_per_round"] = sent
+    tokens, flags = finish(combined, partials)
+    if logprob_mode is None:
+        return ShardDraw(tokens, flags)
+    lp_len = rows * LOGPROB_DTYPE.itemsize
+    lps, ids, tl = logprobs(combined, tokens, [g[cut_at:cut_at + lp_len] for g in gathered],
+                            [g[cut_at + lp_len:] for g in gathered], logprob_mode, top_n)
+    return ShardDraw(tokens, flags, lps, ids, tl)
 
 
 def races(rows):

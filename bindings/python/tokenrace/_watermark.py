@@ -66,6 +66,49 @@ def watermark_seeds(secrets, k, histories):
     return seeds
 
 
+def watermark_verify_seeds(secrets, k, histories, drafts):
+    """The seeds of the target rows of a watermarked verification, laid out as ``Sampler.verify``
+    lays them out (request after request: its draft positions, then its bonus row): row j of
+    request i has the seed of the position after ``histories[i]`` followed by ``drafts[i][:j]``.
+    Draw the rows with these seeds (``offsets=0``) and keep the drafts with
+    ``watermark_accept``: the text is the position-by-position watermarked one. Returns uint64
+    [sum(len(d)) + requests]."""
+    k = _k(k)
+    n = len(histories)
+    if len(drafts) != n:
+        raise ValueError(f"drafts: {len(drafts)} lists for {n} histories")
+    if np.ndim(secrets) == 0:
+        secrets = [secrets] * n
+    secrets = np.array([_secret(s, f"secrets[{i}]") for i, s in enumerate(secrets)], np.uint64)
+    if secrets.size != n:
+        raise ValueError(f"secrets: has {secrets.size} values, the call has {n} histories")
+    ids = [int32_vector(h, f"histories[{i}]") for i, h in enumerate(histories)]
+    offsets = np.zeros(n + 1, np.uint64)
+    offsets[1:] = np.cumsum([i.size for i in ids])
+    flat = np.ascontiguousarray(np.concatenate(ids) if ids else np.zeros(0, np.int32), dtype=np.int32)
+    ds = [int32_vector(d, f"drafts[{i}]") for i, d in enumerate(drafts)]
+    counts = np.array([d.size for d in ds], np.int32)
+    dflat = np.ascontiguousarray(np.concatenate(ds) if ds else np.zeros(0, np.int32), dtype=np.int32)
+    seeds = np.zeros(int(counts.sum()) + n, np.uint64)
+    fn = _function("tokenrace_watermark_verify_seeds")
+    check(fn(n, _ptr(secrets, c_uint64), k, None, None, _ptr(flat, c_int32), _ptr(offsets, c_uint64),
+             _ptr(counts, c_int32), _ptr(dflat, c_int32), _ptr(seeds, c_uint64)))
+    return seeds
+
+
+def watermark_accept(drafts, drawn):
+    """The tokens a request emits from its ``drafts`` and the tokens drawn at its target rows
+    (``len(drafts) + 1``) with ``watermark_verify_seeds``: the drafts while each equals its
+    row's drawn token, then the first drawn token that differs (the bonus row's when all match)."""
+    d, t = list(drafts), list(drawn)
+    if len(t) != len(d) + 1:
+        raise ValueError(f"drawn: {len(t)} tokens for {len(d)} drafts (one per draft and the bonus row)")
+    j = 0
+    while j < len(d) and d[j] == t[j]:
+        j += 1
+    return d[:j] + [t[j]]
+
+
 @dataclass
 class Detection:
     """What ``detect_watermark`` found: ``score`` (sum of -ln(1 - U_t) over the scored tokens),

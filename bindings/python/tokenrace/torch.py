@@ -725,15 +725,19 @@ def _all_gather_bytes(data: bytes, group):
     return [t.numpy().tobytes() for t in gathered]
 
 
-def sample_sharded(logits_slice, vocab_start, vocab_size, temperature, *, min_p=None, seeds=None, positions=None,
-                   seeded=None, sampler=None, group=None):
+def sample_sharded(logits_slice, vocab_start, vocab_size, temperature, *, min_p=None, top_k=None, top_p=None,
+                   seeds=None, positions=None, seeded=None, sampler=None, group=None, logprob_mode=None, top_n=0):
     """One token per row from a vocabulary-parallel LM head's output, exactly as ``sample`` of the
     gathered rows would draw it (docs/semantics.md, "Sharded rows"): this rank holds
     ``logits_slice`` [rows, slice] float32, tokens ``[vocab_start, vocab_start + slice)`` of rows of
     ``vocab_size``; every rank of ``group`` calls this with its own slice and the same per-row
-    ``temperature``, ``min_p``, ``seeds`` (with ``positions`` as offsets, ``seeded`` as a mask).
-    Two ``all_gather`` rounds of 40 bytes per row and rank (one when no row samples): the rows'
-    maxima, then the slices' race winners. Returns int64 tokens [rows], the same on every rank.
+    ``temperature``, ``min_p``, ``top_k``, ``top_p``, ``seeds`` (with ``positions`` as offsets,
+    ``seeded`` as a mask). ``all_gather`` rounds: the rows' maxima (40 bytes per row and rank,
+    plus 4 per top-k candidate), for top-p the rounds of the cut (1320 bytes per row; usually
+    two), then the slices' race winners (40 bytes). Returns int64 tokens [rows], the same on
+    every rank; with ``logprob_mode`` ("raw" or "processed") also the sampled tokens' logprobs
+    [rows] and the ``top_n`` ids [rows, top_n] and logprobs, their partials sent with the race's
+    (64 bytes plus 8 per top-n entry per row), within 1e-5 of ``sample``'s.
 
     ``sampler``: a ``tokenrace.Sampler`` per rank, made with the same seed on every rank (its
     stream keys the unseeded rows; ranks whose streams differ are refused, not mixed); default
@@ -746,13 +750,13 @@ def sample_sharded(logits_slice, vocab_start, vocab_size, temperature, *, min_p=
         raise TypeError(f"logits_slice: sharded rows are float32, got {logits_slice.dtype}")
     x = logits_slice.detach().numpy()
     s = default_sampler() if sampler is None else sampler
-    settings = dict(temperature=_as_numpy(temperature), min_p=_as_numpy(min_p), seeds=_as_numpy(seeds),
-                    offsets=_as_numpy(positions), seeded=_as_numpy(seeded))
-    mine = shard.top(s, x, vocab_start, vocab_size, **settings)
-    rows = shard.combine_top(_all_gather_bytes(mine.tobytes(), group))
-    partials = []
-    if shard.races(rows):  # the same answer on every rank: every rank skips or none does
-        won = shard.race(s, x, vocab_start, vocab_size, rows, **settings)
-        partials = _all_gather_bytes(won.tobytes(), group)
-    tokens, _flags = shard.finish(rows, partials)
+    settings = dict(temperature=_as_numpy(temperature), min_p=_as_numpy(min_p), top_k=_as_numpy(top_k),
+                    top_p=_as_numpy(top_p), seeds=_as_numpy(seeds), offsets=_as_numpy(positions),
+                    seeded=_as_numpy(seeded))
+    drawn = shard.draw(s, x, vocab_start, vocab_size, lambda data: _all_gather_bytes(data, group),
+                       logprob_mode=logprob_mode, top_n=top_n, **settings)
+    tokens = drawn.tokens
+    if logprob_mode is not None:
+        return (torch.from_numpy(tokens.astype(np.int64)), torch.from_numpy(drawn.logprobs),
+                torch.from_numpy(drawn.topn_ids), torch.from_numpy(drawn.topn_logprobs))
     return torch.from_numpy(tokens.astype(np.int64))
