@@ -4,7 +4,8 @@
   TOKENRACE_LIBRARY=$PWD/target/release/libtokenrace.so python3 bench/row_tail.py [--rows 256] [--check]
 
 For each distribution of logits (flat normal rows at sigmas 1, 3 and 6, each at temperatures 0.5,
-0.7 and 1.0; zipf; peaked; many ties), vocabulary (32000, 151936, 262144) and filter (top-p 0.9,
+0.7 and 1.0; zipf; peaked; many ties; a heavy tail: N(0, 2) and three peaks near 10, 12 or 14,
+at temperatures 0.8 and 1.0), vocabulary (32000, 151936, 262144) and filter (top-p 0.9,
 top-p 0.95, top-k 50 with top-p 0.9, min-p 0.05, min-p 0.02 with top-p 0.95), it draws `--rows`
 fresh rows at 1 thread, once each as a single row and in batches of 32, and prints per cell the
 median, 99th percentile and maximum of the per-row time (a batch's per-row time is its call time
@@ -52,6 +53,18 @@ def peaked(rng, rows, vocab):
     return x
 
 
+def heavy_tail(height):
+    # N(0, 2) and three peaks near `height`: at T 0.8-1 the tail holds a third to half of the
+    # mass, so top-p 0.9-0.95 keeps tens of thousands of tokens and its threshold lies deep in
+    # the tail, where the f32 bounds of the mass below the cut may straddle two tokens.
+    def make(rng, rows, vocab):
+        x = rng.standard_normal((rows, vocab), dtype=np.float32) * 2
+        for r in range(rows):
+            x[r, rng.integers(vocab, size=3)] = height - rng.random(3)
+        return x
+    return make
+
+
 def ties(rng, rows, vocab):
     # N(0, 3) on a grid of 0.5: large groups of equal logits, the maximum included.
     return np.round(rng.standard_normal((rows, vocab), dtype=np.float32) * 6) / 2
@@ -60,6 +73,7 @@ def ties(rng, rows, vocab):
 # (name, generator, temperature)
 DISTS = [(f"normal s{s} T{t}", normal(s), t) for s in (1, 3, 6) for t in (0.5, 0.7, 1.0)]
 DISTS += [("zipf T1", zipf, 1.0), ("peaked T1", peaked, 1.0), ("ties T0.7", ties, 0.7)]
+DISTS += [(f"tail h{h} T{t}", heavy_tail(h), t) for h in (10, 12, 14) for t in (0.8, 1.0)]
 
 FILTERS = [
     ("p0.9", dict(top_p=0.9)),
