@@ -118,6 +118,10 @@ def main():
     ap.add_argument("--limit", type=float, default=4.0, help="max / median allowed by --check")
     ap.add_argument("--check", action="store_true", help="exit 1 when a cell's max / median exceeds --limit")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeded", action="store_true",
+                    help="seed each row (its index): every call of a row draws the same token the same way, "
+                         "so the minimum of the repeats keeps a draw's slow path (unseeded, a row's repeats "
+                         "draw afresh and the minimum keeps its fastest draw)")
     a = ap.parse_args()
     rows = max(BATCH, a.rows // BATCH * BATCH)
     vocabs = a.vocab or VOCABS
@@ -125,7 +129,8 @@ def main():
     filters = [f for f in FILTERS if not a.filter or f[0] in a.filter]
     print(f"# tokenrace {tokenrace.__version__ if hasattr(tokenrace, '__version__') else ''} "
           f"library {os.environ.get('TOKENRACE_LIBRARY', '(default)')}")
-    print(f"# {rows} rows per distribution and vocabulary, 1 thread, min of {a.repeats} calls; "
+    print(f"# {rows} rows per distribution and vocabulary, 1 thread, min of {a.repeats} calls"
+          f"{' (seeded rows)' if a.seeded else ''}; "
           f"times per row in microseconds; batch: {BATCH} rows a call, time / {BATCH}")
     print(f"{'distribution':<16} {'vocab':>6} {'filter':<15} {'mode':<6} "
           f"{'median':>8} {'p99':>8} {'max':>8} {'max/med':>7} {'b/s':>6}")
@@ -137,9 +142,14 @@ def main():
         for name, make, temp in dists:
             x = make(rng, rows, vocab)
             for fname, kw in filters:
-                single = times_of([lambda r=r: s.draw(x[r:r + 1], temperature=temp, **kw)
+                seeds = np.arange(rows, dtype=np.uint64) if a.seeded else None
+
+                def seeds_of(lo, hi):
+                    return None if seeds is None else seeds[lo:hi]
+                single = times_of([lambda r=r: s.draw(x[r:r + 1], temperature=temp, seeds=seeds_of(r, r + 1), **kw)
                                    for r in range(rows)], a.repeats)
-                batch = times_of([lambda b=b: s.draw(x[b:b + BATCH], temperature=temp, **kw)
+                batch = times_of([lambda b=b: s.draw(x[b:b + BATCH], temperature=temp, seeds=seeds_of(b, b + BATCH),
+                                                     **kw)
                                   for b in range(0, rows, BATCH)], a.repeats) / BATCH
                 single_median = float(np.median(single))
                 for mode, times in (("single", single), ("batch", batch)):
