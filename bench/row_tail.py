@@ -4,7 +4,8 @@
   TOKENRACE_LIBRARY=$PWD/target/release/libtokenrace.so python3 bench/row_tail.py [--rows 256] [--check]
 
 For each distribution of logits (flat normal rows at sigmas 1, 3 and 6, each at temperatures 0.5,
-0.7 and 1.0; zipf; peaked; many ties), vocabulary (32000, 151936, 262144) and filter (top-p 0.9,
+0.7 and 1.0; zipf; peaked; many ties; a heavy tail: N(0, 2) and three peaks near 10, 12 or 14,
+at temperatures 0.8 and 1.0), vocabulary (32000, 151936, 262144) and filter (top-p 0.9,
 top-p 0.95, top-k 50 with top-p 0.9, min-p 0.05, min-p 0.02 with top-p 0.95), it draws `--rows`
 fresh rows at 1 thread, once each as a single row and in batches of 32, and prints per cell the
 median, 99th percentile and maximum of the per-row time (a batch's per-row time is its call time
@@ -52,6 +53,18 @@ def peaked(rng, rows, vocab):
     return x
 
 
+def heavy_tail(height):
+    # N(0, 2) and three peaks near `height`: at T 0.8-1 the tail holds a third to half of the
+    # mass, so top-p 0.9-0.95 keeps tens of thousands of tokens and its threshold lies deep in
+    # the tail, where the f32 bounds of the mass below the cut may straddle two tokens.
+    def make(rng, rows, vocab):
+        x = rng.standard_normal((rows, vocab), dtype=np.float32) * 2
+        for r in range(rows):
+            x[r, rng.integers(vocab, size=3)] = height - rng.random(3)
+        return x
+    return make
+
+
 def ties(rng, rows, vocab):
     # N(0, 3) on a grid of 0.5: large groups of equal logits, the maximum included.
     return np.round(rng.standard_normal((rows, vocab), dtype=np.float32) * 6) / 2
@@ -60,6 +73,7 @@ def ties(rng, rows, vocab):
 # (name, generator, temperature)
 DISTS = [(f"normal s{s} T{t}", normal(s), t) for s in (1, 3, 6) for t in (0.5, 0.7, 1.0)]
 DISTS += [("zipf T1", zipf, 1.0), ("peaked T1", peaked, 1.0), ("ties T0.7", ties, 0.7)]
+DISTS += [(f"tail h{h} T{t}", heavy_tail(h), t) for h in (10, 12, 14) for t in (0.8, 1.0)]
 
 FILTERS = [
     ("p0.9", dict(top_p=0.9)),
@@ -104,6 +118,10 @@ def main():
     ap.add_argument("--limit", type=float, default=4.0, help="max / median allowed by --check")
     ap.add_argument("--check", action="store_true", help="exit 1 when a cell's max / median exceeds --limit")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeded", action="store_true",
+                    help="seed each row (its index): every call of a row draws the same token the same way, "
+                         "so the minimum of the repeats keeps a draw's slow path (unseeded, a row's repeats "
+                         "draw afresh and the minimum keeps its fastest draw)")
     a = ap.parse_args()
     rows = max(BATCH, a.rows // BATCH * BATCH)
     vocabs = a.vocab or VOCABS
@@ -111,7 +129,8 @@ def main():
     filters = [f for f in FILTERS if not a.filter or f[0] in a.filter]
     print(f"# tokenrace {tokenrace.__version__ if hasattr(tokenrace, '__version__') else ''} "
           f"library {os.environ.get('TOKENRACE_LIBRARY', '(default)')}")
-    print(f"# {rows} rows per distribution and vocabulary, 1 thread, min of {a.repeats} calls; "
+    print(f"# {rows} rows per distribution and vocabulary, 1 thread, min of {a.repeats} calls"
+          f"{' (seeded rows)' if a.seeded else ''}; "
           f"times per row in microseconds; batch: {BATCH} rows a call, time / {BATCH}")
     print(f"{'distribution':<16} {'vocab':>6} {'filter':<15} {'mode':<6} "
           f"{'median':>8} {'p99':>8} {'max':>8} {'max/med':>7} {'b/s':>6}")
@@ -123,9 +142,14 @@ def main():
         for name, make, temp in dists:
             x = make(rng, rows, vocab)
             for fname, kw in filters:
-                single = times_of([lambda r=r: s.draw(x[r:r + 1], temperature=temp, **kw)
+                seeds = np.arange(rows, dtype=np.uint64) if a.seeded else None
+
+                def seeds_of(lo, hi):
+                    return None if seeds is None else seeds[lo:hi]
+                single = times_of([lambda r=r: s.draw(x[r:r + 1], temperature=temp, seeds=seeds_of(r, r + 1), **kw)
                                    for r in range(rows)], a.repeats)
-                batch = times_of([lambda b=b: s.draw(x[b:b + BATCH], temperature=temp, **kw)
+                batch = times_of([lambda b=b: s.draw(x[b:b + BATCH], temperature=temp, seeds=seeds_of(b, b + BATCH),
+                                                     **kw)
                                   for b in range(0, rows, BATCH)], a.repeats) / BATCH
                 single_median = float(np.median(single))
                 for mode, times in (("single", single), ("batch", batch)):

@@ -168,9 +168,11 @@ pub(super) fn race_params<V: RowValues + ?Sized>(
 /// The race of a row that needs one, and its filters' floor.
 ///
 /// A sampling row with top-k or top-p (with or without min-p) on a row whose mass sits in a few
-/// blocks races first over the tokens min-p keeps. When top-k and top-p surely keep the winner
-/// ([`filter::surely_keeps`], from the few tokens above it), the winner is the race's over the
-/// kept tokens too (the same keys; the kept tokens a subset that holds it), and their
+/// blocks, or with top-p without top-k on any row ([`filter::decided_by_mass`]: its threshold
+/// may need most of a heavy tail), races first over the tokens min-p keeps. When top-k and
+/// top-p surely keep the winner ([`filter::surely_keeps`], from the few tokens above it;
+/// [`filter::surely_keeps_by_mass`] on the other rows, from two passes of mass), the winner is
+/// the race's over the kept tokens too (the same keys; the kept tokens a subset that holds it), and their
 /// threshold, which for top-p needs the mass of the whole row, is never computed: the floor
 /// returned is then min-p's alone, which nothing after this draw reads (`filters_after_race`).
 /// Otherwise the row races once more, with the whole floor.
@@ -182,14 +184,23 @@ fn race_row<V: RowValues + ?Sized>(
 ) -> Result<(Option<Best>, f32)> {
     if let RowPlan::Sample { inv_t, filter_inv_t, noise, filters_after_race: true } = plan {
         let m = sc.top;
-        let few = m.is_finite() && filter::few_heavy_blocks(bmax, m, filter_inv_t);
-        if let Some((f, floor)) = few.then(|| filter::decided_after_race(batch, r, m, filter_inv_t)).flatten() {
-            let won = v.race(k, 0, v.n(), bmax, RaceParams { m, inv_t, floor }, noise).map_err(|e| e.in_row(r))?;
-            if won.token != usize::MAX {
-                let values_ge = |lo| filter::row_values_ge(k, v, bmax, lo);
-                let at = (v.at(won.token), &values_ge as filter::ValuesGe);
-                if filter::surely_keeps(k, v, bmax, (m, filter_inv_t, floor), f, at).map_err(|e| e.in_row(r))? {
-                    return Ok((Some(won), floor));
+        let after_race = m.is_finite().then(|| filter::decided_after_race(batch, r, m, filter_inv_t)).flatten();
+        if let Some((f, floor)) = after_race {
+            let few = filter::few_heavy_blocks(bmax, m, filter_inv_t);
+            if few || filter::decided_by_mass(f) {
+                let won = v.race(k, 0, v.n(), bmax, RaceParams { m, inv_t, floor }, noise).map_err(|e| e.in_row(r))?;
+                if won.token != usize::MAX {
+                    let around = (m, filter_inv_t, floor);
+                    let kept = if few {
+                        let values_ge = |lo| filter::row_values_ge(k, v, bmax, lo);
+                        let at = (v.at(won.token), &values_ge as filter::ValuesGe);
+                        filter::surely_keeps(k, v, bmax, around, f, at)
+                    } else {
+                        filter::surely_keeps_by_mass(k, v, bmax, around, f, v.at(won.token))
+                    };
+                    if kept.map_err(|e| e.in_row(r))? {
+                        return Ok((Some(won), floor));
+                    }
                 }
             }
         }

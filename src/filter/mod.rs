@@ -259,6 +259,28 @@ pub(crate) fn surely_keeps<V: RowValues + ?Sized>(
     Ok(f.top_p >= 1.0 || top_p::surely_keeps(k, v, bmax, (m, inv_t, floor), f.top_p, (x, values_ge))?)
 }
 
+/// Whether the filters `f` of a row whose mass is not in a few blocks may be decided after the
+/// race from the row's mass ([`surely_keeps_by_mass`]): top-p without top-k. Such a row's
+/// top-p threshold may lie deep in a heavy tail (tens of thousands of kept tokens, each
+/// gathered with an f64 weight), while the race's winner is kept with probability `top_p`.
+pub(crate) fn decided_by_mass(f: Filters) -> bool {
+    f.top_k == 0 && f.top_p < 1.0
+}
+
+/// Whether top-p alone (filters `f`, [`decided_by_mass`]; at `inv_t`, after min-p's `floor`)
+/// surely keeps a token of value `x` of the row as given `v` (`floor <= x <= m`), from two f32
+/// passes of mass over the row ([`top_p::surely_keeps_by_mass`]). `false`: not decided here.
+pub(crate) fn surely_keeps_by_mass<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    bmax: &[f32],
+    (m, inv_t, floor): (f32, f32, f32),
+    f: Filters,
+    x: f32,
+) -> Result<bool> {
+    Ok(decided_by_mass(f) && top_p::surely_keeps_by_mass(k, v, bmax, (m, inv_t, floor), f.top_p, x)?)
+}
+
 /// The floor of row `r` of `batch` (values `v`, block maxima `bmax`, finite maximum `m`), or
 /// -inf when it has no filter.
 pub(crate) fn row_floor<V: RowValues + ?Sized>(

@@ -317,6 +317,65 @@ pub(super) fn surely_keeps<V: RowValues + ?Sized>(
     Ok(above < top_p * at_least * (1.0 - 1e-6))
 }
 
+/// Whether top-p alone (no top-k; over the tokens `>= floor`, at `inv_t`) surely keeps a token
+/// of logit `x` (`floor <= x <= m`, the row's finite maximum), from two passes of f32 mass
+/// rather than the tokens above `x`: the mass A of the tokens above `x` is below `top_p` times
+/// Z, whose lower bound is A's plus that of the mass B of the kept tokens at or below `x`.
+/// Then the threshold is at most `x` (in exact arithmetic and, with the margin of 1e-6 of
+/// [`surely_keeps`], in the exact tier's f64). For rows whose kept set is large (the tail holds
+/// much of the mass), where [`surely_keeps`] would gather most of the row: the race's winner
+/// lies in the kept set with probability `top_p` or more, and then this settles the filter
+/// without its threshold. Cheap weights first (within -2% / +9%), f32 exps if they do not
+/// decide. `false`: not decided here.
+pub(super) fn surely_keeps_by_mass<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    bmax: &[f32],
+    (m, inv_t, floor): (f32, f32, f32),
+    top_p: f64,
+    x: f32,
+) -> Result<bool> {
+    if x >= m {
+        return Ok(true);
+    }
+    let Some(r) = RowMass::new(k, v, m, inv_t, floor) else { return Ok(false) };
+    if !(x.is_finite() && x >= floor) {
+        return Ok(false);
+    }
+    // The tokens above x are those at or above the next f32 (x < m, so it is finite).
+    let above_x = x.next_up();
+    if above_x <= r.mp.lo {
+        // The kept tokens at or below x all weigh under 2^-125: nothing to gain here.
+        return Ok(false);
+    }
+    let mut out = alloc::filled(r.n.div_ceil(BLOCK), 0.0, "top-p block masses")?;
+    let mass = |kind: MassKind, lo: f32, cut: f32, out: &mut Vec<f64>| {
+        let mp = MassParams { lo, cut, ..r.mp };
+        // SAFETY: the row has n values; out and bmax one per block.
+        unsafe { (r.dk.mass)(r.v.ptr(), r.n, bmax, mp, kind, out) };
+        sum(out)
+    };
+    for cheap in [true, false] {
+        let (above, below) = if cheap {
+            let a = mass(MassKind::CheapCut, above_x, f32::INFINITY, &mut out);
+            let b = mass(MassKind::CheapCut, r.mp.lo, above_x, &mut out);
+            (cheap_bounds(a, r.count()), cheap_bounds(b, r.count()))
+        } else {
+            let a = mass(MassKind::Exp, above_x, f32::INFINITY, &mut out);
+            let b = mass(MassKind::ExpCut, r.mp.lo, above_x, &mut out);
+            (exp_bounds(a, r.count()), exp_bounds(b, r.count()))
+        };
+        if above.1 < top_p * (above.0 + below.0) * (1.0 - 1e-6) {
+            return Ok(true);
+        }
+        // Not even the upper bound of Z would do: the f32 exps cannot decide either.
+        if above.0 >= top_p * (above.1 + below.1) {
+            return Ok(false);
+        }
+    }
+    Ok(false)
+}
+
 /// The f64 paths only (when the f32 exponent scale overflows).
 struct RowF64<'a, V: RowValues + ?Sized> {
     k: &'a Kernels,
