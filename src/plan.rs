@@ -89,7 +89,13 @@ pub(crate) fn plan(
             keyed.push(r);
         }
         let inv_t = inv_temperature(t);
-        let filter_inv_t = if order == FilterOrder::FiltersFirst { 1.0 } else { inv_t };
+        // A call's order of stages that follows a fixed order draws the row by that order's path.
+        let row_order = if batch.order.is_some() {
+            crate::filter::Filters::of(batch, r).and_then(|f| f.preset).unwrap_or(order)
+        } else {
+            order
+        };
+        let filter_inv_t = if row_order == FilterOrder::FiltersFirst { 1.0 } else { inv_t };
         rows.push(RowPlan::Sample { inv_t, filter_inv_t, noise, filters_after_race: false });
     }
     let (mut lease, mut taken) = (None, None);
