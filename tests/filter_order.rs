@@ -10,8 +10,8 @@ use tokenrace::*;
 
 use Stage::*;
 
-/// llama.cpp's default chain.
-const LLAMA_DEFAULT: [Stage; 6] = [TopK, Typical, TopP, MinP, Xtc, Temperature];
+/// llama.cpp's default chain (its samplers that are stages here).
+const LLAMA_DEFAULT: [Stage; 7] = [TopNSigma, TopK, Typical, TopP, MinP, Xtc, Temperature];
 
 /// One row's settings (XTC's probability is 1 when its threshold is <= 0.5: always applied).
 #[derive(Clone, Copy, Debug)]
@@ -235,7 +235,7 @@ fn cases() -> Vec<(&'static str, Vec<Stage>, Params, Vec<Stage>)> {
         (
             "top-p before top-k",
             vec![TopP, TopK, Temperature],
-            Params { t: 0.8, top_p: 0.9, top_k: 6, ..OFF },
+            Params { t: 0.8, top_p: 0.7, top_k: 10, ..OFF },
             vec![TopK, TopP, Temperature],
         ),
         (
