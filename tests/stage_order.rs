@@ -448,6 +448,19 @@ fn c_order_ids_are_checked_and_null_is_the_configured_order() {
     assert_eq!(offset_of!(tokenrace_batch, order), 400);
     assert_eq!(offset_of!(tokenrace_batch, order_len), 408);
     assert_eq!(size_of::<tokenrace_batch>(), 416);
+    for (c, s) in [
+        (tokenrace_stage::TopK, TopK),
+        (tokenrace_stage::TopP, TopP),
+        (tokenrace_stage::MinP, MinP),
+        (tokenrace_stage::Typical, Typical),
+        (tokenrace_stage::Xtc, Xtc),
+        (tokenrace_stage::TopNSigma, TopNSigma),
+        (tokenrace_stage::Temperature, Temperature),
+    ] {
+        assert_eq!(c as u32, s as u32, "{s:?}");
+        assert_eq!(Stage::from_id(c as u32), Some(s));
+    }
+    assert_eq!(RESERVED_STAGE_IDS.map(|(id, _)| id), [8, 9]);
     let mut rng = TestRng::new(233);
     let x: Vec<f32> = (0..50).map(|_| (rng.normal() * 2.0) as f32).collect();
     let (tp, t, seeds) = ([0.6f32], [0.5f32], [9u64]);
