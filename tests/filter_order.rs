@@ -107,23 +107,21 @@ fn reference(x: &[f32], order: &[Stage], p: Params) -> (Vec<bool>, f64) {
                 let len = v.iter().take_while(|&&a| a >= v[0] - p.top_n_sigma as f64 * sigma).count();
                 kept.truncate(len);
             }
-            Temperature if p.dynatemp_range > 0.0 => {
-                scale = inv_t(p.t);
-                if kept.len() > 1 {
-                    let q = probs(&kept, 1.0);
-                    let entropy: f64 = -q.iter().filter(|&&q| q > 0.0).map(|&q| q * q.ln()).sum::<f64>();
-                    let (lo, hi) = ((p.t as f64 - p.dynatemp_range as f64).max(0.0), (p.t + p.dynatemp_range) as f64);
-                    let dynamic = lo + (hi - lo) * (entropy / (kept.len() as f64).ln()).max(0.0);
-                    if dynamic <= 0.0 {
-                        kept.truncate(1);
-                        scale = 0.0;
-                    } else {
-                        scale = inv_t(dynamic as f32);
-                    }
-                }
-            }
             Temperature => scale = inv_t(p.t),
             _ => {}
+        }
+    }
+    // A dynamic temperature: the stages after the temperature judged at the base T; the draw
+    // runs at T' of the tokens the whole chain keeps (temperature 1).
+    if p.dynatemp_range > 0.0 && kept.len() > 1 {
+        let q = probs(&kept, 1.0);
+        let entropy: f64 = -q.iter().filter(|&&q| q > 0.0).map(|&q| q * q.ln()).sum::<f64>();
+        let (lo, hi) = ((p.t as f64 - p.dynatemp_range as f64).max(0.0), (p.t + p.dynatemp_range) as f64);
+        let dynamic = lo + (hi - lo) * (entropy / (kept.len() as f64).ln()).max(0.0);
+        if dynamic <= 0.0 {
+            kept.truncate(1);
+        } else {
+            scale = inv_t(dynamic as f32);
         }
     }
     let mut set = vec![false; x.len()];
@@ -263,9 +261,9 @@ fn cases() -> Vec<(&'static str, Vec<Stage>, Params, Vec<Stage>)> {
             vec![TopNSigma, TopK],
         ),
         (
-            "a dynamic temperature before top-p",
+            "top-p after a dynamic temperature",
             vec![TopK, Temperature, TopP],
-            Params { t: 1.0, top_k: 20, top_p: 0.5, dynatemp_range: 0.9, ..OFF },
+            Params { t: 0.6, top_k: 20, top_p: 0.5, dynatemp_range: 0.4, ..OFF },
             vec![TopK, TopP, Temperature],
         ),
     ]

@@ -110,23 +110,18 @@ fn reference(x: &[f32], t: f32, f: LlamaFilters, e: Extra, order: &[Stage]) -> (
                 let threshold = x[kept[0]] as f64 - e.top_n_sigma as f64 * var.sqrt();
                 kept.retain(|&i| x[i] as f64 >= threshold);
             }
-            Temperature if e.dynatemp_range > 0.0 => {
-                if kept.len() > 1 {
-                    let p = probs(&kept, 1.0);
-                    let entropy: f64 = -p.iter().filter(|&&p| p > 0.0).map(|&p| p * p.ln()).sum::<f64>();
-                    let normalized = (entropy / (kept.len() as f64).ln()).max(0.0);
-                    let (range, t) = (e.dynatemp_range as f64, t as f64);
-                    let (low, high) = ((t - range).max(0.0), t + range);
-                    let d = low + (high - low) * normalized.powf(e.dynatemp_exponent as f64);
-                    dynamic = Some(d);
-                    scale = inv_t32(d as f32);
-                } else {
-                    scale = inv_t32(t);
-                }
-            }
             Temperature => scale = inv_t32(t),
             _ => {}
         }
+    }
+    // A dynamic temperature: over what the whole chain keeps (temperature 1), for the draw.
+    if e.dynatemp_range > 0.0 && kept.len() > 1 {
+        let p = probs(&kept, 1.0);
+        let entropy: f64 = -p.iter().filter(|&&p| p > 0.0).map(|&p| p * p.ln()).sum::<f64>();
+        let normalized = (entropy / (kept.len() as f64).ln()).max(0.0);
+        let (range, t) = (e.dynatemp_range as f64, t as f64);
+        let (low, high) = ((t - range).max(0.0), t + range);
+        dynamic = Some(low + (high - low) * normalized.powf(e.dynatemp_exponent as f64));
     }
     let mut set = vec![false; x.len()];
     for i in kept {
@@ -327,10 +322,10 @@ fn top_p_before_and_after_the_temperature_are_told_apart() {
 }
 
 /// llama.cpp's default chain (min-p after typical and top-p: the candidates' path) against the
-/// same stages in the fixed llama.cpp order, and a dynamic temperature before the filters
-/// against one after them.
+/// same stages in the fixed llama.cpp order, and with a dynamic temperature (drawn at T' of
+/// the kept set) top-p after the temperature against top-p before it.
 #[test]
-fn llama_default_chain_and_a_leading_dynamic_temperature_draw_their_sets() {
+fn llama_default_chain_and_a_dynamic_temperature_draw_their_sets() {
     let mut rng = TestRng::new(227);
     let x: Vec<f32> = (0..60).map(|_| (rng.normal() * 2.0) as f32).collect();
     let f = LlamaFilters { top_k: 40, typical_p: 0.8, top_p: 0.6, min_p: 0.12, min_keep: 2, ..OFF };

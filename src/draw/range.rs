@@ -80,14 +80,12 @@ fn race_in_range(
     // Rows with XTC on are keyed (`plan`; `validate` refuses caller noise for unseeded ones).
     let xtc_applies = matches!(noise, RaceNoise::Inline(key) if xtc_coin(key) < f.xtc_probability);
     let t = batch.temperature(r);
-    let (range, dynamic) = match f.chain {
-        // The caller's order of stages, temperature (a dynamic one too) among them.
+    let range = match f.chain {
+        // The caller's order of stages, the temperature among them.
         Some(chain) => filter::chain::kept_range(k, &y[..], bmax, (sc.top, t), (f, chain, xtc_applies))?,
-        None => {
-            let range = filter::kept_range(k, &y[..], bmax, (sc.top, filter_inv_t), f, xtc_applies)?;
-            (range, filter::llama::dynamic_temperature(&y[..], range, t, f))
-        }
+        None => filter::kept_range(k, &y[..], bmax, (sc.top, filter_inv_t), f, xtc_applies)?,
     };
+    let dynamic = filter::llama::dynamic_temperature(&y[..], range, t, f);
     if range.hi < sc.top {
         for x in y.iter_mut().filter(|x| **x > range.hi) {
             *x = f32::NEG_INFINITY;

@@ -2,15 +2,17 @@
 //!
 //! A call may give its stages as a list ([`Stage`], each at most once); a row applies, in that
 //! order, the stages whose filter is on for it, each on what the stages before it kept, with
-//! probabilities renormalised over them; the temperature is a stage too (a dynamic temperature
-//! when the row's `dynatemp_range > 0`): a stage before it judges `softmax(x)`, one after it
-//! `softmax(x / T)`. The temperature goes last when the list leaves it out.
+//! probabilities renormalised over them; the temperature is a stage too: a stage before it
+//! judges `softmax(x)`, one after it `softmax(x / T)`. The temperature goes last when the list
+//! leaves it out. A row with a dynamic temperature (`dynatemp_range > 0`) judges by its base `T`
+//! and is drawn at `T'` computed over the tokens the whole chain keeps: llama.cpp's `temp_ext`
+//! where it ends the chain (its default), and the rule of both fixed orders.
 //!
 //! The two fixed orders are two lists ([`TEMPERATURE_FIRST`], [`FILTERS_FIRST`]): a row whose
 //! stages come in the relative order of one of them is drawn by that order's path, so its token
 //! is the one the sampler configured with that order draws. Any other row is drawn by
 //! [`kept_range`]: the leading stages that keep a top set of the row (top-k, min-p, top-p,
-//! top-nσ while nothing is removed yet, a plain temperature) give one floor without sorting;
+//! top-nσ while nothing is removed yet, the temperature) give one floor without sorting;
 //! the candidates at or above it are sorted once and the remaining stages narrow them, each
 //! keeping a range of them.
 
@@ -154,9 +156,7 @@ fn chain_of(order: &[Stage], f: &Filters, t: f32) -> Chain {
 /// The route of a row with filters `f` and temperature `t` under the caller's `order`.
 pub(crate) fn route(order: &[Stage], f: &Filters, t: f32) -> Route {
     let chain = chain_of(order, f, t);
-    // vLLM's path judges the filters at the base temperature and races at the dynamic one, so a
-    // row with a dynamic temperature placed before its filters is drawn by the list's rule.
-    if chain.follows(&TEMPERATURE_FIRST) && f.dynatemp_range <= 0.0 {
+    if chain.follows(&TEMPERATURE_FIRST) {
         Route::Preset(FilterOrder::TemperatureFirst)
     } else if chain.follows(&FILTERS_FIRST) {
         Route::Preset(FilterOrder::FiltersFirst)
@@ -166,15 +166,16 @@ pub(crate) fn route(order: &[Stage], f: &Filters, t: f32) -> Route {
 }
 
 /// The range of a row `v` (block maxima `bmax`, finite maximum `m`, temperature `t`) kept by
-/// its stages `chain` with filters `f` (`xtc_applies`: XTC's coin fell below its probability),
-/// and its dynamic temperature when the chain has one (`None`: the race runs at `t`).
+/// its stages `chain` with filters `f` (`xtc_applies`: XTC's coin fell below its probability).
+/// The stages after the temperature judge `softmax(x / T)` at the row's base `T`; a dynamic
+/// temperature is then computed over the kept range ([`super::llama::dynamic_temperature`]).
 pub(crate) fn kept_range<V: RowValues + ?Sized>(
     k: &Kernels,
     v: &V,
     bmax: &[f32],
     (m, t): (f32, f32),
     (f, chain, xtc_applies): (Filters, Chain, bool),
-) -> Result<(KeptRange, Option<f64>)> {
+) -> Result<KeptRange> {
     let inv_t = inv_temperature(t);
     let stages = chain.stages();
     let mut scale = 1.0f32;
@@ -188,7 +189,7 @@ pub(crate) fn kept_range<V: RowValues + ?Sized>(
     let mut next = 0;
     for &s in stages {
         match s {
-            Stage::Temperature if f.dynatemp_range <= 0.0 => scale = inv_t,
+            Stage::Temperature => scale = inv_t,
             Stage::TopK => {
                 if let Some((kth, _)) = top_k::kth_largest(k, v, bmax, f.top_k)? {
                     floor = floor.max(kth);
@@ -214,17 +215,17 @@ pub(crate) fn kept_range<V: RowValues + ?Sized>(
         next += 1;
     }
     if next == stages.len() {
-        return Ok((KeptRange { lo: floor, hi: m }, None));
+        return Ok(KeptRange { lo: floor, hi: m });
     }
     let mut values =
         alloc::collect((0..v.n()).map(|i| v.at(i)).filter(|x| x.is_finite() && *x >= floor), "candidates")?;
     values.sort_unstable_by(|a, b| b.total_cmp(a));
-    let mut on = Candidates { values, a: 0, b: 0, scale, dynamic: None };
+    let mut on = Candidates { values, a: 0, b: 0, scale };
     on.b = on.values.len();
     for &s in &stages[next..] {
-        on.apply(s, (t, inv_t), f, xtc_applies)?;
+        on.apply(s, inv_t, f, xtc_applies)?;
     }
-    Ok((KeptRange { lo: on.values[on.b - 1], hi: on.values[on.a] }, on.dynamic))
+    Ok(KeptRange { lo: on.values[on.b - 1], hi: on.values[on.a] })
 }
 
 /// The candidates of the stages after the leading ones: `values[a..b]` kept (sorted by value,
@@ -234,7 +235,6 @@ struct Candidates {
     a: usize,
     b: usize,
     scale: f32,
-    dynamic: Option<f64>,
 }
 
 impl Candidates {
@@ -257,9 +257,10 @@ impl Candidates {
         self.b = self.a + len;
     }
 
-    fn apply(&mut self, s: Stage, (t, inv_t): (f32, f32), f: Filters, xtc_applies: bool) -> Result<()> {
+    fn apply(&mut self, s: Stage, inv_t: f32, f: Filters, xtc_applies: bool) -> Result<()> {
         match s {
-            Stage::Temperature => self.temperature((t, inv_t), f),
+            // Later stages judge softmax(x / T) (a dynamic temperature is applied at the draw).
+            Stage::Temperature => self.scale = inv_t,
             Stage::TopK => self.keep_first(f.top_k),
             Stage::TopP => {
                 let c = self.weighed()?;
@@ -302,38 +303,6 @@ impl Candidates {
         }
         Ok(())
     }
-
-    /// The temperature stage: later stages judge `softmax(x / T)`; a dynamic temperature is
-    /// computed from the kept candidates (llama.cpp's rule), and one of 0 keeps the maximum alone.
-    fn temperature(&mut self, (t, inv_t): (f32, f32), f: Filters) {
-        self.scale = inv_t;
-        if f.dynatemp_range <= 0.0 {
-            return;
-        }
-        let c = self.kept();
-        if c.len() <= 1 {
-            return;
-        }
-        let top = c[0] as f64;
-        let z: f64 = c.iter().map(|&x| crate::mass::weight64(x, c[0], 1.0)).sum();
-        let ln_z = z.ln();
-        let entropy: f64 = -c
-            .iter()
-            .map(|&x| (crate::mass::weight64(x, c[0], 1.0), x as f64 - top))
-            .filter(|(w, _)| *w > 0.0)
-            .map(|(w, ln_w)| w / z * (ln_w - ln_z))
-            .sum::<f64>();
-        let normalized = (entropy / (c.len() as f64).ln()).max(0.0);
-        let (low, high) = ((t as f64 - f.dynatemp_range).max(0.0), t as f64 + f.dynatemp_range);
-        let dynamic = low + (high - low) * normalized.powf(f.dynatemp_exponent);
-        self.dynamic = Some(dynamic);
-        if dynamic <= 0.0 {
-            // llama.cpp's temperature 0 keeps the first maximum; the race's `finish` takes it.
-            self.keep_first(1);
-        } else {
-            self.scale = inv_temperature(dynamic as f32);
-        }
-    }
 }
 
 /// Test seam: the values `[lo, hi]` one f32 row (temperature `t` > 0) keeps under the stages
@@ -372,6 +341,6 @@ pub fn kept_range_in_order_at(
     };
     let chain = chain_of(order, &f, t);
     let k = crate::kernels::kernels(level);
-    let (r, dynamic) = kept_range(k, x, &bmax, (m, t), (f, chain, true)).expect("the test rows fit in memory");
-    Some(((r.lo, r.hi), dynamic))
+    let r = kept_range(k, x, &bmax, (m, t), (f, chain, true)).expect("the test rows fit in memory");
+    Some(((r.lo, r.hi), super::llama::dynamic_temperature(x, r, t, f)))
 }
