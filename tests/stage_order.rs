@@ -131,10 +131,16 @@ fn reference(x: &[f32], t: f32, f: LlamaFilters, e: Extra, order: &[Stage]) -> (
 }
 
 /// The library's kept set (and dynamic temperature) at `level`.
-fn kept_at(level: SimdLevel, x: &[f32], t: f32, f: LlamaFilters, e: Extra, order: &[Stage]) -> (Vec<bool>, Option<f64>) {
+fn kept_at(
+    level: SimdLevel,
+    x: &[f32],
+    t: f32,
+    f: LlamaFilters,
+    e: Extra,
+    order: &[Stage],
+) -> (Vec<bool>, Option<f64>) {
     let ((lo, hi), dynamic) =
-        kept_range_in_order_at(level, x, t, f, (e.top_n_sigma, e.dynatemp_range, e.dynatemp_exponent), order)
-            .unwrap();
+        kept_range_in_order_at(level, x, t, f, (e.top_n_sigma, e.dynatemp_range, e.dynatemp_exponent), order).unwrap();
     (x.iter().map(|&v| v.is_finite() && v >= lo && v <= hi).collect(), dynamic)
 }
 
@@ -173,14 +179,23 @@ fn orders() -> Vec<Vec<Stage>> {
 fn settings() -> Vec<(LlamaFilters, Extra)> {
     let mut v = Vec::new();
     for min_keep in [0, 3] {
-        for (top_k, top_p, min_p, typical_p) in [(0, 0.8f32, 0.05f32, 0.7f32), (20, 0.9, 0.0, 1.0), (30, 0.6, 0.1, 0.5)] {
+        for (top_k, top_p, min_p, typical_p) in [(0, 0.8f32, 0.05f32, 0.7f32), (20, 0.9, 0.0, 1.0), (30, 0.6, 0.1, 0.5)]
+        {
             for (xp, xt) in [(0.0f32, 1.0f32), (1.0, 0.05)] {
                 for e in [
                     NO_EXTRA,
                     Extra { top_n_sigma: 1.5, ..NO_EXTRA },
                     Extra { dynatemp_range: 0.5, dynatemp_exponent: 1.3, ..NO_EXTRA },
                 ] {
-                    let f = LlamaFilters { top_k, top_p, min_p, min_keep, typical_p, xtc_probability: xp, xtc_threshold: xt };
+                    let f = LlamaFilters {
+                        top_k,
+                        top_p,
+                        min_p,
+                        min_keep,
+                        typical_p,
+                        xtc_probability: xp,
+                        xtc_threshold: xt,
+                    };
                     v.push((f, e));
                 }
             }
@@ -501,4 +516,3 @@ fn c_order_ids_are_checked_and_null_is_the_configured_order() {
         tokenrace_sampler_free(s);
     }
 }
-

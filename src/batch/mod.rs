@@ -362,7 +362,10 @@ impl<'a> Batch<'a> {
     /// (typical sampling, XTC or a dynamic temperature given): such rows are drawn whole, from
     /// their values written out.
     pub(crate) fn keeps_ranges(&self) -> bool {
-        self.typical_p.is_some() || self.xtc_probability.is_some() || self.dynatemp_range.is_some() || self.order.is_some()
+        self.typical_p.is_some()
+            || self.xtc_probability.is_some()
+            || self.dynatemp_range.is_some()
+            || self.order.is_some()
     }
 
     /// The stop tokens that row `r` (of a validated batch) may not draw yet: its whole stop list

@@ -217,7 +217,9 @@ fn validate_order(batch: &Batch) -> Result<()> {
     for r in 0..batch.rows {
         let f = crate::filter::Filters::of(batch, r).unwrap_or_default();
         let t = batch.temperature(r);
-        if let Some(s) = Stage::ALL.into_iter().find(|&s| stage_on(s, &f, t) && !order.contains(&s) && s != Stage::Temperature) {
+        if let Some(s) =
+            Stage::ALL.into_iter().find(|&s| stage_on(s, &f, t) && !order.contains(&s) && s != Stage::Temperature)
+        {
             bail_batch!(field(s), Some(r), "on for this row, but the batch's order has no {} stage", s.name());
         }
     }

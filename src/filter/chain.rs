@@ -75,26 +75,12 @@ impl Stage {
 
 /// vLLM's order (`FilterOrder::TemperatureFirst`) as a list. top-nσ keeps the same set before
 /// and after min-p here (both keep a top set relative to the row's maximum).
-pub const TEMPERATURE_FIRST: [Stage; 7] = [
-    Stage::Temperature,
-    Stage::TopNSigma,
-    Stage::MinP,
-    Stage::TopK,
-    Stage::Typical,
-    Stage::TopP,
-    Stage::Xtc,
-];
+pub const TEMPERATURE_FIRST: [Stage; 7] =
+    [Stage::Temperature, Stage::TopNSigma, Stage::MinP, Stage::TopK, Stage::Typical, Stage::TopP, Stage::Xtc];
 
 /// llama.cpp's order of the fixed chain (`FilterOrder::FiltersFirst`) as a list.
-pub const FILTERS_FIRST: [Stage; 7] = [
-    Stage::TopNSigma,
-    Stage::MinP,
-    Stage::TopK,
-    Stage::Typical,
-    Stage::TopP,
-    Stage::Xtc,
-    Stage::Temperature,
-];
+pub const FILTERS_FIRST: [Stage; 7] =
+    [Stage::TopNSigma, Stage::MinP, Stage::TopK, Stage::Typical, Stage::TopP, Stage::Xtc, Stage::Temperature];
 
 /// The stages a row applies, in the caller's order: those whose filter is on, and the
 /// temperature (unless it is 1 without a dynamic temperature, where its place changes nothing).
@@ -181,9 +167,8 @@ pub(crate) fn kept_range<V: RowValues + ?Sized>(
     let mut scale = 1.0f32;
     let mut floor = f32::NEG_INFINITY;
     // min_keep's value on the row: its min_keep-th largest finite value (-inf if fewer).
-    let keep_floor = || -> Result<f32> {
-        Ok(top_k::kth_largest(k, v, bmax, f.min_keep)?.map_or(f32::NEG_INFINITY, |(kth, _)| kth))
-    };
+    let keep_floor =
+        || -> Result<f32> { Ok(top_k::kth_largest(k, v, bmax, f.min_keep)?.map_or(f32::NEG_INFINITY, |(kth, _)| kth)) };
     // The leading stages that keep a top set of the row: one floor, no sort. Every set kept so
     // far is `x >= floor`, which holds the row's maximum.
     let mut next = 0;
