@@ -434,18 +434,48 @@ fn bad_orders_are_refused_and_write_nothing() {
         assert!(err.message.contains(needle), "{:?} does not name {needle}", err.message);
         assert!(tokens.iter().all(|&v| v == -7) && lps.iter().all(|&v| v == 5.0), "a failed call wrote");
     }
-    let custom = [TopP, MinP, Temperature, TopK];
-    let w = Rows::same(4, 0.8, LlamaFilters { top_p: 0.9, top_k: 3, ..OFF }, NO_EXTRA);
+    // top-nσ after top-k: its sigma is over the top-k set, a range of sorted candidates.
+    let custom = [TopK, TopNSigma, TopP, Temperature];
+    let w = Rows::same(4, 0.8, LlamaFilters { top_p: 0.9, top_k: 3, ..OFF }, Extra { top_n_sigma: 1.0, ..NO_EXTRA });
     let b = w.batch(&x, 10, Some(&custom));
     let (mut tokens, mut lps) = (vec![-7; 4], vec![5f32; 4]);
     let mut out = Output { logprobs: Some(&mut lps), logprob_mode: LogprobMode::Processed, ..Output::new(&mut tokens) };
     let err = s.draw(&b, &mut out).unwrap_err();
     assert!(err.message.contains("logprob_mode[0]"), "{}", err.message);
     assert!(tokens.iter().all(|&v| v == -7), "a failed call wrote");
-    // A list that follows a fixed order keeps that order's processed logprobs.
-    let b = w.batch(&x, 10, Some(&[TopK, TopP, Temperature]));
-    let mut out = Output { logprobs: Some(&mut lps), logprob_mode: LogprobMode::Processed, ..Output::new(&mut tokens) };
-    s.draw(&b, &mut out).unwrap();
+}
+
+/// A composed order whose stages each keep a top set (here top-p before min-p and top-k, the
+/// temperature between them) is one floor: its PROCESSED logprobs are log_softmax(x / T) over
+/// the reference's kept set, and its seeded tokens are the same at every level.
+#[test]
+fn a_composed_order_of_top_sets_gives_processed_logprobs() {
+    let mut rng = TestRng::new(239);
+    let (rows, vocab) = (16usize, 3000usize);
+    let x: Vec<f32> = (0..rows * vocab).map(|_| (rng.normal() * 2.0) as f32).collect();
+    let seeds: Vec<u64> = (0..rows as u64).collect();
+    let order = [TopP, MinP, Temperature, TopK];
+    let (t, f) = (0.6f32, LlamaFilters { top_p: 0.9, min_p: 0.05, top_k: 30, min_keep: 2, ..OFF });
+    let v = Rows::same(rows, t, f, NO_EXTRA);
+    let b = Batch { seeds: Some(&seeds), ..v.batch(&x, vocab, Some(&order)) };
+    let mut first: Option<Vec<i32>> = None;
+    each_level(|level| {
+        let (mut tokens, mut lps) = (vec![-7; rows], vec![5f32; rows]);
+        let mut out =
+            Output { logprobs: Some(&mut lps), logprob_mode: LogprobMode::Processed, ..Output::new(&mut tokens) };
+        sampler(level, 4).draw(&b, &mut out).unwrap();
+        for r in 0..rows {
+            let row = &x[r * vocab..(r + 1) * vocab];
+            let (set, _) = reference(row, t, f, NO_EXTRA, &order);
+            let want = probs_over(row, inv_t32(t), &set)[tokens[r] as usize].ln();
+            assert!(set[tokens[r] as usize], "{level:?} row {r}");
+            assert!((lps[r] as f64 - want).abs() < 1e-4, "{level:?} row {r}: {} vs {want}", lps[r]);
+        }
+        match &first {
+            None => first = Some(tokens),
+            Some(f) => assert_eq!(&tokens, f, "{level:?}"),
+        }
+    });
 }
 
 /// The C fields: `order` and `order_len` at the end of the batch; unknown and reserved ids are

@@ -104,6 +104,22 @@ impl Chain {
         &self.stages[..self.len]
     }
 
+    /// Whether every stage keeps a top set of the row given what the stages before it kept (top-k,
+    /// min-p, top-p, the temperature, and top-nσ before any other filter): the chain is then one
+    /// floor ([`floor`]), and the row races as a row of a fixed order does.
+    pub(crate) fn floor_only(&self) -> bool {
+        let mut filtered = false;
+        self.stages().iter().all(|&s| match s {
+            Stage::Temperature => true,
+            Stage::TopK | Stage::MinP | Stage::TopP => {
+                filtered = true;
+                true
+            }
+            Stage::TopNSigma => !filtered,
+            Stage::Typical | Stage::Xtc => false,
+        })
+    }
+
     /// Whether the stages come in the relative order of `preset`.
     fn follows(&self, preset: &[Stage; 7]) -> bool {
         let place = |s: Stage| preset.iter().position(|p| *p == s).unwrap_or(usize::MAX);
@@ -164,13 +180,51 @@ pub(crate) fn kept_range<V: RowValues + ?Sized>(
 ) -> Result<KeptRange> {
     let inv_t = inv_temperature(t);
     let stages = chain.stages();
+    let (floor, scale, next) = leading_floor(k, v, bmax, (m, inv_t), f, stages)?;
+    if next == stages.len() {
+        return Ok(KeptRange { lo: floor, hi: m });
+    }
+    let mut values =
+        alloc::collect((0..v.n()).map(|i| v.at(i)).filter(|x| x.is_finite() && *x >= floor), "candidates")?;
+    values.sort_unstable_by(|a, b| b.total_cmp(a));
+    let mut on = Candidates { values, a: 0, b: 0, scale };
+    on.b = on.values.len();
+    for &s in &stages[next..] {
+        on.apply(s, inv_t, f, xtc_applies)?;
+    }
+    Ok(KeptRange { lo: on.values[on.b - 1], hi: on.values[on.a] })
+}
+
+/// The floor of a chain that [`Chain::floor_only`] accepts, on a row `v` (block maxima `bmax`,
+/// finite maximum `m`) drawn at `inv_t`: the race keeps `x >= floor`.
+pub(crate) fn floor<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    bmax: &[f32],
+    (m, inv_t): (f32, f32),
+    f: Filters,
+    chain: Chain,
+) -> Result<f32> {
+    Ok(leading_floor(k, v, bmax, (m, inv_t), f, chain.stages())?.0)
+}
+
+/// The leading stages of `stages` that keep a top set of the row: one floor, no sort (every set
+/// kept so far is `x >= floor`, which holds the row's maximum `m`). Returns the floor, the scale
+/// the next stage judges at (1 before the temperature, `inv_t` after it) and how many stages it
+/// applied.
+fn leading_floor<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    bmax: &[f32],
+    (m, inv_t): (f32, f32),
+    f: Filters,
+    stages: &[Stage],
+) -> Result<(f32, f32, usize)> {
     let mut scale = 1.0f32;
     let mut floor = f32::NEG_INFINITY;
     // min_keep's value on the row: its min_keep-th largest finite value (-inf if fewer).
     let keep_floor =
         || -> Result<f32> { Ok(top_k::kth_largest(k, v, bmax, f.min_keep)?.map_or(f32::NEG_INFINITY, |(kth, _)| kth)) };
-    // The leading stages that keep a top set of the row: one floor, no sort. Every set kept so
-    // far is `x >= floor`, which holds the row's maximum.
     let mut next = 0;
     for &s in stages {
         match s {
@@ -199,18 +253,7 @@ pub(crate) fn kept_range<V: RowValues + ?Sized>(
         }
         next += 1;
     }
-    if next == stages.len() {
-        return Ok(KeptRange { lo: floor, hi: m });
-    }
-    let mut values =
-        alloc::collect((0..v.n()).map(|i| v.at(i)).filter(|x| x.is_finite() && *x >= floor), "candidates")?;
-    values.sort_unstable_by(|a, b| b.total_cmp(a));
-    let mut on = Candidates { values, a: 0, b: 0, scale };
-    on.b = on.values.len();
-    for &s in &stages[next..] {
-        on.apply(s, inv_t, f, xtc_applies)?;
-    }
-    Ok(KeptRange { lo: on.values[on.b - 1], hi: on.values[on.a] })
+    Ok((floor, scale, next))
 }
 
 /// The candidates of the stages after the leading ones: `values[a..b]` kept (sorted by value,

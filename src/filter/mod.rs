@@ -139,7 +139,10 @@ impl Filters {
     /// or sets its temperature from what its filters keep (a dynamic temperature): its filters
     /// are computed by [`llama::kept_range`], its draw by `draw::range`.
     pub(crate) fn keeps_range(&self) -> bool {
-        self.typical_p < 1.0 || self.xtc_on() || self.dynatemp_range > 0.0 || self.chain.is_some()
+        self.typical_p < 1.0
+            || self.xtc_on()
+            || self.dynatemp_range > 0.0
+            || self.chain.is_some_and(|c| !c.floor_only())
     }
 }
 
@@ -158,6 +161,10 @@ pub(crate) fn floor_of<V: RowValues + ?Sized>(
     inv_t: f32,
     f: Filters,
 ) -> Result<f32> {
+    // The caller's order of stages, one floor (`Chain::floor_only`; other chains keep a range).
+    if let Some(chain) = f.chain {
+        return chain::floor(k, v, bmax, (m, inv_t), f, chain);
+    }
     let mut floor = f32::NEG_INFINITY;
     // min_keep's value: the min_keep-th largest finite value, -inf when the row has fewer
     // (min-p and top-p keep every token at or above it); `None` when min_keep filters nothing.
@@ -238,7 +245,8 @@ pub(crate) fn few_heavy_blocks(bmax: &[f32], m: f32, inv_t: f32) -> bool {
 /// alone ([`surely_keeps`]). Not a row with top-nσ, whose floor reads the whole row anyway.
 pub(crate) fn decided_after_race(batch: &Batch, r: usize, m: f32, inv_t: f32) -> Option<(Filters, f32)> {
     let f = Filters::of(batch, r)?;
-    if (f.top_k == 0 && f.top_p >= 1.0) || f.top_n_sigma > 0.0 || f.min_keep > 1 || f.keeps_range() {
+    if (f.top_k == 0 && f.top_p >= 1.0) || f.top_n_sigma > 0.0 || f.min_keep > 1 || f.keeps_range() || f.chain.is_some()
+    {
         return None;
     }
     let floor = if f.min_p > 0.0 { min_p::floor(m, inv_t, f.min_p) } else { f32::NEG_INFINITY };
