@@ -1216,6 +1216,27 @@ inline void filter_order_reaches_the_sampler(const tokenrace::Library& lib) {
   CHECK(bare.tokens == first.tokens && same_floats(bare.full_logprobs, first.full_logprobs));
 }
 
+// The caller's order of filter stages through DrawOptions: a list in a fixed order's relative
+// order draws what a sampler configured with it draws, whatever the sampler's own order; a stage
+// listed twice is refused naming its position.
+inline void stage_order_reaches_the_library(const tokenrace::Library& lib) {
+  const StepInputs in;
+  const tokenrace::Logits logits = tokenrace::Logits::f32(in.logits.data(), in.rows, in.vocab);
+  tokenrace::Sampler filters_first(lib, tokenrace::Config().max_rows(in.rows).filter_order(
+                                            TOKENRACE_FILTER_ORDER_FILTERS_FIRST));
+  tokenrace::Sampler temperature_first(lib, tokenrace::Config().max_rows(in.rows));
+  const tokenrace::DrawOptions base = tokenrace::DrawOptions().temperature(0.4f).top_p(0.6f).seeds(in.seeds);
+  // The two orders draw differently here, so the checks below tell the lists apart.
+  CHECK(filters_first.draw(logits, base) != temperature_first.draw(logits, base));
+  tokenrace::DrawOptions after = base, before = base, twice = base;
+  after.order({TOKENRACE_STAGE_TEMPERATURE, TOKENRACE_STAGE_TOP_P});
+  before.order({TOKENRACE_STAGE_TOP_P, TOKENRACE_STAGE_TEMPERATURE});
+  CHECK(filters_first.draw(logits, after) == temperature_first.draw(logits, base));
+  CHECK(temperature_first.draw(logits, before) == filters_first.draw(logits, base));
+  twice.order({TOKENRACE_STAGE_TOP_P, TOKENRACE_STAGE_TEMPERATURE, TOKENRACE_STAGE_TOP_P});
+  CHECK_THROWS(temperature_first.draw(logits, twice), TOKENRACE_STATUS_INVALID_ARGUMENT, "order[2]");
+}
+
 // Bad words, forced tokens and the logprobs of given ids through DrawOptions: a one-token bad word
 // draws what the banned list draws, a forced row returns its token and leaves the other row as
 // drawn, and a given id's logprob is the sampled one's when it is the sampled token.
@@ -1300,6 +1321,7 @@ inline int run_wrapper_checks(const tokenrace::Library& lib) {
       {"scalars_equal_per_row_values", scalars_equal_per_row_values},
       {"step_errors_name_the_argument", step_errors_name_the_argument},
       {"filter_order_reaches_the_sampler", filter_order_reaches_the_sampler},
+      {"stage_order_reaches_the_library", stage_order_reaches_the_library},
       {"parity_options_reach_the_library", parity_options_reach_the_library},
       {"scores_are_the_draws_own", scores_are_the_draws_own},
   };

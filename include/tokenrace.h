@@ -190,6 +190,24 @@ typedef enum tokenrace_filter_order {
   TOKENRACE_FILTER_ORDER_FILTERS_FIRST = 1,
 } tokenrace_filter_order;
 
+// A stage of `tokenrace_batch.order` (ids 8 and 9 are kept for DRY and mirostat).
+typedef enum tokenrace_stage {
+  // top-k (`top_k`).
+  TOKENRACE_STAGE_TOP_K = 1,
+  // top-p (`top_p`, `min_keep`).
+  TOKENRACE_STAGE_TOP_P = 2,
+  // min-p (`min_p`, `min_keep`).
+  TOKENRACE_STAGE_MIN_P = 3,
+  // Locally typical sampling (`typical_p`, `min_keep`).
+  TOKENRACE_STAGE_TYPICAL = 4,
+  // XTC (`xtc_probability`, `xtc_threshold`, `min_keep`).
+  TOKENRACE_STAGE_XTC = 5,
+  // top-nσ (`top_n_sigma`).
+  TOKENRACE_STAGE_TOP_N_SIGMA = 6,
+  // The temperature, a dynamic one when the row's `dynatemp_range > 0`.
+  TOKENRACE_STAGE_TEMPERATURE = 7,
+} tokenrace_stage;
+
 // An opaque noise pool. Safe to use from several threads at once.
 typedef struct tokenrace_pool tokenrace_pool;
 
@@ -422,6 +440,14 @@ typedef struct tokenrace_batch {
   const int32_t *logprob_token_ids;
   // CSR offsets of `logprob_token_ids`: rows + 1 entries.
   const uint64_t *logprob_token_offsets;
+  // `order_len` `tokenrace_stage` ids (NULL: the sampler's `filter_order`): every row applies
+  // the listed stages whose filter is on, in this order, each on what the ones before it
+  // kept; each stage at most once; the temperature last when left out; a filter on for a row
+  // must have its stage listed. llama.cpp's default chain is TOP_K, TYPICAL, TOP_P, MIN_P,
+  // XTC, TEMPERATURE.
+  const uint32_t *order;
+  // The number of ids in `order` (1 to 16).
+  uint64_t order_len;
 } tokenrace_batch;
 
 // Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No

@@ -677,6 +677,20 @@ class DrawOptions {
   template <class V, detail::if_number<V> = 0>
   DrawOptions& dynatemp_exponent(V every_row) { return scalar(dynatemp_exponent_, every_row); }
 
+  // The order of the filter stages for every row (docs/semantics.md, Filter order): each stage
+  // at most once, each on what the ones before it kept; a stage before TOKENRACE_STAGE_TEMPERATURE
+  // judges softmax(x), one after it softmax(x / T); the temperature last when left out. Empty
+  // (the default): the sampler's filter_order. llama.cpp's default chain:
+  //   order({TOKENRACE_STAGE_TOP_K, TOKENRACE_STAGE_TYPICAL, TOKENRACE_STAGE_TOP_P,
+  //          TOKENRACE_STAGE_MIN_P, TOKENRACE_STAGE_XTC, TOKENRACE_STAGE_TEMPERATURE})
+  DrawOptions& order(const tokenrace_stage* stages, size_t count) {
+    order_.assign(stages, stages + count);
+    return *this;
+  }
+  DrawOptions& order(std::initializer_list<tokenrace_stage> stages) {
+    return order(stages.begin(), stages.size());
+  }
+
   // ---- the sampling step: histories, penalties, bias, allowed and banned lists, bitmask -------
 
   // The prompt's token ids, CSR (the repetition penalty counts them).
@@ -880,6 +894,8 @@ class DrawOptions {
     b.bad_words_row_offsets = bad_words_row_offsets_.data();
     b.forced_tokens = row_values(forced_tokens_, prepared, "forced_tokens", rows);
     b.logprob_token_ids = list(given_, "logprob_token_ids", "logprob_token_offsets", rows, &b.logprob_token_offsets);
+    b.order = order_.empty() ? nullptr : order_.data();
+    b.order_len = order_.size();
     return prepared;
   }
 
@@ -1019,6 +1035,7 @@ class DrawOptions {
   Span<int32_t> bad_words_ids_;
   Span<uint64_t> bad_word_offsets_, bad_words_row_offsets_;
   Lists given_;
+  std::vector<uint32_t> order_;  // tokenrace_stage ids
   float* given_logprobs_ = nullptr;
   int32_t* given_ranks_ = nullptr;
   const float* noise_ = nullptr;

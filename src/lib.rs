@@ -55,6 +55,7 @@ pub use config::{
     SimdChoice,
 };
 pub use error::{Error, ErrorKind, Location, Owner, Result};
+pub use filter::chain::{Stage, FILTERS_FIRST, RESERVED_STAGE_IDS, TEMPERATURE_FIRST};
 pub use kernels::{best_level, supported_levels, Bf16, SimdLevel, F16};
 pub use noise::pool::{Lease, Pool as NoisePool, PoolStats};
 pub use requests::{RequestRows, Requests};
@@ -99,6 +100,7 @@ pub mod internals {
     pub use crate::draw::{kept_bytes as thread_kept_bytes, KEPT_PER_THREAD};
     pub use crate::ffi::pool_api;
     pub use crate::ffi::types;
+    pub use crate::filter::chain::kept_range_in_order_at;
     pub use crate::filter::top_p::{gathered_on_this_thread, tier_counts};
     pub use crate::filter::{kept_floor, kept_floor_at, kept_floor_with_sigma_at, kept_range_at, LlamaFilters};
     pub use crate::kernels::test_support::{at_level, each_level};

@@ -89,7 +89,15 @@ pub(crate) fn plan(
             keyed.push(r);
         }
         let inv_t = inv_temperature(t);
-        let filter_inv_t = if order == FilterOrder::FiltersFirst { 1.0 } else { inv_t };
+        // A call's order of stages that follows a fixed order draws the row by that order's path;
+        // any other order places the temperature itself (its stages are given the row's 1/T).
+        let filters = if batch.order.is_some() { crate::filter::Filters::of(batch, r) } else { None };
+        let row_order = match filters {
+            Some(f) if f.chain.is_some() => FilterOrder::TemperatureFirst,
+            Some(f) => f.preset.unwrap_or(order),
+            None => order,
+        };
+        let filter_inv_t = if row_order == FilterOrder::FiltersFirst { 1.0 } else { inv_t };
         rows.push(RowPlan::Sample { inv_t, filter_inv_t, noise, filters_after_race: false });
     }
     let (mut lease, mut taken) = (None, None);

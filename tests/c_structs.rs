@@ -649,7 +649,10 @@ fn bad_words_and_forced_tokens_are_read_only_by_callers_whose_struct_reaches_the
     assert_eq!(offset_of!(tokenrace_batch, forced_tokens), at + 24);
     assert_eq!(offset_of!(tokenrace_batch, logprob_token_ids), at + 32);
     assert_eq!(offset_of!(tokenrace_batch, logprob_token_offsets), at + 40);
-    assert_eq!(whole, at + 48);
+    // The caller's order of filter stages (tests/stage_order.rs reads it).
+    assert_eq!(offset_of!(tokenrace_batch, order), at + 48);
+    assert_eq!(offset_of!(tokenrace_batch, order_len), at + 56);
+    assert_eq!(whole, at + 64);
     let mut f = Fixture::new();
     for (i, v) in f.logits.iter_mut().enumerate() {
         *v = match i % 1000 {

@@ -988,6 +988,8 @@ fn run(data: &[u8]) -> Result<()> {
         bad_words_row_offsets: std::ptr::null(),
         forced_tokens: std::ptr::null(),
         logprob_token_ids: std::ptr::null(),
+        order: std::ptr::null(),
+        order_len: 0,
         logprob_token_offsets: std::ptr::null(),
     };
     // Every 8-byte field boundary from the first version on is a valid size.

@@ -167,6 +167,11 @@ pub struct Batch<'a> {
     pub dynatemp_range: Option<&'a [f32]>,
     /// Per-row dynamic temperature exponent >= 0; `None` is 1 for every row.
     pub dynatemp_exponent: Option<&'a [f32]>,
+    /// The order of the filter stages for every row (each stage at most once; the temperature
+    /// last when left out; `None`: the sampler's `filter_order`). A row applies the listed
+    /// stages whose filter is on, in this order (docs/semantics.md, Filter order); a filter on
+    /// for a row must have its stage listed.
+    pub order: Option<&'a [crate::filter::chain::Stage]>,
     /// The bad words of each row, each a token sequence: a word bans its last token where the
     /// row's output list ends with the rest of it (a word of one token: always).
     pub bad_words: Option<BadWords<'a>>,
@@ -300,6 +305,7 @@ impl<'a> Batch<'a> {
             xtc_threshold: None,
             dynatemp_range: None,
             dynatemp_exponent: None,
+            order: None,
             bad_words: None,
             forced_tokens: None,
             logprob_token_ids: None,
@@ -356,7 +362,10 @@ impl<'a> Batch<'a> {
     /// (typical sampling, XTC or a dynamic temperature given): such rows are drawn whole, from
     /// their values written out.
     pub(crate) fn keeps_ranges(&self) -> bool {
-        self.typical_p.is_some() || self.xtc_probability.is_some() || self.dynatemp_range.is_some()
+        self.typical_p.is_some()
+            || self.xtc_probability.is_some()
+            || self.dynatemp_range.is_some()
+            || self.order.is_some()
     }
 
     /// The stop tokens that row `r` (of a validated batch) may not draw yet: its whole stop list

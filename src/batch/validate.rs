@@ -153,6 +153,7 @@ pub(crate) fn validate_params(batch: &Batch) -> Result<()> {
         (!n.is_finite()).then(|| format!("{n} is not a finite number"))
     })?;
     validate_llama_filters(batch)?;
+    validate_order(batch)?;
     check_each("temperature", batch.temperature, rows, |t: f32| {
         (!(t.is_finite() && t >= 0.0)).then(|| format!("{t} is not a finite number >= 0"))
     })?;
@@ -194,6 +195,37 @@ fn validate_llama_filters(batch: &Batch) -> Result<()> {
     Ok(())
 }
 
+/// Checks the order of stages: each stage at most once, and every filter a row turns on
+/// listed (a stage left out would be skipped silently otherwise).
+fn validate_order(batch: &Batch) -> Result<()> {
+    use crate::filter::chain::{stage_on, Stage};
+    let Some(order) = batch.order else { return Ok(()) };
+    for (i, s) in order.iter().enumerate() {
+        if let Some(first) = order[..i].iter().position(|e| e == s) {
+            bail_batch!("order", Some(i), "stage {} is listed twice (first at position {first})", s.name());
+        }
+    }
+    let field = |s: Stage| match s {
+        Stage::TopK => "top_k",
+        Stage::TopP => "top_p",
+        Stage::MinP => "min_p",
+        Stage::Typical => "typical_p",
+        Stage::Xtc => "xtc_probability",
+        Stage::TopNSigma => "top_n_sigma",
+        Stage::Temperature => "temperature",
+    };
+    for r in 0..batch.rows {
+        let f = crate::filter::Filters::of(batch, r).unwrap_or_default();
+        let t = batch.temperature(r);
+        if let Some(s) =
+            Stage::ALL.into_iter().find(|&s| stage_on(s, &f, t) && !order.contains(&s) && s != Stage::Temperature)
+        {
+            bail_batch!(field(s), Some(r), "on for this row, but the batch's order has no {} stage", s.name());
+        }
+    }
+    Ok(())
+}
+
 /// Refuses processed logprobs and processed full-vocabulary outputs for a row whose filters keep
 /// a range (typical sampling, XTC): those outputs know a floor, not a range.
 fn validate_range_outputs(batch: &Batch, out: &Output) -> Result<()> {
@@ -214,7 +246,7 @@ fn validate_range_outputs(batch: &Batch, out: &Output) -> Result<()> {
             Owner::Output,
             owner_field,
             Some(r),
-            format!("{what} are not available for a row with typical_p, XTC or dynatemp on (raw ones are)"),
+            format!("{what} are not available for a row with typical_p, XTC or dynatemp on, or whose stages follow neither fixed order (raw ones are)"),
         ));
     }
     Ok(())

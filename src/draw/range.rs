@@ -79,7 +79,13 @@ fn race_in_range(
     }
     // Rows with XTC on are keyed (`plan`; `validate` refuses caller noise for unseeded ones).
     let xtc_applies = matches!(noise, RaceNoise::Inline(key) if xtc_coin(key) < f.xtc_probability);
-    let range = filter::kept_range(k, &y[..], bmax, (sc.top, filter_inv_t), f, xtc_applies)?;
+    let t = batch.temperature(r);
+    let range = match f.chain {
+        // The caller's order of stages, the temperature among them.
+        Some(chain) => filter::chain::kept_range(k, &y[..], bmax, (sc.top, t), (f, chain, xtc_applies))?,
+        None => filter::kept_range(k, &y[..], bmax, (sc.top, filter_inv_t), f, xtc_applies)?,
+    };
+    let dynamic = filter::llama::dynamic_temperature(&y[..], range, t, f);
     if range.hi < sc.top {
         for x in y.iter_mut().filter(|x| **x > range.hi) {
             *x = f32::NEG_INFINITY;
@@ -87,8 +93,7 @@ fn race_in_range(
         y.scan(k, 0, y.len(), bmax);
     }
     let kept = summarize(bmax, f32::NEG_INFINITY, has_nan, plan);
-    let t = batch.temperature(r);
-    let won = match filter::llama::dynamic_temperature(&y[..], range, t, f) {
+    let won = match dynamic {
         // A temperature of 0 takes the first maximum of the kept tokens (`finish`), as llama.cpp's
         // temperature sampler does at `t <= 0`.
         Some(t) if t <= 0.0 => None,

@@ -11,7 +11,8 @@ use super::types::*;
 use crate::batch::{
     noise_span, span, span_of, BadWords, Batch, ExternalNoise, LogitBias, Logits, Output, TokenBitmask, TokenLists,
 };
-use crate::error::{Error, Owner, Result};
+use crate::error::{bail_batch, Error, Owner, Result};
+use crate::filter::chain::{Stage, RESERVED_STAGE_IDS};
 use crate::kernels::{Bf16, F16};
 use crate::requests::{RequestRows, Requests};
 
@@ -83,7 +84,36 @@ unsafe fn batch_from_c<'a>(b: &tokenrace_batch, state: Option<&'a Requests>) -> 
         logprob_token_ids: unsafe {
             lists(rows, ("logprob_token_ids", b.logprob_token_ids), ("logprob_token_offsets", b.logprob_token_offsets))?
         },
+        order: unsafe { stage_order(b)? },
     })
+}
+
+/// Most stages an order may list (each stage at most once, so more is a mistake anyway).
+const MAX_ORDER_LEN: u64 = 16;
+
+/// The batch's order of stages, every id checked (an unknown one is refused with its position).
+///
+/// # Safety
+/// A non-NULL `b.order` covers `b.order_len` ids.
+unsafe fn stage_order<'a>(b: &tokenrace_batch) -> Result<Option<&'a [Stage]>> {
+    if b.order.is_null() {
+        return Ok(None);
+    }
+    if b.order_len == 0 || b.order_len > MAX_ORDER_LEN {
+        bail_batch!("order_len", None, "{} is not in [1, {MAX_ORDER_LEN}]", b.order_len);
+    }
+    // SAFETY: the caller's contract.
+    let ids: &[u32] = unsafe { slice(Owner::Batch, "order", b.order, b.order_len as usize)? };
+    for (i, &id) in ids.iter().enumerate() {
+        if Stage::from_id(id).is_none() {
+            match RESERVED_STAGE_IDS.iter().find(|(r, _)| *r == id) {
+                Some((_, name)) => bail_batch!("order", Some(i), "stage {id} ({name}) is not in this build"),
+                None => bail_batch!("order", Some(i), "{id} is not a tokenrace_stage"),
+            }
+        }
+    }
+    // SAFETY: `Stage` is `repr(u32)` and every id is one of its values (checked above).
+    Ok(Some(unsafe { std::slice::from_raw_parts(ids.as_ptr().cast::<Stage>(), ids.len()) }))
 }
 
 /// The rows named by request id: both fields or neither.
@@ -292,7 +322,7 @@ unsafe fn output_from_c<'a>(o: &tokenrace_output, b: &Batch) -> Result<(Output<'
 }
 
 /// The arrays a draw reads, for the check that no output shares memory with them.
-fn input_regions(b: &Batch) -> [Option<Region>; 43] {
+fn input_regions(b: &Batch) -> [Option<Region>; 44] {
     let (prompt, output, allowed, banned) = (b.prompt_tokens, b.output_tokens, b.allowed_tokens, b.banned_tokens);
     [
         Some(Region::logits(b.logits)),
@@ -305,6 +335,7 @@ fn input_regions(b: &Batch) -> [Option<Region>; 43] {
         Region::input("top_p", b.top_p),
         Region::input("min_p", b.min_p),
         Region::input("top_n_sigma", b.top_n_sigma),
+        Region::input("order", b.order),
         Region::input("repetition_penalty", b.repetition_penalty),
         Region::input("frequency_penalty", b.frequency_penalty),
         Region::input("presence_penalty", b.presence_penalty),

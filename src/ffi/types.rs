@@ -147,6 +147,26 @@ pub enum tokenrace_filter_order {
     FiltersFirst = 1,
 }
 
+/// A stage of `tokenrace_batch.order` (ids 8 and 9 are kept for DRY and mirostat).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum tokenrace_stage {
+    /// top-k (`top_k`).
+    TopK = 1,
+    /// top-p (`top_p`, `min_keep`).
+    TopP = 2,
+    /// min-p (`min_p`, `min_keep`).
+    MinP = 3,
+    /// Locally typical sampling (`typical_p`, `min_keep`).
+    Typical = 4,
+    /// XTC (`xtc_probability`, `xtc_threshold`, `min_keep`).
+    Xtc = 5,
+    /// top-nσ (`top_n_sigma`).
+    TopNSigma = 6,
+    /// The temperature, a dynamic one when the row's `dynatemp_range > 0`.
+    Temperature = 7,
+}
+
 // Row flags written to `tokenrace_output.flags`: the values of `crate::batch::flags`, for the
 // header (a test checks that they agree).
 /// Row flag: the row held at least one NaN logit (NaN never wins).
@@ -370,6 +390,16 @@ pub struct tokenrace_batch {
     pub logprob_token_ids: *const i32,
     /// CSR offsets of `logprob_token_ids`: rows + 1 entries.
     pub logprob_token_offsets: *const u64,
+    // Added after 0.2.0: the order of the filter stages (docs/semantics.md, Filter order); a
+    // caller whose struct_size ends before it gets NULL.
+    /// `order_len` `tokenrace_stage` ids (NULL: the sampler's `filter_order`): every row applies
+    /// the listed stages whose filter is on, in this order, each on what the ones before it
+    /// kept; each stage at most once; the temperature last when left out; a filter on for a row
+    /// must have its stage listed. llama.cpp's default chain is TOP_K, TYPICAL, TOP_P, MIN_P,
+    /// XTC, TEMPERATURE.
+    pub order: *const u32,
+    /// The number of ids in `order` (1 to 16).
+    pub order_len: u64,
 }
 
 /// Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No

@@ -40,10 +40,18 @@ pub(crate) struct KeptRange {
 
 /// One candidate: its value, weight and the log of its weight.
 #[derive(Clone, Copy)]
-struct Candidate {
-    x: f32,
-    w: f64,
-    ln_w: f64,
+pub(super) struct Candidate {
+    pub(super) x: f32,
+    pub(super) w: f64,
+    pub(super) ln_w: f64,
+}
+
+/// The candidates `values` (sorted by value, descending; not empty) weighed at `inv_t`
+/// relative to the first.
+pub(super) fn weigh(values: &[f32], inv_t: f32) -> Result<Vec<Candidate>> {
+    let top = values[0];
+    let weigh = |&x: &f32| Candidate { x, w: weight64(x, top, inv_t), ln_w: (x as f64 - top as f64) * inv_t as f64 };
+    alloc::collect(values.iter().map(weigh), "typical/XTC candidates")
 }
 
 /// The range of a row `v` (finite maximum `m`, at `inv_t`) kept by its filters `f` once the
@@ -149,7 +157,7 @@ pub(crate) fn dynamic_temperature<V: RowValues + ?Sized>(v: &V, range: KeptRange
 /// `-ln p_i = ln Z - ln w_i` rises with `i`, so the scores fall up to the first token whose
 /// surprise reaches `H` and rise after it: the increasing order is a merge walking outwards from
 /// there, and the kept tokens are one range.
-fn typical(c: &[Candidate], typical_p: f64, min_keep: usize) -> (usize, usize) {
+pub(super) fn typical(c: &[Candidate], typical_p: f64, min_keep: usize) -> (usize, usize) {
     let z: f64 = c.iter().map(|t| t.w).sum();
     let ln_z = z.ln();
     // p ln p = (w / Z) (ln w - ln Z); a weight of 0 (under e^-700) adds nothing.
@@ -208,7 +216,7 @@ fn top_p_len(c: &[Candidate], top_p: f64, min_keep: usize) -> usize {
 /// removes: with `p_i = w_i / Z`, when at least two tokens have `p >= threshold`, all of them but
 /// the least probable, provided at least `min_keep` tokens remain; and never a token tied with the
 /// least probable of them.
-fn xtc_removed(c: &[Candidate], threshold: f64, min_keep: usize) -> usize {
+pub(super) fn xtc_removed(c: &[Candidate], threshold: f64, min_keep: usize) -> usize {
     let z: f64 = c.iter().map(|t| t.w).sum();
     let above = c.iter().take_while(|t| t.w / z >= threshold).count();
     if above < 2 || c.len() - (above - 1) < min_keep {

@@ -23,6 +23,7 @@
 //! The thresholds do not depend on the SIMD level (every mass kernel gives bit-identical sums on
 //! every level) or on the number of threads.
 
+pub(crate) mod chain;
 pub(crate) mod llama;
 mod min_p;
 mod top_k;
@@ -62,6 +63,11 @@ pub(crate) struct Filters {
     /// 0: off.
     pub dynatemp_range: f64,
     pub dynatemp_exponent: f64,
+    /// The stages in the caller's order, when they follow neither fixed order (drawn by
+    /// [`chain::kept_range`]).
+    pub chain: Option<chain::Chain>,
+    /// The fixed order whose path draws the row, when the call gives an order its stages follow.
+    pub preset: Option<crate::config::FilterOrder>,
 }
 
 impl Default for Filters {
@@ -83,6 +89,8 @@ impl Filters {
         xtc_threshold: 1.0,
         dynatemp_range: 0.0,
         dynatemp_exponent: 1.0,
+        chain: None,
+        preset: None,
     };
 
     /// The filters of row `r`, or `None` if none is on.
@@ -98,7 +106,7 @@ impl Filters {
         let xtc_threshold = batch.xtc_threshold.map_or(1.0, |t| t[r] as f64);
         let dynatemp_range = batch.dynatemp_range.map_or(0.0, |d| d[r] as f64);
         let dynatemp_exponent = batch.dynatemp_exponent.map_or(1.0, |e| e[r] as f64);
-        let f = Filters {
+        let mut f = Filters {
             top_k,
             top_p,
             min_p,
@@ -109,7 +117,15 @@ impl Filters {
             xtc_threshold,
             dynatemp_range,
             dynatemp_exponent,
+            chain: None,
+            preset: None,
         };
+        if let Some(order) = batch.order {
+            match chain::route(order, &f, batch.temperature(r)) {
+                chain::Route::Preset(p) => f.preset = Some(p),
+                chain::Route::Custom(c) => f.chain = Some(c),
+            }
+        }
         // min_keep alone filters nothing: it only holds the other filters back.
         (top_k != 0 || top_p < 1.0 || min_p > 0.0 || top_n_sigma > 0.0 || f.keeps_range()).then_some(f)
     }
@@ -123,7 +139,10 @@ impl Filters {
     /// or sets its temperature from what its filters keep (a dynamic temperature): its filters
     /// are computed by [`llama::kept_range`], its draw by `draw::range`.
     pub(crate) fn keeps_range(&self) -> bool {
-        self.typical_p < 1.0 || self.xtc_on() || self.dynatemp_range > 0.0
+        self.typical_p < 1.0
+            || self.xtc_on()
+            || self.dynatemp_range > 0.0
+            || self.chain.is_some_and(|c| !c.floor_only())
     }
 }
 
@@ -142,6 +161,10 @@ pub(crate) fn floor_of<V: RowValues + ?Sized>(
     inv_t: f32,
     f: Filters,
 ) -> Result<f32> {
+    // The caller's order of stages, one floor (`Chain::floor_only`; other chains keep a range).
+    if let Some(chain) = f.chain {
+        return chain::floor(k, v, bmax, (m, inv_t), f, chain);
+    }
     let mut floor = f32::NEG_INFINITY;
     // min_keep's value: the min_keep-th largest finite value, -inf when the row has fewer
     // (min-p and top-p keep every token at or above it); `None` when min_keep filters nothing.
@@ -222,7 +245,8 @@ pub(crate) fn few_heavy_blocks(bmax: &[f32], m: f32, inv_t: f32) -> bool {
 /// alone ([`surely_keeps`]). Not a row with top-nσ, whose floor reads the whole row anyway.
 pub(crate) fn decided_after_race(batch: &Batch, r: usize, m: f32, inv_t: f32) -> Option<(Filters, f32)> {
     let f = Filters::of(batch, r)?;
-    if (f.top_k == 0 && f.top_p >= 1.0) || f.top_n_sigma > 0.0 || f.min_keep > 1 || f.keeps_range() {
+    if (f.top_k == 0 && f.top_p >= 1.0) || f.top_n_sigma > 0.0 || f.min_keep > 1 || f.keeps_range() || f.chain.is_some()
+    {
         return None;
     }
     let floor = if f.min_p > 0.0 { min_p::floor(m, inv_t, f.min_p) } else { f32::NEG_INFINITY };

@@ -25,11 +25,17 @@ from ._ffi import ABI_VERSION, FLAG_EMPTY, FLAG_FORCED_BANNED, FLAG_GREEDY, FLAG
 from ._pool import NoiseLease, NoisePool
 from ._requests import Requests
 from ._sampler import DrawResult, Sampler
+
+# The two fixed filter orders as stage lists (``Sampler.draw(order=...)``), and llama.cpp's
+# default chain.
+TEMPERATURE_FIRST = ("temperature", "top_n_sigma", "min_p", "top_k", "typical", "top_p", "xtc")
+FILTERS_FIRST = ("top_n_sigma", "min_p", "top_k", "typical", "top_p", "xtc", "temperature")
+LLAMA_CPP_ORDER = ("top_k", "typical", "top_p", "min_p", "xtc", "temperature")
 from ._verify import VerifyResult
 from ._watermark import Detection, detect_watermark, watermark_accept, watermark_seeds, watermark_verify_seeds
 
 __all__ = [
-    "ABI_VERSION", "FLAG_EMPTY", "FLAG_FORCED_BANNED", "FLAG_GREEDY", "FLAG_HAS_NAN", "FLAG_HAS_POSINF",
+    "ABI_VERSION", "FILTERS_FIRST", "LLAMA_CPP_ORDER", "TEMPERATURE_FIRST", "FLAG_EMPTY", "FLAG_FORCED_BANNED", "FLAG_GREEDY", "FLAG_HAS_NAN", "FLAG_HAS_POSINF",
     "ClosedError", "DrawResult", "InternalError", "InvalidArgumentError", "InvalidConfigError",
     "NoiseLease", "NoisePool", "OutOfMemoryError", "Requests", "Sampler", "TokenraceError", "TokenraceTimeoutError", "UnsupportedError",
     "VerifyResult",

@@ -93,6 +93,19 @@ FULL_MODE_PROCESSED_LOGITS = 2
 FILTER_ORDER_TEMPERATURE_FIRST = 0
 FILTER_ORDER_FILTERS_FIRST = 1
 
+# enum tokenrace_stage (ids 8 and 9 are kept for DRY and mirostat: the library refuses them
+# with their names until it has them)
+STAGE_TOP_K = 1
+STAGE_TOP_P = 2
+STAGE_MIN_P = 3
+STAGE_TYPICAL = 4
+STAGE_XTC = 5
+STAGE_TOP_N_SIGMA = 6
+STAGE_TEMPERATURE = 7
+STAGE_IDS = {"top_k": STAGE_TOP_K, "top_p": STAGE_TOP_P, "min_p": STAGE_MIN_P, "typical": STAGE_TYPICAL,
+             "xtc": STAGE_XTC, "top_n_sigma": STAGE_TOP_N_SIGMA, "temperature": STAGE_TEMPERATURE,
+             "dry": 8, "mirostat": 9}
+
 # Python spellings of the enums that the binding accepts as strings.
 SIMD_NAMES = {"auto": SIMD_AUTO, "scalar": SIMD_SCALAR, "portable": SIMD_PORTABLE,
               "avx2": SIMD_AVX2, "avx512": SIMD_AVX512, "neon": SIMD_NEON, "vxe2": SIMD_VXE2}
@@ -219,6 +232,9 @@ class tokenrace_batch(_Versioned):
         ("forced_tokens", POINTER(c_int32)),
         ("logprob_token_ids", POINTER(c_int32)),
         ("logprob_token_offsets", POINTER(c_uint64)),
+        # added after 0.2.0: the caller's order of the filter stages (``_call.ORDER_LAYOUT``)
+        ("order", POINTER(c_uint32)),
+        ("order_len", c_uint64),
     ]
 
 
@@ -258,6 +274,8 @@ OUTPUT_FULL_FIRST = "full_logprobs"
 OUTPUT_GIVEN_FIRST = "token_logprobs"
 # The first field of the batch's parity block (bad words, forced tokens), packed apart.
 BATCH_PARITY_FIRST = "bad_words_ids"
+# The first field of the batch's order block (order, order_len), packed apart.
+BATCH_ORDER_FIRST = "order"
 
 
 class tokenrace_pool_config(_Versioned):

@@ -14,7 +14,7 @@ from ._arrays import (LOGITS_DTYPES, NOISE_DTYPES, arrays_in, as_torch, byte_spa
                       per_row, rows_view)
 from ._call import (BATCH_LAYOUT, BATCH_SIZE, FLAG_SCALARS, FLOAT_SCALARS, FULL_LAYOUT, FULL_OFFSET, FULL_ZEROS,
                     GIVEN_LAYOUT, GIVEN_OFFSET, INT_SCALARS, LLAMA_LAYOUT, LLAMA_OFFSET, OUTPUT_LAYOUT, OUTPUT_SIZE,
-                    PARITY_LAYOUT, PARITY_OFFSET, PARITY_ZEROS, POINTER_LAYOUT, REQUESTS_LAYOUT, REQUESTS_OFFSET,
+                    ORDER_LAYOUT, ORDER_OFFSET, PARITY_LAYOUT, PARITY_OFFSET, PARITY_ZEROS, POINTER_LAYOUT, REQUESTS_LAYOUT, REQUESTS_OFFSET,
                     STEP_LAYOUT, STEP_OFFSET, STEP_ZEROS, TOP_N_SIGMA_OFFSET, address, pack_tokens_output,
                     release_state, take_state)
 from ._common import (_choice, _Closable, _Default, _from_env, _Handle, _name_of, _offsets_without_seeds,
@@ -288,7 +288,7 @@ class Sampler(_Closable):
              presence_penalty=None, logit_bias=None, allowed_tokens=None, banned_tokens=None,
              token_bitmask=None, penalty_last_n=None, min_tokens=None, stop_token_ids=None, requests=None,
              request_ids=None, min_keep=None, typical_p=None, xtc_probability=None, xtc_threshold=None,
-             dynatemp_range=None, dynatemp_exponent=None, bad_words=None, forced_tokens=None):
+             dynatemp_range=None, dynatemp_exponent=None, bad_words=None, forced_tokens=None, order=None):
         """Draws one token per row of ``logits``; returns an int32 array of ``rows`` tokens (a
         torch tensor when ``logits`` is one, over the same memory: no copy; the flags of
         ``return_flags`` then come as int32, the same bits).
@@ -379,6 +379,14 @@ class Sampler(_Closable):
             logprobs, rank and top-n as if drawn; its noise consumed as a drawn row's, so the
             other rows draw what they would), or -1 to draw the row. A forced token the step bans
             is returned flagged ``FLAG_FORCED_BANNED`` (processed logprob -inf).
+        order: None (the sampler's ``filter_order``), or the filter stages in the order every row
+            applies them, a tuple of names among ``"top_k"``, ``"top_p"``, ``"min_p"``,
+            ``"typical"``, ``"xtc"``, ``"top_n_sigma"`` and ``"temperature"`` (the dynamic one when
+            ``dynatemp_range > 0``), each at most once, each on what the ones before it kept; a
+            stage before ``"temperature"`` judges softmax(x), one after it softmax(x / T); the
+            temperature goes last when left out; a filter a row turns on must be listed.
+            ``tokenrace.TEMPERATURE_FIRST`` and ``tokenrace.FILTERS_FIRST`` are the two fixed
+            orders, ``tokenrace.LLAMA_CPP_ORDER`` llama.cpp's default chain.
 
         Errors (ValueError) name the argument, the row and the position: the column of a padded
         array, the index in a row's list or dict, and the entry of a CSR array.
@@ -410,6 +418,8 @@ class Sampler(_Closable):
                                     stop_token_ids)
             if bad_words is not None or forced_tokens is not None or state.parity_packed:
                 self._fill_parity(state, keep, rows, bad_words, forced_tokens)
+            if order is not None or state.order_packed:
+                _fill_order(state, keep, order)
             pack_tokens_output(state, state.tokens.address_for(rows),
                                state.flags.address_for(rows) if return_flags else 0)
             # self._run(), inlined (a method call less: the fast path's cost, see _call.py)
@@ -437,7 +447,8 @@ class Sampler(_Closable):
                   banned_tokens=None, token_bitmask=None, full_logprobs=None, out=None, penalty_last_n=None,
                   min_tokens=None, stop_token_ids=None, requests=None, request_ids=None, min_keep=None,
                   typical_p=None, xtc_probability=None, xtc_threshold=None, dynatemp_range=None,
-                  dynatemp_exponent=None, bad_words=None, forced_tokens=None, logprob_token_ids=None):
+                  dynatemp_exponent=None, bad_words=None, forced_tokens=None, logprob_token_ids=None,
+                  order=None):
         """Draws like ``draw`` and also returns logprobs: a ``DrawResult`` (of torch tensors over
         the same memory when ``logits`` is a tensor, flags as int32) with
 
@@ -506,6 +517,8 @@ class Sampler(_Closable):
             if (bad_words is not None or forced_tokens is not None or logprob_token_ids is not None
                     or state.parity_packed):
                 given = self._fill_parity(state, keep, rows, bad_words, forced_tokens, logprob_token_ids)
+            if order is not None or state.order_packed:
+                _fill_order(state, keep, order)
             full = None
             if full_logprobs is not None:
                 full, full_ptr, full_stride = _full_output(out, rows, state.batch.vocab)
@@ -809,3 +822,31 @@ class DrawResult:
 def _config_from_env():
     """``tokenrace_config_from_env()`` (see ``_from_env``)."""
     return _from_env(_ffi.tokenrace_config, _ffi.lib().tokenrace_config_from_env)
+
+
+def stage_ids(order) -> np.ndarray:
+    """The ``tokenrace_stage`` ids of ``order`` (a tuple or list of stage names), as uint32."""
+    if isinstance(order, (str, bytes)) or not hasattr(order, "__len__"):
+        raise ValueError(f"order: a tuple of stage names, not {type(order).__name__}")
+    if len(order) == 0:
+        raise ValueError("order: lists no stage (None: the sampler's filter_order)")
+    ids = np.empty(len(order), dtype=np.uint32)
+    for i, name in enumerate(order):
+        stage = _ffi.STAGE_IDS.get(name) if isinstance(name, str) else None
+        if stage is None:
+            raise ValueError(f"order[{i}]: {name!r} is not a stage (one of {', '.join(_ffi.STAGE_IDS)})")
+        ids[i] = stage
+    return ids
+
+
+def _fill_order(state, keep, order):
+    """Writes the batch's order block for a call that passes ``order``, or zeroes it again after a
+    call that wrote it."""
+    if order is None:
+        ORDER_LAYOUT.pack_into(state.batch, ORDER_OFFSET, 0, 0)
+        state.order_packed = False
+        return
+    ids = stage_ids(order)
+    keep.append(ids)
+    ORDER_LAYOUT.pack_into(state.batch, ORDER_OFFSET, address(ids), len(ids))
+    state.order_packed = True
