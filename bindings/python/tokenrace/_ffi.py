@@ -216,6 +216,14 @@ class tokenrace_batch(_Versioned):
         ("forced_tokens", POINTER(c_int32)),
         ("logprob_token_ids", POINTER(c_int32)),
         ("logprob_token_offsets", POINTER(c_uint64)),
+        # added after 0.2.0: llama.cpp's DRY (``_call.DRY_LAYOUT``)
+        ("dry_multiplier", POINTER(c_float)),
+        ("dry_base", POINTER(c_float)),
+        ("dry_allowed_length", POINTER(c_int32)),
+        ("dry_penalty_last_n", POINTER(c_int32)),
+        ("dry_breaker_ids", POINTER(c_int32)),
+        ("dry_breaker_offsets", POINTER(c_uint64)),
+        ("dry_breakers_row_offsets", POINTER(c_uint64)),
     ]
 
 
@@ -255,6 +263,8 @@ OUTPUT_FULL_FIRST = "full_logprobs"
 OUTPUT_GIVEN_FIRST = "token_logprobs"
 # The first field of the batch's parity block (bad words, forced tokens), packed apart.
 BATCH_PARITY_FIRST = "bad_words_ids"
+# The first field of the batch's DRY block, packed apart.
+BATCH_DRY_FIRST = "dry_multiplier"
 
 
 class tokenrace_pool_config(_Versioned):
