@@ -121,10 +121,8 @@ unsafe fn bad_words<'a>(b: &tokenrace_batch, rows: usize) -> Result<Option<BadWo
 }
 
 /// A two-level list of words in a batch: its three pointers and their names.
-type WordPointers = (
-    fn(&tokenrace_batch) -> (*const i32, *const u64, *const u64),
-    (&'static str, &'static str, &'static str),
-);
+type WordPointers =
+    (fn(&tokenrace_batch) -> (*const i32, *const u64, *const u64), (&'static str, &'static str, &'static str));
 const BAD_WORD_FIELDS: WordPointers = (
     |b| (b.bad_words_ids, b.bad_word_offsets, b.bad_words_row_offsets),
     ("bad_words_ids", "bad_word_offsets", "bad_words_row_offsets"),

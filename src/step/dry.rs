@@ -18,7 +18,7 @@
 //!   capped at `trunc(88.7228391 / ln(base))` when `base > 1.000001`, after every other penalty.
 
 use crate::alloc;
-use crate::batch::{Batch, BadWords};
+use crate::batch::{BadWords, Batch};
 use crate::error::Result;
 
 /// llama.cpp's defaults of the parameters a batch may leave out.
@@ -88,7 +88,8 @@ impl Window<'_> {
 
 fn window<'a>(batch: &Batch<'a>, r: usize, d: Dry) -> Window<'a> {
     let (prompt, output) = (batch.prompt_row(r), batch.output_row(r));
-    let (prompt, output) = if d.last_n < 0 { (prompt, output) } else { super::penalties::windowed(prompt, output, d.last_n) };
+    let (prompt, output) =
+        if d.last_n < 0 { (prompt, output) } else { super::penalties::windowed(prompt, output, d.last_n) };
     Window { prompt, output }
 }
 
