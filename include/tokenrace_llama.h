@@ -132,6 +132,9 @@ struct tokenrace_llama_state {
     int32_t *breaker_ids;
     uint64_t *breaker_offsets;
     uint64_t breaker_rows[2];
+    /* Per-call scratch: the breakers mapped onto a row's slots. */
+    int32_t *breakers_mapped;
+    size_t breakers_mapped_cap;
 };
 
 /* Whether DRY is on (llama.cpp's disabled values: multiplier 0, base < 1, window 0). */
@@ -280,11 +283,12 @@ static inline long tokenrace_llama_window(struct tokenrace_llama_state *st, size
 /* The fused draw of one row of `n` logits with the sequence's parameters, position and the
  * `history` window positions in the row (`history_n` of them); the drawn index, or -1 (with a
  * message on stderr) when the call fails, which only a host out of memory makes it do (the
- * parameters were checked when the sampler was made). */
+ * parameters were checked when the sampler was made). `breakers`: DRY's breakers as positions
+ * in the row (laid out as st->breaker_offsets says). */
 static inline int32_t tokenrace_llama_draw_row(struct tokenrace_llama_state *st, const float *row, size_t n,
-                                               long history_n) {
+                                               long history_n, const int32_t *breakers) {
     const struct tokenrace_llama_params *p = &st->params;
-    if (n == 0 || n > INT32_MAX) {
+    if (n == 0 || n > UINT32_MAX) {
         fprintf(stderr, "tokenrace_llama: %zu candidates: a draw takes 1 to 2^32 - 1\n", n);
         return -1;
     }
@@ -335,7 +339,7 @@ static inline int32_t tokenrace_llama_draw_row(struct tokenrace_llama_state *st,
         b.dry_allowed_length = &p->dry_allowed_length;
         b.dry_penalty_last_n = &p->dry_penalty_last_n;
         if (p->dry_breaker_count) {
-            b.dry_breaker_ids = st->breaker_ids;
+            b.dry_breaker_ids = breakers;
             b.dry_breaker_offsets = st->breaker_offsets;
             b.dry_breakers_row_offsets = st->breaker_rows;
         }
@@ -352,44 +356,65 @@ static inline int32_t tokenrace_llama_draw_row(struct tokenrace_llama_state *st,
     return token;
 }
 
-/* A draw with DRY on: DRY matches the history's tokens as they are, so every accepted token must
- * keep its id (one that is not a candidate still breaks or extends a repeat). Candidates in id
- * order whose ids cover the history and breakers draw from `st->row` as it is; otherwise the
- * candidates are scattered into a row indexed by id (-inf where no candidate is), long enough
- * for every id of the history and breakers. Returns the candidate index drawn, or -1. */
-static inline int32_t tokenrace_llama_apply_by_id(struct tokenrace_llama_state *st, const llama_token_data *d,
-                                                  size_t n, const int32_t *index_of) {
-    size_t len = n;
-    for (size_t i = 0; index_of && i < n; i++) {
-        len = (size_t)d[i].id >= len ? (size_t)d[i].id + 1 : len;
-    }
-    for (size_t j = 0; j < st->history_len; j++) {
-        len = (size_t)st->history[j] >= len ? (size_t)st->history[j] + 1 : len;
-    }
+/* A draw with DRY on: DRY matches sequences of token ids, so an accepted token that is not a
+ * candidate must still break or extend a repeat. Candidates in id order that cover every id of
+ * the history and breakers draw as they are; otherwise each id of the history and breakers
+ * that is not a candidate gets a slot of its own after the candidates (-inf: never drawn), and
+ * the history and breakers are mapped onto the slots (the candidates keep their order, and so
+ * llama.cpp's tie rule). `st->row` holds the candidates' logits in the order given. Returns the
+ * candidate index drawn, or -1 when out of memory. */
+static inline int32_t tokenrace_llama_apply_dry(struct tokenrace_llama_state *st, const llama_token_data *d,
+                                                size_t n, int out_of_order) {
     const struct tokenrace_llama_params *p = &st->params;
     uint64_t breaker_tokens = p->dry_breaker_count ? st->breaker_offsets[p->dry_breaker_count] : 0;
+    llama_token max_id = (llama_token)n - 1;
+    for (size_t i = 0; out_of_order && i < n; i++) {
+        max_id = d[i].id > max_id ? d[i].id : max_id;
+    }
+    for (size_t j = 0; j < st->history_len; j++) {
+        max_id = st->history[j] > max_id ? st->history[j] : max_id;
+    }
     for (uint64_t j = 0; j < breaker_tokens; j++) {
-        len = (size_t)st->breaker_ids[j] >= len ? (size_t)st->breaker_ids[j] + 1 : len;
+        max_id = st->breaker_ids[j] > max_id ? st->breaker_ids[j] : max_id;
     }
-    if (len != n || index_of) {
-        if (!tokenrace_llama_grow((void **)&st->row, &st->row_cap, len, sizeof(float))) {
-            return -1;
-        }
-        for (size_t i = 0; i < len; i++) {
-            st->row[i] = -INFINITY;
-        }
-        for (size_t i = 0; i < n; i++) {
-            if (d[i].id >= 0) {
-                st->row[d[i].id] = d[i].logit;
-            }
+    if (!out_of_order && (size_t)max_id < n) {
+        long history_n = tokenrace_llama_window(st, n, NULL, 0);
+        return history_n < 0 ? -1 : tokenrace_llama_draw_row(st, st->row, n, history_n, st->breaker_ids);
+    }
+    if (!tokenrace_llama_grow((void **)&st->index_of, &st->index_cap, (size_t)max_id + 1, sizeof(int32_t)) ||
+        !tokenrace_llama_grow((void **)&st->breakers_mapped, &st->breakers_mapped_cap, (size_t)breaker_tokens,
+                              sizeof(int32_t))) {
+        return -1;
+    }
+    for (llama_token id = 0; id <= max_id; id++) {
+        st->index_of[id] = -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (d[i].id >= 0) {
+            st->index_of[d[i].id] = (int32_t)i;
         }
     }
-    long history_n = tokenrace_llama_window(st, len, NULL, 0);
-    int32_t id = history_n < 0 ? -1 : tokenrace_llama_draw_row(st, st->row, len, history_n);
-    if (id < 0 || !index_of) {
-        return id;
+    size_t len = n;
+    for (size_t j = 0; j < st->history_len; j++) {
+        if (st->index_of[st->history[j]] < 0) {
+            st->index_of[st->history[j]] = (int32_t)len++;
+        }
     }
-    return index_of[id];
+    for (uint64_t j = 0; j < breaker_tokens; j++) {
+        int32_t *at = &st->index_of[st->breaker_ids[j]];
+        if (*at < 0) {
+            *at = (int32_t)len++;
+        }
+        st->breakers_mapped[j] = *at;
+    }
+    if (!tokenrace_llama_grow((void **)&st->row, &st->row_cap, len, sizeof(float))) {
+        return -1;
+    }
+    for (size_t i = n; i < len; i++) {
+        st->row[i] = -INFINITY;
+    }
+    long history_n = tokenrace_llama_window(st, len, st->index_of, max_id);
+    return history_n < 0 ? -1 : tokenrace_llama_draw_row(st, st->row, len, history_n, st->breakers_mapped);
 }
 
 /* The candidates as a row: their logits copied in the order given (llama.cpp's candidates are
@@ -432,10 +457,10 @@ static inline void tokenrace_llama_apply(struct llama_sampler *smpl, llama_token
     }
     int32_t token;
     if (tokenrace_llama_dry_on(&st->params)) {
-        token = tokenrace_llama_apply_by_id(st, d, n, index_of);
+        token = tokenrace_llama_apply_dry(st, d, n, out_of_order != 0);
     } else {
         long history_n = tokenrace_llama_window(st, n, index_of, max_id);
-        token = history_n < 0 ? -1 : tokenrace_llama_draw_row(st, st->row, n, history_n);
+        token = history_n < 0 ? -1 : tokenrace_llama_draw_row(st, st->row, n, history_n, NULL);
     }
     if (token < 0) {
         /* llama.cpp's samplers have no error path: its own abort on what they cannot do. */
@@ -461,6 +486,7 @@ static inline void tokenrace_llama_free_state(struct tokenrace_llama_state *st) 
     free(st->index_of);
     free(st->breaker_ids);
     free(st->breaker_offsets);
+    free(st->breakers_mapped);
     free(st);
 }
 
@@ -550,7 +576,7 @@ static inline llama_token tokenrace_llama_draw_logits(struct llama_sampler *smpl
         return -1;
     }
     long history_n = tokenrace_llama_window(st, (size_t)n_vocab, NULL, 0);
-    return history_n < 0 ? -1 : tokenrace_llama_draw_row(st, logits, (size_t)n_vocab, history_n);
+    return history_n < 0 ? -1 : tokenrace_llama_draw_row(st, logits, (size_t)n_vocab, history_n, st->breaker_ids);
 }
 
 #ifndef TOKENRACE_LLAMA_NO_CONTEXT
