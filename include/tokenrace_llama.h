@@ -1,8 +1,8 @@
 /*
  * tokenrace_llama.h: a llama.cpp sampler (`llama_sampler_i`) that runs llama.cpp's usual chain,
- * penalties -> top-nσ -> top-k -> top-p -> min-p -> temperature -> dist, as one fused tokenrace
- * draw. Header-only C (C99 or C++), no symbol of its own: include it in one translation unit
- * after llama.h and tokenrace.h.
+ * penalties -> DRY -> top-nσ -> top-k -> top-p -> min-p -> temperature -> dist, as one fused
+ * tokenrace draw. Header-only C (C99 or C++), no symbol of its own: include it in one
+ * translation unit after llama.h and tokenrace.h.
  *
  *     #include "llama.h"
  *     #include "tokenrace.h"
