@@ -170,7 +170,7 @@ fn llama_cpp_expected_tables() {
     for (probs, history, expected, d, breakers) in cases {
         let x: Vec<f32> = probs.iter().map(|p| p.ln()).collect();
         let vocab = x.len();
-        let (rows, w) = (DryRows::of(&[d]), Breakers::of(&[breakers.clone()]));
+        let (rows, w) = (DryRows::of(&[d]), Breakers::of(std::slice::from_ref(&breakers)));
         let oo = [0, history.len() as u64];
         let b = rows.apply(
             &w,
@@ -325,10 +325,9 @@ fn seeded_rows_with_dry_draw_the_references_processed_row() {
                     };
                     let fused = draw(&dry_rows.apply(&w, step.apply(batch(Logits::F32(&x)))));
                     let plain = draw(&batch(Logits::F32(&plain_rows)));
-                    for r in 0..rows {
+                    for (r, d) in dry.iter().enumerate() {
                         let what = format!(
-                            "vocab {vocab}, penalties {with_penalties}, {level:?}, {threads} threads, row {r} ({:?})",
-                            dry[r]
+                            "vocab {vocab}, penalties {with_penalties}, {level:?}, {threads} threads, row {r} ({d:?})"
                         );
                         assert_eq!(
                             (fused.0[r], fused.1[r], fused.2[r].to_bits()),
