@@ -308,6 +308,40 @@ inline void draws_equal_the_c_api(const tokenrace::Library& lib) {
   CHECK(sampler.draw(tokenrace::Logits::f32(logits.data(), rows, vocab), tokenrace::DrawOptions(plain).typical_p(0.3f)) !=
         f32_tokens);
 
+  // llama.cpp's DRY: each row's history "x m x" (m its most probable token) makes m extend a
+  // repeat of one token; at allowed length 1 and a multiplier of 1e30 m is out of every greedy
+  // row's reach. A one-token breaker m shields it again; a bad breaker id is refused.
+  {
+    std::vector<int32_t> history, breaker_ids;
+    std::vector<uint64_t> history_offsets{0}, breaker_offsets{0}, breaker_rows{0};
+    std::vector<int32_t> argmax(rows);
+    for (uint32_t r = 0; r < rows; r++) {
+      const float* row = &logits[size_t(r) * vocab];
+      argmax[r] = int32_t(std::max_element(row, row + vocab) - row);
+      const int32_t other = (argmax[r] + 1) % int32_t(vocab);
+      history.insert(history.end(), {other, argmax[r], other});
+      history_offsets.push_back(history.size());
+      breaker_ids.push_back(argmax[r]);
+      breaker_offsets.push_back(breaker_ids.size());
+      breaker_rows.push_back(breaker_offsets.size() - 1);
+    }
+    tokenrace::DrawOptions dry = plain;
+    dry.output_tokens(history, history_offsets).dry_multiplier(1e30f).dry_allowed_length(1);
+    const std::vector<int32_t> dried = sampler.draw(tokenrace::Logits::f32(logits.data(), rows, vocab), dry);
+    for (uint32_t r = 0; r < rows; r++) {
+      if (temps[r] == 0.0f) CHECK(dried[r] != argmax[r]);
+    }
+    tokenrace::DrawOptions shielded = dry;
+    shielded.dry_sequence_breakers(breaker_ids, breaker_offsets, breaker_rows);
+    tokenrace::DrawOptions undried = plain;
+    undried.output_tokens(history, history_offsets);
+    CHECK(sampler.draw(tokenrace::Logits::f32(logits.data(), rows, vocab), shielded) ==
+          sampler.draw(tokenrace::Logits::f32(logits.data(), rows, vocab), undried));
+    breaker_ids[0] = int32_t(vocab);
+    CHECK_THROWS(sampler.draw(tokenrace::Logits::f32(logits.data(), rows, vocab), shielded),
+                 TOKENRACE_STATUS_INVALID_ARGUMENT, "dry_breaker_ids[0]");
+  }
+
   // Strided rows: the same rows with padding between them.
   const uint64_t stride = vocab + 24;
   std::vector<float> padded(rows * stride, std::numeric_limits<float>::infinity());

@@ -26,6 +26,11 @@
 #include <string>
 #include <vector>
 
+// llama.cpp's DRY with breakers given as token ids (exported by libllama for its own tests).
+struct llama_sampler *llama_sampler_init_dry_testing(float dry_multiplier, float dry_base, int32_t dry_allowed_length,
+                                                     int32_t dry_penalty_last_n,
+                                                     const std::vector<std::vector<llama_token>> &seq_breakers);
+
 namespace {
 
 int failures = 0;
@@ -70,7 +75,22 @@ struct Chain {
     int top_k = 0;
     int last_n = 0;
     float repeat = 1.0f, freq = 0.0f, present = 0.0f;
+    float dry = 0.0f, dry_base = 1.75f;
+    int dry_allowed = 2, dry_last_n = 1024;
+    std::vector<std::vector<llama_token>> breakers;
+    float xtc_p = 0.0f, xtc_t = 0.1f;
     std::string name;
+    // Breakers flattened for the adapter and the fused call.
+    std::vector<int32_t> breaker_ids;
+    std::vector<uint64_t> breaker_offsets{0};
+    void flatten() {
+        breaker_ids.clear();
+        breaker_offsets.assign(1, 0);
+        for (const auto &b : breakers) {
+            breaker_ids.insert(breaker_ids.end(), b.begin(), b.end());
+            breaker_offsets.push_back(breaker_ids.size());
+        }
+    }
 };
 
 // llama.cpp's chain for `c` (common_sampler's order), with `tail` as its last sampler.
@@ -78,9 +98,13 @@ llama_sampler *llama_chain(const Chain &c, int vocab, llama_sampler *tail) {
     llama_sampler *s = llama_sampler_chain_init(llama_sampler_chain_default_params());
     if (c.last_n != 0)
         llama_sampler_chain_add(s, llama_sampler_init_penalties(vocab, c.last_n, c.repeat, c.freq, c.present));
+    if (c.dry > 0.0f)
+        llama_sampler_chain_add(s, llama_sampler_init_dry_testing(c.dry, c.dry_base, c.dry_allowed, c.dry_last_n,
+                                                                  c.breakers));
     if (c.top_k > 0) llama_sampler_chain_add(s, llama_sampler_init_top_k(c.top_k));
     if (c.top_p < 1.0f) llama_sampler_chain_add(s, llama_sampler_init_top_p(c.top_p, 1));
     if (c.min_p > 0.0f) llama_sampler_chain_add(s, llama_sampler_init_min_p(c.min_p, 1));
+    if (c.xtc_p > 0.0f) llama_sampler_chain_add(s, llama_sampler_init_xtc(c.xtc_p, c.xtc_t, 1, 3));
     if (c.temp != 1.0f || tail == nullptr) llama_sampler_chain_add(s, llama_sampler_init_temp(c.temp));
     if (tail) llama_sampler_chain_add(s, tail);
     return s;
@@ -97,6 +121,15 @@ tokenrace_llama_params adapter_params(const Chain &c, uint32_t seed) {
     p.penalty_freq = c.freq;
     p.penalty_present = c.present;
     p.seed = seed;
+    p.dry_multiplier = c.dry;
+    p.dry_base = c.dry_base;
+    p.dry_allowed_length = c.dry_allowed;
+    p.dry_penalty_last_n = c.dry_last_n;
+    if (!c.breakers.empty()) {
+        p.dry_breaker_ids = c.breaker_ids.data();
+        p.dry_breaker_offsets = c.breaker_offsets.data();
+        p.dry_breaker_count = c.breakers.size();
+    }
     return p;
 }
 
@@ -143,6 +176,55 @@ void check_greedy(std::mt19937_64 &rng, int vocab) {
     std::printf("check greedy: ok\n");
 }
 
+// DRY, alone and after penalties, greedy, over sequences where each step's token is accepted by
+// both chains: the same tokens. A row whose few top tokens are close, so that DRY's penalties
+// reorder them as the sequence repeats; with breakers (one of one token, one of two), and with
+// the candidates cut and sorted by llama.cpp's top-k before the adapter (its by-id path).
+void check_dry_greedy(std::mt19937_64 &rng, int vocab) {
+    for (int variant = 0; variant < 4; variant++) {
+        Chain c;
+        c.temp = 0.0f;
+        c.dry = 0.8f;
+        c.dry_base = 1.5f;
+        c.dry_allowed = variant == 3 ? 1 : 2;
+        c.dry_last_n = variant == 2 ? 24 : 1024;
+        std::vector<float> x = make_row(rng, vocab, false);
+        std::vector<int> order(vocab);
+        for (int i = 0; i < vocab; i++) order[i] = i;
+        std::partial_sort(order.begin(), order.begin() + 6, order.end(), [&](int a, int b) { return x[a] > x[b]; });
+        for (int j = 0; j < 6; j++) x[order[j]] = 10.0f - 0.3f * j;
+        if (variant >= 1) {
+            c.breakers = {{order[2]}, {order[4], order[0]}};
+            c.flatten();
+        }
+        if (variant == 1) {
+            c.last_n = 32;
+            c.repeat = 1.2f;
+        }
+        llama_sampler *ref = llama_chain(c, vocab, llama_sampler_init_greedy());
+        llama_sampler *ours = llama_sampler_chain_init(llama_sampler_chain_default_params());
+        if (variant == 2) llama_sampler_chain_add(ours, llama_sampler_init_top_k(1000));
+        tokenrace_llama_params p = adapter_params(c, 7);
+        llama_sampler_chain_add(ours, tokenrace_llama_sampler_init(&p));
+        std::vector<llama_token_data> cur;
+        int same = 0, steps = 300, distinct = 0;
+        std::vector<int> seen(vocab, 0);
+        for (int i = 0; i < steps; i++) {
+            llama_token a = pick(ref, cur, x), b = pick(ours, cur, x);
+            same += a == b;
+            distinct += seen[a]++ == 0;
+            if (a != b) std::fprintf(stderr, "dry variant %d step %d: llama %d, tokenrace %d\n", variant, i, a, b);
+            llama_sampler_accept(ref, a);
+            llama_sampler_accept(ours, a);
+        }
+        EXPECT(same == steps, "dry greedy variant %d: %d of %d the same", variant, same, steps);
+        EXPECT(distinct >= 3, "dry greedy variant %d: DRY moved greedy to only %d tokens", variant, distinct);
+        llama_sampler_free(ref);
+        llama_sampler_free(ours);
+    }
+    std::printf("check dry greedy: ok\n");
+}
+
 // A sampling chain: the kept set is llama.cpp's (the chain without dist leaves the kept
 // candidates), and the adapter's draws follow softmax over it (chi-square over the kept tokens
 // with an expected count of at least 5; a draw outside the set fails at once).
@@ -152,7 +234,16 @@ void check_sampling(std::mt19937_64 &rng, int vocab, const Chain &c) {
     std::normal_distribution<float> normal(0.0f, 1.5f);
     std::vector<float> x(vocab);
     for (auto &v : x) v = normal(rng);
+    // With DRY: a history repeating the row's top tokens, so that DRY moves mass that counts.
+    std::vector<llama_token> history;
+    if (c.dry > 0.0f) {
+        std::vector<int> order(vocab);
+        for (int i = 0; i < vocab; i++) order[i] = i;
+        std::partial_sort(order.begin(), order.begin() + 8, order.end(), [&](int a, int b) { return x[a] > x[b]; });
+        for (int j : {0, 1, 2, 3, 5, 0, 1, 2, 4, 6, 0, 1, 2}) history.push_back(order[j]);
+    }
     llama_sampler *filters = llama_chain(c, vocab, nullptr);
+    for (llama_token t : history) llama_sampler_accept(filters, t);
     std::vector<llama_token_data> cur;
     fill(cur, x);
     llama_token_data_array arr{cur.data(), cur.size(), -1, false};
@@ -176,6 +267,7 @@ void check_sampling(std::mt19937_64 &rng, int vocab, const Chain &c) {
     llama_sampler_free(filters);
 
     llama_sampler *ours = adapter_chain(c, LLAMA_DEFAULT_SEED);
+    for (llama_token t : history) llama_sampler_accept(ours, t);
     const int draws = 20000;
     std::vector<int> counts(vocab, 0);
     int outside = 0;
@@ -249,15 +341,33 @@ void bench(int vocab, int reps) {
         c.temp = 0.8f; c.top_k = 40; c.top_p = 0.95f; c.min_p = 0.05f;
         c.last_n = 64; c.repeat = 1.1f; c.freq = 0.1f; c.present = 0.1f;
     });
+    add("dry + defaults", [](Chain &c) {
+        c.temp = 0.8f; c.top_k = 40; c.top_p = 0.95f; c.min_p = 0.05f;
+        c.dry = 0.8f; c.breakers = {{13}, {198}, {25, 26}}; c.flatten();
+    });
+    add("penalties + dry + defaults", [](Chain &c) {
+        c.temp = 0.8f; c.top_k = 40; c.top_p = 0.95f; c.min_p = 0.05f;
+        c.last_n = 64; c.repeat = 1.1f; c.freq = 0.1f; c.present = 0.1f;
+        c.dry = 0.8f; c.breakers = {{13}, {198}, {25, 26}}; c.flatten();
+    });
+    add("dry + temp 0.8", [](Chain &c) {
+        c.temp = 0.8f; c.dry = 0.8f; c.breakers = {{13}, {198}, {25, 26}}; c.flatten();
+    });
+    add("xtc + temp 0.8", [](Chain &c) { c.temp = 0.8f; c.xtc_p = 0.5f; c.xtc_t = 0.1f; });
+    add("xtc + defaults", [](Chain &c) {
+        c.temp = 0.8f; c.top_k = 40; c.top_p = 0.95f; c.min_p = 0.05f; c.xtc_p = 0.5f; c.xtc_t = 0.1f;
+    });
     std::mt19937_64 rng(11);
     std::vector<std::vector<float>> rows;
     for (int i = 0; i < 8; i++) rows.push_back(make_row(rng, vocab, false));
     std::vector<int32_t> history(64);
     for (auto &t : history) t = (int32_t)(rng() % vocab);
+    // The history ends with a repeat of 24 of its tokens (DRY penalises the token after them).
+    std::copy(history.begin() + 8, history.begin() + 32, history.begin() + 40);
     std::printf("# vocab %d, %d rounds, one draw each way a round, medians in us; llama.cpp's chain fills its\n"
                 "# candidates from the logits (as llama_sampler_sample does), the fused call reads the logits\n",
                 vocab, reps);
-    std::printf("%-24s %10s %10s %10s %10s %9s %9s %9s\n", "chain", "llama.cpp", "fused", "sample", "in chain",
+    std::printf("%-26s %10s %10s %10s %10s %9s %9s %9s\n", "chain", "llama.cpp", "fused", "sample", "in chain",
                 "x fused", "x sample", "x chain");
     tokenrace_config cfg = tokenrace_config_default();
     cfg.max_rows = 1;
@@ -270,7 +380,10 @@ void bench(int vocab, int reps) {
         failures++;
         return;
     }
-    for (const Chain &c : chains) {
+    for (Chain &c : chains) {
+        c.flatten();
+        // The adapter has no XTC: its columns are left out for chains with it.
+        const bool adapter = c.xtc_p == 0.0f;
         llama_sampler *ref = llama_chain(c, vocab, c.temp > 0 ? llama_sampler_init_dist(1) : llama_sampler_init_greedy());
         llama_sampler *ours = adapter_chain(c, 1);
         tokenrace_llama_params ap = adapter_params(c, 1);
@@ -302,12 +415,28 @@ void bench(int vocab, int reps) {
             b.top_k = &top_k;
             b.top_p = &top_p;
             b.min_p = &min_p;
-            if (c.last_n != 0) {
+            if (c.last_n != 0 || c.dry > 0.0f) {
                 b.output_ids = history.data();
                 b.output_offsets = out_offsets;
+            }
+            if (c.last_n != 0) {
                 b.repetition_penalty = &c.repeat;
                 b.frequency_penalty = &c.freq;
                 b.presence_penalty = &c.present;
+            }
+            uint64_t breaker_rows[2] = {0, c.breakers.size()};
+            if (c.dry > 0.0f) {
+                b.dry_multiplier = &c.dry;
+                b.dry_base = &c.dry_base;
+                b.dry_allowed_length = &c.dry_allowed;
+                b.dry_penalty_last_n = &c.dry_last_n;
+                b.dry_breaker_ids = c.breaker_ids.data();
+                b.dry_breaker_offsets = c.breaker_offsets.data();
+                b.dry_breakers_row_offsets = breaker_rows;
+            }
+            if (c.xtc_p > 0.0f) {
+                b.xtc_probability = &c.xtc_p;
+                b.xtc_threshold = &c.xtc_t;
             }
             int32_t token = -1;
             tokenrace_output o;
@@ -317,9 +446,9 @@ void bench(int vocab, int reps) {
             double t2 = seconds();
             if (tokenrace_draw(sampler, &b, &o) != TOKENRACE_STATUS_OK) failures++;
             double t3 = seconds();
-            sink += token + pick(ours, cur, x);
+            if (adapter) sink += token + pick(ours, cur, x);
             double t4 = seconds();
-            sink += tokenrace_llama_draw_logits(alone, x.data(), vocab);
+            if (adapter) sink += tokenrace_llama_draw_logits(alone, x.data(), vocab);
             double t5 = seconds();
             t_ref.push_back(t1 - t0);
             t_fused.push_back(t3 - t2);
@@ -328,8 +457,13 @@ void bench(int vocab, int reps) {
         }
         double a = median(t_ref) * 1e6, f = median(t_fused) * 1e6, d = median(t_adapter) * 1e6;
         double e = median(t_sample) * 1e6;
-        std::printf("%-24s %10.1f %10.1f %10.1f %10.1f %8.1fx %8.1fx %8.1fx\n", c.name.c_str(), a, f, e, d, a / f,
-                    a / e, a / d);
+        if (adapter) {
+            std::printf("%-26s %10.1f %10.1f %10.1f %10.1f %8.1fx %8.1fx %8.1fx\n", c.name.c_str(), a, f, e, d,
+                        a / f, a / e, a / d);
+        } else {
+            std::printf("%-26s %10.1f %10.1f %10s %10s %8.1fx %9s %9s\n", c.name.c_str(), a, f, "-", "-", a / f, "-",
+                        "-");
+        }
         if (sink == 42) std::printf(" ");
         llama_sampler_free(ref);
         llama_sampler_free(ours);
@@ -368,6 +502,18 @@ int main(int argc, char **argv) {
         c.top_p = 0.9f;
         c.min_p = 0.05f;
         check_sampling(rng, vocab, c);
+        check_dry_greedy(rng, vocab);
+        Chain d;
+        d.name = "dry + temp 0.7";
+        d.temp = 0.7f;
+        d.dry = 1.5f;
+        d.dry_allowed = 2;
+        check_sampling(rng, vocab, d);
+        d.name = "dry + breakers + top-p";
+        d.top_p = 0.95f;
+        d.breakers = {{7}, {11, 12}};
+        d.flatten();
+        check_sampling(rng, vocab, d);
     }
     if (failures) {
         std::fprintf(stderr, "%d failure(s)\n", failures);

@@ -166,6 +166,44 @@ static void penalties(void) {
     llama_sampler_free(s);
 }
 
+/* llama.cpp's DRY after "3 1 3" at allowed length 1: a 1 next would extend the repeat of "3",
+ * so 1 loses the multiplier (3.0 - 1.0) and 3 leads; a one-token breaker 1 shields it, a breaker
+ * 3 ends the history (no repeat spans it), a window of 2 ("1 3") holds no repeat. Candidates
+ * out of id order, and a subset without 3 (whose history still holds it), see the same. */
+static void dry(void) {
+    struct tokenrace_llama_params p = plain();
+    p.temp = 0.0f;
+    p.dry_multiplier = 1.0f;
+    p.dry_allowed_length = 1;
+    static const int32_t one[1] = {1}, three[1] = {3};
+    static const uint64_t offsets[2] = {0, 1};
+    static const int shuffled[VOCAB] = {4, 2, 5, 3, 1, 0};
+    static const int without_3[4] = {0, 5, 2, 1};
+    for (int variant = 0; variant < 4; variant++) {
+        struct tokenrace_llama_params q = p;
+        if (variant == 1 || variant == 2) {
+            q.dry_breaker_ids = variant == 1 ? one : three;
+            q.dry_breaker_offsets = offsets;
+            q.dry_breaker_count = 1;
+        }
+        if (variant == 3) {
+            q.dry_penalty_last_n = 2;
+        }
+        struct llama_sampler *s = make(q);
+        llama_sampler_accept(s, 3);
+        llama_sampler_accept(s, 1);
+        llama_sampler_accept(s, 3);
+        int want = variant == 0 ? 3 : 1;
+        CHECK(pick(s, NULL, VOCAB) == want);
+        CHECK(pick(s, shuffled, VOCAB) == 3); /* 1 and 3 tie but in variant 0: the first given */
+        CHECK(pick(s, without_3, 4) == (variant == 0 ? 2 : 1));
+        struct llama_sampler *c = llama_sampler_clone(s);
+        CHECK(pick(c, without_3, 4) == (variant == 0 ? 2 : 1));
+        llama_sampler_free(c);
+        llama_sampler_free(s);
+    }
+}
+
 /* A seeded sequence draws token i from (seed, i): the same sequence again after a reset, in a
  * clone, and in another sampler with the same seed; another seed differs somewhere. */
 static void seeded_sequences(void) {
@@ -284,11 +322,25 @@ static void refused_parameters(void) {
     p = plain();
     p.top_n_sigma = INFINITY;
     CHECK(tokenrace_llama_sampler_init(&p) == NULL);
+    p = plain();
+    p.dry_multiplier = -1.0f;
+    CHECK(tokenrace_llama_sampler_init(&p) == NULL);
+    p = plain();
+    p.dry_penalty_last_n = -2;
+    CHECK(tokenrace_llama_sampler_init(&p) == NULL);
+    static const int32_t ids[1] = {2};
+    static const uint64_t empty[2] = {0, 0};
+    p = plain();
+    p.dry_breaker_ids = ids;
+    p.dry_breaker_offsets = empty;
+    p.dry_breaker_count = 1;
+    CHECK(tokenrace_llama_sampler_init(&p) == NULL);
 }
 
 int main(void) {
     greedy_and_keep_one();
     penalties();
+    dry();
     seeded_sequences();
     distribution();
     refused_parameters();

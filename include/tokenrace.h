@@ -448,6 +448,29 @@ typedef struct tokenrace_batch {
   const uint32_t *order;
   // The number of ids in `order` (1 to 16).
   uint64_t order_len;
+  // Per-row DRY multiplier, finite and >= 0 (NULL: DRY off); 0 turns DRY off for the row. A
+  // token that would extend a sequence the row's history repeats (n >= dry_allowed_length
+  // tokens) loses `multiplier * base^(n - dry_allowed_length)` from its value, after every
+  // other penalty (llama.cpp's `dry_multiplier`; the exact rule is in docs/semantics.md).
+  const float *dry_multiplier;
+  // Per-row DRY base, finite (NULL: 1.75); below 1 turns DRY off for the row.
+  const float *dry_base;
+  // Per-row DRY allowed length >= 0 (NULL: 2): repeats up to this long are not penalised.
+  const int32_t *dry_allowed_length;
+  // Per-row DRY window (NULL: -1): DRY reads the last n tokens of the row's prompt ++
+  // output; -1 reads them all, 0 turns DRY off for the row.
+  const int32_t *dry_penalty_last_n;
+  // The tokens of every row's DRY sequence breakers, one breaker after the other (ids in [0,
+  // vocab); NULL: none). A breaker is a head token and its tail: no repeat DRY counts spans
+  // one, and the head of a one-token breaker is never penalised (llama.cpp's
+  // `dry_sequence_breakers`, as token ids).
+  const int32_t *dry_breaker_ids;
+  // Breaker k is `dry_breaker_ids[dry_breaker_offsets[k]..dry_breaker_offsets[k + 1]]`, at
+  // least one token: `dry_breakers_row_offsets[rows] + 1` non-decreasing entries.
+  const uint64_t *dry_breaker_offsets;
+  // Row r's breakers are breakers `dry_breakers_row_offsets[r]..dry_breakers_row_offsets[r +
+  // 1]`: rows + 1 non-decreasing entries.
+  const uint64_t *dry_breakers_row_offsets;
 } tokenrace_batch;
 
 // Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No

@@ -766,6 +766,34 @@ class DrawOptions {
   // drawn; its noise consumed as a drawn row's, so the other rows draw what they would), -1
   // draws the row. A forced token the step bans is flagged TOKENRACE_FLAG_FORCED_BANNED.
   DrawOptions& forced_tokens(Span<int32_t> v) { return values(forced_tokens_, v); }
+  // llama.cpp's DRY: a token that would extend a sequence the row's history (prompt_tokens then
+  // output_tokens, the last dry_penalty_last_n of them; -1: all, 0: off) repeats, n >=
+  // dry_allowed_length tokens long, loses dry_multiplier * dry_base^(n - dry_allowed_length)
+  // after the other penalties. Multiplier >= 0 (0: off), base finite (< 1: off; default 1.75),
+  // allowed length >= 0 (default 2).
+  DrawOptions& dry_multiplier(Span<float> v) { return values(dry_multiplier_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& dry_multiplier(V every_row) { return scalar(dry_multiplier_, every_row); }
+  DrawOptions& dry_base(Span<float> v) { return values(dry_base_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& dry_base(V every_row) { return scalar(dry_base_, every_row); }
+  DrawOptions& dry_allowed_length(Span<int32_t> v) { return values(dry_allowed_length_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& dry_allowed_length(V every_row) { return scalar(dry_allowed_length_, every_row); }
+  DrawOptions& dry_penalty_last_n(Span<int32_t> v) { return values(dry_penalty_last_n_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& dry_penalty_last_n(V every_row) { return scalar(dry_penalty_last_n_, every_row); }
+  // DRY's sequence breakers as token ids, in bad_words' two-level layout: breaker k is
+  // ids[breaker_offsets[k]..breaker_offsets[k + 1]] (a head token, then its tail), row r's are
+  // breakers row_offsets[r]..row_offsets[r + 1]. No counted repeat spans one; the head of a
+  // one-token breaker is never penalised.
+  DrawOptions& dry_sequence_breakers(Span<int32_t> ids, Span<uint64_t> breaker_offsets,
+                                     Span<uint64_t> row_offsets) {
+    dry_breaker_ids_ = ids;
+    dry_breaker_offsets_ = breaker_offsets;
+    dry_breakers_row_offsets_ = row_offsets;
+    return *this;
+  }
   // A grammar bitmask in xgrammar's layout: rows x ceil(vocab / 32) int32 words, `row_stride`
   // words apart (0: ceil(vocab / 32)); bit j of word w set allows token 32 w + j.
   DrawOptions& token_bitmask(Span<int32_t> words, uint64_t row_stride = 0) {
@@ -896,6 +924,15 @@ class DrawOptions {
     b.logprob_token_ids = list(given_, "logprob_token_ids", "logprob_token_offsets", rows, &b.logprob_token_offsets);
     b.order = order_.empty() ? nullptr : order_.data();
     b.order_len = order_.size();
+    b.dry_multiplier = row_values(dry_multiplier_, prepared, "dry_multiplier", rows);
+    b.dry_base = row_values(dry_base_, prepared, "dry_base", rows);
+    b.dry_allowed_length = row_values(dry_allowed_length_, prepared, "dry_allowed_length", rows);
+    b.dry_penalty_last_n = row_values(dry_penalty_last_n_, prepared, "dry_penalty_last_n", rows);
+    check_words(rows, {dry_breaker_ids_, dry_breaker_offsets_, dry_breakers_row_offsets_},
+                {"dry_breaker_ids", "dry_breaker_offsets", "dry_breakers_row_offsets"});
+    b.dry_breaker_ids = dry_breaker_ids_.data();
+    b.dry_breaker_offsets = dry_breaker_offsets_.data();
+    b.dry_breakers_row_offsets = dry_breakers_row_offsets_.data();
     return prepared;
   }
 
@@ -968,20 +1005,35 @@ class DrawOptions {
   // The library reads rows + 1 row offsets, as many word offsets as the last says (plus one),
   // and as many ids as the last word offset says: spans of known length must hold them.
   void check_bad_words(uint32_t rows) const {
-    check_offsets(bad_words_row_offsets_, "bad_words_row_offsets", rows);
-    if (!bad_words_row_offsets_.data()) return;
-    const uint64_t words = bad_words_row_offsets_.data()[rows];
-    if (bad_word_offsets_.data() && bad_word_offsets_.has_size() && bad_word_offsets_.size() <= words) {
-      throw detail::invalid_argument(owner, "bad_word_offsets has " + std::to_string(bad_word_offsets_.size()) +
-                                                " values, bad_words_row_offsets[" + std::to_string(rows) + "] says " +
-                                                std::to_string(words) + " words (words + 1 wanted)");
+    check_words(rows, {bad_words_ids_, bad_word_offsets_, bad_words_row_offsets_},
+                {"bad_words_ids", "bad_word_offsets", "bad_words_row_offsets"});
+  }
+
+  // A two-level list of words (bad words, DRY's breakers) and the names of its three arrays.
+  struct Words {
+    Span<int32_t> ids;
+    Span<uint64_t> word_offsets, row_offsets;
+  };
+  struct WordNames {
+    const char *ids, *word_offsets, *row_offsets;
+  };
+
+  void check_words(uint32_t rows, const Words& w, const WordNames& n) const {
+    check_offsets(w.row_offsets, n.row_offsets, rows);
+    if (!w.row_offsets.data()) return;
+    const uint64_t words = w.row_offsets.data()[rows];
+    if (w.word_offsets.data() && w.word_offsets.has_size() && w.word_offsets.size() <= words) {
+      throw detail::invalid_argument(owner, std::string(n.word_offsets) + " has " +
+                                                std::to_string(w.word_offsets.size()) + " values, " + n.row_offsets +
+                                                "[" + std::to_string(rows) + "] says " + std::to_string(words) +
+                                                " words (words + 1 wanted)");
     }
-    if (!bad_word_offsets_.data()) return;
-    const uint64_t last = bad_word_offsets_.data()[words];
-    if (bad_words_ids_.data() && bad_words_ids_.has_size() && bad_words_ids_.size() < last) {
-      throw detail::invalid_argument(owner, "bad_words_ids has " + std::to_string(bad_words_ids_.size()) +
-                                                " values, bad_word_offsets[" + std::to_string(words) + "] says " +
-                                                std::to_string(last));
+    if (!w.word_offsets.data()) return;
+    const uint64_t last = w.word_offsets.data()[words];
+    if (w.ids.data() && w.ids.has_size() && w.ids.size() < last) {
+      throw detail::invalid_argument(owner, std::string(n.ids) + " has " + std::to_string(w.ids.size()) +
+                                                " values, " + n.word_offsets + "[" + std::to_string(words) +
+                                                "] says " + std::to_string(last));
     }
   }
 
@@ -1022,7 +1074,10 @@ class DrawOptions {
   }
 
   detail::PerRow<float> temperature_, top_p_, min_p_, top_n_sigma_, typical_p_, xtc_probability_, xtc_threshold_,
-      dynatemp_range_, dynatemp_exponent_;
+      dynatemp_range_, dynatemp_exponent_, dry_multiplier_, dry_base_;
+  detail::PerRow<int32_t> dry_allowed_length_, dry_penalty_last_n_;
+  Span<int32_t> dry_breaker_ids_;
+  Span<uint64_t> dry_breaker_offsets_, dry_breakers_row_offsets_;
   detail::PerRow<int32_t> min_keep_;
   detail::PerRow<uint64_t> seeds_, offsets_;
   detail::PerRow<uint8_t> seeded_, allowed_rows_;

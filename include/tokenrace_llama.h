@@ -1,8 +1,8 @@
 /*
  * tokenrace_llama.h: a llama.cpp sampler (`llama_sampler_i`) that runs llama.cpp's usual chain,
- * penalties -> top-nσ -> top-k -> top-p -> min-p -> temperature -> dist, as one fused tokenrace
- * draw. Header-only C (C99 or C++), no symbol of its own: include it in one translation unit
- * after llama.h and tokenrace.h.
+ * penalties -> DRY -> top-nσ -> top-k -> top-p -> min-p -> temperature -> dist, as one fused
+ * tokenrace draw. Header-only C (C99 or C++), no symbol of its own: include it in one
+ * translation unit after llama.h and tokenrace.h.
  *
  *     #include "llama.h"
  *     #include "tokenrace.h"
@@ -32,6 +32,11 @@
  * - penalties over the last `penalty_last_n` accepted tokens (0: off, -1: every accepted token),
  *   repetition (`penalty_repeat`, 1 off), frequency and presence (`penalty_freq`,
  *   `penalty_present`, 0 off);
+ * - DRY after the penalties, over the last `dry_penalty_last_n` accepted tokens (-1: all, 0:
+ *   off), `dry_multiplier` (0 off), `dry_base` (< 1 off), `dry_allowed_length`, and the sequence
+ *   breakers as token ids (`dry_breaker_ids`, `dry_breaker_offsets`, `dry_breaker_count`: breaker
+ *   k is ids[offsets[k]..offsets[k + 1]], copied when the sampler is made); llama.cpp takes
+ *   them as strings and tokenizes them, which a caller does with llama_tokenize;
  * - `seed`: a seeded sequence draws token i from a pure function of (seed, i, logits), i the
  *   count of tokens accepted since the last reset; LLAMA_DEFAULT_SEED draws from tokenrace's own
  *   stream (seeded from OS entropy).
@@ -69,6 +74,14 @@ struct tokenrace_llama_params {
     uint32_t seed;
     /* Threads of the tokenrace sampler (1: the calling thread). */
     uint32_t threads;
+    float dry_multiplier;
+    float dry_base;
+    int32_t dry_allowed_length;
+    int32_t dry_penalty_last_n;
+    /* DRY's sequence breakers as token ids (NULL: none); copied by tokenrace_llama_sampler_init. */
+    const int32_t *dry_breaker_ids;
+    const uint64_t *dry_breaker_offsets;
+    size_t dry_breaker_count;
 };
 
 /* llama.cpp's defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, no penalties, a
@@ -86,6 +99,13 @@ static inline struct tokenrace_llama_params tokenrace_llama_params_default(void)
     p.penalty_present = 0.0f;
     p.seed = LLAMA_DEFAULT_SEED;
     p.threads = 1;
+    p.dry_multiplier = 0.0f;
+    p.dry_base = 1.75f;
+    p.dry_allowed_length = 2;
+    p.dry_penalty_last_n = -1;
+    p.dry_breaker_ids = NULL;
+    p.dry_breaker_offsets = NULL;
+    p.dry_breaker_count = 0;
     return p;
 }
 
@@ -107,7 +127,30 @@ struct tokenrace_llama_state {
     int32_t *mapped;
     int32_t *index_of;
     size_t row_cap, mapped_cap, index_cap;
+    /* The sampler's own copy of DRY's breakers (params.dry_breaker_* point into them), and the
+     * breakers' row offsets of the one-row batch. */
+    int32_t *breaker_ids;
+    uint64_t *breaker_offsets;
+    uint64_t breaker_rows[2];
+    /* Per-call scratch: the breakers mapped onto a row's slots. */
+    int32_t *breakers_mapped;
+    size_t breakers_mapped_cap;
 };
+
+/* Whether DRY is on (llama.cpp's disabled values: multiplier 0, base < 1, window 0). */
+static inline int tokenrace_llama_dry_on(const struct tokenrace_llama_params *p) {
+    return p->dry_multiplier != 0.0f && p->dry_base >= 1.0f && p->dry_penalty_last_n != 0;
+}
+
+/* The accepted tokens a draw reads: the longer of the two windows (penalties', DRY's); -1 for
+ * every accepted token, 0 for none. */
+static inline int64_t tokenrace_llama_kept_window(const struct tokenrace_llama_params *p) {
+    int64_t penalties = p->penalty_last_n, dry = tokenrace_llama_dry_on(p) ? p->dry_penalty_last_n : 0;
+    if (penalties < 0 || dry < 0) {
+        return -1;
+    }
+    return penalties > dry ? penalties : dry;
+}
 
 /* Grows `*buf` to at least `n` elements of `size` bytes; 0 when out of memory. */
 static inline int tokenrace_llama_grow(void **buf, size_t *cap, size_t n, size_t size) {
@@ -145,6 +188,23 @@ static inline int tokenrace_llama_params_valid(const struct tokenrace_llama_para
         bad = "penalty_repeat must be finite and > 0";
     } else if (!isfinite(p->penalty_freq) || !isfinite(p->penalty_present)) {
         bad = "penalty_freq and penalty_present must be finite";
+    } else if (!(isfinite(p->dry_multiplier) && p->dry_multiplier >= 0.0f) || !isfinite(p->dry_base)) {
+        bad = "dry_multiplier must be finite and >= 0, dry_base finite";
+    } else if (p->dry_allowed_length < 0 || p->dry_penalty_last_n < -1) {
+        bad = "dry_allowed_length must be >= 0 and dry_penalty_last_n >= -1";
+    } else if (p->dry_breaker_count && (!p->dry_breaker_ids || !p->dry_breaker_offsets)) {
+        bad = "dry_breaker_count > 0 needs dry_breaker_ids and dry_breaker_offsets";
+    } else if (p->dry_breaker_count) {
+        for (size_t k = 0; k < p->dry_breaker_count && !bad; k++) {
+            if (p->dry_breaker_offsets[k + 1] <= p->dry_breaker_offsets[k]) {
+                bad = "each DRY sequence breaker holds at least one token";
+            }
+        }
+        for (uint64_t j = 0; j < p->dry_breaker_offsets[p->dry_breaker_count] && !bad; j++) {
+            if (p->dry_breaker_ids[j] < 0) {
+                bad = "a DRY sequence breaker holds a negative token id";
+            }
+        }
     }
     if (bad) {
         fprintf(stderr, "tokenrace_llama_sampler_init: %s\n", bad);
@@ -177,9 +237,9 @@ static inline const char *tokenrace_llama_name(const struct llama_sampler *smpl)
 static inline void tokenrace_llama_accept(struct llama_sampler *smpl, llama_token token) {
     struct tokenrace_llama_state *st = (struct tokenrace_llama_state *)smpl->ctx;
     st->position++;
-    int32_t last_n = st->params.penalty_last_n;
+    int64_t last_n = tokenrace_llama_kept_window(&st->params);
     if (last_n == 0) {
-        return; /* penalties off: nothing to keep */
+        return; /* penalties and DRY off: nothing to keep */
     }
     /* A window keeps its last n tokens: the history is cut back to them once it holds 2n. */
     if (last_n > 0 && st->history_len >= 2 * (size_t)last_n) {
@@ -200,7 +260,7 @@ static inline void tokenrace_llama_accept(struct llama_sampler *smpl, llama_toke
  * memory. */
 static inline long tokenrace_llama_window(struct tokenrace_llama_state *st, size_t n, const int32_t *index_of,
                                           llama_token max_id) {
-    int32_t last_n = st->params.penalty_last_n;
+    int64_t last_n = tokenrace_llama_kept_window(&st->params);
     if (last_n == 0 || st->history_len == 0) {
         return 0;
     }
@@ -223,9 +283,10 @@ static inline long tokenrace_llama_window(struct tokenrace_llama_state *st, size
 /* The fused draw of one row of `n` logits with the sequence's parameters, position and the
  * `history` window positions in the row (`history_n` of them); the drawn index, or -1 (with a
  * message on stderr) when the call fails, which only a host out of memory makes it do (the
- * parameters were checked when the sampler was made). */
+ * parameters were checked when the sampler was made). `breakers`: DRY's breakers as positions
+ * in the row (laid out as st->breaker_offsets says). */
 static inline int32_t tokenrace_llama_draw_row(struct tokenrace_llama_state *st, const float *row, size_t n,
-                                               long history_n) {
+                                               long history_n, const int32_t *breakers) {
     const struct tokenrace_llama_params *p = &st->params;
     if (n == 0 || n > UINT32_MAX) {
         fprintf(stderr, "tokenrace_llama: %zu candidates: a draw takes 1 to 2^32 - 1\n", n);
@@ -240,8 +301,11 @@ static inline int32_t tokenrace_llama_draw_row(struct tokenrace_llama_state *st,
     float nsigma = p->top_n_sigma;
     uint64_t seed = p->seed, offset = st->position;
     uint64_t output_offsets[2] = {0, (uint64_t)history_n};
-    int penalised =
-        history_n > 0 && (p->penalty_repeat != 1.0f || p->penalty_freq != 0.0f || p->penalty_present != 0.0f);
+    int penalised = history_n > 0 && p->penalty_last_n != 0 &&
+                    (p->penalty_repeat != 1.0f || p->penalty_freq != 0.0f || p->penalty_present != 0.0f);
+    int dry = history_n > 0 && tokenrace_llama_dry_on(p);
+    /* The history holds the longer window; each reads its own (tokenrace's 0: all of it). */
+    int32_t penalty_window = p->penalty_last_n > 0 ? p->penalty_last_n : 0;
 
     struct tokenrace_batch b;
     memset(&b, 0, sizeof b);
@@ -259,12 +323,26 @@ static inline int32_t tokenrace_llama_draw_row(struct tokenrace_llama_state *st,
         b.seeds = &seed;
         b.offsets = &offset;
     }
-    if (penalised) {
+    if (penalised || dry) {
         b.output_ids = st->mapped;
         b.output_offsets = output_offsets;
+    }
+    if (penalised) {
         b.repetition_penalty = &p->penalty_repeat;
         b.frequency_penalty = &p->penalty_freq;
         b.presence_penalty = &p->penalty_present;
+        b.penalty_last_n = &penalty_window;
+    }
+    if (dry) {
+        b.dry_multiplier = &p->dry_multiplier;
+        b.dry_base = &p->dry_base;
+        b.dry_allowed_length = &p->dry_allowed_length;
+        b.dry_penalty_last_n = &p->dry_penalty_last_n;
+        if (p->dry_breaker_count) {
+            b.dry_breaker_ids = breakers;
+            b.dry_breaker_offsets = st->breaker_offsets;
+            b.dry_breakers_row_offsets = st->breaker_rows;
+        }
     }
     int32_t token = -1;
     struct tokenrace_output o;
@@ -276,6 +354,67 @@ static inline int32_t tokenrace_llama_draw_row(struct tokenrace_llama_state *st,
         return -1;
     }
     return token;
+}
+
+/* A draw with DRY on: DRY matches sequences of token ids, so an accepted token that is not a
+ * candidate must still break or extend a repeat. Candidates in id order that cover every id of
+ * the history and breakers draw as they are; otherwise each id of the history and breakers
+ * that is not a candidate gets a slot of its own after the candidates (-inf: never drawn), and
+ * the history and breakers are mapped onto the slots (the candidates keep their order, and so
+ * llama.cpp's tie rule). `st->row` holds the candidates' logits in the order given. Returns the
+ * candidate index drawn, or -1 when out of memory. */
+static inline int32_t tokenrace_llama_apply_dry(struct tokenrace_llama_state *st, const llama_token_data *d,
+                                                size_t n, int out_of_order) {
+    const struct tokenrace_llama_params *p = &st->params;
+    uint64_t breaker_tokens = p->dry_breaker_count ? st->breaker_offsets[p->dry_breaker_count] : 0;
+    llama_token max_id = (llama_token)n - 1;
+    for (size_t i = 0; out_of_order && i < n; i++) {
+        max_id = d[i].id > max_id ? d[i].id : max_id;
+    }
+    for (size_t j = 0; j < st->history_len; j++) {
+        max_id = st->history[j] > max_id ? st->history[j] : max_id;
+    }
+    for (uint64_t j = 0; j < breaker_tokens; j++) {
+        max_id = st->breaker_ids[j] > max_id ? st->breaker_ids[j] : max_id;
+    }
+    if (!out_of_order && (size_t)max_id < n) {
+        long history_n = tokenrace_llama_window(st, n, NULL, 0);
+        return history_n < 0 ? -1 : tokenrace_llama_draw_row(st, st->row, n, history_n, st->breaker_ids);
+    }
+    if (!tokenrace_llama_grow((void **)&st->index_of, &st->index_cap, (size_t)max_id + 1, sizeof(int32_t)) ||
+        !tokenrace_llama_grow((void **)&st->breakers_mapped, &st->breakers_mapped_cap, (size_t)breaker_tokens,
+                              sizeof(int32_t))) {
+        return -1;
+    }
+    for (llama_token id = 0; id <= max_id; id++) {
+        st->index_of[id] = -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (d[i].id >= 0) {
+            st->index_of[d[i].id] = (int32_t)i;
+        }
+    }
+    size_t len = n;
+    for (size_t j = 0; j < st->history_len; j++) {
+        if (st->index_of[st->history[j]] < 0) {
+            st->index_of[st->history[j]] = (int32_t)len++;
+        }
+    }
+    for (uint64_t j = 0; j < breaker_tokens; j++) {
+        int32_t *at = &st->index_of[st->breaker_ids[j]];
+        if (*at < 0) {
+            *at = (int32_t)len++;
+        }
+        st->breakers_mapped[j] = *at;
+    }
+    if (!tokenrace_llama_grow((void **)&st->row, &st->row_cap, len, sizeof(float))) {
+        return -1;
+    }
+    for (size_t i = n; i < len; i++) {
+        st->row[i] = -INFINITY;
+    }
+    long history_n = tokenrace_llama_window(st, len, st->index_of, max_id);
+    return history_n < 0 ? -1 : tokenrace_llama_draw_row(st, st->row, len, history_n, st->breakers_mapped);
 }
 
 /* The candidates as a row: their logits copied in the order given (llama.cpp's candidates are
@@ -316,8 +455,13 @@ static inline void tokenrace_llama_apply(struct llama_sampler *smpl, llama_token
         }
         index_of = st->index_of;
     }
-    long history_n = tokenrace_llama_window(st, n, index_of, max_id);
-    int32_t token = history_n < 0 ? -1 : tokenrace_llama_draw_row(st, st->row, n, history_n);
+    int32_t token;
+    if (tokenrace_llama_dry_on(&st->params)) {
+        token = tokenrace_llama_apply_dry(st, d, n, out_of_order != 0);
+    } else {
+        long history_n = tokenrace_llama_window(st, n, index_of, max_id);
+        token = history_n < 0 ? -1 : tokenrace_llama_draw_row(st, st->row, n, history_n, NULL);
+    }
     if (token < 0) {
         /* llama.cpp's samplers have no error path: its own abort on what they cannot do. */
         abort();
@@ -340,6 +484,9 @@ static inline void tokenrace_llama_free_state(struct tokenrace_llama_state *st) 
     free(st->row);
     free(st->mapped);
     free(st->index_of);
+    free(st->breaker_ids);
+    free(st->breaker_offsets);
+    free(st->breakers_mapped);
     free(st);
 }
 
@@ -372,6 +519,25 @@ static inline struct llama_sampler *tokenrace_llama_make(const struct tokenrace_
     if (!st->sampler) {
         free(st);
         return NULL;
+    }
+    size_t breakers = params->dry_breaker_count;
+    if (breakers) {
+        /* The breakers are copied, rebased to start at 0, so the caller's arrays may go. */
+        uint64_t first = params->dry_breaker_offsets[0], tokens = params->dry_breaker_offsets[breakers] - first;
+        st->breaker_ids = (int32_t *)malloc((size_t)tokens * sizeof(int32_t));
+        st->breaker_offsets = (uint64_t *)malloc((breakers + 1) * sizeof(uint64_t));
+        if (!st->breaker_ids || !st->breaker_offsets) {
+            tokenrace_llama_free_state(st);
+            return NULL;
+        }
+        memcpy(st->breaker_ids, params->dry_breaker_ids + first, (size_t)tokens * sizeof(int32_t));
+        for (size_t k = 0; k <= breakers; k++) {
+            st->breaker_offsets[k] = params->dry_breaker_offsets[k] - first;
+        }
+        st->breaker_rows[0] = 0;
+        st->breaker_rows[1] = breakers;
+        st->params.dry_breaker_ids = st->breaker_ids;
+        st->params.dry_breaker_offsets = st->breaker_offsets;
     }
     if (copy_from && copy_from->history_len) {
         if (!tokenrace_llama_grow((void **)&st->history, &st->history_cap, copy_from->history_len, sizeof(int32_t))) {
@@ -410,7 +576,7 @@ static inline llama_token tokenrace_llama_draw_logits(struct llama_sampler *smpl
         return -1;
     }
     long history_n = tokenrace_llama_window(st, (size_t)n_vocab, NULL, 0);
-    return history_n < 0 ? -1 : tokenrace_llama_draw_row(st, logits, (size_t)n_vocab, history_n);
+    return history_n < 0 ? -1 : tokenrace_llama_draw_row(st, logits, (size_t)n_vocab, history_n, st->breaker_ids);
 }
 
 #ifndef TOKENRACE_LLAMA_NO_CONTEXT

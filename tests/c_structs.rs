@@ -640,8 +640,8 @@ fn the_llama_filters_block_follows_the_request_state_at_the_end() {
 /// does, and a forced token out of range is refused naming its row, nothing written.
 #[test]
 fn bad_words_and_forced_tokens_are_read_only_by_callers_whose_struct_reaches_them() {
-    use std::mem::{offset_of, size_of};
-    let (at, whole) = (offset_of!(tokenrace_batch, bad_words_ids), size_of::<tokenrace_batch>());
+    use std::mem::offset_of;
+    let at = offset_of!(tokenrace_batch, bad_words_ids);
     assert_eq!(offset_of!(tokenrace_batch, dynatemp_exponent), 344);
     assert_eq!(at, 352);
     assert_eq!(offset_of!(tokenrace_batch, bad_word_offsets), at + 8);
@@ -649,10 +649,11 @@ fn bad_words_and_forced_tokens_are_read_only_by_callers_whose_struct_reaches_the
     assert_eq!(offset_of!(tokenrace_batch, forced_tokens), at + 24);
     assert_eq!(offset_of!(tokenrace_batch, logprob_token_ids), at + 32);
     assert_eq!(offset_of!(tokenrace_batch, logprob_token_offsets), at + 40);
-    // The caller's order of filter stages (tests/stage_order.rs reads it).
+    // The caller's order of filter stages (tests/stage_order.rs reads it), then llama.cpp's DRY.
     assert_eq!(offset_of!(tokenrace_batch, order), at + 48);
     assert_eq!(offset_of!(tokenrace_batch, order_len), at + 56);
-    assert_eq!(whole, at + 64);
+    assert_eq!(offset_of!(tokenrace_batch, dry_multiplier), at + 64);
+    let whole = at + 48;
     let mut f = Fixture::new();
     for (i, v) in f.logits.iter_mut().enumerate() {
         *v = match i % 1000 {
@@ -722,4 +723,66 @@ fn logprobs_of_given_ids_are_written_only_where_the_output_reaches_them() {
     // Logits i % 7 over both rows: row 0's token 6 (and every 7th) holds the maximum 6, 142
     // tokens of it; token 3 is below; row 1's token 999 holds 4.
     assert!(lps[0] < lps[1] && lps[2] < lps[1] && ranks[1] == 142 && ranks[0] > 142, "{lps:?} {ranks:?}");
+}
+
+/// llama.cpp's DRY is one block at the end, after the parity fields: a caller whose
+/// `struct_size` ends before it penalises nothing; one that reaches it does, and a bad breaker is
+/// refused naming its row, breaker and position, nothing written.
+#[test]
+fn dry_is_read_only_by_callers_whose_struct_reaches_it() {
+    use std::mem::{offset_of, size_of};
+    let at = offset_of!(tokenrace_batch, dry_multiplier);
+    assert_eq!(at, 416);
+    for (i, field) in [
+        offset_of!(tokenrace_batch, dry_base),
+        offset_of!(tokenrace_batch, dry_allowed_length),
+        offset_of!(tokenrace_batch, dry_penalty_last_n),
+        offset_of!(tokenrace_batch, dry_breaker_ids),
+        offset_of!(tokenrace_batch, dry_breaker_offsets),
+        offset_of!(tokenrace_batch, dry_breakers_row_offsets),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        assert_eq!(field, at + 8 * (i + 1));
+    }
+    assert_eq!(size_of::<tokenrace_batch>(), at + 56);
+    let mut f = Fixture::new();
+    for (i, v) in f.logits.iter_mut().enumerate() {
+        // Tokens 1 and 2 of each row lead: 1 by a little.
+        *v = match i % 1000 {
+            1 => 5.0,
+            2 => 4.5,
+            _ => 0.0,
+        };
+    }
+    let temperature = [0.0f32; 2];
+    // Both rows' histories are "3 1 3 1 3": a 1 next would extend the repeat of "3 1 3" (3
+    // tokens, one past the default allowed length 2), so it loses 1.0 * 1.75^1 and 2 leads. Row
+    // 1's breaker 3 ends the history: no repeat spans it, nothing is penalised.
+    let (output_ids, output_offsets) = ([3i32, 1, 3, 1, 3, 3, 1, 3, 1, 3], [0u64, 5, 10]);
+    let multiplier = [1.0f32; 2];
+    let mut greedy = |size: usize, breaker_ids: [i32; 1]| {
+        let (breaker_offsets, row_offsets) = ([0u64, 1], [0u64, 0, 1]);
+        let (mut b, mut o) = f.args();
+        b.struct_size = size as u32;
+        b.temperature = temperature.as_ptr();
+        b.output_ids = output_ids.as_ptr();
+        b.output_offsets = output_offsets.as_ptr();
+        b.dry_multiplier = multiplier.as_ptr();
+        b.dry_breaker_ids = breaker_ids.as_ptr();
+        b.dry_breaker_offsets = breaker_offsets.as_ptr();
+        b.dry_breakers_row_offsets = row_offsets.as_ptr();
+        f.tokens = [-1; 2];
+        (f.draw(&b, &mut o), f.tokens)
+    };
+    let whole = size_of::<tokenrace_batch>();
+    assert_eq!(greedy(whole, [3]), (tokenrace_status::Ok, [2, 1]), "{}", last_error());
+    assert_eq!(greedy(at, [3]), (tokenrace_status::Ok, [1, 1]), "a caller before DRY");
+    assert_eq!(greedy(whole, [1000]), (tokenrace_status::InvalidArgument, [-1, -1]));
+    assert!(
+        last_error().contains("batch.dry_breaker_ids[1]: word 0 position 0 (entry 0): 1000 is not a token id"),
+        "{}",
+        last_error()
+    );
 }

@@ -487,7 +487,7 @@ fn c_order_ids_are_checked_and_null_is_the_configured_order() {
     use tokenrace::internals::types::*;
     assert_eq!(offset_of!(tokenrace_batch, order), 400);
     assert_eq!(offset_of!(tokenrace_batch, order_len), 408);
-    assert_eq!(size_of::<tokenrace_batch>(), 416);
+    assert_eq!(offset_of!(tokenrace_batch, dry_multiplier), 416);
     for (c, s) in [
         (tokenrace_stage::TopK, TopK),
         (tokenrace_stage::TopP, TopP),

@@ -991,6 +991,13 @@ fn run(data: &[u8]) -> Result<()> {
         order: std::ptr::null(),
         order_len: 0,
         logprob_token_offsets: std::ptr::null(),
+        dry_multiplier: std::ptr::null(),
+        dry_base: std::ptr::null(),
+        dry_allowed_length: std::ptr::null(),
+        dry_penalty_last_n: std::ptr::null(),
+        dry_breaker_ids: std::ptr::null(),
+        dry_breaker_offsets: std::ptr::null(),
+        dry_breakers_row_offsets: std::ptr::null(),
     };
     // Every 8-byte field boundary from the first version on is a valid size.
     let sizes: Vec<usize> = (BATCH_V1..=BATCH_SIZE).step_by(8).collect();

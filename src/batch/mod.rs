@@ -181,6 +181,18 @@ pub struct Batch<'a> {
     /// Per-row token ids whose logprobs (and ranks) the call reports in
     /// `Output::token_logprobs` / `Output::token_ranks`, one entry per id.
     pub logprob_token_ids: Option<TokenLists<'a>>,
+    /// Per-row DRY multiplier >= 0 (llama.cpp's `dry_multiplier`); 0 is off.
+    pub dry_multiplier: Option<&'a [f32]>,
+    /// Per-row DRY base, finite; below 1 turns DRY off for the row. `None` is 1.75.
+    pub dry_base: Option<&'a [f32]>,
+    /// Per-row DRY allowed length >= 0: repeats this long go unpenalised. `None` is 2.
+    pub dry_allowed_length: Option<&'a [i32]>,
+    /// Per-row DRY window: the last n tokens of (prompt ++ output); 0 is off, -1 (and `None`)
+    /// every token.
+    pub dry_penalty_last_n: Option<&'a [i32]>,
+    /// The DRY sequence breakers of each row, each a token sequence (the head, then its tail):
+    /// no repeat that DRY counts spans one.
+    pub dry_breakers: Option<BadWords<'a>>,
 }
 
 /// Per-row lists of words, each a sequence of token ids (two-level CSR): word `k` is
@@ -309,6 +321,11 @@ impl<'a> Batch<'a> {
             bad_words: None,
             forced_tokens: None,
             logprob_token_ids: None,
+            dry_multiplier: None,
+            dry_base: None,
+            dry_allowed_length: None,
+            dry_penalty_last_n: None,
+            dry_breakers: None,
         }
     }
 
@@ -324,6 +341,7 @@ impl<'a> Batch<'a> {
             || self.token_bitmask.is_some()
             || (self.min_tokens.is_some() && self.stop_tokens.is_some())
             || self.bad_words.is_some()
+            || self.dry_multiplier.is_some()
     }
 
     /// The token row `r` (of a validated batch) is forced to return, if any.

@@ -252,6 +252,26 @@ fn validate_range_outputs(batch: &Batch, out: &Output) -> Result<()> {
     Ok(())
 }
 
+/// Checks DRY's inputs: a multiplier finite and >= 0 (DRY only lowers values), a finite base,
+/// an allowed length >= 0, a window >= -1 and the sequence breakers.
+fn validate_dry(k: &Kernels, batch: &Batch, ids: Ids) -> Result<()> {
+    let rows = batch.rows;
+    check_each("dry_multiplier", batch.dry_multiplier, rows, |m: f32| {
+        (!(m.is_finite() && m >= 0.0)).then(|| format!("{m} is not a finite number >= 0"))
+    })?;
+    check_each("dry_base", batch.dry_base, rows, |b: f32| (!b.is_finite()).then(|| format!("{b} is not finite")))?;
+    check_each("dry_allowed_length", batch.dry_allowed_length, rows, |n: i32| {
+        (n < 0).then(|| format!("{n} is negative"))
+    })?;
+    check_each("dry_penalty_last_n", batch.dry_penalty_last_n, rows, |n: i32| {
+        (n < -1).then(|| format!("{n} is below -1 (-1 counts the whole history, 0 turns DRY off)"))
+    })?;
+    if let Some(w) = batch.dry_breakers {
+        check_words(k, w, (rows, batch.vocab, ids), DRY_BREAKERS)?;
+    }
+    Ok(())
+}
+
 /// Checks the inputs of the sampling step before the filters (histories, penalties, bias,
 /// allowed and banned lists, bitmask) and the full-vocabulary output.
 fn validate_step(k: &Kernels, batch: &Batch, out: &Output, ids: Ids) -> Result<()> {
@@ -281,6 +301,7 @@ fn validate_step(k: &Kernels, batch: &Batch, out: &Output, ids: Ids) -> Result<(
     if let Some(w) = batch.bad_words {
         check_bad_words(k, w, rows, vocab, ids)?;
     }
+    validate_dry(k, batch, ids)?;
     check_each("forced_tokens", batch.forced_tokens, rows, |t: i32| {
         (t < -1 || t as i64 >= vocab as i64)
             .then(|| format!("{t} is not a token id in [0, {vocab}) nor -1 (not forced)"))
@@ -403,28 +424,42 @@ fn token_lists<'a>(batch: &Batch<'a>) -> [(Option<TokenLists<'a>>, &'static str,
 /// (each word at least one token: a word bans its last token), and, with [`Ids::Here`], every
 /// id (named by its row, word and position).
 fn check_bad_words(k: &Kernels, w: BadWords, rows: usize, vocab: usize, ids: Ids) -> Result<()> {
+    check_words(k, w, (rows, vocab, ids), BAD_WORDS)
+}
+
+/// The fields of a two-level list of words, as errors name them: (ids, word offsets, row
+/// offsets, what a word is).
+type WordFields = (&'static str, &'static str, &'static str, &'static str);
+const BAD_WORDS: WordFields = ("bad_words_ids", "bad_word_offsets", "bad_words_row_offsets", "bad word");
+const DRY_BREAKERS: WordFields =
+    ("dry_breaker_ids", "dry_breaker_offsets", "dry_breakers_row_offsets", "DRY sequence breaker");
+
+/// Checks a two-level list of words (`names` its fields): the rows' offsets into the words, the
+/// words' offsets into the ids (each word at least one token), and, with [`Ids::Here`], every id
+/// (named by its row, word and position).
+fn check_words(k: &Kernels, w: BadWords, (rows, vocab, ids): (usize, usize, Ids), names: WordFields) -> Result<()> {
     let words = w.word_offsets.len().saturating_sub(1);
-    check_offsets(words, w.row_offsets, rows, "bad_words_row_offsets")?;
+    check_offsets(words, w.row_offsets, rows, names.2)?;
     let words = w.row_offsets[rows] as usize;
-    check_offsets(w.ids.len(), w.word_offsets, words, "bad_word_offsets")?;
+    check_offsets(w.ids.len(), w.word_offsets, words, names.1)?;
     for r in 0..rows {
         for j in w.row_offsets[r] as usize..w.row_offsets[r + 1] as usize {
             if w.word_offsets[j] == w.word_offsets[j + 1] {
-                bail_batch!("bad_word_offsets", Some(r), "word {j} is empty (a bad word holds at least one token)");
+                bail_batch!(names.1, Some(r), "word {j} is empty (a {} holds at least one token)", names.3);
             }
         }
     }
     if ids == Ids::Here {
         for r in 0..rows {
-            bad_word_ids_in_range(k, w, r, vocab)?;
+            word_ids_in_range(k, w, r, vocab, names)?;
         }
     }
     Ok(())
 }
 
-/// Checks that the ids of row `r`'s bad words (offsets checked) lie in `[0, vocab)`, naming the
+/// Checks that the ids of row `r`'s words (offsets checked) lie in `[0, vocab)`, naming the
 /// word and the position of the first that does not.
-fn bad_word_ids_in_range(k: &Kernels, w: BadWords, r: usize, vocab: usize) -> Result<()> {
+fn word_ids_in_range(k: &Kernels, w: BadWords, r: usize, vocab: usize, names: WordFields) -> Result<()> {
     let (first, last) = (w.row_offsets[r] as usize, w.row_offsets[r + 1] as usize);
     let (a, b) = (w.word_offsets[first] as usize, w.word_offsets[last] as usize);
     // SAFETY: `k` is the table of a supported level; vocab < 2^31 was checked first.
@@ -436,7 +471,7 @@ fn bad_word_ids_in_range(k: &Kernels, w: BadWords, r: usize, vocab: usize) -> Re
         for (p, &id) in w.ids[start..w.word_offsets[j + 1] as usize].iter().enumerate() {
             if id < 0 || id as usize >= vocab {
                 bail_batch!(
-                    "bad_words_ids",
+                    names.0,
                     Some(r),
                     "word {} position {p} (entry {}): {id} is not a token id in [0, {vocab})",
                     j - first,
@@ -498,7 +533,10 @@ pub(crate) fn row_ids_in_range(k: &Kernels, batch: &Batch, r: usize) -> Result<(
         }
     }
     if let Some(w) = batch.bad_words {
-        bad_word_ids_in_range(k, w, r, batch.vocab)?;
+        word_ids_in_range(k, w, r, batch.vocab, BAD_WORDS)?;
+    }
+    if let Some(w) = batch.dry_breakers {
+        word_ids_in_range(k, w, r, batch.vocab, DRY_BREAKERS)?;
     }
     Ok(())
 }

@@ -85,6 +85,11 @@ unsafe fn batch_from_c<'a>(b: &tokenrace_batch, state: Option<&'a Requests>) -> 
             lists(rows, ("logprob_token_ids", b.logprob_token_ids), ("logprob_token_offsets", b.logprob_token_offsets))?
         },
         order: unsafe { stage_order(b)? },
+        dry_multiplier: unsafe { opt_slice(Owner::Batch, "dry_multiplier", b.dry_multiplier, rows)? },
+        dry_base: unsafe { opt_slice(Owner::Batch, "dry_base", b.dry_base, rows)? },
+        dry_allowed_length: unsafe { opt_slice(Owner::Batch, "dry_allowed_length", b.dry_allowed_length, rows)? },
+        dry_penalty_last_n: unsafe { opt_slice(Owner::Batch, "dry_penalty_last_n", b.dry_penalty_last_n, rows)? },
+        dry_breakers: unsafe { words(b, rows, DRY_BREAKER_FIELDS)? },
     })
 }
 
@@ -141,23 +146,39 @@ unsafe fn request_rows<'a>(
 /// # Safety
 /// Non-NULL pointers cover those counts.
 unsafe fn bad_words<'a>(b: &tokenrace_batch, rows: usize) -> Result<Option<BadWords<'a>>> {
+    // SAFETY: the caller's contract.
+    unsafe { words(b, rows, BAD_WORD_FIELDS) }
+}
+
+/// A two-level list of words in a batch: its three pointers and their names.
+type WordPointers =
+    (fn(&tokenrace_batch) -> (*const i32, *const u64, *const u64), (&'static str, &'static str, &'static str));
+const BAD_WORD_FIELDS: WordPointers = (
+    |b| (b.bad_words_ids, b.bad_word_offsets, b.bad_words_row_offsets),
+    ("bad_words_ids", "bad_word_offsets", "bad_words_row_offsets"),
+);
+const DRY_BREAKER_FIELDS: WordPointers = (
+    |b| (b.dry_breaker_ids, b.dry_breaker_offsets, b.dry_breakers_row_offsets),
+    ("dry_breaker_ids", "dry_breaker_offsets", "dry_breakers_row_offsets"),
+);
+
+/// The two-level list of words that `fields` names (NULL row offsets: none).
+///
+/// # Safety
+/// Non-NULL pointers cover what their offsets say.
+unsafe fn words<'a>(b: &tokenrace_batch, rows: usize, fields: WordPointers) -> Result<Option<BadWords<'a>>> {
+    let ((ids_ptr, word_ptr, row_ptr), (ids_name, word_name, row_name)) = ((fields.0)(b), fields.1);
     // SAFETY: the caller's contract (a word offset is 8 bytes).
-    let Some((row_offsets, words)) =
-        (unsafe { offsets(rows, "bad_words_row_offsets", b.bad_words_row_offsets, size_of::<u64>())? })
-    else {
-        let given =
-            [("bad_words_ids", !b.bad_words_ids.is_null()), ("bad_word_offsets", !b.bad_word_offsets.is_null())];
-        needs_offsets(&given, "bad_words_row_offsets")?;
+    let Some((row_offsets, words)) = (unsafe { offsets(rows, row_name, row_ptr, size_of::<u64>())? }) else {
+        needs_offsets(&[(ids_name, !ids_ptr.is_null()), (word_name, !word_ptr.is_null())], row_name)?;
         return Ok(None);
     };
     // SAFETY: as above.
-    let Some((word_offsets, len)) =
-        (unsafe { offsets(words, "bad_word_offsets", b.bad_word_offsets, size_of::<i32>())? })
-    else {
-        return Err(Error::arg(Owner::Batch, "bad_word_offsets", None, "is NULL while bad_words_row_offsets is given"));
+    let Some((word_offsets, len)) = (unsafe { offsets(words, word_name, word_ptr, size_of::<i32>())? }) else {
+        return Err(Error::arg(Owner::Batch, word_name, None, format!("is NULL while {row_name} is given")));
     };
     // SAFETY: as above.
-    let ids = unsafe { slice(Owner::Batch, "bad_words_ids", b.bad_words_ids, len)? };
+    let ids = unsafe { slice(Owner::Batch, ids_name, ids_ptr, len)? };
     Ok(Some(BadWords { ids, word_offsets, row_offsets }))
 }
 
@@ -322,7 +343,7 @@ unsafe fn output_from_c<'a>(o: &tokenrace_output, b: &Batch) -> Result<(Output<'
 }
 
 /// The arrays a draw reads, for the check that no output shares memory with them.
-fn input_regions(b: &Batch) -> [Option<Region>; 44] {
+fn input_regions(b: &Batch) -> [Option<Region>; 51] {
     let (prompt, output, allowed, banned) = (b.prompt_tokens, b.output_tokens, b.allowed_tokens, b.banned_tokens);
     [
         Some(Region::logits(b.logits)),
@@ -369,6 +390,13 @@ fn input_regions(b: &Batch) -> [Option<Region>; 44] {
         Region::input("forced_tokens", b.forced_tokens),
         Region::input("logprob_token_ids", b.logprob_token_ids.map(|l| l.ids)),
         Region::input("logprob_token_offsets", b.logprob_token_ids.map(|l| l.offsets)),
+        Region::input("dry_multiplier", b.dry_multiplier),
+        Region::input("dry_base", b.dry_base),
+        Region::input("dry_allowed_length", b.dry_allowed_length),
+        Region::input("dry_penalty_last_n", b.dry_penalty_last_n),
+        Region::input("dry_breaker_ids", b.dry_breakers.map(|w| w.ids)),
+        Region::input("dry_breaker_offsets", b.dry_breakers.map(|w| w.word_offsets)),
+        Region::input("dry_breakers_row_offsets", b.dry_breakers.map(|w| w.row_offsets)),
     ]
 }
 

@@ -148,6 +148,8 @@ pub enum tokenrace_filter_order {
 }
 
 /// A stage of `tokenrace_batch.order` (ids 8 and 9 are kept for DRY and mirostat).
+// For the header only: `order` is read as u32 ids and matched to `filter::chain::Stage`.
+#[allow(dead_code)]
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum tokenrace_stage {
@@ -400,6 +402,30 @@ pub struct tokenrace_batch {
     pub order: *const u32,
     /// The number of ids in `order` (1 to 16).
     pub order_len: u64,
+    // Added after 0.2.0: llama.cpp's DRY; a caller whose struct_size ends before it gets NULL.
+    /// Per-row DRY multiplier, finite and >= 0 (NULL: DRY off); 0 turns DRY off for the row. A
+    /// token that would extend a sequence the row's history repeats (n >= dry_allowed_length
+    /// tokens) loses `multiplier * base^(n - dry_allowed_length)` from its value, after every
+    /// other penalty (llama.cpp's `dry_multiplier`; the exact rule is in docs/semantics.md).
+    pub dry_multiplier: *const f32,
+    /// Per-row DRY base, finite (NULL: 1.75); below 1 turns DRY off for the row.
+    pub dry_base: *const f32,
+    /// Per-row DRY allowed length >= 0 (NULL: 2): repeats up to this long are not penalised.
+    pub dry_allowed_length: *const i32,
+    /// Per-row DRY window (NULL: -1): DRY reads the last n tokens of the row's prompt ++
+    /// output; -1 reads them all, 0 turns DRY off for the row.
+    pub dry_penalty_last_n: *const i32,
+    /// The tokens of every row's DRY sequence breakers, one breaker after the other (ids in [0,
+    /// vocab); NULL: none). A breaker is a head token and its tail: no repeat DRY counts spans
+    /// one, and the head of a one-token breaker is never penalised (llama.cpp's
+    /// `dry_sequence_breakers`, as token ids).
+    pub dry_breaker_ids: *const i32,
+    /// Breaker k is `dry_breaker_ids[dry_breaker_offsets[k]..dry_breaker_offsets[k + 1]]`, at
+    /// least one token: `dry_breakers_row_offsets[rows] + 1` non-decreasing entries.
+    pub dry_breaker_offsets: *const u64,
+    /// Row r's breakers are breakers `dry_breakers_row_offsets[r]..dry_breakers_row_offsets[r +
+    /// 1]`: rows + 1 non-decreasing entries.
+    pub dry_breakers_row_offsets: *const u64,
 }
 
 /// Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No

@@ -24,6 +24,7 @@ pub(crate) fn row_has_step(batch: &Batch, r: usize) -> bool {
         || batch.logit_bias.is_some_and(|b| !b.row(r).0.is_empty())
         || !prompt.is_empty()
         || !output.is_empty()
+        || super::dry::dry_on(batch, r)
 }
 
 /// Whether row `r` may only draw from its allowed list.
@@ -177,7 +178,10 @@ fn touch_lists(k: &Kernels, batch: &Batch, r: usize, e: &mut RowStep, defer: boo
     let p = e.penalties;
     let (bias_ids, bias_values) = batch.logit_bias.map_or((&[][..], &[][..]), |b| b.row(r));
     let (prompt, output) = histories(batch, r, p);
-    if bias_ids.is_empty() && prompt.is_empty() && output.is_empty() {
+    // DRY's tokens are listed as the bias's are: a value of their own, computed once.
+    let mut dry = Vec::new();
+    super::dry::penalties(batch, r, &mut dry)?;
+    if bias_ids.is_empty() && prompt.is_empty() && output.is_empty() && dry.is_empty() {
         return Ok(());
     }
     let words = e.keep().len();
@@ -193,7 +197,9 @@ fn touch_lists(k: &Kernels, batch: &Batch, r: usize, e: &mut RowStep, defer: boo
     }
     // Every allocation first: a failure after a bit is set would hand the thread's next row
     // bitsets that are not all zero (`Drop` clears them only for a row that touched tokens).
-    e.listed = Listed::with_room(bias_ids.len(), std::mem::take(&mut e.listed.slots))?;
+    e.listed = Listed::with_room(bias_ids.len() + dry.len(), std::mem::take(&mut e.listed.slots))?;
+    e.dry_ids.clear();
+    alloc::reserve(&mut e.dry_ids, dry.len(), "the row's DRY tokens")?;
     if p.counts() {
         let len = (words * 32).max(e.counts.len());
         alloc::resize(&mut e.counts, len, 0, "the row's output counts")?;
@@ -204,7 +210,7 @@ fn touch_lists(k: &Kernels, batch: &Batch, r: usize, e: &mut RowStep, defer: boo
         e.mask.clear();
         alloc::reserve(&mut e.mask, words, "the row's token mask")?;
     }
-    let most = prompt.len() + output.len() + bias_ids.len();
+    let most = prompt.len() + output.len() + bias_ids.len() + dry.len();
     e.overrides.clear();
     e.ids.clear();
     alloc::reserve(&mut e.ids, most + 4, "the row's touched tokens")?;
@@ -234,6 +240,14 @@ fn touch_lists(k: &Kernels, batch: &Batch, r: usize, e: &mut RowStep, defer: boo
             e.raised.push(id as u32);
         }
     }
+    // (DRY only lowers a value: none of its tokens is raised.)
+    for &(id, penalty) in &dry {
+        if kept(id as usize) {
+            set(&mut e.listed_bits, id as usize);
+            e.listed.entry(id).dry = penalty;
+            e.dry_ids.push(id);
+        }
+    }
     if defer {
         // (`build` defers long histories alone: not `sparse`.)
         (e.deferred, e.touched, e.dense) = (true, most, false);
@@ -250,7 +264,7 @@ pub(super) fn mark_histories(k: &Kernels, batch: &Batch, r: usize, e: &mut RowSt
     let (prompt, output, set_of) = histories_of(batch, r, p);
     let bias_ids = batch.logit_bias.map_or(&[][..], |b| b.row(r).0);
     let words = e.keep.len();
-    let most = prompt.len() + output.len() + bias_ids.len();
+    let most = prompt.len() + output.len() + bias_ids.len() + e.dry_ids.len();
     // The histories' bits are set whatever the mask says, and cleared where it bans in the pass
     // over the words below (a masked token is not touched): one load and one store a token,
     // no branch, and no bounds check (two compares a token of a 4096-token prompt).
@@ -305,7 +319,9 @@ pub(super) fn mark_histories(k: &Kernels, batch: &Batch, r: usize, e: &mut RowSt
         let n = batch.vocab;
         let last = if n.is_multiple_of(32) { u32::MAX } else { (1u32 << (n % 32)) - 1 };
         let all = |w: usize| if w == words - 1 { last } else { u32::MAX };
+        let dry_ids = std::mem::take(&mut e.dry_ids);
         let named = prompt.iter().chain(output).chain(bias_ids).map(|&id| id as usize / 32);
+        let named = named.chain(dry_ids.iter().map(|&id| id as usize / 32));
         let (mut any, mut seen_words) = (0, 0);
         for w in named {
             let k = if e.masked { e.mask[w] } else { all(w) };
@@ -316,6 +332,7 @@ pub(super) fn mark_histories(k: &Kernels, batch: &Batch, r: usize, e: &mut RowSt
             e.words.push(w as u32);
             seen_words += (s != 0) as usize;
         }
+        e.dry_ids = dry_ids;
         (any != 0, seen_words)
     } else {
         if e.masked {

@@ -19,6 +19,8 @@ pub(super) struct Slot {
     pub bias: f32,
     pub has_bias: bool,
     pub banned: bool,
+    /// DRY's penalty (0: none), subtracted after every other penalty.
+    pub dry: f32,
 }
 
 impl Slot {
@@ -34,7 +36,7 @@ impl Listed {
     /// A table with room for `names` tokens, in `slots` (reused storage).
     pub fn with_room(names: usize, mut slots: Vec<Slot>) -> Result<Listed> {
         let len = (2 * names).next_power_of_two().max(16);
-        let free = Slot { id: Slot::FREE, bias: 0.0, has_bias: false, banned: false };
+        let free = Slot { id: Slot::FREE, bias: 0.0, has_bias: false, banned: false, dry: 0.0 };
         slots.clear();
         alloc::resize(&mut slots, len, free, "the row's listed tokens")?;
         Ok(Listed { slots, shift: 32 - len.trailing_zeros() })

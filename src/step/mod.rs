@@ -23,6 +23,7 @@
 
 mod build;
 mod deferred;
+mod dry;
 mod listed;
 mod penalties;
 mod processed;
@@ -98,6 +99,9 @@ pub(crate) struct RowStep<'a> {
     /// the pass went over every word.
     words: Vec<u32>,
     penalties: Penalties,
+    /// The kept tokens that DRY penalises (listed in the table with their penalty): the sparse
+    /// pass works out their words as it does the bias's.
+    dry_ids: Vec<u32>,
     /// (token, value) of the touched tokens that can still be drawn (their value is neither
     /// -inf nor NaN), in no particular order (whoever reads them takes the lowest token of a
     /// tie); made by [`RowStep::resolve`] or [`RowStep::scan`].

@@ -14,6 +14,8 @@ pub(super) struct Touched {
     /// A -inf bias bans the token.
     pub banned: bool,
     pub bias: f32,
+    /// DRY's penalty (0 when it has none).
+    pub dry: f32,
 }
 
 /// The penalties of one row (defaults: off).
@@ -62,7 +64,8 @@ impl Penalties {
 /// The value of a token of logit `x` that the lists touched, in f32 as vLLM computes it: the
 /// bias (a -inf bias bans, even a +inf logit), then the repetition penalty (`y > 0 ? y / r :
 /// y * r`) for a token of the prompt or the output, then `y - f * count` and `y - p` for a token
-/// of the output (two subtractions, as vLLM's two in-place ones).
+/// of the output (two subtractions, as vLLM's two in-place ones), then `y - dry` (DRY's
+/// penalty, 0 for a token it does not penalise).
 #[inline(always)]
 pub(super) fn processed_value(x: f32, t: &Touched, p: Penalties) -> f32 {
     if t.banned {
@@ -79,7 +82,9 @@ pub(super) fn processed_value(x: f32, t: &Touched, p: Penalties) -> f32 {
         y -= p.frequency * t.count as f32;
         y -= p.presence;
     }
-    y
+    // llama.cpp's DRY comes after its penalties: one more subtraction (of 0 for most tokens,
+    // which changes no value).
+    y - t.dry
 }
 
 /// `y > 0 ? y / r : y * r` (vLLM's repetition penalty), without a branch on the sign: the sign

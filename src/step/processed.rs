@@ -138,7 +138,7 @@ impl RowStep<'_> {
         let mut info = Touched { seen, count, ..Touched::default() };
         if self.listed_bits[t / 32] >> (t % 32) & 1 != 0 {
             let s = &self.listed.slots[self.listed.find(t as u32)];
-            (info.bias, info.has_bias, info.banned) = (s.bias, s.has_bias, s.banned);
+            (info.bias, info.has_bias, info.banned, info.dry) = (s.bias, s.has_bias, s.banned, s.dry);
         }
         processed_value(x, &info, self.penalties)
     }

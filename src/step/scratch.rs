@@ -86,6 +86,7 @@ impl<'a> RowStep<'a> {
             vals: scratch.vals,
             words: scratch.words,
             penalties,
+            dry_ids: Vec::new(),
             overrides: scratch.overrides,
         }
     }

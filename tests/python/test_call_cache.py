@@ -137,7 +137,8 @@ def test_the_packed_layouts_set_every_field_of_the_ctypes_structs(tokenrace):
                                      (_call.REQUESTS_LAYOUT, _call.REQUESTS_OFFSET, "requests"),
                                      (_call.LLAMA_LAYOUT, _call.LLAMA_OFFSET, _ffi.BATCH_LLAMA_FIRST),
                                      (_call.PARITY_LAYOUT, _call.PARITY_OFFSET, _ffi.BATCH_PARITY_FIRST),
-                                     (_call.ORDER_LAYOUT, _call.ORDER_OFFSET, _ffi.BATCH_ORDER_FIRST))),
+                                     (_call.ORDER_LAYOUT, _call.ORDER_OFFSET, _ffi.BATCH_ORDER_FIRST),
+                                     (_call.DRY_LAYOUT, _call.DRY_OFFSET, _ffi.BATCH_DRY_FIRST))),
              (_ffi.tokenrace_output, ((_call.OUTPUT_LAYOUT, 0, "struct_size"),
                                       (_call.FULL_LAYOUT, _call.FULL_OFFSET, _ffi.OUTPUT_FULL_FIRST),
                                       (_call.GIVEN_LAYOUT, _call.GIVEN_OFFSET, _ffi.OUTPUT_GIVEN_FIRST))))
@@ -203,15 +204,22 @@ def test_a_call_without_the_sampling_step_clears_what_the_last_one_set(tokenrace
     # The same for the parity block (bad words, forced tokens), packed apart.
     forced = s.draw(x, temperature=0, forced_tokens=[int(t + 1) % 64 for t in plain])
     assert (forced != plain).all() and state.parity_packed
-    parity = slice(_call.PARITY_OFFSET, _call.PARITY_OFFSET + _call.PARITY_LAYOUT.size)
+    parity = slice(_call.PARITY_OFFSET, _call.ORDER_OFFSET)
     assert bytes(state.batch)[parity] != bytes(_call.PARITY_LAYOUT.size)
     np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
     assert not state.parity_packed and bytes(state.batch)[parity] == bytes(_call.PARITY_LAYOUT.size)
     # The same for the order of the filter stages, packed apart.
     s.draw(x, temperature=0.5, top_p=0.9, order=("top_p", "temperature"))
-    assert state.order_packed and bytes(state.batch)[_call.ORDER_OFFSET:] != bytes(_call.ORDER_LAYOUT.size)
+    assert state.order_packed and bytes(state.batch)[_call.ORDER_OFFSET:_call.DRY_OFFSET] != bytes(_call.ORDER_LAYOUT.size)
     np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
-    assert not state.order_packed and bytes(state.batch)[_call.ORDER_OFFSET:] == bytes(_call.ORDER_LAYOUT.size)
+    assert not state.order_packed and bytes(state.batch)[_call.ORDER_OFFSET:_call.DRY_OFFSET] == bytes(_call.ORDER_LAYOUT.size)
+    # The same for DRY's block: a history "t+1 t t+1" makes the greedy token t extend a repeat.
+    history = [[int(t + 1) % 64, int(t), int(t + 1) % 64] for t in plain]
+    dried = s.draw(x, temperature=0, output_tokens=history, dry_multiplier=1e30, dry_allowed_length=1)
+    assert (dried != plain).all() and state.dry_packed
+    assert bytes(state.batch)[_call.DRY_OFFSET:] != bytes(_call.DRY_LAYOUT.size)
+    np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
+    assert not state.dry_packed and bytes(state.batch)[_call.DRY_OFFSET:] == bytes(_call.DRY_LAYOUT.size)
     r = s.draw_full(x, temperature=0, full_logprobs="raw")
     assert r.full_logprobs.shape == (3, 64) and state.full_packed
     r = s.draw_full(x, temperature=0)

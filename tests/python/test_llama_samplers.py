@@ -206,3 +206,133 @@ def test_bad_dynamic_temperature_names_the_row(tokenrace, kw, where):
     with pytest.raises(ValueError, match=where):
         s.draw(np.zeros((2, 10), np.float32), **kw)
     assert s.stats()["calls"] == 0
+
+
+def dry_penalties(h, multiplier, base=1.75, allowed_length=2, last_n=-1, breakers=()):
+    """llama.cpp's DRY by brute force, in float64 but for the penalty's rounding to float32:
+    {token: penalty} for history ``h`` (prompt then output)."""
+    if multiplier == 0 or base < 1 or last_n == 0:
+        return {}
+    w = list(h) if last_n < 0 else list(h)[max(0, len(h) - last_n):]
+    n = len(w)
+    if n <= allowed_length:
+        return {}
+    limit = n
+    for head in range(n - 1, -1, -1):
+        tails = [len(b) - 1 for b in breakers
+                 if b[0] == w[head] and head + len(b) - 1 < n and list(b[1:]) == w[head + 1:head + len(b)]]
+        if tails:
+            limit = n - 1 - head - max(tails)
+            break
+    if limit < allowed_length:
+        return {}
+    best = {}
+    for i in range(n - 1):
+        s = 0
+        while s <= i and w[i - s] == w[n - 1 - s]:
+            s += 1
+        s = min(s, limit)
+        if s >= allowed_length:
+            best[w[i + 1]] = max(best.get(w[i + 1], 0), s)
+    single = {b[0] for b in breakers if len(b) == 1}
+    most = int(np.float32(88.7228391) / np.log(np.float32(base))) if base > 1.000001 else 0
+    out = {}
+    for t, s in best.items():
+        if t not in single:
+            e = s - allowed_length
+            e = min(e, most) if most > 0 else e
+            out[t] = float(np.float32(multiplier * float(base) ** e))
+    return out
+
+
+@pytest.mark.parametrize("probs,history,expected,kw", [
+    # llama.cpp's test_dry cases (tests/test-sampling.cpp).
+    ([0.25] * 4, [0, 1], [0.25] * 4, dict(dry_multiplier=1.0, dry_base=1.1, dry_allowed_length=2,
+                                          dry_penalty_last_n=4)),
+    ([0.25] * 4, [0, 1, 2, 0, 1], [0.296923, 0.296923, 0.109232, 0.296923],
+     dict(dry_multiplier=1.0, dry_base=1.1, dry_allowed_length=2, dry_penalty_last_n=5)),
+    ([0.2] * 5, [0, 1, 3, 4, 0, 1], [0.2] * 5,
+     dict(dry_multiplier=1.0, dry_base=1.1, dry_allowed_length=2, dry_penalty_last_n=6,
+          dry_sequence_breakers=[[[3]]])),
+    ([0.2] * 5, [0, 1, 2, 0, 1], [0.241818, 0.241818, 0.032727, 0.241818, 0.241818],
+     dict(dry_multiplier=2.0, dry_base=1.1, dry_allowed_length=2, dry_penalty_last_n=5)),
+    ([0.2] * 5, [0, 1, 2, 3, 4, 0, 1], [0.2] * 5,
+     dict(dry_multiplier=1.0, dry_base=1.1, dry_allowed_length=4, dry_penalty_last_n=7)),
+])
+def test_dry_llama_cpp_tables(tokenrace, probs, history, expected, kw):
+    x = np.log(np.array(probs, np.float32))[None, :]
+    s = tokenrace.Sampler(len(probs), seed=1)
+    r = s.draw_full(x, output_tokens=[history], full_logprobs="processed", **kw)
+    np.testing.assert_allclose(np.exp(r.full_logprobs[0]), expected, atol=1e-5)
+
+
+def test_dry_matches_the_reference_and_its_frequencies_reject_a_wrong_rule(tokenrace, rng):
+    vocab = 8
+    x = np.linspace(0.5, -0.2, vocab).astype(np.float32)
+    prompt, output = [0, 1, 2, 3, 7], [6, 4, 1, 2, 3, 5, 6, 6, 7, 4, 1, 2, 3]
+    kw = dict(dry_multiplier=0.6, dry_base=1.4, dry_allowed_length=1, dry_sequence_breakers=[[[1, 2], [6, 4]]])
+    pen = dry_penalties(prompt + output, 0.6, 1.4, 1, -1, [[1, 2], [6, 4]])
+    assert len(pen) >= 2
+    y = x.copy()
+    for t, p in pen.items():
+        y[t] = np.float32(y[t] - np.float32(p))
+    s = tokenrace.Sampler(vocab, max_rows=4000, seed=5)
+    r = s.draw_full(x[None, :], prompt_tokens=[prompt], output_tokens=[output], full_logprobs="processed",
+                    **kw)
+    want = y.astype(np.float64) - np.log(np.exp(y.astype(np.float64)).sum())
+    np.testing.assert_allclose(r.full_logprobs[0], want, atol=1e-6)
+    rows, n = 4000, 40000
+    counts = np.zeros(vocab)
+    for start in range(0, n, rows):
+        tokens = s.draw(np.tile(x, (rows, 1)), seeds=np.full(rows, 3, np.uint64),
+                        offsets=np.arange(start, start + rows, dtype=np.uint64),
+                        prompt_tokens=[prompt] * rows, output_tokens=[output] * rows,
+                        dry_multiplier=0.6, dry_base=1.4, dry_allowed_length=1,
+                        dry_sequence_breakers=[[[1, 2], [6, 4]]] * rows)
+        counts += np.bincount(tokens, minlength=vocab)
+
+    def chi2(p):
+        e = p * n
+        return ((counts - e) ** 2 / e).sum()
+
+    p = np.exp(want)
+    assert chi2(p) < wilson_hilferty(vocab - 1, 4.0)
+    # Wrong: the breakers ignored (the repeats count in full).
+    wrong = x.astype(np.float64).copy()
+    for t, q in dry_penalties(prompt + output, 0.6, 1.4, 1, -1, []).items():
+        wrong[t] -= q
+    wrong = np.exp(wrong) / np.exp(wrong).sum()
+    assert chi2(wrong) > wilson_hilferty(vocab - 1, 4.0)
+
+
+def test_dry_seeded_rows_are_identical_alone_and_in_a_batch(tokenrace, rng):
+    rows, vocab = 12, 300
+    x = (rng.standard_normal((rows, vocab)) * 2).astype(np.float32)
+    outputs = [list(rng.integers(0, 4, 60)) * 2 for _ in range(rows)]
+    s = tokenrace.Sampler(vocab, max_rows=rows)
+    seeds = np.arange(rows, dtype=np.uint64) + 7
+    kw = dict(dry_multiplier=[0.0, 0.8, 1.5] * 4, dry_allowed_length=1)
+    batch = s.draw(x, seeds=seeds, output_tokens=outputs, **kw)
+    for r in range(rows):
+        one = s.draw(x[r:r + 1], seeds=seeds[r:r + 1], output_tokens=[outputs[r]],
+                     dry_multiplier=kw["dry_multiplier"][r], dry_allowed_length=1)
+        assert one[0] == batch[r]
+    # The next call without DRY forgets it.
+    np.testing.assert_array_equal(s.draw(x, seeds=seeds, output_tokens=outputs),
+                                  s.draw(x, seeds=seeds, output_tokens=outputs, dry_multiplier=0.0))
+
+
+@pytest.mark.parametrize("kw,where", [
+    ({"dry_multiplier": [0.5, -1.0, 0.5, 0.5]}, r"dry_multiplier\[1\]: -1 is not a finite number >= 0"),
+    ({"dry_multiplier": 1.0, "dry_base": np.inf}, r"dry_base\[0\]"),
+    ({"dry_multiplier": 1.0, "dry_allowed_length": [2, 2, -3, 2]}, r"dry_allowed_length\[2\]: -3 is negative"),
+    ({"dry_multiplier": 1.0, "dry_penalty_last_n": -5}, r"dry_penalty_last_n\[0\]"),
+    ({"dry_multiplier": 1.0, "dry_sequence_breakers": [None, None, [[1, 10]], None]},
+     r"dry_breaker_ids\[2\]: word 0 position 1.*10 is not a token id.*argument dry_sequence_breakers"),
+])
+def test_bad_dry_values_name_the_row(tokenrace, kw, where):
+    s = tokenrace.Sampler(10)
+    x = np.zeros((4, 10), np.float32)
+    with pytest.raises(ValueError, match=where):
+        s.draw(x, output_tokens=[[1, 2, 1, 2]] * 4, **kw)
+    assert s.stats()["calls"] == 0

@@ -89,8 +89,13 @@ PARITY_OFFSET = getattr(_ffi.tokenrace_batch, _ffi.BATCH_PARITY_FIRST).offset
 PARITY_ZEROS = (0,) * sum(1 for c in PARITY_LAYOUT.format if c not in "=x")
 # The caller's order of the filter stages (ids, count), written by a call that passes one
 # (``CallState.order_packed``).
-ORDER_LAYOUT = struct_layout(_ffi.tokenrace_batch, _ffi.BATCH_ORDER_FIRST)
+ORDER_LAYOUT = struct_layout(_ffi.tokenrace_batch, _ffi.BATCH_ORDER_FIRST, _ffi.BATCH_DRY_FIRST)
 ORDER_OFFSET = getattr(_ffi.tokenrace_batch, _ffi.BATCH_ORDER_FIRST).offset
+# llama.cpp's DRY (multiplier, base, allowed length, window, breakers' three arrays), written by a
+# call that passes any of its arguments (``CallState.dry_packed``).
+DRY_LAYOUT = struct_layout(_ffi.tokenrace_batch, _ffi.BATCH_DRY_FIRST)
+DRY_OFFSET = getattr(_ffi.tokenrace_batch, _ffi.BATCH_DRY_FIRST).offset
+DRY_ZEROS = (0,) * sum(1 for c in DRY_LAYOUT.format if c not in "=x")
 FULL_LAYOUT = struct_layout(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST, _ffi.OUTPUT_GIVEN_FIRST)
 FULL_OFFSET = getattr(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST).offset
 FULL_ZEROS = (0,) * sum(1 for c in FULL_LAYOUT.format if c not in "=x")
@@ -193,6 +198,7 @@ class CallState:
         self.llama_packed = False
         self.parity_packed = False
         self.order_packed = False
+        self.dry_packed = False
         self.given_packed = False
         # The arguments of tokenrace_draw, made once rather than a byref() per call.
         self.batch_ptr = ctypes.pointer(self.batch)

@@ -235,6 +235,14 @@ class tokenrace_batch(_Versioned):
         # added after 0.2.0: the caller's order of the filter stages (``_call.ORDER_LAYOUT``)
         ("order", POINTER(c_uint32)),
         ("order_len", c_uint64),
+        # added after 0.2.0: llama.cpp's DRY (``_call.DRY_LAYOUT``)
+        ("dry_multiplier", POINTER(c_float)),
+        ("dry_base", POINTER(c_float)),
+        ("dry_allowed_length", POINTER(c_int32)),
+        ("dry_penalty_last_n", POINTER(c_int32)),
+        ("dry_breaker_ids", POINTER(c_int32)),
+        ("dry_breaker_offsets", POINTER(c_uint64)),
+        ("dry_breakers_row_offsets", POINTER(c_uint64)),
     ]
 
 
@@ -276,6 +284,8 @@ OUTPUT_GIVEN_FIRST = "token_logprobs"
 BATCH_PARITY_FIRST = "bad_words_ids"
 # The first field of the batch's order block (order, order_len), packed apart.
 BATCH_ORDER_FIRST = "order"
+# The first field of the batch's DRY block, packed apart.
+BATCH_DRY_FIRST = "dry_multiplier"
 
 
 class tokenrace_pool_config(_Versioned):

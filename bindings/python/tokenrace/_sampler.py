@@ -14,14 +14,15 @@ from ._arrays import (LOGITS_DTYPES, NOISE_DTYPES, arrays_in, as_torch, byte_spa
                       per_row, rows_view)
 from ._call import (BATCH_LAYOUT, BATCH_SIZE, FLAG_SCALARS, FLOAT_SCALARS, FULL_LAYOUT, FULL_OFFSET, FULL_ZEROS,
                     GIVEN_LAYOUT, GIVEN_OFFSET, INT_SCALARS, LLAMA_LAYOUT, LLAMA_OFFSET, OUTPUT_LAYOUT, OUTPUT_SIZE,
-                    ORDER_LAYOUT, ORDER_OFFSET, PARITY_LAYOUT, PARITY_OFFSET, PARITY_ZEROS, POINTER_LAYOUT, REQUESTS_LAYOUT, REQUESTS_OFFSET,
+                    ORDER_LAYOUT, ORDER_OFFSET, PARITY_LAYOUT, PARITY_OFFSET, PARITY_ZEROS, DRY_LAYOUT, DRY_OFFSET,
+                    DRY_ZEROS, POINTER_LAYOUT, REQUESTS_LAYOUT, REQUESTS_OFFSET,
                     STEP_LAYOUT, STEP_OFFSET, STEP_ZEROS, TOP_N_SIGMA_OFFSET, address, pack_tokens_output,
                     release_state, take_state)
 from ._common import (_choice, _Closable, _Default, _from_env, _Handle, _name_of, _offsets_without_seeds,
                       _unsigned)
 from ._errors import InvalidArgumentError, check
 from ._requests import pack_requests
-from ._step import FIELD_ARGUMENTS, list_entries, parity_fields, step_fields
+from ._step import FIELD_ARGUMENTS, dry_fields, list_entries, parity_fields, step_fields
 from ._verify import verify as _verify
 
 
@@ -269,6 +270,16 @@ class Sampler(_Closable):
         state.step_packed = True
         STEP_LAYOUT.pack_into(state.batch, STEP_OFFSET, *fields)
 
+    def _fill_dry(self, state, keep, rows, dry):
+        """Writes the batch's DRY block, or zeroes it again after a call that wrote it."""
+        if all(v is None for v in dry):
+            if state.dry_packed:
+                DRY_LAYOUT.pack_into(state.batch, DRY_OFFSET, *DRY_ZEROS)
+                state.dry_packed = False
+            return
+        DRY_LAYOUT.pack_into(state.batch, DRY_OFFSET, *dry_fields(rows, keep, *dry))
+        state.dry_packed = True
+
     def _fill_parity(self, state, keep, rows, bad_words, forced_tokens, logprob_token_ids=None):
         """Writes the batch's parity block (bad words, forced tokens, the ids of
         ``logprob_token_ids``), or zeroes it again after a call that wrote it; returns the count
@@ -288,7 +299,9 @@ class Sampler(_Closable):
              presence_penalty=None, logit_bias=None, allowed_tokens=None, banned_tokens=None,
              token_bitmask=None, penalty_last_n=None, min_tokens=None, stop_token_ids=None, requests=None,
              request_ids=None, min_keep=None, typical_p=None, xtc_probability=None, xtc_threshold=None,
-             dynatemp_range=None, dynatemp_exponent=None, bad_words=None, forced_tokens=None, order=None):
+             dynatemp_range=None, dynatemp_exponent=None, bad_words=None, forced_tokens=None, order=None,
+             dry_multiplier=None, dry_base=None, dry_allowed_length=None, dry_penalty_last_n=None,
+             dry_sequence_breakers=None):
         """Draws one token per row of ``logits``; returns an int32 array of ``rows`` tokens (a
         torch tensor when ``logits`` is one, over the same memory: no copy; the flags of
         ``return_flags`` then come as int32, the same bits).
@@ -387,6 +400,16 @@ class Sampler(_Closable):
             temperature goes last when left out; a filter a row turns on must be listed.
             ``tokenrace.TEMPERATURE_FIRST`` and ``tokenrace.FILTERS_FIRST`` are the two fixed
             orders, ``tokenrace.LLAMA_CPP_ORDER`` llama.cpp's default chain.
+        dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n: llama.cpp's DRY, scalar
+            or one per row (defaults: 0 = off, 1.75, 2, -1 = the whole history): a token that
+            would extend a sequence that the row's history (``prompt_tokens`` then
+            ``output_tokens``, the last ``dry_penalty_last_n`` of them) already repeats, ``n >=
+            dry_allowed_length`` tokens long, loses ``dry_multiplier * dry_base ** (n -
+            dry_allowed_length)`` from its value, after the other penalties. Off for a row whose
+            multiplier is 0, base below 1 or window 0.
+        dry_sequence_breakers: one entry per row, None or a list of token sequences (llama.cpp's
+            breakers, as token ids: a head, then its tail): no repeat DRY counts spans one, and the
+            head of a one-token breaker is never penalised.
 
         Errors (ValueError) name the argument, the row and the position: the column of a padded
         array, the index in a row's list or dict, and the entry of a CSR array.
@@ -420,6 +443,8 @@ class Sampler(_Closable):
                 self._fill_parity(state, keep, rows, bad_words, forced_tokens)
             if order is not None or state.order_packed:
                 _fill_order(state, keep, order)
+            self._fill_dry(state, keep, rows, (dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n,
+                                               dry_sequence_breakers))
             pack_tokens_output(state, state.tokens.address_for(rows),
                                state.flags.address_for(rows) if return_flags else 0)
             # self._run(), inlined (a method call less: the fast path's cost, see _call.py)
@@ -448,7 +473,8 @@ class Sampler(_Closable):
                   min_tokens=None, stop_token_ids=None, requests=None, request_ids=None, min_keep=None,
                   typical_p=None, xtc_probability=None, xtc_threshold=None, dynatemp_range=None,
                   dynatemp_exponent=None, bad_words=None, forced_tokens=None, logprob_token_ids=None,
-                  order=None):
+                  order=None, dry_multiplier=None, dry_base=None, dry_allowed_length=None,
+                  dry_penalty_last_n=None, dry_sequence_breakers=None):
         """Draws like ``draw`` and also returns logprobs: a ``DrawResult`` (of torch tensors over
         the same memory when ``logits`` is a tensor, flags as int32) with
 
@@ -519,6 +545,8 @@ class Sampler(_Closable):
                 given = self._fill_parity(state, keep, rows, bad_words, forced_tokens, logprob_token_ids)
             if order is not None or state.order_packed:
                 _fill_order(state, keep, order)
+            self._fill_dry(state, keep, rows, (dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n,
+                                               dry_sequence_breakers))
             full = None
             if full_logprobs is not None:
                 full, full_ptr, full_stride = _full_output(out, rows, state.batch.vocab)

@@ -44,6 +44,8 @@ FIELD_ARGUMENTS = {
     "bad_words_ids": "bad_words", "bad_word_offsets": "bad_words", "bad_words_row_offsets": "bad_words",
     "forced_tokens": "forced_tokens",
     "logprob_token_ids": "logprob_token_ids", "logprob_token_offsets": "logprob_token_ids",
+    "dry_breaker_ids": "dry_sequence_breakers", "dry_breaker_offsets": "dry_sequence_breakers",
+    "dry_breakers_row_offsets": "dry_sequence_breakers",
 }
 
 _EMPTY_IDS = np.zeros(0, np.int32)
@@ -83,6 +85,19 @@ def parity_fields(rows, vocab, keep, bad_words=None, forced_tokens=None, logprob
     forced = _int32_per_row(forced_tokens, rows, "forced_tokens", keep)
     given = token_lists(logprob_token_ids, rows, vocab, "logprob_token_ids", keep)
     return (*fields, forced, *given)
+
+
+def dry_fields(rows, keep, multiplier, base, allowed_length, penalty_last_n, breakers):
+    """The 7 values of the batch's DRY block (``_call.DRY_LAYOUT``: multiplier, base, allowed
+    length, window, then the breakers' ids, offsets and row offsets), addresses or 0 for NULL;
+    the arrays are appended to ``keep``."""
+    floats = tuple(0 if v is None else _addr(per_row(v, rows, np.float32, name), keep)
+                   for v, name in ((multiplier, "dry_multiplier"), (base, "dry_base")))
+    ints = (_int32_per_row(allowed_length, rows, "dry_allowed_length", keep),
+            _int32_per_row(penalty_last_n, rows, "dry_penalty_last_n", keep))
+    words = bad_words_csr(breakers, rows, "dry_sequence_breakers") if breakers is not None else None
+    lists = (0, 0, 0) if words is None else tuple(_addr(a, keep) for a in words)
+    return (*floats, *ints, *lists)
 
 
 def list_entries(offsets_address, rows):
