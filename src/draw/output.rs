@@ -318,3 +318,116 @@ fn full_processed<V: RowValues + ?Sized>(
         };
     }
 }
+
+/// Every row's kept set (threshold, count, mass, bitmask), computed into scratch after the draw
+/// so that nothing is written on failure.
+pub(crate) struct KeptSets {
+    threshold: Vec<f32>,
+    count: Vec<i32>,
+    mass: Vec<f64>,
+    /// `rows x words` words, empty unless the bitmask is asked for.
+    bits: Vec<i32>,
+    words: usize,
+}
+
+impl KeptSets {
+    /// Computes the kept set of every row from the values its filters judged (its processed
+    /// values, from `processed`, when it was drawn from them), its maximum and its filters'
+    /// floor (`info`; the draw computed the whole floor: `floor_read`), at the 1/T the filters
+    /// judged it at (`filter_inv_t`: 1 for greedy rows).
+    pub(crate) fn compute(
+        k: &Kernels,
+        batch: &Batch,
+        filter_inv_t: &[f32],
+        info: &[RowInfo],
+        out: &Output,
+        processed: &mut Processed,
+    ) -> Result<KeptSets> {
+        let rows = batch.rows;
+        let words = batch.vocab.div_ceil(32);
+        let mut bits = alloc::filled(if out.kept_bitmask.is_some() { rows * words } else { 0 }, 0, "the kept bitmask")?;
+        let mut threshold = alloc::filled(rows, 0.0, "the kept thresholds")?;
+        let mut count = alloc::filled(rows, 0, "the kept counts")?;
+        let mut mass = alloc::filled(rows, 0.0, "the kept masses")?;
+        let Processed { steps, y, bmax, .. } = processed;
+        for r in 0..rows {
+            let row_bits = if bits.is_empty() { &mut [][..] } else { &mut bits[r * words..(r + 1) * words] };
+            let RowInfo { top, floor, .. } = info[r];
+            let at = (top, floor, filter_inv_t[r]);
+            let (t, c, m) = with_row!(batch, r, |v| match &mut steps[r] {
+                Some(e) => {
+                    // The buffer already has the row's length, so this allocates nothing.
+                    e.materialize(k, v, y, &mut []).expect("the buffer has the row's length");
+                    row_kept(k, &y[..], at, bmax, row_bits)
+                }
+                None => row_kept(k, v, at, bmax, row_bits),
+            })
+            .map_err(|e| e.in_row(r))?;
+            (threshold[r], count[r], mass[r]) = (t, c, m);
+        }
+        Ok(KeptSets { threshold, count, mass, bits, words })
+    }
+
+    pub(crate) fn write(&self, out: &mut Output, rows: usize) {
+        if let Some(d) = out.kept_threshold.as_deref_mut() {
+            d[..rows].copy_from_slice(&self.threshold);
+        }
+        if let Some(d) = out.kept_count.as_deref_mut() {
+            d[..rows].copy_from_slice(&self.count);
+        }
+        if let Some(d) = out.kept_mass.as_deref_mut() {
+            d[..rows].copy_from_slice(&self.mass);
+        }
+        if let Some(d) = out.kept_bitmask.as_deref_mut() {
+            d[..rows * self.words].copy_from_slice(&self.bits);
+        }
+    }
+}
+
+/// The kept set of the values `v` whose maximum is `top` and filters' floor `floor`, judged at
+/// 1/T `s`: its threshold, count and mass, and its bits set in `bits` (empty: not asked for).
+/// The same rule as the race's: the finite values `>= floor`, or the +inf ones when `top` is
+/// +inf. `bmax`: scratch for the block maxima of the mass.
+fn row_kept<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    (top, floor, s): (f32, f32, f32),
+    bmax: &mut Vec<f32>,
+    bits: &mut [i32],
+) -> Result<(f32, i32, f64)> {
+    if top == f32::NEG_INFINITY {
+        return Ok((f32::NAN, 0, 0.0));
+    }
+    let keeps = |x: f32| if top == f32::INFINITY { x == f32::INFINITY } else { x >= floor && x.is_finite() };
+    let (mut count, mut least) = (0i32, f32::INFINITY);
+    for i in 0..v.n() {
+        let x = v.at(i);
+        if keeps(x) {
+            count += 1;
+            least = least.min(x);
+            if let Some(w) = bits.get_mut(i / 32) {
+                *w |= 1 << (i % 32);
+            }
+        }
+    }
+    if top == f32::INFINITY {
+        return Ok((f32::INFINITY, count, 1.0));
+    }
+    block_maxima(k, v, bmax)?;
+    let kept = exact_mass(k, v, bmax, (top, s), floor)?;
+    let all = if floor == f32::NEG_INFINITY { kept } else { exact_mass(k, v, bmax, (top, s), f32::NEG_INFINITY)? };
+    Ok((least, count, kept / all))
+}
+
+/// The f64 mass `sum exp((x - top) s)` of the finite values `x >= floor` (block maxima `bmax`):
+/// the exact mass kernel, or, where `s log2 e` overflows f32, the same weights one by one.
+fn exact_mass<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], (top, s): (f32, f32), floor: f32) -> Result<f64> {
+    match crate::mass::RowMass::new(k, v, top, s, floor) {
+        Some(m) => m.exact(bmax, f32::INFINITY),
+        None => Ok((0..v.n())
+            .map(|i| v.at(i))
+            .filter(|&x| x >= floor && x.is_finite())
+            .map(|x| crate::mass::weight64(x, top, s))
+            .sum()),
+    }
+}
