@@ -721,14 +721,14 @@ fn logprobs_of_given_ids_are_written_only_where_the_output_reaches_them() {
     assert!(lps[0] < lps[1] && lps[2] < lps[1] && ranks[1] == 142 && ranks[0] > 142, "{lps:?} {ranks:?}");
 }
 
-/// The kept-set outputs follow the logprobs of given ids: 144..176 of a 176-byte output. A caller
+/// The kept-set outputs follow the logprobs of given ids: 104..136 of a 136-byte output. A caller
 /// whose output ends before them gets none written; one that reaches them gets every row's set.
 #[test]
 fn kept_set_outputs_are_written_only_where_the_output_reaches_them() {
     use std::mem::{offset_of, size_of};
     let at = offset_of!(tokenrace_output, kept_threshold);
     assert_eq!(at, offset_of!(tokenrace_output, token_ranks) + 8);
-    assert_eq!(at, 144);
+    assert_eq!(at, 104);
     assert_eq!(offset_of!(tokenrace_output, kept_count), at + 8);
     assert_eq!(offset_of!(tokenrace_output, kept_mass), at + 16);
     assert_eq!(offset_of!(tokenrace_output, kept_bitmask), at + 24);

@@ -330,6 +330,15 @@ pub(crate) struct KeptSets {
     words: usize,
 }
 
+/// Which parts of a row's kept set a call asks for.
+#[derive(Clone, Copy)]
+struct KeptWanted {
+    /// The threshold or the bitmask: one pass over every value.
+    scan: bool,
+    count: bool,
+    mass: bool,
+}
+
 impl KeptSets {
     /// Computes the kept set of every row from the values its filters judged (its processed
     /// values, from `processed`, when it was drawn from them), its maximum and its filters'
@@ -345,11 +354,17 @@ impl KeptSets {
     ) -> Result<KeptSets> {
         let rows = batch.rows;
         let words = batch.vocab.div_ceil(32);
+        let wanted = KeptWanted {
+            scan: out.kept_threshold.is_some() || out.kept_bitmask.is_some(),
+            count: out.kept_count.is_some(),
+            mass: out.kept_mass.is_some(),
+        };
         let mut bits = alloc::filled(if out.kept_bitmask.is_some() { rows * words } else { 0 }, 0, "the kept bitmask")?;
         let mut threshold = alloc::filled(rows, 0.0, "the kept thresholds")?;
         let mut count = alloc::filled(rows, 0, "the kept counts")?;
         let mut mass = alloc::filled(rows, 0.0, "the kept masses")?;
-        let Processed { steps, y, bmax, .. } = processed;
+        let Processed { steps, y, bmax, mass: block_mass } = processed;
+        let scratch = &mut (bmax, block_mass);
         for r in 0..rows {
             let row_bits = if bits.is_empty() { &mut [][..] } else { &mut bits[r * words..(r + 1) * words] };
             let RowInfo { top, floor, .. } = info[r];
@@ -358,9 +373,9 @@ impl KeptSets {
                 Some(e) => {
                     // The buffer already has the row's length, so this allocates nothing.
                     e.materialize(k, v, y, &mut []).expect("the buffer has the row's length");
-                    row_kept(k, &y[..], at, bmax, row_bits)
+                    row_kept(k, &y[..], at, wanted, scratch, row_bits)
                 }
-                None => row_kept(k, v, at, bmax, row_bits),
+                None => row_kept(k, v, at, wanted, scratch, row_bits),
             })
             .map_err(|e| e.in_row(r))?;
             (threshold[r], count[r], mass[r]) = (t, c, m);
@@ -385,14 +400,15 @@ impl KeptSets {
 }
 
 /// The kept set of the values `v` whose maximum is `top` and filters' floor `floor`, judged at
-/// 1/T `s`: its threshold, count and mass, and its bits set in `bits` (empty: not asked for).
-/// The same rule as the race's: the finite values `>= floor`, or the +inf ones when `top` is
-/// +inf. `bmax`: scratch for the block maxima of the mass.
+/// 1/T `s`: its threshold, count and mass (what `wanted` asks for; 0 otherwise), and its bits
+/// set in `bits` (empty: not asked for). The same rule as the race's: the finite values
+/// `>= floor`, or the +inf ones when `top` is +inf. `scratch`: block maxima and masses.
 fn row_kept<V: RowValues + ?Sized>(
     k: &Kernels,
     v: &V,
     (top, floor, s): (f32, f32, f32),
-    bmax: &mut Vec<f32>,
+    wanted: KeptWanted,
+    scratch: &mut (&mut Vec<f32>, &mut Vec<f64>),
     bits: &mut [i32],
 ) -> Result<(f32, i32, f64)> {
     if top == f32::NEG_INFINITY {
@@ -400,30 +416,54 @@ fn row_kept<V: RowValues + ?Sized>(
     }
     let keeps = |x: f32| if top == f32::INFINITY { x == f32::INFINITY } else { x >= floor && x.is_finite() };
     let (mut count, mut least) = (0i32, f32::INFINITY);
-    for i in 0..v.n() {
-        let x = v.at(i);
-        if keeps(x) {
-            count += 1;
-            least = least.min(x);
-            if let Some(w) = bits.get_mut(i / 32) {
-                *w |= 1 << (i % 32);
+    if wanted.scan || top == f32::INFINITY {
+        for i in 0..v.n() {
+            let x = v.at(i);
+            if keeps(x) {
+                count += 1;
+                least = least.min(x);
+                if let Some(w) = bits.get_mut(i / 32) {
+                    *w |= 1 << (i % 32);
+                }
             }
         }
     }
     if top == f32::INFINITY {
         return Ok((f32::INFINITY, count, 1.0));
     }
-    block_maxima(k, v, bmax)?;
-    let kept = exact_mass(k, v, bmax, (top, s), floor)?;
-    let all = if floor == f32::NEG_INFINITY { kept } else { exact_mass(k, v, bmax, (top, s), f32::NEG_INFINITY)? };
-    Ok((least, count, kept / all))
+    if !(wanted.mass || (wanted.count && !wanted.scan)) {
+        return Ok((least, count, 0.0));
+    }
+    block_maxima(k, v, scratch.0)?;
+    if wanted.count && !wanted.scan {
+        // The finite values >= floor (top is finite: no +inf; NaN compares false).
+        let lo = floor.max(f32::MIN);
+        // SAFETY: the row has n values and the block maxima one per block.
+        count = unsafe { (V::kernels(k).count_ge)(v.ptr(), v.n(), scratch.0, lo) as i32 };
+    }
+    let mass = if wanted.mass {
+        let kept = row_mass(k, v, (top, s), floor, scratch)?;
+        let all = if floor == f32::NEG_INFINITY { kept } else { row_mass(k, v, (top, s), f32::NEG_INFINITY, scratch)? };
+        kept / all
+    } else {
+        0.0
+    };
+    Ok((least, count, mass))
 }
 
-/// The f64 mass `sum exp((x - top) s)` of the finite values `x >= floor` (block maxima `bmax`):
-/// the exact mass kernel, or, where `s log2 e` overflows f32, the same weights one by one.
-fn exact_mass<V: RowValues + ?Sized>(k: &Kernels, v: &V, bmax: &[f32], (top, s): (f32, f32), floor: f32) -> Result<f64> {
+/// The mass `sum exp((x - top) s)` of the finite values `x >= floor` (block maxima in
+/// `scratch.0`): the logprobs' normaliser pass (f32 exps summed in an order fixed per block, the
+/// same bits at every SIMD level), or, where `s log2 e` overflows f32, the float64 weights one by
+/// one.
+fn row_mass<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    (top, s): (f32, f32),
+    floor: f32,
+    scratch: &mut (&mut Vec<f32>, &mut Vec<f64>),
+) -> Result<f64> {
     match crate::mass::RowMass::new(k, v, top, s, floor) {
-        Some(m) => m.exact(bmax, f32::INFINITY),
+        Some(m) => Ok(m.z_exp(scratch.0, scratch.1)?.0),
         None => Ok((0..v.n())
             .map(|i| v.at(i))
             .filter(|&x| x >= floor && x.is_finite())
