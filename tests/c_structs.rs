@@ -754,9 +754,9 @@ fn kept_set_outputs_are_written_only_where_the_output_reaches_them() {
     assert_eq!((t, c, m), ([7.0; 2], [7; 2], [7.0; 2]));
     assert!(bits.iter().all(|&w| w == 7), "an output that ends before the kept set was written");
     let (t, c, m, bits) = draw(size_of::<tokenrace_output>());
-    // Logits i % 7: the greedy row keeps all 1000 tokens; the top-k 3 row its 142 sixes (row
-    // 1 starts at 1000 % 7 = 6, so its token 0 is a 6).
-    assert_eq!((t, c), ([0.0, 6.0], [1000, 142]));
+    // Logits i % 7: the greedy row keeps all 1000 tokens; the top-k 3 row its sixes (row
+    // 1 starts at 1000 % 7 = 6: its tokens 7 j, 143 of them, are 6s).
+    assert_eq!((t, c), ([0.0, 6.0], [1000, 143]));
     assert_eq!(m[0], 1.0);
     assert!(m[1] > 0.0 && m[1] < 1.0, "{m:?}");
     let set = |r: usize, i: usize| (bits[r * words + i / 32] as u32 >> (i % 32)) & 1 == 1;
