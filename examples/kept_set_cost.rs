@@ -68,6 +68,21 @@ fn main() {
                 };
                 s.draw(&b, &mut out).unwrap()
             });
+            if std::env::var_os("KEPT_PARTS").is_some() {
+                let count_only = time_call(reps, rows, || {
+                    let mut out = Output { kept_count: Some(&mut count), ..Output::new(&mut tokens) };
+                    s.draw(&b, &mut out).unwrap()
+                });
+                let mass_only = time_call(reps, rows, || {
+                    let mut out = Output { kept_mass: Some(&mut mass), ..Output::new(&mut tokens) };
+                    s.draw(&b, &mut out).unwrap()
+                });
+                let thr_only = time_call(reps, rows, || {
+                    let mut out = Output { kept_threshold: Some(&mut thr), ..Output::new(&mut tokens) };
+                    s.draw(&b, &mut out).unwrap()
+                });
+                println!("  parts: count {count_only:.1} mass {mass_only:.1} threshold {thr_only:.1}");
+            }
             let with_bits = time_call(reps, rows, || {
                 let mut out = Output {
                     kept_threshold: Some(&mut thr),

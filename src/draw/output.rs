@@ -400,8 +400,8 @@ impl KeptSets {
 }
 
 /// The kept set of the values `v` whose maximum is `top` and filters' floor `floor`, judged at
-/// 1/T `s`: its threshold, count and mass (what `wanted` asks for; 0 otherwise), and its bits
-/// set in `bits` (empty: not asked for). The same rule as the race's: the finite values
+/// 1/T `s`: its threshold, count and mass (what `wanted` asks for; NaN / 0 otherwise), and its
+/// bits set in `bits` (empty: not asked for). The same rule as the race's: the finite values
 /// `>= floor`, or the +inf ones when `top` is +inf. `scratch`: block maxima and masses.
 fn row_kept<V: RowValues + ?Sized>(
     k: &Kernels,
@@ -414,33 +414,27 @@ fn row_kept<V: RowValues + ?Sized>(
     if top == f32::NEG_INFINITY {
         return Ok((f32::NAN, 0, 0.0));
     }
-    let keeps = |x: f32| if top == f32::INFINITY { x == f32::INFINITY } else { x >= floor && x.is_finite() };
-    let (mut count, mut least) = (0i32, f32::INFINITY);
-    if wanted.scan || top == f32::INFINITY {
-        for i in 0..v.n() {
-            let x = v.at(i);
-            if keeps(x) {
-                count += 1;
-                least = least.min(x);
-                if let Some(w) = bits.get_mut(i / 32) {
-                    *w |= 1 << (i % 32);
-                }
+    if top == f32::INFINITY {
+        let mut count = 0;
+        for i in (0..v.n()).filter(|&i| v.at(i) == f32::INFINITY) {
+            count += 1;
+            if let Some(w) = bits.get_mut(i / 32) {
+                *w |= 1 << (i % 32);
             }
         }
-    }
-    if top == f32::INFINITY {
         return Ok((f32::INFINITY, count, 1.0));
     }
-    if !(wanted.mass || (wanted.count && !wanted.scan)) {
-        return Ok((least, count, 0.0));
-    }
     block_maxima(k, v, scratch.0)?;
-    if wanted.count && !wanted.scan {
-        // The finite values >= floor (top is finite: no +inf; NaN compares false).
-        let lo = floor.max(f32::MIN);
+    // The kept values: >= floor and finite (top is finite: no +inf; NaN compares false).
+    let lo = floor.max(f32::MIN);
+    let (least, count) = if wanted.scan {
+        scan_kept(v, scratch.0, lo, bits)
+    } else if wanted.count {
         // SAFETY: the row has n values and the block maxima one per block.
-        count = unsafe { (V::kernels(k).count_ge)(v.ptr(), v.n(), scratch.0, lo) as i32 };
-    }
+        (f32::NAN, unsafe { (V::kernels(k).count_ge)(v.ptr(), v.n(), scratch.0, lo) as i32 })
+    } else {
+        (f32::NAN, 0)
+    };
     let mass = if wanted.mass {
         let kept = row_mass(k, v, (top, s), floor, scratch)?;
         let all = if floor == f32::NEG_INFINITY { kept } else { row_mass(k, v, (top, s), f32::NEG_INFINITY, scratch)? };
@@ -449,6 +443,31 @@ fn row_kept<V: RowValues + ?Sized>(
         0.0
     };
     Ok((least, count, mass))
+}
+
+/// The least and the count of the values `>= lo` of `v` (block maxima `bmax`), their bits set
+/// in `bits` (empty: not asked for): 32 values a word, without branches, in the blocks whose
+/// maximum reaches `lo` (the others keep nothing).
+fn scan_kept<V: RowValues + ?Sized>(v: &V, bmax: &[f32], lo: f32, bits: &mut [i32]) -> (f32, i32) {
+    const _: () = assert!(BLOCK % 32 == 0, "each bitmask word lies in one block");
+    let (mut count, mut least) = (0i32, f32::INFINITY);
+    let n = v.n();
+    for (b, _) in bmax.iter().enumerate().filter(|&(_, &m)| m >= lo) {
+        for w in (b * BLOCK / 32)..((b + 1) * BLOCK).min(n).div_ceil(32) {
+            let mut word = 0u32;
+            for i in w * 32..(w * 32 + 32).min(n) {
+                let x = v.at(i);
+                let keep = x >= lo;
+                word |= (keep as u32) << (i % 32);
+                least = least.min(if keep { x } else { f32::INFINITY });
+            }
+            count += word.count_ones() as i32;
+            if let Some(d) = bits.get_mut(w) {
+                *d = word as i32;
+            }
+        }
+    }
+    (least, count)
 }
 
 /// The mass `sum exp((x - top) s)` of the finite values `x >= floor` (block maxima in
