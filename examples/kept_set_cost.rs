@@ -22,11 +22,15 @@ fn normal(state: &mut u64) -> f64 {
 /// Microseconds per row of `draw` (median of `reps` calls).
 fn time_call(reps: usize, rows: usize, mut draw: impl FnMut()) -> f64 {
     draw();
-    median((0..reps).map(|_| {
-        let t = Instant::now();
-        draw();
-        t.elapsed().as_secs_f64() * 1e6 / rows as f64
-    }).collect())
+    median(
+        (0..reps)
+            .map(|_| {
+                let t = Instant::now();
+                draw();
+                t.elapsed().as_secs_f64() * 1e6 / rows as f64
+            })
+            .collect(),
+    )
 }
 
 fn main() {

@@ -68,7 +68,11 @@ struct RefKept {
 
 fn reference(y: &[f32], greedy: bool, filter_inv_t: f64, f: rf::Filters, sigma: f32) -> Option<RefKept> {
     if y.contains(&f32::INFINITY) {
-        return Some(RefKept { kept: y.iter().map(|&v| v == f32::INFINITY).collect(), threshold: f32::INFINITY, mass: 1.0 });
+        return Some(RefKept {
+            kept: y.iter().map(|&v| v == f32::INFINITY).collect(),
+            threshold: f32::INFINITY,
+            mass: 1.0,
+        });
     }
     let m = rf::finite_max(y);
     if !m.is_finite() {
@@ -287,7 +291,9 @@ fn seeded_draws_lie_in_the_reported_set_and_keep_their_tokens() {
     let x: Vec<f32> = (0..rows).flat_map(|_| row.iter().copied()).collect();
     let seeds: Vec<u64> = (0..rows as u64).collect();
     let words = vocab.div_ceil(32);
-    for &(t, k, p, mp) in &[(1.0f32, 0i32, 0.9f32, 0.0f32), (0.8, 40, 1.0, 0.0), (1.2, 0, 1.0, 0.05), (1.0, 30, 0.8, 0.01)] {
+    for &(t, k, p, mp) in
+        &[(1.0f32, 0i32, 0.9f32, 0.0f32), (0.8, 40, 1.0, 0.0), (1.2, 0, 1.0, 0.05), (1.0, 30, 0.8, 0.01)]
+    {
         let (temps, ks, ps, mps) = (vec![t; rows], vec![k; rows], vec![p; rows], vec![mp; rows]);
         let b = Batch {
             temperature: Some(&temps),

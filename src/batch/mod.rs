@@ -511,7 +511,10 @@ impl<'a> Output<'a> {
 
     /// Whether any output of the rows' kept sets is asked for.
     pub(crate) fn wants_kept(&self) -> bool {
-        self.kept_threshold.is_some() || self.kept_count.is_some() || self.kept_mass.is_some() || self.kept_bitmask.is_some()
+        self.kept_threshold.is_some()
+            || self.kept_count.is_some()
+            || self.kept_mass.is_some()
+            || self.kept_bitmask.is_some()
     }
 
     /// Whether any logprob output is asked for.
