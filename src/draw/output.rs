@@ -449,7 +449,7 @@ fn row_kept<V: RowValues + ?Sized>(
 /// in `bits` (empty: not asked for): 32 values a word, without branches, in the blocks whose
 /// maximum reaches `lo` (the others keep nothing).
 fn scan_kept<V: RowValues + ?Sized>(v: &V, bmax: &[f32], lo: f32, bits: &mut [i32]) -> (f32, i32) {
-    const _: () = assert!(BLOCK % 32 == 0, "each bitmask word lies in one block");
+    const _: () = assert!(BLOCK.is_multiple_of(32), "each bitmask word lies in one block");
     let (mut count, mut least) = (0i32, f32::INFINITY);
     let n = v.n();
     for (b, _) in bmax.iter().enumerate().filter(|&(_, &m)| m >= lo) {
