@@ -1309,6 +1309,17 @@ inline void parity_options_reach_the_library(const tokenrace::Library& lib) {
   CHECK(again.tokens == drawn.tokens);
   CHECK(id_logprobs[0] == again.logprobs[0] && id_logprobs[1] == again.logprobs[1]);
   CHECK(id_ranks[0] == again.ranks[0] && id_ranks[1] == again.ranks[1]);
+  // The kept set of rows without filters: every finite value (all 40, the least 0), mass 1.
+  std::vector<float> kept_threshold(rows, -1.0f);
+  std::vector<int32_t> kept_count(rows, -1), kept_bits(rows * 2, 7);
+  std::vector<double> kept_mass(rows, -1.0);
+  tokenrace::DrawOptions with_kept = base;
+  with_kept.kept_set(kept_threshold.data(), kept_count.data(), kept_mass.data(), kept_bits.data());
+  CHECK(sampler.draw_full(logits, with_kept).tokens == drawn.tokens);
+  for (uint32_t r = 0; r < rows; r++) {
+    CHECK(kept_count[r] == 40 && kept_threshold[r] == 0.0f && kept_mass[r] == 1.0);
+    CHECK(kept_bits[2 * r] == -1 && kept_bits[2 * r + 1] == 0xFF);
+  }
 }
 
 inline void scores_are_the_draws_own(const tokenrace::Library& lib) {

@@ -513,6 +513,19 @@ typedef struct tokenrace_output {
   // One rank per entry of the batch's `logprob_token_ids`: the count of tokens whose logprob
   // is >= the id's (NULL: not computed; each costs a count over the row).
   int32_t *token_ranks;
+  // `rows` thresholds: the smallest kept value, in the values the filters judge (the logit,
+  // or the processed value of a row with a sampling step, before the temperature); +inf when
+  // the row's +inf values are kept, NaN when nothing is (NULL: not reported).
+  float *kept_threshold;
+  // `rows` counts of the kept tokens (NULL: not reported).
+  int32_t *kept_count;
+  // `rows` kept masses: the share of the row's probability its kept tokens hold, at the
+  // temperature its filters judge it at (1/T with temperature first, 1 with filters first or
+  // greedy), in f64 (NULL: not reported).
+  double *kept_mass;
+  // `rows x ceil(vocab / 32)` words, xgrammar's bitmask layout: bit i of word j of a row is
+  // set when the row keeps token 32 j + i; bits past vocab are 0 (NULL: not reported).
+  int32_t *kept_bitmask;
 } tokenrace_output;
 
 // Noise pool settings. Get one from `tokenrace_pool_config_default()` or

@@ -868,6 +868,17 @@ class DrawOptions {
     return *this;
   }
 
+  // Each row's kept set (vLLM's sampling masks), written by every draw call into the caller's
+  // memory (null: not wanted): rows thresholds, counts and masses, and rows x ceil(vocab / 32)
+  // bitmask words in xgrammar's layout (docs/semantics.md, The kept set).
+  DrawOptions& kept_set(float* threshold, int32_t* count, double* mass, int32_t* bitmask = nullptr) {
+    kept_threshold_ = threshold;
+    kept_count_ = count;
+    kept_mass_ = mass;
+    kept_bitmask_ = bitmask;
+    return *this;
+  }
+
   // The tokenrace_batch of `logits` with these options (scalars expanded into the returned
   // batch's memory). Throws Error (INVALID_ARGUMENT) when a span of known length, or a lease,
   // does not match the rows, the lists' offsets or the vocabulary; the library checks the rest.
@@ -1055,6 +1066,10 @@ class DrawOptions {
       out.token_logprobs = given_logprobs_;
       out.token_ranks = given_ranks_;
     }
+    out.kept_threshold = kept_threshold_;
+    out.kept_count = kept_count_;
+    out.kept_mass = kept_mass_;
+    out.kept_bitmask = kept_bitmask_;
     if (!full_out_) return;
     check_full_output(logits);
     out.full_logprobs = full_out_;
@@ -1093,6 +1108,10 @@ class DrawOptions {
   std::vector<uint32_t> order_;  // tokenrace_stage ids
   float* given_logprobs_ = nullptr;
   int32_t* given_ranks_ = nullptr;
+  float* kept_threshold_ = nullptr;
+  int32_t* kept_count_ = nullptr;
+  double* kept_mass_ = nullptr;
+  int32_t* kept_bitmask_ = nullptr;
   const float* noise_ = nullptr;
   tokenrace_noise_kind noise_kind_ = TOKENRACE_NOISE_KIND_EXP;
   uint64_t noise_row_stride_ = 0;

@@ -697,7 +697,7 @@ fn logprobs_of_given_ids_are_written_only_where_the_output_reaches_them() {
     let at = offset_of!(tokenrace_output, token_logprobs);
     assert_eq!(at, offset_of!(tokenrace_output, reserved1) + 4);
     assert_eq!(offset_of!(tokenrace_output, token_ranks), at + 8);
-    assert_eq!(size_of::<tokenrace_output>(), at + 16);
+    assert_eq!(offset_of!(tokenrace_output, kept_threshold), at + 16);
     let mut f = Fixture::new();
     let temperature = [0.0f32; 2];
     let offsets = [0u64, 2, 3];
@@ -785,4 +785,47 @@ fn dry_is_read_only_by_callers_whose_struct_reaches_it() {
         "{}",
         last_error()
     );
+}
+
+/// The kept-set outputs follow the logprobs of given ids: 104..136 of a 136-byte output. A caller
+/// whose output ends before them gets none written; one that reaches them gets every row's set.
+#[test]
+fn kept_set_outputs_are_written_only_where_the_output_reaches_them() {
+    use std::mem::{offset_of, size_of};
+    let at = offset_of!(tokenrace_output, kept_threshold);
+    assert_eq!(at, offset_of!(tokenrace_output, token_ranks) + 8);
+    assert_eq!(at, 104);
+    assert_eq!(offset_of!(tokenrace_output, kept_count), at + 8);
+    assert_eq!(offset_of!(tokenrace_output, kept_mass), at + 16);
+    assert_eq!(offset_of!(tokenrace_output, kept_bitmask), at + 24);
+    assert_eq!(size_of::<tokenrace_output>(), at + 32);
+    let mut f = Fixture::new();
+    let temperature = [0.0f32, 1.0];
+    let top_k = [0i32, 3];
+    let words = 1000usize.div_ceil(32);
+    let mut draw = |size: usize| {
+        let (mut b, mut o) = f.args();
+        o.struct_size = size as u32;
+        b.temperature = temperature.as_ptr();
+        b.top_k = top_k.as_ptr();
+        let (mut t, mut c, mut m, mut bits) = ([7f32; 2], [7i32; 2], [7f64; 2], vec![7i32; 2 * words]);
+        o.kept_threshold = t.as_mut_ptr();
+        o.kept_count = c.as_mut_ptr();
+        o.kept_mass = m.as_mut_ptr();
+        o.kept_bitmask = bits.as_mut_ptr();
+        assert_eq!(f.draw(&b, &mut o), tokenrace_status::Ok, "{}", last_error());
+        (t, c, m, bits)
+    };
+    let (t, c, m, bits) = draw(at);
+    assert_eq!((t, c, m), ([7.0; 2], [7; 2], [7.0; 2]));
+    assert!(bits.iter().all(|&w| w == 7), "an output that ends before the kept set was written");
+    let (t, c, m, bits) = draw(size_of::<tokenrace_output>());
+    // Logits i % 7: the greedy row keeps all 1000 tokens; the top-k 3 row its sixes (row
+    // 1 starts at 1000 % 7 = 6: its tokens 7 j, 143 of them, are 6s).
+    assert_eq!((t, c), ([0.0, 6.0], [1000, 143]));
+    assert_eq!(m[0], 1.0);
+    assert!(m[1] > 0.0 && m[1] < 1.0, "{m:?}");
+    let set = |r: usize, i: usize| (bits[r * words + i / 32] as u32 >> (i % 32)) & 1 == 1;
+    assert!((0..1000).all(|i| set(0, i)) && (1000..words * 32).all(|i| !set(0, i)));
+    assert!((0..1000).all(|i| set(1, i) == ((1000 + i) % 7 == 6)));
 }

@@ -637,6 +637,11 @@ impl Outs {
             // Not fuzzed yet: the logprobs of given ids.
             token_logprobs: std::ptr::null_mut(),
             token_ranks: std::ptr::null_mut(),
+            // Not fuzzed yet: the kept sets.
+            kept_threshold: std::ptr::null_mut(),
+            kept_count: std::ptr::null_mut(),
+            kept_mass: std::ptr::null_mut(),
+            kept_bitmask: std::ptr::null_mut(),
         }
     }
 }

@@ -482,6 +482,20 @@ pub struct Output<'a> {
     /// One rank per entry of the batch's `logprob_token_ids`: the count of tokens whose
     /// logprob is >= the id's.
     pub token_ranks: Option<&'a mut [i32]>,
+    /// `rows` thresholds of the kept sets: the smallest value a row's filters keep, in the
+    /// values they judge (the row's logits, or its processed values when it has a sampling step,
+    /// before the temperature); +inf when the row's +inf values are its kept set, NaN when it
+    /// keeps nothing. A row keeps exactly its finite values at or above it.
+    pub kept_threshold: Option<&'a mut [f32]>,
+    /// `rows` counts of the tokens each row keeps.
+    pub kept_count: Option<&'a mut [i32]>,
+    /// `rows` kept masses: the share of the row's probability (softmax of its values at the
+    /// temperature its filters judge it at: 1/T with temperature first, 1 with filters first;
+    /// greedy rows: 1) its kept tokens hold, in f64.
+    pub kept_mass: Option<&'a mut [f64]>,
+    /// `rows x ceil(vocab / 32)` words: bit `i` of word `j` of a row is set when the row keeps
+    /// token `32 j + i` (xgrammar's bitmask layout); bits past the vocabulary are 0.
+    pub kept_bitmask: Option<&'a mut [i32]>,
 }
 
 /// What `Output::full_logprobs` receives for every token.
@@ -515,7 +529,19 @@ impl<'a> Output<'a> {
             full_mode: FullMode::Raw,
             token_logprobs: None,
             token_ranks: None,
+            kept_threshold: None,
+            kept_count: None,
+            kept_mass: None,
+            kept_bitmask: None,
         }
+    }
+
+    /// Whether any output of the rows' kept sets is asked for.
+    pub(crate) fn wants_kept(&self) -> bool {
+        self.kept_threshold.is_some()
+            || self.kept_count.is_some()
+            || self.kept_mass.is_some()
+            || self.kept_bitmask.is_some()
     }
 
     /// Whether any logprob output is asked for.

@@ -130,6 +130,7 @@ pub(crate) fn validate_but_ids(
     }
     validate_params(batch)?;
     validate_range_outputs(batch, out)?;
+    check_kept_outputs(batch, out)?;
     if let Some(n) = &batch.noise {
         if n.row_stride != 0 && n.row_stride < vocab {
             bail_batch!("noise_row_stride", None, "{} is neither 0 (broadcast) nor >= vocab {vocab}", n.row_stride);
@@ -268,6 +269,39 @@ fn validate_dry(k: &Kernels, batch: &Batch, ids: Ids) -> Result<()> {
     })?;
     if let Some(w) = batch.dry_breakers {
         check_words(k, w, (rows, batch.vocab, ids), DRY_BREAKERS)?;
+    }
+    Ok(())
+}
+
+/// Checks the kept-set outputs: one entry per row (the bitmask `ceil(vocab / 32)` words per
+/// row), and no row whose filters keep a range (typical sampling, XTC, dynamic temperature:
+/// their kept set is not the values above a threshold).
+fn check_kept_outputs(batch: &Batch, out: &Output) -> Result<()> {
+    let rows = batch.rows;
+    check_rows(Owner::Output, "kept_threshold", out.kept_threshold.as_deref(), rows)?;
+    check_rows(Owner::Output, "kept_count", out.kept_count.as_deref(), rows)?;
+    check_rows(Owner::Output, "kept_mass", out.kept_mass.as_deref(), rows)?;
+    if let Some(bits) = out.kept_bitmask.as_deref() {
+        let need = rows
+            .checked_mul(batch.vocab.div_ceil(32))
+            .ok_or_else(|| Error::arg(Owner::Output, "kept_bitmask", None, "rows x ceil(vocab / 32) overflows"))?;
+        check_len(Owner::Output, "kept_bitmask", bits.len(), need, "rows x ceil(vocab / 32)")?;
+    }
+    if !out.wants_kept() || !batch.keeps_ranges() {
+        return Ok(());
+    }
+    let ranged = |r: &usize| crate::filter::Filters::of(batch, *r).is_some_and(|f| f.keeps_range());
+    if let Some(r) = (0..rows).find(ranged) {
+        let field = [
+            ("kept_threshold", out.kept_threshold.is_some()),
+            ("kept_count", out.kept_count.is_some()),
+            ("kept_mass", out.kept_mass.is_some()),
+            ("kept_bitmask", out.kept_bitmask.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(f, on)| on.then_some(f))
+        .unwrap_or("kept_threshold");
+        bail_out!(field, Some(r), "the kept set is not reported for a row that keeps a range (typical_p, XTC or dynatemp on, or top-nσ after another filter in `order`)");
     }
     Ok(())
 }

@@ -38,7 +38,7 @@ use crate::row::RaceNoise;
 pub(crate) use kept::trim_kept;
 #[cfg(feature = "internals")]
 pub use kept::{kept_bytes, KEPT_PER_THREAD};
-use output::{write_full, Logprobs, Processed};
+use output::{write_full, KeptSets, Logprobs, Processed};
 pub(crate) use split::Workers;
 
 /// What to do with one row (decided by `plan`, on the calling thread).
@@ -67,6 +67,14 @@ impl RowPlan {
                 RowPlan::Sample { inv_t, filter_inv_t, noise, filters_after_race: true }
             }
             greedy => greedy,
+        }
+    }
+
+    /// The 1/T the filters judge a sampling row at; 1 for a greedy one.
+    fn filter_inv_t(&self) -> f32 {
+        match *self {
+            RowPlan::Greedy => 1.0,
+            RowPlan::Sample { filter_inv_t, .. } => filter_inv_t,
         }
     }
 
@@ -114,9 +122,10 @@ fn run_call(
     let mut logprobs = Logprobs::new(out, batch);
     let slots = logprobs.as_mut().map(Logprobs::slots);
     let after_race;
-    // Only processed logprobs and processed full outputs read the filters' floor.
+    // Only processed logprobs, processed full outputs and the kept sets read the filters' floor.
     let floor_read = (logprobs.is_some() && out.logprob_mode == LogprobMode::Processed)
-        || (out.full_logprobs.is_some() && out.full_mode != FullMode::Raw);
+        || (out.full_logprobs.is_some() && out.full_mode != FullMode::Raw)
+        || out.wants_kept();
     let plans = if !floor_read {
         after_race = alloc::collect(plans.iter().map(|&p| p.with_filters_after_race()), "the row plans")?;
         &after_race[..]
@@ -129,7 +138,7 @@ fn run_call(
     // The processed values of the rows with a step, for the full-vocabulary outputs that need
     // them, and the logprobs of the rows their tasks left (both before anything is written:
     // nothing after them can fail).
-    let needs_processed = out.full_logprobs.is_some() && out.full_mode != FullMode::Raw;
+    let needs_processed = (out.full_logprobs.is_some() && out.full_mode != FullMode::Raw) || out.wants_kept();
     let mut processed = if needs_processed { Processed::build(k, batch, &info)? } else { Processed::none(batch.rows) };
     if out.full_logprobs.is_some() {
         processed.reserve_full(batch.vocab).map_err(Error::nothing_written)?;
@@ -139,7 +148,16 @@ fn run_call(
         let done: Vec<bool> = drawn.iter().map(|d| d.logprobs_done).collect();
         l.compute_rest(k, batch, &inv_t, &info, &tokens, &done)?;
     }
+    let kept = if out.wants_kept() {
+        let filter_inv_t: Vec<f32> = plans.iter().map(RowPlan::filter_inv_t).collect();
+        Some(KeptSets::compute(k, batch, &filter_inv_t, &info, out, &mut processed)?)
+    } else {
+        None
+    };
     write_full(k, batch, &inv_t, &info, out, &mut processed);
+    if let Some(kept) = kept {
+        kept.write(out, batch.rows);
+    }
     let rows = batch.rows;
     for (t, d) in out.tokens[..rows].iter_mut().zip(&drawn) {
         *t = d.token;

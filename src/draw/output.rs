@@ -318,3 +318,175 @@ fn full_processed<V: RowValues + ?Sized>(
         };
     }
 }
+
+/// Every row's kept set (threshold, count, mass, bitmask), computed into scratch after the draw
+/// so that nothing is written on failure.
+pub(crate) struct KeptSets {
+    threshold: Vec<f32>,
+    count: Vec<i32>,
+    mass: Vec<f64>,
+    /// `rows x words` words, empty unless the bitmask is asked for.
+    bits: Vec<i32>,
+    words: usize,
+}
+
+/// Which parts of a row's kept set a call asks for.
+#[derive(Clone, Copy)]
+struct KeptWanted {
+    /// The threshold or the bitmask: one pass over every value.
+    scan: bool,
+    count: bool,
+    mass: bool,
+}
+
+impl KeptSets {
+    /// Computes the kept set of every row from the values its filters judged (its processed
+    /// values, from `processed`, when it was drawn from them), its maximum and its filters'
+    /// floor (`info`; the draw computed the whole floor: `floor_read`), at the 1/T the filters
+    /// judged it at (`filter_inv_t`: 1 for greedy rows).
+    pub(crate) fn compute(
+        k: &Kernels,
+        batch: &Batch,
+        filter_inv_t: &[f32],
+        info: &[RowInfo],
+        out: &Output,
+        processed: &mut Processed,
+    ) -> Result<KeptSets> {
+        let rows = batch.rows;
+        let words = batch.vocab.div_ceil(32);
+        let wanted = KeptWanted {
+            scan: out.kept_threshold.is_some() || out.kept_bitmask.is_some(),
+            count: out.kept_count.is_some(),
+            mass: out.kept_mass.is_some(),
+        };
+        let mut bits = alloc::filled(if out.kept_bitmask.is_some() { rows * words } else { 0 }, 0, "the kept bitmask")?;
+        let mut threshold = alloc::filled(rows, 0.0, "the kept thresholds")?;
+        let mut count = alloc::filled(rows, 0, "the kept counts")?;
+        let mut mass = alloc::filled(rows, 0.0, "the kept masses")?;
+        let Processed { steps, y, bmax, mass: block_mass } = processed;
+        let scratch = &mut (bmax, block_mass);
+        for r in 0..rows {
+            let row_bits = if bits.is_empty() { &mut [][..] } else { &mut bits[r * words..(r + 1) * words] };
+            let RowInfo { top, floor, .. } = info[r];
+            let at = (top, floor, filter_inv_t[r]);
+            let (t, c, m) = with_row!(batch, r, |v| match &mut steps[r] {
+                Some(e) => {
+                    // The buffer already has the row's length, so this allocates nothing.
+                    e.materialize(k, v, y, &mut []).expect("the buffer has the row's length");
+                    row_kept(k, &y[..], at, wanted, scratch, row_bits)
+                }
+                None => row_kept(k, v, at, wanted, scratch, row_bits),
+            })
+            .map_err(|e| e.in_row(r))?;
+            (threshold[r], count[r], mass[r]) = (t, c, m);
+        }
+        Ok(KeptSets { threshold, count, mass, bits, words })
+    }
+
+    pub(crate) fn write(&self, out: &mut Output, rows: usize) {
+        if let Some(d) = out.kept_threshold.as_deref_mut() {
+            d[..rows].copy_from_slice(&self.threshold);
+        }
+        if let Some(d) = out.kept_count.as_deref_mut() {
+            d[..rows].copy_from_slice(&self.count);
+        }
+        if let Some(d) = out.kept_mass.as_deref_mut() {
+            d[..rows].copy_from_slice(&self.mass);
+        }
+        if let Some(d) = out.kept_bitmask.as_deref_mut() {
+            d[..rows * self.words].copy_from_slice(&self.bits);
+        }
+    }
+}
+
+/// The kept set of the values `v` whose maximum is `top` and filters' floor `floor`, judged at
+/// 1/T `s`: its threshold, count and mass (what `wanted` asks for; NaN / 0 otherwise), and its
+/// bits set in `bits` (empty: not asked for). The same rule as the race's: the finite values
+/// `>= floor`, or the +inf ones when `top` is +inf. `scratch`: block maxima and masses.
+fn row_kept<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    (top, floor, s): (f32, f32, f32),
+    wanted: KeptWanted,
+    scratch: &mut (&mut Vec<f32>, &mut Vec<f64>),
+    bits: &mut [i32],
+) -> Result<(f32, i32, f64)> {
+    if top == f32::NEG_INFINITY {
+        return Ok((f32::NAN, 0, 0.0));
+    }
+    if top == f32::INFINITY {
+        let mut count = 0;
+        for i in (0..v.n()).filter(|&i| v.at(i) == f32::INFINITY) {
+            count += 1;
+            if let Some(w) = bits.get_mut(i / 32) {
+                *w |= 1 << (i % 32);
+            }
+        }
+        return Ok((f32::INFINITY, count, 1.0));
+    }
+    block_maxima(k, v, scratch.0)?;
+    // The kept values: >= floor and finite (top is finite: no +inf; NaN compares false).
+    let lo = floor.max(f32::MIN);
+    let (least, count) = if wanted.scan {
+        scan_kept(v, scratch.0, lo, bits)
+    } else if wanted.count {
+        // SAFETY: the row has n values and the block maxima one per block.
+        (f32::NAN, unsafe { (V::kernels(k).count_ge)(v.ptr(), v.n(), scratch.0, lo) as i32 })
+    } else {
+        (f32::NAN, 0)
+    };
+    let mass = if wanted.mass {
+        let kept = row_mass(k, v, (top, s), floor, scratch)?;
+        let all = if floor == f32::NEG_INFINITY { kept } else { row_mass(k, v, (top, s), f32::NEG_INFINITY, scratch)? };
+        kept / all
+    } else {
+        0.0
+    };
+    Ok((least, count, mass))
+}
+
+/// The least and the count of the values `>= lo` of `v` (block maxima `bmax`), their bits set
+/// in `bits` (empty: not asked for): 32 values a word, without branches, in the blocks whose
+/// maximum reaches `lo` (the others keep nothing).
+fn scan_kept<V: RowValues + ?Sized>(v: &V, bmax: &[f32], lo: f32, bits: &mut [i32]) -> (f32, i32) {
+    const _: () = assert!(BLOCK.is_multiple_of(32), "each bitmask word lies in one block");
+    let (mut count, mut least) = (0i32, f32::INFINITY);
+    let n = v.n();
+    for (b, _) in bmax.iter().enumerate().filter(|&(_, &m)| m >= lo) {
+        for w in (b * BLOCK / 32)..((b + 1) * BLOCK).min(n).div_ceil(32) {
+            let mut word = 0u32;
+            for i in w * 32..(w * 32 + 32).min(n) {
+                let x = v.at(i);
+                let keep = x >= lo;
+                word |= (keep as u32) << (i % 32);
+                least = least.min(if keep { x } else { f32::INFINITY });
+            }
+            count += word.count_ones() as i32;
+            if let Some(d) = bits.get_mut(w) {
+                *d = word as i32;
+            }
+        }
+    }
+    (least, count)
+}
+
+/// The mass `sum exp((x - top) s)` of the finite values `x >= floor` (block maxima in
+/// `scratch.0`): the logprobs' normaliser pass (f32 exps summed in an order fixed per block, the
+/// same bits at every SIMD level), or, where `s log2 e` overflows f32, the float64 weights one by
+/// one.
+fn row_mass<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    (top, s): (f32, f32),
+    floor: f32,
+    scratch: &mut (&mut Vec<f32>, &mut Vec<f64>),
+) -> Result<f64> {
+    match crate::mass::RowMass::new(k, v, top, s, floor) {
+        Some(m) => Ok(m.z_exp(scratch.0, scratch.1)?.0),
+        None => Ok((0..v.n())
+            .map(|i| v.at(i))
+            .filter(|&x| x >= floor && x.is_finite())
+            .map(|x| crate::mass::weight64(x, top, s))
+            .sum()),
+    }
+}

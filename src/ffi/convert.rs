@@ -133,7 +133,8 @@ versioned!(tokenrace_batch, v1 ends with noise_row_stride, default zeroed(), [
 ]);
 versioned!(tokenrace_output, v1 ends with topn_logprobs, default zeroed(), [
     struct_size, logprob_mode, tokens, flags, logprobs, ranks, top_n, reserved0, topn_ids, topn_logprobs,
-    full_logprobs, full_row_stride, full_mode, reserved1, token_logprobs, token_ranks,
+    full_logprobs, full_row_stride, full_mode, reserved1, token_logprobs, token_ranks, kept_threshold, kept_count,
+    kept_mass, kept_bitmask,
 ]);
 versioned!(tokenrace_verify_batch, v1 ends with noise_row_stride, default zeroed(), [
     struct_size, dtype, logits, rows, vocab, row_stride, requests, reserved0, draft_counts, draft_tokens, draft_probs,

@@ -317,6 +317,9 @@ unsafe fn output_from_c<'a>(o: &tokenrace_output, b: &Batch) -> Result<(Output<'
     // One logprob and rank per given id (validate checks the offsets' order; the last says how
     // many ids there are, at most the ids' span, which `lists` made a slice of).
     let given = b.logprob_token_ids.map_or(0, |l| l.ids.len());
+    let kept_words = rows
+        .checked_mul(vocab.div_ceil(32))
+        .ok_or_else(|| Error::arg(Owner::Output, "kept_bitmask", None, "rows x ceil(vocab / 32) overflows"))?;
     let mut d = Disjoint::new(input_regions(b));
     let out = Owner::Output;
     // SAFETY (every slice below): the caller's contract for the output's pointers.
@@ -338,6 +341,10 @@ unsafe fn output_from_c<'a>(o: &tokenrace_output, b: &Batch) -> Result<(Output<'
         full_mode: full_mode.into(),
         token_logprobs: unsafe { d.opt_slice_mut(out, "token_logprobs", o.token_logprobs, given)? },
         token_ranks: unsafe { d.opt_slice_mut(out, "token_ranks", o.token_ranks, given)? },
+        kept_threshold: unsafe { d.opt_slice_mut(out, "kept_threshold", o.kept_threshold, rows)? },
+        kept_count: unsafe { d.opt_slice_mut(out, "kept_count", o.kept_count, rows)? },
+        kept_mass: unsafe { d.opt_slice_mut(out, "kept_mass", o.kept_mass, rows)? },
+        kept_bitmask: unsafe { d.opt_slice_mut(out, "kept_bitmask", o.kept_bitmask, kept_words)? },
     };
     Ok((output, d))
 }

@@ -473,6 +473,24 @@ pub struct tokenrace_output {
     /// One rank per entry of the batch's `logprob_token_ids`: the count of tokens whose logprob
     /// is >= the id's (NULL: not computed; each costs a count over the row).
     pub token_ranks: *mut i32,
+    // Added after 0.2.0: the kept set of each row (vLLM's sampling masks, SGLang's
+    // `return_sampling_masks`); a caller whose struct_size ends before them gets NULL. A row keeps
+    // its finite values at or above its filters' floor (the +inf ones, when it has one); greedy
+    // rows keep every finite value of their processed row. Refused for rows with typical_p, XTC
+    // or dynatemp on.
+    /// `rows` thresholds: the smallest kept value, in the values the filters judge (the logit,
+    /// or the processed value of a row with a sampling step, before the temperature); +inf when
+    /// the row's +inf values are kept, NaN when nothing is (NULL: not reported).
+    pub kept_threshold: *mut f32,
+    /// `rows` counts of the kept tokens (NULL: not reported).
+    pub kept_count: *mut i32,
+    /// `rows` kept masses: the share of the row's probability its kept tokens hold, at the
+    /// temperature its filters judge it at (1/T with temperature first, 1 with filters first or
+    /// greedy), in f64 (NULL: not reported).
+    pub kept_mass: *mut f64,
+    /// `rows x ceil(vocab / 32)` words, xgrammar's bitmask layout: bit i of word j of a row is
+    /// set when the row keeps token 32 j + i; bits past vocab are 0 (NULL: not reported).
+    pub kept_bitmask: *mut i32,
 }
 
 /// Counters of a sampler since it was made.

@@ -141,7 +141,8 @@ def test_the_packed_layouts_set_every_field_of_the_ctypes_structs(tokenrace):
                                      (_call.DRY_LAYOUT, _call.DRY_OFFSET, _ffi.BATCH_DRY_FIRST))),
              (_ffi.tokenrace_output, ((_call.OUTPUT_LAYOUT, 0, "struct_size"),
                                       (_call.FULL_LAYOUT, _call.FULL_OFFSET, _ffi.OUTPUT_FULL_FIRST),
-                                      (_call.GIVEN_LAYOUT, _call.GIVEN_OFFSET, _ffi.OUTPUT_GIVEN_FIRST))))
+                                      (_call.GIVEN_LAYOUT, _call.GIVEN_OFFSET, _ffi.OUTPUT_GIVEN_FIRST),
+                                      (_call.KEPT_LAYOUT, _call.KEPT_OFFSET, _ffi.OUTPUT_KEPT_FIRST))))
     for cls, layouts in parts:
         ends = [offset for _, offset, _ in layouts[1:]] + [ctypes.sizeof(cls)]
         for (layout, offset, _), end in zip(layouts, ends):
@@ -231,4 +232,11 @@ def test_a_call_without_the_sampling_step_clears_what_the_last_one_set(tokenrace
     assert r.token_logprobs.shape == (3,) and state.given_packed
     r = s.draw_full(x, temperature=0)
     assert r.token_logprobs is None and not state.given_packed
-    assert bytes(state.full_output)[_call.GIVEN_OFFSET:] == bytes(_call.GIVEN_LAYOUT.size)
+    given_end = _call.GIVEN_OFFSET + _call.GIVEN_LAYOUT.size
+    assert bytes(state.full_output)[_call.GIVEN_OFFSET:given_end] == bytes(_call.GIVEN_LAYOUT.size)
+    # The same for the kept-set outputs.
+    r = s.draw_full(x, temperature=0, kept_set=True, kept_bitmask=True)
+    assert r.kept_count.shape == (3,) and r.kept_bitmask.shape == (3, 2) and state.kept_packed
+    r = s.draw_full(x, temperature=0)
+    assert r.kept_count is None and not state.kept_packed
+    assert bytes(state.full_output)[_call.KEPT_OFFSET:] == bytes(_call.KEPT_LAYOUT.size)

@@ -100,8 +100,11 @@ FULL_LAYOUT = struct_layout(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST, _ffi.
 FULL_OFFSET = getattr(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST).offset
 FULL_ZEROS = (0,) * sum(1 for c in FULL_LAYOUT.format if c not in "=x")
 # The logprobs of given ids (``CallState.given_packed``).
-GIVEN_LAYOUT = struct_layout(_ffi.tokenrace_output, _ffi.OUTPUT_GIVEN_FIRST)
+GIVEN_LAYOUT = struct_layout(_ffi.tokenrace_output, _ffi.OUTPUT_GIVEN_FIRST, _ffi.OUTPUT_KEPT_FIRST)
 GIVEN_OFFSET = getattr(_ffi.tokenrace_output, _ffi.OUTPUT_GIVEN_FIRST).offset
+# The kept-set outputs (``CallState.kept_packed``).
+KEPT_LAYOUT = struct_layout(_ffi.tokenrace_output, _ffi.OUTPUT_KEPT_FIRST)
+KEPT_OFFSET = getattr(_ffi.tokenrace_output, _ffi.OUTPUT_KEPT_FIRST).offset
 BATCH_SIZE = ctypes.sizeof(_ffi.tokenrace_batch)
 OUTPUT_SIZE = ctypes.sizeof(_ffi.tokenrace_output)
 # A verify call (``Sampler.verify``) packs its structs whole, in one call each.
@@ -200,6 +203,7 @@ class CallState:
         self.order_packed = False
         self.dry_packed = False
         self.given_packed = False
+        self.kept_packed = False
         # The arguments of tokenrace_draw, made once rather than a byref() per call.
         self.batch_ptr = ctypes.pointer(self.batch)
         self.tokens_output_ptr = ctypes.pointer(self.tokens_output)

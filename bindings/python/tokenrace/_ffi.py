@@ -266,6 +266,11 @@ class tokenrace_output(_Versioned):
         # added after 0.2.0: the logprobs of given ids (``_call.GIVEN_LAYOUT``)
         ("token_logprobs", POINTER(c_float)),
         ("token_ranks", POINTER(c_int32)),
+        # added after 0.2.0: the kept set of each row (``_call.KEPT_LAYOUT``)
+        ("kept_threshold", POINTER(c_float)),
+        ("kept_count", POINTER(c_int32)),
+        ("kept_mass", POINTER(c_double)),
+        ("kept_bitmask", POINTER(c_int32)),
     ]
 
 
@@ -280,6 +285,8 @@ BATCH_LLAMA_FIRST = "min_keep"
 OUTPUT_FULL_FIRST = "full_logprobs"
 # The first field after the full-vocabulary part: the logprobs of given ids, packed apart.
 OUTPUT_GIVEN_FIRST = "token_logprobs"
+# The first field of the kept-set outputs, packed apart.
+OUTPUT_KEPT_FIRST = "kept_threshold"
 # The first field of the batch's parity block (bad words, forced tokens), packed apart.
 BATCH_PARITY_FIRST = "bad_words_ids"
 # The first field of the batch's order block (order, order_len), packed apart.

@@ -13,9 +13,9 @@ from . import _ffi
 from ._arrays import (LOGITS_DTYPES, NOISE_DTYPES, arrays_in, as_torch, byte_span, contiguous_rows, is_torch_tensor,
                       per_row, rows_view)
 from ._call import (BATCH_LAYOUT, BATCH_SIZE, FLAG_SCALARS, FLOAT_SCALARS, FULL_LAYOUT, FULL_OFFSET, FULL_ZEROS,
-                    GIVEN_LAYOUT, GIVEN_OFFSET, INT_SCALARS, LLAMA_LAYOUT, LLAMA_OFFSET, OUTPUT_LAYOUT, OUTPUT_SIZE,
-                    ORDER_LAYOUT, ORDER_OFFSET, PARITY_LAYOUT, PARITY_OFFSET, PARITY_ZEROS, DRY_LAYOUT, DRY_OFFSET,
-                    DRY_ZEROS, POINTER_LAYOUT, REQUESTS_LAYOUT, REQUESTS_OFFSET,
+                    GIVEN_LAYOUT, GIVEN_OFFSET, INT_SCALARS, KEPT_LAYOUT, KEPT_OFFSET, LLAMA_LAYOUT, LLAMA_OFFSET,
+                    OUTPUT_LAYOUT, OUTPUT_SIZE, ORDER_LAYOUT, ORDER_OFFSET, PARITY_LAYOUT, PARITY_OFFSET, PARITY_ZEROS,
+                    DRY_LAYOUT, DRY_OFFSET, DRY_ZEROS, POINTER_LAYOUT, REQUESTS_LAYOUT, REQUESTS_OFFSET,
                     STEP_LAYOUT, STEP_OFFSET, STEP_ZEROS, TOP_N_SIGMA_OFFSET, address, pack_tokens_output,
                     release_state, take_state)
 from ._common import (_choice, _Closable, _Default, _from_env, _Handle, _name_of, _offsets_without_seeds,
@@ -474,7 +474,7 @@ class Sampler(_Closable):
                   typical_p=None, xtc_probability=None, xtc_threshold=None, dynatemp_range=None,
                   dynatemp_exponent=None, bad_words=None, forced_tokens=None, logprob_token_ids=None,
                   order=None, dry_multiplier=None, dry_base=None, dry_allowed_length=None,
-                  dry_penalty_last_n=None, dry_sequence_breakers=None):
+                  dry_penalty_last_n=None, dry_sequence_breakers=None, kept_set=False, kept_bitmask=False):
         """Draws like ``draw`` and also returns logprobs: a ``DrawResult`` (of torch tensors over
         the same memory when ``logits`` is a tensor, flags as int32) with
 
@@ -506,6 +506,17 @@ class Sampler(_Closable):
             SGLang's ``token_ids_logprobs``), in the forms of ``prompt_tokens``; with
             ``ranks=True``, ``r.token_ranks`` their ranks.
 
+        kept_set: True also returns each row's kept set (vLLM's sampling masks, SGLang's
+            ``return_sampling_masks``): ``r.kept_threshold`` (float32: the smallest kept value, in
+            the values the filters judge, before the temperature; +inf when the row's +inf values
+            are kept, NaN when nothing is), ``r.kept_count`` (int32) and ``r.kept_mass`` (float64:
+            the share of the row's probability its kept tokens hold, at the temperature its filters
+            judge it at). A row keeps exactly its finite values at or above the threshold; greedy
+            rows keep every finite processed value. Refused for rows with typical_p, XTC or
+            dynatemp on.
+        kept_bitmask: True also returns ``r.kept_bitmask``, rows x ceil(vocab / 32) int32 words in
+            xgrammar's layout (bit i of word j set: token 32 j + i is kept).
+
         The sampling step's arguments are ``draw``'s.
         """
         mode = _choice("logprob_mode", logprob_mode, _ffi.LOGPROB_MODE_NAMES)
@@ -515,6 +526,9 @@ class Sampler(_Closable):
         if not isinstance(ranks, (bool, np.bool_)):
             raise TypeError(f"ranks: must be a bool (whether to return the sampled tokens' ranks), got "
                             f"{type(ranks).__name__}")
+        for name, value in (("kept_set", kept_set), ("kept_bitmask", kept_bitmask)):
+            if not isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"{name}: must be a bool, got {type(value).__name__}")
         if full_logprobs is not None:
             full_mode = _choice("full_logprobs", full_logprobs, _ffi.FULL_MODE_NAMES)
         elif out is not None:
@@ -581,6 +595,15 @@ class Sampler(_Closable):
                 np.empty(given, dtype=np.float32) if logprob_token_ids is not None else None,  # token_logprobs
                 np.empty(given, dtype=np.int32) if logprob_token_ids is not None and ranks else None,  # token_ranks
             )
+            if kept_set or kept_bitmask:
+                _kept_outputs(res, rows, state.batch.vocab, kept_set, kept_bitmask)
+                KEPT_LAYOUT.pack_into(state.full_output, KEPT_OFFSET, *(
+                    0 if arr is None else address(arr)
+                    for arr in (res.kept_threshold, res.kept_count, res.kept_mass, res.kept_bitmask)))
+                state.kept_packed = True
+            elif state.kept_packed:
+                KEPT_LAYOUT.pack_into(state.full_output, KEPT_OFFSET, 0, 0, 0, 0)
+                state.kept_packed = False
             if logprob_token_ids is not None:
                 GIVEN_LAYOUT.pack_into(state.full_output, GIVEN_OFFSET, address(res.token_logprobs),
                                        address(res.token_ranks) if ranks else 0)
@@ -727,8 +750,20 @@ def _result_as_torch(res, out):
     fields = [None if value is None else as_torch(value)
               for value in (res.tokens, res.flags, res.logprobs, res.ranks, res.topn_ids, res.topn_logprobs)]
     full = res.full_logprobs
-    given = [None if value is None else as_torch(value) for value in (res.token_logprobs, res.token_ranks)]
+    given = [None if value is None else as_torch(value)
+             for value in (res.token_logprobs, res.token_ranks, res.kept_threshold, res.kept_count, res.kept_mass,
+                           res.kept_bitmask)]
     return DrawResult(*fields, full if full is None or out is not None else as_torch(full), *given)
+
+
+def _kept_outputs(res, rows, vocab, kept_set, kept_bitmask):
+    """The arrays of the kept-set outputs asked for, set on ``res`` (the others stay None)."""
+    if kept_set:
+        res.kept_threshold = np.empty(rows, dtype=np.float32)
+        res.kept_count = np.empty(rows, dtype=np.int32)
+        res.kept_mass = np.empty(rows, dtype=np.float64)
+    if kept_bitmask:
+        res.kept_bitmask = np.empty((rows, (vocab + 31) // 32), dtype=np.int32)
 
 
 def _full_output(out, rows, vocab):
@@ -845,6 +880,12 @@ class DrawResult:
     # ``ranks=True`` one rank (int32) per id.
     token_logprobs: Optional[np.ndarray] = None
     token_ranks: Optional[np.ndarray] = None
+    # With ``kept_set=True``: per row the kept set's threshold (float32), count (int32) and mass
+    # (float64); with ``kept_bitmask=True``: rows x ceil(vocab / 32) int32 words.
+    kept_threshold: Optional[np.ndarray] = None
+    kept_count: Optional[np.ndarray] = None
+    kept_mass: Optional[np.ndarray] = None
+    kept_bitmask: Optional[np.ndarray] = None
 
 
 def _config_from_env():
