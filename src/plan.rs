@@ -90,7 +90,7 @@ pub(crate) fn plan(
         }
         let inv_t = inv_temperature(t);
         let filter_inv_t = if order == FilterOrder::FiltersFirst { 1.0 } else { inv_t };
-        rows.push(RowPlan::Sample { inv_t, filter_inv_t, noise, filters_after_race: false });
+        rows.push(RowPlan::Sample { inv_t, filter_inv_t, noise, filters_after_race: false, scored: false });
     }
     let (mut lease, mut taken) = (None, None);
     match pool {

@@ -16,6 +16,8 @@ use parking_lot::Mutex;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering, Ordering::Relaxed};
 use std::sync::Arc;
 
+mod score;
+
 /// The domain of the seed of a sampler's own pool ("samplerp"): the pool's seed is the sampler's
 /// seed mixed into this domain, so that a seeded sampler's pool and the key stream of its
 /// unseeded rows, made from the same seed, do not share noise.

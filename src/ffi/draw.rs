@@ -22,7 +22,7 @@ use crate::requests::{RequestRows, Requests};
 ///
 /// # Safety
 /// Every non-NULL pointer of `b` covers the elements its sizes say, for `'a`.
-unsafe fn batch_from_c<'a>(b: &tokenrace_batch, state: Option<&'a Requests>) -> Result<Batch<'a>> {
+pub(super) unsafe fn batch_from_c<'a>(b: &tokenrace_batch, state: Option<&'a Requests>) -> Result<Batch<'a>> {
     let (rows, vocab) = (b.rows as usize, b.vocab as usize);
     let stride = if b.row_stride == 0 { vocab } else { usize::try_from(b.row_stride).unwrap_or(usize::MAX) };
     let dtype: tokenrace_dtype = arg_enum(Owner::Batch, "dtype", b.dtype)?;
@@ -248,7 +248,7 @@ unsafe fn bitmask<'a>(b: &tokenrace_batch, rows: usize, vocab: usize) -> Result<
 /// # Safety
 /// Every non-NULL pointer of `o` covers the elements its sizes say, for `'a`, and nothing else
 /// uses them meanwhile.
-unsafe fn output_from_c<'a>(o: &tokenrace_output, b: &Batch) -> Result<(Output<'a>, Disjoint)> {
+pub(super) unsafe fn output_from_c<'a>(o: &tokenrace_output, b: &Batch) -> Result<(Output<'a>, Disjoint)> {
     let (rows, vocab) = (b.rows, b.vocab);
     let logprob_mode: tokenrace_logprob_mode = arg_enum(Owner::Output, "logprob_mode", o.logprob_mode)?;
     let top_n = o.top_n as usize;
