@@ -389,6 +389,14 @@ inline void filters_and_logprobs_match_the_reference(const tokenrace::Library& l
   const tokenrace::DrawResult processed = sampler.draw_full(batch, options, vocab, TOKENRACE_LOGPROB_MODE_PROCESSED);
   const tokenrace::DrawResult raw = sampler.draw_full(batch, options, 3, TOKENRACE_LOGPROB_MODE_RAW, true);
   CHECK(processed.ranks.empty() && raw.ranks.size() == rows);  // ranks only when asked
+  // score: the drawn tokens scored give back the draws' logprobs, bit for bit.
+  const tokenrace::DrawResult scored =
+      sampler.score(batch, raw.tokens, tokenrace::DrawOptions(options).top_n(3).ranks(true));
+  CHECK(scored.tokens == raw.tokens && scored.ranks == raw.ranks && scored.topn_ids == raw.topn_ids);
+  CHECK(std::memcmp(scored.logprobs.data(), raw.logprobs.data(), rows * sizeof(float)) == 0);
+  CHECK(std::memcmp(scored.topn_logprobs.data(), raw.topn_logprobs.data(), rows * 3 * sizeof(float)) == 0);
+  const std::vector<int32_t> short_targets(rows - 1, 0);
+  CHECK_THROWS(sampler.score(batch, short_targets, options), TOKENRACE_STATUS_INVALID_ARGUMENT, "target_ids");
   const std::vector<double> raw_ref = reference_logprobs(x, 1.0, std::vector<bool>(vocab, true));
   std::vector<int32_t> by_raw(vocab);
   std::iota(by_raw.begin(), by_raw.end(), 0);

@@ -1066,6 +1066,28 @@ enum tokenrace_status tokenrace_shard_finish(const struct tokenrace_shard_row *c
                                              int32_t *tokens,
                                              uint32_t *flags);
 
+// Scores one target token per row: writes into `out` what `tokenrace_draw` writes for a row
+// whose token is its target (`logprobs`, `ranks`, the top-n, `token_logprobs`/`token_ranks` of
+// the batch's `logprob_token_ids`, `full_logprobs`, `flags`, in `out->logprob_mode`), bit for
+// bit the values a draw that returned that token reports; `out->tokens` receives the targets.
+// Nothing is drawn: no noise is consumed (the sampler's stream, its pool) and the sampler's
+// counters do not move. The rows are spread over the sampler's threads as a draw's are.
+//
+// `batch`: a draw's batch with `forced_tokens` and `noise` NULL (refused otherwise); its
+// seeds are read only by rows with XTC on, whose coin comes from the row's key (an unseeded
+// row's: that of seed 0 at offset 0). `target_ids`: `batch->rows` token ids, each in
+// `[0, vocab)`. Prompt logprobs: one row per position, its target the next prompt token.
+//
+// Returns TOKENRACE_OK, or an error naming the argument (and row) that was refused; a failed
+// call writes nothing.
+//
+// # Safety
+// As `tokenrace_draw`; `target_ids` covers `batch->rows` ids.
+enum tokenrace_status tokenrace_score(struct tokenrace_sampler *sampler,
+                                      const struct tokenrace_batch *batch,
+                                      const int32_t *target_ids,
+                                      struct tokenrace_output *out);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

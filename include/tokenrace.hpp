@@ -100,6 +100,7 @@ namespace tokenrace {
   X(requests_len)                  \
   X(requests_output_len)           \
   X(verify)                        \
+  X(score)                         \
   X(watermark_seeds)               \
   X(watermark_detect)              \
   X(shard_top)                     \
@@ -1319,6 +1320,37 @@ class Sampler {
   // sampled token's rank, and the full-vocabulary values (into DrawResult::full_logprobs unless
   // the options give memory for them).
   DrawResult draw_full(const Logits& logits, const DrawOptions& options = DrawOptions()) {
+    return full_call(logits, options, nullptr);
+  }
+
+  // The general score call (tokenrace_score): `target_ids` holds batch.rows token ids.
+  void score(const tokenrace_batch& batch, const int32_t* target_ids, tokenrace_output& out) {
+    library_.check(api().score(live(), &batch, target_ids, &out));
+  }
+
+  // Scores one target token per row, nothing drawn: the DrawResult a draw_full whose rows drew
+  // these tokens returns (logprobs, ranks, top-n, full-vocabulary values, flags; tokens are the
+  // targets), bit for bit, with no noise consumed. The options are draw_full's, without forced
+  // tokens or noise (refused). Prompt logprobs: one row per position, its target the next token.
+  DrawResult score(const Logits& logits, Span<int32_t> target_ids, const DrawOptions& options = DrawOptions()) {
+    if (!target_ids.data()) throw detail::invalid_argument("score", "target_ids is null");
+    if (target_ids.has_size() && target_ids.size() != logits.rows) {
+      throw detail::invalid_argument("score", "target_ids has " + std::to_string(target_ids.size()) +
+                                                  " ids for " + std::to_string(logits.rows) + " rows");
+    }
+    return full_call(logits, options, target_ids.data());
+  }
+
+  // draw_full with the options' top_n, logprob mode and ranks replaced by these.
+  DrawResult draw_full(const Logits& logits, const DrawOptions& options, uint32_t top_n,
+                       tokenrace_logprob_mode mode = TOKENRACE_LOGPROB_MODE_RAW, bool ranks = false) {
+    DrawOptions asked = options;
+    return draw_full(logits, asked.top_n(top_n).logprob_mode(mode).ranks(ranks));
+  }
+
+ private:
+  // draw_full's call, or score's when `targets` is not null.
+  DrawResult full_call(const Logits& logits, const DrawOptions& options, const int32_t* targets) {
     const DrawBatch batch = options.batch(logits);
     const size_t rows = logits.rows;
     const uint32_t top_n = options.top_n_;
@@ -1348,16 +1380,15 @@ class Sampler {
       out.full_logprobs = result.full_logprobs.data();
       out.full_mode = *options.full_mode_;
     }
-    draw(batch, out);
+    if (targets) {
+      score(batch, targets, out);
+    } else {
+      draw(batch, out);
+    }
     return result;
   }
 
-  // draw_full with the options' top_n, logprob mode and ranks replaced by these.
-  DrawResult draw_full(const Logits& logits, const DrawOptions& options, uint32_t top_n,
-                       tokenrace_logprob_mode mode = TOKENRACE_LOGPROB_MODE_RAW, bool ranks = false) {
-    DrawOptions asked = options;
-    return draw_full(logits, asked.top_n(top_n).logprob_mode(mode).ranks(ranks));
-  }
+ public:
 
   // The general verify call: a tokenrace_verify_batch and tokenrace_verify_output filled by the
   // caller.

@@ -408,6 +408,7 @@ _SIGNATURES = {
     "tokenrace_sampler_simd_level": (c_char_p, [sampler_p]),
     "tokenrace_sampler_get_stats": (status, [sampler_p, POINTER(tokenrace_sampler_stats)]),
     "tokenrace_draw": (status, [sampler_p, POINTER(tokenrace_batch), POINTER(tokenrace_output)]),
+    "tokenrace_score": (status, [sampler_p, POINTER(tokenrace_batch), POINTER(c_int32), POINTER(tokenrace_output)]),
     "tokenrace_pool_config_default": (tokenrace_pool_config, []),
     "tokenrace_pool_config_from_env": (status, [POINTER(tokenrace_pool_config)]),
     "tokenrace_pool_new": (status, [POINTER(tokenrace_pool_config), POINTER(pool_p)]),
@@ -533,7 +534,7 @@ SINCE_0_2 = frozenset({"tokenrace_verify", "tokenrace_set_log_callback", "tokenr
                        "tokenrace_requests_add", "tokenrace_requests_remove", "tokenrace_requests_reset",
                        "tokenrace_requests_append", "tokenrace_requests_len", "tokenrace_requests_output_len",
                        "tokenrace_shard_top", "tokenrace_shard_combine_top", "tokenrace_shard_race",
-                       "tokenrace_shard_finish"})
+                       "tokenrace_shard_finish", "tokenrace_score"})
 
 
 def _declare(handle):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import ctypes
 from ctypes import byref
 from dataclasses import dataclass
 from typing import Optional
@@ -10,8 +11,8 @@ from typing import Optional
 import numpy as np
 
 from . import _ffi
-from ._arrays import (LOGITS_DTYPES, NOISE_DTYPES, arrays_in, as_torch, byte_span, contiguous_rows, is_torch_tensor,
-                      per_row, rows_view)
+from ._arrays import (LOGITS_DTYPES, NOISE_DTYPES, arrays_in, as_torch, byte_span, contiguous_rows, int32_vector,
+                      is_torch_tensor, per_row, rows_view)
 from ._call import (BATCH_LAYOUT, BATCH_SIZE, FLAG_SCALARS, FLOAT_SCALARS, FULL_LAYOUT, FULL_OFFSET, FULL_ZEROS,
                     GIVEN_LAYOUT, GIVEN_OFFSET, INT_SCALARS, LLAMA_LAYOUT, LLAMA_OFFSET, OUTPUT_LAYOUT, OUTPUT_SIZE,
                     PARITY_LAYOUT, PARITY_OFFSET, PARITY_ZEROS, POINTER_LAYOUT, REQUESTS_LAYOUT, REQUESTS_OFFSET,
@@ -23,6 +24,19 @@ from ._errors import InvalidArgumentError, check
 from ._requests import pack_requests
 from ._step import FIELD_ARGUMENTS, list_entries, parity_fields, step_fields
 from ._verify import verify as _verify
+from ._errors import UnsupportedError
+
+
+_INT32_P = ctypes.POINTER(ctypes.c_int32)
+
+
+def _score_function():
+    lib = _ffi.lib()
+    try:
+        return lib.tokenrace_score
+    except AttributeError:
+        raise UnsupportedError(f"Sampler.score: the loaded library ({_ffi.library_path()}) has no tokenrace_score; "
+                               f"use a newer build") from None
 
 
 def _free_sampler(ptr):
@@ -471,6 +485,54 @@ class Sampler(_Closable):
 
         The sampling step's arguments are ``draw``'s.
         """
+        return self._full(None, logits, temperature=temperature, seeds=seeds, offsets=offsets, seeded=seeded,
+                          noise=noise, noise_kind=noise_kind, top_k=top_k, top_p=top_p, min_p=min_p,
+                          top_n_sigma=top_n_sigma, logprobs=logprobs, ranks=ranks, logprob_mode=logprob_mode,
+                          prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                          repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
+                          presence_penalty=presence_penalty, logit_bias=logit_bias,
+                          allowed_tokens=allowed_tokens, banned_tokens=banned_tokens,
+                          token_bitmask=token_bitmask, full_logprobs=full_logprobs, out=out,
+                          penalty_last_n=penalty_last_n, min_tokens=min_tokens, stop_token_ids=stop_token_ids,
+                          requests=requests, request_ids=request_ids, min_keep=min_keep, typical_p=typical_p,
+                          xtc_probability=xtc_probability, xtc_threshold=xtc_threshold,
+                          dynatemp_range=dynatemp_range, dynatemp_exponent=dynatemp_exponent,
+                          bad_words=bad_words, forced_tokens=forced_tokens, logprob_token_ids=logprob_token_ids)
+
+    def score(self, logits, target_ids, *, logprobs=0, ranks=False, mode="raw", **options):
+        """Scores one target token per row, drawing nothing: returns the ``DrawResult`` that
+        ``draw_full`` returns for rows that drew these tokens (``logprobs`` of the targets,
+        ``ranks``, the top-n, ``token_logprobs``/``token_ranks`` of ``logprob_token_ids``,
+        ``full_logprobs``, flags; ``tokens`` are the targets), bit for bit, computed by the same
+        code, with no noise consumed (the sampler's stream and pool are untouched) and the rows
+        spread over the sampler's threads. Prompt logprobs: one row per position, its target
+        the next prompt token (thousands of positions in one call).
+
+        target_ids: one token id per row, each in ``[0, vocab)`` (1-D integers; int32 passes
+            without a copy).
+        logprobs, ranks: as ``draw_full``'s. mode: ``draw_full``'s ``logprob_mode``, "raw" or
+            "processed" (after the step, temperature and filters; -inf outside the kept set).
+        options: ``draw_full``'s other keyword arguments (temperature, filters, the step,
+            ``logprob_token_ids``, ``full_logprobs``/``out``...), but ``forced_tokens`` and
+            ``noise``, which a score refuses. Seeds are read by XTC rows only (their coin).
+        """
+        for name in ("forced_tokens", "noise", "logprob_mode"):
+            if name in options:
+                raise TypeError(f"score: takes no {name} (" + (
+                    "the targets are the rows' tokens)" if name == "forced_tokens" else
+                    "nothing is drawn)" if name == "noise" else "use mode=)"))
+        targets = int32_vector(target_ids, "target_ids")
+        return self._full(targets, logits, logprobs=logprobs, ranks=ranks, logprob_mode=mode, **options)
+
+    def _full(self, targets, logits, *, temperature=None, seeds=None, offsets=None, seeded=None,
+                  noise=None, noise_kind="exp", top_k=None, top_p=None, min_p=None, top_n_sigma=None, logprobs=0,
+                  ranks=False, logprob_mode="raw", prompt_tokens=None, output_tokens=None, repetition_penalty=None,
+                  frequency_penalty=None, presence_penalty=None, logit_bias=None, allowed_tokens=None,
+                  banned_tokens=None, token_bitmask=None, full_logprobs=None, out=None, penalty_last_n=None,
+                  min_tokens=None, stop_token_ids=None, requests=None, request_ids=None, min_keep=None,
+                  typical_p=None, xtc_probability=None, xtc_threshold=None, dynatemp_range=None,
+                  dynatemp_exponent=None, bad_words=None, forced_tokens=None, logprob_token_ids=None):
+        """``draw_full``, or ``score`` of ``targets`` (an int32 array) when they are given."""
         mode = _choice("logprob_mode", logprob_mode, _ffi.LOGPROB_MODE_NAMES)
         if isinstance(logprobs, (bool, np.bool_)):
             raise TypeError("logprobs: must be an integer (the number of top logprobs per row), got a bool")
@@ -551,7 +613,13 @@ class Sampler(_Closable):
                                     address(res.logprobs), address(res.ranks) if ranks else 0, n, 0,
                                     address(res.topn_ids) if n else 0, address(res.topn_logprobs) if n else 0)
             h = self._live_handle()  # self._run(), inlined as in draw()
-            status = _ffi.lib().tokenrace_draw(h.ptr, state.batch_ptr, state.full_output_ptr)
+            if targets is None:
+                status = _ffi.lib().tokenrace_draw(h.ptr, state.batch_ptr, state.full_output_ptr)
+            else:
+                if len(targets) != rows:
+                    raise ValueError(f"target_ids: has {len(targets)} entries, the batch has {rows} rows "
+                                     f"(one target per row)")
+                status = _score_function()(h.ptr, state.batch_ptr, targets.ctypes.data_as(_INT32_P), state.full_output_ptr)
             if status:
                 _raise(status)
             del h
