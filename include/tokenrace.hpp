@@ -100,13 +100,13 @@ namespace tokenrace {
   X(requests_len)                  \
   X(requests_output_len)           \
   X(verify)                        \
-  X(score)                         \
   X(watermark_seeds)               \
   X(watermark_detect)              \
   X(shard_top)                     \
   X(shard_combine_top)             \
   X(shard_race)                    \
-  X(shard_finish)
+  X(shard_finish)                  \
+  X(score)
 
 // The C functions as a table of pointers: api.draw is tokenrace_draw, and so on. The types come
 // from the declarations in tokenrace.h through decltype, which does not refer to the symbols.
