@@ -419,6 +419,11 @@ typedef struct tokenrace_batch {
   const int32_t *logprob_token_ids;
   // CSR offsets of `logprob_token_ids`: rows + 1 entries.
   const uint64_t *logprob_token_offsets;
+  // `rows` logits rows, one per row (vLLM's `n > 1`, FlashInfer's `indices`): row r reads
+  // logits row `row_index[r]` in place (never copied), each row with its own seed, offset,
+  // parameters and outputs; `logits` then holds `max(row_index) + 1` rows `row_stride` apart.
+  // A negative entry is INVALID_ARGUMENT naming the row. NULL: row r reads logits row r.
+  const int32_t *row_index;
 } tokenrace_batch;
 
 // Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No

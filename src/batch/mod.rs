@@ -9,8 +9,8 @@
 mod validate;
 mod verify;
 
+pub(crate) use validate::{logits_rows, row_ids_in_range, span_of, validate, validate_but_ids, validate_params, Ids};
 pub use validate::{noise_span, span};
-pub(crate) use validate::{row_ids_in_range, span_of, validate, validate_but_ids, validate_params, Ids};
 pub use verify::{DraftProbs, VerifyBatch, VerifyOutput};
 
 use crate::config::NoiseKind;
@@ -176,6 +176,12 @@ pub struct Batch<'a> {
     /// Per-row token ids whose logprobs (and ranks) the call reports in
     /// `Output::token_logprobs` / `Output::token_ranks`, one entry per id.
     pub logprob_token_ids: Option<TokenLists<'a>>,
+    /// The logits row each row reads (several outputs from one logits row: vLLM's `n > 1`,
+    /// FlashInfer's `indices`): row `r` reads logits row `row_index[r]`, never copied; `None`:
+    /// row `r` reads row `r`. The logits then hold `max(row_index) + 1` rows, `row_stride`
+    /// apart; every other per-row input (seeds, offsets, parameters, histories) and every
+    /// output stays per row.
+    pub row_index: Option<&'a [i32]>,
 }
 
 /// Per-row lists of words, each a sequence of token ids (two-level CSR): word `k` is
@@ -303,7 +309,14 @@ impl<'a> Batch<'a> {
             bad_words: None,
             forced_tokens: None,
             logprob_token_ids: None,
+            row_index: None,
         }
+    }
+
+    /// The logits row that row `r` (of a validated batch) reads.
+    #[inline]
+    pub(crate) fn logits_row(&self, r: usize) -> usize {
+        self.row_index.map_or(r, |ix| ix[r] as usize)
     }
 
     /// Whether the batch carries anything of the sampling step before the filters (histories,

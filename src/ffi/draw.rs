@@ -26,7 +26,10 @@ pub(super) unsafe fn batch_from_c<'a>(b: &tokenrace_batch, state: Option<&'a Req
     let (rows, vocab) = (b.rows as usize, b.vocab as usize);
     let stride = if b.row_stride == 0 { vocab } else { usize::try_from(b.row_stride).unwrap_or(usize::MAX) };
     let dtype: tokenrace_dtype = arg_enum(Owner::Batch, "dtype", b.dtype)?;
-    let at = |size| span(rows, vocab, stride, size, "row_stride");
+    // SAFETY: the caller's contract: a non-NULL row_index covers `rows` entries.
+    let row_index = unsafe { opt_slice(Owner::Batch, "row_index", b.row_index, rows)? };
+    let logits_rows = crate::batch::logits_rows(&Batch { row_index, ..Batch::new(Logits::F32(&[]), rows, vocab) })?;
+    let at = |size| span(logits_rows, vocab, stride, size, "row_stride");
     // SAFETY (every slice below): the caller's contract for the batch's pointers.
     let logits = unsafe {
         match dtype {
@@ -83,6 +86,7 @@ pub(super) unsafe fn batch_from_c<'a>(b: &tokenrace_batch, state: Option<&'a Req
         logprob_token_ids: unsafe {
             lists(rows, ("logprob_token_ids", b.logprob_token_ids), ("logprob_token_offsets", b.logprob_token_offsets))?
         },
+        row_index,
     })
 }
 

@@ -216,6 +216,8 @@ class tokenrace_batch(_Versioned):
         ("forced_tokens", POINTER(c_int32)),
         ("logprob_token_ids", POINTER(c_int32)),
         ("logprob_token_offsets", POINTER(c_uint64)),
+        # added after 0.2.0: the logits row of each row (several outputs from one logits row)
+        ("row_index", POINTER(c_int32)),
     ]
 
 
