@@ -989,6 +989,7 @@ fn run(data: &[u8]) -> Result<()> {
         forced_tokens: std::ptr::null(),
         logprob_token_ids: std::ptr::null(),
         logprob_token_offsets: std::ptr::null(),
+        row_index: std::ptr::null(),
     };
     // Every 8-byte field boundary from the first version on is a valid size.
     let sizes: Vec<usize> = (BATCH_V1..=BATCH_SIZE).step_by(8).collect();
