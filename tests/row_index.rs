@@ -57,22 +57,16 @@ fn each_output_is_the_draw_of_a_copy_of_its_logits_row() {
     let seeded: Vec<u8> = (0..rows).map(|r| (r % 3 != 1) as u8).collect();
     let banned =
         Csr::from_rows(&(0..rows).map(|r| if r % 5 == 0 { vec![r as i32] } else { vec![] }).collect::<Vec<_>>());
-    let batch = |logits: &'static [f32], n: usize, with_index: bool| Batch {
-        temperature: Some(Box::leak(temps.clone().into_boxed_slice())),
-        top_k: Some(Box::leak(top_k.clone().into_boxed_slice())),
-        top_p: Some(Box::leak(top_p.clone().into_boxed_slice())),
-        seeds: Some(Box::leak(seeds.clone().into_boxed_slice())),
-        seeded: Some(Box::leak(seeded.clone().into_boxed_slice())),
-        banned_tokens: Some(TokenLists {
-            ids: Box::leak(banned.ids.clone().into_boxed_slice()),
-            offsets: Box::leak(banned.offsets.clone().into_boxed_slice()),
-        }),
-        row_index: with_index.then(|| &*Box::leak(index.clone().into_boxed_slice())),
-        ..Batch::new(Logits::F32(logits), n, vocab)
+    let copied = Batch {
+        temperature: Some(&temps),
+        top_k: Some(&top_k),
+        top_p: Some(&top_p),
+        seeds: Some(&seeds),
+        seeded: Some(&seeded),
+        banned_tokens: Some(banned.lists()),
+        ..Batch::new(Logits::F32(&copies), rows, vocab)
     };
-    let x: &'static [f32] = Box::leak(x.into_boxed_slice());
-    let copies: &'static [f32] = Box::leak(copies.into_boxed_slice());
-    let (indexed, copied) = (batch(x, rows, true), batch(copies, rows, false));
+    let indexed = Batch { logits: Logits::F32(&x), row_index: Some(&index), ..copied };
     for mode in [LogprobMode::Raw, LogprobMode::Processed] {
         let mut first = None;
         common::each_level(|level| {
