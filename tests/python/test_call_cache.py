@@ -136,7 +136,8 @@ def test_the_packed_layouts_set_every_field_of_the_ctypes_structs(tokenrace):
                                      (_call.POINTER_LAYOUT, _call.TOP_N_SIGMA_OFFSET, _ffi.BATCH_STEP_END),
                                      (_call.REQUESTS_LAYOUT, _call.REQUESTS_OFFSET, "requests"),
                                      (_call.LLAMA_LAYOUT, _call.LLAMA_OFFSET, _ffi.BATCH_LLAMA_FIRST),
-                                     (_call.PARITY_LAYOUT, _call.PARITY_OFFSET, _ffi.BATCH_PARITY_FIRST))),
+                                     (_call.PARITY_LAYOUT, _call.PARITY_OFFSET, _ffi.BATCH_PARITY_FIRST),
+                                     (_call.POINTER_LAYOUT, _call.ROW_INDEX_OFFSET, "row_index"))),
              (_ffi.tokenrace_output, ((_call.OUTPUT_LAYOUT, 0, "struct_size"),
                                       (_call.FULL_LAYOUT, _call.FULL_OFFSET, _ffi.OUTPUT_FULL_FIRST),
                                       (_call.GIVEN_LAYOUT, _call.GIVEN_OFFSET, _ffi.OUTPUT_GIVEN_FIRST))))
@@ -202,9 +203,16 @@ def test_a_call_without_the_sampling_step_clears_what_the_last_one_set(tokenrace
     # The same for the parity block (bad words, forced tokens), packed apart.
     forced = s.draw(x, temperature=0, forced_tokens=[int(t + 1) % 64 for t in plain])
     assert (forced != plain).all() and state.parity_packed
-    assert bytes(state.batch)[_call.PARITY_OFFSET:] != bytes(_call.PARITY_LAYOUT.size)
+    parity = slice(_call.PARITY_OFFSET, _call.PARITY_OFFSET + _call.PARITY_LAYOUT.size)
+    assert bytes(state.batch)[parity] != bytes(_call.PARITY_LAYOUT.size)
     np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
-    assert not state.parity_packed and bytes(state.batch)[_call.PARITY_OFFSET:] == bytes(_call.PARITY_LAYOUT.size)
+    assert not state.parity_packed and bytes(state.batch)[parity] == bytes(_call.PARITY_LAYOUT.size)
+    # And for the row index (draw_full's), which the next draw() resets.
+    index = slice(_call.ROW_INDEX_OFFSET, _call.ROW_INDEX_OFFSET + 8)
+    s.draw_full(x, temperature=0, row_index=[2, 1, 0])
+    assert state.row_index_packed and bytes(state.batch)[index] != bytes(8)
+    np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
+    assert not state.row_index_packed and bytes(state.batch)[index] == bytes(8)
     r = s.draw_full(x, temperature=0, full_logprobs="raw")
     assert r.full_logprobs.shape == (3, 64) and state.full_packed
     r = s.draw_full(x, temperature=0)

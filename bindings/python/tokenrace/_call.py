@@ -84,9 +84,12 @@ LLAMA_OFFSET = getattr(_ffi.tokenrace_batch, _ffi.BATCH_LLAMA_FIRST).offset
 LLAMA_LAYOUT = struct.Struct("=QQQQQQ")
 # The parity block (bad words, forced tokens), written by a call that passes either
 # (``CallState.parity_packed``).
-PARITY_LAYOUT = struct_layout(_ffi.tokenrace_batch, _ffi.BATCH_PARITY_FIRST)
+PARITY_LAYOUT = struct_layout(_ffi.tokenrace_batch, _ffi.BATCH_PARITY_FIRST, "row_index")
 PARITY_OFFSET = getattr(_ffi.tokenrace_batch, _ffi.BATCH_PARITY_FIRST).offset
 PARITY_ZEROS = (0,) * sum(1 for c in PARITY_LAYOUT.format if c not in "=x")
+# The logits row of each row (``draw_full(row_index=)``), written by a call that passes it
+# (``CallState.row_index_packed``).
+ROW_INDEX_OFFSET = _ffi.tokenrace_batch.row_index.offset
 FULL_LAYOUT = struct_layout(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST, _ffi.OUTPUT_GIVEN_FIRST)
 FULL_OFFSET = getattr(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST).offset
 FULL_ZEROS = (0,) * sum(1 for c in FULL_LAYOUT.format if c not in "=x")
@@ -189,6 +192,7 @@ class CallState:
         self.llama_packed = False
         self.parity_packed = False
         self.given_packed = False
+        self.row_index_packed = False
         # The arguments of tokenrace_draw, made once rather than a byref() per call.
         self.batch_ptr = ctypes.pointer(self.batch)
         self.tokens_output_ptr = ctypes.pointer(self.tokens_output)

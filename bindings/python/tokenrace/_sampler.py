@@ -16,7 +16,8 @@ from ._arrays import (LOGITS_DTYPES, NOISE_DTYPES, arrays_in, as_torch, byte_spa
 from ._call import (BATCH_LAYOUT, BATCH_SIZE, FLAG_SCALARS, FLOAT_SCALARS, FULL_LAYOUT, FULL_OFFSET, FULL_ZEROS,
                     GIVEN_LAYOUT, GIVEN_OFFSET, INT_SCALARS, LLAMA_LAYOUT, LLAMA_OFFSET, OUTPUT_LAYOUT, OUTPUT_SIZE,
                     PARITY_LAYOUT, PARITY_OFFSET, PARITY_ZEROS, POINTER_LAYOUT, REQUESTS_LAYOUT, REQUESTS_OFFSET,
-                    STEP_LAYOUT, STEP_OFFSET, STEP_ZEROS, TOP_N_SIGMA_OFFSET, address, pack_tokens_output,
+                    ROW_INDEX_OFFSET, STEP_LAYOUT, STEP_OFFSET, STEP_ZEROS, TOP_N_SIGMA_OFFSET, address,
+                    pack_tokens_output,
                     release_state, take_state)
 from ._common import (_choice, _Closable, _Default, _from_env, _Handle, _name_of, _offsets_without_seeds,
                       _unsigned)
@@ -181,7 +182,8 @@ class Sampler(_Closable):
     # -- drawing -------------------------------------------------------------------------------
 
     def _fill_batch(self, b, keep, state, logits, temperature, seeds, offsets, seeded, noise, noise_kind,
-                    top_k, top_p, min_p, top_n_sigma=None, requests=None, request_ids=None, llama=None):
+                    top_k, top_p, min_p, top_n_sigma=None, requests=None, request_ids=None, llama=None,
+                    row_index=None):
         """Writes every field of ``b`` (a ``tokenrace_batch``) for the call; returns the row
         count. ``keep`` receives the objects the struct points into; ``state`` (a ``CallState``,
         or None) lends its cached per-row arrays to scalar arguments."""
@@ -195,6 +197,14 @@ class Sampler(_Closable):
             view = rows_view(logits, "logits", LOGITS_DTYPES)
             logits_ptr, dtype, rows, vocab, row_stride = view.ptr, view.dtype, view.rows, view.vocab, view.row_stride
             keep.append(view.owner)  # a list's converted copy, not the list
+        if row_index is not None:
+            # One row per entry; the logits hold the rows they read (the library sizes their span
+            # from the largest entry, so one past the logits is refused here).
+            beyond = row_index >= rows
+            if beyond.any():
+                r = int(np.argmax(beyond))
+                raise ValueError(f"row_index[{r}]: {int(row_index[r])} is not a row of the logits ({rows} rows)")
+            rows = len(row_index)
         # Each is the address of its per-row values, 0 (NULL) when not given; the common None is
         # tested here rather than in a call.
         if offsets is not None and seeds is None:
@@ -424,6 +434,9 @@ class Sampler(_Closable):
                                     stop_token_ids)
             if bad_words is not None or forced_tokens is not None or state.parity_packed:
                 self._fill_parity(state, keep, rows, bad_words, forced_tokens)
+            if state.row_index_packed:
+                POINTER_LAYOUT.pack_into(state.batch, ROW_INDEX_OFFSET, 0)
+                state.row_index_packed = False
             pack_tokens_output(state, state.tokens.address_for(rows),
                                state.flags.address_for(rows) if return_flags else 0)
             # self._run(), inlined (a method call less: the fast path's cost, see _call.py)
@@ -451,7 +464,8 @@ class Sampler(_Closable):
                   banned_tokens=None, token_bitmask=None, full_logprobs=None, out=None, penalty_last_n=None,
                   min_tokens=None, stop_token_ids=None, requests=None, request_ids=None, min_keep=None,
                   typical_p=None, xtc_probability=None, xtc_threshold=None, dynatemp_range=None,
-                  dynatemp_exponent=None, bad_words=None, forced_tokens=None, logprob_token_ids=None):
+                  dynatemp_exponent=None, bad_words=None, forced_tokens=None, logprob_token_ids=None,
+                  row_index=None):
         """Draws like ``draw`` and also returns logprobs: a ``DrawResult`` (of torch tensors over
         the same memory when ``logits`` is a tensor, flags as int32) with
 
@@ -483,6 +497,11 @@ class Sampler(_Closable):
             SGLang's ``token_ids_logprobs``), in the forms of ``prompt_tokens``; with
             ``ranks=True``, ``r.token_ranks`` their ranks.
 
+        row_index: None, or one logits row per row (vLLM's ``n > 1``, FlashInfer's ``indices``):
+            row r reads ``logits[row_index[r]]`` in place, with its own seed, offset, parameters
+            and outputs; the per-row arguments and the results then have ``len(row_index)`` rows
+            (``docs/semantics.md``, Several outputs from one logits row).
+
         The sampling step's arguments are ``draw``'s.
         """
         return self._full(None, logits, temperature=temperature, seeds=seeds, offsets=offsets, seeded=seeded,
@@ -497,7 +516,8 @@ class Sampler(_Closable):
                           requests=requests, request_ids=request_ids, min_keep=min_keep, typical_p=typical_p,
                           xtc_probability=xtc_probability, xtc_threshold=xtc_threshold,
                           dynatemp_range=dynatemp_range, dynatemp_exponent=dynatemp_exponent,
-                          bad_words=bad_words, forced_tokens=forced_tokens, logprob_token_ids=logprob_token_ids)
+                          bad_words=bad_words, forced_tokens=forced_tokens, logprob_token_ids=logprob_token_ids,
+                          row_index=row_index)
 
     def score(self, logits, target_ids, *, logprobs=0, ranks=False, mode="raw", **options):
         """Scores one target token per row, drawing nothing: returns the ``DrawResult`` that
@@ -531,7 +551,8 @@ class Sampler(_Closable):
                   banned_tokens=None, token_bitmask=None, full_logprobs=None, out=None, penalty_last_n=None,
                   min_tokens=None, stop_token_ids=None, requests=None, request_ids=None, min_keep=None,
                   typical_p=None, xtc_probability=None, xtc_threshold=None, dynatemp_range=None,
-                  dynatemp_exponent=None, bad_words=None, forced_tokens=None, logprob_token_ids=None):
+                  dynatemp_exponent=None, bad_words=None, forced_tokens=None, logprob_token_ids=None,
+                  row_index=None):
         """``draw_full``, or ``score`` of ``targets`` (an int32 array) when they are given."""
         mode = _choice("logprob_mode", logprob_mode, _ffi.LOGPROB_MODE_NAMES)
         if isinstance(logprobs, (bool, np.bool_)):
@@ -545,13 +566,21 @@ class Sampler(_Closable):
         elif out is not None:
             raise ValueError("out: given without full_logprobs (say which values it receives: "
                              "\"raw\", \"processed\" or \"processed_logits\")")
+        index = None if row_index is None else int32_vector(row_index, "row_index")
         state = take_state()
         try:
             keep = []
             rows = self._fill_batch(state.batch, keep, state, logits, temperature, seeds, offsets, seeded,
                                     noise, noise_kind, top_k, top_p, min_p, top_n_sigma, requests, request_ids,
                                     (min_keep, typical_p, xtc_probability, xtc_threshold, dynatemp_range,
-                                     dynatemp_exponent))
+                                     dynatemp_exponent), index)
+            if index is not None:
+                keep.append(index)
+                POINTER_LAYOUT.pack_into(state.batch, ROW_INDEX_OFFSET, address(index))
+                state.row_index_packed = True
+            elif state.row_index_packed:
+                POINTER_LAYOUT.pack_into(state.batch, ROW_INDEX_OFFSET, 0)
+                state.row_index_packed = False
             if (prompt_tokens is None and output_tokens is None and repetition_penalty is None
                     and frequency_penalty is None and presence_penalty is None and logit_bias is None
                     and allowed_tokens is None and banned_tokens is None and token_bitmask is None
