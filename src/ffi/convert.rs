@@ -127,7 +127,7 @@ versioned!(tokenrace_batch, v1 ends with noise_row_stride, default zeroed(), [
     allowed_offsets, allowed_rows, banned_ids, banned_offsets, token_bitmask, bitmask_row_stride, penalty_last_n,
     min_tokens, stop_ids, stop_offsets, top_n_sigma, requests, request_ids, min_keep, typical_p, xtc_probability,
     xtc_threshold, dynatemp_range, dynatemp_exponent, bad_words_ids, bad_word_offsets, bad_words_row_offsets,
-    forced_tokens, logprob_token_ids, logprob_token_offsets,
+    forced_tokens, logprob_token_ids, logprob_token_offsets, row_index,
 ]);
 versioned!(tokenrace_output, v1 ends with topn_logprobs, default zeroed(), [
     struct_size, logprob_mode, tokens, flags, logprobs, ranks, top_n, reserved0, topn_ids, topn_logprobs,
