@@ -1,22 +1,51 @@
 #!/usr/bin/env python3
-"""The score call against the plain draw and draw_full with logprobs, us per row (64 x 151936,
-1 thread, medians of 15 calls, 3 interleaved rounds):
+"""Prompt logprobs: ``Sampler.score`` against ``draw_full`` (the drawn token's logprob) and
+``draw_full(forced_tokens=)`` (the same targets through a draw), per row.
 
-  TOKENRACE_LIBRARY=$PWD/target/release/libtokenrace.so PYTHONPATH=bindings/python python3 bench/score.py
+  python3 bench/score.py [--rows 512] [--vocab 32000] [--reps 7]
+
+Times are CPU time of the calling thread (time.thread_time; the samplers run with threads=1),
+the best of --reps calls, in us per row; the three calls report the same values for the same
+tokens (tests/score.rs), so the difference is the race a score skips.
 """
-import time, numpy as np, tokenrace
-rows, vocab = 64, 151936
-rng = np.random.default_rng(0)
-x = (rng.standard_normal((rows, vocab)) * 3).astype(np.float32)
-t = rng.integers(0, vocab, rows)
-s = tokenrace.Sampler(vocab, seed=1, threads=1)
-def med(f, n=15):
-    ts = []
-    for _ in range(n):
-        a = time.perf_counter(); f(); ts.append(time.perf_counter() - a)
-    return np.median(ts) * 1e6 / rows
-for rnd in range(3):
-    d = med(lambda: s.draw(x))
-    f = med(lambda: s.draw_full(x, logprobs=20, ranks=True))
-    sc = med(lambda: s.score(x, t, logprobs=20, ranks=True))
-    print(f"round {rnd}: us/row draw {d:.1f}  draw_full(20, ranks) {f:.1f}  score(20, ranks) {sc:.1f}  score/draw_full {sc/f:.2f}")
+
+import argparse
+import time
+
+import numpy as np
+
+import tokenrace
+
+
+def best_us_per_row(call, rows, reps):
+    times = []
+    for _ in range(reps):
+        start = time.thread_time()
+        call()
+        times.append(time.thread_time() - start)
+    return min(times) * 1e6 / rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=512)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--reps", type=int, default=7)
+    a = p.parse_args()
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(a.rows, a.vocab)) * 3).astype(np.float32)
+    targets = rng.integers(0, a.vocab, a.rows).astype(np.int32)
+    s = tokenrace.Sampler(0, threads=1, seed=1, max_rows=max(a.rows, 256))
+    print(f"{a.rows} x {a.vocab}, f32, 1 thread, us per row (best of {a.reps})")
+    print("outputs | draw_full | draw_full forced | score")
+    for ranks, n in ((False, 0), (True, 0), (True, 5)):
+        args = dict(logprobs=n, ranks=ranks)
+        d = best_us_per_row(lambda: s.draw_full(x, **args), a.rows, a.reps)
+        f = best_us_per_row(lambda: s.draw_full(x, forced_tokens=targets, **args), a.rows, a.reps)
+        c = best_us_per_row(lambda: s.score(x, targets, **args), a.rows, a.reps)
+        what = "logprob" + (" + rank" if ranks else "") + (f" + top-{n}" if n else "")
+        print(f"{what} | {d:.1f} | {f:.1f} | {c:.1f}")
+
+
+if __name__ == "__main__":
+    main()

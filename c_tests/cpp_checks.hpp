@@ -423,6 +423,14 @@ inline void filters_and_logprobs_match_the_reference(const tokenrace::Library& l
   const tokenrace::DrawResult processed = sampler.draw_full(batch, options, vocab, TOKENRACE_LOGPROB_MODE_PROCESSED);
   const tokenrace::DrawResult raw = sampler.draw_full(batch, options, 3, TOKENRACE_LOGPROB_MODE_RAW, true);
   CHECK(processed.ranks.empty() && raw.ranks.size() == rows);  // ranks only when asked
+  // score: the drawn tokens scored give back the draws' logprobs, bit for bit.
+  const tokenrace::DrawResult scored =
+      sampler.score(batch, raw.tokens, tokenrace::DrawOptions(options).top_n(3).ranks(true));
+  CHECK(scored.tokens == raw.tokens && scored.ranks == raw.ranks && scored.topn_ids == raw.topn_ids);
+  CHECK(std::memcmp(scored.logprobs.data(), raw.logprobs.data(), rows * sizeof(float)) == 0);
+  CHECK(std::memcmp(scored.topn_logprobs.data(), raw.topn_logprobs.data(), rows * 3 * sizeof(float)) == 0);
+  const std::vector<int32_t> short_targets(rows - 1, 0);
+  CHECK_THROWS(sampler.score(batch, short_targets, options), TOKENRACE_STATUS_INVALID_ARGUMENT, "target_ids");
   const std::vector<double> raw_ref = reference_logprobs(x, 1.0, std::vector<bool>(vocab, true));
   std::vector<int32_t> by_raw(vocab);
   std::iota(by_raw.begin(), by_raw.end(), 0);
@@ -1322,33 +1330,6 @@ inline void parity_options_reach_the_library(const tokenrace::Library& lib) {
   }
 }
 
-inline void scores_are_the_draws_own(const tokenrace::Library& lib) {
-  const uint32_t rows = 3, vocab = 50;
-  std::vector<float> x(rows * vocab);
-  for (size_t i = 0; i < x.size(); i++) x[i] = float((i * 11) % 17) * 0.3f;
-  const tokenrace::Logits logits = tokenrace::Logits::f32(x.data(), rows, vocab);
-  const std::vector<int32_t> targets = {4, 49, 0};
-  tokenrace::DrawOptions options;
-  options.temperature(0.8f).top_n(3).ranks(true);
-  tokenrace::Sampler a(lib, tokenrace::Config().max_rows(4).seed(5));
-  tokenrace::Sampler twin(lib, tokenrace::Config().max_rows(4).seed(5));
-  const tokenrace::DrawResult scored = a.score_full(logits, targets, options);
-  tokenrace::DrawOptions forced = options;
-  forced.forced_tokens(targets).seeds(uint64_t(1));
-  const tokenrace::DrawResult drawn = a.draw_full(logits, forced);
-  CHECK(scored.tokens == targets);
-  CHECK(same_draws(scored, drawn));
-  // No noise used: a's next unseeded draw is its twin's first.
-  CHECK(a.draw(logits, options) == twin.draw(logits, options));
-  tokenrace::DrawOptions seeded = options;
-  seeded.seeds(uint64_t(3));
-  CHECK_THROWS(a.score_full(logits, targets, seeded), TOKENRACE_STATUS_INVALID_ARGUMENT, "not read by a score call");
-  const std::vector<int32_t> two = {1, 2};
-  CHECK_THROWS(a.score_full(logits, two, options), TOKENRACE_STATUS_INVALID_ARGUMENT, "targets: has 2 elements");
-  const std::vector<int32_t> outside = {1, 2, 50};
-  CHECK_THROWS(a.score_full(logits, outside, options), TOKENRACE_STATUS_INVALID_ARGUMENT, "targets[2]: 50");
-}
-
 // Every check above on `lib`; returns the number of failures (an unexpected exception is one).
 inline int run_wrapper_checks(const tokenrace::Library& lib) {
   const std::pair<const char*, void (*)(const tokenrace::Library&)> all[] = {
@@ -1368,7 +1349,6 @@ inline int run_wrapper_checks(const tokenrace::Library& lib) {
       {"filter_order_reaches_the_sampler", filter_order_reaches_the_sampler},
       {"stage_order_reaches_the_library", stage_order_reaches_the_library},
       {"parity_options_reach_the_library", parity_options_reach_the_library},
-      {"scores_are_the_draws_own", scores_are_the_draws_own},
   };
   for (const auto& [name, check] : all) {
     try {

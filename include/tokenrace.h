@@ -471,6 +471,11 @@ typedef struct tokenrace_batch {
   // Row r's breakers are breakers `dry_breakers_row_offsets[r]..dry_breakers_row_offsets[r +
   // 1]`: rows + 1 non-decreasing entries.
   const uint64_t *dry_breakers_row_offsets;
+  // `rows` logits rows, one per row (vLLM's `n > 1`, FlashInfer's `indices`): row r reads
+  // logits row `row_index[r]` in place (never copied), each row with its own seed, offset,
+  // parameters and outputs; `logits` then holds `max(row_index) + 1` rows `row_stride` apart.
+  // A negative entry is INVALID_ARGUMENT naming the row. NULL: row r reads logits row r.
+  const int32_t *row_index;
 } tokenrace_batch;
 
 // Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No
@@ -927,21 +932,6 @@ enum tokenrace_status tokenrace_draw(struct tokenrace_sampler *sampler,
                                      const struct tokenrace_batch *batch,
                                      struct tokenrace_output *out);
 
-// Scores given tokens without drawing (prompt logprobs): row r's `targets[r]` takes the place
-// of the drawn token, and `out` receives its logprob, rank, top-n, given-id logprobs and flags
-// exactly as `tokenrace_draw()` reports a drawn token's; `out->tokens` receives the targets.
-// No noise is used: the sampler's stream and pool, and every later draw, are as if the call
-// had not happened. The batch takes every input of a draw but `seeds`, `offsets`, `seeded`,
-// `noise` and `forced_tokens` (refused: they choose a draw's noise or token). On failure
-// nothing is written to `out`'s arrays, and `tokenrace_last_error()` names the argument.
-//
-// # Safety
-// As `tokenrace_draw()`; `targets` points to `batch->rows` readable int32 ids.
-enum tokenrace_status tokenrace_score(struct tokenrace_sampler *sampler,
-                                      const struct tokenrace_batch *batch,
-                                      const int32_t *targets,
-                                      struct tokenrace_output *out);
-
 // The default pool settings (the `TOKENRACE_POOL_*` defaults of docs/configuration.md), with
 // `struct_size` set. `vocab` is 0 and must be set before `tokenrace_pool_new()`.
 struct tokenrace_pool_config tokenrace_pool_config_default(void);
@@ -1352,6 +1342,28 @@ enum tokenrace_status tokenrace_shard_logprobs(const struct tokenrace_shard_row 
                                                float *logprobs,
                                                int32_t *top_ids,
                                                float *top_logprobs);
+
+// Scores one target token per row: writes into `out` what `tokenrace_draw` writes for a row
+// whose token is its target (`logprobs`, `ranks`, the top-n, `token_logprobs`/`token_ranks` of
+// the batch's `logprob_token_ids`, `full_logprobs`, `flags`, in `out->logprob_mode`), bit for
+// bit the values a draw that returned that token reports; `out->tokens` receives the targets.
+// Nothing is drawn: no noise is consumed (the sampler's stream, its pool) and the sampler's
+// counters do not move. The rows are spread over the sampler's threads as a draw's are.
+//
+// `batch`: a draw's batch with `forced_tokens` and `noise` NULL (refused otherwise); its
+// seeds are read only by rows with XTC on, whose coin comes from the row's key (an unseeded
+// row's: that of seed 0 at offset 0). `target_ids`: `batch->rows` token ids, each in
+// `[0, vocab)`. Prompt logprobs: one row per position, its target the next prompt token.
+//
+// Returns TOKENRACE_OK, or an error naming the argument (and row) that was refused; a failed
+// call writes nothing.
+//
+// # Safety
+// As `tokenrace_draw`; `target_ids` covers `batch->rows` ids.
+enum tokenrace_status tokenrace_score(struct tokenrace_sampler *sampler,
+                                      const struct tokenrace_batch *batch,
+                                      const int32_t *target_ids,
+                                      struct tokenrace_output *out);
 
 #ifdef __cplusplus
 }  // extern "C"

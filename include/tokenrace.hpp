@@ -82,7 +82,6 @@ namespace tokenrace {
   X(sampler_simd_level)            \
   X(sampler_get_stats)             \
   X(draw)                          \
-  X(score)                         \
   X(pool_config_default)           \
   X(pool_config_from_env)          \
   X(pool_new)                      \
@@ -115,7 +114,8 @@ namespace tokenrace {
   X(shard_cut_advance)             \
   X(shard_race_cut)                \
   X(shard_logprob_partials)        \
-  X(shard_logprobs)
+  X(shard_logprobs)                \
+  X(score)
 
 // The C functions as a table of pointers: api.draw is tokenrace_draw, and so on. The types come
 // from the declarations in tokenrace.h through decltype, which does not refer to the symbols.
@@ -1420,39 +1420,37 @@ class Sampler {
   // sampled token's rank, and the full-vocabulary values (into DrawResult::full_logprobs unless
   // the options give memory for them).
   DrawResult draw_full(const Logits& logits, const DrawOptions& options = DrawOptions()) {
-    return full(logits, options, [this](const tokenrace_batch& batch, tokenrace_output& out) { draw(batch, out); });
+    return full_call(logits, options, nullptr);
   }
 
-  // The general score call: a tokenrace_batch and tokenrace_output filled by the caller.
-  void score(const tokenrace_batch& batch, const int32_t* targets, tokenrace_output& out) {
-    library_.check(api().score(live(), &batch, targets, &out));
+  // The general score call (tokenrace_score): `target_ids` holds batch.rows token ids.
+  void score(const tokenrace_batch& batch, const int32_t* target_ids, tokenrace_output& out) {
+    library_.check(api().score(live(), &batch, target_ids, &out));
   }
 
-  // Scores the given tokens without drawing (prompt logprobs): `targets` holds one id per row,
-  // and the result is what draw_full reports for those tokens as if drawn (tokens = targets),
-  // with no noise used (docs/semantics.md, "Scoring given tokens"). The options' seeds,
-  // offsets, seeded rows, noise and forced tokens are refused.
-  DrawResult score_full(const Logits& logits, Span<int32_t> targets, const DrawOptions& options = DrawOptions()) {
-    return full(logits, options, [this, &targets](const tokenrace_batch& batch, tokenrace_output& out) {
-      if (targets.has_size() && targets.size() != batch.rows) {
-        throw Error(TOKENRACE_STATUS_INVALID_ARGUMENT, "tokenrace_score: targets: has " + std::to_string(targets.size()) +
-                                                           " elements, the logits have " + std::to_string(batch.rows) + " rows");
-      }
-      score(batch, targets.data(), out);
-    });
+  // Scores one target token per row, nothing drawn: the DrawResult a draw_full whose rows drew
+  // these tokens returns (logprobs, ranks, top-n, full-vocabulary values, flags; tokens are the
+  // targets), bit for bit, with no noise consumed. The options are draw_full's, without forced
+  // tokens or noise (refused). Prompt logprobs: one row per position, its target the next token.
+  DrawResult score(const Logits& logits, Span<int32_t> target_ids, const DrawOptions& options = DrawOptions()) {
+    if (!target_ids.data()) throw detail::invalid_argument("score", "target_ids is null");
+    if (target_ids.has_size() && target_ids.size() != logits.rows) {
+      throw detail::invalid_argument("score", "target_ids has " + std::to_string(target_ids.size()) +
+                                                  " ids for " + std::to_string(logits.rows) + " rows");
+    }
+    return full_call(logits, options, target_ids.data());
   }
 
-  // score_full with the options' top_n, logprob mode and ranks replaced by these.
-  DrawResult score_full(const Logits& logits, Span<int32_t> targets, const DrawOptions& options,
-                        uint32_t top_n, tokenrace_logprob_mode mode = TOKENRACE_LOGPROB_MODE_RAW, bool ranks = false) {
+  // draw_full with the options' top_n, logprob mode and ranks replaced by these.
+  DrawResult draw_full(const Logits& logits, const DrawOptions& options, uint32_t top_n,
+                       tokenrace_logprob_mode mode = TOKENRACE_LOGPROB_MODE_RAW, bool ranks = false) {
     DrawOptions asked = options;
-    return score_full(logits, targets, asked.top_n(top_n).logprob_mode(mode).ranks(ranks));
+    return draw_full(logits, asked.top_n(top_n).logprob_mode(mode).ranks(ranks));
   }
 
  private:
-  // The outputs of draw_full and score_full, filled by `call` on the prepared batch.
-  template <class Call>
-  DrawResult full(const Logits& logits, const DrawOptions& options, Call call) {
+  // draw_full's call, or score's when `targets` is not null.
+  DrawResult full_call(const Logits& logits, const DrawOptions& options, const int32_t* targets) {
     const DrawBatch batch = options.batch(logits);
     const size_t rows = logits.rows;
     const uint32_t top_n = options.top_n_;
@@ -1482,18 +1480,15 @@ class Sampler {
       out.full_logprobs = result.full_logprobs.data();
       out.full_mode = *options.full_mode_;
     }
-    call(batch, out);
+    if (targets) {
+      score(batch, targets, out);
+    } else {
+      draw(batch, out);
+    }
     return result;
   }
 
  public:
-
-  // draw_full with the options' top_n, logprob mode and ranks replaced by these.
-  DrawResult draw_full(const Logits& logits, const DrawOptions& options, uint32_t top_n,
-                       tokenrace_logprob_mode mode = TOKENRACE_LOGPROB_MODE_RAW, bool ranks = false) {
-    DrawOptions asked = options;
-    return draw_full(logits, asked.top_n(top_n).logprob_mode(mode).ranks(ranks));
-  }
 
   // The general verify call: a tokenrace_verify_batch and tokenrace_verify_output filled by the
   // caller.

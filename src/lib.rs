@@ -86,6 +86,7 @@ pub mod internals {
         pub use crate::ffi::draw::*;
         pub use crate::ffi::pool_api::*;
         pub use crate::ffi::requests::*;
+        pub use crate::ffi::score::*;
         pub use crate::ffi::shard::*;
         pub use crate::ffi::verify::*;
         pub use crate::ffi::watermark::*;

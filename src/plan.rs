@@ -98,7 +98,7 @@ pub(crate) fn plan(
             None => order,
         };
         let filter_inv_t = if row_order == FilterOrder::FiltersFirst { 1.0 } else { inv_t };
-        rows.push(RowPlan::Sample { inv_t, filter_inv_t, noise, filters_after_race: false });
+        rows.push(RowPlan::Sample { inv_t, filter_inv_t, noise, filters_after_race: false, scored: false });
     }
     let (mut lease, mut taken) = (None, None);
     match pool {

@@ -289,7 +289,7 @@ impl_row_values!(F16, f16, |x| x.to_f32());
 /// per dtype): `with_row!(batch, r, |v| ...)`.
 macro_rules! with_row {
     ($batch:expr, $r:expr, |$v:ident| $body:expr) => {{
-        let start = $r * $batch.row_stride;
+        let start = $batch.logits_row($r) * $batch.row_stride;
         let end = start + $batch.vocab;
         match $batch.logits {
             $crate::batch::Logits::F32(s) => {

@@ -16,6 +16,8 @@ use parking_lot::Mutex;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering, Ordering::Relaxed};
 use std::sync::Arc;
 
+mod score;
+
 /// The domain of the seed of a sampler's own pool ("samplerp"): the pool's seed is the sampler's
 /// seed mixed into this domain, so that a seeded sampler's pool and the key stream of its
 /// unseeded rows, made from the same seed, do not share noise.
@@ -250,53 +252,6 @@ impl Sampler {
     /// Draws one token per row of `batch` into `out`. On error nothing is written.
     pub fn draw(&self, batch: &Batch, out: &mut Output) -> Result<()> {
         self.try_draw(batch, out).inspect_err(|_| self.count_rejected())
-    }
-
-    /// Scores given tokens without drawing: row r's `targets[r]` takes the place of the drawn
-    /// token, and `out` receives its logprob, rank, top-n, given-id logprobs and flags exactly
-    /// as [`Sampler::draw`] reports them for a drawn token (prompt logprobs over many
-    /// positions in one call). No noise is used: the sampler's stream, its pool and every later
-    /// draw are as if this call had not happened. `out.tokens` receives the targets. The batch
-    /// takes every input of a draw but the ones that choose a draw's noise or token (`seeds`,
-    /// `offsets`, `seeded`, `noise`, `forced_tokens`), which are refused. On error nothing is
-    /// written.
-    pub fn score(&self, batch: &Batch, targets: &[i32], out: &mut Output) -> Result<()> {
-        self.try_score(batch, targets, out).inspect_err(|_| self.count_rejected())
-    }
-
-    fn try_score(&self, batch: &Batch, targets: &[i32], out: &mut Output) -> Result<()> {
-        for (field, given) in [
-            ("seeds", batch.seeds.is_some()),
-            ("offsets", batch.offsets.is_some()),
-            ("seeded", batch.seeded.is_some()),
-            ("noise", batch.noise.is_some()),
-            ("forced_tokens", batch.forced_tokens.is_some()),
-        ] {
-            if given {
-                return Err(Error::invalid_argument(format!(
-                    "batch.{field}: not read by a score call (its tokens are the targets, drawn with no noise)"
-                )));
-            }
-        }
-        if targets.len() != batch.rows {
-            return Err(Error::invalid_argument(format!(
-                "targets: has {} elements, the batch has {} rows",
-                targets.len(),
-                batch.rows
-            )));
-        }
-        if let Some((r, &t)) = targets.iter().enumerate().find(|&(_, &t)| t < 0 || t as usize >= batch.vocab) {
-            return Err(Error::invalid_argument(format!(
-                "targets[{r}]: {t} is not a token id in [0, {})",
-                batch.vocab
-            )));
-        }
-        // Every row seeded (with any seed): a seeded row takes no key from the stream, and a
-        // forced row reports its token as drawn. So the scores are the draw's own, and the
-        // stream does not move.
-        let seeds = crate::alloc::filled(batch.rows, 0u64, "the score's seeds")?;
-        let scored = Batch { seeds: Some(&seeds), forced_tokens: Some(targets), ..*batch };
-        self.try_draw(&scored, out)
     }
 
     /// Counts a draw call refused before it reached [`Sampler::draw`] (by the C layer).

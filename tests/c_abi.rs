@@ -255,6 +255,13 @@ fn c_caller_uses_the_sampling_step_fields_and_older_struct_sizes() {
     build_and_run("test_step.c", false, true, &[], QUICK);
 }
 
+/// `tokenrace_score`: a draw's tokens scored give back its logprob outputs bit for bit, the
+/// stream unmoved; refusals name target_ids' row and write nothing.
+#[test]
+fn c_caller_scores_target_tokens() {
+    build_and_run("test_score.c", false, true, &[], QUICK);
+}
+
 /// `tokenrace_verify` (speculative decoding, since 0.2): greedy acceptance, seeded requests alone,
 /// with batch mates and on other streams (and their bonus row is the seeded draw), external
 /// uniforms and noise and draft probabilities against a float64 reference, padding, counts,

@@ -688,6 +688,38 @@ fn bad_words_and_forced_tokens_are_read_only_by_callers_whose_struct_reaches_the
     assert!(last_error().contains("batch.forced_tokens[0]: 1000 is not a token id"), "{}", last_error());
 }
 
+/// The row index follows DRY's block (offset 472): a caller whose struct ends before it
+/// reads logits row r for row r; one that reaches it reads `row_index[r]`, the logits then
+/// spanning `max(row_index) + 1` rows; a negative entry or a span past the logits is refused,
+/// nothing written.
+#[test]
+fn a_row_index_is_read_only_by_callers_whose_struct_reaches_it() {
+    use std::mem::{offset_of, size_of};
+    let at = offset_of!(tokenrace_batch, row_index);
+    assert_eq!(at, 472);
+    assert_eq!(size_of::<tokenrace_batch>(), at + 8);
+    let mut f = Fixture::new();
+    f.logits[1000 + 3] = 50.0; // row 1's argmax: 3; row 0's: 6 (logits i % 7)
+    let temperature = [0.0f32; 2];
+    let mut greedy = |size: usize, index: &[i32; 2], rows_of_logits: usize| {
+        let (mut b, mut o) = f.args();
+        b.struct_size = size as u32;
+        b.temperature = temperature.as_ptr();
+        b.row_index = index.as_ptr();
+        let logits = f.logits[..rows_of_logits * 1000].to_vec();
+        b.logits = logits.as_ptr() as *const _;
+        f.tokens = [-1; 2];
+        (f.draw(&b, &mut o), f.tokens)
+    };
+    let whole = size_of::<tokenrace_batch>();
+    assert_eq!(greedy(whole, &[1, 1], 2), (tokenrace_status::Ok, [3, 3]), "{}", last_error());
+    assert_eq!(greedy(whole, &[1, 0], 2), (tokenrace_status::Ok, [3, 6]), "{}", last_error());
+    assert_eq!(greedy(whole, &[0, 0], 1), (tokenrace_status::Ok, [6, 6]), "one logits row read twice");
+    assert_eq!(greedy(at, &[1, 1], 2), (tokenrace_status::Ok, [6, 3]), "a caller before the row index");
+    assert_eq!(greedy(whole, &[0, -1], 2), (tokenrace_status::InvalidArgument, [-1, -1]));
+    assert!(last_error().contains("batch.row_index[1]: -1 is not a logits row"), "{}", last_error());
+}
+
 /// The logprobs of given ids: the batch's ids follow the forced tokens, the output's arrays follow
 /// its full-vocabulary fields. A caller whose output ends before them is refused when its batch
 /// names ids (nothing would receive them); one that reaches them gets each id's logprob.
@@ -746,7 +778,7 @@ fn dry_is_read_only_by_callers_whose_struct_reaches_it() {
     {
         assert_eq!(field, at + 8 * (i + 1));
     }
-    assert_eq!(size_of::<tokenrace_batch>(), at + 56);
+    assert_eq!(offset_of!(tokenrace_batch, row_index), at + 56);
     let mut f = Fixture::new();
     for (i, v) in f.logits.iter_mut().enumerate() {
         // Tokens 1 and 2 of each row lead: 1 by a little.

@@ -1003,6 +1003,7 @@ fn run(data: &[u8]) -> Result<()> {
         dry_breaker_ids: std::ptr::null(),
         dry_breaker_offsets: std::ptr::null(),
         dry_breakers_row_offsets: std::ptr::null(),
+        row_index: std::ptr::null(),
     };
     // Every 8-byte field boundary from the first version on is a valid size.
     let sizes: Vec<usize> = (BATCH_V1..=BATCH_SIZE).step_by(8).collect();

@@ -9,8 +9,8 @@
 mod validate;
 mod verify;
 
+pub(crate) use validate::{logits_rows, row_ids_in_range, span_of, validate, validate_but_ids, validate_params, Ids};
 pub use validate::{noise_span, span};
-pub(crate) use validate::{row_ids_in_range, span_of, validate, validate_but_ids, validate_params, Ids};
 pub use verify::{DraftProbs, VerifyBatch, VerifyOutput};
 
 use crate::config::NoiseKind;
@@ -193,6 +193,12 @@ pub struct Batch<'a> {
     /// The DRY sequence breakers of each row, each a token sequence (the head, then its tail):
     /// no repeat that DRY counts spans one.
     pub dry_breakers: Option<BadWords<'a>>,
+    /// The logits row each row reads (several outputs from one logits row: vLLM's `n > 1`,
+    /// FlashInfer's `indices`): row `r` reads logits row `row_index[r]`, never copied; `None`:
+    /// row `r` reads row `r`. The logits then hold `max(row_index) + 1` rows, `row_stride`
+    /// apart; every other per-row input (seeds, offsets, parameters, histories) and every
+    /// output stays per row.
+    pub row_index: Option<&'a [i32]>,
 }
 
 /// Per-row lists of words, each a sequence of token ids (two-level CSR): word `k` is
@@ -326,7 +332,14 @@ impl<'a> Batch<'a> {
             dry_allowed_length: None,
             dry_penalty_last_n: None,
             dry_breakers: None,
+            row_index: None,
         }
+    }
+
+    /// The logits row that row `r` (of a validated batch) reads.
+    #[inline]
+    pub(crate) fn logits_row(&self, r: usize) -> usize {
+        self.row_index.map_or(r, |ix| ix[r] as usize)
     }
 
     /// Whether the batch carries anything of the sampling step before the filters (histories,

@@ -106,7 +106,8 @@ pub(crate) fn validate_but_ids(
     if batch.row_stride < vocab {
         bail_batch!("row_stride", None, "{} is smaller than vocab {vocab}", batch.row_stride);
     }
-    let need = span(rows, vocab, batch.row_stride, batch.logits.elem_size(), "row_stride")?;
+    let logits_rows = logits_rows(batch)?;
+    let need = span(logits_rows, vocab, batch.row_stride, batch.logits.elem_size(), "row_stride")?;
     check_len(Owner::Batch, "logits", batch.logits.len(), need, "rows/vocab/row_stride's span")?;
     check_len(Owner::Output, "tokens", out.tokens.len(), rows, "the batch's row count")?;
     check_rows(Owner::Output, "flags", out.flags.as_deref(), rows)?;
@@ -582,4 +583,19 @@ pub fn noise_span(rows: usize, vocab: usize, stride: usize) -> Result<usize> {
         (_, 0) => Ok(vocab),
         _ => span(rows, vocab, stride, 4, "noise_row_stride"),
     }
+}
+
+/// The logits rows a batch reads: `max(row_index) + 1` with a row index (each entry checked
+/// non-negative), else `rows`.
+pub(crate) fn logits_rows(batch: &Batch) -> Result<usize> {
+    let Some(index) = batch.row_index else { return Ok(batch.rows) };
+    check_rows(Owner::Batch, "row_index", Some(index), batch.rows)?;
+    let mut most = 0;
+    for (r, &i) in index[..batch.rows].iter().enumerate() {
+        if i < 0 {
+            bail_batch!("row_index", Some(r), "{i} is not a logits row (must be >= 0)");
+        }
+        most = most.max(i as usize + 1);
+    }
+    Ok(most)
 }

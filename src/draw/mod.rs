@@ -51,11 +51,16 @@ pub(crate) enum RowPlan {
     /// `filters_after_race`: nothing after the draw reads the row's filters' floor (no processed
     /// logprobs, no processed full-vocabulary output), so a row with top-k or top-p may decide
     /// them after its race (`row::race_row`).
+    ///
+    /// `scored`: the row is scored, not drawn (`Sampler::score`): its forced token is the
+    /// target, and a row drawn from its values as given skips its race, whose winner nothing
+    /// would read.
     Sample {
         inv_t: f32,
         filter_inv_t: f32,
         noise: RaceNoise,
         filters_after_race: bool,
+        scored: bool,
     },
 }
 
@@ -63,8 +68,8 @@ impl RowPlan {
     /// The plan with `filters_after_race` set (a sampling row).
     fn with_filters_after_race(self) -> RowPlan {
         match self {
-            RowPlan::Sample { inv_t, filter_inv_t, noise, .. } => {
-                RowPlan::Sample { inv_t, filter_inv_t, noise, filters_after_race: true }
+            RowPlan::Sample { inv_t, filter_inv_t, noise, scored, .. } => {
+                RowPlan::Sample { inv_t, filter_inv_t, noise, filters_after_race: true, scored }
             }
             greedy => greedy,
         }
@@ -76,6 +81,21 @@ impl RowPlan {
             RowPlan::Greedy => 1.0,
             RowPlan::Sample { filter_inv_t, .. } => filter_inv_t,
         }
+    }
+
+    /// The plan of a scored row (a sampling row marked `scored`; a greedy row has no race).
+    pub(crate) fn scored(self) -> RowPlan {
+        match self {
+            RowPlan::Sample { inv_t, filter_inv_t, noise, filters_after_race, .. } => {
+                RowPlan::Sample { inv_t, filter_inv_t, noise, filters_after_race, scored: true }
+            }
+            greedy => greedy,
+        }
+    }
+
+    /// Whether the row is scored rather than drawn.
+    fn is_scored(&self) -> bool {
+        matches!(self, RowPlan::Sample { scored: true, .. })
     }
 
     /// 1/T of a sampling row; `None` for a greedy one.

@@ -182,7 +182,7 @@ fn race_row<V: RowValues + ?Sized>(
     (v, bmax, sc): (&V, &[f32], &Scanned),
     plan: RowPlan,
 ) -> Result<(Option<Best>, f32)> {
-    if let RowPlan::Sample { inv_t, filter_inv_t, noise, filters_after_race: true } = plan {
+    if let RowPlan::Sample { inv_t, filter_inv_t, noise, filters_after_race: true, .. } = plan {
         let m = sc.top;
         let after_race = m.is_finite().then(|| filter::decided_after_race(batch, r, m, filter_inv_t)).flatten();
         if let Some((f, floor)) = after_race {
@@ -208,6 +208,20 @@ fn race_row<V: RowValues + ?Sized>(
     let params = race_params(k, batch, r, v, bmax, sc, plan)?;
     let won = params.map(|(p, noise)| v.race(k, 0, v.n(), bmax, p, noise)).transpose().map_err(|e| e.in_row(r))?;
     Ok((won, params.map_or(f32::NEG_INFINITY, |(p, _)| p.floor)))
+}
+
+/// The filters' floor of a scored row, without its race: the floor [`race_params`] gives when
+/// something after the draw reads it (processed logprobs), else -inf, as nothing does.
+fn scored_floor<V: RowValues + ?Sized>(
+    k: &Kernels,
+    (batch, r): (&Batch, usize),
+    (v, bmax, sc): (&V, &[f32], &Scanned),
+    plan: RowPlan,
+) -> Result<f32> {
+    if matches!(plan, RowPlan::Sample { filters_after_race: true, .. }) {
+        return Ok(f32::NEG_INFINITY);
+    }
+    Ok(race_params(k, batch, r, v, bmax, sc, plan)?.map_or(f32::NEG_INFINITY, |(p, _)| p.floor))
 }
 
 /// The token of a row once its race (if any) is done: the winner, else the first index of the
@@ -254,7 +268,11 @@ pub(super) fn draw_scanned<V: RowValues + ?Sized>(
     logprobs: Option<&LogprobSlots>,
 ) -> Result<Drawn> {
     let sc = summarize(bmax, f32::NEG_INFINITY, has_nan, plan);
-    let (won, floor) = race_row(k, (batch, r), (v, bmax, &sc), plan)?;
+    let (won, floor) = if plan.is_scored() {
+        (None, scored_floor(k, (batch, r), (v, bmax, &sc), plan)?)
+    } else {
+        race_row(k, (batch, r), (v, bmax, &sc), plan)?
+    };
     let info = RowInfo { top: sc.top, floor, processed };
     // A forced row's logprobs are its forced token's.
     let token = batch.forced(r).unwrap_or_else(|| finish(k, v, bmax, &sc, won));

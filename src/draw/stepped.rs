@@ -64,7 +64,8 @@ fn draw_by_blocks_after_race<V: RowValues + ?Sized>(
     e: &RowStep,
     plan: RowPlan,
 ) -> Result<Option<Drawn>> {
-    let RowPlan::Sample { inv_t, filter_inv_t, noise: RaceNoise::Inline(key), filters_after_race: true } = plan else {
+    let RowPlan::Sample { inv_t, filter_inv_t, noise: RaceNoise::Inline(key), filters_after_race: true, .. } = plan
+    else {
         return Ok(None);
     };
     with_block_maxima(r, v.n(), |bmax| {

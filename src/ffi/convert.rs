@@ -129,7 +129,7 @@ versioned!(tokenrace_batch, v1 ends with noise_row_stride, default zeroed(), [
     xtc_threshold, dynatemp_range, dynatemp_exponent, bad_words_ids, bad_word_offsets, bad_words_row_offsets,
     forced_tokens, logprob_token_ids, logprob_token_offsets, order, order_len,
     dry_multiplier, dry_base, dry_allowed_length,
-    dry_penalty_last_n, dry_breaker_ids, dry_breaker_offsets, dry_breakers_row_offsets,
+    dry_penalty_last_n, dry_breaker_ids, dry_breaker_offsets, dry_breakers_row_offsets, row_index,
 ]);
 versioned!(tokenrace_output, v1 ends with topn_logprobs, default zeroed(), [
     struct_size, logprob_mode, tokens, flags, logprobs, ranks, top_n, reserved0, topn_ids, topn_logprobs,

@@ -23,11 +23,14 @@ use crate::requests::{RequestRows, Requests};
 ///
 /// # Safety
 /// Every non-NULL pointer of `b` covers the elements its sizes say, for `'a`.
-unsafe fn batch_from_c<'a>(b: &tokenrace_batch, state: Option<&'a Requests>) -> Result<Batch<'a>> {
+pub(super) unsafe fn batch_from_c<'a>(b: &tokenrace_batch, state: Option<&'a Requests>) -> Result<Batch<'a>> {
     let (rows, vocab) = (b.rows as usize, b.vocab as usize);
     let stride = if b.row_stride == 0 { vocab } else { usize::try_from(b.row_stride).unwrap_or(usize::MAX) };
     let dtype: tokenrace_dtype = arg_enum(Owner::Batch, "dtype", b.dtype)?;
-    let at = |size| span(rows, vocab, stride, size, "row_stride");
+    // SAFETY: the caller's contract: a non-NULL row_index covers `rows` entries.
+    let row_index = unsafe { opt_slice(Owner::Batch, "row_index", b.row_index, rows)? };
+    let logits_rows = crate::batch::logits_rows(&Batch { row_index, ..Batch::new(Logits::F32(&[]), rows, vocab) })?;
+    let at = |size| span(logits_rows, vocab, stride, size, "row_stride");
     // SAFETY (every slice below): the caller's contract for the batch's pointers.
     let logits = unsafe {
         match dtype {
@@ -90,6 +93,7 @@ unsafe fn batch_from_c<'a>(b: &tokenrace_batch, state: Option<&'a Requests>) -> 
         dry_allowed_length: unsafe { opt_slice(Owner::Batch, "dry_allowed_length", b.dry_allowed_length, rows)? },
         dry_penalty_last_n: unsafe { opt_slice(Owner::Batch, "dry_penalty_last_n", b.dry_penalty_last_n, rows)? },
         dry_breakers: unsafe { words(b, rows, DRY_BREAKER_FIELDS)? },
+        row_index,
     })
 }
 
@@ -299,7 +303,7 @@ unsafe fn bitmask<'a>(b: &tokenrace_batch, rows: usize, vocab: usize) -> Result<
 /// # Safety
 /// Every non-NULL pointer of `o` covers the elements its sizes say, for `'a`, and nothing else
 /// uses them meanwhile.
-unsafe fn output_from_c<'a>(o: &tokenrace_output, b: &Batch) -> Result<(Output<'a>, Disjoint)> {
+pub(super) unsafe fn output_from_c<'a>(o: &tokenrace_output, b: &Batch) -> Result<(Output<'a>, Disjoint)> {
     let (rows, vocab) = (b.rows, b.vocab);
     let logprob_mode: tokenrace_logprob_mode = arg_enum(Owner::Output, "logprob_mode", o.logprob_mode)?;
     let top_n = o.top_n as usize;
@@ -443,61 +447,4 @@ pub unsafe extern "C" fn tokenrace_draw(
             s.inner.draw(&batch, &mut output)
         }
     })
-}
-
-/// Scores given tokens without drawing (prompt logprobs): row r's `targets[r]` takes the place
-/// of the drawn token, and `out` receives its logprob, rank, top-n, given-id logprobs and flags
-/// exactly as `tokenrace_draw()` reports a drawn token's; `out->tokens` receives the targets.
-/// No noise is used: the sampler's stream and pool, and every later draw, are as if the call
-/// had not happened. The batch takes every input of a draw but `seeds`, `offsets`, `seeded`,
-/// `noise` and `forced_tokens` (refused: they choose a draw's noise or token). On failure
-/// nothing is written to `out`'s arrays, and `tokenrace_last_error()` names the argument.
-///
-/// # Safety
-/// As `tokenrace_draw()`; `targets` points to `batch->rows` readable int32 ids.
-#[no_mangle]
-pub unsafe extern "C" fn tokenrace_score(
-    sampler: *mut tokenrace_sampler,
-    batch: *const tokenrace_batch,
-    targets: *const i32,
-    out: *mut tokenrace_output,
-) -> tokenrace_status {
-    guard("tokenrace_score", || {
-        // SAFETY: the caller's contract for `sampler`, `batch`, `targets` and `out`.
-        unsafe {
-            let s = sampler.as_ref().ok_or_else(|| Error::invalid_argument("sampler: is NULL"))?;
-            let read = || -> Result<_> {
-                let b = read_versioned(batch, "batch")?;
-                let o = read_versioned(out as *const tokenrace_output, "out")?;
-                Ok((b, o))
-            };
-            let (b, o) = read().inspect_err(|_| s.inner.count_rejected())?;
-            let state = b.requests.as_ref().map(|q| q.inner.read());
-            let batch = batch_from_c(&b, state.as_deref()).inspect_err(|_| s.inner.count_rejected())?;
-            let targets = score_targets(targets, batch.rows).inspect_err(|_| s.inner.count_rejected())?;
-            // The targets are read as the draw reads forced tokens: no output may overlap them.
-            let seen = Batch { forced_tokens: batch.forced_tokens.or(Some(targets)), ..batch };
-            let (mut output, arrays) = output_from_c(&o, &seen).inspect_err(|_| s.inner.count_rejected())?;
-            if let Some(overlap) = arrays.overlap() {
-                s.inner.count_rejected();
-                return Err(overlap);
-            }
-            s.inner.score(&batch, targets, &mut output)
-        }
-    })
-}
-
-/// The score call's targets: `rows` ids from the caller's pointer (NULL only for no rows).
-///
-/// # Safety
-/// A non-NULL `targets` points to `rows` readable ids.
-unsafe fn score_targets<'a>(targets: *const i32, rows: usize) -> Result<&'a [i32]> {
-    if targets.is_null() {
-        return if rows == 0 { Ok(&[]) } else { Err(Error::invalid_argument("targets: is NULL")) };
-    }
-    if !(targets as usize).is_multiple_of(4) {
-        return Err(Error::invalid_argument("targets: is not aligned to 4 bytes"));
-    }
-    // SAFETY: non-NULL, aligned, `rows` ids by the caller's contract (rows < 2^32).
-    Ok(unsafe { std::slice::from_raw_parts(targets, rows) })
 }

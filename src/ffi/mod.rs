@@ -25,6 +25,7 @@ pub mod draw;
 pub(crate) mod panic;
 pub mod pool_api;
 pub mod requests;
+pub mod score;
 pub mod shard;
 pub mod types;
 pub mod verify;

@@ -426,6 +426,13 @@ pub struct tokenrace_batch {
     /// Row r's breakers are breakers `dry_breakers_row_offsets[r]..dry_breakers_row_offsets[r +
     /// 1]`: rows + 1 non-decreasing entries.
     pub dry_breakers_row_offsets: *const u64,
+    // Added after 0.2.0: several outputs from one logits row; a caller whose struct_size ends
+    // before it gets NULL.
+    /// `rows` logits rows, one per row (vLLM's `n > 1`, FlashInfer's `indices`): row r reads
+    /// logits row `row_index[r]` in place (never copied), each row with its own seed, offset,
+    /// parameters and outputs; `logits` then holds `max(row_index) + 1` rows `row_stride` apart.
+    /// A negative entry is INVALID_ARGUMENT naming the row. NULL: row r reads logits row r.
+    pub row_index: *const i32,
 }
 
 /// Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No

@@ -138,7 +138,8 @@ def test_the_packed_layouts_set_every_field_of_the_ctypes_structs(tokenrace):
                                      (_call.LLAMA_LAYOUT, _call.LLAMA_OFFSET, _ffi.BATCH_LLAMA_FIRST),
                                      (_call.PARITY_LAYOUT, _call.PARITY_OFFSET, _ffi.BATCH_PARITY_FIRST),
                                      (_call.ORDER_LAYOUT, _call.ORDER_OFFSET, _ffi.BATCH_ORDER_FIRST),
-                                     (_call.DRY_LAYOUT, _call.DRY_OFFSET, _ffi.BATCH_DRY_FIRST))),
+                                     (_call.DRY_LAYOUT, _call.DRY_OFFSET, _ffi.BATCH_DRY_FIRST),
+                                     (_call.POINTER_LAYOUT, _call.ROW_INDEX_OFFSET, "row_index"))),
              (_ffi.tokenrace_output, ((_call.OUTPUT_LAYOUT, 0, "struct_size"),
                                       (_call.FULL_LAYOUT, _call.FULL_OFFSET, _ffi.OUTPUT_FULL_FIRST),
                                       (_call.GIVEN_LAYOUT, _call.GIVEN_OFFSET, _ffi.OUTPUT_GIVEN_FIRST),
@@ -218,9 +219,15 @@ def test_a_call_without_the_sampling_step_clears_what_the_last_one_set(tokenrace
     history = [[int(t + 1) % 64, int(t), int(t + 1) % 64] for t in plain]
     dried = s.draw(x, temperature=0, output_tokens=history, dry_multiplier=1e30, dry_allowed_length=1)
     assert (dried != plain).all() and state.dry_packed
-    assert bytes(state.batch)[_call.DRY_OFFSET:] != bytes(_call.DRY_LAYOUT.size)
+    assert bytes(state.batch)[_call.DRY_OFFSET:_call.ROW_INDEX_OFFSET] != bytes(_call.DRY_LAYOUT.size)
     np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
-    assert not state.dry_packed and bytes(state.batch)[_call.DRY_OFFSET:] == bytes(_call.DRY_LAYOUT.size)
+    assert not state.dry_packed and bytes(state.batch)[_call.DRY_OFFSET:_call.ROW_INDEX_OFFSET] == bytes(_call.DRY_LAYOUT.size)
+    # And for the row index (draw_full's), which the next draw() resets.
+    index = slice(_call.ROW_INDEX_OFFSET, _call.ROW_INDEX_OFFSET + 8)
+    s.draw_full(x, temperature=0, row_index=[2, 1, 0])
+    assert state.row_index_packed and bytes(state.batch)[index] != bytes(8)
+    np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
+    assert not state.row_index_packed and bytes(state.batch)[index] == bytes(8)
     r = s.draw_full(x, temperature=0, full_logprobs="raw")
     assert r.full_logprobs.shape == (3, 64) and state.full_packed
     r = s.draw_full(x, temperature=0)

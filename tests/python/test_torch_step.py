@@ -251,6 +251,40 @@ def test_logprob_token_ids_in_vllms_layout(tt, torch, x):
     assert np.isneginf(np.asarray(lp2.logprobs)[[0, 1, 3], 1:]).all()
 
 
+def test_logprob_token_ids_as_csr_tensors_equal_the_lists(tt, torch, x):
+    given = [[3, 5, 3], [], [39], [0]]
+    ids = tensor(torch, np.array([3, 5, 3, 39, 0], np.int32))
+    offsets = tensor(torch, np.array([0, 3, 3, 4, 5], np.int64))
+    seeds = tensor(torch, SEEDS.astype(np.int64))
+    want = tt.sample(tensor(torch, x), 1.0, seeds=seeds, logprobs=2, logprob_token_ids=given)
+    got = tt.sample(tensor(torch, x), 1.0, seeds=seeds, logprobs=2, logprob_token_ids=(ids, offsets))
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
+    for a, b in zip(got[1], want[1]):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(ValueError, match="logprob_token_ids: has 4 offsets"):
+        tt.sample(tensor(torch, x), 1.0, logprob_token_ids=(ids, offsets[:4]))
+
+
+def test_score_gives_prompt_logprobs_in_vllms_layout_equal_to_the_draws(tt, torch, tokenrace, x):
+    seeds = tensor(torch, SEEDS.astype(np.int64))
+    tokens, lp = tt.sample(tensor(torch, x), 1.0, seeds=seeds, logprobs=3)
+    scored = tt.score(tensor(torch, x), tokens, logprobs=3)
+    for a, b in zip(scored, lp):
+        assert isinstance(a, torch.Tensor)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    targets = np.array([0, 39, 7, 7])
+    ref = log_softmax64(x)
+    s = tt.score(tensor(torch, x), tensor(torch, targets), logprobs=0)
+    np.testing.assert_array_equal(np.asarray(s.logprob_token_ids)[:, 0], targets)
+    np.testing.assert_allclose(np.asarray(s.logprobs)[:, 0], ref[np.arange(ROWS), targets], atol=1e-5)
+    ranks = (ref >= ref[np.arange(ROWS), targets][:, None]).sum(axis=1)
+    np.testing.assert_array_equal(np.asarray(s.selected_token_ranks), ranks)
+    g = tt.score(tensor(torch, x), tensor(torch, targets), logprob_token_ids={1: [2, 4]})
+    np.testing.assert_allclose(np.asarray(g.logprobs)[1, 1:], ref[1, [2, 4]], atol=1e-5)
+    with pytest.raises(tokenrace.InvalidArgumentError, match=r"target_ids: row 1: 40 is not a token id"):
+        tt.score(tensor(torch, x), tensor(torch, np.array([0, 40, 0, 0])))
+
+
 def test_bad_forced_tokens_and_given_ids_are_refused_and_put_the_generators_back(tt, torch, tokenrace, x):
     for kwargs, error, message in [
         (dict(forced_tokens=[-1, VOCAB, -1, -1]), tokenrace.InvalidArgumentError, r"forced_tokens\[1\]"),

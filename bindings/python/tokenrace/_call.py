@@ -93,9 +93,12 @@ ORDER_LAYOUT = struct_layout(_ffi.tokenrace_batch, _ffi.BATCH_ORDER_FIRST, _ffi.
 ORDER_OFFSET = getattr(_ffi.tokenrace_batch, _ffi.BATCH_ORDER_FIRST).offset
 # llama.cpp's DRY (multiplier, base, allowed length, window, breakers' three arrays), written by a
 # call that passes any of its arguments (``CallState.dry_packed``).
-DRY_LAYOUT = struct_layout(_ffi.tokenrace_batch, _ffi.BATCH_DRY_FIRST)
+DRY_LAYOUT = struct_layout(_ffi.tokenrace_batch, _ffi.BATCH_DRY_FIRST, "row_index")
 DRY_OFFSET = getattr(_ffi.tokenrace_batch, _ffi.BATCH_DRY_FIRST).offset
 DRY_ZEROS = (0,) * sum(1 for c in DRY_LAYOUT.format if c not in "=x")
+# The logits row of each row (``draw_full(row_index=)``), written by a call that passes it
+# (``CallState.row_index_packed``).
+ROW_INDEX_OFFSET = _ffi.tokenrace_batch.row_index.offset
 FULL_LAYOUT = struct_layout(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST, _ffi.OUTPUT_GIVEN_FIRST)
 FULL_OFFSET = getattr(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST).offset
 FULL_ZEROS = (0,) * sum(1 for c in FULL_LAYOUT.format if c not in "=x")
@@ -204,6 +207,7 @@ class CallState:
         self.dry_packed = False
         self.given_packed = False
         self.kept_packed = False
+        self.row_index_packed = False
         # The arguments of tokenrace_draw, made once rather than a byref() per call.
         self.batch_ptr = ctypes.pointer(self.batch)
         self.tokens_output_ptr = ctypes.pointer(self.tokens_output)

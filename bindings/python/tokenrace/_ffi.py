@@ -243,6 +243,8 @@ class tokenrace_batch(_Versioned):
         ("dry_breaker_ids", POINTER(c_int32)),
         ("dry_breaker_offsets", POINTER(c_uint64)),
         ("dry_breakers_row_offsets", POINTER(c_uint64)),
+        # added after 0.2.0: the logits row of each row (several outputs from one logits row)
+        ("row_index", POINTER(c_int32)),
     ]
 
 
@@ -622,7 +624,7 @@ SINCE_0_2 = frozenset({"tokenrace_verify", "tokenrace_set_log_callback", "tokenr
                        "tokenrace_shard_finish", "tokenrace_shard_top_k_candidates", "tokenrace_shard_cut_start",
                        "tokenrace_shard_cut_pending", "tokenrace_shard_cut_round", "tokenrace_shard_cut_advance",
                        "tokenrace_shard_race_cut", "tokenrace_shard_logprob_partials", "tokenrace_shard_logprobs",
-                       "tokenrace_watermark_verify_seeds"})
+                       "tokenrace_watermark_verify_seeds", "tokenrace_score"})
 
 
 def _declare(handle):

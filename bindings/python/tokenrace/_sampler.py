@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import ctypes
 from ctypes import byref
 from dataclasses import dataclass
 from typing import Optional
@@ -10,12 +11,13 @@ from typing import Optional
 import numpy as np
 
 from . import _ffi
-from ._arrays import (LOGITS_DTYPES, NOISE_DTYPES, arrays_in, as_torch, byte_span, contiguous_rows, is_torch_tensor,
-                      per_row, rows_view)
+from ._arrays import (LOGITS_DTYPES, NOISE_DTYPES, arrays_in, as_torch, byte_span, contiguous_rows, int32_vector,
+                      is_torch_tensor, per_row, rows_view)
 from ._call import (BATCH_LAYOUT, BATCH_SIZE, FLAG_SCALARS, FLOAT_SCALARS, FULL_LAYOUT, FULL_OFFSET, FULL_ZEROS,
                     GIVEN_LAYOUT, GIVEN_OFFSET, INT_SCALARS, KEPT_LAYOUT, KEPT_OFFSET, LLAMA_LAYOUT, LLAMA_OFFSET,
                     OUTPUT_LAYOUT, OUTPUT_SIZE, ORDER_LAYOUT, ORDER_OFFSET, PARITY_LAYOUT, PARITY_OFFSET, PARITY_ZEROS,
                     DRY_LAYOUT, DRY_OFFSET, DRY_ZEROS, POINTER_LAYOUT, REQUESTS_LAYOUT, REQUESTS_OFFSET,
+                    ROW_INDEX_OFFSET,
                     STEP_LAYOUT, STEP_OFFSET, STEP_ZEROS, TOP_N_SIGMA_OFFSET, address, pack_tokens_output,
                     release_state, take_state)
 from ._common import (_choice, _Closable, _Default, _from_env, _Handle, _name_of, _offsets_without_seeds,
@@ -24,6 +26,19 @@ from ._errors import InvalidArgumentError, check
 from ._requests import pack_requests
 from ._step import FIELD_ARGUMENTS, dry_fields, list_entries, parity_fields, step_fields
 from ._verify import verify as _verify
+from ._errors import UnsupportedError
+
+
+_INT32_P = ctypes.POINTER(ctypes.c_int32)
+
+
+def _score_function():
+    lib = _ffi.lib()
+    try:
+        return lib.tokenrace_score
+    except AttributeError:
+        raise UnsupportedError(f"Sampler.score: the loaded library ({_ffi.library_path()}) has no tokenrace_score; "
+                               f"use a newer build") from None
 
 
 def _free_sampler(ptr):
@@ -168,7 +183,8 @@ class Sampler(_Closable):
     # -- drawing -------------------------------------------------------------------------------
 
     def _fill_batch(self, b, keep, state, logits, temperature, seeds, offsets, seeded, noise, noise_kind,
-                    top_k, top_p, min_p, top_n_sigma=None, requests=None, request_ids=None, llama=None):
+                    top_k, top_p, min_p, top_n_sigma=None, requests=None, request_ids=None, llama=None,
+                    row_index=None):
         """Writes every field of ``b`` (a ``tokenrace_batch``) for the call; returns the row
         count. ``keep`` receives the objects the struct points into; ``state`` (a ``CallState``,
         or None) lends its cached per-row arrays to scalar arguments."""
@@ -182,6 +198,14 @@ class Sampler(_Closable):
             view = rows_view(logits, "logits", LOGITS_DTYPES)
             logits_ptr, dtype, rows, vocab, row_stride = view.ptr, view.dtype, view.rows, view.vocab, view.row_stride
             keep.append(view.owner)  # a list's converted copy, not the list
+        if row_index is not None:
+            # One row per entry; the logits hold the rows they read (the library sizes their span
+            # from the largest entry, so one past the logits is refused here).
+            beyond = row_index >= rows
+            if beyond.any():
+                r = int(np.argmax(beyond))
+                raise ValueError(f"row_index[{r}]: {int(row_index[r])} is not a row of the logits ({rows} rows)")
+            rows = len(row_index)
         # Each is the address of its per-row values, 0 (NULL) when not given; the common None is
         # tested here rather than in a call.
         if offsets is not None and seeds is None:
@@ -445,6 +469,9 @@ class Sampler(_Closable):
                 _fill_order(state, keep, order)
             self._fill_dry(state, keep, rows, (dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n,
                                                dry_sequence_breakers))
+            if state.row_index_packed:
+                POINTER_LAYOUT.pack_into(state.batch, ROW_INDEX_OFFSET, 0)
+                state.row_index_packed = False
             pack_tokens_output(state, state.tokens.address_for(rows),
                                state.flags.address_for(rows) if return_flags else 0)
             # self._run(), inlined (a method call less: the fast path's cost, see _call.py)
@@ -474,7 +501,7 @@ class Sampler(_Closable):
                   typical_p=None, xtc_probability=None, xtc_threshold=None, dynatemp_range=None,
                   dynatemp_exponent=None, bad_words=None, forced_tokens=None, logprob_token_ids=None,
                   order=None, dry_multiplier=None, dry_base=None, dry_allowed_length=None,
-                  dry_penalty_last_n=None, dry_sequence_breakers=None, kept_set=False, kept_bitmask=False):
+                  dry_penalty_last_n=None, dry_sequence_breakers=None, kept_set=False, kept_bitmask=False, row_index=None):
         """Draws like ``draw`` and also returns logprobs: a ``DrawResult`` (of torch tensors over
         the same memory when ``logits`` is a tensor, flags as int32) with
 
@@ -516,9 +543,68 @@ class Sampler(_Closable):
             dynatemp on.
         kept_bitmask: True also returns ``r.kept_bitmask``, rows x ceil(vocab / 32) int32 words in
             xgrammar's layout (bit i of word j set: token 32 j + i is kept).
+        row_index: None, or one logits row per row (vLLM's ``n > 1``, FlashInfer's ``indices``):
+            row r reads ``logits[row_index[r]]`` in place, with its own seed, offset, parameters
+            and outputs; the per-row arguments and the results then have ``len(row_index)`` rows
+            (``docs/semantics.md``, Several outputs from one logits row).
 
         The sampling step's arguments are ``draw``'s.
         """
+        return self._full(None, logits, temperature=temperature, seeds=seeds, offsets=offsets, seeded=seeded,
+                          noise=noise, noise_kind=noise_kind, top_k=top_k, top_p=top_p, min_p=min_p,
+                          top_n_sigma=top_n_sigma, logprobs=logprobs, ranks=ranks, logprob_mode=logprob_mode,
+                          prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                          repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
+                          presence_penalty=presence_penalty, logit_bias=logit_bias,
+                          allowed_tokens=allowed_tokens, banned_tokens=banned_tokens,
+                          token_bitmask=token_bitmask, full_logprobs=full_logprobs, out=out,
+                          penalty_last_n=penalty_last_n, min_tokens=min_tokens, stop_token_ids=stop_token_ids,
+                          requests=requests, request_ids=request_ids, min_keep=min_keep, typical_p=typical_p,
+                          xtc_probability=xtc_probability, xtc_threshold=xtc_threshold,
+                          dynatemp_range=dynatemp_range, dynatemp_exponent=dynatemp_exponent,
+                          bad_words=bad_words, forced_tokens=forced_tokens, logprob_token_ids=logprob_token_ids,
+                          order=order, dry_multiplier=dry_multiplier, dry_base=dry_base,
+                          dry_allowed_length=dry_allowed_length, dry_penalty_last_n=dry_penalty_last_n,
+                          dry_sequence_breakers=dry_sequence_breakers, kept_set=kept_set,
+                          kept_bitmask=kept_bitmask, row_index=row_index)
+
+    def score(self, logits, target_ids, *, logprobs=0, ranks=False, mode="raw", **options):
+        """Scores one target token per row, drawing nothing: returns the ``DrawResult`` that
+        ``draw_full`` returns for rows that drew these tokens (``logprobs`` of the targets,
+        ``ranks``, the top-n, ``token_logprobs``/``token_ranks`` of ``logprob_token_ids``,
+        ``full_logprobs``, flags; ``tokens`` are the targets), bit for bit, computed by the same
+        code, with no noise consumed (the sampler's stream and pool are untouched) and the rows
+        spread over the sampler's threads. Prompt logprobs: one row per position, its target
+        the next prompt token (thousands of positions in one call).
+
+        target_ids: one token id per row, each in ``[0, vocab)`` (1-D integers; int32 passes
+            without a copy).
+        logprobs, ranks: as ``draw_full``'s. mode: ``draw_full``'s ``logprob_mode``, "raw" or
+            "processed" (after the step, temperature and filters; -inf outside the kept set).
+        options: ``draw_full``'s other keyword arguments (temperature, filters, the step,
+            ``logprob_token_ids``, ``full_logprobs``/``out``...), but ``forced_tokens`` and
+            ``noise``, which a score refuses. Seeds are read by XTC rows only (their coin).
+        """
+        for name in ("forced_tokens", "noise", "logprob_mode"):
+            if name in options:
+                raise TypeError(f"score: takes no {name} (" + (
+                    "the targets are the rows' tokens)" if name == "forced_tokens" else
+                    "nothing is drawn)" if name == "noise" else "use mode=)"))
+        targets = int32_vector(target_ids, "target_ids")
+        return self._full(targets, logits, logprobs=logprobs, ranks=ranks, logprob_mode=mode, **options)
+
+    def _full(self, targets, logits, *, temperature=None, seeds=None, offsets=None, seeded=None,
+                  noise=None, noise_kind="exp", top_k=None, top_p=None, min_p=None, top_n_sigma=None, logprobs=0,
+                  ranks=False, logprob_mode="raw", prompt_tokens=None, output_tokens=None, repetition_penalty=None,
+                  frequency_penalty=None, presence_penalty=None, logit_bias=None, allowed_tokens=None,
+                  banned_tokens=None, token_bitmask=None, full_logprobs=None, out=None, penalty_last_n=None,
+                  min_tokens=None, stop_token_ids=None, requests=None, request_ids=None, min_keep=None,
+                  typical_p=None, xtc_probability=None, xtc_threshold=None, dynatemp_range=None,
+                  dynatemp_exponent=None, bad_words=None, forced_tokens=None, logprob_token_ids=None,
+                  order=None, dry_multiplier=None, dry_base=None, dry_allowed_length=None,
+                  dry_penalty_last_n=None, dry_sequence_breakers=None, kept_set=False, kept_bitmask=False,
+                  row_index=None):
+        """``draw_full``, or ``score`` of ``targets`` (an int32 array) when they are given."""
         mode = _choice("logprob_mode", logprob_mode, _ffi.LOGPROB_MODE_NAMES)
         if isinstance(logprobs, (bool, np.bool_)):
             raise TypeError("logprobs: must be an integer (the number of top logprobs per row), got a bool")
@@ -534,13 +620,21 @@ class Sampler(_Closable):
         elif out is not None:
             raise ValueError("out: given without full_logprobs (say which values it receives: "
                              "\"raw\", \"processed\" or \"processed_logits\")")
+        index = None if row_index is None else int32_vector(row_index, "row_index")
         state = take_state()
         try:
             keep = []
             rows = self._fill_batch(state.batch, keep, state, logits, temperature, seeds, offsets, seeded,
                                     noise, noise_kind, top_k, top_p, min_p, top_n_sigma, requests, request_ids,
                                     (min_keep, typical_p, xtc_probability, xtc_threshold, dynatemp_range,
-                                     dynatemp_exponent))
+                                     dynatemp_exponent), index)
+            if index is not None:
+                keep.append(index)
+                POINTER_LAYOUT.pack_into(state.batch, ROW_INDEX_OFFSET, address(index))
+                state.row_index_packed = True
+            elif state.row_index_packed:
+                POINTER_LAYOUT.pack_into(state.batch, ROW_INDEX_OFFSET, 0)
+                state.row_index_packed = False
             if (prompt_tokens is None and output_tokens is None and repetition_penalty is None
                     and frequency_penalty is None and presence_penalty is None and logit_bias is None
                     and allowed_tokens is None and banned_tokens is None and token_bitmask is None
@@ -615,7 +709,13 @@ class Sampler(_Closable):
                                     address(res.logprobs), address(res.ranks) if ranks else 0, n, 0,
                                     address(res.topn_ids) if n else 0, address(res.topn_logprobs) if n else 0)
             h = self._live_handle()  # self._run(), inlined as in draw()
-            status = _ffi.lib().tokenrace_draw(h.ptr, state.batch_ptr, state.full_output_ptr)
+            if targets is None:
+                status = _ffi.lib().tokenrace_draw(h.ptr, state.batch_ptr, state.full_output_ptr)
+            else:
+                if len(targets) != rows:
+                    raise ValueError(f"target_ids: has {len(targets)} entries, the batch has {rows} rows "
+                                     f"(one target per row)")
+                status = _score_function()(h.ptr, state.batch_ptr, targets.ctypes.data_as(_INT32_P), state.full_output_ptr)
             if status:
                 _raise(status)
             del h
@@ -624,36 +724,6 @@ class Sampler(_Closable):
             return res
         finally:
             state.in_use = False  # release_state(), inlined
-
-    def score(self, logits, targets, **options):
-        """Scores given tokens without drawing (prompt logprobs over many positions in one call):
-        row r's ``targets[r]`` (one id per row, in [0, vocab)) takes the place of the drawn token,
-        and the result is ``draw_full``'s for those tokens as if drawn: ``r.tokens`` the
-        targets, their logprobs in ``logprob_mode``, ranks, top-n, given-id logprobs and flags,
-        bit for bit (docs/semantics.md, "Scoring given tokens"). No noise is used: this
-        sampler's stream and pool, and every later draw, are as if the call had not happened.
-        ``options`` are ``draw_full``'s but ``seeds``, ``offsets``, ``seeded``, ``noise`` and
-        ``forced_tokens``, which choose a draw's noise or token (TypeError). The C function is
-        ``tokenrace_score``."""
-        for name in ("seeds", "offsets", "seeded", "noise", "forced_tokens"):
-            if options.get(name) is not None:
-                raise TypeError(f"score: {name} is not read by a score call (its tokens are the targets, "
-                                "drawn with no noise)")
-        rows = logits.shape[0] if len(logits.shape) == 2 else 1
-        vocab = logits.shape[-1]
-        ids = np.asarray(targets.numpy() if is_torch_tensor(targets) else targets)
-        if ids.ndim != 1 or ids.shape[0] != rows:
-            raise ValueError(f"targets: has shape {ids.shape}, the logits have {rows} rows")
-        if ids.dtype.kind not in "iu":
-            raise TypeError(f"targets: must hold integers, got {ids.dtype}")
-        bad = (ids < 0) | (ids >= vocab)
-        if bad.any():
-            r = int(np.argmax(bad))
-            raise ValueError(f"targets[{r}]: {int(ids[r])} is not a token id in [0, {vocab})")
-        # Every row seeded (any seed): a seeded row takes no key from the stream, and a forced
-        # row reports its token as drawn, so the scores are the draw's own (as tokenrace_score).
-        return self.draw_full(logits, forced_tokens=ids.astype(np.int32), seeds=np.zeros(rows, np.uint64),
-                              **options)
 
     # -- speculative decoding ------------------------------------------------------------------
 

@@ -13,6 +13,8 @@
     greedy rows (T < the sampler's ``greedy_below``, 1e-5 as vLLM's ``_SAMPLING_EPS``),
     temperature, min-p, top-k, top-p and the draw in one native call, optionally with the
     logprobs triple of vLLM's ``LogprobsTensors``.
+``score(logits, target_ids, ...)``
+    Prompt logprobs: the logprob, rank and top-n of one target token per row, nothing drawn.
 ``rejection_sample(target_logits, draft_token_ids, num_draft_tokens, temperature, ...)``
     The verification step of speculative decoding, with the shape of vLLM's
     ``RejectionSampler.forward`` output: int32 ``[batch, max_spec_len + 1]``, each request's
@@ -54,7 +56,8 @@ from ._arrays import int32_vector
 from ._sampler import Sampler
 from ._step import _padded, _per_row_lists, _row_of
 
-__all__ = ["LogprobsTensors", "PLACEHOLDER_TOKEN_ID", "TopKTopPSampler", "rejection_sample", "sample", "sample_sharded"]
+__all__ = ["LogprobsTensors", "PLACEHOLDER_TOKEN_ID", "TopKTopPSampler", "rejection_sample", "sample", "sample_sharded",
+           "score"]
 
 # vLLM's padding of the rejection sampler's output (``rejection_sampler.PLACEHOLDER_TOKEN_ID``).
 PLACEHOLDER_TOKEN_ID = -1
@@ -494,7 +497,8 @@ def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generator
         logprobs and rank are reported as if it had been drawn, and its noise is consumed as a
         drawn row's, so the other rows are unchanged (docs/semantics.md, forced tokens).
     logprob_token_ids: None, or per row the token ids whose logprobs are wanted (vLLM's
-        ``logprob_token_ids``): a list with a list (or None) per row, or ``{row: [ids]}``. The
+        ``logprob_token_ids``): a list with a list (or None) per row, ``{row: [ids]}``, or a CSR
+        tuple ``(ids, offsets)`` of integer tensors (``rows + 1`` offsets, read in place). The
         ``LogprobsTensors`` then has vLLM's layout: column 0 the sampled token, then per row its
         given ids (in order) or, for a row without any, the top ``logprobs``; ``1 + max(logprobs,
         longest list)`` columns, unused cells id 0 with logprob -inf. Implies ``logprobs=0`` when
@@ -534,7 +538,7 @@ def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generator
         if n is None:
             return _tokens_tensor(sampler.draw(logits, **draw_args), out)
         if given is not None:
-            draw_args["logprob_token_ids"] = given
+            draw_args["logprob_token_ids"] = (given[0], given[1].astype(np.uint64))
         result = sampler.draw_full(logits, logprobs=n, ranks=True, logprob_mode="raw", **draw_args)
     except BaseException:
         draws.restore()
@@ -544,45 +548,94 @@ def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generator
     return _tokens_tensor(result.tokens, out), _logprobs_tensors(result, rows, n)
 
 
+def score(logits, target_ids, *, logprobs=0, mode="raw", temperature=None, top_k=None, top_p=None, min_p=None,
+          logprob_token_ids=None, sampler=None):
+    """Prompt logprobs (vLLM's ``compute_topk_scores`` for ``prompt_logprobs``): the logprob and
+    rank of one target token per row, and the top ``logprobs``, with nothing drawn and no noise
+    consumed, in one native call over every row (spread over the sampler's threads).
+
+    logits: 2-D CPU tensor [positions, vocab] (float32, bfloat16 or float16), read in place.
+    target_ids: an integer tensor (or list) [positions]: each row's target (the next prompt token).
+    logprobs: n >= 0 (-1: the whole vocabulary) most probable tokens per row.
+    mode: "raw" (log_softmax of the logits as given, vLLM's ``raw_logprobs``) or "processed"
+        (after ``temperature`` and the filters ``top_k``/``top_p``/``min_p``, -inf outside the
+        kept set; ``Sampler.score``).
+    logprob_token_ids: as ``sample``'s: per row the ids whose logprobs fill the row's columns in
+        place of its top n.
+
+    Returns a ``LogprobsTensors`` in vLLM's layout: column 0 the target, then the top n (or the
+    row's given ids); ``selected_token_ranks`` the targets' ranks (int64). The values equal, bit
+    for bit, those ``sample`` reports when it draws the same tokens.
+    """
+    rows = _check_logits(logits)
+    if sampler is not None and not isinstance(sampler, Sampler):
+        raise TypeError(f"sampler: must be a tokenrace.Sampler, got {type(sampler).__name__}")
+    n = _top_count(logprobs, logits.shape[1])
+    given = None if logprob_token_ids is None else _given_lists(logprob_token_ids, rows)
+    sampler = default_sampler() if sampler is None else sampler
+    options = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    if given is not None:
+        options["logprob_token_ids"] = (given[0], given[1].astype(np.uint64))
+    result = sampler.score(logits, target_ids, logprobs=n, ranks=True, mode=mode, **options)
+    if given is not None:
+        return _logprobs_with_given(result, rows, n, given)
+    return _logprobs_tensors(result, rows, n)
+
+
 def _given_lists(value, rows):
-    """``logprob_token_ids`` as one list of ints per row (an empty one: none)."""
+    """``logprob_token_ids`` as ``(ids, offsets)``: int32 ids and ``rows + 1`` int64 offsets (row
+    r's ids at ``ids[offsets[r]:offsets[r + 1]]``). Forms: a list with a list (or None) per row,
+    ``{row: [ids]}``, or a CSR tuple ``(ids, offsets)`` of tensors or arrays (read as given; the
+    library checks the ids and the offsets' order)."""
+    if isinstance(value, tuple) and len(value) == 2 and not isinstance(value[0], (list, type(None))):
+        ids, offsets = (_as_numpy(v) if isinstance(v, torch.Tensor) else np.asarray(v) for v in value)
+        if ids.ndim != 1 or offsets.ndim != 1 or ids.dtype.kind not in "iu" or offsets.dtype.kind not in "iu":
+            raise ValueError("logprob_token_ids: a CSR tuple (ids, offsets) needs 1-D integer ids and offsets")
+        if len(offsets) != rows + 1:
+            raise ValueError(f"logprob_token_ids: has {len(offsets)} offsets, a CSR list of {rows} rows needs "
+                             f"{rows + 1}")
+        return ids, offsets.astype(np.int64, copy=False)
     if isinstance(value, Mapping):
         lists = [[] for _ in range(rows)]
         for row, ids in value.items():
             if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < rows:
                 raise ValueError(f"logprob_token_ids: key {row!r} is not a row in [0, {rows})")
             lists[row] = [] if ids is None else [int(t) for t in ids]
-        return lists
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
-        raise TypeError("logprob_token_ids: must be a list of per-row id lists or {row: [ids]}, got "
-                        f"{type(value).__name__}")
-    if len(value) != rows:
+    elif isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+        raise TypeError("logprob_token_ids: must be a list of per-row id lists, {row: [ids]} or a CSR tuple "
+                        f"(ids, offsets), got {type(value).__name__}")
+    elif len(value) != rows:
         raise ValueError(f"logprob_token_ids: has {len(value)} rows, logits have {rows}")
-    return [[] if ids is None else [int(t) for t in ids] for ids in value]
+    else:
+        lists = [[] if ids is None else [int(t) for t in ids] for ids in value]
+    offsets = np.zeros(rows + 1, np.int64)
+    np.cumsum([len(ids) for ids in lists], out=offsets[1:])
+    return np.fromiter((t for ids in lists for t in ids), np.int64, int(offsets[-1])), offsets
 
 
 def _logprobs_with_given(result, rows, n, given) -> LogprobsTensors:
     """vLLM's layout with per-request token ids: the sampled token, then a row's given ids in
     place of its top n (a row without any keeps its top n); cells past a row's entries hold id 0
     and -inf."""
-    lengths = np.fromiter((len(g) for g in given), dtype=np.int64, count=rows)
+    ids_given, offsets = given
+    lengths = np.diff(offsets)
     width = 1 + max(n, int(lengths.max(initial=0)))
     ids = np.zeros((rows, width), dtype=np.int32)
     values = np.full((rows, width), -np.inf, dtype=np.float32)
     ids[:, 0] = _as_numpy(result.tokens)
     values[:, 0] = _as_numpy(result.logprobs)
     token_logprobs = _as_numpy(result.token_logprobs)
-    topn_ids, topn_lps = (_as_numpy(result.topn_ids), _as_numpy(result.topn_logprobs)) if n else (None, None)
-    start = 0
-    for r in range(rows):
-        k = int(lengths[r])
-        if k:
-            ids[r, 1:1 + k] = given[r]
-            values[r, 1:1 + k] = token_logprobs[start:start + k]
-            start += k
-        elif n:
-            ids[r, 1:1 + n] = topn_ids[r]
-            values[r, 1:1 + n] = topn_lps[r]
+    # Row r's k given entries (at offsets[r]..offsets[r] + k of the ids and of the library's
+    # token_logprobs) go to columns 1..k.
+    row_of = np.repeat(np.arange(rows), lengths)
+    place = np.arange(len(row_of)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    at = np.repeat(offsets[:-1], lengths) + place
+    ids[row_of, 1 + place] = ids_given[at]
+    values[row_of, 1 + place] = token_logprobs[at]
+    if n:
+        without = lengths == 0
+        ids[without, 1:1 + n] = _as_numpy(result.topn_ids)[without]
+        values[without, 1:1 + n] = _as_numpy(result.topn_logprobs)[without]
     return LogprobsTensors(torch.from_numpy(ids), torch.from_numpy(values),
                            torch.from_numpy(_as_numpy(result.ranks).astype(np.int64)))
 
