@@ -40,8 +40,11 @@ fn draw_under_limit(threads: usize, k: Option<i32>, p: Option<f32>) -> Option<i3
             top_p: top_p.as_ref().map(|p| &p[..]),
             ..Batch::new(Logits::F32(&logits), 1, VOCAB)
         };
-        let mut tokens = [-7i32];
-        let e = match sampler.draw(&batch, &mut Output::new(&mut tokens)) {
+        let (mut tokens, mut kept) = ([-7i32], [-7i32]);
+        // Asking for the kept set makes the draw compute the whole cut before its race: the
+        // race alone may settle a flat top-p row without a gather (its winner surely kept).
+        let mut out = Output { kept_count: Some(&mut kept), ..Output::new(&mut tokens) };
+        let e = match sampler.draw(&batch, &mut out) {
             Ok(()) => return 11,
             Err(e) => e,
         };
@@ -52,7 +55,7 @@ fn draw_under_limit(threads: usize, k: Option<i32>, p: Option<f32>) -> Option<i3
             eprintln!("message: {}", e.message);
             return 13;
         }
-        if tokens != [-7] {
+        if tokens != [-7] || kept != [-7] {
             return 14; // a failed call writes nothing
         }
         0
