@@ -51,7 +51,7 @@ optional: without it the torch row is skipped, with the reason printed and in th
 Speculative-decoding verification (vLLM's rejection sampler), with --verify (instead of both):
 
   python3 bench/compare.py --verify --threads 16 [--rows 32 --drafts 4 --vocab 151936 --reps 20]
-      [--verify-profile normal|peaked] [--verify-json out.json]
+      [--verify-profile normal|peaked] [--verify-json out.json] [--verify-cuda]
 
 32 requests x 4 drafts, so 160 float32 target rows (each request's 4 draft positions, then its
 bonus position) at vocab 151936, N(0,3) rows (or --verify-profile peaked: the rows of the table
@@ -71,6 +71,11 @@ a draft token drawn from it, so that some drafts are accepted:
                           the draft zeroed without q). It leaves out what this case does not use
                           (greedy requests, top-k/top-p, logits processors) and the clone of the
                           target logits that vLLM makes for its raw logprobs
+  cuda-vllm-verify-*      with --verify-cuda, the same torch ops on the GPU, the logits already on
+                          the device as vLLM's are (synchronised after each call; the tokens copied
+                          back): vLLM's algorithm in torch ops, not its Triton kernels, which fuse
+                          the acceptance and recovery loops (their softmax and exponential rows
+                          are the same torch work)
 Each is timed --reps times in rounds (wall clock, after a warm-up): median, p10 and p90; the
 ratios verify/draw and torch/tokenrace; and the mean accepted drafts per request of every path
 beside what these drafts should accept (sum over j of prod min(1, p/q)), a check that both apply
@@ -483,7 +488,8 @@ def torch_vllm_verify(logits, target_idx, bonus_idx, draft_ids, num_draft, temp,
     target.div_(temp.repeat_interleave(num_draft).unsqueeze(1))
     probs = target.softmax(dim=-1, dtype=torch.float32)
     # generate_uniform_probs: one float64 uniform per draft token.
-    uniform = torch.rand(draft_ids.shape[0], dtype=torch.float64)
+    dev = logits.device
+    uniform = torch.rand(draft_ids.shape[0], dtype=torch.float64, device=dev)
     # The acceptance test of rejection_random_sample_kernel, at every position at once:
     # draft_prob > 0 and target_prob / draft_prob >= uniform (draft_prob 1 without draft probs).
     col = draft_ids.unsqueeze(1)
@@ -497,14 +503,14 @@ def torch_vllm_verify(logits, target_idx, bonus_idx, draft_ids, num_draft, temp,
     accept = ((draft_p > 0) & (target_p / draft_p >= uniform)).view(batch, k)
     # sample_recovered_tokens: one Exp(1) row per request, shared by its positions,
     # recovered = argmax(prob / exp) at every draft position (the probabilities are not needed after).
-    exp = torch.empty((batch, probs.shape[1]), dtype=torch.float32).exponential_()
+    exp = torch.empty((batch, probs.shape[1]), dtype=torch.float32, device=dev).exponential_()
     recovered = probs.view(batch, k, -1).div_(exp.unsqueeze(1)).argmax(dim=-1)
     # rejection_random_sample_kernel's output: the drafts up to the first rejection, then the
     # recovered token of that position, or the bonus token when every draft is accepted.
     n_acc = accept.to(torch.int32).cumprod(dim=1).sum(dim=1)
     last = torch.where(n_acc < k, recovered.gather(1, n_acc.clamp(max=k - 1).unsqueeze(1)).squeeze(1), bonus)
-    out = torch.full((batch, k + 1), -1, dtype=torch.int32)
-    out[:, :k] = torch.where(torch.arange(k).unsqueeze(0) < n_acc.unsqueeze(1), draft_ids.view(batch, k), -1)
+    out = torch.full((batch, k + 1), -1, dtype=torch.int32, device=dev)
+    out[:, :k] = torch.where(torch.arange(k, device=dev).unsqueeze(0) < n_acc.unsqueeze(1), draft_ids.view(batch, k), -1)
     out.scatter_(1, n_acc.unsqueeze(1), last.unsqueeze(1).to(torch.int32))
     return out
 
@@ -571,6 +577,27 @@ def verify_main(a):
             out = torch_vllm_verify(tx, t_target, t_bonus, t_ids, t_counts, t_temp, draft_probs).numpy()
             check_verify_output(path, out, (out != -1).sum(axis=1) - 1, drafts_2d, vocab)
             paths[path] = torch_verify(path, draft_probs)
+        if a.verify_cuda and torch.cuda.is_available():
+            # The same step on the GPU with the logits already there (as vLLM's are): its time
+            # to the last kernel's end, not counting the copies to the device.
+            g = {name: v.cuda() for name, v in dict(x=tx, q=tq, target=t_target, bonus=t_bonus, ids=t_ids,
+                                                     counts=t_counts, temp=t_temp).items()}
+
+            def cuda_verify(path, draft_probs):
+                got = outputs.setdefault(path, [])
+
+                def call():
+                    out = torch_vllm_verify(g["x"], g["target"], g["bonus"], g["ids"], g["counts"], g["temp"],
+                                            draft_probs)
+                    torch.cuda.synchronize()
+                    got.append(out.cpu())
+                return call
+
+            for path, draft_probs in (("cuda-vllm-verify-no-q", None), ("cuda-vllm-verify-q", g["q"])):
+                out = torch_vllm_verify(g["x"], g["target"], g["bonus"], g["ids"], g["counts"], g["temp"],
+                                        draft_probs).cpu().numpy()
+                check_verify_output(path, out, (out != -1).sum(axis=1) - 1, drafts_2d, vocab)
+                paths[path] = cuda_verify(path, draft_probs)
     else:
         skipped = "torch is not installed here (pip install torch): vLLM's rejection sampler step was not measured"
     # Interleaved in rounds so that a load on the machine weighs on every path alike.
@@ -593,13 +620,16 @@ def verify_main(a):
     if torch is not None:
         ratios["torch_over_tokenrace_no_q"] = med["torch-vllm-verify-no-q"] / med["tokenrace-verify-no-q"]
         ratios["torch_over_tokenrace_q"] = med["torch-vllm-verify-q"] / med["tokenrace-verify-q"]
+    if "cuda-vllm-verify-q" in med:
+        ratios["tokenrace_over_cuda_no_q"] = med["tokenrace-verify-no-q"] / med["cuda-vllm-verify-no-q"]
+        ratios["tokenrace_over_cuda_q"] = med["tokenrace-verify-q"] / med["cuda-vllm-verify-q"]
     print("ratios: " + ", ".join(f"{name} {v:.2f}" for name, v in ratios.items()))
     # The acceptance each implementation saw, against its expectation for these drafts: a check
     # that both run the same rule (it varies from call to call: the uniforms are fresh each time).
     acceptance = {"expected_no_q": expected_accepted(p_d, np.ones_like(q_d), requests, k),
                   "expected_q": expected_accepted(p_d, q_d, requests, k)}
     for path, got in outputs.items():
-        if path.startswith("torch"):
+        if path.startswith(("torch", "cuda")):
             acceptance[path] = float(np.mean([(out.numpy() != -1).sum(axis=1) - 1 for out in got]))
         else:
             acceptance[path] = float(np.mean([r.counts - 1 for r in got]))
@@ -636,6 +666,8 @@ def main():
     ap.add_argument("--verify-profile", choices=("normal", "peaked"), default="normal",
                     help="with --verify: N(0,3) target rows, or those of the table (4 ids far above the rest)")
     ap.add_argument("--verify-json", help="with --verify: write the results here")
+    ap.add_argument("--verify-cuda", action="store_true",
+                    help="with --verify: also time vLLM's step in torch ops on the GPU (logits on the device)")
     a = ap.parse_args()
     if a.step and a.verify:
         ap.error("--step and --verify are two different measurements: pass one")
