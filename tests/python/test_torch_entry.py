@@ -204,3 +204,31 @@ def test_sampler_draw_gives_tensors_for_tensor_logits(tt, torch, x):
     full = s.draw_full(t, seeds=SEEDS, kept_set=True, kept_bitmask=True, typical_p=None)
     for name in ("tokens", "logprobs", "kept_threshold", "kept_count", "kept_mass", "kept_bitmask"):
         assert isinstance(getattr(full, name), torch.Tensor), name
+
+
+def test_score_takes_llama_filters_and_row_index(tt, torch, x):
+    """``tokenrace.torch.score`` with llama.cpp's filters, the chain and row_index: the numpy
+    path's ``Sampler.score`` values, bit for bit."""
+    import tokenrace
+
+    index = np.int32([0, 0, 2, 5, 5])
+    targets = np.int32([1, 3, 0, 7, 2])
+    args = dict(top_n_sigma=np.float32([0.0, 1.0, 2.0, 0.5, 1.5]), min_p=0.01, top_k=np.int32([0, 5, 10, 3, 20]),
+                order=("top_n_sigma", "min_p", "top_k", "temperature"))
+    for mode in ("raw", "processed"):
+        got = tt.score(tensor(torch, x), tensor(torch, targets), logprobs=2, mode=mode, temperature=0.8,
+                       row_index=tensor(torch, index), **as_tensors(torch, args))
+        want = tokenrace.Sampler(0).score(np.ascontiguousarray(x[index]), targets, logprobs=2, ranks=True, mode=mode,
+                                          temperature=0.8, **args)
+        np.testing.assert_array_equal(np.asarray(got.logprobs)[:, 0], want.logprobs)
+        np.testing.assert_array_equal(np.asarray(got.logprob_token_ids)[:, 1:], want.topn_ids)
+        np.testing.assert_array_equal(np.asarray(got.selected_token_ranks), want.ranks)
+    plain = tt.score(tensor(torch, x), tensor(torch, targets), mode="processed", temperature=0.8,
+                     row_index=tensor(torch, index))
+    assert not np.array_equal(np.asarray(plain.logprobs), np.asarray(got.logprobs))  # the filters reached it
+    # typical sampling: raw logprobs only, and XTC's coin from the seeds.
+    raw = tt.score(tensor(torch, x), tensor(torch, np.int32([1, 3, 0, 7, 2, 4])), typical_p=0.5,
+                   xtc_probability=1.0, xtc_threshold=0.1, seeds=SEEDS, positions=SEEDS)
+    assert np.asarray(raw.logprobs).shape == (ROWS, 1)
+    with pytest.raises(tokenrace.InvalidArgumentError, match="typical"):
+        tt.score(tensor(torch, x), tensor(torch, np.zeros(ROWS, np.int32)), mode="processed", typical_p=0.5)

@@ -679,7 +679,9 @@ def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generator
 
 
 def score(logits, target_ids, *, logprobs=0, mode="raw", temperature=None, top_k=None, top_p=None, min_p=None,
-          logprob_token_ids=None, sampler=None):
+          logprob_token_ids=None, sampler=None, top_n_sigma=None, min_keep=None, typical_p=None, xtc_probability=None,
+          xtc_threshold=None, dynatemp_range=None, dynatemp_exponent=None, order=None, seeds=None, positions=None,
+          row_index=None):
     """Prompt logprobs (vLLM's ``compute_topk_scores`` for ``prompt_logprobs``): the logprob and
     rank of one target token per row, and the top ``logprobs``, with nothing drawn and no noise
     consumed, in one native call over every row (spread over the sampler's threads).
@@ -692,18 +694,34 @@ def score(logits, target_ids, *, logprobs=0, mode="raw", temperature=None, top_k
         kept set; ``Sampler.score``).
     logprob_token_ids: as ``sample``'s: per row the ids whose logprobs fill the row's columns in
         place of its top n.
+    top_n_sigma, min_keep, typical_p, xtc_probability, xtc_threshold, dynatemp_range,
+        dynatemp_exponent, order: llama.cpp's filters and chain, as in ``sample`` (the processed
+        mode judges the kept set they leave; rows with typical sampling, XTC or a dynamic
+        temperature score raw logprobs only). seeds, positions: the keys of XTC's coins (a score
+        draws nothing else).
+    row_index: as ``sample``'s: several rows scored from one logits row, read in place.
 
     Returns a ``LogprobsTensors`` in vLLM's layout: column 0 the target, then the top n (or the
     row's given ids); ``selected_token_ranks`` the targets' ranks (int64). The values equal, bit
     for bit, those ``sample`` reports when it draws the same tokens.
     """
     rows = _check_logits(logits)
+    index = None
+    if row_index is not None:
+        index = int32_vector(row_index, "row_index")  # an int32 tensor is read in place
+        rows = len(index)
     if sampler is not None and not isinstance(sampler, Sampler):
         raise TypeError(f"sampler: must be a tokenrace.Sampler, got {type(sampler).__name__}")
+    if positions is not None and seeds is None:
+        raise ValueError("positions: needs seeds (a position is the offset of a row's seed)")
     n = _top_count(logprobs, logits.shape[1])
     given = None if logprob_token_ids is None else _given_lists(logprob_token_ids, rows)
     sampler = default_sampler() if sampler is None else sampler
     options = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    extra = dict(top_n_sigma=top_n_sigma, min_keep=min_keep, typical_p=typical_p, xtc_probability=xtc_probability,
+                 xtc_threshold=xtc_threshold, dynatemp_range=dynatemp_range, dynatemp_exponent=dynatemp_exponent,
+                 order=order, seeds=seeds, offsets=positions, row_index=index)
+    options.update({name: _as_numpy(value) for name, value in extra.items() if value is not None})
     if given is not None:
         options["logprob_token_ids"] = (given[0], given[1].astype(np.uint64))
     result = sampler.score(logits, target_ids, logprobs=n, ranks=True, mode=mode, **options)
