@@ -636,8 +636,9 @@ inline bool rows_fit(size_t available, uint64_t count, uint64_t width, uint64_t 
 // every row), one value for every row (`temperature(0.7f)`), or a Span of one value per row
 // (a pointer, or a vector whose length the draw checks). Token lists are CSR, as in the C
 // batch: ids of every row one after the other and rows + 1 offsets, row r's entries at
-// offsets[r] .. offsets[r + 1]. Nothing is copied: the options point into the caller's arrays,
-// which must live until the draw returns.
+// offsets[r] .. offsets[r + 1]. Nothing is copied (but order()'s few stage ids): the options
+// point into the caller's arrays, which must live until the draw returns. A draw has
+// Logits::rows rows, or row_index's length when one is set (draw_rows()).
 class DrawOptions {
  public:
   // ---- temperature, seeds, filters: per row ---------------------------------------------------
@@ -1259,8 +1260,9 @@ class DrawOptions {
   uint64_t full_row_stride_ = 0;
 };
 
-// What Sampler::draw_full returns: one entry per row; topn_* hold rows x top_n values, row
-// after row, by logprob descending (lowest id first on ties).
+// What Sampler::draw_full (and score) returns: one entry per draw row (DrawOptions::draw_rows);
+// topn_* hold rows x top_n values, row after row, by logprob descending (lowest id first on
+// ties). The outputs the options send to the caller's memory are empty here.
 struct DrawResult {
   uint32_t rows = 0;
   uint32_t top_n = 0;
