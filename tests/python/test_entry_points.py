@@ -85,7 +85,8 @@ def test_every_per_row_argument_takes_a_numpy_array(tokenrace, name):
             alone = draw(x[r:r + 1], **one_row(needs, r), seeds=SEEDS[r:r + 1], **{name: scalar})
             assert alone[0] == batch[r], f"{entry}: {name}[{r}] = {scalar}"
         constant = np.full(ROWS, values[1], values.dtype)
-        np.testing.assert_array_equal(draw(x, **needs, **{name: constant}), draw(x, **needs, **{name: values[1].item()}),
+        np.testing.assert_array_equal(draw(x, **needs, **{name: constant}),
+                                      draw(x, **needs, **{name: values[1].item()}),
                                       err_msg=f"{entry}: {name} as one value")
         if name not in ("seeded",):  # seeded=1 for every row is the default with seeds
             # Over a few seed sets, some token differs from the draw without the argument.

@@ -11,7 +11,10 @@ torch as well (skipped with its reason otherwise)."""
 import numpy as np
 import pytest
 
-from test_torch_step import torch, tt  # noqa: F401 (fixtures: the stand-in and real torch)
+import test_torch_step
+
+# The fixtures of test_torch_step.py: the stand-in torch and real torch, and tokenrace.torch on it.
+torch, tt = test_torch_step.torch, test_torch_step.tt
 
 ROWS, VOCAB = 6, 40
 SEEDS = np.arange(ROWS, dtype=np.uint64) * 5 + 1
@@ -76,7 +79,8 @@ def test_llama_filters_and_dry_equal_the_numpy_path(tt, torch, x, name):
     for k in range(30):
         seeds = SEEDS + np.uint64(k)
         want = numpy_path(x, 0.9, seeds, **numpy_history, **args)
-        got = torch_path(tt, torch, x, 0.9, tensor(torch, seeds.astype(np.int64)), **torch_history, **as_tensors(torch, args))
+        got = torch_path(tt, torch, x, 0.9, tensor(torch, seeds.astype(np.int64)), **torch_history,
+                         **as_tensors(torch, args))
         np.testing.assert_array_equal(got, want, err_msg=f"seeds + {k}")
         changed |= not np.array_equal(want, numpy_path(x, 0.9, seeds, **numpy_history))
     assert changed, f"{name} changed no token"
@@ -101,7 +105,8 @@ def test_min_tokens_in_vllms_form(tt, torch, x):
     for k in range(30):
         seeds = SEEDS + np.uint64(k)
         want = numpy_path(x, 1.0, seeds, output_tokens=OUTPUTS, min_tokens=counts, stop_token_ids=stop_lists)
-        got = torch_path(tt, torch, x, 1.0, tensor(torch, seeds.astype(np.int64)), output_token_ids=OUTPUTS, min_tokens=stops)
+        got = torch_path(tt, torch, x, 1.0, tensor(torch, seeds.astype(np.int64)), output_token_ids=OUTPUTS,
+                         min_tokens=stops)
         np.testing.assert_array_equal(got, want)
         per_row = torch_path(tt, torch, x, 1.0, tensor(torch, seeds.astype(np.int64)), output_token_ids=OUTPUTS,
                              min_tokens=tensor(torch, counts), stop_token_ids=stop_lists)
@@ -128,8 +133,8 @@ def test_row_index_is_vllms_n_from_one_row(tt, torch, x):
     index = np.int32([0, 0, 0, 3, 3, 5, 1])
     seeds = np.arange(7, dtype=np.uint64) + 70
     temperature = np.float32([1.0, 0.8, 0.0, 1.2, 1.0, 0.7, 1.0])
-    tokens, lp = tt.sample(tensor(torch, x), tensor(torch, temperature), seeds=tensor(torch, seeds.astype(np.int64)), logprobs=3,
-                           row_index=tensor(torch, index), top_k=20)
+    tokens, lp = tt.sample(tensor(torch, x), tensor(torch, temperature), seeds=tensor(torch, seeds.astype(np.int64)),
+                           logprobs=3, row_index=tensor(torch, index), top_k=20)
     import tokenrace
 
     want = tokenrace.Sampler(0).draw_full(np.ascontiguousarray(x[index]), temperature=temperature, seeds=seeds,

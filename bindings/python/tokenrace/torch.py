@@ -633,7 +633,6 @@ def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generator
     kept = mask_form is not None or bool(kept_values)
     forced = None if forced_tokens is None else _as_numpy(forced_tokens)
     _check_out(out, rows)
-    dry = (dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n, dry_sequence_breakers)
     step = _step_arguments(
         rows, vocab, prompt_token_ids=prompt_token_ids, output_token_ids=output_token_ids,
         repetition_penalties=repetition_penalties, frequency_penalties=frequency_penalties,
