@@ -1014,7 +1014,7 @@ inline tokenrace_batch c_step_batch(const StepInputs& in) {
 // A bare C draw of `b` with every output: the independent side of the comparisons below.
 inline tokenrace::DrawResult c_draw_all(const tokenrace::Api& api, tokenrace_sampler* sampler,
                                         const tokenrace_batch& b, uint32_t top_n, tokenrace_logprob_mode mode,
-                                        tokenrace_full_mode full_mode) {
+                                        tokenrace_full_mode full_mode, size_t given_ids = 0) {
   tokenrace::DrawResult r;
   const size_t rows = b.rows;
   r.rows = b.rows, r.top_n = top_n, r.vocab = b.vocab;
@@ -1028,6 +1028,10 @@ inline tokenrace::DrawResult c_draw_all(const tokenrace::Api& api, tokenrace_sam
   o.tokens = r.tokens.data(), o.flags = r.flags.data(), o.logprobs = r.logprobs.data(), o.ranks = r.ranks.data();
   o.top_n = top_n, o.topn_ids = r.topn_ids.data(), o.topn_logprobs = r.topn_logprobs.data();
   o.full_logprobs = r.full_logprobs.data(), o.full_mode = full_mode;
+  if (given_ids) {  // the logprobs and ranks of the batch's logprob_token_ids
+    r.token_logprobs.assign(given_ids, 7.0f), r.token_ranks.assign(given_ids, -7);
+    o.token_logprobs = r.token_logprobs.data(), o.token_ranks = r.token_ranks.data();
+  }
   CHECK(api.draw(sampler, &b, &o) == TOKENRACE_STATUS_OK);
   return r;
 }
@@ -1035,7 +1039,9 @@ inline tokenrace::DrawResult c_draw_all(const tokenrace::Api& api, tokenrace_sam
 inline bool same_draws(const tokenrace::DrawResult& a, const tokenrace::DrawResult& b) {
   return a.tokens == b.tokens && a.flags == b.flags && same_floats(a.logprobs, b.logprobs) && a.ranks == b.ranks &&
          a.topn_ids == b.topn_ids && same_floats(a.topn_logprobs, b.topn_logprobs) &&
-         same_floats(a.full_logprobs, b.full_logprobs);
+         same_floats(a.full_logprobs, b.full_logprobs) && same_floats(a.token_logprobs, b.token_logprobs) &&
+         a.token_ranks == b.token_ranks && same_floats(a.kept_threshold, b.kept_threshold) &&
+         a.kept_count == b.kept_count && a.kept_mass == b.kept_mass && a.kept_bitmask == b.kept_bitmask;
 }
 
 // The whole step through DrawOptions is the C call on the same arrays: tokens, flags, logprobs,
@@ -1330,6 +1336,264 @@ inline void parity_options_reach_the_library(const tokenrace::Library& lib) {
   }
 }
 
+// Inputs for every field of tokenrace_batch at once: 5 draw rows over 3 logits rows (row_index),
+// each per-row value a span of the caller's, each list CSR over the 5 rows.
+struct EveryField {
+  static constexpr uint32_t logits_rows = 3, rows = 5, vocab = 64;
+  std::vector<float> logits = eighths(size_t(logits_rows) * vocab, 41);
+  std::vector<int32_t> row_index = {0, 2, 1, 0, 2};
+  std::vector<float> temperature = {0.9f, 1.1f, 0.0f, 0.7f, 1.3f};
+  std::vector<uint64_t> seeds = {3, 5, 7, 11, 13}, offsets = {0, 1, 2, 3, 4};
+  std::vector<uint8_t> seeded = {1, 1, 1, 1, 1};
+  std::vector<int32_t> top_k = {0, 40, 30, 50, 0};
+  std::vector<float> top_p = {1.0f, 0.95f, 0.9f, 1.0f, 0.97f}, min_p = {0.0f, 0.01f, 0.0f, 0.02f, 0.0f};
+  std::vector<float> top_n_sigma = {0.0f, 3.0f, 0.0f, 2.5f, 0.0f};
+  std::vector<int32_t> min_keep = {0, 2, 1, 0, 3};
+  std::vector<float> typical_p = {1.0f, 0.9f, 1.0f, 0.95f, 1.0f};
+  std::vector<float> xtc_probability = {0.0f, 0.5f, 0.0f, 1.0f, 0.0f}, xtc_threshold = {0.6f, 0.1f, 0.6f, 0.2f, 0.6f};
+  std::vector<float> dynatemp_range = {0.0f, 0.0f, 0.0f, 0.5f, 0.3f}, dynatemp_exponent = {1.0f, 1.0f, 1.0f, 2.0f, 1.5f};
+  std::vector<int32_t> prompt_ids = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  std::vector<uint64_t> prompt_offsets = {0, 2, 4, 6, 8, 9};
+  std::vector<int32_t> output_ids = {3, 4, 3, 4, 3, 10, 11, 10, 20, 21, 22};
+  std::vector<uint64_t> output_offsets = {0, 5, 8, 8, 10, 11};
+  std::vector<float> repetition = {1.2f, 1.0f, 1.5f, 1.1f, 1.0f}, frequency = {0.2f, 0.0f, 0.4f, 0.1f, 0.3f};
+  std::vector<float> presence = {0.1f, 0.3f, 0.0f, 0.2f, 0.1f};
+  std::vector<int32_t> penalty_last_n = {0, 3, 0, 2, 1};
+  std::vector<int32_t> bias_ids = {8, 9, 30};
+  std::vector<float> bias_values = {2.0f, -std::numeric_limits<float>::infinity(), 1.5f};
+  std::vector<uint64_t> bias_offsets = {0, 2, 2, 3, 3, 3};
+  std::vector<int32_t> allowed_ids = {40, 41, 42, 43};
+  std::vector<uint64_t> allowed_offsets = {0, 0, 0, 4, 4, 4};
+  std::vector<uint8_t> allowed_rows = {0, 0, 1, 0, 0};
+  std::vector<int32_t> banned_ids = {12, 13};
+  std::vector<uint64_t> banned_offsets = {0, 1, 1, 1, 2, 2};
+  std::vector<int32_t> bitmask = std::vector<int32_t>(size_t(rows) * 2, -1);
+  std::vector<int32_t> min_tokens = {0, 10, 0, 0, 10};
+  std::vector<int32_t> stop_ids = {0, 1, 2};
+  std::vector<uint64_t> stop_offsets = {0, 1, 2, 2, 2, 3};
+  std::vector<int32_t> bad_words_ids = {5, 10, 11};  // row 0: [5]; row 1: [10, 11]
+  std::vector<uint64_t> bad_word_offsets = {0, 1, 3}, bad_words_row_offsets = {0, 1, 2, 2, 2, 2};
+  std::vector<int32_t> forced_tokens = {-1, -1, -1, 17, -1};
+  std::vector<int32_t> given_ids = {1, 2, 60, 33};
+  std::vector<uint64_t> given_offsets = {0, 2, 2, 3, 3, 4};
+  std::vector<tokenrace_stage> order = {TOKENRACE_STAGE_TOP_N_SIGMA, TOKENRACE_STAGE_TOP_K, TOKENRACE_STAGE_TYPICAL,
+                                        TOKENRACE_STAGE_TOP_P,       TOKENRACE_STAGE_MIN_P, TOKENRACE_STAGE_XTC,
+                                        TOKENRACE_STAGE_TEMPERATURE};
+  std::vector<float> dry_multiplier = {0.0f, 0.8f, 0.0f, 1.5f, 0.5f}, dry_base = {1.75f, 1.75f, 2.0f, 1.5f, 1.75f};
+  std::vector<int32_t> dry_allowed_length = {2, 1, 2, 2, 0}, dry_penalty_last_n = {-1, -1, 4, -1, 3};
+  std::vector<int32_t> dry_breaker_ids = {7, 20, 21};
+  std::vector<uint64_t> dry_breaker_offsets = {0, 1, 3}, dry_breakers_row_offsets = {0, 0, 1, 1, 2, 2};
+
+  EveryField() { bitmask[2 * 4 + 1] = 0; }  // row 4: no token from 32 on
+
+  tokenrace::Logits rows_of_logits() const { return tokenrace::Logits::f32(logits.data(), logits_rows, vocab); }
+};
+
+inline tokenrace::DrawOptions every_option(const EveryField& in) {
+  tokenrace::DrawOptions o;
+  o.row_index(in.row_index).temperature(in.temperature).seeds(in.seeds).offsets(in.offsets).seeded(in.seeded);
+  o.top_k(in.top_k).top_p(in.top_p).min_p(in.min_p).top_n_sigma(in.top_n_sigma).min_keep(in.min_keep);
+  o.typical_p(in.typical_p).xtc_probability(in.xtc_probability).xtc_threshold(in.xtc_threshold);
+  o.dynatemp_range(in.dynatemp_range).dynatemp_exponent(in.dynatemp_exponent);
+  o.prompt_tokens(in.prompt_ids, in.prompt_offsets).output_tokens(in.output_ids, in.output_offsets);
+  o.repetition_penalty(in.repetition).frequency_penalty(in.frequency).presence_penalty(in.presence);
+  o.penalty_last_n(in.penalty_last_n).logit_bias(in.bias_ids, in.bias_values, in.bias_offsets);
+  o.allowed_tokens(in.allowed_ids, in.allowed_offsets).allowed_rows(in.allowed_rows);
+  o.banned_tokens(in.banned_ids, in.banned_offsets).token_bitmask(in.bitmask);
+  o.min_tokens(in.min_tokens).stop_tokens(in.stop_ids, in.stop_offsets);
+  o.bad_words(in.bad_words_ids, in.bad_word_offsets, in.bad_words_row_offsets).forced_tokens(in.forced_tokens);
+  o.token_logprobs(in.given_ids, in.given_offsets).order(in.order.data(), in.order.size());
+  o.dry_multiplier(in.dry_multiplier).dry_base(in.dry_base).dry_allowed_length(in.dry_allowed_length);
+  o.dry_penalty_last_n(in.dry_penalty_last_n);
+  o.dry_sequence_breakers(in.dry_breaker_ids, in.dry_breaker_offsets, in.dry_breakers_row_offsets);
+  return o;
+}
+
+// The same fields by hand, as a C caller fills them.
+inline tokenrace_batch every_field_by_hand(const EveryField& in) {
+  tokenrace_batch b;
+  std::memset(&b, 0, sizeof b);
+  b.struct_size = sizeof b, b.dtype = TOKENRACE_DTYPE_F32, b.logits = in.logits.data();
+  b.rows = in.rows, b.vocab = in.vocab, b.noise_kind = TOKENRACE_NOISE_KIND_EXP;
+  b.temperature = in.temperature.data(), b.seeds = in.seeds.data(), b.offsets = in.offsets.data();
+  b.seeded = in.seeded.data(), b.top_k = in.top_k.data(), b.top_p = in.top_p.data(), b.min_p = in.min_p.data();
+  b.prompt_ids = in.prompt_ids.data(), b.prompt_offsets = in.prompt_offsets.data();
+  b.output_ids = in.output_ids.data(), b.output_offsets = in.output_offsets.data();
+  b.repetition_penalty = in.repetition.data(), b.frequency_penalty = in.frequency.data();
+  b.presence_penalty = in.presence.data();
+  b.bias_ids = in.bias_ids.data(), b.bias_values = in.bias_values.data(), b.bias_offsets = in.bias_offsets.data();
+  b.allowed_ids = in.allowed_ids.data(), b.allowed_offsets = in.allowed_offsets.data();
+  b.allowed_rows = in.allowed_rows.data();
+  b.banned_ids = in.banned_ids.data(), b.banned_offsets = in.banned_offsets.data();
+  b.token_bitmask = in.bitmask.data();
+  b.penalty_last_n = in.penalty_last_n.data(), b.min_tokens = in.min_tokens.data();
+  b.stop_ids = in.stop_ids.data(), b.stop_offsets = in.stop_offsets.data();
+  b.top_n_sigma = in.top_n_sigma.data(), b.min_keep = in.min_keep.data(), b.typical_p = in.typical_p.data();
+  b.xtc_probability = in.xtc_probability.data(), b.xtc_threshold = in.xtc_threshold.data();
+  b.dynatemp_range = in.dynatemp_range.data(), b.dynatemp_exponent = in.dynatemp_exponent.data();
+  b.bad_words_ids = in.bad_words_ids.data(), b.bad_word_offsets = in.bad_word_offsets.data();
+  b.bad_words_row_offsets = in.bad_words_row_offsets.data();
+  b.forced_tokens = in.forced_tokens.data();
+  b.logprob_token_ids = in.given_ids.data(), b.logprob_token_offsets = in.given_offsets.data();
+  b.order = reinterpret_cast<const uint32_t*>(in.order.data()), b.order_len = in.order.size();
+  b.dry_multiplier = in.dry_multiplier.data(), b.dry_base = in.dry_base.data();
+  b.dry_allowed_length = in.dry_allowed_length.data(), b.dry_penalty_last_n = in.dry_penalty_last_n.data();
+  b.dry_breaker_ids = in.dry_breaker_ids.data(), b.dry_breaker_offsets = in.dry_breaker_offsets.data();
+  b.dry_breakers_row_offsets = in.dry_breakers_row_offsets.data();
+  b.row_index = in.row_index.data();
+  return b;
+}
+
+// DrawOptions reaches every field of tokenrace_batch: its batch is, byte for byte, the one a C
+// caller fills by hand (spans point into the caller's arrays: nothing copied but the stage
+// list), and its draw equals that C call's, outputs and all; with row_index each draw row is the
+// draw of a copy of its logits row.
+inline void every_field_equals_the_c_batch(const tokenrace::Library& lib) {
+  const EveryField in;
+  const tokenrace::DrawOptions options = every_option(in);
+  const tokenrace::DrawBatch prepared = options.batch(in.rows_of_logits());
+  tokenrace_batch hand = every_field_by_hand(in);
+  CHECK(prepared.c().order != nullptr &&
+        std::memcmp(prepared.c().order, hand.order, in.order.size() * sizeof(uint32_t)) == 0);
+  hand.order = prepared.c().order;  // the options keep their own copy of the stage list
+  CHECK(std::memcmp(&prepared.c(), &hand, sizeof hand) == 0);
+
+  const api_sampler raw(lib);
+  tokenrace::Sampler sampler(lib, tokenrace::Config().max_rows(8).seed(3));
+  tokenrace::DrawOptions asked = options;
+  asked.top_n(3).ranks(true).full_logprobs(TOKENRACE_FULL_MODE_RAW);
+  const tokenrace::DrawResult wrapped = sampler.draw_full(in.rows_of_logits(), asked);
+  CHECK(wrapped.rows == in.rows && wrapped.tokens.size() == in.rows);
+  CHECK(same_draws(wrapped, c_draw_all(lib.api(), raw.sampler, hand, 3, TOKENRACE_LOGPROB_MODE_RAW,
+                                       TOKENRACE_FULL_MODE_RAW, in.given_ids.size())));
+  CHECK(wrapped.tokens[3] == 17 && wrapped.token_logprobs.size() == 4 && wrapped.token_ranks.size() == 4);
+  CHECK(wrapped.token_logprobs[3] == wrapped.full_logprob(4, 33));  // row 4's given id 33
+  CHECK(sampler.draw(in.rows_of_logits(), options) == wrapped.tokens);
+
+  // The rows of row_index, copied: the same draw without an index.
+  std::vector<float> copied;
+  for (int32_t r : in.row_index)
+    copied.insert(copied.end(), in.logits.begin() + r * in.vocab, in.logits.begin() + (r + 1) * in.vocab);
+  tokenrace::DrawOptions unindexed = asked;
+  unindexed.row_index(nullptr);
+  CHECK(same_draws(sampler.draw_full(tokenrace::Logits::f32(copied.data(), in.rows, in.vocab), unindexed), wrapped));
+  // A scalar forced token is that token in every row.
+  tokenrace::DrawOptions forced_scalar = options, forced_rows = options;
+  const std::vector<int32_t> sevens(in.rows, 7);
+  forced_scalar.forced_tokens(7);
+  forced_rows.forced_tokens(sevens);
+  CHECK(same_draws(sampler.draw_full(in.rows_of_logits(), forced_scalar), sampler.draw_full(in.rows_of_logits(), forced_rows)));
+  CHECK(sampler.draw(in.rows_of_logits(), forced_scalar) == sevens);
+}
+
+// The request state and the kept set through DrawOptions: the histories of requests draw what
+// the same lists draw and what the C call with `requests` draws; the kept set and the given ids'
+// logprobs go into DrawResult or the caller's vectors alike, as the C output's fields.
+inline void requests_and_kept_set_equal_the_c_call(const tokenrace::Library& lib) {
+  const EveryField in;
+  const tokenrace::Api& api = lib.api();
+  tokenrace_requests* state = nullptr;
+  CHECK(api.requests_new(&state) == TOKENRACE_STATUS_OK);
+  const std::vector<uint64_t> request_ids = {14, 10, 12, 11, 13};  // row r: request request_ids[r]
+  for (uint32_t r = 0; r < in.rows; r++) {
+    const uint64_t id = request_ids[r];
+    const int32_t* prompt = in.prompt_ids.data() + in.prompt_offsets[r];
+    const int32_t* output = in.output_ids.data() + in.output_offsets[r];
+    CHECK(api.requests_add(state, id, prompt, in.prompt_offsets[r + 1] - in.prompt_offsets[r], output,
+                           in.output_offsets[r + 1] - in.output_offsets[r]) == TOKENRACE_STATUS_OK);
+  }
+  tokenrace::DrawOptions lists;
+  lists.row_index(in.row_index).temperature(in.temperature).seeds(in.seeds).top_k(in.top_k).top_p(in.top_p);
+  lists.repetition_penalty(in.repetition).frequency_penalty(in.frequency).presence_penalty(in.presence);
+  lists.ranks(true).token_logprobs(in.given_ids, in.given_offsets).kept_set(true, true);
+  tokenrace::DrawOptions from_requests = lists;
+  lists.prompt_tokens(in.prompt_ids, in.prompt_offsets).output_tokens(in.output_ids, in.output_offsets);
+  from_requests.requests(state, request_ids);
+  tokenrace::Sampler sampler(lib, tokenrace::Config().max_rows(8).seed(4));
+  const tokenrace::DrawResult by_requests = sampler.draw_full(in.rows_of_logits(), from_requests);
+  const tokenrace::DrawResult by_lists = sampler.draw_full(in.rows_of_logits(), lists);
+  CHECK(same_draws(by_requests, by_lists) && same_floats(by_requests.token_logprobs, by_lists.token_logprobs));
+  CHECK(by_requests.kept_bitmask == by_lists.kept_bitmask && by_requests.kept_count == by_lists.kept_count);
+
+  // The C call with `requests`, outputs and all.
+  const tokenrace::DrawBatch prepared = from_requests.batch(in.rows_of_logits());
+  CHECK(prepared.c().requests == state && prepared.c().request_ids == request_ids.data());
+  CHECK(prepared.c().prompt_ids == nullptr && prepared.c().output_ids == nullptr);
+  const size_t words = 2;
+  std::vector<int32_t> tokens(in.rows, -7), ranks(in.rows), token_ranks(4), kept_count(in.rows), kept_bits(in.rows * words);
+  std::vector<float> logprobs(in.rows), token_logprobs(4), kept_threshold(in.rows);
+  std::vector<double> kept_mass(in.rows);
+  tokenrace_output out;
+  std::memset(&out, 0, sizeof out);
+  out.struct_size = sizeof out;
+  out.tokens = tokens.data(), out.logprobs = logprobs.data(), out.ranks = ranks.data();
+  out.token_logprobs = token_logprobs.data(), out.token_ranks = token_ranks.data();
+  out.kept_threshold = kept_threshold.data(), out.kept_count = kept_count.data(), out.kept_mass = kept_mass.data();
+  out.kept_bitmask = kept_bits.data();
+  const api_sampler raw(lib);
+  CHECK(api.draw(raw.sampler, &prepared.c(), &out) == TOKENRACE_STATUS_OK);
+  CHECK(tokens == by_requests.tokens && same_floats(logprobs, by_requests.logprobs) && ranks == by_requests.ranks);
+  CHECK(same_floats(token_logprobs, by_requests.token_logprobs) && token_ranks == by_requests.token_ranks);
+  CHECK(same_floats(kept_threshold, by_requests.kept_threshold) && kept_count == by_requests.kept_count);
+  CHECK(kept_mass == by_requests.kept_mass && kept_bits == by_requests.kept_bitmask);
+  for (uint32_t r = 0; r < in.rows; r++) CHECK(by_requests.kept(r, uint32_t(by_requests.tokens[r])));
+  // The kept set's values without its bitmask, and the caller's vectors: the same values.
+  tokenrace::DrawOptions values_only = from_requests;
+  const tokenrace::DrawResult no_bits = sampler.draw_full(in.rows_of_logits(), values_only.kept_set(true));
+  CHECK(no_bits.kept_bitmask.empty() && no_bits.kept_count == by_requests.kept_count);
+  std::vector<float> t2(in.rows), given2(4);
+  std::vector<int32_t> c2(in.rows), b2(in.rows * words), ranks2(4);
+  std::vector<double> m2(in.rows);
+  tokenrace::DrawOptions into_caller = from_requests;
+  into_caller.kept_set(t2, c2, m2, b2).token_logprobs(in.given_ids, in.given_offsets, given2, ranks2);
+  const tokenrace::DrawResult caller = sampler.draw_full(in.rows_of_logits(), into_caller);
+  CHECK(caller.kept_count.empty() && caller.token_logprobs.empty() && caller.tokens == by_requests.tokens);
+  CHECK(same_floats(t2, kept_threshold) && c2 == kept_count && m2 == kept_mass && b2 == kept_bits);
+  CHECK(same_floats(given2, token_logprobs) && ranks2 == token_ranks);
+  api.requests_free(state);
+}
+
+// Sizes the wrapper can know and the library cannot are refused before the call, naming the
+// argument (nothing written); the rest comes from the library as it words it.
+inline void entry_errors_name_the_argument(const tokenrace::Library& lib) {
+  const EveryField in;
+  const auto invalid = TOKENRACE_STATUS_INVALID_ARGUMENT;
+  tokenrace::Sampler sampler(lib, tokenrace::Config().max_rows(8).seed(5));
+  const tokenrace::Logits logits = in.rows_of_logits();
+  std::vector<int32_t> untouched(in.rows, -7);
+  const tokenrace::DrawOptions base = tokenrace::DrawOptions().row_index(in.row_index).seeds(in.seeds);
+  CHECK_THROWS(sampler.draw(logits, tokenrace::DrawOptions().row_index(in.row_index.data())), invalid,
+               "tokenrace::DrawOptions: row_index needs its length");
+  const std::vector<int32_t> past = {0, 3};
+  CHECK_THROWS(sampler.draw(logits, tokenrace::DrawOptions().row_index(past), untouched.data()), invalid,
+               "row_index[1]: 3 is not a row of the logits (3 rows)");
+  const std::vector<float> three(3, 1.0f);
+  CHECK_THROWS(sampler.draw(logits, tokenrace::DrawOptions(base).temperature(three)), invalid,
+               "temperature has 3 values for 5 rows");
+  const std::vector<uint64_t> two_ids = {1, 2};
+  CHECK_THROWS(sampler.draw(logits, tokenrace::DrawOptions(base).requests(nullptr, two_ids)), invalid,
+               "request_ids has 2 values for 5 rows");
+  std::vector<float> threshold(4);
+  std::vector<int32_t> count(5), bits(9);
+  std::vector<double> mass(5);
+  CHECK_THROWS(sampler.draw(logits, tokenrace::DrawOptions(base).kept_set(threshold, count, mass)), invalid,
+               "kept_threshold has room for 4 values, the draw writes 5 (5 rows)");
+  threshold.resize(5);
+  CHECK_THROWS(sampler.draw_full(logits, tokenrace::DrawOptions(base).kept_set(threshold, count, mass, bits)),
+               invalid, "kept_bitmask has room for 9 values, the draw writes 10 (5 rows of 2 words)");
+  std::vector<float> given(3);
+  CHECK_THROWS(sampler.draw(logits, tokenrace::DrawOptions(base).token_logprobs(in.given_ids, in.given_offsets, given)),
+               invalid, "token_logprobs has room for 3 values, the draw writes 4");
+  const std::vector<int32_t> targets(in.rows - 1, 0);
+  CHECK_THROWS(sampler.score(logits, targets, base), invalid, "target_ids has 4 ids for 5 rows");
+  CHECK(std::all_of(untouched.begin(), untouched.end(), [](int32_t t) { return t == -7; }));
+  CHECK(sampler.stats().rejected_calls == 0);  // none reached the library
+  const std::vector<int32_t> negative = {0, -1};
+  CHECK_THROWS(sampler.draw(logits, tokenrace::DrawOptions().row_index(negative), untouched.data()), invalid,
+               "batch.row_index[1]");
+  CHECK(std::all_of(untouched.begin(), untouched.end(), [](int32_t t) { return t == -7; }));
+}
+
 // Every check above on `lib`; returns the number of failures (an unexpected exception is one).
 inline int run_wrapper_checks(const tokenrace::Library& lib) {
   const std::pair<const char*, void (*)(const tokenrace::Library&)> all[] = {
@@ -1349,6 +1613,9 @@ inline int run_wrapper_checks(const tokenrace::Library& lib) {
       {"filter_order_reaches_the_sampler", filter_order_reaches_the_sampler},
       {"stage_order_reaches_the_library", stage_order_reaches_the_library},
       {"parity_options_reach_the_library", parity_options_reach_the_library},
+      {"every_field_equals_the_c_batch", every_field_equals_the_c_batch},
+      {"requests_and_kept_set_equal_the_c_call", requests_and_kept_set_equal_the_c_call},
+      {"entry_errors_name_the_argument", entry_errors_name_the_argument},
   };
   for (const auto& [name, check] : all) {
     try {

@@ -529,6 +529,27 @@ class Span {
   size_t size_ = detail::unknown_size;
 };
 
+// Writable values in the caller's memory, as Span: a pointer and, when the wrapper can know it,
+// how many values it has room for (a vector, or a pointer and a length), checked before the call.
+template <class T>
+class MutableSpan {
+ public:
+  MutableSpan() = default;
+  MutableSpan(std::nullptr_t) {}
+  MutableSpan(T* data) : data_(data) {}
+  MutableSpan(T* data, size_t size) : data_(data), size_(size) {}
+  MutableSpan(std::vector<T>& values) : data_(values.data()), size_(values.size()) {}
+  MutableSpan(std::vector<T>&&) = delete;
+
+  T* data() const noexcept { return data_; }
+  bool has_size() const noexcept { return size_ != detail::unknown_size; }
+  size_t size() const noexcept { return size_; }
+
+ private:
+  T* data_ = nullptr;
+  size_t size_ = detail::unknown_size;
+};
+
 // A C batch struct with the memory its scalar options were expanded into (one value per row,
 // allocated for this call): pass c() to the C call while the PreparedBatch lives. Copies share
 // that memory. c() of a temporary is refused at compile time, as its pointers would dangle.
@@ -615,8 +636,9 @@ inline bool rows_fit(size_t available, uint64_t count, uint64_t width, uint64_t 
 // every row), one value for every row (`temperature(0.7f)`), or a Span of one value per row
 // (a pointer, or a vector whose length the draw checks). Token lists are CSR, as in the C
 // batch: ids of every row one after the other and rows + 1 offsets, row r's entries at
-// offsets[r] .. offsets[r + 1]. Nothing is copied: the options point into the caller's arrays,
-// which must live until the draw returns.
+// offsets[r] .. offsets[r + 1]. Nothing is copied (but order()'s few stage ids): the options
+// point into the caller's arrays, which must live until the draw returns. A draw has
+// Logits::rows rows, or row_index's length when one is set (draw_rows()).
 class DrawOptions {
  public:
   // ---- temperature, seeds, filters: per row ---------------------------------------------------
@@ -766,6 +788,8 @@ class DrawOptions {
   // drawn; its noise consumed as a drawn row's, so the other rows draw what they would), -1
   // draws the row. A forced token the step bans is flagged TOKENRACE_FLAG_FORCED_BANNED.
   DrawOptions& forced_tokens(Span<int32_t> v) { return values(forced_tokens_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& forced_tokens(V every_row) { return scalar(forced_tokens_, every_row); }
   // llama.cpp's DRY: a token that would extend a sequence the row's history (prompt_tokens then
   // output_tokens, the last dry_penalty_last_n of them; -1: all, 0: off) repeats, n >=
   // dry_allowed_length tokens long, loses dry_multiplier * dry_base^(n - dry_allowed_length)
@@ -800,6 +824,43 @@ class DrawOptions {
     bitmask_ = words;
     bitmask_row_stride_ = row_stride;
     return *this;
+  }
+  // The histories of a request state (tokenrace_requests_new) instead of prompt_tokens and
+  // output_tokens: row r's prompt and output are request `request_ids[r]`'s (one id per row,
+  // each live in it), as if passed as lists. The draw only reads the state; append its tokens
+  // with tokenrace_requests_append. Null: off.
+  DrawOptions& requests(const tokenrace_requests* state, Span<uint64_t> request_ids) {
+    requests_ = state;
+    request_ids_ = request_ids;
+    return *this;
+  }
+
+  // ---- rows ---------------------------------------------------------------------------------
+
+  // Several outputs from one logits row (vLLM's n > 1, FlashInfer's indices): draw row r reads
+  // logits row index[r] in place (never copied), each draw row with its own seed, offset,
+  // parameters and outputs. The draw then has index.size() rows, which every per-row option,
+  // list and output follows, while Logits::rows counts the logits rows the index may name (each
+  // entry below it; a negative one is the library's to refuse). The index needs its length: a
+  // vector, or a pointer and a length. Null: draw row r reads logits row r.
+  DrawOptions& row_index(Span<int32_t> index) {
+    row_index_ = index;
+    return *this;
+  }
+
+  // The rows a draw of `logits` with these options has: the row index's length, or the
+  // logits' rows without one. Throws Error (INVALID_ARGUMENT) for an index of unknown length or
+  // of more than 2^32 - 1 rows.
+  uint32_t draw_rows(const Logits& logits) const {
+    if (!row_index_.data()) return logits.rows;
+    if (!row_index_.has_size()) {
+      throw detail::invalid_argument(owner, "row_index needs its length (a vector, or a pointer and a length)");
+    }
+    if (row_index_.size() > UINT32_MAX) {
+      throw detail::invalid_argument(owner, "row_index has " + std::to_string(row_index_.size()) +
+                                                " entries, more than a batch's 2^32 - 1 rows");
+    }
+    return uint32_t(row_index_.size());
   }
 
   // ---- noise --------------------------------------------------------------------------------
@@ -861,31 +922,62 @@ class DrawOptions {
   // The logprobs (and, when `ranks` is given, the ranks) of given token ids, CSR per row (vLLM's
   // logprob_token_ids), written by every draw call into the caller's memory: one entry per id,
   // in the logprob mode; each array must hold offsets[rows] entries (ranks: null, none).
-  DrawOptions& token_logprobs(Span<int32_t> ids, Span<uint64_t> offsets, float* logprobs, int32_t* ranks = nullptr) {
+  DrawOptions& token_logprobs(Span<int32_t> ids, Span<uint64_t> offsets, MutableSpan<float> logprobs,
+                              MutableSpan<int32_t> ranks = nullptr) {
     given_ = {ids, offsets};
     given_logprobs_ = logprobs;
     given_ranks_ = ranks;
+    given_into_result_ = false;
+    return *this;
+  }
+  // The same into DrawResult::token_logprobs (and, with ranks(true), DrawResult::token_ranks),
+  // offsets[rows] entries each, by Sampler::draw_full and score (a plain draw leaves them out).
+  DrawOptions& token_logprobs(Span<int32_t> ids, Span<uint64_t> offsets) {
+    given_ = {ids, offsets};
+    given_logprobs_ = nullptr;
+    given_ranks_ = nullptr;
+    given_into_result_ = true;
     return *this;
   }
 
   // Each row's kept set (vLLM's sampling masks), written by every draw call into the caller's
   // memory (null: not wanted): rows thresholds, counts and masses, and rows x ceil(vocab / 32)
   // bitmask words in xgrammar's layout (docs/semantics.md, The kept set).
-  DrawOptions& kept_set(float* threshold, int32_t* count, double* mass, int32_t* bitmask = nullptr) {
+  // Vectors (or pointers with lengths) must have room for rows values, and rows x ceil(vocab /
+  // 32) words.
+  DrawOptions& kept_set(MutableSpan<float> threshold, MutableSpan<int32_t> count, MutableSpan<double> mass,
+                        MutableSpan<int32_t> bitmask = nullptr) {
     kept_threshold_ = threshold;
     kept_count_ = count;
     kept_mass_ = mass;
     kept_bitmask_ = bitmask;
+    kept_values_into_result_ = kept_bitmask_into_result_ = false;
+    return *this;
+  }
+  // The same into DrawResult (Sampler::draw_full and score): `values` the thresholds, counts
+  // and masses (DrawResult::kept_threshold, kept_count, kept_mass), `bitmask` the words
+  // (DrawResult::kept_bitmask, as the vLLM model runner's sampling mask wants it).
+  DrawOptions& kept_set(bool values, bool bitmask = false) {
+    kept_set(nullptr, nullptr, nullptr, nullptr);
+    kept_values_into_result_ = values;
+    kept_bitmask_into_result_ = bitmask;
     return *this;
   }
 
   // The tokenrace_batch of `logits` with these options (scalars expanded into the returned
   // batch's memory). Throws Error (INVALID_ARGUMENT) when a span of known length, or a lease,
   // does not match the rows, the lists' offsets or the vocabulary; the library checks the rest.
-  DrawBatch batch(const Logits& logits) const {
+  DrawBatch batch(const Logits& logits) const { return batch(logits, true); }
+
+ private:
+  // batch(), for a call that has a DrawResult (`into_result`) or not: the given ids whose
+  // logprobs go into a DrawResult are left out of a call without one, as the other outputs
+  // meant for it are.
+  DrawBatch batch(const Logits& logits, bool into_result) const {
     DrawBatch prepared;
     tokenrace_batch& b = prepared.c_;
-    const uint32_t rows = logits.rows;
+    const uint32_t rows = draw_rows(logits);
+    check_row_index(logits);
     b.struct_size = sizeof b;
     b.dtype = logits.dtype;
     b.logits = logits.data;
@@ -899,7 +991,7 @@ class DrawOptions {
     b.top_k = row_values(top_k_, prepared, "top_k", rows);
     b.top_p = row_values(top_p_, prepared, "top_p", rows);
     b.min_p = row_values(min_p_, prepared, "min_p", rows);
-    check_noise_shape(logits);
+    check_noise_shape(logits, rows);
     b.noise = noise_;
     b.noise_kind = noise_kind_;
     b.noise_row_stride = noise_row_stride_;
@@ -917,7 +1009,7 @@ class DrawOptions {
     b.allowed_ids = list(allowed_, "allowed_ids", "allowed_offsets", rows, &b.allowed_offsets);
     b.allowed_rows = row_values(allowed_rows_, prepared, "allowed_rows", rows);
     b.banned_ids = list(banned_, "banned_ids", "banned_offsets", rows, &b.banned_offsets);
-    check_bitmask(logits);
+    check_bitmask(logits, rows);
     b.token_bitmask = bitmask_.data();
     b.bitmask_row_stride = bitmask_row_stride_;
     b.top_n_sigma = row_values(top_n_sigma_, prepared, "top_n_sigma", rows);
@@ -933,6 +1025,7 @@ class DrawOptions {
     b.bad_words_row_offsets = bad_words_row_offsets_.data();
     b.forced_tokens = row_values(forced_tokens_, prepared, "forced_tokens", rows);
     b.logprob_token_ids = list(given_, "logprob_token_ids", "logprob_token_offsets", rows, &b.logprob_token_offsets);
+    if (given_into_result_ && !into_result) b.logprob_token_ids = nullptr, b.logprob_token_offsets = nullptr;
     b.order = order_.empty() ? nullptr : order_.data();
     b.order_len = order_.size();
     b.dry_multiplier = row_values(dry_multiplier_, prepared, "dry_multiplier", rows);
@@ -944,10 +1037,12 @@ class DrawOptions {
     b.dry_breaker_ids = dry_breaker_ids_.data();
     b.dry_breaker_offsets = dry_breaker_offsets_.data();
     b.dry_breakers_row_offsets = dry_breakers_row_offsets_.data();
+    b.requests = requests_;
+    b.request_ids = detail::checked_span(request_ids_, owner, "request_ids", rows, "rows");
+    b.row_index = row_index_.data();
     return prepared;
   }
 
- private:
   friend class Sampler;
   static constexpr const char* owner = "tokenrace::DrawOptions";
 
@@ -1001,14 +1096,28 @@ class DrawOptions {
     return lists.ids.data();
   }
 
-  void check_bitmask(const Logits& logits) const {
+  // The library sizes the logits from the largest entry, so an entry past Logits::rows would
+  // read beyond the caller's rows: refused here, naming it.
+  void check_row_index(const Logits& logits) const {
+    const int32_t* index = row_index_.data();
+    if (!index) return;
+    for (size_t r = 0; r < row_index_.size(); r++) {
+      if (index[r] >= 0 && uint32_t(index[r]) >= logits.rows) {
+        throw detail::invalid_argument(owner, "row_index[" + std::to_string(r) + "]: " + std::to_string(index[r]) +
+                                                  " is not a row of the logits (" + std::to_string(logits.rows) +
+                                                  " rows)");
+      }
+    }
+  }
+
+  void check_bitmask(const Logits& logits, uint32_t rows) const {
     if (!bitmask_.data() || !bitmask_.has_size()) return;
     const uint64_t words = (uint64_t(logits.vocab) + 31) / 32;
     const uint64_t stride = bitmask_row_stride_ ? bitmask_row_stride_ : words;
     if (stride < words) return;  // the library names the stride
-    if (!detail::rows_fit(bitmask_.size(), logits.rows, words, stride)) {
+    if (!detail::rows_fit(bitmask_.size(), rows, words, stride)) {
       throw detail::invalid_argument(owner, "token_bitmask has " + std::to_string(bitmask_.size()) + " words for " +
-                                                std::to_string(logits.rows) + " rows of " + std::to_string(words) +
+                                                std::to_string(rows) + " rows of " + std::to_string(words) +
                                                 " words, " + std::to_string(stride) + " apart");
     }
   }
@@ -1048,43 +1157,64 @@ class DrawOptions {
     }
   }
 
-  void check_full_output(const Logits& logits) const {
+  void check_full_output(const Logits& logits, uint32_t rows) const {
     if (!full_out_ || full_out_size_ == detail::unknown_size) return;
     const uint64_t stride = full_row_stride_ ? full_row_stride_ : logits.vocab;
     if (stride < logits.vocab) return;  // the library names the stride
-    if (!detail::rows_fit(full_out_size_, logits.rows, logits.vocab, stride)) {
+    if (!detail::rows_fit(full_out_size_, rows, logits.vocab, stride)) {
       throw detail::invalid_argument(owner, "full_logprobs has " + std::to_string(full_out_size_) + " values for " +
-                                                std::to_string(logits.rows) + " rows of " +
+                                                std::to_string(rows) + " rows of " +
                                                 std::to_string(logits.vocab) + " values, " + std::to_string(stride) +
                                                 " apart");
     }
   }
 
-  // The full-vocabulary output as every draw call writes it: into the caller's memory, if any.
-  void caller_outputs(const Logits& logits, tokenrace_output& out) const {
-    if (given_.offsets.data()) {
-      out.token_logprobs = given_logprobs_;
-      out.token_ranks = given_ranks_;
+  // A caller's output array must have room for `want` values.
+  template <class T>
+  static T* checked_output(MutableSpan<T> out, const char* name, uint64_t want, const std::string& unit) {
+    if (out.data() && out.has_size() && out.size() < want) {
+      throw detail::invalid_argument(owner, std::string(name) + " has room for " + std::to_string(out.size()) +
+                                                " values, the draw writes " + std::to_string(want) + " (" + unit +
+                                                ")");
     }
-    out.kept_threshold = kept_threshold_;
-    out.kept_count = kept_count_;
-    out.kept_mass = kept_mass_;
-    out.kept_bitmask = kept_bitmask_;
+    return out.data();
+  }
+
+  // The entries of logprob_token_ids (its last offset; 0 without it).
+  uint64_t given_entries(uint32_t rows) const {
+    return given_.offsets.data() ? given_.offsets.data()[rows] : 0;
+  }
+
+  // The outputs as every draw call writes them: into the caller's memory, if any.
+  void caller_outputs(const Logits& logits, uint32_t rows, tokenrace_output& out) const {
+    if (given_.offsets.data()) {
+      check_offsets(given_.offsets, "logprob_token_offsets", rows);
+      const std::string per_id = "one per entry of logprob_token_ids";
+      out.token_logprobs = checked_output(given_logprobs_, "token_logprobs", given_entries(rows), per_id);
+      out.token_ranks = checked_output(given_ranks_, "token_ranks", given_entries(rows), per_id);
+    }
+    const std::string per_row = std::to_string(rows) + " rows";
+    out.kept_threshold = checked_output(kept_threshold_, "kept_threshold", rows, per_row);
+    out.kept_count = checked_output(kept_count_, "kept_count", rows, per_row);
+    out.kept_mass = checked_output(kept_mass_, "kept_mass", rows, per_row);
+    const uint64_t words = (uint64_t(logits.vocab) + 31) / 32;
+    out.kept_bitmask = checked_output(kept_bitmask_, "kept_bitmask", uint64_t(rows) * words,
+                                      per_row + " of " + std::to_string(words) + " words");
     if (!full_out_) return;
-    check_full_output(logits);
+    check_full_output(logits, rows);
     out.full_logprobs = full_out_;
     out.full_row_stride = full_row_stride_;
     out.full_mode = *full_mode_;
   }
 
-  void check_noise_shape(const Logits& logits) const {
+  void check_noise_shape(const Logits& logits, uint32_t rows) const {
     if (noise_vocab_ != detail::unknown_size && noise_vocab_ != logits.vocab) {
       throw detail::invalid_argument(owner, "the noise lease has " + std::to_string(noise_vocab_) +
                                                 " values per row, the logits " + std::to_string(logits.vocab));
     }
-    if (noise_rows_ != detail::unknown_size && noise_rows_ != 1 && noise_rows_ < logits.rows) {
+    if (noise_rows_ != detail::unknown_size && noise_rows_ != 1 && noise_rows_ < rows) {
       throw detail::invalid_argument(owner, "the noise lease has " + std::to_string(noise_rows_) + " rows for " +
-                                                std::to_string(logits.rows) + " rows of logits");
+                                                std::to_string(rows) + " rows of logits");
     }
   }
 
@@ -1106,12 +1236,17 @@ class DrawOptions {
   Span<uint64_t> bad_word_offsets_, bad_words_row_offsets_;
   Lists given_;
   std::vector<uint32_t> order_;  // tokenrace_stage ids
-  float* given_logprobs_ = nullptr;
-  int32_t* given_ranks_ = nullptr;
-  float* kept_threshold_ = nullptr;
-  int32_t* kept_count_ = nullptr;
-  double* kept_mass_ = nullptr;
-  int32_t* kept_bitmask_ = nullptr;
+  MutableSpan<float> given_logprobs_;
+  MutableSpan<int32_t> given_ranks_;
+  bool given_into_result_ = false;
+  MutableSpan<float> kept_threshold_;
+  MutableSpan<int32_t> kept_count_;
+  MutableSpan<double> kept_mass_;
+  MutableSpan<int32_t> kept_bitmask_;
+  bool kept_values_into_result_ = false, kept_bitmask_into_result_ = false;
+  const tokenrace_requests* requests_ = nullptr;
+  Span<uint64_t> request_ids_;
+  Span<int32_t> row_index_;
   const float* noise_ = nullptr;
   tokenrace_noise_kind noise_kind_ = TOKENRACE_NOISE_KIND_EXP;
   uint64_t noise_row_stride_ = 0;
@@ -1125,8 +1260,9 @@ class DrawOptions {
   uint64_t full_row_stride_ = 0;
 };
 
-// What Sampler::draw_full returns: one entry per row; topn_* hold rows x top_n values, row
-// after row, by logprob descending (lowest id first on ties).
+// What Sampler::draw_full (and score) returns: one entry per draw row (DrawOptions::draw_rows);
+// topn_* hold rows x top_n values, row after row, by logprob descending (lowest id first on
+// ties). The outputs the options send to the caller's memory are empty here.
 struct DrawResult {
   uint32_t rows = 0;
   uint32_t top_n = 0;
@@ -1140,10 +1276,26 @@ struct DrawResult {
   std::vector<float> topn_logprobs;
   std::vector<float> full_logprobs;  // rows x vocab, when the options asked for them without
                                      // memory of their own (DrawOptions::full_logprobs(mode))
+  // With DrawOptions::token_logprobs(ids, offsets): one logprob per entry of the ids (row r's at
+  // its offsets), and with ranks(true) one rank each.
+  std::vector<float> token_logprobs;
+  std::vector<int32_t> token_ranks;
+  // With DrawOptions::kept_set(true): each row's kept threshold, count and mass; with
+  // kept_set(values, true): rows x kept_words() words in xgrammar's bitmask layout.
+  std::vector<float> kept_threshold;
+  std::vector<int32_t> kept_count;
+  std::vector<double> kept_mass;
+  std::vector<int32_t> kept_bitmask;
 
   int32_t topn_id(uint32_t row, uint32_t j) const { return topn_ids[size_t(row) * top_n + j]; }
   float topn_logprob(uint32_t row, uint32_t j) const { return topn_logprobs[size_t(row) * top_n + j]; }
   float full_logprob(uint32_t row, uint32_t token) const { return full_logprobs[size_t(row) * vocab + token]; }
+  // Words per row of kept_bitmask: ceil(vocab / 32).
+  uint32_t kept_words() const { return (vocab + 31) / 32; }
+  // Whether the row kept `token` (kept_bitmask asked for).
+  bool kept(uint32_t row, uint32_t token) const {
+    return (uint32_t(kept_bitmask[size_t(row) * kept_words() + token / 32]) >> (token % 32)) & 1u;
+  }
 };
 
 // The inputs of a verify call besides the target rows and the drafts (tokenrace_verify_batch's
@@ -1393,17 +1545,18 @@ class Sampler {
   // One token per row, into `tokens` (rows of them) and, unless null, the row flags; and the
   // full-vocabulary logprobs when the options give memory for them.
   void draw(const Logits& logits, const DrawOptions& options, int32_t* tokens, uint32_t* flags = nullptr) {
-    const DrawBatch batch = options.batch(logits);
+    const DrawBatch batch = options.batch(logits, false);
     tokenrace_output out{};
     out.struct_size = sizeof out;
     out.tokens = tokens;
     out.flags = flags;
-    options.caller_outputs(logits, out);
+    options.caller_outputs(logits, batch.c().rows, out);
     draw(batch, out);
   }
 
+  // One token per row (DrawOptions::draw_rows: the row index's length when there is one).
   std::vector<int32_t> draw(const Logits& logits, const DrawOptions& options = DrawOptions()) {
-    std::vector<int32_t> tokens(logits.rows);
+    std::vector<int32_t> tokens(options.draw_rows(logits));
     draw(logits, options, tokens.data());
     return tokens;
   }
@@ -1434,9 +1587,10 @@ class Sampler {
   // tokens or noise (refused). Prompt logprobs: one row per position, its target the next token.
   DrawResult score(const Logits& logits, Span<int32_t> target_ids, const DrawOptions& options = DrawOptions()) {
     if (!target_ids.data()) throw detail::invalid_argument("score", "target_ids is null");
-    if (target_ids.has_size() && target_ids.size() != logits.rows) {
+    const uint32_t rows = options.draw_rows(logits);
+    if (target_ids.has_size() && target_ids.size() != rows) {
       throw detail::invalid_argument("score", "target_ids has " + std::to_string(target_ids.size()) +
-                                                  " ids for " + std::to_string(logits.rows) + " rows");
+                                                  " ids for " + std::to_string(rows) + " rows");
     }
     return full_call(logits, options, target_ids.data());
   }
@@ -1452,10 +1606,10 @@ class Sampler {
   // draw_full's call, or score's when `targets` is not null.
   DrawResult full_call(const Logits& logits, const DrawOptions& options, const int32_t* targets) {
     const DrawBatch batch = options.batch(logits);
-    const size_t rows = logits.rows;
+    const size_t rows = batch.c().rows;
     const uint32_t top_n = options.top_n_;
     DrawResult result;
-    result.rows = logits.rows;
+    result.rows = batch.c().rows;
     result.top_n = top_n;
     result.vocab = logits.vocab;
     result.tokens.resize(rows);
@@ -1474,11 +1628,31 @@ class Sampler {
     out.top_n = top_n;
     out.topn_ids = top_n ? result.topn_ids.data() : nullptr;
     out.topn_logprobs = top_n ? result.topn_logprobs.data() : nullptr;
-    options.caller_outputs(logits, out);
+    options.caller_outputs(logits, batch.c().rows, out);
     if (options.full_mode_ && !options.full_out_) {
       result.full_logprobs.resize(rows * logits.vocab);
       out.full_logprobs = result.full_logprobs.data();
       out.full_mode = *options.full_mode_;
+    }
+    if (options.given_into_result_ && options.given_.offsets.data()) {
+      result.token_logprobs.resize(options.given_entries(batch.c().rows));
+      out.token_logprobs = result.token_logprobs.data();
+      if (options.ranks_) {
+        result.token_ranks.resize(result.token_logprobs.size());
+        out.token_ranks = result.token_ranks.data();
+      }
+    }
+    if (options.kept_values_into_result_) {
+      result.kept_threshold.resize(rows);
+      result.kept_count.resize(rows);
+      result.kept_mass.resize(rows);
+      out.kept_threshold = result.kept_threshold.data();
+      out.kept_count = result.kept_count.data();
+      out.kept_mass = result.kept_mass.data();
+    }
+    if (options.kept_bitmask_into_result_) {
+      result.kept_bitmask.resize(rows * result.kept_words());
+      out.kept_bitmask = result.kept_bitmask.data();
     }
     if (targets) {
       score(batch, targets, out);

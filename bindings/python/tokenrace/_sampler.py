@@ -255,7 +255,8 @@ class Sampler(_Closable):
         elif state is not None and state.requests_packed:
             REQUESTS_LAYOUT.pack_into(b, REQUESTS_OFFSET, 0, 0)
             state.requests_packed = False
-        if llama is not None and llama != _NO_LLAMA:
+        # Element by element: an array compared with None is an array, whose truth is ambiguous.
+        if llama is not None and any(value is not None for value in llama):
             LLAMA_LAYOUT.pack_into(b, LLAMA_OFFSET, *_llama_rows(state, llama, rows, keep))
             if state is not None:
                 state.llama_packed = True
@@ -325,7 +326,7 @@ class Sampler(_Closable):
              request_ids=None, min_keep=None, typical_p=None, xtc_probability=None, xtc_threshold=None,
              dynatemp_range=None, dynatemp_exponent=None, bad_words=None, forced_tokens=None, order=None,
              dry_multiplier=None, dry_base=None, dry_allowed_length=None, dry_penalty_last_n=None,
-             dry_sequence_breakers=None):
+             dry_sequence_breakers=None, row_index=None):
         """Draws one token per row of ``logits``; returns an int32 array of ``rows`` tokens (a
         torch tensor when ``logits`` is one, over the same memory: no copy; the flags of
         ``return_flags`` then come as int32, the same bits).
@@ -434,6 +435,10 @@ class Sampler(_Closable):
         dry_sequence_breakers: one entry per row, None or a list of token sequences (llama.cpp's
             breakers, as token ids: a head, then its tail): no repeat DRY counts spans one, and the
             head of a one-token breaker is never penalised.
+        row_index: None, or one logits row per row (vLLM's ``n > 1``, FlashInfer's ``indices``):
+            row r reads ``logits[row_index[r]]`` in place, with its own seed, offset, parameters
+            and token; the per-row arguments and the tokens then have ``len(row_index)`` rows
+            (``docs/semantics.md``, Several outputs from one logits row).
 
         Errors (ValueError) name the argument, the row and the position: the column of a padded
         array, the index in a row's list or dict, and the entry of a CSR array.
@@ -444,13 +449,15 @@ class Sampler(_Closable):
         biases per row) that conversion added 0.35-0.45 ms a call, against 0.3-1.7 ms for the
         whole fused step (``docs/performance.md``, The whole sampling step).
         """
+        index = None if row_index is None else int32_vector(row_index, "row_index")
         state = take_state()
         try:
             keep = []
             rows = self._fill_batch(state.batch, keep, state, logits, temperature, seeds, offsets, seeded,
                                     noise, noise_kind, top_k, top_p, min_p, top_n_sigma, requests, request_ids,
                                     (min_keep, typical_p, xtc_probability, xtc_threshold, dynatemp_range,
-                                     dynatemp_exponent))
+                                     dynatemp_exponent), index)
+            _pack_row_index(state, keep, index)
             if (prompt_tokens is None and output_tokens is None and repetition_penalty is None
                     and frequency_penalty is None and presence_penalty is None and logit_bias is None
                     and allowed_tokens is None and banned_tokens is None and token_bitmask is None
@@ -469,9 +476,6 @@ class Sampler(_Closable):
                 _fill_order(state, keep, order)
             self._fill_dry(state, keep, rows, (dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n,
                                                dry_sequence_breakers))
-            if state.row_index_packed:
-                POINTER_LAYOUT.pack_into(state.batch, ROW_INDEX_OFFSET, 0)
-                state.row_index_packed = False
             pack_tokens_output(state, state.tokens.address_for(rows),
                                state.flags.address_for(rows) if return_flags else 0)
             # self._run(), inlined (a method call less: the fast path's cost, see _call.py)
@@ -628,13 +632,7 @@ class Sampler(_Closable):
                                     noise, noise_kind, top_k, top_p, min_p, top_n_sigma, requests, request_ids,
                                     (min_keep, typical_p, xtc_probability, xtc_threshold, dynatemp_range,
                                      dynatemp_exponent), index)
-            if index is not None:
-                keep.append(index)
-                POINTER_LAYOUT.pack_into(state.batch, ROW_INDEX_OFFSET, address(index))
-                state.row_index_packed = True
-            elif state.row_index_packed:
-                POINTER_LAYOUT.pack_into(state.batch, ROW_INDEX_OFFSET, 0)
-                state.row_index_packed = False
+            _pack_row_index(state, keep, index)
             if (prompt_tokens is None and output_tokens is None and repetition_penalty is None
                     and frequency_penalty is None and presence_penalty is None and logit_bias is None
                     and allowed_tokens is None and banned_tokens is None and token_bitmask is None
@@ -897,9 +895,6 @@ def _float_rows(cache, value, rows, name, keep):
     return _slow_rows(value, rows, np.float32, name, keep)
 
 
-_NO_LLAMA = (None, None, None, None, None, None)
-
-
 def _llama_rows(state, llama, rows, keep):
     """The four pointers of llama.cpp's filters' block (0: not given)."""
     min_keep, typical_p, xtc_probability, xtc_threshold, dynatemp_range, dynatemp_exponent = llama
@@ -976,6 +971,18 @@ def stage_ids(order) -> np.ndarray:
             raise ValueError(f"order[{i}]: {name!r} is not a stage (one of {', '.join(_ffi.STAGE_IDS)})")
         ids[i] = stage
     return ids
+
+
+def _pack_row_index(state, keep, index):
+    """Writes the batch's ``row_index`` (an int32 array, or None), or zeroes it again after a call
+    that wrote it."""
+    if index is not None:
+        keep.append(index)
+        POINTER_LAYOUT.pack_into(state.batch, ROW_INDEX_OFFSET, address(index))
+        state.row_index_packed = True
+    elif state.row_index_packed:
+        POINTER_LAYOUT.pack_into(state.batch, ROW_INDEX_OFFSET, 0)
+        state.row_index_packed = False
 
 
 def _fill_order(state, keep, order):

@@ -56,8 +56,8 @@ from ._arrays import int32_vector
 from ._sampler import Sampler
 from ._step import _padded, _per_row_lists, _row_of
 
-__all__ = ["LogprobsTensors", "PLACEHOLDER_TOKEN_ID", "TopKTopPSampler", "rejection_sample", "sample", "sample_sharded",
-           "score"]
+__all__ = ["KeptSet", "LogprobsTensors", "PLACEHOLDER_TOKEN_ID", "TopKTopPSampler", "rejection_sample", "sample",
+           "sample_sharded", "score"]
 
 # vLLM's padding of the rejection sampler's output (``rejection_sampler.PLACEHOLDER_TOKEN_ID``).
 PLACEHOLDER_TOKEN_ID = -1
@@ -76,6 +76,19 @@ class LogprobsTensors(NamedTuple):
     logprob_token_ids: "torch.Tensor"  # [rows, n + 1] int32 (vLLM casts its ids to int32)
     logprobs: "torch.Tensor"  # [rows, n + 1] float32
     selected_token_ranks: "torch.Tensor"  # [rows] int64: count of tokens with logprob >= the sampled one's
+
+
+class KeptSet(NamedTuple):
+    """Each row's kept set (docs/semantics.md, The kept set), as ``sample(sampling_mask=,
+    kept_values=)`` returns it; a part not asked for is None."""
+
+    mask: "torch.Tensor | None"  # bool [rows, vocab] (True: kept), or int32 [rows, ceil(vocab / 32)] words
+    threshold: "torch.Tensor | None"  # float32 [rows]: the smallest kept value, before the temperature
+    count: "torch.Tensor | None"  # int32 [rows]
+    mass: "torch.Tensor | None"  # float64 [rows]: the share of the row's probability kept
+
+
+SAMPLING_MASK_FORMS = ("bool", "bitmask")
 
 
 def _make_sampler(sampler, threads, seed, simd, max_rows):
@@ -262,29 +275,34 @@ STEP_ARGUMENTS = ("prompt_token_ids", "output_token_ids", "repetition_penalties"
 def _step_arguments(rows, vocab, prompt_token_ids=None, output_token_ids=None, repetition_penalties=None,
                     frequency_penalties=None, presence_penalties=None, no_penalties=False,
                     allowed_token_ids_mask=None, bad_words_token_ids=None, logit_bias=None, token_bitmask=None,
-                    penalty_last_n=None):
+                    penalty_last_n=None, dry=False, min_tokens=None):
     """The sampling step's keyword arguments of ``Sampler.draw`` from vLLM V1's forms, checked
     and converted here (before any generator advances), so that errors name vLLM's arguments.
 
     The histories go to the library as CSR (int32 ids, uint64 offsets): a padded int64 tensor is
     read through a numpy view of its memory and compacted in a few vectorised numpy calls (the C
     ABI takes int32 CSR, so that one conversion cannot be avoided). Penalty tensors and a
-    grammar bitmask are read in place."""
+    grammar bitmask are read in place. ``dry``: whether DRY is on (it reads the histories too);
+    ``min_tokens``: ``(per-row counts, per-row stop lists)`` or None (it reads the output's
+    length)."""
     step = {}
     penalised = not no_penalties and any(
         value is not None for value in (repetition_penalties, frequency_penalties, presence_penalties))
     output = None
-    if output_token_ids is not None and (penalised or bad_words_token_ids):
+    if output_token_ids is not None and (penalised or bad_words_token_ids or dry or min_tokens is not None):
         output = _token_rows(output_token_ids, rows, vocab, "output_token_ids")
     if penalised:
         step.update(repetition_penalty=repetition_penalties, frequency_penalty=frequency_penalties,
                     presence_penalty=presence_penalties)
         if penalty_last_n is not None:
             step["penalty_last_n"] = penalty_last_n
-        if prompt_token_ids is not None:
-            step["prompt_tokens"] = _token_rows(prompt_token_ids, rows, vocab, "prompt_token_ids")
-        if output is not None:
-            step["output_tokens"] = output
+    if (penalised or dry) and prompt_token_ids is not None:
+        step["prompt_tokens"] = _token_rows(prompt_token_ids, rows, vocab, "prompt_token_ids")
+    if output is not None:
+        # The penalties, DRY, min_tokens and the bad words' prefix rule read the whole output.
+        step["output_tokens"] = output
+    if min_tokens is not None:
+        step["min_tokens"], step["stop_token_ids"] = min_tokens
     if logit_bias is not None:
         if isinstance(logit_bias, Mapping) or not isinstance(logit_bias, (list, tuple)):
             raise TypeError(f"logit_bias: must be a list of one dict {{id: bias}} (or None) per row, as "
@@ -302,10 +320,69 @@ def _step_arguments(rows, vocab, prompt_token_ids=None, output_token_ids=None, r
         step["token_bitmask"] = bitmask
     if bad_words_token_ids:
         step["bad_words"] = _bad_words(bad_words_token_ids, rows, vocab, output)
-        if output is not None:
-            # The prefix rule reads the whole output (the penalties' window does not apply).
-            step["output_tokens"] = output
     return step
+
+
+def _min_tokens(min_tokens, stop_token_ids, rows, output_given):
+    """``(counts, stop lists)`` for ``Sampler.draw``'s ``min_tokens`` and ``stop_token_ids``:
+    vLLM's form ``{row: (min_tokens, stop_token_ids)}`` (the min-tokens logits processor's
+    state), or a per-row count (an int or an int tensor [rows]) with ``stop_token_ids`` (a list of
+    per-row id lists, or one list for every row). The rule counts each row's output, so it needs
+    ``output_token_ids`` (or ``requests``)."""
+    if min_tokens is None:
+        if stop_token_ids is not None:
+            raise ValueError("stop_token_ids: given without min_tokens (they are banned only while a row's output "
+                             "is shorter than its min_tokens)")
+        return None
+    if not output_given:
+        raise ValueError("min_tokens: needs output_token_ids (or requests): a row's stop tokens are banned while "
+                         "its output holds fewer than min_tokens tokens, and the output is what counts them")
+    if isinstance(min_tokens, Mapping):
+        if stop_token_ids is not None:
+            raise ValueError("stop_token_ids: vLLM's {row: (min_tokens, stop_token_ids)} form holds them already")
+        counts = np.zeros(rows, np.int32)
+        stops = [None] * rows
+        for row, entry in min_tokens.items():
+            if isinstance(row, bool) or not isinstance(row, (int, np.integer)) or not 0 <= row < rows:
+                raise ValueError(f"min_tokens: row {row!r} is outside the batch of {rows} rows")
+            if not isinstance(entry, (tuple, list)) or len(entry) != 2:
+                raise ValueError(f"min_tokens[{row}]: must be (min_tokens, stop_token_ids), vLLM's form, got "
+                                 f"{entry!r}")
+            counts[row] = int(entry[0])
+            stops[row] = sorted(int(t) for t in entry[1])
+        return counts, stops
+    if stop_token_ids is None:
+        raise ValueError("min_tokens: per-row counts need stop_token_ids (the tokens they ban), or pass vLLM's "
+                         "{row: (min_tokens, stop_token_ids)}")
+    if isinstance(stop_token_ids, (list, tuple)) and stop_token_ids and all(
+            isinstance(t, (int, np.integer)) for t in stop_token_ids):
+        stop_token_ids = [list(stop_token_ids)] * rows  # one list for every row
+    return _as_numpy(min_tokens), stop_token_ids
+
+
+def _sampling_mask_form(sampling_mask):
+    if sampling_mask is not None and sampling_mask not in SAMPLING_MASK_FORMS:
+        raise ValueError(f"sampling_mask: {sampling_mask!r} is not None, 'bool' (a bool tensor [rows, vocab]) or "
+                         f"'bitmask' (int32 words [rows, ceil(vocab / 32)], xgrammar's layout)")
+    return sampling_mask
+
+
+def _kept_set(result, vocab, sampling_mask, kept_values) -> KeptSet:
+    """The kept-set outputs of a ``draw_full`` as tensors: the bitmask and the values over the memory
+    the library wrote; the bool mask unpacked from the bitmask (one pass: torch has no bit
+    tensors)."""
+    mask = None
+    if sampling_mask is not None:
+        words = np.ascontiguousarray(_as_numpy(result.kept_bitmask))
+        if sampling_mask == "bitmask":
+            mask = torch.from_numpy(words)
+        else:
+            bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab]
+            mask = torch.from_numpy(bits.view(np.bool_))
+    if not kept_values:
+        return KeptSet(mask, None, None, None)
+    return KeptSet(mask, *(torch.from_numpy(np.asarray(_as_numpy(v)))
+                           for v in (result.kept_threshold, result.kept_count, result.kept_mass)))
 
 
 def _token_rows(value, rows, vocab, name):
@@ -439,7 +516,11 @@ def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generator
            positions=None, logprobs=None, out=None, sampler=None, prompt_token_ids=None, output_token_ids=None,
            repetition_penalties=None, frequency_penalties=None, presence_penalties=None, no_penalties=False,
            allowed_token_ids_mask=None, bad_words_token_ids=None, logit_bias=None, token_bitmask=None,
-           penalty_last_n=None, requests=None, request_ids=None, forced_tokens=None, logprob_token_ids=None):
+           penalty_last_n=None, requests=None, request_ids=None, forced_tokens=None, logprob_token_ids=None,
+           min_tokens=None, stop_token_ids=None, top_n_sigma=None, min_keep=None, typical_p=None,
+           xtc_probability=None, xtc_threshold=None, dynatemp_range=None, dynatemp_exponent=None, order=None,
+           dry_multiplier=None, dry_base=None, dry_allowed_length=None, dry_penalty_last_n=None,
+           dry_sequence_breakers=None, row_index=None, sampling_mask=None, kept_values=False):
     """One fused sampling step, replacing vLLM's ``Sampler.sample`` (and with the sampling
     step's arguments below, the masks, bias and penalties of ``Sampler.forward`` before it).
 
@@ -482,8 +563,8 @@ def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generator
         bitmask of 1 bit per token.
     bad_words_token_ids: ``{row: [word, ...]}``, each word a list of token ids (vLLM's form). A
         one-token word bans its id; a longer word bans its last token when the row's output ends
-        with its other tokens (vLLM's prefix rule), which needs ``output_token_ids``. Matched
-        here, one comparison per word, until the library's own step takes multi-token words.
+        with its other tokens (vLLM's prefix rule), which needs ``output_token_ids``; the library
+        applies the rule in the same call.
     logit_bias: a list of one ``{id: bias}`` dict (or None) per row; a bias adds to the logit,
         -inf bans the token (vLLM clamps biases to [-100, 100] when it builds the request).
     token_bitmask: a grammar bitmask in xgrammar's layout (int32 [rows, ceil(vocab / 32)], bit
@@ -503,29 +584,70 @@ def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generator
         given ids (in order) or, for a row without any, the top ``logprobs``; ``1 + max(logprobs,
         longest list)`` columns, unused cells id 0 with logprob -inf. Implies ``logprobs=0`` when
         ``logprobs`` is None.
+    min_tokens, stop_token_ids: vLLM's ``{row: (min_tokens, stop_token_ids)}`` (the min-tokens
+        logits processor's state), or an int (or int tensor [rows]) with ``stop_token_ids`` (per
+        row a list of ids, or one list for every row): while a row's output (``output_token_ids``
+        or ``requests``, needed) holds fewer than its min_tokens tokens, its stop tokens are banned.
+
+    llama.cpp's filters and chain, and DRY, as ``Sampler.draw`` takes them (scalars or tensors
+    [rows], read in place when their dtype is the C one: float32, or int32 for the counts):
+    top_n_sigma, min_keep, typical_p, xtc_probability, xtc_threshold, dynatemp_range,
+    dynatemp_exponent; order (a tuple of stage names, e.g. ``tokenrace.LLAMA_CPP_ORDER``);
+    dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n and dry_sequence_breakers
+    (DRY reads ``prompt_token_ids`` then ``output_token_ids``, or ``requests``). Rows with
+    typical sampling, XTC or a dynamic temperature report raw logprobs only, and no kept set.
+
+    row_index: None, or an integer tensor (or list) [n]: vLLM's ``n > 1`` from one logits row,
+        draw row r reading ``logits[row_index[r]]`` in place (never copied), with its own seed,
+        generator, parameters and outputs. Every per-row argument, ``out`` and the results then
+        have n rows (``docs/semantics.md``, Several outputs from one logits row).
+    sampling_mask: None, ``"bool"`` or ``"bitmask"``: also return each row's kept set (the tokens
+        its filters keep, what vLLM's model runner V2 ``return_sampling_mask`` reports): a bool
+        tensor [rows, vocab], True where kept (unpacked from the library's bitmask, one pass), or
+        the library's int32 words [rows, ceil(vocab / 32)] in xgrammar's layout as written (no
+        copy). kept_values: True also returns the kept sets' threshold, count and mass.
 
     Returns the int64 token ids [rows] (or ``out``), with the ``LogprobsTensors`` when
     ``logprobs`` is given: ``(ids, logprobs_tensors)``; torch tensors, the logprobs over the
     memory the library wrote (the token ids are widened to vLLM's int64 once, or written into
     ``out``). Raw logprobs are those of the logits as given, before the step (vLLM's default).
+    With ``sampling_mask`` or ``kept_values``: ``(ids, logprobs_tensors or None, KeptSet)``.
     A refused call (ValueError or TypeError naming the argument, or the library's
     InvalidArgumentError) leaves the generators as they were.
     """
     rows = _check_logits(logits)
+    vocab = logits.shape[1]
+    index = None
+    if row_index is not None:
+        index = int32_vector(row_index, "row_index")  # an int32 tensor is read in place
+        rows = len(index)
     if sampler is not None and not isinstance(sampler, Sampler):
         raise TypeError(f"sampler: must be a tokenrace.Sampler, got {type(sampler).__name__}")
-    n = None if logprobs is None else _top_count(logprobs, logits.shape[1])
+    n = None if logprobs is None else _top_count(logprobs, vocab)
     given = None if logprob_token_ids is None else _given_lists(logprob_token_ids, rows)
     if given is not None and n is None:
         n = 0
+    mask_form = _sampling_mask_form(sampling_mask)
+    if not isinstance(kept_values, (bool, np.bool_)):
+        raise TypeError(f"kept_values: must be a bool, got {type(kept_values).__name__}")
+    kept = mask_form is not None or bool(kept_values)
     forced = None if forced_tokens is None else _as_numpy(forced_tokens)
     _check_out(out, rows)
     step = _step_arguments(
-        rows, logits.shape[1], prompt_token_ids=prompt_token_ids, output_token_ids=output_token_ids,
+        rows, vocab, prompt_token_ids=prompt_token_ids, output_token_ids=output_token_ids,
         repetition_penalties=repetition_penalties, frequency_penalties=frequency_penalties,
         presence_penalties=presence_penalties, no_penalties=no_penalties,
         allowed_token_ids_mask=allowed_token_ids_mask, bad_words_token_ids=bad_words_token_ids,
-        logit_bias=logit_bias, token_bitmask=token_bitmask, penalty_last_n=penalty_last_n)
+        logit_bias=logit_bias, token_bitmask=token_bitmask, penalty_last_n=penalty_last_n,
+        dry=dry_multiplier is not None,
+        min_tokens=_min_tokens(min_tokens, stop_token_ids, rows,
+                               output_token_ids is not None or requests is not None))
+    llama = dict(top_n_sigma=top_n_sigma, min_keep=min_keep, typical_p=typical_p, xtc_probability=xtc_probability,
+                 xtc_threshold=xtc_threshold, dynatemp_range=dynatemp_range, dynatemp_exponent=dynatemp_exponent,
+                 order=order, dry_multiplier=dry_multiplier, dry_base=dry_base,
+                 dry_allowed_length=dry_allowed_length, dry_penalty_last_n=dry_penalty_last_n,
+                 dry_sequence_breakers=dry_sequence_breakers, row_index=index)
+    step.update({name: _as_numpy(value) for name, value in llama.items() if value is not None})
     sampler = default_sampler() if sampler is None else sampler
     # Everything this module checks is checked above, before any generator advances; the draw's
     # own checks and the library's refusals come after the seeds are drawn, and put the
@@ -535,21 +657,30 @@ def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generator
                      top_k=top_k, top_p=top_p, min_p=min_p, requests=requests, request_ids=request_ids,
                      forced_tokens=forced, **step)
     try:
-        if n is None:
+        if n is None and not kept:
             return _tokens_tensor(sampler.draw(logits, **draw_args), out)
         if given is not None:
             draw_args["logprob_token_ids"] = (given[0], given[1].astype(np.uint64))
-        result = sampler.draw_full(logits, logprobs=n, ranks=True, logprob_mode="raw", **draw_args)
+        result = sampler.draw_full(logits, logprobs=n or 0, ranks=n is not None, logprob_mode="raw",
+                                   kept_set=bool(kept_values), kept_bitmask=mask_form is not None, **draw_args)
     except BaseException:
         draws.restore()
         raise
+    logprobs_tensors = None
     if given is not None:
-        return _tokens_tensor(result.tokens, out), _logprobs_with_given(result, rows, n, given)
-    return _tokens_tensor(result.tokens, out), _logprobs_tensors(result, rows, n)
+        logprobs_tensors = _logprobs_with_given(result, rows, n, given)
+    elif n is not None:
+        logprobs_tensors = _logprobs_tensors(result, rows, n)
+    tokens = _tokens_tensor(result.tokens, out)
+    if kept:
+        return tokens, logprobs_tensors, _kept_set(result, vocab, mask_form, kept_values)
+    return tokens, logprobs_tensors
 
 
 def score(logits, target_ids, *, logprobs=0, mode="raw", temperature=None, top_k=None, top_p=None, min_p=None,
-          logprob_token_ids=None, sampler=None):
+          logprob_token_ids=None, sampler=None, top_n_sigma=None, min_keep=None, typical_p=None, xtc_probability=None,
+          xtc_threshold=None, dynatemp_range=None, dynatemp_exponent=None, order=None, seeds=None, positions=None,
+          row_index=None):
     """Prompt logprobs (vLLM's ``compute_topk_scores`` for ``prompt_logprobs``): the logprob and
     rank of one target token per row, and the top ``logprobs``, with nothing drawn and no noise
     consumed, in one native call over every row (spread over the sampler's threads).
@@ -562,18 +693,34 @@ def score(logits, target_ids, *, logprobs=0, mode="raw", temperature=None, top_k
         kept set; ``Sampler.score``).
     logprob_token_ids: as ``sample``'s: per row the ids whose logprobs fill the row's columns in
         place of its top n.
+    top_n_sigma, min_keep, typical_p, xtc_probability, xtc_threshold, dynatemp_range,
+        dynatemp_exponent, order: llama.cpp's filters and chain, as in ``sample`` (the processed
+        mode judges the kept set they leave; rows with typical sampling, XTC or a dynamic
+        temperature score raw logprobs only). seeds, positions: the keys of XTC's coins (a score
+        draws nothing else).
+    row_index: as ``sample``'s: several rows scored from one logits row, read in place.
 
     Returns a ``LogprobsTensors`` in vLLM's layout: column 0 the target, then the top n (or the
     row's given ids); ``selected_token_ranks`` the targets' ranks (int64). The values equal, bit
     for bit, those ``sample`` reports when it draws the same tokens.
     """
     rows = _check_logits(logits)
+    index = None
+    if row_index is not None:
+        index = int32_vector(row_index, "row_index")  # an int32 tensor is read in place
+        rows = len(index)
     if sampler is not None and not isinstance(sampler, Sampler):
         raise TypeError(f"sampler: must be a tokenrace.Sampler, got {type(sampler).__name__}")
+    if positions is not None and seeds is None:
+        raise ValueError("positions: needs seeds (a position is the offset of a row's seed)")
     n = _top_count(logprobs, logits.shape[1])
     given = None if logprob_token_ids is None else _given_lists(logprob_token_ids, rows)
     sampler = default_sampler() if sampler is None else sampler
     options = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    extra = dict(top_n_sigma=top_n_sigma, min_keep=min_keep, typical_p=typical_p, xtc_probability=xtc_probability,
+                 xtc_threshold=xtc_threshold, dynatemp_range=dynatemp_range, dynatemp_exponent=dynatemp_exponent,
+                 order=order, seeds=seeds, offsets=positions, row_index=index)
+    options.update({name: _as_numpy(value) for name, value in extra.items() if value is not None})
     if given is not None:
         options["logprob_token_ids"] = (given[0], given[1].astype(np.uint64))
     result = sampler.score(logits, target_ids, logprobs=n, ranks=True, mode=mode, **options)
