@@ -61,6 +61,9 @@ class _ForcedTokens:
 class CPUSampler(_vllm_sampler.CPUSampler):
     """vLLM 0.34's ``CPUSampler`` whose step is one tokenrace call (see the module doc)."""
 
+    # vLLM's class, which a plugin may have replaced by this one in vLLM's module.
+    tokenrace_parent = _vllm_sampler.CPUSampler
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         slots = self.sampling_states.max_num_reqs
