@@ -271,6 +271,9 @@ def test_bias_allowed_tokens_and_min_tokens_against_a_float64_reference(rng):
         "a": SamplingParams(temperature=1.0, allowed_token_ids=list(range(100, 400)), logit_bias={150: 3.0},
                             seed=4, logprobs=4),
         "m": SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[77], logprobs=4),
+        # With a penalty its history is in the state, whose output length counts toward n.
+        "n": SamplingParams(temperature=0.0, min_tokens=4, stop_token_ids=[78, 79], logprobs=4,
+                            repetition_penalty=1.05),
     }
     for r, p in reqs.items():
         runner.add(r, rng.integers(0, VOCAB, 50).tolist(), p)
@@ -278,6 +281,7 @@ def test_bias_allowed_tokens_and_min_tokens_against_a_float64_reference(rng):
     for step in range(5):
         x = logits_favouring(runner, names, rng, scale=2.0)
         x[names.index("m"), 77] = 40.0  # the stop token wins once min_tokens lets it
+        x[names.index("n"), 79] = 40.0
         batch_pos = [int(runner.states.total_len[runner.states.req_id_to_index[r]]) - 1 for r in names]
         histories = {r: runner.history(r) for r in names}
         ours, _ = runner.step(names, x, compare=False)
@@ -302,6 +306,8 @@ def test_bias_allowed_tokens_and_min_tokens_against_a_float64_reference(rng):
             np.testing.assert_allclose(float(lt.logprobs[row, 0]), want[token], rtol=1e-5, atol=1e-5)
         stop = int(ours.sampled_token_ids[names.index("m"), 0])
         assert (stop == 77) == (step >= 3), (step, stop)  # banned while fewer than 3 outputs
+        stop = int(ours.sampled_token_ids[names.index("n"), 0])
+        assert (stop == 79) == (step >= 4), (step, stop)
 
 
 def test_seeded_requests_are_reproducible_and_batch_invariant(rng):

@@ -227,16 +227,17 @@ class CPUSampler(_vllm_sampler.CPUSampler):
         rep, freq, pres = (p[slots] for p in self._penalties)
         if np.any(rep != 1.0) or np.any(freq != 0.0) or np.any(pres != 0.0):
             args.update(repetition_penalty=rep, frequency_penalty=freq, presence_penalty=pres)
-        slot_list = [s if ok else -1 for s, ok in zip(slots.tolist(), valid.tolist())]
-        self._bias_and_masks(args, slot_list)
-        self._min_tokens(args, logits, slot_list, pos)
-        if any(s >= 0 and self._bad_words[s] is not None for s in slot_list):
-            args["bad_words"] = [self._bad_words[s] if s >= 0 else None for s in slot_list]
+        # The state catches up first: min_tokens' n is counted from the output it holds.
         history = valid & self._needs_history[slots]
         if np.any(history):
             self._catch_up(slots[history])
             args["requests"] = self.histories
             args["request_ids"] = np.where(history, self._key[slots], _EMPTY_HISTORY)
+        slot_list = [s if ok else -1 for s, ok in zip(slots.tolist(), valid.tolist())]
+        self._bias_and_masks(args, slot_list)
+        self._min_tokens(args, logits, slot_list, pos)
+        if any(s >= 0 and self._bad_words[s] is not None for s in slot_list):
+            args["bad_words"] = [self._bad_words[s] if s >= 0 else None for s in slot_list]
         forced = self._forced_tokens(rows, input_batch, pos)
         if forced is not None:
             args["forced_tokens"] = forced
@@ -277,7 +278,7 @@ class CPUSampler(_vllm_sampler.CPUSampler):
             counts[row] = held + still
         if np.any(counts):
             args["min_tokens"] = counts
-            args["stop_token_ids"] = [s if s is not None else None for s in stops]
+            args["stop_token_ids"] = stops
 
     def _finite_without(self, row_logits, slot, stop):
         """Whether the row keeps a finite value once its allowed list, bias and the stop ban
