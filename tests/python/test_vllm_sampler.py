@@ -33,6 +33,7 @@ try:
 except Exception as e:  # ImportError, or vLLM failing on a missing optional module
     pytest.skip(f"vLLM 0.34's CPU sampler is not importable here: {e!r}", allow_module_level=True)
 
+import tokenrace  # noqa: E402
 from tokenrace.vllm_sampler import CPUSampler  # noqa: E402
 
 VOCAB = 2000
@@ -411,6 +412,14 @@ def test_what_tokenrace_cannot_honour_stays_with_vllm(rng):
     x = torch.from_numpy(rng.standard_normal((1, VOCAB)).astype(np.float32))
     ours, vllms = runner.step(["f"], x)
     assert calls and torch.equal(ours.sampled_token_ids, vllms.sampled_token_ids)
+
+
+def test_a_sampler_with_too_few_rows_is_refused_when_built(monkeypatch):
+    import tokenrace.torch
+
+    monkeypatch.setattr(tokenrace.torch, "default_sampler", lambda: tokenrace.Sampler(0, max_rows=SLOTS - 1))
+    with pytest.raises(ValueError, match="TOKENRACE_MAX_ROWS >= 16"):
+        Runner()
 
 
 def test_the_plugin_installs_the_whole_sampler(monkeypatch):

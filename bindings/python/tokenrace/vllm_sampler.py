@@ -69,6 +69,10 @@ class CPUSampler(_vllm_sampler.CPUSampler):
         slots = self.sampling_states.max_num_reqs
         self.vocab_size = self.sampling_states.vocab_size
         self.tokenrace_sampler = tokenrace.torch.default_sampler()
+        if self.tokenrace_sampler.max_rows < slots:
+            # A step holds up to one row per request: refuse now, not at the first full batch.
+            raise ValueError(f"max_num_reqs: {slots} rows a step, the tokenrace sampler takes at most "
+                             f"{self.tokenrace_sampler.max_rows} (set TOKENRACE_MAX_ROWS >= {slots})")
         self.histories = tokenrace.Requests()
         self.histories.add(_EMPTY_HISTORY, [])
         self._next_key = itertools.count(_EMPTY_HISTORY + 1)
