@@ -238,6 +238,24 @@ def test_greedy_steps_equal_vllms_cpu_sampler(rng, mode):
             assert runner.ours.histories.output_len(int(runner.ours._key[slot])) == len(runner.history(r)[1]) - 1
 
 
+def test_bfloat16_logits_are_read_as_they_are(rng):
+    # A CPU model's logits in bfloat16: vLLM copies them to float32 for its processors, tokenrace
+    # reads them in place. bfloat16 rows hold ties, so top-n ids may differ in order among equal
+    # values (torch.topk's order against the lowest id first): values and ranks are compared.
+    runner = Runner(logprobs_mode="raw_logprobs")
+    runner.add("b0", rng.integers(0, VOCAB, 80).tolist(), SamplingParams(temperature=0.0, repetition_penalty=1.4,
+                                                                        logprobs=4))
+    runner.add("b1", rng.integers(0, VOCAB, 50).tolist(), SamplingParams(temperature=0.0, logprobs=4,
+                                                                        frequency_penalty=0.5))
+    for _ in range(4):
+        x = logits_favouring(runner, ["b0", "b1"], rng).to(torch.bfloat16)
+        ours, vllms = runner.step(["b0", "b1"], x)
+        assert torch.equal(ours.sampled_token_ids, vllms.sampled_token_ids)
+        assert torch.equal(ours.logprobs_tensors.selected_token_ranks, vllms.logprobs_tensors.selected_token_ranks)
+        np.testing.assert_allclose(ours.logprobs_tensors.logprobs.numpy(), vllms.logprobs_tensors.logprobs.numpy(),
+                                   rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("mode", ["processed_logprobs", "processed_logits"])
 def test_sampling_rows_processed_outputs_equal_vllms(rng, mode):
     # Temperature, min-p, top-k, top-p and penalties: the processed top-n and the sampling masks
