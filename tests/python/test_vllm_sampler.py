@@ -329,6 +329,22 @@ def test_bias_allowed_tokens_and_min_tokens_against_a_float64_reference(rng):
         assert (stop == 79) == (step >= 4), (step, stop)
 
 
+def test_a_chunked_prefill_row_samples_nothing_and_has_an_empty_mask(rng):
+    # A request still prefilling (its seq_len below its prefill length) gets a logits row whose
+    # token vLLM discards: num_sampled 0, and no sampling mask, as vLLM's own.
+    runner = Runner(return_sampling_mask=True, logprobs_mode="raw_logprobs")
+    runner.add("c0", rng.integers(0, VOCAB, 30).tolist(), SamplingParams(temperature=0.0, logprobs=1))
+    runner.add("c1", rng.integers(0, VOCAB, 90).tolist(), SamplingParams(temperature=0.7, top_k=9, seed=3))
+    batch = runner.batch(["c0", "c1"], positions=[29, 39])
+    batch.seq_lens[1] = 40  # 40 of c1's 90 prompt tokens computed
+    x = torch.from_numpy(rng.standard_normal((2, VOCAB)).astype(np.float32))
+    ours, vllms = runner.ours(x.clone(), batch), runner.vllms(x.clone(), batch)
+    assert ours.num_sampled.tolist() == vllms.num_sampled.tolist() == [1, 0]
+    assert torch.equal(ours.num_rejected, vllms.num_rejected)
+    assert_same_masks(ours, vllms)
+    assert int(ours.sampling_mask_tensors.counts[1]) == 0
+
+
 def test_seeded_requests_are_reproducible_and_batch_invariant(rng):
     params = [SamplingParams(temperature=0.9, top_p=0.95, seed=11, repetition_penalty=1.2),
               SamplingParams(temperature=1.1, top_k=50, seed=12, frequency_penalty=0.2),
