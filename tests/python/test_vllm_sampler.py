@@ -33,7 +33,6 @@ try:
 except Exception as e:  # ImportError, or vLLM failing on a missing optional module
     pytest.skip(f"vLLM 0.34's CPU sampler is not importable here: {e!r}", allow_module_level=True)
 
-import tokenrace  # noqa: E402
 from tokenrace.vllm_sampler import CPUSampler  # noqa: E402
 
 VOCAB = 2000
@@ -107,7 +106,8 @@ class Runner:
             num_scheduled_tokens=np.ones(n, np.int32), num_tokens=n, num_tokens_after_padding=n,
             query_start_loc=torch.arange(n + 1, dtype=torch.int32), query_start_loc_np=np.arange(n + 1, dtype=np.int32),
             seq_lens=total.clone(), seq_lens_cpu_upper_bound=total.clone(), num_computed_tokens_np=total.numpy() - 1,
-            prefill_len_np=self.states.prefill_len_np[slots], num_computed_prefill_tokens_np=self.states.prefill_len_np[slots],
+            prefill_len_np=self.states.prefill_len_np[slots],
+            num_computed_prefill_tokens_np=self.states.prefill_len_np[slots],
             is_prefilling_np=np.zeros(n, bool), has_prefill=False, decode_graph_eligible=True,
             input_ids=torch.zeros(n, dtype=torch.int32), positions=pos, is_padding=torch.zeros(n, dtype=torch.bool),
             logits_indices=torch.arange(n), cu_num_logits=torch.arange(n + 1, dtype=torch.int32),

@@ -169,7 +169,6 @@ class CPUSampler(_vllm_sampler.CPUSampler):
     def __call__(self, logits, input_batch):
         if not self.handles(logits, input_batch):
             return super().__call__(logits, input_batch)
-        rows = logits.shape[0]
         slots = input_batch.expanded_idx_mapping.numpy().astype(np.int64)
         valid = slots >= 0
         slots = np.where(valid, slots, 0)
@@ -180,7 +179,6 @@ class CPUSampler(_vllm_sampler.CPUSampler):
         full = None
         if self.logprobs_mode == "processed_logits" and dims is not None:
             full = "processed_logits"
-        n = 0
         if dims is not None:
             n, max_ids = dims
             args["logprobs"] = n
