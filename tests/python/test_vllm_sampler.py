@@ -458,18 +458,33 @@ def test_a_sampler_with_too_few_rows_is_refused_when_built(monkeypatch):
         Runner()
 
 
-def test_the_plugin_installs_the_whole_sampler(monkeypatch):
+def test_the_plugin_installs_the_whole_sampler_on_a_cpu_platform(monkeypatch):
     import os
     import sys
+
+    import vllm.platforms
 
     from conftest import REPO
 
     monkeypatch.syspath_prepend(os.path.join(REPO, "examples", "vllm_plugin"))
     plugin = importlib.import_module("tokenrace_vllm")
+    # Everything register() replaces is put back after the test (vLLM 0.34 has no V1
+    # TopKTopPSampler: register() skips that part).
+    parent = CPUSampler.tokenrace_parent
     monkeypatch.setattr(vllm_cpu, "CPUSampler", vllm_cpu.CPUSampler)
+    monkeypatch.setattr(parent, "_sample_random", parent._sample_random)
     runner_module = sys.modules.get("vllm.v1.worker.cpu.standalone_model_runner")
     if runner_module is not None:
         monkeypatch.setattr(runner_module, "CPUSampler", runner_module.CPUSampler)
-    installed = plugin.install_whole_sampler()
-    assert installed is CPUSampler and vllm_cpu.CPUSampler is CPUSampler
-    assert CPUSampler.tokenrace_parent is not CPUSampler
+
+    monkeypatch.setattr(vllm.platforms, "_current_platform", types.SimpleNamespace(is_cpu=lambda: False))
+    plugin.register()
+    assert vllm_cpu.CPUSampler is parent, "a GPU platform keeps vLLM's sampler"
+
+    monkeypatch.setattr(vllm.platforms, "_current_platform", types.SimpleNamespace(is_cpu=lambda: True))
+    plugin.register()
+    assert vllm_cpu.CPUSampler is CPUSampler
+    assert hasattr(parent._sample_random, "tokenrace_original")
+    plugin.register()  # idempotent: vLLM calls it in every process, tests may call it twice
+    assert vllm_cpu.CPUSampler is CPUSampler and CPUSampler.tokenrace_parent is parent
+    assert not hasattr(parent._sample_random.tokenrace_original, "tokenrace_original")
