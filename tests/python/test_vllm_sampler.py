@@ -347,6 +347,21 @@ def test_a_chunked_prefill_row_samples_nothing_and_has_an_empty_mask(rng):
     assert int(ours.sampling_mask_tensors.counts[1]) == 0
 
 
+def test_the_compact_kept_ids_are_the_first_set_bits(rng):
+    from tokenrace.vllm_sampler import _first_set_bits
+
+    for density in (0.0, 0.001, 0.05, 0.5, 1.0):
+        bits = rng.random((5, 32 * 40)) < density
+        bits[3] = False  # an empty row
+        words = np.packbits(bits, axis=1, bitorder="little").view("<u4")
+        for width in (0, 1, 7, 64, 2048):
+            got = _first_set_bits(words, width)
+            for row in range(bits.shape[0]):
+                want = np.flatnonzero(bits[row])[:width]
+                assert np.array_equal(got[row, :want.size], want), (density, width, row)
+                assert not got[row, want.size:].any()
+
+
 def test_seeded_requests_are_reproducible_and_batch_invariant(rng):
     params = [SamplingParams(temperature=0.9, top_p=0.95, seed=11, repetition_penalty=1.2),
               SamplingParams(temperature=1.1, top_k=50, seed=12, frequency_penalty=0.2),

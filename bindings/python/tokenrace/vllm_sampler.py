@@ -365,24 +365,36 @@ class CPUSampler(_vllm_sampler.CPUSampler):
         little-endian bit order) is the kept bitmask's words read as little-endian bytes; the
         compact ids are the first kept ids, up to the batch's largest top-k (at most 2048)."""
         vocab = self.vocab_size
-        num_reqs = input_batch.num_reqs
         width = min(int(np.max(self.sampling_states.top_k_np[input_batch.idx_mapping_np])), vocab,
                     _vllm_sampler.MAX_COMPACT_SUPPORT)
-        words = r.kept_bitmask.numpy()
-        packed_all = words.astype("<i4", copy=False).view(np.uint8)[:, :(vocab + 7) // 8]
-        counts_all = r.kept_count.numpy()
-        cu = input_batch.cu_num_logits_np
-        token_ids = np.zeros((num_reqs, width), np.int32)
-        packed = np.zeros((num_reqs, (vocab + 7) // 8), np.uint8)
-        counts = np.zeros(num_reqs, np.int32)
-        sampled_np = num_sampled.numpy()
-        for req in range(num_reqs):
-            if sampled_np[req] < 1:
-                continue
-            row = int(cu[req])
-            packed[req] = packed_all[row]
-            counts[req] = counts_all[row]
-            kept = np.flatnonzero(np.unpackbits(packed_all[row], count=vocab, bitorder="little"))
-            token_ids[req, :min(kept.size, width)] = kept[:width]
+        # One logits row per request: request i's row is cu_num_logits[i]; a request that samples
+        # nothing this step (a chunked prefill) has an empty mask, as in vLLM.
+        rows = input_batch.cu_num_logits_np[:input_batch.num_reqs].astype(np.int64)
+        sampled = num_sampled.numpy() > 0
+        words = np.where(sampled[:, None], r.kept_bitmask.numpy()[rows], 0).astype("<u4", copy=False)
+        packed = np.ascontiguousarray(words.view(np.uint8)[:, :(vocab + 7) // 8])
+        counts = np.where(sampled, r.kept_count.numpy()[rows], 0).astype(np.int32)
+        token_ids = _first_set_bits(words, width)
         return _vllm_sampler.CPUSamplingMaskTensors(torch.from_numpy(token_ids), torch.from_numpy(packed),
                                                     torch.from_numpy(counts), vocab, 1)
+
+
+def _first_set_bits(words, width):
+    """Per row of ``words`` (uint32, bit i of word j is token 32 j + i), the first ``width`` set
+    tokens in increasing order, zero-padded: found from the nonzero words (each holds at least
+    one token, so a row's first ``width`` of them hold all it needs), not from a pass over every
+    bit of the row."""
+    rows = words.shape[0]
+    out = np.zeros((rows, width), np.int32)
+    if width == 0:
+        return out
+    row, word = np.nonzero(words)
+    rank = np.arange(row.size) - np.searchsorted(row, np.arange(rows))[row]
+    row, word = row[rank < width], word[rank < width]
+    bits = (words[row, word][:, None] >> np.arange(32, dtype=np.uint32)) & 1
+    which, bit = np.nonzero(bits)
+    row, token = row[which], word[which] * 32 + bit
+    rank = np.arange(row.size) - np.searchsorted(row, np.arange(rows))[row]
+    keep = rank < width
+    out[row[keep], rank[keep]] = token[keep]
+    return out
