@@ -334,6 +334,7 @@ class CPUSampler(_vllm_sampler.CPUSampler):
         ids = torch.zeros((rows, 1 + cols), dtype=torch.int64)
         lps = torch.full((rows, 1 + cols), float("-inf"), dtype=torch.float32)
         width = np.full(rows, n, np.int64)
+        own_ids = np.zeros(rows, bool)  # rows whose columns are their own logprob token ids
         ids[:, 0] = r.tokens.to(torch.int64)
         lps[:, 0] = r.logprobs
         if n:
@@ -347,6 +348,7 @@ class CPUSampler(_vllm_sampler.CPUSampler):
                     continue
                 k = custom.size
                 width[row] = k
+                own_ids[row] = True
                 ids[row, 1:] = 0
                 lps[row, 1:] = float("-inf")
                 ids[row, 1:1 + k] = torch.from_numpy(custom.astype(np.int64))
@@ -356,9 +358,21 @@ class CPUSampler(_vllm_sampler.CPUSampler):
             source = logits if self.logprobs_mode == "raw_logits" else r.full_logprobs
             padding = torch.from_numpy(np.arange(1 + cols)[None, :] > width[:, None])
             lps = source.gather(-1, ids).to(torch.float32).masked_fill_(padding, float("-inf"))
+            if n:
+                self._order_top_n_by_value(ids, lps, n, ~own_ids)
         expanded = rows != input_batch.idx_mapping_np.shape[0]
         return LogprobsTensors(logprob_token_ids=ids, logprobs=lps, selected_token_ranks=r.ranks.to(torch.int64),
                                cu_num_generated_tokens=input_batch.cu_num_logits_np.tolist() if expanded else None)
+
+    @staticmethod
+    def _order_top_n_by_value(ids, values, n, rows):
+        """In the logits modes, the top-n columns of ``rows`` by value, descending (vLLM's
+        ``torch.topk`` order): tokenrace ranks them by logprob, where two logits a rounding apart
+        may share one float32 logprob and come lowest id first."""
+        top, order = torch.sort(values[:, 1:1 + n], dim=1, descending=True, stable=True)
+        pick = torch.from_numpy(rows)
+        ids[pick, 1:1 + n] = ids[:, 1:1 + n].gather(1, order)[pick]
+        values[pick, 1:1 + n] = top[pick]
 
     def _sampling_masks(self, r, input_batch, num_sampled):
         """vLLM's ``CPUSamplingMaskTensors`` from tokenrace's kept set: the packed mask (bytes,
