@@ -342,9 +342,11 @@ inline void draws_equal_the_c_api(const tokenrace::Library& lib) {
                  TOKENRACE_STATUS_INVALID_ARGUMENT, "dry_breaker_ids[0]");
   }
 
-  // llama.cpp's mirostat: v2 at mu -100 keeps each row's maximum alone (surprise 0), so every
-  // row draws its argmax and its mu becomes -100 + 0.1 * 5 (the default eta and tau); the mu
-  // goes to DrawResult::mirostat_mu, or to the caller's memory; a bad mode is refused.
+  // llama.cpp's mirostat: v2 at mu -100 keeps each row's maximum alone, with its ties (the
+  // surprise of one of c tied tokens is log2 c; a greedy row keeps its first maximum: 0), so
+  // every row draws a maximum and its mu becomes -100 - 0.1 * (surprise - 5) (the default eta
+  // and tau); the mu goes to DrawResult::mirostat_mu, or to the caller's memory; a bad mode is
+  // refused.
   {
     tokenrace::DrawOptions miro = plain;
     miro.mirostat(2).mirostat_mu(-100.0f);
@@ -352,8 +354,11 @@ inline void draws_equal_the_c_api(const tokenrace::Library& lib) {
     CHECK(got.mirostat_mu.size() == rows);
     for (uint32_t r = 0; r < rows; r++) {
       const float* row = &logits[size_t(r) * vocab];
-      CHECK(got.tokens[r] == int32_t(std::max_element(row, row + vocab) - row));
-      CHECK(got.mirostat_mu[r] == -99.5f);
+      const float top = *std::max_element(row, row + vocab);
+      const double ties = temps[r] == 0.0f ? 1.0 : double(std::count(row, row + vocab, top));
+      CHECK(row[got.tokens[r]] == top);
+      const double want = -100.0 - double(0.1f) * (std::log2(ties) - 5.0);
+      CHECK(std::fabs(got.mirostat_mu[r] - want) < 1e-4);
     }
     std::vector<float> mu(rows, 7.0f);
     miro.mirostat_mu_out(mu.data());
