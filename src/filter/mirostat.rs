@@ -119,16 +119,32 @@ pub(crate) fn narrow<V: RowValues + ?Sized>(
     let hi = range.hi;
     let lo = if ms.version == 2 {
         let z = mass_from(&values, range.lo, hi, inv_t);
-        // The surprise falls as the value rises, so the kept tokens are those at or above the
-        // least value that passes; the maximum always stays.
-        let passes = |x: f32| -(weight64(x, hi, inv_t) / z).log2() <= ms.mu as f64;
-        values.iter().copied().filter(|&x| passes(x)).fold(hi, f32::min)
+        least_passing(&values, hi, |x| -(weight64(x, hi, inv_t) / z).log2() <= ms.mu as f64)
     } else {
         kth_of_v1(&mut values, ms, inv_t, n_vocab)
     };
     let kept = KeptRange { lo, hi };
     let z = mass_from(&candidates(v, kept)?, lo, hi, inv_t);
     Ok(MirostatKept { range: kept, z: Some(z), inv_t })
+}
+
+/// The least of `values` that `passes` (a test that holds for every value above one that
+/// passes: the surprise falls as the value rises), or `hi` (the maximum always stays). The test
+/// is evaluated only for values between the least that passed and the greatest that failed so
+/// far, so a row of random order costs few evaluations rather than one per token.
+fn least_passing(values: &[f32], hi: f32, passes: impl Fn(f32) -> bool) -> f32 {
+    let (mut least, mut failed) = (hi, f32::NEG_INFINITY);
+    for &x in values {
+        if x >= least || x <= failed {
+            continue;
+        }
+        if passes(x) {
+            least = x;
+        } else {
+            failed = x;
+        }
+    }
+    least
 }
 
 /// v1's least kept value among the candidates `values` (not empty; reordered): the k-th largest.
