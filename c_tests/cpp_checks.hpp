@@ -342,6 +342,34 @@ inline void draws_equal_the_c_api(const tokenrace::Library& lib) {
                  TOKENRACE_STATUS_INVALID_ARGUMENT, "dry_breaker_ids[0]");
   }
 
+  // llama.cpp's mirostat: v2 at mu -100 keeps each row's maximum alone, with its ties (the
+  // surprise of one of c tied tokens is log2 c; a greedy row keeps its first maximum: 0), so
+  // every row draws a maximum and its mu becomes -100 - 0.1 * (surprise - 5) (the default eta
+  // and tau); the mu goes to DrawResult::mirostat_mu, or to the caller's memory; a bad mode is
+  // refused.
+  {
+    tokenrace::DrawOptions miro = plain;
+    miro.mirostat(2).mirostat_mu(-100.0f);
+    const tokenrace::DrawResult got = sampler.draw_full(tokenrace::Logits::f32(logits.data(), rows, vocab), miro);
+    CHECK(got.mirostat_mu.size() == rows);
+    for (uint32_t r = 0; r < rows; r++) {
+      const float* row = &logits[size_t(r) * vocab];
+      const float top = *std::max_element(row, row + vocab);
+      const double ties = temps[r] == 0.0f ? 1.0 : double(std::count(row, row + vocab, top));
+      CHECK(row[got.tokens[r]] == top);
+      const double want = -100.0 - double(0.1f) * (std::log2(ties) - 5.0);
+      CHECK(std::fabs(got.mirostat_mu[r] - want) < 1e-4);
+    }
+    std::vector<float> mu(rows, 7.0f);
+    miro.mirostat_mu_out(mu.data());
+    CHECK(sampler.draw(tokenrace::Logits::f32(logits.data(), rows, vocab), miro) == got.tokens);
+    CHECK(mu == got.mirostat_mu);
+    std::fill(mu.begin(), mu.end(), 7.0f);
+    CHECK_THROWS(sampler.draw(tokenrace::Logits::f32(logits.data(), rows, vocab), miro.mirostat(3)),
+                 TOKENRACE_STATUS_INVALID_ARGUMENT, "mirostat[0]");
+    CHECK(mu == std::vector<float>(rows, 7.0f));
+  }
+
   // Strided rows: the same rows with padding between them.
   const uint64_t stride = vocab + 24;
   std::vector<float> padded(rows * stride, std::numeric_limits<float>::infinity());

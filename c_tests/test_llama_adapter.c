@@ -1,8 +1,8 @@
 /* include/tokenrace_llama.h, the llama.cpp sampler running the fused draw, against llama.cpp's
  * rules computed here by hand: greedy picks, the "keep only the most probable" parameters,
  * penalties over the accepted window, candidates out of id order and subsets, seeded sequences
- * (reset, clone), the distribution of unseeded draws (chi-square, with a power check), and the
- * parameters it refuses. Built on a stand-in of llama.h (llama_stub/); scripts/llama-check.sh
+ * (reset, clone), the distribution of unseeded draws (chi-square, with a power check), mirostat's
+ * kept sets and mu against llama.cpp's rule, and the parameters it refuses. Built on a stand-in of llama.h (llama_stub/); scripts/llama-check.sh
  * runs the adapter against a real libllama. */
 #include "llama_stub/llama.h"
 #include "check.h"
@@ -337,6 +337,112 @@ static void refused_parameters(void) {
     CHECK(tokenrace_llama_sampler_init(&p) == NULL);
 }
 
+/* llama.cpp's mirostat over LOGITS at temperature `t` (its f32 1/T), in double: which tokens it
+ * keeps (ties with the last kept stay) and each kept token's surprise in bits in the kept set,
+ * renormalised. v1 with llama.cpp's common m = 100 and n_vocab = VOCAB. */
+static void mirostat_reference(int version, float t, double mu, int *kept, double *surprise) {
+    double inv_t = (double)(1.0f / t), hi = -INFINITY, w[VOCAB], z = 0.0, sorted[VOCAB];
+    for (int i = 0; i < VOCAB; i++) {
+        hi = LOGITS[i] > hi ? LOGITS[i] : hi;
+    }
+    for (int i = 0; i < VOCAB; i++) {
+        w[i] = exp(((double)LOGITS[i] - hi) * inv_t);
+        z += w[i];
+        sorted[i] = LOGITS[i];
+    }
+    for (int i = 0; i < VOCAB; i++) { /* descending */
+        for (int j = i + 1; j < VOCAB; j++) {
+            if (sorted[j] > sorted[i]) {
+                double x = sorted[i];
+                sorted[i] = sorted[j];
+                sorted[j] = x;
+            }
+        }
+    }
+    double least = hi;
+    if (version == 2) {
+        for (int i = 0; i < VOCAB; i++) {
+            if (-log2(w[i] / z) <= mu && LOGITS[i] < least) {
+                least = LOGITS[i];
+            }
+        }
+    } else {
+        double tb = 0.0, tt = 0.0;
+        for (int i = 0; i < VOCAB - 1; i++) {
+            double ti = log((i + 2.0) / (i + 1.0));
+            double bi = log(exp((sorted[i] - hi) * inv_t) / exp((sorted[i + 1] - hi) * inv_t));
+            tb += ti * bi;
+            tt += ti * ti;
+        }
+        double s_hat = tb / tt, e = s_hat - 1.0;
+        double k = pow((e * pow(2.0, mu)) / (1.0 - pow((double)VOCAB, -e)), 1.0 / s_hat);
+        int kk = (isnan(k) || k < 1.0) ? 1 : (k >= VOCAB ? VOCAB : (int)k);
+        least = sorted[kk - 1];
+    }
+    double zk = 0.0;
+    for (int i = 0; i < VOCAB; i++) {
+        kept[i] = LOGITS[i] >= least;
+        zk += kept[i] ? w[i] : 0.0;
+    }
+    for (int i = 0; i < VOCAB; i++) {
+        surprise[i] = kept[i] ? -log2(w[i] / zk) : INFINITY;
+    }
+}
+
+/* Mirostat v1 and v2: llama.cpp's common chain (the temperature, then mirostat; top-k and the
+ * penalties set here are not applied); each drawn token lies in the reference's kept set and
+ * the sequence's mu follows llama.cpp's update after every draw; reset restarts mu at 2 tau, a
+ * clone keeps it; bad values are refused. */
+static void mirostat(void) {
+    for (int version = 1; version <= 2; version++) {
+        struct tokenrace_llama_params p = plain();
+        p.temp = 0.9f;
+        p.top_k = 1;
+        p.penalty_last_n = 8;
+        p.penalty_repeat = 3.0f;
+        p.mirostat = version;
+        p.mirostat_tau = 1.5f;
+        p.mirostat_eta = 0.3f;
+        struct llama_sampler *s = make(p);
+        struct tokenrace_llama_state *st = (struct tokenrace_llama_state *)s->ctx;
+        CHECK(st->mirostat_mu == 3.0f);
+        int seen[VOCAB] = {0};
+        for (int step = 0; step < 300; step++) {
+            double mu = st->mirostat_mu, surprise[VOCAB];
+            int kept[VOCAB];
+            mirostat_reference(version, p.temp, mu, kept, surprise);
+            int t = pick(s, NULL, VOCAB);
+            llama_sampler_accept(s, t);
+            CHECK(t >= 0 && kept[t]);
+            if (t < 0 || !kept[t]) {
+                break;
+            }
+            seen[t] = 1;
+            double want = mu - 0.3 * (surprise[t] - 1.5);
+            if (fabs(st->mirostat_mu - want) > 1e-5 * (fabs(want) > 1.0 ? fabs(want) : 1.0)) {
+                fprintf(stderr, "v%d step %d: mu %.9g, llama.cpp's %.9g\n", version, step, st->mirostat_mu, want);
+                CHECK(0);
+                break;
+            }
+        }
+        /* Neither top-k 1 nor the penalties hold the draws to one token. */
+        CHECK(seen[1] + seen[2] + seen[3] + seen[0] + seen[5] >= 2);
+        struct llama_sampler *c = llama_sampler_clone(s);
+        CHECK(((struct tokenrace_llama_state *)c->ctx)->mirostat_mu == st->mirostat_mu);
+        llama_sampler_reset(s);
+        CHECK(st->mirostat_mu == 3.0f);
+        llama_sampler_free(c);
+        llama_sampler_free(s);
+    }
+    struct tokenrace_llama_params p = plain();
+    p.mirostat = 3;
+    CHECK(tokenrace_llama_sampler_init(&p) == NULL);
+    p = plain();
+    p.mirostat = 2;
+    p.mirostat_eta = NAN;
+    CHECK(tokenrace_llama_sampler_init(&p) == NULL);
+}
+
 int main(void) {
     greedy_and_keep_one();
     penalties();
@@ -344,6 +450,7 @@ int main(void) {
     seeded_sequences();
     distribution();
     refused_parameters();
+    mirostat();
     if (failures) {
         fprintf(stderr, "%d check(s) failed\n", failures);
         return 1;

@@ -476,6 +476,25 @@ typedef struct tokenrace_batch {
   // parameters and outputs; `logits` then holds `max(row_index) + 1` rows `row_stride` apart.
   // A negative entry is INVALID_ARGUMENT naming the row. NULL: row r reads logits row r.
   const int32_t *row_index;
+  // Per-row mirostat, llama.cpp's final sampler in place of the plain draw (NULL: off for
+  // every row): 0 off, 1 v1, 2 v2. It narrows what the row's chain keeps, after the
+  // temperature and every other filter, and the row draws from that set renormalised: v2
+  // keeps the tokens of surprise `-log2 p <= mu` (at least the most probable), v1 the k most
+  // probable with k from the Zipf exponent estimated over the `mirostat_m` most probable. The
+  // row's mu then becomes `mu - eta * (-log2 p(drawn) - tau)`, returned in the output's
+  // `mirostat_mu` (exact rule: docs/semantics.md, Mirostat). A row with a forced token may
+  // not use it.
+  const int32_t *mirostat;
+  // Per-row target surprise tau in bits, finite (NULL: 5, llama.cpp's default).
+  const float *mirostat_tau;
+  // Per-row learning rate eta, finite (NULL: 0.1, llama.cpp's default).
+  const float *mirostat_eta;
+  // Per-row m >= 1: v1 estimates the Zipf exponent from the m most probable kept tokens
+  // (NULL: 100, llama.cpp's value).
+  const int32_t *mirostat_m;
+  // Per-row mu going in, finite (NULL: 2 tau, a sequence's first draw): pass back the
+  // output's `mirostat_mu` of the row's previous draw.
+  const float *mirostat_mu;
 } tokenrace_batch;
 
 // Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No
@@ -531,6 +550,10 @@ typedef struct tokenrace_output {
   // `rows x ceil(vocab / 32)` words, xgrammar's bitmask layout: bit i of word j of a row is
   // set when the row keeps token 32 j + i; bits past vocab are 0 (NULL: not reported).
   int32_t *kept_bitmask;
+  // `rows` mu values after the draw (NULL: not reported): a mirostat row's updated mu, NaN
+  // for a row without mirostat. Written only when the call succeeds; it may not share
+  // memory with the batch's `mirostat_mu` (copy it back for the next draw).
+  float *mirostat_mu;
 } tokenrace_output;
 
 // Noise pool settings. Get one from `tokenrace_pool_config_default()` or

@@ -818,6 +818,33 @@ class DrawOptions {
     dry_breakers_row_offsets_ = row_offsets;
     return *this;
   }
+  // llama.cpp's mirostat as each row's final sampler (docs/semantics.md, Mirostat): 0 off, 1 v1,
+  // 2 v2; after the temperature and every other filter it keeps v2's tokens of surprise
+  // -log2 p <= mu (at least the most probable) or v1's top k, and the row draws from that set
+  // renormalised; the row's mu then becomes mu - eta * (-log2 p(drawn) - tau). tau (default 5),
+  // eta (0.1) finite, m >= 1 (v1, default 100), mu the row's mu going in (default 2 tau). The mu
+  // after the draw goes to mirostat_mu_out's memory, or DrawResult::mirostat_mu.
+  DrawOptions& mirostat(Span<int32_t> v) { return values(mirostat_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& mirostat(V every_row) { return scalar(mirostat_, every_row); }
+  DrawOptions& mirostat_tau(Span<float> v) { return values(mirostat_tau_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& mirostat_tau(V every_row) { return scalar(mirostat_tau_, every_row); }
+  DrawOptions& mirostat_eta(Span<float> v) { return values(mirostat_eta_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& mirostat_eta(V every_row) { return scalar(mirostat_eta_, every_row); }
+  DrawOptions& mirostat_m(Span<int32_t> v) { return values(mirostat_m_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& mirostat_m(V every_row) { return scalar(mirostat_m_, every_row); }
+  DrawOptions& mirostat_mu(Span<float> v) { return values(mirostat_mu_, v); }
+  template <class V, detail::if_number<V> = 0>
+  DrawOptions& mirostat_mu(V every_row) { return scalar(mirostat_mu_, every_row); }
+  // Where every draw call writes each row's mu after the draw (rows floats; NaN for a row
+  // without mirostat; written only when the call succeeds). It may not be mirostat_mu's memory.
+  DrawOptions& mirostat_mu_out(float* mu) {
+    mirostat_mu_out_ = mu;
+    return *this;
+  }
   // A grammar bitmask in xgrammar's layout: rows x ceil(vocab / 32) int32 words, `row_stride`
   // words apart (0: ceil(vocab / 32)); bit j of word w set allows token 32 w + j.
   DrawOptions& token_bitmask(Span<int32_t> words, uint64_t row_stride = 0) {
@@ -1040,6 +1067,11 @@ class DrawOptions {
     b.requests = requests_;
     b.request_ids = detail::checked_span(request_ids_, owner, "request_ids", rows, "rows");
     b.row_index = row_index_.data();
+    b.mirostat = row_values(mirostat_, prepared, "mirostat", rows);
+    b.mirostat_tau = row_values(mirostat_tau_, prepared, "mirostat_tau", rows);
+    b.mirostat_eta = row_values(mirostat_eta_, prepared, "mirostat_eta", rows);
+    b.mirostat_m = row_values(mirostat_m_, prepared, "mirostat_m", rows);
+    b.mirostat_mu = row_values(mirostat_mu_, prepared, "mirostat_mu", rows);
     return prepared;
   }
 
@@ -1200,6 +1232,7 @@ class DrawOptions {
     const uint64_t words = (uint64_t(logits.vocab) + 31) / 32;
     out.kept_bitmask = checked_output(kept_bitmask_, "kept_bitmask", uint64_t(rows) * words,
                                       per_row + " of " + std::to_string(words) + " words");
+    out.mirostat_mu = mirostat_mu_out_;
     if (!full_out_) return;
     check_full_output(logits, rows);
     out.full_logprobs = full_out_;
@@ -1221,6 +1254,9 @@ class DrawOptions {
   detail::PerRow<float> temperature_, top_p_, min_p_, top_n_sigma_, typical_p_, xtc_probability_, xtc_threshold_,
       dynatemp_range_, dynatemp_exponent_, dry_multiplier_, dry_base_;
   detail::PerRow<int32_t> dry_allowed_length_, dry_penalty_last_n_;
+  detail::PerRow<int32_t> mirostat_, mirostat_m_;
+  detail::PerRow<float> mirostat_tau_, mirostat_eta_, mirostat_mu_;
+  float* mirostat_mu_out_ = nullptr;
   Span<int32_t> dry_breaker_ids_;
   Span<uint64_t> dry_breaker_offsets_, dry_breakers_row_offsets_;
   detail::PerRow<int32_t> min_keep_;
@@ -1286,6 +1322,8 @@ struct DrawResult {
   std::vector<int32_t> kept_count;
   std::vector<double> kept_mass;
   std::vector<int32_t> kept_bitmask;
+  std::vector<float> mirostat_mu;    // each row's mu after the draw (NaN without mirostat), when
+                                     // the options set mirostat without mirostat_mu_out
 
   int32_t topn_id(uint32_t row, uint32_t j) const { return topn_ids[size_t(row) * top_n + j]; }
   float topn_logprob(uint32_t row, uint32_t j) const { return topn_logprobs[size_t(row) * top_n + j]; }
@@ -1653,6 +1691,11 @@ class Sampler {
     if (options.kept_bitmask_into_result_) {
       result.kept_bitmask.resize(rows * result.kept_words());
       out.kept_bitmask = result.kept_bitmask.data();
+    }
+    const bool mirostat_set = options.mirostat_.values.data() || options.mirostat_.every_row;
+    if (mirostat_set && !options.mirostat_mu_out_) {
+      result.mirostat_mu.resize(rows);
+      out.mirostat_mu = result.mirostat_mu.data();
     }
     if (targets) {
       score(batch, targets, out);

@@ -37,6 +37,11 @@
  *   breakers as token ids (`dry_breaker_ids`, `dry_breaker_offsets`, `dry_breaker_count`: breaker
  *   k is ids[offsets[k]..offsets[k + 1]], copied when the sampler is made); llama.cpp takes
  *   them as strings and tokenizes them, which a caller does with llama_tokenize;
+ * - `mirostat` 1 or 2 (llama.cpp's mirostat v1, v2; `mirostat_tau`, `mirostat_eta`, and v1's m
+ *   = 100 as llama.cpp's common code passes): the chain becomes llama.cpp's common mirostat
+ *   chain, the temperature then mirostat (the filters, penalties and DRY are not applied, as
+ *   there); the sequence's mu starts at 2 tau (at reset too) and is updated after each draw, as
+ *   llama.cpp's sampler does in `apply`;
  * - `seed`: a seeded sequence draws token i from a pure function of (seed, i, logits), i the
  *   count of tokens accepted since the last reset; LLAMA_DEFAULT_SEED draws from tokenrace's own
  *   stream (seeded from OS entropy).
@@ -82,6 +87,10 @@ struct tokenrace_llama_params {
     const int32_t *dry_breaker_ids;
     const uint64_t *dry_breaker_offsets;
     size_t dry_breaker_count;
+    /* llama.cpp's mirostat: 0 off, 1 v1, 2 v2; the target surprise (bits) and learning rate. */
+    int32_t mirostat;
+    float mirostat_tau;
+    float mirostat_eta;
 };
 
 /* llama.cpp's defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, no penalties, a
@@ -106,6 +115,9 @@ static inline struct tokenrace_llama_params tokenrace_llama_params_default(void)
     p.dry_breaker_ids = NULL;
     p.dry_breaker_offsets = NULL;
     p.dry_breaker_count = 0;
+    p.mirostat = 0;
+    p.mirostat_tau = 5.0f;
+    p.mirostat_eta = 0.1f;
     return p;
 }
 
@@ -121,6 +133,8 @@ struct tokenrace_llama_state {
     size_t history_len, history_cap;
     /* Tokens accepted since the last reset: the offset of the next seeded draw. */
     uint64_t position;
+    /* Mirostat's mu: 2 tau at the start, updated after each draw. */
+    float mirostat_mu;
     /* Per-call scratch: the candidates' logits, the history mapped onto candidate indices,
      * and the id -> candidate index map of candidates given out of id order. */
     float *row;
@@ -139,7 +153,8 @@ struct tokenrace_llama_state {
 
 /* Whether DRY is on (llama.cpp's disabled values: multiplier 0, base < 1, window 0). */
 static inline int tokenrace_llama_dry_on(const struct tokenrace_llama_params *p) {
-    return p->dry_multiplier != 0.0f && p->dry_base >= 1.0f && p->dry_penalty_last_n != 0;
+    /* llama.cpp's mirostat chain (temperature, mirostat) has no DRY. */
+    return p->mirostat == 0 && p->dry_multiplier != 0.0f && p->dry_base >= 1.0f && p->dry_penalty_last_n != 0;
 }
 
 /* The accepted tokens a draw reads: the longer of the two windows (penalties', DRY's); -1 for
@@ -192,6 +207,10 @@ static inline int tokenrace_llama_params_valid(const struct tokenrace_llama_para
         bad = "dry_multiplier must be finite and >= 0, dry_base finite";
     } else if (p->dry_allowed_length < 0 || p->dry_penalty_last_n < -1) {
         bad = "dry_allowed_length must be >= 0 and dry_penalty_last_n >= -1";
+    } else if (p->mirostat < 0 || p->mirostat > 2) {
+        bad = "mirostat must be 0 (off), 1 (v1) or 2 (v2)";
+    } else if (!isfinite(p->mirostat_tau) || !isfinite(p->mirostat_eta)) {
+        bad = "mirostat_tau and mirostat_eta must be finite";
     } else if (p->dry_breaker_count && (!p->dry_breaker_ids || !p->dry_breaker_offsets)) {
         bad = "dry_breaker_count > 0 needs dry_breaker_ids and dry_breaker_offsets";
     } else if (p->dry_breaker_count) {
@@ -294,14 +313,17 @@ static inline int32_t tokenrace_llama_draw_row(struct tokenrace_llama_state *st,
     }
     /* llama.cpp's "keep only the most probable" cases (top_p <= 0, min_p > 1) are top-k 1. */
     int keep_one = p->top_p <= 0.0f || p->min_p > 1.0f;
+    /* llama.cpp's mirostat chain is the temperature then mirostat: no filter, no penalty. */
+    int32_t mirostat = p->mirostat;
     float temp = p->temp > 0.0f ? p->temp : 0.0f;
-    int32_t top_k = keep_one ? 1 : p->top_k;
-    float top_p = (keep_one || p->top_p >= 1.0f) ? 1.0f : p->top_p;
-    float min_p = (keep_one || p->min_p <= 0.0f) ? 0.0f : p->min_p;
-    float nsigma = p->top_n_sigma;
+    int32_t top_k = mirostat ? 0 : keep_one ? 1 : p->top_k;
+    float top_p = (mirostat || keep_one || p->top_p >= 1.0f) ? 1.0f : p->top_p;
+    float min_p = (mirostat || keep_one || p->min_p <= 0.0f) ? 0.0f : p->min_p;
+    float nsigma = mirostat ? -1.0f : p->top_n_sigma;
+    float mu_after = NAN;
     uint64_t seed = p->seed, offset = st->position;
     uint64_t output_offsets[2] = {0, (uint64_t)history_n};
-    int penalised = history_n > 0 && p->penalty_last_n != 0 &&
+    int penalised = !mirostat && history_n > 0 && p->penalty_last_n != 0 &&
                     (p->penalty_repeat != 1.0f || p->penalty_freq != 0.0f || p->penalty_present != 0.0f);
     int dry = history_n > 0 && tokenrace_llama_dry_on(p);
     /* The history holds the longer window; each reads its own (tokenrace's 0: all of it). */
@@ -349,9 +371,20 @@ static inline int32_t tokenrace_llama_draw_row(struct tokenrace_llama_state *st,
     memset(&o, 0, sizeof o);
     o.struct_size = sizeof o;
     o.tokens = &token;
+    if (mirostat) {
+        /* n_vocab is the row's length: llama_sampler_sample's candidates are the vocabulary. */
+        b.mirostat = &mirostat;
+        b.mirostat_tau = &p->mirostat_tau;
+        b.mirostat_eta = &p->mirostat_eta;
+        b.mirostat_mu = &st->mirostat_mu;
+        o.mirostat_mu = &mu_after;
+    }
     if (tokenrace_draw(st->sampler, &b, &o) != TOKENRACE_STATUS_OK) {
         fprintf(stderr, "tokenrace_llama: %s\n", tokenrace_last_error());
         return -1;
+    }
+    if (mirostat) {
+        st->mirostat_mu = mu_after;
     }
     return token;
 }
@@ -473,6 +506,7 @@ static inline void tokenrace_llama_reset(struct llama_sampler *smpl) {
     struct tokenrace_llama_state *st = (struct tokenrace_llama_state *)smpl->ctx;
     st->history_len = 0;
     st->position = 0;
+    st->mirostat_mu = 2.0f * st->params.mirostat_tau;
 }
 
 static inline void tokenrace_llama_free_state(struct tokenrace_llama_state *st) {
@@ -497,8 +531,8 @@ static inline void tokenrace_llama_free(struct llama_sampler *smpl) {
 static inline struct llama_sampler *tokenrace_llama_make(const struct tokenrace_llama_params *params,
                                                          const struct tokenrace_llama_state *copy_from);
 
-/* A clone keeps the history and position (a seeded clone draws what the original would); an
- * unseeded clone draws from a stream of its own. */
+/* A clone keeps the history, position and mirostat's mu (a seeded clone draws what the original
+ * would); an unseeded clone draws from a stream of its own. */
 static inline struct llama_sampler *tokenrace_llama_clone(const struct llama_sampler *smpl) {
     const struct tokenrace_llama_state *st = (const struct tokenrace_llama_state *)smpl->ctx;
     return tokenrace_llama_make(&st->params, st);
@@ -548,6 +582,7 @@ static inline struct llama_sampler *tokenrace_llama_make(const struct tokenrace_
         st->history_len = copy_from->history_len;
     }
     st->position = copy_from ? copy_from->position : 0;
+    st->mirostat_mu = copy_from ? copy_from->mirostat_mu : 2.0f * params->mirostat_tau;
     memset(&st->iface, 0, sizeof st->iface);
     st->iface.name = tokenrace_llama_name;
     st->iface.accept = tokenrace_llama_accept;

@@ -697,7 +697,7 @@ fn a_row_index_is_read_only_by_callers_whose_struct_reaches_it() {
     use std::mem::{offset_of, size_of};
     let at = offset_of!(tokenrace_batch, row_index);
     assert_eq!(at, 472);
-    assert_eq!(size_of::<tokenrace_batch>(), at + 8);
+    assert_eq!(offset_of!(tokenrace_batch, mirostat), at + 8);
     let mut f = Fixture::new();
     f.logits[1000 + 3] = 50.0; // row 1's argmax: 3; row 0's: 6 (logits i % 7)
     let temperature = [0.0f32; 2];
@@ -830,7 +830,7 @@ fn kept_set_outputs_are_written_only_where_the_output_reaches_them() {
     assert_eq!(offset_of!(tokenrace_output, kept_count), at + 8);
     assert_eq!(offset_of!(tokenrace_output, kept_mass), at + 16);
     assert_eq!(offset_of!(tokenrace_output, kept_bitmask), at + 24);
-    assert_eq!(size_of::<tokenrace_output>(), at + 32);
+    assert_eq!(offset_of!(tokenrace_output, mirostat_mu), at + 32);
     let mut f = Fixture::new();
     let temperature = [0.0f32, 1.0];
     let top_k = [0i32, 3];
@@ -860,4 +860,67 @@ fn kept_set_outputs_are_written_only_where_the_output_reaches_them() {
     let set = |r: usize, i: usize| (bits[r * words + i / 32] as u32 >> (i % 32)) & 1 == 1;
     assert!((0..1000).all(|i| set(0, i)) && (1000..words * 32).all(|i| !set(0, i)));
     assert!((0..1000).all(|i| set(1, i) == ((1000 + i) % 7 == 6)));
+}
+
+/// Mirostat is one block at the end of the batch (480..520 of a 520-byte struct), its mu out
+/// the output's last field (136..144 of 144 bytes): a caller whose batch ends before it draws
+/// without mirostat; one whose output ends before the mu out draws with it and gets no mu; a bad
+/// mode is refused naming its row, nothing written.
+#[test]
+fn mirostat_is_read_only_by_callers_whose_struct_reaches_it() {
+    use std::mem::{offset_of, size_of};
+    let at = offset_of!(tokenrace_batch, mirostat);
+    assert_eq!(at, 480);
+    for (i, field) in [
+        offset_of!(tokenrace_batch, mirostat_tau),
+        offset_of!(tokenrace_batch, mirostat_eta),
+        offset_of!(tokenrace_batch, mirostat_m),
+        offset_of!(tokenrace_batch, mirostat_mu),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        assert_eq!(field, at + 8 * (i + 1));
+    }
+    assert_eq!(size_of::<tokenrace_batch>(), 520);
+    let out_at = offset_of!(tokenrace_output, mirostat_mu);
+    assert_eq!(out_at, 136);
+    assert_eq!(size_of::<tokenrace_output>(), 144);
+    let mut f = Fixture::new();
+    // One token of each row leads by 1 among 999 zeros: about 0.3% of the mass at T = 1, the
+    // only token v2 keeps at mu = 0 (no surprise is <= 0 but the most probable stays).
+    for (i, v) in f.logits.iter_mut().enumerate() {
+        *v = if i == 5 || i == 1003 { 1.0 } else { 0.0 };
+    }
+    let seeds = [1u64, 2];
+    let mut draw = |size: usize, out_size: usize, mode: [i32; 2], mu_out: &mut [f32; 2]| {
+        let (mu_in, tau, eta) = ([0.0f32; 2], [4.0f32; 2], [0.25f32; 2]);
+        let (mut b, mut o) = f.args();
+        b.struct_size = size as u32;
+        o.struct_size = out_size as u32;
+        b.seeds = seeds.as_ptr();
+        b.mirostat = mode.as_ptr();
+        b.mirostat_tau = tau.as_ptr();
+        b.mirostat_eta = eta.as_ptr();
+        b.mirostat_mu = mu_in.as_ptr();
+        o.mirostat_mu = mu_out.as_mut_ptr();
+        f.tokens = [-1; 2];
+        (f.draw(&b, &mut o), f.tokens)
+    };
+    let (whole, out_whole) = (size_of::<tokenrace_batch>(), size_of::<tokenrace_output>());
+    let mut mu = [7f32; 2];
+    assert_eq!(draw(whole, out_whole, [2, 2], &mut mu), (tokenrace_status::Ok, [5, 3]), "{}", last_error());
+    // Surprise 0 (the kept token holds all the mass): mu = 0 - 0.25 * (0 - 4).
+    assert_eq!(mu, [1.0, 1.0]);
+    let mut mu = [7f32; 2];
+    assert_eq!(draw(whole, out_at, [2, 2], &mut mu), (tokenrace_status::Ok, [5, 3]), "{}", last_error());
+    assert_eq!(mu, [7.0, 7.0], "an output before the mu out got one");
+    let (status, tokens) = draw(at, out_whole, [2, 2], &mut mu);
+    assert_eq!(status, tokenrace_status::Ok, "{}", last_error());
+    assert_ne!(tokens, [5, 3], "a caller before mirostat drew with it");
+    assert_eq!(mu.map(f32::is_nan), [true, true], "rows without mirostat get NaN");
+    let mut mu = [7f32; 2];
+    assert_eq!(draw(whole, out_whole, [2, 5], &mut mu), (tokenrace_status::InvalidArgument, [-1, -1]));
+    assert!(last_error().contains("batch.mirostat[1]: 5 is not 0 (off), 1 (v1) or 2 (v2)"), "{}", last_error());
+    assert_eq!(mu, [7.0, 7.0], "a failed call wrote");
 }

@@ -642,6 +642,8 @@ impl Outs {
             kept_count: std::ptr::null_mut(),
             kept_mass: std::ptr::null_mut(),
             kept_bitmask: std::ptr::null_mut(),
+            // Not fuzzed yet: mirostat's mu.
+            mirostat_mu: std::ptr::null_mut(),
         }
     }
 }
@@ -1004,6 +1006,12 @@ fn run(data: &[u8]) -> Result<()> {
         dry_breaker_offsets: std::ptr::null(),
         dry_breakers_row_offsets: std::ptr::null(),
         row_index: std::ptr::null(),
+        // Not fuzzed yet: mirostat.
+        mirostat: std::ptr::null(),
+        mirostat_tau: std::ptr::null(),
+        mirostat_eta: std::ptr::null(),
+        mirostat_m: std::ptr::null(),
+        mirostat_mu: std::ptr::null(),
     };
     // Every 8-byte field boundary from the first version on is a valid size.
     let sizes: Vec<usize> = (BATCH_V1..=BATCH_SIZE).step_by(8).collect();

@@ -199,6 +199,18 @@ pub struct Batch<'a> {
     /// apart; every other per-row input (seeds, offsets, parameters, histories) and every
     /// output stays per row.
     pub row_index: Option<&'a [i32]>,
+    /// Per-row mirostat (llama.cpp's final sampler in place of the plain draw): 0 off, 1 v1,
+    /// 2 v2; `None`: off for every row. It narrows what the row's chain keeps, last (after the
+    /// temperature), and the row is drawn from that set renormalised (docs/semantics.md).
+    pub mirostat: Option<&'a [i32]>,
+    /// Per-row target surprise tau in bits (finite); `None`: llama.cpp's default 5.
+    pub mirostat_tau: Option<&'a [f32]>,
+    /// Per-row learning rate eta (finite); `None`: llama.cpp's default 0.1.
+    pub mirostat_eta: Option<&'a [f32]>,
+    /// Per-row count m >= 1 of the most probable tokens v1 estimates s_hat from; `None`: 100.
+    pub mirostat_m: Option<&'a [i32]>,
+    /// Per-row mu going in (finite); `None`: 2 tau (a sequence's first draw).
+    pub mirostat_mu: Option<&'a [f32]>,
 }
 
 /// Per-row lists of words, each a sequence of token ids (two-level CSR): word `k` is
@@ -333,6 +345,11 @@ impl<'a> Batch<'a> {
             dry_penalty_last_n: None,
             dry_breakers: None,
             row_index: None,
+            mirostat: None,
+            mirostat_tau: None,
+            mirostat_eta: None,
+            mirostat_m: None,
+            mirostat_mu: None,
         }
     }
 
@@ -397,6 +414,7 @@ impl<'a> Batch<'a> {
             || self.xtc_probability.is_some()
             || self.dynatemp_range.is_some()
             || self.order.is_some()
+            || self.mirostat.is_some()
     }
 
     /// The stop tokens that row `r` (of a validated batch) may not draw yet: its whole stop list
@@ -509,6 +527,9 @@ pub struct Output<'a> {
     /// `rows x ceil(vocab / 32)` words: bit `i` of word `j` of a row is set when the row keeps
     /// token `32 j + i` (xgrammar's bitmask layout); bits past the vocabulary are 0.
     pub kept_bitmask: Option<&'a mut [i32]>,
+    /// `rows` mu values after the draw: a mirostat row's updated mu (`mu - eta * (surprise -
+    /// tau)`), NaN for a row without mirostat. Written only when the call succeeds.
+    pub mirostat_mu: Option<&'a mut [f32]>,
 }
 
 /// What `Output::full_logprobs` receives for every token.
@@ -546,6 +567,7 @@ impl<'a> Output<'a> {
             kept_count: None,
             kept_mass: None,
             kept_bitmask: None,
+            mirostat_mu: None,
         }
     }
 

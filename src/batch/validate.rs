@@ -113,6 +113,7 @@ pub(crate) fn validate_but_ids(
     check_rows(Owner::Output, "flags", out.flags.as_deref(), rows)?;
     check_rows(Owner::Output, "logprobs", out.logprobs.as_deref(), rows)?;
     check_rows(Owner::Output, "ranks", out.ranks.as_deref(), rows)?;
+    check_rows(Owner::Output, "mirostat_mu", out.mirostat_mu.as_deref(), rows)?;
     if out.top_n > 0 {
         if out.top_n > vocab {
             bail_out!("top_n", None, "{} exceeds vocab {vocab}", out.top_n);
@@ -155,6 +156,7 @@ pub(crate) fn validate_params(batch: &Batch) -> Result<()> {
         (!n.is_finite()).then(|| format!("{n} is not a finite number"))
     })?;
     validate_llama_filters(batch)?;
+    validate_mirostat(batch)?;
     validate_order(batch)?;
     check_each("temperature", batch.temperature, rows, |t: f32| {
         (!(t.is_finite() && t >= 0.0)).then(|| format!("{t} is not a finite number >= 0"))
@@ -193,6 +195,31 @@ fn validate_llama_filters(batch: &Batch) -> Result<()> {
                 "XTC on an unseeded row with caller-supplied noise (its coin comes from the row's key: seed the row)"
             );
         }
+    }
+    Ok(())
+}
+
+/// Checks mirostat's inputs: a mode of 0, 1 or 2, finite tau, eta and mu, m >= 1, and no forced
+/// token on a mirostat row (its mu follows the token its own draw picks).
+fn validate_mirostat(batch: &Batch) -> Result<()> {
+    let rows = batch.rows;
+    check_each("mirostat", batch.mirostat, rows, |m: i32| {
+        (!(0..=2).contains(&m)).then(|| format!("{m} is not 0 (off), 1 (v1) or 2 (v2)"))
+    })?;
+    for (field, values) in
+        [("mirostat_tau", batch.mirostat_tau), ("mirostat_eta", batch.mirostat_eta), ("mirostat_mu", batch.mirostat_mu)]
+    {
+        check_each(field, values, rows, |v: f32| (!v.is_finite()).then(|| format!("{v} is not a finite number")))?;
+    }
+    check_each("mirostat_m", batch.mirostat_m, rows, |m: i32| (m < 1).then(|| format!("{m} is below 1")))?;
+    let Some(modes) = batch.mirostat else { return Ok(()) };
+    let forced = |r: usize| batch.forced_tokens.and_then(|f| f.get(r)).is_some_and(|&t| t >= 0);
+    if let Some(r) = (0..rows).find(|&r| modes[r] != 0 && forced(r)) {
+        bail_batch!(
+            "mirostat",
+            Some(r),
+            "on for a row with a forced token (a scored row's too): mirostat's mu follows the token its draw picks"
+        );
     }
     Ok(())
 }
@@ -248,7 +275,7 @@ fn validate_range_outputs(batch: &Batch, out: &Output) -> Result<()> {
             Owner::Output,
             owner_field,
             Some(r),
-            format!("{what} are not available for a row with typical_p, XTC or dynatemp on, or whose stages follow neither fixed order (raw ones are)"),
+            format!("{what} are not available for a row with typical_p, XTC, dynatemp or mirostat on, or whose stages follow neither fixed order (raw ones are)"),
         ));
     }
     Ok(())
@@ -302,7 +329,7 @@ fn check_kept_outputs(batch: &Batch, out: &Output) -> Result<()> {
         .into_iter()
         .find_map(|(f, on)| on.then_some(f))
         .unwrap_or("kept_threshold");
-        bail_out!(field, Some(r), "the kept set is not reported for a row that keeps a range (typical_p, XTC or dynatemp on, or top-nσ after another filter in `order`)");
+        bail_out!(field, Some(r), "the kept set is not reported for a row that keeps a range (typical_p, XTC, dynatemp or mirostat on, or top-nσ after another filter in `order`)");
     }
     Ok(())
 }

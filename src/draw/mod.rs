@@ -115,6 +115,8 @@ pub(crate) struct Drawn {
     pub info: RowInfo,
     /// The row's logprobs were computed by the task that drew it.
     pub logprobs_done: bool,
+    /// A mirostat row's mu after its draw (`None`: no mirostat, or no finite value to draw).
+    pub mirostat_mu: Option<f32>,
 }
 
 /// Draws a validated, planned call into `out`. On error nothing is written. Returns the count of
@@ -190,5 +192,20 @@ fn run_call(
     if let Some(l) = logprobs {
         l.write(out, rows);
     }
+    if let Some(mu) = out.mirostat_mu.as_deref_mut() {
+        for (r, (mu, d)) in mu[..rows].iter_mut().zip(&drawn).enumerate() {
+            *mu = mirostat_mu_after(batch, r, plans[r], d);
+        }
+    }
     Ok(drawn)
+}
+
+/// Row `r`'s mu after its draw `d`: NaN without mirostat; a greedy row keeps its maximum alone
+/// (probability 1, surprise 0); a row with no finite value to draw keeps its mu.
+fn mirostat_mu_after(batch: &Batch, r: usize, plan: RowPlan, d: &Drawn) -> f32 {
+    let Some(ms) = crate::filter::mirostat::Mirostat::of(batch, r) else { return f32::NAN };
+    match plan {
+        RowPlan::Greedy => ms.updated_mu(0.0),
+        RowPlan::Sample { .. } => d.mirostat_mu.unwrap_or(ms.mu),
+    }
 }

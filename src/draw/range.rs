@@ -12,6 +12,7 @@ use super::{Drawn, RowPlan};
 use crate::alloc;
 use crate::batch::{inv_temperature, Batch};
 use crate::error::Result;
+use crate::filter::mirostat::{self, MirostatKept};
 use crate::filter::{self, llama::xtc_coin, Filters};
 use crate::kernels::{Kernels, RaceParams, BLOCK};
 use crate::logprob::{block_maxima, row_logprobs_given, RowInfo};
@@ -86,6 +87,17 @@ fn race_in_range(
         None => filter::kept_range(k, &y[..], bmax, (sc.top, filter_inv_t), f, xtc_applies)?,
     };
     let dynamic = filter::llama::dynamic_temperature(&y[..], range, t, f);
+    // Mirostat, the chain's final sampler, narrows what the chain kept at the draw's 1/T (a
+    // temperature of 0 keeps the maximum alone).
+    let mirostat = match (f.mirostat, dynamic) {
+        (None, _) => None,
+        (Some(_), Some(t)) if t <= 0.0 => Some(MirostatKept::greedy(range.hi)),
+        (Some(ms), dynamic) => {
+            let draw_inv_t = dynamic.map_or(inv_t, |t| inv_temperature(t as f32));
+            Some(mirostat::narrow(&y[..], range, draw_inv_t, ms, batch.vocab)?)
+        }
+    };
+    let range = mirostat.map_or(range, |m| m.range);
     if range.hi < sc.top {
         for x in y.iter_mut().filter(|x| **x > range.hi) {
             *x = f32::NEG_INFINITY;
@@ -104,5 +116,9 @@ fn race_in_range(
     };
     let token = finish(k, &y[..], bmax, &kept, won);
     let info = RowInfo { top: sc.top, floor: range.lo, processed };
-    Ok(Drawn { token, flags: sc.flags, info, logprobs_done: false })
+    let mirostat_mu = match (f.mirostat, mirostat) {
+        (Some(ms), Some(kept)) if token >= 0 => Some(ms.updated_mu(kept.surprise(y[token as usize]))),
+        _ => None,
+    };
+    Ok(Drawn { token, flags: sc.flags, info, logprobs_done: false, mirostat_mu })
 }

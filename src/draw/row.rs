@@ -282,7 +282,7 @@ pub(super) fn draw_scanned<V: RowValues + ?Sized>(
         row_logprobs_given(k, v, bmax, plan.inv_t(), slots.mode, (sc.top, floor), token, o, given)
             .map_err(|e| e.in_row(r))?;
     }
-    Ok(Drawn { token, flags: sc.flags, info, logprobs_done: logprobs.is_some() })
+    Ok(Drawn { token, flags: sc.flags, info, logprobs_done: logprobs.is_some(), mirostat_mu: None })
 }
 
 /// Draws a greedy row that needs nothing else from its values `v` ([`RowPath::Greedy`]) in one
@@ -297,5 +297,5 @@ fn draw_greedy<V: RowValues + ?Sized>(k: &Kernels, v: &V) -> Drawn {
         v.find_first(k, b * BLOCK, ((b + 1) * BLOCK).min(v.n()), sc.top).unwrap_or(0) as i32
     };
     let info = RowInfo { top: sc.top, floor: f32::NEG_INFINITY, processed: false };
-    Drawn { token, flags: sc.flags, info, logprobs_done: false }
+    Drawn { token, flags: sc.flags, info, logprobs_done: false, mirostat_mu: None }
 }

@@ -88,7 +88,7 @@ fn draw_by_blocks_after_race<V: RowValues + ?Sized>(
             return Ok(None);
         }
         let info = RowInfo { top: m, floor, processed: true };
-        Ok(Some(Drawn { token: won.token as i32, flags: sc.flags, info, logprobs_done: false }))
+        Ok(Some(Drawn { token: won.token as i32, flags: sc.flags, info, logprobs_done: false, mirostat_mu: None }))
     })
 }
 
@@ -176,7 +176,7 @@ fn race_by_blocks<V: RowValues + ?Sized>(
         _ => first_of(sc.top) as i32,
     };
     let info = RowInfo { top: sc.top, floor: f32::NEG_INFINITY, processed: true };
-    Ok(Drawn { token, flags: sc.flags, info, logprobs_done: false })
+    Ok(Drawn { token, flags: sc.flags, info, logprobs_done: false, mirostat_mu: None })
 }
 
 /// Draws row `r` with step `e` (a penalty raises values, no filters) straight from its kept
@@ -205,7 +205,7 @@ pub(super) fn draw_masked<V: RowValues + ?Sized>(
             _ => first_of_top(v, e, bmax, sc.top) as i32,
         };
         let info = RowInfo { top: sc.top, floor: f32::NEG_INFINITY, processed: true };
-        Ok(Drawn { token, flags: sc.flags, info, logprobs_done: false })
+        Ok(Drawn { token, flags: sc.flags, info, logprobs_done: false, mirostat_mu: None })
     })
 }
 

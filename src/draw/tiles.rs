@@ -98,6 +98,7 @@ pub(super) fn draw_tiled(
                         processed: false,
                     },
                     logprobs_done: false,
+                    mirostat_mu: None,
                 },
             )
         })

@@ -130,11 +130,12 @@ versioned!(tokenrace_batch, v1 ends with noise_row_stride, default zeroed(), [
     forced_tokens, logprob_token_ids, logprob_token_offsets, order, order_len,
     dry_multiplier, dry_base, dry_allowed_length,
     dry_penalty_last_n, dry_breaker_ids, dry_breaker_offsets, dry_breakers_row_offsets, row_index,
+    mirostat, mirostat_tau, mirostat_eta, mirostat_m, mirostat_mu,
 ]);
 versioned!(tokenrace_output, v1 ends with topn_logprobs, default zeroed(), [
     struct_size, logprob_mode, tokens, flags, logprobs, ranks, top_n, reserved0, topn_ids, topn_logprobs,
     full_logprobs, full_row_stride, full_mode, reserved1, token_logprobs, token_ranks, kept_threshold, kept_count,
-    kept_mass, kept_bitmask,
+    kept_mass, kept_bitmask, mirostat_mu,
 ]);
 versioned!(tokenrace_verify_batch, v1 ends with noise_row_stride, default zeroed(), [
     struct_size, dtype, logits, rows, vocab, row_stride, requests, reserved0, draft_counts, draft_tokens, draft_probs,

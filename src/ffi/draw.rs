@@ -94,6 +94,11 @@ pub(super) unsafe fn batch_from_c<'a>(b: &tokenrace_batch, state: Option<&'a Req
         dry_penalty_last_n: unsafe { opt_slice(Owner::Batch, "dry_penalty_last_n", b.dry_penalty_last_n, rows)? },
         dry_breakers: unsafe { words(b, rows, DRY_BREAKER_FIELDS)? },
         row_index,
+        mirostat: unsafe { opt_slice(Owner::Batch, "mirostat", b.mirostat, rows)? },
+        mirostat_tau: unsafe { opt_slice(Owner::Batch, "mirostat_tau", b.mirostat_tau, rows)? },
+        mirostat_eta: unsafe { opt_slice(Owner::Batch, "mirostat_eta", b.mirostat_eta, rows)? },
+        mirostat_m: unsafe { opt_slice(Owner::Batch, "mirostat_m", b.mirostat_m, rows)? },
+        mirostat_mu: unsafe { opt_slice(Owner::Batch, "mirostat_mu", b.mirostat_mu, rows)? },
     })
 }
 
@@ -349,12 +354,13 @@ pub(super) unsafe fn output_from_c<'a>(o: &tokenrace_output, b: &Batch) -> Resul
         kept_count: unsafe { d.opt_slice_mut(out, "kept_count", o.kept_count, rows)? },
         kept_mass: unsafe { d.opt_slice_mut(out, "kept_mass", o.kept_mass, rows)? },
         kept_bitmask: unsafe { d.opt_slice_mut(out, "kept_bitmask", o.kept_bitmask, kept_words)? },
+        mirostat_mu: unsafe { d.opt_slice_mut(out, "mirostat_mu", o.mirostat_mu, rows)? },
     };
     Ok((output, d))
 }
 
 /// The arrays a draw reads, for the check that no output shares memory with them.
-fn input_regions(b: &Batch) -> [Option<Region>; 51] {
+fn input_regions(b: &Batch) -> [Option<Region>; 52] {
     let (prompt, output, allowed, banned) = (b.prompt_tokens, b.output_tokens, b.allowed_tokens, b.banned_tokens);
     [
         Some(Region::logits(b.logits)),
@@ -408,6 +414,7 @@ fn input_regions(b: &Batch) -> [Option<Region>; 51] {
         Region::input("dry_breaker_ids", b.dry_breakers.map(|w| w.ids)),
         Region::input("dry_breaker_offsets", b.dry_breakers.map(|w| w.word_offsets)),
         Region::input("dry_breakers_row_offsets", b.dry_breakers.map(|w| w.row_offsets)),
+        Region::input("mirostat_mu", b.mirostat_mu),
     ]
 }
 

@@ -433,6 +433,27 @@ pub struct tokenrace_batch {
     /// parameters and outputs; `logits` then holds `max(row_index) + 1` rows `row_stride` apart.
     /// A negative entry is INVALID_ARGUMENT naming the row. NULL: row r reads logits row r.
     pub row_index: *const i32,
+    // Added after 0.2.0: llama.cpp's mirostat; a caller whose struct_size ends before it gets
+    // NULL (off).
+    /// Per-row mirostat, llama.cpp's final sampler in place of the plain draw (NULL: off for
+    /// every row): 0 off, 1 v1, 2 v2. It narrows what the row's chain keeps, after the
+    /// temperature and every other filter, and the row draws from that set renormalised: v2
+    /// keeps the tokens of surprise `-log2 p <= mu` (at least the most probable), v1 the k most
+    /// probable with k from the Zipf exponent estimated over the `mirostat_m` most probable. The
+    /// row's mu then becomes `mu - eta * (-log2 p(drawn) - tau)`, returned in the output's
+    /// `mirostat_mu` (exact rule: docs/semantics.md, Mirostat). A row with a forced token may
+    /// not use it.
+    pub mirostat: *const i32,
+    /// Per-row target surprise tau in bits, finite (NULL: 5, llama.cpp's default).
+    pub mirostat_tau: *const f32,
+    /// Per-row learning rate eta, finite (NULL: 0.1, llama.cpp's default).
+    pub mirostat_eta: *const f32,
+    /// Per-row m >= 1: v1 estimates the Zipf exponent from the m most probable kept tokens
+    /// (NULL: 100, llama.cpp's value).
+    pub mirostat_m: *const i32,
+    /// Per-row mu going in, finite (NULL: 2 tau, a sequence's first draw): pass back the
+    /// output's `mirostat_mu` of the row's previous draw.
+    pub mirostat_mu: *const f32,
 }
 
 /// Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No
@@ -498,6 +519,11 @@ pub struct tokenrace_output {
     /// `rows x ceil(vocab / 32)` words, xgrammar's bitmask layout: bit i of word j of a row is
     /// set when the row keeps token 32 j + i; bits past vocab are 0 (NULL: not reported).
     pub kept_bitmask: *mut i32,
+    // Added after 0.2.0: mirostat's state; a caller whose struct_size ends before it gets NULL.
+    /// `rows` mu values after the draw (NULL: not reported): a mirostat row's updated mu, NaN
+    /// for a row without mirostat. Written only when the call succeeds; it may not share
+    /// memory with the batch's `mirostat_mu` (copy it back for the next draw).
+    pub mirostat_mu: *mut f32,
 }
 
 /// Counters of a sampler since it was made.

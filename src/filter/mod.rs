@@ -26,6 +26,7 @@
 pub(crate) mod chain;
 pub(crate) mod llama;
 mod min_p;
+pub(crate) mod mirostat;
 mod top_k;
 pub(crate) mod top_n_sigma;
 pub(crate) mod top_p;
@@ -68,6 +69,8 @@ pub(crate) struct Filters {
     pub chain: Option<chain::Chain>,
     /// The fixed order whose path draws the row, when the call gives an order its stages follow.
     pub preset: Option<crate::config::FilterOrder>,
+    /// Mirostat, which ends the row's chain (its final sampler), when on.
+    pub mirostat: Option<mirostat::Mirostat>,
 }
 
 impl Default for Filters {
@@ -91,6 +94,7 @@ impl Filters {
         dynatemp_exponent: 1.0,
         chain: None,
         preset: None,
+        mirostat: None,
     };
 
     /// The filters of row `r`, or `None` if none is on.
@@ -119,6 +123,7 @@ impl Filters {
             dynatemp_exponent,
             chain: None,
             preset: None,
+            mirostat: mirostat::Mirostat::of(batch, r),
         };
         if let Some(order) = batch.order {
             match chain::route(order, &f, batch.temperature(r)) {
@@ -136,10 +141,12 @@ impl Filters {
     }
 
     /// Whether the row keeps a range of values rather than a top set (typical sampling or XTC),
-    /// or sets its temperature from what its filters keep (a dynamic temperature): its filters
-    /// are computed by [`llama::kept_range`], its draw by `draw::range`.
+    /// or sets its temperature from what its filters keep (a dynamic temperature), or ends its
+    /// chain with mirostat: its filters are computed by [`llama::kept_range`], its draw by
+    /// `draw::range`.
     pub(crate) fn keeps_range(&self) -> bool {
-        self.typical_p < 1.0
+        self.mirostat.is_some()
+            || self.typical_p < 1.0
             || self.xtc_on()
             || self.dynatemp_range > 0.0
             || self.chain.is_some_and(|c| !c.floor_only())

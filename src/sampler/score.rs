@@ -15,8 +15,8 @@ impl Sampler {
     /// Nothing is drawn: no key of the sampler's stream and no pool noise is taken, and the
     /// sampler's counters do not move.
     ///
-    /// The batch is a draw's, without `forced_tokens` (the targets take their place) or
-    /// external `noise` (a score reads none). Its seeds are read only by XTC rows, whose coin
+    /// The batch is a draw's, without `forced_tokens` (the targets take their place), external
+    /// `noise` (a score reads none) or `mirostat` (whose mu follows a drawn token). Its seeds are read only by XTC rows, whose coin
     /// comes from the row's key: a seeded row tosses its own coin, an unseeded one that of seed
     /// 0 at offset 0. On error nothing is written.
     pub fn score(&self, batch: &Batch, targets: &[i32], out: &mut Output) -> Result<()> {
@@ -27,6 +27,11 @@ impl Sampler {
         }
         if batch.noise.is_some() {
             return Err(Error::invalid_argument("batch.noise: must be absent in a score call (nothing is drawn)"));
+        }
+        if batch.mirostat.is_some() || out.mirostat_mu.is_some() {
+            return Err(Error::invalid_argument(
+                "batch.mirostat: must be absent in a score call (mirostat's mu follows a drawn token)",
+            ));
         }
         let limits = (self.cfg.max_rows, self.cfg.vocab_size);
         validate_but_ids(self.kernels, batch, out, limits, Ids::InRows)?;

@@ -139,11 +139,13 @@ def test_the_packed_layouts_set_every_field_of_the_ctypes_structs(tokenrace):
                                      (_call.PARITY_LAYOUT, _call.PARITY_OFFSET, _ffi.BATCH_PARITY_FIRST),
                                      (_call.ORDER_LAYOUT, _call.ORDER_OFFSET, _ffi.BATCH_ORDER_FIRST),
                                      (_call.DRY_LAYOUT, _call.DRY_OFFSET, _ffi.BATCH_DRY_FIRST),
-                                     (_call.POINTER_LAYOUT, _call.ROW_INDEX_OFFSET, "row_index"))),
+                                     (_call.POINTER_LAYOUT, _call.ROW_INDEX_OFFSET, "row_index"),
+                                     (_call.MIROSTAT_LAYOUT, _call.MIROSTAT_OFFSET, _ffi.BATCH_MIROSTAT_FIRST))),
              (_ffi.tokenrace_output, ((_call.OUTPUT_LAYOUT, 0, "struct_size"),
                                       (_call.FULL_LAYOUT, _call.FULL_OFFSET, _ffi.OUTPUT_FULL_FIRST),
                                       (_call.GIVEN_LAYOUT, _call.GIVEN_OFFSET, _ffi.OUTPUT_GIVEN_FIRST),
-                                      (_call.KEPT_LAYOUT, _call.KEPT_OFFSET, _ffi.OUTPUT_KEPT_FIRST))))
+                                      (_call.KEPT_LAYOUT, _call.KEPT_OFFSET, _ffi.OUTPUT_KEPT_FIRST),
+                                      (_call.POINTER_LAYOUT, _call.MIROSTAT_OUT_OFFSET, _ffi.OUTPUT_MIROSTAT_FIRST))))
     for cls, layouts in parts:
         ends = [offset for _, offset, _ in layouts[1:]] + [ctypes.sizeof(cls)]
         for (layout, offset, _), end in zip(layouts, ends):
@@ -246,4 +248,22 @@ def test_a_call_without_the_sampling_step_clears_what_the_last_one_set(tokenrace
     assert r.kept_count.shape == (3,) and r.kept_bitmask.shape == (3, 2) and state.kept_packed
     r = s.draw_full(x, temperature=0)
     assert r.kept_count is None and not state.kept_packed
-    assert bytes(state.full_output)[_call.KEPT_OFFSET:] == bytes(_call.KEPT_LAYOUT.size)
+    kept_end = _call.KEPT_OFFSET + _call.KEPT_LAYOUT.size
+    assert bytes(state.full_output)[_call.KEPT_OFFSET:kept_end] == bytes(_call.KEPT_LAYOUT.size)
+    # The same for mirostat's block and both outputs' mu pointer: v2 at mu -100 keeps each row's
+    # maximum alone, so a sampling row draws its greedy token.
+    miro = slice(_call.MIROSTAT_OFFSET, _call.MIROSTAT_OFFSET + _call.MIROSTAT_LAYOUT.size)
+    mu_ptr = slice(_call.MIROSTAT_OUT_OFFSET, _call.MIROSTAT_OUT_OFFSET + 8)
+    mu_out = np.zeros(3, np.float32)
+    hot = s.draw(x * 30, temperature=1.0, mirostat=2, mirostat_mu=-100.0, mirostat_mu_out=mu_out)
+    assert state.mirostat_packed and state.draw_mu_packed and (mu_out != 0).all()
+    assert bytes(state.batch)[miro] != bytes(_call.MIROSTAT_LAYOUT.size)
+    np.testing.assert_array_equal(hot, s.draw(x * 30, temperature=0))
+    np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
+    assert not state.mirostat_packed and bytes(state.batch)[miro] == bytes(_call.MIROSTAT_LAYOUT.size)
+    assert not state.draw_mu_packed and bytes(state.tokens_output)[mu_ptr] == bytes(8)
+    r = s.draw_full(x, temperature=1.0, mirostat=1)
+    assert r.mirostat_mu.shape == (3,) and state.mirostat_out_packed
+    r = s.draw_full(x, temperature=0)
+    assert r.mirostat_mu is None and not state.mirostat_out_packed and not state.mirostat_packed
+    assert bytes(state.full_output)[mu_ptr] == bytes(8)

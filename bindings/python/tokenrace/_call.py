@@ -99,6 +99,13 @@ DRY_ZEROS = (0,) * sum(1 for c in DRY_LAYOUT.format if c not in "=x")
 # The logits row of each row (``draw_full(row_index=)``), written by a call that passes it
 # (``CallState.row_index_packed``).
 ROW_INDEX_OFFSET = _ffi.tokenrace_batch.row_index.offset
+# llama.cpp's mirostat (mode, tau, eta, m, mu), written by a call that passes any of its arguments
+# (``CallState.mirostat_packed``); the output's mu after the draw is one pointer of its own
+# (``CallState.mirostat_out_packed`` in draw_full's output, ``draw_mu_packed`` in draw's).
+MIROSTAT_LAYOUT = struct_layout(_ffi.tokenrace_batch, _ffi.BATCH_MIROSTAT_FIRST)
+MIROSTAT_OFFSET = getattr(_ffi.tokenrace_batch, _ffi.BATCH_MIROSTAT_FIRST).offset
+MIROSTAT_ZEROS = (0,) * sum(1 for c in MIROSTAT_LAYOUT.format if c not in "=x")
+MIROSTAT_OUT_OFFSET = getattr(_ffi.tokenrace_output, _ffi.OUTPUT_MIROSTAT_FIRST).offset
 FULL_LAYOUT = struct_layout(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST, _ffi.OUTPUT_GIVEN_FIRST)
 FULL_OFFSET = getattr(_ffi.tokenrace_output, _ffi.OUTPUT_FULL_FIRST).offset
 FULL_ZEROS = (0,) * sum(1 for c in FULL_LAYOUT.format if c not in "=x")
@@ -106,7 +113,7 @@ FULL_ZEROS = (0,) * sum(1 for c in FULL_LAYOUT.format if c not in "=x")
 GIVEN_LAYOUT = struct_layout(_ffi.tokenrace_output, _ffi.OUTPUT_GIVEN_FIRST, _ffi.OUTPUT_KEPT_FIRST)
 GIVEN_OFFSET = getattr(_ffi.tokenrace_output, _ffi.OUTPUT_GIVEN_FIRST).offset
 # The kept-set outputs (``CallState.kept_packed``).
-KEPT_LAYOUT = struct_layout(_ffi.tokenrace_output, _ffi.OUTPUT_KEPT_FIRST)
+KEPT_LAYOUT = struct_layout(_ffi.tokenrace_output, _ffi.OUTPUT_KEPT_FIRST, _ffi.OUTPUT_MIROSTAT_FIRST)
 KEPT_OFFSET = getattr(_ffi.tokenrace_output, _ffi.OUTPUT_KEPT_FIRST).offset
 BATCH_SIZE = ctypes.sizeof(_ffi.tokenrace_batch)
 OUTPUT_SIZE = ctypes.sizeof(_ffi.tokenrace_output)
@@ -208,6 +215,9 @@ class CallState:
         self.given_packed = False
         self.kept_packed = False
         self.row_index_packed = False
+        self.mirostat_packed = False
+        self.mirostat_out_packed = False
+        self.draw_mu_packed = False
         # The arguments of tokenrace_draw, made once rather than a byref() per call.
         self.batch_ptr = ctypes.pointer(self.batch)
         self.tokens_output_ptr = ctypes.pointer(self.tokens_output)

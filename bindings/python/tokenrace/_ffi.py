@@ -245,6 +245,12 @@ class tokenrace_batch(_Versioned):
         ("dry_breakers_row_offsets", POINTER(c_uint64)),
         # added after 0.2.0: the logits row of each row (several outputs from one logits row)
         ("row_index", POINTER(c_int32)),
+        # added after 0.2.0: llama.cpp's mirostat (``_call.MIROSTAT_LAYOUT``)
+        ("mirostat", POINTER(c_int32)),
+        ("mirostat_tau", POINTER(c_float)),
+        ("mirostat_eta", POINTER(c_float)),
+        ("mirostat_m", POINTER(c_int32)),
+        ("mirostat_mu", POINTER(c_float)),
     ]
 
 
@@ -273,6 +279,8 @@ class tokenrace_output(_Versioned):
         ("kept_count", POINTER(c_int32)),
         ("kept_mass", POINTER(c_double)),
         ("kept_bitmask", POINTER(c_int32)),
+        # added after 0.2.0: mirostat's mu after the draw (``_call.MIROSTAT_OUT_OFFSET``)
+        ("mirostat_mu", POINTER(c_float)),
     ]
 
 
@@ -295,6 +303,10 @@ BATCH_PARITY_FIRST = "bad_words_ids"
 BATCH_ORDER_FIRST = "order"
 # The first field of the batch's DRY block, packed apart.
 BATCH_DRY_FIRST = "dry_multiplier"
+# The first field of the batch's mirostat block, packed apart.
+BATCH_MIROSTAT_FIRST = "mirostat"
+# The output's mirostat mu, packed apart.
+OUTPUT_MIROSTAT_FIRST = "mirostat_mu"
 
 
 class tokenrace_pool_config(_Versioned):

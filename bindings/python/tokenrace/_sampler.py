@@ -17,7 +17,7 @@ from ._call import (BATCH_LAYOUT, BATCH_SIZE, FLAG_SCALARS, FLOAT_SCALARS, FULL_
                     GIVEN_LAYOUT, GIVEN_OFFSET, INT_SCALARS, KEPT_LAYOUT, KEPT_OFFSET, LLAMA_LAYOUT, LLAMA_OFFSET,
                     OUTPUT_LAYOUT, OUTPUT_SIZE, ORDER_LAYOUT, ORDER_OFFSET, PARITY_LAYOUT, PARITY_OFFSET, PARITY_ZEROS,
                     DRY_LAYOUT, DRY_OFFSET, DRY_ZEROS, POINTER_LAYOUT, REQUESTS_LAYOUT, REQUESTS_OFFSET,
-                    ROW_INDEX_OFFSET,
+                    ROW_INDEX_OFFSET, MIROSTAT_LAYOUT, MIROSTAT_OFFSET, MIROSTAT_OUT_OFFSET, MIROSTAT_ZEROS,
                     STEP_LAYOUT, STEP_OFFSET, STEP_ZEROS, TOP_N_SIGMA_OFFSET, address, pack_tokens_output,
                     release_state, take_state)
 from ._common import (_choice, _Closable, _Default, _from_env, _Handle, _name_of, _offsets_without_seeds,
@@ -305,6 +305,26 @@ class Sampler(_Closable):
         DRY_LAYOUT.pack_into(state.batch, DRY_OFFSET, *dry_fields(rows, keep, *dry))
         state.dry_packed = True
 
+    def _fill_mirostat(self, state, keep, rows, mirostat, mu_out=None):
+        """Writes the batch's mirostat block (mode, tau, eta, m, mu), or zeroes it again after a
+        call that wrote it. The mu going in is copied when it shares memory with ``mu_out`` (the
+        library refuses an output over an input: a caller may update its mu in place)."""
+        if all(v is None for v in mirostat):
+            if state.mirostat_packed:
+                MIROSTAT_LAYOUT.pack_into(state.batch, MIROSTAT_OFFSET, *MIROSTAT_ZEROS)
+                state.mirostat_packed = False
+            return
+        mode, tau, eta, m, mu = mirostat
+        if mu is not None and mu_out is not None and isinstance(mu, np.ndarray) and np.shares_memory(mu, mu_out):
+            mu = np.array(mu, dtype=np.float32, copy=True)
+        MIROSTAT_LAYOUT.pack_into(state.batch, MIROSTAT_OFFSET,
+                                  0 if mode is None else _slow_rows(mode, rows, np.int32, "mirostat", keep),
+                                  0 if tau is None else _slow_rows(tau, rows, np.float32, "mirostat_tau", keep),
+                                  0 if eta is None else _slow_rows(eta, rows, np.float32, "mirostat_eta", keep),
+                                  0 if m is None else _slow_rows(m, rows, np.int32, "mirostat_m", keep),
+                                  0 if mu is None else _slow_rows(mu, rows, np.float32, "mirostat_mu", keep))
+        state.mirostat_packed = True
+
     def _fill_parity(self, state, keep, rows, bad_words, forced_tokens, logprob_token_ids=None):
         """Writes the batch's parity block (bad words, forced tokens, the ids of
         ``logprob_token_ids``), or zeroes it again after a call that wrote it; returns the count
@@ -326,7 +346,8 @@ class Sampler(_Closable):
              request_ids=None, min_keep=None, typical_p=None, xtc_probability=None, xtc_threshold=None,
              dynatemp_range=None, dynatemp_exponent=None, bad_words=None, forced_tokens=None, order=None,
              dry_multiplier=None, dry_base=None, dry_allowed_length=None, dry_penalty_last_n=None,
-             dry_sequence_breakers=None, row_index=None):
+             dry_sequence_breakers=None, row_index=None, mirostat=None, mirostat_tau=None, mirostat_eta=None,
+             mirostat_m=None, mirostat_mu=None, mirostat_mu_out=None):
         """Draws one token per row of ``logits``; returns an int32 array of ``rows`` tokens (a
         torch tensor when ``logits`` is one, over the same memory: no copy; the flags of
         ``return_flags`` then come as int32, the same bits).
@@ -439,6 +460,20 @@ class Sampler(_Closable):
             row r reads ``logits[row_index[r]]`` in place, with its own seed, offset, parameters
             and token; the per-row arguments and the tokens then have ``len(row_index)`` rows
             (``docs/semantics.md``, Several outputs from one logits row).
+        mirostat: None (off), or 0 (off), 1 (v1) or 2 (v2), scalar or one per row: llama.cpp's
+            mirostat as the row's final sampler, after the temperature and every other filter. v2
+            keeps the tokens whose surprise ``-log2 p`` is at most the row's mu (at least the most
+            probable), v1 the k most probable, k from the Zipf exponent estimated over the
+            ``mirostat_m`` most probable; the row then draws from that set renormalised, and its
+            mu becomes ``mu - eta * (-log2 p(drawn) - tau)`` (``docs/semantics.md``, Mirostat).
+        mirostat_tau, mirostat_eta, mirostat_m: scalar or one per row (defaults: llama.cpp's 5.0,
+            0.1 and 100): the target surprise in bits, the learning rate, v1's m >= 1.
+        mirostat_mu: scalar or one per row, each row's mu going in (default: ``2 * tau``, a
+            sequence's first draw); pass back the mu the row's previous draw returned.
+        mirostat_mu_out: None, or a writable contiguous float32 array of ``rows`` entries that
+            receives each row's mu after the draw (NaN for a row without mirostat), only when the
+            call succeeds. It may be the ``mirostat_mu`` array itself (updated in place).
+            ``draw_full`` returns it as ``r.mirostat_mu`` instead.
 
         Errors (ValueError) name the argument, the row and the position: the column of a padded
         array, the index in a row's list or dict, and the entry of a CSR array.
@@ -476,8 +511,20 @@ class Sampler(_Closable):
                 _fill_order(state, keep, order)
             self._fill_dry(state, keep, rows, (dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n,
                                                dry_sequence_breakers))
+            if mirostat_mu_out is not None:
+                mu_out = _mu_out(mirostat_mu_out, rows)
+            if (mirostat is not None or mirostat_tau is not None or mirostat_eta is not None or mirostat_m is not None
+                    or mirostat_mu is not None or state.mirostat_packed):
+                self._fill_mirostat(state, keep, rows, (mirostat, mirostat_tau, mirostat_eta, mirostat_m, mirostat_mu),
+                                    mirostat_mu_out)
             pack_tokens_output(state, state.tokens.address_for(rows),
                                state.flags.address_for(rows) if return_flags else 0)
+            if mirostat_mu_out is not None:
+                POINTER_LAYOUT.pack_into(state.tokens_output, MIROSTAT_OUT_OFFSET, mu_out)
+                state.draw_mu_packed = True
+            elif state.draw_mu_packed:
+                POINTER_LAYOUT.pack_into(state.tokens_output, MIROSTAT_OUT_OFFSET, 0)
+                state.draw_mu_packed = False
             # self._run(), inlined (a method call less: the fast path's cost, see _call.py)
             h = self._live_handle()
             status = _ffi.lib().tokenrace_draw(h.ptr, state.batch_ptr, state.tokens_output_ptr)
@@ -505,7 +552,8 @@ class Sampler(_Closable):
                   typical_p=None, xtc_probability=None, xtc_threshold=None, dynatemp_range=None,
                   dynatemp_exponent=None, bad_words=None, forced_tokens=None, logprob_token_ids=None,
                   order=None, dry_multiplier=None, dry_base=None, dry_allowed_length=None,
-                  dry_penalty_last_n=None, dry_sequence_breakers=None, kept_set=False, kept_bitmask=False, row_index=None):
+                  dry_penalty_last_n=None, dry_sequence_breakers=None, kept_set=False, kept_bitmask=False, row_index=None,
+                  mirostat=None, mirostat_tau=None, mirostat_eta=None, mirostat_m=None, mirostat_mu=None):
         """Draws like ``draw`` and also returns logprobs: a ``DrawResult`` (of torch tensors over
         the same memory when ``logits`` is a tensor, flags as int32) with
 
@@ -552,7 +600,8 @@ class Sampler(_Closable):
             and outputs; the per-row arguments and the results then have ``len(row_index)`` rows
             (``docs/semantics.md``, Several outputs from one logits row).
 
-        The sampling step's arguments are ``draw``'s.
+        The sampling step's and mirostat's arguments are ``draw``'s; with ``mirostat=`` given,
+        ``r.mirostat_mu`` holds each row's mu after the draw (NaN for a row without mirostat).
         """
         return self._full(None, logits, temperature=temperature, seeds=seeds, offsets=offsets, seeded=seeded,
                           noise=noise, noise_kind=noise_kind, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -570,7 +619,9 @@ class Sampler(_Closable):
                           order=order, dry_multiplier=dry_multiplier, dry_base=dry_base,
                           dry_allowed_length=dry_allowed_length, dry_penalty_last_n=dry_penalty_last_n,
                           dry_sequence_breakers=dry_sequence_breakers, kept_set=kept_set,
-                          kept_bitmask=kept_bitmask, row_index=row_index)
+                          kept_bitmask=kept_bitmask, row_index=row_index, mirostat=mirostat,
+                          mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, mirostat_m=mirostat_m,
+                          mirostat_mu=mirostat_mu)
 
     def score(self, logits, target_ids, *, logprobs=0, ranks=False, mode="raw", **options):
         """Scores one target token per row, drawing nothing: returns the ``DrawResult`` that
@@ -607,7 +658,8 @@ class Sampler(_Closable):
                   dynatemp_exponent=None, bad_words=None, forced_tokens=None, logprob_token_ids=None,
                   order=None, dry_multiplier=None, dry_base=None, dry_allowed_length=None,
                   dry_penalty_last_n=None, dry_sequence_breakers=None, kept_set=False, kept_bitmask=False,
-                  row_index=None):
+                  row_index=None, mirostat=None, mirostat_tau=None, mirostat_eta=None, mirostat_m=None,
+                  mirostat_mu=None):
         """``draw_full``, or ``score`` of ``targets`` (an int32 array) when they are given."""
         mode = _choice("logprob_mode", logprob_mode, _ffi.LOGPROB_MODE_NAMES)
         if isinstance(logprobs, (bool, np.bool_)):
@@ -687,6 +739,16 @@ class Sampler(_Closable):
                 np.empty(given, dtype=np.float32) if logprob_token_ids is not None else None,  # token_logprobs
                 np.empty(given, dtype=np.int32) if logprob_token_ids is not None and ranks else None,  # token_ranks
             )
+            miro = (mirostat, mirostat_tau, mirostat_eta, mirostat_m, mirostat_mu)
+            if any(v is not None for v in miro) or state.mirostat_packed:
+                self._fill_mirostat(state, keep, rows, miro)
+            if mirostat is not None:
+                res.mirostat_mu = np.empty(rows, dtype=np.float32)
+                POINTER_LAYOUT.pack_into(state.full_output, MIROSTAT_OUT_OFFSET, address(res.mirostat_mu))
+                state.mirostat_out_packed = True
+            elif state.mirostat_out_packed:
+                POINTER_LAYOUT.pack_into(state.full_output, MIROSTAT_OUT_OFFSET, 0)
+                state.mirostat_out_packed = False
             if kept_set or kept_bitmask:
                 _kept_outputs(res, rows, state.batch.vocab, kept_set, kept_bitmask)
                 KEPT_LAYOUT.pack_into(state.full_output, KEPT_OFFSET, *(
@@ -951,6 +1013,20 @@ class DrawResult:
     kept_count: Optional[np.ndarray] = None
     kept_mass: Optional[np.ndarray] = None
     kept_bitmask: Optional[np.ndarray] = None
+    # With ``mirostat=``: each row's mu after the draw (float32; NaN for a row without mirostat),
+    # the ``mirostat_mu`` of its next draw.
+    mirostat_mu: Optional[np.ndarray] = None
+
+
+def _mu_out(arr, rows):
+    """The address of ``mirostat_mu_out``: a writable, C-contiguous float32 numpy array of
+    ``rows`` entries, which receives each row's mu after the draw."""
+    if not (isinstance(arr, np.ndarray) and arr.dtype == np.float32 and arr.ndim == 1 and arr.flags.c_contiguous
+            and arr.flags.writeable):
+        raise TypeError("mirostat_mu_out: must be a writable, contiguous 1-D float32 numpy array")
+    if len(arr) != rows:
+        raise ValueError(f"mirostat_mu_out: has {len(arr)} entries, the batch has {rows} rows")
+    return address(arr)
 
 
 def _config_from_env():
