@@ -716,7 +716,8 @@ mod tests {
     /// when none), the count, and the words of the values `>= lo` in the blocks whose maximum
     /// reaches `lo` (the other words keep what they held).
     fn defined(row: &[f32], lo: f32, words: &mut [i32]) -> (f32, i32) {
-        let key = |x: f32| if x.is_sign_negative() { -(x.to_bits() as i64 & 0x7fff_ffff) - 1 } else { x.to_bits() as i64 };
+        let key =
+            |x: f32| if x.is_sign_negative() { -(x.to_bits() as i64 & 0x7fff_ffff) - 1 } else { x.to_bits() as i64 };
         let (mut least, mut count) = (f32::INFINITY, 0);
         for (b, block) in row.chunks(BLOCK).enumerate() {
             if !block.iter().any(|&x| x >= lo) {
@@ -773,7 +774,11 @@ mod tests {
                             // SAFETY: the row holds n values, the maxima one per block, the
                             // words one per 32 values or none; the level is supported.
                             let got = unsafe { (k.f32.kept_scan)(row.as_ptr(), n, &bmax, lo, &mut bits) };
-                            assert_eq!((got.0.to_bits(), got.1), (want.0.to_bits(), want.1), "n {n} case {case} lo {lo}");
+                            assert_eq!(
+                                (got.0.to_bits(), got.1),
+                                (want.0.to_bits(), want.1),
+                                "n {n} case {case} lo {lo}"
+                            );
                             if with_bits {
                                 assert_eq!(bits, want_bits, "n {n} case {case} lo {lo}");
                             }
