@@ -5,8 +5,8 @@
 
 32 rows x vocab 151936 f32, one thread: rows N(0, 4) ("peaked") and N(0, 1) ("flat"), each with
 top-k 50 + top-p 0.9, top-p 0.95, min-p 0.05 and greedy; us per row (median of --reps calls) of
-`draw_full`, of `draw_full(kept_set=True)` (threshold, count, mass) and with `kept_bitmask=True`
-too, and their ratios to the draw. Run it with two libraries to compare them (the rows are the
+`draw`, of `draw_full` (which adds the sampled token's logprob), of `draw_full(kept_set=True)`
+(threshold, count, mass) and with `kept_bitmask=True` too, and their ratios to `draw`. Run it with two libraries to compare them (the rows are the
 same for the same --seed). `examples/kept_set_cost.rs` measures the same from Rust.
 """
 import argparse
@@ -52,11 +52,12 @@ def main():
     for profile, sd in (("peaked", 4.0), ("flat", 1.0)):
         x = (rng.standard_normal((rows, vocab), dtype=np.float32) * sd).astype(np.float32)
         for name, kw in CASES:
-            d = per_row(lambda: s.draw_full(x, seeds=seeds, **kw))
+            d = per_row(lambda: s.draw(x, seeds=seeds, **kw))
+            f = per_row(lambda: s.draw_full(x, seeds=seeds, **kw))
             k = per_row(lambda: s.draw_full(x, seeds=seeds, kept_set=True, **kw))
             b = per_row(lambda: s.draw_full(x, seeds=seeds, kept_set=True, kept_bitmask=True, **kw))
-            print(f"{profile:7} {name:20} draw {d:8.1f}  + set {k:8.1f} ({k / d:5.2f}x)  "
-                  f"+ bitmask {b:8.1f} ({b / d:5.2f}x)", flush=True)
+            print(f"{profile:7} {name:20} draw {d:7.1f}  draw_full {f:7.1f} ({f / d:5.2f}x)  + set {k:7.1f} "
+                  f"({k / d:5.2f}x)  + bitmask {b:7.1f} ({b / d:5.2f}x)", flush=True)
 
 
 if __name__ == "__main__":
