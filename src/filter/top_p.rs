@@ -373,7 +373,7 @@ pub(super) fn judge_by_mass<V: RowValues + ?Sized>(
         sum(out)
     };
     for (tier, cheap) in [true, false].into_iter().enumerate() {
-        let (kind, bounds): (MassKind, fn(f64, usize) -> (f64, f64)) =
+        let (kind, bounds): (MassKind, MassBounds) =
             if cheap { (MassKind::CheapCut, cheap_bounds) } else { (MassKind::Exp, exp_bounds) };
         let above = bounds(mass(kind, above_x, &mut out), r.count());
         let z = match z_known.0[tier] {
@@ -394,6 +394,9 @@ pub(super) fn judge_by_mass<V: RowValues + ?Sized>(
     }
     Ok(None)
 }
+
+/// Bounds of a mass from its f32 sum and its count of tokens ([`cheap_bounds`], [`exp_bounds`]).
+type MassBounds = fn(f64, usize) -> (f64, f64);
 
 /// The bounds of a row's Z (the mass of its tokens `>= floor`) that [`judge_by_mass`] found,
 /// from cheap weights and from f32 exps, kept for the row's next winner: Z does not depend on

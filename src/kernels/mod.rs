@@ -230,13 +230,16 @@ pub(crate) struct DtypeKernels<E> {
     pub count_ge: unsafe fn(*const E, usize, &[f32], f32) -> usize,
     /// The least and the count of the values `>= lo`, their bits into the words (row, n, block
     /// maxima, lo, words or empty): the kept set's scan.
-    pub kept_scan: unsafe fn(*const E, usize, &[f32], f32, &mut [i32]) -> (f32, i32),
+    pub kept_scan: KeptScanFn<E>,
     /// Per-block exp mass below the cut and the values at or above it (row, n, block maxima,
     /// params, out, values).
     pub mass_gather: MassGatherFn<E>,
     /// Per-block f64 mass (row, n, block maxima or empty, params, out).
     pub mass64: unsafe fn(*const E, usize, &[f32], Mass64Params, &mut [f64]),
 }
+
+/// The kept set's scan: (row, n, block maxima, lo, words or empty) -> (least, count).
+pub(crate) type KeptScanFn<E> = unsafe fn(*const E, usize, &[f32], f32, &mut [i32]) -> (f32, i32);
 
 /// The mass-and-gather kernel: (row, n, block maxima, params, out, values).
 pub(crate) type MassGatherFn<E> = unsafe fn(*const E, usize, &[f32], MassParams, &mut [f64], &mut Vec<f32>);
