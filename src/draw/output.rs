@@ -428,7 +428,9 @@ fn row_kept<V: RowValues + ?Sized>(
     // The kept values: >= floor and finite (top is finite: no +inf; NaN compares false).
     let lo = floor.max(f32::MIN);
     let (least, count) = if wanted.scan {
-        scan_kept(v, scratch.0, lo, bits)
+        // SAFETY: the row has n values, the block maxima one per block, `bits` is empty or
+        // holds a word per 32 values.
+        unsafe { (V::kernels(k).kept_scan)(v.ptr(), v.n(), scratch.0, lo, bits) }
     } else if wanted.count {
         // SAFETY: the row has n values and the block maxima one per block.
         (f32::NAN, unsafe { (V::kernels(k).count_ge)(v.ptr(), v.n(), scratch.0, lo) as i32 })
@@ -443,31 +445,6 @@ fn row_kept<V: RowValues + ?Sized>(
         0.0
     };
     Ok((least, count, mass))
-}
-
-/// The least and the count of the values `>= lo` of `v` (block maxima `bmax`), their bits set
-/// in `bits` (empty: not asked for): 32 values a word, without branches, in the blocks whose
-/// maximum reaches `lo` (the others keep nothing).
-fn scan_kept<V: RowValues + ?Sized>(v: &V, bmax: &[f32], lo: f32, bits: &mut [i32]) -> (f32, i32) {
-    const _: () = assert!(BLOCK.is_multiple_of(32), "each bitmask word lies in one block");
-    let (mut count, mut least) = (0i32, f32::INFINITY);
-    let n = v.n();
-    for (b, _) in bmax.iter().enumerate().filter(|&(_, &m)| m >= lo) {
-        for w in (b * BLOCK / 32)..((b + 1) * BLOCK).min(n).div_ceil(32) {
-            let mut word = 0u32;
-            for i in w * 32..(w * 32 + 32).min(n) {
-                let x = v.at(i);
-                let keep = x >= lo;
-                word |= (keep as u32) << (i % 32);
-                least = least.min(if keep { x } else { f32::INFINITY });
-            }
-            count += word.count_ones() as i32;
-            if let Some(d) = bits.get_mut(w) {
-                *d = word as i32;
-            }
-        }
-    }
-    (least, count)
 }
 
 /// The mass `sum exp((x - top) s)` of the finite values `x >= floor` (block maxima in

@@ -165,17 +165,25 @@ pub(super) fn race_params<V: RowValues + ?Sized>(
     }
 }
 
+/// The most races [`race_row`] runs before it computes the filters' floor: each after a winner
+/// that top-p surely drops, over the tokens above it (the next winner is kept with probability
+/// about `top_p`, so a fourth race is rare).
+const RACES_AFTER_DROPS: usize = 4;
+
 /// The race of a row that needs one, and its filters' floor.
 ///
 /// A sampling row with top-k or top-p (with or without min-p) on a row whose mass sits in a few
 /// blocks, or with top-p without top-k on any row ([`filter::decided_by_mass`]: its threshold
 /// may need most of a heavy tail), races first over the tokens min-p keeps. When top-k and
 /// top-p surely keep the winner ([`filter::surely_keeps`], from the few tokens above it;
-/// [`filter::surely_keeps_by_mass`] on the other rows, from two passes of mass), the winner is
+/// [`filter::judge_by_mass`] on the other rows, from two passes of mass), the winner is
 /// the race's over the kept tokens too (the same keys; the kept tokens a subset that holds it), and their
 /// threshold, which for top-p needs the mass of the whole row, is never computed: the floor
 /// returned is then min-p's alone, which nothing after this draw reads (`filters_after_race`).
-/// Otherwise the row races once more, with the whole floor.
+/// When the mass shows that top-p surely drops the winner, the threshold lies above it: the row
+/// races again over the tokens above the winner (a set holding every kept token), and that
+/// winner is judged the same way, up to [`RACES_AFTER_DROPS`] races. Otherwise the row races
+/// once more, with the whole floor.
 fn race_row<V: RowValues + ?Sized>(
     k: &Kernels,
     (batch, r): (&Batch, usize),
@@ -188,18 +196,29 @@ fn race_row<V: RowValues + ?Sized>(
         if let Some((f, floor)) = after_race {
             let few = filter::few_heavy_blocks(bmax, m, filter_inv_t);
             if few || filter::decided_by_mass(f) {
-                let won = v.race(k, 0, v.n(), bmax, RaceParams { m, inv_t, floor }, noise).map_err(|e| e.in_row(r))?;
-                if won.token != usize::MAX {
-                    let around = (m, filter_inv_t, floor);
-                    let kept = if few {
+                let around = (m, filter_inv_t, floor);
+                // The race's floor: min-p's, raised above each winner the filters surely drop
+                // (every kept token lies above it too, so the kept set's winner stays in the race).
+                let (mut lo, mut z_known) = (floor, filter::top_p::ZBounds::default());
+                for _ in 0..RACES_AFTER_DROPS {
+                    let won = v
+                        .race(k, 0, v.n(), bmax, RaceParams { m, inv_t, floor: lo }, noise)
+                        .map_err(|e| e.in_row(r))?;
+                    if won.token == usize::MAX {
+                        break;
+                    }
+                    let x = v.at(won.token);
+                    let judged = if few {
                         let values_ge = |lo| filter::row_values_ge(k, v, bmax, lo);
-                        let at = (v.at(won.token), &values_ge as filter::ValuesGe);
-                        filter::surely_keeps(k, v, bmax, around, f, at)
+                        filter::surely_keeps(k, v, bmax, around, f, (x, &values_ge as filter::ValuesGe))
+                            .map(|kept| kept.then_some(true))
                     } else {
-                        filter::surely_keeps_by_mass(k, v, bmax, around, f, v.at(won.token))
+                        filter::judge_by_mass(k, v, bmax, around, f, x, &mut z_known)
                     };
-                    if kept.map_err(|e| e.in_row(r))? {
-                        return Ok((Some(won), floor));
+                    match judged.map_err(|e| e.in_row(r))? {
+                        Some(true) => return Ok((Some(won), floor)),
+                        Some(false) => lo = x.next_up(),
+                        None => break,
                     }
                 }
             }

@@ -291,7 +291,7 @@ pub(crate) fn surely_keeps<V: RowValues + ?Sized>(
 }
 
 /// Whether the filters `f` of a row whose mass is not in a few blocks may be decided after the
-/// race from the row's mass ([`surely_keeps_by_mass`]): top-p without top-k. Such a row's
+/// race from the row's mass ([`judge_by_mass`]): top-p without top-k. Such a row's
 /// top-p threshold may lie deep in a heavy tail (tens of thousands of kept tokens, each
 /// gathered with an f64 weight), while the race's winner is kept with probability `top_p`.
 pub(crate) fn decided_by_mass(f: Filters) -> bool {
@@ -299,17 +299,22 @@ pub(crate) fn decided_by_mass(f: Filters) -> bool {
 }
 
 /// Whether top-p alone (filters `f`, [`decided_by_mass`]; at `inv_t`, after min-p's `floor`)
-/// surely keeps a token of value `x` of the row as given `v` (`floor <= x <= m`), from two f32
-/// passes of mass over the row ([`top_p::surely_keeps_by_mass`]). `false`: not decided here.
-pub(crate) fn surely_keeps_by_mass<V: RowValues + ?Sized>(
+/// surely keeps (`Some(true)`) or surely drops (`Some(false)`) a token of value `x` of the row as
+/// given `v` (`floor <= x <= m`), from two f32 passes of mass over the row (one with Z's bounds
+/// in `z_known`, from an earlier token) ([`top_p::judge_by_mass`]). `None`: not decided here.
+pub(crate) fn judge_by_mass<V: RowValues + ?Sized>(
     k: &Kernels,
     v: &V,
     bmax: &[f32],
     (m, inv_t, floor): (f32, f32, f32),
     f: Filters,
     x: f32,
-) -> Result<bool> {
-    Ok(decided_by_mass(f) && top_p::surely_keeps_by_mass(k, v, bmax, (m, inv_t, floor), f.top_p, x)?)
+    z_known: &mut top_p::ZBounds,
+) -> Result<Option<bool>> {
+    if !decided_by_mass(f) {
+        return Ok(None);
+    }
+    top_p::judge_by_mass(k, v, bmax, (m, inv_t, floor), f.top_p, x, z_known)
 }
 
 /// The floor of row `r` of `batch` (values `v`, block maxima `bmax`, finite maximum `m`), or

@@ -62,6 +62,18 @@ pub fn gathered_on_this_thread() -> u64 {
     GATHERED.with(|g| g.get())
 }
 
+thread_local! {
+    /// Race winners that [`judge_by_mass`] showed top-p drops on this thread, for tests.
+    static DROPPED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many race winners this thread's draws found that top-p surely drops, from the mass
+/// ([`judge_by_mass`]: each is followed by a race over the tokens above it).
+#[cfg(feature = "internals")]
+pub fn dropped_on_this_thread() -> u64 {
+    DROPPED.with(|d| d.get())
+}
+
 /// Top blocks sampled exactly for the cut of a row that is not peaked.
 const TOP_BLOCKS: usize = 16;
 /// Most blocks visited for a peaked row.
@@ -318,63 +330,79 @@ pub(super) fn surely_keeps<V: RowValues + ?Sized>(
 }
 
 /// Whether top-p alone (no top-k; over the tokens `>= floor`, at `inv_t`) surely keeps a token
-/// of logit `x` (`floor <= x <= m`, the row's finite maximum), from two passes of f32 mass
-/// rather than the tokens above `x`: the mass A of the tokens above `x` is below `top_p` times
-/// Z, whose lower bound is A's plus that of the mass B of the kept tokens at or below `x`.
-/// Then the threshold is at most `x` (in exact arithmetic and, with the margin of 1e-6 of
-/// [`surely_keeps`], in the exact tier's f64). For rows whose kept set is large (the tail holds
-/// much of the mass), where [`surely_keeps`] would gather most of the row: the race's winner
-/// lies in the kept set with probability `top_p` or more, and then this settles the filter
-/// without its threshold. Cheap weights first (within -2% / +9%), f32 exps if they do not
-/// decide. `false`: not decided here.
-pub(super) fn surely_keeps_by_mass<V: RowValues + ?Sized>(
+/// of logit `x` (`floor <= x <= m`, the row's finite maximum), or surely drops it, from two
+/// passes of f32 mass rather than the tokens above `x` (one when `z_known` holds the bounds of Z
+/// from an earlier token of the row). Kept (`Some(true)`): the mass A of the tokens above `x` is
+/// below `top_p` times the lower bound of Z (the mass of the kept tokens, one pass); then the threshold is at most `x` (in exact arithmetic and,
+/// with the margin of 1e-6 of [`surely_keeps`], in the exact tier's f64). Dropped
+/// (`Some(false)`): A reaches `top_p` times the upper bound of Z, by the same margin (the tokens
+/// below the mass kernels' `lo` weigh under 2^-125 each, far below it, as A holds the maximum's
+/// weight 1); then the threshold is above `x`, and so is every kept token. For rows whose kept
+/// set is large (the tail holds much of the mass), where [`surely_keeps`] would gather most of
+/// the row: the race's winner lies in the kept set with probability `top_p` or more, and then
+/// this settles the filter without its threshold; a dropped winner raises the race's floor
+/// above it. Cheap weights first (within -2% / +9%), f32 exps if they do not decide. `None`:
+/// not decided here.
+pub(super) fn judge_by_mass<V: RowValues + ?Sized>(
     k: &Kernels,
     v: &V,
     bmax: &[f32],
     (m, inv_t, floor): (f32, f32, f32),
     top_p: f64,
     x: f32,
-) -> Result<bool> {
+    z_known: &mut ZBounds,
+) -> Result<Option<bool>> {
     if x >= m {
-        return Ok(true);
+        return Ok(Some(true));
     }
-    let Some(r) = RowMass::new(k, v, m, inv_t, floor) else { return Ok(false) };
+    let Some(r) = RowMass::new(k, v, m, inv_t, floor) else { return Ok(None) };
     if !(x.is_finite() && x >= floor) {
-        return Ok(false);
+        return Ok(None);
     }
     // The tokens above x are those at or above the next f32 (x < m, so it is finite).
     let above_x = x.next_up();
     if above_x <= r.mp.lo {
         // The kept tokens at or below x all weigh under 2^-125: nothing to gain here.
-        return Ok(false);
+        return Ok(None);
     }
     let mut out = alloc::filled(r.n.div_ceil(BLOCK), 0.0, "top-p block masses")?;
-    let mass = |kind: MassKind, lo: f32, cut: f32, out: &mut Vec<f64>| {
-        let mp = MassParams { lo, cut, ..r.mp };
+    let mass = |kind: MassKind, lo: f32, out: &mut Vec<f64>| {
+        let mp = MassParams { lo, cut: f32::INFINITY, ..r.mp };
         // SAFETY: the row has n values; out and bmax one per block.
         unsafe { (r.dk.mass)(r.v.ptr(), r.n, bmax, mp, kind, out) };
         sum(out)
     };
-    for cheap in [true, false] {
-        let (above, below) = if cheap {
-            let a = mass(MassKind::CheapCut, above_x, f32::INFINITY, &mut out);
-            let b = mass(MassKind::CheapCut, r.mp.lo, above_x, &mut out);
-            (cheap_bounds(a, r.count()), cheap_bounds(b, r.count()))
-        } else {
-            let a = mass(MassKind::Exp, above_x, f32::INFINITY, &mut out);
-            let b = mass(MassKind::ExpCut, r.mp.lo, above_x, &mut out);
-            (exp_bounds(a, r.count()), exp_bounds(b, r.count()))
+    for (tier, cheap) in [true, false].into_iter().enumerate() {
+        let (kind, bounds): (MassKind, MassBounds) =
+            if cheap { (MassKind::CheapCut, cheap_bounds) } else { (MassKind::Exp, exp_bounds) };
+        let above = bounds(mass(kind, above_x, &mut out), r.count());
+        let z = match z_known.0[tier] {
+            Some(z) => z,
+            None => *z_known.0[tier].insert(bounds(mass(kind, r.mp.lo, &mut out), r.count())),
         };
-        if above.1 < top_p * (above.0 + below.0) * (1.0 - 1e-6) {
-            return Ok(true);
+        if above.1 < top_p * z.0 * (1.0 - 1e-6) {
+            return Ok(Some(true));
         }
-        // Not even the upper bound of Z would do: the f32 exps cannot decide either.
-        if above.0 >= top_p * (above.1 + below.1) {
-            return Ok(false);
+        if above.0 >= top_p * z.1 * (1.0 + 1e-6) {
+            DROPPED.with(|d| d.set(d.get() + 1));
+            return Ok(Some(false));
+        }
+        // Not even the upper bound of Z would do: the f32 exps cannot keep it either.
+        if above.0 >= top_p * z.1 {
+            return Ok(None);
         }
     }
-    Ok(false)
+    Ok(None)
 }
+
+/// Bounds of a mass from its f32 sum and its count of tokens ([`cheap_bounds`], [`exp_bounds`]).
+type MassBounds = fn(f64, usize) -> (f64, f64);
+
+/// The bounds of a row's Z (the mass of its tokens `>= floor`) that [`judge_by_mass`] found,
+/// from cheap weights and from f32 exps, kept for the row's next winner: Z does not depend on
+/// the token judged, so a winner after a dropped one costs one pass of mass, not two.
+#[derive(Default)]
+pub(crate) struct ZBounds([Option<(f64, f64)>; 2]);
 
 /// The f64 paths only (when the f32 exponent scale overflows).
 struct RowF64<'a, V: RowValues + ?Sized> {

@@ -228,12 +228,18 @@ pub(crate) struct DtypeKernels<E> {
     pub gather_ge: unsafe fn(*const E, usize, &[f32], f32, &mut Vec<f32>),
     /// The count of the values `>= lo` (row, n, block maxima, lo).
     pub count_ge: unsafe fn(*const E, usize, &[f32], f32) -> usize,
+    /// The least and the count of the values `>= lo`, their bits into the words (row, n, block
+    /// maxima, lo, words or empty): the kept set's scan.
+    pub kept_scan: KeptScanFn<E>,
     /// Per-block exp mass below the cut and the values at or above it (row, n, block maxima,
     /// params, out, values).
     pub mass_gather: MassGatherFn<E>,
     /// Per-block f64 mass (row, n, block maxima or empty, params, out).
     pub mass64: unsafe fn(*const E, usize, &[f32], Mass64Params, &mut [f64]),
 }
+
+/// The kept set's scan: (row, n, block maxima, lo, words or empty) -> (least, count).
+pub(crate) type KeptScanFn<E> = unsafe fn(*const E, usize, &[f32], f32, &mut [i32]) -> (f32, i32);
 
 /// The mass-and-gather kernel: (row, n, block maxima, params, out, values).
 pub(crate) type MassGatherFn<E> = unsafe fn(*const E, usize, &[f32], MassParams, &mut [f64], &mut Vec<f32>);
@@ -378,6 +384,11 @@ macro_rules! kernel_table {
                 unsafe { generic::count_ge::<$simd, E>(row, n, bmax, lo) }
             }
             $(#[target_feature(enable = $feature)])*
+            unsafe fn kept_scan<E: Elem>(row: *const E, n: usize, bmax: &[f32], lo: f32, bits: &mut [i32]) -> (f32, i32) {
+                // SAFETY: see kernel_table!.
+                unsafe { generic::kept_scan::<$simd, E>(row, n, bmax, lo, bits) }
+            }
+            $(#[target_feature(enable = $feature)])*
             unsafe fn mass_gather<E: Elem>(row: *const E, n: usize, bmax: &[f32], p: MassParams, out: &mut [f64], cands: &mut Vec<f32>) {
                 // SAFETY: see kernel_table!.
                 unsafe { generic::mass_gather::<$simd, E>(row, n, bmax, p, out, cands) }
@@ -423,7 +434,7 @@ macro_rules! kernel_table {
                     max_only: max_only::<E>,
                     #[cfg(feature = "internals")]
                     max_two: max_two::<E>,
-                    mass: mass::<E>, mass_weights: mass_weights::<E>, gather_ge: gather_ge::<E>, count_ge: count_ge::<E>, mass_gather: mass_gather::<E>, mass64: mass64::<E>,
+                    mass: mass::<E>, mass_weights: mass_weights::<E>, gather_ge: gather_ge::<E>, count_ge: count_ge::<E>, kept_scan: kept_scan::<E>, mass_gather: mass_gather::<E>, mass64: mass64::<E>,
                 }
             }
             /// The table. Only [`kernels`] calls it, once it has checked `detected()`.

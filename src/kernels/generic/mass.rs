@@ -611,6 +611,84 @@ pub(crate) unsafe fn count_ge<S: Simd, E: Elem>(row: *const E, n: usize, bmax: &
     count
 }
 
+/// The kept set's scan: the least and the count of the values `x >= lo` (`lo` finite) of a row,
+/// and their bits, 32 values a word (value `i` at bit `i % 32` of word `i / 32`), written to
+/// `bits` (empty: not asked for; else `n.div_ceil(32)` words) in the blocks whose maximum in
+/// `bmax` reaches `lo` (the others keep nothing and their words are left as they are). The least
+/// is found in the total order of the values' bits (`-0.0 < +0.0`), so that every level and
+/// lane count returns the same zero; `+inf` when nothing is kept.
+///
+/// # Safety
+/// `row` valid for `n` reads; `bmax` has `n.div_ceil(BLOCK)` elements; `S` usable here.
+#[inline(always)]
+pub(crate) unsafe fn kept_scan<S: Simd, E: Elem>(
+    row: *const E,
+    n: usize,
+    bmax: &[f32],
+    lo: f32,
+    bits: &mut [i32],
+) -> (f32, i32) {
+    const _: () = assert!(BLOCK.is_multiple_of(32), "each bitmask word lies in one block");
+    let (l, vlo) = (S::LANES, S::splat(lo));
+    let none = S::splat_u(ordered_key(f32::INFINITY));
+    let (mut count, mut least) = (0i32, ordered_key(f32::INFINITY) as i32);
+    for (b, &bm) in bmax.iter().enumerate() {
+        if bm < lo {
+            continue;
+        }
+        let (start, end) = (b * BLOCK, ((b + 1) * BLOCK).min(n));
+        let mut keys = none;
+        for w in start / 32..end.div_ceil(32) {
+            let (first, last) = (w * 32, (w * 32 + 32).min(end));
+            let mut word = 0u32;
+            let mut i = first;
+            // Whole vectors: compare, the mask's bits into the word, the kept values' keys into
+            // the per-lane minimum (32 is a multiple of LANES, so a whole word has no tail).
+            while i + l <= last {
+                // SAFETY: i + LANES <= last <= n; `S` usable (the caller's contract).
+                let x = unsafe { E::load::<S>(row.add(i)) };
+                let kept = S::ge(x, vlo);
+                word |= S::bits_of(kept) << (i - first);
+                keys = S::min_i32(keys, S::select_u(kept, ordered_keys::<S>(x), none));
+                i += l;
+            }
+            while i < last {
+                // SAFETY: i < n; Scalar runs anywhere.
+                let x = unsafe { E::load::<Scalar>(row.add(i)) };
+                if x >= lo {
+                    word |= 1 << (i - first);
+                    least = least.min(ordered_key(x) as i32);
+                }
+                i += 1;
+            }
+            count += word.count_ones() as i32;
+            if let Some(d) = bits.get_mut(w) {
+                *d = word as i32;
+            }
+        }
+        let mut lanes = [0u32; 64];
+        // SAFETY: LANES <= 64 slots.
+        unsafe { S::store_u(lanes.as_mut_ptr(), keys) };
+        least = lanes[..l].iter().fold(least, |a, &k| a.min(k as i32));
+    }
+    (f32::from_bits(ordered_key(f32::from_bits(least as u32))), count)
+}
+
+/// The bits of `x` as an i32 that orders as the values do (`-0.0` just below `+0.0`): the
+/// negative values' bits but the sign flipped. Its own inverse (as bits).
+#[inline(always)]
+fn ordered_key(x: f32) -> u32 {
+    let b = x.to_bits();
+    b ^ (((b as i32) >> 31) as u32 >> 1)
+}
+
+/// [`ordered_key`] of each lane.
+#[inline(always)]
+fn ordered_keys<S: Simd>(x: S::F) -> S::U {
+    let b = S::to_bits(x);
+    S::xor_u(b, S::shr_u::<1>(S::sign_fill(b)))
+}
+
 /// Appends to `out`, in row order, every value `x >= lo` (`lo` finite) of the blocks whose
 /// maximum in `bmax` reaches `lo`.
 ///
@@ -625,5 +703,97 @@ pub(crate) unsafe fn gather_ge<S: Simd, E: Elem>(row: *const E, n: usize, bmax: 
         }
         // SAFETY: the block lies in the row; `S` usable (the caller's contract).
         unsafe { gather_block::<S, E>(row, (b * BLOCK, ((b + 1) * BLOCK).min(n)), (lo, vlo), out) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BLOCK;
+    use crate::kernels::test_support::each_level;
+    use crate::kernels::{kernels, xorshift64};
+
+    /// The definition, one value at a time: the least kept value (`-0.0` below `+0.0`; `+inf`
+    /// when none), the count, and the words of the values `>= lo` in the blocks whose maximum
+    /// reaches `lo` (the other words keep what they held).
+    fn defined(row: &[f32], lo: f32, words: &mut [i32]) -> (f32, i32) {
+        let key =
+            |x: f32| if x.is_sign_negative() { -(x.to_bits() as i64 & 0x7fff_ffff) - 1 } else { x.to_bits() as i64 };
+        let (mut least, mut count) = (f32::INFINITY, 0);
+        for (b, block) in row.chunks(BLOCK).enumerate() {
+            if !block.iter().any(|&x| x >= lo) {
+                continue;
+            }
+            for (j, chunk) in block.chunks(32).enumerate() {
+                let mut word = 0u32;
+                for (i, &x) in chunk.iter().enumerate().filter(|&(_, &x)| x >= lo) {
+                    word |= 1 << i;
+                    count += 1;
+                    least = if key(x) < key(least) { x } else { least };
+                }
+                if let Some(d) = words.get_mut(b * BLOCK / 32 + j) {
+                    *d = word as i32;
+                }
+            }
+        }
+        (least, count)
+    }
+
+    /// Block maxima as the first pass finds them (NaN ignored).
+    fn maxima(row: &[f32]) -> Vec<f32> {
+        row.chunks(BLOCK).map(|b| b.iter().fold(f32::NEG_INFINITY, |a, &x| if x > a { x } else { a })).collect()
+    }
+
+    #[test]
+    fn every_level_scans_the_kept_set_as_defined() {
+        let mut state = 0x5851_f42d_4c95_7f2du64;
+        for n in [0usize, 1, 31, 33, 255, 257, 300, 4097, 32000, 151_936] {
+            for case in 0..6 {
+                // Few distinct values around lo, zeros of both signs, NaN, infinities, and rows
+                // whose blocks mostly stay below lo.
+                let row: Vec<f32> = (0..n)
+                    .map(|_| match (xorshift64(&mut state) % 32, case) {
+                        (0, 1) => f32::NAN,
+                        (1, 1) => f32::NEG_INFINITY,
+                        (2 | 3, 2) => -0.0,
+                        (4 | 5, 2) => 0.0,
+                        (6, 3) => f32::INFINITY,
+                        (r, 4) if r > 0 => -5.0,
+                        (r, _) => (r as f32 - 16.0) / 4.0,
+                    })
+                    .collect();
+                let bmax = maxima(&row);
+                for lo in [-0.0f32, 0.0, -1.0, 1.25, -4.0, f32::MIN, 100.0] {
+                    let words = n.div_ceil(32);
+                    let mut want_bits = vec![7i32; words];
+                    let want = defined(&row, lo, &mut want_bits);
+                    let bf16: Vec<_> = row.iter().map(|&x| crate::kernels::Bf16((x.to_bits() >> 16) as u16)).collect();
+                    each_level(|level| {
+                        let k = kernels(level);
+                        for with_bits in [true, false] {
+                            let mut bits = if with_bits { vec![7i32; words] } else { Vec::new() };
+                            // SAFETY: the row holds n values, the maxima one per block, the
+                            // words one per 32 values or none; the level is supported.
+                            let got = unsafe { (k.f32.kept_scan)(row.as_ptr(), n, &bmax, lo, &mut bits) };
+                            assert_eq!(
+                                (got.0.to_bits(), got.1),
+                                (want.0.to_bits(), want.1),
+                                "n {n} case {case} lo {lo}"
+                            );
+                            if with_bits {
+                                assert_eq!(bits, want_bits, "n {n} case {case} lo {lo}");
+                            }
+                        }
+                        if case != 1 {
+                            // bf16 of values exact in bf16 (NaN rows aside: truncation may make a
+                            // quiet NaN's payload odd, which is no matter here).
+                            let mut bits = vec![7i32; words];
+                            // SAFETY: as above.
+                            let got = unsafe { (k.bf16.kept_scan)(bf16.as_ptr(), n, &bmax, lo, &mut bits) };
+                            assert_eq!((got.0.to_bits(), got.1, &bits), (want.0.to_bits(), want.1, &want_bits));
+                        }
+                    });
+                }
+            }
+        }
     }
 }
