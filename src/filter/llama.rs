@@ -16,7 +16,8 @@
 use super::Filters;
 use crate::alloc;
 use crate::error::Result;
-use crate::mass::weight64;
+use crate::kernels::Kernels;
+use crate::mass::{weight64, RowMass};
 use crate::noise::splitmix64;
 use crate::row::RowValues;
 
@@ -54,18 +55,19 @@ pub(super) fn weigh(values: &[f32], inv_t: f32) -> Result<Vec<Candidate>> {
     alloc::collect(values.iter().map(weigh), "typical/XTC candidates")
 }
 
-/// The range of a row `v` (finite maximum `m`, at `inv_t`) kept by its filters `f` once the
-/// floor of min-p, top-nσ and top-k is `floor`; `xtc_applies`: XTC's coin fell below its
-/// probability. Fails only if the candidates cannot be allocated.
+/// The range of a row `v` (block maxima `bmax`, finite maximum `m`, at `inv_t`) kept by its
+/// filters `f` once the floor of min-p, top-nσ and top-k is `floor`; `xtc_applies`: XTC's coin
+/// fell below its probability. Fails only if the candidates cannot be allocated.
 pub(crate) fn kept_range<V: RowValues + ?Sized>(
-    v: &V,
+    k: &Kernels,
+    (v, bmax): (&V, &[f32]),
     (m, inv_t, floor): (f32, f32, f32),
     f: Filters,
     xtc_applies: bool,
 ) -> Result<KeptRange> {
-    // Sorted as bare f32 values (a quarter of the bytes of the candidates), then weighed.
-    let mut values =
-        alloc::collect((0..v.n()).map(|i| v.at(i)).filter(|x| x.is_finite() && *x >= floor), "candidates")?;
+    // Gathered as bare f32 values (a quarter of the bytes of the candidates) from the blocks
+    // that reach the floor, sorted, then weighed.
+    let mut values = super::row_values_ge(k, v, bmax, floor)?;
     values.sort_unstable_by(|a, b| b.total_cmp(a));
     let weigh = |&x: &f32| Candidate { x, w: weight64(x, m, inv_t), ln_w: (x as f64 - m as f64) * inv_t as f64 };
     let c = alloc::collect(values.iter().map(weigh), "typical/XTC candidates")?;
@@ -84,11 +86,20 @@ pub(crate) fn kept_range<V: RowValues + ?Sized>(
     Ok(KeptRange { lo: c[b - 1].x, hi: c[a].x })
 }
 
-/// XTC over the finite values `>= floor` of a row `v` (finite maximum `m`, at `inv_t`) when no
-/// typical sampling comes before it: what [`xtc_removed`] removes of them, found in two passes
-/// (their sum of weights, then the values with `p >= threshold`), without sorting.
+/// Blocks of candidates up to which XTC's sum is taken exactly over the gathered values.
+const FEW_XTC_BLOCKS: usize = 64;
+
+/// XTC over the finite values `>= floor` of a row `v` (block maxima `bmax`, finite maximum `m`,
+/// at `inv_t`) when no typical sampling comes before it: what [`xtc_removed`] removes of them,
+/// without sorting. With `p_i = w_i / Z` (`Z` the f64 sum of the weights in index order), the
+/// tokens with `p >= threshold` go but the least probable of them (ties with it stay).
+///
+/// Behind a floor that few blocks reach, `Z` is summed over the gathered values; otherwise each
+/// token's test is decided from bounds of `Z` ([`xtc_by_bounds`]), and `Z` summed over the row
+/// only when the bounds leave one undecided.
 pub(crate) fn xtc_above<V: RowValues + ?Sized>(
-    v: &V,
+    k: &Kernels,
+    (v, bmax): (&V, &[f32]),
     (m, inv_t, floor): (f32, f32, f32),
     f: Filters,
     xtc_applies: bool,
@@ -97,23 +108,94 @@ pub(crate) fn xtc_above<V: RowValues + ?Sized>(
     if !(xtc_applies && f.xtc_on()) {
         return Ok(all);
     }
-    let kept = || (0..v.n()).map(|i| v.at(i)).filter(|x| x.is_finite() && *x >= floor);
-    let (mut z, mut count) = (0.0f64, 0usize);
-    for x in kept() {
-        z += weight64(x, m, inv_t);
-        count += 1;
-    }
-    // The tokens with p >= threshold, and the least probable of them: the smallest value (the
-    // ones above it go, ties with it stay).
-    let (mut above, mut least) = (0usize, f32::INFINITY);
-    for x in kept().filter(|&x| weight64(x, m, inv_t) / z >= f.xtc_threshold) {
-        above += 1;
-        least = least.min(x);
-    }
+    let few = floor > f32::NEG_INFINITY && bmax.iter().filter(|&&b| b >= floor).count() <= FEW_XTC_BLOCKS;
+    let (above, least, count) = if few {
+        // The gathered values are the row's finite values >= floor, in index order: Z as below.
+        let kept = super::row_values_ge(k, v, bmax, floor)?;
+        let z: f64 = kept.iter().fold(0.0, |z, &x| z + weight64(x, m, inv_t));
+        let (above, least) = passing(&kept, (m, inv_t), |w| w / z >= f.xtc_threshold);
+        (above, least, kept.len())
+    } else if let Some(decided) = xtc_by_bounds(k, (v, bmax), (m, inv_t, floor), f)? {
+        decided
+    } else {
+        let kept = || (0..v.n()).map(|i| v.at(i)).filter(|x| x.is_finite() && *x >= floor);
+        let (mut z, mut count) = (0.0f64, 0usize);
+        for x in kept() {
+            z += weight64(x, m, inv_t);
+            count += 1;
+        }
+        let (mut above, mut least) = (0usize, f32::INFINITY);
+        for x in kept().filter(|&x| weight64(x, m, inv_t) / z >= f.xtc_threshold) {
+            above += 1;
+            least = least.min(x);
+        }
+        (above, least, count)
+    };
     if above < 2 || count - (above - 1) < f.min_keep {
         return Ok(all);
     }
     Ok(KeptRange { lo: floor, hi: least })
+}
+
+/// How many of `xs` pass `test` on their weight at `(m, inv_t)`, and the least of them.
+fn passing(xs: &[f32], (m, inv_t): (f32, f32), test: impl Fn(f64) -> bool) -> (usize, f32) {
+    let (mut above, mut least) = (0usize, f32::INFINITY);
+    for &x in xs.iter().filter(|&&x| test(weight64(x, m, inv_t))) {
+        above += 1;
+        least = least.min(x);
+    }
+    (above, least)
+}
+
+/// XTC's tests `w / Z >= threshold` of [`xtc_above`] decided from bounds of `Z`, without its
+/// exact sum: `(above, least, count)`, or `None` if a test is left undecided (or the
+/// threshold is not above 0, where every token passes).
+///
+/// `Z >= 1` (it holds the maximum's weight, 1), so only tokens with `w >= threshold` can pass:
+/// those with `a = (x - m) / T >= ln threshold` (less 1e-3 for the rounding of the f64 exp),
+/// gathered from the blocks that reach them. Bounds of the true mass come from the cheap kernel
+/// (refined on the heaviest blocks), then the f32-exp kernel ([`crate::mass`]); widened by the
+/// error of the f64 sum in index order (`n` roundings of 2^-53, and each weight's 1e-15), they
+/// hold the `Z` of the exact pass, and `w / Z_hi >= threshold` implies `w / Z >= threshold` (a
+/// division rounds monotonically), `w / Z_lo < threshold` its negation.
+fn xtc_by_bounds<V: RowValues + ?Sized>(
+    k: &Kernels,
+    (v, bmax): (&V, &[f32]),
+    (m, inv_t, floor): (f32, f32, f32),
+    f: Filters,
+) -> Result<Option<(usize, f32, usize)>> {
+    let threshold = f.xtc_threshold;
+    let Some(mass) = (threshold > 0.0).then(|| RowMass::new(k, v, m, inv_t, floor)).flatten() else {
+        return Ok(None);
+    };
+    let ln_threshold = threshold.ln() - 1e-3;
+    let cut = crate::mass::first_passing(floor, m, |x| (x as f64 - m as f64) * inv_t as f64 >= ln_threshold);
+    let candidates = super::row_values_ge(k, v, bmax, cut)?;
+    let n = mass.count() as f64;
+    let slack = 1e-12 + n * 2.3e-16;
+    let decide = |(lo, hi): (f64, f64)| -> Option<(usize, f32)> {
+        let (z_lo, z_hi) = ((lo * (1.0 - slack)).max(1.0), hi * (1.0 + slack));
+        let undecided = |w: f64| w / z_hi < threshold && w / z_lo >= threshold;
+        if candidates.iter().any(|&x| undecided(weight64(x, m, inv_t))) {
+            return None;
+        }
+        Some(passing(&candidates, (m, inv_t), |w| w / z_hi >= threshold))
+    };
+    let (_, cheap, blocks) = mass.z_cheap(bmax)?;
+    let refined = mass.z_refined(&blocks);
+    let mut decided = decide((cheap.0.max(refined.0), cheap.1.min(refined.1)));
+    if decided.is_none() {
+        let (_, by_exp) = mass.z_exp(bmax, &mut Vec::new())?;
+        decided = decide(by_exp);
+    }
+    let Some((above, least)) = decided else { return Ok(None) };
+    // min_keep needs the number of kept tokens only when XTC would remove some.
+    let count = if above >= 2 && f.min_keep > 1 {
+        (0..v.n()).map(|i| v.at(i)).filter(|x| x.is_finite() && *x >= floor).count()
+    } else {
+        usize::MAX
+    };
+    Ok(Some((above, least, count)))
 }
 
 /// llama.cpp's dynamic temperature of a row of base temperature `t` whose filters `f` keep the

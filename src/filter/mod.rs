@@ -220,11 +220,11 @@ pub(crate) fn kept_range<V: RowValues + ?Sized>(
         // XTC after top sets only: their floor (top-p's too), then XTC over what it keeps,
         // without sorting it.
         let floor = floor_of(k, v, bmax, m, inv_t, f)?;
-        return llama::xtc_above(v, (m, inv_t, floor), f, xtc_applies);
+        return llama::xtc_above(k, (v, bmax), (m, inv_t, floor), f, xtc_applies);
     }
     let before_typical = Filters { top_p: 1.0, typical_p: 1.0, xtc_probability: 0.0, ..f };
     let floor = floor_of(k, v, bmax, m, inv_t, before_typical)?;
-    llama::kept_range(v, (m, inv_t, floor), f, xtc_applies)
+    llama::kept_range(k, (v, bmax), (m, inv_t, floor), f, xtc_applies)
 }
 
 /// Most blocks within a factor 1000 of the maximum's weight for the filters to be decided
