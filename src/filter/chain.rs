@@ -186,7 +186,7 @@ pub(crate) fn kept_range<V: RowValues + ?Sized>(
     // The finite values >= floor, gathered from the blocks that reach it (sorted: their order
     // does not matter).
     let mut values = super::row_values_ge(k, v, bmax, floor)?;
-    values.sort_unstable_by(|a, b| b.total_cmp(a));
+    super::llama::sort_descending(&mut values)?;
     let mut on = Candidates { values, a: 0, b: 0, scale };
     on.b = on.values.len();
     for &s in &stages[next..] {

@@ -68,10 +68,14 @@ pub(crate) fn kept_range<V: RowValues + ?Sized>(
     // Gathered as bare f32 values (a quarter of the bytes of the candidates) from the blocks
     // that reach the floor, sorted, then weighed.
     let mut values = super::row_values_ge(k, v, bmax, floor)?;
-    values.sort_unstable_by(|a, b| b.total_cmp(a));
-    let weigh = |&x: &f32| Candidate { x, w: weight64(x, m, inv_t), ln_w: (x as f64 - m as f64) * inv_t as f64 };
-    let c = alloc::collect(values.iter().map(weigh), "typical/XTC candidates")?;
-    drop(values);
+    sort_descending(&mut values)?;
+    // Each weight is `weight64`'s (the kernel computes the same f64 value per element).
+    let mut w = alloc::filled(values.len(), 0.0, "typical/XTC weights")?;
+    // SAFETY: `k` is the table of a supported level; `w` has a slot per value.
+    unsafe { (k.weights64)(&values, m as f64, inv_t as f64, &mut w) };
+    let weigh = |(&x, &w): (&f32, &f64)| Candidate { x, w, ln_w: (x as f64 - m as f64) * inv_t as f64 };
+    let c = alloc::collect(values.iter().zip(&w).map(weigh), "typical/XTC candidates")?;
+    drop((values, w));
     // The kept candidates are always `c[a..b]` (sorted by value, descending).
     let (mut a, mut b) = (0, c.len());
     if f.typical_p < 1.0 {
@@ -84,6 +88,45 @@ pub(crate) fn kept_range<V: RowValues + ?Sized>(
         a += xtc_removed(&c[a..b], f.xtc_threshold, f.min_keep);
     }
     Ok(KeptRange { lo: c[b - 1].x, hi: c[a].x })
+}
+
+/// Sorts finite values in descending order: the order of `sort_unstable_by(|a, b|
+/// b.total_cmp(a))` (values equal under `total_cmp` have the same bits, so the sorted sequence is
+/// one), by a radix sort of their order keys in four passes of a byte when there are many.
+pub(crate) fn sort_descending(values: &mut Vec<f32>) -> Result<()> {
+    if values.len() < 1024 {
+        values.sort_unstable_by(|a, b| b.total_cmp(a));
+        return Ok(());
+    }
+    // The key that orders f32 bits as `total_cmp` does, complemented: ascending keys are
+    // descending values.
+    let key = |x: f32| {
+        let b = x.to_bits();
+        !(if b >> 31 == 1 { !b } else { b | 0x8000_0000 })
+    };
+    let mut keys = alloc::collect(values.iter().map(|&x| key(x)), "typical/XTC sort keys")?;
+    let mut spare = alloc::filled(keys.len(), 0u32, "typical/XTC sort keys")?;
+    for shift in [0, 8, 16, 24] {
+        let mut start = [0usize; 257];
+        for &k in &keys {
+            start[((k >> shift) & 0xff) as usize + 1] += 1;
+        }
+        for d in 0..256 {
+            start[d + 1] += start[d];
+        }
+        for &k in &keys {
+            let d = ((k >> shift) & 0xff) as usize;
+            spare[start[d]] = k;
+            start[d] += 1;
+        }
+        std::mem::swap(&mut keys, &mut spare);
+    }
+    // Back from the keys: a key's top bit (complemented) tells the sign.
+    for (x, &k) in values.iter_mut().zip(&keys) {
+        let b = !k;
+        *x = f32::from_bits(if b >> 31 == 1 { b & 0x7fff_ffff } else { !b });
+    }
+    Ok(())
 }
 
 /// Blocks of candidates up to which XTC's sum is taken exactly over the gathered values.
@@ -315,7 +358,9 @@ mod tests {
     fn range_of(probs: &[f32], f: Filters) -> Vec<f32> {
         let x: Vec<f32> = probs.iter().map(|p| p.ln()).collect();
         let m = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        let r = kept_range(&x[..], (m, 1.0, f32::NEG_INFINITY), f, true).unwrap();
+        let bmax: Vec<f32> = x.chunks(crate::kernels::BLOCK).map(|c| c.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))).collect();
+        let k = crate::kernels::kernels(crate::kernels::best_level());
+        let r = kept_range(k, (&x[..], &bmax), (m, 1.0, f32::NEG_INFINITY), f, true).unwrap();
         let mut kept: Vec<f32> =
             probs.iter().zip(&x).filter(|(_, &x)| x >= r.lo && x <= r.hi).map(|(&p, _)| p).collect();
         kept.sort_by(|a, b| b.total_cmp(a));
@@ -352,6 +397,27 @@ mod tests {
         let p = [0.4, 0.3, 0.2, 0.1];
         assert_eq!(range_of(&p, Filters { min_keep: 2, ..xtc(1.0, 0.09) }), [0.4, 0.3, 0.2, 0.1]);
         assert_eq!(range_of(&p, Filters { min_keep: 2, ..xtc(1.0, 0.19) }), [0.2, 0.1]);
+    }
+
+    #[test]
+    fn the_radix_sort_gives_the_comparison_sort_bit_for_bit() {
+        let mut state = 0x1234_5678_9abc_def0u64;
+        let mut values: Vec<f32> = (0..10_000)
+            .map(|i| {
+                state = splitmix64(state);
+                match i % 7 {
+                    0 => 0.0,
+                    1 => -0.0,
+                    2 => ((state >> 40) % 13) as f32 - 6.0,
+                    _ => f32::from_bits((state >> 32) as u32 & 0xbf7f_ffff),
+                }
+            })
+            .filter(|x| x.is_finite())
+            .collect();
+        let mut want = values.clone();
+        want.sort_unstable_by(|a, b| b.total_cmp(a));
+        sort_descending(&mut values).unwrap();
+        assert_eq!(values.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
     }
 
     #[test]
