@@ -60,14 +60,14 @@ pub(super) fn weigh(values: &[f32], inv_t: f32) -> Result<Vec<Candidate>> {
 /// fell below its probability. Fails only if the candidates cannot be allocated.
 pub(crate) fn kept_range<V: RowValues + ?Sized>(
     k: &Kernels,
-    (v, bmax): (&V, &[f32]),
+    (v, bmax, cand): (&V, &[f32], Option<Vec<f32>>),
     (m, inv_t, floor): (f32, f32, f32),
     f: Filters,
     xtc_applies: bool,
 ) -> Result<KeptRange> {
     // Gathered as bare f32 values (a quarter of the bytes of the candidates) from the blocks
     // that reach the floor, sorted, then weighed.
-    let mut values = super::row_values_ge(k, v, bmax, floor)?;
+    let mut values = values_ge(k, (v, bmax, cand), floor)?;
     sort_descending(&mut values)?;
     // Each weight is `weight64`'s (the kernel computes the same f64 value per element).
     let mut w = alloc::filled(values.len(), 0.0, "typical/XTC weights")?;
@@ -92,7 +92,7 @@ pub(crate) fn kept_range<V: RowValues + ?Sized>(
 
 /// Sorts finite values in descending order: the order of `sort_unstable_by(|a, b|
 /// b.total_cmp(a))` (values equal under `total_cmp` have the same bits, so the sorted sequence is
-/// one), by a radix sort of their order keys in four passes of a byte when there are many.
+/// one), by a radix sort of their order keys (three passes of 11 bits) when there are many.
 pub(crate) fn sort_descending(values: &mut Vec<f32>) -> Result<()> {
     if values.len() < 1024 {
         values.sort_unstable_by(|a, b| b.total_cmp(a));
@@ -106,16 +106,24 @@ pub(crate) fn sort_descending(values: &mut Vec<f32>) -> Result<()> {
     };
     let mut keys = alloc::collect(values.iter().map(|&x| key(x)), "typical/XTC sort keys")?;
     let mut spare = alloc::filled(keys.len(), 0u32, "typical/XTC sort keys")?;
-    for shift in [0, 8, 16, 24] {
-        let mut start = [0usize; 257];
-        for &k in &keys {
-            start[((k >> shift) & 0xff) as usize + 1] += 1;
+    // Three passes of 11 bits, their counts taken in one read.
+    const DIGIT: u32 = 11;
+    const RADIX: usize = 1 << DIGIT;
+    let digit = |k: u32, pass: usize| ((k >> (pass as u32 * DIGIT)) as usize) & (RADIX - 1);
+    let mut starts = alloc::filled(3 * RADIX, 0usize, "typical/XTC sort counts")?;
+    for &k in &keys {
+        for pass in 0..3 {
+            starts[pass * RADIX + digit(k, pass)] += 1;
         }
-        for d in 0..256 {
-            start[d + 1] += start[d];
+    }
+    for pass in 0..3 {
+        let start = &mut starts[pass * RADIX..(pass + 1) * RADIX];
+        let mut at = 0;
+        for s in start.iter_mut() {
+            (*s, at) = (at, at + *s);
         }
         for &k in &keys {
-            let d = ((k >> shift) & 0xff) as usize;
+            let d = digit(k, pass);
             spare[start[d]] = k;
             start[d] += 1;
         }
@@ -142,7 +150,7 @@ const FEW_XTC_BLOCKS: usize = 64;
 /// only when the bounds leave one undecided.
 pub(crate) fn xtc_above<V: RowValues + ?Sized>(
     k: &Kernels,
-    (v, bmax): (&V, &[f32]),
+    (v, bmax, cand): (&V, &[f32], Option<Vec<f32>>),
     (m, inv_t, floor): (f32, f32, f32),
     f: Filters,
     xtc_applies: bool,
@@ -152,9 +160,9 @@ pub(crate) fn xtc_above<V: RowValues + ?Sized>(
         return Ok(all);
     }
     let few = floor > f32::NEG_INFINITY && bmax.iter().filter(|&&b| b >= floor).count() <= FEW_XTC_BLOCKS;
-    let (above, least, count) = if few {
+    let (above, least, count) = if few || cand.is_some() {
         // The gathered values are the row's finite values >= floor, in index order: Z as below.
-        let kept = super::row_values_ge(k, v, bmax, floor)?;
+        let kept = values_ge(k, (v, bmax, cand), floor)?;
         let z: f64 = kept.iter().fold(0.0, |z, &x| z + weight64(x, m, inv_t));
         let (above, least) = passing(&kept, (m, inv_t), |w| w / z >= f.xtc_threshold);
         (above, least, kept.len())
@@ -178,6 +186,23 @@ pub(crate) fn xtc_above<V: RowValues + ?Sized>(
         return Ok(all);
     }
     Ok(KeptRange { lo: floor, hi: least })
+}
+
+/// The finite values `>= floor` of a row `v` (block maxima `bmax`) in index order: from `cand`
+/// (top-k's candidates, a superset of them in index order) when given, else gathered from the
+/// blocks that reach the floor.
+fn values_ge<V: RowValues + ?Sized>(
+    k: &Kernels,
+    (v, bmax, cand): (&V, &[f32], Option<Vec<f32>>),
+    floor: f32,
+) -> Result<Vec<f32>> {
+    match cand {
+        Some(mut c) => {
+            c.retain(|&x| x >= floor);
+            Ok(c)
+        }
+        None => super::row_values_ge(k, v, bmax, floor),
+    }
 }
 
 /// How many of `xs` pass `test` on their weight at `(m, inv_t)`, and the least of them.
@@ -360,7 +385,7 @@ mod tests {
         let m = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
         let bmax: Vec<f32> = x.chunks(crate::kernels::BLOCK).map(|c| c.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))).collect();
         let k = crate::kernels::kernels(crate::kernels::best_level());
-        let r = kept_range(k, (&x[..], &bmax), (m, 1.0, f32::NEG_INFINITY), f, true).unwrap();
+        let r = kept_range(k, (&x[..], &bmax, None), (m, 1.0, f32::NEG_INFINITY), f, true).unwrap();
         let mut kept: Vec<f32> =
             probs.iter().zip(&x).filter(|(_, &x)| x >= r.lo && x <= r.hi).map(|(&p, _)| p).collect();
         kept.sort_by(|a, b| b.total_cmp(a));

@@ -161,9 +161,22 @@ pub(crate) fn floor_of<V: RowValues + ?Sized>(
     inv_t: f32,
     f: Filters,
 ) -> Result<f32> {
+    Ok(floor_and_candidates(k, v, bmax, m, inv_t, f)?.0)
+}
+
+/// [`floor_of`], and top-k's candidates when it has top-k: a superset of the row's values
+/// `>= floor`, all finite, in index order.
+fn floor_and_candidates<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    bmax: &[f32],
+    m: f32,
+    inv_t: f32,
+    f: Filters,
+) -> Result<(f32, Option<Vec<f32>>)> {
     // The caller's order of stages, one floor (`Chain::floor_only`; other chains keep a range).
     if let Some(chain) = f.chain {
-        return chain::floor(k, v, bmax, (m, inv_t), f, chain);
+        return Ok((chain::floor(k, v, bmax, (m, inv_t), f, chain)?, None));
     }
     let mut floor = f32::NEG_INFINITY;
     // min_keep's value: the min_keep-th largest finite value, -inf when the row has fewer
@@ -193,8 +206,8 @@ pub(crate) fn floor_of<V: RowValues + ?Sized>(
     }
     if f.top_p < 1.0 {
         let before = floor;
-        floor = match top_k_candidates {
-            Some(cand) => top_p::floor_of_candidates(&cand, floor, m, inv_t, f.top_p)?,
+        floor = match &top_k_candidates {
+            Some(cand) => top_p::floor_of_candidates(cand, floor, m, inv_t, f.top_p)?,
             None => top_p::floor(k, v, bmax, m, inv_t, floor, f.top_p)?,
         };
         // What top-p is given is a top set, so its min_keep largest are the row's (or all of it).
@@ -202,7 +215,7 @@ pub(crate) fn floor_of<V: RowValues + ?Sized>(
             floor = floor.min(keep.max(before));
         }
     }
-    Ok(floor)
+    Ok((floor, top_k_candidates))
 }
 
 /// The floor of the filters before typical sampling (min-p, top-nσ, top-k) of a row whose
@@ -219,12 +232,12 @@ pub(crate) fn kept_range<V: RowValues + ?Sized>(
     if f.typical_p >= 1.0 {
         // XTC after top sets only: their floor (top-p's too), then XTC over what it keeps,
         // without sorting it.
-        let floor = floor_of(k, v, bmax, m, inv_t, f)?;
-        return llama::xtc_above(k, (v, bmax), (m, inv_t, floor), f, xtc_applies);
+        let (floor, cand) = floor_and_candidates(k, v, bmax, m, inv_t, f)?;
+        return llama::xtc_above(k, (v, bmax, cand), (m, inv_t, floor), f, xtc_applies);
     }
     let before_typical = Filters { top_p: 1.0, typical_p: 1.0, xtc_probability: 0.0, ..f };
-    let floor = floor_of(k, v, bmax, m, inv_t, before_typical)?;
-    llama::kept_range(k, (v, bmax), (m, inv_t, floor), f, xtc_applies)
+    let (floor, cand) = floor_and_candidates(k, v, bmax, m, inv_t, before_typical)?;
+    llama::kept_range(k, (v, bmax, cand), (m, inv_t, floor), f, xtc_applies)
 }
 
 /// Most blocks within a factor 1000 of the maximum's weight for the filters to be decided
