@@ -363,6 +363,12 @@ void bench(int vocab, int reps) {
     add("typical + defaults", [](Chain &c) {
         c.temp = 0.8f; c.top_k = 40; c.top_p = 0.95f; c.min_p = 0.05f; c.typical = 0.95f;
     });
+    // LLAMA_BENCH_ONLY=text keeps the chains whose name holds it (for a profile of one chain).
+    if (const char *only = std::getenv("LLAMA_BENCH_ONLY")) {
+        chains.erase(std::remove_if(chains.begin(), chains.end(),
+                                    [&](const Chain &c) { return c.name.find(only) == std::string::npos; }),
+                     chains.end());
+    }
     std::mt19937_64 rng(11);
     std::vector<std::vector<float>> rows;
     for (int i = 0; i < 8; i++) rows.push_back(make_row(rng, vocab, false));
