@@ -139,7 +139,8 @@ fn draws(level: SimdLevel, threads: usize, calls: usize) -> (u64, usize) {
         let dynatemp_range = cycle(f.dynatemp_range, rows);
         let dynatemp_exponent = cycle(&[1.0f32, 0.5, 2.0], rows);
         for order in [FilterOrder::FiltersFirst, FilterOrder::TemperatureFirst] {
-            let s = Sampler::new(Config { threads, filter_order: order, ..sampler(level, 5).config().clone() }).unwrap();
+            let s =
+                Sampler::new(Config { threads, filter_order: order, ..sampler(level, 5).config().clone() }).unwrap();
             for call in 0..calls {
                 let seeds: Vec<u64> = (0..rows as u64).map(|r| (fi * 1_000_000 + call * 1000) as u64 + r).collect();
                 let b = Batch {

@@ -209,7 +209,8 @@ fn race_below(
             b += 1;
             continue;
         }
-        let run = bmax[b..].iter().take_while(|&&m| !(m > hi)).count();
+        // Not above `hi` (a NaN maximum too, as the test above reads it): the run is never empty.
+        let run = bmax[b..].iter().take_while(|m| m.partial_cmp(&&hi) != Some(std::cmp::Ordering::Greater)).count();
         let (start, len) = (b * BLOCK, (run * BLOCK).min(x.len() - b * BLOCK));
         best = best.merge(x.race(k, start, len, &kept_bmax[b..b + run], p, noise)?);
         b += run;

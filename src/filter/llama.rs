@@ -93,7 +93,7 @@ pub(crate) fn kept_range<V: RowValues + ?Sized>(
 /// Sorts finite values in descending order: the order of `sort_unstable_by(|a, b|
 /// b.total_cmp(a))` (values equal under `total_cmp` have the same bits, so the sorted sequence is
 /// one), by a radix sort of their order keys (three passes of 11 bits) when there are many.
-pub(crate) fn sort_descending(values: &mut Vec<f32>) -> Result<()> {
+pub(crate) fn sort_descending(values: &mut [f32]) -> Result<()> {
     if values.len() < 1024 {
         values.sort_unstable_by(|a, b| b.total_cmp(a));
         return Ok(());
@@ -383,7 +383,8 @@ mod tests {
     fn range_of(probs: &[f32], f: Filters) -> Vec<f32> {
         let x: Vec<f32> = probs.iter().map(|p| p.ln()).collect();
         let m = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        let bmax: Vec<f32> = x.chunks(crate::kernels::BLOCK).map(|c| c.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))).collect();
+        let bmax: Vec<f32> =
+            x.chunks(crate::kernels::BLOCK).map(|c| c.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))).collect();
         let k = crate::kernels::kernels(crate::kernels::best_level());
         let r = kept_range(k, (&x[..], &bmax, None), (m, 1.0, f32::NEG_INFINITY), f, true).unwrap();
         let mut kept: Vec<f32> =
@@ -442,7 +443,10 @@ mod tests {
         let mut want = values.clone();
         want.sort_unstable_by(|a, b| b.total_cmp(a));
         sort_descending(&mut values).unwrap();
-        assert_eq!(values.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        assert_eq!(
+            values.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
     }
 
     #[test]
