@@ -425,6 +425,60 @@ mod tests {
         assert_eq!(range_of(&p, Filters { min_keep: 2, ..xtc(1.0, 0.19) }), [0.2, 0.1]);
     }
 
+    /// XTC's removal by its definition: Z the f64 sum in index order of the kept weights, the
+    /// tokens with `w / Z >= threshold`, the least of them kept.
+    fn xtc_reference(x: &[f32], (m, inv_t, floor): (f32, f32, f32), f: Filters) -> KeptRange {
+        let kept: Vec<f32> = x.iter().copied().filter(|v| v.is_finite() && *v >= floor).collect();
+        let z = kept.iter().fold(0.0, |z, &v| z + weight64(v, m, inv_t));
+        let (above, least) = passing(&kept, (m, inv_t), |w| w / z >= f.xtc_threshold);
+        if above < 2 || kept.len() - (above - 1) < f.min_keep {
+            return KeptRange { lo: floor, hi: m };
+        }
+        KeptRange { lo: floor, hi: least }
+    }
+
+    /// Thresholds at a token's probability (every bound leaves it undecided: the exact sum
+    /// decides), just off it (the f32-exp bounds decide) and far from it (the cheap bounds):
+    /// the range of the definition, at every level, with and without a floor.
+    #[test]
+    fn xtc_by_bounds_removes_what_the_exact_sum_removes() {
+        let mut state = 0x5eed_u64;
+        let mut uniform = || {
+            state = splitmix64(state);
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for level in crate::kernels::supported_levels() {
+            let k = crate::kernels::kernels(level);
+            for row in 0..12 {
+                let n = 3000 + row * 500;
+                let mut x: Vec<f32> = (0..n).map(|_| (uniform() * 6.0) as f32).collect();
+                for j in 0..4 {
+                    x[(row * 97 + j * 611) % n] = 9.0 + j as f32 * 0.3;
+                }
+                let bmax: Vec<f32> = x
+                    .chunks(crate::kernels::BLOCK)
+                    .map(|c| c.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)))
+                    .collect();
+                let m = bmax.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) + 0.0;
+                let inv_t = [1.0f32, 1.25, 0.8][row % 3];
+                let floor = if row % 2 == 0 { f32::NEG_INFINITY } else { 1.0 };
+                let kept: Vec<f32> = x.iter().copied().filter(|v| *v >= floor).collect();
+                let z = kept.iter().fold(0.0, |z, &v| z + weight64(v, m, inv_t));
+                let p_at = |v: f32| weight64(v, m, inv_t) / z;
+                let second = p_at(9.6);
+                for threshold in [second, second * (1.0 + 1e-5), second * (1.0 - 1e-5), second * 1.3, 0.01, 1e-4] {
+                    for min_keep in [0, 3, n] {
+                        let f =
+                            Filters { xtc_probability: 1.0, xtc_threshold: threshold, min_keep, ..Filters::default() };
+                        let got = xtc_above(k, (&x[..], &bmax[..], None), (m, inv_t, floor), f, true).unwrap();
+                        let want = xtc_reference(&x, (m, inv_t, floor), f);
+                        assert_eq!(got, want, "{level:?} row {row} threshold {threshold} min_keep {min_keep}");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn the_radix_sort_gives_the_comparison_sort_bit_for_bit() {
         let mut state = 0x1234_5678_9abc_def0u64;
