@@ -79,6 +79,7 @@ struct Chain {
     int dry_allowed = 2, dry_last_n = 1024;
     std::vector<std::vector<llama_token>> breakers;
     float xtc_p = 0.0f, xtc_t = 0.1f;
+    float typical = 1.0f;
     std::string name;
     // Breakers flattened for the adapter and the fused call.
     std::vector<int32_t> breaker_ids;
@@ -102,6 +103,7 @@ llama_sampler *llama_chain(const Chain &c, int vocab, llama_sampler *tail) {
         llama_sampler_chain_add(s, llama_sampler_init_dry_testing(c.dry, c.dry_base, c.dry_allowed, c.dry_last_n,
                                                                   c.breakers));
     if (c.top_k > 0) llama_sampler_chain_add(s, llama_sampler_init_top_k(c.top_k));
+    if (c.typical < 1.0f) llama_sampler_chain_add(s, llama_sampler_init_typical(c.typical, 1));
     if (c.top_p < 1.0f) llama_sampler_chain_add(s, llama_sampler_init_top_p(c.top_p, 1));
     if (c.min_p > 0.0f) llama_sampler_chain_add(s, llama_sampler_init_min_p(c.min_p, 1));
     if (c.xtc_p > 0.0f) llama_sampler_chain_add(s, llama_sampler_init_xtc(c.xtc_p, c.xtc_t, 1, 3));
@@ -357,6 +359,16 @@ void bench(int vocab, int reps) {
     add("xtc + defaults", [](Chain &c) {
         c.temp = 0.8f; c.top_k = 40; c.top_p = 0.95f; c.min_p = 0.05f; c.xtc_p = 0.5f; c.xtc_t = 0.1f;
     });
+    add("typical 0.95 + temp 0.8", [](Chain &c) { c.temp = 0.8f; c.typical = 0.95f; });
+    add("typical + defaults", [](Chain &c) {
+        c.temp = 0.8f; c.top_k = 40; c.top_p = 0.95f; c.min_p = 0.05f; c.typical = 0.95f;
+    });
+    // LLAMA_BENCH_ONLY=text keeps the chains whose name holds it (for a profile of one chain).
+    if (const char *only = std::getenv("LLAMA_BENCH_ONLY")) {
+        chains.erase(std::remove_if(chains.begin(), chains.end(),
+                                    [&](const Chain &c) { return c.name.find(only) == std::string::npos; }),
+                     chains.end());
+    }
     std::mt19937_64 rng(11);
     std::vector<std::vector<float>> rows;
     for (int i = 0; i < 8; i++) rows.push_back(make_row(rng, vocab, false));
@@ -382,8 +394,8 @@ void bench(int vocab, int reps) {
     }
     for (Chain &c : chains) {
         c.flatten();
-        // The adapter has no XTC: its columns are left out for chains with it.
-        const bool adapter = c.xtc_p == 0.0f;
+        // The adapter has no XTC or typical sampling: its columns are left out for chains with them.
+        const bool adapter = c.xtc_p == 0.0f && c.typical == 1.0f;
         llama_sampler *ref = llama_chain(c, vocab, c.temp > 0 ? llama_sampler_init_dist(1) : llama_sampler_init_greedy());
         llama_sampler *ours = adapter_chain(c, 1);
         tokenrace_llama_params ap = adapter_params(c, 1);
@@ -438,6 +450,7 @@ void bench(int vocab, int reps) {
                 b.xtc_probability = &c.xtc_p;
                 b.xtc_threshold = &c.xtc_t;
             }
+            if (c.typical < 1.0f) b.typical_p = &c.typical;
             int32_t token = -1;
             tokenrace_output o;
             std::memset(&o, 0, sizeof o);

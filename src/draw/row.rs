@@ -51,7 +51,7 @@ pub(super) enum RowPath<'a> {
 pub(super) fn path<'a>(k: &Kernels, batch: &Batch<'a>, r: usize, plan: RowPlan, logprobs: bool) -> Result<RowPath<'a>> {
     let as_given = if matches!(plan, RowPlan::Greedy) && !logprobs { RowPath::Greedy } else { RowPath::Race };
     let sampling = matches!(plan, RowPlan::Sample { .. });
-    if sampling && filter::Filters::of(batch, r).is_some_and(|f| f.keeps_range()) {
+    if sampling && filter::Filters::of(batch, r).is_some_and(|f| f.keeps_range() && range::draws_a_range(&f, plan)) {
         let has_step = batch.has_step() && step::row_has_step(batch, r);
         let e = if has_step { step::build(k, batch, r, false).map_err(|e| e.in_row(r))? } else { None };
         return Ok(RowPath::Range(e));

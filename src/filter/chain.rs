@@ -18,7 +18,6 @@
 
 use super::llama::{typical, weigh, xtc_removed, Candidate, KeptRange};
 use super::{min_p, top_k, top_n_sigma, top_p, Filters};
-use crate::alloc;
 use crate::batch::inv_temperature;
 use crate::config::FilterOrder;
 use crate::error::Result;
@@ -184,9 +183,10 @@ pub(crate) fn kept_range<V: RowValues + ?Sized>(
     if next == stages.len() {
         return Ok(KeptRange { lo: floor, hi: m });
     }
-    let mut values =
-        alloc::collect((0..v.n()).map(|i| v.at(i)).filter(|x| x.is_finite() && *x >= floor), "candidates")?;
-    values.sort_unstable_by(|a, b| b.total_cmp(a));
+    // The finite values >= floor, gathered from the blocks that reach it (sorted: their order
+    // does not matter).
+    let mut values = super::row_values_ge(k, v, bmax, floor)?;
+    super::llama::sort_descending(&mut values)?;
     let mut on = Candidates { values, a: 0, b: 0, scale };
     on.b = on.values.len();
     for &s in &stages[next..] {

@@ -168,9 +168,23 @@ pub(crate) fn floor_of<V: RowValues + ?Sized>(
     inv_t: f32,
     f: Filters,
 ) -> Result<f32> {
+    Ok(floor_and_candidates(k, v, bmax, (m, inv_t), f, false)?.0)
+}
+
+/// [`floor_of`], and top-k's candidates when it has top-k: a superset of the row's values
+/// `>= floor`, all finite, in index order. `narrow`: top-k gathers only values at or above the
+/// floor of the filters before it ([`top_k::kth_largest_at_least`]; the same floor).
+fn floor_and_candidates<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    bmax: &[f32],
+    (m, inv_t): (f32, f32),
+    f: Filters,
+    narrow: bool,
+) -> Result<(f32, Option<Vec<f32>>)> {
     // The caller's order of stages, one floor (`Chain::floor_only`; other chains keep a range).
     if let Some(chain) = f.chain {
-        return chain::floor(k, v, bmax, (m, inv_t), f, chain);
+        return Ok((chain::floor(k, v, bmax, (m, inv_t), f, chain)?, None));
     }
     let mut floor = f32::NEG_INFINITY;
     // min_keep's value: the min_keep-th largest finite value, -inf when the row has fewer
@@ -193,15 +207,20 @@ pub(crate) fn floor_of<V: RowValues + ?Sized>(
     }
     let mut top_k_candidates = None;
     if f.top_k > 0 {
-        if let Some((kth, cand)) = top_k::kth_largest(k, v, bmax, f.top_k)? {
+        let found = if narrow {
+            top_k::kth_largest_at_least(k, v, bmax, f.top_k, floor)?
+        } else {
+            top_k::kth_largest(k, v, bmax, f.top_k)?
+        };
+        if let Some((kth, cand)) = found {
             floor = floor.max(kth);
             top_k_candidates = Some(cand);
         }
     }
     if f.top_p < 1.0 {
         let before = floor;
-        floor = match top_k_candidates {
-            Some(cand) => top_p::floor_of_candidates(&cand, floor, m, inv_t, f.top_p)?,
+        floor = match &top_k_candidates {
+            Some(cand) => top_p::floor_of_candidates(cand, floor, m, inv_t, f.top_p)?,
             None => top_p::floor(k, v, bmax, m, inv_t, floor, f.top_p)?,
         };
         // What top-p is given is a top set, so its min_keep largest are the row's (or all of it).
@@ -209,7 +228,7 @@ pub(crate) fn floor_of<V: RowValues + ?Sized>(
             floor = floor.min(keep.max(before));
         }
     }
-    Ok(floor)
+    Ok((floor, top_k_candidates))
 }
 
 /// The floor of the filters before typical sampling (min-p, top-nσ, top-k) of a row whose
@@ -226,12 +245,12 @@ pub(crate) fn kept_range<V: RowValues + ?Sized>(
     if f.typical_p >= 1.0 {
         // XTC after top sets only: their floor (top-p's too), then XTC over what it keeps,
         // without sorting it.
-        let floor = floor_of(k, v, bmax, m, inv_t, f)?;
-        return llama::xtc_above(v, (m, inv_t, floor), f, xtc_applies);
+        let (floor, cand) = floor_and_candidates(k, v, bmax, (m, inv_t), f, true)?;
+        return llama::xtc_above(k, (v, bmax, cand), (m, inv_t, floor), f, xtc_applies);
     }
     let before_typical = Filters { top_p: 1.0, typical_p: 1.0, xtc_probability: 0.0, ..f };
-    let floor = floor_of(k, v, bmax, m, inv_t, before_typical)?;
-    llama::kept_range(v, (m, inv_t, floor), f, xtc_applies)
+    let (floor, cand) = floor_and_candidates(k, v, bmax, (m, inv_t), before_typical, true)?;
+    llama::kept_range(k, (v, bmax, cand), (m, inv_t, floor), f, xtc_applies)
 }
 
 /// Most blocks within a factor 1000 of the maximum's weight for the filters to be decided

@@ -45,6 +45,35 @@ pub(super) fn kth_largest<V: RowValues + ?Sized>(
     Ok(Some((kth, cand)))
 }
 
+/// [`kth_largest`] for a top-k that comes after a floor `at_least` (the floor is then
+/// `max(at_least, kth)`): the candidates are only the values `>= max(lo, at_least)` (`lo` the
+/// `top_k`-th largest block maximum), fewer blocks behind a high floor. When at least `top_k`
+/// of them are gathered, the `top_k`-th largest of them is the row's; when fewer, the row's lies
+/// below `at_least` (`lo` has `top_k` values at or above it), and `at_least` stands for it, with
+/// the same floor. `None` as [`kth_largest`]: the row has fewer than `top_k` finite values.
+pub(super) fn kth_largest_at_least<V: RowValues + ?Sized>(
+    k: &Kernels,
+    v: &V,
+    bmax: &[f32],
+    top_k: usize,
+    at_least: f32,
+) -> Result<Option<(f32, Vec<f32>)>> {
+    let mut bm = alloc::collect(bmax.iter().copied().filter(|&b| b > f32::NEG_INFINITY), "top-k block maxima")?;
+    if bm.len() < top_k || at_least == f32::NEG_INFINITY {
+        // Blocks with a finite maximum hold a finite value each: with fewer, the row may hold
+        // fewer than top_k finite values, which only the full gather tells.
+        return kth_largest(k, v, bmax, top_k);
+    }
+    let lo = *bm.select_nth_unstable_by(top_k - 1, desc).1;
+    let cand = gather(k, v, bmax, lo.max(at_least))?;
+    if cand.len() < top_k {
+        return Ok(Some((at_least, cand)));
+    }
+    let mut sel = alloc::collect(cand.iter().copied(), "top-k selection")?;
+    let kth = *sel.select_nth_unstable_by(top_k - 1, desc).1;
+    Ok(Some((kth, cand)))
+}
+
 /// Whether top-k keeps a token of finite logit `x`: fewer than `top_k` finite values lie above
 /// it (then the `top_k`-th largest is at most `x`; ties with it are kept). `false` too when as
 /// many blocks as `top_k` reach above `x` (each holds one such value).
