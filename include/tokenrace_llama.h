@@ -24,7 +24,8 @@
  * and disabled values are llama.cpp's (`docs/integration.md` lists every difference); the draw
  * is tokenrace's exact race (`docs/semantics.md`):
  *
- * - filters at T = 1, then the temperature (llama.cpp's order: tokenrace's FILTERS_FIRST);
+ * - llama.cpp's default chain order: top-nσ, top-k, top-p, min-p (each at T = 1 on what the
+ *   ones before it kept), then the temperature (`tokenrace_batch.order`);
  * - `temp <= 0`: the most probable token (the lowest id among equal logits);
  * - `top_k <= 0` off; `top_p >= 1` off, `top_p <= 0` keeps only the most probable token (as
  *   llama.cpp's min_keep = 1 does); `min_p <= 0` off, `min_p > 1` keeps only the most probable;
@@ -341,6 +342,12 @@ static inline int32_t tokenrace_llama_draw_row(struct tokenrace_llama_state *st,
     b.top_p = &top_p;
     b.min_p = &min_p;
     b.top_n_sigma = &nsigma;
+    /* llama.cpp's default chain (common's samplers "penalties;dry;top_n_sigma;top_k;typ_p;top_p;
+     * min_p;xtc;temperature"): each filter on what the ones before it kept, then the temperature. */
+    static const uint32_t chain_order[] = {TOKENRACE_STAGE_TOP_N_SIGMA, TOKENRACE_STAGE_TOP_K, TOKENRACE_STAGE_TOP_P,
+                                           TOKENRACE_STAGE_MIN_P, TOKENRACE_STAGE_TEMPERATURE};
+    b.order = chain_order;
+    b.order_len = sizeof chain_order / sizeof chain_order[0];
     if (seed != LLAMA_DEFAULT_SEED) {
         b.seeds = &seed;
         b.offsets = &offset;
