@@ -8,7 +8,9 @@
 //! drawn exactly as a draw of that row would be: a seeded request's row `j` takes the key of
 //! (seed, offset + j). The algorithm itself is `draw/verify.rs`.
 
-use crate::batch::{span, validate, validate_params, validate_step_inputs, Batch, Logits, Output, VerifyBatch, VerifyOutput};
+use crate::batch::{
+    span, validate, validate_params, validate_step_inputs, Batch, Logits, Output, VerifyBatch, VerifyOutput,
+};
 use crate::draw::verify::PLACEHOLDER_DRAFT;
 use crate::error::{bail_batch, bail_out, Error, Owner, Result};
 use crate::kernels::Kernels;

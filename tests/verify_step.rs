@@ -125,7 +125,9 @@ impl Case {
 
     /// Every target row's processed values (the reference's).
     fn processed(&self) -> Vec<f32> {
-        (0..self.requests()).flat_map(|i| (0..=self.counts[i] as usize).flat_map(move |j| self.reference_row(i, j))).collect()
+        (0..self.requests())
+            .flat_map(|i| (0..=self.counts[i] as usize).flat_map(move |j| self.reference_row(i, j)))
+            .collect()
     }
 
     /// The processed row of request `i`'s local target row `j` as a greedy draw of it with the
@@ -171,7 +173,12 @@ impl Case {
     }
 
     /// The verify call over `logits`, with the step or without.
-    fn batch<'a>(&'a self, logits: &'a [f32], with_step: bool, words: &'a (Vec<i32>, Vec<u64>, Vec<u64>)) -> VerifyBatch<'a> {
+    fn batch<'a>(
+        &'a self,
+        logits: &'a [f32],
+        with_step: bool,
+        words: &'a (Vec<i32>, Vec<u64>, Vec<u64>),
+    ) -> VerifyBatch<'a> {
         let step = VerifyStep {
             prompt_tokens: Some(self.prompt.lists()),
             output_tokens: Some(self.output.lists()),
@@ -263,7 +270,12 @@ fn make_case(rng: &mut TestRng, vocab: usize, requests: usize, max_drafts: usize
         let o = pick(rng, len);
         output.push(&o);
         let b: Vec<(i32, f32)> = (0..rng.below(6))
-            .map(|_| (rng.below(vocab) as i32, if rng.below(8) == 0 { f32::NEG_INFINITY } else { (rng.normal() * 3.0) as f32 }))
+            .map(|_| {
+                (
+                    rng.below(vocab) as i32,
+                    if rng.below(8) == 0 { f32::NEG_INFINITY } else { (rng.normal() * 3.0) as f32 },
+                )
+            })
             .collect();
         bias.push(&b);
         let restricted = rng.below(4) == 0;
@@ -455,7 +467,8 @@ fn greedy_requests_accept_while_the_draft_is_the_processed_argmax() {
         case.temperature.fill(0.0);
         case.q = None;
         let words = case.bad_words.clone();
-        let got = run(&sampler_at(SimdLevel::Scalar, 1), &case.batch(&case.logits, true, &words), LogprobMode::Raw).unwrap();
+        let got =
+            run(&sampler_at(SimdLevel::Scalar, 1), &case.batch(&case.logits, true, &words), LogprobMode::Raw).unwrap();
         let width = case.counts.iter().map(|&c| c as usize).max().unwrap_or(0) + 1;
         for i in 0..case.requests() {
             let fd = case.first_draft(i);
@@ -537,28 +550,101 @@ fn bad_step_inputs_are_refused_naming_the_request_and_nothing_is_written() {
     };
     let base = case.batch(&case.logits, true, &words);
     let bad_rep = [1.0, -2.0, 1.0];
-    expect(&VerifyBatch { step: VerifyStep { repetition_penalty: Some(&bad_rep), ..base.step }, ..base }, &[
-        "batch.repetition_penalty[1]",
-        "-2",
-    ]);
+    expect(
+        &VerifyBatch { step: VerifyStep { repetition_penalty: Some(&bad_rep), ..base.step }, ..base },
+        &["batch.repetition_penalty[1]", "-2"],
+    );
     let mut out_ids = case.output.clone();
     out_ids.ids.push(0);
     let last = out_ids.ids.len() - 1;
     out_ids.ids[last] = 100;
     let n = case.output.offsets.len();
     out_ids.offsets[n - 1] += 1;
-    expect(&VerifyBatch { step: VerifyStep { output_tokens: Some(out_ids.lists()), ..base.step }, ..base }, &[
-        "output_ids",
-        "[2]",
-        "100",
-    ]);
+    expect(
+        &VerifyBatch { step: VerifyStep { output_tokens: Some(out_ids.lists()), ..base.step }, ..base },
+        &["output_ids", "[2]", "100"],
+    );
     let short = [1.0f32; 2];
-    expect(&VerifyBatch { step: VerifyStep { frequency_penalty: Some(&short), ..base.step }, ..base }, &[
-        "frequency_penalty",
-    ]);
+    expect(
+        &VerifyBatch { step: VerifyStep { frequency_penalty: Some(&short), ..base.step }, ..base },
+        &["frequency_penalty"],
+    );
     let mask = vec![-1i32; 4];
     expect(
-        &VerifyBatch { step: VerifyStep { token_bitmask: Some(TokenBitmask { words: &mask, row_stride: 4 }), ..base.step }, ..base },
+        &VerifyBatch {
+            step: VerifyStep { token_bitmask: Some(TokenBitmask { words: &mask, row_stride: 4 }), ..base.step },
+            ..base
+        },
         &["token_bitmask"],
     );
+}
+
+/// The C entry point reads every step field where the header says: a call through it gives what
+/// the Rust call gives (every request seeded, so the two samplers' streams do not matter), and a
+/// bias list without its offsets is refused.
+#[test]
+fn the_c_verify_batch_carries_the_step() {
+    use tokenrace::internals::api::*;
+    use tokenrace::internals::types::*;
+    let mut rng = TestRng::new(67);
+    for k in 0..6 {
+        let mut case = make_case(&mut rng, 700, 4, 4, k % 2 == 1);
+        case.seeded.fill(1);
+        let words = case.bad_words.clone();
+        let want =
+            run(&sampler_at(SimdLevel::Scalar, 1), &case.batch(&case.logits, true, &words), LogprobMode::Processed)
+                .unwrap();
+        let mut sampler = std::ptr::null_mut();
+        // SAFETY: a default config and a writable out pointer.
+        assert_eq!(unsafe { tokenrace_sampler_new(&tokenrace_config_default(), &mut sampler) }, tokenrace_status::Ok);
+        // SAFETY: all-zero is valid for these structs (integers and NULL pointers).
+        let (mut b, mut o): (tokenrace_verify_batch, tokenrace_verify_output) =
+            unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+        b.struct_size = std::mem::size_of::<tokenrace_verify_batch>() as u32;
+        b.logits = case.logits.as_ptr() as *const _;
+        (b.rows, b.vocab, b.requests) = (case.processed().len() as u32 / 700, 700, case.requests() as u32);
+        (b.draft_counts, b.draft_tokens) = (case.counts.as_ptr(), case.drafts.as_ptr());
+        b.draft_parents = case.parents.as_ref().map_or(std::ptr::null(), |p| p.as_ptr());
+        b.draft_probs = case.q.as_ref().map_or(std::ptr::null(), |q| q.as_ptr());
+        (b.temperature, b.top_k) = (case.temperature.as_ptr(), case.top_k.as_ptr());
+        (b.seeds, b.seeded) = (case.seeds.as_ptr(), case.seeded.as_ptr());
+        (b.prompt_ids, b.prompt_offsets) = (case.prompt.ids.as_ptr(), case.prompt.offsets.as_ptr());
+        (b.output_ids, b.output_offsets) = (case.output.ids.as_ptr(), case.output.offsets.as_ptr());
+        b.repetition_penalty = case.repetition.as_ptr();
+        (b.frequency_penalty, b.presence_penalty) = (case.frequency.as_ptr(), case.presence.as_ptr());
+        (b.bias_ids, b.bias_values, b.bias_offsets) =
+            (case.bias.ids.as_ptr(), case.bias.values.as_ptr(), case.bias.offsets.as_ptr());
+        (b.allowed_ids, b.allowed_offsets) = (case.allowed.ids.as_ptr(), case.allowed.offsets.as_ptr());
+        b.allowed_rows = case.allowed_rows.as_ptr();
+        (b.banned_ids, b.banned_offsets) = (case.banned.ids.as_ptr(), case.banned.offsets.as_ptr());
+        b.token_bitmask = case.bitmask.as_ref().map_or(std::ptr::null(), |m| m.as_ptr());
+        (b.bad_words_ids, b.bad_word_offsets, b.bad_words_row_offsets) =
+            (words.0.as_ptr(), words.1.as_ptr(), words.2.as_ptr());
+        b.min_tokens = case.min_tokens.as_ptr();
+        (b.stop_ids, b.stop_offsets) = (case.stops.ids.as_ptr(), case.stops.offsets.as_ptr());
+        let (n, width) = (case.requests(), case.counts.iter().map(|&c| c as usize).max().unwrap_or(0) + 1);
+        let (mut tokens, mut counts, mut nodes) = (vec![-7; n * width], vec![-7; n], vec![-7; n * width]);
+        let (mut logprobs, mut flags) = (vec![7.0f32; n * width], vec![7u32; n]);
+        o.struct_size = std::mem::size_of::<tokenrace_verify_output>() as u32;
+        o.logprob_mode = tokenrace_logprob_mode::Processed as u32;
+        (o.tokens, o.counts, o.accepted_nodes) = (tokens.as_mut_ptr(), counts.as_mut_ptr(), nodes.as_mut_ptr());
+        (o.logprobs, o.flags) = (logprobs.as_mut_ptr(), flags.as_mut_ptr());
+        // SAFETY: every pointer covers what the batch's sizes say.
+        assert_eq!(unsafe { tokenrace_verify(sampler, &b, &mut o) }, tokenrace_status::Ok, "{}", common::last_error());
+        let got = Got { tokens, counts, nodes, logprobs: logprobs.iter().map(|x| x.to_bits()).collect(), flags };
+        assert_eq!(got, want, "case {k}");
+        // Bias ids without their offsets: refused, nothing written.
+        b.bias_offsets = std::ptr::null();
+        let before = (got.tokens.clone(), got.counts.clone());
+        // SAFETY: as above.
+        assert_eq!(unsafe { tokenrace_verify(sampler, &b, &mut o) }, tokenrace_status::InvalidArgument);
+        assert!(common::last_error().contains("bias_offsets"), "{}", common::last_error());
+        // SAFETY: the output arrays are alive (o points into them).
+        let after = unsafe {
+            (std::slice::from_raw_parts(o.tokens, n * width).to_vec(), std::slice::from_raw_parts(o.counts, n).to_vec())
+        };
+        assert_eq!(after, before);
+        // SAFETY: made by tokenrace_sampler_new, freed once.
+        unsafe { tokenrace_sampler_free(sampler) };
+    }
 }

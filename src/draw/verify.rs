@@ -19,9 +19,9 @@
 //! Rows after a request's first rejection are not read.
 
 use super::kept::{BLOCK_MAX, PROCESSED};
-use super::verify_step::{processed_row, raw_logprob, RequestStep};
 use super::row::{finish, race_params, summarize};
 use super::split::{worker_panicked, FirstError, Workers};
+use super::verify_step::{processed_row, raw_logprob, RequestStep};
 use super::RowPlan;
 use crate::alloc;
 use crate::batch::{flags, Batch, LogprobMode, VerifyOutput};
@@ -208,16 +208,18 @@ fn verify_tree(
         let (chosen, verdict) = match children.len() {
             0 | 1 => {
                 let draft = children.first().map(|&c| draft_of(batch, d, c));
-                let verdict: Result<RowVerdict> =
-                    judge!(k, batch, (r, first), d, logprobs, |row, lp| verify_row(k, batch, r, row, plans[r], draft, lp));
+                let verdict: Result<RowVerdict> = judge!(k, batch, (r, first), d, logprobs, |row, lp| verify_row(
+                    k, batch, r, row, plans[r], draft, lp
+                ));
                 let verdict = verdict?;
                 (children.first().copied().filter(|_| verdict.accepted), verdict)
             }
             _ => {
                 let drafts: Vec<Draft> = children.iter().map(|&c| draft_of(batch, d, c)).collect();
-                let judged: Result<(Option<usize>, RowVerdict)> = judge!(k, batch, (r, first), d, logprobs, |row, lp| {
-                    verify_siblings(k, batch, r, row, plans[r], &drafts, lp)
-                });
+                let judged: Result<(Option<usize>, RowVerdict)> =
+                    judge!(k, batch, (r, first), d, logprobs, |row, lp| {
+                        verify_siblings(k, batch, r, row, plans[r], &drafts, lp)
+                    });
                 let (chosen, verdict) = judged?;
                 (chosen.map(|c| children[c]), verdict)
             }

@@ -76,20 +76,23 @@ pub(super) fn processed_row(
     let word_rows = inputs.bad_words.map(|w| one_row(w.row_offsets, i));
     let mut one = Batch::new(Logits::F32(&[]), 1, batch.vocab);
     one.output_tokens = Some(TokenLists { ids: &hist, offsets: &output_offsets });
-    one.prompt_tokens = inputs.prompt_tokens.zip(prompt_offsets.as_ref()).map(|(l, o)| TokenLists { ids: l.ids, offsets: o });
+    one.prompt_tokens =
+        inputs.prompt_tokens.zip(prompt_offsets.as_ref()).map(|(l, o)| TokenLists { ids: l.ids, offsets: o });
     one.allowed_tokens =
         inputs.allowed_tokens.zip(allowed_offsets.as_ref()).map(|(l, o)| TokenLists { ids: l.ids, offsets: o });
     one.banned_tokens =
         inputs.banned_tokens.zip(banned_offsets.as_ref()).map(|(l, o)| TokenLists { ids: l.ids, offsets: o });
     one.stop_tokens = inputs.stop_tokens.zip(stop_offsets.as_ref()).map(|(l, o)| TokenLists { ids: l.ids, offsets: o });
-    one.logit_bias = inputs
-        .logit_bias
-        .zip(bias_offsets.as_ref())
-        .map(|(b, o)| LogitBias { ids: b.ids, values: b.values, offsets: o });
-    one.bad_words = inputs
-        .bad_words
-        .zip(word_rows.as_ref())
-        .map(|(w, o)| BadWords { ids: w.ids, word_offsets: w.word_offsets, row_offsets: o });
+    one.logit_bias = inputs.logit_bias.zip(bias_offsets.as_ref()).map(|(b, o)| LogitBias {
+        ids: b.ids,
+        values: b.values,
+        offsets: o,
+    });
+    one.bad_words = inputs.bad_words.zip(word_rows.as_ref()).map(|(w, o)| BadWords {
+        ids: w.ids,
+        word_offsets: w.word_offsets,
+        row_offsets: o,
+    });
     fn at(p: Option<&[f32]>, i: usize) -> Option<&[f32]> {
         p.map(|p| &p[i..i + 1])
     }

@@ -6,12 +6,12 @@
 use super::api::tokenrace_sampler;
 use super::convert::{arg_enum, opt_slice, read_versioned, slice};
 use super::disjoint::{Disjoint, Region};
+use super::draw::{lists, needs_offsets, offsets};
 use super::panic::guard;
 use super::types::*;
-use super::draw::{lists, needs_offsets, offsets};
 use crate::batch::{
-    noise_span, span, BadWords, DraftProbs, ExternalNoise, LogitBias, Logits, TokenBitmask, TokenLists, VerifyBatch, VerifyOutput,
-    VerifyStep,
+    noise_span, span, BadWords, DraftProbs, ExternalNoise, LogitBias, Logits, TokenBitmask, TokenLists, VerifyBatch,
+    VerifyOutput, VerifyStep,
 };
 use crate::error::{Error, Owner, Result};
 use crate::kernels::{Bf16, F16};
@@ -111,16 +111,29 @@ unsafe fn step_from_c<'a>(b: &tokenrace_verify_batch, requests: usize, vocab: us
         };
         let bad_words = match offsets(n, "bad_words_row_offsets", b.bad_words_row_offsets, size_of::<u64>())? {
             None => {
-                let given = [("bad_words_ids", !b.bad_words_ids.is_null()), ("bad_word_offsets", !b.bad_word_offsets.is_null())];
+                let given = [
+                    ("bad_words_ids", !b.bad_words_ids.is_null()),
+                    ("bad_word_offsets", !b.bad_word_offsets.is_null()),
+                ];
                 needs_offsets(&given, "bad_words_row_offsets")?;
                 None
             }
             Some((row_offsets, words)) => {
-                let Some((word_offsets, len)) = offsets(words, "bad_word_offsets", b.bad_word_offsets, size_of::<i32>())?
+                let Some((word_offsets, len)) =
+                    offsets(words, "bad_word_offsets", b.bad_word_offsets, size_of::<i32>())?
                 else {
-                    return Err(Error::arg(Owner::Batch, "bad_word_offsets", None, "is NULL while bad_words_row_offsets is given"));
+                    return Err(Error::arg(
+                        Owner::Batch,
+                        "bad_word_offsets",
+                        None,
+                        "is NULL while bad_words_row_offsets is given",
+                    ));
                 };
-                Some(BadWords { ids: slice(Owner::Batch, "bad_words_ids", b.bad_words_ids, len)?, word_offsets, row_offsets })
+                Some(BadWords {
+                    ids: slice(Owner::Batch, "bad_words_ids", b.bad_words_ids, len)?,
+                    word_offsets,
+                    row_offsets,
+                })
             }
         };
         Ok(VerifyStep {
