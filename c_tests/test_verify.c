@@ -748,8 +748,10 @@ static void errors_name_the_field(tokenrace_sampler *s) {
 
 static void struct_sizes(tokenrace_sampler *s) {
   /* The layouts, pinned: the first versions (160 and 48 bytes), then the draft trees' fields. */
-  CHECK(sizeof(tokenrace_verify_batch) == 168 && sizeof(tokenrace_verify_output) == 56);
+  CHECK(sizeof(tokenrace_verify_batch) == 352 && sizeof(tokenrace_verify_output) == 56);
   CHECK(offsetof(tokenrace_verify_batch, draft_parents) == 160);
+  CHECK(offsetof(tokenrace_verify_batch, prompt_ids) == 168 && offsetof(tokenrace_verify_batch, token_bitmask) == 288);
+  CHECK(offsetof(tokenrace_verify_batch, bitmask_row_stride) == 296 && offsetof(tokenrace_verify_batch, stop_offsets) == 344);
   CHECK(offsetof(tokenrace_verify_output, accepted_nodes) == 48);
   CHECK(offsetof(tokenrace_verify_batch, requests) == 32 && offsetof(tokenrace_verify_batch, draft_counts) == 40);
   CHECK(offsetof(tokenrace_verify_batch, draft_probs_row_stride) == 64);
@@ -809,7 +811,7 @@ static void struct_sizes(tokenrace_sampler *s) {
   big_o.o = r.o;
   big_o.o.struct_size = sizeof big_o;
   CHECK(tokenrace_verify(s, &big_b.b, &big_o.o) == TOKENRACE_STATUS_UNSUPPORTED);
-  CHECK(strstr(tokenrace_last_error(), "batch: sets fields beyond the 168 bytes of tokenrace_verify_batch") != NULL);
+  CHECK(strstr(tokenrace_last_error(), "batch: sets fields beyond the 352 bytes of tokenrace_verify_batch") != NULL);
   CHECK(untouched(&r));
   big_b.newer = 0;
   big_o.newer = 9;

@@ -694,6 +694,58 @@ typedef struct tokenrace_verify_batch {
   // judged by recursive rejection sampling: docs/semantics.md, "Draft trees"). Target row 0
   // of a request is its root's, row 1 + i node i's. NULL: chains (node i's parent is i - 1).
   const int32_t *draft_parents;
+  // Each request's prompt ids (the repetition penalty); NULL: none.
+  const int32_t *prompt_ids;
+  // `requests + 1` offsets into `prompt_ids`.
+  const uint64_t *prompt_offsets;
+  // Each request's output ids so far, before its drafts; NULL: none.
+  const int32_t *output_ids;
+  // `requests + 1` offsets into `output_ids`.
+  const uint64_t *output_offsets;
+  // Per-request repetition penalty (> 0; 1 off); NULL: off.
+  const float *repetition_penalty;
+  // Per-request frequency penalty (finite; 0 off); its counts include the drafts before the
+  // position. NULL: off.
+  const float *frequency_penalty;
+  // Per-request presence penalty (finite; 0 off); NULL: off.
+  const float *presence_penalty;
+  // Each request's biased ids, with `bias_values` (finite, or -inf to ban), CSR by
+  // `bias_offsets`; NULL: none.
+  const int32_t *bias_ids;
+  // One bias per entry of `bias_ids`.
+  const float *bias_values;
+  // `requests + 1` offsets into `bias_ids` and `bias_values`.
+  const uint64_t *bias_offsets;
+  // Each request's allowed ids (only these may be emitted); NULL: unrestricted.
+  const int32_t *allowed_ids;
+  // `requests + 1` offsets into `allowed_ids`.
+  const uint64_t *allowed_offsets;
+  // Per-request flag, nonzero = the request carries an allowed list (NULL with the lists:
+  // every request).
+  const uint8_t *allowed_rows;
+  // Each request's banned ids; NULL: none.
+  const int32_t *banned_ids;
+  // `requests + 1` offsets into `banned_ids`.
+  const uint64_t *banned_offsets;
+  // A grammar bitmask row per TARGET ROW (`rows` rows, xgrammar's packed layout, as
+  // `tokenrace_batch.token_bitmask`); NULL: none.
+  const int32_t *token_bitmask;
+  // int32 words between bitmask rows; 0 means ceil(vocab / 32).
+  uint64_t bitmask_row_stride;
+  // The tokens of every bad word, as `tokenrace_batch.bad_words_ids`; a word's prefix is
+  // matched against each target row's history (output, then the drafts before it).
+  const int32_t *bad_words_ids;
+  // One more offset than there are words: positions into `bad_words_ids`.
+  const uint64_t *bad_word_offsets;
+  // `requests + 1` offsets into the words; NULL: no bad words.
+  const uint64_t *bad_words_row_offsets;
+  // Per-request minimum output length: a target row whose history (output and the drafts
+  // before it) is shorter bans the request's stop ids. NULL: 0.
+  const int32_t *min_tokens;
+  // Each request's stop ids (banned below `min_tokens`); NULL: none.
+  const int32_t *stop_ids;
+  // `requests + 1` offsets into `stop_ids`.
+  const uint64_t *stop_offsets;
 } tokenrace_verify_batch;
 
 // Where `tokenrace_verify()` writes. `tokens` and `counts` are required. Nothing is written if

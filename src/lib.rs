@@ -48,7 +48,7 @@ mod watermark;
 
 pub use batch::{
     flags, BadWords, Batch, DraftProbs, ExternalNoise, FullMode, LogitBias, Logits, LogprobMode, Output, TokenBitmask,
-    TokenLists, VerifyBatch, VerifyOutput,
+    TokenLists, VerifyBatch, VerifyOutput, VerifyStep,
 };
 pub use config::{
     from_env as config_from_env, Config, DrainPolicy, FilterOrder, LogLevel, NoiseKind, NoiseSource, PoolConfig,

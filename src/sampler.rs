@@ -3,6 +3,7 @@
 use crate::batch::{validate, validate_but_ids, Batch, Ids, Output, VerifyBatch, VerifyOutput};
 use crate::config::{Config, DrainPolicy, NoiseKind, NoiseSource, PoolConfig, MAX_POOL_ROWS};
 use crate::draw::verify::Drafts;
+use crate::draw::RequestStep;
 use crate::draw::Workers;
 use crate::error::{Error, Result};
 use crate::kernels::{self, Kernels, SimdLevel};
@@ -318,7 +319,8 @@ impl Sampler {
         let drafts: Vec<Drafts> = target
             .requests
             .iter()
-            .map(|r| Drafts {
+            .enumerate()
+            .map(|(i, r)| Drafts {
                 first_row: r.first_row,
                 first_draft: r.first_draft,
                 ids: &batch.draft_tokens[r.first_draft..r.first_draft + r.drafts],
@@ -328,6 +330,7 @@ impl Sampler {
                 }),
                 uniforms: &uniforms[r.first_draft..r.first_draft + r.drafts],
                 parents: target.tree.as_ref().map(|t| &t.parents[r.first_draft..r.first_draft + r.drafts]),
+                step: batch.step.is_on().then_some(RequestStep { inputs: batch.step, request: i }),
             })
             .collect();
         let workers = self.workers.as_ref();

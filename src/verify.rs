@@ -8,7 +8,9 @@
 //! drawn exactly as a draw of that row would be: a seeded request's row `j` takes the key of
 //! (seed, offset + j). The algorithm itself is `draw/verify.rs`.
 
-use crate::batch::{span, validate, validate_params, Batch, Logits, Output, VerifyBatch, VerifyOutput};
+use crate::batch::{
+    span, validate, validate_params, validate_step_inputs, Batch, Logits, Output, VerifyBatch, VerifyOutput,
+};
 use crate::draw::verify::PLACEHOLDER_DRAFT;
 use crate::error::{bail_batch, bail_out, Error, Owner, Result};
 use crate::kernels::Kernels;
@@ -182,6 +184,7 @@ pub(crate) fn prepare(
     (view.temperature, view.top_k, view.top_p, view.min_p) = (b.temperature, b.top_k, b.top_p, b.min_p);
     (view.seeds, view.offsets, view.seeded) = (b.seeds, b.offsets, b.seeded);
     validate_params(&view)?;
+    validate_verify_step(k, b)?;
     let drafts = reqs.last().map_or(0, |r| r.first_draft + r.drafts);
     let sampling = |i: usize| b.temperature.map_or(1.0, |t| t[i]) >= greedy_below;
     if let Some(u) = b.uniforms {
@@ -240,6 +243,26 @@ pub(crate) fn prepare(
     let mut tokens = vec![0i32; b.rows];
     validate(k, &target.batch(b), &Output::new(&mut tokens), max_rows, vocab_size)?;
     Ok(target)
+}
+
+/// Checks the sampling step's inputs: the per-request ones as a batch of `requests` rows (errors
+/// name the request: `batch.output_offsets[2]`), the bitmask as one of `rows` target rows.
+fn validate_verify_step(k: &Kernels, b: &VerifyBatch) -> Result<()> {
+    let s = &b.step;
+    if !s.is_on() {
+        return Ok(());
+    }
+    let mut view = Batch::new(Logits::F32(&[]), b.requests, b.vocab);
+    (view.prompt_tokens, view.output_tokens) = (s.prompt_tokens, s.output_tokens);
+    (view.repetition_penalty, view.frequency_penalty, view.presence_penalty) =
+        (s.repetition_penalty, s.frequency_penalty, s.presence_penalty);
+    (view.logit_bias, view.allowed_tokens, view.allowed_rows, view.banned_tokens) =
+        (s.logit_bias, s.allowed_tokens, s.allowed_rows, s.banned_tokens);
+    (view.bad_words, view.min_tokens, view.stop_tokens) = (s.bad_words, s.min_tokens, s.stop_tokens);
+    validate_step_inputs(k, &view)?;
+    let mut rows = Batch::new(Logits::F32(&[]), b.rows, b.vocab);
+    rows.token_bitmask = s.token_bitmask;
+    validate_step_inputs(k, &rows)
 }
 
 /// Repeats each request's value over its rows.

@@ -235,7 +235,7 @@ fn the_valid_verify_fixture_verifies() {
 #[test]
 fn the_verify_structs_have_the_layout_of_the_header() {
     use std::mem::{offset_of, size_of};
-    assert_eq!(size_of::<tokenrace_verify_batch>(), 168);
+    assert_eq!(size_of::<tokenrace_verify_batch>(), 352);
     assert_eq!(size_of::<tokenrace_verify_output>(), 56);
     let b = [
         (offset_of!(tokenrace_verify_batch, struct_size), 0),
@@ -263,6 +263,30 @@ fn the_verify_structs_have_the_layout_of_the_header() {
         (offset_of!(tokenrace_verify_batch, reserved1), 148),
         (offset_of!(tokenrace_verify_batch, noise_row_stride), 152),
         (offset_of!(tokenrace_verify_batch, draft_parents), 160),
+        // The sampling step inside verification (since 0.3).
+        (offset_of!(tokenrace_verify_batch, prompt_ids), 168),
+        (offset_of!(tokenrace_verify_batch, prompt_offsets), 176),
+        (offset_of!(tokenrace_verify_batch, output_ids), 184),
+        (offset_of!(tokenrace_verify_batch, output_offsets), 192),
+        (offset_of!(tokenrace_verify_batch, repetition_penalty), 200),
+        (offset_of!(tokenrace_verify_batch, frequency_penalty), 208),
+        (offset_of!(tokenrace_verify_batch, presence_penalty), 216),
+        (offset_of!(tokenrace_verify_batch, bias_ids), 224),
+        (offset_of!(tokenrace_verify_batch, bias_values), 232),
+        (offset_of!(tokenrace_verify_batch, bias_offsets), 240),
+        (offset_of!(tokenrace_verify_batch, allowed_ids), 248),
+        (offset_of!(tokenrace_verify_batch, allowed_offsets), 256),
+        (offset_of!(tokenrace_verify_batch, allowed_rows), 264),
+        (offset_of!(tokenrace_verify_batch, banned_ids), 272),
+        (offset_of!(tokenrace_verify_batch, banned_offsets), 280),
+        (offset_of!(tokenrace_verify_batch, token_bitmask), 288),
+        (offset_of!(tokenrace_verify_batch, bitmask_row_stride), 296),
+        (offset_of!(tokenrace_verify_batch, bad_words_ids), 304),
+        (offset_of!(tokenrace_verify_batch, bad_word_offsets), 312),
+        (offset_of!(tokenrace_verify_batch, bad_words_row_offsets), 320),
+        (offset_of!(tokenrace_verify_batch, min_tokens), 328),
+        (offset_of!(tokenrace_verify_batch, stop_ids), 336),
+        (offset_of!(tokenrace_verify_batch, stop_offsets), 344),
     ];
     let o = [
         (offset_of!(tokenrace_verify_output, struct_size), 0),
@@ -323,7 +347,7 @@ fn verify_struct_sizes_below_the_first_version_are_refused() {
     nb.extra = 1;
     assert_eq!(f.verify(&nb.known, &mut no.known), tokenrace_status::Unsupported);
     assert!(
-        last_error().contains("batch: sets fields beyond the 168 bytes of tokenrace_verify_batch"),
+        last_error().contains("batch: sets fields beyond the 352 bytes of tokenrace_verify_batch"),
         "{}",
         last_error()
     );

@@ -290,6 +290,9 @@ fn call(sampler: *mut tokenrace_sampler, case: &Case, out: &mut Outs) -> tokenra
         reserved1: 0,
         noise_row_stride: case.noise.as_ref().map_or(0, |n| n.1),
         draft_parents: std::ptr::null(),
+        // (The sampling step's inputs: none.)
+        // SAFETY: every field left is a pointer or a size, for which zero is valid (NULL, 0).
+        ..unsafe { std::mem::zeroed() }
     };
     let mut o = tokenrace_verify_output {
         struct_size: size_of::<tokenrace_verify_output>() as u32,

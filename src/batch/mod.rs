@@ -9,9 +9,11 @@
 mod validate;
 mod verify;
 
-pub(crate) use validate::{logits_rows, row_ids_in_range, span_of, validate, validate_but_ids, validate_params, Ids};
+pub(crate) use validate::{
+    logits_rows, row_ids_in_range, span_of, validate, validate_but_ids, validate_params, validate_step_inputs, Ids,
+};
 pub use validate::{noise_span, span};
-pub use verify::{DraftProbs, VerifyBatch, VerifyOutput};
+pub use verify::{DraftProbs, VerifyBatch, VerifyOutput, VerifyStep};
 
 use crate::config::NoiseKind;
 use crate::kernels::{Bf16, F16};

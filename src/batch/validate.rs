@@ -143,6 +143,12 @@ pub(crate) fn validate_but_ids(
     validate_step(k, batch, out, ids)
 }
 
+/// Checks the sampling step's inputs of `batch` alone (its lists, penalties, bias, masks): a
+/// verify call's per-request ones, and its per-target-row bitmask, each as a batch of their rows.
+pub(crate) fn validate_step_inputs(k: &Kernels, batch: &Batch) -> Result<()> {
+    validate_step(k, batch, &Output::new(&mut []), Ids::Here)
+}
+
 /// Checks the per-row sampling parameters of `batch.rows` rows (temperature, filters, seeds):
 /// a draw's, or a verify call's per-request ones.
 pub(crate) fn validate_params(batch: &Batch) -> Result<()> {

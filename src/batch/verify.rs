@@ -1,7 +1,7 @@
 //! What a verify call takes and gives back (speculative decoding: `docs/semantics.md`,
 //! "Verifying draft tokens"); its checks and its expansion into target rows are `verify.rs`.
 
-use super::{ExternalNoise, Logits, LogprobMode};
+use super::{BadWords, ExternalNoise, LogitBias, Logits, LogprobMode, TokenBitmask, TokenLists};
 
 /// The draft model's probabilities: one row of `vocab` f32 per draft token, `row_stride` apart.
 #[derive(Clone, Copy, Debug)]
@@ -57,6 +57,67 @@ pub struct VerifyBatch<'a> {
     /// earlier node of the same request. `None`: each request's drafts are a chain (node `i`'s
     /// parent is `i - 1`).
     pub draft_parents: Option<&'a [i32]>,
+    /// The sampling step applied to every target row before it judges its drafts
+    /// (`docs/semantics.md`, "The sampling step in verification"); all `None`: the target rows
+    /// are judged as given.
+    pub step: VerifyStep<'a>,
+}
+
+/// The sampling step of a verify call: each target row is processed exactly as a draw of that
+/// row with these inputs would process it, its output history being the request's output
+/// followed by the drafts before its position (a tree node's: the drafts of its ancestors).
+/// Lists and parameters are per REQUEST (CSR lists of `requests` rows); the bitmask is per
+/// TARGET ROW. The fields mean what the [`Batch`](super::Batch) fields of the same names mean.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct VerifyStep<'a> {
+    /// Each request's prompt (the repetition penalty).
+    pub prompt_tokens: Option<TokenLists<'a>>,
+    /// Each request's output so far, before its drafts (the penalties, bad words, min_tokens).
+    pub output_tokens: Option<TokenLists<'a>>,
+    /// Per-request repetition penalty r > 0; 1 is off.
+    pub repetition_penalty: Option<&'a [f32]>,
+    /// Per-request frequency penalty, finite; 0 is off.
+    pub frequency_penalty: Option<&'a [f32]>,
+    /// Per-request presence penalty, finite; 0 is off.
+    pub presence_penalty: Option<&'a [f32]>,
+    /// Each request's sparse (id, bias) pairs.
+    pub logit_bias: Option<LogitBias<'a>>,
+    /// The only tokens each request may emit (requests that `allowed_rows` leaves out are
+    /// unrestricted).
+    pub allowed_tokens: Option<TokenLists<'a>>,
+    /// Which requests carry an allowed list (nonzero); `None` with `allowed_tokens`: every one.
+    pub allowed_rows: Option<&'a [u8]>,
+    /// Tokens each request may not emit.
+    pub banned_tokens: Option<TokenLists<'a>>,
+    /// Each request's bad words (a word's prefix is matched against the row's history).
+    pub bad_words: Option<BadWords<'a>>,
+    /// Per-request minimum output length: a target row whose history (output and drafts before
+    /// it) is shorter bans the request's stop tokens.
+    pub min_tokens: Option<&'a [i32]>,
+    /// Each request's stop tokens.
+    pub stop_tokens: Option<TokenLists<'a>>,
+    /// A grammar bitmask row per TARGET ROW (xgrammar's layout), `rows` rows.
+    pub token_bitmask: Option<TokenBitmask<'a>>,
+}
+
+impl VerifyStep<'_> {
+    /// Whether any input is given (else the target rows are judged as given).
+    pub fn is_on(&self) -> bool {
+        let s = self;
+        s.prompt_tokens.is_some()
+            || s.output_tokens.is_some()
+            || s.repetition_penalty.is_some()
+            || s.frequency_penalty.is_some()
+            || s.presence_penalty.is_some()
+            || s.logit_bias.is_some()
+            || s.allowed_tokens.is_some()
+            || s.allowed_rows.is_some()
+            || s.banned_tokens.is_some()
+            || s.bad_words.is_some()
+            || s.min_tokens.is_some()
+            || s.stop_tokens.is_some()
+            || s.token_bitmask.is_some()
+    }
 }
 
 impl<'a> VerifyBatch<'a> {
@@ -82,6 +143,7 @@ impl<'a> VerifyBatch<'a> {
             uniforms: None,
             noise: None,
             draft_parents: None,
+            step: VerifyStep::default(),
         }
     }
 }

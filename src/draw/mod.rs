@@ -27,6 +27,8 @@ mod split;
 mod stepped;
 mod tiles;
 pub(crate) mod verify;
+mod verify_step;
+pub(crate) use verify_step::RequestStep;
 pub(crate) mod workers;
 
 use crate::alloc;

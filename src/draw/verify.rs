@@ -18,9 +18,10 @@
 //!
 //! Rows after a request's first rejection are not read.
 
-use super::kept::BLOCK_MAX;
+use super::kept::{BLOCK_MAX, PROCESSED};
 use super::row::{finish, race_params, summarize};
 use super::split::{worker_panicked, FirstError, Workers};
+use super::verify_step::{processed_row, raw_logprob, RequestStep};
 use super::RowPlan;
 use crate::alloc;
 use crate::batch::{flags, Batch, LogprobMode, VerifyOutput};
@@ -48,6 +49,8 @@ pub(crate) struct Drafts<'a> {
     pub uniforms: &'a [f64],
     /// The request's draft tree: each node's parent (-1: the root); `None`: a chain.
     pub parents: Option<&'a [i32]>,
+    /// The sampling step applied to each target row before it judges (`None`: rows as given).
+    pub step: Option<RequestStep<'a>>,
 }
 
 /// What verifying one request gave: the emitted tokens (accepted drafts, then one more), their
@@ -76,6 +79,71 @@ struct RowVerdict {
     logprob: f32,
 }
 
+/// The verdict of a row, as [`judge!`] adjusts it.
+trait HasVerdict {
+    fn verdict(&mut self) -> &mut RowVerdict;
+}
+
+impl HasVerdict for RowVerdict {
+    fn verdict(&mut self) -> &mut RowVerdict {
+        self
+    }
+}
+
+impl<T> HasVerdict for (T, RowVerdict) {
+    fn verdict(&mut self) -> &mut RowVerdict {
+        &mut self.1
+    }
+}
+
+/// Runs `$body` (a judgement of row `$v`, logprobs in mode `$lp`) on target row `$r`
+/// (request-local `$local` of drafts `$d`): on the row as given, or, when the request's step
+/// changes it, on its processed values, with the caller's NaN flagged and raw logprobs taken
+/// from the row as given (what a draw of the row with that step reports).
+macro_rules! judge {
+    ($k:expr, $batch:expr, ($r:expr, $local:expr), $d:expr, $logprobs:expr, |$v:ident, $lp:ident| $body:expr) => {{
+        // (The thread's buffer is taken out while the row is judged, and put back after.)
+        let processed = match $d.step.as_ref() {
+            None => Ok(None),
+            Some(s) => {
+                let mut y = PROCESSED.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+                match processed_row($k, $batch, ($r, $local), s, $d, &mut y) {
+                    Ok(Some(nan)) => Ok(Some((y, nan))),
+                    other => {
+                        PROCESSED.with(|cell| *cell.borrow_mut() = y);
+                        other.map(|_| None)
+                    }
+                }
+            }
+        };
+        match processed {
+            Err(e) => Err(e),
+            Ok(None) => {
+                let $lp = $logprobs;
+                with_row!($batch, $r, |$v| $body)
+            }
+            Ok(Some((y, nan))) => {
+                let raw = $logprobs == Some(LogprobMode::Raw);
+                let $lp = if raw { None } else { $logprobs };
+                let judged = {
+                    let $v = &y[..];
+                    $body
+                };
+                PROCESSED.with(|cell| *cell.borrow_mut() = y);
+                let mut judged = judged?;
+                let verdict = judged.verdict();
+                if nan {
+                    verdict.flags |= flags::HAS_NAN;
+                }
+                if raw {
+                    verdict.logprob = raw_logprob($k, $batch, $r, verdict.token)?;
+                }
+                Ok(judged)
+            }
+        }
+    }};
+}
+
 /// Verifies one request of the call whose target rows are `batch`.
 pub(crate) fn verify_request(
     k: &Kernels,
@@ -94,7 +162,9 @@ pub(crate) fn verify_request(
             let q = d.q.map(|(q, stride)| &q[j * stride..j * stride + batch.vocab]);
             ((id != PLACEHOLDER_DRAFT).then_some(id as usize), q, d.uniforms[j])
         });
-        let verdict = with_row!(batch, r, |row| verify_row(k, batch, r, row, plans[r], draft, logprobs))?;
+        let verdict: Result<RowVerdict> =
+            judge!(k, batch, (r, j), d, logprobs, |row, lp| verify_row(k, batch, r, row, plans[r], draft, lp));
+        let verdict = verdict?;
         v.flags |= verdict.flags;
         v.nonfinite_rows += u32::from(verdict.flags & flags::NONFINITE != 0);
         v.tokens.push(verdict.token);
@@ -138,13 +208,19 @@ fn verify_tree(
         let (chosen, verdict) = match children.len() {
             0 | 1 => {
                 let draft = children.first().map(|&c| draft_of(batch, d, c));
-                let verdict = with_row!(batch, r, |row| verify_row(k, batch, r, row, plans[r], draft, logprobs))?;
+                let verdict: Result<RowVerdict> = judge!(k, batch, (r, first), d, logprobs, |row, lp| verify_row(
+                    k, batch, r, row, plans[r], draft, lp
+                ));
+                let verdict = verdict?;
                 (children.first().copied().filter(|_| verdict.accepted), verdict)
             }
             _ => {
                 let drafts: Vec<Draft> = children.iter().map(|&c| draft_of(batch, d, c)).collect();
-                let (chosen, verdict) =
-                    with_row!(batch, r, |row| verify_siblings(k, batch, r, row, plans[r], &drafts, logprobs))?;
+                let judged: Result<(Option<usize>, RowVerdict)> =
+                    judge!(k, batch, (r, first), d, logprobs, |row, lp| {
+                        verify_siblings(k, batch, r, row, plans[r], &drafts, lp)
+                    });
+                let (chosen, verdict) = judged?;
                 (chosen.map(|c| children[c]), verdict)
             }
         };

@@ -140,7 +140,10 @@ versioned!(tokenrace_output, v1 ends with topn_logprobs, default zeroed(), [
 versioned!(tokenrace_verify_batch, v1 ends with noise_row_stride, default zeroed(), [
     struct_size, dtype, logits, rows, vocab, row_stride, requests, reserved0, draft_counts, draft_tokens, draft_probs,
     draft_probs_row_stride, temperature, top_k, top_p, min_p, seeds, offsets, seeded, uniforms, noise, noise_kind,
-    reserved1, noise_row_stride, draft_parents,
+    reserved1, noise_row_stride, draft_parents, prompt_ids, prompt_offsets, output_ids, output_offsets,
+    repetition_penalty, frequency_penalty, presence_penalty, bias_ids, bias_values, bias_offsets, allowed_ids,
+    allowed_offsets, allowed_rows, banned_ids, banned_offsets, token_bitmask, bitmask_row_stride, bad_words_ids,
+    bad_word_offsets, bad_words_row_offsets, min_tokens, stop_ids, stop_offsets,
 ]);
 versioned!(tokenrace_verify_output, v1 ends with logprobs, default zeroed(), [
     struct_size, logprob_mode, tokens, tokens_stride, counts, flags, logprobs, accepted_nodes,

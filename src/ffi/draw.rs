@@ -198,7 +198,7 @@ unsafe fn words<'a>(b: &tokenrace_batch, rows: usize, fields: WordPointers) -> R
 ///
 /// # Safety
 /// `ptr` is NULL or covers `rows + 1` elements.
-unsafe fn offsets<'a>(
+pub(super) unsafe fn offsets<'a>(
     rows: usize,
     field: &'static str,
     ptr: *const u64,
@@ -225,7 +225,7 @@ unsafe fn offsets<'a>(
 
 /// Refuses list entries given without the offsets that say whose they are: silently ignoring them
 /// would lift an allowed list or draw a banned token.
-fn needs_offsets(given: &[(&'static str, bool)], offsets_field: &'static str) -> Result<()> {
+pub(super) fn needs_offsets(given: &[(&'static str, bool)], offsets_field: &'static str) -> Result<()> {
     match given.iter().find(|(_, g)| *g) {
         Some((field, _)) => Err(Error::arg(
             Owner::Batch,
@@ -243,7 +243,7 @@ fn needs_offsets(given: &[(&'static str, bool)], offsets_field: &'static str) ->
 ///
 /// # Safety
 /// Non-NULL pointers cover `rows + 1` offsets and that many ids.
-unsafe fn lists<'a>(
+pub(super) unsafe fn lists<'a>(
     rows: usize,
     (ids_field, ids): (&'static str, *const i32),
     (offsets_field, offs): (&'static str, *const u64),

@@ -701,6 +701,65 @@ pub struct tokenrace_verify_batch {
     /// judged by recursive rejection sampling: docs/semantics.md, "Draft trees"). Target row 0
     /// of a request is its root's, row 1 + i node i's. NULL: chains (node i's parent is i - 1).
     pub draft_parents: *const i32,
+    // The sampling step inside verification (since 0.3): each target row is processed exactly
+    // as a draw of it with these inputs would be (penalties, bias, masks, bad words,
+    // min_tokens), its output history being the request's output followed by the drafts before
+    // its position (a tree node's: its ancestors' drafts and its own). Every list and parameter
+    // is per REQUEST (CSR lists of `requests` rows, as `tokenrace_batch`'s of `rows` rows); the
+    // bitmask is per TARGET ROW. All NULL: the target rows are judged as given.
+    // docs/semantics.md, "The sampling step in verification".
+    /// Each request's prompt ids (the repetition penalty); NULL: none.
+    pub prompt_ids: *const i32,
+    /// `requests + 1` offsets into `prompt_ids`.
+    pub prompt_offsets: *const u64,
+    /// Each request's output ids so far, before its drafts; NULL: none.
+    pub output_ids: *const i32,
+    /// `requests + 1` offsets into `output_ids`.
+    pub output_offsets: *const u64,
+    /// Per-request repetition penalty (> 0; 1 off); NULL: off.
+    pub repetition_penalty: *const f32,
+    /// Per-request frequency penalty (finite; 0 off); its counts include the drafts before the
+    /// position. NULL: off.
+    pub frequency_penalty: *const f32,
+    /// Per-request presence penalty (finite; 0 off); NULL: off.
+    pub presence_penalty: *const f32,
+    /// Each request's biased ids, with `bias_values` (finite, or -inf to ban), CSR by
+    /// `bias_offsets`; NULL: none.
+    pub bias_ids: *const i32,
+    /// One bias per entry of `bias_ids`.
+    pub bias_values: *const f32,
+    /// `requests + 1` offsets into `bias_ids` and `bias_values`.
+    pub bias_offsets: *const u64,
+    /// Each request's allowed ids (only these may be emitted); NULL: unrestricted.
+    pub allowed_ids: *const i32,
+    /// `requests + 1` offsets into `allowed_ids`.
+    pub allowed_offsets: *const u64,
+    /// Per-request flag, nonzero = the request carries an allowed list (NULL with the lists:
+    /// every request).
+    pub allowed_rows: *const u8,
+    /// Each request's banned ids; NULL: none.
+    pub banned_ids: *const i32,
+    /// `requests + 1` offsets into `banned_ids`.
+    pub banned_offsets: *const u64,
+    /// A grammar bitmask row per TARGET ROW (`rows` rows, xgrammar's packed layout, as
+    /// `tokenrace_batch.token_bitmask`); NULL: none.
+    pub token_bitmask: *const i32,
+    /// int32 words between bitmask rows; 0 means ceil(vocab / 32).
+    pub bitmask_row_stride: u64,
+    /// The tokens of every bad word, as `tokenrace_batch.bad_words_ids`; a word's prefix is
+    /// matched against each target row's history (output, then the drafts before it).
+    pub bad_words_ids: *const i32,
+    /// One more offset than there are words: positions into `bad_words_ids`.
+    pub bad_word_offsets: *const u64,
+    /// `requests + 1` offsets into the words; NULL: no bad words.
+    pub bad_words_row_offsets: *const u64,
+    /// Per-request minimum output length: a target row whose history (output and the drafts
+    /// before it) is shorter bans the request's stop ids. NULL: 0.
+    pub min_tokens: *const i32,
+    /// Each request's stop ids (banned below `min_tokens`); NULL: none.
+    pub stop_ids: *const i32,
+    /// `requests + 1` offsets into `stop_ids`.
+    pub stop_offsets: *const u64,
 }
 
 /// Where `tokenrace_verify()` writes. `tokens` and `counts` are required. Nothing is written if

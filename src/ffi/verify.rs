@@ -6,9 +6,13 @@
 use super::api::tokenrace_sampler;
 use super::convert::{arg_enum, opt_slice, read_versioned, slice};
 use super::disjoint::{Disjoint, Region};
+use super::draw::{lists, needs_offsets, offsets};
 use super::panic::guard;
 use super::types::*;
-use crate::batch::{noise_span, span, DraftProbs, ExternalNoise, Logits, VerifyBatch, VerifyOutput};
+use crate::batch::{
+    noise_span, span, BadWords, DraftProbs, ExternalNoise, LogitBias, Logits, TokenBitmask, TokenLists, VerifyBatch,
+    VerifyOutput, VerifyStep,
+};
 use crate::error::{Error, Owner, Result};
 use crate::kernels::{Bf16, F16};
 
@@ -74,7 +78,80 @@ unsafe fn batch_from_c<'a>(b: &tokenrace_verify_batch) -> Result<VerifyBatch<'a>
         uniforms: unsafe { opt_slice(Owner::Batch, "uniforms", b.uniforms, drafts)? },
         noise,
         draft_parents: unsafe { opt_slice(Owner::Batch, "draft_parents", b.draft_parents, drafts)? },
+        step: unsafe { step_from_c(b, requests, vocab)? },
     })
+}
+
+/// The sampling step's inputs of a C verify batch: per-request lists and parameters, a bitmask
+/// row per target row.
+///
+/// # Safety
+/// Every non-NULL pointer of `b` covers the elements its sizes say, for `'a`.
+unsafe fn step_from_c<'a>(b: &tokenrace_verify_batch, requests: usize, vocab: usize) -> Result<VerifyStep<'a>> {
+    let n = requests;
+    // SAFETY (every slice below): the caller's contract for the batch's pointers.
+    unsafe {
+        let bias = match lists(n, ("bias_ids", b.bias_ids), ("bias_offsets", b.bias_offsets))? {
+            None => {
+                needs_offsets(&[("bias_values", !b.bias_values.is_null())], "bias_offsets")?;
+                None
+            }
+            Some(l) => {
+                let values = slice(Owner::Batch, "bias_values", b.bias_values, l.ids.len())?;
+                Some(LogitBias { ids: l.ids, values, offsets: l.offsets })
+            }
+        };
+        let bitmask = if b.token_bitmask.is_null() {
+            None
+        } else {
+            let words = vocab.div_ceil(32);
+            let row_stride = if b.bitmask_row_stride == 0 { words } else { size(b.bitmask_row_stride) };
+            let len = span(b.rows as usize, words, row_stride.max(words), 4, "bitmask_row_stride")?;
+            Some(TokenBitmask { words: slice(Owner::Batch, "token_bitmask", b.token_bitmask, len)?, row_stride })
+        };
+        let bad_words = match offsets(n, "bad_words_row_offsets", b.bad_words_row_offsets, size_of::<u64>())? {
+            None => {
+                let given = [
+                    ("bad_words_ids", !b.bad_words_ids.is_null()),
+                    ("bad_word_offsets", !b.bad_word_offsets.is_null()),
+                ];
+                needs_offsets(&given, "bad_words_row_offsets")?;
+                None
+            }
+            Some((row_offsets, words)) => {
+                let Some((word_offsets, len)) =
+                    offsets(words, "bad_word_offsets", b.bad_word_offsets, size_of::<i32>())?
+                else {
+                    return Err(Error::arg(
+                        Owner::Batch,
+                        "bad_word_offsets",
+                        None,
+                        "is NULL while bad_words_row_offsets is given",
+                    ));
+                };
+                Some(BadWords {
+                    ids: slice(Owner::Batch, "bad_words_ids", b.bad_words_ids, len)?,
+                    word_offsets,
+                    row_offsets,
+                })
+            }
+        };
+        Ok(VerifyStep {
+            prompt_tokens: lists(n, ("prompt_ids", b.prompt_ids), ("prompt_offsets", b.prompt_offsets))?,
+            output_tokens: lists(n, ("output_ids", b.output_ids), ("output_offsets", b.output_offsets))?,
+            repetition_penalty: opt_slice(Owner::Batch, "repetition_penalty", b.repetition_penalty, n)?,
+            frequency_penalty: opt_slice(Owner::Batch, "frequency_penalty", b.frequency_penalty, n)?,
+            presence_penalty: opt_slice(Owner::Batch, "presence_penalty", b.presence_penalty, n)?,
+            logit_bias: bias,
+            allowed_tokens: lists(n, ("allowed_ids", b.allowed_ids), ("allowed_offsets", b.allowed_offsets))?,
+            allowed_rows: opt_slice(Owner::Batch, "allowed_rows", b.allowed_rows, n)?,
+            banned_tokens: lists(n, ("banned_ids", b.banned_ids), ("banned_offsets", b.banned_offsets))?,
+            bad_words,
+            min_tokens: opt_slice(Owner::Batch, "min_tokens", b.min_tokens, n)?,
+            stop_tokens: lists(n, ("stop_ids", b.stop_ids), ("stop_offsets", b.stop_offsets))?,
+            token_bitmask: bitmask,
+        })
+    }
 }
 
 /// The Rust view of a C verify output for `b`'s requests.
@@ -111,7 +188,14 @@ unsafe fn output_from_c<'a>(o: &tokenrace_verify_output, b: &VerifyBatch) -> Res
 }
 
 /// The arrays a verify call reads, for the check that no output shares memory with them.
-fn input_regions(b: &VerifyBatch) -> [Option<Region>; 14] {
+fn input_regions(b: &VerifyBatch) -> [Option<Region>; 33] {
+    let s = &b.step;
+    fn ids<'a>(l: Option<TokenLists<'a>>) -> Option<&'a [i32]> {
+        l.map(|l| l.ids)
+    }
+    fn offs<'a>(l: Option<TokenLists<'a>>) -> Option<&'a [u64]> {
+        l.map(|l| l.offsets)
+    }
     [
         Some(Region::logits(b.logits)),
         Region::input("draft_counts", Some(b.draft_counts)),
@@ -127,6 +211,25 @@ fn input_regions(b: &VerifyBatch) -> [Option<Region>; 14] {
         Region::input("uniforms", b.uniforms),
         Region::input("noise", b.noise.map(|n| n.values)),
         Region::input("draft_parents", b.draft_parents),
+        Region::input("prompt_ids", ids(s.prompt_tokens)),
+        Region::input("prompt_offsets", offs(s.prompt_tokens)),
+        Region::input("output_ids", ids(s.output_tokens)),
+        Region::input("output_offsets", offs(s.output_tokens)),
+        Region::input("repetition_penalty", s.repetition_penalty),
+        Region::input("frequency_penalty", s.frequency_penalty),
+        Region::input("presence_penalty", s.presence_penalty),
+        Region::input("bias_ids", s.logit_bias.map(|l| l.ids)),
+        Region::input("bias_values", s.logit_bias.map(|l| l.values)),
+        Region::input("bias_offsets", s.logit_bias.map(|l| l.offsets)),
+        Region::input("allowed_ids", ids(s.allowed_tokens)),
+        Region::input("allowed_offsets", offs(s.allowed_tokens)),
+        Region::input("allowed_rows", s.allowed_rows),
+        Region::input("banned_ids", ids(s.banned_tokens)),
+        Region::input("banned_offsets", offs(s.banned_tokens)),
+        Region::input("token_bitmask", s.token_bitmask.map(|m| m.words)),
+        Region::input("bad_words_ids", s.bad_words.map(|w| w.ids)),
+        Region::input("min_tokens", s.min_tokens),
+        Region::input("stop_ids", ids(s.stop_tokens)),
     ]
 }
 

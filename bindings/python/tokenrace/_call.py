@@ -118,7 +118,10 @@ KEPT_OFFSET = getattr(_ffi.tokenrace_output, _ffi.OUTPUT_KEPT_FIRST).offset
 BATCH_SIZE = ctypes.sizeof(_ffi.tokenrace_batch)
 OUTPUT_SIZE = ctypes.sizeof(_ffi.tokenrace_output)
 # A verify call (``Sampler.verify``) packs its structs whole, in one call each.
-VERIFY_BATCH_LAYOUT = struct_layout(_ffi.tokenrace_verify_batch)
+VERIFY_BATCH_LAYOUT = struct_layout(_ffi.tokenrace_verify_batch, stop="prompt_ids")
+# The verify batch's sampling step block (since 0.3), packed at its offset when given.
+VERIFY_STEP_LAYOUT = struct_layout(_ffi.tokenrace_verify_batch, first="prompt_ids")
+VERIFY_STEP_OFFSET = _ffi.tokenrace_verify_batch.prompt_ids.offset
 VERIFY_OUTPUT_LAYOUT = struct_layout(_ffi.tokenrace_verify_output)
 VERIFY_BATCH_SIZE = ctypes.sizeof(_ffi.tokenrace_verify_batch)
 VERIFY_OUTPUT_SIZE = ctypes.sizeof(_ffi.tokenrace_verify_output)

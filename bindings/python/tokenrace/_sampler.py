@@ -789,7 +789,10 @@ class Sampler(_Closable):
 
     def verify(self, target_logits, draft_tokens, draft_counts, *, draft_probs=None, temperature=None,
                top_k=None, top_p=None, min_p=None, seeds=None, offsets=None, seeded=None, uniforms=None,
-               noise=None, noise_kind="exp", logprobs=False, logprob_mode="raw", draft_parents=None):
+               noise=None, noise_kind="exp", logprobs=False, logprob_mode="raw", draft_parents=None,
+               prompt_tokens=None, output_tokens=None, repetition_penalty=None, frequency_penalty=None,
+               presence_penalty=None, logit_bias=None, allowed_tokens=None, banned_tokens=None, token_bitmask=None,
+               bad_words=None, min_tokens=None, stop_token_ids=None):
         """Verifies draft tokens (speculative decoding) by vLLM's rejection sampling; returns a
         ``VerifyResult``. See ``docs/semantics.md``, Verifying draft tokens.
 
@@ -842,6 +845,17 @@ class Sampler(_Closable):
             order by recursive rejection sampling (``docs/semantics.md``, Draft trees); with
             ``draft_probs`` each node's row is the distribution it was drawn from, equal among
             siblings. ``r.accepted_nodes`` holds the accepted nodes in path order, then -1.
+        prompt_tokens, output_tokens, repetition_penalty, frequency_penalty, presence_penalty,
+            logit_bias, allowed_tokens, banned_tokens, bad_words, min_tokens, stop_token_ids: the
+            sampling step applied to every target row before it judges (``docs/semantics.md``,
+            The sampling step in verification), in ``draw``'s forms with one entry PER REQUEST
+            (a request stands for a row). Target row j of a request is processed exactly as a
+            draw of it would be with the request's inputs and the output history ``output_tokens
+            + drafts[:j]`` (vLLM's rule: the penalties count the drafts before the position, bad
+            words match against them, min_tokens counts them); a tree node's history is the
+            output, then its ancestors' drafts and its own.
+        token_bitmask: a grammar bitmask with one row PER TARGET ROW (int32, xgrammar's layout,
+            ``rows x ceil(vocab / 32)``), as ``draw``'s.
 
         Returns a ``VerifyResult``: ``tokens`` (int32, requests x (max(draft_counts) + 1), each
         request's emitted tokens then -1, vLLM's placeholder), ``counts`` (int32 per request),
@@ -855,7 +869,13 @@ class Sampler(_Closable):
         """
         return _verify(self, target_logits, draft_tokens, draft_counts, draft_probs, temperature, top_k, top_p,
                       min_p, seeds, offsets, seeded, uniforms, noise, noise_kind, logprobs, logprob_mode,
-                      draft_parents)
+                      draft_parents, step={
+                          "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
+                          "repetition_penalty": repetition_penalty, "frequency_penalty": frequency_penalty,
+                          "presence_penalty": presence_penalty, "logit_bias": logit_bias,
+                          "allowed_tokens": allowed_tokens, "banned_tokens": banned_tokens,
+                          "token_bitmask": token_bitmask, "bad_words": bad_words, "min_tokens": min_tokens,
+                          "stop_token_ids": stop_token_ids})
 
 
 def _raise(status):

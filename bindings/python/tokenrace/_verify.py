@@ -25,7 +25,10 @@ import numpy as np
 
 from . import _ffi
 from ._arrays import LOGITS_DTYPES, NOISE_DTYPES, _ndim, float64_vector, int32_vector, per_row, rows_view
-from ._call import VERIFY_BATCH_LAYOUT, VERIFY_BATCH_SIZE, VERIFY_OUTPUT_LAYOUT, VERIFY_OUTPUT_SIZE, address
+from ._call import (VERIFY_BATCH_LAYOUT, VERIFY_BATCH_SIZE, VERIFY_OUTPUT_LAYOUT, VERIFY_OUTPUT_SIZE,
+                    VERIFY_STEP_LAYOUT, VERIFY_STEP_OFFSET, address)
+from ._step import FIELD_ARGUMENTS as STEP_FIELD_ARGUMENTS
+from ._step import bad_words_csr, bitmask_view, step_fields
 from ._common import _choice, _offsets_without_seeds
 from ._errors import InvalidArgumentError, UnsupportedError, check
 
@@ -38,7 +41,37 @@ PLACEHOLDER_TOKEN_ID = -1
 _FIELD_ARGUMENTS = {
     "logits": "target_logits", "rows": "target_logits", "row_stride": "target_logits", "vocab": "target_logits",
     "dtype": "target_logits", "draft_probs_row_stride": "draft_probs", "noise_row_stride": "noise",
+    **{field: argument for field, argument in STEP_FIELD_ARGUMENTS.items() if field not in ("penalty_last_n",)},
 }
+
+# The keyword arguments of ``Sampler.verify`` that make its sampling step, with their defaults.
+STEP_ARGUMENTS = ("prompt_tokens", "output_tokens", "repetition_penalty", "frequency_penalty", "presence_penalty",
+                  "logit_bias", "allowed_tokens", "banned_tokens", "token_bitmask", "bad_words", "min_tokens",
+                  "stop_token_ids")
+
+
+def _step_block(step, requests, rows, vocab, keep):
+    """The 23 values of the verify batch's step block (``VERIFY_STEP_LAYOUT``), or None when no
+    step argument is given. Lists and parameters are per request (``draw``'s forms, a request
+    standing for a row); ``token_bitmask`` is per target row."""
+    if all(step.get(name) is None for name in STEP_ARGUMENTS):
+        return None
+    f = step_fields(requests, vocab, keep, step.get("prompt_tokens"), step.get("output_tokens"),
+                    step.get("repetition_penalty"), step.get("frequency_penalty"), step.get("presence_penalty"),
+                    step.get("logit_bias"), step.get("allowed_tokens"), step.get("banned_tokens"), None,
+                    min_tokens=step.get("min_tokens"), stop_token_ids=step.get("stop_token_ids"))
+    (prompt_ids, prompt_offsets, output_ids, output_offsets, rep, freq, pres, bias_ids, bias_values, bias_offsets,
+     allowed_ids, allowed_offsets, allowed_rows, banned_ids, banned_offsets, _mask, _stride, _last_n, min_n,
+     stop_ids, stop_offsets) = f
+    mask_ptr, mask_stride = bitmask_view(step.get("token_bitmask"), rows, vocab, "token_bitmask", keep)
+    words = (0, 0, 0)
+    if step.get("bad_words") is not None:
+        arrays = bad_words_csr(step["bad_words"], requests)
+        keep.extend(arrays)
+        words = tuple(address(a) for a in arrays)
+    return (prompt_ids, prompt_offsets, output_ids, output_offsets, rep, freq, pres, bias_ids, bias_values,
+            bias_offsets, allowed_ids, allowed_offsets, allowed_rows, banned_ids, banned_offsets, mask_ptr,
+            mask_stride, *words, min_n, stop_ids, stop_offsets)
 
 
 @dataclass
@@ -104,7 +137,8 @@ def _parents(draft_parents, counts, drafts, keep):
 
 
 def verify(sampler, target_logits, draft_tokens, draft_counts, draft_probs, temperature, top_k, top_p, min_p,
-           seeds, offsets, seeded, uniforms, noise, noise_kind, logprobs, logprob_mode, draft_parents=None):
+           seeds, offsets, seeded, uniforms, noise, noise_kind, logprobs, logprob_mode, draft_parents=None,
+           step=None):
     """The body of ``Sampler.verify`` (see its docstring)."""
     mode = _choice("logprob_mode", logprob_mode, _ffi.LOGPROB_MODE_NAMES)
     if not isinstance(logprobs, (bool, np.bool_)):
@@ -193,6 +227,7 @@ def verify(sampler, target_logits, draft_tokens, draft_counts, draft_probs, temp
     seeded = _per_request(seeded, requests, np.uint8, "seeded", keep)
 
     parents = _parents(draft_parents, counts, drafts, keep)
+    block = _step_block(step or {}, requests, rows, vocab, keep)
 
     width = int(counts.max()) + 1 if requests else 1
     res = VerifyResult(
@@ -207,6 +242,8 @@ def verify(sampler, target_logits, draft_tokens, draft_counts, draft_probs, temp
                                   requests, 0, address(counts), address(ids), q_ptr, q_stride, temperature, top_k,
                                   top_p, min_p, seeds, offsets, seeded, u_ptr, noise_ptr, kind, 0, noise_stride,
                                   parents)
+    if block is not None:
+        VERIFY_STEP_LAYOUT.pack_into(batch, VERIFY_STEP_OFFSET, *block)
     out = _ffi.tokenrace_verify_output()
     VERIFY_OUTPUT_LAYOUT.pack_into(out, 0, VERIFY_OUTPUT_SIZE, mode, address(res.tokens), 0, address(res.counts),
                                    address(res.flags), address(res.logprobs) if logprobs else 0,

@@ -853,12 +853,19 @@ def rejection_sample(target_logits, draft_token_ids, num_draft_tokens, temperatu
         largest draft count.
     sampler: the ``tokenrace.Sampler`` to use (default: ``default_sampler()``).
     prompt_token_ids, output_token_ids, repetition_penalties, frequency_penalties,
-    presence_penalties, allowed_token_ids_mask, bad_words_token_ids, logit_bias, token_bitmask:
-        ``sample``'s sampling step, named for the same call shape; refused (ValueError) when
-        given: the library's verification applies no sampling step to the target rows yet, and
-        vLLM applies it per draft position with output counts that include the drafts before
-        it, which a step applied here would not reproduce exactly. ``no_penalties`` is accepted
-        (nothing to apply).
+    presence_penalties, no_penalties, allowed_token_ids_mask, bad_words_token_ids, logit_bias:
+        the sampling step of vLLM's ``SamplingMetadata``, one entry PER REQUEST, in ``sample``'s
+        forms (padded prompt/output id tensors, padding = vocab size; ``output_token_ids`` also
+        vLLM's list of lists; the allowed mask bool [batch, vocab], True = not allowed;
+        ``{request: [word, ...]}``; a list of ``{id: bias}`` dicts). Applied to each target row
+        as vLLM's rejection sampler applies it: at draft position j the output history is the
+        request's output followed by drafts 0..j-1 (the penalties count them, multi-token bad
+        words match against them, docs/semantics.md "The sampling step in verification"); the
+        bonus row's history holds every draft. Bit-identical to drawing each target row
+        through ``sample`` with that history.
+    token_bitmask: a grammar bitmask with one row per TARGET ROW (int32 [num_tokens + batch,
+        ceil(vocab / 32)], xgrammar's layout: vLLM's spec-decode bitmask, a row per position);
+        with ``allowed_token_ids_mask`` a token needs both.
     draft_parents: None (chains), or an integer tensor [num_tokens] making each request's drafts
         a tree (EAGLE-style), as ``Sampler.verify``'s ``draft_parents``: request-local, -1 for a
         child of the context, else an earlier node; target rows: the root's, then one per node.
@@ -871,9 +878,7 @@ def rejection_sample(target_logits, draft_token_ids, num_draft_tokens, temperatu
     A refused call (ValueError, TypeError, the library's InvalidArgumentError) leaves the
     generators as they were (see ``_GeneratorDraws``).
     """
-    _check_logits(target_logits, "target_logits")
-    _refuse_step_in_verify(prompt_token_ids, output_token_ids, repetition_penalties, frequency_penalties,
-                           presence_penalties, allowed_token_ids_mask, bad_words_token_ids, logit_bias, token_bitmask)
+    rows = _check_logits(target_logits, "target_logits")
     if sampler is not None and not isinstance(sampler, Sampler):
         raise TypeError(f"sampler: must be a tokenrace.Sampler, got {type(sampler).__name__}")
     if temperature is None:
@@ -882,6 +887,12 @@ def rejection_sample(target_logits, draft_token_ids, num_draft_tokens, temperatu
     sampler = default_sampler() if sampler is None else sampler
     counts = _draft_counts(num_draft_tokens)
     longest = int(counts.max()) if counts.size else 0
+    step = _verify_step_arguments(
+        counts, rows, target_logits.shape[1], prompt_token_ids=prompt_token_ids, output_token_ids=output_token_ids,
+        repetition_penalties=repetition_penalties, frequency_penalties=frequency_penalties,
+        presence_penalties=presence_penalties, no_penalties=no_penalties,
+        allowed_token_ids_mask=allowed_token_ids_mask, bad_words_token_ids=bad_words_token_ids,
+        logit_bias=logit_bias, token_bitmask=token_bitmask)
     if max_spec_len is not None:  # checked before any generator advances
         if isinstance(max_spec_len, bool) or not isinstance(max_spec_len, (int, np.integer)):
             raise TypeError(f"max_spec_len: must be an integer, got {type(max_spec_len).__name__}")
@@ -893,7 +904,7 @@ def rejection_sample(target_logits, draft_token_ids, num_draft_tokens, temperatu
     try:
         result = sampler.verify(target_logits, draft_token_ids, counts, draft_probs=draft_probs,
                                 temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seeds=req_seeds,
-                                seeded=seeded, offsets=offsets, draft_parents=draft_parents)
+                                seeded=seeded, offsets=offsets, draft_parents=draft_parents, **step)
     except BaseException:
         draws.restore()
         raise
@@ -904,14 +915,30 @@ def rejection_sample(target_logits, draft_token_ids, num_draft_tokens, temperatu
     return torch.from_numpy(tokens)
 
 
-def _refuse_step_in_verify(*values):
-    given = [name for name, value in zip(STEP_ARGUMENTS, values) if value is not None]
-    if given:
-        raise ValueError(
-            f"{', '.join(given)}: rejection_sample cannot apply the sampling step yet: the library's "
-            f"verification takes the target rows as given, and vLLM applies penalties, bias and masks per draft "
-            f"position with output counts that include the drafts before it; pass target logits with the step "
-            f"applied, or use vLLM's own rejection sampler for such batches")
+def _verify_step_arguments(counts, rows, vocab, token_bitmask=None, allowed_token_ids_mask=None, **kwargs):
+    """The sampling step's keyword arguments of ``Sampler.verify`` from vLLM V1's forms: the
+    histories, penalties, bias, allowed mask and bad words per REQUEST (as ``sample`` reads them
+    per row, a request standing for a row), the grammar bitmask per TARGET ROW (vLLM's spec-decode
+    bitmask: one row per draft position and one per bonus position). The allowed mask, packed per
+    request, is repeated over the request's target rows and combined with the grammar bitmask (a
+    token needs both)."""
+    if (token_bitmask is not None and not isinstance(token_bitmask, (torch.Tensor, np.ndarray))):
+        raise TypeError(f"token_bitmask: must be int32 words [rows, ceil(vocab / 32)] (a CPU tensor or numpy "
+                        f"array), got {type(token_bitmask).__name__}")
+    step = _step_arguments(int(counts.size), vocab, allowed_token_ids_mask=allowed_token_ids_mask, **kwargs)
+    step.pop("penalty_last_n", None)
+    per_request = step.pop("token_bitmask", None)
+    bitmask = None
+    if per_request is not None:
+        bitmask = np.repeat(per_request, counts.astype(np.int64) + 1, axis=0)
+    if token_bitmask is not None:
+        if bitmask is None:
+            bitmask = token_bitmask  # read in place by the binding, which checks its shape
+        else:
+            bitmask &= _grammar_words(token_bitmask, bitmask.shape)
+    if bitmask is not None:
+        step["token_bitmask"] = bitmask
+    return step
 
 
 def _all_gather_bytes(data: bytes, group):
