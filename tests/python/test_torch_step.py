@@ -357,14 +357,15 @@ def test_a_step_the_library_refuses_puts_the_generators_back(tt, torch, tokenrac
             torch.randint(0, 2**31, (1,), generator=twin, dtype=torch.long).item()
 
 
-def test_rejection_sample_refuses_the_step_naming_it(tt, torch, x):
+def test_rejection_sample_refuses_a_bad_step_input_naming_it(tt, torch, x):
     gens = {0: torch.Generator().manual_seed(5)}
     twin = torch.Generator().manual_seed(5)
     target = tensor(torch, x[:3])
     drafts = tensor(torch, np.array([1, 2], np.int64))
-    with pytest.raises(ValueError, match="bad_words_token_ids, logit_bias: rejection_sample cannot apply"):
-        tt.rejection_sample(target, drafts, [2], 1.0, generators=gens, logit_bias=[None],
-                            bad_words_token_ids={0: [[1]]})
+    vocab = x.shape[1]
+    with pytest.raises(ValueError, match="logit_bias"):
+        tt.rejection_sample(target, drafts, [2], 1.0, generators=gens, logit_bias=[{vocab + 5: 1.0}])
+    # A refused call draws nothing from the caller's generators.
     assert torch.randint(0, 2**31, (1,), generator=gens[0], dtype=torch.long).item() == \
         torch.randint(0, 2**31, (1,), generator=twin, dtype=torch.long).item()
     out = tt.rejection_sample(target, drafts, [2], 1.0, no_penalties=True)  # nothing to apply
