@@ -32,12 +32,17 @@ def torch(request, monkeypatch):
 
 @pytest.fixture
 def tt(tokenrace, torch):
-    """``tokenrace.torch`` imported against this test's torch, and forgotten afterwards."""
-    sys.modules.pop("tokenrace.torch", None)
+    """``tokenrace.torch`` imported against this test's torch; afterwards the module that was
+    imported before (other tests' modules hold it) is put back."""
+    before_module, before_attr = sys.modules.pop("tokenrace.torch", None), getattr(tokenrace, "torch", None)
     module = importlib.import_module("tokenrace.torch")
     yield module
     sys.modules.pop("tokenrace.torch", None)
-    if getattr(tokenrace, "torch", None) is module:
+    if before_module is not None:
+        sys.modules["tokenrace.torch"] = before_module
+    if before_attr is not None:
+        tokenrace.torch = before_attr
+    elif getattr(tokenrace, "torch", None) is module:
         delattr(tokenrace, "torch")
 
 

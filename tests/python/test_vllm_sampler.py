@@ -493,7 +493,8 @@ def test_the_plugin_installs_the_whole_sampler_on_a_cpu_platform(monkeypatch):
     # Everything register() replaces is put back after the test (vLLM 0.34 has no V1
     # TopKTopPSampler: register() skips that part).
     parent = CPUSampler.tokenrace_parent
-    monkeypatch.setattr(vllm_cpu, "CPUSampler", vllm_cpu.CPUSampler)
+    # Start from vLLM's own class whatever an earlier test installed (restored afterwards).
+    monkeypatch.setattr(vllm_cpu, "CPUSampler", parent)
     monkeypatch.setattr(parent, "_sample_random", parent._sample_random)
     runner_module = sys.modules.get("vllm.v1.worker.cpu.standalone_model_runner")
     if runner_module is not None:
