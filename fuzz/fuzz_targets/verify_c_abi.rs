@@ -745,11 +745,15 @@ fn run(data: &[u8]) -> Result<()> {
         reserved1: 0,
         noise_row_stride: noise_stride,
         draft_parents: parents_buf.ptr(),
+        // The sampling step's fields (after the tree) stay NULL here: draw_c_abi and
+        // step_state_c_abi fuzz the step.
+        // SAFETY: the struct is pointers and integers, for which all zeros is valid (NULL, 0).
+        ..unsafe { std::mem::zeroed() }
     };
     let (batch_buf, batch_expect, batch_size) = place(u, batch, offset_of!(tokenrace_verify_batch, draft_parents))?;
     let (out_buf, out_expect, out_size) = place(u, out, offset_of!(tokenrace_verify_output, accepted_nodes))?;
     // The tree and the accepted nodes only where the structs' sizes show them.
-    let tree_seen = batch_size >= BATCH_SIZE && parents.is_some();
+    let tree_seen = batch_size >= offset_of!(tokenrace_verify_batch, draft_parents) + 8 && parents.is_some();
     let nodes_seen = out_size >= OUTPUT_SIZE && outs.nodes.given();
     invalid |= tree_seen && tree_invalid;
     invalid |= nodes_seen && outs.nodes.misaligned();
