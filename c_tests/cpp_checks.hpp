@@ -842,6 +842,33 @@ inline void verify_equals_the_c_api(const tokenrace::Library& lib) {
   CHECK(sampler.stats().calls == 7);  // six verify calls and the chains given as trees
 }
 
+// The sampling step inside verification through the wrapper: a presence penalty counts the
+// accepted draft in the bonus row's history, so a greedy request's bonus token moves from the
+// draft's token to the next best; the wrapper refuses offsets of the wrong length.
+inline void verify_with_the_step(const tokenrace::Library& lib) {
+  const uint32_t vocab = 64;
+  std::vector<float> logits(2 * vocab, 0.0f);
+  logits[7] = 5.0f;          // row 0: the draft's row, argmax 7
+  logits[vocab + 7] = 3.0f;  // row 1 (bonus): 7 first, 9 second
+  logits[vocab + 9] = 2.5f;
+  const std::vector<int32_t> counts = {1}, drafts = {7};
+  const tokenrace::Logits target = tokenrace::Logits::f32(logits.data(), 2, vocab);
+  tokenrace::Sampler sampler(lib, tokenrace::Config().max_rows(8).seed(2));
+  const std::vector<int32_t> no_ids;
+  const std::vector<uint64_t> empty_output = {0, 0};
+  const tokenrace::VerifyResult plain = sampler.verify(target, counts, drafts, tokenrace::VerifyOptions().temperature(0.0f));
+  CHECK(plain.emitted(0) == std::vector<int32_t>({7, 7}));
+  const tokenrace::VerifyOptions step =
+      tokenrace::VerifyOptions().temperature(0.0f).output_tokens(no_ids, empty_output).presence_penalty(1.0f);
+  CHECK(sampler.verify(target, counts, drafts, step).emitted(0) == std::vector<int32_t>({7, 9}));
+  const std::vector<uint64_t> three_offsets = {0, 0, 0};
+  CHECK_THROWS(sampler.verify(target, counts, drafts, tokenrace::VerifyOptions().output_tokens(no_ids, three_offsets)),
+               TOKENRACE_STATUS_INVALID_ARGUMENT, "output_offsets has 3 values for 1 requests");
+  const std::vector<float> bad_penalty = {-1.0f};
+  CHECK_THROWS(sampler.verify(target, counts, drafts, tokenrace::VerifyOptions().repetition_penalty(bad_penalty)),
+               TOKENRACE_STATUS_INVALID_ARGUMENT, "batch.repetition_penalty[0]");
+}
+
 // Greedy requests through the wrapper, its own checks of the vectors, and the library's
 // messages for bad input.
 inline void verify_greedy_and_errors(const tokenrace::Library& lib) {
@@ -1635,6 +1662,7 @@ inline int run_wrapper_checks(const tokenrace::Library& lib) {
       {"a_sampler_is_shared_by_threads", a_sampler_is_shared_by_threads},
       {"verify_equals_the_c_api", verify_equals_the_c_api},
       {"verify_greedy_and_errors", verify_greedy_and_errors},
+      {"verify_with_the_step", verify_with_the_step},
       {"the_whole_step_equals_the_c_api", the_whole_step_equals_the_c_api},
       {"scalars_equal_per_row_values", scalars_equal_per_row_values},
       {"step_errors_name_the_argument", step_errors_name_the_argument},

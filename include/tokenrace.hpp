@@ -1399,6 +1399,72 @@ class VerifyOptions {
     return *this;
   }
 
+  // ---- the sampling step inside verification (docs/semantics.md, "The sampling step in
+  // verification"): every target row is processed as a draw of it would be, its output history
+  // being the request's output tokens followed by the drafts before its position (a tree node's:
+  // its ancestors' drafts and its own). Lists and values are PER REQUEST (CSR of requests rows,
+  // as DrawOptions' of rows); the bitmask is PER TARGET ROW.
+
+  // The prompt's token ids, CSR (the repetition penalty).
+  VerifyOptions& prompt_tokens(Span<int32_t> ids, Span<uint64_t> offsets) {
+    prompt_ = {ids, offsets};
+    return *this;
+  }
+  // The tokens generated so far, before the drafts, CSR (penalties, bad words, min_tokens).
+  VerifyOptions& output_tokens(Span<int32_t> ids, Span<uint64_t> offsets) {
+    output_ = {ids, offsets};
+    return *this;
+  }
+  // Repetition (> 0; 1 off), frequency and presence (finite; 0 off) penalties, per request.
+  VerifyOptions& repetition_penalty(Span<float> v) { return values(repetition_penalty_, v); }
+  template <class V, detail::if_number<V> = 0>
+  VerifyOptions& repetition_penalty(V every_request) { return scalar(repetition_penalty_, every_request); }
+  VerifyOptions& frequency_penalty(Span<float> v) { return values(frequency_penalty_, v); }
+  template <class V, detail::if_number<V> = 0>
+  VerifyOptions& frequency_penalty(V every_request) { return scalar(frequency_penalty_, every_request); }
+  VerifyOptions& presence_penalty(Span<float> v) { return values(presence_penalty_, v); }
+  template <class V, detail::if_number<V> = 0>
+  VerifyOptions& presence_penalty(V every_request) { return scalar(presence_penalty_, every_request); }
+  // Logit bias, CSR of (id, value) pairs per request: finite values add, -inf bans.
+  VerifyOptions& logit_bias(Span<int32_t> ids, Span<float> values, Span<uint64_t> offsets) {
+    bias_ = {ids, offsets};
+    bias_values_ = values;
+    return *this;
+  }
+  // The only tokens a request may emit, CSR, for the requests allowed_rows marks (default: all).
+  VerifyOptions& allowed_tokens(Span<int32_t> ids, Span<uint64_t> offsets) {
+    allowed_ = {ids, offsets};
+    return *this;
+  }
+  VerifyOptions& allowed_rows(Span<uint8_t> v) { return values(allowed_rows_, v); }
+  // Tokens a request may not emit, CSR.
+  VerifyOptions& banned_tokens(Span<int32_t> ids, Span<uint64_t> offsets) {
+    banned_ = {ids, offsets};
+    return *this;
+  }
+  // min_tokens per request: a target row whose history (output, then the drafts before it)
+  // holds fewer tokens bans the request's stop tokens (CSR).
+  VerifyOptions& min_tokens(Span<int32_t> v) { return values(min_tokens_, v); }
+  template <class V, detail::if_number<V> = 0>
+  VerifyOptions& min_tokens(V every_request) { return scalar(min_tokens_, every_request); }
+  VerifyOptions& stop_tokens(Span<int32_t> ids, Span<uint64_t> offsets) {
+    stop_ = {ids, offsets};
+    return *this;
+  }
+  // Bad words per request, DrawOptions::bad_words' two-level CSR; a word's prefix is matched
+  // against each target row's history (output, then the drafts before it).
+  VerifyOptions& bad_words(Span<int32_t> ids, Span<uint64_t> word_offsets, Span<uint64_t> row_offsets) {
+    bad_words_ = {ids, word_offsets, row_offsets};
+    return *this;
+  }
+  // A grammar bitmask row per TARGET ROW (xgrammar's layout), `row_stride` words apart (0:
+  // ceil(vocab / 32)).
+  VerifyOptions& token_bitmask(Span<int32_t> words, uint64_t row_stride = 0) {
+    bitmask_ = words;
+    bitmask_row_stride_ = row_stride;
+    return *this;
+  }
+
   // Noise of the recovered and bonus draws of the unseeded sampling requests: one row per target
   // row (a draw uses its own row's), `row_stride` apart (0: one row for every row), holding E or
   // ln E as `kind` says.
@@ -1462,6 +1528,30 @@ class VerifyOptions {
     b.noise_kind = noise_kind_;
     b.noise_row_stride = noise_row_stride_;
     b.draft_parents = detail::checked_span(draft_parents_, owner, "draft_parents", drafts, "draft tokens");
+    b.prompt_ids = list(prompt_, "prompt_ids", "prompt_offsets", requests, &b.prompt_offsets);
+    b.output_ids = list(output_, "output_ids", "output_offsets", requests, &b.output_offsets);
+    b.repetition_penalty = per_request(repetition_penalty_, prepared, "repetition_penalty", requests);
+    b.frequency_penalty = per_request(frequency_penalty_, prepared, "frequency_penalty", requests);
+    b.presence_penalty = per_request(presence_penalty_, prepared, "presence_penalty", requests);
+    b.bias_ids = list(bias_, "bias_ids", "bias_offsets", requests, &b.bias_offsets);
+    if (bias_values_.data() && bias_values_.has_size() && bias_.offsets.data() &&
+        bias_values_.size() < bias_.offsets.data()[requests]) {
+      throw invalid("bias_values has " + std::to_string(bias_values_.size()) + " values, bias_offsets[" +
+                    std::to_string(requests) + "] says " + std::to_string(bias_.offsets.data()[requests]));
+    }
+    b.bias_values = bias_values_.data();
+    b.allowed_ids = list(allowed_, "allowed_ids", "allowed_offsets", requests, &b.allowed_offsets);
+    b.allowed_rows = per_request(allowed_rows_, prepared, "allowed_rows", requests);
+    b.banned_ids = list(banned_, "banned_ids", "banned_offsets", requests, &b.banned_offsets);
+    b.min_tokens = per_request(min_tokens_, prepared, "min_tokens", requests);
+    b.stop_ids = list(stop_, "stop_ids", "stop_offsets", requests, &b.stop_offsets);
+    check_bad_words(requests);
+    b.bad_words_ids = bad_words_.ids.data();
+    b.bad_word_offsets = bad_words_.word_offsets.data();
+    b.bad_words_row_offsets = bad_words_.row_offsets.data();
+    check_bitmask(target);
+    b.token_bitmask = bitmask_.data();
+    b.bitmask_row_stride = bitmask_row_stride_;
     return prepared;
   }
 
@@ -1480,6 +1570,60 @@ class VerifyOptions {
   }
 
   static Error invalid(const std::string& what) { return detail::invalid_argument(owner, what); }
+
+  struct Lists {
+    Span<int32_t> ids;
+    Span<uint64_t> offsets;
+  };
+  struct Words {
+    Span<int32_t> ids;
+    Span<uint64_t> word_offsets, row_offsets;
+  };
+
+  // The library reads requests + 1 offsets and as many entries as the last offset says: spans of
+  // known length must hold them.
+  static void check_offsets(Span<uint64_t> offsets, const char* name, uint32_t requests) {
+    if (offsets.data() && offsets.has_size() && offsets.size() != uint64_t(requests) + 1) {
+      throw invalid(std::string(name) + " has " + std::to_string(offsets.size()) + " values for " +
+                    std::to_string(requests) + " requests (requests + 1 wanted)");
+    }
+  }
+  static const int32_t* list(const Lists& l, const char* ids_name, const char* offsets_name, uint32_t requests,
+                             const uint64_t** offsets_out) {
+    check_offsets(l.offsets, offsets_name, requests);
+    if (l.ids.data() && l.ids.has_size() && l.offsets.data() && l.ids.size() < l.offsets.data()[requests]) {
+      throw invalid(std::string(ids_name) + " has " + std::to_string(l.ids.size()) + " values, " + offsets_name +
+                    "[" + std::to_string(requests) + "] says " + std::to_string(l.offsets.data()[requests]));
+    }
+    *offsets_out = l.offsets.data();
+    return l.ids.data();
+  }
+  void check_bad_words(uint32_t requests) const {
+    const Words& w = bad_words_;
+    check_offsets(w.row_offsets, "bad_words_row_offsets", requests);
+    if (!w.row_offsets.data()) return;
+    const uint64_t words = w.row_offsets.data()[requests];
+    if (w.word_offsets.data() && w.word_offsets.has_size() && w.word_offsets.size() <= words) {
+      throw invalid("bad_word_offsets has " + std::to_string(w.word_offsets.size()) + " values, " +
+                    "bad_words_row_offsets[" + std::to_string(requests) + "] says " + std::to_string(words) +
+                    " words (words + 1 wanted)");
+    }
+    if (w.word_offsets.data() && w.ids.data() && w.ids.has_size() && w.ids.size() < w.word_offsets.data()[words]) {
+      throw invalid("bad_words_ids has " + std::to_string(w.ids.size()) + " values, bad_word_offsets[" +
+                    std::to_string(words) + "] says " + std::to_string(w.word_offsets.data()[words]));
+    }
+  }
+  void check_bitmask(const Logits& target) const {
+    if (!bitmask_.data() || !bitmask_.has_size()) return;
+    const uint64_t words = (uint64_t(target.vocab) + 31) / 32;
+    const uint64_t stride = bitmask_row_stride_ ? bitmask_row_stride_ : words;
+    if (stride < words) return;  // the library names the stride
+    if (!detail::rows_fit(bitmask_.size(), target.rows, words, stride)) {
+      throw invalid("token_bitmask has " + std::to_string(bitmask_.size()) + " words for " +
+                    std::to_string(target.rows) + " target rows of " + std::to_string(words) + " words, " +
+                    std::to_string(stride) + " apart");
+    }
+  }
 
   template <class T>
   static const T* per_request(const detail::PerRow<T>& field, VerifyBatch& prepared, const char* name,
@@ -1518,6 +1662,14 @@ class VerifyOptions {
   detail::PerRow<int32_t> top_k_;
   Span<double> uniforms_;
   Span<int32_t> draft_parents_;
+  Lists prompt_, output_, bias_, allowed_, banned_, stop_;
+  Span<float> bias_values_;
+  detail::PerRow<float> repetition_penalty_, frequency_penalty_, presence_penalty_;
+  detail::PerRow<uint8_t> allowed_rows_;
+  detail::PerRow<int32_t> min_tokens_;
+  Words bad_words_;
+  Span<int32_t> bitmask_;
+  uint64_t bitmask_row_stride_ = 0;
   Span<float> draft_probs_;
   uint64_t draft_probs_row_stride_ = 0;
   const float* noise_ = nullptr;
