@@ -101,6 +101,11 @@ def test_refusals_name_the_argument_and_change_nothing(tokenrace):
         s.draw(x, requests=state)
     with pytest.raises(ValueError, match="request_ids: has 1 ids, the batch has 2 rows"):
         s.draw(x, requests=state, request_ids=[1])
+    # The ids in the library's own form (uint64, contiguous) are passed as they are.
+    with pytest.raises(ValueError, match="request_ids: has 1 ids, the batch has 2 rows"):
+        s.draw(x, requests=state, request_ids=np.array([1], np.uint64))
+    with pytest.raises(ValueError, match=r"batch.request_ids\[0\]: request 9 is not in the requests state"):
+        s.draw(x, repetition_penalty=1.2, requests=state, request_ids=np.array([9, 1], np.uint64))
     with pytest.raises(TypeError, match="requests: must be a tokenrace.Requests"):
         s.draw(x, requests=object(), request_ids=[1, 2])
     # A request whose tokens lie outside the batch's vocabulary.

@@ -612,6 +612,12 @@ ERRORS = [
     (dict(penalty_last_n=[1, 2, 3]), r"^penalty_last_n: has 3 elements, the batch has 2 rows"),
     (dict(penalty_last_n=[1.5, 2]), r"^penalty_last_n: must be integers"),
     (dict(min_tokens=[-2, 0]), r"batch\.min_tokens\[0\]: -2 is negative"),
+    # Lists already in the C form go to the library as they are; it refuses offsets that
+    # decrease, naming the field, the offset and the argument.
+    (dict(prompt_tokens=(np.array([1, 2, 3], np.int32), np.array([0, 2, 1], np.uint64))),
+     r"batch\.prompt_offsets\[2\]: 1 is below the previous offset 2.*prompt_tokens"),
+    (dict(logit_bias=(np.array([1, 2], np.int32), np.array([0.5, 1.0], np.float32), np.array([0, 2, 1], np.uint64))),
+     r"batch\.bias_offsets\[2\]: 1 is below the previous offset 2.*logit_bias"),
     (dict(min_tokens=3, stop_token_ids=[[1], [2, 64]]),
      r"batch\.stop_ids\[1\]: position 1 \(entry 2\): 64 is not a token id.*stop_token_ids"),
 ]

@@ -195,9 +195,10 @@ def token_lists(value, rows, vocab, name, keep, rows_mask=False):
 def _csr_as_given(value, rows, keep, values_dtype=None):
     """The addresses of a CSR tuple already in the C form, 1-D C-contiguous numpy arrays: int32
     ids, (with ``values_dtype``) values of that dtype as many as the ids, and ``rows + 1`` uint64
-    offsets, checked as ``_offsets`` checks them and appended to ``keep``, in a few numpy calls
+    offsets (their count and last offset checked), appended to ``keep``, in a few numpy calls
     (the general path took 4-6 us a list). None for anything else, which the general path
-    converts or words the error of. The ids' range is the library's to check."""
+    converts or words the error of. The ids' range and the offsets' order are the library's to
+    check."""
     if type(value) is not tuple or len(value) != (2 if values_dtype is None else 3):
         return None
     ids, off = value[0], value[-1]
@@ -206,8 +207,10 @@ def _csr_as_given(value, rows, keep, values_dtype=None):
     n = ids.shape[0]
     if values_dtype is not None and not (_c_form(value[1], values_dtype) and value[1].shape[0] == n):
         return None
-    if int(off[rows]) > n or (rows and (off[1:] < off[:-1]).any()):
+    if int(off[rows]) > n:
         return None
+    # Offsets that decrease are the library's to refuse (it names the field, row and offset):
+    # checking them here too cost 2-3 us a list a call.
     return tuple(_addr(a, keep) for a in value)
 
 
@@ -552,6 +555,12 @@ def bitmask_view(value, rows, vocab, name, keep):
     if value is None:
         return 0, 0
     words = -(-vocab // 32)
+    if (type(value) is np.ndarray and value.dtype == np.int32 and value.shape == (rows, words)
+            and value.flags.c_contiguous and value.flags.aligned and rows > 1):
+        # The common form (xgrammar's rows x words, C order): its checks below hold by
+        # construction, and their stride arithmetic cost 2-3 us a call.
+        keep.append(value)
+        return address(value), words
     if is_torch_tensor(value):
         import torch
 
