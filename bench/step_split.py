@@ -2,9 +2,11 @@
 that input (or all of them), timed against the plain draw of the same logits in the same run.
 The inputs are bench/compare.py's --step inputs (32 rows x vocab 151936, 4096 prompt + 1024
 output tokens per row, 16 biased ids, a bitmask allowing 10% that keeps each row's likeliest
-tokens).
+tokens). With --history N the histories hold N - 1024 prompt + 1024 output tokens; the
+"requests" cases name the rows of a tokenrace.Requests state holding them instead of passing
+the lists.
 
-  TOKENRACE_LIBRARY=$PWD/target/release/libtokenrace.so python3 bench/step_split.py [--threads 1] [--reps 30]
+  TOKENRACE_LIBRARY=$PWD/target/release/libtokenrace.so python3 bench/step_split.py [--threads 1] [--reps 30] [--history 5120]
 """
 import argparse
 import os
@@ -23,20 +25,26 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--history", type=int, default=5120, help="prompt + output tokens a row (output: 1024)")
     a = ap.parse_args()
     rows, vocab = 32, 151936
     rng = np.random.default_rng(0)
     x = compare.peaked_logits(rows, vocab, rng)
-    prompt, output, bias_ids, bias_values, bitmask, _ = compare.step_inputs(rows, vocab, 4096, 1024, 16, 0.10, rng)
+    prompt, output, bias_ids, bias_values, bitmask, _ = compare.step_inputs(rows, vocab, a.history - 1024, 1024, 16, 0.10, rng)
     x[np.arange(rows)[:, None], bias_ids[:, :2]] = 20.0  # as compare.py: allowed and likely
     sampler = tokenrace.Sampler(vocab, max_rows=256, seed=1, threads=a.threads)
     bias = (np.ascontiguousarray(bias_ids.reshape(-1), np.int32), bias_values.reshape(-1),
             np.arange(rows + 1, dtype=np.uint64) * np.uint64(16))
     hist = dict(prompt_tokens=compare.csr_of(prompt), output_tokens=compare.csr_of(output))
     pen = dict(hist, repetition_penalty=1.1, frequency_penalty=0.2, presence_penalty=0.1)
+    state = tokenrace.Requests()
+    ids = np.arange(rows, dtype=np.uint64) + np.uint64(1 << 40)
+    state.add_rows(ids, prompt, output, pad_id=vocab)
+    held = dict(requests=state, request_ids=ids, repetition_penalty=1.1, frequency_penalty=0.2, presence_penalty=0.1)
     cases = {"plain": {}, "bitmask": dict(token_bitmask=bitmask), "bias": dict(logit_bias=bias),
              "repetition": dict(hist, repetition_penalty=1.1), "penalties": pen,
-             "everything": dict(pen, logit_bias=bias, token_bitmask=bitmask)}
+             "everything": dict(pen, logit_bias=bias, token_bitmask=bitmask),
+             "requests-penalties": held, "requests-everything": dict(held, logit_bias=bias, token_bitmask=bitmask)}
     times = {k: [] for k in cases}
     for _ in range(a.reps):  # interleaved, so that a load on the machine weighs on every case alike
         for k, kw in cases.items():
@@ -45,7 +53,7 @@ def main():
             times[k].append(time.perf_counter() - t)
     base = np.median(times["plain"])
     for k, v in times.items():
-        print(f"{k:<12}{np.median(v) * 1e6:>10.0f} us {np.median(v) / base:>6.2f}x plain")
+        print(f"{k:<20}{np.median(v) * 1e6:>10.0f} us {np.median(v) / base:>6.2f}x plain")
 
 
 if __name__ == "__main__":
