@@ -208,10 +208,16 @@ fn race_row<V: RowValues + ?Sized>(
                         break;
                     }
                     let x = v.at(won.token);
-                    let judged = if few {
-                        let values_ge = |lo| filter::row_values_ge(k, v, bmax, lo);
-                        filter::surely_keeps(k, v, bmax, around, f, (x, &values_ge as filter::ValuesGe))
-                            .map(|kept| kept.then_some(true))
+                    let values_ge = |lo| filter::row_values_ge(k, v, bmax, lo);
+                    // A row of few heavy blocks first gathers the values above its winner; a
+                    // winner that most blocks reach (one from the tail of a peaked row) is then
+                    // judged from the row's mass, as a row of many heavy blocks is, rather than
+                    // by the whole threshold (a gather of the tail, often its f64 mass).
+                    let surely_kept = few
+                        && filter::surely_keeps(k, v, bmax, around, f, (x, &values_ge as filter::ValuesGe))
+                            .map_err(|e| e.in_row(r))?;
+                    let judged = if surely_kept {
+                        Ok(Some(true))
                     } else {
                         filter::judge_by_mass(k, v, bmax, around, f, x, &mut z_known)
                     };
