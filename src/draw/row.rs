@@ -199,7 +199,9 @@ fn race_row<V: RowValues + ?Sized>(
                 let around = (m, filter_inv_t, floor);
                 // The race's floor: min-p's, raised above each winner the filters surely drop
                 // (every kept token lies above it too, so the kept set's winner stays in the race).
-                let (mut lo, mut z_known) = (floor, filter::top_p::ZBounds::default());
+                let mut lo = floor;
+                let mut z_known =
+                    if few { filter::top_p::ZBounds::exps_only() } else { filter::top_p::ZBounds::default() };
                 for _ in 0..RACES_AFTER_DROPS {
                     let won = v
                         .race(k, 0, v.n(), bmax, RaceParams { m, inv_t, floor: lo }, noise)
@@ -209,15 +211,18 @@ fn race_row<V: RowValues + ?Sized>(
                     }
                     let x = v.at(won.token);
                     let values_ge = |lo| filter::row_values_ge(k, v, bmax, lo);
-                    // A row of few heavy blocks first gathers the values above its winner; a
+                    // A row of few heavy blocks first gathers the values above its winner. A
                     // winner that most blocks reach (one from the tail of a peaked row) is then
-                    // judged from the row's mass, as a row of many heavy blocks is, rather than
-                    // by the whole threshold (a gather of the tail, often its f64 mass).
+                    // left to the threshold when the heavy blocks give it cheaply, else judged
+                    // from the row's mass, as a row of many heavy blocks is, rather than by the
+                    // whole threshold (a gather of the tail, often its f64 mass).
                     let surely_kept = few
                         && filter::surely_keeps(k, v, bmax, around, f, (x, &values_ge as filter::ValuesGe))
                             .map_err(|e| e.in_row(r))?;
                     let judged = if surely_kept {
                         Ok(Some(true))
+                    } else if few && filter::top_p_in_few_blocks(k, v, bmax, around, f).map_err(|e| e.in_row(r))? {
+                        Ok(None)
                     } else {
                         filter::judge_by_mass(k, v, bmax, around, f, x, &mut z_known)
                     };
