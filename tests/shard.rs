@@ -46,6 +46,7 @@ fn rank_rows<'a>(x: &'a [f32], rows: usize, vocab: usize, cuts: &[usize], q: usi
         seeds: Some(&st.seeds),
         seeded: Some(&st.seeded),
         min_p: Some(&st.min_p),
+        step: ShardStep::default(),
         ..ShardRows::new(&x[start..], rows, start, end - start, vocab)
     }
 }
@@ -373,6 +374,8 @@ mod c_abi {
             min_p: st.min_p.as_ptr(),
             top_k: std::ptr::null(),
             top_p: std::ptr::null(),
+            // SAFETY: the step's fields are pointers and integers: zero is NULL (no step).
+            ..unsafe { std::mem::zeroed() }
         }
     }
 
@@ -698,9 +701,30 @@ fn sharded_with_logprobs(
     f: &Filters,
     logprobs: Option<(LogprobMode, usize)>,
 ) -> ((Vec<i32>, Vec<u32>), usize, Option<Logprobs>) {
+    sharded_with_step(ranks, x, (rows, vocab), cuts, order, st, f, ShardStep::default(), logprobs)
+}
+
+/// [`sharded_with_logprobs`] of rows with the sampling step `step` (every rank given the same
+/// whole lists).
+#[allow(clippy::too_many_arguments)]
+fn sharded_with_step(
+    ranks: &[Sampler],
+    x: &[f32],
+    (rows, vocab): (usize, usize),
+    cuts: &[usize],
+    order: &[usize],
+    st: &Settings,
+    f: &Filters,
+    step: ShardStep,
+    logprobs: Option<(LogprobMode, usize)>,
+) -> ((Vec<i32>, Vec<u32>), usize, Option<Logprobs>) {
     let n = ranks.len();
-    let rows_of =
-        |q: usize| ShardRows { top_k: Some(&f.top_k), top_p: Some(&f.top_p), ..rank_rows(x, rows, vocab, cuts, q, st) };
+    let rows_of = |q: usize| ShardRows {
+        top_k: Some(&f.top_k),
+        top_p: Some(&f.top_p),
+        step,
+        ..rank_rows(x, rows, vocab, cuts, q, st)
+    };
     let width = f.top_k.iter().map(|&k| k.max(0) as usize).filter(|&k| k < vocab).max().unwrap_or(0);
     let mut tops = vec![vec![ShardPartial::default(); rows]; n];
     let mut cands = vec![vec![0f32; rows * width]; n];
@@ -984,4 +1008,310 @@ fn sharded_logprobs_and_top_n_equal_the_unsharded_within_the_mass_error() {
         }
     });
     eprintln!("largest difference of a sharded logprob from the unsharded one: {worst:e}");
+}
+
+/// A call's sampling-step inputs, random per row, in CSR form: histories drawn from a few ids
+/// spread over the row (so the penalties and DRY find repeats), bias, allowed (some rows),
+/// banned, a bitmask, min_tokens with stop ids, bad words and DRY.
+struct StepInputs {
+    prompt: (Vec<i32>, Vec<u64>),
+    output: (Vec<i32>, Vec<u64>),
+    repetition: Vec<f32>,
+    frequency: Vec<f32>,
+    presence: Vec<f32>,
+    last_n: Vec<i32>,
+    bias: (Vec<i32>, Vec<f32>, Vec<u64>),
+    allowed: (Vec<i32>, Vec<u64>),
+    allowed_rows: Vec<u8>,
+    banned: (Vec<i32>, Vec<u64>),
+    bitmask: Vec<i32>,
+    min_tokens: Vec<i32>,
+    stops: (Vec<i32>, Vec<u64>),
+    bad_words: (Vec<i32>, Vec<u64>, Vec<u64>),
+    dry_multiplier: Vec<f32>,
+    words_per_row: usize,
+}
+
+/// CSR lists from per-row lists.
+fn csr<T: Copy>(lists: &[Vec<T>]) -> (Vec<T>, Vec<u64>) {
+    let mut offsets = vec![0u64];
+    for l in lists {
+        offsets.push(offsets.last().unwrap() + l.len() as u64);
+    }
+    (lists.concat(), offsets)
+}
+
+impl StepInputs {
+    fn random(rng: &mut TestRng, rows: usize, vocab: usize) -> StepInputs {
+        let ids = |rng: &mut TestRng, pool: &[i32], most: usize| -> Vec<i32> {
+            let n = rng.below(most + 1);
+            (0..n).map(|_| pool[rng.below(pool.len())]).collect()
+        };
+        let (mut prompt, mut output, mut allowed, mut banned, mut stops) = (vec![], vec![], vec![], vec![], vec![]);
+        let (mut bias_lists, mut bias_values, mut words, mut word_lens) = (vec![], vec![], vec![], vec![]);
+        for _ in 0..rows {
+            let pool: Vec<i32> = (0..12).map(|_| rng.below(vocab) as i32).collect();
+            prompt.push(ids(rng, &pool, 40));
+            output.push(ids(rng, &pool, 30));
+            let all: Vec<i32> = (0..vocab as i32).collect();
+            allowed.push(ids(rng, &all, vocab / 3));
+            banned.push(ids(rng, &all, 20));
+            stops.push(ids(rng, &pool, 3));
+            let b = ids(rng, &all, 8);
+            bias_values.push(
+                b.iter().map(|_| [-3.0, -0.5, 0.25, 2.0, 9.0, f32::NEG_INFINITY][rng.below(6)]).collect::<Vec<f32>>(),
+            );
+            bias_lists.push(b);
+            // Bad words: one of one token, one of two whose head is a history token.
+            let (one, two) = (pool[rng.below(12)], [pool[rng.below(12)], rng.below(vocab) as i32]);
+            let row_words: Vec<Vec<i32>> = match rng.below(3) {
+                0 => vec![],
+                1 => vec![vec![one]],
+                _ => vec![vec![one], two.to_vec()],
+            };
+            word_lens.push(row_words.len());
+            words.extend(row_words);
+        }
+        let mut bad_row_offsets = vec![0u64];
+        for n in &word_lens {
+            bad_row_offsets.push(bad_row_offsets.last().unwrap() + *n as u64);
+        }
+        let (bad_ids, bad_word_offsets) = csr(&words);
+        let (bias_ids, bias_offsets) = csr(&bias_lists);
+        let words_per_row = vocab.div_ceil(32);
+        let bitmask = (0..rows * words_per_row)
+            .map(|i| {
+                // Rows without a grammar (all set), and rows with about a fifth of tokens clear.
+                if (i / words_per_row) % 3 == 0 {
+                    -1
+                } else {
+                    (0..32).fold(0u32, |w, j| w | ((rng.below(5) != 0) as u32) << j) as i32
+                }
+            })
+            .collect();
+        let pick = |rng: &mut TestRng, from: &[f32]| (0..rows).map(|_| from[rng.below(from.len())]).collect::<Vec<_>>();
+        StepInputs {
+            prompt: csr(&prompt),
+            output: csr(&output),
+            repetition: pick(rng, &[1.0, 1.3, 0.8, 2.0]),
+            frequency: pick(rng, &[0.0, 0.5, -0.3]),
+            presence: pick(rng, &[0.0, 0.7, -1.0]),
+            last_n: (0..rows).map(|_| [0, 5, 40][rng.below(3)]).collect(),
+            bias: (bias_ids, bias_values.concat(), bias_offsets),
+            allowed: csr(&allowed),
+            allowed_rows: (0..rows).map(|_| (rng.below(4) == 0) as u8).collect(),
+            banned: csr(&banned),
+            bitmask,
+            min_tokens: (0..rows).map(|_| [0, 3, 50][rng.below(3)]).collect(),
+            stops: csr(&stops),
+            bad_words: (bad_ids, bad_word_offsets, bad_row_offsets),
+            dry_multiplier: pick(rng, &[0.0, 0.8]),
+            words_per_row,
+        }
+    }
+
+    fn shard_step(&self) -> ShardStep<'_> {
+        fn lists(l: &(Vec<i32>, Vec<u64>)) -> Option<TokenLists<'_>> {
+            Some(TokenLists { ids: &l.0, offsets: &l.1 })
+        }
+        ShardStep {
+            prompt_tokens: lists(&self.prompt),
+            output_tokens: lists(&self.output),
+            repetition_penalty: Some(&self.repetition),
+            frequency_penalty: Some(&self.frequency),
+            presence_penalty: Some(&self.presence),
+            penalty_last_n: Some(&self.last_n),
+            logit_bias: Some(LogitBias { ids: &self.bias.0, values: &self.bias.1, offsets: &self.bias.2 }),
+            allowed_tokens: lists(&self.allowed),
+            allowed_rows: Some(&self.allowed_rows),
+            banned_tokens: lists(&self.banned),
+            token_bitmask: Some(TokenBitmask { words: &self.bitmask, row_stride: self.words_per_row }),
+            min_tokens: Some(&self.min_tokens),
+            stop_tokens: lists(&self.stops),
+            bad_words: Some(BadWords {
+                ids: &self.bad_words.0,
+                word_offsets: &self.bad_words.1,
+                row_offsets: &self.bad_words.2,
+            }),
+            dry_multiplier: Some(&self.dry_multiplier),
+            ..ShardStep::default()
+        }
+    }
+}
+
+/// The batch of the whole rows with the step `step` (as the sharded call is given it).
+fn with_step<'a>(b: Batch<'a>, step: &ShardStep<'a>, vocab: usize) -> Batch<'a> {
+    let bitmask = step.token_bitmask.map(|m| TokenBitmask { row_stride: vocab.div_ceil(32), ..m });
+    Batch {
+        prompt_tokens: step.prompt_tokens,
+        output_tokens: step.output_tokens,
+        repetition_penalty: step.repetition_penalty,
+        frequency_penalty: step.frequency_penalty,
+        presence_penalty: step.presence_penalty,
+        penalty_last_n: step.penalty_last_n,
+        logit_bias: step.logit_bias,
+        allowed_tokens: step.allowed_tokens,
+        allowed_rows: step.allowed_rows,
+        banned_tokens: step.banned_tokens,
+        token_bitmask: bitmask,
+        min_tokens: step.min_tokens,
+        stop_tokens: step.stop_tokens,
+        bad_words: step.bad_words,
+        dry_multiplier: step.dry_multiplier,
+        dry_base: step.dry_base,
+        dry_allowed_length: step.dry_allowed_length,
+        dry_penalty_last_n: step.dry_penalty_last_n,
+        dry_breakers: step.dry_breakers,
+        ..b
+    }
+}
+
+#[test]
+fn rows_with_a_step_equal_the_unsharded_draw_of_the_whole_rows() {
+    // Each rank builds the row's step from the whole lists and reads its slice's processed
+    // values: the same values the unsharded draw computes for those ids, so the same tokens and
+    // flags, bit for bit. Random histories, penalties (raising and lowering), bias, allowed,
+    // banned, bitmask, min_tokens, bad words and DRY; greedy and sampling rows, seeded and
+    // unseeded, with min-p, top-k and top-p; 1 to 8 ranks with uneven slices; every level.
+    let (mut stepped_differ, mut compared) = (0, 0);
+    each_level(|level| {
+        let mut rng = TestRng::new(71);
+        for ranks in 1..=8 {
+            for vocab in [700, 3000] {
+                let rows = 12;
+                let x: Vec<f32> = (0..rows)
+                    .flat_map(|_| {
+                        let d = pick_dist(&mut rng);
+                        gen_row(&mut rng, d, vocab)
+                    })
+                    .collect();
+                let st = Settings::random(&mut rng, rows);
+                let f = Filters::random(&mut rng, rows, vocab);
+                let inputs = StepInputs::random(&mut rng, rows, vocab);
+                let step = inputs.shard_step();
+                let cuts = random_cuts(&mut rng, vocab, ranks);
+                let order = shuffled(&mut rng, ranks);
+                let seed = rng.u64();
+                let plain = Batch {
+                    temperature: Some(&st.temps),
+                    seeds: Some(&st.seeds),
+                    seeded: Some(&st.seeded),
+                    min_p: Some(&st.min_p),
+                    top_k: Some(&f.top_k),
+                    top_p: Some(&f.top_p),
+                    ..Batch::new(Logits::F32(&x), rows, vocab)
+                };
+                let want = draw(&sampler(level, seed), &with_step(plain, &step, vocab));
+                let shards: Vec<Sampler> = (0..ranks).map(|_| sampler(level, seed)).collect();
+                let (got, _, _) = sharded_with_step(&shards, &x, (rows, vocab), &cuts, &order, &st, &f, step, None);
+                assert_eq!(got, want, "{level:?} ranks {ranks} vocab {vocab} cuts {cuts:?}");
+                // Power: the step changes tokens, so a rank that skipped it would show.
+                let unstepped = draw(&sampler(level, seed), &plain);
+                stepped_differ += unstepped.0.iter().zip(&want.0).filter(|(a, b)| a != b).count();
+                compared += rows;
+            }
+        }
+    });
+    assert!(stepped_differ * 4 > compared, "the step changed only {stepped_differ} of {compared} tokens");
+}
+
+#[test]
+fn a_step_applied_to_one_rank_only_changes_the_sharded_token() {
+    // The deliberately wrong rule (a rank leaving out the step): its partials are refused
+    // (the step is in the rows' fingerprints) rather than combined into another token.
+    let level = best_level();
+    let mut rng = TestRng::new(72);
+    let (vocab, rows, ranks) = (900, 8, 3);
+    let x: Vec<f32> = (0..rows * vocab).map(|_| rng.normal() as f32).collect();
+    let st = Settings::random(&mut rng, rows);
+    let inputs = StepInputs::random(&mut rng, rows, vocab);
+    let cuts = random_cuts(&mut rng, vocab, ranks);
+    let shards: Vec<Sampler> = (0..ranks).map(|_| sampler(level, 9)).collect();
+    let mut tops = vec![vec![ShardPartial::default(); rows]; ranks];
+    for q in 0..ranks {
+        let step = if q == 1 { ShardStep::default() } else { inputs.shard_step() };
+        shards[q].shard_top(&ShardRows { step, ..rank_rows(&x, rows, vocab, &cuts, q, &st) }, &mut tops[q]).unwrap();
+    }
+    let mut combined = vec![ShardRow::default(); rows];
+    let err = shard_combine_top(&tops.iter().map(|p| &p[..]).collect::<Vec<_>>(), &mut combined).unwrap_err();
+    assert!(err.message.contains("fingerprint"), "{}", err.message);
+}
+
+#[test]
+fn bad_step_inputs_are_refused_naming_them_and_take_no_key() {
+    let level = best_level();
+    let mut rng = TestRng::new(73);
+    let (vocab, rows) = (600, 4);
+    let x: Vec<f32> = (0..rows * vocab).map(|_| rng.normal() as f32).collect();
+    let st = Settings { temps: vec![1.0; rows], seeds: vec![0; rows], seeded: vec![0; rows], min_p: vec![0.0; rows] };
+    let inputs = StepInputs::random(&mut rng, rows, vocab);
+    let cuts = [0, 250, vocab];
+    let bad_prompt = {
+        let mut p = inputs.prompt.0.clone();
+        let at = inputs.prompt.1[2] as usize;
+        p.insert(at, vocab as i32);
+        let mut o = inputs.prompt.1.clone();
+        o[3..].iter_mut().for_each(|v| *v += 1);
+        (p, o)
+    };
+    let bad_bias = {
+        let mut b = inputs.bias.clone();
+        if b.0.is_empty() {
+            b = (vec![3], vec![f32::NAN], vec![0, 1, 1, 1, 1]);
+        } else {
+            b.1[0] = f32::NAN;
+        }
+        b
+    };
+    let short_mask = vec![-1i32; rows * vocab.div_ceil(32) - 1];
+    let bad_r = vec![1.0, 0.0, 1.0, 1.0];
+    let cases: Vec<(ShardStep, &str)> = vec![
+        (
+            ShardStep {
+                prompt_tokens: Some(TokenLists { ids: &bad_prompt.0, offsets: &bad_prompt.1 }),
+                ..inputs.shard_step()
+            },
+            "rows.prompt_ids[2]",
+        ),
+        (
+            ShardStep {
+                logit_bias: Some(LogitBias { ids: &bad_bias.0, values: &bad_bias.1, offsets: &bad_bias.2 }),
+                ..inputs.shard_step()
+            },
+            "rows.bias_values[",
+        ),
+        (
+            ShardStep {
+                token_bitmask: Some(TokenBitmask { words: &short_mask, row_stride: vocab.div_ceil(32) }),
+                ..inputs.shard_step()
+            },
+            "rows.token_bitmask",
+        ),
+        (ShardStep { repetition_penalty: Some(&bad_r), ..inputs.shard_step() }, "rows.repetition_penalty[1]"),
+    ];
+    for (step, name) in cases {
+        for q in 0..2 {
+            let s = sampler(level, 5);
+            let rows_q = ShardRows { step, ..rank_rows(&x, rows, vocab, &cuts, q, &st) };
+            let mut out = vec![ShardPartial { token: -9, ..ShardPartial::default() }; rows];
+            let err = s.shard_top(&rows_q, &mut out).unwrap_err();
+            assert!(err.message.contains(name), "rank {q}: {} lacks {name}", err.message);
+            assert!(out.iter().all(|p| p.token == -9), "nothing written");
+            let mut c = vec![7f32; rows * 3];
+            let err = shard_top_k_candidates(&rows_q, 3, &mut c).unwrap_err();
+            assert!(err.message.contains(name), "{}", err.message);
+            assert!(c.iter().all(|&v| v == 7.0));
+            // No key taken: the next unseeded draw is the fresh sampler's.
+            let fresh = draw(&sampler(level, 5), &Batch::new(Logits::F32(&x), rows, vocab));
+            assert_eq!(draw(&s, &Batch::new(Logits::F32(&x), rows, vocab)), fresh);
+        }
+    }
+    // RAW logprobs of rows with a step are refused (the raw row's maximum is not combined).
+    let s = sampler(level, 5);
+    let rows_q = ShardRows { step: inputs.shard_step(), ..rank_rows(&x, rows, vocab, &cuts, 0, &st) };
+    let mut parts = vec![ShardLogprobPartial::default(); rows];
+    let err = s
+        .shard_logprob_partials(&rows_q, &[], &[], &[], LogprobMode::Raw, 0, &mut parts, &mut [])
+        .unwrap_err();
+    assert!(err.message.contains("RAW"), "{}", err.message);
 }
