@@ -506,11 +506,60 @@ mod c_abi {
         assert_eq!(offset_of!(tokenrace_shard_partial, key), 32);
         assert_eq!(size_of::<tokenrace_shard_row>(), 24);
         assert_eq!(offset_of!(tokenrace_shard_row, key), 16);
-        assert_eq!(offset_of!(tokenrace_shard_rows, logits), 8);
-        assert_eq!(offset_of!(tokenrace_shard_rows, min_p), 88);
-        assert_eq!(offset_of!(tokenrace_shard_rows, top_k), 96);
-        assert_eq!(offset_of!(tokenrace_shard_rows, top_p), 104);
-        assert_eq!(size_of::<tokenrace_shard_rows>(), 112);
+        // Every field where the header puts it: the 0.2 fields, then the step's block (8 bytes
+        // each, from 112), appended so that a 0.2 caller's struct_size of 112 reads no step.
+        let layout = [
+            (offset_of!(tokenrace_shard_rows, struct_size), 0),
+            (offset_of!(tokenrace_shard_rows, reserved0), 4),
+            (offset_of!(tokenrace_shard_rows, logits), 8),
+            (offset_of!(tokenrace_shard_rows, rows), 16),
+            (offset_of!(tokenrace_shard_rows, row_stride), 24),
+            (offset_of!(tokenrace_shard_rows, vocab_start), 32),
+            (offset_of!(tokenrace_shard_rows, slice_len), 40),
+            (offset_of!(tokenrace_shard_rows, vocab_size), 48),
+            (offset_of!(tokenrace_shard_rows, temperature), 56),
+            (offset_of!(tokenrace_shard_rows, seeds), 64),
+            (offset_of!(tokenrace_shard_rows, offsets), 72),
+            (offset_of!(tokenrace_shard_rows, seeded), 80),
+            (offset_of!(tokenrace_shard_rows, min_p), 88),
+            (offset_of!(tokenrace_shard_rows, top_k), 96),
+            (offset_of!(tokenrace_shard_rows, top_p), 104),
+            (offset_of!(tokenrace_shard_rows, prompt_ids), 112),
+            (offset_of!(tokenrace_shard_rows, prompt_offsets), 120),
+            (offset_of!(tokenrace_shard_rows, output_ids), 128),
+            (offset_of!(tokenrace_shard_rows, output_offsets), 136),
+            (offset_of!(tokenrace_shard_rows, repetition_penalty), 144),
+            (offset_of!(tokenrace_shard_rows, frequency_penalty), 152),
+            (offset_of!(tokenrace_shard_rows, presence_penalty), 160),
+            (offset_of!(tokenrace_shard_rows, bias_ids), 168),
+            (offset_of!(tokenrace_shard_rows, bias_values), 176),
+            (offset_of!(tokenrace_shard_rows, bias_offsets), 184),
+            (offset_of!(tokenrace_shard_rows, allowed_ids), 192),
+            (offset_of!(tokenrace_shard_rows, allowed_offsets), 200),
+            (offset_of!(tokenrace_shard_rows, allowed_rows), 208),
+            (offset_of!(tokenrace_shard_rows, banned_ids), 216),
+            (offset_of!(tokenrace_shard_rows, banned_offsets), 224),
+            (offset_of!(tokenrace_shard_rows, token_bitmask), 232),
+            (offset_of!(tokenrace_shard_rows, bitmask_row_stride), 240),
+            (offset_of!(tokenrace_shard_rows, penalty_last_n), 248),
+            (offset_of!(tokenrace_shard_rows, min_tokens), 256),
+            (offset_of!(tokenrace_shard_rows, stop_ids), 264),
+            (offset_of!(tokenrace_shard_rows, stop_offsets), 272),
+            (offset_of!(tokenrace_shard_rows, bad_words_ids), 280),
+            (offset_of!(tokenrace_shard_rows, bad_word_offsets), 288),
+            (offset_of!(tokenrace_shard_rows, bad_words_row_offsets), 296),
+            (offset_of!(tokenrace_shard_rows, dry_multiplier), 304),
+            (offset_of!(tokenrace_shard_rows, dry_base), 312),
+            (offset_of!(tokenrace_shard_rows, dry_allowed_length), 320),
+            (offset_of!(tokenrace_shard_rows, dry_penalty_last_n), 328),
+            (offset_of!(tokenrace_shard_rows, dry_breaker_ids), 336),
+            (offset_of!(tokenrace_shard_rows, dry_breaker_offsets), 344),
+            (offset_of!(tokenrace_shard_rows, dry_breakers_row_offsets), 352),
+        ];
+        for (i, (at, want)) in layout.iter().enumerate() {
+            assert_eq!(at, want, "field {i} of tokenrace_shard_rows");
+        }
+        assert_eq!(size_of::<tokenrace_shard_rows>(), 360);
         assert_eq!(size_of::<tokenrace_shard_cut>(), 56);
         assert_eq!(offset_of!(tokenrace_shard_cut, above), 40);
         assert_eq!(size_of::<tokenrace_shard_mass>(), 1320);
@@ -518,6 +567,127 @@ mod c_abi {
         assert_eq!(offset_of!(tokenrace_shard_mass, count), 552);
         assert_eq!(offset_of!(tokenrace_shard_mass, low), 808);
         assert_eq!(offset_of!(tokenrace_shard_mass, high), 1064);
+    }
+
+    /// `base` with the step of `inputs` in its step block (the same whole arrays on every rank).
+    fn with_c_step(base: tokenrace_shard_rows, inputs: &StepInputs) -> tokenrace_shard_rows {
+        tokenrace_shard_rows {
+            prompt_ids: inputs.prompt.0.as_ptr(),
+            prompt_offsets: inputs.prompt.1.as_ptr(),
+            output_ids: inputs.output.0.as_ptr(),
+            output_offsets: inputs.output.1.as_ptr(),
+            repetition_penalty: inputs.repetition.as_ptr(),
+            frequency_penalty: inputs.frequency.as_ptr(),
+            presence_penalty: inputs.presence.as_ptr(),
+            penalty_last_n: inputs.last_n.as_ptr(),
+            bias_ids: inputs.bias.0.as_ptr(),
+            bias_values: inputs.bias.1.as_ptr(),
+            bias_offsets: inputs.bias.2.as_ptr(),
+            allowed_ids: inputs.allowed.0.as_ptr(),
+            allowed_offsets: inputs.allowed.1.as_ptr(),
+            allowed_rows: inputs.allowed_rows.as_ptr(),
+            banned_ids: inputs.banned.0.as_ptr(),
+            banned_offsets: inputs.banned.1.as_ptr(),
+            token_bitmask: inputs.bitmask.as_ptr(),
+            bitmask_row_stride: 0,
+            min_tokens: inputs.min_tokens.as_ptr(),
+            stop_ids: inputs.stops.0.as_ptr(),
+            stop_offsets: inputs.stops.1.as_ptr(),
+            bad_words_ids: inputs.bad_words.0.as_ptr(),
+            bad_word_offsets: inputs.bad_words.1.as_ptr(),
+            bad_words_row_offsets: inputs.bad_words.2.as_ptr(),
+            dry_multiplier: inputs.dry_multiplier.as_ptr(),
+            ..base
+        }
+    }
+
+    /// Both rounds of `rows_of(q)` for every rank through the C calls: the tokens and flags.
+    fn c_two_rounds(
+        samplers: &[*mut tokenrace_sampler],
+        rows: usize,
+        rows_of: impl Fn(usize) -> tokenrace_shard_rows,
+    ) -> std::result::Result<(Vec<i32>, Vec<u32>), String> {
+        let ranks = samplers.len();
+        let ok = |status: tokenrace_status| if status == tokenrace_status::Ok { Ok(()) } else { Err(last_error()) };
+        let mut gathered = vec![tokenrace_shard_partial::default(); ranks * rows];
+        for (q, &s) in samplers.iter().enumerate() {
+            // SAFETY: valid structs, `rows` records of output.
+            ok(unsafe { tokenrace_shard_top(s, &rows_of(q), gathered[q * rows..].as_mut_ptr()) })?;
+        }
+        let mut combined = vec![tokenrace_shard_row::default(); rows];
+        // SAFETY: `ranks * rows` records in, `rows` out.
+        ok(unsafe {
+            tokenrace_shard_combine_top(gathered.as_ptr(), ranks as u32, rows as u32, combined.as_mut_ptr())
+        })?;
+        for (q, &s) in samplers.iter().enumerate() {
+            // SAFETY: as above.
+            ok(unsafe { tokenrace_shard_race(s, &rows_of(q), combined.as_ptr(), gathered[q * rows..].as_mut_ptr()) })?;
+        }
+        let (mut tokens, mut fl) = (vec![-1; rows], vec![0u32; rows]);
+        // SAFETY: as above.
+        ok(unsafe {
+            tokenrace_shard_finish(
+                combined.as_ptr(),
+                rows as u32,
+                gathered.as_ptr(),
+                ranks as u32,
+                tokens.as_mut_ptr(),
+                fl.as_mut_ptr(),
+            )
+        })?;
+        Ok((tokens, fl))
+    }
+
+    #[test]
+    fn c_rows_with_a_step_equal_the_unsharded_draw_and_a_0_2_struct_reads_none() {
+        // The step block read through the C struct: the unsharded draw with the step; a caller
+        // whose struct_size ends at 112 (0.2) gets no step (the unsharded draw without it); a bad
+        // entry is refused naming its field as rows.FIELD[ROW], nothing written.
+        let mut rng = TestRng::new(33);
+        let (vocab, rows) = (1300, 10);
+        for ranks in [1, 2, 4] {
+            let x: Vec<f32> = (0..rows)
+                .flat_map(|_| {
+                    let d = pick_dist(&mut rng);
+                    gen_row(&mut rng, d, vocab)
+                })
+                .collect();
+            let st = Settings::random(&mut rng, rows);
+            let inputs = StepInputs::random(&mut rng, rows, vocab);
+            let cuts = random_cuts(&mut rng, vocab, ranks);
+            let base = Sampler::new(Config { seed: Some(12), max_rows: 64, ..Config::default() }).unwrap();
+            let plain = Batch {
+                temperature: Some(&st.temps),
+                seeds: Some(&st.seeds),
+                seeded: Some(&st.seeded),
+                min_p: Some(&st.min_p),
+                ..Batch::new(Logits::F32(&x), rows, vocab)
+            };
+            let want = draw(&base, &with_step(plain, &inputs.shard_step(), vocab));
+            let fresh = |_| c_sampler(12);
+            let samplers: Vec<_> = (0..ranks).map(fresh).collect();
+            let stepped = |q: usize| with_c_step(c_rows(&x, rows, vocab, (cuts[q], cuts[q + 1]), &st), &inputs);
+            assert_eq!(c_two_rounds(&samplers, rows, stepped), Ok(want), "ranks {ranks} cuts {cuts:?}");
+            let old: Vec<_> = (0..ranks).map(fresh).collect();
+            let old_size = |q: usize| tokenrace_shard_rows { struct_size: 112, ..stepped(q) };
+            let unstepped = whole(
+                &Sampler::new(Config { seed: Some(12), max_rows: 64, ..Config::default() }).unwrap(),
+                &x,
+                rows,
+                vocab,
+                &st,
+            );
+            assert_eq!(c_two_rounds(&old, rows, old_size), Ok(unstepped), "a 0.2 caller reads no step");
+            let bad_last_n: Vec<i32> = (0..rows as i32).map(|r| if r == 3 { -2 } else { 0 }).collect();
+            let bad = |q: usize| tokenrace_shard_rows { penalty_last_n: bad_last_n.as_ptr(), ..stepped(q) };
+            let refused: Vec<_> = (0..ranks).map(fresh).collect();
+            let err = c_two_rounds(&refused, rows, bad).unwrap_err();
+            assert!(err.starts_with("tokenrace_shard_top: rows.penalty_last_n[3]: -2 is negative"), "{err}");
+            for s in samplers.into_iter().chain(old).chain(refused) {
+                // SAFETY: made above, freed once.
+                unsafe { tokenrace_sampler_free(s) };
+            }
+        }
     }
 
     #[test]
@@ -681,31 +851,16 @@ fn sharded_filtered(
     st: &Settings,
     f: &Filters,
 ) -> ((Vec<i32>, Vec<u32>), usize) {
-    let (drawn, rounds, _) = sharded_with_logprobs(ranks, x, (rows, vocab), cuts, order, st, f, None);
+    let (drawn, rounds, _) = sharded_with_step(ranks, x, (rows, vocab), cuts, order, st, f, ShardStep::default(), None);
     (drawn, rounds)
 }
 
 /// The logprobs of the sampled tokens and the top-n ids and logprobs, rows after rows.
 type Logprobs = (Vec<f32>, Vec<i32>, Vec<f32>);
 
-/// [`sharded_filtered`], with the logprobs of `mode` and the top `top_n` when asked for (their
-/// partials sent with the race's).
-#[allow(clippy::too_many_arguments)]
-fn sharded_with_logprobs(
-    ranks: &[Sampler],
-    x: &[f32],
-    (rows, vocab): (usize, usize),
-    cuts: &[usize],
-    order: &[usize],
-    st: &Settings,
-    f: &Filters,
-    logprobs: Option<(LogprobMode, usize)>,
-) -> ((Vec<i32>, Vec<u32>), usize, Option<Logprobs>) {
-    sharded_with_step(ranks, x, (rows, vocab), cuts, order, st, f, ShardStep::default(), logprobs)
-}
-
-/// [`sharded_with_logprobs`] of rows with the sampling step `step` (every rank given the same
-/// whole lists).
+/// [`sharded_filtered`] of rows with the sampling step `step` (every rank given the same whole
+/// lists; none: `ShardStep::default()`), with the logprobs of `mode` and the top `top_n` when
+/// asked for (their partials sent with the race's).
 #[allow(clippy::too_many_arguments)]
 fn sharded_with_step(
     ranks: &[Sampler],
@@ -926,9 +1081,24 @@ fn sharded_logprobs_and_top_n_equal_the_unsharded_within_the_mass_error() {
     // from f32 exps (relative error below 1e-5), the sharded one from exact f64 weights, so the
     // logprobs agree within 1e-5 (plus the f32 rounding of the result); the top-n ids are the
     // same. Filters on, 1 to 8 ranks, every level.
+    let worst = logprobs_agree(61, false, &[LogprobMode::Raw, LogprobMode::Processed]);
+    eprintln!("largest difference of a sharded logprob from the unsharded one: {worst:e}");
+}
+
+#[test]
+fn processed_logprobs_of_rows_with_a_step_equal_the_unsharded_within_the_mass_error() {
+    // As above, the rows carrying a step: PROCESSED logprobs are those of the processed values,
+    // which every rank reads for its slice (RAW ones are refused, see the refusals' test).
+    let worst = logprobs_agree(62, true, &[LogprobMode::Processed]);
+    eprintln!("largest difference of a sharded logprob (with a step) from the unsharded one: {worst:e}");
+}
+
+/// The sharded logprobs and top-n of random rows (with a random step when `stepped`) in each of
+/// `modes` against the unsharded draw's, 1 to 8 ranks, every level: the largest difference.
+fn logprobs_agree(seed: u64, stepped: bool, modes: &[LogprobMode]) -> f64 {
     let mut worst = 0f64;
     each_level(|level| {
-        let mut rng = TestRng::new(61);
+        let mut rng = TestRng::new(seed);
         for ranks in 1..=8 {
             let (vocab, rows, top_n) = (2000, 12, 7);
             let x: Vec<f32> = (0..rows)
@@ -941,7 +1111,9 @@ fn sharded_logprobs_and_top_n_equal_the_unsharded_within_the_mass_error() {
             let f = Filters::random(&mut rng, rows, vocab);
             let cuts = random_cuts(&mut rng, vocab, ranks);
             let order = shuffled(&mut rng, ranks);
-            for mode in [LogprobMode::Raw, LogprobMode::Processed] {
+            let inputs = stepped.then(|| StepInputs::random(&mut rng, rows, vocab));
+            let step = inputs.as_ref().map_or_else(ShardStep::default, |i| i.shard_step());
+            for &mode in modes {
                 let whole_s = sampler(level, 8);
                 let (mut tokens, mut lps) = (vec![0; rows], vec![0f32; rows]);
                 let (mut ids, mut tlps) = (vec![0; rows * top_n], vec![0f32; rows * top_n]);
@@ -962,10 +1134,10 @@ fn sharded_logprobs_and_top_n_equal_the_unsharded_within_the_mass_error() {
                     logprob_mode: mode,
                     ..Output::new(&mut tokens)
                 };
-                whole_s.draw(&b, &mut out).unwrap();
+                whole_s.draw(&with_step(b, &step, vocab), &mut out).unwrap();
                 let shards: Vec<Sampler> = (0..ranks).map(|_| sampler(level, 8)).collect();
                 let ((got_tokens, _), _, got) =
-                    sharded_with_logprobs(&shards, &x, (rows, vocab), &cuts, &order, &st, &f, Some((mode, top_n)));
+                    sharded_with_step(&shards, &x, (rows, vocab), &cuts, &order, &st, &f, step, Some((mode, top_n)));
                 let (got_lps, got_ids, got_tlps) = got.unwrap();
                 assert_eq!(got_tokens, tokens, "{level:?} ranks {ranks}");
                 let mut close = |a: f32, b: f32| {
@@ -1007,7 +1179,7 @@ fn sharded_logprobs_and_top_n_equal_the_unsharded_within_the_mass_error() {
             }
         }
     });
-    eprintln!("largest difference of a sharded logprob from the unsharded one: {worst:e}");
+    worst
 }
 
 /// A call's sampling-step inputs, random per row, in CSR form: histories drawn from a few ids
@@ -1310,8 +1482,6 @@ fn bad_step_inputs_are_refused_naming_them_and_take_no_key() {
     let s = sampler(level, 5);
     let rows_q = ShardRows { step: inputs.shard_step(), ..rank_rows(&x, rows, vocab, &cuts, 0, &st) };
     let mut parts = vec![ShardLogprobPartial::default(); rows];
-    let err = s
-        .shard_logprob_partials(&rows_q, &[], &[], &[], LogprobMode::Raw, 0, &mut parts, &mut [])
-        .unwrap_err();
+    let err = s.shard_logprob_partials(&rows_q, &[], &[], &[], LogprobMode::Raw, 0, &mut parts, &mut []).unwrap_err();
     assert!(err.message.contains("RAW"), "{}", err.message);
 }

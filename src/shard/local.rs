@@ -343,7 +343,8 @@ pub fn top_k_candidates(rows: &ShardRows, width: usize, out: &mut [f32]) -> Resu
     // The candidates of rows with a step are their processed values' (the step's arithmetic is
     // the same at every level).
     let k = crate::kernels::kernels(crate::kernels::best_level());
-    if rows.step.is_on() && (rows.vocab_start >= rows.vocab_size || rows.slice_len > rows.vocab_size - rows.vocab_start) {
+    if rows.step.is_on() && (rows.vocab_start >= rows.vocab_size || rows.slice_len > rows.vocab_size - rows.vocab_start)
+    {
         return Err(Error::invalid_argument("rows.vocab_start: the slice is not inside the row"));
     }
     step::check_step(k, rows)?;

@@ -182,7 +182,8 @@ pub(super) fn processed<'b>(k: &Kernels, rows: &ShardRows<'b>, buf: &'b mut Vec<
         return Ok(*rows);
     }
     let n = rows.slice_len;
-    let total = rows.rows.checked_mul(n).ok_or_else(|| Error::invalid_argument("rows.rows: rows x slice_len overflows"))?;
+    let total =
+        rows.rows.checked_mul(n).ok_or_else(|| Error::invalid_argument("rows.rows: rows x slice_len overflows"))?;
     buf.clear();
     alloc::resize(buf, total, f32::NEG_INFINITY, "the slices' processed values")?;
     let batch = rows.step.whole_rows(rows.rows, rows.vocab_size);
