@@ -1254,7 +1254,7 @@ impl StepInputs {
         let bitmask = (0..rows * words_per_row)
             .map(|i| {
                 // Rows without a grammar (all set), and rows with about a fifth of tokens clear.
-                if (i / words_per_row) % 3 == 0 {
+                if (i / words_per_row).is_multiple_of(3) {
                     -1
                 } else {
                     (0..32).fold(0u32, |w, j| w | ((rng.below(5) != 0) as u32) << j) as i32

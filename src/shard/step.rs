@@ -155,7 +155,7 @@ impl<'a> ShardStep<'a> {
             i(self.dry_penalty_last_n),
             self.dry_breakers.map_or(u64::MAX, |w| w.row(r).count() as u64),
         ];
-        parts.iter().fold(0x0073_7465_70, |h, &x| splitmix64(h ^ x))
+        parts.iter().fold(0x7374_6570, |h, &x| splitmix64(h ^ x))
     }
 }
 
