@@ -26,6 +26,14 @@ loaded machine inflates them less than wall time; the samplers run with threads=
            rows, rank 0 draws, the tokens go back). Kinds: sample (T = 1), greedy, top-p 0.9 with
            top-k 50 on peaked rows, top-p 0.9 on flat rows. On a machine with fewer cores than
            ranks the processes are oversubscribed: the times then include the waits for a core.
+
+  --step   the cost of the sampling step in the sharded path (in one process, as above): rows
+           sampled at T = 1, each with a realistic step (repetition, frequency and presence
+           penalties over a history of 5,120 tokens, a logit bias of 100 entries, 50 banned ids;
+           CSR arrays, as an engine holds them), against the same rows without it. Each rank
+           converts the step once (``shard.step_block``, timed with its rounds) and applies it to
+           its slice in every round; the tokens are checked against the unsharded draw with the
+           step. Prints the medians and the ratio, sharded and unsharded.
 """
 
 import argparse
@@ -87,6 +95,85 @@ def step(x, temps, ranks, seed):
         "gather_bytes_rank0": rows * 4 * (vocab - (cuts[1] - cuts[0])) + rows * 4 * (ranks - 1),
         "sharded_bytes_per_row_per_rank_per_round": PARTIAL,
     }
+
+
+def realistic_step(rows, vocab, g):
+    """The step of ``--step`` in ``Sampler.draw``'s CSR forms: per row a history of 5,120 tokens
+    (4,096 of prompt, 1,024 of output) drawn from 2,000 ids, the three penalties, a bias of 100
+    entries and 50 banned ids."""
+    def csr(per_row, draw):
+        ids = np.concatenate([draw() for _ in range(rows)]).astype(np.int32)
+        return ids, np.arange(rows + 1, dtype=np.uint64) * np.uint64(per_row)
+
+    pool = g.integers(0, vocab, 2000)
+    bias_ids, bias_offsets = csr(100, lambda: g.choice(vocab, 100, replace=False))
+    return dict(
+        prompt_tokens=csr(4096, lambda: g.choice(pool, 4096)),
+        output_tokens=csr(1024, lambda: g.choice(pool, 1024)),
+        repetition_penalty=np.full(rows, 1.1, np.float32),
+        frequency_penalty=np.full(rows, 0.2, np.float32),
+        presence_penalty=np.full(rows, 0.1, np.float32),
+        logit_bias=(bias_ids, (g.random(len(bias_ids)) * 10 - 5).astype(np.float32), bias_offsets),
+        banned_tokens=csr(50, lambda: g.choice(vocab, 50, replace=False)),
+    )
+
+
+def step_with(x, settings, step_args, ranks, seed):
+    """One sharded step of ``x`` (as ``step``), each rank converting ``step_args`` once and
+    applying it in both rounds; the unsharded draw with the same step times the gathered path and
+    checks the tokens."""
+    rows, vocab = x.shape
+    cuts = cuts_of(vocab, ranks)
+    samplers = [tokenrace.Sampler(vocab, max_rows=1024, seed=seed, threads=1) for _ in range(ranks)]
+    slices = [np.ascontiguousarray(x[:, cuts[q]:cuts[q + 1]]) for q in range(ranks)]
+    per_rank = [0.0] * ranks
+    blocks = []
+    for q in range(ranks):
+        b, t = timed(lambda: shard.step_block(rows, vocab, **step_args))
+        blocks.append(b)
+        per_rank[q] += t
+    p1 = []
+    for q in range(ranks):
+        p, t = timed(lambda q=q: shard.top(samplers[q], slices[q], cuts[q], vocab, step=blocks[q], **settings))
+        p1.append(p)
+        per_rank[q] += t
+    rows_c, t_combine = timed(lambda: shard.combine_top(p1))
+    p2 = []
+    for q in range(ranks):
+        p, t = timed(lambda q=q: shard.race(samplers[q], slices[q], cuts[q], vocab, rows_c, step=blocks[q],
+                                            **settings))
+        p2.append(p)
+        per_rank[q] += t
+    (tokens, _), t_finish = timed(lambda: shard.finish(rows_c, p2))
+    whole = tokenrace.Sampler(vocab, max_rows=1024, seed=seed, threads=1)
+    want, t_gather = timed(lambda: whole.draw(x, **settings, **step_args))
+    assert np.array_equal(tokens, want), "the sharded tokens differ from the unsharded draw's"
+    return max(per_rank) + t_combine + t_finish, t_gather
+
+
+def step_cost(a):
+    """``--step``: sharded rows with and without the realistic step, medians and ratios."""
+    g = np.random.default_rng(0)
+    rows = int(a.rows.split(",")[-1])
+    x = (g.standard_normal((rows, a.vocab)) * 2).astype(np.float32)
+    settings = dict(temperature=np.ones(rows, np.float32))
+    with_step = realistic_step(rows, a.vocab, g)
+    print(f"{rows} rows of {a.vocab}, T = 1; median of {a.reps} steps, thread CPU ms")
+    print(f"{'R':>2} {'sharded':>9} {'+ step':>9} {'ratio':>6} {'unsharded':>10} {'+ step':>9} {'ratio':>6}")
+    results = []
+    for ranks in (int(r) for r in a.ranks.split(",")):
+        plain = [step_with(x, settings, {}, ranks, rep) for rep in range(a.reps)]
+        stepped = [step_with(x, settings, with_step, ranks, rep) for rep in range(a.reps)]
+        r = {"ranks": ranks, "rows": rows, "vocab": a.vocab,
+             "sharded_s": statistics.median(p[0] for p in plain),
+             "sharded_step_s": statistics.median(p[0] for p in stepped),
+             "unsharded_s": statistics.median(p[1] for p in plain),
+             "unsharded_step_s": statistics.median(p[1] for p in stepped)}
+        results.append(r)
+        print(f"{ranks:>2} {1e3 * r['sharded_s']:>9.2f} {1e3 * r['sharded_step_s']:>9.2f} "
+              f"{r['sharded_step_s'] / r['sharded_s']:>6.2f} {1e3 * r['unsharded_s']:>10.2f} "
+              f"{1e3 * r['unsharded_step_s']:>9.2f} {r['unsharded_step_s'] / r['unsharded_s']:>6.2f}", flush=True)
+    return results
 
 
 def _proc_rank(q, ranks, rows, vocab, kind, reps, names, barrier, room):
@@ -221,9 +308,10 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--processes", action="store_true", help="ranks as processes over shared memory")
     ap.add_argument("--kinds", default="sample,greedy,topp_peaked,topp_flat")
+    ap.add_argument("--step", action="store_true", help="the cost of the sampling step in the sharded path")
     a = ap.parse_args()
-    if a.processes:
-        results = processes(a)
+    if a.processes or a.step:
+        results = processes(a) if a.processes else step_cost(a)
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(results, f, indent=1)

@@ -810,6 +810,70 @@ typedef struct tokenrace_shard_rows {
   // `rows` top-p values (NULL: off), as `tokenrace_batch.top_p`: the race needs the rows' cuts
   // (`tokenrace_shard_cut_start`, `_cut_round`, `_cut_advance`, `_race_cut`).
   const float *top_p;
+  // Prompt tokens (CSR with `prompt_offsets`), as `tokenrace_batch.prompt_ids`.
+  const int32_t *prompt_ids;
+  // `rows + 1` offsets into `prompt_ids`.
+  const uint64_t *prompt_offsets;
+  // Output tokens so far (CSR with `output_offsets`), as `tokenrace_batch.output_ids`.
+  const int32_t *output_ids;
+  // `rows + 1` offsets into `output_ids`.
+  const uint64_t *output_offsets;
+  // `rows` repetition penalties (NULL: 1).
+  const float *repetition_penalty;
+  // `rows` frequency penalties (NULL: 0).
+  const float *frequency_penalty;
+  // `rows` presence penalties (NULL: 0).
+  const float *presence_penalty;
+  // Logit bias ids (CSR with `bias_offsets`, values in `bias_values`).
+  const int32_t *bias_ids;
+  // Logit bias values, one per `bias_ids` entry.
+  const float *bias_values;
+  // `rows + 1` offsets into `bias_ids`/`bias_values`.
+  const uint64_t *bias_offsets;
+  // Allowed token lists (CSR with `allowed_offsets`).
+  const int32_t *allowed_ids;
+  // `rows + 1` offsets into `allowed_ids`.
+  const uint64_t *allowed_offsets;
+  // `rows` flags: which rows the allowed lists restrict (NULL: all).
+  const uint8_t *allowed_rows;
+  // Banned token lists (CSR with `banned_offsets`).
+  const int32_t *banned_ids;
+  // `rows + 1` offsets into `banned_ids`.
+  const uint64_t *banned_offsets;
+  // The grammar bitmask of the whole rows: int32 words, bit `j` of word `w` allows token
+  // `32 w + j`.
+  const int32_t *token_bitmask;
+  // Words between two rows of `token_bitmask` (0: `ceil(vocab_size / 32)`).
+  uint64_t bitmask_row_stride;
+  // `rows` penalty windows (NULL or 0: the whole history).
+  const int32_t *penalty_last_n;
+  // `rows` minimum output lengths (NULL: 0), with `stop_ids`.
+  const int32_t *min_tokens;
+  // Stop token lists (CSR with `stop_offsets`), banned while the output is shorter than
+  // `min_tokens`.
+  const int32_t *stop_ids;
+  // `rows + 1` offsets into `stop_ids`.
+  const uint64_t *stop_offsets;
+  // Bad words' ids (two-level CSR), as `tokenrace_batch.bad_words_ids`.
+  const int32_t *bad_words_ids;
+  // Offsets of the words into `bad_words_ids`.
+  const uint64_t *bad_word_offsets;
+  // `rows + 1` offsets of the rows into the words.
+  const uint64_t *bad_words_row_offsets;
+  // `rows` DRY multipliers (NULL or 0: off).
+  const float *dry_multiplier;
+  // `rows` DRY bases (NULL: 1.75).
+  const float *dry_base;
+  // `rows` DRY allowed lengths (NULL: 2).
+  const int32_t *dry_allowed_length;
+  // `rows` DRY windows (NULL: -1, every token).
+  const int32_t *dry_penalty_last_n;
+  // DRY sequence breakers' ids (two-level CSR), as `tokenrace_batch.dry_breaker_ids`.
+  const int32_t *dry_breaker_ids;
+  // Offsets of the breakers into `dry_breaker_ids`.
+  const uint64_t *dry_breaker_offsets;
+  // `rows + 1` offsets of the rows into the breakers.
+  const uint64_t *dry_breakers_row_offsets;
 } tokenrace_shard_rows;
 
 // What one rank sends for one row in either round: 40 bytes, a plain record to move between

@@ -64,7 +64,8 @@ pub use shard::shard_logprobs;
 pub use shard::{
     combine_top as shard_combine_top, cut_advance as shard_cut_advance, cut_pending as shard_cut_pending,
     cut_phase as shard_cut_phase, finish as shard_finish, top_k_candidates as shard_top_k_candidates, ShardCut,
-    ShardLogprobPartial, ShardMass, ShardPartial, ShardRow, ShardRows, ShardTopEntry, CUT_BINS as SHARD_CUT_BINS,
+    ShardLogprobPartial, ShardMass, ShardPartial, ShardRow, ShardRows, ShardStep, ShardTopEntry,
+    CUT_BINS as SHARD_CUT_BINS,
 };
 pub use watermark::{
     context_of as watermark_context, detect as detect_watermark, gamma_upper_tail, token_noise, watermark_accept,

@@ -46,6 +46,7 @@ fn rank_rows<'a>(x: &'a [f32], rows: usize, vocab: usize, cuts: &[usize], q: usi
         seeds: Some(&st.seeds),
         seeded: Some(&st.seeded),
         min_p: Some(&st.min_p),
+        step: ShardStep::default(),
         ..ShardRows::new(&x[start..], rows, start, end - start, vocab)
     }
 }
@@ -373,6 +374,8 @@ mod c_abi {
             min_p: st.min_p.as_ptr(),
             top_k: std::ptr::null(),
             top_p: std::ptr::null(),
+            // SAFETY: the step's fields are pointers and integers: zero is NULL (no step).
+            ..unsafe { std::mem::zeroed() }
         }
     }
 
@@ -503,11 +506,60 @@ mod c_abi {
         assert_eq!(offset_of!(tokenrace_shard_partial, key), 32);
         assert_eq!(size_of::<tokenrace_shard_row>(), 24);
         assert_eq!(offset_of!(tokenrace_shard_row, key), 16);
-        assert_eq!(offset_of!(tokenrace_shard_rows, logits), 8);
-        assert_eq!(offset_of!(tokenrace_shard_rows, min_p), 88);
-        assert_eq!(offset_of!(tokenrace_shard_rows, top_k), 96);
-        assert_eq!(offset_of!(tokenrace_shard_rows, top_p), 104);
-        assert_eq!(size_of::<tokenrace_shard_rows>(), 112);
+        // Every field where the header puts it: the 0.2 fields, then the step's block (8 bytes
+        // each, from 112), appended so that a 0.2 caller's struct_size of 112 reads no step.
+        let layout = [
+            (offset_of!(tokenrace_shard_rows, struct_size), 0),
+            (offset_of!(tokenrace_shard_rows, reserved0), 4),
+            (offset_of!(tokenrace_shard_rows, logits), 8),
+            (offset_of!(tokenrace_shard_rows, rows), 16),
+            (offset_of!(tokenrace_shard_rows, row_stride), 24),
+            (offset_of!(tokenrace_shard_rows, vocab_start), 32),
+            (offset_of!(tokenrace_shard_rows, slice_len), 40),
+            (offset_of!(tokenrace_shard_rows, vocab_size), 48),
+            (offset_of!(tokenrace_shard_rows, temperature), 56),
+            (offset_of!(tokenrace_shard_rows, seeds), 64),
+            (offset_of!(tokenrace_shard_rows, offsets), 72),
+            (offset_of!(tokenrace_shard_rows, seeded), 80),
+            (offset_of!(tokenrace_shard_rows, min_p), 88),
+            (offset_of!(tokenrace_shard_rows, top_k), 96),
+            (offset_of!(tokenrace_shard_rows, top_p), 104),
+            (offset_of!(tokenrace_shard_rows, prompt_ids), 112),
+            (offset_of!(tokenrace_shard_rows, prompt_offsets), 120),
+            (offset_of!(tokenrace_shard_rows, output_ids), 128),
+            (offset_of!(tokenrace_shard_rows, output_offsets), 136),
+            (offset_of!(tokenrace_shard_rows, repetition_penalty), 144),
+            (offset_of!(tokenrace_shard_rows, frequency_penalty), 152),
+            (offset_of!(tokenrace_shard_rows, presence_penalty), 160),
+            (offset_of!(tokenrace_shard_rows, bias_ids), 168),
+            (offset_of!(tokenrace_shard_rows, bias_values), 176),
+            (offset_of!(tokenrace_shard_rows, bias_offsets), 184),
+            (offset_of!(tokenrace_shard_rows, allowed_ids), 192),
+            (offset_of!(tokenrace_shard_rows, allowed_offsets), 200),
+            (offset_of!(tokenrace_shard_rows, allowed_rows), 208),
+            (offset_of!(tokenrace_shard_rows, banned_ids), 216),
+            (offset_of!(tokenrace_shard_rows, banned_offsets), 224),
+            (offset_of!(tokenrace_shard_rows, token_bitmask), 232),
+            (offset_of!(tokenrace_shard_rows, bitmask_row_stride), 240),
+            (offset_of!(tokenrace_shard_rows, penalty_last_n), 248),
+            (offset_of!(tokenrace_shard_rows, min_tokens), 256),
+            (offset_of!(tokenrace_shard_rows, stop_ids), 264),
+            (offset_of!(tokenrace_shard_rows, stop_offsets), 272),
+            (offset_of!(tokenrace_shard_rows, bad_words_ids), 280),
+            (offset_of!(tokenrace_shard_rows, bad_word_offsets), 288),
+            (offset_of!(tokenrace_shard_rows, bad_words_row_offsets), 296),
+            (offset_of!(tokenrace_shard_rows, dry_multiplier), 304),
+            (offset_of!(tokenrace_shard_rows, dry_base), 312),
+            (offset_of!(tokenrace_shard_rows, dry_allowed_length), 320),
+            (offset_of!(tokenrace_shard_rows, dry_penalty_last_n), 328),
+            (offset_of!(tokenrace_shard_rows, dry_breaker_ids), 336),
+            (offset_of!(tokenrace_shard_rows, dry_breaker_offsets), 344),
+            (offset_of!(tokenrace_shard_rows, dry_breakers_row_offsets), 352),
+        ];
+        for (i, (at, want)) in layout.iter().enumerate() {
+            assert_eq!(at, want, "field {i} of tokenrace_shard_rows");
+        }
+        assert_eq!(size_of::<tokenrace_shard_rows>(), 360);
         assert_eq!(size_of::<tokenrace_shard_cut>(), 56);
         assert_eq!(offset_of!(tokenrace_shard_cut, above), 40);
         assert_eq!(size_of::<tokenrace_shard_mass>(), 1320);
@@ -515,6 +567,127 @@ mod c_abi {
         assert_eq!(offset_of!(tokenrace_shard_mass, count), 552);
         assert_eq!(offset_of!(tokenrace_shard_mass, low), 808);
         assert_eq!(offset_of!(tokenrace_shard_mass, high), 1064);
+    }
+
+    /// `base` with the step of `inputs` in its step block (the same whole arrays on every rank).
+    fn with_c_step(base: tokenrace_shard_rows, inputs: &StepInputs) -> tokenrace_shard_rows {
+        tokenrace_shard_rows {
+            prompt_ids: inputs.prompt.0.as_ptr(),
+            prompt_offsets: inputs.prompt.1.as_ptr(),
+            output_ids: inputs.output.0.as_ptr(),
+            output_offsets: inputs.output.1.as_ptr(),
+            repetition_penalty: inputs.repetition.as_ptr(),
+            frequency_penalty: inputs.frequency.as_ptr(),
+            presence_penalty: inputs.presence.as_ptr(),
+            penalty_last_n: inputs.last_n.as_ptr(),
+            bias_ids: inputs.bias.0.as_ptr(),
+            bias_values: inputs.bias.1.as_ptr(),
+            bias_offsets: inputs.bias.2.as_ptr(),
+            allowed_ids: inputs.allowed.0.as_ptr(),
+            allowed_offsets: inputs.allowed.1.as_ptr(),
+            allowed_rows: inputs.allowed_rows.as_ptr(),
+            banned_ids: inputs.banned.0.as_ptr(),
+            banned_offsets: inputs.banned.1.as_ptr(),
+            token_bitmask: inputs.bitmask.as_ptr(),
+            bitmask_row_stride: 0,
+            min_tokens: inputs.min_tokens.as_ptr(),
+            stop_ids: inputs.stops.0.as_ptr(),
+            stop_offsets: inputs.stops.1.as_ptr(),
+            bad_words_ids: inputs.bad_words.0.as_ptr(),
+            bad_word_offsets: inputs.bad_words.1.as_ptr(),
+            bad_words_row_offsets: inputs.bad_words.2.as_ptr(),
+            dry_multiplier: inputs.dry_multiplier.as_ptr(),
+            ..base
+        }
+    }
+
+    /// Both rounds of `rows_of(q)` for every rank through the C calls: the tokens and flags.
+    fn c_two_rounds(
+        samplers: &[*mut tokenrace_sampler],
+        rows: usize,
+        rows_of: impl Fn(usize) -> tokenrace_shard_rows,
+    ) -> std::result::Result<(Vec<i32>, Vec<u32>), String> {
+        let ranks = samplers.len();
+        let ok = |status: tokenrace_status| if status == tokenrace_status::Ok { Ok(()) } else { Err(last_error()) };
+        let mut gathered = vec![tokenrace_shard_partial::default(); ranks * rows];
+        for (q, &s) in samplers.iter().enumerate() {
+            // SAFETY: valid structs, `rows` records of output.
+            ok(unsafe { tokenrace_shard_top(s, &rows_of(q), gathered[q * rows..].as_mut_ptr()) })?;
+        }
+        let mut combined = vec![tokenrace_shard_row::default(); rows];
+        // SAFETY: `ranks * rows` records in, `rows` out.
+        ok(unsafe {
+            tokenrace_shard_combine_top(gathered.as_ptr(), ranks as u32, rows as u32, combined.as_mut_ptr())
+        })?;
+        for (q, &s) in samplers.iter().enumerate() {
+            // SAFETY: as above.
+            ok(unsafe { tokenrace_shard_race(s, &rows_of(q), combined.as_ptr(), gathered[q * rows..].as_mut_ptr()) })?;
+        }
+        let (mut tokens, mut fl) = (vec![-1; rows], vec![0u32; rows]);
+        // SAFETY: as above.
+        ok(unsafe {
+            tokenrace_shard_finish(
+                combined.as_ptr(),
+                rows as u32,
+                gathered.as_ptr(),
+                ranks as u32,
+                tokens.as_mut_ptr(),
+                fl.as_mut_ptr(),
+            )
+        })?;
+        Ok((tokens, fl))
+    }
+
+    #[test]
+    fn c_rows_with_a_step_equal_the_unsharded_draw_and_a_0_2_struct_reads_none() {
+        // The step block read through the C struct: the unsharded draw with the step; a caller
+        // whose struct_size ends at 112 (0.2) gets no step (the unsharded draw without it); a bad
+        // entry is refused naming its field as rows.FIELD[ROW], nothing written.
+        let mut rng = TestRng::new(33);
+        let (vocab, rows) = (1300, 10);
+        for ranks in [1, 2, 4] {
+            let x: Vec<f32> = (0..rows)
+                .flat_map(|_| {
+                    let d = pick_dist(&mut rng);
+                    gen_row(&mut rng, d, vocab)
+                })
+                .collect();
+            let st = Settings::random(&mut rng, rows);
+            let inputs = StepInputs::random(&mut rng, rows, vocab);
+            let cuts = random_cuts(&mut rng, vocab, ranks);
+            let base = Sampler::new(Config { seed: Some(12), max_rows: 64, ..Config::default() }).unwrap();
+            let plain = Batch {
+                temperature: Some(&st.temps),
+                seeds: Some(&st.seeds),
+                seeded: Some(&st.seeded),
+                min_p: Some(&st.min_p),
+                ..Batch::new(Logits::F32(&x), rows, vocab)
+            };
+            let want = draw(&base, &with_step(plain, &inputs.shard_step(), vocab));
+            let fresh = |_| c_sampler(12);
+            let samplers: Vec<_> = (0..ranks).map(fresh).collect();
+            let stepped = |q: usize| with_c_step(c_rows(&x, rows, vocab, (cuts[q], cuts[q + 1]), &st), &inputs);
+            assert_eq!(c_two_rounds(&samplers, rows, stepped), Ok(want), "ranks {ranks} cuts {cuts:?}");
+            let old: Vec<_> = (0..ranks).map(fresh).collect();
+            let old_size = |q: usize| tokenrace_shard_rows { struct_size: 112, ..stepped(q) };
+            let unstepped = whole(
+                &Sampler::new(Config { seed: Some(12), max_rows: 64, ..Config::default() }).unwrap(),
+                &x,
+                rows,
+                vocab,
+                &st,
+            );
+            assert_eq!(c_two_rounds(&old, rows, old_size), Ok(unstepped), "a 0.2 caller reads no step");
+            let bad_last_n: Vec<i32> = (0..rows as i32).map(|r| if r == 3 { -2 } else { 0 }).collect();
+            let bad = |q: usize| tokenrace_shard_rows { penalty_last_n: bad_last_n.as_ptr(), ..stepped(q) };
+            let refused: Vec<_> = (0..ranks).map(fresh).collect();
+            let err = c_two_rounds(&refused, rows, bad).unwrap_err();
+            assert!(err.starts_with("tokenrace_shard_top: rows.penalty_last_n[3]: -2 is negative"), "{err}");
+            for s in samplers.into_iter().chain(old).chain(refused) {
+                // SAFETY: made above, freed once.
+                unsafe { tokenrace_sampler_free(s) };
+            }
+        }
     }
 
     #[test]
@@ -678,17 +851,18 @@ fn sharded_filtered(
     st: &Settings,
     f: &Filters,
 ) -> ((Vec<i32>, Vec<u32>), usize) {
-    let (drawn, rounds, _) = sharded_with_logprobs(ranks, x, (rows, vocab), cuts, order, st, f, None);
+    let (drawn, rounds, _) = sharded_with_step(ranks, x, (rows, vocab), cuts, order, st, f, ShardStep::default(), None);
     (drawn, rounds)
 }
 
 /// The logprobs of the sampled tokens and the top-n ids and logprobs, rows after rows.
 type Logprobs = (Vec<f32>, Vec<i32>, Vec<f32>);
 
-/// [`sharded_filtered`], with the logprobs of `mode` and the top `top_n` when asked for (their
-/// partials sent with the race's).
+/// [`sharded_filtered`] of rows with the sampling step `step` (every rank given the same whole
+/// lists; none: `ShardStep::default()`), with the logprobs of `mode` and the top `top_n` when
+/// asked for (their partials sent with the race's).
 #[allow(clippy::too_many_arguments)]
-fn sharded_with_logprobs(
+fn sharded_with_step(
     ranks: &[Sampler],
     x: &[f32],
     (rows, vocab): (usize, usize),
@@ -696,11 +870,16 @@ fn sharded_with_logprobs(
     order: &[usize],
     st: &Settings,
     f: &Filters,
+    step: ShardStep,
     logprobs: Option<(LogprobMode, usize)>,
 ) -> ((Vec<i32>, Vec<u32>), usize, Option<Logprobs>) {
     let n = ranks.len();
-    let rows_of =
-        |q: usize| ShardRows { top_k: Some(&f.top_k), top_p: Some(&f.top_p), ..rank_rows(x, rows, vocab, cuts, q, st) };
+    let rows_of = |q: usize| ShardRows {
+        top_k: Some(&f.top_k),
+        top_p: Some(&f.top_p),
+        step,
+        ..rank_rows(x, rows, vocab, cuts, q, st)
+    };
     let width = f.top_k.iter().map(|&k| k.max(0) as usize).filter(|&k| k < vocab).max().unwrap_or(0);
     let mut tops = vec![vec![ShardPartial::default(); rows]; n];
     let mut cands = vec![vec![0f32; rows * width]; n];
@@ -902,9 +1081,24 @@ fn sharded_logprobs_and_top_n_equal_the_unsharded_within_the_mass_error() {
     // from f32 exps (relative error below 1e-5), the sharded one from exact f64 weights, so the
     // logprobs agree within 1e-5 (plus the f32 rounding of the result); the top-n ids are the
     // same. Filters on, 1 to 8 ranks, every level.
+    let worst = logprobs_agree(61, false, &[LogprobMode::Raw, LogprobMode::Processed]);
+    eprintln!("largest difference of a sharded logprob from the unsharded one: {worst:e}");
+}
+
+#[test]
+fn processed_logprobs_of_rows_with_a_step_equal_the_unsharded_within_the_mass_error() {
+    // As above, the rows carrying a step: PROCESSED logprobs are those of the processed values,
+    // which every rank reads for its slice (RAW ones are refused, see the refusals' test).
+    let worst = logprobs_agree(62, true, &[LogprobMode::Processed]);
+    eprintln!("largest difference of a sharded logprob (with a step) from the unsharded one: {worst:e}");
+}
+
+/// The sharded logprobs and top-n of random rows (with a random step when `stepped`) in each of
+/// `modes` against the unsharded draw's, 1 to 8 ranks, every level: the largest difference.
+fn logprobs_agree(seed: u64, stepped: bool, modes: &[LogprobMode]) -> f64 {
     let mut worst = 0f64;
     each_level(|level| {
-        let mut rng = TestRng::new(61);
+        let mut rng = TestRng::new(seed);
         for ranks in 1..=8 {
             let (vocab, rows, top_n) = (2000, 12, 7);
             let x: Vec<f32> = (0..rows)
@@ -917,7 +1111,9 @@ fn sharded_logprobs_and_top_n_equal_the_unsharded_within_the_mass_error() {
             let f = Filters::random(&mut rng, rows, vocab);
             let cuts = random_cuts(&mut rng, vocab, ranks);
             let order = shuffled(&mut rng, ranks);
-            for mode in [LogprobMode::Raw, LogprobMode::Processed] {
+            let inputs = stepped.then(|| StepInputs::random(&mut rng, rows, vocab));
+            let step = inputs.as_ref().map_or_else(ShardStep::default, |i| i.shard_step());
+            for &mode in modes {
                 let whole_s = sampler(level, 8);
                 let (mut tokens, mut lps) = (vec![0; rows], vec![0f32; rows]);
                 let (mut ids, mut tlps) = (vec![0; rows * top_n], vec![0f32; rows * top_n]);
@@ -938,10 +1134,10 @@ fn sharded_logprobs_and_top_n_equal_the_unsharded_within_the_mass_error() {
                     logprob_mode: mode,
                     ..Output::new(&mut tokens)
                 };
-                whole_s.draw(&b, &mut out).unwrap();
+                whole_s.draw(&with_step(b, &step, vocab), &mut out).unwrap();
                 let shards: Vec<Sampler> = (0..ranks).map(|_| sampler(level, 8)).collect();
                 let ((got_tokens, _), _, got) =
-                    sharded_with_logprobs(&shards, &x, (rows, vocab), &cuts, &order, &st, &f, Some((mode, top_n)));
+                    sharded_with_step(&shards, &x, (rows, vocab), &cuts, &order, &st, &f, step, Some((mode, top_n)));
                 let (got_lps, got_ids, got_tlps) = got.unwrap();
                 assert_eq!(got_tokens, tokens, "{level:?} ranks {ranks}");
                 let mut close = |a: f32, b: f32| {
@@ -983,5 +1179,309 @@ fn sharded_logprobs_and_top_n_equal_the_unsharded_within_the_mass_error() {
             }
         }
     });
-    eprintln!("largest difference of a sharded logprob from the unsharded one: {worst:e}");
+    worst
+}
+
+/// A call's sampling-step inputs, random per row, in CSR form: histories drawn from a few ids
+/// spread over the row (so the penalties and DRY find repeats), bias, allowed (some rows),
+/// banned, a bitmask, min_tokens with stop ids, bad words and DRY.
+struct StepInputs {
+    prompt: (Vec<i32>, Vec<u64>),
+    output: (Vec<i32>, Vec<u64>),
+    repetition: Vec<f32>,
+    frequency: Vec<f32>,
+    presence: Vec<f32>,
+    last_n: Vec<i32>,
+    bias: (Vec<i32>, Vec<f32>, Vec<u64>),
+    allowed: (Vec<i32>, Vec<u64>),
+    allowed_rows: Vec<u8>,
+    banned: (Vec<i32>, Vec<u64>),
+    bitmask: Vec<i32>,
+    min_tokens: Vec<i32>,
+    stops: (Vec<i32>, Vec<u64>),
+    bad_words: (Vec<i32>, Vec<u64>, Vec<u64>),
+    dry_multiplier: Vec<f32>,
+    words_per_row: usize,
+}
+
+/// CSR lists from per-row lists.
+fn csr<T: Copy>(lists: &[Vec<T>]) -> (Vec<T>, Vec<u64>) {
+    let mut offsets = vec![0u64];
+    for l in lists {
+        offsets.push(offsets.last().unwrap() + l.len() as u64);
+    }
+    (lists.concat(), offsets)
+}
+
+impl StepInputs {
+    fn random(rng: &mut TestRng, rows: usize, vocab: usize) -> StepInputs {
+        let ids = |rng: &mut TestRng, pool: &[i32], most: usize| -> Vec<i32> {
+            let n = rng.below(most + 1);
+            (0..n).map(|_| pool[rng.below(pool.len())]).collect()
+        };
+        let (mut prompt, mut output, mut allowed, mut banned, mut stops) = (vec![], vec![], vec![], vec![], vec![]);
+        let (mut bias_lists, mut bias_values, mut words, mut word_lens) = (vec![], vec![], vec![], vec![]);
+        for _ in 0..rows {
+            let pool: Vec<i32> = (0..12).map(|_| rng.below(vocab) as i32).collect();
+            prompt.push(ids(rng, &pool, 40));
+            output.push(ids(rng, &pool, 30));
+            let all: Vec<i32> = (0..vocab as i32).collect();
+            allowed.push(ids(rng, &all, vocab / 3));
+            banned.push(ids(rng, &all, 20));
+            stops.push(ids(rng, &pool, 3));
+            let b = ids(rng, &all, 8);
+            bias_values.push(
+                b.iter().map(|_| [-3.0, -0.5, 0.25, 2.0, 9.0, f32::NEG_INFINITY][rng.below(6)]).collect::<Vec<f32>>(),
+            );
+            bias_lists.push(b);
+            // Bad words: one of one token, one of two whose head is a history token.
+            let (one, two) = (pool[rng.below(12)], [pool[rng.below(12)], rng.below(vocab) as i32]);
+            let row_words: Vec<Vec<i32>> = match rng.below(3) {
+                0 => vec![],
+                1 => vec![vec![one]],
+                _ => vec![vec![one], two.to_vec()],
+            };
+            word_lens.push(row_words.len());
+            words.extend(row_words);
+        }
+        let mut bad_row_offsets = vec![0u64];
+        for n in &word_lens {
+            bad_row_offsets.push(bad_row_offsets.last().unwrap() + *n as u64);
+        }
+        let (bad_ids, bad_word_offsets) = csr(&words);
+        let (bias_ids, bias_offsets) = csr(&bias_lists);
+        let words_per_row = vocab.div_ceil(32);
+        let bitmask = (0..rows * words_per_row)
+            .map(|i| {
+                // Rows without a grammar (all set), and rows with about a fifth of tokens clear.
+                if (i / words_per_row).is_multiple_of(3) {
+                    -1
+                } else {
+                    (0..32).fold(0u32, |w, j| w | ((rng.below(5) != 0) as u32) << j) as i32
+                }
+            })
+            .collect();
+        let pick = |rng: &mut TestRng, from: &[f32]| (0..rows).map(|_| from[rng.below(from.len())]).collect::<Vec<_>>();
+        StepInputs {
+            prompt: csr(&prompt),
+            output: csr(&output),
+            repetition: pick(rng, &[1.0, 1.3, 0.8, 2.0]),
+            frequency: pick(rng, &[0.0, 0.5, -0.3]),
+            presence: pick(rng, &[0.0, 0.7, -1.0]),
+            last_n: (0..rows).map(|_| [0, 5, 40][rng.below(3)]).collect(),
+            bias: (bias_ids, bias_values.concat(), bias_offsets),
+            allowed: csr(&allowed),
+            allowed_rows: (0..rows).map(|_| (rng.below(4) == 0) as u8).collect(),
+            banned: csr(&banned),
+            bitmask,
+            min_tokens: (0..rows).map(|_| [0, 3, 50][rng.below(3)]).collect(),
+            stops: csr(&stops),
+            bad_words: (bad_ids, bad_word_offsets, bad_row_offsets),
+            dry_multiplier: pick(rng, &[0.0, 0.8]),
+            words_per_row,
+        }
+    }
+
+    fn shard_step(&self) -> ShardStep<'_> {
+        fn lists(l: &(Vec<i32>, Vec<u64>)) -> Option<TokenLists<'_>> {
+            Some(TokenLists { ids: &l.0, offsets: &l.1 })
+        }
+        ShardStep {
+            prompt_tokens: lists(&self.prompt),
+            output_tokens: lists(&self.output),
+            repetition_penalty: Some(&self.repetition),
+            frequency_penalty: Some(&self.frequency),
+            presence_penalty: Some(&self.presence),
+            penalty_last_n: Some(&self.last_n),
+            logit_bias: Some(LogitBias { ids: &self.bias.0, values: &self.bias.1, offsets: &self.bias.2 }),
+            allowed_tokens: lists(&self.allowed),
+            allowed_rows: Some(&self.allowed_rows),
+            banned_tokens: lists(&self.banned),
+            token_bitmask: Some(TokenBitmask { words: &self.bitmask, row_stride: self.words_per_row }),
+            min_tokens: Some(&self.min_tokens),
+            stop_tokens: lists(&self.stops),
+            bad_words: Some(BadWords {
+                ids: &self.bad_words.0,
+                word_offsets: &self.bad_words.1,
+                row_offsets: &self.bad_words.2,
+            }),
+            dry_multiplier: Some(&self.dry_multiplier),
+            ..ShardStep::default()
+        }
+    }
+}
+
+/// The batch of the whole rows with the step `step` (as the sharded call is given it).
+fn with_step<'a>(b: Batch<'a>, step: &ShardStep<'a>, vocab: usize) -> Batch<'a> {
+    let bitmask = step.token_bitmask.map(|m| TokenBitmask { row_stride: vocab.div_ceil(32), ..m });
+    Batch {
+        prompt_tokens: step.prompt_tokens,
+        output_tokens: step.output_tokens,
+        repetition_penalty: step.repetition_penalty,
+        frequency_penalty: step.frequency_penalty,
+        presence_penalty: step.presence_penalty,
+        penalty_last_n: step.penalty_last_n,
+        logit_bias: step.logit_bias,
+        allowed_tokens: step.allowed_tokens,
+        allowed_rows: step.allowed_rows,
+        banned_tokens: step.banned_tokens,
+        token_bitmask: bitmask,
+        min_tokens: step.min_tokens,
+        stop_tokens: step.stop_tokens,
+        bad_words: step.bad_words,
+        dry_multiplier: step.dry_multiplier,
+        dry_base: step.dry_base,
+        dry_allowed_length: step.dry_allowed_length,
+        dry_penalty_last_n: step.dry_penalty_last_n,
+        dry_breakers: step.dry_breakers,
+        ..b
+    }
+}
+
+#[test]
+fn rows_with_a_step_equal_the_unsharded_draw_of_the_whole_rows() {
+    // Each rank builds the row's step from the whole lists and reads its slice's processed
+    // values: the same values the unsharded draw computes for those ids, so the same tokens and
+    // flags, bit for bit. Random histories, penalties (raising and lowering), bias, allowed,
+    // banned, bitmask, min_tokens, bad words and DRY; greedy and sampling rows, seeded and
+    // unseeded, with min-p, top-k and top-p; 1 to 8 ranks with uneven slices; every level.
+    let (mut stepped_differ, mut compared) = (0, 0);
+    each_level(|level| {
+        let mut rng = TestRng::new(71);
+        for ranks in 1..=8 {
+            for vocab in [700, 3000] {
+                let rows = 12;
+                let x: Vec<f32> = (0..rows)
+                    .flat_map(|_| {
+                        let d = pick_dist(&mut rng);
+                        gen_row(&mut rng, d, vocab)
+                    })
+                    .collect();
+                let st = Settings::random(&mut rng, rows);
+                let f = Filters::random(&mut rng, rows, vocab);
+                let inputs = StepInputs::random(&mut rng, rows, vocab);
+                let step = inputs.shard_step();
+                let cuts = random_cuts(&mut rng, vocab, ranks);
+                let order = shuffled(&mut rng, ranks);
+                let seed = rng.u64();
+                let plain = Batch {
+                    temperature: Some(&st.temps),
+                    seeds: Some(&st.seeds),
+                    seeded: Some(&st.seeded),
+                    min_p: Some(&st.min_p),
+                    top_k: Some(&f.top_k),
+                    top_p: Some(&f.top_p),
+                    ..Batch::new(Logits::F32(&x), rows, vocab)
+                };
+                let want = draw(&sampler(level, seed), &with_step(plain, &step, vocab));
+                let shards: Vec<Sampler> = (0..ranks).map(|_| sampler(level, seed)).collect();
+                let (got, _, _) = sharded_with_step(&shards, &x, (rows, vocab), &cuts, &order, &st, &f, step, None);
+                assert_eq!(got, want, "{level:?} ranks {ranks} vocab {vocab} cuts {cuts:?}");
+                // Power: the step changes tokens, so a rank that skipped it would show.
+                let unstepped = draw(&sampler(level, seed), &plain);
+                stepped_differ += unstepped.0.iter().zip(&want.0).filter(|(a, b)| a != b).count();
+                compared += rows;
+            }
+        }
+    });
+    assert!(stepped_differ * 4 > compared, "the step changed only {stepped_differ} of {compared} tokens");
+}
+
+#[test]
+fn a_step_applied_to_one_rank_only_changes_the_sharded_token() {
+    // The deliberately wrong rule (a rank leaving out the step): its partials are refused
+    // (the step is in the rows' fingerprints) rather than combined into another token.
+    let level = best_level();
+    let mut rng = TestRng::new(72);
+    let (vocab, rows, ranks) = (900, 8, 3);
+    let x: Vec<f32> = (0..rows * vocab).map(|_| rng.normal() as f32).collect();
+    let st = Settings::random(&mut rng, rows);
+    let inputs = StepInputs::random(&mut rng, rows, vocab);
+    let cuts = random_cuts(&mut rng, vocab, ranks);
+    let shards: Vec<Sampler> = (0..ranks).map(|_| sampler(level, 9)).collect();
+    let mut tops = vec![vec![ShardPartial::default(); rows]; ranks];
+    for q in 0..ranks {
+        let step = if q == 1 { ShardStep::default() } else { inputs.shard_step() };
+        shards[q].shard_top(&ShardRows { step, ..rank_rows(&x, rows, vocab, &cuts, q, &st) }, &mut tops[q]).unwrap();
+    }
+    let mut combined = vec![ShardRow::default(); rows];
+    let err = shard_combine_top(&tops.iter().map(|p| &p[..]).collect::<Vec<_>>(), &mut combined).unwrap_err();
+    assert!(err.message.contains("fingerprint"), "{}", err.message);
+}
+
+#[test]
+fn bad_step_inputs_are_refused_naming_them_and_take_no_key() {
+    let level = best_level();
+    let mut rng = TestRng::new(73);
+    let (vocab, rows) = (600, 4);
+    let x: Vec<f32> = (0..rows * vocab).map(|_| rng.normal() as f32).collect();
+    let st = Settings { temps: vec![1.0; rows], seeds: vec![0; rows], seeded: vec![0; rows], min_p: vec![0.0; rows] };
+    let inputs = StepInputs::random(&mut rng, rows, vocab);
+    let cuts = [0, 250, vocab];
+    let bad_prompt = {
+        let mut p = inputs.prompt.0.clone();
+        let at = inputs.prompt.1[2] as usize;
+        p.insert(at, vocab as i32);
+        let mut o = inputs.prompt.1.clone();
+        o[3..].iter_mut().for_each(|v| *v += 1);
+        (p, o)
+    };
+    let bad_bias = {
+        let mut b = inputs.bias.clone();
+        if b.0.is_empty() {
+            b = (vec![3], vec![f32::NAN], vec![0, 1, 1, 1, 1]);
+        } else {
+            b.1[0] = f32::NAN;
+        }
+        b
+    };
+    let short_mask = vec![-1i32; rows * vocab.div_ceil(32) - 1];
+    let bad_r = vec![1.0, 0.0, 1.0, 1.0];
+    let cases: Vec<(ShardStep, &str)> = vec![
+        (
+            ShardStep {
+                prompt_tokens: Some(TokenLists { ids: &bad_prompt.0, offsets: &bad_prompt.1 }),
+                ..inputs.shard_step()
+            },
+            "rows.prompt_ids[2]",
+        ),
+        (
+            ShardStep {
+                logit_bias: Some(LogitBias { ids: &bad_bias.0, values: &bad_bias.1, offsets: &bad_bias.2 }),
+                ..inputs.shard_step()
+            },
+            "rows.bias_values[",
+        ),
+        (
+            ShardStep {
+                token_bitmask: Some(TokenBitmask { words: &short_mask, row_stride: vocab.div_ceil(32) }),
+                ..inputs.shard_step()
+            },
+            "rows.token_bitmask",
+        ),
+        (ShardStep { repetition_penalty: Some(&bad_r), ..inputs.shard_step() }, "rows.repetition_penalty[1]"),
+    ];
+    for (step, name) in cases {
+        for q in 0..2 {
+            let s = sampler(level, 5);
+            let rows_q = ShardRows { step, ..rank_rows(&x, rows, vocab, &cuts, q, &st) };
+            let mut out = vec![ShardPartial { token: -9, ..ShardPartial::default() }; rows];
+            let err = s.shard_top(&rows_q, &mut out).unwrap_err();
+            assert!(err.message.contains(name), "rank {q}: {} lacks {name}", err.message);
+            assert!(out.iter().all(|p| p.token == -9), "nothing written");
+            let mut c = vec![7f32; rows * 3];
+            let err = shard_top_k_candidates(&rows_q, 3, &mut c).unwrap_err();
+            assert!(err.message.contains(name), "{}", err.message);
+            assert!(c.iter().all(|&v| v == 7.0));
+            // No key taken: the next unseeded draw is the fresh sampler's.
+            let fresh = draw(&sampler(level, 5), &Batch::new(Logits::F32(&x), rows, vocab));
+            assert_eq!(draw(&s, &Batch::new(Logits::F32(&x), rows, vocab)), fresh);
+        }
+    }
+    // RAW logprobs of rows with a step are refused (the raw row's maximum is not combined).
+    let s = sampler(level, 5);
+    let rows_q = ShardRows { step: inputs.shard_step(), ..rank_rows(&x, rows, vocab, &cuts, 0, &st) };
+    let mut parts = vec![ShardLogprobPartial::default(); rows];
+    let err = s.shard_logprob_partials(&rows_q, &[], &[], &[], LogprobMode::Raw, 0, &mut parts, &mut []).unwrap_err();
+    assert!(err.message.contains("RAW"), "{}", err.message);
 }

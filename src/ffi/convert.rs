@@ -164,7 +164,11 @@ versioned!(tokenrace_pool_stats, v1 ends with reserved0, default Default::defaul
 ]);
 versioned!(tokenrace_shard_rows, v1 ends with min_p, default zeroed(), [
     struct_size, reserved0, logits, rows, row_stride, vocab_start, slice_len, vocab_size, temperature, seeds, offsets,
-    seeded, min_p, top_k, top_p,
+    seeded, min_p, top_k, top_p, prompt_ids, prompt_offsets, output_ids, output_offsets, repetition_penalty,
+    frequency_penalty, presence_penalty, bias_ids, bias_values, bias_offsets, allowed_ids, allowed_offsets,
+    allowed_rows, banned_ids, banned_offsets, token_bitmask, bitmask_row_stride, penalty_last_n, min_tokens, stop_ids,
+    stop_offsets, bad_words_ids, bad_word_offsets, bad_words_row_offsets, dry_multiplier, dry_base,
+    dry_allowed_length, dry_penalty_last_n, dry_breaker_ids, dry_breaker_offsets, dry_breakers_row_offsets,
 ]);
 
 // The configurations: the C structs and the library's `Config`/`PoolConfig`, both ways. The

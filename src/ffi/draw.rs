@@ -160,13 +160,13 @@ unsafe fn bad_words<'a>(b: &tokenrace_batch, rows: usize) -> Result<Option<BadWo
 }
 
 /// A two-level list of words in a batch: its three pointers and their names.
-type WordPointers =
+pub(super) type WordPointers =
     (fn(&tokenrace_batch) -> (*const i32, *const u64, *const u64), (&'static str, &'static str, &'static str));
-const BAD_WORD_FIELDS: WordPointers = (
+pub(super) const BAD_WORD_FIELDS: WordPointers = (
     |b| (b.bad_words_ids, b.bad_word_offsets, b.bad_words_row_offsets),
     ("bad_words_ids", "bad_word_offsets", "bad_words_row_offsets"),
 );
-const DRY_BREAKER_FIELDS: WordPointers = (
+pub(super) const DRY_BREAKER_FIELDS: WordPointers = (
     |b| (b.dry_breaker_ids, b.dry_breaker_offsets, b.dry_breakers_row_offsets),
     ("dry_breaker_ids", "dry_breaker_offsets", "dry_breakers_row_offsets"),
 );
@@ -175,7 +175,7 @@ const DRY_BREAKER_FIELDS: WordPointers = (
 ///
 /// # Safety
 /// Non-NULL pointers cover what their offsets say.
-unsafe fn words<'a>(b: &tokenrace_batch, rows: usize, fields: WordPointers) -> Result<Option<BadWords<'a>>> {
+pub(super) unsafe fn words<'a>(b: &tokenrace_batch, rows: usize, fields: WordPointers) -> Result<Option<BadWords<'a>>> {
     let ((ids_ptr, word_ptr, row_ptr), (ids_name, word_name, row_name)) = ((fields.0)(b), fields.1);
     // SAFETY: the caller's contract (a word offset is 8 bytes).
     let Some((row_offsets, words)) = (unsafe { offsets(rows, row_name, row_ptr, size_of::<u64>())? }) else {
@@ -262,7 +262,7 @@ pub(super) unsafe fn lists<'a>(
 ///
 /// # Safety
 /// As `lists`, for both the ids and the values.
-unsafe fn bias<'a>(b: &tokenrace_batch, rows: usize) -> Result<Option<LogitBias<'a>>> {
+pub(super) unsafe fn bias<'a>(b: &tokenrace_batch, rows: usize) -> Result<Option<LogitBias<'a>>> {
     // SAFETY: the caller's contract.
     let Some((offsets, len)) = (unsafe { offsets(rows, "bias_offsets", b.bias_offsets, size_of::<f32>())? }) else {
         let given = [("bias_ids", !b.bias_ids.is_null()), ("bias_values", !b.bias_values.is_null())];
@@ -280,7 +280,7 @@ unsafe fn bias<'a>(b: &tokenrace_batch, rows: usize) -> Result<Option<LogitBias<
 ///
 /// # Safety
 /// A non-NULL `token_bitmask` covers the words its stride says.
-unsafe fn bitmask<'a>(b: &tokenrace_batch, rows: usize, vocab: usize) -> Result<Option<TokenBitmask<'a>>> {
+pub(super) unsafe fn bitmask<'a>(b: &tokenrace_batch, rows: usize, vocab: usize) -> Result<Option<TokenBitmask<'a>>> {
     if b.token_bitmask.is_null() {
         return Ok(None);
     }

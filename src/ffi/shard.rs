@@ -6,14 +6,16 @@
 use super::api::tokenrace_sampler;
 use super::convert::arg_enum;
 use super::convert::{opt_slice, read_versioned, slice};
+use super::draw::{bias, bitmask, lists, words, BAD_WORD_FIELDS, DRY_BREAKER_FIELDS};
 use super::panic::guard;
+use super::types::tokenrace_batch;
 use super::types::tokenrace_logprob_mode;
 use super::types::tokenrace_status;
 use crate::batch::LogprobMode;
 use crate::error::{Error, Owner, Result};
 use crate::shard::{
     combine_top, cut_advance, finish, shard_logprobs, top_k_candidates, ShardCut, ShardLogprobPartial, ShardMass,
-    ShardPartial, ShardRow, ShardRows, ShardTopEntry, CUT_BINS,
+    ShardPartial, ShardRow, ShardRows, ShardStep, ShardTopEntry, CUT_BINS,
 };
 
 /// One rank's rows of a sharded call (docs/semantics.md, "Sharded rows"): the f32 logits of
@@ -54,6 +56,76 @@ pub struct tokenrace_shard_rows {
     /// `rows` top-p values (NULL: off), as `tokenrace_batch.top_p`: the race needs the rows' cuts
     /// (`tokenrace_shard_cut_start`, `_cut_round`, `_cut_advance`, `_race_cut`).
     pub top_p: *const f32,
+    // Added after 0.2.0: the sampling step, applied to each rank's slice (docs/semantics.md,
+    // "Sharded rows", the step). The fields, forms and rules of `tokenrace_batch`'s of the same
+    // names, for the WHOLE rows: global token ids (every rank may be passed the same arrays;
+    // each applies the entries inside its slice), the bitmask in the whole row's layout
+    // (`ceil(vocab_size / 32)` words per row, at `bitmask_row_stride` words, 0: that). A caller
+    // whose struct_size ends before them gets NULL (no step).
+    /// Prompt tokens (CSR with `prompt_offsets`), as `tokenrace_batch.prompt_ids`.
+    pub prompt_ids: *const i32,
+    /// `rows + 1` offsets into `prompt_ids`.
+    pub prompt_offsets: *const u64,
+    /// Output tokens so far (CSR with `output_offsets`), as `tokenrace_batch.output_ids`.
+    pub output_ids: *const i32,
+    /// `rows + 1` offsets into `output_ids`.
+    pub output_offsets: *const u64,
+    /// `rows` repetition penalties (NULL: 1).
+    pub repetition_penalty: *const f32,
+    /// `rows` frequency penalties (NULL: 0).
+    pub frequency_penalty: *const f32,
+    /// `rows` presence penalties (NULL: 0).
+    pub presence_penalty: *const f32,
+    /// Logit bias ids (CSR with `bias_offsets`, values in `bias_values`).
+    pub bias_ids: *const i32,
+    /// Logit bias values, one per `bias_ids` entry.
+    pub bias_values: *const f32,
+    /// `rows + 1` offsets into `bias_ids`/`bias_values`.
+    pub bias_offsets: *const u64,
+    /// Allowed token lists (CSR with `allowed_offsets`).
+    pub allowed_ids: *const i32,
+    /// `rows + 1` offsets into `allowed_ids`.
+    pub allowed_offsets: *const u64,
+    /// `rows` flags: which rows the allowed lists restrict (NULL: all).
+    pub allowed_rows: *const u8,
+    /// Banned token lists (CSR with `banned_offsets`).
+    pub banned_ids: *const i32,
+    /// `rows + 1` offsets into `banned_ids`.
+    pub banned_offsets: *const u64,
+    /// The grammar bitmask of the whole rows: int32 words, bit `j` of word `w` allows token
+    /// `32 w + j`.
+    pub token_bitmask: *const i32,
+    /// Words between two rows of `token_bitmask` (0: `ceil(vocab_size / 32)`).
+    pub bitmask_row_stride: u64,
+    /// `rows` penalty windows (NULL or 0: the whole history).
+    pub penalty_last_n: *const i32,
+    /// `rows` minimum output lengths (NULL: 0), with `stop_ids`.
+    pub min_tokens: *const i32,
+    /// Stop token lists (CSR with `stop_offsets`), banned while the output is shorter than
+    /// `min_tokens`.
+    pub stop_ids: *const i32,
+    /// `rows + 1` offsets into `stop_ids`.
+    pub stop_offsets: *const u64,
+    /// Bad words' ids (two-level CSR), as `tokenrace_batch.bad_words_ids`.
+    pub bad_words_ids: *const i32,
+    /// Offsets of the words into `bad_words_ids`.
+    pub bad_word_offsets: *const u64,
+    /// `rows + 1` offsets of the rows into the words.
+    pub bad_words_row_offsets: *const u64,
+    /// `rows` DRY multipliers (NULL or 0: off).
+    pub dry_multiplier: *const f32,
+    /// `rows` DRY bases (NULL: 1.75).
+    pub dry_base: *const f32,
+    /// `rows` DRY allowed lengths (NULL: 2).
+    pub dry_allowed_length: *const i32,
+    /// `rows` DRY windows (NULL: -1, every token).
+    pub dry_penalty_last_n: *const i32,
+    /// DRY sequence breakers' ids (two-level CSR), as `tokenrace_batch.dry_breaker_ids`.
+    pub dry_breaker_ids: *const i32,
+    /// Offsets of the breakers into `dry_breaker_ids`.
+    pub dry_breaker_offsets: *const u64,
+    /// `rows + 1` offsets of the rows into the breakers.
+    pub dry_breakers_row_offsets: *const u64,
 }
 
 /// What one rank sends for one row in either round: 40 bytes, a plain record to move between
@@ -176,6 +248,65 @@ unsafe fn rows_from_c<'a>(c: &tokenrace_shard_rows) -> Result<ShardRows<'a>> {
             min_p: opt_slice(o, "min_p", c.min_p, n).map_err(rows_named)?,
             top_k: opt_slice(o, "top_k", c.top_k, n).map_err(rows_named)?,
             top_p: opt_slice(o, "top_p", c.top_p, n).map_err(rows_named)?,
+            step: step_from_c(c).map_err(rows_named)?,
+        })
+    }
+}
+
+/// The rows' step, read as `tokenrace_batch`'s fields of the same names are read (a batch of the
+/// whole rows carrying only these fields).
+///
+/// # Safety
+/// As [`rows_from_c`].
+unsafe fn step_from_c<'a>(c: &tokenrace_shard_rows) -> Result<ShardStep<'a>> {
+    let b = tokenrace_batch {
+        prompt_ids: c.prompt_ids,
+        prompt_offsets: c.prompt_offsets,
+        output_ids: c.output_ids,
+        output_offsets: c.output_offsets,
+        bias_ids: c.bias_ids,
+        bias_values: c.bias_values,
+        bias_offsets: c.bias_offsets,
+        allowed_ids: c.allowed_ids,
+        allowed_offsets: c.allowed_offsets,
+        banned_ids: c.banned_ids,
+        banned_offsets: c.banned_offsets,
+        token_bitmask: c.token_bitmask,
+        bitmask_row_stride: c.bitmask_row_stride,
+        stop_ids: c.stop_ids,
+        stop_offsets: c.stop_offsets,
+        bad_words_ids: c.bad_words_ids,
+        bad_word_offsets: c.bad_word_offsets,
+        bad_words_row_offsets: c.bad_words_row_offsets,
+        dry_breaker_ids: c.dry_breaker_ids,
+        dry_breaker_offsets: c.dry_breaker_offsets,
+        dry_breakers_row_offsets: c.dry_breakers_row_offsets,
+        // SAFETY: the batch's fields are integers, floats and raw pointers: all-zero is NULL/0.
+        ..unsafe { std::mem::zeroed() }
+    };
+    let (n, o) = (c.rows, Owner::Batch);
+    // SAFETY: the caller's contract for the rows' pointers.
+    unsafe {
+        Ok(ShardStep {
+            prompt_tokens: lists(n, ("prompt_ids", b.prompt_ids), ("prompt_offsets", b.prompt_offsets))?,
+            output_tokens: lists(n, ("output_ids", b.output_ids), ("output_offsets", b.output_offsets))?,
+            repetition_penalty: opt_slice(o, "repetition_penalty", c.repetition_penalty, n)?,
+            frequency_penalty: opt_slice(o, "frequency_penalty", c.frequency_penalty, n)?,
+            presence_penalty: opt_slice(o, "presence_penalty", c.presence_penalty, n)?,
+            penalty_last_n: opt_slice(o, "penalty_last_n", c.penalty_last_n, n)?,
+            logit_bias: bias(&b, n)?,
+            allowed_tokens: lists(n, ("allowed_ids", b.allowed_ids), ("allowed_offsets", b.allowed_offsets))?,
+            allowed_rows: opt_slice(o, "allowed_rows", c.allowed_rows, n)?,
+            banned_tokens: lists(n, ("banned_ids", b.banned_ids), ("banned_offsets", b.banned_offsets))?,
+            token_bitmask: bitmask(&b, n, c.vocab_size)?,
+            min_tokens: opt_slice(o, "min_tokens", c.min_tokens, n)?,
+            stop_tokens: lists(n, ("stop_ids", b.stop_ids), ("stop_offsets", b.stop_offsets))?,
+            bad_words: words(&b, n, BAD_WORD_FIELDS)?,
+            dry_multiplier: opt_slice(o, "dry_multiplier", c.dry_multiplier, n)?,
+            dry_base: opt_slice(o, "dry_base", c.dry_base, n)?,
+            dry_allowed_length: opt_slice(o, "dry_allowed_length", c.dry_allowed_length, n)?,
+            dry_penalty_last_n: opt_slice(o, "dry_penalty_last_n", c.dry_penalty_last_n, n)?,
+            dry_breakers: words(&b, n, DRY_BREAKER_FIELDS)?,
         })
     }
 }

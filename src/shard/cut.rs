@@ -154,6 +154,8 @@ impl Sampler {
         let batch = self.shard_batch(k, rows)?;
         check_out_len("combined", combined.len(), rows.rows)?;
         check_out_len("out", out.len(), rows.rows)?;
+        let mut buf = Vec::new();
+        let rows = &super::step::processed(k, rows, &mut buf)?;
         let mut cuts = alloc::filled(rows.rows, ShardCut::default(), "the shard cuts")?;
         for (r, c) in cuts.iter_mut().enumerate() {
             let row = combined[r];
@@ -194,6 +196,8 @@ impl Sampler {
         check_out_len("out", out.len(), rows.rows)?;
         let (k, _, _) = self.shard_parts();
         self.shard_batch(k, rows)?;
+        let mut buf = Vec::new();
+        let rows = &super::step::processed(k, rows, &mut buf)?;
         let mut all = alloc::filled(rows.rows, ShardMass::default(), "the shard histograms")?;
         let (mut xs, mut ws): (Vec<f32>, Vec<f64>) = (Vec::new(), Vec::new());
         for (r, (o, c)) in all.iter_mut().zip(cuts).enumerate() {

@@ -1,7 +1,7 @@
 //! What a rank computes from its slice: round 1 (the slice's maximum, its first id, the row's
 //! key) and round 2 (the race of the slice with the row's global maximum).
 
-use super::{race_fingerprint, ShardPartial, ShardRow, ShardRows, ROUND_RACE, ROUND_TOP};
+use super::{race_fingerprint, step, ShardPartial, ShardRow, ShardRows, ROUND_RACE, ROUND_TOP};
 use crate::alloc;
 use crate::batch::{flags, inv_temperature, validate, Batch, Logits, Output};
 use crate::config::FilterOrder;
@@ -30,10 +30,22 @@ impl Sampler {
                  (make the sampler with noise = inline, or auto without a pool)",
             ));
         }
+        // (Before the plan takes any key: a failure here takes none.)
+        let mut buf = Vec::new();
+        let processed = step::processed(k, rows, &mut buf)?;
         let cfg = self.config();
         let planned = plan(&batch, (cfg.greedy_below, cfg.filter_order), keys, None)?;
         let partials = alloc::collect(
-            (0..rows.rows).map(|r| self.top_of_row(k, rows, &batch, r, planned.rows[r])),
+            (0..rows.rows).map(|r| {
+                let mut p = self.top_of_row(k, &processed, &batch, r, planned.rows[r]);
+                if rows.step.is_on() {
+                    // HAS_NAN reports the row as given, masked tokens too (the processed slice
+                    // holds -inf where a mask banned a NaN).
+                    let nan = if step::raw_has_nan(rows, r) { flags::HAS_NAN } else { 0 };
+                    p.flags = p.flags & !flags::HAS_NAN | nan;
+                }
+                p
+            }),
             "the shard partials",
         );
         match partials {
@@ -96,6 +108,8 @@ impl Sampler {
         let batch = self.shard_batch(k, rows)?;
         check_out_len("combined", combined.len(), rows.rows)?;
         check_out_len("out", out.len(), rows.rows)?;
+        let mut buf = Vec::new();
+        let rows = &step::processed(k, rows, &mut buf)?;
         let mut partials = alloc::filled(rows.rows, ShardPartial::default(), "the shard partials")?;
         for (r, p) in partials.iter_mut().enumerate() {
             let row = combined[r];
@@ -171,6 +185,7 @@ impl Sampler {
             let message = e.message.replacen("batch.", "rows.", 1).replacen("batch.vocab", "rows.slice_len", 1);
             Error { message, ..e }
         })?;
+        step::check_step(k, rows)?;
         // top-p was checked as the draw checks it; its threshold comes from the cut, never from
         // one slice.
         batch.top_p = None;
@@ -229,6 +244,9 @@ impl Sampler {
         ];
         let h = parts.iter().fold(0x0073_6861_7264_u64, |h, &x| splitmix64(h ^ x));
         let h = if top_p == 0 { h } else { splitmix64(h ^ top_p) };
+        // (Rows of a call without a step keep the fingerprints they had before the step was
+        // sharded.)
+        let h = if rows.step.is_on() { splitmix64(h ^ rows.step.hash_of_row(r)) } else { h };
         (h >> 32) as u32
     }
 
@@ -322,6 +340,16 @@ pub fn top_k_candidates(rows: &ShardRows, width: usize, out: &mut [f32]) -> Resu
     {
         return Err(Error::invalid_argument("rows.logits: shorter than rows x row_stride"));
     }
+    // The candidates of rows with a step are their processed values' (the step's arithmetic is
+    // the same at every level).
+    let k = crate::kernels::kernels(crate::kernels::best_level());
+    if rows.step.is_on() && (rows.vocab_start >= rows.vocab_size || rows.slice_len > rows.vocab_size - rows.vocab_start)
+    {
+        return Err(Error::invalid_argument("rows.vocab_start: the slice is not inside the row"));
+    }
+    step::check_step(k, rows)?;
+    let mut buf = Vec::new();
+    let rows = &step::processed(k, rows, &mut buf)?;
     let mut values = Vec::new();
     let mut all = alloc::filled(total, f32::NEG_INFINITY, "top-k candidates")?;
     for (r, dst) in all.chunks_mut(width.max(1)).take(rows.rows).enumerate() {

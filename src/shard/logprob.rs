@@ -97,12 +97,21 @@ impl Sampler {
     ) -> Result<()> {
         let (k, _, _) = self.shard_parts();
         let batch = self.shard_batch(k, rows)?;
+        if mode == LogprobMode::Raw && rows.step.is_on() {
+            // RAW logprobs are the logits' as given, normalised by the raw row's maximum and
+            // mass, which the rounds (on the processed values) do not combine.
+            return Err(Error::invalid_argument(
+                "mode: RAW logprobs of rows with a step are not sharded (ask PROCESSED, or draw the rows unsharded)",
+            ));
+        }
         for (name, len) in [("combined", combined.len()), ("cuts", cuts.len()), ("races", races.len())] {
             check_out_len(name, len, rows.rows)?;
         }
         check_out_len("out", out.len(), rows.rows)?;
         let want = rows.rows.checked_mul(top_n).ok_or_else(|| Error::invalid_argument("top_n: overflows"))?;
         check_out_len("top", top.len(), want)?;
+        let mut buf = Vec::new();
+        let rows = &super::step::processed(k, rows, &mut buf)?;
         let mut parts = alloc::filled(rows.rows, ShardLogprobPartial::default(), "the logprob partials")?;
         let mut tops = alloc::filled(want, ShardTopEntry::default(), "the top-n candidates")?;
         let (mut xs, mut ws): (Vec<f32>, Vec<f64>) = (Vec::new(), Vec::new());

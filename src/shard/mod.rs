@@ -19,17 +19,20 @@
 //!
 //! - `local.rs`: what a rank computes from its slice (both rounds);
 //! - `combine.rs`: the combination of the ranks' partials, and the checks that they belong
-//!   together.
+//!   together;
+//! - `step.rs`: the sampling step's inputs, applied to each rank's slice.
 
 mod combine;
 mod cut;
 mod local;
 mod logprob;
+mod step;
 
 pub use combine::{combine_top, finish};
 pub use cut::{cut_advance, cut_pending, phase as cut_phase, ShardCut, ShardMass, CUT_BINS};
 pub use local::top_k_candidates;
 pub use logprob::{shard_logprobs, ShardLogprobPartial, ShardTopEntry};
+pub use step::ShardStep;
 
 /// One rank's rows of a sharded call: the f32 logits of its slice of the vocabulary, tokens
 /// `[vocab_start, vocab_start + slice_len)` of rows of `vocab_size` tokens, and the rows'
@@ -64,6 +67,9 @@ pub struct ShardRows<'a> {
     /// Per row, as `Batch::top_p` (None, or 1: off). A row with top-p races with the floor of its
     /// cut ([`crate::Sampler::shard_cut_start`], [`cut_advance`], [`crate::Sampler::shard_race_cut`]).
     pub top_p: Option<&'a [f32]>,
+    /// The sampling step's inputs for the whole rows, global ids (default: none). Every round
+    /// reads the slice's processed values ([`ShardStep`]).
+    pub step: ShardStep<'a>,
 }
 
 impl<'a> ShardRows<'a> {
@@ -83,6 +89,7 @@ impl<'a> ShardRows<'a> {
             min_p: None,
             top_k: None,
             top_p: None,
+            step: ShardStep::default(),
         }
     }
 }

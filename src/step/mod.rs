@@ -19,7 +19,8 @@
 //! - `listed.rs`: the table of the tokens the bias names;
 //! - `scratch.rs`: the storage a thread keeps between rows;
 //! - `processed.rs`: reading the processed row (the overrides, the scan, the race's bounds);
-//! - `deferred.rs`: a row whose histories are searched only in the blocks the draw visits.
+//! - `deferred.rs`: a row whose histories are searched only in the blocks the draw visits;
+//! - `slice.rs`: the processed values of one slice of a row (sharded sampling).
 
 mod build;
 mod deferred;
@@ -28,6 +29,7 @@ mod listed;
 mod penalties;
 mod processed;
 mod scratch;
+mod slice;
 #[cfg(test)]
 mod tests;
 

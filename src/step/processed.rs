@@ -126,7 +126,7 @@ impl RowStep<'_> {
 
     /// The processed value of touched token `t`, whose logit is `x`.
     #[inline]
-    fn touched_value(&self, x: f32, t: usize) -> f32 {
+    pub(super) fn touched_value(&self, x: f32, t: usize) -> f32 {
         debug_assert!(!self.deferred);
         self.value_with(x, t, self.seen[t / 32] >> (t % 32) & 1 != 0, self.count(t))
     }

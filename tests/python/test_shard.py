@@ -175,6 +175,98 @@ def test_partials_of_another_call_are_refused():
         shard.top(a, x[:, :1000], 2500, VOCAB, **st)
 
 
+def step_inputs(rows, seed=0):
+    """A sampling step for ``batch``'s rows in ``Sampler.draw``'s forms, global ids spread over
+    the whole row (so every slice holds some): histories of a few repeated ids over 5,000
+    tokens or fewer, the three penalties with a window, a bias (with -inf), allowed lists (some
+    rows), banned lists, a grammar bitmask, min_tokens with stop ids, bad words and DRY."""
+    g = np.random.default_rng(300 + seed)
+    pools = [g.integers(0, VOCAB, 16) for _ in range(rows)]
+    pick = lambda r, n: [int(t) for t in g.choice(pools[r], n)]  # noqa: E731
+    words = (VOCAB + 31) // 32
+    bitmask = g.integers(-(2**31), 2**31, (rows, words), dtype=np.int64).astype(np.int32) | 0x11111111
+    bitmask[::3] = -1  # rows without a grammar
+    return dict(
+        prompt_tokens=[pick(r, int(g.integers(0, 5000))) for r in range(rows)],
+        output_tokens=[pick(r, int(g.integers(0, 40))) for r in range(rows)],
+        repetition_penalty=g.choice([1.0, 1.3, 0.8], rows).astype(np.float32),
+        frequency_penalty=g.choice([0.0, 0.5, -0.3], rows).astype(np.float32),
+        presence_penalty=g.choice([0.0, 0.7, -1.0], rows).astype(np.float32),
+        penalty_last_n=g.choice([0, 7, 64], rows).astype(np.int32),
+        logit_bias=[{int(t): float(g.choice([-3.0, 2.0, 9.0, -np.inf])) for t in g.integers(0, VOCAB, 6)}
+                    for _ in range(rows)],
+        allowed_tokens=[None if r % 4 else [int(t) for t in g.integers(0, VOCAB, 900)] for r in range(rows)],
+        banned_tokens=[[int(t) for t in g.integers(0, VOCAB, 20)] for _ in range(rows)],
+        token_bitmask=bitmask,
+        min_tokens=g.choice([0, 3, 50], rows).astype(np.int32),
+        stop_token_ids=[pick(r, 2) for r in range(rows)],
+        bad_words=[[[pick(r, 1)[0]], [pick(r, 1)[0], int(g.integers(0, VOCAB))]] for r in range(rows)],
+        dry_multiplier=g.choice([0.0, 0.8], rows).astype(np.float32),
+    )
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+def test_shards_with_a_step_equal_the_unsharded_draw_with_it(ranks):
+    # Each rank applies the whole rows' step to its slice: the unsharded draw with the same step,
+    # tokens and flags bit for bit, seeded, unseeded and greedy rows, with and without filters,
+    # uneven slices; the step prepared once (step=) or given as arguments to every call.
+    rng = np.random.default_rng(40 + ranks)
+    differ = 0
+    for call in range(3):
+        rows = 10
+        x, st = batch(rows, seed=60 + call)
+        settings = dict(st, **filters(rows, seed=call)) if call else st
+        step = step_inputs(rows, seed=call)
+        inner = np.sort(rng.choice(np.arange(1, VOCAB), size=ranks - 1, replace=False))
+        cuts = [0, *map(int, inner), VOCAB]
+        make = lambda: tokenrace.Sampler(VOCAB, max_rows=64, seed=13)  # noqa: E731
+        want = make().draw_full(x, **settings, **step)
+        results, stats = threaded_draws(x, dict(settings, **step), cuts, make)
+        for q, (tokens, flags, *_) in enumerate(results):
+            assert np.array_equal(tokens, np.asarray(want.tokens)), (ranks, q, cuts, call)
+            assert np.array_equal(flags, np.asarray(want.flags)), (ranks, q, cuts, call)
+        # The plain two rounds, the step given as its arguments to each call.
+        if call == 0:
+            tokens, flags = sharded_in_process(x, dict(settings, **step), cuts, 13, list(range(ranks)))
+            assert np.array_equal(tokens, np.asarray(want.tokens)) and np.array_equal(flags, np.asarray(want.flags))
+            block = shard.step_block(rows, VOCAB, **step)
+            tokens, _ = sharded_in_process(x, dict(settings, step=block), cuts, 13, list(range(ranks)))
+            assert np.array_equal(tokens, np.asarray(want.tokens))
+        # Power: the step changes tokens (a rank that left it out would show).
+        differ += int(np.sum(np.asarray(make().draw_full(x, **settings).tokens) != np.asarray(want.tokens)))
+    assert differ >= 8, differ
+
+
+def test_processed_logprobs_with_a_step_and_its_refusals():
+    # PROCESSED logprobs of rows with a step: the unsharded ones within 1e-5; RAW ones are refused
+    # (they need the raw row's mass); a bad step entry is refused naming the draw's argument.
+    rows, ranks = 8, 3
+    x, st = batch(rows, seed=70)
+    step = step_inputs(rows, seed=5)
+    cuts = [0, 1234, 1235, VOCAB]
+    make = lambda: tokenrace.Sampler(VOCAB, max_rows=64, seed=21)  # noqa: E731
+    want = make().draw_full(x, logprobs=4, logprob_mode="processed", **st, **step)
+    results, _ = threaded_draws(x, dict(st, **step, logprob_mode="processed", top_n=4), cuts, make)
+    for r in results:
+        assert np.array_equal(r.tokens, np.asarray(want.tokens))
+        a, b = r.logprobs, np.asarray(want.logprobs)
+        fin = np.isfinite(b)
+        assert np.array_equal(fin, np.isfinite(a))
+        assert np.all(np.abs(a[fin] - b[fin]) <= 1e-5 + 4 * np.finfo(np.float32).eps * np.abs(b[fin]))
+    samplers = [make() for _ in range(ranks)]
+    p1 = [shard.top(samplers[q], x[:, cuts[q]:cuts[q + 1]], cuts[q], VOCAB, **st, **step) for q in range(ranks)]
+    combined = shard.combine_top(p1)
+    s = samplers[0]
+    cu = shard.cut_start(s, x[:, :cuts[1]], 0, VOCAB, combined, **st, **step)
+    with pytest.raises(tokenrace.InvalidArgumentError, match="RAW logprobs of rows with a step"):
+        shard.logprob_partials(s, x[:, :cuts[1]], 0, VOCAB, combined, cu, None, "raw", **st, **step)
+    bad = dict(step, prompt_tokens=[[0]] * 2 + [[VOCAB]] + [[1]] * (rows - 3))
+    with pytest.raises(tokenrace.InvalidArgumentError, match=r"rows\.prompt_ids\[2\].*\(argument prompt_tokens\)"):
+        shard.top(make(), x[:, :cuts[1]], 0, VOCAB, **st, **bad)
+    with pytest.raises(TypeError, match="unknown settings"):
+        shard.top(make(), x[:, :cuts[1]], 0, VOCAB, **st, forced_tokens=[1] * rows)
+
+
 # --- ranks in separate processes, partials exchanged through shared memory -------------------
 
 PARTIAL = shard.PARTIAL_DTYPE.itemsize
@@ -235,14 +327,14 @@ def test_ranks_in_processes_over_shared_memory(ranks):
         assert np.array_equal(got[q, 0], want_t) and np.array_equal(got[q, 1], want_f), q
 
 
-def _filtered_rank(q, ranks, cuts, rows, seed, names, barrier, room):
+def _filtered_rank(q, ranks, cuts, rows, seed, names, barrier, room, with_step=False):
     xs = shared_memory.SharedMemory(name=names["x"])
     ex = shared_memory.SharedMemory(name=names["exchange"])
     res = shared_memory.SharedMemory(name=names["result"])
     try:
         x = np.ndarray((rows, VOCAB), np.float32, buffer=xs.buf)
         _, st = batch(rows)
-        settings = dict(st, **filters(rows))
+        settings = dict(st, **filters(rows), **(step_inputs(rows) if with_step else {}))
         mine = np.array(x[:, cuts[q]:cuts[q + 1]])
 
         def all_gather(data):
@@ -267,8 +359,9 @@ def _filtered_rank(q, ranks, cuts, rows, seed, names, barrier, room):
             m.close()
 
 
+@pytest.mark.parametrize("with_step", [False, True])
 @pytest.mark.parametrize("ranks", [2, 4])
-def test_filtered_ranks_in_processes_over_shared_memory(ranks):
+def test_filtered_ranks_in_processes_over_shared_memory(ranks, with_step):
     rows, seed = 8, 78
     x, st = batch(rows)
     room = 8 + rows * (shard.MASS_DTYPE.itemsize + 4 * 1500)
@@ -283,7 +376,7 @@ def test_filtered_ranks_in_processes_over_shared_memory(ranks):
         ctx = mp.get_context("spawn")
         barrier = ctx.Barrier(ranks)
         names = {k: m.name for k, m in shms.items()}
-        procs = [ctx.Process(target=_filtered_rank, args=(q, ranks, cuts, rows, seed, names, barrier, room))
+        procs = [ctx.Process(target=_filtered_rank, args=(q, ranks, cuts, rows, seed, names, barrier, room, with_step))
                  for q in range(ranks)]
         for p in procs:
             p.start()
@@ -295,14 +388,49 @@ def test_filtered_ranks_in_processes_over_shared_memory(ranks):
         for m in shms.values():
             m.close()
             m.unlink()
-    want_t, want_f = unsharded(x, dict(st, **filters(rows)), seed)
+    want_t, want_f = unsharded(x, dict(st, **filters(rows), **(step_inputs(rows) if with_step else {})), seed)
     for q in range(ranks):
         assert np.array_equal(got[q, 0], want_t) and np.array_equal(got[q, 1], want_f), q
 
 
 # --- torch.distributed (gloo) ------------------------------------------------------------------
 
-def _torch_rank(q, ranks, cuts, port, result_name):
+def torch_step(rows, seed=0):
+    """A sampling step in ``tokenrace.torch.sample``'s (vLLM's) forms for ``batch``'s rows."""
+    import torch
+
+    g = np.random.default_rng(500 + seed)
+    prompt = np.full((rows, 300), VOCAB, np.int64)  # padded with the vocabulary size, as vLLM pads
+    for r in range(rows):
+        n = int(g.integers(0, 300))
+        prompt[r, :n] = g.choice(g.integers(0, VOCAB, 12), n)
+    mask = np.zeros((rows, VOCAB), bool)
+    mask[1::4] = g.random((len(range(1, rows, 4)), VOCAB)) < 0.7  # True: NOT allowed
+    return dict(
+        prompt_token_ids=torch.from_numpy(prompt),
+        output_token_ids=[[int(t) for t in g.choice(prompt[r, :5], 6)] if prompt[r, 0] < VOCAB else [] for r in
+                          range(rows)],
+        repetition_penalties=torch.from_numpy(g.choice([1.0, 1.5], rows).astype(np.float32)),
+        frequency_penalties=torch.from_numpy(g.choice([0.0, 0.4], rows).astype(np.float32)),
+        presence_penalties=torch.from_numpy(g.choice([0.0, -0.5], rows).astype(np.float32)),
+        allowed_token_ids_mask=torch.from_numpy(mask),
+        bad_words_token_ids={0: [[int(prompt[0, 0] % VOCAB)]], 2: [[5, 6], [7]]},
+        logit_bias=[{int(t): 5.0 for t in g.integers(0, VOCAB, 3)} if r % 2 else None for r in range(rows)],
+        min_tokens={1: (30, [int(prompt[1, 0] % VOCAB), 11])},
+    )
+
+
+def stepped_call(st, f, call):
+    """``sample``'s arguments of call 0 (every row seeded) and call 1 (unseeded: the sampler's
+    stream) with a step, the same for ``sample_sharded``."""
+    args = dict(temperature=st["temperature"], min_p=st["min_p"], top_k=f["top_k"], top_p=f["top_p"],
+                **torch_step(8, seed=call))
+    if call == 0:
+        args["seeds"] = st["seeds"]
+    return args
+
+
+def _torch_rank(q, ranks, cuts, port, result_name, with_step=False):
     import torch
     import torch.distributed as dist
 
@@ -316,10 +444,15 @@ def _torch_rank(q, ranks, cuts, port, result_name):
         out = np.ndarray((ranks, 2, 8), np.int64, buffer=res.buf)
         f = filters(8)
         for call in range(2):
-            temps = st["temperature"] if call == 0 else np.zeros(8, np.float32)  # the second call: greedy only
+            if with_step:
+                args = stepped_call(st, f, call)
+            else:
+                temps = st["temperature"] if call == 0 else np.zeros(8, np.float32)  # the second call: greedy only
+                args = dict(temperature=temps, min_p=st["min_p"], top_k=f["top_k"], top_p=f["top_p"],
+                            seeds=st["seeds"], seeded=st["seeded"])
+            temps = args.pop("temperature")
             tokens = ttorch.sample_sharded(torch.from_numpy(x[:, cuts[q]:cuts[q + 1]].copy()), cuts[q], VOCAB, temps,
-                                           min_p=st["min_p"], top_k=f["top_k"], top_p=f["top_p"], seeds=st["seeds"],
-                                           seeded=st["seeded"], sampler=s)
+                                           sampler=s, **args)
             assert tokens.dtype == torch.int64
             out[q, call] = tokens.numpy()
     finally:
@@ -327,8 +460,9 @@ def _torch_rank(q, ranks, cuts, port, result_name):
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("with_step", [False, True])
 @pytest.mark.parametrize("ranks", [2, 3])
-def test_sample_sharded_over_gloo(ranks):
+def test_sample_sharded_over_gloo(ranks, with_step):
     try:
         import torch  # noqa: F401
         import torch.distributed as dist
@@ -346,7 +480,8 @@ def test_sample_sharded_over_gloo(ranks):
     res = shared_memory.SharedMemory(create=True, size=ranks * 2 * 8 * 8)
     try:
         ctx = mp.get_context("spawn")
-        procs = [ctx.Process(target=_torch_rank, args=(q, ranks, cuts, port, res.name)) for q in range(ranks)]
+        procs = [ctx.Process(target=_torch_rank, args=(q, ranks, cuts, port, res.name, with_step))
+                 for q in range(ranks)]
         for p in procs:
             p.start()
         for p in procs:
@@ -357,9 +492,34 @@ def test_sample_sharded_over_gloo(ranks):
         res.close()
         res.unlink()
     x, st = batch(8)
-    s = tokenrace.Sampler(VOCAB, max_rows=64, seed=31)
-    st = dict(st, **filters(8))
-    want0 = np.asarray(s.draw_full(x, **st).tokens)
-    want1 = np.asarray(s.draw_full(x, **dict(st, temperature=np.zeros(8, np.float32))).tokens)
+    if with_step:
+        # The unsharded torch.sample of the gathered rows with the same step: the same tokens.
+        import tokenrace.torch as ttorch
+
+        s = tokenrace.Sampler(VOCAB, max_rows=64, seed=31)
+        f = filters(8)
+        want0, want1 = (ttorch.sample(torch.from_numpy(x), sampler=s, **stepped_call(st, f, call)).numpy()
+                        for call in range(2))
+        plain = tokenrace.Sampler(VOCAB, max_rows=64, seed=31).draw_full(
+            x, **dict(st, **f, seeded=np.ones(8, np.uint8))).tokens
+        assert np.sum(np.asarray(plain) != want0) >= 2, "the step changes tokens (power)"
+    else:
+        s = tokenrace.Sampler(VOCAB, max_rows=64, seed=31)
+        st = dict(st, **filters(8))
+        want0 = np.asarray(s.draw_full(x, **st).tokens)
+        want1 = np.asarray(s.draw_full(x, **dict(st, temperature=np.zeros(8, np.float32))).tokens)
     for q in range(ranks):
         assert np.array_equal(got[q, 0], want0) and np.array_equal(got[q, 1], want1), q
+
+
+def test_sample_sharded_refuses_what_is_not_sharded_naming_it():
+    torch = pytest.importorskip("torch")
+    import tokenrace.torch as ttorch
+
+    x = torch.zeros((2, 100))
+    with pytest.raises(ValueError, match=r"^request_ids: the request state is not sharded"):
+        ttorch.sample_sharded(x, 0, 300, 1.0, requests=object(), request_ids=[0, 1])
+    with pytest.raises(ValueError, match=r"^forced_tokens: "):
+        ttorch.sample_sharded(x, 0, 300, 1.0, forced_tokens=[1, 2])
+    with pytest.raises(TypeError, match="unexpected keyword argument 'repetition_penalty'"):
+        ttorch.sample_sharded(x, 0, 300, 1.0, repetition_penalty=1.2)  # sample's name is ..._penalties

@@ -430,7 +430,25 @@ class tokenrace_shard_rows(_Versioned):
         ("temperature", POINTER(c_float)), ("seeds", POINTER(c_uint64)), ("offsets", POINTER(c_uint64)),
         ("seeded", POINTER(c_uint8)), ("min_p", POINTER(c_float)), ("top_k", POINTER(c_int32)),
         ("top_p", POINTER(c_float)),
+        # The sampling step of the whole rows (global ids), applied by each rank to its slice:
+        # tokenrace_batch's fields of the same names (packed by _shard.py's SHARD_STEP_LAYOUT).
+        ("prompt_ids", POINTER(c_int32)), ("prompt_offsets", POINTER(c_uint64)), ("output_ids", POINTER(c_int32)),
+        ("output_offsets", POINTER(c_uint64)), ("repetition_penalty", POINTER(c_float)),
+        ("frequency_penalty", POINTER(c_float)), ("presence_penalty", POINTER(c_float)),
+        ("bias_ids", POINTER(c_int32)), ("bias_values", POINTER(c_float)), ("bias_offsets", POINTER(c_uint64)),
+        ("allowed_ids", POINTER(c_int32)), ("allowed_offsets", POINTER(c_uint64)), ("allowed_rows", POINTER(c_uint8)),
+        ("banned_ids", POINTER(c_int32)), ("banned_offsets", POINTER(c_uint64)), ("token_bitmask", POINTER(c_int32)),
+        ("bitmask_row_stride", c_uint64), ("penalty_last_n", POINTER(c_int32)), ("min_tokens", POINTER(c_int32)),
+        ("stop_ids", POINTER(c_int32)), ("stop_offsets", POINTER(c_uint64)), ("bad_words_ids", POINTER(c_int32)),
+        ("bad_word_offsets", POINTER(c_uint64)), ("bad_words_row_offsets", POINTER(c_uint64)),
+        ("dry_multiplier", POINTER(c_float)), ("dry_base", POINTER(c_float)), ("dry_allowed_length", POINTER(c_int32)),
+        ("dry_penalty_last_n", POINTER(c_int32)), ("dry_breaker_ids", POINTER(c_int32)),
+        ("dry_breaker_offsets", POINTER(c_uint64)), ("dry_breakers_row_offsets", POINTER(c_uint64)),
     ]
+
+
+# The first field of the shard rows' step block.
+SHARD_STEP_FIRST = "prompt_ids"
 
 
 class tokenrace_shard_partial(Structure):

@@ -12,6 +12,13 @@ Rows with top-k or top-p (``top_k=``, ``top_p=``) race with the floor of their c
 sends ``candidates`` (top-k), then ``cut_start``, rounds of ``cut_round`` / ``cut_advance`` while
 ``cut_pending``, and ``race(..., cuts=)``. ``draw`` runs every round given an all-gather of bytes.
 
+The sampling step (``prompt_tokens``, ``output_tokens``, the penalties and ``penalty_last_n``,
+``logit_bias``, ``allowed_tokens``, ``banned_tokens``, ``token_bitmask``, ``min_tokens`` with
+``stop_token_ids``, ``bad_words``, DRY's ``dry_*`` arguments: ``Sampler.draw``'s names and forms)
+is given with the settings, for the WHOLE rows (global token ids, the bitmask of ``vocab_size``
+bits a row) and the same on every rank; each rank applies what falls in its slice. ``step_block``
+converts them once for the calls of one draw (``draw`` does).
+
 The tokens and flags are those of ``sampler.draw`` over the whole rows, bit for bit. A partial
 is a numpy structured array (``PARTIAL_DTYPE``, 40 bytes a row); ``bytes(p)`` / ``p.tobytes()``
 and back with ``from_bytes`` for a transport of bytes. Every rank passes the same per-row
@@ -26,7 +33,9 @@ from ctypes import POINTER, byref, c_float, c_uint8, c_uint64
 import numpy as np
 
 from . import _ffi
-from ._errors import check
+from ._call import address, struct_layout
+from ._errors import InvalidArgumentError, check
+from ._step import FIELD_ARGUMENTS, bad_words_csr, dry_fields, step_fields
 
 PARTIAL_DTYPE = np.dtype([
     ("value", "<f4"), ("token", "<i4"), ("flags", "<u4"), ("round", "<u4"), ("fingerprint", "<u4"),
@@ -78,7 +87,89 @@ def _per_row(name, values, rows, dtype):
     return np.ascontiguousarray(np.broadcast_to(a, (rows,)))
 
 
-def _rows(logits, vocab_start, vocab_size, temperature, seeds, offsets, seeded, min_p, top_k=None, top_p=None):
+# The step block of ``tokenrace_shard_rows``: ``_step.step_fields``' 21 values (the batch's step
+# fields, in the same order), the bad words' three arrays, then ``_step.dry_fields``' 7 values.
+SHARD_STEP_LAYOUT = struct_layout(tokenrace_shard_rows, _ffi.SHARD_STEP_FIRST)
+SHARD_STEP_OFFSET = getattr(tokenrace_shard_rows, _ffi.SHARD_STEP_FIRST).offset
+
+# The step's keyword arguments (``Sampler.draw``'s names), in the order ``step_block`` takes them.
+STEP_ARGUMENTS = ("prompt_tokens", "output_tokens", "repetition_penalty", "frequency_penalty", "presence_penalty",
+                  "logit_bias", "allowed_tokens", "banned_tokens", "token_bitmask", "penalty_last_n", "min_tokens",
+                  "stop_token_ids", "bad_words", "dry_multiplier", "dry_base", "dry_allowed_length",
+                  "dry_penalty_last_n", "dry_sequence_breakers")
+_SETTINGS = ("temperature", "seeds", "offsets", "seeded", "min_p", "top_k", "top_p")
+
+
+class StepBlock:
+    """The step's inputs of a sharded call converted once (``step_block``): the values of the
+    rows' step block and the arrays they point into."""
+
+    __slots__ = ("rows", "vocab_size", "values", "keep")
+
+    def __init__(self, rows, vocab_size, values, keep):
+        self.rows, self.vocab_size, self.values, self.keep = rows, vocab_size, values, keep
+
+
+def step_block(rows, vocab_size, **step):
+    """The sampling step of ``rows`` whole rows of ``vocab_size`` tokens (``STEP_ARGUMENTS``, the
+    forms of ``Sampler.draw``), converted for every call of a sharded draw: pass it as ``step=``.
+    None when no argument is given (no step)."""
+    unknown = set(step) - set(STEP_ARGUMENTS)
+    if unknown:
+        raise TypeError(f"unknown step arguments: {sorted(unknown)}")
+    if all(v is None for v in step.values()):
+        return None
+    a = {name: step.get(name) for name in STEP_ARGUMENTS}
+    keep = []
+    values = step_fields(rows, vocab_size, keep, a["prompt_tokens"], a["output_tokens"], a["repetition_penalty"],
+                         a["frequency_penalty"], a["presence_penalty"], a["logit_bias"], a["allowed_tokens"],
+                         a["banned_tokens"], a["token_bitmask"], None, a["penalty_last_n"], a["min_tokens"],
+                         a["stop_token_ids"])
+    words = (0, 0, 0)
+    if a["bad_words"] is not None:
+        arrays = bad_words_csr(a["bad_words"], rows)
+        keep.extend(arrays)
+        words = tuple(address(arr) for arr in arrays)
+    dry = dry_fields(rows, keep, a["dry_multiplier"], a["dry_base"], a["dry_allowed_length"],
+                     a["dry_penalty_last_n"], a["dry_sequence_breakers"])
+    return StepBlock(rows, vocab_size, (*values, *words, *dry), keep)
+
+
+def _split(settings, rows, vocab_size):
+    """The per-row settings (``_SETTINGS`` order) and the step (a ``StepBlock`` or None) of a
+    call's keyword arguments: ``step=`` a prepared block, or the step's own arguments."""
+    unknown = set(settings) - set(_SETTINGS) - set(STEP_ARGUMENTS) - {"step"}
+    if unknown:
+        raise TypeError(f"unknown settings: {sorted(unknown)}")
+    step = settings.get("step")
+    given = {name: settings[name] for name in STEP_ARGUMENTS if name in settings}
+    if step is not None:
+        if any(v is not None for v in given.values()):
+            raise TypeError(f"step: given with the step's own arguments {sorted(given)}: pass one or the other")
+        if not isinstance(step, StepBlock):
+            raise TypeError(f"step: must be a StepBlock (shard.step_block), got {type(step).__name__}")
+        if (step.rows, step.vocab_size) != (rows, int(vocab_size)):
+            raise ValueError(f"step: made for {step.rows} rows of {step.vocab_size}, the call has {rows} rows of "
+                             f"{vocab_size}")
+    else:
+        step = step_block(rows, vocab_size, **given)
+    return [settings.get(n) for n in _SETTINGS], step
+
+
+def _check(status):
+    """``check``, naming the ``Sampler.draw`` argument a refused step field comes from."""
+    try:
+        check(status)
+    except InvalidArgumentError as e:
+        message = str(e)
+        for field, argument in FIELD_ARGUMENTS.items():
+            if (f"rows.{field}[" in message or f"rows.{field}:" in message) and argument != field:
+                raise InvalidArgumentError(f"{message} (argument {argument})") from None
+        raise
+
+
+def _rows(logits, vocab_start, vocab_size, temperature, seeds, offsets, seeded, min_p, top_k=None, top_p=None,
+          step=None):
     x = np.asarray(logits)
     if x.dtype != np.float32:
         raise TypeError(f"logits: sharded rows are float32, got {x.dtype}")
@@ -107,7 +198,18 @@ def _rows(logits, vocab_start, vocab_size, temperature, seeds, offsets, seeded, 
     c.temperature, c.seeds, c.offsets = _ptr(keep["t"], c_float), _ptr(keep["s"], c_uint64), _ptr(keep["o"], c_uint64)
     c.seeded, c.min_p = _ptr(keep["m"], c_uint8), _ptr(keep["p"], c_float)
     c.top_k, c.top_p = _ptr(keep["k"], ctypes.c_int32), _ptr(keep["tp"], c_float)
+    if step is not None:
+        SHARD_STEP_LAYOUT.pack_into(c, SHARD_STEP_OFFSET, *step.values)
+        keep["step"] = step
     return c, keep
+
+
+def _rows_of(logits, vocab_start, vocab_size, settings):
+    """``_rows`` of a call's keyword arguments (the settings and the step)."""
+    x = np.asarray(logits)
+    rows = 1 if x.ndim == 1 else (x.shape[0] if x.ndim else 0)
+    values, step = _split(settings, rows, vocab_size)
+    return _rows(logits, vocab_start, vocab_size, *values, step=step)
 
 
 def _handle(sampler):
@@ -123,15 +225,16 @@ def from_bytes(data, dtype=PARTIAL_DTYPE):
     return np.frombuffer(bytes(data) if not isinstance(data, (bytes, bytearray, memoryview)) else data, dtype=dtype)
 
 
-def top(sampler, logits, vocab_start, vocab_size, *, temperature=None, seeds=None, offsets=None, seeded=None,
-        min_p=None, top_k=None, top_p=None):
+def top(sampler, logits, vocab_start, vocab_size, **settings):
     """Round 1 on this rank: one partial per row of ``logits`` (rows x slice, float32: tokens
     ``[vocab_start, vocab_start + slice)`` of rows of ``vocab_size``). Unseeded sampling rows take
-    their keys from ``sampler``'s stream here, as ``sampler.draw`` of the same rows would."""
-    c, keep = _rows(logits, vocab_start, vocab_size, temperature, seeds, offsets, seeded, min_p, top_k, top_p)
+    their keys from ``sampler``'s stream here, as ``sampler.draw`` of the same rows would.
+    ``settings``: ``temperature``, ``seeds``, ``offsets``, ``seeded``, ``min_p``, ``top_k``,
+    ``top_p`` (scalars or one per row) and the step (its arguments, or ``step=step_block(...)``)."""
+    c, keep = _rows_of(logits, vocab_start, vocab_size, settings)
     out = np.zeros(c.rows, PARTIAL_DTYPE)
     h = _handle(sampler)
-    check(_fn("tokenrace_shard_top")(h.ptr, byref(c), _recs(out, _ffi.tokenrace_shard_partial)))
+    _check(_fn("tokenrace_shard_top")(h.ptr, byref(c), _recs(out, _ffi.tokenrace_shard_partial)))
     del keep
     return out
 
@@ -150,21 +253,20 @@ def combine_top(partials):
     return out
 
 
-def race(sampler, logits, vocab_start, vocab_size, rows, *, cuts=None, temperature=None, seeds=None, offsets=None,
-         seeded=None, min_p=None, top_k=None, top_p=None):
+def race(sampler, logits, vocab_start, vocab_size, rows, *, cuts=None, **settings):
     """Round 2 on this rank: the race of its slice with the combined rows ``rows`` (from
     ``combine_top``) and, for rows with top-k or top-p, the floors of their finished ``cuts``;
-    the same rows and settings as in round 1."""
-    c, keep = _rows(logits, vocab_start, vocab_size, temperature, seeds, offsets, seeded, min_p, top_k, top_p)
+    the same rows and settings (and step) as in round 1."""
+    c, keep = _rows_of(logits, vocab_start, vocab_size, settings)
     combined = _combined(rows, c.rows)
     out = np.zeros(c.rows, PARTIAL_DTYPE)
     h = _handle(sampler)
     if cuts is None:
-        check(_fn("tokenrace_shard_race")(h.ptr, byref(c), _recs(combined, _ffi.tokenrace_shard_row),
+        _check(_fn("tokenrace_shard_race")(h.ptr, byref(c), _recs(combined, _ffi.tokenrace_shard_row),
                                           _recs(out, _ffi.tokenrace_shard_partial)))
     else:
         cu = _cuts(cuts, c.rows)
-        check(_fn("tokenrace_shard_race_cut")(h.ptr, byref(c), _recs(combined, _ffi.tokenrace_shard_row),
+        _check(_fn("tokenrace_shard_race_cut")(h.ptr, byref(c), _recs(combined, _ffi.tokenrace_shard_row),
                                               _recs(cu, _ffi.tokenrace_shard_cut),
                                               _recs(out, _ffi.tokenrace_shard_partial)))
     del keep
@@ -185,15 +287,13 @@ def _cuts(cuts, n):
     return cu
 
 
-def candidates(logits, vocab_start, vocab_size, width, *, top_k=None, **settings):
+def candidates(logits, vocab_start, vocab_size, width, **settings):
     """The top-k candidates of this rank (sent with round 1 when a row has top-k): per row the
     slice's ``width`` largest finite values, descending, -inf padded (float32 [rows, width]);
     ``width`` is at least every row's top-k and the same on every rank."""
-    c, keep = _rows(logits, vocab_start, vocab_size, settings.get("temperature"), settings.get("seeds"),
-                    settings.get("offsets"), settings.get("seeded"), settings.get("min_p"), top_k,
-                    settings.get("top_p"))
+    c, keep = _rows_of(logits, vocab_start, vocab_size, settings)
     out = np.zeros((c.rows, int(width)), np.float32)
-    check(_fn("tokenrace_shard_top_k_candidates")(byref(c), int(width), _ptr(out, c_float)))
+    _check(_fn("tokenrace_shard_top_k_candidates")(byref(c), int(width), _ptr(out, c_float)))
     del keep
     return out
 
@@ -202,7 +302,7 @@ def cut_start(sampler, logits, vocab_start, vocab_size, rows, gathered_candidate
     """The first state of every row's floor (``CUT_DTYPE``, the same on every rank) from the
     combined rows and every rank's ``candidates`` (a list, any order; empty when no row has
     top-k)."""
-    c, keep = _rows(logits, vocab_start, vocab_size, *_settings(settings))
+    c, keep = _rows_of(logits, vocab_start, vocab_size, settings)
     combined = _combined(rows, c.rows)
     cands = [np.asarray(from_bytes(g, np.float32)).reshape(-1) for g in gathered_candidates]
     width = (len(cands[0]) // c.rows if c.rows else 0) if cands else 0
@@ -211,19 +311,11 @@ def cut_start(sampler, logits, vocab_start, vocab_size, rows, gathered_candidate
     stacked = np.ascontiguousarray(np.concatenate(cands)) if cands else None
     out = np.zeros(c.rows, CUT_DTYPE)
     h = _handle(sampler)
-    check(_fn("tokenrace_shard_cut_start")(h.ptr, byref(c), _recs(combined, _ffi.tokenrace_shard_row),
+    _check(_fn("tokenrace_shard_cut_start")(h.ptr, byref(c), _recs(combined, _ffi.tokenrace_shard_row),
                                            _ptr(stacked, c_float), len(cands), width,
                                            _recs(out, _ffi.tokenrace_shard_cut)))
     del keep
     return out
-
-
-def _settings(settings):
-    names = ("temperature", "seeds", "offsets", "seeded", "min_p", "top_k", "top_p")
-    unknown = set(settings) - set(names)
-    if unknown:
-        raise TypeError(f"unknown settings: {sorted(unknown)}")
-    return [settings.get(n) for n in names]
 
 
 def cut_pending(cuts):
@@ -233,11 +325,11 @@ def cut_pending(cuts):
 
 def cut_round(sampler, logits, vocab_start, vocab_size, cuts, **settings):
     """One round of the cut on this rank: a ``MASS_DTYPE`` record per row (1320 bytes)."""
-    c, keep = _rows(logits, vocab_start, vocab_size, *_settings(settings))
+    c, keep = _rows_of(logits, vocab_start, vocab_size, settings)
     cu = _cuts(cuts, c.rows)
     out = np.zeros(c.rows, MASS_DTYPE)
     h = _handle(sampler)
-    check(_fn("tokenrace_shard_cut_round")(h.ptr, byref(c), _recs(cu, _ffi.tokenrace_shard_cut),
+    _check(_fn("tokenrace_shard_cut_round")(h.ptr, byref(c), _recs(cu, _ffi.tokenrace_shard_cut),
                                            _recs(out, _ffi.tokenrace_shard_mass)))
     del keep
     return out
@@ -266,14 +358,14 @@ def logprob_partials(sampler, logits, vocab_start, vocab_size, rows, cuts, own_r
     per row (``TOP_DTYPE`` [rows, top_n]) for the logprobs of ``mode`` ("raw" or "processed"),
     from the combined rows, the finished cuts and this rank's own ``race`` partials (None when no
     row races). Sent with the race partials."""
-    c, keep = _rows(logits, vocab_start, vocab_size, *_settings(settings))
+    c, keep = _rows_of(logits, vocab_start, vocab_size, settings)
     combined = _combined(rows, c.rows)
     cu = _cuts(cuts, c.rows)
     mine = None if own_races is None else np.ascontiguousarray(from_bytes(own_races))
     out = np.zeros(c.rows, LOGPROB_DTYPE)
     top = np.zeros((c.rows, int(top_n)), TOP_DTYPE)
     h = _handle(sampler)
-    check(_fn("tokenrace_shard_logprob_partials")(
+    _check(_fn("tokenrace_shard_logprob_partials")(
         h.ptr, byref(c), _recs(combined, _ffi.tokenrace_shard_row), _recs(cu, _ffi.tokenrace_shard_cut),
         _recs(mine, _ffi.tokenrace_shard_partial), _mode(mode), int(top_n),
         _recs(out, _ffi.tokenrace_shard_logprob_partial), _recs(top, _ffi.tokenrace_shard_top_entry)))
@@ -326,7 +418,8 @@ def draw(sampler, logits, vocab_start, vocab_size, all_gather, *, logprob_mode=N
     moves the bytes. Returns a ``ShardDraw``: the tokens and flags of ``finish`` and, with
     ``logprob_mode`` ("raw" or "processed"), the sampled tokens' logprobs and the ``top_n``
     (their partials travel with the race's: no extra round). ``stats``, a dict, receives the
-    rounds and the bytes this rank sent per round."""
+    rounds and the bytes this rank sent per round. ``settings``: as ``top``'s, the step included
+    (it adds no round and no byte: each rank applies it to its slice)."""
     sent = []
 
     def gather(data):
@@ -335,6 +428,9 @@ def draw(sampler, logits, vocab_start, vocab_size, all_gather, *, logprob_mode=N
 
     x = np.asarray(logits)
     rows = 1 if x.ndim == 1 else x.shape[0]
+    # The step converted once for every call below.
+    values, step = _split(settings, rows, vocab_size)
+    settings = dict(zip(_SETTINGS, values), step=step)
     top_k = settings.get("top_k")
     k = np.zeros(rows, np.int64) if top_k is None else np.broadcast_to(np.asarray(top_k, np.int64), (rows,))
     k = k[(k > 0) & (k < vocab_size)]

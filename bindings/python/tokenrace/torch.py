@@ -46,6 +46,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
         "tokenrace.torch needs PyTorch, and the 'torch' package is not installed "
         "(pip install torch); the rest of tokenrace works without it, on numpy arrays") from error
 
+import inspect
 import threading
 from collections.abc import Mapping
 from typing import NamedTuple
@@ -952,8 +953,25 @@ def _all_gather_bytes(data: bytes, group):
     return [t.numpy().tobytes() for t in gathered]
 
 
+# Why ``sample``'s arguments that ``sample_sharded`` lacks are not sharded (the refusals' words).
+_NOT_SHARDED = {
+    "requests": "the request state is not sharded (pass the histories as prompt_token_ids/output_token_ids)",
+    "request_ids": "the request state is not sharded (pass the histories as prompt_token_ids/output_token_ids)",
+    "forced_tokens": "forced tokens are not sharded",
+    "logprob_token_ids": "the logprobs of given ids are not sharded",
+    "top_n_sigma": "top-n-sigma's threshold needs the whole row's spread",
+    "row_index": "several draws of one logits row are not sharded",
+}
+
+
 def sample_sharded(logits_slice, vocab_start, vocab_size, temperature, *, min_p=None, top_k=None, top_p=None,
-                   seeds=None, positions=None, seeded=None, sampler=None, group=None, logprob_mode=None, top_n=0):
+                   seeds=None, positions=None, seeded=None, sampler=None, group=None, logprob_mode=None, top_n=0,
+                   prompt_token_ids=None, output_token_ids=None, repetition_penalties=None, frequency_penalties=None,
+                   presence_penalties=None, no_penalties=False, allowed_token_ids_mask=None,
+                   bad_words_token_ids=None, logit_bias=None, token_bitmask=None, penalty_last_n=None,
+                   min_tokens=None, stop_token_ids=None, dry_multiplier=None, dry_base=None,
+                   dry_allowed_length=None, dry_penalty_last_n=None, dry_sequence_breakers=None,
+                   **not_sharded):
     """One token per row from a vocabulary-parallel LM head's output, exactly as ``sample`` of the
     gathered rows would draw it (docs/semantics.md, "Sharded rows"): this rank holds
     ``logits_slice`` [rows, slice] float32, tokens ``[vocab_start, vocab_start + slice)`` of rows of
@@ -968,8 +986,24 @@ def sample_sharded(logits_slice, vocab_start, vocab_size, temperature, *, min_p=
 
     ``sampler``: a ``tokenrace.Sampler`` per rank, made with the same seed on every rank (its
     stream keys the unseeded rows; ranks whose streams differ are refused, not mixed); default
-    ``default_sampler()`` (seeded from ``TOKENRACE_SEED``)."""
+    ``default_sampler()`` (seeded from ``TOKENRACE_SEED``).
+
+    The sampling step: ``sample``'s arguments of the same names and forms (histories, penalties,
+    ``penalty_last_n``, ``allowed_token_ids_mask``, ``bad_words_token_ids``, ``logit_bias``,
+    ``token_bitmask``, ``min_tokens``/``stop_token_ids``, DRY's), for the WHOLE rows (global
+    token ids; masks of ``vocab_size`` columns or bits), the same on every rank: each rank applies
+    what falls in its slice, and the tokens are ``sample``'s with the same step, bit for bit. It
+    adds no round and no byte. Processed logprobs only with a step (raw ones need the whole raw
+    row's mass: refused). Not sharded, refused naming the argument: ``requests``/``request_ids``
+    (pass the histories), ``forced_tokens``, ``logprob_token_ids``, llama.cpp's filters, mirostat
+    and ``row_index``."""
     from . import _shard as shard
+
+    if not_sharded:
+        name = sorted(not_sharded)[0]
+        if name not in inspect.signature(sample).parameters:
+            raise TypeError(f"sample_sharded() got an unexpected keyword argument {name!r}")
+        raise ValueError(f"{name}: {_NOT_SHARDED.get(name, 'not sharded')}; draw these rows with sample")
 
     if not isinstance(logits_slice, torch.Tensor) or logits_slice.device.type != "cpu":
         raise TypeError("logits_slice: must be a CPU torch.Tensor")
@@ -980,6 +1014,20 @@ def sample_sharded(logits_slice, vocab_start, vocab_size, temperature, *, min_p=
     settings = dict(temperature=_as_numpy(temperature), min_p=_as_numpy(min_p), top_k=_as_numpy(top_k),
                     top_p=_as_numpy(top_p), seeds=_as_numpy(seeds), offsets=_as_numpy(positions),
                     seeded=_as_numpy(seeded))
+    rows = x.shape[0] if x.ndim == 2 else 1
+    # The step in ``sample``'s forms, converted by the same code (``Sampler.draw``'s names out).
+    step = _step_arguments(
+        rows, vocab_size, prompt_token_ids=prompt_token_ids, output_token_ids=output_token_ids,
+        repetition_penalties=repetition_penalties, frequency_penalties=frequency_penalties,
+        presence_penalties=presence_penalties, no_penalties=no_penalties,
+        allowed_token_ids_mask=allowed_token_ids_mask, bad_words_token_ids=bad_words_token_ids,
+        logit_bias=logit_bias, token_bitmask=token_bitmask, penalty_last_n=penalty_last_n,
+        dry=dry_multiplier is not None,
+        min_tokens=_min_tokens(min_tokens, stop_token_ids, rows, output_token_ids is not None))
+    dry = dict(dry_multiplier=dry_multiplier, dry_base=dry_base, dry_allowed_length=dry_allowed_length,
+               dry_penalty_last_n=dry_penalty_last_n, dry_sequence_breakers=dry_sequence_breakers)
+    step.update({name: _as_numpy(value) for name, value in dry.items() if value is not None})
+    settings["step"] = shard.step_block(rows, vocab_size, **step)
     drawn = shard.draw(s, x, vocab_start, vocab_size, lambda data: _all_gather_bytes(data, group),
                        logprob_mode=logprob_mode, top_n=top_n, **settings)
     tokens = drawn.tokens
