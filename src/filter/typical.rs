@@ -124,7 +124,7 @@ pub(super) fn kept_without_sort(
     // is bounded by p (|ln w| + ln Z)); 1e-15 is about 9 roundings a term.
     let terms = n as f64 + 16.0;
     let eps_mass = terms * 2e-15;
-    if !(typical_p < 1.0 - eps_mass) {
+    if typical_p.is_nan() || typical_p >= 1.0 - eps_mass {
         return Ok(None);
     }
     let x_min = least(values);
@@ -306,8 +306,7 @@ mod tests {
             let n = 1500 + r * 700;
             // Roughly normal (the sum of three uniforms), a few peaks, every fourth row in
             // steps of 1/4 (many ties).
-            let mut x: Vec<f32> =
-                (0..n).map(|_| ((uniform() + uniform() + uniform() - 1.5) * 4.0) as f32).collect();
+            let mut x: Vec<f32> = (0..n).map(|_| ((uniform() + uniform() + uniform() - 1.5) * 4.0) as f32).collect();
             if r % 4 == 3 {
                 x.iter_mut().for_each(|v| *v = (*v * 4.0).round() / 4.0);
             }
