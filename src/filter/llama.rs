@@ -55,6 +55,10 @@ pub(super) fn weigh(values: &[f32], inv_t: f32) -> Result<Vec<Candidate>> {
     alloc::collect(values.iter().map(weigh), "typical/XTC candidates")
 }
 
+/// Candidates from which typical sampling is first tried without sorting them
+/// ([`super::typical::kept_without_sort`]); fewer (behind a top-k) are sorted at once.
+const TYPICAL_UNSORTED_FROM: usize = 1024;
+
 /// The range of a row `v` (block maxima `bmax`, finite maximum `m`, at `inv_t`) kept by its
 /// filters `f` once the floor of min-p, top-nσ and top-k is `floor`; `xtc_applies`: XTC's coin
 /// fell below its probability. Fails only if the candidates cannot be allocated.
@@ -68,6 +72,19 @@ pub(crate) fn kept_range<V: RowValues + ?Sized>(
     // Gathered as bare f32 values (a quarter of the bytes of the candidates) from the blocks
     // that reach the floor, sorted, then weighed.
     let mut values = values_ge(k, (v, bmax, cand), floor)?;
+    // Typical sampling over many candidates, decided without sorting them when the rounding of
+    // its sums cannot move its crossing; what it keeps is then `c[a..b]` below (the kept values
+    // sorted), all the rest needs.
+    let mut typical_done = false;
+    if f.typical_p < 1.0 && values.len() >= TYPICAL_UNSORTED_FROM {
+        if let Some(kept) = super::typical::kept_without_sort(k, &values, (m, inv_t), f.typical_p, f.min_keep)? {
+            if f.top_p >= 1.0 && !(xtc_applies && f.xtc_on()) {
+                return Ok(kept);
+            }
+            values.retain(|&x| x >= kept.lo && x <= kept.hi);
+            typical_done = true;
+        }
+    }
     sort_descending(&mut values)?;
     // Each weight is `weight64`'s (the kernel computes the same f64 value per element).
     let mut w = alloc::filled(values.len(), 0.0, "typical/XTC weights")?;
@@ -78,7 +95,7 @@ pub(crate) fn kept_range<V: RowValues + ?Sized>(
     drop((values, w));
     // The kept candidates are always `c[a..b]` (sorted by value, descending).
     let (mut a, mut b) = (0, c.len());
-    if f.typical_p < 1.0 {
+    if f.typical_p < 1.0 && !typical_done {
         (a, b) = typical(&c, f.typical_p, f.min_keep);
     }
     if f.top_p < 1.0 {

@@ -30,6 +30,7 @@ pub(crate) mod mirostat;
 mod top_k;
 pub(crate) mod top_n_sigma;
 pub(crate) mod top_p;
+mod typical;
 
 use crate::batch::Batch;
 use crate::error::Result;
