@@ -3,7 +3,8 @@
 //
 //   check:  greedy and penalties + greedy give the same tokens; each sampling chain's token lies
 //           in the set llama.cpp's filters keep, and its draws follow llama.cpp's probabilities
-//           over that set (chi-square);
+//           over that set (chi-square); mirostat v1 and v2 keep llama.cpp's set and give its mu
+//           at the same mu (within the documented differences; check_mirostat);
 //   bench:  the time of one draw, llama.cpp's chain (its candidates filled from the logits, as
 //           llama_sampler_sample does) against the fused call (tokenrace_draw on the logits),
 //           the adapter's fast path (tokenrace_llama_draw_logits, what tokenrace_llama_sample
@@ -441,7 +442,8 @@ double llama_surprise_error(size_t n, float mu) {
 }
 
 struct MirostatTally {
-    int steps = 0, same_count = 0, within_resolution = 0, ties = 0, boundary = 0, k_overflow = 0, undetermined = 0, same_token = 0, searched = 0,
+    int steps = 0, same_count = 0, within_resolution = 0, ties = 0, boundary = 0, k_overflow = 0, unexplained = 0,
+        same_token = 0, searched = 0,
         not_found = 0, adapter_same = 0;
     size_t kept_min = SIZE_MAX, kept_max = 0;
     double mu_diff_max = 0.0, mu_limit_max = 0.0;
@@ -505,7 +507,8 @@ void check_mirostat(std::mt19937_64 &rng, int vocab, const Mirostat &c, int step
                                      ? llama_sampler_init_mirostat(vocab, llama_seed, c.tau, c.eta, c.m)
                                      : llama_sampler_init_mirostat_v2(llama_seed, c.tau, c.eta));
     float *llama_mu = mirostat_mu_of(llama_sampler_chain_get(ref, 1), c, vocab, llama_seed);
-    EXPECT(llama_mu != nullptr, "%s: llama.cpp's mirostat state is not laid out as this check reads it", c.name.c_str());
+    EXPECT(llama_mu != nullptr, "%s: llama.cpp's mirostat state is not laid out as this check reads it",
+           c.name.c_str());
     if (!llama_mu) {
         llama_sampler_free(ref);
         return;
@@ -590,7 +593,7 @@ void check_mirostat(std::mt19937_64 &rng, int vocab, const Mirostat &c, int step
             tally.k_overflow++;
             documented = true;
         } else if (ours < 0) {
-            tally.undetermined++;
+            tally.unexplained++;
             EXPECT(false, "%s step %d: llama.cpp keeps %zu tokens, tokenrace's kept set weighs otherwise (mu %.9g)",
                    c.name.c_str(), i, kept, mu);
         } else {
@@ -605,7 +608,8 @@ void check_mirostat(std::mt19937_64 &rng, int vocab, const Mirostat &c, int step
                 // the terms under half an ulp of the sum are lost, so its p runs high).
                 bool near = true;
                 for (size_t j = lo; j < hi; j++)
-                    near &= std::fabs(-std::log2(r.w[j] / r.prefix.back()) - mu) <= llama_surprise_error(r.w.size(), mu);
+                    near &= std::fabs(-std::log2(r.w[j] / r.prefix.back()) - mu) <=
+                            llama_surprise_error(r.w.size(), mu);
                 documented = near;
                 tally.boundary += near;
             } else {
@@ -683,12 +687,13 @@ void check_mirostat(std::mt19937_64 &rng, int vocab, const Mirostat &c, int step
            c.name.c_str(), tally.same_token, tally.same_count);
     std::printf("check %-24s %d steps: llama.cpp kept %zu..%zu; the same kept set %d (%d more to mu out's resolution), "
                 "tied with v1's k-th %d, k past "
-                "INT_MAX %d, boundary %d, undetermined %d; mu out for llama.cpp's token %d (%d searched, %d not "
+                "INT_MAX %d, boundary %d, unexplained %d; mu out for llama.cpp's token %d (%d searched, %d not "
                 "found), max |diff| %.3g (limit up to %.3g); adapter = fused %d%s\n",
                 c.name.c_str(), tally.steps, tally.kept_min, tally.kept_max, tally.same_count, tally.within_resolution,
                 tally.ties,
-                tally.k_overflow, tally.boundary, tally.undetermined, tally.same_token, tally.searched,
-                tally.not_found, tally.mu_diff_max, tally.mu_limit_max, tally.adapter_same, adapter ? "" : " (m is not the adapter's)");
+                tally.k_overflow, tally.boundary, tally.unexplained, tally.same_token, tally.searched,
+                tally.not_found, tally.mu_diff_max, tally.mu_limit_max, tally.adapter_same,
+                adapter ? "" : " (m is not the adapter's)");
     if (adapter) llama_sampler_free(adapter);
     tokenrace_sampler_free(sampler);
     llama_sampler_free(ref);

@@ -155,7 +155,8 @@ static void start_batch(tokenrace_batch *b, struct common_rows *c, const void *l
   b->seeded = c->seeded;
 }
 
-static int draw_or_fail(tokenrace_sampler *s, const tokenrace_batch *b, tokenrace_output *o, const char *what, int call) {
+static int draw_or_fail(tokenrace_sampler *s, const tokenrace_batch *b, tokenrace_output *o, const char *what,
+                        int call) {
   if (tokenrace_draw(s, b, o) == TOKENRACE_STATUS_OK) return 0;
   fprintf(stderr, "seeded_dump: %s call %d: %s\n", what, call, tokenrace_last_error());
   return 1;
