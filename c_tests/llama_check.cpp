@@ -3,7 +3,8 @@
 //
 //   check:  greedy and penalties + greedy give the same tokens; each sampling chain's token lies
 //           in the set llama.cpp's filters keep, and its draws follow llama.cpp's probabilities
-//           over that set (chi-square);
+//           over that set (chi-square); mirostat v1 and v2 keep llama.cpp's set and give its mu
+//           at the same mu (within the documented differences; check_mirostat);
 //   bench:  the time of one draw, llama.cpp's chain (its candidates filled from the logits, as
 //           llama_sampler_sample does) against the fused call (tokenrace_draw on the logits),
 //           the adapter's fast path (tokenrace_llama_draw_logits, what tokenrace_llama_sample
@@ -227,6 +228,46 @@ void check_dry_greedy(std::mt19937_64 &rng, int vocab) {
     std::printf("check dry greedy: ok\n");
 }
 
+// Judges `draws` draws (`counts` per token, `outside` of them outside the kept set) against the
+// probabilities `q` (chi-square at p = 1e-4, tokens with an expected count below 5 pooled into
+// one cell), and, for the power check, against `q_wrong`, which must fail.
+void judge_draws(const std::string &name, const std::vector<int> &counts, int draws, int outside, size_t kept,
+                 const std::vector<double> &q, const std::vector<double> &q_wrong) {
+    const int vocab = (int)counts.size();
+    auto chi_square = [&](const std::vector<double> &p, int &cells) {
+        double x2 = 0.0, pooled_e = 0.0, pooled_n = 0.0;
+        cells = 0;
+        for (int i = 0; i < vocab; i++) {
+            double e = p[i] * draws;
+            if (e == 0.0) continue;
+            if (e < 5.0) {
+                pooled_e += e;
+                pooled_n += counts[i];
+                continue;
+            }
+            x2 += (counts[i] - e) * (counts[i] - e) / e;
+            cells++;
+        }
+        if (pooled_e > 0.0) {
+            x2 += (pooled_n - pooled_e) * (pooled_n - pooled_e) / pooled_e;
+            cells++;
+        }
+        return x2;
+    };
+    int cells = 0, cells_wrong = 0;
+    double x2 = chi_square(q, cells);
+    double x2_wrong = chi_square(q_wrong, cells_wrong);
+    // Wilson-Hilferty: the chi-square quantile at p = 1e-4 for cells - 1 degrees of freedom.
+    double k = std::max(cells - 1, 1), zq = 3.719;
+    double limit = k * std::pow(1.0 - 2.0 / (9.0 * k) + zq * std::sqrt(2.0 / (9.0 * k)), 3.0);
+    EXPECT(outside == 0, "%s: %d draws outside llama.cpp's kept set (%zu tokens)", name.c_str(), outside, kept);
+    EXPECT(x2 < limit, "%s: chi-square %.1f over %d cells, limit %.1f", name.c_str(), x2, cells, limit);
+    EXPECT(x2_wrong >= limit, "%s: the power check: %.1f against a wrong temperature, under the limit %.1f",
+           name.c_str(), x2_wrong, limit);
+    std::printf("check %-24s kept %6zu  chi-square %8.1f  limit %8.1f  (%d cells)  wrong T: %9.1f\n", name.c_str(),
+                kept, x2, limit, cells, x2_wrong);
+}
+
 // A sampling chain: the kept set is llama.cpp's (the chain without dist leaves the kept
 // candidates), and the adapter's draws follow softmax over it (chi-square over the kept tokens
 // with an expected count of at least 5; a draw outside the set fails at once).
@@ -279,40 +320,383 @@ void check_sampling(std::mt19937_64 &rng, int vocab, const Chain &c) {
         else counts[t]++;
     }
     llama_sampler_free(ours);
-    // Tokens with an expected count below 5 are pooled into one cell.
-    auto chi_square = [&](const std::vector<double> &p, int &cells) {
-        double x2 = 0.0, pooled_e = 0.0, pooled_n = 0.0;
-        cells = 0;
-        for (int i = 0; i < vocab; i++) {
-            double e = p[i] * draws;
-            if (e == 0.0) continue;
-            if (e < 5.0) {
-                pooled_e += e;
-                pooled_n += counts[i];
-                continue;
+    judge_draws(c.name, counts, draws, outside, arr.size, q, q_wrong);
+}
+
+// llama.cpp's mirostat state, as src/llama-sampler.cpp lays out llama_sampler_mirostat and
+// llama_sampler_mirostat_v2 (the members before the generator): the check sets mu through it,
+// so that llama.cpp and tokenrace judge the same mu at every step. mirostat_mu_of checks the
+// layout against the parameters the sampler was made with before handing out mu.
+struct llama_mirostat_view {
+    int32_t n_vocab;
+    uint32_t seed, seed_cur;
+    float tau, eta;
+    int32_t m;
+    float mu;
+};
+struct llama_mirostat_v2_view {
+    uint32_t seed, seed_cur;
+    float tau, eta;
+    float mu;
+};
+
+struct Mirostat {
+    std::string name;
+    int version = 2;
+    float tau = 5.0f, eta = 0.1f;
+    int m = 100;
+    float temp = 1.0f;
+    bool flat = false, ties = false;
+};
+
+float *mirostat_mu_of(llama_sampler *s, const Mirostat &c, int vocab, uint32_t seed) {
+    if (c.version == 1) {
+        auto *v = (llama_mirostat_view *)s->ctx;
+        bool same = v->n_vocab == vocab && v->seed == seed && v->tau == c.tau && v->eta == c.eta && v->m == c.m &&
+                    v->mu == 2.0f * c.tau;
+        return same ? &v->mu : nullptr;
+    }
+    auto *v = (llama_mirostat_v2_view *)s->ctx;
+    bool same = v->seed == seed && v->tau == c.tau && v->eta == c.eta && v->mu == 2.0f * c.tau;
+    return same ? &v->mu : nullptr;
+}
+
+// One mirostat draw of the fused call on row `x` with mu in: the token and mu out (with `tau`
+// and `eta` in place of the configuration's, for kept_by_probe).
+bool fused_mirostat(tokenrace_sampler *sampler, const std::vector<float> &x, const Mirostat &c, float mu,
+                    uint64_t seed, uint64_t offset, int32_t &token, float &mu_out, float tau_in, float eta_in) {
+    float temp = c.temp, tau = tau_in, eta = eta_in;
+    int32_t version = c.version, m = c.m;
+    tokenrace_batch b;
+    std::memset(&b, 0, sizeof b);
+    b.struct_size = sizeof b;
+    b.dtype = TOKENRACE_DTYPE_F32;
+    b.logits = x.data();
+    b.rows = 1;
+    b.vocab = (uint32_t)x.size();
+    b.temperature = &temp;
+    b.seeds = &seed;
+    b.offsets = &offset;
+    b.mirostat = &version;
+    b.mirostat_tau = &tau;
+    b.mirostat_eta = &eta;
+    b.mirostat_m = &m;
+    b.mirostat_mu = &mu;
+    tokenrace_output o;
+    std::memset(&o, 0, sizeof o);
+    o.struct_size = sizeof o;
+    o.tokens = &token;
+    o.mirostat_mu = &mu_out;
+    if (tokenrace_draw(sampler, &b, &o) != TOKENRACE_STATUS_OK) {
+        std::fprintf(stderr, "%s: %s\n", c.name.c_str(), tokenrace_last_error());
+        failures++;
+        return false;
+    }
+    return true;
+}
+
+bool fused_mirostat(tokenrace_sampler *sampler, const std::vector<float> &x, const Mirostat &c, float mu,
+                    uint64_t seed, uint64_t offset, int32_t &token, float &mu_out) {
+    return fused_mirostat(sampler, x, c, mu, seed, offset, token, mu_out, c.tau, c.eta);
+}
+
+// The row in float64 as both samplers see it: ids sorted by scaled value, descending, their
+// weights exp((x - max) / T) and the weights' prefix sums.
+struct Sorted {
+    std::vector<int> ids;
+    std::vector<double> z, w, prefix;
+    std::vector<int> rank;
+    Sorted(const std::vector<float> &x, float temp) : ids(x.size()), z(x.size()), w(x.size()), prefix(x.size() + 1),
+                                                      rank(x.size()) {
+        for (size_t i = 0; i < x.size(); i++) ids[i] = (int)i;
+        std::stable_sort(ids.begin(), ids.end(), [&](int a, int b) { return x[a] > x[b]; });
+        const double inv_t = (double)(1.0f / temp);
+        prefix[0] = 0.0;
+        for (size_t i = 0; i < x.size(); i++) {
+            z[i] = ((double)x[ids[i]] - (double)x[ids[0]]) * inv_t;
+            w[i] = std::exp(z[i]);
+            prefix[i + 1] = prefix[i] + w[i];
+            rank[ids[i]] = (int)i;
+        }
+    }
+};
+
+// v1's k in float64 over the sorted row (docs/semantics.md, Mirostat).
+double mirostat_k(const Sorted &r, const Mirostat &c, float mu) {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i + 1 < (size_t)c.m && i + 1 < r.w.size(); i++) {
+        double t = std::log((i + 2.0) / (i + 1.0));
+        num += t * (r.z[i] - r.z[i + 1]);
+        den += t * t;
+    }
+    double s_hat = num / den, e = s_hat - 1.0;
+    return std::pow(e * std::exp2((double)mu) / (1.0 - std::pow((double)r.w.size(), -e)), 1.0 / s_hat);
+}
+
+// The most llama.cpp's f32 surprise -log2 p can be off, in bits, when its softmax sums n
+// candidates in f32: the sum's relative error bound (n - 1) 2^-24, then a few ulps of f32
+// arithmetic around `mu` (expf, the division, log2f).
+double llama_surprise_error(size_t n, float mu) {
+    return ((double)n * std::ldexp(1.0, -24) + 1e-6) / std::log(2.0) +
+           4.0 * (std::nextafter(std::fabs(mu), INFINITY) - std::fabs(mu));
+}
+
+struct MirostatTally {
+    int steps = 0, same_count = 0, within_resolution = 0, ties = 0, boundary = 0, k_overflow = 0, unexplained = 0,
+        same_token = 0, searched = 0,
+        not_found = 0, adapter_same = 0;
+    size_t kept_min = SIZE_MAX, kept_max = 0;
+    double mu_diff_max = 0.0, mu_limit_max = 0.0;
+};
+
+// The weight of the set tokenrace keeps at `mu`, read back from its mu out: the kept set depends
+// on mu alone (not on tau or eta), and a seeded draw's token on the kept set, so a draw with the
+// same seed and offset draws `token` again, here with tau and eta chosen to make mu out precise:
+// mu' = mu - eta (s - tau) with eta = 1e4 and tau the surprise `token` has in the `guess` most
+// probable tokens, so that mu' is mu plus 1e4 times the error of the guess, and
+// s = tau + (mu - mu') / eta is known to about 1e-10 bits. The kept set's weight is then
+// w_token 2^s; `consistent(n)` says whether the n most probable tokens weigh that.
+struct KeptProbe {
+    double log_z = NAN, err = 0.0;
+    bool consistent(const Sorted &r, size_t n) const {
+        return n >= 1 && n < r.prefix.size() && std::fabs(std::log(r.prefix[n]) - log_z) <= 2.0 * err;
+    }
+    // The n whose weight is nearest, or -1 when a neighbour is consistent too.
+    long nearest(const Sorted &r) const {
+        size_t best = 1;
+        for (size_t n = 1; n < r.prefix.size(); n++)
+            if (std::fabs(std::log(r.prefix[n]) - log_z) < std::fabs(std::log(r.prefix[best]) - log_z)) best = n;
+        if (!consistent(r, best) || consistent(r, best - 1) || consistent(r, best + 1)) return -1;
+        return (long)best;
+    }
+};
+
+KeptProbe kept_by_probe(tokenrace_sampler *sampler, const std::vector<float> &x, const Sorted &r, const Mirostat &c,
+                        float mu, uint64_t seed, uint64_t offset, int32_t token, size_t guess) {
+    const float eta = 1e4f;
+    const double w_token = r.w[r.rank[token]];
+    const float tau = (float)(-std::log2(w_token / r.prefix[guess]));
+    int32_t again = -1;
+    float mu_out = NAN;
+    KeptProbe probe;
+    if (!fused_mirostat(sampler, x, c, mu, seed, offset, again, mu_out, tau, eta)) return probe;
+    EXPECT(again == token, "%s: the probe drew %d, not %d: the kept set depends on tau or eta", c.name.c_str(),
+           again, token);
+    const double s = (double)tau + ((double)mu - (double)mu_out) / eta;
+    probe.log_z = std::log(w_token) + s * std::log(2.0);
+    // mu' is rounded to f32: half an ulp of it, over eta, in nats; and the float64 sums.
+    probe.err = 0.5 * (std::nextafter(std::fabs(mu_out), INFINITY) - std::fabs(mu_out)) / eta * std::log(2.0) + 1e-12;
+    return probe;
+}
+
+// Mirostat v1/v2 against llama.cpp's chain (temperature, then llama_sampler_init_mirostat or
+// _v2, common's mirostat chain), over `steps` rows, both at the same mu each step (llama.cpp's
+// mu is set to tokenrace's, which follows tokenrace's own draws):
+//   - the kept set: llama.cpp's (the candidates its apply leaves) against tokenrace's (read
+//     back from its mu out, kept_by_probe); every tokenrace token lies in llama.cpp's set;
+//   - mu out for the same token (where the kept sets agree): tokenrace's draw at other offsets
+//     until it picks llama.cpp's token, then both mu out;
+//   - the adapter (m = 100, what it passes): token and mu out bit-identical to the fused call;
+//   - at two steps, 20,000 draws at that mu against llama.cpp's kept probabilities.
+void check_mirostat(std::mt19937_64 &rng, int vocab, const Mirostat &c, int steps) {
+    const uint32_t llama_seed = 1234;
+    const uint64_t seed = 77, search_seed = 78, chi_seed = 79;
+    llama_sampler *ref = llama_sampler_chain_init(llama_sampler_chain_default_params());
+    llama_sampler_chain_add(ref, llama_sampler_init_temp(c.temp));
+    llama_sampler_chain_add(ref, c.version == 1
+                                     ? llama_sampler_init_mirostat(vocab, llama_seed, c.tau, c.eta, c.m)
+                                     : llama_sampler_init_mirostat_v2(llama_seed, c.tau, c.eta));
+    float *llama_mu = mirostat_mu_of(llama_sampler_chain_get(ref, 1), c, vocab, llama_seed);
+    EXPECT(llama_mu != nullptr, "%s: llama.cpp's mirostat state is not laid out as this check reads it",
+           c.name.c_str());
+    if (!llama_mu) {
+        llama_sampler_free(ref);
+        return;
+    }
+    tokenrace_config cfg = tokenrace_config_default();
+    cfg.max_rows = 1;
+    cfg.threads = 1;
+    cfg.greedy_below = FLT_MIN;
+    cfg.filter_order = TOKENRACE_FILTER_ORDER_FILTERS_FIRST;
+    tokenrace_sampler *sampler = nullptr;
+    if (tokenrace_sampler_new(&cfg, &sampler) != TOKENRACE_STATUS_OK) {
+        std::fprintf(stderr, "%s\n", tokenrace_last_error());
+        failures++;
+        llama_sampler_free(ref);
+        return;
+    }
+    llama_sampler *adapter = nullptr;
+    if (c.m == 100) {
+        tokenrace_llama_params p = tokenrace_llama_params_default();
+        p.temp = c.temp;
+        p.mirostat = c.version;
+        p.mirostat_tau = c.tau;
+        p.mirostat_eta = c.eta;
+        p.seed = (uint32_t)seed;
+        adapter = tokenrace_llama_sampler_init(&p);
+    }
+    MirostatTally tally;
+    std::normal_distribution<float> normal(0.0f, 1.5f);
+    std::vector<llama_token_data> cur, adapter_cur;
+    float mu = 2.0f * c.tau;
+    int chi_checks = 0;
+    for (int i = 0; i < steps; i++) {
+        std::vector<float> x;
+        if (c.flat) {
+            x.resize(vocab);
+            for (auto &v : x) v = normal(rng);
+        } else {
+            x = make_row(rng, vocab, c.ties);
+        }
+        const Sorted r(x, c.temp);
+        // llama.cpp at tokenrace's mu: its kept set, token and mu out.
+        *llama_mu = mu;
+        fill(cur, x);
+        llama_token_data_array arr{cur.data(), cur.size(), -1, false};
+        llama_sampler_apply(ref, &arr);
+        const llama_token a = arr.data[arr.selected].id;
+        const float llama_mu_out = *llama_mu;
+        const size_t kept = arr.size;
+        std::vector<char> in_llama(vocab, 0);
+        for (size_t j = 0; j < kept; j++) in_llama[arr.data[j].id] = 1;
+        tally.kept_min = std::min(tally.kept_min, kept);
+        tally.kept_max = std::max(tally.kept_max, kept);
+        // tokenrace at the same mu.
+        int32_t t = -1;
+        float mu_out = NAN;
+        if (!fused_mirostat(sampler, x, c, mu, seed, (uint64_t)i, t, mu_out)) break;
+        if (adapter) {
+            ((tokenrace_llama_state *)adapter->ctx)->mirostat_mu = mu;
+            // Its own candidates: `arr` (llama.cpp's kept set) is read below.
+            llama_token u = pick(adapter, adapter_cur, x);
+            float adapter_mu = ((tokenrace_llama_state *)adapter->ctx)->mirostat_mu;
+            bool same = u == t && std::memcmp(&adapter_mu, &mu_out, sizeof mu_out) == 0;
+            tally.adapter_same += same;
+            EXPECT(same, "%s step %d: the adapter drew %d (mu %.9g), the fused call %d (mu %.9g)", c.name.c_str(), i, u,
+                   adapter_mu, t, mu_out);
+            llama_sampler_accept(adapter, t);
+        }
+        // The kept sets: llama.cpp's size against the prefix tokenrace's mu out implies.
+        const KeptProbe probe = kept_by_probe(sampler, x, r, c, mu, seed, (uint64_t)i, t, kept);
+        const long ours = probe.nearest(r);
+        const bool same_set = probe.consistent(r, kept) && ours == (long)kept;
+        bool documented = false;
+        if (same_set) {
+            tally.same_count++;
+        } else if (probe.consistent(r, kept)) {
+            // llama.cpp's count weighs what tokenrace keeps, but so does a neighbouring count: the
+            // tokens at the cut weigh less than mu out's resolution (about 1e-10 of the set).
+            tally.within_resolution++;
+        } else if (c.version == 1 && kept == 1 && mirostat_k(r, c, mu) > 2.2e9 && probe.consistent(r, r.w.size())) {
+            // k past INT_MAX: llama.cpp's int(k) is undefined; on x86-64 it is INT_MIN, so
+            // llama.cpp keeps one token, tokenrace every one.
+            tally.k_overflow++;
+            documented = true;
+        } else if (ours < 0) {
+            tally.unexplained++;
+            EXPECT(false, "%s step %d: llama.cpp keeps %zu tokens, tokenrace's kept set weighs otherwise (mu %.9g)",
+                   c.name.c_str(), i, kept, mu);
+        } else {
+            const size_t lo = std::min((size_t)ours, kept), hi = std::max((size_t)ours, kept);
+            if (c.version == 1 && (size_t)ours > kept && r.z[ours - 1] == r.z[kept - 1]) {
+                // Tokens tied with the k-th stay in tokenrace; llama.cpp's sort keeps k.
+                tally.ties++;
+                documented = true;
+            } else if (c.version == 2) {
+                // A cut may move where a surprise is within llama.cpp's f32 error of mu: its softmax
+                // sums the row in f32 (a relative error up to (n - 1) 2^-24, n the candidates;
+                // the terms under half an ulp of the sum are lost, so its p runs high).
+                bool near = true;
+                for (size_t j = lo; j < hi; j++)
+                    near &= std::fabs(-std::log2(r.w[j] / r.prefix.back()) - mu) <=
+                            llama_surprise_error(r.w.size(), mu);
+                documented = near;
+                tally.boundary += near;
+            } else {
+                double k = mirostat_k(r, c, mu);
+                documented = std::fabs(k - std::round(k)) < 1e-3 * std::max(k, 1.0);
+                tally.boundary += documented;
             }
-            x2 += (counts[i] - e) * (counts[i] - e) / e;
-            cells++;
+            EXPECT(documented, "%s step %d: llama.cpp keeps %zu tokens, tokenrace %ld (mu %.9g)", c.name.c_str(), i,
+                   kept, ours, mu);
         }
-        if (pooled_e > 0.0) {
-            x2 += (pooled_n - pooled_e) * (pooled_n - pooled_e) / pooled_e;
-            cells++;
+        EXPECT(in_llama[t] || documented, "%s step %d: tokenrace's token %d (rank %d) is not in llama.cpp's %zu",
+               c.name.c_str(), i, t, r.rank[t], kept);
+        // mu out for the same token, where the kept sets are the same (a tie or a boundary moves
+        // the kept mass, and so the surprise): tokenrace at other offsets until it draws
+        // llama.cpp's token (expected tries: the kept count; at most 4000).
+        int32_t u = t;
+        float mu_same = mu_out;
+        if (same_set && t != a) {
+            tally.searched++;
+            u = -1;
+            for (uint64_t j = 0; j < 4000 && u != a; j++)
+                if (!fused_mirostat(sampler, x, c, mu, search_seed, (uint64_t)i * 4000 + j, u, mu_same)) break;
         }
-        return x2;
-    };
-    int cells = 0, cells_wrong = 0;
-    double x2 = chi_square(q, cells);
-    double x2_wrong = chi_square(q_wrong, cells_wrong);
-    // Wilson-Hilferty: the chi-square quantile at p = 1e-4 for cells - 1 degrees of freedom.
-    double k = std::max(cells - 1, 1), zq = 3.719;
-    double limit = k * std::pow(1.0 - 2.0 / (9.0 * k) + zq * std::sqrt(2.0 / (9.0 * k)), 3.0);
-    EXPECT(outside == 0, "%s: %d draws outside llama.cpp's kept set (%zu tokens)", c.name.c_str(), outside,
-           arr.size);
-    EXPECT(x2 < limit, "%s: chi-square %.1f over %d cells, limit %.1f", c.name.c_str(), x2, cells, limit);
-    EXPECT(x2_wrong >= limit, "%s: the power check: %.1f against a wrong temperature, under the limit %.1f",
-           c.name.c_str(), x2_wrong, limit);
-    std::printf("check %-24s kept %6zu  chi-square %8.1f  limit %8.1f  (%d cells)  wrong T: %9.1f\n",
-                c.name.c_str(), arr.size, x2, limit, cells, x2_wrong);
+        if (!same_set) {
+            // Not compared.
+        } else if (u == a) {
+            tally.same_token++;
+            double d = std::fabs((double)mu_same - (double)llama_mu_out);
+            tally.mu_diff_max = std::max(tally.mu_diff_max, d);
+            // llama.cpp sums its probabilities in f32, over the row and again over the kept set:
+            // its surprise is off by at most llama_surprise_error of both; tokenrace's mu out is
+            // float64 rounded once.
+            const double limit = std::fabs(c.eta) * llama_surprise_error((size_t)vocab + kept, llama_mu_out);
+            tally.mu_limit_max = std::max(tally.mu_limit_max, limit);
+            EXPECT(d <= limit, "%s step %d: token %d: mu out %.9g, llama.cpp %.9g (limit %.3g)", c.name.c_str(), i, a,
+                   mu_same, llama_mu_out, limit);
+        } else {
+            tally.not_found++;
+        }
+        // The distribution at this mu, twice per configuration, where the kept set has at least
+        // 4 tokens (so that a wrong temperature moves the expected counts).
+        if (same_set && chi_checks < 2 && i >= 5 + 40 * chi_checks && kept >= 4 && kept <= 4000) {
+            chi_checks++;
+            // llama.cpp's kept tokens, weighed in float64.
+            std::vector<double> q(vocab, 0.0), q_wrong(vocab, 0.0);
+            double zq = 0.0, zq_wrong = 0.0;
+            for (size_t j = 0; j < kept; j++) {
+                const int id = arr.data[j].id;
+                q[id] = r.w[r.rank[id]];
+                q_wrong[id] = std::exp(r.z[r.rank[id]] / 1.25);
+                zq += q[id];
+                zq_wrong += q_wrong[id];
+            }
+            for (int j = 0; j < vocab; j++) {
+                q[j] /= zq;
+                q_wrong[j] /= zq_wrong;
+            }
+            const int draws = 20000;
+            std::vector<int> counts(vocab, 0);
+            int outside = 0;
+            for (int j = 0; j < draws; j++) {
+                int32_t v = -1;
+                float ignored;
+                if (!fused_mirostat(sampler, x, c, mu, chi_seed, (uint64_t)i * draws + j, v, ignored)) break;
+                if (v < 0 || !in_llama[v]) outside++;
+                else counts[v]++;
+            }
+            judge_draws(c.name + " step " + std::to_string(i), counts, draws, outside, kept, q, q_wrong);
+        }
+        tally.steps++;
+        mu = mu_out;
+    }
+    EXPECT(chi_checks >= 1, "%s: no step kept the same 4 to 4000 tokens for the chi-square", c.name.c_str());
+    EXPECT(tally.same_token >= tally.same_count * 8 / 10, "%s: llama.cpp's token found in only %d of %d steps",
+           c.name.c_str(), tally.same_token, tally.same_count);
+    std::printf("check %-24s %d steps: llama.cpp kept %zu..%zu; the same kept set %d (%d more to mu out's resolution), "
+                "tied with v1's k-th %d, k past "
+                "INT_MAX %d, boundary %d, unexplained %d; mu out for llama.cpp's token %d (%d searched, %d not "
+                "found), max |diff| %.3g (limit up to %.3g); adapter = fused %d%s\n",
+                c.name.c_str(), tally.steps, tally.kept_min, tally.kept_max, tally.same_count, tally.within_resolution,
+                tally.ties,
+                tally.k_overflow, tally.boundary, tally.unexplained, tally.same_token, tally.searched,
+                tally.not_found, tally.mu_diff_max, tally.mu_limit_max, tally.adapter_same,
+                adapter ? "" : " (m is not the adapter's)");
+    if (adapter) llama_sampler_free(adapter);
+    tokenrace_sampler_free(sampler);
+    llama_sampler_free(ref);
 }
 
 double seconds() {
@@ -527,6 +911,29 @@ int main(int argc, char **argv) {
         d.breakers = {{7}, {11, 12}};
         d.flatten();
         check_sampling(rng, vocab, d);
+        for (int version : {1, 2}) {
+            for (int variant = 0; variant < 4; variant++) {
+                Mirostat m;
+                m.version = version;
+                m.flat = variant == 1;
+                m.ties = variant == 3 && version == 1;
+                m.temp = variant == 2 ? 0.8f : 1.0f;
+                if (variant == 2) {
+                    m.tau = 3.0f;
+                    m.eta = 0.5f;
+                }
+                if (variant == 3 && version == 2) {
+                    m.tau = 8.0f;
+                    m.eta = 0.3f;
+                }
+                if (variant == 3 && version == 1) m.m = 20;
+                char name[64];
+                std::snprintf(name, sizeof name, "mirostat v%d tau %g eta %g%s%s%s", version, m.tau, m.eta,
+                              m.flat ? " flat" : "", m.ties ? " ties" : "", m.m != 100 ? " m 20" : "");
+                m.name = name;
+                check_mirostat(rng, vocab, m, 100);
+            }
+        }
     }
     if (failures) {
         std::fprintf(stderr, "%d failure(s)\n", failures);

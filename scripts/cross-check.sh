@@ -19,6 +19,9 @@
 #                 targets' standard libraries unpacked (not installed) under target/cross-tools
 #   --tests       which tests to run under qemu (default none; lib takes 15-30 minutes a target
 #                 on 2 cores, most of it the build)
+# Env: CROSS_THREADS (the thread counts of each dump, default "1 4"), CROSS_CPUS_<target> (the
+#      "CPU:LEVEL ..." list of scripts/cross/lib.sh's cpus_of, e.g. CROSS_CPUS_s390x=max:vxe2 for
+#      a shorter run on a loaded machine: every level of that one CPU).
 # Exits non-zero on any failure or difference; the last line is a summary.
 set -euo pipefail
 . "$(dirname "$0")/cross/lib.sh"
@@ -68,8 +71,9 @@ so=$(readelf -d target/release/libtokenrace.so | sed -n 's/.*(SONAME).*\[\(.*\)\
 cc "${CFLAGS[@]}" c_tests/seeded_dump.c -Ltarget/release -ltokenrace -o "$OUT/seeded_dump-x86_64"
 REF=""
 runs=() refused=() differ=() failed=()
+THREADS=${CROSS_THREADS:-1 4}
 for level in scalar portable avx2 avx512; do
-  for threads in 1 4; do
+  for threads in $THREADS; do
     f="$DUMPS/x86_64-$level-$threads.txt"
     rc=0
     LD_LIBRARY_PATH="$ROOT/target/release" "$OUT/seeded_dump-x86_64" "$level" "$threads" >"$f" 2>"$f.err" || rc=$?
@@ -89,12 +93,13 @@ for t in "${ready[@]}"; do
   lib=$(cross_build_lib "$t")
   "$g-gcc" "${CFLAGS[@]}" c_tests/seeded_dump.c -L"$lib" -ltokenrace -o "$OUT/seeded_dump-$t"
   "$g-gcc" "${CFLAGS[@]}" scripts/cross/count_driver.c -L"$lib" -ltokenrace -o "$OUT/count_driver-$t"
-  for spec in $(cpus_of "$t"); do
+  cpus_var="CROSS_CPUS_$t"
+  for spec in ${!cpus_var:-$(cpus_of "$t")}; do
     cpu=${spec%%:*} want=${spec#*:}
     q=("$(qemu_of "$t")" -cpu "$cpu" -L "/usr/$g" -E LD_LIBRARY_PATH="$lib")
     auto=$("${q[@]}" "$OUT/count_driver-$t" auto greedy 2 4096 1 | sed -n 's/^level //p')
     for level in $(levels_of "$t"); do
-      for threads in 1 4; do
+      for threads in $THREADS; do
         f="$DUMPS/$t-$cpu-$level-$threads.txt"
         rc=0
         "${q[@]}" "$OUT/seeded_dump-$t" "$level" "$threads" >"$f" 2>"$f.err" || rc=$?

@@ -6,9 +6,10 @@
 # compare levels and targets, but a count says nothing of latencies, memory or a real CPU's width.
 #
 # Workloads (scripts/cross/count_driver.c, through the C API, one thread): greedy, the race,
-# top-p 0.9, top-k 50 (ROWS x VOCAB peaked f32 rows, CALLS draws, inline seeded noise), the race on flat
-# rows, and the noise pool's E and ln E (POOL_ROWS x VOCAB values, at the best level of the CPU:
-# the pool always runs there). Only instructions inside libtokenrace count; each is divided by
+# top-p 0.9, top-k 50 (ROWS x VOCAB peaked f32 rows, CALLS draws, inline seeded noise), the race
+# on flat rows, top-p 0.9 with the kept-set outputs (threshold, count, mass, bitmask: the
+# kept_scan kernel), and the noise pool's E and ln E (POOL_ROWS x VOCAB values, at the best level
+# of the CPU: the pool always runs there). Only instructions inside libtokenrace count; each is divided by
 # the run's logits (or noise values).
 #
 # Usage: scripts/cross-count.sh [--if-available] [TARGET...]   (default: s390x aarch64 x86_64;
@@ -48,8 +49,8 @@ OUT="$ROOT/target/cross/count"
 mkdir -p "$OUT"
 cc -O2 -Wall -Wextra -shared -fPIC -o "$OUT/insncount.so" scripts/cross/insncount.c
 any=0
-echo "| target, qemu CPU, level | greedy | race | top-p 0.9 | top-k 50 | race, flat rows | pool E / value | pool ln E / value |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| target, qemu CPU, level | greedy | race | top-p 0.9 | top-k 50 | race, flat rows | top-p 0.9 + kept set | pool E / value | pool ln E / value |"
+echo "|---|---|---|---|---|---|---|---|---|"
 for t in "${TARGETS[@]}"; do
   if [ "$t" = x86_64 ]; then
     command -v qemu-x86_64 >/dev/null 2>&1 || { echo "cross-count: x86_64 skipped: qemu-x86_64 is not installed" >&2; continue; }
@@ -91,13 +92,13 @@ for t in "${TARGETS[@]}"; do
   for spec in $(specs_of "$t"); do
     cpu=${spec%%:*} level=${spec#*:}
     cells=()
-    for w in greedy race topp topk flat; do
+    for w in greedy race topp topk flat kept; do
       cells+=("$(run_one "$cpu" "$level" "$w" "$ROWS" "$CALLS")")
     done
     got=$(sed -n 's/^level //p' "$OUT/$t-${cpu//,/_}-$level-greedy.out")
     pool=" | "
     if [ "${pool_level[$cpu]}" = "$got" ]; then pool=${pool_cells[$cpu]}; pool_level[$cpu]=shown; fi
-    echo "| $t, $cpu, $got$([ "$level" = auto ] && echo " (auto)") | ${cells[0]} | ${cells[1]} | ${cells[2]} | ${cells[3]} | ${cells[4]} | $pool |"
+    echo "| $t, $cpu, $got$([ "$level" = auto ] && echo " (auto)") | ${cells[0]} | ${cells[1]} | ${cells[2]} | ${cells[3]} | ${cells[4]} | ${cells[5]} | $pool |"
   done
 done
 if [ "$any" = 0 ]; then

@@ -4,6 +4,8 @@
  *   greedy, race, topp (top-p 0.9), topk (top-k 50): peaked f32 rows (a bell of values with four peaks a row),
  *     seeded, inline noise, CALLS draws of ROWS x VOCAB;
  *   flat: the race on rows without peaks (the race then visits most blocks);
+ *   kept: top-p 0.9 with the kept-set outputs (threshold, count, mass and bitmask: the
+ *     kept_scan kernel), on the peaked rows;
  *   poolexp, poollog: a noise pool of ROWS x VOCAB values of E or ln E, one thread, at the best
  *     level (the pool always runs at the best level the CPU has).
  * Prints the library's load address ("base 0x..."), the level, and a hash of the tokens (or of
@@ -80,7 +82,7 @@ static int pool(const char *workload, uint32_t rows, uint32_t vocab) {
 
 int main(int argc, char **argv) {
   if (argc != 6 || level_of(argv[1]) < 0) {
-    fprintf(stderr, "usage: %s LEVEL greedy|race|topp|topk|flat|poolexp|poollog ROWS VOCAB CALLS\n", argv[0]);
+    fprintf(stderr, "usage: %s LEVEL greedy|race|topp|topk|flat|kept|poolexp|poollog ROWS VOCAB CALLS\n", argv[0]);
     return 1;
   }
   const char *workload = argv[2];
@@ -110,7 +112,14 @@ int main(int argc, char **argv) {
   uint64_t *seeds = malloc(rows * sizeof *seeds), *offsets = malloc(rows * sizeof *offsets);
   uint8_t *seeded = malloc(rows);
   int32_t *tokens = malloc(rows * sizeof *tokens);
-  if (!x || !temps || !top_p || !top_k || !seeds || !offsets || !seeded || !tokens) return 1;
+  const int kept = !strcmp(workload, "kept");
+  size_t words = ((size_t)vocab + 31) / 32;
+  float *kept_threshold = malloc(rows * sizeof *kept_threshold);
+  int32_t *kept_count = malloc(rows * sizeof *kept_count), *kept_bitmask = malloc(rows * words * sizeof *kept_bitmask);
+  double *kept_mass = malloc(rows * sizeof *kept_mass);
+  if (!x || !temps || !top_p || !top_k || !seeds || !offsets || !seeded || !tokens || !kept_threshold || !kept_count ||
+      !kept_bitmask || !kept_mass)
+    return 1;
   /* A bell of logits around 0 (the sum of four uniform draws, in steps of 1/1024)... */
   for (size_t i = 0; i < n; i++) {
     uint64_t r = next_u64();
@@ -142,17 +151,27 @@ int main(int argc, char **argv) {
     b.seeds = seeds;
     b.offsets = offsets;
     b.seeded = seeded;
-    if (!strcmp(workload, "topp")) b.top_p = top_p;
+    if (!strcmp(workload, "topp") || kept) b.top_p = top_p;
     if (!strcmp(workload, "topk")) b.top_k = top_k;
     tokenrace_output o;
     memset(&o, 0, sizeof o);
     o.struct_size = sizeof o;
     o.tokens = tokens;
+    if (kept) {
+      o.kept_threshold = kept_threshold;
+      o.kept_count = kept_count;
+      o.kept_mass = kept_mass;
+      o.kept_bitmask = kept_bitmask;
+    }
     if (tokenrace_draw(s, &b, &o) != TOKENRACE_STATUS_OK) {
       fprintf(stderr, "count_driver: %s\n", tokenrace_last_error());
       return 1;
     }
     for (uint32_t r = 0; r < rows; r++) hash = (hash ^ (uint32_t)tokens[r]) * 0x100000001b3u;
+    for (uint32_t r = 0; kept && r < rows; r++) {
+      hash = (hash ^ (uint32_t)kept_count[r]) * 0x100000001b3u;
+      for (size_t w = 0; w < words; w++) hash = (hash ^ (uint32_t)kept_bitmask[r * words + w]) * 0x100000001b3u;
+    }
   }
   printf("values %zu\nhash %016" PRIx64 "\n", n * (size_t)calls, hash);
   tokenrace_sampler_free(s);
