@@ -21,9 +21,9 @@ Greedy alone, with --greedy (instead of the table above):
 
 tokenrace-greedy, np.argmax(x, axis=1) and np.max(x, axis=1) (NumPy's own read of the same
 memory, a read floor that finds no index), timed in alternation call by call (so that a load on
-the machine that comes and goes weighs on all three alike) on the same rows; per shape the median,
-p10 and p90 per call, us per row, and the ratios argmax/greedy (above 1: tokenrace is faster)
-and greedy/max (greedy's time over the read floor).
+the machine that comes and goes weighs on all three alike; the order rotates) on the same rows;
+per shape the median, p10 and p90 per call, us per row, and the ratios argmax/greedy (above 1:
+tokenrace is faster) and greedy/max (greedy's time over the read floor).
 
 The whole sampling step, with --step (instead of the table above):
 
@@ -653,16 +653,18 @@ def verify_main(a):
 
 def alternating_us(fns, reps):
     """Per-call wall times in µs of each of ``fns`` over ``reps`` rounds after one warm-up round;
-    each round calls every function once, in turn, so that a load on the machine that comes and
-    goes weighs on all of them alike."""
+    each round calls every function once, so that a load on the machine that comes and goes
+    weighs on all of them alike, in an order that rotates from round to round, so that none
+    always follows the same one (which leaves the caches as it leaves them)."""
     for fn in fns:
         fn()
     times = [[] for _ in fns]
-    for _ in range(reps):
-        for fn, t in zip(fns, times):
+    for rep in range(reps):
+        for j in range(len(fns)):
+            i = (j + rep) % len(fns)
             start = time.perf_counter()
-            fn()
-            t.append((time.perf_counter() - start) * 1e6)
+            fns[i]()
+            times[i].append((time.perf_counter() - start) * 1e6)
     return [np.asarray(t) for t in times]
 
 
