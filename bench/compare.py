@@ -15,6 +15,16 @@ top-k50-top-p0.9.
 Every number is the median of per-call wall time over --reps calls after one warm-up; the
 ratio column is the peer's time over tokenrace's on the same path kind, in the same run.
 
+Greedy alone, with --greedy (instead of the table above):
+
+  python3 bench/compare.py --greedy --threads 1 --rows 1,64 --vocab 163840 [--reps 41] [--greedy-json out.json]
+
+tokenrace-greedy, np.argmax(x, axis=1) and np.max(x, axis=1) (NumPy's own read of the same
+memory, a read floor that finds no index), timed in alternation call by call (so that a load on
+the machine that comes and goes weighs on all three alike; the order rotates) on the same rows;
+per shape the median, p10 and p90 per call, us per row, and the ratios argmax/greedy (above 1:
+tokenrace is faster) and greedy/max (greedy's time over the read floor).
+
 The whole sampling step, with --step (instead of the table above):
 
   python3 bench/compare.py --step --threads 16 [--rows 32 --vocab 151936] [--step-json out.json]
@@ -641,6 +651,53 @@ def verify_main(a):
                                        accepted_drafts_per_request=acceptance, torch_skipped=skipped))
 
 
+def alternating_us(fns, reps):
+    """Per-call wall times in µs of each of ``fns`` over ``reps`` rounds after one warm-up round;
+    each round calls every function once, so that a load on the machine that comes and goes
+    weighs on all of them alike, in an order that rotates from round to round, so that none
+    always follows the same one (which leaves the caches as it leaves them)."""
+    for fn in fns:
+        fn()
+    times = [[] for _ in fns]
+    for rep in range(reps):
+        for j in range(len(fns)):
+            i = (j + rep) % len(fns)
+            start = time.perf_counter()
+            fns[i]()
+            times[i].append((time.perf_counter() - start) * 1e6)
+    return [np.asarray(t) for t in times]
+
+
+def greedy_main(a):
+    """Greedy against np.argmax and the read floor np.max, in alternation (see the module doc)."""
+    rng = np.random.default_rng(0)
+    sampler = tokenrace.Sampler(a.vocab, max_rows=max(256, max(int(r) for r in a.rows.split(","))), seed=1,
+                                threads=a.threads)
+    print_versions(sampler, a.threads)
+    print(f"{'path':<18}{'rows':>6}{'vocab':>8}{'median us':>11}{'p10 us':>10}{'p90 us':>10}{'us/row':>9}")
+    records, ratios = [], []
+    for rows in [int(r) for r in a.rows.split(",")]:
+        x = peaked_logits(rows, a.vocab, rng)
+        np.testing.assert_array_equal(sampler.draw(x, temperature=0.0), np.argmax(x, axis=1))
+        paths = ("tokenrace-greedy", "numpy-argmax", "numpy-max")
+        fns = (lambda: sampler.draw(x, temperature=0.0), lambda: np.argmax(x, axis=1), lambda: np.max(x, axis=1))
+        medians = {}
+        for path, times in zip(paths, alternating_us(fns, a.reps)):
+            rec = summary(path, times, rows=rows, vocab=a.vocab)
+            rec["us_per_row_median"] = rec["us_per_call_median"] / rows
+            records.append(rec)
+            medians[path] = rec["us_per_call_median"]
+            print(f"{path:<18}{rows:>6}{a.vocab:>8}{rec['us_per_call_median']:>11.1f}{rec['us_per_call_p10']:>10.1f}"
+                  f"{rec['us_per_call_p90']:>10.1f}{rec['us_per_row_median']:>9.2f}")
+        r = dict(rows=rows, vocab=a.vocab,
+                 argmax_over_greedy=medians["numpy-argmax"] / medians["tokenrace-greedy"],
+                 greedy_over_max=medians["tokenrace-greedy"] / medians["numpy-max"])
+        ratios.append(r)
+        print(f"  argmax/greedy {r['argmax_over_greedy']:.3f}   greedy/max (read floor) {r['greedy_over_max']:.3f}")
+    if a.greedy_json:
+        write_json(a.greedy_json, dict(run_info(sampler, a.threads), records=records, ratios=ratios))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=1)
@@ -648,6 +705,9 @@ def main():
     ap.add_argument("--vocab", type=int, default=163840)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--json")
+    ap.add_argument("--greedy", action="store_true",
+                    help="time greedy alone against np.argmax and np.max, in alternation (see the module doc)")
+    ap.add_argument("--greedy-json", help="with --greedy: write the results here")
     ap.add_argument("--step", action="store_true",
                     help="measure the whole sampling step instead (see the module doc; --rows and --vocab "
                          "default to 32 and 151936 there)")
@@ -679,6 +739,10 @@ def main():
                 setattr(a, name, None)
         a.reps = a.reps if a.reps != ap.get_default("reps") else reps
 
+    if a.greedy:
+        if a.step or a.verify:
+            ap.error("--greedy is a measurement of its own: pass it without --step or --verify")
+        return greedy_main(a)
     if a.verify:
         own_defaults(20)
         return verify_main(a)

@@ -278,8 +278,10 @@ impl Sampler {
         validate_but_ids(self.kernels, batch, out, limits, Ids::InRows)?;
         // In a fork() child, unseeded rows use inline noise from the child's own key stream:
         // the pool's producers do not exist there (see `forked_keys`).
-        let keys = if self.birthplace.elsewhere() { self.forked_keys() } else { &self.keys };
-        let pool = self.pool();
+        // (One process-id check for both: it is a system call, a sizeable part of a short call.)
+        let forked = self.birthplace.elsewhere();
+        let keys = if forked { self.forked_keys() } else { &self.keys };
+        let pool = if forked { None } else { self.pool.lock().clone() };
         let plan = plan(batch, (self.cfg.greedy_below, self.cfg.filter_order), keys, pool.as_deref())?;
         let nonfinite = match crate::draw::run(self.kernels, batch, &plan.rows, self.workers.as_ref(), out) {
             Ok(nonfinite) => nonfinite,

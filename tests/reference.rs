@@ -599,6 +599,102 @@ fn greedy_and_nonfinite_rows_match_the_reference_exactly() {
     }
 }
 
+/// One row for [`greedy_batches_match_the_reference_at_lane_and_block_edges`]: few distinct
+/// values (ties everywhere), with its maximum, ties, NaN, +-inf or signed zeros placed at `spots`
+/// (lane and block edges, the first and last tokens) by `kind`.
+fn edge_row(rng: &mut TestRng, vocab: usize, spots: &[usize], kind: usize) -> Vec<f32> {
+    let mut row: Vec<f32> = (0..vocab).map(|_| rng.below(5) as f32 - 4.0).collect();
+    let put = |rng: &mut TestRng, row: &mut Vec<f32>, v: f32| row[spots[rng.below(spots.len())]] = v;
+    match kind {
+        // The maximum at two spots (a tie), or at one.
+        0 | 1 => (0..2 - kind).for_each(|_| put(rng, &mut row, 7.0)),
+        // NaN at spots, and a maximum tied at two.
+        2 => {
+            (0..3).for_each(|_| put(rng, &mut row, f32::NAN));
+            (0..2).for_each(|_| put(rng, &mut row, 7.0));
+        }
+        // +inf at two spots (the first wins), NaN at one.
+        3 => {
+            (0..2).for_each(|_| put(rng, &mut row, f32::INFINITY));
+            put(rng, &mut row, f32::NAN);
+        }
+        // -inf everywhere but a spot or two (-1e30, or nothing: an empty row).
+        4 => {
+            row.iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
+            (0..rng.below(2)).for_each(|_| put(rng, &mut row, -1e30));
+        }
+        // Zeros of both signs as the maximum (equal: the first wins).
+        5 => {
+            (0..2).for_each(|_| put(rng, &mut row, -0.0));
+            (0..2).for_each(|_| put(rng, &mut row, 0.0));
+        }
+        // NaN everywhere but -inf at a spot, or NaN alone.
+        6 => {
+            row.iter_mut().for_each(|v| *v = f32::NAN);
+            (0..rng.below(2)).for_each(|_| put(rng, &mut row, f32::NEG_INFINITY));
+        }
+        // -inf at spots, the maximum tied at a spot and at the last token.
+        _ => {
+            (0..3).for_each(|_| put(rng, &mut row, f32::NEG_INFINITY));
+            put(rng, &mut row, 7.0);
+            row[vocab - 1] = 7.0;
+        }
+    }
+    row
+}
+
+#[test]
+fn greedy_batches_match_the_reference_at_lane_and_block_edges() {
+    // Batches of greedy rows alone (the greedy dispatch, one pass a row) and greedy rows among
+    // seeded sampling rows, whose maxima, ties and non-finite values sit where the kernels change
+    // gear: lanes (15/16), blocks of 256 (255/256, 511/512), the first and last tokens, partial
+    // last blocks. Every level and thread count gives the float64 reference's token and flags on
+    // the greedy rows, and the first configuration's (scalar, 1 thread) tokens and flags on all.
+    let mut rng = TestRng::new(31);
+    let configs = samplers();
+    for vocab in [1usize, 15, 16, 17, 255, 256, 257, 511, 512, 513, 4096, 4111] {
+        let spots: Vec<usize> =
+            [0, 15, 16, 255, 256, 511, 512, vocab / 2, vocab - 1].into_iter().filter(|&i| i < vocab).collect();
+        for case in 0..16 {
+            let rows = 1 + rng.below(6);
+            let x: Vec<f32> = (0..rows)
+                .flat_map(|_| {
+                    let kind = rng.below(8);
+                    edge_row(&mut rng, vocab, &spots, kind)
+                })
+                .collect();
+            let temps: Vec<f32> = (0..rows).map(|r| if case % 2 == 0 || r % 2 == 0 { 0.0 } else { 1.0 }).collect();
+            let seeds: Vec<u64> = (0..rows as u64).map(|r| 100 + r).collect();
+            let b =
+                Batch { temperature: Some(&temps), seeds: Some(&seeds), ..Batch::new(Logits::F32(&x), rows, vocab) };
+            let mut first: Option<(Vec<i32>, Vec<u32>)> = None;
+            for (level, threads, s) in &configs {
+                let (mut tok, mut fl) = (vec![-1i32; rows], vec![0u32; rows]);
+                s.draw(&b, &mut Output { flags: Some(&mut fl), ..Output::new(&mut tok) }).unwrap();
+                for r in (0..rows).filter(|&r| temps[r] == 0.0) {
+                    let row = &x[r * vocab..(r + 1) * vocab];
+                    let d = rf::draw(row, 0.0, 1e-5, rf::Noise::Inline(rf::row_key(seeds[r], 0)), rf::Filters::OFF);
+                    assert_eq!(
+                        (tok[r] as usize, fl[r]),
+                        (d.token, d.flags),
+                        "{level:?} {threads} threads, vocab {vocab}, row {r} of case {case}: {row:?}"
+                    );
+                }
+                match &first {
+                    None => first = Some((tok, fl)),
+                    Some(want) => {
+                        assert_eq!(
+                            (&tok, &fl),
+                            (&want.0, &want.1),
+                            "{level:?} {threads} threads, vocab {vocab}, case {case}"
+                        )
+                    }
+                }
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The reference itself: its noise is Exp(1), and its draws follow softmax(x / T).
 // ---------------------------------------------------------------------------------------------

@@ -150,20 +150,30 @@ fn run_call(
     let floor_read = (logprobs.is_some() && out.logprob_mode == LogprobMode::Processed)
         || (out.full_logprobs.is_some() && out.full_mode != FullMode::Raw)
         || out.wants_kept();
-    let plans = if !floor_read {
+    // (A greedy plan stays as it is: a call of greedy rows alone copies nothing.)
+    let all_greedy = plans.iter().all(|p| matches!(p, RowPlan::Greedy));
+    let plans = if !floor_read && !all_greedy {
         after_race = alloc::collect(plans.iter().map(|&p| p.with_filters_after_race()), "the row plans")?;
         &after_race[..]
     } else {
         plans
     };
     let drawn = split::draw_rows(k, batch, plans, workers, slots.as_ref())?;
-    let info: Vec<RowInfo> = drawn.iter().map(|d| d.info).collect();
-    let inv_t: Vec<Option<f32>> = plans.iter().map(|p| p.inv_t()).collect();
+    // The rows' summaries and temperatures, read only by the outputs after the draw (logprobs,
+    // full-vocabulary outputs, kept sets): a call of tokens and flags alone builds neither.
+    let outputs_after = logprobs.is_some() || out.full_logprobs.is_some() || out.wants_kept();
+    let info: Vec<RowInfo> = if outputs_after { drawn.iter().map(|d| d.info).collect() } else { Vec::new() };
+    let inv_t: Vec<Option<f32>> = if outputs_after { plans.iter().map(|p| p.inv_t()).collect() } else { Vec::new() };
     // The processed values of the rows with a step, for the full-vocabulary outputs that need
     // them, and the logprobs of the rows their tasks left (both before anything is written:
     // nothing after them can fail).
     let needs_processed = (out.full_logprobs.is_some() && out.full_mode != FullMode::Raw) || out.wants_kept();
-    let mut processed = if needs_processed { Processed::build(k, batch, &info)? } else { Processed::none(batch.rows) };
+    let mut processed = if needs_processed {
+        Processed::build(k, batch, &info)?
+    } else {
+        // (Only the full-vocabulary output reads a row's entry.)
+        Processed::none(if out.full_logprobs.is_some() { batch.rows } else { 0 })
+    };
     if out.full_logprobs.is_some() {
         processed.reserve_full(batch.vocab).map_err(Error::nothing_written)?;
     }

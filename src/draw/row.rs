@@ -49,6 +49,9 @@ pub(super) enum RowPath<'a> {
 /// logprobs), with the row's step when it has one. Fails if the step's storage cannot be
 /// allocated.
 pub(super) fn path<'a>(k: &Kernels, batch: &Batch<'a>, r: usize, plan: RowPlan, logprobs: bool) -> Result<RowPath<'a>> {
+    if greedy_as_given(batch, r, plan, logprobs) {
+        return Ok(RowPath::Greedy);
+    }
     let as_given = if matches!(plan, RowPlan::Greedy) && !logprobs { RowPath::Greedy } else { RowPath::Race };
     let sampling = matches!(plan, RowPlan::Sample { .. });
     if sampling && filter::Filters::of(batch, r).is_some_and(|f| f.keeps_range() && range::draws_a_range(&f, plan)) {
@@ -80,6 +83,14 @@ pub(super) fn path<'a>(k: &Kernels, batch: &Batch<'a>, r: usize, plan: RowPlan, 
     })
 }
 
+/// Whether row `r` is a greedy row with no logprobs and no step: [`RowPath::Greedy`] without
+/// building the path (its step, filters), which [`draw_row`] checks first so that such a row
+/// costs its one pass and little more (a call of many short greedy rows is mostly this
+/// dispatch).
+fn greedy_as_given(batch: &Batch, r: usize, plan: RowPlan, logprobs: bool) -> bool {
+    matches!(plan, RowPlan::Greedy) && !logprobs && !(batch.has_step() && step::row_has_step(batch, r))
+}
+
 /// Draws row `r` of `batch` on this thread, the way [`path`] chooses. With `logprobs`, the
 /// row's logprobs are computed here too: for a row without a step while its block maxima are at
 /// hand; for a row with a step from the row as given (raw) or its processed values (processed).
@@ -93,6 +104,9 @@ pub(super) fn draw_row(
     // The row's ids, left to its task by `validate_but_ids` (`Ids::InRows`): read here, on the
     // thread that reads them next.
     crate::batch::row_ids_in_range(k, batch, r)?;
+    if greedy_as_given(batch, r, plan, logprobs.is_some()) {
+        return Ok(with_row!(batch, r, |v| forced(batch, r, draw_greedy(k, v))));
+    }
     let path = path(k, batch, r, plan, logprobs.is_some())?;
     with_row!(batch, r, |v| {
         let (drawn, mut e) = match path {
