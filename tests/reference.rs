@@ -12,6 +12,7 @@
 mod common;
 
 use common::reference as rf;
+use common::step::choice_of;
 use common::{chi2, chi2_critical, each_level, gen_row, pick_dist, softmax64, Dist, TestRng};
 use tokenrace::*;
 
@@ -302,17 +303,6 @@ struct Counts {
     /// Calls that 4 threads split into vocabulary tiles, and calls they spread by rows.
     tiled: usize,
     spread: usize,
-}
-
-fn choice_of(level: SimdLevel) -> SimdChoice {
-    match level {
-        SimdLevel::Scalar => SimdChoice::Scalar,
-        SimdLevel::Portable => SimdChoice::Portable,
-        SimdLevel::Avx2 => SimdChoice::Avx2,
-        SimdLevel::Avx512 => SimdChoice::Avx512,
-        SimdLevel::Neon => SimdChoice::Neon,
-        SimdLevel::Vxe2 => SimdChoice::Vxe2,
-    }
 }
 
 /// Every (level, threads) this machine runs, with a sampler each, all on the same key stream.

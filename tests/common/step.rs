@@ -786,3 +786,92 @@ pub fn setups() -> Vec<Setup> {
     }
     out
 }
+
+/// What a draw with every per-row output writes: (tokens, flags, logprobs, ranks, top-n ids,
+/// top-n logprobs).
+pub type DrawnRows = (Vec<i32>, Vec<u32>, Vec<f32>, Vec<i32>, Vec<i32>, Vec<f32>);
+
+/// Draws `b` with logprobs in `mode`, ranks and the top `top_n`.
+pub fn draw_with_logprobs(s: &Sampler, b: &Batch, mode: LogprobMode, top_n: usize) -> DrawnRows {
+    let rows = b.rows;
+    let (mut tokens, mut flags, mut lps, mut ranks) =
+        (vec![-1; rows], vec![0u32; rows], vec![0f32; rows], vec![0; rows]);
+    let (mut ids, mut tlps) = (vec![0; rows * top_n], vec![0f32; rows * top_n]);
+    let mut out = Output {
+        flags: Some(&mut flags),
+        logprobs: Some(&mut lps),
+        ranks: Some(&mut ranks),
+        top_n,
+        topn_ids: Some(&mut ids),
+        topn_logprobs: Some(&mut tlps),
+        logprob_mode: mode,
+        ..Output::new(&mut tokens)
+    };
+    s.draw(b, &mut out).unwrap();
+    (tokens, flags, lps, ranks, ids, tlps)
+}
+
+/// The greedy token of the one-row batch `b` and the processed logprob of every token.
+pub fn greedy_with_processed_row(b: &Batch) -> (i32, Vec<f32>) {
+    let s = Sampler::new(Config { seed: Some(1), ..Config::default() }).unwrap();
+    let (mut tokens, mut full) = ([-1], vec![0f32; b.vocab]);
+    let mut out = Output {
+        full_logprobs: Some(&mut full),
+        full_row_stride: b.vocab,
+        full_mode: FullMode::Processed,
+        ..Output::new(&mut tokens)
+    };
+    s.draw(b, &mut out).unwrap();
+    (tokens[0], full)
+}
+
+/// The seeded rows of `fused` (a batch with step inputs) draw what the same rows already
+/// processed draw (`plain`, without them): the same token, flags and processed logprob bits, at
+/// every level, on 1 and 4 threads, with and without logprobs. `what(threads, logprobs, row)`
+/// names a failing row.
+pub fn assert_fused_draws_as_plain(fused: &Batch, plain: &Batch, what: impl Fn(usize, bool, usize) -> String) {
+    let rows = fused.rows;
+    super::each_level(|level| {
+        for threads in [1, 4] {
+            let s = Sampler::new(config(level, threads, rf::Order::TemperatureFirst)).unwrap();
+            for with_logprobs in [false, true] {
+                let draw = |b: &Batch| {
+                    let (mut tokens, mut flags, mut lps) = (vec![-1; rows], vec![0; rows], vec![0f32; rows]);
+                    let mut out = Output {
+                        flags: Some(&mut flags),
+                        logprob_mode: LogprobMode::Processed,
+                        ..Output::new(&mut tokens)
+                    };
+                    if with_logprobs {
+                        out.logprobs = Some(&mut lps);
+                    }
+                    s.draw(b, &mut out).unwrap();
+                    (tokens, flags, lps)
+                };
+                let fused = draw(fused);
+                let plain = draw(plain);
+                for r in 0..rows {
+                    assert_eq!(
+                        (fused.0[r], fused.1[r], fused.2[r].to_bits()),
+                        (plain.0[r], plain.1[r], plain.2[r].to_bits()),
+                        "{}",
+                        what(threads, with_logprobs, r)
+                    );
+                }
+            }
+        }
+    });
+}
+
+/// Draws `b` into sentinel-filled tokens on a sampler seeded with 1 and expects
+/// INVALID_ARGUMENT naming `want`, with nothing written; returns the sampler, for checks of
+/// its stream.
+pub fn expect_draw_error(b: &Batch, want: &str) -> Sampler {
+    let s = Sampler::new(Config { seed: Some(1), ..Config::default() }).unwrap();
+    let mut tokens = vec![-7; b.rows];
+    let err = s.draw(b, &mut Output::new(&mut tokens)).expect_err(want);
+    assert_eq!(err.kind, ErrorKind::InvalidArgument, "{want}: {err}");
+    assert!(err.message.contains(want), "expected a message containing {want:?}, got {:?}", err.message);
+    assert!(tokens.iter().all(|&t| t == -7), "{want}: a failed call wrote tokens");
+    s
+}
