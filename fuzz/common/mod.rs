@@ -1,7 +1,11 @@
 //! What the fuzz targets share: the status codes, the last error, ASan's defaults, a small
-//! PRNG, the half-precision conversions, and pickers of interesting values.
+//! PRNG, the half-precision conversions, pickers of interesting values, the buffers the C ABI
+//! targets pass (`buf`) and their samplers (`sampler`).
 
 #![allow(dead_code)]
+
+pub mod buf;
+pub mod sampler;
 
 use arbitrary::{Result, Unstructured};
 use std::ffi::{c_char, CStr};
@@ -171,4 +175,18 @@ pub fn one_in(u: &mut Unstructured, n: u32) -> Result<bool> {
 pub fn verbose() -> bool {
     static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *V.get_or_init(|| std::env::var_os("FUZZ_VERBOSE").is_some())
+}
+
+/// `n` floats read from `raw`'s bytes (little-endian, whole floats only), cycled; zeros when
+/// `raw` holds less than one float.
+pub fn cycled_f32(raw: &[u8], n: usize) -> Vec<f32> {
+    if raw.len() < 4 {
+        return vec![0.0; n];
+    }
+    (0..n)
+        .map(|i| {
+            let j = (i * 4) % (raw.len() & !3);
+            f32::from_le_bytes([raw[j], raw[j + 1], raw[j + 2], raw[j + 3]])
+        })
+        .collect()
 }
