@@ -12,7 +12,7 @@
 mod common;
 
 use common::reference as rf;
-use common::step::choice_of;
+use common::step::{choice_of, random_filters, random_noise_values, random_seeds};
 use common::{chi2, chi2_critical, each_level, gen_row, pick_dist, softmax64, Dist, TestRng};
 use tokenrace::*;
 
@@ -135,59 +135,16 @@ fn make_case(rng: &mut TestRng, dtype: Dtype, index: usize, vocab: usize, rows: 
     }
     // T = 0 (greedy) one row in six.
     let temps: Vec<f32> = (0..rows).map(|_| [0.0f32, 0.3, 0.3, 1.0, 1.0, 2.0][rng.below(6)]).collect();
-    let with_seeds = rng.below(3) != 0;
-    let seeds = with_seeds.then(|| (0..rows).map(|_| rng.u64()).collect::<Vec<u64>>());
-    let offsets: Vec<u64> = (0..rows).map(|_| rng.u64() % 100_000).collect();
-    let seeded: Vec<u8> = (0..rows).map(|_| (rng.below(2) == 0) as u8).collect();
-    let filtered = rng.below(2) == 0;
-    let mut top_k = None;
-    let mut top_p = None;
-    let mut min_p = None;
-    if filtered {
-        let ks = [0i32, 0, 1, 2, 5, 40, 1000, vocab as i32, -3];
-        let ps = [1.0f32, 1.0, 0.3, 0.8, 0.95, 0.999];
-        let mps = [0.0f32, 0.0, 0.02, 0.1, 0.5, 1.0];
-        if rng.below(3) != 0 {
-            top_k = Some((0..rows).map(|_| ks[rng.below(ks.len())]).collect());
-        }
-        if rng.below(3) != 0 {
-            top_p = Some((0..rows).map(|_| ps[rng.below(ps.len())]).collect());
-        }
-        if rng.below(3) != 0 {
-            min_p = Some((0..rows).map(|_| mps[rng.below(mps.len())]).collect());
-        }
-    }
+    let (seeds, offsets, seeded) = random_seeds(rng, rows);
+    let (top_k, top_p, min_p) = random_filters(rng, rows, vocab);
     let noise = match rng.below(3) {
         0 => None,
         k => {
             let kind = if k == 1 { NoiseKind::Exp } else { NoiseKind::LogExp };
-            let stride = if rng.below(4) == 0 { 0 } else { vocab };
-            let count = if stride == 0 { vocab } else { rows * vocab };
             // One case in four also holds special values: 0, +inf, NaN, negative and subnormal E
             // (-inf, +inf, NaN ln E).
-            let special = rng.below(4) == 0;
-            let values: Vec<f32> = (0..count)
-                .map(|_| {
-                    let e = rng.exp();
-                    if special && rng.below(500) == 0 {
-                        return match (kind, rng.below(5)) {
-                            (NoiseKind::Exp, 0) => 0.0,
-                            (NoiseKind::Exp, 1) => f32::INFINITY,
-                            (NoiseKind::Exp, 2) => f32::NAN,
-                            (NoiseKind::Exp, 3) => -1.0,
-                            (NoiseKind::Exp, _) => 1e-40,
-                            (NoiseKind::LogExp, 0) => f32::NEG_INFINITY,
-                            (NoiseKind::LogExp, 1) => f32::INFINITY,
-                            (NoiseKind::LogExp, _) => f32::NAN,
-                        };
-                    }
-                    if kind == NoiseKind::Exp {
-                        e as f32
-                    } else {
-                        e.ln() as f32
-                    }
-                })
-                .collect();
+            let (values, stride) =
+                random_noise_values(rng, kind, rows, vocab, &[0.0, f32::INFINITY, f32::NAN, -1.0, 1e-40]);
             Some((values, kind, stride))
         }
     };

@@ -21,7 +21,7 @@
 mod common;
 
 use common::reference as rf;
-use common::verify::{external_randomness, ref_uniform, sampler, Call, Params, Source, GREEDY_BELOW};
+use common::verify::{external_randomness, ref_accept, ref_uniform, sampler, Call, Params, Source, GREEDY_BELOW};
 use common::{chi2, chi2_critical, draw_from, each_level, gen_row, pick_dist, TestRng};
 use tokenrace::*;
 
@@ -87,17 +87,7 @@ fn ref_verify(r: &RefRequest) -> Option<Vec<i32>> {
         let p: Vec<f64> = w.iter().map(|w| w / z).collect();
         let q = |i: usize| r.q.as_ref().map_or((i == d) as u8 as f64, |q| q[j][i] as f64);
         let (pd, qd, u) = (p[d], q(d), r.uniforms[j]);
-        let accept = if pd == 0.0 {
-            false
-        } else if qd == 0.0 {
-            true
-        } else {
-            if (u - pd / qd).abs() <= 1e-9 * (pd / qd) {
-                return None;
-            }
-            u < pd / qd
-        };
-        if accept {
+        if ref_accept(pd, qd, u)? {
             out.push(d as i32);
             continue;
         }

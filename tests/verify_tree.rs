@@ -19,7 +19,7 @@
 mod common;
 
 use common::reference as rf;
-use common::verify::{external_randomness, ref_uniform, sampler, Call, Params, Source, GREEDY_BELOW};
+use common::verify::{external_randomness, ref_accept, ref_uniform, sampler, Call, Params, Source, GREEDY_BELOW};
 use common::{chi2, chi2_critical, draw_from, each_level, gen_row, pick_dist, TestRng};
 use tokenrace::*;
 
@@ -273,17 +273,7 @@ fn ref_tree(call: &Call, i: usize) -> Option<(Vec<i32>, Vec<i32>)> {
             if d >= 0 {
                 let d = d as usize;
                 let (rd, qd) = (r[d], q.map_or(1.0, |q| q[d] as f64));
-                let accept = if rd == 0.0 {
-                    false
-                } else if qd == 0.0 {
-                    true
-                } else {
-                    if (u - rd / qd).abs() <= 1e-9 * (rd / qd) {
-                        return None;
-                    }
-                    u < rd / qd
-                };
-                if accept {
+                if ref_accept(rd, qd, u)? {
                     accepted = Some((c, d));
                     break;
                 }

@@ -508,12 +508,47 @@ impl Case {
     }
 }
 
-pub fn external_noise(rng: &mut TestRng, rows: usize, vocab: usize) -> Option<(Vec<f32>, NoiseKind, usize)> {
-    let kind = match rng.below(3) {
-        0 => return None,
-        1 => NoiseKind::Exp,
-        _ => NoiseKind::LogExp,
-    };
+/// Per-row seeds (none in one call of three), offsets and seeded flags.
+pub fn random_seeds(rng: &mut TestRng, rows: usize) -> (Option<Vec<u64>>, Vec<u64>, Vec<u8>) {
+    let seeds = (rng.below(3) != 0).then(|| (0..rows).map(|_| rng.u64()).collect::<Vec<u64>>());
+    let offsets: Vec<u64> = (0..rows).map(|_| rng.u64() % 100_000).collect();
+    let seeded: Vec<u8> = (0..rows).map(|_| (rng.below(2) == 0) as u8).collect();
+    (seeds, offsets, seeded)
+}
+
+/// The filters of one call in two: top_k, top_p and min_p, each given two times in three, with
+/// values at and past their edges (top_k 0, -3 and the vocabulary; top_p and min_p 1).
+pub type Filters = (Option<Vec<i32>>, Option<Vec<f32>>, Option<Vec<f32>>);
+
+pub fn random_filters(rng: &mut TestRng, rows: usize, vocab: usize) -> Filters {
+    let (mut top_k, mut top_p, mut min_p) = (None, None, None);
+    if rng.below(2) == 0 {
+        let ks = [0i32, 0, 1, 2, 5, 40, 1000, vocab as i32, -3];
+        let ps = [1.0f32, 1.0, 0.3, 0.8, 0.95, 0.999];
+        let mps = [0.0f32, 0.0, 0.02, 0.1, 0.5, 1.0];
+        if rng.below(3) != 0 {
+            top_k = Some((0..rows).map(|_| ks[rng.below(ks.len())]).collect());
+        }
+        if rng.below(3) != 0 {
+            top_p = Some((0..rows).map(|_| ps[rng.below(ps.len())]).collect());
+        }
+        if rng.below(3) != 0 {
+            min_p = Some((0..rows).map(|_| mps[rng.below(mps.len())]).collect());
+        }
+    }
+    (top_k, top_p, min_p)
+}
+
+/// Noise of `kind` for `rows` rows (one shared row, stride 0, one call in four) and its stride.
+/// In one call of four, one value in 500 is special: for E noise one of `exp_specials`, for ln E
+/// noise -inf, +inf or NaN (picked by the same draw, NaN past the second).
+pub fn random_noise_values(
+    rng: &mut TestRng,
+    kind: NoiseKind,
+    rows: usize,
+    vocab: usize,
+    exp_specials: &[f32],
+) -> (Vec<f32>, usize) {
     let stride = if rng.below(4) == 0 { 0 } else { vocab };
     let count = if stride == 0 { vocab } else { rows * vocab };
     let special = rng.below(4) == 0;
@@ -521,14 +556,10 @@ pub fn external_noise(rng: &mut TestRng, rows: usize, vocab: usize) -> Option<(V
         .map(|_| {
             let e = rng.exp();
             if special && rng.below(500) == 0 {
-                return match (kind, rng.below(4)) {
-                    (NoiseKind::Exp, 0) => 0.0,
-                    (NoiseKind::Exp, 1) => f32::NAN,
-                    (NoiseKind::Exp, 2) => -1.0,
-                    (NoiseKind::Exp, _) => 1e-40,
-                    (NoiseKind::LogExp, 0) => f32::NEG_INFINITY,
-                    (NoiseKind::LogExp, 1) => f32::INFINITY,
-                    (NoiseKind::LogExp, _) => f32::NAN,
+                let pick = rng.below(exp_specials.len());
+                return match kind {
+                    NoiseKind::Exp => exp_specials[pick],
+                    NoiseKind::LogExp => [f32::NEG_INFINITY, f32::INFINITY, f32::NAN][pick.min(2)],
                 };
             }
             if kind == NoiseKind::Exp {
@@ -538,6 +569,18 @@ pub fn external_noise(rng: &mut TestRng, rows: usize, vocab: usize) -> Option<(V
             }
         })
         .collect();
+    (values, stride)
+}
+
+pub fn external_noise(rng: &mut TestRng, rows: usize, vocab: usize) -> Option<(Vec<f32>, NoiseKind, usize)> {
+    let kind = match rng.below(3) {
+        0 => return None,
+        1 => NoiseKind::Exp,
+        _ => NoiseKind::LogExp,
+    };
+    // One case in four also holds special values: 0, NaN, negative and subnormal E (-inf, +inf,
+    // NaN ln E).
+    let (values, stride) = random_noise_values(rng, kind, rows, vocab, &[0.0, f32::NAN, -1.0, 1e-40]);
     Some((values, kind, stride))
 }
 
@@ -570,24 +613,8 @@ pub fn make_case(rng: &mut TestRng, dtype: Dtype, index: usize, vocab: usize, ro
     };
     // T = 0 (greedy) one row in six.
     let temps: Vec<f32> = (0..rows).map(|_| [0.0f32, 0.3, 0.7, 1.0, 1.0, 2.0][rng.below(6)]).collect();
-    let seeds = (rng.below(3) != 0).then(|| (0..rows).map(|_| rng.u64()).collect::<Vec<u64>>());
-    let offsets: Vec<u64> = (0..rows).map(|_| rng.u64() % 100_000).collect();
-    let seeded: Vec<u8> = (0..rows).map(|_| (rng.below(2) == 0) as u8).collect();
-    let (mut top_k, mut top_p, mut min_p) = (None, None, None);
-    if rng.below(2) == 0 {
-        let ks = [0i32, 0, 1, 2, 5, 40, 1000, vocab as i32, -3];
-        let ps = [1.0f32, 1.0, 0.3, 0.8, 0.95, 0.999];
-        let mps = [0.0f32, 0.0, 0.02, 0.1, 0.5, 1.0];
-        if rng.below(3) != 0 {
-            top_k = Some((0..rows).map(|_| ks[rng.below(ks.len())]).collect());
-        }
-        if rng.below(3) != 0 {
-            top_p = Some((0..rows).map(|_| ps[rng.below(ps.len())]).collect());
-        }
-        if rng.below(3) != 0 {
-            min_p = Some((0..rows).map(|_| mps[rng.below(mps.len())]).collect());
-        }
-    }
+    let (seeds, offsets, seeded) = random_seeds(rng, rows);
+    let (top_k, top_p, min_p) = random_filters(rng, rows, vocab);
     let noise = external_noise(rng, rows, vocab);
     let mode = if rng.below(2) == 0 { LogprobMode::Raw } else { LogprobMode::Processed };
     let top_n = [0usize, 1, 3, 20][rng.below(4)].min(vocab);

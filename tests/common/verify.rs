@@ -20,6 +20,22 @@ pub fn ref_uniform(key: u64) -> f64 {
     ((bits as f64 + 0.5) / (1u64 << 53) as f64).min(1.0 - f64::EPSILON / 2.0)
 }
 
+/// The reference's acceptance of a draft whose target probability is `p` and draft probability
+/// `q`, on the uniform `u`: `u < p / q` (never when `p` is 0, always when only `q` is); `None`
+/// when `u` is within 1e-9 (relative) of `p / q`, where an exact implementation may go either
+/// way.
+pub fn ref_accept(p: f64, q: f64, u: f64) -> Option<bool> {
+    if p == 0.0 {
+        Some(false)
+    } else if q == 0.0 {
+        Some(true)
+    } else if (u - p / q).abs() <= 1e-9 * (p / q) {
+        None
+    } else {
+        Some(u < p / q)
+    }
+}
+
 /// A sampler at `level` on `threads` threads whose stream is seeded with `seed`.
 pub fn sampler(level: SimdLevel, threads: usize, seed: u64) -> Sampler {
     let cfg = Config {
