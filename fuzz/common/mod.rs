@@ -190,3 +190,13 @@ pub fn cycled_f32(raw: &[u8], n: usize) -> Vec<f32> {
         })
         .collect()
 }
+
+/// Elements spanned by `rows` rows of `vocab` elements of `elem` bytes, `stride` apart, or None
+/// when that overflows the address space (as `batch::span` decides it).
+pub fn span(rows: usize, vocab: usize, stride: u64, elem: usize) -> Option<usize> {
+    if rows == 0 {
+        return Some(0);
+    }
+    let n = (rows as u128 - 1) * stride as u128 + vocab as u128;
+    (n <= usize::MAX as u128 && n * elem as u128 <= isize::MAX as u128).then_some(n as usize)
+}

@@ -67,15 +67,6 @@ fn per_req<T: Copy + Default>(
     Ok((Buf::from_vec(how, v), bad_at))
 }
 
-/// Elements spanned by `rows` rows `stride` apart, or None when that overflows the address space.
-fn span(rows: usize, vocab: usize, stride: u64, elem: usize) -> Option<usize> {
-    if rows == 0 {
-        return Some(0);
-    }
-    let n = (rows as u128 - 1) * stride as u128 + vocab as u128;
-    (n <= usize::MAX as u128 && n * elem as u128 <= isize::MAX as u128).then_some(n as usize)
-}
-
 fn overflowing_stride(u: &mut Unstructured, rows: usize, vocab: usize, elem: usize) -> Result<Option<u64>> {
     let s = match u.int_in_range(0..=4u8)? {
         0 => u64::MAX,
