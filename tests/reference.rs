@@ -12,7 +12,7 @@
 mod common;
 
 use common::reference as rf;
-use common::step::{choice_of, random_filters, random_noise_values, random_seeds};
+use common::step::{check_drawn_token, choice_of, random_filters, random_noise_values, random_seeds, Unchecked};
 use common::{chi2, chi2_critical, each_level, gen_row, pick_dist, softmax64, Dist, TestRng};
 use tokenrace::*;
 
@@ -247,8 +247,8 @@ struct Counts {
     calls: usize,
     rows: usize,
     raced: usize,
-    near_ties: usize,
-    ambiguous: usize,
+    /// Rows checked against a near tie or not at all.
+    unchecked: Unchecked,
     lp_checked: usize,
     rank_wide: usize,
     /// Rows by noise: seeded, the sampler's key stream, external E, external ln E.
@@ -356,40 +356,11 @@ fn check_call(
                 counts.noise[source] += 1;
             }
         }
-        if d.ambiguous {
-            // The filters' cut is within float64 rounding of a threshold: the token and the
-            // PROCESSED logprobs depend on it.
-            if first {
-                counts.ambiguous += 1;
-                eprintln!("skipped, filter cut within rounding: {}", at(r));
-            }
-            if processed {
-                continue;
-            }
-        } else if !d.near.is_empty() {
-            // A near tie (docs/semantics.md, "Noise"): the library may return any of the tokens
-            // whose float64 key is within the documented tolerance of the best.
-            if first {
-                counts.near_ties += 1;
-                eprintln!("skipped near tie ({} vs {:?}, gap {:.2} tolerances): {}", d.token, d.near, d.gap, at(r));
-            }
-            assert!(
-                tok == d.token || d.near.contains(&tok),
-                "{}: token {tok} is none of the near-tied best {} and {:?}",
-                at(r),
-                d.token,
-                d.near
-            );
-        } else {
-            assert_eq!(
-                tok,
-                d.token,
-                "{}: expected token {} (the closest other, {}, is {:.3e} tolerances below), got {tok}",
-                at(r),
-                d.token,
-                d.runner_up,
-                d.gap
-            );
+        check_drawn_token(tok, d, first.then_some(&mut counts.unchecked), &at(r), String::new);
+        if d.ambiguous && processed {
+            // The filters' cut is within float64 rounding of a threshold: the PROCESSED logprobs
+            // depend on it too.
+            continue;
         }
         // Logprobs, judged at the library's token (the same as the reference's outside near ties).
         let want = rr.lp[tok];
@@ -475,8 +446,8 @@ fn compare_dtype(dtype: Dtype, seed: u64) {
         counts.rows,
         logits,
         counts.raced,
-        counts.near_ties,
-        counts.ambiguous,
+        counts.unchecked.near_ties,
+        counts.unchecked.ambiguous,
         counts.lp_checked,
         counts.rank_wide,
         counts.noise,
@@ -490,8 +461,13 @@ fn compare_dtype(dtype: Dtype, seed: u64) {
     assert!(counts.raced * 2 > counts.rows, "too few raced rows: {} of {}", counts.raced, counts.rows);
     // A test that skips everything tests nothing: a handful of near ties at most.
     let allowed = 5.max(counts.raced / 500);
-    assert!(counts.near_ties <= allowed, "{} near ties of {} races skipped", counts.near_ties, counts.raced);
-    assert!(counts.ambiguous <= 2, "{} rows with a filter cut within rounding", counts.ambiguous);
+    assert!(
+        counts.unchecked.near_ties <= allowed,
+        "{} near ties of {} races skipped",
+        counts.unchecked.near_ties,
+        counts.raced
+    );
+    assert!(counts.unchecked.ambiguous <= 2, "{} rows with a filter cut within rounding", counts.unchecked.ambiguous);
 }
 
 #[test]

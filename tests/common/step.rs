@@ -902,3 +902,53 @@ pub fn expect_draw_error(b: &Batch, want: &str) -> Sampler {
     assert!(tokens.iter().all(|&t| t == -7), "{want}: a failed call wrote tokens");
     s
 }
+
+/// Rows whose token could not be checked exactly: the filters' cut within rounding of a
+/// threshold (`ambiguous`), and near ties.
+#[derive(Default, Debug)]
+pub struct Unchecked {
+    pub ambiguous: usize,
+    pub near_ties: usize,
+}
+
+/// Checks the library's token `tok` of a row against the reference's draw `d`: any token when
+/// the filters' cut is within rounding of a threshold (`d.ambiguous`: the token depends on it),
+/// one of the near-tied best in a near tie (docs/semantics.md, "Noise": the library may return
+/// any token whose float64 key is within the documented tolerance of the best), else exactly
+/// `d.token`. Rows it cannot check exactly are counted and printed when `count` is given (the
+/// first pass over a case). `at` names the row; `more` adds to the message of a wrong token.
+pub fn check_drawn_token(
+    tok: usize,
+    d: &rf::Drawn,
+    count: Option<&mut Unchecked>,
+    at: &str,
+    more: impl Fn() -> String,
+) {
+    if d.ambiguous {
+        if let Some(c) = count {
+            c.ambiguous += 1;
+            eprintln!("skipped, filter cut within rounding: {at}");
+        }
+    } else if !d.near.is_empty() {
+        if let Some(c) = count {
+            c.near_ties += 1;
+            eprintln!("skipped near tie ({} vs {:?}, gap {:.2} tolerances): {at}", d.token, d.near, d.gap);
+        }
+        assert!(
+            tok == d.token || d.near.contains(&tok),
+            "{at}: token {tok} is none of the near-tied best {} and {:?}",
+            d.token,
+            d.near
+        );
+    } else {
+        assert_eq!(
+            tok,
+            d.token,
+            "{at}: expected token {} (the closest other, {}, is {:.3e} tolerances below), got {tok}{}",
+            d.token,
+            d.runner_up,
+            d.gap,
+            more()
+        );
+    }
+}
