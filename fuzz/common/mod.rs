@@ -200,3 +200,25 @@ pub fn span(rows: usize, vocab: usize, stride: u64, elem: usize) -> Option<usize
     let n = (rows as u128 - 1) * stride as u128 + vocab as u128;
     (n <= usize::MAX as u128 && n * elem as u128 <= isize::MAX as u128).then_some(n as usize)
 }
+
+/// A C struct's bytes as a caller passes them: 8-aligned, 512 bytes (room past every struct).
+#[repr(C, align(8))]
+pub struct StructBytes(pub [u8; 512]);
+
+/// `value` (a C struct of fewer than 512 bytes) in a buffer whose `struct_size` says `size`;
+/// when `size` is past the struct, one time in six a nonzero byte past it (which a library that
+/// does not know those bytes must refuse). Returns the buffer and whether that byte was set.
+pub fn struct_bytes<T: Copy>(u: &mut Unstructured, value: T, size: usize) -> Result<(Box<StructBytes>, bool)> {
+    let full = std::mem::size_of::<T>();
+    let mut buf = Box::new(StructBytes([0u8; 512]));
+    // SAFETY: T is a C struct of fewer than 512 bytes; the buffer is 8-aligned.
+    unsafe { std::ptr::write(buf.0.as_mut_ptr() as *mut T, value) };
+    buf.0[..4].copy_from_slice(&(size as u32).to_ne_bytes());
+    let mut tail_set = false;
+    if size > full && one_in(u, 6)? {
+        let at = u.int_in_range(full..=size - 1)?;
+        buf.0[at] = u.int_in_range(1..=255u8)?;
+        tail_set = true;
+    }
+    Ok((buf, tail_set))
+}

@@ -437,7 +437,7 @@ fn place<T: Copy>(
     value: T,
     valid_sizes: &[usize],
     v1: usize,
-) -> Result<(Box<Aligned256>, u32, Option<u32>)> {
+) -> Result<(Box<StructBytes>, u32, Option<u32>)> {
     let full = size_of::<T>();
     let size: usize = match u.int_in_range(0..=23u8)? {
         18 | 19 => valid_sizes[u.choose_index(valid_sizes.len())?],
@@ -447,16 +447,7 @@ fn place<T: Copy>(
         23 => full + 1,
         _ => full,
     };
-    let mut buf = Box::new(Aligned256([0u8; 512]));
-    // SAFETY: T is a C struct of at most 256 bytes; the buffer (512) is 8-aligned.
-    unsafe { std::ptr::write(buf.0.as_mut_ptr() as *mut T, value) };
-    buf.0[..4].copy_from_slice(&(size as u32).to_ne_bytes());
-    let mut tail_set = false;
-    if size > full && one_in(u, 6)? {
-        let at = u.int_in_range(full..=size - 1)?;
-        buf.0[at] = u.int_in_range(1..=255u8)?;
-        tail_set = true;
-    }
+    let (buf, tail_set) = struct_bytes(u, value, size)?;
     let expect = if size < v1 || (size < full && !valid_sizes.contains(&size)) {
         Some(INVALID_ARGUMENT)
     } else if tail_set {
@@ -466,9 +457,6 @@ fn place<T: Copy>(
     };
     Ok((buf, size as u32, expect))
 }
-
-#[repr(C, align(8))]
-struct Aligned256([u8; 512]);
 
 /// One row's values as f32.
 fn row_values(dtype: u32, logits_f32: &[f32], logits_u16: &[u16], start: usize, vocab: usize) -> Vec<f32> {

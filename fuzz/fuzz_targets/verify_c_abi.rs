@@ -115,14 +115,11 @@ fn q_row(u: &mut Unstructured, vocab: usize, at: Option<usize>) -> Result<Vec<f3
     })
 }
 
-#[repr(C, align(8))]
-struct Aligned512([u8; 512]);
-
 /// The struct in a 512-byte buffer with `struct_size` and bytes after it chosen by the input,
 /// the status that gives (None: fine) and the size. `v1` is the size of the struct's first
 /// version: a size from it to the whole struct is valid when it ends a field (the fields after
 /// the first version are 8 bytes each), and the fields past it are not seen.
-fn place<T: Copy>(u: &mut Unstructured, value: T, v1: usize) -> Result<(Box<Aligned512>, Option<u32>, usize)> {
+fn place<T: Copy>(u: &mut Unstructured, value: T, v1: usize) -> Result<(Box<StructBytes>, Option<u32>, usize)> {
     let full = size_of::<T>();
     let size: usize = match u.int_in_range(0..=15u8)? {
         11 => v1 + 8 * u.int_in_range(0..=(full - v1) / 8)?,
@@ -132,16 +129,7 @@ fn place<T: Copy>(u: &mut Unstructured, value: T, v1: usize) -> Result<(Box<Alig
         15 => full + 1,
         _ => full,
     };
-    let mut buf = Box::new(Aligned512([0u8; 512]));
-    // SAFETY: T is a C struct of fewer than 512 bytes; the buffer is 8-aligned.
-    unsafe { std::ptr::write(buf.0.as_mut_ptr() as *mut T, value) };
-    buf.0[..4].copy_from_slice(&(size as u32).to_ne_bytes());
-    let mut tail_set = false;
-    if size > full && one_in(u, 6)? {
-        let at = u.int_in_range(full..=size - 1)?;
-        buf.0[at] = u.int_in_range(1..=255u8)?;
-        tail_set = true;
-    }
+    let (buf, tail_set) = struct_bytes(u, value, size)?;
     let expect = if size < v1 || (size < full && (size - v1) % 8 != 0) {
         Some(INVALID_ARGUMENT) // before the first version's end, or inside a later field
     } else if tail_set {
