@@ -21,7 +21,9 @@
 mod common;
 
 use common::reference as rf;
-use common::verify::{external_randomness, ref_accept, ref_uniform, sampler, Call, Params, Source, GREEDY_BELOW};
+use common::verify::{
+    external_randomness, ref_accept, ref_recovered, ref_uniform, sampler, Call, Params, Source, GREEDY_BELOW,
+};
 use common::{chi2, chi2_critical, draw_from, each_level, gen_row, pick_dist, TestRng};
 use tokenrace::*;
 
@@ -99,18 +101,7 @@ fn ref_verify(r: &RefRequest) -> Option<Vec<i32>> {
         } else {
             rf::race64(x, |i| resid[i] > 0.0, |i| (resid[i].ln(), ln_e(r.noise[j], i)))
         };
-        if !race.near.is_empty() {
-            return None;
-        }
-        if race.token == usize::MAX {
-            // No residual mass: a draw from p.
-            if !drawn.near.is_empty() {
-                return None;
-            }
-            out.push(drawn.token as i32);
-        } else {
-            out.push(race.token as i32);
-        }
+        out.push(ref_recovered(&race, &drawn)?);
         return Some(out);
     }
     unreachable!("the bonus row returns")

@@ -19,7 +19,9 @@
 mod common;
 
 use common::reference as rf;
-use common::verify::{external_randomness, ref_accept, ref_uniform, sampler, Call, Params, Source, GREEDY_BELOW};
+use common::verify::{
+    external_randomness, ref_accept, ref_recovered, ref_uniform, sampler, Call, Params, Source, GREEDY_BELOW,
+};
 use common::{chi2, chi2_critical, draw_from, each_level, gen_row, pick_dist, TestRng};
 use tokenrace::*;
 
@@ -304,17 +306,7 @@ fn ref_tree(call: &Call, i: usize) -> Option<(Vec<i32>, Vec<i32>)> {
             None => rf::race64(x, |k| r[k] > 0.0, |k| ((x[k] as f64 - m) * drawn.inv_t, ln_e(k))),
             Some(_) => rf::race64(x, |k| r[k] > 0.0, |k| (r[k].ln(), ln_e(k))),
         };
-        if !race.near.is_empty() {
-            return None;
-        }
-        if race.token == usize::MAX {
-            if !drawn.near.is_empty() {
-                return None;
-            }
-            tokens.push(drawn.token as i32);
-        } else {
-            tokens.push(race.token as i32);
-        }
+        tokens.push(ref_recovered(&race, &drawn)?);
         return Some((tokens, nodes));
     }
 }

@@ -36,6 +36,23 @@ pub fn ref_accept(p: f64, q: f64, u: f64) -> Option<bool> {
     }
 }
 
+/// The token a rejected draft's row emits: the winner of the race over the residual, or the
+/// row's own draw `drawn` when the residual has no mass (`race.token` is `usize::MAX`); `None`
+/// when the token that decides is a near tie.
+pub fn ref_recovered(race: &rf::Race, drawn: &rf::Drawn) -> Option<i32> {
+    if !race.near.is_empty() {
+        return None;
+    }
+    if race.token == usize::MAX {
+        // No residual mass: a draw from p.
+        if !drawn.near.is_empty() {
+            return None;
+        }
+        return Some(drawn.token as i32);
+    }
+    Some(race.token as i32)
+}
+
 /// A sampler at `level` on `threads` threads whose stream is seeded with `seed`.
 pub fn sampler(level: SimdLevel, threads: usize, seed: u64) -> Sampler {
     let cfg = Config {
