@@ -4,7 +4,7 @@
 //! [`Sampler::draw`](crate::Sampler::draw).
 
 use super::api::tokenrace_sampler;
-use super::convert::{arg_enum, opt_slice, read_versioned, slice};
+use super::convert::{arg_enum, opt_slice, read_versioned, slice, Versioned};
 use super::disjoint::{Disjoint, Region};
 use super::panic::guard;
 use super::types::*;
@@ -479,6 +479,48 @@ fn input_regions(b: &Batch) -> [Option<Region>; 52] {
     ]
 }
 
+/// The first steps of a call on a batch and an output (a draw, a verify): the sampler, which
+/// must not be NULL, then the batch's and the output's structs read at their sizes; a struct
+/// refused counts as a rejected call of the sampler.
+///
+/// # Safety
+/// `sampler` is NULL or a live sampler for `'s`; `batch` and `out` are NULL or point to valid
+/// structs.
+pub(super) unsafe fn read_call<'s, B: Versioned, O: Versioned>(
+    sampler: *mut tokenrace_sampler,
+    batch: *const B,
+    out: *const O,
+) -> Result<(&'s tokenrace_sampler, B, O)> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let s = sampler.as_ref().ok_or_else(|| Error::invalid_argument("sampler: is NULL"))?;
+        let read = || -> Result<_> {
+            let b = read_versioned(batch, "batch")?;
+            let o = read_versioned(out, "out")?;
+            Ok((b, o))
+        };
+        let (b, o) = read().inspect_err(|_| s.inner.count_rejected())?;
+        Ok((s, b, o))
+    }
+}
+
+/// Refuses a call whose outputs share memory with an input or with each other (a rejected
+/// call). A wrong size makes arrays overlap too, so the call's own check (`call_error`) runs
+/// first: its message says more.
+pub(super) fn refuse_overlap(
+    s: &tokenrace_sampler,
+    arrays: Disjoint,
+    call_error: impl FnOnce() -> Option<Error>,
+) -> Result<()> {
+    match arrays.overlap() {
+        None => Ok(()),
+        Some(overlap) => {
+            s.inner.count_rejected();
+            Err(call_error().unwrap_or(overlap))
+        }
+    }
+}
+
 /// Draws one token per row. See docs/semantics.md for the exact rules. On failure nothing is
 /// written to `out`'s arrays, and `tokenrace_last_error()` names the argument (and row) that was
 /// wrong, e.g. `tokenrace_draw: batch.top_p[3]: 1.5 is not in (0, 1]`.
@@ -495,23 +537,13 @@ pub unsafe extern "C" fn tokenrace_draw(
     guard("tokenrace_draw", || {
         // SAFETY: the caller's contract for `sampler`, `batch` and `out`.
         unsafe {
-            let s = sampler.as_ref().ok_or_else(|| Error::invalid_argument("sampler: is NULL"))?;
-            let read = || -> Result<_> {
-                let b = read_versioned(batch, "batch")?;
-                let o = read_versioned(out as *const tokenrace_output, "out")?;
-                Ok((b, o))
-            };
-            let (b, o) = read().inspect_err(|_| s.inner.count_rejected())?;
+            let (s, b, o) = read_call(sampler, batch, out as *const tokenrace_output)?;
             // A draw that names a request state reads it under its shared lock, held until the
             // draw returns: the state's operations wait for it, never change it under the draw.
             let state = b.requests.as_ref().map(|q| q.inner.read());
             let batch = batch_from_c(&b, state.as_deref()).inspect_err(|_| s.inner.count_rejected())?;
             let (mut output, arrays) = output_from_c(&o, &batch).inspect_err(|_| s.inner.count_rejected())?;
-            if let Some(overlap) = arrays.overlap() {
-                // A wrong size makes arrays overlap too: its own message says more.
-                s.inner.count_rejected();
-                return Err(s.inner.check_draw(&batch, &output).err().unwrap_or(overlap));
-            }
+            refuse_overlap(s, arrays, || s.inner.check_draw(&batch, &output).err())?;
             s.inner.draw(&batch, &mut output)
         }
     })

@@ -4,9 +4,9 @@
 //! [`Sampler::verify`](crate::Sampler::verify).
 
 use super::api::tokenrace_sampler;
-use super::convert::{arg_enum, opt_slice, read_versioned, slice};
+use super::convert::{arg_enum, opt_slice, slice};
 use super::disjoint::{Disjoint, Region};
-use super::draw::{bias_lists, lists, logits_from_c, noise_from_c, word_lists};
+use super::draw::{bias_lists, lists, logits_from_c, noise_from_c, read_call, refuse_overlap, word_lists};
 use super::panic::guard;
 use super::types::*;
 use crate::batch::{span, DraftProbs, TokenBitmask, TokenLists, VerifyBatch, VerifyOutput, VerifyStep};
@@ -198,20 +198,10 @@ pub unsafe extern "C" fn tokenrace_verify(
     guard("tokenrace_verify", || {
         // SAFETY: the caller's contract for `sampler`, `batch` and `out`.
         unsafe {
-            let s = sampler.as_ref().ok_or_else(|| Error::invalid_argument("sampler: is NULL"))?;
-            let read = || -> Result<_> {
-                let b = read_versioned(batch, "batch")?;
-                let o = read_versioned(out as *const tokenrace_verify_output, "out")?;
-                Ok((b, o))
-            };
-            let (b, o) = read().inspect_err(|_| s.inner.count_rejected())?;
+            let (s, b, o) = read_call(sampler, batch, out as *const tokenrace_verify_output)?;
             let batch = batch_from_c(&b).inspect_err(|_| s.inner.count_rejected())?;
             let (mut output, arrays) = output_from_c(&o, &batch).inspect_err(|_| s.inner.count_rejected())?;
-            if let Some(overlap) = arrays.overlap() {
-                // A wrong size makes arrays overlap too: its own message says more.
-                s.inner.count_rejected();
-                return Err(s.inner.check_verify(&batch, &output).err().unwrap_or(overlap));
-            }
+            refuse_overlap(s, arrays, || s.inner.check_verify(&batch, &output).err())?;
             s.inner.verify(&batch, &mut output)
         }
     })
