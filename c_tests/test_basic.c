@@ -7,22 +7,8 @@
 
 #include "check.h"
 
-static tokenrace_batch batch_f32(const float *logits, uint32_t rows, uint32_t vocab) {
-  tokenrace_batch b;
-  memset(&b, 0, sizeof b);
-  b.struct_size = sizeof b;
-  b.dtype = TOKENRACE_DTYPE_F32;
-  b.logits = logits;
-  b.rows = rows;
-  b.vocab = vocab;
-  return b;
-}
-
 static tokenrace_output output(int32_t *tokens, uint32_t *flags) {
-  tokenrace_output o;
-  memset(&o, 0, sizeof o);
-  o.struct_size = sizeof o;
-  o.tokens = tokens;
+  tokenrace_output o = tokens_output(tokens);
   o.flags = flags;
   return o;
 }
@@ -64,7 +50,7 @@ int main(void) {
   float temps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   int32_t tokens[4] = {-1, -1, -1, -1};
   uint32_t flags[4] = {0};
-  tokenrace_batch b = batch_f32(logits, 4, V);
+  tokenrace_batch b = f32_batch(logits, 4, V);
   b.temperature = temps;
   tokenrace_output o = output(tokens, flags);
   CHECK(tokenrace_draw(s, &b, &o) == TOKENRACE_STATUS_OK);
@@ -121,7 +107,7 @@ int main(void) {
     for (int i = 0; i < V; i++) half[r * 1024 + i] = to_bf16((float)(i % 100) / 10.0f);
   half[0 * 1024 + 123] = to_bf16(40.0f);
   half[1 * 1024 + 456] = to_bf16(40.0f);
-  tokenrace_batch hb = batch_f32(NULL, 2, V);
+  tokenrace_batch hb = f32_batch(NULL, 2, V);
   hb.dtype = TOKENRACE_DTYPE_BF16;
   hb.logits = half;
   hb.row_stride = 1024;

@@ -63,13 +63,7 @@ static atomic_int stop_drawing;
 static volatile sig_atomic_t live_child = 0;
 
 static tokenrace_batch make_batch(uint32_t rows, int seeded) {
-  tokenrace_batch b;
-  memset(&b, 0, sizeof b);
-  b.struct_size = sizeof b;
-  b.dtype = TOKENRACE_DTYPE_F32;
-  b.logits = logits;
-  b.rows = rows;
-  b.vocab = V;
+  tokenrace_batch b = f32_batch(logits, rows, V);
   b.temperature = temps;
   b.top_k = top_k;
   b.top_p = top_p;

@@ -55,13 +55,7 @@ int main(void) {
       output_offsets[r + 1] = output_offsets[r] + (uint64_t)output_len[r];
       offsets[r] = (uint64_t)(prompt_len[r] + output_len[r]);
     }
-    tokenrace_batch b;
-    memset(&b, 0, sizeof b);
-    b.struct_size = sizeof b;
-    b.dtype = TOKENRACE_DTYPE_F32;
-    b.logits = logits;
-    b.rows = ROWS;
-    b.vocab = V;
+    tokenrace_batch b = f32_batch(logits, ROWS, V);
     b.temperature = temps;
     b.seeds = seeds;
     b.offsets = offsets;
@@ -107,20 +101,11 @@ int main(void) {
 
   /* An unknown id in a draw: refused naming its row, nothing written. */
   const uint64_t unknown[ROWS] = {1000, 77, 6};
-  tokenrace_batch b;
-  memset(&b, 0, sizeof b);
-  b.struct_size = sizeof b;
-  b.dtype = TOKENRACE_DTYPE_F32;
-  b.logits = logits;
-  b.rows = ROWS;
-  b.vocab = V;
+  tokenrace_batch b = f32_batch(logits, ROWS, V);
   b.requests = state;
   b.request_ids = unknown;
   int32_t tokens[ROWS] = {-7, -7, -7};
-  tokenrace_output o;
-  memset(&o, 0, sizeof o);
-  o.struct_size = sizeof o;
-  o.tokens = tokens;
+  tokenrace_output o = tokens_output(tokens);
   CHECK(tokenrace_draw(with_state, &b, &o) == TOKENRACE_STATUS_INVALID_ARGUMENT);
   CHECK(strstr(tokenrace_last_error(), "batch.request_ids[2]: request 6 is not in the requests state") != NULL);
   CHECK(tokens[0] == -7 && tokens[1] == -7 && tokens[2] == -7);

@@ -42,13 +42,7 @@ static void processed_row(int row, float *y) {
 
 static tokenrace_batch batch_of(const float *logits, const float *temps, const uint64_t *seeds,
                                 const uint64_t *offsets, const float *top_p) {
-  tokenrace_batch b;
-  memset(&b, 0, sizeof b);
-  b.struct_size = sizeof b;
-  b.dtype = TOKENRACE_DTYPE_F32;
-  b.logits = logits;
-  b.rows = ROWS;
-  b.vocab = V;
+  tokenrace_batch b = f32_batch(logits, ROWS, V);
   b.temperature = temps;
   b.seeds = seeds;
   b.offsets = offsets;
@@ -109,10 +103,7 @@ int main(void) {
   float lps[ROWS];
   static float full[ROWS * FULL_STRIDE];
   fill(full, ROWS * FULL_STRIDE);
-  tokenrace_output o;
-  memset(&o, 0, sizeof o);
-  o.struct_size = sizeof o;
-  o.tokens = tokens;
+  tokenrace_output o = tokens_output(tokens);
   o.flags = flags;
   o.logprobs = lps;
   o.logprob_mode = TOKENRACE_LOGPROB_MODE_PROCESSED;

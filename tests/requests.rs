@@ -167,17 +167,6 @@ fn histories_built_step_by_step_draw_the_same() {
     }
 }
 
-/// Draws `b` into sentinel-filled tokens and expects INVALID_ARGUMENT naming `want`, with
-/// nothing written.
-fn expect_error(b: &Batch, want: &str) {
-    let s = Sampler::new(Config { seed: Some(1), ..Config::default() }).unwrap();
-    let mut tokens = vec![-7; b.rows];
-    let err = s.draw(b, &mut Output::new(&mut tokens)).expect_err(want);
-    assert_eq!(err.kind, ErrorKind::InvalidArgument, "{want}: {err}");
-    assert!(err.message.contains(want), "expected a message containing {want:?}, got {:?}", err.message);
-    assert!(tokens.iter().all(|&t| t == -7), "{want}: a failed call wrote tokens");
-}
-
 #[test]
 fn bad_request_rows_are_refused_naming_the_row_and_id() {
     let x = vec![0.5f32; 3 * 10];
@@ -189,16 +178,16 @@ fn bad_request_rows_are_refused_naming_the_row_and_id() {
     let rows = |ids| Batch { requests: Some(RequestRows { state: &state, ids }), ..base };
     // Every row naming live requests within the vocabulary draws.
     common::draw(&Sampler::new(Config::default()).unwrap(), &rows(&[1, 2, 2]));
-    expect_error(&rows(&[1, 4, 2]), "batch.request_ids[1]: request 4 is not in the requests state");
-    expect_error(&rows(&[1, 2, 3]), "batch.request_ids[2]: request 3's histories hold token 10, outside vocab 10");
-    expect_error(&rows(&[1, 2]), "batch.request_ids: has 2 elements");
+    expect_draw_error(&rows(&[1, 4, 2]), "batch.request_ids[1]: request 4 is not in the requests state");
+    expect_draw_error(&rows(&[1, 2, 3]), "batch.request_ids[2]: request 3's histories hold token 10, outside vocab 10");
+    expect_draw_error(&rows(&[1, 2]), "batch.request_ids: has 2 elements");
     let output = TokenLists { ids: &[1, 2, 3], offsets: &[0, 1, 2, 3] };
-    expect_error(
+    expect_draw_error(
         &Batch { output_tokens: Some(output), ..rows(&[1, 2, 2]) },
         "batch.request_ids: given with output_ids",
     );
     let prompt = output;
-    expect_error(
+    expect_draw_error(
         &Batch { prompt_tokens: Some(prompt), ..rows(&[1, 2, 2]) },
         "batch.request_ids: given with prompt_ids",
     );

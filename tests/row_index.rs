@@ -13,7 +13,7 @@
 mod common;
 
 use common::reference as rf;
-use common::step::{config, Csr};
+use common::step::{config, draw_with_logprobs, Csr};
 use common::{chi2, chi2_critical, softmax64, TestRng};
 use tokenrace::*;
 
@@ -21,22 +21,7 @@ use tokenrace::*;
 type Drawn = (Vec<i32>, Vec<u32>, Vec<u32>, Vec<i32>, Vec<i32>, Vec<u32>);
 
 fn draw_all(s: &Sampler, b: &Batch, mode: LogprobMode) -> Drawn {
-    let rows = b.rows;
-    let top_n = 3;
-    let (mut tokens, mut flags, mut lps, mut ranks) =
-        (vec![-1; rows], vec![0u32; rows], vec![0f32; rows], vec![0; rows]);
-    let (mut ids, mut tlps) = (vec![0; rows * top_n], vec![0f32; rows * top_n]);
-    let mut out = Output {
-        flags: Some(&mut flags),
-        logprobs: Some(&mut lps),
-        ranks: Some(&mut ranks),
-        top_n,
-        topn_ids: Some(&mut ids),
-        topn_logprobs: Some(&mut tlps),
-        logprob_mode: mode,
-        ..Output::new(&mut tokens)
-    };
-    s.draw(b, &mut out).unwrap();
+    let (tokens, flags, lps, ranks, ids, tlps) = draw_with_logprobs(s, b, mode, 3);
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect();
     (tokens, flags, bits(&lps), ranks, ids, bits(&tlps))
 }

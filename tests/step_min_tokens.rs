@@ -13,7 +13,6 @@ use tokenrace::*;
 /// The greedy token of one row with `output` generated so far, `stop` tokens and `min_tokens`;
 /// and the processed logprob of every token.
 fn greedy(x: &[f32], output: Option<&[i32]>, stop: &[i32], min_tokens: i32) -> (i32, Vec<f32>) {
-    let s = Sampler::new(Config { seed: Some(1), ..Config::default() }).unwrap();
     let vocab = x.len();
     let oo = [0, output.map_or(0, |o| o.len() as u64)];
     let so = [0, stop.len() as u64];
@@ -24,19 +23,12 @@ fn greedy(x: &[f32], output: Option<&[i32]>, stop: &[i32], min_tokens: i32) -> (
         min_tokens: Some(std::slice::from_ref(&min_tokens)),
         ..Batch::new(Logits::F32(x), 1, vocab)
     };
-    let (mut tokens, mut full) = ([-1], vec![0f32; vocab]);
-    let mut out = Output {
-        full_logprobs: Some(&mut full),
-        full_row_stride: vocab,
-        full_mode: FullMode::Processed,
-        ..Output::new(&mut tokens)
-    };
-    s.draw(&b, &mut out).unwrap();
+    let (token, full) = greedy_with_processed_row(&b);
     let p = rf::RowInputs { output: output.unwrap_or(&[]), stop, min_tokens, ..rf::RowInputs::NONE };
     let y = rf::effective_row(x, &p);
     let best = (0..vocab).fold(0, |b, i| if y[i] > y[b] { i } else { b });
-    assert_eq!(tokens[0] as usize, best, "the reference's greedy token: {y:?}");
-    (tokens[0], full)
+    assert_eq!(token as usize, best, "the reference's greedy token: {y:?}");
+    (token, full)
 }
 
 #[test]
@@ -113,48 +105,17 @@ fn seeded_rows_with_min_tokens_draw_their_processed_row() {
                 top_k: Some(&top_k),
                 ..Batch::new(logits, rows, vocab)
             };
-            common::each_level(|level| {
-                for threads in [1, 4] {
-                    let s = Sampler::new(config(level, threads, rf::Order::TemperatureFirst)).unwrap();
-                    for with_logprobs in [false, true] {
-                        let draw = |b: &Batch| {
-                            let (mut tokens, mut flags, mut lps) = (vec![-1; rows], vec![0; rows], vec![0f32; rows]);
-                            let mut out = Output {
-                                flags: Some(&mut flags),
-                                logprob_mode: LogprobMode::Processed,
-                                ..Output::new(&mut tokens)
-                            };
-                            if with_logprobs {
-                                out.logprobs = Some(&mut lps);
-                            }
-                            s.draw(b, &mut out).unwrap();
-                            (tokens, flags, lps)
-                        };
-                        let fused = draw(&step.apply(batch(Logits::F32(&x))));
-                        let plain = draw(&batch(Logits::F32(&processed)));
-                        for r in 0..rows {
-                            assert_eq!(
-                                (fused.0[r], fused.1[r], fused.2[r].to_bits()),
-                                (plain.0[r], plain.1[r], plain.2[r].to_bits()),
-                                "vocab {vocab}, bitmask {with_bitmask}, {threads} threads, logprobs {with_logprobs}, row {r}"
-                            );
-                        }
-                    }
-                }
-            });
+            assert_fused_draws_as_plain(
+                &step.apply(batch(Logits::F32(&x))),
+                &batch(Logits::F32(&processed)),
+                |threads, with_logprobs, r| {
+                    format!(
+                        "vocab {vocab}, bitmask {with_bitmask}, {threads} threads, logprobs {with_logprobs}, row {r}"
+                    )
+                },
+            );
         }
     }
-}
-
-/// Draws `b` into sentinel-filled tokens and expects INVALID_ARGUMENT naming `want`, with
-/// nothing written.
-fn expect_error(b: &Batch, want: &str) {
-    let s = Sampler::new(Config { seed: Some(1), ..Config::default() }).unwrap();
-    let mut tokens = vec![-7; b.rows];
-    let err = s.draw(b, &mut Output::new(&mut tokens)).expect_err(want);
-    assert_eq!(err.kind, ErrorKind::InvalidArgument, "{want}: {err}");
-    assert!(err.message.contains(want), "expected a message containing {want:?}, got {:?}", err.message);
-    assert!(tokens.iter().all(|&t| t == -7), "{want}: a failed call wrote tokens");
 }
 
 #[test]
@@ -165,15 +126,18 @@ fn bad_min_tokens_and_stop_lists_are_refused_naming_row_and_position() {
         stop_tokens: Some(TokenLists { ids, offsets }),
         ..Batch::new(Logits::F32(&x), 3, 10)
     };
-    expect_error(&batch(&[0, 1, -1], &[1, 2], &[0, 1, 2, 2]), "batch.min_tokens[2]: -1 is negative");
-    expect_error(&batch(&[1, 1], &[1, 2], &[0, 1, 2, 2]), "batch.min_tokens: has 2 elements");
-    expect_error(
+    expect_draw_error(&batch(&[0, 1, -1], &[1, 2], &[0, 1, 2, 2]), "batch.min_tokens[2]: -1 is negative");
+    expect_draw_error(&batch(&[1, 1], &[1, 2], &[0, 1, 2, 2]), "batch.min_tokens: has 2 elements");
+    expect_draw_error(
         &batch(&[1, 1, 1], &[1, 2, 10], &[0, 1, 2, 3]),
         "batch.stop_ids[2]: position 0 (entry 2): 10 is not a token id in [0, 10)",
     );
-    expect_error(&batch(&[1, 1, 1], &[1, -3], &[0, 0, 2, 2]), "batch.stop_ids[1]: position 1 (entry 1): -3");
-    expect_error(&batch(&[1, 1, 1], &[1, 2], &[0, 2, 1, 2]), "batch.stop_offsets[2]: 1 is below the previous offset 2");
-    expect_error(&batch(&[1, 1, 1], &[1, 2], &[0, 1, 2, 3]), "batch.stop_offsets[3]: 3 is past the end");
+    expect_draw_error(&batch(&[1, 1, 1], &[1, -3], &[0, 0, 2, 2]), "batch.stop_ids[1]: position 1 (entry 1): -3");
+    expect_draw_error(
+        &batch(&[1, 1, 1], &[1, 2], &[0, 2, 1, 2]),
+        "batch.stop_offsets[2]: 1 is below the previous offset 2",
+    );
+    expect_draw_error(&batch(&[1, 1, 1], &[1, 2], &[0, 1, 2, 3]), "batch.stop_offsets[3]: 3 is past the end");
     // A stop id out of range is refused even in a row whose output is long enough.
-    expect_error(&batch(&[0, 0, 0], &[11], &[0, 1, 1, 1]), "batch.stop_ids[0]: position 0 (entry 0): 11");
+    expect_draw_error(&batch(&[0, 0, 0], &[11], &[0, 1, 1, 1]), "batch.stop_ids[0]: position 0 (entry 0): 11");
 }

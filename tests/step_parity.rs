@@ -52,7 +52,6 @@ fn processed(x: &[f32], output: &[i32], words: &[Vec<i32>]) -> Vec<f32> {
 /// The greedy token and the processed logprob of every token of one row with `output` and
 /// `words`; checked against the reference's greedy token.
 fn greedy_with_words(x: &[f32], output: &[i32], words: &[Vec<i32>]) -> (i32, Vec<f32>) {
-    let s = Sampler::new(Config { seed: Some(1), ..Config::default() }).unwrap();
     let vocab = x.len();
     let w = Words::of(&[words.to_vec()]);
     let oo = [0, output.len() as u64];
@@ -62,16 +61,9 @@ fn greedy_with_words(x: &[f32], output: &[i32], words: &[Vec<i32>]) -> (i32, Vec
         bad_words: Some(w.view()),
         ..Batch::new(Logits::F32(x), 1, vocab)
     };
-    let (mut tokens, mut full) = ([-1], vec![0f32; vocab]);
-    let mut out = Output {
-        full_logprobs: Some(&mut full),
-        full_row_stride: vocab,
-        full_mode: FullMode::Processed,
-        ..Output::new(&mut tokens)
-    };
-    s.draw(&b, &mut out).unwrap();
-    assert_eq!(tokens[0] as usize, rf::argmax(&processed(x, output, words)), "the reference's greedy token");
-    (tokens[0], full)
+    let (token, full) = greedy_with_processed_row(&b);
+    assert_eq!(token as usize, rf::argmax(&processed(x, output, words)), "the reference's greedy token");
+    (token, full)
 }
 
 /// (output, words, the greedy token) of a hand-made row.
@@ -174,34 +166,9 @@ fn seeded_rows_with_bad_words_draw_their_processed_row() {
                 top_k: Some(&top_k),
                 ..Batch::new(logits, rows, vocab)
             };
-            common::each_level(|level| {
-                for threads in [1, 4] {
-                    let s = Sampler::new(config(level, threads, rf::Order::TemperatureFirst)).unwrap();
-                    for with_logprobs in [false, true] {
-                        let draw = |b: &Batch| {
-                            let (mut tokens, mut flags, mut lps) = (vec![-1; rows], vec![0; rows], vec![0f32; rows]);
-                            let mut out = Output {
-                                flags: Some(&mut flags),
-                                logprob_mode: LogprobMode::Processed,
-                                ..Output::new(&mut tokens)
-                            };
-                            if with_logprobs {
-                                out.logprobs = Some(&mut lps);
-                            }
-                            s.draw(b, &mut out).unwrap();
-                            (tokens, flags, lps)
-                        };
-                        let fused = draw(&Batch { bad_words: Some(w.view()), ..step.apply(batch(Logits::F32(&x))) });
-                        let plain = draw(&batch(Logits::F32(&plain_rows)));
-                        for r in 0..rows {
-                            assert_eq!(
-                                (fused.0[r], fused.1[r], fused.2[r].to_bits()),
-                                (plain.0[r], plain.1[r], plain.2[r].to_bits()),
-                                "vocab {vocab}, bitmask {with_bitmask}, {threads} threads, logprobs {with_logprobs}, row {r}"
-                            );
-                        }
-                    }
-                }
+            let fused = Batch { bad_words: Some(w.view()), ..step.apply(batch(Logits::F32(&x))) };
+            assert_fused_draws_as_plain(&fused, &batch(Logits::F32(&plain_rows)), |threads, with_logprobs, r| {
+                format!("vocab {vocab}, bitmask {with_bitmask}, {threads} threads, logprobs {with_logprobs}, row {r}")
             });
         }
     }
@@ -303,12 +270,7 @@ fn sampled_distribution_follows_the_bad_word_rule_and_rejects_wrong_rules() {
 /// Draws `b` into sentinel-filled tokens and expects INVALID_ARGUMENT naming `want`, with
 /// nothing written and the sampler's stream untouched (its next draw is a fresh sampler's).
 fn expect_error(b: &Batch, want: &str) {
-    let s = Sampler::new(Config { seed: Some(1), ..Config::default() }).unwrap();
-    let mut tokens = vec![-7; b.rows];
-    let err = s.draw(b, &mut Output::new(&mut tokens)).expect_err(want);
-    assert_eq!(err.kind, ErrorKind::InvalidArgument, "{want}: {err}");
-    assert!(err.message.contains(want), "expected a message containing {want:?}, got {:?}", err.message);
-    assert!(tokens.iter().all(|&t| t == -7), "{want}: a failed call wrote tokens");
+    let s = expect_draw_error(b, want);
     let x = vec![0.0f32; 64];
     let plain = Batch::new(Logits::F32(&x), 1, 64);
     let fresh = Sampler::new(Config { seed: Some(1), ..Config::default() }).unwrap();
@@ -433,20 +395,7 @@ fn a_forced_token_reports_its_logprobs_as_if_drawn() {
             forced_tokens: Some(&forced),
             ..Batch::new(Logits::F32(&x), rows, vocab)
         };
-        let (mut tokens, mut flags, mut lps, mut ranks) =
-            (vec![-1; rows], vec![0u32; rows], vec![0f32; rows], vec![0; rows]);
-        let (mut ids, mut tlps) = (vec![0; rows * top_n], vec![0f32; rows * top_n]);
-        let mut out = Output {
-            flags: Some(&mut flags),
-            logprobs: Some(&mut lps),
-            ranks: Some(&mut ranks),
-            top_n,
-            topn_ids: Some(&mut ids),
-            topn_logprobs: Some(&mut tlps),
-            logprob_mode: mode,
-            ..Output::new(&mut tokens)
-        };
-        s.draw(&b, &mut out).unwrap();
+        let (tokens, flags, lps, ranks, _, tlps) = draw_with_logprobs(&s, &b, mode, top_n);
         let greedy_below = Config::default().greedy_below;
         for r in 0..rows {
             let row = &x[r * vocab..(r + 1) * vocab];

@@ -120,48 +120,17 @@ fn seeded_rows_with_a_window_draw_their_processed_row() {
             top_p: Some(&top_p),
             ..Batch::new(logits, rows, vocab)
         };
-        common::each_level(|level| {
-            for threads in [1, 4] {
-                let s = Sampler::new(config(level, threads, rf::Order::TemperatureFirst)).unwrap();
-                for with_logprobs in [false, true] {
-                    let draw = |b: &Batch| {
-                        let (mut tokens, mut flags, mut lps) = (vec![-1; rows], vec![0; rows], vec![0f32; rows]);
-                        let mut out = Output {
-                            flags: Some(&mut flags),
-                            logprob_mode: LogprobMode::Processed,
-                            ..Output::new(&mut tokens)
-                        };
-                        if with_logprobs {
-                            out.logprobs = Some(&mut lps);
-                        }
-                        s.draw(b, &mut out).unwrap();
-                        (tokens, flags, lps)
-                    };
-                    let fused = draw(&step.apply(batch(Logits::F32(&x))));
-                    let plain = draw(&batch(Logits::F32(&processed)));
-                    for r in 0..rows {
-                        assert_eq!(
-                            (fused.0[r], fused.1[r], fused.2[r].to_bits()),
-                            (plain.0[r], plain.1[r], plain.2[r].to_bits()),
-                            "vocab {vocab}, {threads} threads, logprobs {with_logprobs}, row {r} (window {})",
-                            windows[r / 2]
-                        );
-                    }
-                }
-            }
-        });
+        assert_fused_draws_as_plain(
+            &step.apply(batch(Logits::F32(&x))),
+            &batch(Logits::F32(&processed)),
+            |threads, with_logprobs, r| {
+                format!(
+                    "vocab {vocab}, {threads} threads, logprobs {with_logprobs}, row {r} (window {})",
+                    windows[r / 2]
+                )
+            },
+        );
     }
-}
-
-/// Draws `b` into sentinel-filled tokens and expects INVALID_ARGUMENT naming `want`, with
-/// nothing written.
-fn expect_error(b: &Batch, want: &str) {
-    let s = Sampler::new(Config { seed: Some(1), ..Config::default() }).unwrap();
-    let mut tokens = vec![-7; b.rows];
-    let err = s.draw(b, &mut Output::new(&mut tokens)).expect_err(want);
-    assert_eq!(err.kind, ErrorKind::InvalidArgument, "{want}: {err}");
-    assert!(err.message.contains(want), "expected a message containing {want:?}, got {:?}", err.message);
-    assert!(tokens.iter().all(|&t| t == -7), "{want}: a failed call wrote tokens");
 }
 
 #[test]
@@ -174,10 +143,10 @@ fn a_negative_or_short_window_is_refused_naming_its_row() {
         penalty_last_n: Some(last_n),
         ..Batch::new(Logits::F32(&x), 3, 10)
     };
-    expect_error(&with(&[0, 4, -1]), "batch.penalty_last_n[2]: -1 is negative");
-    expect_error(&with(&[i32::MIN, 0, 0]), "batch.penalty_last_n[0]");
-    expect_error(&with(&[1, 1]), "batch.penalty_last_n: has 2 elements");
+    expect_draw_error(&with(&[0, 4, -1]), "batch.penalty_last_n[2]: -1 is negative");
+    expect_draw_error(&with(&[i32::MIN, 0, 0]), "batch.penalty_last_n[0]");
+    expect_draw_error(&with(&[1, 1]), "batch.penalty_last_n: has 2 elements");
     // Without any history or penalty, a window is still checked.
     let alone = Batch { penalty_last_n: Some(&[3, -2, 0]), ..Batch::new(Logits::F32(&x), 3, 10) };
-    expect_error(&alone, "batch.penalty_last_n[1]: -2 is negative");
+    expect_draw_error(&alone, "batch.penalty_last_n[1]: -2 is negative");
 }

@@ -21,20 +21,13 @@
 mod common;
 
 use common::reference as rf;
-use common::{chi2, chi2_critical, each_level, gen_row, pick_dist, TestRng};
+use common::verify::{
+    external_randomness, ref_accept, ref_recovered, ref_uniform, sampler, Call, Params, Source, GREEDY_BELOW,
+};
+use common::{chi2, chi2_critical, draw_from, each_level, gen_row, pick_dist, TestRng};
 use tokenrace::*;
 
 const STREAM_SEED: u64 = 0x005e_ed0f_5bec_0010;
-/// The domain of the acceptance uniforms' keys (docs/semantics.md): "accept".
-const UNIFORM_DOMAIN: u64 = 0x6163_6365_7074;
-const GREEDY_BELOW: f32 = 1e-5;
-
-/// The acceptance uniform of a draft position whose target row has key `key`.
-fn ref_uniform(key: u64) -> f64 {
-    let bits = rf::splitmix64(key ^ UNIFORM_DOMAIN) >> 11;
-    // The top cell's centre rounds to 1 in f64: the largest f64 below 1 instead.
-    ((bits as f64 + 0.5) / (1u64 << 53) as f64).min(1.0 - f64::EPSILON / 2.0)
-}
 
 fn ln_e(noise: rf::Noise, i: usize) -> f64 {
     match noise {
@@ -96,17 +89,7 @@ fn ref_verify(r: &RefRequest) -> Option<Vec<i32>> {
         let p: Vec<f64> = w.iter().map(|w| w / z).collect();
         let q = |i: usize| r.q.as_ref().map_or((i == d) as u8 as f64, |q| q[j][i] as f64);
         let (pd, qd, u) = (p[d], q(d), r.uniforms[j]);
-        let accept = if pd == 0.0 {
-            false
-        } else if qd == 0.0 {
-            true
-        } else {
-            if (u - pd / qd).abs() <= 1e-9 * (pd / qd) {
-                return None;
-            }
-            u < pd / qd
-        };
-        if accept {
+        if ref_accept(pd, qd, u)? {
             out.push(d as i32);
             continue;
         }
@@ -118,18 +101,7 @@ fn ref_verify(r: &RefRequest) -> Option<Vec<i32>> {
         } else {
             rf::race64(x, |i| resid[i] > 0.0, |i| (resid[i].ln(), ln_e(r.noise[j], i)))
         };
-        if !race.near.is_empty() {
-            return None;
-        }
-        if race.token == usize::MAX {
-            // No residual mass: a draw from p.
-            if !drawn.near.is_empty() {
-                return None;
-            }
-            out.push(drawn.token as i32);
-        } else {
-            out.push(race.token as i32);
-        }
+        out.push(ref_recovered(&race, &drawn)?);
         return Some(out);
     }
     unreachable!("the bonus row returns")
@@ -153,35 +125,8 @@ fn round_to(d: Dtype, x: &mut [f32]) {
     }
 }
 
-/// Where a call's randomness comes from.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Source {
-    /// Every sampling request seeded (some unseeded when `mixed`).
-    Seeded,
-    /// External uniforms and E noise for the unseeded requests.
-    External,
-    /// The sampler's stream.
-    Stream,
-}
-
-/// A random verify call and everything the reference needs.
-struct Call {
-    vocab: usize,
-    counts: Vec<i32>,
-    drafts: Vec<i32>,
-    logits: Vec<f32>,
-    q: Option<Vec<f32>>,
-    temperature: Vec<f32>,
-    top_k: Vec<i32>,
-    top_p: Vec<f32>,
-    min_p: Vec<f32>,
-    seeds: Vec<u64>,
-    offsets: Vec<u64>,
-    seeded: Vec<u8>,
-    uniforms: Option<Vec<f64>>,
-    noise: Option<Vec<f32>>,
-}
-
+/// Random chains (`Source::Seeded`: most sampling requests seeded, some not) and everything the
+/// reference needs.
 impl Call {
     fn random(rng: &mut TestRng, dtype: Dtype, source: Source, vocab: usize) -> Call {
         let requests = 1 + rng.below(6);
@@ -237,62 +182,10 @@ impl Call {
             }
             row += c as usize + 1;
         }
-        let temperature = (0..requests)
-            .map(|_| match rng.below(5) {
-                0 => 0.0,
-                1 => 2.0,
-                _ => 0.3 + rng.f64() as f32,
-            })
-            .collect();
-        let top_k = (0..requests).map(|_| if rng.below(3) == 0 { 1 + rng.below(20) as i32 } else { 0 }).collect();
-        let top_p = (0..requests).map(|_| if rng.below(3) == 0 { 0.5 + 0.5 * rng.f64() as f32 } else { 1.0 }).collect();
-        let min_p = (0..requests).map(|_| if rng.below(4) == 0 { 0.05 * rng.f64() as f32 } else { 0.0 }).collect();
-        let seeds = (0..requests).map(|_| rng.u64()).collect();
-        let offsets = (0..requests).map(|_| rng.below(1000) as u64).collect();
+        let params = Params::random(rng, requests);
         let seeded = (0..requests).map(|_| (source == Source::Seeded && rng.below(4) != 0) as u8).collect();
-        let (uniforms, noise) = if source == Source::External {
-            let u = (0..drafts_total).map(|_| (rng.u64() >> 11) as f64 / (1u64 << 53) as f64 + 1e-300).collect();
-            let e = (0..rows * vocab).map(|_| rng.exp() as f32).collect();
-            (Some(u), Some(e))
-        } else {
-            (None, None)
-        };
-        Call {
-            vocab,
-            counts,
-            drafts,
-            logits,
-            q: with_q.then_some(q),
-            temperature,
-            top_k,
-            top_p,
-            min_p,
-            seeds,
-            offsets,
-            seeded,
-            uniforms,
-            noise,
-        }
-    }
-
-    fn batch<'a>(&'a self, logits: Logits<'a>) -> VerifyBatch<'a> {
-        VerifyBatch {
-            draft_probs: self.q.as_ref().map(|q| DraftProbs { values: q, row_stride: self.vocab }),
-            temperature: Some(&self.temperature),
-            top_k: Some(&self.top_k),
-            top_p: Some(&self.top_p),
-            min_p: Some(&self.min_p),
-            seeds: Some(&self.seeds),
-            offsets: Some(&self.offsets),
-            seeded: Some(&self.seeded),
-            uniforms: self.uniforms.as_deref(),
-            noise: self.noise.as_ref().map(|n| ExternalNoise {
-                values: n,
-                kind: NoiseKind::Exp,
-                row_stride: self.vocab,
-            }),
-            ..VerifyBatch::new(logits, self.vocab, &self.counts, &self.drafts)
-        }
+        let external = external_randomness(rng, source, drafts_total, rows * vocab);
+        Call::new(vocab, counts, Vec::new(), drafts, logits, with_q.then_some(q), params, seeded, external)
     }
 
     /// The reference's emitted tokens of every request (None: a decision near its threshold),
@@ -361,26 +254,6 @@ impl Call {
     }
 }
 
-fn sampler(level: SimdLevel, threads: usize, seed: u64) -> Sampler {
-    let choice = match level {
-        SimdLevel::Scalar => SimdChoice::Scalar,
-        SimdLevel::Portable => SimdChoice::Portable,
-        SimdLevel::Avx2 => SimdChoice::Avx2,
-        SimdLevel::Avx512 => SimdChoice::Avx512,
-        SimdLevel::Neon => SimdChoice::Neon,
-        SimdLevel::Vxe2 => SimdChoice::Vxe2,
-    };
-    let cfg = Config {
-        simd: choice,
-        seed: Some(seed),
-        max_rows: 4096,
-        threads,
-        greedy_below: GREEDY_BELOW,
-        ..Config::default()
-    };
-    Sampler::new(cfg).unwrap()
-}
-
 /// A call's output: tokens (requests x width) and counts.
 fn verify(s: &Sampler, b: &VerifyBatch) -> (Vec<i32>, Vec<i32>, usize) {
     let width = b.draft_counts.iter().copied().max().unwrap_or(0) as usize + 1;
@@ -407,7 +280,7 @@ fn with_logits<R>(dtype: Dtype, x: &[f32], f: impl FnOnce(Logits) -> R) -> R {
 /// Checks one call's output against the reference; returns (requests compared, near ties).
 fn check_call(call: &Call, dtype: Dtype, level: SimdLevel, threads: usize, what: &str) -> (usize, usize) {
     let s = sampler(level, threads, STREAM_SEED);
-    let (tokens, counts, width) = with_logits(dtype, &call.logits, |l| verify(&s, &call.batch(l)));
+    let (tokens, counts, width) = with_logits(dtype, &call.logits, |l| verify(&s, &call.chain_batch(l)));
     let want = call.reference(STREAM_SEED);
     let mut near = 0;
     for (i, w) in want.iter().enumerate() {
@@ -481,17 +354,6 @@ fn target_probs(x: &[f32], t: f32, f: rf::Filters) -> Vec<f64> {
     let w: Vec<f64> = (0..x.len()).map(|i| if kept[i] { ((x[i] as f64 - m) * inv_t).exp() } else { 0.0 }).collect();
     let z: f64 = w.iter().sum();
     w.iter().map(|w| w / z).collect()
-}
-
-fn draw_from(rng: &mut TestRng, p: &[f64]) -> usize {
-    let mut u = rng.f64();
-    for (i, &w) in p.iter().enumerate() {
-        if u < w {
-            return i;
-        }
-        u -= w;
-    }
-    p.iter().rposition(|&w| w > 0.0).unwrap()
 }
 
 #[test]
@@ -587,7 +449,7 @@ fn seeded_requests_do_not_depend_on_the_batch_threads_or_level() {
     let call = Call::random_seeded(&mut rng);
     let reference = {
         let s = sampler(SimdLevel::Scalar, 1, 1);
-        let (t, c, w) = verify(&s, &call.batch(Logits::F32(&call.logits)));
+        let (t, c, w) = verify(&s, &call.chain_batch(Logits::F32(&call.logits)));
         (0..call.counts.len()).map(|i| t[i * w..i * w + c[i] as usize].to_vec()).collect::<Vec<_>>()
     };
     each_level(|level| {
@@ -596,7 +458,7 @@ fn seeded_requests_do_not_depend_on_the_batch_threads_or_level() {
             // Each request alone, then after unseeded batch mates in reverse order.
             for (i, want) in reference.iter().enumerate() {
                 let one = call.only(&[i]);
-                let (t, c, _) = verify(&s, &one.batch(Logits::F32(&one.logits)));
+                let (t, c, _) = verify(&s, &one.chain_batch(Logits::F32(&one.logits)));
                 assert_eq!(&t[..c[0] as usize], &want[..], "{level:?} threads {threads}: request {i} alone");
             }
             let order: Vec<usize> = (0..call.counts.len()).rev().collect();
@@ -604,7 +466,7 @@ fn seeded_requests_do_not_depend_on_the_batch_threads_or_level() {
             let mut mate = Call::random(&mut rng, Dtype::F32, Source::Stream, call.vocab);
             mate.seeded.iter_mut().for_each(|s| *s = 0);
             mixed.append(&mate);
-            let (t, c, w) = verify(&s, &mixed.batch(Logits::F32(&mixed.logits)));
+            let (t, c, w) = verify(&s, &mixed.chain_batch(Logits::F32(&mixed.logits)));
             for (pos, &i) in order.iter().enumerate() {
                 assert_eq!(
                     &t[pos * w..pos * w + c[pos] as usize],
@@ -634,16 +496,10 @@ impl Call {
     /// The requests `which`, in that order.
     fn only(&self, which: &[usize]) -> Call {
         let v = self.vocab;
-        let (mut first_row, mut first_draft) = (Vec::new(), Vec::new());
-        let (mut r, mut d) = (0, 0);
-        for &c in &self.counts {
-            first_row.push(r);
-            first_draft.push(d);
-            r += c as usize + 1;
-            d += c as usize;
-        }
+        let (first_row, first_draft) = self.first_rows();
         let mut out = Call {
             counts: vec![],
+            parents: vec![],
             drafts: vec![],
             logits: vec![],
             q: self.q.as_ref().map(|_| vec![]),

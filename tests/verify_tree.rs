@@ -19,18 +19,15 @@
 mod common;
 
 use common::reference as rf;
-use common::{chi2, chi2_critical, each_level, gen_row, pick_dist, TestRng};
+use common::verify::{
+    external_randomness, ref_accept, ref_recovered, ref_uniform, sampler, Call, Params, Source, GREEDY_BELOW,
+};
+use common::{chi2, chi2_critical, draw_from, each_level, gen_row, pick_dist, TestRng};
 use tokenrace::*;
 
-const GREEDY_BELOW: f32 = 1e-5;
-/// The domains of the acceptance uniforms' keys (docs/semantics.md): "accept" and "sibling".
-const UNIFORM_DOMAIN: u64 = 0x6163_6365_7074;
+/// The domain of the sibling uniforms' keys (docs/semantics.md): "sibling" (the first sibling's
+/// is the "accept" uniform of `common::verify`).
 const SIBLING_DOMAIN: u64 = 0x73_6962_6c69_6e67;
-
-fn ref_uniform(key: u64) -> f64 {
-    let bits = rf::splitmix64(key ^ UNIFORM_DOMAIN) >> 11;
-    ((bits as f64 + 0.5) / (1u64 << 53) as f64).min(1.0 - f64::EPSILON / 2.0)
-}
 
 /// The uniform of the sibling of rank `rank` judged at the row keyed `key`.
 fn ref_sibling_uniform(key: u64, rank: usize) -> f64 {
@@ -38,64 +35,6 @@ fn ref_sibling_uniform(key: u64, rank: usize) -> f64 {
         0 => ref_uniform(key),
         _ => ref_uniform(rf::splitmix64(key ^ SIBLING_DOMAIN).wrapping_add(rank as u64)),
     }
-}
-
-fn sampler(level: SimdLevel, threads: usize, seed: u64) -> Sampler {
-    let choice = match level {
-        SimdLevel::Scalar => SimdChoice::Scalar,
-        SimdLevel::Portable => SimdChoice::Portable,
-        SimdLevel::Avx2 => SimdChoice::Avx2,
-        SimdLevel::Avx512 => SimdChoice::Avx512,
-        SimdLevel::Neon => SimdChoice::Neon,
-        SimdLevel::Vxe2 => SimdChoice::Vxe2,
-    };
-    let cfg = Config {
-        simd: choice,
-        seed: Some(seed),
-        max_rows: 4096,
-        threads,
-        greedy_below: GREEDY_BELOW,
-        ..Config::default()
-    };
-    Sampler::new(cfg).unwrap()
-}
-
-/// A random call: per request a draft tree (or a chain), its target rows, parameters.
-#[derive(Clone)]
-struct Call {
-    vocab: usize,
-    counts: Vec<i32>,
-    parents: Vec<i32>,
-    drafts: Vec<i32>,
-    logits: Vec<f32>,
-    q: Option<Vec<f32>>,
-    temperature: Vec<f32>,
-    top_k: Vec<i32>,
-    top_p: Vec<f32>,
-    min_p: Vec<f32>,
-    seeds: Vec<u64>,
-    offsets: Vec<u64>,
-    seeded: Vec<u8>,
-    uniforms: Option<Vec<f64>>,
-    noise: Option<Vec<f32>>,
-}
-
-#[derive(Clone, Copy, PartialEq, Debug)]
-enum Source {
-    Seeded,
-    External,
-    Stream,
-}
-
-fn draw_from(rng: &mut TestRng, p: &[f64]) -> usize {
-    let mut u = rng.f64();
-    for (i, &w) in p.iter().enumerate() {
-        if u < w {
-            return i;
-        }
-        u -= w;
-    }
-    p.iter().rposition(|&w| w > 0.0).unwrap()
 }
 
 /// A draft model close to row `x`: `x` perturbed, softmaxed.
@@ -109,6 +48,7 @@ fn pick<T: Copy>(s: &[T], which: &[usize]) -> Vec<T> {
     which.iter().map(|&i| s[i]).collect()
 }
 
+/// Random draft trees (`Source::Seeded`: every request seeded).
 impl Call {
     /// `chain`: every request's parents are `i - 1`.
     fn random(rng: &mut TestRng, source: Source, vocab: usize, chain: bool) -> Call {
@@ -151,75 +91,14 @@ impl Call {
             row += c + 1;
         }
         let drafts_total = drafts.len();
-        let temperature = (0..requests)
-            .map(|_| match rng.below(5) {
-                0 => 0.0,
-                1 => 2.0,
-                _ => 0.3 + rng.f64() as f32,
-            })
-            .collect();
-        let top_k = (0..requests).map(|_| if rng.below(3) == 0 { 1 + rng.below(20) as i32 } else { 0 }).collect();
-        let top_p = (0..requests).map(|_| if rng.below(3) == 0 { 0.5 + 0.5 * rng.f64() as f32 } else { 1.0 }).collect();
-        let min_p = (0..requests).map(|_| if rng.below(4) == 0 { 0.05 * rng.f64() as f32 } else { 0.0 }).collect();
-        let seeds = (0..requests).map(|_| rng.u64()).collect();
-        let offsets = (0..requests).map(|_| rng.below(1000) as u64).collect();
+        let params = Params::random(rng, requests);
         let seeded = (0..requests).map(|_| (source == Source::Seeded) as u8).collect();
-        let (uniforms, noise) = if source == Source::External {
-            let u = (0..drafts_total).map(|_| (rng.u64() >> 11) as f64 / (1u64 << 53) as f64 + 1e-300).collect();
-            let e = (0..rows * vocab).map(|_| rng.exp() as f32).collect();
-            (Some(u), Some(e))
-        } else {
-            (None, None)
-        };
-        Call {
-            vocab,
-            counts,
-            parents,
-            drafts,
-            logits,
-            q: with_q.then_some(q),
-            temperature,
-            top_k,
-            top_p,
-            min_p,
-            seeds,
-            offsets,
-            seeded,
-            uniforms,
-            noise,
-        }
+        let external = external_randomness(rng, source, drafts_total, rows * vocab);
+        Call::new(vocab, counts, parents, drafts, logits, with_q.then_some(q), params, seeded, external)
     }
 
     fn batch(&self, tree: bool) -> VerifyBatch<'_> {
-        VerifyBatch {
-            draft_probs: self.q.as_ref().map(|q| DraftProbs { values: q, row_stride: self.vocab }),
-            temperature: Some(&self.temperature),
-            top_k: Some(&self.top_k),
-            top_p: Some(&self.top_p),
-            min_p: Some(&self.min_p),
-            seeds: Some(&self.seeds),
-            offsets: Some(&self.offsets),
-            seeded: Some(&self.seeded),
-            uniforms: self.uniforms.as_deref(),
-            noise: self.noise.as_ref().map(|n| ExternalNoise {
-                values: n,
-                kind: NoiseKind::Exp,
-                row_stride: self.vocab,
-            }),
-            draft_parents: tree.then_some(&self.parents[..]),
-            ..VerifyBatch::new(Logits::F32(&self.logits), self.vocab, &self.counts, &self.drafts)
-        }
-    }
-
-    fn first_rows(&self) -> (Vec<usize>, Vec<usize>) {
-        let (mut rows, mut drafts, mut r, mut d) = (Vec::new(), Vec::new(), 0, 0);
-        for &c in &self.counts {
-            rows.push(r);
-            drafts.push(d);
-            r += c as usize + 1;
-            d += c as usize;
-        }
-        (rows, drafts)
+        VerifyBatch { draft_parents: tree.then_some(&self.parents[..]), ..self.chain_batch(Logits::F32(&self.logits)) }
     }
 
     /// Requests `which` as a call of their own (seeded requests keep their outputs).
@@ -396,17 +275,7 @@ fn ref_tree(call: &Call, i: usize) -> Option<(Vec<i32>, Vec<i32>)> {
             if d >= 0 {
                 let d = d as usize;
                 let (rd, qd) = (r[d], q.map_or(1.0, |q| q[d] as f64));
-                let accept = if rd == 0.0 {
-                    false
-                } else if qd == 0.0 {
-                    true
-                } else {
-                    if (u - rd / qd).abs() <= 1e-9 * (rd / qd) {
-                        return None;
-                    }
-                    u < rd / qd
-                };
-                if accept {
+                if ref_accept(rd, qd, u)? {
                     accepted = Some((c, d));
                     break;
                 }
@@ -437,17 +306,7 @@ fn ref_tree(call: &Call, i: usize) -> Option<(Vec<i32>, Vec<i32>)> {
             None => rf::race64(x, |k| r[k] > 0.0, |k| ((x[k] as f64 - m) * drawn.inv_t, ln_e(k))),
             Some(_) => rf::race64(x, |k| r[k] > 0.0, |k| (r[k].ln(), ln_e(k))),
         };
-        if !race.near.is_empty() {
-            return None;
-        }
-        if race.token == usize::MAX {
-            if !drawn.near.is_empty() {
-                return None;
-            }
-            tokens.push(drawn.token as i32);
-        } else {
-            tokens.push(race.token as i32);
-        }
+        tokens.push(ref_recovered(&race, &drawn)?);
         return Some((tokens, nodes));
     }
 }

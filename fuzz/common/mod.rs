@@ -1,7 +1,11 @@
 //! What the fuzz targets share: the status codes, the last error, ASan's defaults, a small
-//! PRNG, the half-precision conversions, and pickers of interesting values.
+//! PRNG, the half-precision conversions, pickers of interesting values, the buffers the C ABI
+//! targets pass (`buf`) and their samplers (`sampler`).
 
 #![allow(dead_code)]
+
+pub mod buf;
+pub mod sampler;
 
 use arbitrary::{Result, Unstructured};
 use std::ffi::{c_char, CStr};
@@ -171,4 +175,50 @@ pub fn one_in(u: &mut Unstructured, n: u32) -> Result<bool> {
 pub fn verbose() -> bool {
     static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *V.get_or_init(|| std::env::var_os("FUZZ_VERBOSE").is_some())
+}
+
+/// `n` floats read from `raw`'s bytes (little-endian, whole floats only), cycled; zeros when
+/// `raw` holds less than one float.
+pub fn cycled_f32(raw: &[u8], n: usize) -> Vec<f32> {
+    if raw.len() < 4 {
+        return vec![0.0; n];
+    }
+    (0..n)
+        .map(|i| {
+            let j = (i * 4) % (raw.len() & !3);
+            f32::from_le_bytes([raw[j], raw[j + 1], raw[j + 2], raw[j + 3]])
+        })
+        .collect()
+}
+
+/// Elements spanned by `rows` rows of `vocab` elements of `elem` bytes, `stride` apart, or None
+/// when that overflows the address space (as `batch::span` decides it).
+pub fn span(rows: usize, vocab: usize, stride: u64, elem: usize) -> Option<usize> {
+    if rows == 0 {
+        return Some(0);
+    }
+    let n = (rows as u128 - 1) * stride as u128 + vocab as u128;
+    (n <= usize::MAX as u128 && n * elem as u128 <= isize::MAX as u128).then_some(n as usize)
+}
+
+/// A C struct's bytes as a caller passes them: 8-aligned, 512 bytes (room past every struct).
+#[repr(C, align(8))]
+pub struct StructBytes(pub [u8; 512]);
+
+/// `value` (a C struct of fewer than 512 bytes) in a buffer whose `struct_size` says `size`;
+/// when `size` is past the struct, one time in six a nonzero byte past it (which a library that
+/// does not know those bytes must refuse). Returns the buffer and whether that byte was set.
+pub fn struct_bytes<T: Copy>(u: &mut Unstructured, value: T, size: usize) -> Result<(Box<StructBytes>, bool)> {
+    let full = std::mem::size_of::<T>();
+    let mut buf = Box::new(StructBytes([0u8; 512]));
+    // SAFETY: T is a C struct of fewer than 512 bytes; the buffer is 8-aligned.
+    unsafe { std::ptr::write(buf.0.as_mut_ptr() as *mut T, value) };
+    buf.0[..4].copy_from_slice(&(size as u32).to_ne_bytes());
+    let mut tail_set = false;
+    if size > full && one_in(u, 6)? {
+        let at = u.int_in_range(full..=size - 1)?;
+        buf.0[at] = u.int_in_range(1..=255u8)?;
+        tail_set = true;
+    }
+    Ok((buf, tail_set))
 }

@@ -429,30 +429,9 @@ fn child(vars: &[(Vec<u8>, Vec<u8>)], sizes: [Option<u32>; 2], make: bool) {
 }
 
 fn run_child(vars: &[(Vec<u8>, Vec<u8>)], sizes: [Option<u32>; 2], make: bool) {
-    // SAFETY: fork; the child only runs `child` and leaves with _exit. No thread of this
-    // process holds a lock the child needs (every sampler and pool of this process is freed).
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0, "fork failed");
-    if pid == 0 {
-        std::panic::set_hook(Box::new(|info| {
-            eprintln!("config_env child: {info}");
-            // SAFETY: leaves the child at once.
-            unsafe { libc::_exit(86) };
-        }));
-        child(vars, sizes, make);
-        // SAFETY: as above.
-        unsafe { libc::_exit(0) };
-    }
-    let mut status = 0;
-    // SAFETY: our child.
-    let r = loop {
-        // SAFETY: our child.
-        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
-        if r != -1 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            break r;
-        }
-    };
-    assert_eq!(r, pid, "waitpid: {}", std::io::Error::last_os_error());
+    // The fork is sound: no thread of this process holds a lock the child needs (every
+    // sampler and pool of this process is freed).
+    let status = fork_and_wait(|| child(vars, sizes, make));
     let printable: Vec<(String, String)> = vars
         .iter()
         .map(|(n, v)| (String::from_utf8_lossy(n).into_owned(), String::from_utf8_lossy(v).into_owned()))
@@ -685,8 +664,19 @@ fn run(data: &[u8]) -> Result<()> {
 /// Runs `f` in a forked child (with the panic hook of `run_child`); a panic there fails the
 /// input.
 fn in_child(what: &str, f: impl FnOnce()) {
-    // SAFETY: fork; the child only runs `f` and leaves with _exit. This process makes no
-    // sampler or pool, so no thread of it holds a lock the child needs.
+    // The fork is sound: this process makes no sampler or pool, so no thread of it holds a
+    // lock the child needs.
+    let status = fork_and_wait(f);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{what} failed in the child (status {status:#x})"
+    );
+}
+
+/// Runs `f` in a forked child, a panic there leaving it with status 86, and returns the child's
+/// wait status. The caller makes sure that no thread of this process holds a lock `f` needs.
+fn fork_and_wait(f: impl FnOnce()) -> i32 {
+    // SAFETY: fork; the child only runs `f` and leaves with _exit (see the caller for locks).
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0, "fork failed");
     if pid == 0 {
@@ -708,8 +698,5 @@ fn in_child(what: &str, f: impl FnOnce()) {
         }
     };
     assert_eq!(r, pid, "waitpid: {}", std::io::Error::last_os_error());
-    assert!(
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "{what} failed in the child (status {status:#x})"
-    );
+    status
 }

@@ -31,6 +31,8 @@ mod common;
 mod reference;
 
 use arbitrary::{Result, Unstructured};
+use common::buf::{pick_ptr, Buf, Ptr};
+use common::sampler::{level_supported, new_sampler, other_level_sampler};
 use common::*;
 use libfuzzer_sys::fuzz_target;
 use reference as rf;
@@ -38,7 +40,6 @@ use std::ffi::c_void;
 use std::mem::{offset_of, size_of};
 use tokenrace::internals::api::*;
 use tokenrace::internals::types::*;
-use tokenrace::SimdLevel;
 
 const BATCH_SIZE: usize = size_of::<tokenrace_batch>(); // 248
 const OUTPUT_SIZE: usize = size_of::<tokenrace_output>(); // 88
@@ -49,84 +50,6 @@ const OUTPUT_V1: usize = offset_of!(tokenrace_output, full_logprobs);
 fuzz_target!(|data: &[u8]| {
     let _ = run(data);
 });
-
-/// A buffer of `T` handed to the library: NULL, aligned (exactly `len` elements, so that ASan
-/// sees any access past them) or misaligned by one byte (`len + 1` elements, so that the
-/// claimed `len` elements after the odd address are still inside it).
-struct Buf<T> {
-    v: Vec<T>,
-    how: Ptr,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Ptr {
-    Null,
-    Aligned,
-    Misaligned,
-}
-
-impl<T: Copy> Buf<T> {
-    fn new(how: Ptr, len: usize, fill: T) -> Buf<T> {
-        let n = match how {
-            Ptr::Null => 0,
-            Ptr::Aligned => len,
-            Ptr::Misaligned => len + 1,
-        };
-        Buf { v: vec![fill; n], how }
-    }
-    fn from_vec(how: Ptr, mut v: Vec<T>) -> Buf<T> {
-        match how {
-            Ptr::Null => v.clear(),
-            Ptr::Aligned => {}
-            Ptr::Misaligned => {
-                if let Some(&x) = v.last() {
-                    v.push(x);
-                } else {
-                    // An empty misaligned buffer still needs a byte to point into.
-                    // SAFETY: T is one of the plain number types of this file.
-                    v.push(unsafe { std::mem::zeroed() });
-                }
-            }
-        }
-        Buf { v, how }
-    }
-    fn ptr(&self) -> *const T {
-        match self.how {
-            Ptr::Null => std::ptr::null(),
-            Ptr::Aligned => self.v.as_ptr(),
-            Ptr::Misaligned => (self.v.as_ptr() as *const u8).wrapping_add(1) as *const T,
-        }
-    }
-    fn ptr_mut(&mut self) -> *mut T {
-        self.ptr() as *mut T
-    }
-    fn given(&self) -> bool {
-        self.how != Ptr::Null
-    }
-    /// A misaligned non-NULL pointer, which the library must refuse (u8 has no alignment).
-    fn misaligned(&self) -> bool {
-        self.how == Ptr::Misaligned && std::mem::align_of::<T>() > 1
-    }
-    /// The element at `i` as the library sees it (aligned buffers only).
-    fn at(&self, i: usize) -> T {
-        debug_assert!(self.how == Ptr::Aligned);
-        self.v[i]
-    }
-    fn bytes(&self) -> Vec<u8> {
-        // SAFETY: plain numbers, read as bytes.
-        unsafe { std::slice::from_raw_parts(self.v.as_ptr() as *const u8, self.v.len() * size_of::<T>()) }.to_vec()
-    }
-}
-
-fn pick_ptr(u: &mut Unstructured, p_null: u32) -> Result<Ptr> {
-    Ok(if one_in(u, 150)? {
-        Ptr::Misaligned
-    } else if one_in(u, p_null)? {
-        Ptr::Null
-    } else {
-        Ptr::Aligned
-    })
-}
 
 /// An optional per-row array: NULL (off), or `rows` values from `gen` (valid ones), one of them
 /// sometimes replaced by a value from `bad` (most often invalid).
@@ -249,16 +172,6 @@ fn min_p(u: &mut Unstructured) -> Result<f32> {
     })
 }
 
-/// Elements spanned by `rows` rows `stride` apart, or None when that overflows the address
-/// space (as `batch::span` decides it).
-fn span(rows: usize, vocab: usize, stride: u64, elem: usize) -> Option<usize> {
-    if rows == 0 {
-        return Some(0);
-    }
-    let n = (rows as u128 - 1) * stride as u128 + vocab as u128;
-    (n <= usize::MAX as u128 && n * elem as u128 <= isize::MAX as u128).then_some(n as usize)
-}
-
 /// A stride that makes the span of `rows >= 2` rows overflow, if one of the candidates does.
 fn overflowing_stride(u: &mut Unstructured, rows: usize, vocab: usize, elem: usize) -> Result<Option<u64>> {
     let s = match u.int_in_range(0..=5u8)? {
@@ -289,16 +202,7 @@ fn logit_values(u: &mut Unstructured, n: usize) -> Result<Vec<f32>> {
             // The input's own bytes, cycled.
             let len = u.int_in_range(4..=512usize)? & !3;
             let raw = u.bytes(len.min(u.len()))?;
-            if raw.len() < 4 {
-                vec![0.0; n]
-            } else {
-                (0..n)
-                    .map(|i| {
-                        let j = (i * 4) % (raw.len() & !3);
-                        f32::from_le_bytes([raw[j], raw[j + 1], raw[j + 2], raw[j + 3]])
-                    })
-                    .collect()
-            }
+            cycled_f32(raw, n)
         }
         1 => {
             let c = special_f32(u)?;
@@ -533,7 +437,7 @@ fn place<T: Copy>(
     value: T,
     valid_sizes: &[usize],
     v1: usize,
-) -> Result<(Box<Aligned256>, u32, Option<u32>)> {
+) -> Result<(Box<StructBytes>, u32, Option<u32>)> {
     let full = size_of::<T>();
     let size: usize = match u.int_in_range(0..=23u8)? {
         18 | 19 => valid_sizes[u.choose_index(valid_sizes.len())?],
@@ -543,16 +447,7 @@ fn place<T: Copy>(
         23 => full + 1,
         _ => full,
     };
-    let mut buf = Box::new(Aligned256([0u8; 512]));
-    // SAFETY: T is a C struct of at most 256 bytes; the buffer (512) is 8-aligned.
-    unsafe { std::ptr::write(buf.0.as_mut_ptr() as *mut T, value) };
-    buf.0[..4].copy_from_slice(&(size as u32).to_ne_bytes());
-    let mut tail_set = false;
-    if size > full && one_in(u, 6)? {
-        let at = u.int_in_range(full..=size - 1)?;
-        buf.0[at] = u.int_in_range(1..=255u8)?;
-        tail_set = true;
-    }
+    let (buf, tail_set) = struct_bytes(u, value, size)?;
     let expect = if size < v1 || (size < full && !valid_sizes.contains(&size)) {
         Some(INVALID_ARGUMENT)
     } else if tail_set {
@@ -562,9 +457,6 @@ fn place<T: Copy>(
     };
     Ok((buf, size as u32, expect))
 }
-
-#[repr(C, align(8))]
-struct Aligned256([u8; 512]);
 
 /// One row's values as f32.
 fn row_values(dtype: u32, logits_f32: &[f32], logits_u16: &[u16], start: usize, vocab: usize) -> Vec<f32> {
@@ -645,39 +537,6 @@ impl Outs {
             // Not fuzzed yet: mirostat's mu.
             mirostat_mu: std::ptr::null_mut(),
         }
-    }
-}
-
-struct Sampler(*mut tokenrace_sampler);
-
-impl Drop for Sampler {
-    fn drop(&mut self) {
-        // SAFETY: made by tokenrace_sampler_new, freed once.
-        unsafe { tokenrace_sampler_free(self.0) };
-    }
-}
-
-fn new_sampler(cfg: &tokenrace_config) -> (u32, Option<Sampler>) {
-    let mut s: *mut tokenrace_sampler = std::ptr::null_mut();
-    // SAFETY: a valid config, a writable out.
-    let st = code(unsafe { tokenrace_sampler_new(cfg, &mut s) }, "tokenrace_sampler_new");
-    check_last_error(st, "tokenrace_sampler_new");
-    if st == OK {
-        assert!(!s.is_null());
-        (st, Some(Sampler(s)))
-    } else {
-        assert!(s.is_null(), "tokenrace_sampler_new failed but wrote *out");
-        (st, None)
-    }
-}
-
-fn level_supported(simd: u32) -> bool {
-    match simd {
-        0 => true,
-        1 => SimdLevel::Scalar.is_supported(),
-        2 => SimdLevel::Portable.is_supported(),
-        3 => SimdLevel::Avx2.is_supported(),
-        _ => SimdLevel::Avx512.is_supported(),
     }
 }
 
@@ -860,8 +719,18 @@ fn run(data: &[u8]) -> Result<()> {
     };
     let banned = csr_list(u, rows, vocab, false)?;
     // The fields after the 0.2 batch: the penalty window, min_tokens with its stop lists, top-nσ.
-    let last_n = per_row(u, rows, |u| Ok([0i32, 1, 3, 64, i32::MAX][u.choose_index(5)?]), |u| Ok([-1i32, i32::MIN][u.choose_index(2)?]))?;
-    let min_tokens = per_row(u, rows, |u| Ok([0i32, 1, 2, 5, i32::MAX][u.choose_index(5)?]), |u| Ok([-1i32, i32::MIN][u.choose_index(2)?]))?;
+    let last_n = per_row(
+        u,
+        rows,
+        |u| Ok([0i32, 1, 3, 64, i32::MAX][u.choose_index(5)?]),
+        |u| Ok([-1i32, i32::MIN][u.choose_index(2)?]),
+    )?;
+    let min_tokens = per_row(
+        u,
+        rows,
+        |u| Ok([0i32, 1, 2, 5, i32::MAX][u.choose_index(5)?]),
+        |u| Ok([-1i32, i32::MIN][u.choose_index(2)?]),
+    )?;
     let stop = csr_list(u, rows, vocab, false)?;
     let nsigma = per_row(
         u,
@@ -1172,20 +1041,24 @@ fn run(data: &[u8]) -> Result<()> {
     let expect = batch_expect.or(out_expect).or(invalid.then_some(INVALID_ARGUMENT)).unwrap_or(OK);
 
     // --- The draw.
-    let inputs_before = (
-        logits_f32.bytes(),
-        logits_u16.bytes(),
-        temps.bytes(),
-        seeds.bytes(),
-        offsets.bytes(),
-        seeded.bytes(),
-        ks.bytes(),
-        ps.bytes(),
-        mps.bytes(),
-        noise.bytes(),
-        [prompt.bytes(), output_l.bytes(), bias.bytes(), allowed.bytes(), banned.bytes()].concat(),
-        [rep.bytes(), freq.bytes(), pres.bytes(), allowed_rows.bytes(), bitmask.bytes()].concat(),
-    );
+    // Every input's bytes, compared before and after the call.
+    let inputs = || {
+        (
+            logits_f32.bytes(),
+            logits_u16.bytes(),
+            temps.bytes(),
+            seeds.bytes(),
+            offsets.bytes(),
+            seeded.bytes(),
+            ks.bytes(),
+            ps.bytes(),
+            mps.bytes(),
+            noise.bytes(),
+            [prompt.bytes(), output_l.bytes(), bias.bytes(), allowed.bytes(), banned.bytes()].concat(),
+            [rep.bytes(), freq.bytes(), pres.bytes(), allowed_rows.bytes(), bitmask.bytes()].concat(),
+        )
+    };
+    let inputs_before = inputs();
     let batch_bytes = batch_buf.0;
     let out_bytes = out_buf.0;
     // SAFETY: every pointer covers what the batch claims (see Buf); the structs have 256 bytes.
@@ -1202,20 +1075,7 @@ fn run(data: &[u8]) -> Result<()> {
     let err = check_last_error(st, "tokenrace_draw");
     assert!(batch_buf.0 == batch_bytes, "tokenrace_draw wrote into the batch struct");
     assert!(out_buf.0 == out_bytes, "tokenrace_draw wrote into the output struct");
-    let inputs_after = (
-        logits_f32.bytes(),
-        logits_u16.bytes(),
-        temps.bytes(),
-        seeds.bytes(),
-        offsets.bytes(),
-        seeded.bytes(),
-        ks.bytes(),
-        ps.bytes(),
-        mps.bytes(),
-        noise.bytes(),
-        [prompt.bytes(), output_l.bytes(), bias.bytes(), allowed.bytes(), banned.bytes()].concat(),
-        [rep.bytes(), freq.bytes(), pres.bytes(), allowed_rows.bytes(), bitmask.bytes()].concat(),
-    );
+    let inputs_after = inputs();
     assert!(inputs_before == inputs_after, "tokenrace_draw wrote into its inputs");
     assert_eq!(
         st,
@@ -1415,13 +1275,7 @@ fn run(data: &[u8]) -> Result<()> {
 
     // --- The same draw on another SIMD level and thread count, with the same seed.
     let first = outs.all_bytes();
-    let mut cfg_b = cfg;
-    let scalar_single = cfg.simd == 1 && cfg.threads == 1;
-    cfg_b.simd = if scalar_single { 0 } else { 1 };
-    cfg_b.threads = if scalar_single { 3 } else { 1 };
-    let (st_b, b) = new_sampler(&cfg_b);
-    assert_eq!(st_b, OK, "the second sampler: {}", last_error());
-    let b = b.unwrap();
+    let b = other_level_sampler(&cfg);
     let mut outs_b = Outs::new(h, rows, if topn_alloc { topn_len } else { 0 });
     let mut out_b = outs_b.c(logprob_mode, top_n);
     // SAFETY: as above.

@@ -29,6 +29,7 @@
 mod common;
 
 use arbitrary::{Result, Unstructured};
+use common::sampler::Sampler;
 use common::*;
 use libfuzzer_sys::fuzz_target;
 use std::ffi::c_void;
@@ -44,15 +45,6 @@ const SENTINEL_F32: u32 = 0x7fc0_dead;
 fuzz_target!(|data: &[u8]| {
     let _ = run(data);
 });
-
-struct Sampler(*mut tokenrace_sampler);
-
-impl Drop for Sampler {
-    fn drop(&mut self) {
-        // SAFETY: made by tokenrace_sampler_new, freed once.
-        unsafe { tokenrace_sampler_free(self.0) };
-    }
-}
 
 fn new_sampler(seed: u64, simd: u32, threads: u32, max_rows: u32) -> Option<Sampler> {
     let mut cfg = tokenrace_config_default();
@@ -341,10 +333,15 @@ impl Call {
 fn token(u: &mut Unstructured, vocab: usize, negative: bool, bad: &mut bool) -> Result<i32> {
     if one_in(u, 200)? {
         *bad = true;
-        return Ok(if negative && u.arbitrary()? { -1 - u.int_in_range(0..=3)? } else { vocab as i32 + u.int_in_range(0..=2)? });
+        return Ok(if negative && u.arbitrary()? {
+            -1 - u.int_in_range(0..=3)?
+        } else {
+            vocab as i32 + u.int_in_range(0..=2)?
+        });
     }
     let small = vocab.min(6);
-    Ok(if u.int_in_range(0..=3u8)? > 0 { u.int_in_range(0..=small - 1)? } else { u.int_in_range(0..=vocab - 1)? } as i32)
+    Ok(if u.int_in_range(0..=3u8)? > 0 { u.int_in_range(0..=small - 1)? } else { u.int_in_range(0..=vocab - 1)? }
+        as i32)
 }
 
 fn tokens(u: &mut Unstructured, vocab: usize, max: usize, negative: bool, bad: &mut bool) -> Result<Vec<i32>> {
@@ -594,7 +591,10 @@ fn run(data: &[u8]) -> Result<()> {
             continue;
         }
         if out_a != out_b {
-            eprintln!("vocab {vocab} simd_b {simd_b} threads_b {threads_b} llama {} processed {}", call.llama, call.processed);
+            eprintln!(
+                "vocab {vocab} simd_b {simd_b} threads_b {threads_b} llama {} processed {}",
+                call.llama, call.processed
+            );
             eprintln!("rows {:?}\nrequests {:?}\nrow_req {row_req:?}\nlogits {:?}", call.rows, reqs, call.logits);
         }
         assert_eq!(out_a, out_b, "the request state and the lists gave different outputs");

@@ -26,13 +26,14 @@
 mod common;
 
 use arbitrary::{Result, Unstructured};
+use common::buf::{pick_ptr, Buf, Ptr};
+use common::sampler::{level_supported, new_sampler, other_level_sampler, Sampler};
 use common::*;
 use libfuzzer_sys::fuzz_target;
 use std::ffi::c_void;
 use std::mem::{offset_of, size_of};
 use tokenrace::internals::api::*;
 use tokenrace::internals::types::*;
-use tokenrace::SimdLevel;
 
 const BATCH_SIZE: usize = size_of::<tokenrace_verify_batch>();
 const OUTPUT_SIZE: usize = size_of::<tokenrace_verify_output>();
@@ -40,64 +41,6 @@ const OUTPUT_SIZE: usize = size_of::<tokenrace_verify_output>();
 fuzz_target!(|data: &[u8]| {
     let _ = run(data);
 });
-
-/// A buffer handed to the library: NULL, aligned (exactly its elements) or misaligned by one
-/// byte (one element more, so that the claimed ones after the odd address are inside it).
-struct Buf<T> {
-    v: Vec<T>,
-    how: Ptr,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Ptr {
-    Null,
-    Aligned,
-    Misaligned,
-}
-
-impl<T: Copy + Default> Buf<T> {
-    fn null() -> Buf<T> {
-        Buf { v: Vec::new(), how: Ptr::Null }
-    }
-    fn from_vec(how: Ptr, mut v: Vec<T>) -> Buf<T> {
-        match how {
-            Ptr::Null => v.clear(),
-            Ptr::Aligned => {}
-            Ptr::Misaligned => v.push(T::default()),
-        }
-        Buf { v, how }
-    }
-    fn ptr(&self) -> *const T {
-        match self.how {
-            Ptr::Null => std::ptr::null(),
-            Ptr::Aligned => self.v.as_ptr(),
-            Ptr::Misaligned => (self.v.as_ptr() as *const u8).wrapping_add(1) as *const T,
-        }
-    }
-    fn given(&self) -> bool {
-        self.how != Ptr::Null
-    }
-    fn misaligned(&self) -> bool {
-        self.how == Ptr::Misaligned && std::mem::align_of::<T>() > 1
-    }
-    fn at(&self, i: usize) -> T {
-        self.v[i]
-    }
-    fn bytes(&self) -> Vec<u8> {
-        // SAFETY: plain numbers, read as bytes.
-        unsafe { std::slice::from_raw_parts(self.v.as_ptr() as *const u8, std::mem::size_of_val(&self.v[..])) }.to_vec()
-    }
-}
-
-fn pick_ptr(u: &mut Unstructured, p_null: u32) -> Result<Ptr> {
-    Ok(if one_in(u, 150)? {
-        Ptr::Misaligned
-    } else if one_in(u, p_null)? {
-        Ptr::Null
-    } else {
-        Ptr::Aligned
-    })
-}
 
 /// An optional per-request array: NULL, or values from `gen`, one sometimes from `bad`; and
 /// which request holds that one.
@@ -124,15 +67,6 @@ fn per_req<T: Copy + Default>(
     Ok((Buf::from_vec(how, v), bad_at))
 }
 
-/// Elements spanned by `rows` rows `stride` apart, or None when that overflows the address space.
-fn span(rows: usize, vocab: usize, stride: u64, elem: usize) -> Option<usize> {
-    if rows == 0 {
-        return Some(0);
-    }
-    let n = (rows as u128 - 1) * stride as u128 + vocab as u128;
-    (n <= usize::MAX as u128 && n * elem as u128 <= isize::MAX as u128).then_some(n as usize)
-}
-
 fn overflowing_stride(u: &mut Unstructured, rows: usize, vocab: usize, elem: usize) -> Result<Option<u64>> {
     let s = match u.int_in_range(0..=4u8)? {
         0 => u64::MAX,
@@ -153,16 +87,7 @@ fn logit_values(u: &mut Unstructured, n: usize) -> Result<Vec<f32>> {
         1 => {
             let take = u.int_in_range(4..=256usize)? & !3;
             let raw = u.bytes(take)?;
-            if raw.len() < 4 {
-                vec![0.0; n]
-            } else {
-                (0..n)
-                    .map(|i| {
-                        let j = (i * 4) % (raw.len() & !3);
-                        f32::from_le_bytes([raw[j], raw[j + 1], raw[j + 2], raw[j + 3]])
-                    })
-                    .collect()
-            }
+            cycled_f32(raw, n)
         }
         _ => (0..n).map(|_| (rng.normal() * scale) as f32).collect(),
     };
@@ -190,14 +115,11 @@ fn q_row(u: &mut Unstructured, vocab: usize, at: Option<usize>) -> Result<Vec<f3
     })
 }
 
-#[repr(C, align(8))]
-struct Aligned512([u8; 512]);
-
 /// The struct in a 512-byte buffer with `struct_size` and bytes after it chosen by the input,
 /// the status that gives (None: fine) and the size. `v1` is the size of the struct's first
 /// version: a size from it to the whole struct is valid when it ends a field (the fields after
 /// the first version are 8 bytes each), and the fields past it are not seen.
-fn place<T: Copy>(u: &mut Unstructured, value: T, v1: usize) -> Result<(Box<Aligned512>, Option<u32>, usize)> {
+fn place<T: Copy>(u: &mut Unstructured, value: T, v1: usize) -> Result<(Box<StructBytes>, Option<u32>, usize)> {
     let full = size_of::<T>();
     let size: usize = match u.int_in_range(0..=15u8)? {
         11 => v1 + 8 * u.int_in_range(0..=(full - v1) / 8)?,
@@ -207,16 +129,7 @@ fn place<T: Copy>(u: &mut Unstructured, value: T, v1: usize) -> Result<(Box<Alig
         15 => full + 1,
         _ => full,
     };
-    let mut buf = Box::new(Aligned512([0u8; 512]));
-    // SAFETY: T is a C struct of fewer than 512 bytes; the buffer is 8-aligned.
-    unsafe { std::ptr::write(buf.0.as_mut_ptr() as *mut T, value) };
-    buf.0[..4].copy_from_slice(&(size as u32).to_ne_bytes());
-    let mut tail_set = false;
-    if size > full && one_in(u, 6)? {
-        let at = u.int_in_range(full..=size - 1)?;
-        buf.0[at] = u.int_in_range(1..=255u8)?;
-        tail_set = true;
-    }
+    let (buf, tail_set) = struct_bytes(u, value, size)?;
     let expect = if size < v1 || (size < full && (size - v1) % 8 != 0) {
         Some(INVALID_ARGUMENT) // before the first version's end, or inside a later field
     } else if tail_set {
@@ -225,38 +138,6 @@ fn place<T: Copy>(u: &mut Unstructured, value: T, v1: usize) -> Result<(Box<Alig
         None
     };
     Ok((buf, expect, size))
-}
-
-struct Sampler(*mut tokenrace_sampler);
-
-impl Drop for Sampler {
-    fn drop(&mut self) {
-        // SAFETY: made by tokenrace_sampler_new, freed once.
-        unsafe { tokenrace_sampler_free(self.0) };
-    }
-}
-
-fn new_sampler(cfg: &tokenrace_config) -> (u32, Option<Sampler>) {
-    let mut s: *mut tokenrace_sampler = std::ptr::null_mut();
-    // SAFETY: a valid config, a writable out.
-    let st = code(unsafe { tokenrace_sampler_new(cfg, &mut s) }, "tokenrace_sampler_new");
-    check_last_error(st, "tokenrace_sampler_new");
-    if st == OK {
-        (st, Some(Sampler(s)))
-    } else {
-        assert!(s.is_null(), "tokenrace_sampler_new failed but wrote *out");
-        (st, None)
-    }
-}
-
-fn level_supported(simd: u32) -> bool {
-    match simd {
-        0 => true,
-        1 => SimdLevel::Scalar.is_supported(),
-        2 => SimdLevel::Portable.is_supported(),
-        3 => SimdLevel::Avx2.is_supported(),
-        _ => SimdLevel::Avx512.is_supported(),
-    }
 }
 
 const TOKEN_SENTINEL: i32 = -0x2152_4111;
@@ -793,7 +674,10 @@ fn run(data: &[u8]) -> Result<()> {
     assert!(batch_buf.0 == bb && out_buf.0 == ob, "tokenrace_verify wrote into a struct");
     assert!(inputs() == before, "tokenrace_verify wrote into its inputs");
     if verbose() {
-        eprintln!("verify: {} requests {requests} drafts {n_drafts} vocab {vocab} tree {tree_seen} nodes {nodes_seen} {err}", status_name(st));
+        eprintln!(
+            "verify: {} requests {requests} drafts {n_drafts} vocab {vocab} tree {tree_seen} nodes {nodes_seen} {err}",
+            status_name(st)
+        );
     }
     assert_eq!(
         st,
@@ -894,13 +778,7 @@ fn run(data: &[u8]) -> Result<()> {
         }
     };
     // Another level and thread count, the same seed.
-    let mut cfg_b = cfg;
-    let scalar_single = cfg.simd == 1 && cfg.threads == 1;
-    cfg_b.simd = if scalar_single { 0 } else { 1 };
-    cfg_b.threads = if scalar_single { 3 } else { 1 };
-    let (st_b, b) = new_sampler(&cfg_b);
-    assert_eq!(st_b, OK, "the second sampler: {}", last_error());
-    let b = b.unwrap();
+    let b = other_level_sampler(&cfg);
     let outs_b = Outs::new(h, alloc, requests);
     let mut out_b = outs_b.c(mode, tokens_stride);
     out_b.struct_size = OUTPUT_SIZE as u32;

@@ -4,7 +4,7 @@
 //! [`Sampler::draw`](crate::Sampler::draw).
 
 use super::api::tokenrace_sampler;
-use super::convert::{arg_enum, opt_slice, read_versioned, slice};
+use super::convert::{arg_enum, opt_slice, read_versioned, slice, Versioned};
 use super::disjoint::{Disjoint, Region};
 use super::panic::guard;
 use super::types::*;
@@ -15,6 +15,7 @@ use crate::error::{bail_batch, Error, Owner, Result};
 use crate::filter::chain::{Stage, RESERVED_STAGE_IDS};
 use crate::kernels::{Bf16, F16};
 use crate::requests::{RequestRows, Requests};
+use std::ffi::c_void;
 
 /// The Rust view of a C batch.
 ///
@@ -30,24 +31,9 @@ pub(super) unsafe fn batch_from_c<'a>(b: &tokenrace_batch, state: Option<&'a Req
     // SAFETY: the caller's contract: a non-NULL row_index covers `rows` entries.
     let row_index = unsafe { opt_slice(Owner::Batch, "row_index", b.row_index, rows)? };
     let logits_rows = crate::batch::logits_rows(&Batch { row_index, ..Batch::new(Logits::F32(&[]), rows, vocab) })?;
-    let at = |size| span(logits_rows, vocab, stride, size, "row_stride");
     // SAFETY (every slice below): the caller's contract for the batch's pointers.
-    let logits = unsafe {
-        match dtype {
-            tokenrace_dtype::F32 => Logits::F32(slice(Owner::Batch, "logits", b.logits as *const f32, at(4)?)?),
-            tokenrace_dtype::Bf16 => Logits::Bf16(slice(Owner::Batch, "logits", b.logits as *const Bf16, at(2)?)?),
-            tokenrace_dtype::F16 => Logits::F16(slice(Owner::Batch, "logits", b.logits as *const F16, at(2)?)?),
-        }
-    };
-    let noise = if b.noise.is_null() {
-        None
-    } else {
-        let kind: tokenrace_noise_kind = arg_enum(Owner::Batch, "noise_kind", b.noise_kind)?;
-        let row_stride = usize::try_from(b.noise_row_stride).unwrap_or(usize::MAX);
-        let len = noise_span(rows, vocab, row_stride)?;
-        let values = unsafe { slice(Owner::Batch, "noise", b.noise, len)? };
-        Some(ExternalNoise { values, kind: kind.into(), row_stride })
-    };
+    let logits = unsafe { logits_from_c(dtype, b.logits, logits_rows, vocab, stride)? };
+    let noise = unsafe { noise_from_c(b.noise, b.noise_kind, b.noise_row_stride, rows, vocab)? };
     Ok(Batch {
         logits,
         rows,
@@ -100,6 +86,51 @@ pub(super) unsafe fn batch_from_c<'a>(b: &tokenrace_batch, state: Option<&'a Req
         mirostat_m: unsafe { opt_slice(Owner::Batch, "mirostat_m", b.mirostat_m, rows)? },
         mirostat_mu: unsafe { opt_slice(Owner::Batch, "mirostat_mu", b.mirostat_mu, rows)? },
     })
+}
+
+/// The logits of a C batch: `rows` rows of `vocab` values of `dtype`, `stride` elements apart.
+///
+/// # Safety
+/// A non-NULL `logits` covers those rows.
+pub(super) unsafe fn logits_from_c<'a>(
+    dtype: tokenrace_dtype,
+    logits: *const c_void,
+    rows: usize,
+    vocab: usize,
+    stride: usize,
+) -> Result<Logits<'a>> {
+    let at = |size| span(rows, vocab, stride, size, "row_stride");
+    // SAFETY: the caller's contract.
+    unsafe {
+        Ok(match dtype {
+            tokenrace_dtype::F32 => Logits::F32(slice(Owner::Batch, "logits", logits as *const f32, at(4)?)?),
+            tokenrace_dtype::Bf16 => Logits::Bf16(slice(Owner::Batch, "logits", logits as *const Bf16, at(2)?)?),
+            tokenrace_dtype::F16 => Logits::F16(slice(Owner::Batch, "logits", logits as *const F16, at(2)?)?),
+        })
+    }
+}
+
+/// The caller's noise of a C batch (NULL: none), its kind decoded and its stride checked
+/// against `rows` rows of `vocab`.
+///
+/// # Safety
+/// A non-NULL `noise` covers the values its stride says.
+pub(super) unsafe fn noise_from_c<'a>(
+    noise: *const f32,
+    kind: u32,
+    row_stride: u64,
+    rows: usize,
+    vocab: usize,
+) -> Result<Option<ExternalNoise<'a>>> {
+    if noise.is_null() {
+        return Ok(None);
+    }
+    let kind: tokenrace_noise_kind = arg_enum(Owner::Batch, "noise_kind", kind)?;
+    let row_stride = usize::try_from(row_stride).unwrap_or(usize::MAX);
+    let len = noise_span(rows, vocab, row_stride)?;
+    // SAFETY: the caller's contract.
+    let values = unsafe { slice(Owner::Batch, "noise", noise, len)? };
+    Ok(Some(ExternalNoise { values, kind: kind.into(), row_stride }))
 }
 
 /// Most stages an order may list (each stage at most once, so more is a mistake anyway).
@@ -176,7 +207,23 @@ pub(super) const DRY_BREAKER_FIELDS: WordPointers = (
 /// # Safety
 /// Non-NULL pointers cover what their offsets say.
 pub(super) unsafe fn words<'a>(b: &tokenrace_batch, rows: usize, fields: WordPointers) -> Result<Option<BadWords<'a>>> {
-    let ((ids_ptr, word_ptr, row_ptr), (ids_name, word_name, row_name)) = ((fields.0)(b), fields.1);
+    let ((ids, word_offsets, row_offsets), (ids_name, word_name, row_name)) = ((fields.0)(b), fields.1);
+    // SAFETY: the caller's contract.
+    unsafe { word_lists(rows, (ids_name, ids), (word_name, word_offsets), (row_name, row_offsets)) }
+}
+
+/// A two-level list of words: `rows + 1` row offsets into the word offsets, as many word
+/// offsets as their last says (plus one), then as many ids as the last word offset says (NULL
+/// row offsets: none).
+///
+/// # Safety
+/// Non-NULL pointers cover what their offsets say.
+pub(super) unsafe fn word_lists<'a>(
+    rows: usize,
+    (ids_name, ids_ptr): (&'static str, *const i32),
+    (word_name, word_ptr): (&'static str, *const u64),
+    (row_name, row_ptr): (&'static str, *const u64),
+) -> Result<Option<BadWords<'a>>> {
     // SAFETY: the caller's contract (a word offset is 8 bytes).
     let Some((row_offsets, words)) = (unsafe { offsets(rows, row_name, row_ptr, size_of::<u64>())? }) else {
         needs_offsets(&[(ids_name, !ids_ptr.is_null()), (word_name, !word_ptr.is_null())], row_name)?;
@@ -264,15 +311,29 @@ pub(super) unsafe fn lists<'a>(
 /// As `lists`, for both the ids and the values.
 pub(super) unsafe fn bias<'a>(b: &tokenrace_batch, rows: usize) -> Result<Option<LogitBias<'a>>> {
     // SAFETY: the caller's contract.
-    let Some((offsets, len)) = (unsafe { offsets(rows, "bias_offsets", b.bias_offsets, size_of::<f32>())? }) else {
-        let given = [("bias_ids", !b.bias_ids.is_null()), ("bias_values", !b.bias_values.is_null())];
+    unsafe { bias_lists(rows, b.bias_ids, b.bias_values, b.bias_offsets) }
+}
+
+/// Logit bias pairs in CSR form: `rows + 1` offsets, then as many ids and values as the last
+/// offset says (NULL offsets: none, and neither ids nor values may be given).
+///
+/// # Safety
+/// As `lists`, for both the ids and the values.
+pub(super) unsafe fn bias_lists<'a>(
+    rows: usize,
+    ids: *const i32,
+    values: *const f32,
+    bias_offsets: *const u64,
+) -> Result<Option<LogitBias<'a>>> {
+    // SAFETY: the caller's contract.
+    let Some((offsets, len)) = (unsafe { offsets(rows, "bias_offsets", bias_offsets, size_of::<f32>())? }) else {
+        let given = [("bias_ids", !ids.is_null()), ("bias_values", !values.is_null())];
         needs_offsets(&given, "bias_offsets")?;
         return Ok(None);
     };
     // SAFETY: as above.
-    let (ids, values) = unsafe {
-        (slice(Owner::Batch, "bias_ids", b.bias_ids, len)?, slice(Owner::Batch, "bias_values", b.bias_values, len)?)
-    };
+    let (ids, values) =
+        unsafe { (slice(Owner::Batch, "bias_ids", ids, len)?, slice(Owner::Batch, "bias_values", values, len)?) };
     Ok(Some(LogitBias { ids, values, offsets }))
 }
 
@@ -418,6 +479,48 @@ fn input_regions(b: &Batch) -> [Option<Region>; 52] {
     ]
 }
 
+/// The first steps of a call on a batch and an output (a draw, a verify): the sampler, which
+/// must not be NULL, then the batch's and the output's structs read at their sizes; a struct
+/// refused counts as a rejected call of the sampler.
+///
+/// # Safety
+/// `sampler` is NULL or a live sampler for `'s`; `batch` and `out` are NULL or point to valid
+/// structs.
+pub(super) unsafe fn read_call<'s, B: Versioned, O: Versioned>(
+    sampler: *mut tokenrace_sampler,
+    batch: *const B,
+    out: *const O,
+) -> Result<(&'s tokenrace_sampler, B, O)> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let s = sampler.as_ref().ok_or_else(|| Error::invalid_argument("sampler: is NULL"))?;
+        let read = || -> Result<_> {
+            let b = read_versioned(batch, "batch")?;
+            let o = read_versioned(out, "out")?;
+            Ok((b, o))
+        };
+        let (b, o) = read().inspect_err(|_| s.inner.count_rejected())?;
+        Ok((s, b, o))
+    }
+}
+
+/// Refuses a call whose outputs share memory with an input or with each other (a rejected
+/// call). A wrong size makes arrays overlap too, so the call's own check (`call_error`) runs
+/// first: its message says more.
+pub(super) fn refuse_overlap(
+    s: &tokenrace_sampler,
+    arrays: Disjoint,
+    call_error: impl FnOnce() -> Option<Error>,
+) -> Result<()> {
+    match arrays.overlap() {
+        None => Ok(()),
+        Some(overlap) => {
+            s.inner.count_rejected();
+            Err(call_error().unwrap_or(overlap))
+        }
+    }
+}
+
 /// Draws one token per row. See docs/semantics.md for the exact rules. On failure nothing is
 /// written to `out`'s arrays, and `tokenrace_last_error()` names the argument (and row) that was
 /// wrong, e.g. `tokenrace_draw: batch.top_p[3]: 1.5 is not in (0, 1]`.
@@ -434,23 +537,13 @@ pub unsafe extern "C" fn tokenrace_draw(
     guard("tokenrace_draw", || {
         // SAFETY: the caller's contract for `sampler`, `batch` and `out`.
         unsafe {
-            let s = sampler.as_ref().ok_or_else(|| Error::invalid_argument("sampler: is NULL"))?;
-            let read = || -> Result<_> {
-                let b = read_versioned(batch, "batch")?;
-                let o = read_versioned(out as *const tokenrace_output, "out")?;
-                Ok((b, o))
-            };
-            let (b, o) = read().inspect_err(|_| s.inner.count_rejected())?;
+            let (s, b, o) = read_call(sampler, batch, out as *const tokenrace_output)?;
             // A draw that names a request state reads it under its shared lock, held until the
             // draw returns: the state's operations wait for it, never change it under the draw.
             let state = b.requests.as_ref().map(|q| q.inner.read());
             let batch = batch_from_c(&b, state.as_deref()).inspect_err(|_| s.inner.count_rejected())?;
             let (mut output, arrays) = output_from_c(&o, &batch).inspect_err(|_| s.inner.count_rejected())?;
-            if let Some(overlap) = arrays.overlap() {
-                // A wrong size makes arrays overlap too: its own message says more.
-                s.inner.count_rejected();
-                return Err(s.inner.check_draw(&batch, &output).err().unwrap_or(overlap));
-            }
+            refuse_overlap(s, arrays, || s.inner.check_draw(&batch, &output).err())?;
             s.inner.draw(&batch, &mut output)
         }
     })

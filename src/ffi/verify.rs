@@ -4,17 +4,13 @@
 //! [`Sampler::verify`](crate::Sampler::verify).
 
 use super::api::tokenrace_sampler;
-use super::convert::{arg_enum, opt_slice, read_versioned, slice};
+use super::convert::{arg_enum, opt_slice, slice};
 use super::disjoint::{Disjoint, Region};
-use super::draw::{lists, needs_offsets, offsets};
+use super::draw::{bias_lists, lists, logits_from_c, noise_from_c, read_call, refuse_overlap, word_lists};
 use super::panic::guard;
 use super::types::*;
-use crate::batch::{
-    noise_span, span, BadWords, DraftProbs, ExternalNoise, LogitBias, Logits, TokenBitmask, TokenLists, VerifyBatch,
-    VerifyOutput, VerifyStep,
-};
+use crate::batch::{span, DraftProbs, TokenBitmask, TokenLists, VerifyBatch, VerifyOutput, VerifyStep};
 use crate::error::{Error, Owner, Result};
-use crate::kernels::{Bf16, F16};
 
 /// A `u64` size or stride as `usize` (saturating: a huge value then fails its span check).
 fn size(v: u64) -> usize {
@@ -29,15 +25,8 @@ unsafe fn batch_from_c<'a>(b: &tokenrace_verify_batch) -> Result<VerifyBatch<'a>
     let (rows, vocab, requests) = (b.rows as usize, b.vocab as usize, b.requests as usize);
     let stride = if b.row_stride == 0 { vocab } else { size(b.row_stride) };
     let dtype: tokenrace_dtype = arg_enum(Owner::Batch, "dtype", b.dtype)?;
-    let at = |bytes| span(rows, vocab, stride, bytes, "row_stride");
     // SAFETY (every slice below): the caller's contract for the batch's pointers.
-    let logits = unsafe {
-        match dtype {
-            tokenrace_dtype::F32 => Logits::F32(slice(Owner::Batch, "logits", b.logits as *const f32, at(4)?)?),
-            tokenrace_dtype::Bf16 => Logits::Bf16(slice(Owner::Batch, "logits", b.logits as *const Bf16, at(2)?)?),
-            tokenrace_dtype::F16 => Logits::F16(slice(Owner::Batch, "logits", b.logits as *const F16, at(2)?)?),
-        }
-    };
+    let logits = unsafe { logits_from_c(dtype, b.logits, rows, vocab, stride)? };
     let draft_counts = unsafe { slice(Owner::Batch, "draft_counts", b.draft_counts, requests)? };
     let drafts = draft_counts.iter().map(|&c| c.max(0) as usize).sum::<usize>();
     let draft_probs = if b.draft_probs.is_null() {
@@ -47,18 +36,7 @@ unsafe fn batch_from_c<'a>(b: &tokenrace_verify_batch) -> Result<VerifyBatch<'a>
         let len = span(drafts, vocab, row_stride.max(vocab), 4, "draft_probs_row_stride")?;
         Some(DraftProbs { values: unsafe { slice(Owner::Batch, "draft_probs", b.draft_probs, len)? }, row_stride })
     };
-    let noise = if b.noise.is_null() {
-        None
-    } else {
-        let kind: tokenrace_noise_kind = arg_enum(Owner::Batch, "noise_kind", b.noise_kind)?;
-        let row_stride = size(b.noise_row_stride);
-        let len = noise_span(rows, vocab, row_stride)?;
-        Some(ExternalNoise {
-            values: unsafe { slice(Owner::Batch, "noise", b.noise, len)? },
-            kind: kind.into(),
-            row_stride,
-        })
-    };
+    let noise = unsafe { noise_from_c(b.noise, b.noise_kind, b.noise_row_stride, rows, vocab)? };
     Ok(VerifyBatch {
         logits,
         rows,
@@ -91,16 +69,7 @@ unsafe fn step_from_c<'a>(b: &tokenrace_verify_batch, requests: usize, vocab: us
     let n = requests;
     // SAFETY (every slice below): the caller's contract for the batch's pointers.
     unsafe {
-        let bias = match lists(n, ("bias_ids", b.bias_ids), ("bias_offsets", b.bias_offsets))? {
-            None => {
-                needs_offsets(&[("bias_values", !b.bias_values.is_null())], "bias_offsets")?;
-                None
-            }
-            Some(l) => {
-                let values = slice(Owner::Batch, "bias_values", b.bias_values, l.ids.len())?;
-                Some(LogitBias { ids: l.ids, values, offsets: l.offsets })
-            }
-        };
+        let bias = bias_lists(n, b.bias_ids, b.bias_values, b.bias_offsets)?;
         let bitmask = if b.token_bitmask.is_null() {
             None
         } else {
@@ -109,33 +78,12 @@ unsafe fn step_from_c<'a>(b: &tokenrace_verify_batch, requests: usize, vocab: us
             let len = span(b.rows as usize, words, row_stride.max(words), 4, "bitmask_row_stride")?;
             Some(TokenBitmask { words: slice(Owner::Batch, "token_bitmask", b.token_bitmask, len)?, row_stride })
         };
-        let bad_words = match offsets(n, "bad_words_row_offsets", b.bad_words_row_offsets, size_of::<u64>())? {
-            None => {
-                let given = [
-                    ("bad_words_ids", !b.bad_words_ids.is_null()),
-                    ("bad_word_offsets", !b.bad_word_offsets.is_null()),
-                ];
-                needs_offsets(&given, "bad_words_row_offsets")?;
-                None
-            }
-            Some((row_offsets, words)) => {
-                let Some((word_offsets, len)) =
-                    offsets(words, "bad_word_offsets", b.bad_word_offsets, size_of::<i32>())?
-                else {
-                    return Err(Error::arg(
-                        Owner::Batch,
-                        "bad_word_offsets",
-                        None,
-                        "is NULL while bad_words_row_offsets is given",
-                    ));
-                };
-                Some(BadWords {
-                    ids: slice(Owner::Batch, "bad_words_ids", b.bad_words_ids, len)?,
-                    word_offsets,
-                    row_offsets,
-                })
-            }
-        };
+        let bad_words = word_lists(
+            n,
+            ("bad_words_ids", b.bad_words_ids),
+            ("bad_word_offsets", b.bad_word_offsets),
+            ("bad_words_row_offsets", b.bad_words_row_offsets),
+        )?;
         Ok(VerifyStep {
             prompt_tokens: lists(n, ("prompt_ids", b.prompt_ids), ("prompt_offsets", b.prompt_offsets))?,
             output_tokens: lists(n, ("output_ids", b.output_ids), ("output_offsets", b.output_offsets))?,
@@ -250,20 +198,10 @@ pub unsafe extern "C" fn tokenrace_verify(
     guard("tokenrace_verify", || {
         // SAFETY: the caller's contract for `sampler`, `batch` and `out`.
         unsafe {
-            let s = sampler.as_ref().ok_or_else(|| Error::invalid_argument("sampler: is NULL"))?;
-            let read = || -> Result<_> {
-                let b = read_versioned(batch, "batch")?;
-                let o = read_versioned(out as *const tokenrace_verify_output, "out")?;
-                Ok((b, o))
-            };
-            let (b, o) = read().inspect_err(|_| s.inner.count_rejected())?;
+            let (s, b, o) = read_call(sampler, batch, out as *const tokenrace_verify_output)?;
             let batch = batch_from_c(&b).inspect_err(|_| s.inner.count_rejected())?;
             let (mut output, arrays) = output_from_c(&o, &batch).inspect_err(|_| s.inner.count_rejected())?;
-            if let Some(overlap) = arrays.overlap() {
-                // A wrong size makes arrays overlap too: its own message says more.
-                s.inner.count_rejected();
-                return Err(s.inner.check_verify(&batch, &output).err().unwrap_or(overlap));
-            }
+            refuse_overlap(s, arrays, || s.inner.check_verify(&batch, &output).err())?;
             s.inner.verify(&batch, &mut output)
         }
     })

@@ -5,6 +5,7 @@
 pub mod fixtures;
 pub mod reference;
 pub mod step;
+pub mod verify;
 
 /// The per-level runner: a body run at every SIMD level this CPU supports, failures naming the level.
 #[allow(unused_imports)] // not every test binary runs per level
@@ -205,15 +206,21 @@ pub fn chi2(counts: &[u64], probs: &[f64]) -> (f64, usize) {
 }
 
 pub fn sampler(level: SimdLevel, seed: u64) -> Sampler {
-    let choice = match level {
-        SimdLevel::Scalar => SimdChoice::Scalar,
-        SimdLevel::Portable => SimdChoice::Portable,
-        SimdLevel::Avx2 => SimdChoice::Avx2,
-        SimdLevel::Avx512 => SimdChoice::Avx512,
-        SimdLevel::Neon => SimdChoice::Neon,
-        SimdLevel::Vxe2 => SimdChoice::Vxe2,
-    };
-    Sampler::new(Config { simd: choice, seed: Some(seed), max_rows: 4096, ..Config::default() }).unwrap()
+    Sampler::new(Config { simd: step::choice_of(level), seed: Some(seed), max_rows: 4096, ..Config::default() })
+        .unwrap()
+}
+
+/// The first draw of `p` (float64 probabilities summing to 1) on one uniform of `rng` (inverse
+/// CDF); a uniform past the last rounding falls on the last token with mass.
+pub fn draw_from(rng: &mut TestRng, p: &[f64]) -> usize {
+    let mut u = rng.f64();
+    for (i, &w) in p.iter().enumerate() {
+        if u < w {
+            return i;
+        }
+        u -= w;
+    }
+    p.iter().rposition(|&w| w > 0.0).unwrap()
 }
 
 /// Draws every row of a batch and returns (tokens, flags).

@@ -508,12 +508,47 @@ impl Case {
     }
 }
 
-pub fn external_noise(rng: &mut TestRng, rows: usize, vocab: usize) -> Option<(Vec<f32>, NoiseKind, usize)> {
-    let kind = match rng.below(3) {
-        0 => return None,
-        1 => NoiseKind::Exp,
-        _ => NoiseKind::LogExp,
-    };
+/// Per-row seeds (none in one call of three), offsets and seeded flags.
+pub fn random_seeds(rng: &mut TestRng, rows: usize) -> (Option<Vec<u64>>, Vec<u64>, Vec<u8>) {
+    let seeds = (rng.below(3) != 0).then(|| (0..rows).map(|_| rng.u64()).collect::<Vec<u64>>());
+    let offsets: Vec<u64> = (0..rows).map(|_| rng.u64() % 100_000).collect();
+    let seeded: Vec<u8> = (0..rows).map(|_| (rng.below(2) == 0) as u8).collect();
+    (seeds, offsets, seeded)
+}
+
+/// The filters of one call in two: top_k, top_p and min_p, each given two times in three, with
+/// values at and past their edges (top_k 0, -3 and the vocabulary; top_p and min_p 1).
+pub type Filters = (Option<Vec<i32>>, Option<Vec<f32>>, Option<Vec<f32>>);
+
+pub fn random_filters(rng: &mut TestRng, rows: usize, vocab: usize) -> Filters {
+    let (mut top_k, mut top_p, mut min_p) = (None, None, None);
+    if rng.below(2) == 0 {
+        let ks = [0i32, 0, 1, 2, 5, 40, 1000, vocab as i32, -3];
+        let ps = [1.0f32, 1.0, 0.3, 0.8, 0.95, 0.999];
+        let mps = [0.0f32, 0.0, 0.02, 0.1, 0.5, 1.0];
+        if rng.below(3) != 0 {
+            top_k = Some((0..rows).map(|_| ks[rng.below(ks.len())]).collect());
+        }
+        if rng.below(3) != 0 {
+            top_p = Some((0..rows).map(|_| ps[rng.below(ps.len())]).collect());
+        }
+        if rng.below(3) != 0 {
+            min_p = Some((0..rows).map(|_| mps[rng.below(mps.len())]).collect());
+        }
+    }
+    (top_k, top_p, min_p)
+}
+
+/// Noise of `kind` for `rows` rows (one shared row, stride 0, one call in four) and its stride.
+/// In one call of four, one value in 500 is special: for E noise one of `exp_specials`, for ln E
+/// noise -inf, +inf or NaN (picked by the same draw, NaN past the second).
+pub fn random_noise_values(
+    rng: &mut TestRng,
+    kind: NoiseKind,
+    rows: usize,
+    vocab: usize,
+    exp_specials: &[f32],
+) -> (Vec<f32>, usize) {
     let stride = if rng.below(4) == 0 { 0 } else { vocab };
     let count = if stride == 0 { vocab } else { rows * vocab };
     let special = rng.below(4) == 0;
@@ -521,14 +556,10 @@ pub fn external_noise(rng: &mut TestRng, rows: usize, vocab: usize) -> Option<(V
         .map(|_| {
             let e = rng.exp();
             if special && rng.below(500) == 0 {
-                return match (kind, rng.below(4)) {
-                    (NoiseKind::Exp, 0) => 0.0,
-                    (NoiseKind::Exp, 1) => f32::NAN,
-                    (NoiseKind::Exp, 2) => -1.0,
-                    (NoiseKind::Exp, _) => 1e-40,
-                    (NoiseKind::LogExp, 0) => f32::NEG_INFINITY,
-                    (NoiseKind::LogExp, 1) => f32::INFINITY,
-                    (NoiseKind::LogExp, _) => f32::NAN,
+                let pick = rng.below(exp_specials.len());
+                return match kind {
+                    NoiseKind::Exp => exp_specials[pick],
+                    NoiseKind::LogExp => [f32::NEG_INFINITY, f32::INFINITY, f32::NAN][pick.min(2)],
                 };
             }
             if kind == NoiseKind::Exp {
@@ -538,6 +569,18 @@ pub fn external_noise(rng: &mut TestRng, rows: usize, vocab: usize) -> Option<(V
             }
         })
         .collect();
+    (values, stride)
+}
+
+pub fn external_noise(rng: &mut TestRng, rows: usize, vocab: usize) -> Option<(Vec<f32>, NoiseKind, usize)> {
+    let kind = match rng.below(3) {
+        0 => return None,
+        1 => NoiseKind::Exp,
+        _ => NoiseKind::LogExp,
+    };
+    // One case in four also holds special values: 0, NaN, negative and subnormal E (-inf, +inf,
+    // NaN ln E).
+    let (values, stride) = random_noise_values(rng, kind, rows, vocab, &[0.0, f32::NAN, -1.0, 1e-40]);
     Some((values, kind, stride))
 }
 
@@ -570,24 +613,8 @@ pub fn make_case(rng: &mut TestRng, dtype: Dtype, index: usize, vocab: usize, ro
     };
     // T = 0 (greedy) one row in six.
     let temps: Vec<f32> = (0..rows).map(|_| [0.0f32, 0.3, 0.7, 1.0, 1.0, 2.0][rng.below(6)]).collect();
-    let seeds = (rng.below(3) != 0).then(|| (0..rows).map(|_| rng.u64()).collect::<Vec<u64>>());
-    let offsets: Vec<u64> = (0..rows).map(|_| rng.u64() % 100_000).collect();
-    let seeded: Vec<u8> = (0..rows).map(|_| (rng.below(2) == 0) as u8).collect();
-    let (mut top_k, mut top_p, mut min_p) = (None, None, None);
-    if rng.below(2) == 0 {
-        let ks = [0i32, 0, 1, 2, 5, 40, 1000, vocab as i32, -3];
-        let ps = [1.0f32, 1.0, 0.3, 0.8, 0.95, 0.999];
-        let mps = [0.0f32, 0.0, 0.02, 0.1, 0.5, 1.0];
-        if rng.below(3) != 0 {
-            top_k = Some((0..rows).map(|_| ks[rng.below(ks.len())]).collect());
-        }
-        if rng.below(3) != 0 {
-            top_p = Some((0..rows).map(|_| ps[rng.below(ps.len())]).collect());
-        }
-        if rng.below(3) != 0 {
-            min_p = Some((0..rows).map(|_| mps[rng.below(mps.len())]).collect());
-        }
-    }
+    let (seeds, offsets, seeded) = random_seeds(rng, rows);
+    let (top_k, top_p, min_p) = random_filters(rng, rows, vocab);
     let noise = external_noise(rng, rows, vocab);
     let mode = if rng.below(2) == 0 { LogprobMode::Raw } else { LogprobMode::Processed };
     let top_n = [0usize, 1, 3, 20][rng.below(4)].min(vocab);
@@ -785,4 +812,153 @@ pub fn setups() -> Vec<Setup> {
         }
     }
     out
+}
+
+/// What a draw with every per-row output writes: (tokens, flags, logprobs, ranks, top-n ids,
+/// top-n logprobs).
+pub type DrawnRows = (Vec<i32>, Vec<u32>, Vec<f32>, Vec<i32>, Vec<i32>, Vec<f32>);
+
+/// Draws `b` with logprobs in `mode`, ranks and the top `top_n`.
+pub fn draw_with_logprobs(s: &Sampler, b: &Batch, mode: LogprobMode, top_n: usize) -> DrawnRows {
+    let rows = b.rows;
+    let (mut tokens, mut flags, mut lps, mut ranks) =
+        (vec![-1; rows], vec![0u32; rows], vec![0f32; rows], vec![0; rows]);
+    let (mut ids, mut tlps) = (vec![0; rows * top_n], vec![0f32; rows * top_n]);
+    let mut out = Output {
+        flags: Some(&mut flags),
+        logprobs: Some(&mut lps),
+        ranks: Some(&mut ranks),
+        top_n,
+        topn_ids: Some(&mut ids),
+        topn_logprobs: Some(&mut tlps),
+        logprob_mode: mode,
+        ..Output::new(&mut tokens)
+    };
+    s.draw(b, &mut out).unwrap();
+    (tokens, flags, lps, ranks, ids, tlps)
+}
+
+/// The greedy token of the one-row batch `b` and the processed logprob of every token.
+pub fn greedy_with_processed_row(b: &Batch) -> (i32, Vec<f32>) {
+    let s = Sampler::new(Config { seed: Some(1), ..Config::default() }).unwrap();
+    let (mut tokens, mut full) = ([-1], vec![0f32; b.vocab]);
+    let mut out = Output {
+        full_logprobs: Some(&mut full),
+        full_row_stride: b.vocab,
+        full_mode: FullMode::Processed,
+        ..Output::new(&mut tokens)
+    };
+    s.draw(b, &mut out).unwrap();
+    (tokens[0], full)
+}
+
+/// The seeded rows of `fused` (a batch with step inputs) draw what the same rows already
+/// processed draw (`plain`, without them): the same token, flags and processed logprob bits, at
+/// every level, on 1 and 4 threads, with and without logprobs. `what(threads, logprobs, row)`
+/// names a failing row.
+pub fn assert_fused_draws_as_plain(fused: &Batch, plain: &Batch, what: impl Fn(usize, bool, usize) -> String) {
+    let rows = fused.rows;
+    super::each_level(|level| {
+        for threads in [1, 4] {
+            let s = Sampler::new(config(level, threads, rf::Order::TemperatureFirst)).unwrap();
+            for with_logprobs in [false, true] {
+                let draw = |b: &Batch| {
+                    let (mut tokens, mut flags, mut lps) = (vec![-1; rows], vec![0; rows], vec![0f32; rows]);
+                    let mut out = Output {
+                        flags: Some(&mut flags),
+                        logprob_mode: LogprobMode::Processed,
+                        ..Output::new(&mut tokens)
+                    };
+                    if with_logprobs {
+                        out.logprobs = Some(&mut lps);
+                    }
+                    s.draw(b, &mut out).unwrap();
+                    (tokens, flags, lps)
+                };
+                let fused = draw(fused);
+                let plain = draw(plain);
+                for r in 0..rows {
+                    assert_eq!(
+                        (fused.0[r], fused.1[r], fused.2[r].to_bits()),
+                        (plain.0[r], plain.1[r], plain.2[r].to_bits()),
+                        "{}",
+                        what(threads, with_logprobs, r)
+                    );
+                }
+            }
+        }
+    });
+}
+
+/// Draws `b` into sentinel-filled tokens on a sampler seeded with 1 and expects
+/// INVALID_ARGUMENT naming `want`, with nothing written; returns the sampler, for checks of
+/// its stream.
+pub fn expect_draw_error(b: &Batch, want: &str) -> Sampler {
+    let s = Sampler::new(Config { seed: Some(1), ..Config::default() }).unwrap();
+    let mut tokens = vec![-7; b.rows];
+    let err = s.draw(b, &mut Output::new(&mut tokens)).expect_err(want);
+    assert_eq!(err.kind, ErrorKind::InvalidArgument, "{want}: {err}");
+    assert!(err.message.contains(want), "expected a message containing {want:?}, got {:?}", err.message);
+    assert!(tokens.iter().all(|&t| t == -7), "{want}: a failed call wrote tokens");
+    s
+}
+
+/// Rows whose token could not be checked exactly: the filters' cut within rounding of a
+/// threshold (`ambiguous`), and near ties.
+#[derive(Default, Debug)]
+pub struct Unchecked {
+    pub ambiguous: usize,
+    pub near_ties: usize,
+}
+
+impl Unchecked {
+    /// A test that skips everything tests nothing: a handful of near ties at most (5, or one
+    /// in 500 of the `raced` rows), and at most `ambiguous` filter cuts within rounding.
+    pub fn assert_few(&self, raced: usize, ambiguous: usize) {
+        let allowed = 5.max(raced / 500);
+        assert!(self.near_ties <= allowed, "{} near ties of {} races skipped", self.near_ties, raced);
+        assert!(self.ambiguous <= ambiguous, "{} rows with a filter cut within rounding", self.ambiguous);
+    }
+}
+
+/// Checks the library's token `tok` of a row against the reference's draw `d`: any token when
+/// the filters' cut is within rounding of a threshold (`d.ambiguous`: the token depends on it),
+/// one of the near-tied best in a near tie (docs/semantics.md, "Noise": the library may return
+/// any token whose float64 key is within the documented tolerance of the best), else exactly
+/// `d.token`. Rows it cannot check exactly are counted and printed when `count` is given (the
+/// first pass over a case). `at` names the row; `more` adds to the message of a wrong token.
+pub fn check_drawn_token(
+    tok: usize,
+    d: &rf::Drawn,
+    count: Option<&mut Unchecked>,
+    at: &str,
+    more: impl Fn() -> String,
+) {
+    if d.ambiguous {
+        if let Some(c) = count {
+            c.ambiguous += 1;
+            eprintln!("skipped, filter cut within rounding: {at}");
+        }
+    } else if !d.near.is_empty() {
+        if let Some(c) = count {
+            c.near_ties += 1;
+            eprintln!("skipped near tie ({} vs {:?}, gap {:.2} tolerances): {at}", d.token, d.near, d.gap);
+        }
+        assert!(
+            tok == d.token || d.near.contains(&tok),
+            "{at}: token {tok} is none of the near-tied best {} and {:?}",
+            d.token,
+            d.near
+        );
+    } else {
+        assert_eq!(
+            tok,
+            d.token,
+            "{at}: expected token {} (the closest other, {}, is {:.3e} tolerances below), got {tok}{}",
+            d.token,
+            d.runner_up,
+            d.gap,
+            more()
+        );
+    }
 }
