@@ -44,7 +44,10 @@ fn pid_page() -> Option<&'static AtomicU32> {
     if addr == UNMADE {
         let made = make_wiped_page().unwrap_or(UNAVAILABLE);
         addr = match PID_PAGE.compare_exchange(UNMADE, made, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => made,
+            Ok(_) => {
+                reset_in_children();
+                made
+            }
             Err(theirs) => {
                 // Another thread made one first: this one goes back.
                 free_page(made);
@@ -87,6 +90,21 @@ fn make_wiped_page() -> Option<usize> {
 #[cfg(not(any(target_os = "linux", target_os = "android")))]
 fn make_wiped_page() -> Option<usize> {
     None
+}
+
+/// Also clears the page in a child of `fork()` from the C library (a `pthread_atfork` handler),
+/// for a kernel or an emulator (qemu-user) that accepts `MADV_WIPEONFORK` without honouring it.
+fn reset_in_children() {
+    extern "C" fn child() {
+        let addr = PID_PAGE.load(Ordering::Acquire);
+        if addr != UNMADE && addr != UNAVAILABLE {
+            // SAFETY: as in `pid_page`: a mapped page, only ever used as this atomic.
+            unsafe { &*(addr as *const AtomicU32) }.store(0, Ordering::Relaxed);
+        }
+    }
+    // SAFETY: registers a handler that only stores to an atomic (async-signal-safe); failure
+    // (ENOMEM) leaves the kernel's wipe alone to clear the page, as before.
+    unsafe { libc::pthread_atfork(None, None, Some(child)) };
 }
 
 /// Unmaps a page [`make_wiped_page`] made that nothing uses ([`UNAVAILABLE`]: none).
