@@ -32,6 +32,8 @@ pub enum Owner {
     Batch,
     /// Where a draw writes (`Output`, `tokenrace_output`).
     Output,
+    /// A request's sampling parameters (`RequestParams`, `tokenrace_request_params`).
+    Params,
 }
 
 impl Owner {
@@ -39,6 +41,7 @@ impl Owner {
         match self {
             Owner::Batch => "batch",
             Owner::Output => "out",
+            Owner::Params => "params",
         }
     }
 }

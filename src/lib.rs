@@ -58,7 +58,7 @@ pub use error::{Error, ErrorKind, Location, Owner, Result};
 pub use filter::chain::{Stage, FILTERS_FIRST, RESERVED_STAGE_IDS, TEMPERATURE_FIRST};
 pub use kernels::{best_level, supported_levels, Bf16, SimdLevel, F16};
 pub use noise::pool::{Lease, Pool as NoisePool, PoolStats};
-pub use requests::{RequestRows, Requests};
+pub use requests::{RequestParams, RequestRows, Requests};
 pub use sampler::{Sampler, SamplerStats};
 pub use shard::shard_logprobs;
 pub use shard::{

@@ -1,6 +1,6 @@
 //! The sampler: a configuration, the chosen kernels, the key stream of unseeded rows, counters.
 
-use crate::batch::{validate, validate_but_ids, Batch, Ids, Output, VerifyBatch, VerifyOutput};
+use crate::batch::{validate, validate_but_ids, with_held_params, Batch, Ids, Output, VerifyBatch, VerifyOutput};
 use crate::config::{Config, DrainPolicy, NoiseKind, NoiseSource, PoolConfig, MAX_POOL_ROWS};
 use crate::draw::verify::Drafts;
 use crate::draw::RequestStep;
@@ -252,7 +252,7 @@ impl Sampler {
 
     /// Draws one token per row of `batch` into `out`. On error nothing is written.
     pub fn draw(&self, batch: &Batch, out: &mut Output) -> Result<()> {
-        self.try_draw(batch, out).inspect_err(|_| self.count_rejected())
+        with_held_params(batch, |batch| self.try_draw(batch, out)).inspect_err(|_| self.count_rejected())
     }
 
     /// Counts a draw call refused before it reached [`Sampler::draw`] (by the C layer).
@@ -262,7 +262,7 @@ impl Sampler {
 
     /// Checks a draw's arguments as [`Sampler::draw`] does, drawing nothing.
     pub(crate) fn check_draw(&self, batch: &Batch, out: &Output) -> Result<()> {
-        validate(self.kernels, batch, out, self.cfg.max_rows, self.cfg.vocab_size)
+        with_held_params(batch, |batch| validate(self.kernels, batch, out, self.cfg.max_rows, self.cfg.vocab_size))
     }
 
     fn try_draw(&self, batch: &Batch, out: &mut Output) -> Result<()> {

@@ -260,3 +260,196 @@ fn bad_words_match_the_requests_output() {
         assert!(a.0[1..].iter().all(|&t| t != 5), "{level:?}: a banned token was drawn: {a:?}");
     });
 }
+
+/// The sampling parameters of row `r` of `b` (a validated batch), as a request holds them.
+fn params_of(b: &Batch, r: usize) -> RequestParams {
+    let f = |s: Option<&[f32]>, off: f32| s.map_or(off, |s| s[r]);
+    let i = |s: Option<&[i32]>, off: i32| s.map_or(off, |s| s[r]);
+    let list = |l: Option<TokenLists>| l.map_or(Vec::new(), |l| l.row(r).to_vec());
+    let (bias_ids, bias_values) = b.logit_bias.map_or((&[][..], &[][..]), |l| l.row(r));
+    let restricted = b.allowed_tokens.is_some() && b.allowed_rows.is_none_or(|m| m[r] != 0);
+    RequestParams {
+        temperature: f(b.temperature, 1.0),
+        seed: b.seed_of(r).map(|(seed, _)| seed),
+        top_k: i(b.top_k, 0),
+        top_p: f(b.top_p, 1.0),
+        min_p: f(b.min_p, 0.0),
+        top_n_sigma: f(b.top_n_sigma, 0.0),
+        min_keep: i(b.min_keep, 0),
+        typical_p: f(b.typical_p, 1.0),
+        repetition_penalty: f(b.repetition_penalty, 1.0),
+        frequency_penalty: f(b.frequency_penalty, 0.0),
+        presence_penalty: f(b.presence_penalty, 0.0),
+        penalty_last_n: i(b.penalty_last_n, 0),
+        min_tokens: i(b.min_tokens, 0),
+        stop_tokens: list(b.stop_tokens),
+        bias_ids: bias_ids.to_vec(),
+        bias_values: bias_values.to_vec(),
+        allowed_tokens: restricted.then(|| list(b.allowed_tokens)),
+        banned_tokens: list(b.banned_tokens),
+    }
+}
+
+/// `b` without the arrays a request's parameters hold (its offsets kept: a seeded row's
+/// position stays the batch's).
+fn without_params(b: Batch) -> Batch {
+    Batch {
+        temperature: None,
+        seeds: None,
+        seeded: None,
+        top_k: None,
+        top_p: None,
+        min_p: None,
+        top_n_sigma: None,
+        min_keep: None,
+        typical_p: None,
+        repetition_penalty: None,
+        frequency_penalty: None,
+        presence_penalty: None,
+        penalty_last_n: None,
+        min_tokens: None,
+        stop_tokens: None,
+        logit_bias: None,
+        allowed_tokens: None,
+        allowed_rows: None,
+        banned_tokens: None,
+        ..b
+    }
+}
+
+/// Random calls mixing every input of the step, each row's sampling parameters held by its
+/// request instead of passed as arrays: the same outputs, bit for bit, at every level, on 1 and
+/// 2 threads, in both filter orders.
+#[test]
+fn parameters_held_by_the_state_draw_as_the_batch_arrays() {
+    tokenrace::internals::force_participants(usize::MAX);
+    let mut edges = Edges::default();
+    let mut all = cases(Dtype::F32, 0x5eed_0003, &mut edges);
+    all.extend(cases(Dtype::Bf16, 0x5eed_0004, &mut edges).into_iter().step_by(3));
+    let mut rng = TestRng::new(13);
+    let states: Vec<(Requests, Vec<u64>)> = all
+        .iter()
+        .map(|c| {
+            let (mut state, ids) = state_of(&c.step, c.rows, &mut rng);
+            let b = c.batch();
+            for (r, &id) in ids.iter().enumerate() {
+                state.set_params(id, params_of(&b, r)).unwrap();
+            }
+            (state, ids)
+        })
+        .collect();
+    for order in ORDERS {
+        common::each_level(|level| {
+            for threads in [1usize, 2] {
+                let lists = Sampler::new(config(level, threads, order)).unwrap();
+                let held = Sampler::new(config(level, threads, order)).unwrap();
+                for (case, (state, ids)) in all.iter().zip(&states) {
+                    let with_state = without_params(named(case.batch(), state, ids));
+                    let what = format!("{}: {threads} threads {order:?}", case.label);
+                    let (a, b) = (run_batch(&lists, &case.batch(), case), run_batch(&held, &with_state, case));
+                    assert_eq!(bits(&a), bits(&b), "{what}");
+                }
+            }
+        });
+    }
+}
+
+/// A batch's own array wins over what the requests hold, for every row; a request without
+/// parameters draws with the defaults; a seeded request without the batch's offsets draws at
+/// its output length (and moves on as tokens are appended); the parameters come back as set.
+#[test]
+fn batch_arrays_override_the_held_parameters_and_seeds_follow_the_output() {
+    let (vocab, rows) = (500usize, 4usize);
+    let mut rng = TestRng::new(21);
+    let x: Vec<f32> = (0..rows * vocab).map(|_| rng.normal() as f32 * 2.0).collect();
+    let mut state = Requests::new();
+    let ids = [40u64, 41, 42, 43];
+    let mut outputs: Vec<Vec<i32>> = vec![vec![], vec![3, 3], vec![9; 7], vec![1]];
+    for (r, &id) in ids.iter().enumerate() {
+        state.add(id, &[5, 6, 7], &outputs[r]).unwrap();
+    }
+    let held =
+        RequestParams { temperature: 0.7, seed: Some(99), top_p: 0.8, repetition_penalty: 1.3, ..Default::default() };
+    for &id in &ids[..3] {
+        state.set_params(id, held.clone()).unwrap();
+    }
+    assert_eq!(state.params(40).unwrap(), held);
+    assert_eq!(state.params(43).unwrap(), RequestParams::default());
+    let s = Sampler::new(Config { seed: Some(1), ..Config::default() }).unwrap();
+    for step in 0..6 {
+        // The same draw spelled out: row 3 (no parameters) unseeded at the defaults, the
+        // others seeded at their output lengths.
+        let (prompt, output) = (Csr::from_rows(&vec![vec![5, 6, 7]; 4]), Csr::from_rows(&outputs));
+        let offsets: Vec<u64> = outputs.iter().map(|o| o.len() as u64).collect();
+        let spelled = Batch {
+            temperature: Some(&[0.7, 0.7, 0.7, 1.0]),
+            seeds: Some(&[99, 99, 99, 0]),
+            seeded: Some(&[1, 1, 1, 0]),
+            offsets: Some(&offsets),
+            top_p: Some(&[0.8, 0.8, 0.8, 1.0]),
+            repetition_penalty: Some(&[1.3, 1.3, 1.3, 1.0]),
+            prompt_tokens: Some(prompt.lists()),
+            output_tokens: Some(output.lists()),
+            ..Batch::new(Logits::F32(&x), rows, vocab)
+        };
+        let named = Batch {
+            requests: Some(RequestRows { state: &state, ids: &ids }),
+            ..Batch::new(Logits::F32(&x), rows, vocab)
+        };
+        let seeded = |b: &Batch| common::draw(&s, b).0[..3].to_vec();
+        assert_eq!(seeded(&named), seeded(&spelled), "step {step}");
+        // The batch's temperature, when given, is every row's.
+        let temps = [0.0f32, 2.0, 0.0, 0.0];
+        let (a, b) = (
+            seeded(&Batch { temperature: Some(&temps), ..named }),
+            seeded(&Batch { temperature: Some(&temps), ..spelled }),
+        );
+        assert_eq!(a, b, "step {step}, the batch's temperatures");
+        let drawn = seeded(&named);
+        let new = [drawn[0], drawn[1], drawn[2], 0];
+        state.append(&ids, &new, None).unwrap();
+        for (o, &t) in outputs.iter_mut().zip(&new) {
+            o.push(t);
+        }
+    }
+    assert_eq!(state.params(41).unwrap(), held);
+}
+
+/// A refused parameter names its field and leaves the request's parameters as they were; a
+/// listed token outside a draw's vocabulary refuses that draw naming the row and request.
+#[test]
+fn bad_parameters_are_refused_naming_the_field() {
+    let mut state = Requests::new();
+    state.add(8, &[1], &[]).unwrap();
+    let good = RequestParams { top_k: 5, ..Default::default() };
+    state.set_params(8, good.clone()).unwrap();
+    let cases: [(RequestParams, &str); 8] = [
+        (RequestParams { top_p: 1.5, ..Default::default() }, "params.top_p: 1.5 is not in (0, 1]"),
+        (
+            RequestParams { temperature: -1.0, ..Default::default() },
+            "params.temperature: -1 is not a finite number >= 0",
+        ),
+        (
+            RequestParams { repetition_penalty: 0.0, ..Default::default() },
+            "params.repetition_penalty: 0 is not a finite number > 0",
+        ),
+        (RequestParams { min_tokens: -2, ..Default::default() }, "params.min_tokens: -2 is negative"),
+        (RequestParams { banned_tokens: vec![3, -4], ..Default::default() }, "params.banned_tokens"),
+        (RequestParams { bias_ids: vec![3], bias_values: vec![f32::NAN], ..Default::default() }, "params.bias_values"),
+        (
+            RequestParams { bias_ids: vec![3, 4], bias_values: vec![1.0], ..Default::default() },
+            "params.bias_values: has 1 entries",
+        ),
+        (RequestParams { typical_p: 0.0, ..Default::default() }, "params.typical_p: 0 is not in (0, 1]"),
+    ];
+    for (p, want) in cases {
+        let err = state.set_params(8, p).unwrap_err();
+        assert!(err.message.starts_with(want), "{err} (wanted {want})");
+        assert_eq!(state.params(8).unwrap(), good);
+    }
+    assert!(state.set_params(9, good.clone()).unwrap_err().message.contains("request 9 is not in the state"));
+    state.set_params(8, RequestParams { stop_tokens: vec![10], min_tokens: 2, ..Default::default() }).unwrap();
+    let x = vec![0.5f32; 10];
+    let b = Batch { requests: Some(RequestRows { state: &state, ids: &[8] }), ..Batch::new(Logits::F32(&x), 1, 10) };
+    expect_draw_error(&b, "batch.request_ids[0]: request 8's parameters name token 10, outside vocab 10");
+}

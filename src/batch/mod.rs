@@ -6,8 +6,11 @@
 //! pointers into slices (with [`span`], the one overflow check of a strided layout) and leaves
 //! every other rule to it. Errors carry their location (`batch.top_p[3]`) as data.
 
+mod held;
 mod validate;
 mod verify;
+
+pub(crate) use held::{check_request_params, with_held_params};
 
 pub(crate) use validate::{
     logits_rows, row_ids_in_range, span_of, validate, validate_but_ids, validate_params, validate_step_inputs, Ids,

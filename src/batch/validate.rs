@@ -447,6 +447,15 @@ fn validate_requests(batch: &Batch) -> Result<()> {
                 batch.vocab
             );
         }
+        if request.params_largest() >= 0 && request.params_largest() as usize >= batch.vocab {
+            bail_batch!(
+                "request_ids",
+                Some(r),
+                "request {id}'s parameters name token {}, outside vocab {}",
+                request.params_largest(),
+                batch.vocab
+            );
+        }
     }
     Ok(())
 }

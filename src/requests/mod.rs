@@ -19,6 +19,9 @@ use std::collections::HashMap;
 use crate::alloc;
 use crate::error::{Error, ErrorKind, Result};
 
+mod params;
+pub use params::RequestParams;
+
 /// The histories of one live request.
 #[derive(Debug)]
 pub(crate) struct Request {
@@ -32,6 +35,10 @@ pub(crate) struct Request {
     output: Vec<i32>,
     /// The largest token of the prompt and the output (-1 while both are empty).
     largest: i32,
+    /// The request's sampling parameters, when it set any (`None`: every one off).
+    params: Option<Box<RequestParams>>,
+    /// The largest token id the parameters' lists name (-1 when none).
+    params_largest: i32,
 }
 
 impl Request {
@@ -55,6 +62,14 @@ impl Request {
     pub(crate) fn largest(&self) -> i32 {
         self.largest
     }
+    /// The request's sampling parameters, when it set any.
+    pub(crate) fn params(&self) -> Option<&RequestParams> {
+        self.params.as_deref()
+    }
+    /// The largest token id its parameters' lists name, -1 when they name none.
+    pub(crate) fn params_largest(&self) -> i32 {
+        self.params_largest
+    }
 }
 
 /// The prompt and output histories of the live requests, keyed by a caller-chosen `u64` id.
@@ -64,6 +79,8 @@ impl Request {
 #[derive(Default)]
 pub struct Requests {
     live: HashMap<u64, Request>,
+    /// How many live requests hold parameters: a draw looks for them only when some do.
+    with_params: usize,
 }
 
 impl std::fmt::Debug for Requests {
@@ -155,6 +172,8 @@ impl Requests {
             prompt_bits,
             output: alloc::collect(output.iter().copied(), "the request's output")?,
             largest: prompt.iter().chain(output).copied().max().unwrap_or(-1),
+            params: None,
+            params_largest: -1,
         };
         self.live.try_reserve(1).map_err(|_| out_of_memory("the requests' table"))?;
         self.live.insert(id, request);
@@ -164,7 +183,10 @@ impl Requests {
     /// Removes request `id` (its storage is freed). Refused when `id` is not live.
     pub fn remove(&mut self, id: u64) -> Result<()> {
         match self.live.remove(&id) {
-            Some(_) => Ok(()),
+            Some(q) => {
+                self.with_params -= q.params.is_some() as usize;
+                Ok(())
+            }
             None => Err(Error::invalid_argument(format!("id: request {id} is not in the state"))),
         }
     }
@@ -172,6 +194,40 @@ impl Requests {
     /// Removes every request.
     pub fn reset(&mut self) {
         self.live = HashMap::new();
+        self.with_params = 0;
+    }
+
+    /// Sets the sampling parameters of request `id` (replacing any it had; the default turns
+    /// every one off): a draw that names the request takes from them each parameter its batch
+    /// leaves unset ([`RequestParams`]). Refused when `id` is not live or a value breaks the
+    /// batch's rule for it (`params.top_p: 1.5 is not in (0, 1]`); a refused call changes
+    /// nothing. Token ids are checked against each draw's vocabulary when it names the request.
+    pub fn set_params(&mut self, id: u64, params: RequestParams) -> Result<()> {
+        crate::batch::check_request_params(&params)?;
+        let Some(q) = self.live.get_mut(&id) else {
+            return Err(Error::invalid_argument(format!("id: request {id} is not in the state")));
+        };
+        let had = q.params.is_some();
+        if params == RequestParams::default() {
+            (q.params, q.params_largest) = (None, -1);
+        } else {
+            let boxed = Box::new(params);
+            q.params_largest = boxed.largest_id();
+            q.params = Some(boxed);
+        }
+        self.with_params = self.with_params - had as usize + q.params.is_some() as usize;
+        Ok(())
+    }
+
+    /// The sampling parameters of request `id`: `None` when it is not live, the defaults when it
+    /// set none.
+    pub fn params(&self, id: u64) -> Option<RequestParams> {
+        self.live.get(&id).map(|q| q.params.as_deref().cloned().unwrap_or_default())
+    }
+
+    /// Whether any live request holds parameters.
+    pub(crate) fn any_params(&self) -> bool {
+        self.with_params > 0
     }
 
     /// Appends new output tokens to several requests at once: request `ids[i]` gets

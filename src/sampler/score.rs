@@ -3,7 +3,7 @@
 
 use super::Sampler;
 use crate::alloc;
-use crate::batch::{validate, validate_but_ids, Batch, Ids, Output};
+use crate::batch::{validate, validate_but_ids, with_held_params, Batch, Ids, Output};
 use crate::error::{Error, Result};
 use crate::plan::plan;
 
@@ -20,6 +20,11 @@ impl Sampler {
     /// comes from the row's key: a seeded row tosses its own coin, an unseeded one that of seed
     /// 0 at offset 0. On error nothing is written.
     pub fn score(&self, batch: &Batch, targets: &[i32], out: &mut Output) -> Result<()> {
+        with_held_params(batch, |batch| self.score_held(batch, targets, out))
+    }
+
+    /// [`Sampler::score`] of a batch whose arrays hold its requests' parameters.
+    fn score_held(&self, batch: &Batch, targets: &[i32], out: &mut Output) -> Result<()> {
         if batch.forced_tokens.is_some() {
             return Err(Error::invalid_argument(
                 "batch.forced_tokens: must be absent in a score call (target_ids gives each row its token)",
