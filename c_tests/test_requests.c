@@ -1,7 +1,9 @@
 /* The request state through the C ABI: requests added once and appended to after each draw,
  * drawn by request id, give exactly the tokens and logprobs of the same draws with the
- * histories passed as CSR lists (seeded rows, every penalty, a penalty window); an unknown id
- * is refused naming the row, nothing written; a refused append changes nothing. */
+ * histories passed as CSR lists (seeded rows, every penalty, a penalty window); so do requests
+ * that hold their sampling parameters (tokenrace_requests_set_params) and take each drawn token
+ * themselves (batch.append_to_requests); an unknown id is refused naming the row, nothing
+ * written; a refused append changes nothing. */
 #include "tokenrace.h"
 #include <stdint.h>
 #include <stdio.h>
@@ -21,11 +23,13 @@ int main(void) {
   tokenrace_config cfg = tokenrace_config_default();
   cfg.seed = 9;
   cfg.has_seed = 1;
-  tokenrace_sampler *with_lists = NULL, *with_state = NULL;
+  tokenrace_sampler *with_lists = NULL, *with_state = NULL, *with_params = NULL;
   CHECK(tokenrace_sampler_new(&cfg, &with_lists) == TOKENRACE_STATUS_OK);
   CHECK(tokenrace_sampler_new(&cfg, &with_state) == TOKENRACE_STATUS_OK);
-  tokenrace_requests *state = NULL;
+  CHECK(tokenrace_sampler_new(&cfg, &with_params) == TOKENRACE_STATUS_OK);
+  tokenrace_requests *state = NULL, *holding = NULL;
   CHECK(tokenrace_requests_new(&state) == TOKENRACE_STATUS_OK);
+  CHECK(tokenrace_requests_new(&holding) == TOKENRACE_STATUS_OK);
 
   static float logits[ROWS * V];
   for (int i = 0; i < ROWS * V; i++) logits[i] = (float)(next_u32() % 1000) / 250.0f;
@@ -45,6 +49,20 @@ int main(void) {
   const float frequency[ROWS] = {0.2f, -0.1f, 0.0f};
   const float presence[ROWS] = {0.1f, 0.3f, 0.0f};
   const int32_t last_n[ROWS] = {0, 25, 7};
+  /* The same requests again, each holding its parameters: its draws pass none. */
+  for (int r = 0; r < ROWS; r++) {
+    CHECK(tokenrace_requests_add(holding, ids[r], prompts[r], (uint64_t)prompt_len[r], NULL, 0) ==
+          TOKENRACE_STATUS_OK);
+    tokenrace_request_params p = tokenrace_request_params_default();
+    p.temperature = temps[r];
+    p.seed = seeds[r];
+    p.has_seed = 1;
+    p.repetition_penalty = repetition[r];
+    p.frequency_penalty = frequency[r];
+    p.presence_penalty = presence[r];
+    p.penalty_last_n = last_n[r];
+    CHECK(tokenrace_requests_set_params(holding, ids[r], &p) == TOKENRACE_STATUS_OK);
+  }
   for (int step = 0; step < STEPS; step++) {
     static int32_t prompt_ids[ROWS * MAXH], output_ids[ROWS * MAXH];
     uint64_t prompt_offsets[ROWS + 1] = {0}, output_offsets[ROWS + 1] = {0}, offsets[ROWS];
@@ -85,12 +103,27 @@ int main(void) {
     CHECK(tokenrace_draw(with_state, &named, &ob) == TOKENRACE_STATUS_OK);
     CHECK(memcmp(tokens_a, tokens_b, sizeof tokens_a) == 0);
     CHECK(memcmp(lps_a, lps_b, sizeof lps_a) == 0);
+    /* Its parameters from the state, its token appended by the draw itself. */
+    tokenrace_batch held = f32_batch(logits, ROWS, V);
+    held.offsets = offsets;
+    held.requests = holding;
+    held.request_ids = ids;
+    held.append_to_requests = 1;
+    int32_t tokens_c[ROWS];
+    float lps_c[ROWS];
+    tokenrace_output oc = ob;
+    oc.tokens = tokens_c;
+    oc.logprobs = lps_c;
+    CHECK(tokenrace_draw(with_params, &held, &oc) == TOKENRACE_STATUS_OK);
+    CHECK(memcmp(tokens_a, tokens_c, sizeof tokens_a) == 0);
+    CHECK(memcmp(lps_a, lps_c, sizeof lps_a) == 0);
     /* The host keeps the drawn tokens: one each, appended to the state and the lists. */
     CHECK(tokenrace_requests_append(state, ROWS, ids, tokens_b, NULL) == TOKENRACE_STATUS_OK);
     for (int r = 0; r < ROWS; r++) outputs[r][output_len[r]++] = tokens_a[r];
   }
   uint64_t len = 0;
   CHECK(tokenrace_requests_output_len(state, 77, &len) == TOKENRACE_STATUS_OK && len == STEPS);
+  CHECK(tokenrace_requests_output_len(holding, 77, &len) == TOKENRACE_STATUS_OK && len == STEPS);
 
   /* A refused append (an unknown id after a known one) appends nothing. */
   const uint64_t bad_ids[2] = {77, 78};
@@ -113,6 +146,8 @@ int main(void) {
   CHECK(tokenrace_requests_remove(state, 77) == TOKENRACE_STATUS_OK);
   CHECK(tokenrace_requests_len(state, &len) == TOKENRACE_STATUS_OK && len == 2);
   tokenrace_requests_free(state);
+  tokenrace_requests_free(holding);
+  tokenrace_sampler_free(with_params);
   tokenrace_sampler_free(with_lists);
   tokenrace_sampler_free(with_state);
   if (failures) {

@@ -495,6 +495,16 @@ typedef struct tokenrace_batch {
   // Per-row mu going in, finite (NULL: 2 tau, a sequence's first draw): pass back the
   // output's `mirostat_mu` of the row's previous draw.
   const float *mirostat_mu;
+  // Nonzero (with `requests`): once the draw succeeds, each row's token is appended to the
+  // output of its request (`request_ids[r]`), in row order, as
+  // `tokenrace_requests_append(requests, rows, request_ids, out.tokens, NULL)` would: the
+  // next step's histories then hold it. The draw holds the state from its start to the
+  // append (other draws may read it meanwhile; its writers wait), and a failed draw appends
+  // nothing. 0 (and older callers): the draw never changes the state. Refused by
+  // `tokenrace_score`, which draws nothing.
+  uint32_t append_to_requests;
+  // Must be zero.
+  uint32_t reserved1;
 } tokenrace_batch;
 
 // Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No
@@ -627,6 +637,60 @@ typedef struct tokenrace_pool_stats {
   // Sequence numbers never handed out: skipped at the wrap, or by a borrow that failed.
   uint64_t rows_skipped;
 } tokenrace_pool_stats;
+
+// A request's sampling parameters, kept by a request state (`tokenrace_requests_set_params`).
+// A draw whose rows name requests (`batch.requests`, `batch.request_ids`) takes each per-row
+// parameter its batch leaves NULL from the row's request: the batch's array, when given, is
+// every row's. Get one from `tokenrace_request_params_default()` (every parameter off, the
+// draw of a batch that leaves them all NULL), then set what the request asks for. Each value
+// follows the batch field of the same name (docs/semantics.md).
+typedef struct tokenrace_request_params {
+  // `sizeof(tokenrace_request_params)`.
+  uint32_t struct_size;
+  // Finite and >= 0 (0: greedy); default 1.
+  float temperature;
+  // The request's seed, with `has_seed`: its rows are seeded rows at the batch's offsets, or,
+  // where the batch gives none, at the request's output length.
+  uint64_t seed;
+  // Nonzero: the request is seeded with `seed`. Default 0 (unseeded).
+  uint32_t has_seed;
+  // k <= 0 (default) or >= vocab: off.
+  int32_t top_k;
+  // In (0, 1]; default 1 (off).
+  float top_p;
+  // In [0, 1]; default 0 (off).
+  float min_p;
+  // Finite; n <= 0 (default 0) is off.
+  float top_n_sigma;
+  // >= 0; default 0.
+  int32_t min_keep;
+  // In (0, 1]; default 1 (off).
+  float typical_p;
+  // Finite and > 0; default 1 (off).
+  float repetition_penalty;
+  // Finite; default 0 (off).
+  float frequency_penalty;
+  // Finite; default 0 (off).
+  float presence_penalty;
+  // >= 0: the last n tokens of (prompt ++ output) count; default 0 (every token).
+  int32_t penalty_last_n;
+  // >= 0: the stop tokens are banned while the output is shorter; default 0.
+  int32_t min_tokens;
+  // `stop_len` stop token ids (>= 0; NULL for none).
+  const int32_t *stop_ids;
+  uint64_t stop_len;
+  // `bias_len` biased ids (>= 0) and their biases (finite, or -inf to ban).
+  const int32_t *bias_ids;
+  const float *bias_values;
+  uint64_t bias_len;
+  // NULL (default): every token allowed; else the only `allowed_len` tokens the request may
+  // draw (allowed_len 0: none).
+  const int32_t *allowed_ids;
+  uint64_t allowed_len;
+  // `banned_len` ids the request may not draw (NULL for none).
+  const int32_t *banned_ids;
+  uint64_t banned_len;
+} tokenrace_request_params;
 
 // One `tokenrace_verify()` call's inputs (speculative decoding, since 0.2). Zero-initialise, set
 // `struct_size = sizeof(tokenrace_verify_batch)`, then the fields you use; every per-request
@@ -1249,6 +1313,22 @@ enum tokenrace_status tokenrace_requests_len(const struct tokenrace_requests *re
 enum tokenrace_status tokenrace_requests_output_len(const struct tokenrace_requests *requests,
                                                     uint64_t id,
                                                     uint64_t *out);
+
+// The default request parameters: every parameter off, `struct_size` set.
+struct tokenrace_request_params tokenrace_request_params_default(void);
+
+// Sets the sampling parameters of request `id` (copied, replacing any it had; NULL `params`
+// turns every one off). Refused (INVALID_ARGUMENT, nothing changed) when `id` is not live or
+// a value breaks its rule, naming the field (`params.top_p: 1.5 is not in (0, 1]`); token ids
+// are checked against the vocabulary of each draw that names the request. Costs O(the
+// parameters' lists).
+//
+// # Safety
+// `requests` is NULL or live; `params` is NULL or points to a valid struct whose non-NULL
+// pointers cover their lengths.
+enum tokenrace_status tokenrace_requests_set_params(struct tokenrace_requests *requests,
+                                                    uint64_t id,
+                                                    const struct tokenrace_request_params *params);
 
 // Verifies draft tokens (speculative decoding) by vLLM's rejection sampling: for each request,
 // its accepted drafts and one more token (recovered or bonus) into `out`. See

@@ -99,6 +99,8 @@ namespace tokenrace {
   X(requests_append)               \
   X(requests_len)                  \
   X(requests_output_len)           \
+  X(request_params_default)        \
+  X(requests_set_params)           \
   X(verify)                        \
   X(watermark_seeds)               \
   X(watermark_detect)              \
@@ -855,10 +857,16 @@ class DrawOptions {
   // The histories of a request state (tokenrace_requests_new) instead of prompt_tokens and
   // output_tokens: row r's prompt and output are request `request_ids[r]`'s (one id per row,
   // each live in it), as if passed as lists. The draw only reads the state; append its tokens
-  // with tokenrace_requests_append. Null: off.
+  // with tokenrace_requests_append, or set append_to_requests. Each per-row parameter left
+  // unset here comes from the row's request (tokenrace_requests_set_params). Null: off.
   DrawOptions& requests(const tokenrace_requests* state, Span<uint64_t> request_ids) {
     requests_ = state;
     request_ids_ = request_ids;
+    return *this;
+  }
+  // Once the draw succeeds, append each row's token to its request (batch.append_to_requests).
+  DrawOptions& append_to_requests(bool on = true) {
+    append_to_requests_ = on;
     return *this;
   }
 
@@ -1066,6 +1074,7 @@ class DrawOptions {
     b.dry_breakers_row_offsets = dry_breakers_row_offsets_.data();
     b.requests = requests_;
     b.request_ids = detail::checked_span(request_ids_, owner, "request_ids", rows, "rows");
+    b.append_to_requests = append_to_requests_ ? 1 : 0;
     b.row_index = row_index_.data();
     b.mirostat = row_values(mirostat_, prepared, "mirostat", rows);
     b.mirostat_tau = row_values(mirostat_tau_, prepared, "mirostat_tau", rows);
@@ -1281,6 +1290,7 @@ class DrawOptions {
   MutableSpan<int32_t> kept_bitmask_;
   bool kept_values_into_result_ = false, kept_bitmask_into_result_ = false;
   const tokenrace_requests* requests_ = nullptr;
+  bool append_to_requests_ = false;
   Span<uint64_t> request_ids_;
   Span<int32_t> row_index_;
   const float* noise_ = nullptr;

@@ -886,7 +886,7 @@ fn kept_set_outputs_are_written_only_where_the_output_reaches_them() {
     assert!((0..1000).all(|i| set(1, i) == ((1000 + i) % 7 == 6)));
 }
 
-/// Mirostat is one block at the end of the batch (480..520 of a 520-byte struct), its mu out
+/// Mirostat is one block of the batch (480..520, before the request state's append flag), its mu out
 /// the output's last field (136..144 of 144 bytes): a caller whose batch ends before it draws
 /// without mirostat; one whose output ends before the mu out draws with it and gets no mu; a bad
 /// mode is refused naming its row, nothing written.
@@ -906,7 +906,8 @@ fn mirostat_is_read_only_by_callers_whose_struct_reaches_it() {
     {
         assert_eq!(field, at + 8 * (i + 1));
     }
-    assert_eq!(size_of::<tokenrace_batch>(), 520);
+    assert_eq!(offset_of!(tokenrace_batch, append_to_requests), 520);
+    assert_eq!(size_of::<tokenrace_batch>(), 528);
     let out_at = offset_of!(tokenrace_output, mirostat_mu);
     assert_eq!(out_at, 136);
     assert_eq!(size_of::<tokenrace_output>(), 144);
@@ -947,4 +948,91 @@ fn mirostat_is_read_only_by_callers_whose_struct_reaches_it() {
     assert_eq!(draw(whole, out_whole, [2, 5], &mut mu), (tokenrace_status::InvalidArgument, [-1, -1]));
     assert!(last_error().contains("batch.mirostat[1]: 5 is not 0 (off), 1 (v1) or 2 (v2)"), "{}", last_error());
     assert_eq!(mu, [7.0, 7.0], "a failed call wrote");
+}
+
+/// A request's parameters through C (`tokenrace_request_params`, from
+/// `tokenrace_request_params_default`): a draw that names the request takes the ones its batch
+/// leaves NULL; a bad value is refused naming the field, nothing changed; NULL turns them off.
+/// `append_to_requests` (520..524 of 528) appends each row's token to its request once the
+/// draw succeeds, and a failed draw (or a caller whose struct ends before it) appends nothing.
+#[test]
+fn request_parameters_and_the_append_flag_through_c() {
+    use std::mem::{offset_of, size_of};
+    assert_eq!(size_of::<tokenrace_request_params>(), 136);
+    assert_eq!(offset_of!(tokenrace_request_params, seed), 8);
+    assert_eq!(offset_of!(tokenrace_request_params, stop_ids), 64);
+    assert_eq!(offset_of!(tokenrace_request_params, banned_len), 128);
+    let mut f = Fixture::new();
+    for (i, v) in f.logits.iter_mut().enumerate() {
+        *v = match i % 1000 {
+            0 => 5.0,
+            1 => 4.0,
+            _ => 0.0,
+        };
+    }
+    let mut state = std::ptr::null_mut();
+    let banned = [0i32];
+    // SAFETY: a writable out pointer; then a live handle and structs and arrays of the lengths
+    // given.
+    unsafe {
+        assert_eq!(tokenrace_requests_new(&mut state), tokenrace_status::Ok);
+        for id in [5u64, 6] {
+            assert_eq!(
+                tokenrace_requests_add(state, id, std::ptr::null(), 0, std::ptr::null(), 0),
+                tokenrace_status::Ok
+            );
+        }
+        let mut p = tokenrace_request_params_default();
+        assert_eq!((p.struct_size, p.temperature, p.top_p, p.has_seed), (136, 1.0, 1.0, 0));
+        // Request 5: greedy, token 0 banned, so it draws token 1.
+        p.temperature = 0.0;
+        p.banned_ids = banned.as_ptr();
+        p.banned_len = 1;
+        assert_eq!(tokenrace_requests_set_params(state, 5, &p), tokenrace_status::Ok);
+        // Request 6: greedy alone; then a bad top-p is refused, its parameters kept.
+        let greedy = tokenrace_request_params { temperature: 0.0, ..tokenrace_request_params_default() };
+        assert_eq!(tokenrace_requests_set_params(state, 6, &greedy), tokenrace_status::Ok);
+        let bad = tokenrace_request_params { top_p: 1.5, ..greedy };
+        assert_eq!(tokenrace_requests_set_params(state, 6, &bad), tokenrace_status::InvalidArgument);
+        assert!(
+            last_error().contains("tokenrace_requests_set_params: params.top_p: 1.5 is not in (0, 1]"),
+            "{}",
+            last_error()
+        );
+        assert_eq!(tokenrace_requests_set_params(state, 7, &greedy), tokenrace_status::InvalidArgument);
+        assert!(last_error().contains("request 7 is not in the state"), "{}", last_error());
+    }
+    let ids = [5u64, 6];
+    let mut draw = |size: usize, append: u32, ids: [u64; 2]| {
+        let (mut b, mut o) = f.args();
+        b.struct_size = size as u32;
+        b.requests = state;
+        b.request_ids = ids.as_ptr();
+        b.append_to_requests = append;
+        f.tokens = [-1; 2];
+        let status = f.draw(&b, &mut o);
+        (status, f.tokens)
+    };
+    let output_len = |id: u64| {
+        let mut len = 0u64;
+        // SAFETY: a live handle and a writable length.
+        assert_eq!(unsafe { tokenrace_requests_output_len(state, id, &mut len) }, tokenrace_status::Ok);
+        len
+    };
+    let whole = size_of::<tokenrace_batch>();
+    assert_eq!(draw(whole, 0, ids), (tokenrace_status::Ok, [1, 0]), "{}", last_error());
+    assert_eq!((output_len(5), output_len(6)), (0, 0), "a draw without the flag appended");
+    assert_eq!(draw(whole, 1, ids), (tokenrace_status::Ok, [1, 0]), "{}", last_error());
+    assert_eq!((output_len(5), output_len(6)), (1, 1));
+    assert_eq!(draw(whole, 1, [5, 5]), (tokenrace_status::Ok, [1, 1]), "{}", last_error());
+    assert_eq!((output_len(5), output_len(6)), (3, 1), "a request named twice gets both tokens");
+    assert_eq!(draw(whole, 1, [5, 9]), (tokenrace_status::InvalidArgument, [-1, -1]));
+    assert_eq!((output_len(5), output_len(6)), (3, 1), "a failed draw appended");
+    assert_eq!(draw(whole - 8, 1, ids), (tokenrace_status::Ok, [1, 0]), "{}", last_error());
+    assert_eq!((output_len(5), output_len(6)), (3, 1), "a caller before the flag appended");
+    // SAFETY: a live handle, then freed once.
+    unsafe {
+        assert_eq!(tokenrace_requests_set_params(state, 5, std::ptr::null()), tokenrace_status::Ok);
+        tokenrace_requests_free(state);
+    }
 }

@@ -434,7 +434,7 @@ fn bad_parameters_are_refused_naming_the_field() {
             "params.repetition_penalty: 0 is not a finite number > 0",
         ),
         (RequestParams { min_tokens: -2, ..Default::default() }, "params.min_tokens: -2 is negative"),
-        (RequestParams { banned_tokens: vec![3, -4], ..Default::default() }, "params.banned_tokens"),
+        (RequestParams { banned_tokens: vec![3, -4], ..Default::default() }, "params.banned_ids"),
         (RequestParams { bias_ids: vec![3], bias_values: vec![f32::NAN], ..Default::default() }, "params.bias_values"),
         (
             RequestParams { bias_ids: vec![3, 4], bias_values: vec![1.0], ..Default::default() },

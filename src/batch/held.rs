@@ -226,10 +226,11 @@ pub(crate) fn check_request_params(p: &RequestParams) -> Result<()> {
 fn as_params_error(e: Error) -> Error {
     let Some(at) = e.location else { return e };
     let field = match at.field {
-        "bias_offsets" | "bias_ids" => "bias_ids",
-        "stop_offsets" | "stop_ids" => "stop_tokens",
-        "allowed_offsets" | "allowed_ids" => "allowed_tokens",
-        "banned_offsets" | "banned_ids" => "banned_tokens",
+        // (The C struct's names, as every error's: its lists have no offsets.)
+        "bias_offsets" => "bias_ids",
+        "stop_offsets" => "stop_ids",
+        "allowed_offsets" => "allowed_ids",
+        "banned_offsets" => "banned_ids",
         f => f,
     };
     let what = e.message.strip_prefix(&format!("{at}: ")).unwrap_or(&e.message);

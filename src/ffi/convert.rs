@@ -14,11 +14,13 @@
 //! - **Configurations.** `tokenrace_config` <-> [`Config`] and `tokenrace_pool_config` <->
 //!   [`PoolConfig`]; the C defaults are the Rust defaults converted.
 
+use super::requests::tokenrace_request_params;
 use super::shard::tokenrace_shard_rows;
 use super::types::*;
 use crate::batch::{FullMode, LogprobMode};
 use crate::config::{Config, DrainPolicy, FilterOrder, LogLevel, NoiseKind, NoiseSource, PoolConfig, SimdChoice};
 use crate::error::{Error, ErrorKind, Owner, Result};
+use crate::requests::RequestParams;
 use std::mem::size_of;
 
 /// One field of a C struct: its byte range and its name.
@@ -130,7 +132,7 @@ versioned!(tokenrace_batch, v1 ends with noise_row_stride, default zeroed(), [
     forced_tokens, logprob_token_ids, logprob_token_offsets, order, order_len,
     dry_multiplier, dry_base, dry_allowed_length,
     dry_penalty_last_n, dry_breaker_ids, dry_breaker_offsets, dry_breakers_row_offsets, row_index,
-    mirostat, mirostat_tau, mirostat_eta, mirostat_m, mirostat_mu,
+    mirostat, mirostat_tau, mirostat_eta, mirostat_m, mirostat_mu, append_to_requests, reserved1,
 ]);
 versioned!(tokenrace_output, v1 ends with topn_logprobs, default zeroed(), [
     struct_size, logprob_mode, tokens, flags, logprobs, ranks, top_n, reserved0, topn_ids, topn_logprobs,
@@ -147,6 +149,11 @@ versioned!(tokenrace_verify_batch, v1 ends with noise_row_stride, default zeroed
 ]);
 versioned!(tokenrace_verify_output, v1 ends with logprobs, default zeroed(), [
     struct_size, logprob_mode, tokens, tokens_stride, counts, flags, logprobs, accepted_nodes,
+]);
+versioned!(tokenrace_request_params, v1 ends with banned_len, default super::requests::params_to_c(&RequestParams::default()), [
+    struct_size, temperature, seed, has_seed, top_k, top_p, min_p, top_n_sigma, min_keep, typical_p,
+    repetition_penalty, frequency_penalty, presence_penalty, penalty_last_n, min_tokens, stop_ids, stop_len, bias_ids,
+    bias_values, bias_len, allowed_ids, allowed_len, banned_ids, banned_len,
 ]);
 versioned!(tokenrace_pool_config, v1 ends with timeout_ms, default pool_config_to_c(&PoolConfig::default()), [
     struct_size, rows, vocab, kind, threads, has_seed, seed, policy, reserved0, timeout_ms,

@@ -538,13 +538,52 @@ pub unsafe extern "C" fn tokenrace_draw(
         // SAFETY: the caller's contract for `sampler`, `batch` and `out`.
         unsafe {
             let (s, b, o) = read_call(sampler, batch, out as *const tokenrace_output)?;
-            // A draw that names a request state reads it under its shared lock, held until the
-            // draw returns: the state's operations wait for it, never change it under the draw.
-            let state = b.requests.as_ref().map(|q| q.inner.read());
-            let batch = batch_from_c(&b, state.as_deref()).inspect_err(|_| s.inner.count_rejected())?;
-            let (mut output, arrays) = output_from_c(&o, &batch).inspect_err(|_| s.inner.count_rejected())?;
-            refuse_overlap(s, arrays, || s.inner.check_draw(&batch, &output).err())?;
-            s.inner.draw(&batch, &mut output)
+            let draw = |state: Option<&Requests>| -> Result<()> {
+                let batch = batch_from_c(&b, state).inspect_err(|_| s.inner.count_rejected())?;
+                let (mut output, arrays) = output_from_c(&o, &batch).inspect_err(|_| s.inner.count_rejected())?;
+                refuse_overlap(s, arrays, || s.inner.check_draw(&batch, &output).err())?;
+                s.inner.draw(&batch, &mut output)
+            };
+            match (b.requests.as_ref(), b.append_to_requests != 0) {
+                // A draw that names a request state reads it under its shared lock, held until
+                // the draw returns: the state's operations wait for it, never change it under
+                // the draw.
+                (state, false) => draw(state.map(|q| q.inner.read()).as_deref()),
+                (Some(state), true) => draw_and_append(&state.inner, &b, &o, draw),
+                (None, true) => {
+                    s.inner.count_rejected();
+                    Err(Error::arg(Owner::Batch, "append_to_requests", None, "is set without requests"))
+                }
+            }
         }
     })
+}
+
+/// A draw that appends its tokens to the rows' requests: room for them is made first, then the
+/// state is held (readable by other draws, its writers waiting) through the draw and the
+/// append, which then cannot fail. A failed draw appends nothing (the room it made changes no
+/// history).
+///
+/// # Safety
+/// `b.request_ids` covers `b.rows` ids and `o.tokens` `b.rows` tokens (the caller's contract).
+unsafe fn draw_and_append(
+    state: &parking_lot::RwLock<Requests>,
+    b: &tokenrace_batch,
+    o: &tokenrace_output,
+    draw: impl FnOnce(Option<&Requests>) -> Result<()>,
+) -> Result<()> {
+    use parking_lot::{RwLockUpgradableReadGuard as Upgradable, RwLockWriteGuard as Write};
+    let rows = b.rows as usize;
+    // SAFETY: the caller's contract.
+    let ids = unsafe { opt_slice(Owner::Batch, "request_ids", b.request_ids, rows)? }.unwrap_or(&[]);
+    let mut writing = Upgradable::upgrade(state.upgradable_read());
+    writing.reserve_drawn(ids)?;
+    let held = Write::downgrade_to_upgradable(writing);
+    draw(Some(&held))?;
+    if rows > 0 {
+        // SAFETY: the draw succeeded, so `out.tokens` is an aligned array of one token a row.
+        let tokens = unsafe { std::slice::from_raw_parts(o.tokens, rows) };
+        Upgradable::upgrade(held).append_drawn(ids, tokens);
+    }
+    Ok(())
 }

@@ -2,10 +2,12 @@
 //! requests, kept between draws (`src/requests/`), which `tokenrace_draw` reads through the
 //! batch's `requests` and `request_ids`.
 
+use super::convert::read_versioned;
 use super::panic::{guard, guard_void};
 use super::types::tokenrace_status;
+use crate::alloc;
 use crate::error::{Error, Result};
-use crate::requests::Requests;
+use crate::requests::{RequestParams, Requests};
 use parking_lot::RwLock;
 
 /// An opaque request state: the prompt and output histories of the live requests, keyed by a
@@ -208,5 +210,162 @@ pub unsafe extern "C" fn tokenrace_requests_output_len(
         // SAFETY: writable and not NULL.
         unsafe { out.write(len) };
         Ok(())
+    })
+}
+
+/// A request's sampling parameters, kept by a request state (`tokenrace_requests_set_params`).
+/// A draw whose rows name requests (`batch.requests`, `batch.request_ids`) takes each per-row
+/// parameter its batch leaves NULL from the row's request: the batch's array, when given, is
+/// every row's. Get one from `tokenrace_request_params_default()` (every parameter off, the
+/// draw of a batch that leaves them all NULL), then set what the request asks for. Each value
+/// follows the batch field of the same name (docs/semantics.md).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct tokenrace_request_params {
+    /// `sizeof(tokenrace_request_params)`.
+    pub struct_size: u32,
+    /// Finite and >= 0 (0: greedy); default 1.
+    pub temperature: f32,
+    /// The request's seed, with `has_seed`: its rows are seeded rows at the batch's offsets, or,
+    /// where the batch gives none, at the request's output length.
+    pub seed: u64,
+    /// Nonzero: the request is seeded with `seed`. Default 0 (unseeded).
+    pub has_seed: u32,
+    /// k <= 0 (default) or >= vocab: off.
+    pub top_k: i32,
+    /// In (0, 1]; default 1 (off).
+    pub top_p: f32,
+    /// In [0, 1]; default 0 (off).
+    pub min_p: f32,
+    /// Finite; n <= 0 (default 0) is off.
+    pub top_n_sigma: f32,
+    /// >= 0; default 0.
+    pub min_keep: i32,
+    /// In (0, 1]; default 1 (off).
+    pub typical_p: f32,
+    /// Finite and > 0; default 1 (off).
+    pub repetition_penalty: f32,
+    /// Finite; default 0 (off).
+    pub frequency_penalty: f32,
+    /// Finite; default 0 (off).
+    pub presence_penalty: f32,
+    /// >= 0: the last n tokens of (prompt ++ output) count; default 0 (every token).
+    pub penalty_last_n: i32,
+    /// >= 0: the stop tokens are banned while the output is shorter; default 0.
+    pub min_tokens: i32,
+    /// `stop_len` stop token ids (>= 0; NULL for none).
+    pub stop_ids: *const i32,
+    pub stop_len: u64,
+    /// `bias_len` biased ids (>= 0) and their biases (finite, or -inf to ban).
+    pub bias_ids: *const i32,
+    pub bias_values: *const f32,
+    pub bias_len: u64,
+    /// NULL (default): every token allowed; else the only `allowed_len` tokens the request may
+    /// draw (allowed_len 0: none).
+    pub allowed_ids: *const i32,
+    pub allowed_len: u64,
+    /// `banned_len` ids the request may not draw (NULL for none).
+    pub banned_ids: *const i32,
+    pub banned_len: u64,
+}
+
+/// The default request parameters: every parameter off, `struct_size` set.
+#[no_mangle]
+pub extern "C" fn tokenrace_request_params_default() -> tokenrace_request_params {
+    params_to_c(&RequestParams::default())
+}
+
+/// The C struct of `p`'s scalars (its lists NULL).
+pub(super) fn params_to_c(p: &RequestParams) -> tokenrace_request_params {
+    tokenrace_request_params {
+        struct_size: size_of::<tokenrace_request_params>() as u32,
+        temperature: p.temperature,
+        seed: p.seed.unwrap_or(0),
+        has_seed: p.seed.is_some() as u32,
+        top_k: p.top_k,
+        top_p: p.top_p,
+        min_p: p.min_p,
+        top_n_sigma: p.top_n_sigma,
+        min_keep: p.min_keep,
+        typical_p: p.typical_p,
+        repetition_penalty: p.repetition_penalty,
+        frequency_penalty: p.frequency_penalty,
+        presence_penalty: p.presence_penalty,
+        penalty_last_n: p.penalty_last_n,
+        min_tokens: p.min_tokens,
+        stop_ids: std::ptr::null(),
+        stop_len: 0,
+        bias_ids: std::ptr::null(),
+        bias_values: std::ptr::null(),
+        bias_len: 0,
+        allowed_ids: std::ptr::null(),
+        allowed_len: 0,
+        banned_ids: std::ptr::null(),
+        banned_len: 0,
+    }
+}
+
+/// The parameters a C struct gives, its lists copied.
+///
+/// # Safety
+/// Its non-NULL pointers cover their lengths.
+unsafe fn params_from_c(c: &tokenrace_request_params) -> Result<RequestParams> {
+    let copy = |field: &str, ptr: *const i32, len: u64| -> Result<Vec<i32>> {
+        // SAFETY: the caller's contract.
+        let ids = unsafe { given(field, ptr, len)? };
+        alloc::collect(ids.iter().copied(), "the request's parameters")
+    };
+    // SAFETY (every list): the caller's contract.
+    let allowed =
+        if c.allowed_ids.is_null() { None } else { Some(copy("params.allowed_ids", c.allowed_ids, c.allowed_len)?) };
+    let bias_values = unsafe { given("params.bias_values", c.bias_values, c.bias_len)? };
+    Ok(RequestParams {
+        temperature: c.temperature,
+        seed: (c.has_seed != 0).then_some(c.seed),
+        top_k: c.top_k,
+        top_p: c.top_p,
+        min_p: c.min_p,
+        top_n_sigma: c.top_n_sigma,
+        min_keep: c.min_keep,
+        typical_p: c.typical_p,
+        repetition_penalty: c.repetition_penalty,
+        frequency_penalty: c.frequency_penalty,
+        presence_penalty: c.presence_penalty,
+        penalty_last_n: c.penalty_last_n,
+        min_tokens: c.min_tokens,
+        stop_tokens: copy("params.stop_ids", c.stop_ids, c.stop_len)?,
+        bias_ids: copy("params.bias_ids", c.bias_ids, c.bias_len)?,
+        bias_values: alloc::collect(bias_values.iter().copied(), "the request's parameters")?,
+        allowed_tokens: allowed,
+        banned_tokens: copy("params.banned_ids", c.banned_ids, c.banned_len)?,
+    })
+}
+
+/// Sets the sampling parameters of request `id` (copied, replacing any it had; NULL `params`
+/// turns every one off). Refused (INVALID_ARGUMENT, nothing changed) when `id` is not live or
+/// a value breaks its rule, naming the field (`params.top_p: 1.5 is not in (0, 1]`); token ids
+/// are checked against the vocabulary of each draw that names the request. Costs O(the
+/// parameters' lists).
+///
+/// # Safety
+/// `requests` is NULL or live; `params` is NULL or points to a valid struct whose non-NULL
+/// pointers cover their lengths.
+#[no_mangle]
+pub unsafe extern "C" fn tokenrace_requests_set_params(
+    requests: *mut tokenrace_requests,
+    id: u64,
+    params: *const tokenrace_request_params,
+) -> tokenrace_status {
+    guard("tokenrace_requests_set_params", || {
+        // SAFETY: the caller's contract for every pointer.
+        unsafe {
+            let s = state(requests)?;
+            let p = if params.is_null() {
+                RequestParams::default()
+            } else {
+                params_from_c(&read_versioned(params, "params")?)?
+            };
+            s.inner.write().set_params(id, p)
+        }
     })
 }

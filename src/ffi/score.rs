@@ -38,6 +38,14 @@ pub unsafe extern "C" fn tokenrace_score(
             let s = sampler.as_ref().ok_or_else(|| Error::invalid_argument("sampler: is NULL"))?;
             let b = read_versioned(batch, "batch")?;
             let o = read_versioned(out as *const tokenrace_output, "out")?;
+            if b.append_to_requests != 0 {
+                return Err(Error::arg(
+                    Owner::Batch,
+                    "append_to_requests",
+                    None,
+                    "is set in a score call (nothing is drawn)",
+                ));
+            }
             if target_ids.is_null() {
                 return Err(Error::invalid_argument("target_ids: is NULL (one target token per row is needed)"));
             }

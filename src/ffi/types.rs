@@ -454,6 +454,16 @@ pub struct tokenrace_batch {
     /// Per-row mu going in, finite (NULL: 2 tau, a sequence's first draw): pass back the
     /// output's `mirostat_mu` of the row's previous draw.
     pub mirostat_mu: *const f32,
+    /// Nonzero (with `requests`): once the draw succeeds, each row's token is appended to the
+    /// output of its request (`request_ids[r]`), in row order, as
+    /// `tokenrace_requests_append(requests, rows, request_ids, out.tokens, NULL)` would: the
+    /// next step's histories then hold it. The draw holds the state from its start to the
+    /// append (other draws may read it meanwhile; its writers wait), and a failed draw appends
+    /// nothing. 0 (and older callers): the draw never changes the state. Refused by
+    /// `tokenrace_score`, which draws nothing.
+    pub append_to_requests: u32,
+    /// Must be zero.
+    pub reserved1: u32,
 }
 
 /// Where a draw writes. Only `tokens` is required. Nothing is written if the call fails. No

@@ -258,10 +258,36 @@ impl Requests {
             let s = span(i);
             check_tokens(&tokens[s.clone()], &format!("tokens (of ids[{i}], from entry {})", s.start))?;
         }
-        // Room first, for each request's total (a request may be named twice), so that the
-        // pushes below cannot fail.
-        let mut totals =
-            alloc::collect(ids.iter().enumerate().map(|(i, &id)| (id, span(i).len())), "the append's totals")?;
+        // Room first, so that the pushes below cannot fail.
+        self.make_room(ids.iter().enumerate().map(|(i, &id)| (id, span(i).len())))?;
+        for (i, &id) in ids.iter().enumerate() {
+            self.push_output(id, &tokens[span(i)]);
+        }
+        Ok(())
+    }
+
+    /// Makes room in the output of each live request that `ids` names for one more token per
+    /// naming, so that [`Requests::append_drawn`] of those ids cannot fail. Ids that are not
+    /// live are skipped (a draw that names one is refused before anything is appended).
+    pub(crate) fn reserve_drawn(&mut self, ids: &[u64]) -> Result<()> {
+        let live =
+            alloc::collect(ids.iter().filter(|&&id| self.live.contains_key(&id)).map(|&id| (id, 1)), "the rows' ids")?;
+        self.make_room(live.into_iter())
+    }
+
+    /// Appends a draw's tokens, `tokens[r]` to request `ids[r]` in row order, after
+    /// [`Requests::reserve_drawn`] of `ids` and a draw that validated them: nothing can fail.
+    pub(crate) fn append_drawn(&mut self, ids: &[u64], tokens: &[i32]) {
+        for (&id, &t) in ids.iter().zip(tokens) {
+            self.push_output(id, &[t]);
+        }
+    }
+
+    /// Grows the output of each named request by the total of its entries (a request may be
+    /// named several times), all or nothing: a failed allocation leaves the room already made,
+    /// which changes no history.
+    fn make_room(&mut self, named: impl Iterator<Item = (u64, usize)>) -> Result<()> {
+        let mut totals = alloc::collect(named, "the append's totals")?;
         totals.sort_unstable_by_key(|&(id, _)| id);
         let mut at = 0;
         while at < totals.len() {
@@ -271,17 +297,19 @@ impl Requests {
                 more += totals[at].1;
                 at += 1;
             }
-            let q = self.live.get_mut(&id).expect("checked above");
+            let q = self.live.get_mut(&id).expect("live: checked by the caller");
             // (`try_reserve`, not exact: one token a step must grow the output geometrically.)
             q.output.try_reserve(more).map_err(|_| out_of_memory("the request's output"))?;
         }
-        for (i, &id) in ids.iter().enumerate() {
-            let q = self.live.get_mut(&id).expect("checked above");
-            let new = &tokens[span(i)];
-            q.output.extend_from_slice(new);
-            q.largest = new.iter().copied().fold(q.largest, i32::max);
-        }
         Ok(())
+    }
+
+    /// Appends `new` to the output of live request `id`, whose room was made.
+    fn push_output(&mut self, id: u64, new: &[i32]) {
+        let q = self.live.get_mut(&id).expect("live: checked by the caller");
+        debug_assert!(q.output.capacity() - q.output.len() >= new.len());
+        q.output.extend_from_slice(new);
+        q.largest = new.iter().copied().fold(q.largest, i32::max);
     }
 }
 
