@@ -170,3 +170,103 @@ def test_torch_sample_takes_the_state(tokenrace):
     got = tt.sample(x, 0.8, seeds=list(range(rows)), sampler=b, requests=state, request_ids=torch.arange(rows),
                     **penalties)
     assert torch.equal(want, got)
+    # The same step from parameters the requests hold (temperature None), the tokens appended by
+    # the call: the next step's histories hold them.
+    for r in range(rows):
+        state.set_params(r, temperature=0.8, repetition_penalty=1.4, frequency_penalty=0.3, presence_penalty=0.2,
+                         seed=r)
+    offsets = [len(o) for o in outputs]
+    c, d = tokenrace.Sampler(vocab, seed=4), tokenrace.Sampler(vocab, seed=4)
+    for step in range(3):
+        want = tt.sample(x, 0.8, seeds=list(range(rows)), positions=offsets, sampler=c, prompt_token_ids=prompts,
+                         output_token_ids=outputs, **penalties)
+        got = tt.sample(x, None, sampler=d, requests=state, request_ids=torch.arange(rows), append_to_requests=True)
+        assert torch.equal(want, got), step
+        outputs = [o + [int(t)] for o, t in zip(outputs, want)]
+        offsets = [len(o) for o in outputs]
+        assert [state.output_len(r) for r in range(rows)] == offsets
+
+
+@pytest.mark.parametrize("vocab", [100, 32000])
+def test_held_parameters_and_appending_draw_what_the_arrays_draw(tokenrace, vocab):
+    """Each request holds its sampling parameters (set once) and the draw appends its own tokens:
+    step after step, the tokens, flags and logprobs of a call that passes every parameter and
+    history as arrays, with the seeded requests at their output lengths."""
+    rng = np.random.default_rng(vocab + 1)
+    rows = 6
+    prompts, outputs = _random_histories(rng, rows, vocab, 80)
+    ids = np.arange(rows, dtype=np.uint64) + np.uint64(2**40)
+    temperature = np.array([0.0, 0.7, 1.0, 1.3, 0.9, 1.0], np.float32)
+    seeds = [None, 11, None, 12, 13, None]
+    top_k = np.array([0, 0, 20, 0, 5, 0], np.int32)
+    top_p = np.array([1.0, 0.9, 1.0, 0.8, 1.0, 0.95], np.float32)
+    min_p = np.array([0.0, 0.0, 0.05, 0.0, 0.0, 0.0], np.float32)
+    rep = np.array([1.0, 1.2, 0.9, 1.0, 1.5, 1.1], np.float32)
+    freq = np.array([0.0, 0.3, 0.0, -0.2, 0.0, 0.1], np.float32)
+    pres = np.array([0.0, 0.0, 0.4, 0.0, 0.2, 0.0], np.float32)
+    bias = [None, {3: 4.0, 5: -np.inf}, None, {7: 1.5}, None, None]
+    allowed = [None, None, None, None, list(range(0, vocab, 3)), None]
+    banned = [[], [1], [], [], [], [2, 4]]
+    min_tokens = np.array([0, 0, 3, 0, 0, 0], np.int32)
+    stops = [[], [], [int(prompts[2][0]) if len(prompts[2]) else 0], [], [], []]
+    state = tokenrace.Requests()
+    for r in range(rows):
+        params = dict(temperature=float(temperature[r]), top_k=int(top_k[r]), top_p=float(top_p[r]),
+                      min_p=float(min_p[r]), repetition_penalty=float(rep[r]), frequency_penalty=float(freq[r]),
+                      presence_penalty=float(pres[r]), logit_bias=bias[r], allowed_tokens=allowed[r],
+                      banned_tokens=banned[r], min_tokens=int(min_tokens[r]), stop_token_ids=stops[r])
+        if seeds[r] is not None:
+            params["seed"] = seeds[r]
+        state.add(int(ids[r]), prompts[r], outputs[r], **params)
+    a = tokenrace.Sampler(vocab, max_rows=rows, seed=3, threads=2)
+    b = tokenrace.Sampler(vocab, max_rows=rows, seed=3, threads=2)
+    x = rng.standard_normal((rows, vocab)).astype(np.float32) * 3
+    seeded = np.array([s is not None for s in seeds])
+    for step in range(6):
+        got_lists = a.draw_full(
+            x, temperature=temperature, seeds=np.array([s or 0 for s in seeds], np.uint64), seeded=seeded,
+            offsets=np.array([len(o) for o in outputs], np.uint64), top_k=top_k, top_p=top_p, min_p=min_p,
+            repetition_penalty=rep, frequency_penalty=freq, presence_penalty=pres, logit_bias=bias,
+            allowed_tokens=allowed, banned_tokens=banned, min_tokens=min_tokens, stop_token_ids=stops,
+            prompt_tokens=list(prompts), output_tokens=list(outputs), logprobs=2, logprob_mode="processed")
+        got_state = b.draw_full(x, requests=state, request_ids=ids, logprobs=2, logprob_mode="processed",
+                                append_to_requests=True)
+        for name in ("tokens", "flags", "topn_ids"):
+            np.testing.assert_array_equal(getattr(got_lists, name), getattr(got_state, name), err_msg=name)
+        for name in ("logprobs", "topn_logprobs"):
+            assert getattr(got_lists, name).tobytes() == getattr(got_state, name).tobytes(), name
+        outputs = [np.append(o, t) for o, t in zip(outputs, got_lists.tokens)]
+        assert [state.output_len(int(i)) for i in ids] == [len(o) for o in outputs]
+    # A call's own argument is every row's: greedy everywhere.
+    greedy = b.draw(x, requests=state, request_ids=ids, temperature=0.0)
+    np.testing.assert_array_equal(greedy, a.draw(x, temperature=0.0, top_k=top_k, top_p=top_p, min_p=min_p,
+                                                 repetition_penalty=rep, frequency_penalty=freq,
+                                                 presence_penalty=pres, logit_bias=bias, allowed_tokens=allowed,
+                                                 banned_tokens=banned, min_tokens=min_tokens, stop_token_ids=stops,
+                                                 prompt_tokens=list(prompts), output_tokens=list(outputs)))
+
+
+def test_bad_parameters_and_a_failed_appending_draw_change_nothing(tokenrace):
+    state = tokenrace.Requests()
+    state.add(1, [1, 2], temperature=0.0)
+    with pytest.raises(ValueError, match=r"params\.top_p: 1\.5 is not in \(0, 1\]"):
+        state.set_params(1, top_p=1.5)
+    with pytest.raises(ValueError, match=r"params\.repetition_penalty: 0 is not a finite number > 0"):
+        state.add(2, [3], repetition_penalty=0.0)
+    assert 2 not in state
+    with pytest.raises(TypeError, match="top_q: not a request parameter"):
+        state.set_params(1, top_q=0.5)
+    s = tokenrace.Sampler(10, seed=1)
+    x = np.zeros((2, 10), np.float32)
+    x[:, 4] = 5.0
+    # The held temperature 0 survived the refusals: greedy.
+    assert list(s.draw(x[:1], requests=state, request_ids=[1], append_to_requests=True)) == [4]
+    assert state.output_len(1) == 1
+    with pytest.raises(ValueError, match=r"request 9 is not in the requests state"):
+        s.draw(x, requests=state, request_ids=[1, 9], append_to_requests=True)
+    assert state.output_len(1) == 1
+    with pytest.raises(ValueError, match="append_to_requests: given without requests"):
+        s.draw(x, append_to_requests=True)
+    # A later call without the flag appends nothing.
+    s.draw(x[:1], requests=state, request_ids=[1])
+    assert state.output_len(1) == 1

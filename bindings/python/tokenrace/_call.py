@@ -77,6 +77,9 @@ POINTER_LAYOUT = struct.Struct("=Q")
 # (``CallState.requests_packed``).
 REQUESTS_OFFSET = _ffi.tokenrace_batch.requests.offset
 REQUESTS_LAYOUT = struct.Struct("=QQ")
+# The flag that appends a draw's tokens to its requests, written with them.
+APPEND_OFFSET = getattr(_ffi.tokenrace_batch, _ffi.BATCH_APPEND_FIRST).offset
+APPEND_LAYOUT = struct.Struct("=II")  # the flag, then reserved1
 # llama.cpp's filters' six per-row pointers (min_keep, typical_p, xtc_probability,
 # xtc_threshold, dynatemp_range, dynatemp_exponent), written together by a call that passes one of
 # them (``CallState.llama_packed``).
@@ -102,7 +105,7 @@ ROW_INDEX_OFFSET = _ffi.tokenrace_batch.row_index.offset
 # llama.cpp's mirostat (mode, tau, eta, m, mu), written by a call that passes any of its arguments
 # (``CallState.mirostat_packed``); the output's mu after the draw is one pointer of its own
 # (``CallState.mirostat_out_packed`` in draw_full's output, ``draw_mu_packed`` in draw's).
-MIROSTAT_LAYOUT = struct_layout(_ffi.tokenrace_batch, _ffi.BATCH_MIROSTAT_FIRST)
+MIROSTAT_LAYOUT = struct_layout(_ffi.tokenrace_batch, _ffi.BATCH_MIROSTAT_FIRST, _ffi.BATCH_APPEND_FIRST)
 MIROSTAT_OFFSET = getattr(_ffi.tokenrace_batch, _ffi.BATCH_MIROSTAT_FIRST).offset
 MIROSTAT_ZEROS = (0,) * sum(1 for c in MIROSTAT_LAYOUT.format if c not in "=x")
 MIROSTAT_OUT_OFFSET = getattr(_ffi.tokenrace_output, _ffi.OUTPUT_MIROSTAT_FIRST).offset

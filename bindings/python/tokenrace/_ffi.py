@@ -251,6 +251,39 @@ class tokenrace_batch(_Versioned):
         ("mirostat_eta", POINTER(c_float)),
         ("mirostat_m", POINTER(c_int32)),
         ("mirostat_mu", POINTER(c_float)),
+        # added after 0.2.0: a draw appends its tokens to the rows' requests (``_call.APPEND_OFFSET``)
+        ("append_to_requests", c_uint32),
+        ("reserved1", c_uint32),
+    ]
+
+
+class tokenrace_request_params(_Versioned):
+    """A request's sampling parameters (``Requests.set_params``)."""
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("temperature", c_float),
+        ("seed", c_uint64),
+        ("has_seed", c_uint32),
+        ("top_k", c_int32),
+        ("top_p", c_float),
+        ("min_p", c_float),
+        ("top_n_sigma", c_float),
+        ("min_keep", c_int32),
+        ("typical_p", c_float),
+        ("repetition_penalty", c_float),
+        ("frequency_penalty", c_float),
+        ("presence_penalty", c_float),
+        ("penalty_last_n", c_int32),
+        ("min_tokens", c_int32),
+        ("stop_ids", POINTER(c_int32)),
+        ("stop_len", c_uint64),
+        ("bias_ids", POINTER(c_int32)),
+        ("bias_values", POINTER(c_float)),
+        ("bias_len", c_uint64),
+        ("allowed_ids", POINTER(c_int32)),
+        ("allowed_len", c_uint64),
+        ("banned_ids", POINTER(c_int32)),
+        ("banned_len", c_uint64),
     ]
 
 
@@ -307,6 +340,8 @@ BATCH_DRY_FIRST = "dry_multiplier"
 BATCH_MIROSTAT_FIRST = "mirostat"
 # The output's mirostat mu, packed apart.
 OUTPUT_MIROSTAT_FIRST = "mirostat_mu"
+# The batch's flag that appends a draw's tokens to its requests, packed with the request state.
+BATCH_APPEND_FIRST = "append_to_requests"
 
 
 class tokenrace_pool_config(_Versioned):
@@ -510,7 +545,8 @@ STRUCTS = {cls.__name__: cls for cls in (tokenrace_config, tokenrace_sampler_sta
                                          tokenrace_pool_lease, tokenrace_pool_stats, tokenrace_verify_batch,
                                          tokenrace_verify_output, tokenrace_shard_rows, tokenrace_shard_partial,
                                          tokenrace_shard_row, tokenrace_shard_cut, tokenrace_shard_mass,
-                                         tokenrace_shard_logprob_partial, tokenrace_shard_top_entry)}
+                                         tokenrace_shard_logprob_partial, tokenrace_shard_top_entry,
+                                         tokenrace_request_params)}
 
 # ----------------------------------------------------------------------------------------------
 # Functions: name -> (restype, argtypes). ``status`` marks functions returning tokenrace_status.
@@ -560,6 +596,8 @@ _SIGNATURES = {
                                            POINTER(c_uint64)]),
     "tokenrace_requests_len": (status, [requests_p, POINTER(c_uint64)]),
     "tokenrace_requests_output_len": (status, [requests_p, c_uint64, POINTER(c_uint64)]),
+    "tokenrace_request_params_default": (tokenrace_request_params, []),
+    "tokenrace_requests_set_params": (status, [requests_p, c_uint64, POINTER(tokenrace_request_params)]),
     "tokenrace_shard_top": (status, [sampler_p, POINTER(tokenrace_shard_rows), POINTER(tokenrace_shard_partial)]),
     "tokenrace_shard_combine_top": (status, [POINTER(tokenrace_shard_partial), c_uint32, c_uint32,
                                              POINTER(tokenrace_shard_row)]),
@@ -679,7 +717,8 @@ SINCE_0_2 = frozenset({"tokenrace_verify", "tokenrace_set_log_callback", "tokenr
                        "tokenrace_shard_finish", "tokenrace_shard_top_k_candidates", "tokenrace_shard_cut_start",
                        "tokenrace_shard_cut_pending", "tokenrace_shard_cut_round", "tokenrace_shard_cut_advance",
                        "tokenrace_shard_race_cut", "tokenrace_shard_logprob_partials", "tokenrace_shard_logprobs",
-                       "tokenrace_watermark_verify_seeds", "tokenrace_score"})
+                       "tokenrace_watermark_verify_seeds", "tokenrace_score",
+                       "tokenrace_request_params_default", "tokenrace_requests_set_params"})
 
 
 def _declare(handle):

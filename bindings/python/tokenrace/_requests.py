@@ -13,8 +13,15 @@ once (``add``, converted to int32 then, never again), its new tokens after each 
     state.remove(7)                                # when the request ends
 
 The draw gives exactly what the same draw with ``prompt_tokens``/``output_tokens`` gives (bit
-for bit). It only reads the state: appending the drawn tokens is the caller's step (a host may
-drop a drawn token, or accept several at once after a verify call).
+for bit). Appending the drawn tokens is the caller's step (a host may drop a drawn token, or
+accept several at once after a verify call), or the draw's with ``append_to_requests=True``.
+
+A request may also hold its sampling parameters (``set_params``, or ``add(..., **params)``):
+a draw that names it takes each per-row parameter the call leaves None from its request, so a
+step passes only the logits and the ids::
+
+    state.add(7, prompt_ids, temperature=0.7, top_p=0.9, repetition_penalty=1.1, seed=42)
+    tokens = sampler.draw(logits, requests=state, request_ids=[7], append_to_requests=True)
 """
 
 from __future__ import annotations
@@ -102,6 +109,67 @@ def _request_id(value, name="request_id"):
     return int(value)
 
 
+_PARAM_SCALARS = {
+    # name: (C field, kind)
+    "temperature": ("temperature", float),
+    "top_k": ("top_k", int),
+    "top_p": ("top_p", float),
+    "min_p": ("min_p", float),
+    "top_n_sigma": ("top_n_sigma", float),
+    "min_keep": ("min_keep", int),
+    "typical_p": ("typical_p", float),
+    "repetition_penalty": ("repetition_penalty", float),
+    "frequency_penalty": ("frequency_penalty", float),
+    "presence_penalty": ("presence_penalty", float),
+    "penalty_last_n": ("penalty_last_n", int),
+    "min_tokens": ("min_tokens", int),
+}
+_PARAM_LISTS = {"stop_token_ids": ("stop_ids", "stop_len"), "banned_tokens": ("banned_ids", "banned_len")}
+
+
+def _params_struct(**params):
+    """A ``tokenrace_request_params`` of ``params`` (see ``Requests.set_params``) and the arrays it
+    points into, which must live as long as the struct is used."""
+    c = _ffi.lib().tokenrace_request_params_default()
+    arrays = []
+    for name, value in params.items():
+        if name in _PARAM_SCALARS:
+            field, kind = _PARAM_SCALARS[name]
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise TypeError(f"{name}: must be a number, got {type(value).__name__}")
+            if kind is int and not isinstance(value, (int, np.integer)):
+                raise TypeError(f"{name}: must be an int, got {type(value).__name__}")
+            if kind is int and not -2**31 <= int(value) < 2**31:
+                raise ValueError(f"{name}: {int(value)} is not an int32")
+            setattr(c, field, kind(value))
+        elif name == "seed":
+            if value is not None:
+                c.seed, c.has_seed = _request_id(value, "seed"), 1
+        elif name in _PARAM_LISTS:
+            ptr_field, len_field = _PARAM_LISTS[name]
+            ids = _tokens(value if value is not None else (), name)
+            arrays.append(ids)
+            setattr(c, ptr_field, _int32_ptr(ids))
+            setattr(c, len_field, ids.size)
+        elif name == "allowed_tokens":
+            if value is not None:
+                ids = _tokens(value, name)
+                # (A non-NULL pointer even for no token: an empty list allows nothing.)
+                storage = ids if ids.size else np.zeros(1, np.int32)
+                arrays.append(storage)
+                c.allowed_ids, c.allowed_len = _int32_ptr(storage), ids.size
+        elif name == "logit_bias":
+            bias = dict(value or {})
+            ids = _tokens(np.fromiter(bias.keys(), np.int64, len(bias)), "logit_bias ids")
+            values = np.ascontiguousarray(np.fromiter(bias.values(), np.float64, len(bias)), np.float32)
+            arrays += [ids, values]
+            c.bias_ids, c.bias_values, c.bias_len = _int32_ptr(ids), values.ctypes.data_as(
+                ctypes.POINTER(ctypes.c_float)), ids.size
+        else:
+            raise TypeError(f"{name}: not a request parameter (see Requests.set_params)")
+    return c, arrays
+
+
 class Requests(_Closable):
     """The prompt and output histories of the live requests, keyed by an int id (0 .. 2**64 - 1)
     that the caller chooses; pass it to ``Sampler.draw(..., requests=state, request_ids=ids)``.
@@ -122,16 +190,43 @@ class Requests(_Closable):
         """Releases the state (at once, or when the draws using it return)."""
         self._handle = None
 
-    def add(self, request_id, prompt, output=None, *, pad_id=None):
+    def add(self, request_id, prompt, output=None, *, pad_id=None, **params):
         """Adds request ``request_id`` with its ``prompt`` and the ``output`` it has so far (1-D
         lists, numpy arrays or CPU/GPU tensors of token ids, converted to int32 here, once);
         entries equal to ``pad_id`` are dropped (vLLM pads its history rows with the vocab
-        size). Refused when the id is live."""
+        size). Refused when the id is live. ``params``, when given, are its sampling parameters
+        (``set_params``); refused ones leave the request unadded."""
         request_id = _request_id(request_id)
         p = _tokens(prompt, "prompt", pad_id)
         o = _tokens(output if output is not None else (), "output", pad_id)
+        c_params = _params_struct(**params) if params else None
         h = self._live_handle()
         check(_ffi.lib().tokenrace_requests_add(h.ptr, request_id, _int32_ptr(p), p.size, _int32_ptr(o), o.size))
+        if c_params is not None:
+            try:
+                check(_ffi.lib().tokenrace_requests_set_params(h.ptr, request_id, ctypes.byref(c_params[0])))
+            except Exception:
+                # (After the error is read: the removal would replace the last error.)
+                _ffi.lib().tokenrace_requests_remove(h.ptr, request_id)
+                raise
+
+    def set_params(self, request_id, **params):
+        """Sets the sampling parameters of request ``request_id``, replacing any it had (none
+        given: every one off). A draw that names the request takes each per-row parameter the
+        call leaves None from them; the call's own argument, when given, is every row's.
+
+        temperature (1.0), seed (None: unseeded; an int: the request's rows are seeded, at the
+        call's ``offsets`` or else at the request's output length), top_k (0), top_p (1.0), min_p
+        (0.0), top_n_sigma (0.0), min_keep (0), typical_p (1.0), repetition_penalty (1.0),
+        frequency_penalty (0.0), presence_penalty (0.0), penalty_last_n (0), min_tokens (0),
+        stop_token_ids (()), logit_bias (a dict ``{id: bias}``), allowed_tokens (None: every
+        token; a list: the only ones it may draw), banned_tokens (()): each as ``Sampler.draw``
+        defines it for one row. A refused value (``ValueError`` naming it, e.g. ``params.top_p:
+        1.5 is not in (0, 1]``) changes nothing."""
+        request_id = _request_id(request_id)
+        c_params = _params_struct(**params)
+        h = self._live_handle()
+        check(_ffi.lib().tokenrace_requests_set_params(h.ptr, request_id, ctypes.byref(c_params[0])))
 
     def add_rows(self, request_ids, prompts, outputs=None, *, pad_id=None):
         """Adds one request per row of 2-D ``prompts`` (and ``outputs``), padded with ``pad_id``

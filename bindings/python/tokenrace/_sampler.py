@@ -17,6 +17,7 @@ from ._call import (BATCH_LAYOUT, BATCH_SIZE, FLAG_SCALARS, FLOAT_SCALARS, FULL_
                     GIVEN_LAYOUT, GIVEN_OFFSET, INT_SCALARS, KEPT_LAYOUT, KEPT_OFFSET, LLAMA_LAYOUT, LLAMA_OFFSET,
                     OUTPUT_LAYOUT, OUTPUT_SIZE, ORDER_LAYOUT, ORDER_OFFSET, PARITY_LAYOUT, PARITY_OFFSET, PARITY_ZEROS,
                     DRY_LAYOUT, DRY_OFFSET, DRY_ZEROS, POINTER_LAYOUT, REQUESTS_LAYOUT, REQUESTS_OFFSET,
+                    APPEND_LAYOUT, APPEND_OFFSET,
                     ROW_INDEX_OFFSET, MIROSTAT_LAYOUT, MIROSTAT_OFFSET, MIROSTAT_OUT_OFFSET, MIROSTAT_ZEROS,
                     STEP_LAYOUT, STEP_OFFSET, STEP_ZEROS, TOP_N_SIGMA_OFFSET, address, pack_tokens_output,
                     release_state, take_state)
@@ -184,7 +185,7 @@ class Sampler(_Closable):
 
     def _fill_batch(self, b, keep, state, logits, temperature, seeds, offsets, seeded, noise, noise_kind,
                     top_k, top_p, min_p, top_n_sigma=None, requests=None, request_ids=None, llama=None,
-                    row_index=None):
+                    row_index=None, append_to_requests=False):
         """Writes every field of ``b`` (a ``tokenrace_batch``) for the call; returns the row
         count. ``keep`` receives the objects the struct points into; ``state`` (a ``CallState``,
         or None) lends its cached per-row arrays to scalar arguments."""
@@ -208,7 +209,8 @@ class Sampler(_Closable):
             rows = len(row_index)
         # Each is the address of its per-row values, 0 (NULL) when not given; the common None is
         # tested here rather than in a call.
-        if offsets is not None and seeds is None:
+        # (With a request state, the offsets place the rows its seeded requests draw.)
+        if offsets is not None and seeds is None and requests is None:
             _offsets_without_seeds("row")
         if temperature is not None:
             temperature = _float_rows(state and state.temperature, temperature, rows, "temperature", keep)
@@ -250,10 +252,14 @@ class Sampler(_Closable):
             state.sigma_packed = False
         if requests is not None or request_ids is not None:
             pack_requests(b, keep, requests, request_ids, rows, REQUESTS_OFFSET, REQUESTS_LAYOUT)
+            APPEND_LAYOUT.pack_into(b, APPEND_OFFSET, 1 if append_to_requests else 0, 0)
             if state is not None:
                 state.requests_packed = True
+        elif append_to_requests:
+            raise ValueError("append_to_requests: given without requests (there is no state to append to)")
         elif state is not None and state.requests_packed:
             REQUESTS_LAYOUT.pack_into(b, REQUESTS_OFFSET, 0, 0)
+            APPEND_LAYOUT.pack_into(b, APPEND_OFFSET, 0, 0)
             state.requests_packed = False
         # Element by element: an array compared with None is an array, whose truth is ambiguous.
         if llama is not None and any(value is not None for value in llama):
@@ -347,7 +353,7 @@ class Sampler(_Closable):
              dynatemp_range=None, dynatemp_exponent=None, bad_words=None, forced_tokens=None, order=None,
              dry_multiplier=None, dry_base=None, dry_allowed_length=None, dry_penalty_last_n=None,
              dry_sequence_breakers=None, row_index=None, mirostat=None, mirostat_tau=None, mirostat_eta=None,
-             mirostat_m=None, mirostat_mu=None, mirostat_mu_out=None):
+             mirostat_m=None, mirostat_mu=None, mirostat_mu_out=None, append_to_requests=False):
         """Draws one token per row of ``logits``; returns an int32 array of ``rows`` tokens (a
         torch tensor when ``logits`` is one, over the same memory: no copy; the flags of
         ``return_flags`` then come as int32, the same bits).
@@ -430,7 +436,13 @@ class Sampler(_Closable):
         requests, request_ids: a ``tokenrace.Requests`` state and one request id per row: row r's
             prompt and output are those of request ``request_ids[r]`` (instead of
             ``prompt_tokens``/``output_tokens``, which must then be None), with the same result
-            bit for bit. The draw does not append its tokens: call ``requests.append``.
+            bit for bit; and each per-row parameter this call leaves None (temperature, seeds,
+            the filters, the penalties, min_tokens and stop ids, the bias, allowed and banned
+            tokens) is the row's request's (``Requests.set_params``). A seeded request draws at
+            ``offsets`` when given, else at its output length.
+        append_to_requests: with ``requests``, append each row's drawn token to its request once
+            the draw succeeds (a failed draw appends nothing); False (the default): call
+            ``requests.append`` with the tokens the host keeps.
         bad_words: one entry per row, None or a list of words, each a non-empty list of token ids
             (vLLM's rule): a word bans its last token when the row's ``output_tokens`` end with
             the word's other tokens; a word of one token always bans it.
@@ -491,7 +503,7 @@ class Sampler(_Closable):
             rows = self._fill_batch(state.batch, keep, state, logits, temperature, seeds, offsets, seeded,
                                     noise, noise_kind, top_k, top_p, min_p, top_n_sigma, requests, request_ids,
                                     (min_keep, typical_p, xtc_probability, xtc_threshold, dynatemp_range,
-                                     dynatemp_exponent), index)
+                                     dynatemp_exponent), index, append_to_requests)
             _pack_row_index(state, keep, index)
             if (prompt_tokens is None and output_tokens is None and repetition_penalty is None
                     and frequency_penalty is None and presence_penalty is None and logit_bias is None
@@ -553,7 +565,8 @@ class Sampler(_Closable):
                   dynatemp_exponent=None, bad_words=None, forced_tokens=None, logprob_token_ids=None,
                   order=None, dry_multiplier=None, dry_base=None, dry_allowed_length=None,
                   dry_penalty_last_n=None, dry_sequence_breakers=None, kept_set=False, kept_bitmask=False, row_index=None,
-                  mirostat=None, mirostat_tau=None, mirostat_eta=None, mirostat_m=None, mirostat_mu=None):
+                  mirostat=None, mirostat_tau=None, mirostat_eta=None, mirostat_m=None, mirostat_mu=None,
+                  append_to_requests=False):
         """Draws like ``draw`` and also returns logprobs: a ``DrawResult`` (of torch tensors over
         the same memory when ``logits`` is a tensor, flags as int32) with
 
@@ -621,7 +634,7 @@ class Sampler(_Closable):
                           dry_sequence_breakers=dry_sequence_breakers, kept_set=kept_set,
                           kept_bitmask=kept_bitmask, row_index=row_index, mirostat=mirostat,
                           mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, mirostat_m=mirostat_m,
-                          mirostat_mu=mirostat_mu)
+                          mirostat_mu=mirostat_mu, append_to_requests=append_to_requests)
 
     def score(self, logits, target_ids, *, logprobs=0, ranks=False, mode="raw", **options):
         """Scores one target token per row, drawing nothing: returns the ``DrawResult`` that
@@ -659,7 +672,7 @@ class Sampler(_Closable):
                   order=None, dry_multiplier=None, dry_base=None, dry_allowed_length=None,
                   dry_penalty_last_n=None, dry_sequence_breakers=None, kept_set=False, kept_bitmask=False,
                   row_index=None, mirostat=None, mirostat_tau=None, mirostat_eta=None, mirostat_m=None,
-                  mirostat_mu=None):
+                  mirostat_mu=None, append_to_requests=False):
         """``draw_full``, or ``score`` of ``targets`` (an int32 array) when they are given."""
         mode = _choice("logprob_mode", logprob_mode, _ffi.LOGPROB_MODE_NAMES)
         if isinstance(logprobs, (bool, np.bool_)):
@@ -683,7 +696,7 @@ class Sampler(_Closable):
             rows = self._fill_batch(state.batch, keep, state, logits, temperature, seeds, offsets, seeded,
                                     noise, noise_kind, top_k, top_p, min_p, top_n_sigma, requests, request_ids,
                                     (min_keep, typical_p, xtc_probability, xtc_threshold, dynatemp_range,
-                                     dynatemp_exponent), index)
+                                     dynatemp_exponent), index, append_to_requests)
             _pack_row_index(state, keep, index)
             if (prompt_tokens is None and output_tokens is None and repetition_penalty is None
                     and frequency_penalty is None and presence_penalty is None and logit_bias is None

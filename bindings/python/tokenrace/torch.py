@@ -521,7 +521,8 @@ def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generator
            min_tokens=None, stop_token_ids=None, top_n_sigma=None, min_keep=None, typical_p=None,
            xtc_probability=None, xtc_threshold=None, dynatemp_range=None, dynatemp_exponent=None, order=None,
            dry_multiplier=None, dry_base=None, dry_allowed_length=None, dry_penalty_last_n=None,
-           dry_sequence_breakers=None, row_index=None, sampling_mask=None, kept_values=False):
+           dry_sequence_breakers=None, row_index=None, sampling_mask=None, kept_values=False,
+           append_to_requests=False):
     """One fused sampling step, replacing vLLM's ``Sampler.sample`` (and with the sampling
     step's arguments below, the masks, bias and penalties of ``Sampler.forward`` before it).
 
@@ -573,7 +574,10 @@ def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generator
     requests, request_ids: a ``tokenrace.Requests`` holding the histories (added once per
         request, appended to after each step) and one request id per row (a list or an integer
         tensor [rows]), instead of ``prompt_token_ids``/``output_token_ids`` (then None): the
-        same tokens, bit for bit, without converting the histories every step.
+        same tokens, bit for bit, without converting the histories every step. A per-row
+        parameter left None (``temperature`` included) is the row's request's, when it holds
+        them (``Requests.set_params``); ``append_to_requests=True`` appends each drawn token to
+        its request once the call succeeds.
     forced_tokens: None, or an int tensor (or list) [rows]: a token id that the row returns
         instead of drawing (a thinking budget's end marker, a replayed trace), -1 to draw; its
         logprobs and rank are reported as if it had been drawn, and its noise is consumed as a
@@ -656,7 +660,7 @@ def sample(logits, temperature, *, top_k=None, top_p=None, min_p=None, generator
     row_seeds, seeded, offsets, draws = _seed_arguments(generators, seeds, positions, rows)
     draw_args = dict(temperature=temperature, seeds=row_seeds, seeded=seeded, offsets=offsets,
                      top_k=top_k, top_p=top_p, min_p=min_p, requests=requests, request_ids=request_ids,
-                     forced_tokens=forced, **step)
+                     forced_tokens=forced, append_to_requests=append_to_requests, **step)
     try:
         if n is None and not kept:
             return _tokens_tensor(sampler.draw(logits, **draw_args), out)
