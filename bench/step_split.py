@@ -41,19 +41,36 @@ def main():
     ids = np.arange(rows, dtype=np.uint64) + np.uint64(1 << 40)
     state.add_rows(ids, prompt, output, pad_id=vocab)
     held = dict(requests=state, request_ids=ids, repetition_penalty=1.1, frequency_penalty=0.2, presence_penalty=0.1)
+    holding = tokenrace.Requests()
+    holding.add_rows(ids, prompt, output, pad_id=vocab)
+    for r, i in enumerate(ids.tolist()):
+        holding.set_params(i, temperature=1.0, repetition_penalty=1.1, frequency_penalty=0.2, presence_penalty=0.1,
+                           logit_bias=dict(zip(bias_ids[r].tolist(), bias_values[r].tolist())))
+    own = dict(requests=holding, request_ids=ids)
     cases = {"plain": {}, "bitmask": dict(token_bitmask=bitmask), "bias": dict(logit_bias=bias),
              "repetition": dict(hist, repetition_penalty=1.1), "penalties": pen,
              "everything": dict(pen, logit_bias=bias, token_bitmask=bitmask),
-             "requests-penalties": held, "requests-everything": dict(held, logit_bias=bias, token_bitmask=bitmask)}
+             "requests-penalties": held, "requests-everything": dict(held, logit_bias=bias, token_bitmask=bitmask),
+             "held-everything": dict(own, token_bitmask=bitmask)}
     times = {k: [] for k in cases}
     for _ in range(a.reps):  # interleaved, so that a load on the machine weighs on every case alike
         for k, kw in cases.items():
             t = time.perf_counter()
-            sampler.draw(x, temperature=1.0, **kw)
+            # (The held cases' temperature is their requests'.)
+            sampler.draw(x, **({} if kw.get("requests") is holding else {"temperature": 1.0}), **kw)
             times[k].append(time.perf_counter() - t)
+    growing = tokenrace.Requests()
+    growing.add_rows(ids, prompt, output, pad_id=vocab)
+    tokens = sampler.draw(x, temperature=1.0)
+    appends = []
+    for _ in range(a.reps):
+        t = time.perf_counter()
+        growing.append(ids, tokens)
+        appends.append(time.perf_counter() - t)
     base = np.median(times["plain"])
     for k, v in times.items():
         print(f"{k:<20}{np.median(v) * 1e6:>10.0f} us {np.median(v) / base:>6.2f}x plain")
+    print(f"{'append (32 tokens)':<20}{np.median(appends) * 1e6:>10.1f} us")
 
 
 if __name__ == "__main__":

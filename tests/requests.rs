@@ -453,3 +453,74 @@ fn bad_parameters_are_refused_naming_the_field() {
     let b = Batch { requests: Some(RequestRows { state: &state, ids: &[8] }), ..Batch::new(Logits::F32(&x), 1, 10) };
     expect_draw_error(&b, "batch.request_ids[0]: request 8's parameters name token 10, outside vocab 10");
 }
+
+/// Long outputs that repeat their likeliest tokens a different number of times each, so that
+/// the winner turns on each token's exact count: the state's counts of the output (its bits and
+/// repeats, read in place of the list where the window keeps the whole output, in rows marked up
+/// front and in rows that work out only the blocks they visit) draw what the list draws, greedy
+/// and seeded, at every level.
+#[test]
+fn held_output_counts_draw_what_the_list_draws() {
+    let (vocab, rows) = (20000usize, 8usize);
+    let mut rng = TestRng::new(41);
+    let mut x = vec![0f32; rows * vocab];
+    let mut state = Requests::new();
+    let ids: Vec<u64> = (0..rows as u64).map(|r| 500 + r).collect();
+    let (mut prompts, mut outputs) = (Vec::new(), Vec::new());
+    for r in 0..rows {
+        let row = &mut x[r * vocab..(r + 1) * vocab];
+        row.iter_mut().for_each(|v| *v = rng.normal() as f32);
+        // Twenty hot tokens near 10, each repeated 1 to 60 times in the output.
+        let hot: Vec<i32> = (0..20).map(|_| rng.below(vocab) as i32).collect();
+        let mut output = Vec::new();
+        for &t in &hot {
+            row[t as usize] = 10.0 + 0.05 * rng.below(20) as f32;
+            output.extend(std::iter::repeat_n(t, 1 + rng.below(60)));
+        }
+        output.extend((0..3000).map(|_| rng.below(vocab) as i32));
+        // (Shuffled: the counts, not the order, decide.)
+        for i in (1..output.len()).rev() {
+            output.swap(i, rng.below(i + 1));
+        }
+        let prompt: Vec<i32> = (0..5000).map(|_| rng.below(vocab) as i32).collect();
+        state.add(ids[r], &prompt, &output).unwrap();
+        prompts.push(prompt);
+        outputs.push(output);
+    }
+    let (prompt, output) = (Csr::from_rows(&prompts), Csr::from_rows(&outputs));
+    let freq = vec![0.1f32; rows];
+    let pres = vec![0.05f32; rows];
+    let rep = vec![1.2f32; rows];
+    let seeds: Vec<u64> = (0..rows as u64).collect();
+    for temps in [vec![0.0f32; rows], vec![0.3f32; rows]] {
+        let base = Batch {
+            temperature: Some(&temps),
+            seeds: Some(&seeds),
+            repetition_penalty: Some(&rep),
+            frequency_penalty: Some(&freq),
+            presence_penalty: Some(&pres),
+            ..Batch::new(Logits::F32(&x), rows, vocab)
+        };
+        let with_lists = Batch { prompt_tokens: Some(prompt.lists()), output_tokens: Some(output.lists()), ..base };
+        let with_state = Batch { requests: Some(RequestRows { state: &state, ids: &ids }), ..base };
+        common::each_level(|level| {
+            for threads in [1usize, 2] {
+                let s = Sampler::new(config(level, threads, ORDERS[0])).unwrap();
+                // Tokens and flags alone (rows may defer their histories), then with logprobs
+                // (rows marked up front).
+                assert_eq!(common::draw(&s, &with_lists), common::draw(&s, &with_state), "{level:?} {threads} threads");
+                let full = |b: &Batch| {
+                    let (mut tokens, mut lps) = (vec![-7; rows], vec![0f32; rows]);
+                    let mut out = Output {
+                        logprobs: Some(&mut lps),
+                        logprob_mode: LogprobMode::Processed,
+                        ..Output::new(&mut tokens)
+                    };
+                    s.draw(b, &mut out).unwrap();
+                    (tokens, lps.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+                };
+                assert_eq!(full(&with_lists), full(&with_state), "{level:?} {threads} threads, logprobs");
+            }
+        });
+    }
+}

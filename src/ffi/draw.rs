@@ -577,7 +577,7 @@ unsafe fn draw_and_append(
     // SAFETY: the caller's contract.
     let ids = unsafe { opt_slice(Owner::Batch, "request_ids", b.request_ids, rows)? }.unwrap_or(&[]);
     let mut writing = Upgradable::upgrade(state.upgradable_read());
-    writing.reserve_drawn(ids)?;
+    writing.reserve_drawn(ids, b.vocab as usize)?;
     let held = Write::downgrade_to_upgradable(writing);
     draw(Some(&held))?;
     if rows > 0 {

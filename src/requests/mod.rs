@@ -33,6 +33,13 @@ pub(crate) struct Request {
     /// bitset in `O(vocab / 32)` instead of a load and a store per token of a long prompt.
     prompt_bits: Vec<u32>,
     output: Vec<i32>,
+    /// The output's distinct tokens as bits (bit `t % 32` of word `t / 32`), up to the word of
+    /// its largest token, and its repeated tokens, increasing, each with its occurrences after
+    /// the first: the output's penalty counts, kept as tokens are appended, which a step whose
+    /// window keeps the whole output reads in place of the output (`O(vocab / 32 + repeats)`,
+    /// not a load and a store per token of a long output).
+    output_bits: Vec<u32>,
+    repeats: Vec<(i32, u32)>,
     /// The largest token of the prompt and the output (-1 while both are empty).
     largest: i32,
     /// The request's sampling parameters, when it set any (`None`: every one off).
@@ -57,6 +64,35 @@ impl Request {
     /// The output, in order.
     pub(crate) fn output(&self) -> &[i32] {
         &self.output
+    }
+    /// The output's distinct tokens as bits, up to the word of its largest token.
+    pub(crate) fn output_bits(&self) -> &[u32] {
+        &self.output_bits
+    }
+    /// The output's repeated tokens, increasing, with their occurrences after the first.
+    pub(crate) fn repeats(&self) -> &[(i32, u32)] {
+        &self.repeats
+    }
+
+    /// Counts token `t` (>= 0), just appended to the output, into `output_bits` and `repeats`,
+    /// whose room was made ([`Requests::make_room`]): allocates nothing.
+    fn count_output(&mut self, t: i32) {
+        let (w, bit) = (t as usize / 32, 1u32 << (t % 32));
+        if w >= self.output_bits.len() {
+            debug_assert!(self.output_bits.capacity() > w);
+            self.output_bits.resize(w + 1, 0);
+        }
+        if self.output_bits[w] & bit == 0 {
+            self.output_bits[w] |= bit;
+            return;
+        }
+        match self.repeats.binary_search_by_key(&t, |&(id, _)| id) {
+            Ok(i) => self.repeats[i].1 += 1,
+            Err(i) => {
+                debug_assert!(self.repeats.len() < self.repeats.capacity());
+                self.repeats.insert(i, (t, 1));
+            }
+        }
     }
     /// The largest token of the histories, -1 when they are empty.
     pub(crate) fn largest(&self) -> i32 {
@@ -166,11 +202,14 @@ impl Requests {
         for &t in &prompt_set {
             prompt_bits[t as usize / 32] |= 1 << (t % 32);
         }
+        let (output_bits, repeats) = output_counts(output)?;
         let request = Request {
             prompt: alloc::collect(prompt.iter().copied(), "the request's prompt")?,
             prompt_set,
             prompt_bits,
             output: alloc::collect(output.iter().copied(), "the request's output")?,
+            output_bits,
+            repeats,
             largest: prompt.iter().chain(output).copied().max().unwrap_or(-1),
             params: None,
             params_largest: -1,
@@ -259,7 +298,8 @@ impl Requests {
             check_tokens(&tokens[s.clone()], &format!("tokens (of ids[{i}], from entry {})", s.start))?;
         }
         // Room first, so that the pushes below cannot fail.
-        self.make_room(ids.iter().enumerate().map(|(i, &id)| (id, span(i).len())))?;
+        let largest = |i: usize| tokens[span(i)].iter().copied().max().unwrap_or(-1);
+        self.make_room(ids.iter().enumerate().map(|(i, &id)| (id, span(i).len(), largest(i))))?;
         for (i, &id) in ids.iter().enumerate() {
             self.push_output(id, &tokens[span(i)]);
         }
@@ -267,12 +307,13 @@ impl Requests {
     }
 
     /// Makes room in the output of each live request that `ids` names for one more token per
-    /// naming, so that [`Requests::append_drawn`] of those ids cannot fail. Ids that are not
-    /// live are skipped (a draw that names one is refused before anything is appended).
-    pub(crate) fn reserve_drawn(&mut self, ids: &[u64]) -> Result<()> {
-        let live =
-            alloc::collect(ids.iter().filter(|&&id| self.live.contains_key(&id)).map(|&id| (id, 1)), "the rows' ids")?;
-        self.make_room(live.into_iter())
+    /// naming (a token below `vocab`), so that [`Requests::append_drawn`] of those ids cannot
+    /// fail. Ids that are not live are skipped (a draw that names one is refused before anything
+    /// is appended).
+    pub(crate) fn reserve_drawn(&mut self, ids: &[u64], vocab: usize) -> Result<()> {
+        let live = ids.iter().filter(|&&id| self.live.contains_key(&id));
+        let named = alloc::collect(live.map(|&id| (id, 1, vocab.saturating_sub(1) as i32)), "the rows' ids")?;
+        self.make_room(named.into_iter())
     }
 
     /// Appends a draw's tokens, `tokens[r]` to request `ids[r]` in row order, after
@@ -283,23 +324,29 @@ impl Requests {
         }
     }
 
-    /// Grows the output of each named request by the total of its entries (a request may be
-    /// named several times), all or nothing: a failed allocation leaves the room already made,
-    /// which changes no history.
-    fn make_room(&mut self, named: impl Iterator<Item = (u64, usize)>) -> Result<()> {
+    /// Grows the storage of each named request for `(id, new tokens, largest new token)`: its
+    /// output by the total of its entries (a request may be named several times), its repeats
+    /// as much (each new token may repeat one), its output bits to the word of the largest. A
+    /// failed allocation leaves the room already made, which changes no history.
+    fn make_room(&mut self, named: impl Iterator<Item = (u64, usize, i32)>) -> Result<()> {
         let mut totals = alloc::collect(named, "the append's totals")?;
-        totals.sort_unstable_by_key(|&(id, _)| id);
+        totals.sort_unstable_by_key(|&(id, _, _)| id);
         let mut at = 0;
         while at < totals.len() {
             let id = totals[at].0;
-            let mut more = 0;
+            let (mut more, mut largest) = (0, -1);
             while at < totals.len() && totals[at].0 == id {
                 more += totals[at].1;
+                largest = largest.max(totals[at].2);
                 at += 1;
             }
             let q = self.live.get_mut(&id).expect("live: checked by the caller");
             // (`try_reserve`, not exact: one token a step must grow the output geometrically.)
             q.output.try_reserve(more).map_err(|_| out_of_memory("the request's output"))?;
+            q.repeats.try_reserve(more).map_err(|_| out_of_memory("the request's output counts"))?;
+            let words = usize::try_from(largest).map_or(0, |t| t / 32 + 1);
+            let grow = words.saturating_sub(q.output_bits.len());
+            q.output_bits.try_reserve(grow).map_err(|_| out_of_memory("the request's output counts"))?;
         }
         Ok(())
     }
@@ -310,7 +357,29 @@ impl Requests {
         debug_assert!(q.output.capacity() - q.output.len() >= new.len());
         q.output.extend_from_slice(new);
         q.largest = new.iter().copied().fold(q.largest, i32::max);
+        for &t in new {
+            q.count_output(t);
+        }
     }
+}
+
+/// The counts of a request's `output` (token ids >= 0): its distinct tokens as bits and its
+/// repeated tokens, increasing, with their occurrences after the first.
+fn output_counts(output: &[i32]) -> Result<(Vec<u32>, Vec<(i32, u32)>)> {
+    let mut sorted = alloc::collect(output.iter().copied(), "the request's output counts")?;
+    sorted.sort_unstable();
+    let words = sorted.last().map_or(0, |&t| t as usize / 32 + 1);
+    let mut bits = alloc::filled(words, 0u32, "the request's output counts")?;
+    let repeated = sorted.chunk_by(|a, b| a == b).filter(|run| run.len() > 1).count();
+    let mut repeats = alloc::with_capacity(repeated, "the request's output counts")?;
+    for run in sorted.chunk_by(|a, b| a == b) {
+        let t = run[0];
+        bits[t as usize / 32] |= 1 << (t % 32);
+        if run.len() > 1 {
+            repeats.push((t, run.len() as u32 - 1));
+        }
+    }
+    Ok((bits, repeats))
 }
 
 /// Checks `offsets` of an append: `n + 1` non-decreasing entries, the last within `have` tokens.
@@ -348,6 +417,16 @@ mod tests {
         s.append(&[7, 9], &[0, 2], None).unwrap();
         assert_eq!(s.output(7).unwrap(), &[5, 6, 0]);
         assert_eq!(s.output(9).unwrap(), &[4, 8, 8, 2]);
+        // The output's counts, kept as tokens come: the distinct tokens' bits, the repeats.
+        let q = s.live.get(&9).unwrap();
+        assert_eq!((q.output_bits(), q.repeats()), (&[0b1_0001_0100][..], &[(8, 1)][..]));
+        s.append(&[9, 9], &[8, 40], None).unwrap();
+        let q = s.live.get(&9).unwrap();
+        assert_eq!((q.output_bits(), q.repeats()), (&[0b1_0001_0100, 1 << 8][..], &[(8, 2)][..]));
+        s.add(11, &[], &[3, 3, 70, 3, 1]).unwrap();
+        let q = s.live.get(&11).unwrap();
+        assert_eq!((q.output_bits(), q.repeats()), (&[0b1010, 0, 1 << 6][..], &[(3, 2)][..]));
+        s.remove(11).unwrap();
         let q = s.live.get(&7).unwrap();
         assert_eq!((q.prompt_set(), q.largest(), q.prompt_bits()), (&[1, 2, 3][..], 6, &[0b1110][..]));
         // A refused append changes nothing.

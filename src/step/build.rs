@@ -257,11 +257,29 @@ fn touch_lists(k: &Kernels, batch: &Batch, r: usize, e: &mut RowStep, defer: boo
     Ok(())
 }
 
+/// The output of a row whose request holds its counts (`Histories::output_of`), marked as
+/// its tokens would mark it: with the frequency or presence penalty, its bits in `output_bits`
+/// (the pass over the words adds them to `seen`) and each repeated token's occurrences after
+/// the first in `counts` (listed in `counted`); without, its bits in `seen`.
+fn mark_held_output(e: &mut RowStep, request: &crate::requests::Request, words: usize) {
+    let bits = request.output_bits();
+    if e.penalties.counts() {
+        e.output_bits[..words].iter_mut().zip(bits).for_each(|(o, &b)| *o |= b);
+        for &(t, extra) in request.repeats() {
+            e.counts[t as usize] = extra;
+            e.counted.push(t as u32);
+        }
+    } else {
+        e.seen[..words].iter_mut().zip(bits).for_each(|(s, &b)| *s |= b);
+    }
+}
+
 /// The histories' part of [`touch_lists`] (its storage reserved): their bits, the output's
 /// counts, then the pass over the words that clears every touched token's bit in `keep`.
 pub(super) fn mark_histories(k: &Kernels, batch: &Batch, r: usize, e: &mut RowStep, sparse: bool) {
     let p = e.penalties;
-    let (prompt, output, set_of) = histories_of(batch, r, p);
+    let h = histories_of(batch, r, p);
+    let (prompt, output) = (h.prompt, h.output);
     let bias_ids = batch.logit_bias.map_or(&[][..], |b| b.row(r).0);
     let words = e.keep.len();
     let most = prompt.len() + output.len() + bias_ids.len() + e.dry_ids.len();
@@ -270,7 +288,7 @@ pub(super) fn mark_histories(k: &Kernels, batch: &Batch, r: usize, e: &mut RowSt
     // no branch, and no bounds check (two compares a token of a 4096-token prompt).
     // (Local slices: through `e`, the loops reloaded each vector's pointer after every store.)
     let seen = &mut e.seen[..words];
-    match set_of.filter(|_| !sparse) {
+    match h.prompt_of.filter(|_| !sparse) {
         // A request's whole prompt: its bits, kept by the state, set the same bits as its
         // tokens, in a pass over the words (the sparse pass below needs the ids).
         Some(request) => seen.iter_mut().zip(request.prompt_bits()).for_each(|(s, &b)| *s |= b),
@@ -282,28 +300,34 @@ pub(super) fn mark_histories(k: &Kernels, batch: &Batch, r: usize, e: &mut RowSt
             }
         }
     }
-    if p.counts() {
-        let (output_bits, counts) = (&mut e.output_bits[..words], &mut e.counts[..words * 32]);
-        // The output's tokens are added to `seen` by the pass over the words below (one
-        // read-modify-write a token fewer).
-        for &id in output {
-            let (w, bit) = (id as usize / 32, bit(id));
-            // SAFETY: as above (`counts` holds `words * 32` entries).
-            unsafe {
-                let first = *output_bits.get_unchecked(w);
-                *output_bits.get_unchecked_mut(w) = first | bit;
-                if first & bit != 0 {
-                    // A repeat: rare in most outputs, so the branch costs nothing. (A masked
-                    // token's count is never read.)
-                    *counts.get_unchecked_mut(id as usize) += 1;
-                    e.counted.push(id as u32);
+    match h.output_of.filter(|_| !sparse) {
+        // A request's whole output: its counts, kept by the state, give the same bits and
+        // counts as its tokens, in a pass over the words and one store a repeated token.
+        Some(request) => mark_held_output(e, request, words),
+        None if p.counts() => {
+            let (output_bits, counts) = (&mut e.output_bits[..words], &mut e.counts[..words * 32]);
+            // The output's tokens are added to `seen` by the pass over the words below (one
+            // read-modify-write a token fewer).
+            for &id in output {
+                let (w, bit) = (id as usize / 32, bit(id));
+                // SAFETY: as above (`counts` holds `words * 32` entries).
+                unsafe {
+                    let first = *output_bits.get_unchecked(w);
+                    *output_bits.get_unchecked_mut(w) = first | bit;
+                    if first & bit != 0 {
+                        // A repeat: rare in most outputs, so the branch costs nothing. (A masked
+                        // token's count is never read.)
+                        *counts.get_unchecked_mut(id as usize) += 1;
+                        e.counted.push(id as u32);
+                    }
                 }
             }
         }
-    } else {
-        for &id in output {
-            // SAFETY: as above.
-            unsafe { *seen.get_unchecked_mut(id as usize / 32) |= bit(id) };
+        None => {
+            for &id in output {
+                // SAFETY: as above.
+                unsafe { *seen.get_unchecked_mut(id as usize / 32) |= bit(id) };
+            }
         }
     }
     // `seen_words` counts the words of `seen` holding a bit, not the bits (a population count

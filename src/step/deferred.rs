@@ -62,8 +62,39 @@ pub(crate) struct DeferredRow<'a, V: ?Sized> {
     /// Whether `prompt` is increasing (a request's distinct tokens): a block then searches only
     /// its own range of it, not the whole prompt (a 27K-token prompt, once per visited block).
     prompt_sorted: bool,
+    /// The request whose counts stand for `output` (its whole output): a block then reads its
+    /// words of the output's bits and its range of the repeats, not the whole output.
+    output_of: Option<&'a crate::requests::Request>,
     /// The blocks worked out so far (room for [`CACHED`], reserved up front).
     cache: RefCell<Vec<Entry>>,
+}
+
+/// Block `b`'s part of the output of `request` (its whole output), as [`block_history`]
+/// of the list sets it in `h`: the block's words of the output's bits and, when `counts`, each
+/// token's occurrences (1, plus its repeats).
+///
+/// [`block_history`]: crate::kernels::Kernels
+fn held_output_in_block(request: &crate::requests::Request, b: usize, counts: bool, h: &mut BlockHistory) {
+    let bits = request.output_bits();
+    let words = (b * WORDS).min(bits.len())..((b + 1) * WORDS).min(bits.len());
+    for (i, w) in words.enumerate() {
+        h.output[i] = bits[w];
+        if counts {
+            let mut word = bits[w];
+            while word != 0 {
+                h.counts[i * 32 + word.trailing_zeros() as usize] = 1;
+                word &= word - 1;
+            }
+        }
+    }
+    if counts {
+        let repeats = request.repeats();
+        let (start, end) = ((b * BLOCK) as i32, ((b + 1) * BLOCK) as i32);
+        let lo = repeats.partition_point(|&(t, _)| t < start);
+        for &(t, extra) in repeats[lo..].iter().take_while(|&&(t, _)| t < end) {
+            h.counts[(t - start) as usize] += extra;
+        }
+    }
 }
 
 /// The ids of increasing `ids` that lie in block `b`: the same bits as the whole list sets
@@ -85,14 +116,14 @@ impl<'a, V: RowValues + ?Sized> DeferredRow<'a, V> {
         values: &'a V,
     ) -> Result<Self> {
         debug_assert!(step.deferred);
-        let (prompt, output, set_of) = super::penalties::histories_of(batch, r, step.penalties);
-        let prompt_sorted = set_of.is_some();
+        let h = super::penalties::histories_of(batch, r, step.penalties);
+        let (prompt, output, prompt_sorted, output_of) = (h.prompt, h.output, h.prompt_of.is_some(), h.output_of);
         // The thread's storage of the previous row, if any (36 KiB, which a fresh allocation
         // would fault in for every row).
         let mut cache = SPARE.with(|s| s.take());
         cache.clear();
         alloc::reserve(&mut cache, CACHED, "the row's visited blocks")?;
-        Ok(DeferredRow { step, values, k, prompt, output, prompt_sorted, cache: RefCell::new(cache) })
+        Ok(DeferredRow { step, values, k, prompt, output, prompt_sorted, output_of, cache: RefCell::new(cache) })
     }
 
     /// Calls `f` with block `b`'s entry, worked out on first use.
@@ -119,8 +150,12 @@ impl<'a, V: RowValues + ?Sized> DeferredRow<'a, V> {
         *entry = Entry { block: b, ..Entry::EMPTY };
         let h = &mut entry.history;
         let prompt = if self.prompt_sorted { in_block(self.prompt, b) } else { self.prompt };
+        let output = if self.output_of.is_some() { &[][..] } else { self.output };
         // SAFETY: the level is supported (`kernels`).
-        unsafe { (self.k.block_history)(prompt, self.output, (b * BLOCK) as u32, counts, h) };
+        unsafe { (self.k.block_history)(prompt, output, (b * BLOCK) as u32, counts, h) };
+        if let Some(request) = self.output_of {
+            held_output_in_block(request, b, counts, h);
+        }
         let keep = e.keep();
         let words = b * WORDS..((b + 1) * WORDS).min(keep.len());
         // (The caller's bitmask words may set bits past the vocabulary: `RowStep::given`.)

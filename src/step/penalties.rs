@@ -103,28 +103,46 @@ pub(super) fn repeated(y: f32, r: f32) -> f32 {
 /// tokens instead ([`Requests`](crate::Requests) keeps them): the prompt only marks which
 /// tokens it holds, so its set marks the same bits as its list, in a pass a fraction as long.
 pub(super) fn histories<'a>(batch: &Batch<'a>, r: usize, p: Penalties) -> (&'a [i32], &'a [i32]) {
-    let (prompt, output, _) = histories_of(batch, r, p);
-    (prompt, output)
+    let h = histories_of(batch, r, p);
+    (h.prompt, h.output)
 }
 
-/// [`histories`], and the request whose distinct tokens the prompt is, when it is (a nonempty
-/// prompt read by the repetition penalty): the prompt is then increasing, so the ids of one
-/// block of tokens are a range of it, and the request holds its bits.
-pub(super) fn histories_of<'a>(
-    batch: &Batch<'a>,
-    r: usize,
-    p: Penalties,
-) -> (&'a [i32], &'a [i32], Option<&'a crate::requests::Request>) {
+/// What a row's penalties read of its histories ([`histories_of`]).
+pub(super) struct Histories<'a> {
+    /// The prompt within the window (empty without the repetition penalty).
+    pub prompt: &'a [i32],
+    /// The output within the window (empty without any penalty).
+    pub output: &'a [i32],
+    /// The request whose distinct tokens `prompt` is, when it is (a nonempty prompt read by the
+    /// repetition penalty): `prompt` is then increasing, so the ids of one block of tokens are a
+    /// range of it, and the request holds its bits.
+    pub prompt_of: Option<&'a crate::requests::Request>,
+    /// The request whose whole output `output` is, when it is (the window keeps all of it): the
+    /// request's counts of it (its distinct tokens' bits, its repeats) then stand for the list.
+    pub output_of: Option<&'a crate::requests::Request>,
+}
+
+/// [`histories`], with the requests that hold what they read ([`Histories`]).
+pub(super) fn histories_of<'a>(batch: &Batch<'a>, r: usize, p: Penalties) -> Histories<'a> {
     let whole = batch.prompt_row(r);
-    let output = batch.output_row(r);
-    let (mut prompt, output) = windowed(whole, output, batch.penalty_last_n.map_or(0, |n| n[r]));
-    let mut set_of = None;
+    let whole_output = batch.output_row(r);
+    let (mut prompt, output) = windowed(whole, whole_output, batch.penalty_last_n.map_or(0, |n| n[r]));
+    let (mut prompt_of, mut output_of) = (None, None);
     if let Some(request) = batch.requests.and_then(|q| q.row(r)) {
         if prompt.len() == whole.len() && p.repeats() {
-            (prompt, set_of) = (request.prompt_set(), Some(request));
+            (prompt, prompt_of) = (request.prompt_set(), Some(request));
+        }
+        if output.len() == whole_output.len() && !output.is_empty() {
+            output_of = Some(request);
         }
     }
-    (if p.repeats() { prompt } else { &[] }, if p.repeats() || p.counts() { output } else { &[] }, set_of)
+    let output = if p.repeats() || p.counts() { output } else { &[] };
+    Histories {
+        prompt: if p.repeats() { prompt } else { &[] },
+        output,
+        prompt_of,
+        output_of: output_of.filter(|_| !output.is_empty()),
+    }
 }
 
 /// The last `last_n` tokens of `prompt ++ output`, as the part of each that they cover; 0 (or
