@@ -2,11 +2,12 @@
 that input (or all of them), timed against the plain draw of the same logits in the same run.
 The inputs are bench/compare.py's --step inputs (32 rows x vocab 151936, 4096 prompt + 1024
 output tokens per row, 16 biased ids, a bitmask allowing 10% that keeps each row's likeliest
-tokens). With --history N the histories hold N - 1024 prompt + 1024 output tokens; the
+tokens). With --history N the histories hold N - O prompt + O output tokens (--output O,
+default 1024; a reasoning model's long output: --history 28000 --output 27000); the
 "requests" cases name the rows of a tokenrace.Requests state holding them instead of passing
 the lists.
 
-  TOKENRACE_LIBRARY=$PWD/target/release/libtokenrace.so python3 bench/step_split.py [--threads 1] [--reps 30] [--history 5120]
+  TOKENRACE_LIBRARY=$PWD/target/release/libtokenrace.so python3 bench/step_split.py [--threads 1] [--reps 30] [--history 5120] [--output 1024]
 """
 import argparse
 import os
@@ -25,12 +26,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--history", type=int, default=5120, help="prompt + output tokens a row (output: 1024)")
+    ap.add_argument("--history", type=int, default=5120, help="prompt + output tokens a row")
+    ap.add_argument("--output", type=int, default=1024, help="of which output tokens")
     a = ap.parse_args()
     rows, vocab = 32, 151936
     rng = np.random.default_rng(0)
     x = compare.peaked_logits(rows, vocab, rng)
-    prompt, output, bias_ids, bias_values, bitmask, _ = compare.step_inputs(rows, vocab, a.history - 1024, 1024, 16, 0.10, rng)
+    prompt, output, bias_ids, bias_values, bitmask, _ = compare.step_inputs(rows, vocab, a.history - a.output, a.output, 16, 0.10, rng)
     x[np.arange(rows)[:, None], bias_ids[:, :2]] = 20.0  # as compare.py: allowed and likely
     sampler = tokenrace.Sampler(vocab, max_rows=256, seed=1, threads=a.threads)
     bias = (np.ascontiguousarray(bias_ids.reshape(-1), np.int32), bias_values.reshape(-1),
