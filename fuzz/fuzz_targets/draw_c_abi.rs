@@ -881,6 +881,8 @@ fn run(data: &[u8]) -> Result<()> {
         mirostat_eta: std::ptr::null(),
         mirostat_m: std::ptr::null(),
         mirostat_mu: std::ptr::null(),
+        append_to_requests: 0,
+        reserved1: 0,
     };
     // Every 8-byte field boundary from the first version on is a valid size.
     let sizes: Vec<usize> = (BATCH_V1..=BATCH_SIZE).step_by(8).collect();

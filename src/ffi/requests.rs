@@ -255,17 +255,22 @@ pub struct tokenrace_request_params {
     pub min_tokens: i32,
     /// `stop_len` stop token ids (>= 0; NULL for none).
     pub stop_ids: *const i32,
+    /// Entries of `stop_ids`.
     pub stop_len: u64,
     /// `bias_len` biased ids (>= 0) and their biases (finite, or -inf to ban).
     pub bias_ids: *const i32,
+    /// `bias_len` biases, one per entry of `bias_ids`.
     pub bias_values: *const f32,
+    /// Entries of `bias_ids` and `bias_values`.
     pub bias_len: u64,
     /// NULL (default): every token allowed; else the only `allowed_len` tokens the request may
     /// draw (allowed_len 0: none).
     pub allowed_ids: *const i32,
+    /// Entries of `allowed_ids`.
     pub allowed_len: u64,
     /// `banned_len` ids the request may not draw (NULL for none).
     pub banned_ids: *const i32,
+    /// Entries of `banned_ids`.
     pub banned_len: u64,
 }
 

@@ -22,6 +22,9 @@ use crate::error::{Error, ErrorKind, Result};
 mod params;
 pub use params::RequestParams;
 
+/// A token the output repeats, with its occurrences after the first.
+pub(crate) type Repeat = (i32, u32);
+
 /// The histories of one live request.
 #[derive(Debug)]
 pub(crate) struct Request {
@@ -39,7 +42,7 @@ pub(crate) struct Request {
     /// window keeps the whole output reads in place of the output (`O(vocab / 32 + repeats)`,
     /// not a load and a store per token of a long output).
     output_bits: Vec<u32>,
-    repeats: Vec<(i32, u32)>,
+    repeats: Vec<Repeat>,
     /// The largest token of the prompt and the output (-1 while both are empty).
     largest: i32,
     /// The request's sampling parameters, when it set any (`None`: every one off).
@@ -365,7 +368,7 @@ impl Requests {
 
 /// The counts of a request's `output` (token ids >= 0): its distinct tokens as bits and its
 /// repeated tokens, increasing, with their occurrences after the first.
-fn output_counts(output: &[i32]) -> Result<(Vec<u32>, Vec<(i32, u32)>)> {
+fn output_counts(output: &[i32]) -> Result<(Vec<u32>, Vec<Repeat>)> {
     let mut sorted = alloc::collect(output.iter().copied(), "the request's output counts")?;
     sorted.sort_unstable();
     let words = sorted.last().map_or(0, |&t| t as usize / 32 + 1);
