@@ -144,10 +144,19 @@ fn as_u32(words: &[i32]) -> &[u32] {
 /// Whether row `r`'s histories are long enough to leave to the blocks the draw visits (more
 /// named tokens than a quarter of the row's `words`): below that, the pass of the marking goes
 /// over their words alone (`sparse` in [`touch_lists`]), a few hundred nanoseconds.
+///
+/// A history its request holds (`Histories::prompt_of`, `output_of`) is marked in a pass over
+/// the words whatever its length, so it counts only where a mask (a bitmask, an allowed list)
+/// thins the tokens it touches: there the visited blocks still cost less than the marking (at
+/// 1024 + 27000 tokens, vocab 151936, a 10% bitmask: 1.36x the plain draw deferred, 1.96x
+/// marked), while an unmasked row's blocks, most of them visited, cost more (2.05x against
+/// 1.90x).
 fn long_histories(batch: &Batch, r: usize, p: Penalties, words: usize) -> bool {
-    let (prompt, output) = histories(batch, r, p);
+    let h = histories_of(batch, r, p);
+    let masked = batch.token_bitmask.is_some() || restricted(batch, r);
+    let listed = |len: usize, held: bool| if held && !masked { 0 } else { len };
     let bias = batch.logit_bias.map_or(0, |b| b.row(r).0.len());
-    let most = prompt.len() + output.len() + bias;
+    let most = listed(h.prompt.len(), h.prompt_of.is_some()) + listed(h.output.len(), h.output_of.is_some()) + bias;
     most > 0 && most >= words / 4
 }
 
