@@ -59,9 +59,9 @@ pub(crate) struct DeferredRow<'a, V: ?Sized> {
     k: &'a Kernels,
     prompt: &'a [i32],
     output: &'a [i32],
-    /// Whether `prompt` is increasing (a request's distinct tokens): a block then searches only
-    /// its own range of it, not the whole prompt (a 27K-token prompt, once per visited block).
-    prompt_sorted: bool,
+    /// The request whose distinct tokens `prompt` is (its whole prompt): a block then reads its
+    /// words of the prompt's bits, not the prompt (a 27K-token prompt, once per visited block).
+    prompt_of: Option<&'a crate::requests::Request>,
     /// The request whose counts stand for `output` (its whole output): a block then reads its
     /// words of the output's bits and its range of the repeats, not the whole output.
     output_of: Option<&'a crate::requests::Request>,
@@ -97,15 +97,6 @@ fn held_output_in_block(request: &crate::requests::Request, b: usize, counts: bo
     }
 }
 
-/// The ids of increasing `ids` that lie in block `b`: the same bits as the whole list sets
-/// there, in two binary searches instead of a pass.
-fn in_block(ids: &[i32], b: usize) -> &[i32] {
-    let (start, end) = ((b * BLOCK) as i64, ((b + 1) * BLOCK) as i64);
-    let lo = ids.partition_point(|&t| (t as i64) < start);
-    let hi = lo + ids[lo..].partition_point(|&t| (t as i64) < end);
-    &ids[lo..hi]
-}
-
 impl<'a, V: RowValues + ?Sized> DeferredRow<'a, V> {
     /// The deferred `step` of row `r` of `batch`, whose values are `values`.
     pub fn new(
@@ -117,13 +108,13 @@ impl<'a, V: RowValues + ?Sized> DeferredRow<'a, V> {
     ) -> Result<Self> {
         debug_assert!(step.deferred);
         let h = super::penalties::histories_of(batch, r, step.penalties);
-        let (prompt, output, prompt_sorted, output_of) = (h.prompt, h.output, h.prompt_of.is_some(), h.output_of);
+        let (prompt, output, prompt_of, output_of) = (h.prompt, h.output, h.prompt_of, h.output_of);
         // The thread's storage of the previous row, if any (36 KiB, which a fresh allocation
         // would fault in for every row).
         let mut cache = SPARE.with(|s| s.take());
         cache.clear();
         alloc::reserve(&mut cache, CACHED, "the row's visited blocks")?;
-        Ok(DeferredRow { step, values, k, prompt, output, prompt_sorted, output_of, cache: RefCell::new(cache) })
+        Ok(DeferredRow { step, values, k, prompt, output, prompt_of, output_of, cache: RefCell::new(cache) })
     }
 
     /// Calls `f` with block `b`'s entry, worked out on first use.
@@ -149,10 +140,15 @@ impl<'a, V: RowValues + ?Sized> DeferredRow<'a, V> {
         let counts = e.penalties.counts();
         *entry = Entry { block: b, ..Entry::EMPTY };
         let h = &mut entry.history;
-        let prompt = if self.prompt_sorted { in_block(self.prompt, b) } else { self.prompt };
+        let prompt = if self.prompt_of.is_some() { &[][..] } else { self.prompt };
         let output = if self.output_of.is_some() { &[][..] } else { self.output };
         // SAFETY: the level is supported (`kernels`).
         unsafe { (self.k.block_history)(prompt, output, (b * BLOCK) as u32, counts, h) };
+        if let Some(request) = self.prompt_of {
+            let (bits, words) = (request.prompt_bits(), b * WORDS..(b + 1) * WORDS);
+            let held = &bits[words.start.min(bits.len())..words.end.min(bits.len())];
+            h.prompt[..held.len()].copy_from_slice(held);
+        }
         if let Some(request) = self.output_of {
             held_output_in_block(request, b, counts, h);
         }
