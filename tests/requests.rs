@@ -455,10 +455,11 @@ fn bad_parameters_are_refused_naming_the_field() {
 }
 
 /// Long outputs that repeat their likeliest tokens a different number of times each, so that
-/// the winner turns on each token's exact count: the state's counts of the output (its bits and
-/// repeats, read in place of the list where the window keeps the whole output, in rows marked up
-/// front and in rows that work out only the blocks they visit) draw what the list draws, greedy
-/// and seeded, at every level.
+/// the winner turns on each token's exact count, and likelier tokens that only the prompt holds:
+/// the state's counts of the output (its bits and repeats) and its prompt's bits, read in place
+/// of the lists where the window keeps them whole, in rows marked up front (unmasked) and in
+/// rows that work out only the blocks they visit (with a bitmask), draw what the lists draw,
+/// greedy and seeded, at every level.
 #[test]
 fn held_output_counts_draw_what_the_list_draws() {
     let (vocab, rows) = (20000usize, 8usize);
@@ -470,19 +471,25 @@ fn held_output_counts_draw_what_the_list_draws() {
     for r in 0..rows {
         let row = &mut x[r * vocab..(r + 1) * vocab];
         row.iter_mut().for_each(|v| *v = rng.normal() as f32);
-        // Twenty hot tokens near 10, each repeated 1 to 60 times in the output.
-        let hot: Vec<i32> = (0..20).map(|_| rng.below(vocab) as i32).collect();
+        // Twenty hot tokens near 10, each repeated 1 to 60 times in the output, and ten near 9.5
+        // that only the prompt holds: the repetition penalty takes them below the least
+        // repeated of the twenty, without it they would win.
+        let hot: Vec<i32> = (0..30).map(|_| rng.below(vocab) as i32).collect();
         let mut output = Vec::new();
-        for &t in &hot {
+        for &t in &hot[..20] {
             row[t as usize] = 10.0 + 0.05 * rng.below(20) as f32;
             output.extend(std::iter::repeat_n(t, 1 + rng.below(60)));
+        }
+        for &t in &hot[20..] {
+            row[t as usize] = 9.0 + 0.05 * rng.below(20) as f32;
         }
         output.extend((0..3000).map(|_| rng.below(vocab) as i32));
         // (Shuffled: the counts, not the order, decide.)
         for i in (1..output.len()).rev() {
             output.swap(i, rng.below(i + 1));
         }
-        let prompt: Vec<i32> = (0..5000).map(|_| rng.below(vocab) as i32).collect();
+        let mut prompt: Vec<i32> = (0..5000).map(|_| rng.below(vocab) as i32).collect();
+        prompt.extend(&hot[20..]);
         state.add(ids[r], &prompt, &output).unwrap();
         prompts.push(prompt);
         outputs.push(output);
@@ -492,10 +499,25 @@ fn held_output_counts_draw_what_the_list_draws() {
     let pres = vec![0.05f32; rows];
     let rep = vec![1.2f32; rows];
     let seeds: Vec<u64> = (0..rows as u64).collect();
-    for temps in [vec![0.0f32; rows], vec![0.3f32; rows]] {
+    // A bitmask keeping a third of the tokens (the hot ones among them): held histories are
+    // then left to the visited blocks, unmasked rows mark them up front.
+    let words = vocab.div_ceil(32);
+    let mut mask = vec![0i32; rows * words];
+    for r in 0..rows {
+        for t in 0..vocab {
+            if rng.below(3) == 0 || x[r * vocab + t] > 8.5 {
+                mask[r * words + t / 32] |= 1 << (t % 32);
+            }
+        }
+    }
+    let masks = [None, Some(TokenBitmask { words: &mask, row_stride: words })];
+    for (temps, bitmask) in
+        [vec![0.0f32; rows], vec![0.3f32; rows]].iter().flat_map(|t| masks.iter().map(move |m| (t, *m)))
+    {
         let base = Batch {
-            temperature: Some(&temps),
+            temperature: Some(temps),
             seeds: Some(&seeds),
+            token_bitmask: bitmask,
             repetition_penalty: Some(&rep),
             frequency_penalty: Some(&freq),
             presence_penalty: Some(&pres),
@@ -503,12 +525,17 @@ fn held_output_counts_draw_what_the_list_draws() {
         };
         let with_lists = Batch { prompt_tokens: Some(prompt.lists()), output_tokens: Some(output.lists()), ..base };
         let with_state = Batch { requests: Some(RequestRows { state: &state, ids: &ids }), ..base };
+        let what = format!("T {}, bitmask {}", temps[0], bitmask.is_some());
         common::each_level(|level| {
             for threads in [1usize, 2] {
                 let s = Sampler::new(config(level, threads, ORDERS[0])).unwrap();
                 // Tokens and flags alone (rows may defer their histories), then with logprobs
                 // (rows marked up front).
-                assert_eq!(common::draw(&s, &with_lists), common::draw(&s, &with_state), "{level:?} {threads} threads");
+                assert_eq!(
+                    common::draw(&s, &with_lists),
+                    common::draw(&s, &with_state),
+                    "{what}: {level:?} {threads} threads"
+                );
                 let full = |b: &Batch| {
                     let (mut tokens, mut lps) = (vec![-7; rows], vec![0f32; rows]);
                     let mut out = Output {
@@ -519,7 +546,7 @@ fn held_output_counts_draw_what_the_list_draws() {
                     s.draw(b, &mut out).unwrap();
                     (tokens, lps.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
                 };
-                assert_eq!(full(&with_lists), full(&with_state), "{level:?} {threads} threads, logprobs");
+                assert_eq!(full(&with_lists), full(&with_state), "{what}: {level:?} {threads} threads, logprobs");
             }
         });
     }
