@@ -499,8 +499,8 @@ typedef struct tokenrace_batch {
   // output of its request (`request_ids[r]`), in row order, as
   // `tokenrace_requests_append(requests, rows, request_ids, out.tokens, NULL)` would: the
   // next step's histories then hold it. The draw holds the state from its start to the
-  // append (other draws may read it meanwhile; its writers wait), and a failed draw appends
-  // nothing. 0 (and older callers): the draw never changes the state. Refused by
+  // append (draws without the flag may read it meanwhile; its writers, and other draws with
+  // the flag, wait), and a failed draw appends nothing. 0 (and older callers): the draw never changes the state. Refused by
   // `tokenrace_score`, which draws nothing.
   uint32_t append_to_requests;
   // Must be zero.
@@ -678,17 +678,22 @@ typedef struct tokenrace_request_params {
   int32_t min_tokens;
   // `stop_len` stop token ids (>= 0; NULL for none).
   const int32_t *stop_ids;
+  // Entries of `stop_ids`.
   uint64_t stop_len;
   // `bias_len` biased ids (>= 0) and their biases (finite, or -inf to ban).
   const int32_t *bias_ids;
+  // `bias_len` biases, one per entry of `bias_ids`.
   const float *bias_values;
+  // Entries of `bias_ids` and `bias_values`.
   uint64_t bias_len;
   // NULL (default): every token allowed; else the only `allowed_len` tokens the request may
   // draw (allowed_len 0: none).
   const int32_t *allowed_ids;
+  // Entries of `allowed_ids`.
   uint64_t allowed_len;
   // `banned_len` ids the request may not draw (NULL for none).
   const int32_t *banned_ids;
+  // Entries of `banned_ids`.
   uint64_t banned_len;
 } tokenrace_request_params;
 

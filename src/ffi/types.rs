@@ -458,8 +458,8 @@ pub struct tokenrace_batch {
     /// output of its request (`request_ids[r]`), in row order, as
     /// `tokenrace_requests_append(requests, rows, request_ids, out.tokens, NULL)` would: the
     /// next step's histories then hold it. The draw holds the state from its start to the
-    /// append (other draws may read it meanwhile; its writers wait), and a failed draw appends
-    /// nothing. 0 (and older callers): the draw never changes the state. Refused by
+    /// append (draws without the flag may read it meanwhile; its writers, and other draws with
+    /// the flag, wait), and a failed draw appends nothing. 0 (and older callers): the draw never changes the state. Refused by
     /// `tokenrace_score`, which draws nothing.
     pub append_to_requests: u32,
     /// Must be zero.
