@@ -1036,3 +1036,80 @@ fn request_parameters_and_the_append_flag_through_c() {
         tokenrace_requests_free(state);
     }
 }
+
+/// A request state shared by threads: each drawing with `append_to_requests` (its own two
+/// requests and one every thread names), one drawing without it and one adding and removing
+/// requests of its own. Every successful appending draw appends exactly its rows' tokens: no
+/// token is lost or doubled, whatever the interleaving.
+#[test]
+fn appending_draws_on_threads_lose_no_token() {
+    struct Shared(*mut tokenrace_requests);
+    // SAFETY: the handle is locked inside; the threads end before it is freed.
+    unsafe impl Send for Shared {}
+    unsafe impl Sync for Shared {}
+    let mut state = std::ptr::null_mut();
+    // SAFETY: a writable out pointer, then a live handle.
+    unsafe {
+        assert_eq!(tokenrace_requests_new(&mut state), tokenrace_status::Ok);
+        for id in 0..9u64 {
+            assert_eq!(
+                tokenrace_requests_add(state, id, [1i32, 2].as_ptr(), 2, std::ptr::null(), 0),
+                tokenrace_status::Ok
+            );
+        }
+    }
+    let shared = Shared(state);
+    let (steps, drawers) = (60usize, 4u64);
+    std::thread::scope(|s| {
+        for t in 0..drawers {
+            let shared = &shared;
+            s.spawn(move || {
+                let mut f = Fixture::new();
+                let ids = [2 * t, 8];
+                for _ in 0..steps {
+                    let (mut b, mut o) = f.args();
+                    b.requests = shared.0;
+                    b.request_ids = ids.as_ptr();
+                    b.append_to_requests = 1;
+                    assert_eq!(f.draw(&b, &mut o), tokenrace_status::Ok, "{}", last_error());
+                }
+            });
+        }
+        let shared = &shared;
+        s.spawn(move || {
+            let mut f = Fixture::new();
+            for step in 0..steps {
+                let (mut b, mut o) = f.args();
+                b.requests = shared.0;
+                let ids = [8u64, (step % 8) as u64];
+                b.request_ids = ids.as_ptr();
+                assert_eq!(f.draw(&b, &mut o), tokenrace_status::Ok, "{}", last_error());
+            }
+        });
+        s.spawn(move || {
+            for step in 0..steps as u64 {
+                // SAFETY: a live handle and arrays of the lengths given.
+                unsafe {
+                    assert_eq!(
+                        tokenrace_requests_add(shared.0, 100 + step, [3i32].as_ptr(), 1, std::ptr::null(), 0),
+                        tokenrace_status::Ok
+                    );
+                    assert_eq!(tokenrace_requests_remove(shared.0, 100 + step), tokenrace_status::Ok);
+                }
+            }
+        });
+    });
+    let output_len = |id: u64| {
+        let mut len = 0u64;
+        // SAFETY: a live handle and a writable length.
+        assert_eq!(unsafe { tokenrace_requests_output_len(state, id, &mut len) }, tokenrace_status::Ok);
+        len
+    };
+    for t in 0..drawers {
+        assert_eq!(output_len(2 * t), steps as u64, "request {}", 2 * t);
+        assert_eq!(output_len(2 * t + 1), 0, "request {}", 2 * t + 1);
+    }
+    assert_eq!(output_len(8), drawers * steps as u64);
+    // SAFETY: a live handle, freed once.
+    unsafe { tokenrace_requests_free(state) };
+}
