@@ -1304,6 +1304,21 @@ enum tokenrace_status tokenrace_requests_append(struct tokenrace_requests *reque
                                                 const int32_t *tokens,
                                                 const uint64_t *offsets);
 
+// Appends a verify call's emitted tokens to `n` requests at once, from its output as it lies:
+// request `ids[i]` gets `counts[i]` tokens from `tokens[i * tokens_stride]` on
+// (`tokenrace_verify_output`'s `tokens`, `tokens_stride` and `counts`: each count in
+// `[0, tokens_stride]`). A request named twice gets both, in order. Every id must be live and
+// every appended token >= 0: a refused call appends nothing. Costs O(n + new tokens).
+//
+// # Safety
+// `requests` is NULL or live; `ids` and `counts` cover `n` entries, `tokens` `n * tokens_stride`.
+enum tokenrace_status tokenrace_requests_append_strided(struct tokenrace_requests *requests,
+                                                        uint64_t n,
+                                                        const uint64_t *ids,
+                                                        const int32_t *tokens,
+                                                        uint64_t tokens_stride,
+                                                        const int32_t *counts);
+
 // Writes how many requests the state holds into `*out`.
 //
 // # Safety

@@ -97,6 +97,7 @@ namespace tokenrace {
   X(requests_remove)               \
   X(requests_reset)                \
   X(requests_append)               \
+  X(requests_append_strided)       \
   X(requests_len)                  \
   X(requests_output_len)           \
   X(request_params_default)        \

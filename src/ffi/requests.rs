@@ -169,6 +169,40 @@ pub unsafe extern "C" fn tokenrace_requests_append(
     })
 }
 
+/// Appends a verify call's emitted tokens to `n` requests at once, from its output as it lies:
+/// request `ids[i]` gets `counts[i]` tokens from `tokens[i * tokens_stride]` on
+/// (`tokenrace_verify_output`'s `tokens`, `tokens_stride` and `counts`: each count in
+/// `[0, tokens_stride]`). A request named twice gets both, in order. Every id must be live and
+/// every appended token >= 0: a refused call appends nothing. Costs O(n + new tokens).
+///
+/// # Safety
+/// `requests` is NULL or live; `ids` and `counts` cover `n` entries, `tokens` `n * tokens_stride`.
+#[no_mangle]
+pub unsafe extern "C" fn tokenrace_requests_append_strided(
+    requests: *mut tokenrace_requests,
+    n: u64,
+    ids: *const u64,
+    tokens: *const i32,
+    tokens_stride: u64,
+    counts: *const i32,
+) -> tokenrace_status {
+    guard("tokenrace_requests_append_strided", || {
+        // SAFETY: the caller's contract for every pointer.
+        unsafe {
+            let s = state(requests)?;
+            let ids = given("ids", ids, n)?;
+            let counts = given("counts", counts, n)?;
+            let stride = usize::try_from(tokens_stride)
+                .map_err(|_| Error::invalid_argument(format!("tokens_stride: {tokens_stride} overflows")))?;
+            let span = n
+                .checked_mul(tokens_stride)
+                .ok_or_else(|| Error::invalid_argument(format!("tokens: {n} x {tokens_stride} entries overflow")))?;
+            let tokens = given("tokens", tokens, span)?;
+            s.inner.write().append_strided(ids, tokens, stride, counts)
+        }
+    })
+}
+
 /// Writes how many requests the state holds into `*out`.
 ///
 /// # Safety

@@ -317,6 +317,44 @@ impl Requests {
             }
             None => {}
         }
+        self.append_spans(ids, tokens, span)
+    }
+
+    /// Appends a verify call's emitted tokens: request `ids[i]` gets `counts[i]` tokens from
+    /// `tokens[i * stride ..]` (`tokenrace_verify_output`'s `tokens`, `tokens_stride` and
+    /// `counts`: each count in `[0, stride]`, `tokens` holding `ids.len() * stride` entries). A
+    /// request named twice gets both, in order; every id must be live and every appended token
+    /// >= 0: a refused call appends nothing.
+    pub fn append_strided(&mut self, ids: &[u64], tokens: &[i32], stride: usize, counts: &[i32]) -> Result<()> {
+        let n = ids.len();
+        if counts.len() < n {
+            return Err(Error::invalid_argument(format!("counts: has {} entries, one per id is {n}", counts.len())));
+        }
+        if let Some(i) = (0..n).find(|&i| counts[i] < 0 || counts[i] as usize > stride) {
+            return Err(Error::invalid_argument(format!(
+                "counts[{i}]: {} is not in [0, {stride}] (the stride)",
+                counts[i]
+            )));
+        }
+        let need = n.checked_mul(stride).filter(|&need| need <= tokens.len());
+        if need.is_none() {
+            return Err(Error::invalid_argument(format!(
+                "tokens: has {} entries, ids x stride is {n} x {stride}",
+                tokens.len()
+            )));
+        }
+        self.append_spans(ids, tokens, |i| i * stride..i * stride + counts[i] as usize)
+    }
+
+    /// Appends `tokens[span(i)]` to request `ids[i]`, each span within `tokens`: every id
+    /// checked live and every token >= 0, then the room made, then the pushes, which cannot
+    /// fail.
+    fn append_spans(
+        &mut self,
+        ids: &[u64],
+        tokens: &[i32],
+        span: impl Fn(usize) -> std::ops::Range<usize>,
+    ) -> Result<()> {
         for (i, &id) in ids.iter().enumerate() {
             if !self.live.contains_key(&id) {
                 return Err(Error::invalid_argument(format!("ids[{i}]: request {id} is not in the state")));
@@ -324,7 +362,6 @@ impl Requests {
             let s = span(i);
             check_tokens(&tokens[s.clone()], &format!("tokens (of ids[{i}], from entry {})", s.start))?;
         }
-        // Room first, so that the pushes below cannot fail.
         let largest = |i: usize| tokens[span(i)].iter().copied().max().unwrap_or(-1);
         self.make_room(ids.iter().enumerate().map(|(i, &id)| (id, span(i).len(), largest(i))))?;
         for (i, &id) in ids.iter().enumerate() {
@@ -460,6 +497,16 @@ mod tests {
         assert!(s.append(&[7, 8], &[1, 1], None).unwrap_err().message.contains("ids[1]: request 8"));
         assert!(s.append(&[7, 9], &[1, -1], None).unwrap_err().message.contains("-1"));
         assert_eq!(s.output(7).unwrap(), &[5, 6, 0]);
+        // A verify call's emitted tokens: rows of stride 3, counts 2 and 1 (request 9 twice).
+        s.append_strided(&[7, 9], &[10, 11, -1, 12, -1, -1], 3, &[2, 1]).unwrap();
+        assert_eq!(
+            (s.output(7).unwrap(), s.output(9).unwrap()),
+            (&[5, 6, 0, 10, 11][..], &[4, 8, 8, 2, 8, 40, 12][..])
+        );
+        assert!(s.append_strided(&[7, 9], &[1, 2, 3, 4, 5], 3, &[1, 1]).unwrap_err().message.contains("tokens: has 5"));
+        assert!(s.append_strided(&[7, 9], &[1; 6], 3, &[4, 1]).unwrap_err().message.contains("counts[0]: 4"));
+        assert!(s.append_strided(&[7, 9], &[1, 1, 1, -1, 1, 1], 3, &[1, 1]).unwrap_err().message.contains("ids[1]"));
+        assert_eq!(s.output(7).unwrap().len(), 5);
         s.remove(7).unwrap();
         assert!(s.remove(7).is_err());
         assert_eq!(s.len(), 1);

@@ -270,3 +270,29 @@ def test_bad_parameters_and_a_failed_appending_draw_change_nothing(tokenrace):
     # A later call without the flag appends nothing.
     s.draw(x[:1], requests=state, request_ids=[1])
     assert state.output_len(1) == 1
+
+
+def test_a_verify_calls_emitted_tokens_are_appended_as_they_lie(tokenrace):
+    """``append(ids, tokens, counts=)`` takes ``Sampler.verify``'s tokens and counts as they are:
+    the same histories as the per-request lists, and a refused call appends nothing."""
+    vocab, drafts = 500, 3
+    rng = np.random.default_rng(5)
+    s = tokenrace.Sampler(vocab, seed=2)
+    ids = [10, 11, 12, 13]
+    a, b = tokenrace.Requests(), tokenrace.Requests()
+    for i in ids:
+        a.add(i, [1, 2])
+        b.add(i, [1, 2])
+    x = rng.standard_normal((len(ids) * (drafts + 1), vocab)).astype(np.float32) * 3
+    draft = rng.integers(0, vocab, len(ids) * drafts).astype(np.int32)
+    r = s.verify(x, draft, [drafts] * len(ids), temperature=0.0)
+    a.append(ids, [r.tokens[i, :r.counts[i]] for i in range(len(ids))])
+    b.append(ids, r.tokens, counts=r.counts)
+    assert [a.output_len(i) for i in ids] == [b.output_len(i) for i in ids] == [int(c) for c in r.counts]
+    t = s.draw(x[:4], requests=a, request_ids=ids, repetition_penalty=2.0, temperature=0.0)
+    assert list(t) == list(s.draw(x[:4], requests=b, request_ids=ids, repetition_penalty=2.0, temperature=0.0))
+    with pytest.raises(ValueError, match=r"counts\[1\]: 9 is not in \[0, 4\]"):
+        b.append(ids, r.tokens, counts=[1, 9, 1, 1])
+    with pytest.raises(ValueError, match=r"ids\[3\]: request 99 is not in the state"):
+        b.append(ids[:3] + [99], r.tokens, counts=r.counts)
+    assert [b.output_len(i) for i in ids] == [int(c) for c in r.counts]

@@ -594,6 +594,8 @@ _SIGNATURES = {
     "tokenrace_requests_reset": (status, [requests_p]),
     "tokenrace_requests_append": (status, [requests_p, c_uint64, POINTER(c_uint64), POINTER(c_int32),
                                            POINTER(c_uint64)]),
+    "tokenrace_requests_append_strided": (status, [requests_p, c_uint64, POINTER(c_uint64), POINTER(c_int32),
+                                                   c_uint64, POINTER(c_int32)]),
     "tokenrace_requests_len": (status, [requests_p, POINTER(c_uint64)]),
     "tokenrace_requests_output_len": (status, [requests_p, c_uint64, POINTER(c_uint64)]),
     "tokenrace_request_params_default": (tokenrace_request_params, []),
@@ -718,7 +720,8 @@ SINCE_0_2 = frozenset({"tokenrace_verify", "tokenrace_set_log_callback", "tokenr
                        "tokenrace_shard_cut_pending", "tokenrace_shard_cut_round", "tokenrace_shard_cut_advance",
                        "tokenrace_shard_race_cut", "tokenrace_shard_logprob_partials", "tokenrace_shard_logprobs",
                        "tokenrace_watermark_verify_seeds", "tokenrace_score",
-                       "tokenrace_request_params_default", "tokenrace_requests_set_params"})
+                       "tokenrace_request_params_default", "tokenrace_requests_set_params",
+                       "tokenrace_requests_append_strided"})
 
 
 def _declare(handle):

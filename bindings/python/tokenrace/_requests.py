@@ -252,10 +252,15 @@ class Requests(_Closable):
         h = self._live_handle()
         check(_ffi.lib().tokenrace_requests_reset(h.ptr))
 
-    def append(self, request_ids, tokens):
+    def append(self, request_ids, tokens, counts=None):
         """Appends new output tokens: ``tokens`` one id per request (a draw's tokens, a 1-D array
         or tensor), or one sequence per request (a verify call's accepted tokens, of any lengths).
-        A request named twice gets both, in order; a refused call appends nothing."""
+        With ``counts``, ``tokens`` is 2-D, one row per request, and request i gets
+        ``tokens[i, :counts[i]]`` (``Sampler.verify``'s ``tokens`` and ``counts`` as they are,
+        read in place when int32 and C-contiguous). A request named twice gets both, in order; a
+        refused call appends nothing."""
+        if counts is not None:
+            return self._append_strided(request_ids, tokens, counts)
         ids = _ids(request_ids, "request_ids")
         h = self._live_handle()
         if isinstance(tokens, (list, tuple)) and any(not isinstance(t, (int, np.integer)) for t in tokens):
@@ -273,6 +278,24 @@ class Requests(_Closable):
                 raise ValueError(f"tokens: has {flat.size} ids, one per request id is {ids.size}")
             status = _ffi.lib().tokenrace_requests_append(h.ptr, ids.size, _uint64_ptr(ids), _int32_ptr(flat), None)
         check(status)
+
+    def _append_strided(self, request_ids, tokens, counts):
+        ids = _ids(request_ids, "request_ids")
+        rows = _as_numpy(tokens, "tokens")
+        if rows.ndim != 2 or rows.shape[0] != ids.size:
+            raise ValueError(f"tokens: must be 2-D with one row per request id ({ids.size}), got shape {rows.shape}")
+        if rows.dtype.kind not in "iu":
+            raise TypeError(f"tokens: token ids must be integers, got {rows.dtype}")
+        rows = np.ascontiguousarray(rows, dtype=np.int32)
+        n = _as_numpy(counts, "counts")
+        if n.ndim != 1 or n.size != ids.size:
+            raise ValueError(f"counts: must be 1-D with one count per request id ({ids.size})")
+        if n.dtype.kind not in "iu":
+            raise TypeError(f"counts: must be integers, got {n.dtype}")
+        n = np.ascontiguousarray(n, dtype=np.int32)
+        h = self._live_handle()
+        check(_ffi.lib().tokenrace_requests_append_strided(h.ptr, ids.size, _uint64_ptr(ids), _int32_ptr(rows),
+                                                           rows.shape[1], _int32_ptr(n)))
 
     def output_len(self, request_id):
         """How many output tokens request ``request_id`` holds (``KeyError`` when not live)."""
