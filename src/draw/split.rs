@@ -135,11 +135,13 @@ fn draw_on_this_thread(
     plans: &[RowPlan],
     logprobs: Option<&LogprobSlots>,
 ) -> Result<Vec<Drawn>> {
-    if logprobs.is_none() && !batch.has_step() && plans.iter().all(|p| matches!(p, RowPlan::Greedy)) {
-        // Greedy rows that need nothing else, two at a time: both passes before either row's
-        // token search, read in turn where the level has the registers for it
-        // (`Simd::INTERLEAVE_ROWS`). 64 x 163840 on one core, 2-core VM (AVX-512), against one
-        // row at a time: 0.93x interleaved, 0.97-0.99x one pass after the other.
+    if k.interleave_rows
+        && logprobs.is_none()
+        && !batch.has_step()
+        && plans.iter().all(|p| matches!(p, RowPlan::Greedy))
+    {
+        // Greedy rows that need nothing else, two at a time, read in turn: two streams of reads
+        // in flight. Only on a level with the registers for both rows (`Simd::INTERLEAVE_ROWS`).
         let mut drawn = crate::alloc::with_capacity(batch.rows, "the rows' draws")?;
         let mut r = 0;
         while r + 1 < batch.rows {

@@ -257,6 +257,9 @@ pub(crate) type MassFn<E> = unsafe fn(*const E, usize, &[f32], MassParams, MassK
 #[allow(dead_code)] // fill_noise is used by the noise pool
 pub(crate) struct Kernels {
     pub level: SimdLevel,
+    /// Whether greedy rows on one thread go two at a time, read in turn
+    /// ([`Simd::INTERLEAVE_ROWS`](simd::Simd::INTERLEAVE_ROWS)).
+    pub interleave_rows: bool,
     pub f32: DtypeKernels<f32>,
     pub bf16: DtypeKernels<Bf16>,
     pub f16: DtypeKernels<F16>,
@@ -449,7 +452,7 @@ macro_rules! kernel_table {
             }
             /// The table. Only [`kernels`] calls it, once it has checked `detected()`.
             pub(super) fn table() -> Kernels {
-                Kernels { level: $level, f32: dtype(), bf16: dtype(), f16: dtype(), fill_noise, weights64, block_noise, prob_sum, step_words, ids_in_range, block_history }
+                Kernels { level: $level, interleave_rows: <$simd as super::simd::Simd>::INTERLEAVE_ROWS, f32: dtype(), bf16: dtype(), f16: dtype(), fill_noise, weights64, block_noise, prob_sum, step_words, ids_in_range, block_history }
             }
         }
     };
