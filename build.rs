@@ -121,6 +121,7 @@ fn generate_header() {
         .with_src(crate_dir.join("src/ffi/watermark.rs"))
         .with_src(crate_dir.join("src/ffi/shard.rs"))
         .with_src(crate_dir.join("src/ffi/score.rs"))
+        .with_src(crate_dir.join("src/ffi/greedy.rs"))
         .generate()
         .expect("cbindgen generates the header");
     bindings.write_to_file(out_dir.join("tokenrace.h"));

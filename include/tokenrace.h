@@ -1055,6 +1055,23 @@ typedef struct tokenrace_shard_top_entry {
   int32_t token;
 } tokenrace_shard_top_entry;
 
+// The rows of a `tokenrace_draw_greedy()` call: the logits alone, as `tokenrace_batch` gives
+// them. Zero-initialise, set `struct_size = sizeof(tokenrace_greedy_batch)`, then the fields.
+typedef struct tokenrace_greedy_batch {
+  // sizeof(tokenrace_greedy_batch) as the caller knows it.
+  uint32_t struct_size;
+  // A `tokenrace_dtype` of the logits.
+  uint32_t dtype;
+  // `rows` rows of `vocab` values, `row_stride` elements apart, as `tokenrace_batch.logits`.
+  const void *logits;
+  // Rows in this call (at most the sampler's max_rows).
+  uint32_t rows;
+  // Tokens per row (the sampler's vocab_size, unless that is 0).
+  uint32_t vocab;
+  // Elements between the starts of two rows (at least `vocab`; 0 means `vocab`).
+  uint64_t row_stride;
+} tokenrace_greedy_batch;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -1603,6 +1620,26 @@ enum tokenrace_status tokenrace_score(struct tokenrace_sampler *sampler,
                                       const struct tokenrace_batch *batch,
                                       const int32_t *target_ids,
                                       struct tokenrace_output *out);
+
+// Draws each row's greedy token: its first largest value, NaN ignored (token 0 for a row of
+// NaN and -inf only, flagged `TOKENRACE_FLAG_EMPTY`), the same token and flags as
+// `tokenrace_draw()` gives the same rows at a temperature below the sampler's `greedy_below`
+// with no other field set (docs/semantics.md, "Greedy rows"), on any SIMD level and thread
+// count. Rows go to the sampler's threads as a draw's do; no noise or key is taken, and the
+// call counts as a draw in the sampler's stats (every row greedy).
+//
+// `tokens` receives `batch->rows` token ids; `flags` is NULL or receives `batch->rows`
+// TOKENRACE_FLAG_* sets. Neither may share memory with the logits or with each other. On
+// failure nothing is written and `tokenrace_last_error()` names the argument, e.g.
+// `tokenrace_draw_greedy: batch.vocab: 1000 differs from the sampler's vocab_size 32000`.
+//
+// # Safety
+// `sampler` is a live sampler; `batch` points to a valid struct whose logits cover the rows
+// its sizes say; `tokens` (and `flags`, when not NULL) point to `batch->rows` writable elements.
+enum tokenrace_status tokenrace_draw_greedy(struct tokenrace_sampler *sampler,
+                                            const struct tokenrace_greedy_batch *batch,
+                                            int32_t *tokens,
+                                            uint32_t *flags);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -118,7 +118,8 @@ namespace tokenrace {
   X(shard_race_cut)                \
   X(shard_logprob_partials)        \
   X(shard_logprobs)                \
-  X(score)
+  X(score)                         \
+  X(draw_greedy)
 
 // The C functions as a table of pointers: api.draw is tokenrace_draw, and so on. The types come
 // from the declarations in tokenrace.h through decltype, which does not refer to the symbols.

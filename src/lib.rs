@@ -85,6 +85,7 @@ pub mod internals {
     pub mod api {
         pub use crate::ffi::api::*;
         pub use crate::ffi::draw::*;
+        pub use crate::ffi::greedy::*;
         pub use crate::ffi::pool_api::*;
         pub use crate::ffi::requests::*;
         pub use crate::ffi::score::*;

@@ -159,6 +159,13 @@ pub(crate) trait RowValues {
         unsafe { (Self::kernels(k).top_block)(self.ptr(), self.n()) }
     }
 
+    /// [`RowValues::top_block`] of this row and `other`, as long, their blocks read in turn.
+    fn top_block_pair(&self, other: &Self, k: &Kernels) -> [(f32, usize, bool); 2] {
+        assert_eq!(self.n(), other.n());
+        // SAFETY: both whole rows, of the same length; `k` is the table of a supported level.
+        unsafe { (Self::kernels(k).top_block_pair)(self.ptr(), other.ptr(), self.n()) }
+    }
+
     /// The first index in `[start, end)` whose value is `target`.
     fn find_first(&self, k: &Kernels, start: usize, end: usize, target: f32) -> Option<usize> {
         assert!(start <= end && end <= self.n());

@@ -265,6 +265,29 @@ impl Sampler {
         with_held_params(batch, |batch| validate(self.kernels, batch, out, self.cfg.max_rows, self.cfg.vocab_size))
     }
 
+    /// Draws every row of `batch` greedily into `out`: the tokens and flags [`Sampler::draw`]
+    /// gives the same rows at a temperature below `greedy_below` with nothing else set. Only the
+    /// batch's logits (rows, vocab, row stride) and the output's tokens and flags are read (the
+    /// C entry `tokenrace_draw_greedy` builds nothing else). Its rows take no noise and no key.
+    /// On error nothing is written.
+    pub(crate) fn draw_greedy(&self, batch: &Batch, out: &mut Output) -> Result<()> {
+        let limits = (self.cfg.max_rows, self.cfg.vocab_size);
+        let drawn = validate_but_ids(self.kernels, batch, out, limits, Ids::InRows).and_then(|()| {
+            let plans = crate::alloc::filled(batch.rows, crate::draw::RowPlan::Greedy, "the row plans")?;
+            crate::draw::run(self.kernels, batch, &plans, self.workers.as_ref(), out)
+        });
+        match drawn {
+            Ok(nonfinite) => {
+                self.counters.count_call(RowCounts { greedy: batch.rows as u64, ..RowCounts::default() }, nonfinite);
+                Ok(())
+            }
+            Err(e) => {
+                self.count_rejected();
+                Err(e)
+            }
+        }
+    }
+
     fn try_draw(&self, batch: &Batch, out: &mut Output) -> Result<()> {
         // The token lists' ids are checked by the rows' tasks (in parallel, as they read them);
         // a call that fails reports what a full validation reports first, as if they were

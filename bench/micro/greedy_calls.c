@@ -3,7 +3,9 @@
  * vocabularies show the per-call and per-row cost around the kernel, large ones the kernel's
  * pass (docs/performance.md, "Greedy: against np.argmax and the read floor").
  *   cc -O2 -Iinclude bench/micro/greedy_calls.c -Ltarget/release -ltokenrace -Wl,-rpath,$PWD/target/release \
- *      -o /tmp/greedy_calls && taskset -c 1 /tmp/greedy_calls 64 163840 40      # R V N [threads] */
+ *      -o /tmp/greedy_calls && taskset -c 1 /tmp/greedy_calls 64 163840 40      # R V N [threads [entry]]
+ * entry: "draw" (tokenrace_draw with a temperature of 0 a row, the default) or "greedy"
+ * (tokenrace_draw_greedy, the call without the general batch). */
 #include "tokenrace.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,11 +25,12 @@ static int cmp(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
   if (argc < 4) {
-    fprintf(stderr, "usage: %s ROWS VOCAB CALLS [THREADS]\n", argv[0]);
+    fprintf(stderr, "usage: %s ROWS VOCAB CALLS [THREADS [draw|greedy]]\n", argv[0]);
     return 2;
   }
   int rows = atoi(argv[1]), vocab = atoi(argv[2]), calls = atoi(argv[3]);
   int threads = argc > 4 ? atoi(argv[4]) : 1;
+  int greedy_entry = argc > 5 && strcmp(argv[5], "greedy") == 0;
   size_t n = (size_t)rows * vocab;
   float *x = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
   unsigned s = 1;
@@ -53,10 +56,18 @@ int main(int argc, char **argv) {
   memset(&o, 0, sizeof o);
   o.struct_size = sizeof o;
   o.tokens = tokens;
+  tokenrace_greedy_batch g;
+  memset(&g, 0, sizeof g);
+  g.struct_size = sizeof g;
+  g.dtype = TOKENRACE_DTYPE_F32;
+  g.logits = x;
+  g.rows = rows;
+  g.vocab = vocab;
   double *t = malloc(calls * sizeof(double));
   for (int i = 0; i < calls; i++) {
     double a = now_us();
-    if (tokenrace_draw(sampler, &b, &o) != TOKENRACE_STATUS_OK) {
+    tokenrace_status st = greedy_entry ? tokenrace_draw_greedy(sampler, &g, tokens, NULL) : tokenrace_draw(sampler, &b, &o);
+    if (st != TOKENRACE_STATUS_OK) {
       fprintf(stderr, "%s\n", tokenrace_last_error());
       return 1;
     }
@@ -69,7 +80,7 @@ int main(int argc, char **argv) {
     }
   }
   qsort(t, calls, sizeof(double), cmp);
-  printf("%d x %d greedy (%s): median %.3f us/call, %.4f us/row\n", rows, vocab, tokenrace_sampler_simd_level(sampler),
+  printf("%d x %d %s (%s): median %.3f us/call, %.4f us/row\n", rows, vocab, greedy_entry ? "tokenrace_draw_greedy" : "tokenrace_draw", tokenrace_sampler_simd_level(sampler),
          t[calls / 2], t[calls / 2] / rows);
   tokenrace_sampler_free(sampler);
   return 0;

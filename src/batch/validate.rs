@@ -45,7 +45,12 @@ fn check_len(owner: Owner, field: &'static str, len: usize, need: usize, what: &
 }
 
 fn check_rows<T>(owner: Owner, field: &'static str, s: Option<&[T]>, rows: usize) -> Result<()> {
-    s.map_or(Ok(()), |s| check_len(owner, field, s.len(), rows, "the batch's row count"))
+    // A match, not `map_or(Ok(()), ..)`: that form passed its default `Ok` by memory, written
+    // in parts and read whole (a stalled store forward per field, most of a call's validation).
+    match s {
+        None => Ok(()),
+        Some(s) => check_len(owner, field, s.len(), rows, "the batch's row count"),
+    }
 }
 
 /// Checks a per-row value of every row; the first bad one is reported with its row.

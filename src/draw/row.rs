@@ -333,7 +333,36 @@ pub(super) fn draw_scanned<V: RowValues + ?Sized>(
 /// pass without block maxima: the token and flags [`finish`] gives from the block maxima of the
 /// same row.
 fn draw_greedy<V: RowValues + ?Sized>(k: &Kernels, v: &V) -> Drawn {
-    let (top, b, has_nan) = v.top_block(k);
+    greedy_drawn(k, v, v.top_block(k))
+}
+
+/// Rows `r` and `r + 1` of `batch`, both greedy rows that need nothing else (no step, no
+/// logprobs), drawn as [`draw_row`] draws each: both passes first ([`RowValues::top_block_pair`],
+/// read in turn where the level allows), then each row's token.
+pub(super) fn draw_greedy_pair(k: &Kernels, batch: &Batch, r: usize) -> Result<[Drawn; 2]> {
+    crate::batch::row_ids_in_range(k, batch, r)?;
+    crate::batch::row_ids_in_range(k, batch, r + 1)?;
+    let span = |r: usize| {
+        let start = batch.logits_row(r) * batch.row_stride;
+        start..start + batch.vocab
+    };
+    let (a, b) = (span(r), span(r + 1));
+    let [x, y] = match batch.logits {
+        crate::batch::Logits::F32(s) => greedy_pair_of(k, &s[a], &s[b]),
+        crate::batch::Logits::Bf16(s) => greedy_pair_of(k, &s[a], &s[b]),
+        crate::batch::Logits::F16(s) => greedy_pair_of(k, &s[a], &s[b]),
+    };
+    Ok([forced(batch, r, x), forced(batch, r + 1, y)])
+}
+
+/// The draws of two greedy rows `v` and `w` of one length, their passes taken together.
+fn greedy_pair_of<V: RowValues + ?Sized>(k: &Kernels, v: &V, w: &V) -> [Drawn; 2] {
+    let [p, q] = v.top_block_pair(w, k);
+    [greedy_drawn(k, v, p), greedy_drawn(k, w, q)]
+}
+
+/// The draw of a greedy row from its values `v` and its pass ([`RowValues::top_block`]).
+fn greedy_drawn<V: RowValues + ?Sized>(k: &Kernels, v: &V, (top, b, has_nan): (f32, usize, bool)) -> Drawn {
     let sc = summarize(&[top], f32::NEG_INFINITY, has_nan, RowPlan::Greedy);
     let token = if sc.flags & flags::EMPTY != 0 {
         0

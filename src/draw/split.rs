@@ -135,6 +135,24 @@ fn draw_on_this_thread(
     plans: &[RowPlan],
     logprobs: Option<&LogprobSlots>,
 ) -> Result<Vec<Drawn>> {
+    if k.interleave_rows
+        && logprobs.is_none()
+        && !batch.has_step()
+        && plans.iter().all(|p| matches!(p, RowPlan::Greedy))
+    {
+        // Greedy rows that need nothing else, two at a time, read in turn: two streams of reads
+        // in flight. Only on a level with the registers for both rows (`Simd::INTERLEAVE_ROWS`).
+        let mut drawn = crate::alloc::with_capacity(batch.rows, "the rows' draws")?;
+        let mut r = 0;
+        while r + 1 < batch.rows {
+            drawn.extend(super::row::draw_greedy_pair(k, batch, r)?);
+            r += 2;
+        }
+        if r < batch.rows {
+            drawn.push(draw_row(k, batch, r, plans[r], logprobs)?);
+        }
+        return Ok(drawn);
+    }
     (0..batch.rows).map(|r| draw_row(k, batch, r, plans[r], logprobs)).collect()
 }
 

@@ -14,6 +14,7 @@
 //! - **Configurations.** `tokenrace_config` <-> [`Config`] and `tokenrace_pool_config` <->
 //!   [`PoolConfig`]; the C defaults are the Rust defaults converted.
 
+use super::greedy::tokenrace_greedy_batch;
 use super::requests::tokenrace_request_params;
 use super::shard::tokenrace_shard_rows;
 use super::types::*;
@@ -133,6 +134,9 @@ versioned!(tokenrace_batch, v1 ends with noise_row_stride, default zeroed(), [
     dry_multiplier, dry_base, dry_allowed_length,
     dry_penalty_last_n, dry_breaker_ids, dry_breaker_offsets, dry_breakers_row_offsets, row_index,
     mirostat, mirostat_tau, mirostat_eta, mirostat_m, mirostat_mu, append_to_requests, reserved1,
+]);
+versioned!(tokenrace_greedy_batch, v1 ends with row_stride, default zeroed(), [
+    struct_size, dtype, logits, rows, vocab, row_stride,
 ]);
 versioned!(tokenrace_output, v1 ends with topn_logprobs, default zeroed(), [
     struct_size, logprob_mode, tokens, flags, logprobs, ranks, top_n, reserved0, topn_ids, topn_logprobs,
@@ -254,6 +258,11 @@ fn check_size<T: Versioned>(size: usize, name: &str) -> Result<()> {
             T::NAME,
             T::V1_SIZE
         )));
+    }
+    // A caller built against this header passes exactly our size, which ends no field inside:
+    // the walk over the fields (a list built per call) is for the other sizes.
+    if size == size_of::<T>() {
+        return Ok(());
     }
     if let Some(f) = T::fields().iter().find(|f| f.offset < size && size < f.offset + f.size) {
         return Err(Error::invalid_argument(format!(

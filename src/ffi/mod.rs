@@ -9,6 +9,7 @@
 //! - `disjoint.rs`: outputs that share memory with an input or another output, refused;
 //! - `panic.rs`: [`guard`](panic::guard), the last error of the thread;
 //! - `api.rs`: the library, configurations and samplers; `draw.rs`: `tokenrace_draw`;
+//!   `greedy.rs`: `tokenrace_draw_greedy`, greedy rows without the general batch;
 //!   `pool_api.rs`: noise pools; `requests.rs`: request states; `verify.rs`:
 //!   `tokenrace_verify`; `shard.rs`: vocabulary-sharded sampling; `watermark.rs`: watermarks.
 //!
@@ -22,6 +23,7 @@ pub mod api;
 pub(crate) mod convert;
 pub(crate) mod disjoint;
 pub mod draw;
+pub mod greedy;
 pub(crate) mod panic;
 pub mod pool_api;
 pub mod requests;

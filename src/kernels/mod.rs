@@ -193,6 +193,9 @@ pub(crate) type RaceInlineMaskedFn<E> =
 /// The last pass of a row's step (keep, mask or empty, seen, output, listed).
 pub(crate) type StepWordsFn = unsafe fn(&mut [u32], &mut [u32], &mut [u32], &mut [u32], &[u32]) -> generic::WordPass;
 
+/// [`DtypeKernels::top_block_pair`]: two rows (row, other row, n), each row's `top_block`.
+pub(crate) type TopBlockPairFn<E> = unsafe fn(*const E, *const E, usize) -> [(f32, usize, bool); 2];
+
 /// The kernels of one logits dtype.
 pub(crate) struct DtypeKernels<E> {
     pub scan: unsafe fn(*const E, usize, &mut [f32]) -> bool,
@@ -200,6 +203,8 @@ pub(crate) struct DtypeKernels<E> {
     /// The pass of a greedy row that needs nothing else (row, n): its maximum, the first block
     /// holding it, and whether any element is NaN.
     pub top_block: unsafe fn(*const E, usize) -> (f32, usize, bool),
+    /// `top_block` of two rows of the same length (row, other row, n), read in turn.
+    pub top_block_pair: TopBlockPairFn<E>,
     pub race_inline: RaceInlineFn<E>,
     pub race_external: unsafe fn(*const E, *const f32, usize, RaceParams, NoiseKind, usize) -> Best,
     /// The first pass over the tokens a mask keeps (row, mask words, n, block maxima): NaN is
@@ -252,6 +257,9 @@ pub(crate) type MassFn<E> = unsafe fn(*const E, usize, &[f32], MassParams, MassK
 #[allow(dead_code)] // fill_noise is used by the noise pool
 pub(crate) struct Kernels {
     pub level: SimdLevel,
+    /// Whether greedy rows on one thread go two at a time, read in turn
+    /// ([`Simd::INTERLEAVE_ROWS`](simd::Simd::INTERLEAVE_ROWS)).
+    pub interleave_rows: bool,
     pub f32: DtypeKernels<f32>,
     pub bf16: DtypeKernels<Bf16>,
     pub f16: DtypeKernels<F16>,
@@ -314,6 +322,11 @@ macro_rules! kernel_table {
             unsafe fn top_block<E: Elem>(row: *const E, n: usize) -> (f32, usize, bool) {
                 // SAFETY: see kernel_table!.
                 unsafe { generic::top_block::<$simd, E>(row, n) }
+            }
+            $(#[target_feature(enable = $feature)])*
+            unsafe fn top_block_pair<E: Elem>(row: *const E, other: *const E, n: usize) -> [(f32, usize, bool); 2] {
+                // SAFETY: see kernel_table!.
+                unsafe { generic::top_block_pair::<$simd, E>(row, other, n) }
             }
             $(#[target_feature(enable = $feature)])*
             unsafe fn find_first<E: Elem>(row: *const E, start: usize, end: usize, target: f32) -> Option<usize> {
@@ -427,7 +440,7 @@ macro_rules! kernel_table {
             }
             fn dtype<E: Elem>() -> DtypeKernels<E> {
                 DtypeKernels {
-                    scan: scan::<E>, find_first: find_first::<E>, top_block: top_block::<E>, race_inline: race_inline::<E>, race_external: race_external::<E>,
+                    scan: scan::<E>, find_first: find_first::<E>, top_block: top_block::<E>, top_block_pair: top_block_pair::<E>, race_inline: race_inline::<E>, race_external: race_external::<E>,
                     scan_masked: scan_masked::<E>, race_inline_masked: race_inline_masked::<E>, race_external_masked: race_external_masked::<E>,
                     masked_copy: masked_copy::<E>,
                     #[cfg(feature = "internals")]
@@ -439,7 +452,7 @@ macro_rules! kernel_table {
             }
             /// The table. Only [`kernels`] calls it, once it has checked `detected()`.
             pub(super) fn table() -> Kernels {
-                Kernels { level: $level, f32: dtype(), bf16: dtype(), f16: dtype(), fill_noise, weights64, block_noise, prob_sum, step_words, ids_in_range, block_history }
+                Kernels { level: $level, interleave_rows: <$simd as super::simd::Simd>::INTERLEAVE_ROWS, f32: dtype(), bf16: dtype(), f16: dtype(), fill_noise, weights64, block_noise, prob_sum, step_words, ids_in_range, block_history }
             }
         }
     };

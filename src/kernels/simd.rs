@@ -112,6 +112,14 @@ pub(crate) unsafe trait Simd: Copy {
     /// values there); returns how many `m` selects.
     unsafe fn compress_store(p: *mut f32, m: Self::M, v: Self::F) -> usize;
 
+    /// Whether greedy rows on one thread go two at a time, read in turn
+    /// ([`top_block_pair`](super::generic::top_block_pair)): on a level with 32 vector
+    /// registers, two streams of reads in flight read 64 rows of 163840 7% faster on one core
+    /// (2-core VM, AVX-512, against one row at a time; both passes one after the other before
+    /// the token searches: 1-3%). With 16 (AVX2) the two rows' accumulators spill (6-24%
+    /// slower interleaved, and one pass after the other was no faster than one row at a time),
+    /// so such a level draws one row at a time.
+    const INTERLEAVE_ROWS: bool = false;
     /// Whether the plain first pass over f32 tries [`Simd::max_f32_any`] on each block before
     /// its exact loop (a level whose compiler leaves that loop scalar: s390x, aarch64).
     const MAX_F32_ANY: bool = false;

@@ -73,14 +73,15 @@ def test_a_draw_inside_a_draw_uses_its_own_state(tokenrace, rng, monkeypatch):
     x = rng.standard_normal((4, 100)).astype(np.float32)
     s = tokenrace.Sampler(100)
     want_outer = s.draw(x, temperature=0.9, seeds=11, top_k=5)
-    want_inner = s.draw(-x[:1], temperature=0)
+    # (A per-row temperature: a scalar 0 alone is the plain greedy call, which uses no state.)
+    want_inner = s.draw(-x[:1], temperature=[0.0])
     real_draw = lib.tokenrace_draw
     inner, started = [], []
 
     def draw(ptr, batch, out):
         if not started:
             started.append(True)
-            inner.append(s.draw(-x[:1], temperature=0))
+            inner.append(s.draw(-x[:1], temperature=[0.0]))
         return real_draw(ptr, batch, out)
 
     monkeypatch.setattr(lib, "tokenrace_draw", draw)
@@ -177,20 +178,23 @@ def test_a_call_without_the_sampling_step_clears_what_the_last_one_set(tokenrace
 
     x = rng.standard_normal((3, 64)).astype(np.float32)
     s = tokenrace.Sampler(64, seed=3)
-    plain = s.draw(x, temperature=0)
+    # Greedy rows by per-row temperatures: a scalar 0 with nothing else is the plain greedy
+    # call, which leaves the cached batch alone (_greedy.py).
+    zeros = [0.0] * 3
+    plain = s.draw(x, temperature=zeros)
     banned = s.draw(x, temperature=0, banned_tokens=[[int(t)] for t in plain])
     assert (banned != plain).all()
     state = _call.take_state()
     _call.release_state(state)
     assert state.step_packed
-    np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
+    np.testing.assert_array_equal(s.draw(x, temperature=zeros), plain)
     step_end = _call.STEP_OFFSET + _call.STEP_LAYOUT.size
     assert not state.step_packed and bytes(state.batch)[_call.STEP_OFFSET:step_end] == bytes(_call.STEP_LAYOUT.size)
     # The same for top-nσ's pointer, packed apart.
     sigma = slice(_call.TOP_N_SIGMA_OFFSET, _call.TOP_N_SIGMA_OFFSET + 8)
     s.draw(x, temperature=1.0, top_n_sigma=1.0)
     assert state.sigma_packed and bytes(state.batch)[sigma] != bytes(8)
-    np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
+    np.testing.assert_array_equal(s.draw(x, temperature=zeros), plain)
     assert not state.sigma_packed and bytes(state.batch)[sigma] == bytes(8)
     # And for the request state's two pointers.
     req = slice(_call.REQUESTS_OFFSET, _call.REQUESTS_OFFSET + 16)
@@ -198,38 +202,38 @@ def test_a_call_without_the_sampling_step_clears_what_the_last_one_set(tokenrace
     requests.add(1, [])
     s.draw(x, temperature=0, requests=requests, request_ids=[1, 1, 1])
     assert state.requests_packed and bytes(state.batch)[req] != bytes(16)
-    np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
+    np.testing.assert_array_equal(s.draw(x, temperature=zeros), plain)
     assert not state.requests_packed and bytes(state.batch)[req] == bytes(16)
     # And for llama.cpp's filters' block.
     llama = slice(_call.LLAMA_OFFSET, _call.LLAMA_OFFSET + 48)
     s.draw(x, temperature=1.0, typical_p=0.5)
     assert state.llama_packed and bytes(state.batch)[llama] != bytes(48)
-    np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
+    np.testing.assert_array_equal(s.draw(x, temperature=zeros), plain)
     assert not state.llama_packed and bytes(state.batch)[llama] == bytes(48)
     # The same for the parity block (bad words, forced tokens), packed apart.
     forced = s.draw(x, temperature=0, forced_tokens=[int(t + 1) % 64 for t in plain])
     assert (forced != plain).all() and state.parity_packed
     parity = slice(_call.PARITY_OFFSET, _call.ORDER_OFFSET)
     assert bytes(state.batch)[parity] != bytes(_call.PARITY_LAYOUT.size)
-    np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
+    np.testing.assert_array_equal(s.draw(x, temperature=zeros), plain)
     assert not state.parity_packed and bytes(state.batch)[parity] == bytes(_call.PARITY_LAYOUT.size)
     # The same for the order of the filter stages, packed apart.
     s.draw(x, temperature=0.5, top_p=0.9, order=("top_p", "temperature"))
     assert state.order_packed and bytes(state.batch)[_call.ORDER_OFFSET:_call.DRY_OFFSET] != bytes(_call.ORDER_LAYOUT.size)
-    np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
+    np.testing.assert_array_equal(s.draw(x, temperature=zeros), plain)
     assert not state.order_packed and bytes(state.batch)[_call.ORDER_OFFSET:_call.DRY_OFFSET] == bytes(_call.ORDER_LAYOUT.size)
     # The same for DRY's block: a history "t+1 t t+1" makes the greedy token t extend a repeat.
     history = [[int(t + 1) % 64, int(t), int(t + 1) % 64] for t in plain]
     dried = s.draw(x, temperature=0, output_tokens=history, dry_multiplier=1e30, dry_allowed_length=1)
     assert (dried != plain).all() and state.dry_packed
     assert bytes(state.batch)[_call.DRY_OFFSET:_call.ROW_INDEX_OFFSET] != bytes(_call.DRY_LAYOUT.size)
-    np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
+    np.testing.assert_array_equal(s.draw(x, temperature=zeros), plain)
     assert not state.dry_packed and bytes(state.batch)[_call.DRY_OFFSET:_call.ROW_INDEX_OFFSET] == bytes(_call.DRY_LAYOUT.size)
     # And for the row index (draw_full's), which the next draw() resets.
     index = slice(_call.ROW_INDEX_OFFSET, _call.ROW_INDEX_OFFSET + 8)
     s.draw_full(x, temperature=0, row_index=[2, 1, 0])
     assert state.row_index_packed and bytes(state.batch)[index] != bytes(8)
-    np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
+    np.testing.assert_array_equal(s.draw(x, temperature=zeros), plain)
     assert not state.row_index_packed and bytes(state.batch)[index] == bytes(8)
     r = s.draw_full(x, temperature=0, full_logprobs="raw")
     assert r.full_logprobs.shape == (3, 64) and state.full_packed
@@ -260,7 +264,7 @@ def test_a_call_without_the_sampling_step_clears_what_the_last_one_set(tokenrace
     assert state.mirostat_packed and state.draw_mu_packed and (mu_out != 0).all()
     assert bytes(state.batch)[miro] != bytes(_call.MIROSTAT_LAYOUT.size)
     np.testing.assert_array_equal(hot, s.draw(x * 30, temperature=0))
-    np.testing.assert_array_equal(s.draw(x, temperature=0), plain)
+    np.testing.assert_array_equal(s.draw(x, temperature=zeros), plain)
     assert not state.mirostat_packed and bytes(state.batch)[miro] == bytes(_call.MIROSTAT_LAYOUT.size)
     assert not state.draw_mu_packed and bytes(state.tokens_output)[mu_ptr] == bytes(8)
     r = s.draw_full(x, temperature=1.0, mirostat=1)

@@ -122,3 +122,94 @@ class TestTorch:
         out = s.draw(x, temperature=torch.tensor([0.0, 1.0, 1.0]), noise=e)
         ref = np.argmax(x.numpy() - np.log(e.numpy()), axis=1)
         assert out[0] == np.argmax(x.numpy()[0]) and out[1] == ref[1] and out[2] == ref[2]
+
+
+def _special_rows(rng, rows, vocab, dtype):
+    """Rows with ties, NaN, +inf, -inf and rows with nothing finite: every flag a greedy row gets."""
+    x = tie_heavy_logits(rng, rows, vocab, np.float32)
+    x[1::7, rng.integers(0, vocab, 3)] = np.nan
+    x[2::7, rng.integers(0, vocab, 2)] = np.inf
+    x[3::7] = -np.inf
+    x[4::7] = np.nan
+    x[5::7, ::2] = -np.inf
+    return x.astype(dtype)
+
+
+@pytest.fixture
+def greedy_calls(tokenrace, monkeypatch):
+    """Counts the calls of the plain greedy entry (tokenrace_draw_greedy) of the binding."""
+    from tokenrace import _greedy
+
+    real = _greedy._entry if _greedy._entry is not None else _greedy._load()
+    if not real:
+        pytest.skip("the library has no tokenrace_draw_greedy")
+    calls = []
+
+    def spy(*args):
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(_greedy, "_entry", spy)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("rows, vocab", [(1, 1), (1, 163840), (8, 32000), (37, 4099)])
+def test_the_plain_greedy_call_is_the_general_paths_draw(tokenrace, rng, greedy_calls, dtype, rows, vocab):
+    """temperature=0 and nothing else takes tokenrace_draw_greedy; per-row temperatures of 0
+    take the general batch: the same tokens and flags."""
+    x = _special_rows(rng, rows, vocab, dtype)
+    s = tokenrace.Sampler(vocab, threads=2)
+    tokens, flags = s.draw(x, temperature=0, return_flags=True)
+    assert len(greedy_calls) == 1
+    want_tokens, want_flags = s.draw(x, temperature=np.zeros(rows, np.float32), return_flags=True)
+    assert len(greedy_calls) == 1
+    np.testing.assert_array_equal(tokens, want_tokens)
+    np.testing.assert_array_equal(flags, want_flags)
+    assert tokens.dtype == np.int32 and flags.dtype == np.uint32
+    np.testing.assert_array_equal(s.draw(x, temperature=0.0), want_tokens)
+    assert len(greedy_calls) == 2
+    finite = np.isfinite(x.astype(np.float32)).any(axis=1) | np.isposinf(x.astype(np.float32)).any(axis=1)
+    np.testing.assert_array_equal(tokens[finite], np.argmax(np.nan_to_num(x.astype(np.float32), nan=-np.inf),
+                                                            axis=1)[finite])
+    assert (tokens[~finite] == 0).all() and (flags[~finite] & tokenrace.FLAG_EMPTY).all()
+    st = s.stats()
+    assert st["calls"] == 3 and st["greedy_rows"] == 3 * rows
+
+
+def test_other_greedy_calls_take_the_general_path(tokenrace, rng, greedy_calls):
+    """Anything but a scalar 0 with a C-contiguous numpy array and no other argument goes the
+    general way, with its own rules (the same tokens)."""
+    x = tie_heavy_logits(rng, 6, 100, np.float32)
+    want = np.argmax(x, axis=1)
+    s = tokenrace.Sampler(100)
+    for tokens in (s.draw(x, temperature=np.float32(0)), s.draw(x, temperature=[0] * 6), s.draw(x[::2], temperature=0),
+                   s.draw(x, temperature=0, top_k=5), s.draw(x, temperature=0, seeds=3),
+                   s.draw(x, temperature=0, mirostat_mu_out=np.zeros(6, np.float32))):
+        np.testing.assert_array_equal(tokens, want[:len(tokens)] if len(tokens) == 6 else want[::2])
+    assert greedy_calls == []
+    # Where temperature 0 is not greedy (greedy_below=0), it never goes the greedy way.
+    flags = tokenrace.Sampler(100, greedy_below=0).draw(x, temperature=0, return_flags=True)[1]
+    assert greedy_calls == [] and not (flags & tokenrace.FLAG_GREEDY).any()
+
+
+def test_the_plain_greedy_call_keeps_the_general_errors(tokenrace, rng, greedy_calls):
+    """Calls the library would refuse go the general way: the same messages as ever."""
+    s = tokenrace.Sampler(100, max_rows=4)
+    with pytest.raises(ValueError, match=r"tokenrace_draw: batch\.rows: 5 exceeds the sampler's max_rows 4"):
+        s.draw(np.zeros((5, 100), np.float32), temperature=0)
+    with pytest.raises(ValueError, match=r"tokenrace_draw: batch\.vocab: 99 differs"):
+        s.draw(np.zeros((2, 99), np.float32), temperature=0)
+    assert s.draw(np.zeros((0, 100), np.float32), temperature=0).shape == (0,)  # no rows: nothing drawn
+    assert greedy_calls == []
+    s.close()
+    with pytest.raises(tokenrace.ClosedError):
+        s.draw(np.zeros((1, 100), np.float32), temperature=0)
+
+
+def test_a_library_without_the_greedy_entry_draws_through_the_batch(tokenrace, rng, monkeypatch):
+    from tokenrace import _greedy
+
+    monkeypatch.setattr(_greedy, "_entry", False)
+    x = tie_heavy_logits(rng, 9, 300, np.float32)
+    np.testing.assert_array_equal(tokenrace.Sampler(300).draw(x, temperature=0), np.argmax(x, axis=1))

@@ -539,6 +539,12 @@ sampler_p = POINTER(tokenrace_sampler)
 pool_p = POINTER(tokenrace_pool)
 requests_p = POINTER(tokenrace_requests)
 
+class tokenrace_greedy_batch(_Versioned):
+    """The rows of ``tokenrace_draw_greedy`` (the plain greedy draw, ``_greedy.py``)."""
+    _fields_ = [("struct_size", c_uint32), ("dtype", c_uint32), ("logits", c_void_p), ("rows", c_uint32),
+                ("vocab", c_uint32), ("row_stride", c_uint64)]
+
+
 # Every struct of the header, by its C name (the ABI test walks this).
 STRUCTS = {cls.__name__: cls for cls in (tokenrace_config, tokenrace_sampler_stats,
                                          tokenrace_batch, tokenrace_output, tokenrace_pool_config,
@@ -546,7 +552,7 @@ STRUCTS = {cls.__name__: cls for cls in (tokenrace_config, tokenrace_sampler_sta
                                          tokenrace_verify_output, tokenrace_shard_rows, tokenrace_shard_partial,
                                          tokenrace_shard_row, tokenrace_shard_cut, tokenrace_shard_mass,
                                          tokenrace_shard_logprob_partial, tokenrace_shard_top_entry,
-                                         tokenrace_request_params)}
+                                         tokenrace_request_params, tokenrace_greedy_batch)}
 
 # ----------------------------------------------------------------------------------------------
 # Functions: name -> (restype, argtypes). ``status`` marks functions returning tokenrace_status.
@@ -566,6 +572,8 @@ _SIGNATURES = {
     "tokenrace_sampler_get_stats": (status, [sampler_p, POINTER(tokenrace_sampler_stats)]),
     "tokenrace_draw": (status, [sampler_p, POINTER(tokenrace_batch), POINTER(tokenrace_output)]),
     "tokenrace_score": (status, [sampler_p, POINTER(tokenrace_batch), POINTER(c_int32), POINTER(tokenrace_output)]),
+    "tokenrace_draw_greedy": (status, [sampler_p, POINTER(tokenrace_greedy_batch), POINTER(c_int32),
+                                       POINTER(c_uint32)]),
     "tokenrace_pool_config_default": (tokenrace_pool_config, []),
     "tokenrace_pool_config_from_env": (status, [POINTER(tokenrace_pool_config)]),
     "tokenrace_pool_new": (status, [POINTER(tokenrace_pool_config), POINTER(pool_p)]),
@@ -721,7 +729,9 @@ SINCE_0_2 = frozenset({"tokenrace_verify", "tokenrace_set_log_callback", "tokenr
                        "tokenrace_shard_race_cut", "tokenrace_shard_logprob_partials", "tokenrace_shard_logprobs",
                        "tokenrace_watermark_verify_seeds", "tokenrace_score",
                        "tokenrace_request_params_default", "tokenrace_requests_set_params",
-                       "tokenrace_requests_append_strided"})
+                       "tokenrace_requests_append_strided",
+                       # added after 0.2.0 (without it, greedy rows go through tokenrace_draw)
+                       "tokenrace_draw_greedy"})
 
 
 def _declare(handle):

@@ -27,6 +27,7 @@ from ._errors import InvalidArgumentError, check
 from ._requests import pack_requests
 from ._step import FIELD_ARGUMENTS, dry_fields, list_entries, parity_fields, step_fields
 from ._verify import verify as _verify
+from ._greedy import draw_greedy, plain_limits
 from ._errors import UnsupportedError
 
 
@@ -93,6 +94,7 @@ class Sampler(_Closable):
         check(lib.tokenrace_sampler_new(byref(cfg), byref(ptr)))
         self._handle = _Handle(ptr, _free_sampler)
         self._config = cfg
+        self._greedy_limits = plain_limits(cfg)  # None: temperature 0 is not greedy here
 
     # -- lifetime ------------------------------------------------------------------------------
 
@@ -496,6 +498,25 @@ class Sampler(_Closable):
         biases per row) that conversion added 0.35-0.45 ms a call, against 0.3-1.7 ms for the
         whole fused step (``docs/performance.md``, The whole sampling step).
         """
+        # The plain greedy draw (temperature 0 and nothing else) skips the general batch
+        # (_greedy.py); the type is tested first, since an array compared with 0 is an array.
+        if ((type(temperature) is float or type(temperature) is int) and temperature == 0
+                and type(logits) is np.ndarray and self._greedy_limits is not None and noise_kind == "exp"
+                and seeds is None and offsets is None and seeded is None and noise is None and top_k is None
+                and top_p is None and min_p is None and top_n_sigma is None and prompt_tokens is None
+                and output_tokens is None and repetition_penalty is None and frequency_penalty is None
+                and presence_penalty is None and logit_bias is None and allowed_tokens is None
+                and banned_tokens is None and token_bitmask is None and penalty_last_n is None
+                and min_tokens is None and stop_token_ids is None and requests is None and request_ids is None
+                and min_keep is None and typical_p is None and xtc_probability is None and xtc_threshold is None
+                and dynatemp_range is None and dynatemp_exponent is None and bad_words is None
+                and forced_tokens is None and order is None and dry_multiplier is None and dry_base is None
+                and dry_allowed_length is None and dry_penalty_last_n is None and dry_sequence_breakers is None
+                and row_index is None and mirostat is None and mirostat_tau is None and mirostat_eta is None
+                and mirostat_m is None and mirostat_mu is None and mirostat_mu_out is None):
+            drawn = draw_greedy(self, self._greedy_limits, logits, return_flags)
+            if drawn is not None:
+                return drawn
         index = None if row_index is None else int32_vector(row_index, "row_index")
         state = take_state()
         try:

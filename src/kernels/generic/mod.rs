@@ -45,7 +45,7 @@ pub(crate) use mass::{count_ge, gather_ge, kept_scan, mass, mass_gather, mass_we
 pub(crate) use mass64::{exp64, mass64, weights64, Mass64Params, A_MIN64};
 pub(crate) use noise::fill_noise;
 pub(crate) use race::{race_external, race_inline, Best, BlockNoise, BlockValues, RaceParams, RaceScratch};
-pub(crate) use scan::{find_first, masked_copy, scan, top_block};
+pub(crate) use scan::{find_first, masked_copy, scan, top_block, top_block_pair};
 #[cfg(feature = "internals")]
 pub(crate) use scan::{max_only, max_two};
 pub(crate) use words::{block_history, ids_in_range, step_words, BlockHistory, WordPass};

@@ -165,54 +165,124 @@ unsafe fn lanes_max_of<S: Simd, E: Elem, const MASKED: bool>(
 /// `row` valid for `n` reads; `S` usable here.
 #[inline(always)]
 pub(crate) unsafe fn top_block<S: Simd, E: Elem>(row: *const E, n: usize) -> (f32, usize, bool) {
-    let whole = n / BLOCK;
-    let mut nan = S::none();
-    let (mut best, mut at) = (S::splat(f32::NEG_INFINITY), S::splat(0.0));
-    // The blocks that the level's own loop took (`block_max_fast`): their largest maximum and
-    // the first of them holding it.
-    let (mut fast_best, mut fast_at) = (f32::NEG_INFINITY, 0);
-    for b in 0..whole {
+    let mut t = TopScan::<S>::new();
+    for b in 0..n / BLOCK {
         // SAFETY: (b + 1) * BLOCK <= n; `S` usable.
-        if let Some(m) = unsafe { block_max_fast::<S, E>(row, std::ptr::null(), b * BLOCK, (b + 1) * BLOCK) } {
-            if m > fast_best {
-                (fast_best, fast_at) = (m, b);
-            }
-            continue;
+        unsafe { t.block::<E>(row, b) };
+    }
+    // SAFETY: as above.
+    unsafe { t.finish::<E>(row, n) }
+}
+
+/// [`top_block`] of two rows of `n` elements, their blocks read in turn: two streams of reads
+/// in flight instead of one (each row's result is [`top_block`]'s, bit for bit), on a level
+/// with [`Simd::INTERLEAVE_ROWS`]; one row after the other elsewhere.
+///
+/// # Safety
+/// `row` and `other` valid for `n` reads; `S` usable here.
+#[inline(always)]
+pub(crate) unsafe fn top_block_pair<S: Simd, E: Elem>(
+    row: *const E,
+    other: *const E,
+    n: usize,
+) -> [(f32, usize, bool); 2] {
+    if !S::INTERLEAVE_ROWS {
+        // SAFETY: the caller's contract.
+        return unsafe { [top_block::<S, E>(row, n), top_block::<S, E>(other, n)] };
+    }
+    let (mut t, mut u) = (TopScan::<S>::new(), TopScan::<S>::new());
+    for b in 0..n / BLOCK {
+        // SAFETY: (b + 1) * BLOCK <= n for both rows; `S` usable.
+        unsafe {
+            t.block::<E>(row, b);
+            u.block::<E>(other, b);
         }
-        // SAFETY: (b + 1) * BLOCK <= n; BLOCK is a multiple of LANES; `S` usable.
-        let (m, _) = unsafe { lanes_max::<S, E>(row, std::ptr::null(), b * BLOCK, (b + 1) * BLOCK, &mut nan) };
+    }
+    // SAFETY: as above.
+    unsafe { [t.finish::<E>(row, n), u.finish::<E>(other, n)] }
+}
+
+/// The state of [`top_block`] over a row's whole blocks.
+struct TopScan<S: Simd> {
+    nan: S::M,
+    /// Each lane's largest block maximum, and the first block where it reached it.
+    best: S::F,
+    at: S::F,
+    /// The blocks that the level's own loop took (`block_max_fast`): their largest maximum and
+    /// the first of them holding it.
+    fast_best: f32,
+    fast_at: usize,
+}
+
+impl<S: Simd> TopScan<S> {
+    #[inline(always)]
+    fn new() -> Self {
+        TopScan {
+            nan: S::none(),
+            best: S::splat(f32::NEG_INFINITY),
+            at: S::splat(0.0),
+            fast_best: f32::NEG_INFINITY,
+            fast_at: 0,
+        }
+    }
+
+    /// Takes whole block `b` of `row`.
+    ///
+    /// # Safety
+    /// `row` valid for `(b + 1) * BLOCK` reads; `S` usable here.
+    #[inline(always)]
+    unsafe fn block<E: Elem>(&mut self, row: *const E, b: usize) {
+        // SAFETY: the caller's contract.
+        if let Some(m) = unsafe { block_max_fast::<S, E>(row, std::ptr::null(), b * BLOCK, (b + 1) * BLOCK) } {
+            if m > self.fast_best {
+                (self.fast_best, self.fast_at) = (m, b);
+            }
+            return;
+        }
+        // SAFETY: the caller's contract; BLOCK is a multiple of LANES.
+        let (m, _) = unsafe { lanes_max::<S, E>(row, std::ptr::null(), b * BLOCK, (b + 1) * BLOCK, &mut self.nan) };
         // Strictly greater: a lane keeps the first block where it reached its maximum.
-        let up = S::gt(m, best);
-        best = S::select(up, m, best);
+        let up = S::gt(m, self.best);
+        self.best = S::select(up, m, self.best);
         // Block numbers as f32 are exact below 2^24 blocks (2^32 tokens).
-        at = S::select(up, S::splat(b as f32), at);
+        self.at = S::select(up, S::splat(b as f32), self.at);
     }
-    let top = S::reduce_max(best);
-    let holds = S::eq(best, S::splat(top));
-    let first = -S::reduce_max(S::select(holds, S::sub(S::splat(0.0), at), S::splat(f32::NEG_INFINITY)));
-    let (top, first) = (top, first as usize);
-    // Merged with the blocks of the level's own loop: their maximum is never NaN nor a zero, so
-    // an equal maximum is the same value, held first by the earlier block.
-    let (top, first) = if fast_best > top {
-        (fast_best, fast_at)
-    } else if fast_best == top {
-        (top, first.min(fast_at))
-    } else {
-        (top, first)
-    };
-    if whole * BLOCK == n {
-        return (top, first, S::any(nan));
-    }
-    // The last, partial block: its maximum wins only if it is larger, since every earlier block
-    // comes first.
-    let mut last = [f32::NEG_INFINITY];
-    // SAFETY: the block's n - whole * BLOCK elements are in `row`; `S` usable.
-    let nan_last = unsafe { scan::<S, E>(row.add(whole * BLOCK), std::ptr::null(), n - whole * BLOCK, &mut last) };
-    let nan = S::any(nan) || nan_last;
-    if whole == 0 || last[0] > top {
-        (last[0], whole, nan)
-    } else {
-        (top, first, nan)
+
+    /// The row's result, once every whole block of its `n` elements was taken, with its last,
+    /// partial block.
+    ///
+    /// # Safety
+    /// `row` valid for `n` reads; `S` usable here.
+    #[inline(always)]
+    unsafe fn finish<E: Elem>(self, row: *const E, n: usize) -> (f32, usize, bool) {
+        let whole = n / BLOCK;
+        let top = S::reduce_max(self.best);
+        let holds = S::eq(self.best, S::splat(top));
+        let first = -S::reduce_max(S::select(holds, S::sub(S::splat(0.0), self.at), S::splat(f32::NEG_INFINITY)));
+        let (top, first) = (top, first as usize);
+        // Merged with the blocks of the level's own loop: their maximum is never NaN nor a zero,
+        // so an equal maximum is the same value, held first by the earlier block.
+        let (top, first) = if self.fast_best > top {
+            (self.fast_best, self.fast_at)
+        } else if self.fast_best == top {
+            (top, first.min(self.fast_at))
+        } else {
+            (top, first)
+        };
+        if whole * BLOCK == n {
+            return (top, first, S::any(self.nan));
+        }
+        // The last, partial block: its maximum wins only if it is larger, since every earlier
+        // block comes first.
+        let mut last = [f32::NEG_INFINITY];
+        // SAFETY: the block's n - whole * BLOCK elements are in `row`; `S` usable.
+        let nan_last = unsafe { scan::<S, E>(row.add(whole * BLOCK), std::ptr::null(), n - whole * BLOCK, &mut last) };
+        let nan = S::any(self.nan) || nan_last;
+        if whole == 0 || last[0] > top {
+            (last[0], whole, nan)
+        } else {
+            (top, first, nan)
+        }
     }
 }
 
@@ -474,12 +544,22 @@ mod tests {
                     row.iter_mut().for_each(|x| *x = f32::NAN);
                 }
                 let want = defined(&row);
+                // A second row for the pair's pass: the same values reversed.
+                let other: Vec<f32> = row.iter().rev().copied().collect();
+                let want_other = defined(&other);
+                let same = |got: (f32, usize, bool), want: (f32, usize, bool)| {
+                    (got.0 == want.0 || got.0.is_nan() && want.0.is_nan()) && got.1 == want.1 && got.2 == want.2
+                };
                 each_level(|level| {
                     // SAFETY: `row` holds n values; the level is supported.
                     let got = unsafe { (kernels(level).f32.top_block)(row.as_ptr(), n) };
-                    let same =
-                        (got.0 == want.0 || got.0.is_nan() && want.0.is_nan()) && got.1 == want.1 && got.2 == want.2;
-                    assert!(same, "{level:?} n {n} case {case}: {got:?}, want {want:?}");
+                    assert!(same(got, want), "{level:?} n {n} case {case}: {got:?}, want {want:?}");
+                    // SAFETY: both rows hold n values.
+                    let pair = unsafe { (kernels(level).f32.top_block_pair)(row.as_ptr(), other.as_ptr(), n) };
+                    assert!(
+                        same(pair[0], want) && same(pair[1], want_other),
+                        "{level:?} n {n} case {case}: pair {pair:?}"
+                    );
                 });
             }
         }

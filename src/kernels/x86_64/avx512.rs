@@ -18,6 +18,7 @@ pub(crate) struct Avx512;
 // SAFETY: see the module doc: only AVX-512F instructions, no others, and the pointer methods touch
 // the 16 elements at `p`; 16 lanes only where `GATHER_IN_MASS_PASS` is set.
 unsafe impl Simd for Avx512 {
+    const INTERLEAVE_ROWS: bool = true;
     const LANES: usize = 16;
     /// A vector per row of a block, and a one-instruction compress.
     const GATHER_IN_MASS_PASS: bool = true;
