@@ -538,17 +538,22 @@ pub unsafe extern "C" fn tokenrace_draw(
         // SAFETY: the caller's contract for `sampler`, `batch` and `out`.
         unsafe {
             let (s, b, o) = read_call(sampler, batch, out as *const tokenrace_output)?;
-            let draw = |state: Option<&Requests>| -> Result<()> {
+            // `check_only`: every rule checked, nothing drawn (an appending draw checks its call
+            // before it makes room for the tokens).
+            let draw = |state: Option<&Requests>, check_only: bool| -> Result<()> {
                 let batch = batch_from_c(&b, state).inspect_err(|_| s.inner.count_rejected())?;
                 let (mut output, arrays) = output_from_c(&o, &batch).inspect_err(|_| s.inner.count_rejected())?;
                 refuse_overlap(s, arrays, || s.inner.check_draw(&batch, &output).err())?;
+                if check_only {
+                    return s.inner.check_draw(&batch, &output).inspect_err(|_| s.inner.count_rejected());
+                }
                 s.inner.draw(&batch, &mut output)
             };
             match (b.requests.as_ref(), b.append_to_requests != 0) {
                 // A draw that names a request state reads it under its shared lock, held until
                 // the draw returns: the state's operations wait for it, never change it under
                 // the draw.
-                (state, false) => draw(state.map(|q| q.inner.read()).as_deref()),
+                (state, false) => draw(state.map(|q| q.inner.read()).as_deref(), false),
                 (Some(state), true) => draw_and_append(&state.inner, &b, &o, draw),
                 (None, true) => {
                     s.inner.count_rejected();
@@ -559,10 +564,11 @@ pub unsafe extern "C" fn tokenrace_draw(
     })
 }
 
-/// A draw that appends its tokens to the rows' requests: room for them is made first, then the
-/// state is held (readable by other draws, its writers waiting) through the draw and the
-/// append, which then cannot fail. A failed draw appends nothing (the room it made changes no
-/// history).
+/// A draw that appends its tokens to the rows' requests: the call is checked, room for the
+/// tokens made, then the state is held (readable by other draws, its writers waiting) through
+/// the draw and the append, which then cannot fail. A refused call reserves nothing (room sized
+/// by an unchecked batch's vocab could be large); a draw that fails appends nothing (the room it
+/// made changes no history).
 ///
 /// # Safety
 /// `b.request_ids` covers `b.rows` ids and `o.tokens` `b.rows` tokens (the caller's contract).
@@ -570,16 +576,18 @@ unsafe fn draw_and_append(
     state: &parking_lot::RwLock<Requests>,
     b: &tokenrace_batch,
     o: &tokenrace_output,
-    draw: impl FnOnce(Option<&Requests>) -> Result<()>,
+    draw: impl Fn(Option<&Requests>, bool) -> Result<()>,
 ) -> Result<()> {
     use parking_lot::{RwLockUpgradableReadGuard as Upgradable, RwLockWriteGuard as Write};
     let rows = b.rows as usize;
     // SAFETY: the caller's contract.
     let ids = unsafe { opt_slice(Owner::Batch, "request_ids", b.request_ids, rows)? }.unwrap_or(&[]);
-    let mut writing = Upgradable::upgrade(state.upgradable_read());
+    let reading = state.upgradable_read();
+    draw(Some(&reading), true)?;
+    let mut writing = Upgradable::upgrade(reading);
     writing.reserve_drawn(ids, b.vocab as usize)?;
     let held = Write::downgrade_to_upgradable(writing);
-    draw(Some(&held))?;
+    draw(Some(&held), false)?;
     if rows > 0 {
         // SAFETY: the draw succeeded, so `out.tokens` is an aligned array of one token a row.
         let tokens = unsafe { std::slice::from_raw_parts(o.tokens, rows) };
