@@ -36,7 +36,8 @@
 //! row; A, given it in its lists, too). Some steps set `append_to_requests`: B's successful
 //! draw grows each request's output by exactly its rows' tokens (a failed one by none), in
 //! place of the explicit append; A's draw with the flag and no state, and a score with it,
-//! are refused.
+//! are refused. On a step that does not append, `tokenrace_score` of A's tokens through the
+//! state (B's batch, seeds kept) writes what the score of A's arrays writes.
 
 #![no_main]
 
@@ -686,6 +687,13 @@ struct Call {
     append: bool,
 }
 
+/// What a call does: draw, or score `targets` (with or without the call's seeds).
+#[derive(Clone, Copy)]
+enum Kind<'t> {
+    Draw,
+    Score { targets: &'t [i32], seeds: bool },
+}
+
 /// `v`'s pointer when `on`, else NULL.
 fn given_if<T>(on: bool, v: &[T]) -> *const T {
     if on {
@@ -740,7 +748,6 @@ impl Call {
         if let Some(s) = state {
             b.requests = s.0.cast();
             b.request_ids = self.request_ids.as_ptr();
-            b.append_to_requests = self.append as u32;
         } else {
             b.prompt_ids = self.prompt.0.as_ptr();
             b.prompt_offsets = self.prompt.1.as_ptr();
@@ -762,44 +769,52 @@ impl Call {
         b
     }
 
+    /// The draw: through `state` (B's batch, appending its tokens when the call says so) or
+    /// with the lists.
     fn draw(&self, s: &Sampler, vocab: usize, state: Option<&State>) -> (u32, Outputs) {
-        self.call(s, vocab, state, None, false)
+        self.call(s, vocab, state, Kind::Draw, state.is_some() && self.append)
     }
 
-    /// `tokenrace_score` of `targets` with this call's other inputs (no seeds, offsets or
-    /// forced tokens: the score refuses them).
+    /// `tokenrace_score` of `targets` with this call's other inputs but its seeds, offsets and
+    /// forced tokens (the score refuses forced tokens; without seeds every row is scored as
+    /// unseeded).
     fn score(&self, s: &Sampler, vocab: usize, targets: &[i32]) -> (u32, Outputs) {
-        self.call(s, vocab, None, Some(targets), false)
+        self.call(s, vocab, None, Kind::Score { targets, seeds: false }, false)
+    }
+
+    /// `tokenrace_score` of `targets` with this call's seeds and offsets (read by XTC rows),
+    /// through `state` (B's batch: the fields it leaves NULL from the rows' requests) or with
+    /// the lists.
+    fn score_seeded(&self, s: &Sampler, vocab: usize, state: Option<&State>, targets: &[i32]) -> (u32, Outputs) {
+        self.call(s, vocab, state, Kind::Score { targets, seeds: true }, false)
     }
 
     /// The call with `append_to_requests` set on A's batch (no state) or in a score: refused,
     /// naming the flag, whatever else it holds.
     fn refused_append(&self, s: &Sampler, vocab: usize, targets: Option<&[i32]>) {
-        let (st, _) = self.call(s, vocab, None, targets, true);
+        let kind = targets.map_or(Kind::Draw, |targets| Kind::Score { targets, seeds: false });
+        let (st, _) = self.call(s, vocab, None, kind, true);
         let e = last_error();
         assert_eq!(st, INVALID_ARGUMENT, "append_to_requests without requests or in a score was accepted");
         assert!(e.contains("append_to_requests"), "append_to_requests refused with {e:?}");
     }
 
-    fn call(
-        &self,
-        s: &Sampler,
-        vocab: usize,
-        state: Option<&State>,
-        targets: Option<&[i32]>,
-        append: bool,
-    ) -> (u32, Outputs) {
+    fn call(&self, s: &Sampler, vocab: usize, state: Option<&State>, kind: Kind, append: bool) -> (u32, Outputs) {
         let rows = self.rows.temperature.len();
         let given = *self.given.1.last().unwrap() as usize;
         let mut o = Outputs::new(rows, self.top_n as usize, given);
         let mut batch = self.batch(vocab, state);
-        if targets.is_some() {
-            (batch.seeds, batch.offsets, batch.seeded, batch.forced_tokens) =
-                (std::ptr::null(), std::ptr::null(), std::ptr::null(), std::ptr::null());
-        }
-        if append {
-            batch.append_to_requests = 1;
-        }
+        let targets = match kind {
+            Kind::Draw => None,
+            Kind::Score { targets, seeds } => {
+                batch.forced_tokens = std::ptr::null();
+                if !seeds {
+                    (batch.seeds, batch.offsets, batch.seeded) = (std::ptr::null(), std::ptr::null(), std::ptr::null());
+                }
+                Some(targets)
+            }
+        };
+        batch.append_to_requests = append as u32;
         // SAFETY: all-zero is "every output off"; the arrays set below hold what the call writes.
         let mut out: tokenrace_output = unsafe { std::mem::zeroed() };
         out.struct_size = std::mem::size_of::<tokenrace_output>() as u32;
@@ -1233,6 +1248,16 @@ fn run(data: &[u8]) -> Result<()> {
         if out_a.flags.iter().all(|f| f & FLAG_EMPTY == 0) {
             assert_eq!(out_d.token_logprobs, out_a.token_logprobs, "score: the given ids' logprobs");
             assert_eq!(out_d.token_ranks, out_a.token_ranks, "score: the given ids' ranks");
+        }
+        // A score through the state (the fields B leaves NULL from the requests, seeds at their
+        // output lengths) writes what the score of A's arrays writes, before the state holds
+        // the drawn tokens.
+        if !call.append {
+            let (st_sa, out_sa) = call.score_seeded(&d, vocab, None, &out_a.tokens);
+            assert_eq!(st_sa, OK, "score with seeds: {}", last_error());
+            let (st_sb, out_sb) = call.score_seeded(&d, vocab, Some(&state), &out_a.tokens);
+            assert_eq!(st_sb, OK, "score through the state: {}", last_error());
+            assert_eq!(out_sa, out_sb, "the scores through the state and with the lists differ");
         }
 
         // Keep the drawn tokens: the lists on the host, the state through append, one token a
