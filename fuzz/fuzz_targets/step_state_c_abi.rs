@@ -22,6 +22,22 @@
 //!   moved no sampler's noise stream.
 //! - `tokenrace_score` of A's drawn tokens on a fourth sampler D reports what A reported for them
 //!   (flags, logprobs, ranks, top-n, given-id logprobs), and D's stream never moves.
+//!
+//! Requests also hold their sampling parameters (`tokenrace_requests_set_params`: temperature,
+//! seed, top-k/p, min-p, top-nσ, min_keep, typical_p, the penalties and their window,
+//! min_tokens with its stop ids, the logit bias, the allowed and banned lists), set before a
+//! step, replaced, turned off (NULL) or refused: one value out of its range (the status, the
+//! last error naming `params.<field>`, and the request's later draws drawing with its previous
+//! parameters, which the comparison below shows). Each step B leaves some per-row fields NULL
+//! (taking them from the rows' requests; a field B gives is every row's) and A passes, for
+//! those, the arrays the requests' parameters make (the off value for a request without),
+//! with a seeded request's rows at its output length when B passes no offsets. An id of a
+//! request's lists outside the vocabulary is refused by the draws naming it (B naming the
+//! row; A, given it in its lists, too). Some steps set `append_to_requests`: B's successful
+//! draw grows each request's output by exactly its rows' tokens (a failed one by none), in
+//! place of the explicit append; A's draw with the flag and no state, and a score with it,
+//! are refused. On a step that does not append, `tokenrace_score` of A's tokens through the
+//! state (B's batch, seeds kept) writes what the score of A's arrays writes.
 
 #![no_main]
 
@@ -41,6 +57,38 @@ const FLAG_EMPTY: u32 = 4;
 const FLAG_FORCED_BANNED: u32 = 16;
 const SENTINEL_TOKEN: i32 = -7;
 const SENTINEL_F32: u32 = 0x7fc0_dead;
+
+// The per-row fields a request's parameters may give (a call's `held` bits: those B leaves NULL,
+// taking them from the rows' requests; a `Rows::bad` bit: the batch's values break its rule).
+const F_TEMPERATURE: u32 = 1 << 0;
+/// `seeds` and `seeded` together (a batch giving either takes no seed from the requests).
+const F_SEEDS: u32 = 1 << 1;
+const F_OFFSETS: u32 = 1 << 2;
+const F_TOP_K: u32 = 1 << 3;
+const F_TOP_P: u32 = 1 << 4;
+const F_MIN_P: u32 = 1 << 5;
+const F_SIGMA: u32 = 1 << 6;
+const F_MIN_KEEP: u32 = 1 << 7;
+const F_TYPICAL: u32 = 1 << 8;
+const F_REP: u32 = 1 << 9;
+const F_FREQ: u32 = 1 << 10;
+const F_PRES: u32 = 1 << 11;
+const F_LAST_N: u32 = 1 << 12;
+const F_MIN_TOKENS: u32 = 1 << 13;
+const F_STOP: u32 = 1 << 14;
+const F_BIAS: u32 = 1 << 15;
+const F_ALLOWED: u32 = 1 << 16;
+const F_BANNED: u32 = 1 << 17;
+const F_HOLDABLE: u32 = (1 << 18) - 1;
+/// The fields the batch gave before requests held parameters: B gives them on a step that does
+/// not hold parameters.
+const F_CLASSIC: u32 = F_TEMPERATURE | F_SEEDS | F_OFFSETS | F_TOP_K | F_TOP_P | F_REP | F_FREQ | F_PRES | F_LAST_N;
+/// The token lists: a request whose lists name an id outside the vocabulary refuses the draws
+/// that name it, and A is given those lists so that its draw is refused too.
+const F_LISTS: u32 = F_STOP | F_BIAS | F_ALLOWED | F_BANNED;
+// Batch-only fields (`Rows::bad` bits): XTC and dynamic temperature (given with `llama`), forced.
+const F_XTC_DYN: u32 = 1 << 18;
+const F_FORCED: u32 = 1 << 19;
 
 fuzz_target!(|data: &[u8]| {
     let _ = run(data);
@@ -143,6 +191,297 @@ impl State {
     }
 }
 
+impl State {
+    /// `tokenrace_requests_set_params` of `p` (NULL for `None`), its status checked against the
+    /// last error.
+    fn set_params(&self, id: u64, p: Option<&Params>) -> u32 {
+        let Some(p) = p else {
+            // SAFETY: a live state; NULL params turn every parameter off.
+            let st = unsafe { tokenrace_requests_set_params(self.0.cast(), id, std::ptr::null()) };
+            let st = code(st, "tokenrace_requests_set_params");
+            check_last_error(st, "tokenrace_requests_set_params");
+            return st;
+        };
+        let bias_ids: Vec<i32> = p.bias.iter().map(|b| b.0).collect();
+        let bias_values: Vec<f32> = p.bias.iter().map(|b| b.1).collect();
+        let mut c = tokenrace_request_params_default();
+        c.temperature = p.temperature;
+        c.seed = p.seed.unwrap_or(0);
+        c.has_seed = p.seed.is_some() as u32;
+        c.top_k = p.top_k;
+        c.top_p = p.top_p;
+        c.min_p = p.min_p;
+        c.top_n_sigma = p.sigma;
+        c.min_keep = p.min_keep;
+        c.typical_p = p.typical;
+        c.repetition_penalty = p.rep;
+        c.frequency_penalty = p.freq;
+        c.presence_penalty = p.pres;
+        c.penalty_last_n = p.last_n;
+        c.min_tokens = p.min_tokens;
+        (c.stop_ids, c.stop_len) = (p.stop.as_ptr(), p.stop.len() as u64);
+        (c.bias_ids, c.bias_values, c.bias_len) = (bias_ids.as_ptr(), bias_values.as_ptr(), p.bias.len() as u64);
+        if let Some(a) = &p.allowed {
+            // (An empty list: a non-NULL pointer of no entries, which allows nothing.)
+            (c.allowed_ids, c.allowed_len) = (a.as_ptr(), a.len() as u64);
+        }
+        (c.banned_ids, c.banned_len) = (p.banned.as_ptr(), p.banned.len() as u64);
+        // SAFETY: a live state; every list pointer covers its length and outlives the call.
+        let st = code(unsafe { tokenrace_requests_set_params(self.0.cast(), id, &c) }, "tokenrace_requests_set_params");
+        check_last_error(st, "tokenrace_requests_set_params");
+        st
+    }
+}
+
+/// The sampling parameters the state holds for a request (the default: every one off, what a
+/// request that never set any gives).
+#[derive(Clone, Debug, PartialEq)]
+struct Params {
+    temperature: f32,
+    seed: Option<u64>,
+    top_k: i32,
+    top_p: f32,
+    min_p: f32,
+    sigma: f32,
+    min_keep: i32,
+    typical: f32,
+    rep: f32,
+    freq: f32,
+    pres: f32,
+    last_n: i32,
+    min_tokens: i32,
+    stop: Vec<i32>,
+    bias: Vec<(i32, f32)>,
+    allowed: Option<Vec<i32>>,
+    banned: Vec<i32>,
+}
+
+impl Default for Params {
+    fn default() -> Params {
+        Params {
+            temperature: 1.0,
+            seed: None,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            sigma: 0.0,
+            min_keep: 0,
+            typical: 1.0,
+            rep: 1.0,
+            freq: 0.0,
+            pres: 0.0,
+            last_n: 0,
+            min_tokens: 0,
+            stop: Vec::new(),
+            bias: Vec::new(),
+            allowed: None,
+            banned: Vec::new(),
+        }
+    }
+}
+
+impl Params {
+    /// The largest id its lists name (-1 for none): a draw naming the request refuses one at or
+    /// above its vocabulary.
+    fn largest(&self) -> i32 {
+        let bias = self.bias.iter().map(|b| b.0);
+        let allowed = self.allowed.iter().flatten().copied();
+        self.stop.iter().copied().chain(bias).chain(allowed).chain(self.banned.iter().copied()).max().unwrap_or(-1)
+    }
+}
+
+/// `from[i]` for a random i.
+fn rpick<T: Copy>(rng: &mut Rng, from: &[T]) -> T {
+    from[rng.below(from.len())]
+}
+
+/// True with probability 1/n.
+fn rone_in(rng: &mut Rng, n: usize) -> bool {
+    rng.below(n) == 0
+}
+
+/// [`token`] from `rng`.
+fn rtoken(rng: &mut Rng, vocab: usize, negative: bool, bad: &mut bool) -> i32 {
+    if rone_in(rng, 200) {
+        *bad = true;
+        let over = rng.below(3) as i32;
+        return if negative && rng.below(2) == 0 { -1 - over } else { vocab as i32 + over };
+    }
+    (if rng.below(4) > 0 { rng.below(vocab.min(6)) } else { rng.below(vocab) }) as i32
+}
+
+/// [`tokens`] from `rng`.
+fn rtokens(rng: &mut Rng, vocab: usize, max: usize, negative: bool, bad: &mut bool) -> Vec<i32> {
+    let n = rng.below(max + 1);
+    (0..n).map(|_| rtoken(rng, vocab, negative, bad)).collect()
+}
+
+/// [`value`] from `rng`.
+fn rvalue<T: Copy>(rng: &mut Rng, valid: &[T], invalid: &[T], bad: &mut u32, field: u32) -> T {
+    if rone_in(rng, 250) {
+        *bad |= field;
+        return rpick(rng, invalid);
+    }
+    rpick(rng, valid)
+}
+
+/// Parameters for a request, each field on half the time, its lists' ids rarely outside the
+/// vocabulary (accepted when set). One time in eight one field breaks its rule: its name (as
+/// `params.<name>` in the error) comes back with them.
+fn params(rng: &mut Rng, vocab: usize) -> (Params, Option<&'static str>) {
+    let mut p = Params::default();
+    let mut oov = false;
+    let on = |rng: &mut Rng| rng.below(2) == 0;
+    if on(rng) {
+        p.temperature = rpick(rng, &[0.0f32, 0.5, 1.0, 2.0]);
+    }
+    if on(rng) {
+        p.seed = Some(rng.next());
+    }
+    if on(rng) {
+        p.top_k = rpick(rng, &[-1i32, 1, 3, 20]);
+    }
+    if on(rng) {
+        p.top_p = rpick(rng, &[0.9f32, 0.5, 1.0]);
+    }
+    if on(rng) {
+        p.min_p = rpick(rng, &[0.05f32, 0.3, 1.0]);
+    }
+    if on(rng) {
+        p.sigma = rpick(rng, &[1.0f32, 2.0, -1.0]);
+    }
+    if on(rng) {
+        p.min_keep = rpick(rng, &[1i32, 3]);
+    }
+    if on(rng) {
+        p.typical = rpick(rng, &[0.9f32, 0.5, 0.2]);
+    }
+    if on(rng) {
+        p.rep = rpick(rng, &[1.3f32, 0.7]);
+        p.freq = rpick(rng, &[0.0f32, 0.5, -0.5]);
+        p.pres = rpick(rng, &[0.0f32, 1.0]);
+        p.last_n = rpick(rng, &[0i32, 0, 1, 4, 16, 64]);
+    }
+    if on(rng) {
+        p.min_tokens = rpick(rng, &[1i32, 3, 60]);
+        p.stop = rtokens(rng, vocab, 3, false, &mut oov);
+    }
+    if on(rng) {
+        for _ in 0..rng.below(4) {
+            let id = rtoken(rng, vocab, false, &mut oov);
+            p.bias.push((id, rpick(rng, &[1.0f32, -2.0, 5.0, 0.0, f32::NEG_INFINITY])));
+        }
+    }
+    if rone_in(rng, 4) {
+        p.allowed = Some(rtokens(rng, vocab, 6, false, &mut oov));
+    }
+    if on(rng) {
+        p.banned = rtokens(rng, vocab, 3, false, &mut oov);
+    }
+    let broken = rone_in(rng, 8).then(|| break_one(rng, &mut p));
+    (p, broken)
+}
+
+/// Gives one field of `p` a value its rule refuses; returns the field's name.
+fn break_one(rng: &mut Rng, p: &mut Params) -> &'static str {
+    let nan = f32::NAN;
+    let inf = f32::INFINITY;
+    match rng.below(16) {
+        0 => {
+            p.temperature = rpick(rng, &[-1.0f32, nan, inf]);
+            "temperature"
+        }
+        1 => {
+            p.top_p = rpick(rng, &[0.0f32, 1.5, nan]);
+            "top_p"
+        }
+        2 => {
+            p.min_p = rpick(rng, &[-0.1f32, 1.5, nan]);
+            "min_p"
+        }
+        3 => {
+            p.sigma = rpick(rng, &[nan, inf, -inf]);
+            "top_n_sigma"
+        }
+        4 => {
+            p.min_keep = -1;
+            "min_keep"
+        }
+        5 => {
+            p.typical = rpick(rng, &[0.0f32, 1.5, nan]);
+            "typical_p"
+        }
+        6 => {
+            p.rep = rpick(rng, &[0.0f32, -1.0, inf, nan]);
+            "repetition_penalty"
+        }
+        7 => {
+            p.freq = rpick(rng, &[nan, inf]);
+            "frequency_penalty"
+        }
+        8 => {
+            p.pres = rpick(rng, &[nan, -inf]);
+            "presence_penalty"
+        }
+        9 => {
+            p.last_n = -1 - rng.below(3) as i32;
+            "penalty_last_n"
+        }
+        10 => {
+            p.min_tokens = -1;
+            "min_tokens"
+        }
+        11 => {
+            let at = rng.below(p.stop.len() + 1);
+            p.stop.insert(at, -1);
+            "stop_ids"
+        }
+        12 => {
+            p.bias.push((-1 - rng.below(3) as i32, 0.5));
+            "bias_ids"
+        }
+        13 => {
+            p.bias.push((0, rpick(rng, &[nan, inf])));
+            "bias_values"
+        }
+        14 => {
+            p.allowed.get_or_insert_with(Vec::new).push(-2);
+            "allowed_ids"
+        }
+        _ => {
+            p.banned.push(-1);
+            "banned_ids"
+        }
+    }
+}
+
+/// Sets new parameters for `req` in the state: one time in ten none (NULL), else
+/// [`params`]; a broken value must be refused naming its field, the request keeping what it
+/// held.
+fn set_params(rng: &mut Rng, state: &State, req: &mut Request, vocab: usize) {
+    if rone_in(rng, 10) {
+        assert_eq!(state.set_params(req.id, None), OK, "set_params(NULL): {}", last_error());
+        req.params = Params::default();
+        return;
+    }
+    let (p, broken) = params(rng, vocab);
+    let st = state.set_params(req.id, Some(&p));
+    if verbose() {
+        eprintln!("set_params: {} (broken {broken:?}, largest id {})", status_name(st), p.largest());
+    }
+    match broken {
+        None => {
+            assert_eq!(st, OK, "set_params: {} ({p:?})", last_error());
+            req.params = p;
+        }
+        Some(field) => {
+            let e = last_error();
+            assert_eq!(st, INVALID_ARGUMENT, "set_params accepted a bad {field}: {p:?}");
+            assert!(e.contains(&format!("params.{field}: ")), "set_params: the error {e:?} names no params.{field}");
+        }
+    }
+}
+
 /// One row's request: its histories and the step inputs that stay with it.
 #[derive(Clone, Debug)]
 struct Request {
@@ -151,6 +490,8 @@ struct Request {
     output: Vec<i32>,
     bad_words: Vec<Vec<i32>>,
     given: Vec<i32>,
+    /// The parameters the state holds for it.
+    params: Params,
     /// Whether a call naming this request must be refused (an id outside the vocabulary in
     /// its lists, an empty bad word).
     bad: bool,
@@ -176,6 +517,112 @@ struct Rows {
     dyn_range: Vec<f32>,
     dyn_exp: Vec<f32>,
     forced: Vec<i32>,
+    min_p: Vec<f32>,
+    sigma: Vec<f32>,
+    min_tokens: Vec<i32>,
+    stop: Vec<Vec<i32>>,
+    bias: Vec<Vec<(i32, f32)>>,
+    /// `None`: the row draws from every token (its `allowed_rows` flag 0).
+    allowed: Vec<Option<Vec<i32>>>,
+    banned: Vec<Vec<i32>>,
+    /// The fields (`F_*` bits) holding a value, or an id, that the draw must refuse.
+    bad: u32,
+}
+
+/// The token lists of a call's rows in the batch's CSR form.
+#[derive(Default)]
+struct Lists {
+    stop: (Vec<i32>, Vec<u64>),
+    bias_ids: Vec<i32>,
+    bias_values: Vec<f32>,
+    bias_offsets: Vec<u64>,
+    allowed: (Vec<i32>, Vec<u64>),
+    allowed_rows: Vec<u8>,
+    banned: (Vec<i32>, Vec<u64>),
+}
+
+impl Lists {
+    fn of(r: &Rows) -> Lists {
+        let (bias_ids, bias_offsets) = csr(r.bias.iter().map(|l| l.iter().map(|b| b.0).collect()));
+        Lists {
+            stop: csr(r.stop.iter().cloned()),
+            bias_ids,
+            bias_values: r.bias.iter().flatten().map(|b| b.1).collect(),
+            bias_offsets,
+            allowed: csr(r.allowed.iter().map(|a| a.clone().unwrap_or_default())),
+            allowed_rows: r.allowed.iter().map(|a| a.is_some() as u8).collect(),
+            banned: csr(r.banned.iter().cloned()),
+        }
+    }
+}
+
+/// Replaces the fields `held` names of `rows` by what the rows' requests hold (B leaves them
+/// NULL and takes them from the state; A passes these): a request's value, or the off value
+/// for a request without parameters. Where B gives no offsets, a row seeded by its request is
+/// at the request's output length; with the batch's seeds, at 0 (a NULL array's).
+fn hold(rows: &mut Rows, held: u32, reqs: &[Request], row_req: &[usize]) {
+    let on = |f: u32| held & f != 0;
+    for (i, &q) in row_req.iter().enumerate() {
+        let p = &reqs[q].params;
+        if on(F_TEMPERATURE) {
+            rows.temperature[i] = p.temperature;
+        }
+        if on(F_SEEDS) {
+            rows.seeds[i] = p.seed.unwrap_or(0);
+            rows.seeded[i] = p.seed.is_some() as u8;
+        }
+        if on(F_OFFSETS) {
+            rows.offsets[i] = if on(F_SEEDS) { reqs[q].output.len() as u64 } else { 0 };
+        }
+        if on(F_TOP_K) {
+            rows.top_k[i] = p.top_k;
+        }
+        if on(F_TOP_P) {
+            rows.top_p[i] = p.top_p;
+        }
+        if on(F_MIN_P) {
+            rows.min_p[i] = p.min_p;
+        }
+        if on(F_SIGMA) {
+            rows.sigma[i] = p.sigma;
+        }
+        if on(F_MIN_KEEP) {
+            rows.min_keep[i] = p.min_keep;
+        }
+        if on(F_TYPICAL) {
+            rows.typical[i] = p.typical;
+        }
+        if on(F_REP) {
+            rows.rep[i] = p.rep;
+        }
+        if on(F_FREQ) {
+            rows.freq[i] = p.freq;
+        }
+        if on(F_PRES) {
+            rows.pres[i] = p.pres;
+        }
+        if on(F_LAST_N) {
+            rows.last_n[i] = p.last_n;
+        }
+        if on(F_MIN_TOKENS) {
+            rows.min_tokens[i] = p.min_tokens;
+        }
+        if on(F_STOP) {
+            rows.stop[i] = p.stop.clone();
+        }
+        if on(F_BIAS) {
+            rows.bias[i] = p.bias.clone();
+        }
+        if on(F_ALLOWED) {
+            rows.allowed[i] = p.allowed.clone();
+        }
+        if on(F_BANNED) {
+            rows.banned[i] = p.banned.clone();
+        }
+    }
+    // (The state refused every value out of its range when it was set; an id outside the
+    // vocabulary is judged by the draw's caller.)
+    rows.bad &= !held;
 }
 
 /// A CSR list of the rows' token lists.
@@ -232,12 +679,37 @@ struct Call {
     top_n: u32,
     processed: bool,
     with_ranks: bool,
+    /// `Lists::of(&rows)`.
+    lists: Lists,
+    /// The fields (`F_*` bits) B leaves NULL, taking them from the rows' requests.
+    held: u32,
+    /// Whether B's draw appends its tokens to the rows' requests (`append_to_requests`).
+    append: bool,
+}
+
+/// What a call does: draw, or score `targets` (with or without the call's seeds).
+#[derive(Clone, Copy)]
+enum Kind<'t> {
+    Draw,
+    Score { targets: &'t [i32], seeds: bool },
+}
+
+/// `v`'s pointer when `on`, else NULL.
+fn given_if<T>(on: bool, v: &[T]) -> *const T {
+    if on {
+        v.as_ptr()
+    } else {
+        std::ptr::null()
+    }
 }
 
 impl Call {
+    /// The batch of this call: A's (`state` None) gives every per-row array; B's names its rows
+    /// in `state` and leaves the `held` fields NULL (they come from the rows' requests).
     fn batch(&self, vocab: usize, state: Option<&State>) -> tokenrace_batch {
         let r = &self.rows;
-        let opt = |v: &Vec<f32>, on: bool| if on { v.as_ptr() } else { std::ptr::null() };
+        let l = &self.lists;
+        let give = |f: u32| state.is_none() || self.held & f == 0;
         // SAFETY: every field of the C batch is a pointer or a number: all-zero is "every input
         // off", and the fields set below are the ones this call gives.
         let mut b: tokenrace_batch = unsafe { std::mem::zeroed() };
@@ -246,16 +718,33 @@ impl Call {
         b.logits = self.logits.as_ptr().cast();
         b.rows = r.temperature.len() as u32;
         b.vocab = vocab as u32;
-        b.temperature = r.temperature.as_ptr();
-        b.seeds = r.seeds.as_ptr();
-        b.offsets = r.offsets.as_ptr();
-        b.seeded = r.seeded.as_ptr();
-        b.top_k = r.top_k.as_ptr();
-        b.top_p = r.top_p.as_ptr();
-        b.repetition_penalty = r.rep.as_ptr();
-        b.frequency_penalty = r.freq.as_ptr();
-        b.presence_penalty = r.pres.as_ptr();
-        b.penalty_last_n = r.last_n.as_ptr();
+        b.temperature = given_if(give(F_TEMPERATURE), &r.temperature);
+        b.seeds = given_if(give(F_SEEDS), &r.seeds);
+        b.seeded = given_if(give(F_SEEDS), &r.seeded);
+        b.offsets = given_if(give(F_OFFSETS), &r.offsets);
+        b.top_k = given_if(give(F_TOP_K), &r.top_k);
+        b.top_p = given_if(give(F_TOP_P), &r.top_p);
+        b.min_p = given_if(give(F_MIN_P), &r.min_p);
+        b.top_n_sigma = given_if(give(F_SIGMA), &r.sigma);
+        b.repetition_penalty = given_if(give(F_REP), &r.rep);
+        b.frequency_penalty = given_if(give(F_FREQ), &r.freq);
+        b.presence_penalty = given_if(give(F_PRES), &r.pres);
+        b.penalty_last_n = given_if(give(F_LAST_N), &r.last_n);
+        b.min_tokens = given_if(give(F_MIN_TOKENS), &r.min_tokens);
+        if give(F_STOP) {
+            (b.stop_ids, b.stop_offsets) = (l.stop.0.as_ptr(), l.stop.1.as_ptr());
+        }
+        if give(F_BIAS) {
+            (b.bias_ids, b.bias_values, b.bias_offsets) =
+                (l.bias_ids.as_ptr(), l.bias_values.as_ptr(), l.bias_offsets.as_ptr());
+        }
+        if give(F_ALLOWED) {
+            (b.allowed_ids, b.allowed_offsets, b.allowed_rows) =
+                (l.allowed.0.as_ptr(), l.allowed.1.as_ptr(), l.allowed_rows.as_ptr());
+        }
+        if give(F_BANNED) {
+            (b.banned_ids, b.banned_offsets) = (l.banned.0.as_ptr(), l.banned.1.as_ptr());
+        }
         if let Some(s) = state {
             b.requests = s.0.cast();
             b.request_ids = self.request_ids.as_ptr();
@@ -265,12 +754,12 @@ impl Call {
             b.output_ids = self.output.0.as_ptr();
             b.output_offsets = self.output.1.as_ptr();
         }
-        b.min_keep = if self.llama { r.min_keep.as_ptr() } else { std::ptr::null() };
-        b.typical_p = opt(&r.typical, self.llama);
-        b.xtc_probability = opt(&r.xtc_p, self.llama);
-        b.xtc_threshold = opt(&r.xtc_t, self.llama);
-        b.dynatemp_range = opt(&r.dyn_range, self.llama);
-        b.dynatemp_exponent = opt(&r.dyn_exp, self.llama);
+        b.min_keep = given_if(give(F_MIN_KEEP), &r.min_keep);
+        b.typical_p = given_if(give(F_TYPICAL), &r.typical);
+        b.xtc_probability = given_if(self.llama, &r.xtc_p);
+        b.xtc_threshold = given_if(self.llama, &r.xtc_t);
+        b.dynatemp_range = given_if(self.llama, &r.dyn_range);
+        b.dynatemp_exponent = given_if(self.llama, &r.dyn_exp);
         b.bad_words_ids = self.bad_ids.as_ptr();
         b.bad_word_offsets = self.bad_word_offsets.as_ptr();
         b.bad_words_row_offsets = self.bad_row_offsets.as_ptr();
@@ -280,25 +769,52 @@ impl Call {
         b
     }
 
+    /// The draw: through `state` (B's batch, appending its tokens when the call says so) or
+    /// with the lists.
     fn draw(&self, s: &Sampler, vocab: usize, state: Option<&State>) -> (u32, Outputs) {
-        self.call(s, vocab, state, None)
+        self.call(s, vocab, state, Kind::Draw, state.is_some() && self.append)
     }
 
-    /// `tokenrace_score` of `targets` with this call's other inputs (no seeds, offsets or
-    /// forced tokens: the score refuses them).
+    /// `tokenrace_score` of `targets` with this call's other inputs but its seeds, offsets and
+    /// forced tokens (the score refuses forced tokens; without seeds every row is scored as
+    /// unseeded).
     fn score(&self, s: &Sampler, vocab: usize, targets: &[i32]) -> (u32, Outputs) {
-        self.call(s, vocab, None, Some(targets))
+        self.call(s, vocab, None, Kind::Score { targets, seeds: false }, false)
     }
 
-    fn call(&self, s: &Sampler, vocab: usize, state: Option<&State>, targets: Option<&[i32]>) -> (u32, Outputs) {
+    /// `tokenrace_score` of `targets` with this call's seeds and offsets (read by XTC rows),
+    /// through `state` (B's batch: the fields it leaves NULL from the rows' requests) or with
+    /// the lists.
+    fn score_seeded(&self, s: &Sampler, vocab: usize, state: Option<&State>, targets: &[i32]) -> (u32, Outputs) {
+        self.call(s, vocab, state, Kind::Score { targets, seeds: true }, false)
+    }
+
+    /// The call with `append_to_requests` set on A's batch (no state) or in a score: refused,
+    /// naming the flag, whatever else it holds.
+    fn refused_append(&self, s: &Sampler, vocab: usize, targets: Option<&[i32]>) {
+        let kind = targets.map_or(Kind::Draw, |targets| Kind::Score { targets, seeds: false });
+        let (st, _) = self.call(s, vocab, None, kind, true);
+        let e = last_error();
+        assert_eq!(st, INVALID_ARGUMENT, "append_to_requests without requests or in a score was accepted");
+        assert!(e.contains("append_to_requests"), "append_to_requests refused with {e:?}");
+    }
+
+    fn call(&self, s: &Sampler, vocab: usize, state: Option<&State>, kind: Kind, append: bool) -> (u32, Outputs) {
         let rows = self.rows.temperature.len();
         let given = *self.given.1.last().unwrap() as usize;
         let mut o = Outputs::new(rows, self.top_n as usize, given);
         let mut batch = self.batch(vocab, state);
-        if targets.is_some() {
-            (batch.seeds, batch.offsets, batch.seeded, batch.forced_tokens) =
-                (std::ptr::null(), std::ptr::null(), std::ptr::null(), std::ptr::null());
-        }
+        let targets = match kind {
+            Kind::Draw => None,
+            Kind::Score { targets, seeds } => {
+                batch.forced_tokens = std::ptr::null();
+                if !seeds {
+                    (batch.seeds, batch.offsets, batch.seeded) = (std::ptr::null(), std::ptr::null(), std::ptr::null());
+                }
+                Some(targets)
+            }
+        };
+        batch.append_to_requests = append as u32;
         // SAFETY: all-zero is "every output off"; the arrays set below hold what the call writes.
         let mut out: tokenrace_output = unsafe { std::mem::zeroed() };
         out.struct_size = std::mem::size_of::<tokenrace_output>() as u32;
@@ -353,10 +869,10 @@ fn pick<T: Copy>(u: &mut Unstructured, from: &[T]) -> Result<T> {
     Ok(from[u.choose_index(from.len())?])
 }
 
-/// A value from `valid`, or (rarely, setting `bad`) one from `invalid`.
-fn value<T: Copy>(u: &mut Unstructured, valid: &[T], invalid: &[T], bad: &mut bool) -> Result<T> {
+/// A value from `valid`, or (rarely, setting `field` in `bad`) one from `invalid`.
+fn value<T: Copy>(u: &mut Unstructured, valid: &[T], invalid: &[T], bad: &mut u32, field: u32) -> Result<T> {
     if !invalid.is_empty() && one_in(u, 250)? {
-        *bad = true;
+        *bad |= field;
         return pick(u, invalid);
     }
     pick(u, valid)
@@ -392,11 +908,15 @@ fn request(u: &mut Unstructured, id: u64, vocab: usize) -> Result<Request> {
         bad_words.push(w);
     }
     let given = tokens(u, vocab, 3, true, bad)?;
-    Ok(Request { id, prompt, output, bad_words, given, bad: *bad })
+    Ok(Request { id, prompt, output, bad_words, given, params: Params::default(), bad: *bad })
 }
 
-fn rows_of(u: &mut Unstructured, n: usize, vocab: usize, bad: &mut bool) -> Result<Rows> {
+/// The batch's per-row values (the `bad` bits mark the fields given a value their rule refuses
+/// or an id outside the vocabulary).
+fn rows_of(u: &mut Unstructured, rng: &mut Rng, n: usize, vocab: usize) -> Result<Rows> {
     let mut r = Rows::default();
+    let mut bad = 0u32;
+    let b = &mut bad;
     for _ in 0..n {
         r.temperature.push(pick(u, &[0.0f32, 0.5, 1.0, 1.0, 2.0])?);
         r.seeds.push(u.arbitrary()?);
@@ -407,23 +927,44 @@ fn rows_of(u: &mut Unstructured, n: usize, vocab: usize, bad: &mut bool) -> Resu
         r.rep.push(pick(u, &[1.0f32, 1.3, 0.7])?);
         r.freq.push(pick(u, &[0.0f32, 0.5, -0.5])?);
         r.pres.push(pick(u, &[0.0f32, 1.0])?);
-        r.last_n.push(pick(u, &[0i32, 0, 1, 4, 16])?);
-        r.min_keep.push(value(u, &[0, 0, 1, 3], &[-1], bad)?);
-        r.typical.push(value(u, &[1.0f32, 1.0, 0.9, 0.5, 0.2], &[0.0, 1.5, f32::NAN], bad)?);
-        r.xtc_p.push(value(u, &[0.0f32, 0.0, 0.5, 1.0], &[1.5, -0.1], bad)?);
-        r.xtc_t.push(value(u, &[0.1f32, 0.3, 0.6], &[2.0], bad)?);
-        r.dyn_range.push(value(u, &[0.0f32, 0.0, 0.5], &[-1.0, f32::INFINITY], bad)?);
-        r.dyn_exp.push(value(u, &[1.0f32, 2.0], &[f32::NAN], bad)?);
+        r.last_n.push(pick(u, &[0i32, 0, 1, 4, 16, 64])?);
+        r.min_keep.push(value(u, &[0, 0, 1, 3], &[-1], b, F_MIN_KEEP)?);
+        r.typical.push(value(u, &[1.0f32, 1.0, 0.9, 0.5, 0.2], &[0.0, 1.5, f32::NAN], b, F_TYPICAL)?);
+        r.xtc_p.push(value(u, &[0.0f32, 0.0, 0.5, 1.0], &[1.5, -0.1], b, F_XTC_DYN)?);
+        r.xtc_t.push(value(u, &[0.1f32, 0.3, 0.6], &[2.0], b, F_XTC_DYN)?);
+        r.dyn_range.push(value(u, &[0.0f32, 0.0, 0.5], &[-1.0, f32::INFINITY], b, F_XTC_DYN)?);
+        r.dyn_exp.push(value(u, &[1.0f32, 2.0], &[f32::NAN], b, F_XTC_DYN)?);
         let forced = if one_in(u, 4)? { u.int_in_range(0..=vocab - 1)? as i32 } else { -1 };
-        r.forced.push(value(u, &[forced], &[vocab as i32, -2], bad)?);
+        r.forced.push(value(u, &[forced], &[vocab as i32, -2], b, F_FORCED)?);
+        // (The fields requests may also hold come from `rng`: short inputs reach them too.)
+        r.min_p.push(rvalue(rng, &[0.0f32, 0.0, 0.05, 0.3], &[-0.5, 1.5, f32::NAN], b, F_MIN_P));
+        r.sigma.push(rvalue(rng, &[0.0f32, 0.0, 1.0, -1.0], &[f32::NAN, f32::INFINITY], b, F_SIGMA));
+        r.min_tokens.push(rvalue(rng, &[0i32, 0, 2, 60], &[-1], b, F_MIN_TOKENS));
+        let mut oov = [false; 4];
+        r.stop.push(rtokens(rng, vocab, 2, true, &mut oov[0]));
+        let mut bias = Vec::new();
+        for _ in 0..rng.below(3) {
+            let id = rtoken(rng, vocab, true, &mut oov[1]);
+            let values = [1.0f32, -2.0, 0.0, f32::NEG_INFINITY];
+            bias.push((id, rvalue(rng, &values, &[f32::NAN, f32::INFINITY], b, F_BIAS)));
+        }
+        r.bias.push(bias);
+        r.allowed.push(if rone_in(rng, 4) { Some(rtokens(rng, vocab, 4, true, &mut oov[2])) } else { None });
+        r.banned.push(rtokens(rng, vocab, 2, true, &mut oov[3]));
+        for (f, o) in [F_STOP, F_BIAS, F_ALLOWED, F_BANNED].into_iter().zip(oov) {
+            if o {
+                *b |= f;
+            }
+        }
     }
+    r.bad = bad;
     Ok(r)
 }
 
-/// Whether row `r` keeps a range (typical, XTC or dynamic temperature on): processed logprobs are
-/// refused for it.
-fn keeps_range(r: &Rows, i: usize) -> bool {
-    r.typical[i] < 1.0 || (r.xtc_p[i] > 0.0 && r.xtc_t[i] <= 0.5) || r.dyn_range[i] > 0.0
+/// Whether row `r` keeps a range (typical, or with `llama` XTC or dynamic temperature on):
+/// processed logprobs are refused for it.
+fn keeps_range(r: &Rows, i: usize, llama: bool) -> bool {
+    r.typical[i] < 1.0 || (llama && ((r.xtc_p[i] > 0.0 && r.xtc_t[i] <= 0.5) || r.dyn_range[i] > 0.0))
 }
 
 /// The tokens the bad words of `req` ban after its output (a word bans its last token when the
@@ -465,6 +1006,31 @@ fn check_success(o: &Outputs, call: &Call, reqs: &[Request], row_req: &[usize], 
     }
 }
 
+/// Each request id's output length grown by one for each row that names it (a draw that
+/// appended its tokens).
+fn grown(shape: &(Vec<u64>, u64), ids: &[u64], rows: &[u64]) -> (Vec<u64>, u64) {
+    let mut lens = shape.0.clone();
+    for id in rows {
+        lens[ids.iter().position(|x| x == id).expect("a live id")] += 1;
+    }
+    (lens, shape.1)
+}
+
+/// Which fields B leaves NULL this step: on a step that holds parameters, each field three
+/// times in four; else only fields the batch did not give before requests held parameters,
+/// each three times in four (their values come from the state then as on any step).
+fn held_fields(rng: &mut Rng) -> u32 {
+    let holds = rng.below(2) == 0;
+    let mut held = 0;
+    for bit in 0..F_HOLDABLE.count_ones() {
+        let f = 1 << bit;
+        if (holds || f & F_CLASSIC == 0) && !rone_in(rng, 4) {
+            held |= f;
+        }
+    }
+    held
+}
+
 fn run(data: &[u8]) -> Result<()> {
     let mut u = Unstructured::new(data);
     let u = &mut u;
@@ -481,6 +1047,9 @@ fn run(data: &[u8]) -> Result<()> {
     if !level_supported(simd_b) {
         return Ok(());
     }
+    // The choices of the parameters requests hold, the fields B leaves NULL and the append flag
+    // (a short input reaches them all).
+    let rng = &mut Rng(u.arbitrary()?);
     let max_rows = 8;
     let (Some(a), Some(b), Some(c), Some(d)) = (
         new_sampler(seed, 0, 1, max_rows),
@@ -506,25 +1075,52 @@ fn run(data: &[u8]) -> Result<()> {
     }
     assert_eq!(state.add(reqs[0].id, &[], &[]), INVALID_ARGUMENT, "a live id was added twice");
     let ids: Vec<u64> = reqs.iter().map(|r| r.id).collect();
+    // An id the state does not hold.
+    let absent_id = !0 ^ reqs.iter().fold(0, |x, r| x ^ r.id);
+    if ids.contains(&absent_id) {
+        return Ok(());
+    }
+    for r in reqs.iter_mut() {
+        if rng.below(2) == 0 {
+            set_params(rng, &state, r, vocab);
+        }
+    }
 
     let steps = u.int_in_range(1..=3)?;
     let mut last_ok: Option<Call> = None;
     let mut row_req_last = Vec::new();
     for _ in 0..steps {
+        // New parameters for some requests (refused ones keep what they held); rarely for an
+        // id the state lacks, which is refused and changes nothing.
+        for r in reqs.iter_mut() {
+            if rone_in(rng, 4) {
+                set_params(rng, &state, r, vocab);
+            }
+        }
+        if rone_in(rng, 30) {
+            let before = state.shape(&ids);
+            assert_eq!(state.set_params(absent_id, Some(&Params::default())), INVALID_ARGUMENT);
+            assert_eq!(state.shape(&ids), before, "a refused set_params changed the state");
+        }
         // The rows of this call: requests, possibly repeated (several rows may name one).
         let n_rows = u.int_in_range(1..=max_rows as usize)?;
         let row_req: Vec<usize> = (0..n_rows).map(|_| u.choose_index(n_reqs)).collect::<Result<_>>()?;
         let bad_history = row_req.iter().any(|&q| reqs[q].bad);
-        let mut bad = bad_history;
-        let rows = rows_of(u, n_rows, vocab, &mut bad)?;
+        let mut rows = rows_of(u, rng, n_rows, vocab)?;
         let llama: bool = u.arbitrary()?;
-        if !llama {
-            // Values the call does not pass cannot make it invalid: judge only what is seen.
-            bad = bad_history;
-            bad |= rows.forced.iter().any(|&f| f < -1 || f >= vocab as i32);
+        let mut held = held_fields(rng);
+        // A request whose lists name an id outside the vocabulary: B's draw is refused naming
+        // the first such row; A is given those lists, so that its draw is refused too.
+        let oov_row = row_req.iter().position(|&q| reqs[q].params.largest() >= vocab as i32);
+        if oov_row.is_some() {
+            held |= F_LISTS;
         }
+        hold(&mut rows, held, &reqs, &row_req);
         let processed = one_in(u, 3)?;
-        if processed && llama && (0..n_rows).any(|i| keeps_range(&rows, i)) {
+        // Values the call does not pass cannot make it invalid: judge only what is seen.
+        let seen = F_HOLDABLE | F_FORCED | if llama { F_XTC_DYN } else { 0 };
+        let mut bad = bad_history || rows.bad & seen != 0 || oov_row.is_some();
+        if processed && (0..n_rows).any(|i| keeps_range(&rows, i, llama)) {
             bad = true;
         }
         let mut logits = Vec::with_capacity(n_rows * vocab);
@@ -546,11 +1142,9 @@ fn run(data: &[u8]) -> Result<()> {
         // A row naming a request the state does not hold: only B's call is refused.
         let absent = one_in(u, 40)?;
         if absent {
-            request_ids[n_rows - 1] = !0 ^ reqs.iter().fold(0, |x, r| x ^ r.id);
-            if ids.contains(&request_ids[n_rows - 1]) {
-                return Ok(());
-            }
+            request_ids[n_rows - 1] = absent_id;
         }
+        let lists = Lists::of(&rows);
         let call = Call {
             logits,
             rows,
@@ -565,20 +1159,47 @@ fn run(data: &[u8]) -> Result<()> {
             top_n: pick(u, &[0u32, 0, 1, 3])?.min(vocab as u32),
             processed,
             with_ranks: u.arbitrary()?,
+            lists,
+            held,
+            append: rng.below(2) == 0,
         };
+        if verbose() {
+            eprintln!(
+                "step: vocab {vocab} rows {n_rows} held {held:#x} append {} bad {bad} absent {absent} oov {oov_row:?}",
+                call.append
+            );
+        }
+        // The flag without a state (A's batch) is refused and moves nothing.
+        if rone_in(rng, 25) {
+            call.refused_append(&a, vocab, None);
+        }
         let before = state.shape(&ids);
         let (st_a, out_a) = call.draw(&a, vocab, None);
         let err_a = last_error();
         let (mut st_b, mut out_b) = call.draw(&b, vocab, Some(&state));
+        let err_b = last_error();
+        if verbose() {
+            eprintln!("draws: A {} B {} ({err_b})", status_name(st_a), status_name(st_b));
+        }
         let expect = if bad { INVALID_ARGUMENT } else { OK };
         if st_a != expect && verbose() {
-            eprintln!("vocab {vocab} llama {} processed {}", call.llama, call.processed);
+            eprintln!("vocab {vocab} llama {} processed {} held {held:#x}", call.llama, call.processed);
             eprintln!("rows {:?}\nrequests {:?}\nrow_req {row_req:?}\nlogits {:?}", call.rows, reqs, call.logits);
         }
         assert_eq!(st_a, expect, "lists: {err_a:?} (predicted {})", status_name(expect));
         let expect_b = if absent { INVALID_ARGUMENT } else { expect };
-        assert_eq!(st_b, expect_b, "state: {:?} (predicted {})", last_error(), status_name(expect_b));
-        assert_eq!(state.shape(&ids), before, "a draw changed the request state");
+        assert_eq!(st_b, expect_b, "state: {err_b:?} (predicted {})", status_name(expect_b));
+        let only_oov = oov_row.is_some() && !absent && !bad_history && call.rows.bad & seen == 0 && {
+            !(processed && (0..n_rows).any(|i| keeps_range(&call.rows, i, llama)))
+        };
+        if let (true, Some(r)) = (only_oov, oov_row) {
+            assert!(
+                err_b.contains(&format!("request_ids[{r}]: ")) && err_b.contains("parameters name token"),
+                "a request's id outside the vocabulary refused with {err_b:?} (row {r})"
+            );
+        }
+        let appended = if call.append && st_b == OK { grown(&before, &ids, &call.request_ids) } else { before.clone() };
+        assert_eq!(state.shape(&ids), appended, "the draw (append {}) changed the request state so", call.append);
         let mut call = call;
         if absent && !bad {
             // The same call naming the right request: B's refused call moved nothing, so it now
@@ -586,13 +1207,15 @@ fn run(data: &[u8]) -> Result<()> {
             call.request_ids[n_rows - 1] = reqs[row_req[n_rows - 1]].id;
             (st_b, out_b) = call.draw(&b, vocab, Some(&state));
             assert_eq!(st_b, OK, "{}", last_error());
+            let appended = if call.append { grown(&before, &ids, &call.request_ids) } else { before.clone() };
+            assert_eq!(state.shape(&ids), appended, "the draw (append {}) changed the request state so", call.append);
         }
         if st_a != OK || st_b != OK {
             continue;
         }
         if out_a != out_b {
             eprintln!(
-                "vocab {vocab} simd_b {simd_b} threads_b {threads_b} llama {} processed {}",
+                "vocab {vocab} simd_b {simd_b} threads_b {threads_b} llama {} processed {} held {held:#x}",
                 call.llama, call.processed
             );
             eprintln!("rows {:?}\nrequests {:?}\nrow_req {row_req:?}\nlogits {:?}", call.rows, reqs, call.logits);
@@ -604,6 +1227,9 @@ fn run(data: &[u8]) -> Result<()> {
         // The score of the drawn tokens reports what the draw reported for them (a row left
         // empty aside: its token 0 is scored as a banned forced token), on a sampler whose
         // stream no score moves.
+        if rone_in(rng, 25) {
+            call.refused_append(&d, vocab, Some(&out_a.tokens));
+        }
         let (st_d, out_d) = call.score(&d, vocab, &out_a.tokens);
         assert_eq!(st_d, OK, "score: {}", last_error());
         for i in 0..n_rows {
@@ -623,9 +1249,20 @@ fn run(data: &[u8]) -> Result<()> {
             assert_eq!(out_d.token_logprobs, out_a.token_logprobs, "score: the given ids' logprobs");
             assert_eq!(out_d.token_ranks, out_a.token_ranks, "score: the given ids' ranks");
         }
+        // A score through the state (the fields B leaves NULL from the requests, seeds at their
+        // output lengths) writes what the score of A's arrays writes, before the state holds
+        // the drawn tokens.
+        if !call.append {
+            let (st_sa, out_sa) = call.score_seeded(&d, vocab, None, &out_a.tokens);
+            assert_eq!(st_sa, OK, "score with seeds: {}", last_error());
+            let (st_sb, out_sb) = call.score_seeded(&d, vocab, Some(&state), &out_a.tokens);
+            assert_eq!(st_sb, OK, "score through the state: {}", last_error());
+            assert_eq!(out_sa, out_sb, "the scores through the state and with the lists differ");
+        }
 
         // Keep the drawn tokens: the lists on the host, the state through append, one token a
-        // row (a draw's tokens) or as a list per row (a verify call's accepted tokens).
+        // row (a draw's tokens) or as a list per row (a verify call's accepted tokens), unless
+        // B's draw appended them itself.
         let as_lists = u.arbitrary::<bool>()?;
         let rid: Vec<u64> = row_req.iter().map(|&q| reqs[q].id).collect();
         let refuse = one_in(u, 20)?;
@@ -633,38 +1270,61 @@ fn run(data: &[u8]) -> Result<()> {
         if refuse {
             tokens[0] = -1; // a negative token: the whole append is refused
         }
-        let st = if as_lists {
-            let offsets: Vec<u64> = (0..=n_rows as u64).collect();
-            state.append(&rid, &tokens, Some(&offsets))
-        } else {
-            state.append(&rid, &tokens, None)
-        };
-        if refuse {
-            assert_eq!(st, INVALID_ARGUMENT);
-            assert_eq!(state.shape(&ids), before, "a refused append changed the state");
-            assert_eq!(state.append(&rid, &out_a.tokens, None), OK);
-        } else {
-            assert_eq!(st, OK, "append: {}", last_error());
+        let now = state.shape(&ids);
+        if refuse || !call.append {
+            let st = if as_lists {
+                let offsets: Vec<u64> = (0..=n_rows as u64).collect();
+                state.append(&rid, &tokens, Some(&offsets))
+            } else {
+                state.append(&rid, &tokens, None)
+            };
+            if refuse {
+                assert_eq!(st, INVALID_ARGUMENT);
+                assert_eq!(state.shape(&ids), now, "a refused append changed the state");
+            } else {
+                assert_eq!(st, OK, "append: {}", last_error());
+            }
         }
+        if refuse && !call.append {
+            assert_eq!(state.append(&rid, &out_a.tokens, None), OK);
+        }
+        assert_eq!(state.shape(&ids), grown(&before, &ids, &rid), "the state after the step's tokens");
         for (i, &q) in row_req.iter().enumerate() {
             reqs[q].output.push(out_a.tokens[i]);
         }
-        // Sometimes a request is removed and added again with the same histories.
+        // Sometimes a request is removed and added again with the same histories (and no
+        // parameters, which it may set again).
         if one_in(u, 4)? {
             let q = u.choose_index(n_reqs)?;
             assert_eq!(state.remove(reqs[q].id), OK);
             assert_eq!(state.remove(reqs[q].id), INVALID_ARGUMENT, "a removed id was removed again");
             assert_eq!(state.add(reqs[q].id, &reqs[q].prompt, &reqs[q].output), OK);
+            reqs[q].params = Params::default();
+            if rng.below(2) == 0 {
+                set_params(rng, &state, &mut reqs[q], vocab);
+            }
         }
         row_req_last = row_req;
         last_ok = Some(call);
     }
-    // One more call on all three: a refused call moved no stream.
+    // One more call on all three: a refused call moved no stream. Its held fields are what the
+    // requests hold now (at their new output lengths), none naming an id outside the
+    // vocabulary, and its logprobs raw (a request's typical_p may have changed since).
     if let Some(mut call) = last_ok {
+        for &q in &row_req_last {
+            if reqs[q].params.largest() >= vocab as i32 {
+                assert_eq!(state.set_params(reqs[q].id, None), OK);
+                reqs[q].params = Params::default();
+            }
+        }
         for (i, &q) in row_req_last.iter().enumerate() {
             call.request_ids[i] = reqs[q].id;
         }
         call.output = csr(row_req_last.iter().map(|&q| reqs[q].output.clone()));
+        hold(&mut call.rows, call.held, &reqs, &row_req_last);
+        call.lists = Lists::of(&call.rows);
+        call.processed = false;
+        call.append = false;
         let (sa, oa) = call.draw(&a, vocab, None);
         let (sb, ob) = call.draw(&b, vocab, Some(&state));
         let (sc, oc) = call.draw(&c, vocab, None);
