@@ -160,6 +160,30 @@ impl<'a, V: RowValues + ?Sized> RowMass<'a, V> {
         Ok(sum(out))
     }
 
+    /// The f32 masses of the kept tokens below `cut` and at or above it (`cut` above `lo`), in
+    /// one pass (the weights of [`MassKind::CheapCut`] when `cheap`, else of [`MassKind::Exp`]):
+    /// each is the sum [`RowMass::blocks`] gives for its tokens, and their f64 sum is a mass of
+    /// every kept token whose bounds are those of one pass (its one more f64 rounding is far
+    /// inside `SIGMA`'s f64 levels). `below` and `above`: scratch for the per-block masses, as
+    /// in `blocks`.
+    pub(crate) fn split(
+        &self,
+        bmax: &[f32],
+        cheap: bool,
+        cut: f32,
+        (below, above): (&mut Vec<f64>, &mut Vec<f64>),
+    ) -> Result<(f64, f64)> {
+        let nb = self.n.div_ceil(BLOCK);
+        for out in [&mut *below, &mut *above] {
+            out.clear();
+            crate::alloc::resize(out, nb, 0.0, "the row's block masses")?;
+        }
+        let mp = MassParams { cut, ..self.mp };
+        // SAFETY: the row has n values; below and above one slot per block, bmax as many or none.
+        unsafe { (self.dk.mass_split)(self.v.ptr(), self.n, bmax, mp, cheap, below, above) };
+        Ok((sum(below), sum(above)))
+    }
+
     /// Exact (f64) mass of the tokens `floor <= x < cut`, block by block as in `blocks`.
     pub(crate) fn exact(&self, bmax: &[f32], cut: f32) -> Result<f64> {
         let mut out = crate::alloc::filled(self.n.div_ceil(BLOCK), 0.0, "the row's exact block masses")?;
@@ -347,6 +371,36 @@ pub mod hooks {
             (k.f32.gather_ge)(x.as_ptr(), x.len(), &bmax, cut, &mut xs2);
         }
         ((out, xs), (out2, xs2))
+    }
+
+    /// The split kernel on an f32 row (`cheap` weights or f32 exps): per-block masses of
+    /// `lo <= x < cut` and of `x >= cut`; then the same from the kernel of one mass (kind ExpCut
+    /// or CheapCut below the cut; Exp or CheapCut from `lo` raised to the cut above it).
+    #[allow(clippy::type_complexity)]
+    pub fn mass_split(
+        level: SimdLevel,
+        x: &[f32],
+        (m, c, lo, cut): (f32, f32, f32, f32),
+        cheap: bool,
+    ) -> ((Vec<f64>, Vec<f64>), (Vec<f64>, Vec<f64>)) {
+        let k = kernels(level);
+        let mp = MassParams { m, c, lo, cut };
+        let bmax: Vec<f32> =
+            x.chunks(BLOCK).map(|b| b.iter().fold(f32::NEG_INFINITY, |a, &v| if v > a { v } else { a })).collect();
+        let nb = bmax.len();
+        let (mut below, mut above) = (vec![0f64; nb], vec![0f64; nb]);
+        // SAFETY: as above.
+        unsafe { (k.f32.mass_split)(x.as_ptr(), x.len(), &bmax, mp, cheap, &mut below, &mut above) };
+        let (kind_below, kind_above) =
+            if cheap { (MassKind::CheapCut, MassKind::CheapCut) } else { (MassKind::ExpCut, MassKind::Exp) };
+        let (mut below2, mut above2) = (vec![0f64; nb], vec![0f64; nb]);
+        let mp_above = MassParams { lo: cut, cut: f32::INFINITY, ..mp };
+        // SAFETY: as above.
+        unsafe {
+            (k.f32.mass)(x.as_ptr(), x.len(), &bmax, mp, kind_below, &mut below2);
+            (k.f32.mass)(x.as_ptr(), x.len(), &bmax, mp_above, kind_above, &mut above2);
+        }
+        ((below, above), (below2, above2))
     }
 
     /// Per-block f64 masses of an f32 row (tokens `lo <= x < cut`).

@@ -383,20 +383,24 @@ pub(super) fn judge_by_mass<V: RowValues + ?Sized>(
         return Ok(None);
     }
     let mut out = alloc::filled(r.n.div_ceil(BLOCK), 0.0, "top-p block masses")?;
-    let mass = |kind: MassKind, lo: f32, out: &mut Vec<f64>| {
-        let mp = MassParams { lo, cut: f32::INFINITY, ..r.mp };
-        // SAFETY: the row has n values; out and bmax one per block.
-        unsafe { (r.dk.mass)(r.v.ptr(), r.n, bmax, mp, kind, out) };
-        sum(out)
-    };
+    let mut scratch = Vec::new();
     let first_tier = usize::from(z_known.exps_only);
     for (tier, cheap) in [true, false].into_iter().enumerate().skip(first_tier) {
         let (kind, bounds): (MassKind, MassBounds) =
             if cheap { (MassKind::CheapCut, cheap_bounds) } else { (MassKind::Exp, exp_bounds) };
-        let above = bounds(mass(kind, above_x, &mut out), r.count());
-        let z = match z_known.z[tier] {
-            Some(z) => z,
-            None => *z_known.z[tier].insert(bounds(mass(kind, r.mp.lo, &mut out), r.count())),
+        let (above, z) = match z_known.z[tier] {
+            Some(z) => {
+                let mp = MassParams { lo: above_x, cut: f32::INFINITY, ..r.mp };
+                // SAFETY: the row has n values; out and bmax one per block.
+                unsafe { (r.dk.mass)(r.v.ptr(), r.n, bmax, mp, kind, &mut out) };
+                (bounds(sum(&out), r.count()), z)
+            }
+            None => {
+                // The mass above x and Z in one pass: Z is the mass above and below x.
+                let (below, above) = r.split(bmax, cheap, above_x, (&mut out, &mut scratch))?;
+                let z = *z_known.z[tier].insert(bounds(below + above, r.count()));
+                (bounds(above, r.count()), z)
+            }
         };
         if above.1 < top_p * z.0 * (1.0 - 1e-6) {
             return Ok(Some(true));
