@@ -233,10 +233,21 @@ fn race_row<V: RowValues + ?Sized>(
                     let surely_kept = few
                         && filter::surely_keeps(k, v, bmax, around, f, (x, &values_ge as filter::ValuesGe))
                             .map_err(|e| e.in_row(r))?;
+                    let in_few = if few && !surely_kept {
+                        filter::top_p_in_few_blocks(k, v, bmax, around, f).map_err(|e| e.in_row(r))?
+                    } else {
+                        None
+                    };
+                    if let Some(theta) = in_few {
+                        // The filters' whole floor (top-p over min-p's floor, no top-k): the
+                        // race over it is the one `race_params` runs, without computing it again.
+                        let won = v
+                            .race(k, 0, v.n(), bmax, RaceParams { m, inv_t, floor: theta }, noise)
+                            .map_err(|e| e.in_row(r))?;
+                        return Ok((Some(won), theta));
+                    }
                     let judged = if surely_kept {
                         Ok(Some(true))
-                    } else if few && filter::top_p_in_few_blocks(k, v, bmax, around, f).map_err(|e| e.in_row(r))? {
-                        Ok(None)
                     } else {
                         filter::judge_by_mass(k, v, bmax, around, f, x, &mut z_known)
                     };

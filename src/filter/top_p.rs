@@ -293,19 +293,21 @@ pub(super) fn floor<V: RowValues + ?Sized>(
     }
 }
 
-/// Whether top-p's threshold (over the tokens `>= floor`, at `inv_t`) is found from the heavy
+/// Top-p's threshold (over the tokens `>= floor`, at `inv_t`) when it is found from the heavy
 /// blocks alone ([`peaked`]): a row whose mass sits in the maxima of a few blocks, where the
-/// threshold costs less than judging a winner from the row's mass ([`judge_by_mass`]).
+/// threshold costs less than judging a winner from the row's mass ([`judge_by_mass`]). It is
+/// the value [`floor`] returns for the row (its first step), so the caller races over it
+/// rather than computing it again.
 pub(super) fn found_in_few_blocks<V: RowValues + ?Sized>(
     k: &Kernels,
     v: &V,
     bmax: &[f32],
     (m, inv_t, floor): (f32, f32, f32),
     top_p: f64,
-) -> Result<bool> {
+) -> Result<Option<f32>> {
     match RowMass::new(k, v, m, inv_t, floor) {
-        Some(r) => Ok(peaked(&r, bmax, top_p)?.is_some()),
-        None => Ok(false),
+        Some(r) => peaked(&r, bmax, top_p),
+        None => Ok(None),
     }
 }
 
