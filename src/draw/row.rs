@@ -190,13 +190,14 @@ const RACES_AFTER_DROPS: usize = 4;
 /// blocks, or with top-p without top-k on any row ([`filter::decided_by_mass`]: its threshold
 /// may need most of a heavy tail), races first over the tokens min-p keeps. When top-k and
 /// top-p surely keep the winner ([`filter::surely_keeps`], from the few tokens above it;
-/// [`filter::judge_by_mass`] on the other rows, from two passes of mass), the winner is
+/// [`filter::judge_by_mass`] on the other rows, from a pass of mass per tier), the winner is
 /// the race's over the kept tokens too (the same keys; the kept tokens a subset that holds it), and their
 /// threshold, which for top-p needs the mass of the whole row, is never computed: the floor
 /// returned is then min-p's alone, which nothing after this draw reads (`filters_after_race`).
 /// When the mass shows that top-p surely drops the winner, the threshold lies above it: the row
 /// races again over the tokens above the winner (a set holding every kept token), and that
-/// winner is judged the same way, up to [`RACES_AFTER_DROPS`] races. Otherwise the row races
+/// winner is judged the same way, up to [`RACES_AFTER_DROPS`] races. A row of few heavy
+/// blocks whose heavy blocks give top-p's threshold races over it. Otherwise the row races
 /// once more, with the whole floor.
 fn race_row<V: RowValues + ?Sized>(
     k: &Kernels,

@@ -337,8 +337,9 @@ pub(crate) fn top_p_in_few_blocks<V: RowValues + ?Sized>(
 
 /// Whether top-p alone (filters `f`, [`decided_by_mass`]; at `inv_t`, after min-p's `floor`)
 /// surely keeps (`Some(true)`) or surely drops (`Some(false)`) a token of value `x` of the row as
-/// given `v` (`floor <= x <= m`), from two f32 passes of mass over the row (one with Z's bounds
-/// in `z_known`, from an earlier token) ([`top_p::judge_by_mass`]). `None`: not decided here.
+/// given `v` (`floor <= x <= m`), from a pass of f32 mass over the row per tier (the mass above
+/// `x` and Z at once; Z's bounds kept in `z_known` for the row's next token)
+/// ([`top_p::judge_by_mass`]). `None`: not decided here.
 pub(crate) fn judge_by_mass<V: RowValues + ?Sized>(
     k: &Kernels,
     v: &V,
