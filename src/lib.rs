@@ -104,7 +104,9 @@ pub mod internals {
     pub use crate::ffi::pool_api;
     pub use crate::ffi::types;
     pub use crate::filter::chain::kept_range_in_order_at;
-    pub use crate::filter::top_p::{dropped_on_this_thread, gathered_on_this_thread, tier_counts};
+    pub use crate::filter::top_p::{
+        dropped_on_this_thread, gathered_on_this_thread, refined_on_this_thread, tier_counts,
+    };
     pub use crate::filter::{kept_floor, kept_floor_at, kept_floor_with_sigma_at, kept_range_at, LlamaFilters};
     pub use crate::kernels::test_support::{at_level, each_level};
     pub use crate::kernels::{read_floor, read_floor_two, scalar_noise, scan_rows};

@@ -120,6 +120,28 @@ pub(crate) fn cheap_bounds(s: f64, count: usize) -> (f64, f64) {
     (lo * (1.0 - 1e-12), (s * (1.0 + SIGMA) / CHEAP_LO + n * TINY) * (1.0 + 1e-12))
 }
 
+/// Blocks that [`RowMass::split_refined`] weighs again by f32 exps.
+const REFINED: usize = 16;
+
+/// The indices of the (at most) `R` largest of `masses` that are above 0, in increasing order
+/// (ties to the lower index).
+fn heaviest<const R: usize>(masses: &[f64]) -> Vec<usize> {
+    let mut top: [(f64, usize); R] = [(0.0, usize::MAX); R];
+    for (b, &s) in masses.iter().enumerate() {
+        if s > top[R - 1].0 {
+            let mut j = R - 1;
+            while j > 0 && top[j - 1].0 < s {
+                top[j] = top[j - 1];
+                j -= 1;
+            }
+            top[j] = (s, b);
+        }
+    }
+    let mut ids: Vec<usize> = top.iter().filter(|t| t.1 != usize::MAX).map(|t| t.1).collect();
+    ids.sort_unstable();
+    ids
+}
+
 /// One row and its kernels, with the constants of its mass.
 pub(crate) struct RowMass<'a, V: RowValues + ?Sized> {
     pub k: &'a Kernels,
@@ -158,6 +180,71 @@ impl<'a, V: RowValues + ?Sized> RowMass<'a, V> {
         // SAFETY: the row has n values; out has one slot per block, bmax as many or none.
         unsafe { (self.dk.mass)(self.v.ptr(), self.n, bmax, mp, kind, out) };
         Ok(sum(out))
+    }
+
+    /// The f32 masses of the kept tokens below `cut` and at or above it (`cut` above `lo`), in
+    /// one pass (the weights of [`MassKind::CheapCut`] when `cheap`, else of [`MassKind::Exp`]):
+    /// each is the sum [`RowMass::blocks`] gives for its tokens, and their f64 sum is a mass of
+    /// every kept token whose bounds are those of one pass (its one more f64 rounding is far
+    /// inside `SIGMA`'s f64 levels). `below` and `above`: scratch for the per-block masses, as
+    /// in `blocks`.
+    pub(crate) fn split(
+        &self,
+        bmax: &[f32],
+        cheap: bool,
+        cut: f32,
+        (below, above): (&mut Vec<f64>, &mut Vec<f64>),
+    ) -> Result<(f64, f64)> {
+        let nb = self.n.div_ceil(BLOCK);
+        for out in [&mut *below, &mut *above] {
+            out.clear();
+            crate::alloc::resize(out, nb, 0.0, "the row's block masses")?;
+        }
+        let mp = MassParams { cut, ..self.mp };
+        // SAFETY: the row has n values; below and above one slot per block, bmax as many or none.
+        unsafe { (self.dk.mass_split)(self.v.ptr(), self.n, bmax, mp, cheap, below, above) };
+        Ok((sum(below), sum(above)))
+    }
+
+    /// Bounds of the masses at or above `cut` and of every kept token (Z) from their per-block
+    /// cheap masses (`above`; `z`, as [`RowMass::split`] gives them, below and above added),
+    /// with the [`REFINED`] blocks of the largest cheap Z weighed again by the split kernel's f32
+    /// exps: each group's bounds hold its tokens' true mass, so their sums bound the whole.
+    /// Where the mass sits in a few blocks (the peaks of a row) this is nearly as tight as an
+    /// f32-exp pass, for the cost of those blocks. `None` when those blocks hold less than a
+    /// quarter of the cheap Z: the bounds would be little tighter than the cheap ones (a flat row).
+    pub(crate) fn split_refined(&self, cut: f32, z: &[f64], above: &[f64]) -> Option<((f64, f64), (f64, f64))> {
+        let ids = heaviest::<REFINED>(z);
+        let (mut rest_above, mut rest_z, mut next) = (0.0, 0.0, 0);
+        for (b, (&zb, &ab)) in z.iter().zip(above).enumerate() {
+            if next < ids.len() && ids[next] == b {
+                next += 1;
+            } else {
+                rest_above += ab;
+                rest_z += zb;
+            }
+        }
+        let heavy: f64 = ids.iter().map(|&b| z[b]).sum();
+        if heavy < (heavy + rest_z) / 4.0 {
+            return None;
+        }
+        let (mut exp_above, mut exp_z) = (0.0, 0.0);
+        let mp = MassParams { cut, ..self.mp };
+        for &b in &ids {
+            let start = b * BLOCK;
+            let len = BLOCK.min(self.n - start);
+            let (mut lo, mut hi) = ([0.0], [0.0]);
+            // SAFETY: the block lies inside the row; one slot each, no block maxima.
+            unsafe { (self.dk.mass_split)(self.v.ptr().add(start), len, &[], mp, false, &mut lo, &mut hi) };
+            exp_above += hi[0];
+            exp_z += lo[0] + hi[0];
+        }
+        let tokens = ids.len() * BLOCK;
+        let add = |(a, b): (f64, f64), (c, d): (f64, f64)| ((a + c) * (1.0 - 1e-12), (b + d) * (1.0 + 1e-12));
+        // Every token's TINY is in the rest's cheap bounds (count: the whole row).
+        let above = add(cheap_bounds(rest_above, self.count()), exp_bounds(exp_above, tokens));
+        let z = add(cheap_bounds(rest_z, self.count()), exp_bounds(exp_z, tokens));
+        Some((above, z))
     }
 
     /// Exact (f64) mass of the tokens `floor <= x < cut`, block by block as in `blocks`.
@@ -349,6 +436,36 @@ pub mod hooks {
         ((out, xs), (out2, xs2))
     }
 
+    /// The split kernel on an f32 row (`cheap` weights or f32 exps): per-block masses of
+    /// `lo <= x < cut` and of `x >= cut`; then the same from the kernel of one mass (kind ExpCut
+    /// or CheapCut below the cut; Exp or CheapCut from `lo` raised to the cut above it).
+    #[allow(clippy::type_complexity)]
+    pub fn mass_split(
+        level: SimdLevel,
+        x: &[f32],
+        (m, c, lo, cut): (f32, f32, f32, f32),
+        cheap: bool,
+    ) -> ((Vec<f64>, Vec<f64>), (Vec<f64>, Vec<f64>)) {
+        let k = kernels(level);
+        let mp = MassParams { m, c, lo, cut };
+        let bmax: Vec<f32> =
+            x.chunks(BLOCK).map(|b| b.iter().fold(f32::NEG_INFINITY, |a, &v| if v > a { v } else { a })).collect();
+        let nb = bmax.len();
+        let (mut below, mut above) = (vec![0f64; nb], vec![0f64; nb]);
+        // SAFETY: as above.
+        unsafe { (k.f32.mass_split)(x.as_ptr(), x.len(), &bmax, mp, cheap, &mut below, &mut above) };
+        let (kind_below, kind_above) =
+            if cheap { (MassKind::CheapCut, MassKind::CheapCut) } else { (MassKind::ExpCut, MassKind::Exp) };
+        let (mut below2, mut above2) = (vec![0f64; nb], vec![0f64; nb]);
+        let mp_above = MassParams { lo: cut, cut: f32::INFINITY, ..mp };
+        // SAFETY: as above.
+        unsafe {
+            (k.f32.mass)(x.as_ptr(), x.len(), &bmax, mp, kind_below, &mut below2);
+            (k.f32.mass)(x.as_ptr(), x.len(), &bmax, mp_above, kind_above, &mut above2);
+        }
+        ((below, above), (below2, above2))
+    }
+
     /// Per-block f64 masses of an f32 row (tokens `lo <= x < cut`).
     pub fn blocks64(level: SimdLevel, x: &[f32], m: f32, inv_t: f32, lo: f32, cut: f32) -> Vec<f64> {
         let p = Mass64Params { m: m as f64, s: inv_t as f64, lo, cut };
@@ -366,6 +483,64 @@ mod tests {
 
     fn block_maxima(x: &[f32]) -> Vec<f32> {
         x.chunks(BLOCK).map(|b| b.iter().fold(f32::NEG_INFINITY, |a, &v| if v > a { v } else { a })).collect()
+    }
+
+    /// The split pass's bounds refined by the heaviest blocks hold the exact (float64) masses
+    /// above the cut and of every kept token, on every level, for peaked and flat rows, floors,
+    /// temperatures and cuts from the maximum down to the tail; on a peaked row they are far
+    /// tighter than the cheap bounds, and on a flat row they are not computed (`None`).
+    #[test]
+    fn refined_split_bounds_hold_the_float64_masses() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut normal = || {
+            let mut u = || ((crate::kernels::xorshift64(&mut state) >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+            (-2.0 * u().ln()).sqrt() * (std::f64::consts::TAU * u()).cos()
+        };
+        for (vocab, peaks, floor, inv_t) in [
+            (65_536, 24, f32::NEG_INFINITY, 1.0),
+            (65_536, 0, f32::NEG_INFINITY, 1.0),
+            (20_003, 40, 2.0, 0.8),
+            (4_097, 6, f32::NEG_INFINITY, 2.5),
+        ] {
+            let mut x: Vec<f32> = (0..vocab).map(|_| normal() as f32).collect();
+            for j in 0..peaks {
+                x[(j * 7919 + 13) % vocab] = 10.0 - (j % 12) as f32 * 0.1;
+            }
+            x[vocab / 3] = f32::NEG_INFINITY;
+            let bmax = block_maxima(&x);
+            let m = x.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+            let exact = |lo: f32| -> f64 {
+                x.iter()
+                    .filter(|&&v| v >= lo && v >= floor)
+                    .map(|&v| ((v as f64 - m as f64) * inv_t as f64).exp())
+                    .sum()
+            };
+            let z = exact(f32::NEG_INFINITY);
+            for cut in [m, m - 0.3, 9.5, 3.0, 0.0] {
+                for level in supported_levels() {
+                    let r = RowMass::new(kernels(level), &x[..], m, inv_t, floor).unwrap();
+                    // (The split needs a cut above the kernels' lo.)
+                    let cut = cut.max(r.mp.lo.next_up());
+                    let want = exact(cut);
+                    let (mut below, mut above) = (Vec::new(), Vec::new());
+                    let (sb, sa) = r.split(&bmax, true, cut, (&mut below, &mut above)).unwrap();
+                    let zb: Vec<f64> = below.iter().zip(&above).map(|(&b, &a)| b + a).collect();
+                    let Some((a, zz)) = r.split_refined(cut, &zb, &above) else {
+                        assert_eq!(peaks, 0, "{level:?}: not refined with {peaks} peaks");
+                        continue;
+                    };
+                    assert!(peaks > 0, "{level:?}: refined a flat row");
+                    let tol = 1e-13 * z;
+                    assert!(a.0 <= want + tol && want <= a.1 + tol, "{level:?} cut {cut}: {a:?} miss {want}");
+                    assert!(zz.0 <= z + tol && z <= zz.1 + tol, "{level:?} cut {cut}: {zz:?} miss {z}");
+                    let cheap = cheap_bounds(sb + sa, r.count());
+                    assert!(zz.1 - zz.0 <= cheap.1 - cheap.0, "{level:?}: refined wider than cheap");
+                    if peaks >= 24 && floor == f32::NEG_INFINITY {
+                        assert!((zz.1 - zz.0) / z < 0.05, "{level:?}: refined band {}", (zz.1 - zz.0) / z);
+                    }
+                }
+            }
+        }
     }
 
     /// The refined bounds hold the exact Z on every kind of row, and on a peaked row (a few

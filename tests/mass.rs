@@ -175,6 +175,34 @@ fn mass_and_gather_in_one_pass_match_the_separate_kernels_on_every_level() {
     }
 }
 
+/// The split kernel (the mass below a cut and at or above it, one pass) gives bit for bit the
+/// block masses of the kernels of one mass, on every level, for the f32 exps and the cheap
+/// weights, with cuts at the maximum, inside the row, below every value and in the tail.
+#[test]
+fn mass_split_in_one_pass_matches_the_separate_kernels_on_every_level() {
+    let mut rng = TestRng::new(13);
+    for x in rows(&mut rng) {
+        let m = max_finite(&x);
+        if !m.is_finite() {
+            continue;
+        }
+        let (c, lo, _) = hooks::consts(m, 1.0, NINF).unwrap();
+        for cut in [m, m - 0.5, m - 4.0, lo.next_up(), m.next_up()] {
+            if cut <= lo {
+                continue;
+            }
+            for cheap in [false, true] {
+                let (split, separate) = hooks::mass_split(SimdLevel::Scalar, &x, (m, c, lo, cut), cheap);
+                assert_eq!(split, separate, "cheap {cheap} cut {cut}");
+                each_level(|level| {
+                    let (s, _) = hooks::mass_split(level, &x, (m, c, lo, cut), cheap);
+                    assert_eq!(s, split, "{level:?} cheap {cheap} cut {cut}");
+                });
+            }
+        }
+    }
+}
+
 #[test]
 fn mass_bounds_hold_and_f64_mass_is_exact() {
     let mut rng = TestRng::new(5);
@@ -212,6 +240,30 @@ fn mass_bounds_hold_and_f64_mass_is_exact() {
                     }
                     let e: f64 = hooks::blocks64(level, &x, m, inv_t, lo64, cut).iter().sum();
                     assert!((e - want).abs() <= 1e-14 * want + 1e-290, "f64 mass {e} vs {want}");
+                    if cut > lo && cut < f32::INFINITY {
+                        // The split pass: the f64 sum of its two masses bounds the mass of every
+                        // token (top-p's Z), and its mass above the cut that of the tokens there.
+                        let z = neumaier(
+                            x.iter()
+                                .filter(|&&v| v.is_finite() && v >= floor)
+                                .map(|&v| ((v as f64 - m as f64) * inv_t as f64).exp()),
+                        );
+                        let above_want = z - want;
+                        for (cheap, bounds) in
+                            [(false, hooks::exp_bounds as fn(f64, usize) -> (f64, f64)), (true, hooks::cheap_bounds)]
+                        {
+                            let ((below, above), _) = hooks::mass_split(level, &x, (m, c, lo, cut), cheap);
+                            let (below, above): (f64, f64) = (below.iter().sum(), above.iter().sum());
+                            let (a, b) = bounds(below + above, n);
+                            assert!(a <= z && z <= b, "split Z bounds {a} {b} miss {z} (cheap {cheap}, t {t})");
+                            let (a, b) = bounds(above, n);
+                            let tol = 1e-14 * z;
+                            assert!(
+                                a <= above_want + tol && above_want <= b + tol,
+                                "split above {a} {b} miss {above_want}"
+                            );
+                        }
+                    }
                 }
             }
         }

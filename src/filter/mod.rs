@@ -318,23 +318,28 @@ pub(crate) fn decided_by_mass(f: Filters) -> bool {
     f.top_k == 0 && f.top_p < 1.0
 }
 
-/// Whether the top-p threshold of filters `f` (after min-p's `floor`, at `inv_t`) is found from
+/// The top-p threshold of filters `f` (after min-p's `floor`, at `inv_t`) when it is found from
 /// the row's few heavy blocks ([`top_p::found_in_few_blocks`]), so that computing it costs less
-/// than judging a winner from the row's mass. `false` without top-p, or with top-k.
+/// than judging a winner from the row's mass: then it is the floor of the filters, the one
+/// [`floor_of`] gives. `None` without top-p, with top-k, or when the heavy blocks do not give it.
 pub(crate) fn top_p_in_few_blocks<V: RowValues + ?Sized>(
     k: &Kernels,
     v: &V,
     bmax: &[f32],
     around: (f32, f32, f32),
     f: Filters,
-) -> Result<bool> {
-    Ok(decided_by_mass(f) && top_p::found_in_few_blocks(k, v, bmax, around, f.top_p)?)
+) -> Result<Option<f32>> {
+    if !decided_by_mass(f) {
+        return Ok(None);
+    }
+    top_p::found_in_few_blocks(k, v, bmax, around, f.top_p)
 }
 
 /// Whether top-p alone (filters `f`, [`decided_by_mass`]; at `inv_t`, after min-p's `floor`)
 /// surely keeps (`Some(true)`) or surely drops (`Some(false)`) a token of value `x` of the row as
-/// given `v` (`floor <= x <= m`), from two f32 passes of mass over the row (one with Z's bounds
-/// in `z_known`, from an earlier token) ([`top_p::judge_by_mass`]). `None`: not decided here.
+/// given `v` (`floor <= x <= m`), from a pass of f32 mass over the row per tier (the mass above
+/// `x` and Z at once; Z's bounds kept in `z_known` for the row's next token)
+/// ([`top_p::judge_by_mass`]). `None`: not decided here.
 pub(crate) fn judge_by_mass<V: RowValues + ?Sized>(
     k: &Kernels,
     v: &V,

@@ -67,6 +67,18 @@ thread_local! {
     static DROPPED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
+thread_local! {
+    /// Race winners that [`judge_by_mass`] decided from refined cheap bounds on this thread.
+    static REFINED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many race winners this thread's draws kept or dropped from the cheap bounds refined by
+/// the f32 exps of the heaviest blocks ([`judge_by_mass`]; `RowMass::split_refined`), for tests.
+#[cfg(feature = "internals")]
+pub fn refined_on_this_thread() -> u64 {
+    REFINED.with(|d| d.get())
+}
+
 /// How many race winners this thread's draws found that top-p surely drops, from the mass
 /// ([`judge_by_mass`]: each is followed by a race over the tokens above it).
 #[cfg(feature = "internals")]
@@ -293,19 +305,21 @@ pub(super) fn floor<V: RowValues + ?Sized>(
     }
 }
 
-/// Whether top-p's threshold (over the tokens `>= floor`, at `inv_t`) is found from the heavy
+/// Top-p's threshold (over the tokens `>= floor`, at `inv_t`) when it is found from the heavy
 /// blocks alone ([`peaked`]): a row whose mass sits in the maxima of a few blocks, where the
-/// threshold costs less than judging a winner from the row's mass ([`judge_by_mass`]).
+/// threshold costs less than judging a winner from the row's mass ([`judge_by_mass`]). It is
+/// the value [`floor`] returns for the row (its first step), so the caller races over it
+/// rather than computing it again.
 pub(super) fn found_in_few_blocks<V: RowValues + ?Sized>(
     k: &Kernels,
     v: &V,
     bmax: &[f32],
     (m, inv_t, floor): (f32, f32, f32),
     top_p: f64,
-) -> Result<bool> {
+) -> Result<Option<f32>> {
     match RowMass::new(k, v, m, inv_t, floor) {
-        Some(r) => Ok(peaked(&r, bmax, top_p)?.is_some()),
-        None => Ok(false),
+        Some(r) => peaked(&r, bmax, top_p),
+        None => Ok(None),
     }
 }
 
@@ -346,9 +360,10 @@ pub(super) fn surely_keeps<V: RowValues + ?Sized>(
 }
 
 /// Whether top-p alone (no top-k; over the tokens `>= floor`, at `inv_t`) surely keeps a token
-/// of logit `x` (`floor <= x <= m`, the row's finite maximum), or surely drops it, from two
-/// passes of f32 mass rather than the tokens above `x` (one when `z_known` holds the bounds of Z
-/// from an earlier token of the row). Kept (`Some(true)`): the mass A of the tokens above `x` is
+/// of logit `x` (`floor <= x <= m`, the row's finite maximum), or surely drops it, from a pass
+/// of f32 mass per tier rather than the tokens above `x`: the split kernel sums the mass above
+/// `x` and below it at once, Z their sum (when `z_known` holds the bounds of Z from an earlier
+/// token of the row, the mass above `x` alone). Kept (`Some(true)`): the mass A of the tokens above `x` is
 /// below `top_p` times the lower bound of Z (the mass of the kept tokens, one pass); then the threshold is at most `x` (in exact arithmetic and,
 /// with the margin of 1e-6 of [`surely_keeps`], in the exact tier's f64). Dropped
 /// (`Some(false)`): A reaches `top_p` times the upper bound of Z, by the same margin (the tokens
@@ -357,9 +372,10 @@ pub(super) fn surely_keeps<V: RowValues + ?Sized>(
 /// set is large (the tail holds much of the mass), where [`surely_keeps`] would gather most of
 /// the row: the race's winner lies in the kept set with probability `top_p` or more, and then
 /// this settles the filter without its threshold; a dropped winner raises the race's floor
-/// above it. Cheap weights first (within -2% / +9%; unless `z_known` says f32 exps alone), f32
-/// exps if they do not decide. `None`:
-/// not decided here.
+/// above it. Cheap weights first (within -2% / +9%; unless `z_known` says f32 exps alone), then
+/// the same cheap masses with the heaviest blocks weighed again by f32 exps
+/// (`RowMass::split_refined`: tight where the mass sits in peaks, for a few blocks' cost), f32
+/// exps over the row if they do not decide. `None`: not decided here.
 pub(super) fn judge_by_mass<V: RowValues + ?Sized>(
     k: &Kernels,
     v: &V,
@@ -383,31 +399,55 @@ pub(super) fn judge_by_mass<V: RowValues + ?Sized>(
         return Ok(None);
     }
     let mut out = alloc::filled(r.n.div_ceil(BLOCK), 0.0, "top-p block masses")?;
-    let mass = |kind: MassKind, lo: f32, out: &mut Vec<f64>| {
-        let mp = MassParams { lo, cut: f32::INFINITY, ..r.mp };
-        // SAFETY: the row has n values; out and bmax one per block.
-        unsafe { (r.dk.mass)(r.v.ptr(), r.n, bmax, mp, kind, out) };
-        sum(out)
+    let mut below = Vec::new();
+    // Keep (`Some(Some(true))`), drop (`Some(Some(false))`), give up (`Some(None)`) or go on
+    // (`None`), from bounds of the mass above x and of Z.
+    let verdict = |above: (f64, f64), z: (f64, f64)| {
+        if above.1 < top_p * z.0 * (1.0 - 1e-6) {
+            return Some(Some(true));
+        }
+        if above.0 >= top_p * z.1 * (1.0 + 1e-6) {
+            DROPPED.with(|d| d.set(d.get() + 1));
+            return Some(Some(false));
+        }
+        // Not even the upper bound of Z would do: the f32 exps cannot keep it either.
+        (above.0 >= top_p * z.1).then_some(None)
     };
     let first_tier = usize::from(z_known.exps_only);
     for (tier, cheap) in [true, false].into_iter().enumerate().skip(first_tier) {
         let (kind, bounds): (MassKind, MassBounds) =
             if cheap { (MassKind::CheapCut, cheap_bounds) } else { (MassKind::Exp, exp_bounds) };
-        let above = bounds(mass(kind, above_x, &mut out), r.count());
-        let z = match z_known.z[tier] {
-            Some(z) => z,
-            None => *z_known.z[tier].insert(bounds(mass(kind, r.mp.lo, &mut out), r.count())),
+        let (above, z) = match z_known.z[tier] {
+            Some(z) => {
+                let mp = MassParams { lo: above_x, cut: f32::INFINITY, ..r.mp };
+                // SAFETY: the row has n values; out and bmax one per block.
+                unsafe { (r.dk.mass)(r.v.ptr(), r.n, bmax, mp, kind, &mut out) };
+                (bounds(sum(&out), r.count()), z)
+            }
+            None => {
+                // The mass above x and Z in one pass: Z is the mass above and below x.
+                let (s_below, s_above) = r.split(bmax, cheap, above_x, (&mut below, &mut out))?;
+                if cheap {
+                    // Each block's cheap Z, for the bounds refined below (now and for the
+                    // row's next winner).
+                    z_known.cheap_blocks =
+                        alloc::collect(below.iter().zip(&out).map(|(&b, &a)| b + a), "top-p block masses")?;
+                }
+                let z = *z_known.z[tier].insert(bounds(s_below + s_above, r.count()));
+                (bounds(s_above, r.count()), z)
+            }
         };
-        if above.1 < top_p * z.0 * (1.0 - 1e-6) {
-            return Ok(Some(true));
+        if let Some(judged) = verdict(above, z) {
+            return Ok(judged);
         }
-        if above.0 >= top_p * z.1 * (1.0 + 1e-6) {
-            DROPPED.with(|d| d.set(d.get() + 1));
-            return Ok(Some(false));
-        }
-        // Not even the upper bound of Z would do: the f32 exps cannot keep it either.
-        if above.0 >= top_p * z.1 {
-            return Ok(None);
+        if cheap && !z_known.cheap_blocks.is_empty() {
+            // The heaviest blocks by f32 exps: where they hold most of the mass (peaks), the
+            // bounds tighten nearly to the f32 exps' at the cost of a few blocks.
+            let refined = r.split_refined(above_x, &z_known.cheap_blocks, &out);
+            if let Some(judged) = refined.and_then(|(a, z)| verdict(a, z)) {
+                REFINED.with(|d| d.set(d.get() + 1));
+                return Ok(judged);
+            }
         }
     }
     Ok(None)
@@ -423,6 +463,8 @@ type MassBounds = fn(f64, usize) -> (f64, f64);
 #[derive(Default)]
 pub(crate) struct ZBounds {
     z: [Option<(f64, f64)>; 2],
+    /// Each block's cheap mass of the kept tokens (empty until the cheap tier ran).
+    cheap_blocks: Vec<f64>,
     exps_only: bool,
 }
 

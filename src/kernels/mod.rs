@@ -239,6 +239,9 @@ pub(crate) struct DtypeKernels<E> {
     /// Per-block exp mass below the cut and the values at or above it (row, n, block maxima,
     /// params, out, values).
     pub mass_gather: MassGatherFn<E>,
+    /// Per-block f32 mass below the cut and at or above it, in one pass (row, n, block maxima
+    /// or empty, params, cheap weights, out below, out above).
+    pub mass_split: MassSplitFn<E>,
     /// Per-block f64 mass (row, n, block maxima or empty, params, out).
     pub mass64: unsafe fn(*const E, usize, &[f32], Mass64Params, &mut [f64]),
 }
@@ -248,6 +251,9 @@ pub(crate) type KeptScanFn<E> = unsafe fn(*const E, usize, &[f32], f32, &mut [i3
 
 /// The mass-and-gather kernel: (row, n, block maxima, params, out, values).
 pub(crate) type MassGatherFn<E> = unsafe fn(*const E, usize, &[f32], MassParams, &mut [f64], &mut Vec<f32>);
+
+/// The split mass kernel: (row, n, block maxima or empty, params, cheap, out below, out above).
+pub(crate) type MassSplitFn<E> = unsafe fn(*const E, usize, &[f32], MassParams, bool, &mut [f64], &mut [f64]);
 
 /// The per-block f32 mass kernel: (row, n, block maxima or empty, params, kind, out).
 pub(crate) type MassFn<E> = unsafe fn(*const E, usize, &[f32], MassParams, MassKind, &mut [f64]);
@@ -407,6 +413,11 @@ macro_rules! kernel_table {
                 unsafe { generic::mass_gather::<$simd, E>(row, n, bmax, p, out, cands) }
             }
             $(#[target_feature(enable = $feature)])*
+            unsafe fn mass_split<E: Elem>(row: *const E, n: usize, bmax: &[f32], p: MassParams, cheap: bool, below: &mut [f64], above: &mut [f64]) {
+                // SAFETY: see kernel_table!.
+                unsafe { generic::mass_split::<$simd, E>(row, n, bmax, p, cheap, below, above) }
+            }
+            $(#[target_feature(enable = $feature)])*
             unsafe fn mass64<E: Elem>(row: *const E, n: usize, bmax: &[f32], p: Mass64Params, out: &mut [f64]) {
                 // SAFETY: see kernel_table!.
                 unsafe { generic::mass64::<$simd, E>(row, n, bmax, p, out) }
@@ -447,7 +458,7 @@ macro_rules! kernel_table {
                     max_only: max_only::<E>,
                     #[cfg(feature = "internals")]
                     max_two: max_two::<E>,
-                    mass: mass::<E>, mass_weights: mass_weights::<E>, gather_ge: gather_ge::<E>, count_ge: count_ge::<E>, kept_scan: kept_scan::<E>, mass_gather: mass_gather::<E>, mass64: mass64::<E>,
+                    mass: mass::<E>, mass_weights: mass_weights::<E>, gather_ge: gather_ge::<E>, count_ge: count_ge::<E>, kept_scan: kept_scan::<E>, mass_gather: mass_gather::<E>, mass_split: mass_split::<E>, mass64: mass64::<E>,
                 }
             }
             /// The table. Only [`kernels`] calls it, once it has checked `detected()`.

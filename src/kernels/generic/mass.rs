@@ -464,6 +464,152 @@ unsafe fn mass_of<S: Simd, E: Elem, W: Weigh>(
     }
 }
 
+/// The weights of the 16 rows of one group of `LANES` columns of a block, split at the cut:
+/// leaf `r` is the pair (weights of `lo <= x < cut`, weights of `x >= cut`) of the vector
+/// `q[r * COLS..]`, each weight computed once ([`mass_split`]).
+struct SplitRows<S, E, P> {
+    q: *const E,
+    mp: MassParams,
+    kinds: PhantomData<(S, P)>,
+}
+
+impl<S: Simd, E: Elem, P: Pow2> SplitRows<S, E, P> {
+    /// The weights of `x >= lo`, as (below the cut, at or above it).
+    #[inline(always)]
+    fn split(x: S::F, w: S::F, mp: MassParams) -> (S::F, S::F) {
+        let above = S::ge(x, S::splat(mp.cut));
+        (S::select(above, S::splat(0.0), w), S::select(above, w, S::splat(0.0)))
+    }
+}
+
+impl<S: Simd, E: Elem, P: Pow2> Leaves for SplitRows<S, E, P> {
+    type T = (S::F, S::F);
+    #[inline(always)]
+    fn add(a: Self::T, b: Self::T) -> Self::T {
+        (S::add(a.0, b.0), S::add(a.1, b.1))
+    }
+    /// # Safety
+    /// `q` valid for `r * COLS + S::LANES` reads; `S` usable here.
+    #[inline(always)]
+    unsafe fn leaf(&mut self, r: usize) -> Self::T {
+        // SAFETY: the caller's contract.
+        let x = unsafe { E::load::<S>(self.q.add(r * COLS)) };
+        let w = masked::<S, P>(x, S::ge(x, S::splat(self.mp.lo)), self.mp);
+        Self::split(x, w, self.mp)
+    }
+    /// # Safety
+    /// `q` valid for `(r + 3) * COLS + S::LANES` reads; as `leaf`.
+    #[inline(always)]
+    unsafe fn leaves4(&mut self, r: usize) -> [Self::T; 4] {
+        // SAFETY: the caller's contract.
+        let x = unsafe {
+            let q = self.q.add(r * COLS);
+            [E::load::<S>(q), E::load::<S>(q.add(COLS)), E::load::<S>(q.add(2 * COLS)), E::load::<S>(q.add(3 * COLS))]
+        };
+        let vlo = S::splat(self.mp.lo);
+        let keep = [S::ge(x[0], vlo), S::ge(x[1], vlo), S::ge(x[2], vlo), S::ge(x[3], vlo)];
+        let w = masked_n::<S, P, 4>(x, keep, self.mp);
+        [
+            Self::split(x[0], w[0], self.mp),
+            Self::split(x[1], w[1], self.mp),
+            Self::split(x[2], w[2], self.mp),
+            Self::split(x[3], w[3], self.mp),
+        ]
+    }
+}
+
+/// The two masses of the full block at `q` split at the cut, summed as [`mass_block`] sums one.
+///
+/// # Safety
+/// `q` valid for BLOCK reads; `S` usable here.
+#[inline(always)]
+unsafe fn split_block<S: Simd, E: Elem, P: Pow2>(q: *const E, mp: MassParams) -> (f64, f64) {
+    let (mut below, mut above) = ([0f32; COLS], [0f32; COLS]);
+    let mut g = 0;
+    while g < COLS {
+        // SAFETY: as in `mass_block`.
+        unsafe {
+            let (b, a) = tree16(&mut SplitRows::<S, E, P> { q: q.add(g), mp, kinds: PhantomData });
+            S::store(below.as_mut_ptr().add(g), b);
+            S::store(above.as_mut_ptr().add(g), a);
+        }
+        g += S::LANES;
+    }
+    (sum_columns(&below), sum_columns(&above))
+}
+
+/// Writes per block of `row` the mass of the tokens `lo <= x < cut` into `below` and of the
+/// tokens `x >= cut` (`cut > lo`) into `above`, in one pass: the f32 exps of [`MassKind::Exp`]
+/// (`cheap`: the cheap weights of [`MassKind::CheapCut`]). Each weight is computed once and
+/// summed into one of the two trees, so `below` is bit-identical to the mass of kind `ExpCut`
+/// (`CheapCut`) with this `lo` and `cut`, and `above` to that of kind `Exp` (`CheapCut`) with
+/// `lo` raised to `cut` (the other tree's lanes add zeros). Blocks whose maximum in `bmax` (if
+/// not empty) is below `lo` give 0 in both without being read; those below `cut`, 0 above and
+/// their mass below from one tree.
+///
+/// # Safety
+/// `row` valid for `n` reads; `below` and `above` have `n.div_ceil(BLOCK)` elements, and `bmax`
+/// as many or none; `S` usable here.
+#[inline(always)]
+pub(crate) unsafe fn mass_split<S: Simd, E: Elem>(
+    row: *const E,
+    n: usize,
+    bmax: &[f32],
+    mp: MassParams,
+    cheap: bool,
+    below: &mut [f64],
+    above: &mut [f64],
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if cheap {
+            split_of::<S, E, Cheap, _>(row, n, bmax, mp, kind::CheapCut, (below, above))
+        } else {
+            split_of::<S, E, Exact, _>(row, n, bmax, mp, kind::ExpCut, (below, above))
+        }
+    }
+}
+
+/// [`mass_split`] with the weights of `P`; `W`, the kind of `P` with a cut, weighs the blocks
+/// that hold nothing at or above it.
+///
+/// # Safety
+/// As [`mass_split`].
+#[inline(always)]
+unsafe fn split_of<S: Simd, E: Elem, P: Pow2, W: Weigh>(
+    row: *const E,
+    n: usize,
+    bmax: &[f32],
+    mp: MassParams,
+    mut w: W,
+    (below, above): (&mut [f64], &mut [f64]),
+) {
+    for (b, (lo, hi)) in below.iter_mut().zip(above.iter_mut()).enumerate() {
+        let bm = if bmax.is_empty() { f32::INFINITY } else { bmax[b] };
+        (*lo, *hi) = (0.0, 0.0);
+        if bm < mp.lo {
+            continue;
+        }
+        let start = b * BLOCK;
+        if bm < mp.cut {
+            // SAFETY: start < n (one slot per block); the caller's contract.
+            *lo = unsafe { block_mass::<S, E, W>(row, n, start, mp, &mut w) };
+            continue;
+        }
+        // SAFETY: as in `block_mass`: the block lies in the row, or its last n - start values
+        // do, read padded with -inf (below lo: weight 0 in both trees).
+        (*lo, *hi) = unsafe {
+            if start + BLOCK <= n {
+                split_block::<S, E, P>(row.add(start), mp)
+            } else {
+                let mut buf = MaybeUninit::uninit();
+                let tail = tail_block(row.add(start), n - start, f32::NEG_INFINITY, &mut buf);
+                split_block::<S, f32, P>(tail.as_ptr(), mp)
+            }
+        };
+    }
+}
+
 /// Appends to `out`, in row order, the values `>= lo` of `row[start..end]` (`vlo` is `lo` in
 /// every lane, splat once by the caller).
 ///

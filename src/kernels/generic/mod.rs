@@ -19,7 +19,7 @@
 //!   `find_first`; the benchmark's read floors.
 //! - `race.rs`: the block noise and the inline race; the race on external noise.
 //! - `mass.rs`: f32 probability mass: exp2, the weight kinds, per-block mass, `mass_weights`,
-//!   `mass_gather`, `gather_ge`, `count_ge`, `kept_scan`.
+//!   `mass_gather`, `mass_split`, `gather_ge`, `count_ge`, `kept_scan`.
 //! - `mass64.rs`: f64 probability mass: `exp64`, per-block mass, `weights64`.
 //! - `words.rs`: integer loops of the sampling step: the last pass of a row's step over its
 //!   mask words (`step_words`), the range check of the token lists (`ids_in_range`), a block's
@@ -41,7 +41,9 @@ pub(crate) mod words;
 
 #[cfg(feature = "internals")]
 pub(crate) use mass::exp2_neg;
-pub(crate) use mass::{count_ge, gather_ge, kept_scan, mass, mass_gather, mass_weights, MassKind, MassParams, T_MIN};
+pub(crate) use mass::{
+    count_ge, gather_ge, kept_scan, mass, mass_gather, mass_split, mass_weights, MassKind, MassParams, T_MIN,
+};
 pub(crate) use mass64::{exp64, mass64, weights64, Mass64Params, A_MIN64};
 pub(crate) use noise::fill_noise;
 pub(crate) use race::{race_external, race_inline, Best, BlockNoise, BlockValues, RaceParams, RaceScratch};
