@@ -123,9 +123,9 @@ pub(crate) fn cheap_bounds(s: f64, count: usize) -> (f64, f64) {
 /// Blocks that [`RowMass::split_refined`] weighs again by f32 exps.
 const REFINED: usize = 16;
 
-/// The indices of the (at most) `R` largest of `masses` that are above 0, in increasing order
-/// (ties to the lower index).
-fn heaviest<const R: usize>(masses: &[f64]) -> Vec<usize> {
+/// The indices of the (at most) `R` largest of `masses` that are above 0, largest first (ties
+/// to the lower index), and how many there are.
+fn heaviest<const R: usize>(masses: &[f64]) -> ([usize; R], usize) {
     let mut top: [(f64, usize); R] = [(0.0, usize::MAX); R];
     for (b, &s) in masses.iter().enumerate() {
         if s > top[R - 1].0 {
@@ -137,9 +137,7 @@ fn heaviest<const R: usize>(masses: &[f64]) -> Vec<usize> {
             top[j] = (s, b);
         }
     }
-    let mut ids: Vec<usize> = top.iter().filter(|t| t.1 != usize::MAX).map(|t| t.1).collect();
-    ids.sort_unstable();
-    ids
+    (top.map(|t| t.1), top.iter().filter(|t| t.1 != usize::MAX).count())
 }
 
 /// One row and its kernels, with the constants of its mass.
@@ -214,7 +212,9 @@ impl<'a, V: RowValues + ?Sized> RowMass<'a, V> {
     /// f32-exp pass, for the cost of those blocks. `None` when those blocks hold less than a
     /// quarter of the cheap Z: the bounds would be little tighter than the cheap ones (a flat row).
     pub(crate) fn split_refined(&self, cut: f32, z: &[f64], above: &[f64]) -> Option<((f64, f64), (f64, f64))> {
-        let ids = heaviest::<REFINED>(z);
+        let (mut ids, n) = heaviest::<REFINED>(z);
+        ids[..n].sort_unstable();
+        let ids = &ids[..n];
         let (mut rest_above, mut rest_z, mut next) = (0.0, 0.0, 0);
         for (b, (&zb, &ab)) in z.iter().zip(above).enumerate() {
             if next < ids.len() && ids[next] == b {
@@ -230,7 +230,7 @@ impl<'a, V: RowValues + ?Sized> RowMass<'a, V> {
         }
         let (mut exp_above, mut exp_z) = (0.0, 0.0);
         let mp = MassParams { cut, ..self.mp };
-        for &b in &ids {
+        for &b in ids {
             let start = b * BLOCK;
             let len = BLOCK.min(self.n - start);
             let (mut lo, mut hi) = ([0.0], [0.0]);
@@ -299,29 +299,19 @@ impl<'a, V: RowValues + ?Sized> RowMass<'a, V> {
     }
 
     /// Bounds of Z from the per-block cheap masses `cheap` (of [`RowMass::z_cheap`]) with the
-    /// `R` heaviest blocks weighed again by the f32-exp kernel: the mass of a block is bounded
+    /// [`REFINED`] heaviest blocks weighed again by the f32-exp kernel: the mass of a block is bounded
     /// by its own kernel's bounds, so the sums of the bounds bound Z. Where the mass sits in a
     /// few blocks (a peaked row: a handful of tokens hold nearly all of it) this is nearly as
-    /// tight as the exp pass, for the cost of `R` blocks; on a flat row, as the cheap bounds.
+    /// tight as the exp pass, for the cost of those blocks; on a flat row, as the cheap bounds.
     pub(crate) fn z_refined(&self, cheap: &[f64]) -> (f64, f64) {
-        const R: usize = 16;
-        // The R heaviest blocks, heaviest first (ties to the lower index).
-        let mut top: [(f64, usize); R] = [(f64::NEG_INFINITY, usize::MAX); R];
-        for (b, &s) in cheap.iter().enumerate() {
-            if s > top[R - 1].0 {
-                let mut j = R - 1;
-                while j > 0 && top[j - 1].0 < s {
-                    top[j] = top[j - 1];
-                    j -= 1;
-                }
-                top[j] = (s, b);
-            }
-        }
-        let mut ids = top.map(|(_, b)| b);
-        ids.sort_unstable();
+        // The heaviest blocks, heaviest first; the rest summed in block order (a block of mass 0
+        // adds nothing to it).
+        let (top, n) = heaviest::<REFINED>(cheap);
+        let mut ids = top;
+        ids[..n].sort_unstable();
         let (mut rest, mut next) = (0.0, 0);
         for (b, &s) in cheap.iter().enumerate() {
-            if next < R && ids[next] == b {
+            if next < n && ids[next] == b {
                 next += 1;
             } else {
                 rest += s;
@@ -329,7 +319,7 @@ impl<'a, V: RowValues + ?Sized> RowMass<'a, V> {
         }
         // Every token's TINY is in the rest's bounds (count: the whole row).
         let (mut lo, mut hi) = cheap_bounds(rest, self.count());
-        for &(_, b) in top.iter().filter(|&&(s, _)| s > 0.0) {
+        for &b in &top[..n] {
             let (l, h) = exp_bounds(self.exp_block(b), BLOCK);
             lo += l;
             hi += h;
